@@ -1,0 +1,1 @@
+//! `uctel-agent`: coming with the agent issue.

@@ -1,0 +1,1 @@
+//! `uctel-collector`: coming with the collector issue.

@@ -1,0 +1,1 @@
+//! `uctel-transport`: the verbs-shaped transport API and its implementations.
