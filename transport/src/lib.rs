@@ -1,1 +1,4 @@
 //! `uctel-transport`: the verbs-shaped transport API and its implementations.
+
+pub mod api;
+pub mod soft;

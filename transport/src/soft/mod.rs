@@ -1,0 +1,9 @@
+//! The soft transport: RoCEv2 UC in user space over UDP.
+
+pub mod device;
+pub mod engine;
+pub mod fault;
+pub mod icrc;
+pub mod link;
+pub mod packet;
+pub mod udp;
