@@ -1,0 +1,1 @@
+//! `uctel-common`: plumbing shared by the two daemons (being written).
