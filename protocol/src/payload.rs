@@ -112,3 +112,297 @@ pub struct LogBatch {
     #[prost(message, repeated, tag = "1")]
     pub records: Vec<LogRecord>,
 }
+
+// ---------------------------------------------------------------------------------------
+// Codec: encode, decode and validate payloads.
+// ---------------------------------------------------------------------------------------
+
+use crate::limits::{Limit, LimitError, Limits};
+use prost::Message as _;
+
+/// What is wrong with one record (a [`Metric`] or a [`LogRecord`]).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum RecordError {
+    /// A length or count above its bound.
+    #[error(transparent)]
+    Limit(#[from] LimitError),
+    /// A metric name outside the Prometheus grammar `[a-zA-Z_:][a-zA-Z0-9_:]*`
+    /// (Prometheus data model, "Metric names and labels").
+    #[error("metric name {name:?} does not match [a-zA-Z_:][a-zA-Z0-9_:]*")]
+    BadMetricName {
+        /// The name found.
+        name: String,
+    },
+    /// A label name outside the Prometheus grammar `[a-zA-Z_][a-zA-Z0-9_]*`, or starting
+    /// with `__` (reserved for Prometheus-internal use by the same document).
+    #[error("label name {name:?} does not match [a-zA-Z_][a-zA-Z0-9_]* or starts with __")]
+    BadLabelName {
+        /// The name found.
+        name: String,
+    },
+    /// The same label name twice on one metric (a series is a label *set*).
+    #[error("label {name:?} appears more than once")]
+    DuplicateLabel {
+        /// The repeated name.
+        name: String,
+    },
+    /// A metric type other than counter, gauge or histogram (including unspecified).
+    #[error("metric type {value} is not counter (1), gauge (2) or histogram (3)")]
+    BadMetricType {
+        /// The enum value found.
+        value: i32,
+    },
+    /// Buckets on a metric that is not a histogram.
+    #[error("{buckets} buckets on a metric of type {value}, only histograms have buckets")]
+    BucketsOnNonHistogram {
+        /// Number of buckets found.
+        buckets: usize,
+        /// The metric type value.
+        value: i32,
+    },
+    /// Bucket upper bounds not strictly increasing (or NaN): Prometheus `le` values are
+    /// distinct and ordered.
+    #[error("bucket {bucket}: upper bound {upper_bound} not above the previous bucket's")]
+    BucketOrder {
+        /// Index of the offending bucket.
+        bucket: usize,
+        /// Its upper bound.
+        upper_bound: f64,
+    },
+    /// Cumulative bucket counts that decrease (buckets are cumulative, DESIGN.md §3 rule 2).
+    #[error("bucket {bucket}: cumulative count {count} below the previous bucket's {previous}")]
+    BucketCountDecreasing {
+        /// Index of the offending bucket.
+        bucket: usize,
+        /// Its cumulative count.
+        count: u64,
+        /// The previous bucket's cumulative count.
+        previous: u64,
+    },
+    /// Histogram `count` (the `+Inf` bucket) below the last bucket's cumulative count.
+    #[error("histogram count {count} below the last bucket's cumulative count {last}")]
+    HistogramCountBelowBuckets {
+        /// The `count` field.
+        count: u64,
+        /// The last bucket's cumulative count.
+        last: u64,
+    },
+    /// A log severity outside the schema's enum.
+    #[error("log severity {value} is not a known Severity (0..=6)")]
+    BadSeverity {
+        /// The enum value found.
+        value: i32,
+    },
+}
+
+/// Why a payload was rejected.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum PayloadError {
+    /// Not a valid protobuf message of the expected type (includes invalid UTF-8 strings).
+    #[error("not a valid {message}: {source}")]
+    Protobuf {
+        /// The message type expected (`MetricBatch` or `LogBatch`).
+        message: &'static str,
+        /// prost's description.
+        #[source]
+        source: prost::DecodeError,
+    },
+    /// A batch-level bound: payload size or records per frame.
+    #[error("batch: {0}")]
+    Batch(#[source] LimitError),
+    /// One record is invalid; the whole payload is rejected.
+    #[error("record {index}: {source}")]
+    Record {
+        /// Index of the record in the batch.
+        index: usize,
+        /// What is wrong with it.
+        #[source]
+        source: RecordError,
+    },
+    /// A heartbeat frame with a non-empty payload.
+    #[error("heartbeat frame carries a {len}-byte payload, must be empty")]
+    HeartbeatPayload {
+        /// Payload bytes found.
+        len: usize,
+    },
+}
+
+/// `[a-zA-Z_:][a-zA-Z0-9_:]*`
+pub fn is_valid_metric_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    match bytes.next() {
+        Some(b) if b.is_ascii_alphabetic() || b == b'_' || b == b':' => {}
+        _ => return false,
+    }
+    bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b':')
+}
+
+/// `[a-zA-Z_][a-zA-Z0-9_]*` and not starting with `__`.
+pub fn is_valid_label_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    match bytes.next() {
+        Some(b) if b.is_ascii_alphabetic() || b == b'_' => {}
+        _ => return false,
+    }
+    !name.starts_with("__") && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Check one metric against the grammar rules and `limits` (string lengths, label count and
+/// uniqueness, type, histogram bucket order).
+///
+/// # Errors
+/// The first [`RecordError`] found.
+pub fn validate_metric(metric: &Metric, limits: &Limits) -> Result<(), RecordError> {
+    limits.check(Limit::NameLen, metric.name.len())?;
+    if !is_valid_metric_name(&metric.name) {
+        return Err(RecordError::BadMetricName {
+            name: metric.name.clone(),
+        });
+    }
+    limits.check(Limit::HelpLen, metric.help.len())?;
+    let kind = MetricType::try_from(metric.r#type)
+        .ok()
+        .filter(|t| *t != MetricType::Unspecified)
+        .ok_or(RecordError::BadMetricType {
+            value: metric.r#type,
+        })?;
+    limits.check(Limit::Labels, metric.labels.len())?;
+    for (i, label) in metric.labels.iter().enumerate() {
+        limits.check(Limit::LabelNameLen, label.name.len())?;
+        limits.check(Limit::LabelValueLen, label.value.len())?;
+        if !is_valid_label_name(&label.name) {
+            return Err(RecordError::BadLabelName {
+                name: label.name.clone(),
+            });
+        }
+        // At most `max_labels` (default 64) labels: a quadratic scan beats hashing here.
+        if metric
+            .labels
+            .iter()
+            .take(i)
+            .any(|earlier| earlier.name == label.name)
+        {
+            return Err(RecordError::DuplicateLabel {
+                name: label.name.clone(),
+            });
+        }
+    }
+    limits.check(Limit::Buckets, metric.buckets.len())?;
+    if kind != MetricType::Histogram {
+        if !metric.buckets.is_empty() {
+            return Err(RecordError::BucketsOnNonHistogram {
+                buckets: metric.buckets.len(),
+                value: metric.r#type,
+            });
+        }
+        return Ok(());
+    }
+    let mut previous: Option<&Bucket> = None;
+    for (i, bucket) in metric.buckets.iter().enumerate() {
+        if bucket.upper_bound.is_nan()
+            || previous.is_some_and(|p| bucket.upper_bound <= p.upper_bound)
+        {
+            return Err(RecordError::BucketOrder {
+                bucket: i,
+                upper_bound: bucket.upper_bound,
+            });
+        }
+        if let Some(p) = previous.filter(|p| bucket.cumulative_count < p.cumulative_count) {
+            return Err(RecordError::BucketCountDecreasing {
+                bucket: i,
+                count: bucket.cumulative_count,
+                previous: p.cumulative_count,
+            });
+        }
+        previous = Some(bucket);
+    }
+    if let Some(last) = previous.filter(|last| metric.count < last.cumulative_count) {
+        return Err(RecordError::HistogramCountBelowBuckets {
+            count: metric.count,
+            last: last.cumulative_count,
+        });
+    }
+    Ok(())
+}
+
+/// Check one log record against `limits` and the severity enum.
+///
+/// # Errors
+/// The first [`RecordError`] found.
+pub fn validate_log_record(record: &LogRecord, limits: &Limits) -> Result<(), RecordError> {
+    if Severity::try_from(record.severity).is_err() {
+        return Err(RecordError::BadSeverity {
+            value: record.severity,
+        });
+    }
+    limits.check(Limit::LogSourceLen, record.source.len())?;
+    limits.check(Limit::LogMessageLen, record.message.len())?;
+    limits.check(Limit::Fields, record.fields.len())?;
+    for field in &record.fields {
+        limits.check(Limit::FieldKeyLen, field.key.len())?;
+        limits.check(Limit::FieldValueLen, field.value.len())?;
+    }
+    Ok(())
+}
+
+fn check_batch_bytes(payload: &[u8], limits: &Limits) -> Result<(), PayloadError> {
+    limits
+        .check(
+            Limit::FrameBytes,
+            payload.len().saturating_add(crate::frame::HEADER_LEN),
+        )
+        .map_err(PayloadError::Batch)
+}
+
+/// Decode and validate the payload of a metrics frame.
+///
+/// The payload is bounded by `max_frame_bytes` before protobuf decoding, so allocation is
+/// bounded by the input size; then every metric passes [`validate_metric`].
+///
+/// # Errors
+/// [`PayloadError::Batch`] (payload too large, too many records), [`PayloadError::Protobuf`]
+/// (malformed, invalid UTF-8), [`PayloadError::Record`].
+pub fn decode_metric_batch(payload: &[u8], limits: &Limits) -> Result<MetricBatch, PayloadError> {
+    check_batch_bytes(payload, limits)?;
+    let batch = MetricBatch::decode(payload).map_err(|source| PayloadError::Protobuf {
+        message: "MetricBatch",
+        source,
+    })?;
+    limits
+        .check(Limit::RecordsPerFrame, batch.metrics.len())
+        .map_err(PayloadError::Batch)?;
+    for (index, metric) in batch.metrics.iter().enumerate() {
+        validate_metric(metric, limits).map_err(|source| PayloadError::Record { index, source })?;
+    }
+    Ok(batch)
+}
+
+/// Decode and validate the payload of a logs frame.
+///
+/// # Errors
+/// As [`decode_metric_batch`], with [`validate_log_record`] per record.
+pub fn decode_log_batch(payload: &[u8], limits: &Limits) -> Result<LogBatch, PayloadError> {
+    check_batch_bytes(payload, limits)?;
+    let batch = LogBatch::decode(payload).map_err(|source| PayloadError::Protobuf {
+        message: "LogBatch",
+        source,
+    })?;
+    limits
+        .check(Limit::RecordsPerFrame, batch.records.len())
+        .map_err(PayloadError::Batch)?;
+    for (index, record) in batch.records.iter().enumerate() {
+        validate_log_record(record, limits)
+            .map_err(|source| PayloadError::Record { index, source })?;
+    }
+    Ok(batch)
+}
+
+/// Encode a metric batch (no validation; see [`validate_metric`]).
+pub fn encode_metric_batch(batch: &MetricBatch) -> Vec<u8> {
+    batch.encode_to_vec()
+}
+
+/// Encode a log batch (no validation; see [`validate_log_record`]).
+pub fn encode_log_batch(batch: &LogBatch) -> Vec<u8> {
+    batch.encode_to_vec()
+}
