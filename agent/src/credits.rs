@@ -1,0 +1,258 @@
+//! Sans-IO credit window (DESIGN.md §4 "Credits").
+//!
+//! The collector's ring has `slots` slots; frame with connection sequence `c` lands in slot
+//! `c mod slots`. If the agent ran more than `slots` frames ahead of what the collector has
+//! consumed, it would overwrite slots the collector has not read (a `ring_overrun` on the
+//! collector). So the agent keeps at most `window = slots − margin` frames outstanding beyond
+//! the collector's last reported *consumed* connection sequence, and a frame that finds no
+//! credit is dropped at the source (reason `no_credit`) — it never blocks and never queues.
+//!
+//! A dropped frame takes no connection sequence: only frames that are actually posted get one,
+//! so the collector's gap tracker never mistakes a source drop for network loss.
+//!
+//! Sequence arithmetic is wrap-aware (serial-number arithmetic, RFC 1982 §3.2 in its practical
+//! two's-complement form) so the window stays correct across `u64::MAX → 0`, even though a
+//! 64-bit connection sequence that starts near 0 does not wrap in practice.
+
+/// Why [`Credits::try_acquire`] found no credit: the window is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("no credit: {outstanding} frames outstanding, window {window}")]
+pub struct NoCredit {
+    /// Frames posted and not yet reported consumed.
+    pub outstanding: u64,
+    /// The window size.
+    pub window: u64,
+}
+
+/// What a collector report did to the window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReportOutcome {
+    /// The consumed sequence moved forward by this many frames (possibly 0).
+    Advanced(u64),
+    /// The report is older than one already applied (it points behind the last consumed
+    /// sequence); ignored.
+    Stale,
+    /// The report claims frames the agent never posted on this connection; the window was
+    /// advanced only up to the last posted frame.
+    Ahead,
+}
+
+/// The credit state of one connection (one epoch).
+#[derive(Debug, Clone)]
+pub struct Credits {
+    /// Maximum frames outstanding.
+    window: u64,
+    /// The connection sequence the next posted frame gets.
+    next: u64,
+    /// The first connection sequence the collector has not reported consumed; every frame in
+    /// `acked_next .. next` is outstanding.
+    acked_next: u64,
+}
+
+impl Credits {
+    /// A fresh window for a new connection whose first frame carries connection sequence
+    /// `first_seq`, allowing `window` frames outstanding. Nothing is outstanding yet.
+    ///
+    /// `window` is `slots − margin` from the collector's `Welcome` (DESIGN.md §6); a window of 0
+    /// admits nothing, which the caller should have refused at handshake time.
+    pub fn new(first_seq: u64, window: u64) -> Self {
+        Self {
+            window,
+            next: first_seq,
+            acked_next: first_seq,
+        }
+    }
+
+    /// The window size in frames.
+    pub fn window(&self) -> u64 {
+        self.window
+    }
+
+    /// The connection sequence the next acquired credit will carry.
+    pub fn next_seq(&self) -> u64 {
+        self.next
+    }
+
+    /// Frames posted and not yet reported consumed.
+    pub fn outstanding(&self) -> u64 {
+        self.next.wrapping_sub(self.acked_next)
+    }
+
+    /// Credits left: frames that may be posted now.
+    pub fn available(&self) -> u64 {
+        self.window.saturating_sub(self.outstanding())
+    }
+
+    /// Takes one credit and returns the connection sequence of the frame to post, or
+    /// [`NoCredit`] if the window is full (the caller drops the frame as `no_credit`).
+    pub fn try_acquire(&mut self) -> Result<u64, NoCredit> {
+        let outstanding = self.outstanding();
+        if outstanding >= self.window {
+            return Err(NoCredit {
+                outstanding,
+                window: self.window,
+            });
+        }
+        let seq = self.next;
+        self.next = self.next.wrapping_add(1);
+        Ok(seq)
+    }
+
+    /// Applies a collector report: every frame with connection sequence up to and including
+    /// `consumed` has been consumed (read from its slot, or counted lost) by the collector.
+    pub fn on_consumed(&mut self, consumed: u64) -> ReportOutcome {
+        let new_acked = consumed.wrapping_add(1);
+        // Signed distance from the current boundary, two's-complement serial compare.
+        #[allow(clippy::cast_possible_wrap)]
+        let forward = new_acked.wrapping_sub(self.acked_next) as i64;
+        if forward < 0 {
+            return ReportOutcome::Stale;
+        }
+        let forward = forward.unsigned_abs();
+        let outstanding = self.outstanding();
+        if forward > outstanding {
+            self.acked_next = self.next;
+            return ReportOutcome::Ahead;
+        }
+        self.acked_next = new_acked;
+        ReportOutcome::Advanced(forward)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_caps_outstanding_and_drops_excess() {
+        let mut c = Credits::new(0, 3);
+        assert_eq!(c.try_acquire(), Ok(0));
+        assert_eq!(c.try_acquire(), Ok(1));
+        assert_eq!(c.try_acquire(), Ok(2));
+        assert_eq!(
+            c.try_acquire(),
+            Err(NoCredit {
+                outstanding: 3,
+                window: 3
+            })
+        );
+        // A refused frame takes no sequence.
+        assert_eq!(c.next_seq(), 3);
+        assert_eq!(c.on_consumed(0), ReportOutcome::Advanced(1));
+        assert_eq!(c.available(), 1);
+        assert_eq!(c.try_acquire(), Ok(3));
+        assert!(c.try_acquire().is_err());
+    }
+
+    #[test]
+    fn never_more_than_window_outstanding_under_any_report_pattern() {
+        // Deterministic pseudo-random walk: acquire many, report sometimes (including stale
+        // and ahead reports), and check the invariant at every step.
+        let mut c = Credits::new(u64::MAX - 500, 16);
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut last_posted: Option<u64> = None;
+        let mut acquired = 0u64;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            match x % 4 {
+                0 | 1 => {
+                    if let Ok(s) = c.try_acquire() {
+                        if let Some(p) = last_posted {
+                            assert_eq!(s, p.wrapping_add(1));
+                        }
+                        last_posted = Some(s);
+                        acquired += 1;
+                    }
+                }
+                2 => {
+                    if let Some(p) = last_posted {
+                        let back = (x >> 8) % 24;
+                        let _ = c.on_consumed(p.wrapping_sub(back));
+                    }
+                }
+                _ => {
+                    let _ = c.on_consumed(x);
+                }
+            }
+            assert!(c.outstanding() <= c.window());
+        }
+        assert!(acquired > 1000, "acquired {acquired}");
+    }
+
+    #[test]
+    fn window_works_across_u64_wrap() {
+        let mut c = Credits::new(u64::MAX - 1, 4);
+        assert_eq!(c.try_acquire(), Ok(u64::MAX - 1));
+        assert_eq!(c.try_acquire(), Ok(u64::MAX));
+        assert_eq!(c.try_acquire(), Ok(0));
+        assert_eq!(c.try_acquire(), Ok(1));
+        assert!(c.try_acquire().is_err());
+        assert_eq!(c.outstanding(), 4);
+        // Consumed through u64::MAX: two frames freed across the wrap.
+        assert_eq!(c.on_consumed(u64::MAX), ReportOutcome::Advanced(2));
+        assert_eq!(c.outstanding(), 2);
+        assert_eq!(c.on_consumed(1), ReportOutcome::Advanced(2));
+        assert_eq!(c.outstanding(), 0);
+        assert_eq!(c.available(), 4);
+    }
+
+    #[test]
+    fn first_report_before_any_frame_on_a_zero_start() {
+        // Nothing posted yet, start 0: a report of "consumed through u64::MAX" (= nothing,
+        // written as first − 1) is a no-op, not a huge advance.
+        let mut c = Credits::new(0, 8);
+        assert_eq!(c.on_consumed(u64::MAX), ReportOutcome::Advanced(0));
+        assert_eq!(c.available(), 8);
+    }
+
+    #[test]
+    fn stale_report_is_ignored() {
+        let mut c = Credits::new(100, 8);
+        for _ in 0..6 {
+            c.try_acquire().unwrap_or_default();
+        }
+        assert_eq!(c.on_consumed(103), ReportOutcome::Advanced(4));
+        assert_eq!(c.on_consumed(101), ReportOutcome::Stale);
+        assert_eq!(c.outstanding(), 2);
+    }
+
+    #[test]
+    fn stale_report_across_wrap_is_ignored() {
+        let mut c = Credits::new(u64::MAX - 2, 8);
+        for _ in 0..6 {
+            c.try_acquire().unwrap_or_default();
+        }
+        assert_eq!(c.on_consumed(1), ReportOutcome::Advanced(5));
+        // u64::MAX is before 1 in serial order.
+        assert_eq!(c.on_consumed(u64::MAX), ReportOutcome::Stale);
+        assert_eq!(c.outstanding(), 1);
+    }
+
+    #[test]
+    fn report_ahead_of_posted_is_clamped() {
+        let mut c = Credits::new(10, 4);
+        c.try_acquire().unwrap_or_default();
+        c.try_acquire().unwrap_or_default();
+        assert_eq!(c.on_consumed(50), ReportOutcome::Ahead);
+        assert_eq!(c.outstanding(), 0);
+        // The window does not grow beyond its size because of a bogus report.
+        for _ in 0..4 {
+            assert!(c.try_acquire().is_ok());
+        }
+        assert!(c.try_acquire().is_err());
+    }
+
+    #[test]
+    fn zero_window_admits_nothing() {
+        let mut c = Credits::new(0, 0);
+        assert_eq!(
+            c.try_acquire(),
+            Err(NoCredit {
+                outstanding: 0,
+                window: 0
+            })
+        );
+    }
+}

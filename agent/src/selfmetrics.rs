@@ -1,0 +1,600 @@
+//! The agent's own counters, `uctel_agent_*` (DESIGN.md §7, §8).
+//!
+//! Every place the agent gives up on a frame or a record calls [`SelfMetrics::dropped`] with a
+//! [`DropReason`] from one closed enum, so `records produced = records sent + records dropped`
+//! holds per stream and the `reason` label has bounded cardinality. The counters live in a
+//! [`prometheus::Registry`] that is
+//!
+//! - served on the optional local `/metrics` (`listen.metrics`), and
+//! - shipped through the pipeline like any other metric: [`SelfMetrics::to_records`] turns a
+//!   `gather()` of the registry into [`payload::Metric`] records for the `metrics` stream.
+//!
+//! Other agent parts (the log source, for one) register their own collectors into
+//! [`SelfMetrics::registry`], and they are exported the same two ways.
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `uctel_agent_frames_sent_total` | counter | `stream` |
+//! | `uctel_agent_records_sent_total` | counter | `stream` |
+//! | `uctel_agent_bytes_sent_total` | counter | |
+//! | `uctel_agent_frames_dropped_total` | counter | `stream`, `reason` |
+//! | `uctel_agent_records_dropped_total` | counter | `stream`, `reason` |
+//! | `uctel_agent_delivery_ratio` | gauge | `stream` |
+//! | `uctel_agent_reconnects_total` | counter | |
+//! | `uctel_agent_connected` | gauge | |
+//! | `uctel_agent_queue_records` | gauge | `stream` |
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use prometheus::core::Collector;
+use prometheus::proto::MetricType as PromType;
+use prometheus::{
+    Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+use uctel_protocol::payload;
+
+use crate::stream::Stream;
+
+/// Why the agent dropped a frame or records. Closed: adding a reason is a deliberate change to
+/// the exported label set (the collector uses the same reason names for its own drops where
+/// they apply).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DropReason {
+    /// The credit window was full (DESIGN.md §4): dropped instead of lapping the collector's
+    /// ring.
+    NoCredit,
+    /// The sender's bounded frame queue was full (pacing slower than the sources).
+    SendQueueFull,
+    /// A single record was larger than the maximum frame size and cannot be framed.
+    Oversize,
+    /// The bounded queue between a source and the sender was full; dropped at the source,
+    /// which is never blocked.
+    SourceOverflow,
+    /// No connection to the collector (handshake not done, reconnecting).
+    NotConnected,
+    /// The transport refused or failed the post (send queue full at the QP, QP in error).
+    TransportError,
+    /// Records still queued when the agent shut down.
+    Shutdown,
+}
+
+impl DropReason {
+    /// Every reason, for pre-registering zero-valued series.
+    pub const ALL: [DropReason; 7] = [
+        DropReason::NoCredit,
+        DropReason::SendQueueFull,
+        DropReason::Oversize,
+        DropReason::SourceOverflow,
+        DropReason::NotConnected,
+        DropReason::TransportError,
+        DropReason::Shutdown,
+    ];
+
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::NoCredit => "no_credit",
+            DropReason::SendQueueFull => "send_queue_full",
+            DropReason::Oversize => "oversize",
+            DropReason::SourceOverflow => "source_overflow",
+            DropReason::NotConnected => "not_connected",
+            DropReason::TransportError => "transport_error",
+            DropReason::Shutdown => "shutdown",
+        }
+    }
+
+    /// Whether the drop is the agent working as designed (load shedding, shutdown) rather than
+    /// a fault. Unintentional drops log at `warn`, intentional ones at `debug`.
+    pub fn intentional(self) -> bool {
+        match self {
+            DropReason::NoCredit
+            | DropReason::SendQueueFull
+            | DropReason::SourceOverflow
+            | DropReason::NotConnected
+            | DropReason::Shutdown => true,
+            DropReason::Oversize | DropReason::TransportError => false,
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            DropReason::NoCredit => 0,
+            DropReason::SendQueueFull => 1,
+            DropReason::Oversize => 2,
+            DropReason::SourceOverflow => 3,
+            DropReason::NotConnected => 4,
+            DropReason::TransportError => 5,
+            DropReason::Shutdown => 6,
+        }
+    }
+}
+
+impl std::fmt::Display for DropReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Metric name prefix of the agent's self-metrics.
+pub const PREFIX: &str = "uctel_agent_";
+
+type PerStream<T> = [T; Stream::ALL.len()];
+type PerStreamReason<T> = [[T; DropReason::ALL.len()]; Stream::ALL.len()];
+
+/// The agent's self-metrics. Cheap to update from any thread (atomics behind pre-resolved
+/// label handles); share it with an `Arc`.
+#[derive(Debug)]
+pub struct SelfMetrics {
+    registry: Registry,
+    frames_sent: PerStream<IntCounter>,
+    records_sent: PerStream<IntCounter>,
+    bytes_sent: IntCounter,
+    frames_dropped: PerStreamReason<IntCounter>,
+    records_dropped: PerStreamReason<IntCounter>,
+    delivery_ratio: PerStream<Gauge>,
+    reconnects: IntCounter,
+    connected: IntGauge,
+    queue_records: PerStream<IntGauge>,
+    /// Drop events per reason, for rate-limited logging.
+    drop_events: [AtomicU64; DropReason::ALL.len()],
+}
+
+/// Registering the self-metrics failed (a name clash in the registry).
+#[derive(Debug, thiserror::Error)]
+#[error("registering agent self-metric {name}: {source}")]
+pub struct RegisterError {
+    name: String,
+    #[source]
+    source: prometheus::Error,
+}
+
+fn register<C: Collector + Clone + 'static>(
+    registry: &Registry,
+    name: &str,
+    c: C,
+) -> Result<C, RegisterError> {
+    registry
+        .register(Box::new(c.clone()))
+        .map_err(|source| RegisterError {
+            name: name.to_owned(),
+            source,
+        })?;
+    Ok(c)
+}
+
+fn opts(name: &str, help: &str) -> Opts {
+    Opts::new(format!("{PREFIX}{name}"), help)
+}
+
+impl SelfMetrics {
+    /// Creates and registers every series, each label combination at zero, in a fresh
+    /// registry.
+    ///
+    /// # Errors
+    /// [`RegisterError`] only if the metric definitions themselves are invalid (a bug).
+    pub fn new() -> Result<Self, RegisterError> {
+        let registry = Registry::new();
+        let r = &registry;
+        let mk = |e: prometheus::Error, name: &str| RegisterError {
+            name: name.to_owned(),
+            source: e,
+        };
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(opts(name, help), labels)
+                .map_err(|e| mk(e, name))
+                .and_then(|v| register(r, name, v))
+        };
+        let frames_sent_v = counter_vec(
+            "frames_sent_total",
+            "Frames posted to the transport, per stream.",
+            &["stream"],
+        )?;
+        let records_sent_v = counter_vec(
+            "records_sent_total",
+            "Records (metric samples, log lines) in frames posted to the transport, per stream.",
+            &["stream"],
+        )?;
+        let frames_dropped_v = counter_vec(
+            "frames_dropped_total",
+            "Frames the agent dropped before posting them, per stream and reason.",
+            &["stream", "reason"],
+        )?;
+        let records_dropped_v = counter_vec(
+            "records_dropped_total",
+            "Records the agent dropped before posting them, per stream and reason.",
+            &["stream", "reason"],
+        )?;
+        let bytes_sent = IntCounter::with_opts(opts(
+            "bytes_sent_total",
+            "Frame bytes (header and payload) posted to the transport.",
+        ))
+        .map_err(|e| mk(e, "bytes_sent_total"))
+        .and_then(|c| register(r, "bytes_sent_total", c))?;
+        let reconnects = IntCounter::with_opts(opts(
+            "reconnects_total",
+            "Connections to the collector established after the first one (each with a new epoch).",
+        ))
+        .map_err(|e| mk(e, "reconnects_total"))
+        .and_then(|c| register(r, "reconnects_total", c))?;
+        let connected = IntGauge::with_opts(opts(
+            "connected",
+            "1 while the agent has a welcomed connection to the collector, else 0.",
+        ))
+        .map_err(|e| mk(e, "connected"))
+        .and_then(|c| register(r, "connected", c))?;
+        let delivery_v = GaugeVec::new(
+            opts(
+                "delivery_ratio",
+                "Fraction of frames posted that the collector received, as last reported by the collector (received / (received + lost)).",
+            ),
+            &["stream"],
+        )
+        .map_err(|e| mk(e, "delivery_ratio"))
+        .and_then(|c| register(r, "delivery_ratio", c))?;
+        let queue_v = IntGaugeVec::new(
+            opts(
+                "queue_records",
+                "Records waiting in the bounded queue between the sources and the sender.",
+            ),
+            &["stream"],
+        )
+        .map_err(|e| mk(e, "queue_records"))
+        .and_then(|c| register(r, "queue_records", c))?;
+
+        let per_stream_counter =
+            |v: &IntCounterVec| Stream::ALL.map(|s| v.with_label_values(&[s.as_str()]));
+        let per_stream_reason = |v: &IntCounterVec| {
+            Stream::ALL
+                .map(|s| DropReason::ALL.map(|d| v.with_label_values(&[s.as_str(), d.as_str()])))
+        };
+        let delivery_ratio = Stream::ALL.map(|s| {
+            let g = delivery_v.with_label_values(&[s.as_str()]);
+            g.set(1.0);
+            g
+        });
+        Ok(Self {
+            frames_sent: per_stream_counter(&frames_sent_v),
+            records_sent: per_stream_counter(&records_sent_v),
+            frames_dropped: per_stream_reason(&frames_dropped_v),
+            records_dropped: per_stream_reason(&records_dropped_v),
+            bytes_sent,
+            delivery_ratio,
+            reconnects,
+            connected,
+            queue_records: Stream::ALL.map(|s| queue_v.with_label_values(&[s.as_str()])),
+            drop_events: std::array::from_fn(|_| AtomicU64::new(0)),
+            registry,
+        })
+    }
+
+    /// The registry holding these metrics; other agent parts register their collectors here.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// One frame of `bytes` bytes (header + payload) holding `records` records was posted.
+    pub fn frame_sent(&self, stream: Stream, records: u64, bytes: u64) {
+        self.frames_sent[stream.index()].inc();
+        self.records_sent[stream.index()].inc_by(records);
+        self.bytes_sent.inc_by(bytes);
+    }
+
+    /// `frames` frames holding `records` records were dropped for `reason`. Records dropped
+    /// before they were framed (source overflow, an oversize record) count with `frames = 0`.
+    ///
+    /// Logs at `debug` (intentional reasons) or `warn` (others), rate-limited to the 1st, 2nd,
+    /// 4th, 8th, … event of each reason.
+    pub fn dropped(&self, stream: Stream, reason: DropReason, frames: u64, records: u64) {
+        let (s, d) = (stream.index(), reason.index());
+        if let Some(c) = self.frames_dropped.get(s).and_then(|r| r.get(d)) {
+            c.inc_by(frames);
+        }
+        if let Some(c) = self.records_dropped.get(s).and_then(|r| r.get(d)) {
+            c.inc_by(records);
+        }
+        let n = self
+            .drop_events
+            .get(d)
+            .map_or(1, |a| a.fetch_add(1, Ordering::Relaxed) + 1);
+        if n.is_power_of_two() {
+            if reason.intentional() {
+                tracing::debug!(%stream, %reason, frames, records, events = n, "dropped at source");
+            } else {
+                tracing::warn!(%stream, %reason, frames, records, events = n, "dropped at source");
+            }
+        }
+    }
+
+    /// Sets the delivery ratio the collector reported for `stream`: `received / (received +
+    /// lost)`, in `[0, 1]`; 1 when nothing was sent yet.
+    pub fn set_delivery_ratio(&self, stream: Stream, ratio: f64) {
+        let r = if ratio.is_finite() {
+            ratio.clamp(0.0, 1.0)
+        } else {
+            1.0
+        };
+        self.delivery_ratio[stream.index()].set(r);
+    }
+
+    /// A connection after the first one was welcomed.
+    pub fn reconnected(&self) {
+        self.reconnects.inc();
+    }
+
+    /// Sets the `connected` gauge.
+    pub fn set_connected(&self, connected: bool) {
+        self.connected.set(i64::from(connected));
+    }
+
+    /// Sets the number of records queued between the sources and the sender for `stream`.
+    pub fn set_queue_records(&self, stream: Stream, records: usize) {
+        self.queue_records[stream.index()].set(i64::try_from(records).unwrap_or(i64::MAX));
+    }
+
+    /// Frames sent on `stream` so far.
+    pub fn frames_sent(&self, stream: Stream) -> u64 {
+        self.frames_sent[stream.index()].get()
+    }
+
+    /// Records sent on `stream` so far.
+    pub fn records_sent(&self, stream: Stream) -> u64 {
+        self.records_sent[stream.index()].get()
+    }
+
+    /// Frames dropped on `stream` for `reason` so far.
+    pub fn frames_dropped(&self, stream: Stream, reason: DropReason) -> u64 {
+        self.frames_dropped[stream.index()][reason.index()].get()
+    }
+
+    /// Records dropped on `stream` for `reason` so far.
+    pub fn records_dropped(&self, stream: Stream, reason: DropReason) -> u64 {
+        self.records_dropped[stream.index()][reason.index()].get()
+    }
+
+    /// Records dropped on `stream`, all reasons.
+    pub fn records_dropped_all(&self, stream: Stream) -> u64 {
+        DropReason::ALL
+            .iter()
+            .map(|r| self.records_dropped(stream, *r))
+            .sum()
+    }
+
+    /// The last delivery ratio set for `stream`.
+    pub fn delivery_ratio(&self, stream: Stream) -> f64 {
+        self.delivery_ratio[stream.index()].get()
+    }
+
+    /// `reconnects_total` so far.
+    pub fn reconnects(&self) -> u64 {
+        self.reconnects.get()
+    }
+
+    /// The `connected` gauge.
+    pub fn connected(&self) -> bool {
+        self.connected.get() != 0
+    }
+
+    /// The Prometheus text exposition (format 0.0.4) of the registry, for the local
+    /// `/metrics`.
+    pub fn encode_text(&self) -> String {
+        let families = self.registry.gather();
+        let mut out = String::new();
+        // Encoding into a String only fails on invalid metric families, which `gather` never
+        // returns; an error leaves what was written.
+        let _ = prometheus::TextEncoder::new().encode_utf8(&families, &mut out);
+        out
+    }
+
+    /// A snapshot of every metric in the registry as payload records (one
+    /// [`payload::Metric`] per series), stamped `timestamp_ms` (0 = the frame's timestamp).
+    /// Counters stay cumulative, gauges absolute, histograms cumulative buckets (DESIGN.md §3
+    /// rule 2). Summaries are exported as their count and sum only, as counters
+    /// `<name>_count` / `<name>_sum`.
+    pub fn to_records(&self, timestamp_ms: i64) -> Vec<payload::Metric> {
+        families_to_records(&self.registry.gather(), timestamp_ms)
+    }
+}
+
+/// Converts gathered Prometheus metric families into payload records.
+pub fn families_to_records(
+    families: &[prometheus::proto::MetricFamily],
+    timestamp_ms: i64,
+) -> Vec<payload::Metric> {
+    let mut out = Vec::new();
+    for fam in families {
+        for m in fam.get_metric() {
+            let labels: Vec<payload::Label> = m
+                .get_label()
+                .iter()
+                .map(|l| payload::Label {
+                    name: l.name().to_owned(),
+                    value: l.value().to_owned(),
+                })
+                .collect();
+            let base = |name: String, ty: payload::MetricType, value: f64| payload::Metric {
+                name,
+                help: fam.help().to_owned(),
+                r#type: ty as i32,
+                labels: labels.clone(),
+                value,
+                timestamp_ms,
+                buckets: Vec::new(),
+                count: 0,
+                sum: 0.0,
+            };
+            match fam.get_field_type() {
+                PromType::COUNTER => out.push(base(
+                    fam.name().to_owned(),
+                    payload::MetricType::Counter,
+                    m.get_counter().get_value(),
+                )),
+                PromType::GAUGE => out.push(base(
+                    fam.name().to_owned(),
+                    payload::MetricType::Gauge,
+                    m.get_gauge().get_value(),
+                )),
+                PromType::HISTOGRAM => {
+                    let h = m.get_histogram();
+                    let mut rec = base(fam.name().to_owned(), payload::MetricType::Histogram, 0.0);
+                    rec.buckets = h
+                        .get_bucket()
+                        .iter()
+                        .map(|b| payload::Bucket {
+                            upper_bound: b.upper_bound(),
+                            cumulative_count: b.cumulative_count(),
+                        })
+                        .collect();
+                    rec.count = h.get_sample_count();
+                    rec.sum = h.get_sample_sum();
+                    out.push(rec);
+                }
+                PromType::SUMMARY => {
+                    let s = m.get_summary();
+                    #[allow(clippy::cast_precision_loss)]
+                    let count = s.sample_count() as f64;
+                    out.push(base(
+                        format!("{}_count", fam.name()),
+                        payload::MetricType::Counter,
+                        count,
+                    ));
+                    out.push(base(
+                        format!("{}_sum", fam.name()),
+                        payload::MetricType::Counter,
+                        s.sample_sum(),
+                    ));
+                }
+                PromType::UNTYPED => {}
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn find<'a>(
+        recs: &'a [payload::Metric],
+        name: &str,
+        labels: &[(&str, &str)],
+    ) -> Option<&'a payload::Metric> {
+        recs.iter().find(|m| {
+            m.name == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| m.labels.iter().any(|l| l.name == *k && l.value == *v))
+        })
+    }
+
+    #[test]
+    fn every_stream_and_reason_is_exported_at_zero() {
+        let sm = SelfMetrics::new().unwrap_or_else(|e| panic!("{e}"));
+        let recs = sm.to_records(0);
+        for s in Stream::ALL {
+            for r in DropReason::ALL {
+                let m = find(
+                    &recs,
+                    "uctel_agent_records_dropped_total",
+                    &[("stream", s.as_str()), ("reason", r.as_str())],
+                );
+                assert_eq!(m.map(|m| m.value), Some(0.0), "{s} {r}");
+            }
+            assert!(find(
+                &recs,
+                "uctel_agent_frames_sent_total",
+                &[("stream", s.as_str())]
+            )
+            .is_some());
+        }
+        assert!(find(&recs, "uctel_agent_connected", &[]).is_some());
+        assert!(find(&recs, "uctel_agent_reconnects_total", &[]).is_some());
+    }
+
+    #[test]
+    fn drops_and_sends_are_counted_per_label() {
+        let sm = SelfMetrics::new().unwrap_or_else(|e| panic!("{e}"));
+        sm.frame_sent(Stream::Logs, 7, 900);
+        sm.frame_sent(Stream::Logs, 3, 100);
+        sm.dropped(Stream::Metrics, DropReason::NoCredit, 1, 40);
+        sm.dropped(Stream::Logs, DropReason::SourceOverflow, 0, 5);
+        assert_eq!(sm.frames_sent(Stream::Logs), 2);
+        assert_eq!(sm.records_sent(Stream::Logs), 10);
+        assert_eq!(
+            sm.records_dropped(Stream::Metrics, DropReason::NoCredit),
+            40
+        );
+        assert_eq!(sm.records_dropped(Stream::Logs, DropReason::NoCredit), 0);
+        assert_eq!(sm.records_dropped_all(Stream::Logs), 5);
+
+        let recs = sm.to_records(123);
+        let m = find(
+            &recs,
+            "uctel_agent_frames_dropped_total",
+            &[("stream", "metrics"), ("reason", "no_credit")],
+        );
+        assert_eq!(m.map(|m| (m.value, m.timestamp_ms)), Some((1.0, 123)));
+        let b = find(&recs, "uctel_agent_bytes_sent_total", &[]);
+        assert_eq!(b.map(|m| m.value), Some(1000.0));
+        assert_eq!(
+            b.map(|m| m.r#type),
+            Some(payload::MetricType::Counter as i32)
+        );
+    }
+
+    #[test]
+    fn text_exposition_has_names_and_labels() {
+        let sm = SelfMetrics::new().unwrap_or_else(|e| panic!("{e}"));
+        sm.set_connected(true);
+        sm.set_delivery_ratio(Stream::Metrics, 0.75);
+        sm.set_delivery_ratio(Stream::Logs, f64::NAN);
+        let text = sm.encode_text();
+        assert!(text.contains("uctel_agent_connected 1"), "{text}");
+        assert!(
+            text.contains("uctel_agent_delivery_ratio{stream=\"metrics\"} 0.75"),
+            "{text}"
+        );
+        assert!(
+            text.contains("uctel_agent_delivery_ratio{stream=\"logs\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains(
+            "uctel_agent_frames_dropped_total{reason=\"send_queue_full\",stream=\"logs\"} 0"
+        ));
+    }
+
+    #[test]
+    fn foreign_collectors_in_the_registry_are_exported_too() {
+        let sm = SelfMetrics::new().unwrap_or_else(|e| panic!("{e}"));
+        let h = prometheus::Histogram::with_opts(
+            prometheus::HistogramOpts::new("uctel_agent_test_seconds", "test")
+                .buckets(vec![0.1, 1.0]),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        sm.registry()
+            .register(Box::new(h.clone()))
+            .unwrap_or_else(|e| panic!("{e}"));
+        h.observe(0.5);
+        h.observe(2.0);
+        let recs = sm.to_records(0);
+        let m = find(&recs, "uctel_agent_test_seconds", &[]).unwrap_or_else(|| panic!("missing"));
+        assert_eq!(m.count, 2);
+        assert_eq!(m.buckets.len(), 2);
+        assert_eq!(m.buckets[1].cumulative_count, 1);
+    }
+
+    #[test]
+    fn reason_names_are_unique_and_snake_case() {
+        let mut names: Vec<&str> = DropReason::ALL.iter().map(|r| r.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), DropReason::ALL.len());
+        for (i, r) in DropReason::ALL.iter().enumerate() {
+            assert_eq!(r.index(), i);
+            assert!(r
+                .as_str()
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c == '_'));
+        }
+    }
+}
