@@ -734,3 +734,257 @@ pub fn decode_frame(buf: &[u8], limits: &Limits) -> Result<DecodedFrame, DecodeE
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::payload::{encode_metric_batch, Metric, MetricType};
+
+    fn header() -> FrameHeader {
+        FrameHeader {
+            kind: FrameKind::Metrics,
+            flags: FrameFlags::LAST_OF_EPOCH,
+            stream_id: 0x0102_0304,
+            payload_len: 0,
+            epoch: 0x1111_2222_3333_4444,
+            conn_seq: 0x5555_6666_7777_8888,
+            stream_seq: 9,
+            timestamp_ns: 1_700_000_000_000_000_000,
+            record_count: 12,
+        }
+    }
+
+    fn metrics_payload() -> Vec<u8> {
+        encode_metric_batch(&MetricBatch {
+            metrics: vec![Metric {
+                name: "node_load1".into(),
+                r#type: MetricType::Gauge as i32,
+                value: 0.5,
+                ..Default::default()
+            }],
+        })
+    }
+
+    fn good_frame() -> Vec<u8> {
+        build_frame(&header(), &metrics_payload()).unwrap()
+    }
+
+    #[test]
+    fn crc32c_is_castagnoli() {
+        // RFC 3720 §B.4 / the CRC catalogue check value of CRC-32C for "123456789".
+        assert_eq!(crc32c::crc32c(b"123456789"), 0xE306_9283);
+    }
+
+    #[test]
+    fn header_layout_is_big_endian_at_documented_offsets() {
+        let h = FrameHeader {
+            payload_len: 3,
+            ..header()
+        };
+        let bytes = build_frame(&h, &[0xAA, 0xBB, 0xCC]).unwrap();
+        assert_eq!(bytes.len(), 67);
+        assert_eq!(&bytes[0..4], b"UCTL");
+        assert_eq!(bytes[4], 1);
+        assert_eq!(bytes[5], 1);
+        assert_eq!(&bytes[6..8], &[0, 1]);
+        assert_eq!(&bytes[8..12], &[1, 2, 3, 4]);
+        assert_eq!(&bytes[12..16], &[0, 0, 0, 3]);
+        assert_eq!(&bytes[16..24], &0x1111_2222_3333_4444u64.to_be_bytes());
+        assert_eq!(&bytes[24..32], &0x5555_6666_7777_8888u64.to_be_bytes());
+        assert_eq!(&bytes[32..40], &9u64.to_be_bytes());
+        assert_eq!(&bytes[40..48], &1_700_000_000_000_000_000u64.to_be_bytes());
+        assert_eq!(&bytes[48..56], &12u64.to_be_bytes());
+        let mut zeroed = bytes.clone();
+        zeroed[56..60].fill(0);
+        assert_eq!(&bytes[56..60], &crc32c::crc32c(&zeroed).to_be_bytes());
+        assert_eq!(&bytes[60..64], &[0; 4]);
+        assert_eq!(&bytes[64..], &[0xAA, 0xBB, 0xCC]);
+    }
+
+    #[test]
+    fn parse_emit_round_trip_and_view_accessors() {
+        let payload = metrics_payload();
+        let bytes = good_frame();
+        let frame = verify_frame(&bytes).unwrap();
+        let expect = FrameHeader {
+            payload_len: payload.len() as u32,
+            ..header()
+        };
+        assert_eq!(frame.header(), expect);
+        assert_eq!(FrameHeader::parse(&bytes).unwrap(), expect);
+        assert_eq!(frame.payload(), &payload[..]);
+        assert_eq!(frame.as_bytes(), &bytes[..]);
+        let mut again = vec![0; HEADER_LEN];
+        expect.emit(&mut again).unwrap();
+        assert_eq!(&again[..56], &bytes[..56]);
+    }
+
+    #[test]
+    fn frame_in_larger_slot_ignores_trailing_bytes() {
+        let mut slot = good_frame();
+        let len = slot.len();
+        slot.resize(1024, 0xEE);
+        let d = decode_frame(&slot, &Limits::default()).unwrap();
+        assert_eq!(d.header.payload_len as usize, len - HEADER_LEN);
+        assert_eq!(peek_conn_seq(&slot), Some(0x5555_6666_7777_8888));
+        assert_eq!(conn_seq_immediate(0x5555_6666_7777_8888), 0x7777_8888);
+        assert_eq!(
+            Frame::new_checked_exact(&slot[..]).unwrap_err(),
+            FrameError::PayloadLength {
+                declared: (len - HEADER_LEN) as u64,
+                actual: (1024 - HEADER_LEN) as u64,
+            }
+        );
+        assert!(Frame::new_checked_exact(&slot[..len]).is_ok());
+    }
+
+    #[test]
+    fn peek_conn_seq_needs_header_and_magic() {
+        let bytes = good_frame();
+        assert_eq!(peek_conn_seq(&bytes[..HEADER_LEN - 1]), None);
+        let mut bad = bytes.clone();
+        bad[0] = b'X';
+        assert_eq!(peek_conn_seq(&bad), None);
+    }
+
+    #[test]
+    fn each_header_error_is_reported() {
+        let good = good_frame();
+        let limits = Limits::default();
+        let check = |mutate: &dyn Fn(&mut Vec<u8>), want: FrameError| {
+            let mut b = good.clone();
+            mutate(&mut b);
+            assert_eq!(Frame::new_checked(&b[..]).unwrap_err(), want);
+            assert_eq!(
+                decode_frame(&b, &limits).unwrap_err(),
+                DecodeError::Frame(want.clone())
+            );
+        };
+        check(
+            &|b| b.truncate(10),
+            FrameError::Truncated { need: 64, have: 10 },
+        );
+        let full = good.len();
+        check(
+            &|b| b.truncate(full - 1),
+            FrameError::Truncated {
+                need: full,
+                have: full - 1,
+            },
+        );
+        check(
+            &|b| b[0..4].copy_from_slice(b"UCTX"),
+            FrameError::BadMagic { found: *b"UCTX" },
+        );
+        check(&|b| b[4] = 2, FrameError::UnsupportedVersion { found: 2 });
+        check(&|b| b[5] = 0, FrameError::UnknownKind { found: 0 });
+        check(&|b| b[5] = 4, FrameError::UnknownKind { found: 4 });
+        check(
+            &|b| b[6..8].copy_from_slice(&[0x80, 0x01]),
+            FrameError::UnknownFlags { bits: 0x8001 },
+        );
+        check(&|b| b[63] = 1, FrameError::ReservedNonZero { found: 1 });
+    }
+
+    #[test]
+    fn too_large_and_bad_crc_are_reported() {
+        let good = good_frame();
+        let small = Limits {
+            max_frame_bytes: good.len() - 1,
+            ..Limits::default()
+        };
+        assert_eq!(
+            decode_frame(&good, &small).unwrap_err(),
+            DecodeError::Frame(FrameError::TooLarge {
+                frame_len: good.len(),
+                max_frame_bytes: good.len() - 1,
+            })
+        );
+        for i in [8, 20, 57, HEADER_LEN, good.len() - 1] {
+            let mut bad = good.clone();
+            bad[i] ^= 0x10;
+            let err = decode_frame(&bad, &Limits::default()).unwrap_err();
+            assert!(
+                matches!(err, DecodeError::Frame(FrameError::BadCrc { .. })),
+                "byte {i}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn stamp_connection_rewrites_and_reseals() {
+        let mut bytes = good_frame();
+        stamp_connection(&mut bytes, 77, 1 << 40).unwrap();
+        let f = verify_frame(&bytes).unwrap();
+        assert_eq!((f.epoch(), f.conn_seq()), (77, 1 << 40));
+        bytes[30] ^= 1;
+        assert!(verify_frame(&bytes).is_err());
+        seal(&mut bytes).unwrap();
+        assert!(verify_frame(&bytes).is_ok());
+        assert_eq!(
+            stamp_connection(&mut [0u8; 3], 1, 1).unwrap_err(),
+            FrameError::Truncated { need: 64, have: 3 }
+        );
+    }
+
+    #[test]
+    fn write_frame_needs_room() {
+        let mut out = [0u8; 70];
+        assert_eq!(
+            write_frame(&header(), &[1; 10], &mut out).unwrap_err(),
+            FrameError::Truncated { need: 74, have: 70 }
+        );
+        assert_eq!(write_frame(&header(), &[1; 6], &mut out), Ok(70));
+        assert_eq!(
+            FrameHeader::new(FrameKind::Logs, 1).emit(&mut [0; 63]),
+            Err(FrameError::Truncated { need: 64, have: 63 })
+        );
+    }
+
+    #[test]
+    fn heartbeat_must_be_empty_and_payload_errors_carry_context() {
+        let hb = FrameHeader {
+            kind: FrameKind::Heartbeat,
+            ..header()
+        };
+        let d = decode_frame(&build_frame(&hb, &[]).unwrap(), &Limits::default()).unwrap();
+        assert_eq!(d.payload, Payload::Heartbeat);
+        assert_eq!(d.payload.record_count(), 0);
+        let err = decode_frame(&build_frame(&hb, &[0]).unwrap(), &Limits::default()).unwrap_err();
+        assert!(matches!(
+            err,
+            DecodeError::Payload {
+                kind: "heartbeat",
+                stream_id: 0x0102_0304,
+                stream_seq: 9,
+                source: PayloadError::HeartbeatPayload { len: 1 },
+            }
+        ));
+        let logs = FrameHeader {
+            kind: FrameKind::Logs,
+            ..header()
+        };
+        let err =
+            decode_frame(&build_frame(&logs, &[0xFF]).unwrap(), &Limits::default()).unwrap_err();
+        assert!(matches!(
+            err,
+            DecodeError::Payload {
+                source: PayloadError::Protobuf { .. },
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn flags_reject_unknown_bits() {
+        assert_eq!(FrameFlags::from_bits(1), Ok(FrameFlags::LAST_OF_EPOCH));
+        assert_eq!(
+            FrameFlags::from_bits(2),
+            Err(FrameError::UnknownFlags { bits: 2 })
+        );
+        assert!(FrameFlags::EMPTY
+            .with(FrameFlags::LAST_OF_EPOCH)
+            .contains(FrameFlags::LAST_OF_EPOCH));
+        assert!(!FrameFlags::EMPTY.contains(FrameFlags::LAST_OF_EPOCH));
+    }
+}

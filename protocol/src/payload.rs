@@ -406,3 +406,349 @@ pub fn encode_metric_batch(batch: &MetricBatch) -> Vec<u8> {
 pub fn encode_log_batch(batch: &LogBatch) -> Vec<u8> {
     batch.encode_to_vec()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counter() -> Metric {
+        Metric {
+            name: "node_cpu_seconds_total".into(),
+            help: "Seconds the CPUs spent in each mode.".into(),
+            r#type: MetricType::Counter as i32,
+            labels: vec![
+                Label {
+                    name: "cpu".into(),
+                    value: "0".into(),
+                },
+                Label {
+                    name: "mode".into(),
+                    value: "idle".into(),
+                },
+            ],
+            value: 12345.67,
+            ..Default::default()
+        }
+    }
+
+    fn histogram() -> Metric {
+        Metric {
+            name: "http_request_duration_seconds".into(),
+            r#type: MetricType::Histogram as i32,
+            buckets: vec![
+                Bucket {
+                    upper_bound: 0.1,
+                    cumulative_count: 1,
+                },
+                Bucket {
+                    upper_bound: 1.0,
+                    cumulative_count: 5,
+                },
+            ],
+            count: 6,
+            sum: 3.5,
+            ..Default::default()
+        }
+    }
+
+    fn metric_err(m: Metric) -> RecordError {
+        validate_metric(&m, &Limits::default()).unwrap_err()
+    }
+
+    #[test]
+    fn grammar() {
+        for ok in ["a", "_", ":", "node_cpu_seconds_total", "a:b_c9"] {
+            assert!(is_valid_metric_name(ok), "{ok}");
+        }
+        for bad in ["", "9a", "a-b", "a b", "é", "a.b"] {
+            assert!(!is_valid_metric_name(bad), "{bad}");
+        }
+        for ok in ["a", "_a", "cpu", "le", "A9_"] {
+            assert!(is_valid_label_name(ok), "{ok}");
+        }
+        for bad in ["", "9", "a:b", "__name__", "__", "a-b", "ü"] {
+            assert!(!is_valid_label_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn valid_records_round_trip() {
+        let batch = MetricBatch {
+            metrics: vec![counter(), histogram()],
+        };
+        let bytes = encode_metric_batch(&batch);
+        assert_eq!(decode_metric_batch(&bytes, &Limits::default()), Ok(batch));
+        let logs = LogBatch {
+            records: vec![LogRecord {
+                timestamp_ns: 5,
+                severity: Severity::Warn as i32,
+                source: "/var/log/syslog".into(),
+                message: "disk almost full".into(),
+                fields: vec![Field {
+                    key: "unit".into(),
+                    value: "sda".into(),
+                }],
+            }],
+        };
+        let bytes = encode_log_batch(&logs);
+        assert_eq!(decode_log_batch(&bytes, &Limits::default()), Ok(logs));
+    }
+
+    #[test]
+    fn each_metric_rule_is_enforced() {
+        let limit = |limit, value, bound| {
+            RecordError::Limit(LimitError {
+                limit,
+                value,
+                bound,
+            })
+        };
+        let mut m = counter();
+        m.name = "n".repeat(257);
+        assert_eq!(metric_err(m), limit(Limit::NameLen, 257, 256));
+        let mut m = counter();
+        m.name = "1bad".into();
+        assert_eq!(
+            metric_err(m),
+            RecordError::BadMetricName {
+                name: "1bad".into()
+            }
+        );
+        let mut m = counter();
+        m.help = "h".repeat(1025);
+        assert_eq!(metric_err(m), limit(Limit::HelpLen, 1025, 1024));
+        for t in [0, 4, -1] {
+            let mut m = counter();
+            m.r#type = t;
+            assert_eq!(metric_err(m), RecordError::BadMetricType { value: t });
+        }
+        let mut m = counter();
+        m.labels = (0..65)
+            .map(|i| Label {
+                name: format!("l{i}"),
+                value: String::new(),
+            })
+            .collect();
+        assert_eq!(metric_err(m), limit(Limit::Labels, 65, 64));
+        let mut m = counter();
+        m.labels[0].name = "l".repeat(129);
+        assert_eq!(metric_err(m), limit(Limit::LabelNameLen, 129, 128));
+        let mut m = counter();
+        m.labels[0].value = "v".repeat(1025);
+        assert_eq!(metric_err(m), limit(Limit::LabelValueLen, 1025, 1024));
+        let mut m = counter();
+        m.labels[0].name = "__name__".into();
+        assert_eq!(
+            metric_err(m),
+            RecordError::BadLabelName {
+                name: "__name__".into()
+            }
+        );
+        let mut m = counter();
+        m.labels[1].name = "cpu".into();
+        assert_eq!(
+            metric_err(m),
+            RecordError::DuplicateLabel { name: "cpu".into() }
+        );
+        let mut m = counter();
+        m.buckets = histogram().buckets;
+        assert_eq!(
+            metric_err(m),
+            RecordError::BucketsOnNonHistogram {
+                buckets: 2,
+                value: 1
+            }
+        );
+        let mut m = histogram();
+        m.buckets = (0..129)
+            .map(|i| Bucket {
+                upper_bound: f64::from(i),
+                cumulative_count: 0,
+            })
+            .collect();
+        assert_eq!(metric_err(m), limit(Limit::Buckets, 129, 128));
+    }
+
+    #[test]
+    fn histogram_rules_are_enforced() {
+        let mut m = histogram();
+        m.buckets[1].upper_bound = 0.1;
+        assert!(matches!(
+            metric_err(m),
+            RecordError::BucketOrder { bucket: 1, .. }
+        ));
+        let mut m = histogram();
+        m.buckets[0].upper_bound = f64::NAN;
+        assert!(matches!(
+            metric_err(m),
+            RecordError::BucketOrder { bucket: 0, .. }
+        ));
+        let mut m = histogram();
+        m.buckets[1].cumulative_count = 0;
+        assert_eq!(
+            metric_err(m),
+            RecordError::BucketCountDecreasing {
+                bucket: 1,
+                count: 0,
+                previous: 1
+            }
+        );
+        let mut m = histogram();
+        m.count = 4;
+        assert_eq!(
+            metric_err(m),
+            RecordError::HistogramCountBelowBuckets { count: 4, last: 5 }
+        );
+        let mut m = histogram();
+        m.buckets.push(Bucket {
+            upper_bound: f64::INFINITY,
+            cumulative_count: 6,
+        });
+        assert_eq!(validate_metric(&m, &Limits::default()), Ok(()));
+    }
+
+    #[test]
+    fn each_log_rule_is_enforced() {
+        let limits = Limits::default();
+        let err = |r: LogRecord| validate_log_record(&r, &limits).unwrap_err();
+        let limit = |limit, value, bound| {
+            RecordError::Limit(LimitError {
+                limit,
+                value,
+                bound,
+            })
+        };
+        assert_eq!(
+            err(LogRecord {
+                severity: 7,
+                ..Default::default()
+            }),
+            RecordError::BadSeverity { value: 7 }
+        );
+        assert_eq!(
+            err(LogRecord {
+                source: "s".repeat(4097),
+                ..Default::default()
+            }),
+            limit(Limit::LogSourceLen, 4097, 4096)
+        );
+        assert_eq!(
+            err(LogRecord {
+                message: "m".repeat(16 * 1024 + 1),
+                ..Default::default()
+            }),
+            limit(Limit::LogMessageLen, 16385, 16384)
+        );
+        let field = |k: usize, v: usize| Field {
+            key: "k".repeat(k),
+            value: "v".repeat(v),
+        };
+        assert_eq!(
+            err(LogRecord {
+                fields: (0..65).map(|_| field(1, 1)).collect(),
+                ..Default::default()
+            }),
+            limit(Limit::Fields, 65, 64)
+        );
+        assert_eq!(
+            err(LogRecord {
+                fields: vec![field(129, 1)],
+                ..Default::default()
+            }),
+            limit(Limit::FieldKeyLen, 129, 128)
+        );
+        assert_eq!(
+            err(LogRecord {
+                fields: vec![field(1, 1025)],
+                ..Default::default()
+            }),
+            limit(Limit::FieldValueLen, 1025, 1024)
+        );
+    }
+
+    #[test]
+    fn batch_errors() {
+        let limits = Limits::default();
+        // Payload larger than a frame can carry.
+        let big = vec![0u8; 4096];
+        assert_eq!(
+            decode_metric_batch(&big, &limits),
+            Err(PayloadError::Batch(LimitError {
+                limit: Limit::FrameBytes,
+                value: 4096 + 64,
+                bound: 4096
+            }))
+        );
+        // Too many records.
+        let few = Limits {
+            max_records_per_frame: 1,
+            ..Limits::default()
+        };
+        let two = encode_metric_batch(&MetricBatch {
+            metrics: vec![counter(), counter()],
+        });
+        assert_eq!(
+            decode_metric_batch(&two, &few),
+            Err(PayloadError::Batch(LimitError {
+                limit: Limit::RecordsPerFrame,
+                value: 2,
+                bound: 1
+            }))
+        );
+        let two_logs = encode_log_batch(&LogBatch {
+            records: vec![LogRecord::default(), LogRecord::default()],
+        });
+        assert!(matches!(
+            decode_log_batch(&two_logs, &few),
+            Err(PayloadError::Batch(LimitError {
+                limit: Limit::RecordsPerFrame,
+                ..
+            }))
+        ));
+        // Record index is reported.
+        let mut bad = counter();
+        bad.name = "bad name".into();
+        let bytes = encode_metric_batch(&MetricBatch {
+            metrics: vec![counter(), bad],
+        });
+        assert!(matches!(
+            decode_metric_batch(&bytes, &limits),
+            Err(PayloadError::Record {
+                index: 1,
+                source: RecordError::BadMetricName { .. }
+            })
+        ));
+        // Invalid UTF-8 in a string field is a protobuf error (prost checks UTF-8).
+        // MetricBatch{metrics: [Metric{name: 0xFF}]}: 0a 03 0a 01 ff
+        assert!(matches!(
+            decode_metric_batch(&[0x0a, 0x03, 0x0a, 0x01, 0xff], &limits),
+            Err(PayloadError::Protobuf {
+                message: "MetricBatch",
+                ..
+            })
+        ));
+        assert!(matches!(
+            decode_log_batch(&[0x0a, 0x03, 0x22, 0x01, 0xff], &limits),
+            Err(PayloadError::Protobuf {
+                message: "LogBatch",
+                ..
+            })
+        ));
+        let bad_log = LogRecord {
+            severity: -3,
+            ..Default::default()
+        };
+        assert!(matches!(
+            decode_log_batch(
+                &encode_log_batch(&LogBatch {
+                    records: vec![bad_log]
+                }),
+                &limits
+            ),
+            Err(PayloadError::Record {
+                index: 0,
+                source: RecordError::BadSeverity { value: -3 }
+            })
+        ));
+    }
+}
