@@ -1,1 +1,18 @@
-//! `uctel-common`: plumbing shared by the two daemons (being written).
+//! `uctel-common`: plumbing shared by the two daemons, `uctel-agent` and `uctel-collector`.
+//!
+//! Layout:
+//! - [`config`]: strict YAML loading (`serde_norway` under the name `serde_yaml`) that reports
+//!   every problem at once as `file:line:col: key.path: message`, plus the [`config::Validate`]
+//!   trait for semantic checks (DESIGN.md §9).
+//! - [`logging`]: `tracing-subscriber` setup; `--log-level` wins over `RUST_LOG`.
+//! - [`shutdown`]: a watch-based shutdown handle fired by SIGTERM/SIGINT or by hand.
+//! - [`http`]: the hyper 1.x `/metrics` server (Prometheus text format 0.0.4), graceful
+//!   shutdown.
+//!
+//! A daemon's `main` is: parse flags (clap), `config::load`, `logging::init`,
+//! `shutdown::on_signals`, then the library's `run(config, shutdown)`.
+
+pub mod config;
+pub mod http;
+pub mod logging;
+pub mod shutdown;

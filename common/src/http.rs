@@ -1,0 +1,195 @@
+//! A small hyper 1.x HTTP/1.1 server for the Prometheus `/metrics` endpoint.
+//!
+//! Routes: `GET /metrics` → the text exposition format 0.0.4 produced by a [`RenderFn`]
+//! (content type [`prometheus::TEXT_FORMAT`], `text/plain; version=0.0.4`), `GET /` → a short
+//! text page pointing at `/metrics`, anything else → 404, non-GET/HEAD methods → 405.
+//! A render failure answers 500 with the reason (and is logged), never panics the server.
+//! Shutdown is graceful: the listener stops accepting, in-flight requests finish, and
+//! connections still open after [`GRACE_PERIOD`] are dropped.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+
+use crate::shutdown::Shutdown;
+
+/// How long shutdown waits for open connections before dropping them.
+pub const GRACE_PERIOD: Duration = Duration::from_secs(5);
+
+/// Produces the exposition text for one scrape; `Err` carries a reason for the 500 answer.
+pub type RenderFn = Arc<dyn Fn() -> Result<Vec<u8>, String> + Send + Sync>;
+
+/// Encodes everything registered in `registry` with the text encoder. Errors: a collector
+/// produced an invalid family (duplicate, bad name), reported by the encoder.
+pub fn encode_registry(registry: &prometheus::Registry) -> Result<Vec<u8>, String> {
+    use prometheus::Encoder;
+    let families = registry.gather();
+    let mut out = Vec::with_capacity(16 * 1024);
+    prometheus::TextEncoder::new()
+        .encode(&families, &mut out)
+        .map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+/// A [`RenderFn`] over a registry.
+pub fn registry_render(registry: prometheus::Registry) -> RenderFn {
+    Arc::new(move || encode_registry(&registry))
+}
+
+/// Binds the listener; port 0 picks an ephemeral port (read it with `local_addr`).
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+const INDEX: &str = "uctel: Prometheus metrics are served at /metrics\n";
+
+fn respond(req: &Request<Incoming>, render: &RenderFn) -> Response<Full<Bytes>> {
+    let text = |status: StatusCode, body: String| {
+        let mut r = Response::new(Full::new(Bytes::from(body)));
+        *r.status_mut() = status;
+        r.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        r
+    };
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "only GET and HEAD are served\n".into(),
+        );
+    }
+    match req.uri().path() {
+        "/metrics" => match render() {
+            Ok(body) => {
+                let mut r = Response::new(Full::new(Bytes::from(body)));
+                r.headers_mut().insert(
+                    CONTENT_TYPE,
+                    HeaderValue::from_static(prometheus::TEXT_FORMAT),
+                );
+                r
+            }
+            Err(reason) => {
+                tracing::error!(%reason, "rendering /metrics failed");
+                text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("rendering metrics failed: {reason}\n"),
+                )
+            }
+        },
+        "/" => text(StatusCode::OK, INDEX.into()),
+        _ => text(StatusCode::NOT_FOUND, "not found; try /metrics\n".into()),
+    }
+}
+
+/// Serves until `shutdown` fires, then drains gracefully. Accept errors (e.g. EMFILE) are
+/// logged and retried after a short pause rather than ending the server.
+pub async fn serve(listener: TcpListener, render: RenderFn, mut shutdown: Shutdown) {
+    let graceful = GracefulShutdown::new();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = shutdown.wait() => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _peer)) => stream,
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics listener accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let render = render.clone();
+        let service = service_fn(move |req: Request<Incoming>| {
+            let response = respond(&req, &render);
+            async move { Ok::<_, Infallible>(response) }
+        });
+        let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+        let watched = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = watched.await {
+                tracing::debug!(error = %e, "metrics connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(GRACE_PERIOD, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("metrics connections still open after the grace period; dropping them");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shutdown;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn get(addr: SocketAddr, method: &str, path: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let req = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn routes_and_graceful_shutdown() {
+        let registry = prometheus::Registry::new();
+        let c = prometheus::IntCounter::new("uctel_test_total", "A test counter.").unwrap();
+        registry.register(Box::new(c.clone())).unwrap();
+        c.inc_by(3);
+        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (trigger, sd) = shutdown::channel();
+        let server = tokio::spawn(serve(listener, registry_render(registry), sd));
+
+        let m = get(addr, "GET", "/metrics").await;
+        assert!(m.starts_with("HTTP/1.1 200"), "{m}");
+        assert!(m.contains("content-type: text/plain; version=0.0.4"), "{m}");
+        assert!(m.contains("# TYPE uctel_test_total counter"), "{m}");
+        assert!(m.contains("uctel_test_total 3"), "{m}");
+
+        let root = get(addr, "GET", "/").await;
+        assert!(
+            root.starts_with("HTTP/1.1 200") && root.contains("/metrics"),
+            "{root}"
+        );
+        assert!(get(addr, "GET", "/nope").await.starts_with("HTTP/1.1 404"));
+        assert!(get(addr, "POST", "/metrics")
+            .await
+            .starts_with("HTTP/1.1 405"));
+
+        trigger.trigger();
+        server.await.unwrap();
+        assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn render_failure_is_500() {
+        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (trigger, sd) = shutdown::channel();
+        let render: RenderFn = Arc::new(|| Err("boom".to_string()));
+        let server = tokio::spawn(serve(listener, render, sd));
+        let r = get(addr, "GET", "/metrics").await;
+        assert!(r.starts_with("HTTP/1.1 500") && r.contains("boom"), "{r}");
+        trigger.trigger();
+        server.await.unwrap();
+    }
+}
