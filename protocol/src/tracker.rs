@@ -1,1 +1,1148 @@
-//! (being written)
+//! Sans-IO sequence tracker: gap, late, duplicate and stale detection for one sequence space.
+//!
+//! One [`SequenceTracker`] follows one sequence space: the connection sequence of an agent
+//! connection, or the stream sequence of one stream (DESIGN.md §5). It is adapted from
+//! RFC 3550 Appendix A.1 (`update_seq`) and A.3 (loss statistics) with three changes:
+//!
+//! * **Explicit epoch instead of probation.** Every frame carries the agent epoch. A frame of a
+//!   new epoch resets the tracker at once (no `MIN_SEQUENTIAL` probation, no `bad_seq`
+//!   two-packet restart heuristic); the reset is counted with [`ResetReason::EpochChange`],
+//!   never as loss.
+//! * **64-bit sequences.** Sequences are `u64` and compared as serial numbers (RFC 1982,
+//!   practical form: `a` is after `b` when `a.wrapping_sub(b)` is in `1..2^63`), so no input,
+//!   including values next to `u64::MAX`, can make the tracker panic. The 32-bit immediate of
+//!   an RDMA Write-with-immediate carries the low 32 bits of the connection sequence;
+//!   [`extend_u32`] widens it back to 64 bits (the role of RFC 3550's `cycles`).
+//! * **Loss never goes negative.** RFC 3550 computes `lost = expected − received` and lets
+//!   duplicates drive it below zero. We keep a bitmap of the reorder window, so a frame that
+//!   arrives after it was counted lost moves one frame from `lost` to `received` (a *late*
+//!   frame), and a frame seen twice is a *duplicate* that moves neither.
+//!
+//! # Segments
+//!
+//! A *segment* is the run of observations between two resets. It starts at `base` (the first
+//! sequence seen after the reset) and ends, so far, at `highest`. Its *expected* count is
+//! `highest − base + 1` (RFC 3550 A.3 `expected`).
+//!
+//! # How each observation moves the counters
+//!
+//! Let `d = seq − highest` (wrapping) be the forward distance and `b = highest − seq` the
+//! backward distance. "Segment" counters restart at zero on each reset; the cumulative
+//! counters of [`TrackerCounts`] add every segment together.
+//!
+//! | observation | condition | received | lost | late | duplicate | stale | resets | highest / base |
+//! |---|---|---|---|---|---|---|---|---|
+//! | [`First`](Observation::First) | first frame ever | +1 | | | | | | both = `seq` |
+//! | [`EpochReset`](Observation::EpochReset) | `epoch` differs from the current and from the retired one | +1 | | | | | `epoch_change` +1 | both = `seq` |
+//! | [`InOrder`](Observation::InOrder) | `d == 1` | +1 | | | | | | highest = `seq` |
+//! | [`Gap`](Observation::Gap) | `1 < d ≤ max_dropout` | +1 | +(`d − 1`) | | | | | highest = `seq` |
+//! | [`Resync`](Observation::Resync) | `d > max_dropout`, or the segment would span `2^63` or more | +1 | | | | | `dropout` +1 | both = `seq` |
+//! | [`Late`](Observation::Late) | `1 ≤ b < reorder_window`, `seq ≥ base`, not yet seen | +1 | −1 | +1 | | | | |
+//! | [`Duplicate`](Observation::Duplicate) | `0 ≤ b < reorder_window`, `seq ≥ base`, already seen | | | | +1 | | | |
+//! | [`Stale`](Observation::Stale) | `b ≥ reorder_window`, or `seq < base`, or the epoch was retired by the last epoch change | | | | | +1 | | |
+//!
+//! [`SequenceTracker::close`] (the sender's last sequence, from its `Goodbye`) adds the tail
+//! `final_seq − highest` to `lost` and moves `highest` to `final_seq`.
+//!
+//! # Invariants
+//!
+//! * Segment: `segment.received + segment.lost == highest − base + 1`, after every call.
+//! * Cumulative: `received + lost == expected`, where `expected` is the sum of every segment's
+//!   `highest − base + 1` (cumulative counters saturate at `u64::MAX`, which no real stream
+//!   reaches).
+//! * After `close(epoch, final_seq)`: the sender sent `final_seq − base + 1` frames in the
+//!   current segment and `sent == segment.received + segment.lost`. Across several segments the
+//!   tracker cannot know what the sender sent in earlier segments that ended without a
+//!   `Goodbye` (their tail is unknown), so the cumulative form is
+//!   `received + lost == expected`, where `expected` is the per-segment sent count for every
+//!   segment that was closed.
+//!
+//! `received` counts distinct frames, so it never includes duplicates or stale frames.
+
+use thiserror::Error;
+
+/// RFC 3550 A.1 `MAX_DROPOUT`: the default largest forward jump still counted as loss.
+pub const DEFAULT_MAX_DROPOUT: u64 = 3000;
+/// Default reorder window: how many of the most recent sequences (the highest included) are
+/// remembered to tell late frames from duplicates.
+pub const DEFAULT_REORDER_WINDOW: u64 = 64;
+/// Largest accepted [`TrackerConfig::reorder_window`] (the bitmap costs `window / 8` bytes).
+pub const MAX_REORDER_WINDOW: u64 = 1 << 16;
+
+/// Half of the 64-bit sequence space: forward distances at or beyond this are "behind"
+/// (RFC 1982 practical form).
+const HALF: u64 = 1 << 63;
+
+/// Tracker tuning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TrackerConfig {
+    /// Largest forward jump `d = seq − highest` (in frames) still counted as `d − 1` lost
+    /// frames; a larger jump is a resync with reason [`ResetReason::Dropout`]. RFC 3550 A.1
+    /// `MAX_DROPOUT`; scale it to "seconds of stall × peak frame rate". Must be ≥ 1.
+    pub max_dropout: u64,
+    /// Number of most recent sequences, the highest included, within which a backward step
+    /// is a late frame or a duplicate rather than a stale frame (RFC 3550 A.1
+    /// `MAX_MISORDER`, but the window also remembers which sequences arrived).
+    /// Must be in `1..=MAX_REORDER_WINDOW`.
+    pub reorder_window: u64,
+}
+
+impl Default for TrackerConfig {
+    fn default() -> Self {
+        Self {
+            max_dropout: DEFAULT_MAX_DROPOUT,
+            reorder_window: DEFAULT_REORDER_WINDOW,
+        }
+    }
+}
+
+/// A [`TrackerConfig`] that [`SequenceTracker::new`] refuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum TrackerConfigError {
+    /// `max_dropout` is 0: even an in-order frame would be a resync.
+    #[error("tracker max_dropout must be at least 1 frame, got 0")]
+    ZeroMaxDropout,
+    /// `reorder_window` is 0 or larger than [`MAX_REORDER_WINDOW`].
+    #[error("tracker reorder_window must be in 1..={max} frames, got {got}")]
+    ReorderWindow {
+        /// The configured value.
+        got: u64,
+        /// [`MAX_REORDER_WINDOW`].
+        max: u64,
+    },
+}
+
+/// Why a tracker started a new segment. A closed set: it labels
+/// `stream_resets_total{reason}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ResetReason {
+    /// A frame of a new agent epoch arrived (the agent restarted or reconnected).
+    EpochChange,
+    /// A forward jump larger than `max_dropout` (a stall, not a flood of loss).
+    Dropout,
+}
+
+impl ResetReason {
+    /// Every reason, in label order.
+    pub const ALL: [ResetReason; 2] = [ResetReason::EpochChange, ResetReason::Dropout];
+
+    /// The Prometheus label value: `epoch_change` or `dropout`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ResetReason::EpochChange => "epoch_change",
+            ResetReason::Dropout => "dropout",
+        }
+    }
+}
+
+impl std::fmt::Display for ResetReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a frame was classified [`Observation::Stale`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StaleReason {
+    /// More than `reorder_window − 1` frames behind the highest sequence.
+    BehindWindow,
+    /// Before the first sequence of the current segment.
+    BeforeBase,
+    /// Of the epoch that the last epoch change retired.
+    RetiredEpoch,
+}
+
+/// What one observed frame was. Everything but [`Duplicate`](Observation::Duplicate) and
+/// [`Stale`](Observation::Stale) is a frame to deliver ([`Observation::is_accepted`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Observation {
+    /// The first frame this tracker ever saw; it becomes `base` and `highest`.
+    First,
+    /// The next sequence after `highest`.
+    InOrder,
+    /// A forward jump: `lost` frames between the old `highest` and this one are counted lost.
+    Gap {
+        /// Frames skipped, `seq − highest − 1`, in `1..max_dropout`.
+        lost: u64,
+    },
+    /// A frame earlier counted lost arrived after all (inside the reorder window).
+    Late,
+    /// A frame already received, inside the reorder window.
+    Duplicate,
+    /// A frame too old to judge, or of a retired epoch; dropped.
+    Stale {
+        /// Which rule made it stale.
+        reason: StaleReason,
+    },
+    /// A forward jump larger than `max_dropout`: the tracker restarted at this frame
+    /// (reset reason [`ResetReason::Dropout`]); the skipped frames are not counted lost.
+    Resync {
+        /// Frames skipped and not counted, `seq − highest − 1`.
+        skipped: u64,
+    },
+    /// A frame of a new epoch: the tracker restarted at this frame (reset reason
+    /// [`ResetReason::EpochChange`]).
+    EpochReset {
+        /// The epoch that was current until now (now retired).
+        previous_epoch: u64,
+    },
+}
+
+impl Observation {
+    /// `true` when the frame is new and should be delivered: everything but duplicates and
+    /// stale frames.
+    pub const fn is_accepted(self) -> bool {
+        !matches!(self, Observation::Duplicate | Observation::Stale { .. })
+    }
+
+    /// The reset this observation caused, if any.
+    pub const fn reset_reason(self) -> Option<ResetReason> {
+        match self {
+            Observation::Resync { .. } => Some(ResetReason::Dropout),
+            Observation::EpochReset { .. } => Some(ResetReason::EpochChange),
+            _ => None,
+        }
+    }
+}
+
+/// Number of resets per [`ResetReason`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ResetCounts {
+    /// Resets caused by a new epoch.
+    pub epoch_change: u64,
+    /// Resets caused by a forward jump larger than `max_dropout`.
+    pub dropout: u64,
+}
+
+impl ResetCounts {
+    /// The count for one reason.
+    pub const fn get(&self, reason: ResetReason) -> u64 {
+        match reason {
+            ResetReason::EpochChange => self.epoch_change,
+            ResetReason::Dropout => self.dropout,
+        }
+    }
+
+    /// All resets.
+    pub const fn total(&self) -> u64 {
+        self.epoch_change.saturating_add(self.dropout)
+    }
+
+    fn bump(&mut self, reason: ResetReason) {
+        let c = match reason {
+            ResetReason::EpochChange => &mut self.epoch_change,
+            ResetReason::Dropout => &mut self.dropout,
+        };
+        *c = c.saturating_add(1);
+    }
+}
+
+/// Frame counters of the current segment (since the last reset).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SegmentCounts {
+    /// Distinct frames received, late ones included.
+    pub received: u64,
+    /// Frames counted lost and not (yet) arrived late.
+    pub lost: u64,
+    /// Frames that arrived after being counted lost.
+    pub late: u64,
+    /// Repeated frames inside the reorder window.
+    pub duplicate: u64,
+    /// Frames classified stale.
+    pub stale: u64,
+}
+
+/// A snapshot of a tracker's counters. Frame counters are cumulative over every segment;
+/// `epoch`, `base`, `highest` and `segment` describe the current segment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TrackerCounts {
+    /// Current epoch; `None` until the first frame.
+    pub epoch: Option<u64>,
+    /// First sequence of the current segment (0 before the first frame).
+    pub base: u64,
+    /// Highest sequence of the current segment (0 before the first frame).
+    pub highest: u64,
+    /// Distinct frames received (RFC 3550 `received`, without duplicates).
+    pub received: u64,
+    /// Frames counted lost and not arrived late.
+    pub lost: u64,
+    /// Frames that arrived after being counted lost.
+    pub late: u64,
+    /// Duplicates inside the reorder window.
+    pub duplicate: u64,
+    /// Stale frames (dropped).
+    pub stale: u64,
+    /// Sum over every segment of `highest − base + 1` (RFC 3550 A.3 `expected`);
+    /// `received + lost == expected`.
+    pub expected: u64,
+    /// Resets by reason.
+    pub resets: ResetCounts,
+    /// Counters of the current segment.
+    pub segment: SegmentCounts,
+}
+
+impl TrackerCounts {
+    /// `highest − base + 1` for the current segment, 0 before the first frame.
+    pub const fn segment_expected(&self) -> u64 {
+        match self.epoch {
+            None => 0,
+            Some(_) => self.highest.wrapping_sub(self.base).wrapping_add(1),
+        }
+    }
+}
+
+/// One RFC 3550 A.3 reporting interval, from [`SequenceTracker::interval_report`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct IntervalReport {
+    /// Growth of `expected` since the previous report.
+    pub expected_interval: u64,
+    /// Growth of `received` since the previous report (late frames included, so it can exceed
+    /// `expected_interval`).
+    pub received_interval: u64,
+    /// `expected_interval − received_interval`; negative when late frames of earlier
+    /// intervals arrived (RFC 3550 A.3 `lost_interval`). Saturates at the `i64` range.
+    pub lost_interval: i64,
+    /// `lost_interval / expected_interval` in `0.0..=1.0`; 0 when `expected_interval == 0`
+    /// or `lost_interval ≤ 0`.
+    pub fraction_lost: f64,
+    /// RFC 3550 A.3 8-bit fixed point: `(lost_interval << 8) / expected_interval`, clamped
+    /// to 255 (the RFC's formula gives 256 when every frame was lost, which does not fit).
+    pub fraction_lost_u8: u8,
+}
+
+/// Why [`SequenceTracker::close`] could not account the sender's final sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum CloseError {
+    /// No frame of `epoch` was ever observed, so the first sequence sent is unknown.
+    #[error("no frame of epoch {epoch:#x} was observed; cannot account its final sequence")]
+    EpochNotObserved {
+        /// The epoch named by the sender.
+        epoch: u64,
+    },
+    /// The sender's final sequence is behind a sequence already received.
+    #[error("final sequence {final_seq} is behind the highest received {highest}")]
+    BehindHighest {
+        /// The final sequence named by the sender.
+        final_seq: u64,
+        /// The tracker's highest sequence.
+        highest: u64,
+    },
+    /// The final sequence is so far ahead that the segment would span `2^63` or more.
+    #[error("final sequence {final_seq} is too far ahead of base {base}")]
+    TooFarAhead {
+        /// The final sequence named by the sender.
+        final_seq: u64,
+        /// The tracker's base sequence.
+        base: u64,
+    },
+}
+
+/// Widen a 32-bit value to the 64-bit sequence nearest `highest` whose low 32 bits are `low`.
+///
+/// The RDMA immediate (ImmDt, 32 bits) carries the low 32 bits of the connection sequence
+/// (DESIGN.md §4). The result is `highest + δ` (wrapping) where `δ` is `low − low32(highest)`
+/// read as a signed 32-bit value, so it lies in `highest − 2^31 ..= highest + 2^31 − 1`
+/// (RFC 1982 practical form: the midpoint counts as behind). Works across 2^32 boundaries in
+/// both directions and wraps at `u64::MAX`/0 like the rest of the tracker.
+#[inline]
+pub const fn extend_u32(highest: u64, low: u32) -> u64 {
+    let delta = low.wrapping_sub(highest as u32) as i32;
+    highest.wrapping_add(delta as i64 as u64)
+}
+
+/// Bitmap of the sequences seen within the reorder window: bit `seq mod capacity`.
+/// Holds the truth for sequences in `highest − capacity + 1 ..= highest`.
+#[derive(Debug, Clone)]
+struct SeenWindow {
+    words: Box<[u64]>,
+    /// `capacity − 1`; capacity is a power of two and a multiple of 64.
+    mask: u64,
+}
+
+impl SeenWindow {
+    fn new(window: u64) -> Self {
+        let words = window.div_ceil(64).next_power_of_two().max(1);
+        let words_usize = usize::try_from(words).unwrap_or(1);
+        Self {
+            words: vec![0; words_usize].into_boxed_slice(),
+            mask: words.saturating_mul(64).wrapping_sub(1),
+        }
+    }
+
+    fn capacity(&self) -> u64 {
+        self.mask.wrapping_add(1)
+    }
+
+    #[inline]
+    fn locate(&self, seq: u64) -> (usize, u64) {
+        let bit = seq & self.mask;
+        // `bit >> 6` < words.len(), which is a usize.
+        ((bit >> 6) as usize, 1u64 << (bit & 63))
+    }
+
+    #[inline]
+    fn get(&self, seq: u64) -> bool {
+        let (w, m) = self.locate(seq);
+        self.words.get(w).is_some_and(|word| word & m != 0)
+    }
+
+    #[inline]
+    fn set(&mut self, seq: u64) {
+        let (w, m) = self.locate(seq);
+        if let Some(word) = self.words.get_mut(w) {
+            *word |= m;
+        }
+    }
+
+    #[inline]
+    fn clear(&mut self, seq: u64) {
+        let (w, m) = self.locate(seq);
+        if let Some(word) = self.words.get_mut(w) {
+            *word &= !m;
+        }
+    }
+
+    fn clear_all(&mut self) {
+        self.words.fill(0);
+    }
+
+    /// Forget `from + 1 ..= to` (wrapping), `to − from` = `d` ≥ 1: their bits now stand for
+    /// new, not-yet-seen sequences.
+    #[inline]
+    fn advance(&mut self, from: u64, d: u64) {
+        if d >= self.capacity() {
+            self.clear_all();
+        } else {
+            let mut s = from;
+            for _ in 0..d {
+                s = s.wrapping_add(1);
+                self.clear(s);
+            }
+        }
+    }
+}
+
+/// Loss, late, duplicate and stale accounting for one sequence space (module docs give every
+/// rule). Sans-IO: feed it `(epoch, seq)` pairs with [`observe`](Self::observe).
+#[derive(Debug, Clone)]
+pub struct SequenceTracker {
+    config: TrackerConfig,
+    epoch: Option<u64>,
+    retired_epoch: Option<u64>,
+    base: u64,
+    highest: u64,
+    seen: SeenWindow,
+    segment: SegmentCounts,
+    received: u64,
+    lost: u64,
+    late: u64,
+    duplicate: u64,
+    stale: u64,
+    /// Sum of `highest − base + 1` over the segments before the current one.
+    expected_before: u64,
+    resets: ResetCounts,
+    expected_prior: u64,
+    received_prior: u64,
+}
+
+impl Default for SequenceTracker {
+    fn default() -> Self {
+        Self::with_valid_config(TrackerConfig::default())
+    }
+}
+
+impl SequenceTracker {
+    /// A tracker that has seen nothing yet.
+    ///
+    /// # Errors
+    /// [`TrackerConfigError`] when `max_dropout` is 0 or `reorder_window` is outside
+    /// `1..=MAX_REORDER_WINDOW`.
+    pub fn new(config: TrackerConfig) -> Result<Self, TrackerConfigError> {
+        if config.max_dropout == 0 {
+            return Err(TrackerConfigError::ZeroMaxDropout);
+        }
+        if config.reorder_window == 0 || config.reorder_window > MAX_REORDER_WINDOW {
+            return Err(TrackerConfigError::ReorderWindow {
+                got: config.reorder_window,
+                max: MAX_REORDER_WINDOW,
+            });
+        }
+        Ok(Self::with_valid_config(config))
+    }
+
+    fn with_valid_config(config: TrackerConfig) -> Self {
+        Self {
+            config,
+            epoch: None,
+            retired_epoch: None,
+            base: 0,
+            highest: 0,
+            seen: SeenWindow::new(config.reorder_window),
+            segment: SegmentCounts::default(),
+            received: 0,
+            lost: 0,
+            late: 0,
+            duplicate: 0,
+            stale: 0,
+            expected_before: 0,
+            resets: ResetCounts::default(),
+            expected_prior: 0,
+            received_prior: 0,
+        }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> TrackerConfig {
+        self.config
+    }
+
+    /// The current epoch, `None` before the first frame.
+    pub fn epoch(&self) -> Option<u64> {
+        self.epoch
+    }
+
+    /// The highest sequence of the current segment, `None` before the first frame.
+    pub fn highest(&self) -> Option<u64> {
+        self.epoch.map(|_| self.highest)
+    }
+
+    /// Widen a 32-bit immediate against this tracker's highest sequence ([`extend_u32`]);
+    /// before the first frame the value is taken as is (upper 32 bits zero: a connection
+    /// sequence starts at 0 each epoch).
+    pub fn extend(&self, low: u32) -> u64 {
+        match self.epoch {
+            Some(_) => extend_u32(self.highest, low),
+            None => u64::from(low),
+        }
+    }
+
+    /// Classify one frame of `epoch` with sequence `seq` and update the counters (rules in
+    /// the module docs). Never panics.
+    pub fn observe(&mut self, epoch: u64, seq: u64) -> Observation {
+        let Some(current) = self.epoch else {
+            self.start_segment(epoch, seq);
+            return Observation::First;
+        };
+        if epoch != current {
+            if self.retired_epoch == Some(epoch) {
+                self.count_stale();
+                return Observation::Stale {
+                    reason: StaleReason::RetiredEpoch,
+                };
+            }
+            self.reset(ResetReason::EpochChange, epoch, seq);
+            self.retired_epoch = Some(current);
+            return Observation::EpochReset {
+                previous_epoch: current,
+            };
+        }
+
+        let d = seq.wrapping_sub(self.highest);
+        if d != 0 && d < HALF {
+            // Forward.
+            if d > self.config.max_dropout || seq.wrapping_sub(self.base) >= HALF {
+                self.reset(ResetReason::Dropout, epoch, seq);
+                return Observation::Resync { skipped: d - 1 };
+            }
+            self.seen.advance(self.highest, d);
+            self.seen.set(seq);
+            self.highest = seq;
+            self.segment.received += 1;
+            self.received = self.received.saturating_add(1);
+            if d == 1 {
+                return Observation::InOrder;
+            }
+            let lost = d - 1;
+            self.segment.lost += lost;
+            self.lost = self.lost.saturating_add(lost);
+            return Observation::Gap { lost };
+        }
+
+        // Backward (or equal): b = highest − seq.
+        let b = self.highest.wrapping_sub(seq);
+        if b > self.highest.wrapping_sub(self.base) {
+            self.count_stale();
+            return Observation::Stale {
+                reason: StaleReason::BeforeBase,
+            };
+        }
+        if b >= self.config.reorder_window {
+            self.count_stale();
+            return Observation::Stale {
+                reason: StaleReason::BehindWindow,
+            };
+        }
+        if self.seen.get(seq) {
+            self.segment.duplicate = self.segment.duplicate.saturating_add(1);
+            self.duplicate = self.duplicate.saturating_add(1);
+            return Observation::Duplicate;
+        }
+        // Inside the segment, inside the window, never seen: it was counted lost by a gap or
+        // by `close`, so `segment.lost ≥ 1`.
+        self.seen.set(seq);
+        self.segment.received += 1;
+        self.segment.lost = self.segment.lost.saturating_sub(1);
+        self.segment.late += 1;
+        self.received = self.received.saturating_add(1);
+        self.lost = self.lost.saturating_sub(1);
+        self.late = self.late.saturating_add(1);
+        Observation::Late
+    }
+
+    /// [`observe`](Self::observe) a frame known by the low 32 bits of its sequence (the RDMA
+    /// immediate), widened with [`extend`](Self::extend) against the current segment. A frame
+    /// that starts a tracker or a new epoch takes the immediate as is. Returns the widened
+    /// sequence and the observation.
+    pub fn observe_u32(&mut self, epoch: u64, imm: u32) -> (u64, Observation) {
+        let seq = if self.epoch == Some(epoch) {
+            extend_u32(self.highest, imm)
+        } else {
+            u64::from(imm)
+        };
+        (seq, self.observe(epoch, seq))
+    }
+
+    /// The sender said goodbye: its last sequence sent in `epoch` was `final_seq`. Counts the
+    /// tail `final_seq − highest` as lost, moves `highest` to `final_seq` and returns the tail.
+    /// Afterwards `final_seq − base + 1 == segment.received + segment.lost`. Frames of the
+    /// tail that still arrive are [`Late`](Observation::Late) if inside the reorder window.
+    ///
+    /// # Errors
+    /// * [`CloseError::EpochNotObserved`]: the current segment is not of `epoch`, so its first
+    ///   sequence is unknown; nothing changes.
+    /// * [`CloseError::BehindHighest`]: `final_seq` is before `highest` (the sender contradicts
+    ///   what arrived); nothing changes.
+    /// * [`CloseError::TooFarAhead`]: the segment would span `2^63` frames or more.
+    pub fn close(&mut self, epoch: u64, final_seq: u64) -> Result<u64, CloseError> {
+        if self.epoch != Some(epoch) {
+            return Err(CloseError::EpochNotObserved { epoch });
+        }
+        let tail = final_seq.wrapping_sub(self.highest);
+        if tail >= HALF {
+            return Err(CloseError::BehindHighest {
+                final_seq,
+                highest: self.highest,
+            });
+        }
+        if final_seq.wrapping_sub(self.base) >= HALF {
+            return Err(CloseError::TooFarAhead {
+                final_seq,
+                base: self.base,
+            });
+        }
+        if tail > 0 {
+            self.seen.advance(self.highest, tail);
+            self.highest = final_seq;
+            self.segment.lost = self.segment.lost.saturating_add(tail);
+            self.lost = self.lost.saturating_add(tail);
+        }
+        Ok(tail)
+    }
+
+    /// Counters now.
+    pub fn counts(&self) -> TrackerCounts {
+        TrackerCounts {
+            epoch: self.epoch,
+            base: self.base,
+            highest: self.highest,
+            received: self.received,
+            lost: self.lost,
+            late: self.late,
+            duplicate: self.duplicate,
+            stale: self.stale,
+            expected: self.expected(),
+            resets: self.resets,
+            segment: self.segment,
+        }
+    }
+
+    /// RFC 3550 A.3 interval statistics since the previous call (or since creation), then
+    /// start a new interval. Uses the cumulative `expected` and `received`, so resets inside
+    /// the interval neither lose nor invent frames.
+    pub fn interval_report(&mut self) -> IntervalReport {
+        let expected = self.expected();
+        let expected_interval = expected.saturating_sub(self.expected_prior);
+        let received_interval = self.received.saturating_sub(self.received_prior);
+        self.expected_prior = expected;
+        self.received_prior = self.received;
+
+        let lost_wide = i128::from(expected_interval) - i128::from(received_interval);
+        let lost_interval =
+            i64::try_from(lost_wide).unwrap_or(if lost_wide < 0 { i64::MIN } else { i64::MAX });
+        let (fraction_lost, fraction_lost_u8) = if expected_interval == 0 || lost_wide <= 0 {
+            (0.0, 0)
+        } else {
+            let fraction = (lost_wide as f64 / expected_interval as f64).clamp(0.0, 1.0);
+            let fixed = ((lost_wide << 8) / i128::from(expected_interval)).clamp(0, 255);
+            (fraction, u8::try_from(fixed).unwrap_or(u8::MAX))
+        };
+        IntervalReport {
+            expected_interval,
+            received_interval,
+            lost_interval,
+            fraction_lost,
+            fraction_lost_u8,
+        }
+    }
+
+    fn expected(&self) -> u64 {
+        match self.epoch {
+            None => 0,
+            Some(_) => self
+                .expected_before
+                .saturating_add(self.highest.wrapping_sub(self.base).wrapping_add(1)),
+        }
+    }
+
+    fn count_stale(&mut self) {
+        self.segment.stale = self.segment.stale.saturating_add(1);
+        self.stale = self.stale.saturating_add(1);
+    }
+
+    fn reset(&mut self, reason: ResetReason, epoch: u64, seq: u64) {
+        self.expected_before = self.expected();
+        self.resets.bump(reason);
+        self.start_segment(epoch, seq);
+    }
+
+    fn start_segment(&mut self, epoch: u64, seq: u64) {
+        self.epoch = Some(epoch);
+        self.base = seq;
+        self.highest = seq;
+        self.seen.clear_all();
+        self.seen.set(seq);
+        self.segment = SegmentCounts {
+            received: 1,
+            ..SegmentCounts::default()
+        };
+        self.received = self.received.saturating_add(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const E: u64 = 0xE1;
+
+    fn tracker(max_dropout: u64, reorder_window: u64) -> SequenceTracker {
+        match SequenceTracker::new(TrackerConfig {
+            max_dropout,
+            reorder_window,
+        }) {
+            Ok(t) => t,
+            Err(e) => panic!("valid config refused: {e}"),
+        }
+    }
+
+    fn assert_invariants(t: &SequenceTracker) {
+        let c = t.counts();
+        assert_eq!(
+            c.segment.received + c.segment.lost,
+            c.segment_expected(),
+            "{c:?}"
+        );
+        // Cumulative counters saturate at u64::MAX; compare without overflow.
+        if c.expected < u64::MAX {
+            assert_eq!(
+                u128::from(c.received) + u128::from(c.lost),
+                u128::from(c.expected),
+                "{c:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn config_is_validated() {
+        let bad = |max_dropout, reorder_window| {
+            SequenceTracker::new(TrackerConfig {
+                max_dropout,
+                reorder_window,
+            })
+            .err()
+        };
+        assert_eq!(bad(0, 64), Some(TrackerConfigError::ZeroMaxDropout));
+        assert_eq!(
+            bad(10, 0),
+            Some(TrackerConfigError::ReorderWindow {
+                got: 0,
+                max: MAX_REORDER_WINDOW
+            })
+        );
+        assert!(bad(10, MAX_REORDER_WINDOW + 1).is_some());
+        assert!(bad(1, MAX_REORDER_WINDOW).is_none());
+        assert_eq!(
+            SequenceTracker::default().config(),
+            TrackerConfig::default()
+        );
+        assert_eq!(TrackerConfig::default().max_dropout, 3000);
+    }
+
+    #[test]
+    fn first_then_in_order() {
+        let mut t = SequenceTracker::default();
+        assert_eq!(t.counts().segment_expected(), 0);
+        assert_eq!(t.observe(E, 10), Observation::First);
+        for s in 11..20 {
+            assert_eq!(t.observe(E, s), Observation::InOrder);
+            assert_invariants(&t);
+        }
+        let c = t.counts();
+        assert_eq!((c.base, c.highest, c.received, c.lost), (10, 19, 10, 0));
+        assert_eq!(c.epoch, Some(E));
+        assert_eq!(c.resets.total(), 0);
+    }
+
+    #[test]
+    fn gap_counts_jump_minus_one() {
+        let mut t = SequenceTracker::default();
+        let _ = t.observe(E, 0);
+        assert_eq!(t.observe(E, 5), Observation::Gap { lost: 4 });
+        assert_eq!(t.observe(E, 6), Observation::InOrder);
+        let c = t.counts();
+        assert_eq!((c.received, c.lost, c.highest), (3, 4, 6));
+        assert_invariants(&t);
+    }
+
+    #[test]
+    fn jump_of_exactly_max_dropout_is_loss_and_larger_is_resync() {
+        let mut t = tracker(100, 16);
+        let _ = t.observe(E, 0);
+        assert_eq!(t.observe(E, 100), Observation::Gap { lost: 99 });
+        assert_eq!(t.observe(E, 201), Observation::Resync { skipped: 100 });
+        let c = t.counts();
+        assert_eq!(c.resets.get(ResetReason::Dropout), 1);
+        assert_eq!(c.resets.get(ResetReason::EpochChange), 0);
+        assert_eq!((c.base, c.highest), (201, 201));
+        assert_eq!(c.lost, 99, "skipped frames of a resync are not loss");
+        assert_eq!(c.received, 3);
+        assert_eq!(c.segment.received, 1);
+        assert_eq!(c.segment.lost, 0);
+        assert_eq!(c.expected, 101 + 1);
+        assert_invariants(&t);
+    }
+
+    #[test]
+    fn late_frame_moves_one_from_lost_to_received() {
+        let mut t = SequenceTracker::default();
+        let _ = t.observe(E, 0);
+        assert_eq!(t.observe(E, 4), Observation::Gap { lost: 3 });
+        assert_eq!(t.observe(E, 2), Observation::Late);
+        assert_invariants(&t);
+        let c = t.counts();
+        assert_eq!((c.received, c.lost, c.late), (3, 2, 1));
+        // Second copy of the late frame is a duplicate.
+        assert_eq!(t.observe(E, 2), Observation::Duplicate);
+        assert_eq!(t.observe(E, 4), Observation::Duplicate);
+        assert_eq!(t.observe(E, 0), Observation::Duplicate);
+        let c = t.counts();
+        assert_eq!((c.received, c.lost, c.late, c.duplicate), (3, 2, 1, 3));
+        assert_invariants(&t);
+        assert!(!Observation::Duplicate.is_accepted());
+        assert!(Observation::Late.is_accepted());
+    }
+
+    #[test]
+    fn window_edge_and_stale() {
+        let mut t = tracker(3000, 8);
+        let _ = t.observe(E, 0);
+        let _ = t.observe(E, 20);
+        // b = 7 is the oldest inside a window of 8.
+        assert_eq!(t.observe(E, 13), Observation::Late);
+        assert_eq!(
+            t.observe(E, 12),
+            Observation::Stale {
+                reason: StaleReason::BehindWindow
+            }
+        );
+        assert_eq!(
+            t.observe(E, 0),
+            Observation::Stale {
+                reason: StaleReason::BehindWindow
+            }
+        );
+        let c = t.counts();
+        assert_eq!((c.received, c.lost, c.late, c.stale), (3, 18, 1, 2));
+        assert_invariants(&t);
+    }
+
+    #[test]
+    fn before_base_is_stale_even_inside_window() {
+        let mut t = SequenceTracker::default();
+        let _ = t.observe(E, 100);
+        let _ = t.observe(E, 101);
+        assert_eq!(
+            t.observe(E, 99),
+            Observation::Stale {
+                reason: StaleReason::BeforeBase
+            }
+        );
+        assert_eq!(t.counts().stale, 1);
+        assert_invariants(&t);
+    }
+
+    #[test]
+    fn bitmap_forgets_sequences_that_left_the_window() {
+        // Window 64 → capacity 64: seq 0 and seq 64 share a bit, as do 1 and 65.
+        let mut t = tracker(3000, 64);
+        let _ = t.observe(E, 0);
+        let _ = t.observe(E, 1);
+        assert_eq!(t.observe(E, 60), Observation::Gap { lost: 58 });
+        assert_eq!(t.observe(E, 65), Observation::Gap { lost: 4 });
+        // 64 aliases 0 (seen) but must read as unseen → late.
+        assert_eq!(t.observe(E, 64), Observation::Late);
+        assert_eq!(t.observe(E, 2), Observation::Late);
+        assert_eq!(t.observe(E, 65), Observation::Duplicate);
+        assert_eq!(
+            t.observe(E, 1),
+            Observation::Stale {
+                reason: StaleReason::BehindWindow
+            }
+        );
+        assert_invariants(&t);
+    }
+
+    #[test]
+    fn epoch_change_resets_without_loss() {
+        let mut t = SequenceTracker::default();
+        let _ = t.observe(E, 0);
+        let _ = t.observe(E, 3);
+        assert_eq!(
+            t.observe(0xE2, 7),
+            Observation::EpochReset { previous_epoch: E }
+        );
+        assert_eq!(t.observe(0xE2, 8), Observation::InOrder);
+        let c = t.counts();
+        assert_eq!(c.epoch, Some(0xE2));
+        assert_eq!(c.resets.get(ResetReason::EpochChange), 1);
+        assert_eq!((c.base, c.highest), (7, 8));
+        assert_eq!((c.received, c.lost, c.expected), (4, 2, 6));
+        assert_eq!((c.segment.received, c.segment.lost), (2, 0));
+        assert_invariants(&t);
+        // A straggler of the retired epoch is stale, not a second reset.
+        assert_eq!(
+            t.observe(E, 4),
+            Observation::Stale {
+                reason: StaleReason::RetiredEpoch
+            }
+        );
+        assert_eq!(t.counts().resets.total(), 1);
+        // Going back to the old epoch after a third one is a (new) reset.
+        let _ = t.observe(0xE3, 0);
+        assert_eq!(
+            t.observe(E, 0),
+            Observation::EpochReset {
+                previous_epoch: 0xE3
+            }
+        );
+        assert_eq!(t.counts().resets.epoch_change, 3);
+        assert_eq!(
+            Observation::EpochReset { previous_epoch: 1 }.reset_reason(),
+            Some(ResetReason::EpochChange)
+        );
+        assert_eq!(ResetReason::EpochChange.to_string(), "epoch_change");
+        assert_eq!(ResetReason::Dropout.as_str(), "dropout");
+    }
+
+    #[test]
+    fn close_accounts_tail_loss() {
+        let mut t = SequenceTracker::default();
+        let _ = t.observe(E, 5);
+        let _ = t.observe(E, 7);
+        assert_eq!(t.close(E, 10), Ok(3));
+        let c = t.counts();
+        let sent = 10 - c.base + 1;
+        assert_eq!(sent, c.segment.received + c.segment.lost);
+        assert_eq!(c.highest, 10);
+        assert_invariants(&t);
+        // A tail frame that still arrives is late.
+        assert_eq!(t.observe(E, 9), Observation::Late);
+        assert_invariants(&t);
+        assert_eq!(t.close(E, 10), Ok(0));
+        assert_eq!(
+            t.close(E, 9),
+            Err(CloseError::BehindHighest {
+                final_seq: 9,
+                highest: 10
+            })
+        );
+        assert_eq!(
+            t.close(0xE2, 10),
+            Err(CloseError::EpochNotObserved { epoch: 0xE2 })
+        );
+        let mut fresh = SequenceTracker::default();
+        assert!(fresh.close(E, 1).is_err());
+    }
+
+    #[test]
+    fn close_rejects_a_segment_of_half_the_space() {
+        let mut t = SequenceTracker::default();
+        let _ = t.observe(E, 0);
+        assert_eq!(
+            t.close(E, HALF),
+            Err(CloseError::BehindHighest {
+                final_seq: HALF,
+                highest: 0
+            })
+        );
+        assert_eq!(t.close(E, HALF - 1), Ok(HALF - 1));
+        assert_invariants(&t);
+    }
+
+    #[test]
+    fn sequences_wrap_at_u64_max() {
+        let mut t = SequenceTracker::default();
+        let _ = t.observe(E, u64::MAX - 2);
+        assert_eq!(t.observe(E, u64::MAX - 1), Observation::InOrder);
+        assert_eq!(t.observe(E, u64::MAX), Observation::InOrder);
+        assert_eq!(t.observe(E, 0), Observation::InOrder);
+        assert_eq!(t.observe(E, 3), Observation::Gap { lost: 2 });
+        assert_eq!(t.observe(E, 1), Observation::Late);
+        assert_eq!(t.observe(E, u64::MAX), Observation::Duplicate);
+        assert_eq!(
+            t.observe(E, u64::MAX - 3),
+            Observation::Stale {
+                reason: StaleReason::BeforeBase
+            }
+        );
+        let c = t.counts();
+        assert_eq!(c.segment_expected(), 7); // u64::MAX − 2 ..= 3
+        assert_invariants(&t);
+        assert_eq!(t.close(E, 5), Ok(2));
+        assert_invariants(&t);
+    }
+
+    #[test]
+    fn huge_jumps_never_panic_and_segment_stays_below_half_the_space() {
+        let mut t = tracker(u64::MAX, 1);
+        let _ = t.observe(E, 0);
+        assert_eq!(t.observe(E, HALF - 1), Observation::Gap { lost: HALF - 2 });
+        // Forward from highest but 2^63 past base: resync.
+        assert_eq!(t.observe(E, HALF + 5), Observation::Resync { skipped: 5 });
+        // Exactly half the space ahead counts as behind → stale.
+        assert!(matches!(
+            t.observe(E, (HALF + 5).wrapping_add(HALF)),
+            Observation::Stale { .. }
+        ));
+        assert_invariants(&t);
+        for s in [u64::MAX, 0, 1, HALF, HALF + 1, u64::MAX / 3] {
+            let _ = t.observe(E, s);
+            let _ = t.observe(s, s);
+            assert_invariants(&t);
+        }
+    }
+
+    #[test]
+    fn window_of_one_only_knows_the_highest() {
+        let mut t = tracker(10, 1);
+        let _ = t.observe(E, 0);
+        let _ = t.observe(E, 2);
+        assert_eq!(t.observe(E, 2), Observation::Duplicate);
+        assert_eq!(
+            t.observe(E, 1),
+            Observation::Stale {
+                reason: StaleReason::BehindWindow
+            }
+        );
+        assert_invariants(&t);
+    }
+
+    #[test]
+    fn extend_u32_picks_the_nearest_candidate() {
+        const TWO32: u64 = 1 << 32;
+        assert_eq!(extend_u32(0, 5), 5);
+        assert_eq!(extend_u32(TWO32 - 1, 0), TWO32);
+        assert_eq!(extend_u32(TWO32 - 1, u32::MAX - 3), TWO32 - 4);
+        assert_eq!(extend_u32(TWO32 + 2, u32::MAX), TWO32 - 1);
+        assert_eq!(extend_u32(TWO32 + 2, 7), TWO32 + 7);
+        assert_eq!(extend_u32(5 * TWO32, 1 << 31), 5 * TWO32 - (1 << 31));
+        assert_eq!(
+            extend_u32(5 * TWO32, (1 << 31) - 1),
+            5 * TWO32 + (1 << 31) - 1
+        );
+        // Wraps at the ends of the 64-bit space.
+        assert_eq!(extend_u32(u64::MAX, 0), 0);
+        assert_eq!(extend_u32(0, u32::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn observe_u32_crosses_two_to_the_32() {
+        let mut t = SequenceTracker::default();
+        let start = (1u64 << 32) - 3;
+        assert_eq!(t.observe_u32(E, start as u32), (start, Observation::First));
+        for s in start + 1..start + 6 {
+            assert_eq!(t.observe_u32(E, s as u32), (s, Observation::InOrder));
+        }
+        assert_eq!(
+            t.observe_u32(E, (start + 8) as u32).1,
+            Observation::Gap { lost: 2 }
+        );
+        assert_eq!(
+            t.observe_u32(E, (start + 1) as u32),
+            (start + 1, Observation::Duplicate)
+        );
+        assert_eq!(
+            t.observe_u32(E, (start + 6) as u32),
+            (start + 6, Observation::Late)
+        );
+        assert_eq!(t.highest(), Some(start + 8));
+        assert_eq!(t.extend(0), 1 << 32);
+        // A new epoch takes the immediate as is.
+        assert_eq!(
+            t.observe_u32(0xE2, 4),
+            (4, Observation::EpochReset { previous_epoch: E })
+        );
+        assert_invariants(&t);
+    }
+
+    #[test]
+    fn interval_report_follows_rfc3550_a3() {
+        let mut t = SequenceTracker::default();
+        let r = t.interval_report();
+        assert_eq!(
+            (r.expected_interval, r.received_interval, r.lost_interval),
+            (0, 0, 0)
+        );
+        assert_eq!(r.fraction_lost, 0.0);
+
+        let _ = t.observe(E, 0);
+        let _ = t.observe(E, 4); // 3 lost, expected 5, received 2
+        let r = t.interval_report();
+        assert_eq!(
+            (r.expected_interval, r.received_interval, r.lost_interval),
+            (5, 2, 3)
+        );
+        assert_eq!(r.fraction_lost, 0.6);
+        assert_eq!(r.fraction_lost_u8, 153); // (3 << 8) / 5
+
+        // Next interval: two late frames and one new frame: expected 1, received 3.
+        let _ = t.observe(E, 1);
+        let _ = t.observe(E, 2);
+        let _ = t.observe(E, 5);
+        let r = t.interval_report();
+        assert_eq!(
+            (r.expected_interval, r.received_interval, r.lost_interval),
+            (1, 3, -2)
+        );
+        assert_eq!((r.fraction_lost, r.fraction_lost_u8), (0.0, 0));
+
+        // Everything lost: the fixed point clamps at 255 rather than wrapping to 0.
+        assert_eq!(t.close(E, 9), Ok(4));
+        let r = t.interval_report();
+        assert_eq!(
+            (r.expected_interval, r.received_interval, r.lost_interval),
+            (4, 0, 4)
+        );
+        assert_eq!((r.fraction_lost, r.fraction_lost_u8), (1.0, 255));
+
+        // Reset inside an interval: the new segment adds to expected, nothing is lost.
+        let _ = t.observe(0xE2, 100);
+        let _ = t.observe(0xE2, 101);
+        let r = t.interval_report();
+        assert_eq!(
+            (r.expected_interval, r.received_interval, r.lost_interval),
+            (2, 2, 0)
+        );
+    }
+}
