@@ -5,5 +5,6 @@ pub mod engine;
 pub mod fault;
 pub mod icrc;
 pub mod link;
+pub mod memory;
 pub mod packet;
 pub mod udp;
