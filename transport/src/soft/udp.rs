@@ -1,1 +1,715 @@
-//! (being written)
+//! `UdpLink`: the soft transport's [`Link`] over a real UDP socket, batched.
+//!
+//! - Receive: `recvmmsg(2)` into preallocated buffers, up to [`UdpConfig::batch`] datagrams
+//!   per system call; `IP_PKTINFO` / `IPV6_RECVPKTINFO` so [`Datagram::local`] tells the
+//!   destination address even when bound to a wildcard address (the ICRC covers it).
+//! - Send: `sendmmsg(2)` on an *unconnected* socket, consecutive datagrams with the same
+//!   source in one call; an explicit [`Datagram::local`] source IP is passed as an
+//!   `IP_PKTINFO` / `IPV6_PKTINFO` control message.
+//! - `IP_MTU_DISCOVER = IP_PMTUDISC_DO` (and `IPV6_MTU_DISCOVER`): DF is set and nothing is
+//!   fragmented locally. With DF set on an unconnected socket Linux sends IPv4 ID 0
+//!   (`ip_select_ident_segs()`), which is what [`crate::soft::icrc::seal`] assumes. A datagram
+//!   larger than the path MTU fails with `EMSGSIZE` and is dropped and counted.
+//! - Waiting: [`PollMode::Blocking`] sleeps in `poll(2)`; [`PollMode::BusyPoll`] spins on
+//!   non-blocking `recvmmsg` (lowest latency, burns a core).
+//! - Socket buffers (`SO_RCVBUF`/`SO_SNDBUF`) are enlarged; above `net.core.rmem_max` /
+//!   `wmem_max` the `*FORCE` variants are tried (they need `CAP_NET_ADMIN`), and the sizes the
+//!   kernel granted are readable afterwards.
+//!
+//! Every datagram that is taken and not sent, or received and not delivered, is counted in
+//! [`UdpCounts`] with a [`UdpDropReason`].
+//!
+//! [`UdpSink`] is a bare `recvmmsg` loop that discards what it reads: the baseline for
+//! benchmarks (how many messages per second the kernel hands to user space at a given size).
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::os::fd::{AsFd, AsRawFd};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::socket::{
+    cmsg_space, recvmmsg, sendmmsg, setsockopt, sockopt, ControlMessage, ControlMessageOwned,
+    MsgFlags, MultiHeaders, SockaddrLike, SockaddrStorage,
+};
+use serde::Deserialize;
+use socket2::{Domain, Protocol, Socket, Type};
+
+use super::link::{Datagram, Link};
+use super::packet::ROCEV2_UDP_PORT;
+
+/// How [`UdpLink::recv`] waits for datagrams.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PollMode {
+    /// Sleep in `poll(2)` until a datagram arrives or the timeout passes.
+    #[default]
+    Blocking,
+    /// Spin on non-blocking `recvmmsg(2)` until a datagram arrives or the timeout passes.
+    BusyPoll,
+}
+
+/// Configuration of a [`UdpLink`].
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UdpConfig {
+    /// Address and port to bind; default `0.0.0.0:4791` (4791 = IANA RoCEv2 port). Port 0
+    /// picks an ephemeral port.
+    pub bind: SocketAddr,
+    /// `SO_RCVBUF` request in bytes; `None` keeps the system default.
+    pub recv_buffer_bytes: Option<usize>,
+    /// `SO_SNDBUF` request in bytes; `None` keeps the system default.
+    pub send_buffer_bytes: Option<usize>,
+    /// Most datagrams per `recvmmsg`/`sendmmsg` call (1..=1024).
+    pub batch: usize,
+    /// Receive buffer per datagram in bytes; larger datagrams are dropped and counted
+    /// ([`UdpDropReason::RecvTruncated`]). Default 9216 (jumbo frames; RoCE's largest packet
+    /// at 4096 MTU is 4132 bytes of UDP payload).
+    pub max_datagram_bytes: usize,
+    /// How `recv` waits.
+    pub poll_mode: PollMode,
+    /// For an IPv6 wildcard bind: accept only IPv6 (`IPV6_V6ONLY`). Default false
+    /// (dual-stack: IPv4 peers appear as `::ffff:a.b.c.d`).
+    pub only_v6: bool,
+}
+
+impl Default for UdpConfig {
+    fn default() -> Self {
+        UdpConfig {
+            bind: SocketAddr::from((Ipv4Addr::UNSPECIFIED, ROCEV2_UDP_PORT)),
+            recv_buffer_bytes: Some(8 << 20),
+            send_buffer_bytes: Some(4 << 20),
+            batch: 64,
+            max_datagram_bytes: 9216,
+            poll_mode: PollMode::Blocking,
+            only_v6: false,
+        }
+    }
+}
+
+impl UdpConfig {
+    /// The default configuration bound to `bind`.
+    pub fn bound_to(bind: SocketAddr) -> UdpConfig {
+        UdpConfig {
+            bind,
+            ..UdpConfig::default()
+        }
+    }
+}
+
+/// Why a datagram was dropped inside a [`UdpLink`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UdpDropReason {
+    /// Received datagram larger than `max_datagram_bytes` (`MSG_TRUNC`).
+    RecvTruncated,
+    /// Send refused with `EMSGSIZE`: larger than the path MTU (DF is set).
+    SendTooBig,
+    /// Send refused: no route (`ENETUNREACH`, `EHOSTUNREACH`, `EADDRNOTAVAIL`).
+    SendUnreachable,
+    /// Send refused for another per-datagram reason (`EINVAL`, `EAFNOSUPPORT`, `EPERM`,
+    /// `EACCES`, `ECONNREFUSED`).
+    SendRejected,
+}
+
+impl UdpDropReason {
+    /// All reasons, for exporting counters.
+    pub const ALL: [UdpDropReason; 4] = [
+        UdpDropReason::RecvTruncated,
+        UdpDropReason::SendTooBig,
+        UdpDropReason::SendUnreachable,
+        UdpDropReason::SendRejected,
+    ];
+
+    /// Label value, snake_case.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            UdpDropReason::RecvTruncated => "recv_truncated",
+            UdpDropReason::SendTooBig => "send_too_big",
+            UdpDropReason::SendUnreachable => "send_unreachable",
+            UdpDropReason::SendRejected => "send_rejected",
+        }
+    }
+}
+
+/// Datagram counters of one [`UdpLink`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UdpCounts {
+    /// Datagrams the kernel accepted for sending.
+    pub sent: u64,
+    /// Datagrams delivered to the caller of `recv`.
+    pub received: u64,
+    /// `recvmmsg` / `sendmmsg` system calls that moved at least one datagram.
+    pub recv_calls: u64,
+    /// See `recv_calls`.
+    pub send_calls: u64,
+    /// Drops by [`UdpDropReason::RecvTruncated`].
+    pub recv_truncated: u64,
+    /// Drops by [`UdpDropReason::SendTooBig`].
+    pub send_too_big: u64,
+    /// Drops by [`UdpDropReason::SendUnreachable`].
+    pub send_unreachable: u64,
+    /// Drops by [`UdpDropReason::SendRejected`].
+    pub send_rejected: u64,
+}
+
+impl UdpCounts {
+    /// The drop counter for `reason`.
+    pub fn dropped(&self, reason: UdpDropReason) -> u64 {
+        match reason {
+            UdpDropReason::RecvTruncated => self.recv_truncated,
+            UdpDropReason::SendTooBig => self.send_too_big,
+            UdpDropReason::SendUnreachable => self.send_unreachable,
+            UdpDropReason::SendRejected => self.send_rejected,
+        }
+    }
+
+    fn count_drop(&mut self, reason: UdpDropReason) {
+        match reason {
+            UdpDropReason::RecvTruncated => self.recv_truncated += 1,
+            UdpDropReason::SendTooBig => self.send_too_big += 1,
+            UdpDropReason::SendUnreachable => self.send_unreachable += 1,
+            UdpDropReason::SendRejected => self.send_rejected += 1,
+        }
+    }
+}
+
+/// Most datagrams per system call.
+const MAX_BATCH: usize = 1024;
+
+/// A [`Link`] over one UDP socket. See the module docs.
+#[derive(Debug)]
+pub struct UdpLink {
+    socket: UdpSocket,
+    local: SocketAddr,
+    config: UdpConfig,
+    bufs: Vec<Vec<u8>>,
+    counts: UdpCounts,
+    recv_buffer_bytes: usize,
+    send_buffer_bytes: usize,
+}
+
+/// Metadata of one received datagram, copied out of the `recvmmsg` results.
+struct RecvMeta {
+    index: usize,
+    len: usize,
+    peer: Option<SocketAddr>,
+    local_ip: Option<IpAddr>,
+    truncated: bool,
+}
+
+fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg)
+}
+
+/// Creates the socket: options, buffers, bind; non-blocking.
+fn open_socket(config: &UdpConfig) -> io::Result<(UdpSocket, usize, usize)> {
+    let domain = Domain::for_address(config.bind);
+    let socket = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))?;
+    let v6 = config.bind.is_ipv6();
+    if v6 {
+        socket.set_only_v6(config.only_v6)?;
+    }
+    let fd = socket.as_fd();
+    let dual_stack = v6 && !config.only_v6;
+    if !v6 || dual_stack {
+        rustix::net::sockopt::set_ip_mtu_discover(
+            fd,
+            rustix::net::sockopt::Ipv4PathMtuDiscovery::DO,
+        )?;
+        setsockopt(&fd, sockopt::Ipv4PacketInfo, &true)?;
+    }
+    if v6 {
+        rustix::net::sockopt::set_ipv6_mtu_discover(
+            fd,
+            rustix::net::sockopt::Ipv6PathMtuDiscovery::DO,
+        )?;
+        setsockopt(&fd, sockopt::Ipv6RecvPacketInfo, &true)?;
+    }
+    if let Some(bytes) = config.recv_buffer_bytes {
+        socket.set_recv_buffer_size(bytes)?;
+        // The kernel reports twice the granted value; below the request means rmem_max
+        // capped it: try the privileged variant, ignore EPERM.
+        if socket.recv_buffer_size()? < bytes {
+            let _ = setsockopt(&fd, sockopt::RcvBufForce, &bytes);
+        }
+    }
+    if let Some(bytes) = config.send_buffer_bytes {
+        socket.set_send_buffer_size(bytes)?;
+        if socket.send_buffer_size()? < bytes {
+            let _ = setsockopt(&fd, sockopt::SndBufForce, &bytes);
+        }
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&config.bind.into())?;
+    let recv = socket.recv_buffer_size()?;
+    let send = socket.send_buffer_size()?;
+    Ok((socket.into(), recv, send))
+}
+
+fn to_socket_addr(addr: &SockaddrStorage) -> Option<SocketAddr> {
+    if let Some(v4) = addr.as_sockaddr_in() {
+        return Some(SocketAddr::V4(SocketAddrV4::from(*v4)));
+    }
+    addr.as_sockaddr_in6()
+        .map(|v6| SocketAddr::V6(SocketAddrV6::from(*v6)))
+}
+
+/// Maps an IPv4 destination to `::ffff:a.b.c.d` for a dual-stack IPv6 socket.
+fn for_family(addr: SocketAddr, socket_v6: bool) -> SocketAddr {
+    match (addr, socket_v6) {
+        (SocketAddr::V4(v4), true) => {
+            SocketAddr::V6(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0))
+        }
+        _ => addr,
+    }
+}
+
+fn classify_send_error(errno: Errno) -> Option<UdpDropReason> {
+    match errno {
+        Errno::EMSGSIZE => Some(UdpDropReason::SendTooBig),
+        Errno::ENETUNREACH | Errno::EHOSTUNREACH | Errno::EADDRNOTAVAIL => {
+            Some(UdpDropReason::SendUnreachable)
+        }
+        Errno::EINVAL
+        | Errno::EAFNOSUPPORT
+        | Errno::EPERM
+        | Errno::EACCES
+        | Errno::ECONNREFUSED => Some(UdpDropReason::SendRejected),
+        _ => None,
+    }
+}
+
+/// Milliseconds for `poll(2)`, rounded up so a short remaining time still sleeps.
+fn poll_timeout(remaining: Option<Duration>) -> PollTimeout {
+    match remaining {
+        None => PollTimeout::NONE,
+        Some(d) => {
+            let ms = d.as_micros().div_ceil(1000);
+            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
+        }
+    }
+}
+
+impl UdpLink {
+    /// Binds a socket as configured. Errors: invalid batch or buffer size, or any socket
+    /// option / bind failure (e.g. `AddrInUse`).
+    pub fn bind(config: UdpConfig) -> io::Result<UdpLink> {
+        if config.batch == 0 || config.batch > MAX_BATCH {
+            return Err(invalid(format!(
+                "batch {} outside 1..={MAX_BATCH}",
+                config.batch
+            )));
+        }
+        if config.max_datagram_bytes == 0 || config.max_datagram_bytes > 65_535 {
+            return Err(invalid(format!(
+                "max_datagram_bytes {} outside 1..=65535",
+                config.max_datagram_bytes
+            )));
+        }
+        let (socket, recv_buffer_bytes, send_buffer_bytes) = open_socket(&config)?;
+        let local = socket.local_addr()?;
+        let bufs = vec![vec![0u8; config.max_datagram_bytes]; config.batch];
+        Ok(UdpLink {
+            socket,
+            local,
+            config,
+            bufs,
+            counts: UdpCounts::default(),
+            recv_buffer_bytes,
+            send_buffer_bytes,
+        })
+    }
+
+    /// The configuration this link was bound with.
+    pub fn config(&self) -> &UdpConfig {
+        &self.config
+    }
+
+    /// Datagram and drop counters.
+    pub fn counts(&self) -> UdpCounts {
+        self.counts
+    }
+
+    /// `SO_RCVBUF` as granted by the kernel (bytes, as `getsockopt` reports it).
+    pub fn recv_buffer_bytes(&self) -> usize {
+        self.recv_buffer_bytes
+    }
+
+    /// `SO_SNDBUF` as granted by the kernel.
+    pub fn send_buffer_bytes(&self) -> usize {
+        self.send_buffer_bytes
+    }
+
+    /// The source address the kernel will use to send to `peer`: the bound address, or for a
+    /// wildcard bind the address of the route to `peer` (found with a connected throwaway
+    /// socket) with the bound port. Use it as the ICRC source when sealing.
+    pub fn source_addr_for(&self, peer: SocketAddr) -> io::Result<SocketAddr> {
+        if !self.local.ip().is_unspecified() {
+            return Ok(self.local);
+        }
+        let peer = for_family(peer, self.local.is_ipv6());
+        let probe = UdpSocket::bind(SocketAddr::new(self.local.ip(), 0))?;
+        probe.connect(peer)?;
+        Ok(SocketAddr::new(probe.local_addr()?.ip(), self.local.port()))
+    }
+
+    /// One non-blocking `recvmmsg`; appends to `out`.
+    fn recv_once(&mut self, out: &mut Vec<Datagram>, max: usize) -> io::Result<usize> {
+        let n = max.min(self.bufs.len());
+        if n == 0 {
+            return Ok(0);
+        }
+        let fd = self.socket.as_raw_fd();
+        let mut headers = MultiHeaders::<SockaddrStorage>::preallocate(
+            n,
+            Some(vec![
+                0u8;
+                cmsg_space::<libc::in_pktinfo>()
+                    + cmsg_space::<libc::in6_pktinfo>()
+            ]),
+        );
+        let mut metas: Vec<RecvMeta> = Vec::with_capacity(n);
+        {
+            let mut iovs: Vec<[IoSliceMut<'_>; 1]> = self
+                .bufs
+                .iter_mut()
+                .take(n)
+                .map(|b| [IoSliceMut::new(b.as_mut_slice())])
+                .collect();
+            let results = match recvmmsg(
+                fd,
+                &mut headers,
+                iovs.iter_mut(),
+                MsgFlags::MSG_DONTWAIT,
+                None,
+            ) {
+                Ok(results) => results,
+                // Nothing waiting, or interrupted: the caller's wait loop tries again.
+                Err(Errno::EAGAIN) | Err(Errno::EINTR) => return Ok(0),
+                Err(e) => return Err(e.into()),
+            };
+            for (index, msg) in results.enumerate() {
+                let mut local_ip = None;
+                if let Ok(cmsgs) = msg.cmsgs() {
+                    for cmsg in cmsgs {
+                        match cmsg {
+                            ControlMessageOwned::Ipv4PacketInfo(info) => {
+                                local_ip = Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(
+                                    info.ipi_addr.s_addr,
+                                ))));
+                            }
+                            ControlMessageOwned::Ipv6PacketInfo(info) => {
+                                local_ip = Some(IpAddr::V6(Ipv6Addr::from(info.ipi6_addr.s6_addr)));
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                metas.push(RecvMeta {
+                    index,
+                    len: msg.bytes,
+                    peer: msg.address.as_ref().and_then(to_socket_addr),
+                    local_ip,
+                    truncated: msg.flags.contains(MsgFlags::MSG_TRUNC),
+                });
+            }
+        }
+        if !metas.is_empty() {
+            self.counts.recv_calls += 1;
+        }
+        let mut delivered = 0;
+        for meta in metas {
+            if meta.truncated {
+                self.counts.count_drop(UdpDropReason::RecvTruncated);
+                continue;
+            }
+            let (Some(peer), Some(buf)) = (meta.peer, self.bufs.get(meta.index)) else {
+                // A UDP socket always reports the source; count it like a rejected datagram
+                // rather than trust it.
+                self.counts.count_drop(UdpDropReason::RecvTruncated);
+                continue;
+            };
+            let payload = buf.get(..meta.len).unwrap_or_default().to_vec();
+            let local_ip = match meta.local_ip {
+                // A dual-stack socket reports IPv4 destinations both ways; keep the socket's
+                // family so `peer` and `local` agree.
+                Some(IpAddr::V4(v4)) if self.local.is_ipv6() => IpAddr::V6(v4.to_ipv6_mapped()),
+                Some(ip) => ip,
+                None => self.local.ip(),
+            };
+            let local = SocketAddr::new(local_ip, self.local.port());
+            out.push(Datagram {
+                peer,
+                local: Some(local),
+                payload,
+            });
+            delivered += 1;
+        }
+        self.counts.received += delivered as u64;
+        Ok(delivered)
+    }
+
+    /// Sends `group` (all with the same source `src`) with `sendmmsg`; returns
+    /// `(datagrams taken, would_block)`.
+    fn send_group(&mut self, group: &[Datagram], src: Option<IpAddr>) -> io::Result<(usize, bool)> {
+        let v6 = self.local.is_ipv6();
+        let fd = self.socket.as_raw_fd();
+        let mut taken = 0;
+        while taken < group.len() {
+            let rest = group.get(taken..).unwrap_or_default();
+            let chunk = rest
+                .get(..rest.len().min(self.config.batch))
+                .unwrap_or_default();
+            let iovs: Vec<[IoSlice<'_>; 1]> = chunk
+                .iter()
+                .map(|d| [IoSlice::new(d.payload.as_slice())])
+                .collect();
+            let addrs: Vec<Option<SockaddrStorage>> = chunk
+                .iter()
+                .map(|d| Some(SockaddrStorage::from(for_family(d.peer, v6))))
+                .collect();
+            let info4;
+            let info6;
+            let (cmsgs, cmsg_buf): (Vec<ControlMessage<'_>>, Option<Vec<u8>>) = match src {
+                None => (Vec::new(), None),
+                Some(IpAddr::V4(ip)) if !v6 => {
+                    info4 = libc::in_pktinfo {
+                        ipi_ifindex: 0,
+                        ipi_spec_dst: libc::in_addr {
+                            s_addr: u32::from(ip).to_be(),
+                        },
+                        ipi_addr: libc::in_addr { s_addr: 0 },
+                    };
+                    (
+                        vec![ControlMessage::Ipv4PacketInfo(&info4)],
+                        Some(vec![0u8; cmsg_space::<libc::in_pktinfo>()]),
+                    )
+                }
+                Some(ip) => {
+                    let ip6 = match ip {
+                        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+                        IpAddr::V6(v6) => v6,
+                    };
+                    info6 = libc::in6_pktinfo {
+                        ipi6_addr: libc::in6_addr {
+                            s6_addr: ip6.octets(),
+                        },
+                        ipi6_ifindex: 0,
+                    };
+                    (
+                        vec![ControlMessage::Ipv6PacketInfo(&info6)],
+                        Some(vec![0u8; cmsg_space::<libc::in6_pktinfo>()]),
+                    )
+                }
+            };
+            let mut headers = MultiHeaders::<SockaddrStorage>::preallocate(chunk.len(), cmsg_buf);
+            match sendmmsg(
+                fd,
+                &mut headers,
+                &iovs,
+                &addrs,
+                &cmsgs,
+                MsgFlags::MSG_DONTWAIT,
+            ) {
+                Ok(results) => {
+                    let sent = results.count();
+                    self.counts.send_calls += 1;
+                    self.counts.sent += sent as u64;
+                    taken += sent;
+                }
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => return Ok((taken, true)),
+                Err(errno) => match classify_send_error(errno) {
+                    Some(reason) => {
+                        // The first datagram of the chunk failed; drop it and go on.
+                        self.counts.count_drop(reason);
+                        taken += 1;
+                    }
+                    None => {
+                        if taken == 0 {
+                            return Err(errno.into());
+                        }
+                        return Ok((taken, true));
+                    }
+                },
+            }
+        }
+        Ok((taken, false))
+    }
+
+    fn source_ip(&self, d: &Datagram) -> Option<IpAddr> {
+        let local = d.local?;
+        let ip = local.ip();
+        if ip.is_unspecified() || ip == self.local.ip() {
+            None
+        } else {
+            Some(ip)
+        }
+    }
+}
+
+impl Link for UdpLink {
+    fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Sends in order; stops at the first `EAGAIN` and returns how many were taken.
+    /// Datagrams refused individually (too big, unroutable) are taken, dropped and counted.
+    /// `Datagram.local`'s IP, when set and not the bound IP, becomes the source address; its
+    /// port is ignored (the socket's port is used).
+    fn send(&mut self, batch: &[Datagram]) -> io::Result<usize> {
+        let mut taken = 0;
+        while taken < batch.len() {
+            let rest = batch.get(taken..).unwrap_or_default();
+            let src = rest.first().and_then(|d| self.source_ip(d));
+            let same = rest
+                .iter()
+                .take_while(|d| self.source_ip(d) == src)
+                .count()
+                .max(1);
+            let group = rest.get(..same).unwrap_or_default();
+            let (n, would_block) = self.send_group(group, src)?;
+            taken += n;
+            if would_block {
+                break;
+            }
+        }
+        Ok(taken)
+    }
+
+    fn recv(
+        &mut self,
+        out: &mut Vec<Datagram>,
+        max: usize,
+        timeout: Option<Duration>,
+    ) -> io::Result<usize> {
+        let start = Instant::now();
+        loop {
+            let n = self.recv_once(out, max)?;
+            if n > 0 || max == 0 {
+                return Ok(n);
+            }
+            let remaining = match timeout {
+                Some(t) => {
+                    let elapsed = start.elapsed();
+                    if elapsed >= t {
+                        return Ok(0);
+                    }
+                    Some(t - elapsed)
+                }
+                None => None,
+            };
+            match self.config.poll_mode {
+                PollMode::BusyPoll => std::hint::spin_loop(),
+                PollMode::Blocking => {
+                    let mut fds = [PollFd::new(self.socket.as_fd(), PollFlags::POLLIN)];
+                    match poll(&mut fds, poll_timeout(remaining)) {
+                        Ok(_) | Err(Errno::EINTR) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Figures from a [`UdpSink`] run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SinkStats {
+    /// Datagrams read.
+    pub messages: u64,
+    /// Payload bytes read.
+    pub bytes: u64,
+    /// `recvmmsg` calls that returned at least one datagram.
+    pub calls: u64,
+}
+
+/// A bare `recvmmsg` receiver that discards everything: the baseline of how many datagrams
+/// per second the kernel can hand to one user-space thread at a given size.
+#[derive(Debug)]
+pub struct UdpSink {
+    socket: UdpSocket,
+    bufs: Vec<Vec<u8>>,
+}
+
+impl UdpSink {
+    /// Binds a non-blocking socket at `bind` with `SO_RCVBUF` `recv_buffer_bytes`, reading up
+    /// to `batch` datagrams of up to `max_datagram_bytes` per call.
+    pub fn bind(
+        bind: SocketAddr,
+        batch: usize,
+        max_datagram_bytes: usize,
+        recv_buffer_bytes: usize,
+    ) -> io::Result<UdpSink> {
+        let config = UdpConfig {
+            bind,
+            recv_buffer_bytes: Some(recv_buffer_bytes),
+            send_buffer_bytes: None,
+            batch: batch.clamp(1, MAX_BATCH),
+            max_datagram_bytes: max_datagram_bytes.clamp(1, 65_535),
+            poll_mode: PollMode::Blocking,
+            only_v6: false,
+        };
+        let (socket, _, _) = open_socket(&config)?;
+        let bufs = vec![vec![0u8; config.max_datagram_bytes]; config.batch];
+        Ok(UdpSink { socket, bufs })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.socket.local_addr()
+    }
+
+    /// Reads until `messages` datagrams were read or `deadline` passed, sleeping in `poll`
+    /// when the socket is empty.
+    pub fn drain(&mut self, messages: u64, deadline: Instant) -> io::Result<SinkStats> {
+        let mut stats = SinkStats::default();
+        let fd = self.socket.as_raw_fd();
+        let n = self.bufs.len();
+        let mut headers = MultiHeaders::<SockaddrStorage>::preallocate(n, None);
+        while stats.messages < messages {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            let mut iovs: Vec<[IoSliceMut<'_>; 1]> = self
+                .bufs
+                .iter_mut()
+                .map(|b| [IoSliceMut::new(b.as_mut_slice())])
+                .collect();
+            match recvmmsg(
+                fd,
+                &mut headers,
+                iovs.iter_mut(),
+                MsgFlags::MSG_DONTWAIT,
+                None,
+            ) {
+                Ok(results) => {
+                    stats.calls += 1;
+                    for msg in results {
+                        stats.messages += 1;
+                        stats.bytes += msg.bytes as u64;
+                    }
+                }
+                Err(Errno::EAGAIN) | Err(Errno::EINTR) => {
+                    let mut fds = [PollFd::new(self.socket.as_fd(), PollFlags::POLLIN)];
+                    match poll(&mut fds, poll_timeout(Some(deadline - now))) {
+                        Ok(_) | Err(Errno::EINTR) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(stats)
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_send() {
+    fn is_send<T: Send>() {}
+    is_send::<UdpLink>();
+    is_send::<UdpSink>();
+    let _ = SockaddrStorage::len;
+}

@@ -1,0 +1,262 @@
+//! `UdpLink` over the loopback interface, IPv4 and IPv6: batched send and receive with the
+//! right peer, local address and payload, ICRC sealing end to end, and the drop counters.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
+
+use uctel_transport::soft::icrc::{self, IcrcMatch};
+use uctel_transport::soft::link::{Datagram, Link};
+use uctel_transport::soft::packet::{BthRepr, Opcode, PacketRepr, DEFAULT_PKEY};
+use uctel_transport::soft::udp::{PollMode, UdpConfig, UdpDropReason, UdpLink};
+
+/// Generous bound so a slow CI machine does not fail; never asserted as a timing.
+const WAIT: Duration = Duration::from_secs(5);
+
+fn link(bind: &str) -> UdpLink {
+    UdpLink::bind(UdpConfig::bound_to(bind.parse().expect("addr"))).expect("bind")
+}
+
+/// Receives exactly `n` datagrams (or fails after `WAIT` per call).
+fn recv_n(link: &mut UdpLink, n: usize) -> Vec<Datagram> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        let want = n - out.len();
+        let got = link.recv(&mut out, want, Some(WAIT)).expect("recv");
+        assert!(got > 0, "timed out after {} of {n}", out.len());
+    }
+    out
+}
+
+fn payload(i: usize) -> Vec<u8> {
+    (0..(16 + i % 50)).map(|k| (k * 7 + i) as u8).collect()
+}
+
+fn batch_roundtrip(sender_bind: &str, receiver_bind: &str, receiver_ip: IpAddr) {
+    let mut a = link(sender_bind);
+    let mut b = link(receiver_bind);
+    let dst = SocketAddr::new(receiver_ip, b.local_addr().port());
+    let batch: Vec<Datagram> = (0..200).map(|i| Datagram::to(dst, payload(i))).collect();
+    let mut sent = 0;
+    while sent < batch.len() {
+        sent += a.send(&batch[sent..]).expect("send");
+    }
+    let got = recv_n(&mut b, batch.len());
+    for (i, d) in got.iter().enumerate() {
+        assert_eq!(d.payload, payload(i), "datagram {i} (loopback keeps order)");
+        assert_eq!(d.peer, a.local_addr());
+        assert_eq!(d.local, Some(dst), "destination from PKTINFO");
+    }
+    assert_eq!(a.counts().sent, 200);
+    assert_eq!(b.counts().received, 200);
+    assert!(a.counts().send_calls < 200, "sendmmsg batches");
+    assert!(b.counts().recv_calls <= 200);
+}
+
+#[test]
+fn ipv4_batch_to_specific_bind() {
+    batch_roundtrip(
+        "127.0.0.1:0",
+        "127.0.0.1:0",
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+    );
+}
+
+#[test]
+fn ipv4_batch_to_wildcard_bind_reports_destination() {
+    // 127.0.0.2 is also on lo: only PKTINFO can tell which address was used.
+    batch_roundtrip(
+        "127.0.0.1:0",
+        "0.0.0.0:0",
+        IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)),
+    );
+}
+
+#[test]
+fn ipv6_batch() {
+    batch_roundtrip("[::1]:0", "[::1]:0", IpAddr::V6(Ipv6Addr::LOCALHOST));
+    batch_roundtrip("[::1]:0", "[::]:0", IpAddr::V6(Ipv6Addr::LOCALHOST));
+}
+
+#[test]
+fn dual_stack_receiver_sees_mapped_ipv4() {
+    let mut a = link("127.0.0.1:0");
+    let mut b = link("[::]:0");
+    let dst = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), b.local_addr().port());
+    assert_eq!(
+        a.send(&[Datagram::to(dst, vec![1, 2, 3, 4])])
+            .expect("send"),
+        1
+    );
+    let got = recv_n(&mut b, 1);
+    let mapped = IpAddr::V6(Ipv4Addr::LOCALHOST.to_ipv6_mapped());
+    assert_eq!(got[0].peer, SocketAddr::new(mapped, a.local_addr().port()));
+    assert_eq!(
+        got[0].local,
+        Some(SocketAddr::new(mapped, b.local_addr().port()))
+    );
+    // And the reply path: a dual-stack link sends to a plain IPv4 address.
+    let back = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), a.local_addr().port());
+    assert_eq!(b.send(&[Datagram::to(back, vec![5; 8])]).expect("send"), 1);
+    assert_eq!(recv_n(&mut a, 1)[0].payload, vec![5; 8]);
+}
+
+#[test]
+fn explicit_source_address_from_datagram_local() {
+    let mut a = link("0.0.0.0:0");
+    let mut b = link("127.0.0.1:0");
+    let src = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3)), 0);
+    let d = Datagram {
+        peer: b.local_addr(),
+        local: Some(src),
+        payload: vec![9; 12],
+    };
+    assert_eq!(a.send(&[d.clone(), d]).expect("send"), 2);
+    for got in recv_n(&mut b, 2) {
+        assert_eq!(got.peer.ip(), src.ip());
+        assert_eq!(got.peer.port(), a.local_addr().port());
+    }
+}
+
+fn sealed_packet(psn: u32, len: usize) -> Vec<u8> {
+    let body: Vec<u8> = (0..len).map(|i| (i * 7 + 1) as u8).collect();
+    let repr = PacketRepr {
+        bth: BthRepr {
+            opcode: Opcode::SendOnlyWithImmediate,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            pkey: DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qpn: 0xabc,
+            ack_req: false,
+            psn,
+        },
+        reth: None,
+        imm: Some(psn),
+        payload: &body,
+    };
+    let mut buf = Vec::new();
+    repr.emit(&mut buf).expect("emit");
+    buf
+}
+
+/// The sender seals with IPv4 ID 0 (what Linux writes for DF datagrams from an unconnected
+/// socket); the receiver's check infers the ID from the ICRC and must find 0. If Linux wrote
+/// any other ID the check would still pass but report it, so this proves the send-side
+/// assumption on this kernel.
+#[test]
+fn icrc_sealed_over_udp_verifies_and_kernel_sent_ipv4_id_zero() {
+    for (a_bind, b_bind, dst_ip) in [
+        ("0.0.0.0:0", "0.0.0.0:0", IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        ("[::]:0", "[::]:0", IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        ("[::]:0", "[::]:0", IpAddr::V6(Ipv6Addr::LOCALHOST)),
+    ] {
+        let mut a = link(a_bind);
+        let mut b = link(b_bind);
+        let dst = SocketAddr::new(dst_ip, b.local_addr().port());
+        let src = a.source_addr_for(dst).expect("route");
+        let batch: Vec<Datagram> = (0..32u32)
+            .map(|psn| {
+                let mut buf = sealed_packet(psn, 4 * psn as usize + 8);
+                icrc::seal(&mut buf, src, dst).expect("seal");
+                Datagram::to(dst, buf)
+            })
+            .collect();
+        assert_eq!(a.send(&batch).expect("send"), batch.len());
+        let expect_id = if dst_ip.is_ipv4() { Some(0) } else { None };
+        for got in recv_n(&mut b, batch.len()) {
+            let local = got.local.expect("local");
+            assert_eq!(
+                icrc::check(&got.payload, got.peer, local),
+                Ok(IcrcMatch { ipv4_id: expect_id }),
+                "{a_bind} -> {b_bind} via {dst_ip}"
+            );
+        }
+    }
+}
+
+#[test]
+fn oversized_datagram_is_dropped_and_counted() {
+    let mut a = link("127.0.0.1:0");
+    let mut b = UdpLink::bind(UdpConfig {
+        max_datagram_bytes: 64,
+        ..UdpConfig::bound_to("127.0.0.1:0".parse().expect("addr"))
+    })
+    .expect("bind");
+    let dst = b.local_addr();
+    let batch = vec![
+        Datagram::to(dst, vec![1; 100]),
+        Datagram::to(dst, vec![2; 64]),
+    ];
+    assert_eq!(a.send(&batch).expect("send"), 2);
+    let got = recv_n(&mut b, 1);
+    assert_eq!(got[0].payload, vec![2; 64]);
+    assert_eq!(b.counts().dropped(UdpDropReason::RecvTruncated), 1);
+    assert_eq!(b.counts().received, 1);
+}
+
+#[test]
+fn timeouts_and_busy_poll() {
+    let mut quiet = link("127.0.0.1:0");
+    let mut out = Vec::new();
+    assert_eq!(
+        quiet.recv(&mut out, 8, Some(Duration::ZERO)).expect("poll"),
+        0
+    );
+    assert_eq!(
+        quiet
+            .recv(&mut out, 8, Some(Duration::from_millis(10)))
+            .expect("timed"),
+        0
+    );
+    assert!(out.is_empty());
+
+    let mut spin = UdpLink::bind(UdpConfig {
+        poll_mode: PollMode::BusyPoll,
+        ..UdpConfig::bound_to("127.0.0.1:0".parse().expect("addr"))
+    })
+    .expect("bind");
+    assert_eq!(
+        spin.recv(&mut out, 8, Some(Duration::from_millis(2)))
+            .expect("spin"),
+        0
+    );
+    let dst = spin.local_addr();
+    assert_eq!(
+        quiet.send(&[Datagram::to(dst, vec![7; 20])]).expect("send"),
+        1
+    );
+    assert_eq!(recv_n(&mut spin, 1)[0].payload, vec![7; 20]);
+}
+
+#[test]
+fn rejects_bad_config() {
+    for config in [
+        UdpConfig {
+            batch: 0,
+            ..UdpConfig::default()
+        },
+        UdpConfig {
+            max_datagram_bytes: 70_000,
+            ..UdpConfig::default()
+        },
+    ] {
+        let err = UdpLink::bind(config).expect_err("invalid");
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    }
+}
+
+#[test]
+fn config_parses_strictly() {
+    let config: UdpConfig = serde_json::from_str(
+        r#"{"bind": "[::1]:4791", "batch": 32, "poll_mode": "busy_poll", "recv_buffer_bytes": null}"#,
+    )
+    .expect("parse");
+    assert_eq!(config.batch, 32);
+    assert_eq!(config.poll_mode, PollMode::BusyPoll);
+    assert_eq!(config.recv_buffer_bytes, None);
+    assert_eq!(config.bind.port(), 4791);
+    assert!(serde_json::from_str::<UdpConfig>(r#"{"batch_size": 3}"#).is_err());
+    assert_eq!(UdpConfig::default().bind.port(), 4791);
+}
