@@ -98,6 +98,18 @@ impl Credits {
         Ok(seq)
     }
 
+    /// Gives back the credit of `seq` if it is the most recently acquired one (the frame
+    /// could not be posted after all, e.g. the QP's send queue was full); the next
+    /// [`Credits::try_acquire`] returns `seq` again. Returns false, changing nothing, for any
+    /// other sequence or when that frame was already reported consumed.
+    pub fn release_last(&mut self, seq: u64) -> bool {
+        if self.outstanding() == 0 || self.next.wrapping_sub(1) != seq {
+            return false;
+        }
+        self.next = seq;
+        true
+    }
+
     /// Applies a collector report: every frame with connection sequence up to and including
     /// `consumed` has been consumed (read from its slot, or counted lost) by the collector.
     pub fn on_consumed(&mut self, consumed: u64) -> ReportOutcome {
@@ -242,6 +254,22 @@ mod tests {
             assert!(c.try_acquire().is_ok());
         }
         assert!(c.try_acquire().is_err());
+    }
+
+    #[test]
+    fn release_last_gives_the_same_sequence_again() {
+        let mut c = Credits::new(u64::MAX, 2);
+        assert_eq!(c.try_acquire(), Ok(u64::MAX));
+        assert_eq!(c.try_acquire(), Ok(0));
+        assert!(
+            !c.release_last(u64::MAX),
+            "only the most recent can be released"
+        );
+        assert!(c.release_last(0));
+        assert_eq!(c.outstanding(), 1);
+        assert_eq!(c.try_acquire(), Ok(0));
+        assert_eq!(c.on_consumed(0), ReportOutcome::Advanced(2));
+        assert!(!c.release_last(0), "consumed frames cannot be released");
     }
 
     #[test]

@@ -47,6 +47,9 @@ pub enum DropReason {
     SendQueueFull,
     /// A single record was larger than the maximum frame size and cannot be framed.
     Oversize,
+    /// A record failed the frame codec's validation (metric name grammar, string limits), so
+    /// the collector would reject the whole frame holding it.
+    Invalid,
     /// The bounded queue between a source and the sender was full; dropped at the source,
     /// which is never blocked.
     SourceOverflow,
@@ -60,10 +63,11 @@ pub enum DropReason {
 
 impl DropReason {
     /// Every reason, for pre-registering zero-valued series.
-    pub const ALL: [DropReason; 7] = [
+    pub const ALL: [DropReason; 8] = [
         DropReason::NoCredit,
         DropReason::SendQueueFull,
         DropReason::Oversize,
+        DropReason::Invalid,
         DropReason::SourceOverflow,
         DropReason::NotConnected,
         DropReason::TransportError,
@@ -76,6 +80,7 @@ impl DropReason {
             DropReason::NoCredit => "no_credit",
             DropReason::SendQueueFull => "send_queue_full",
             DropReason::Oversize => "oversize",
+            DropReason::Invalid => "invalid",
             DropReason::SourceOverflow => "source_overflow",
             DropReason::NotConnected => "not_connected",
             DropReason::TransportError => "transport_error",
@@ -92,7 +97,7 @@ impl DropReason {
             | DropReason::SourceOverflow
             | DropReason::NotConnected
             | DropReason::Shutdown => true,
-            DropReason::Oversize | DropReason::TransportError => false,
+            DropReason::Oversize | DropReason::Invalid | DropReason::TransportError => false,
         }
     }
 
@@ -101,10 +106,11 @@ impl DropReason {
             DropReason::NoCredit => 0,
             DropReason::SendQueueFull => 1,
             DropReason::Oversize => 2,
-            DropReason::SourceOverflow => 3,
-            DropReason::NotConnected => 4,
-            DropReason::TransportError => 5,
-            DropReason::Shutdown => 6,
+            DropReason::Invalid => 3,
+            DropReason::SourceOverflow => 4,
+            DropReason::NotConnected => 5,
+            DropReason::TransportError => 6,
+            DropReason::Shutdown => 7,
         }
     }
 }

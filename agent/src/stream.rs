@@ -30,7 +30,7 @@ impl Stream {
     }
 
     /// The stream id written into the frame header.
-    pub fn id(self) -> u16 {
+    pub fn id(self) -> u32 {
         match self {
             Stream::Metrics => 1,
             Stream::Logs => 2,
@@ -38,7 +38,7 @@ impl Stream {
     }
 
     /// The stream with header stream id `id`, if any.
-    pub fn from_id(id: u16) -> Option<Stream> {
+    pub fn from_id(id: u32) -> Option<Stream> {
         Stream::ALL.into_iter().find(|s| s.id() == id)
     }
 

@@ -1,0 +1,1006 @@
+//! The agent's YAML configuration (DESIGN.md §9): typed, strict (`deny_unknown_fields`),
+//! unit-suffixed keys, every problem reported at once with file, line and key by
+//! [`uctel_common::config::load`].
+//!
+//! Public keys (kept stable; `config/agent.yaml` shows each one):
+//!
+//! ```yaml
+//! agent_id: host-a                  # the `agent` label the collector puts on this agent's data
+//! collector:
+//!   control: collector.example:7470 # host:port of the collector's control plane (TCP)
+//! listen:
+//!   metrics: 127.0.0.1:9471         # optional local /metrics with uctel_agent_* self-metrics
+//! transport:
+//!   kind: soft                      # soft | verbs
+//!   soft:
+//!     fault: { drop_ratio: 0.0, seed: 1 }
+//! auth:
+//!   token_file: /etc/uctel/agent.token   # or `token: ...`
+//! sources:
+//!   host_metrics: { interval_seconds: 10 }
+//!   logs:
+//!     - path: /var/log/syslog*
+//! pacing: { frames_per_second: 20000, bytes_per_second: 50000000 }
+//! streams:
+//!   metrics: { data_path: write_with_imm }
+//!   logs: { data_path: send }
+//! max_frame_bytes: 4096
+//! ```
+//!
+//! Field docs below double as the reference documentation.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use uctel_common::config::{Problems, Validate};
+
+use crate::pacing::PacingLimits;
+use crate::stream::Stream;
+
+/// Smallest `max_frame_bytes`: the 64-byte frame header plus a useful payload, and the
+/// smallest RoCE path MTU (IBTA vol. 1 §9.7.4.1.1: 256 bytes).
+pub const MIN_FRAME_BYTES: usize = 256;
+/// Largest `max_frame_bytes`: one frame is one UC message; 64 KiB keeps a message to a few
+/// packets at the 4096-byte path MTU even when operators choose multi-packet frames.
+pub const MAX_FRAME_BYTES: usize = 65536;
+
+/// The whole agent configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// This agent's identity: the `agent` label the collector attaches to everything it
+    /// receives from it, and the id the collector's auth table knows it by. 1–128 characters
+    /// of `[A-Za-z0-9._-]`.
+    pub agent_id: String,
+    /// Where the collector is.
+    pub collector: CollectorSection,
+    /// Local listeners.
+    #[serde(default)]
+    pub listen: ListenSection,
+    /// The data-path transport.
+    #[serde(default)]
+    pub transport: TransportSection,
+    /// The pre-shared token proving this agent to the collector (DESIGN.md §6).
+    #[serde(default)]
+    pub auth: AuthSection,
+    /// What to collect.
+    #[serde(default)]
+    pub sources: SourcesSection,
+    /// Send-rate limits.
+    #[serde(default)]
+    pub pacing: PacingSection,
+    /// Per-stream settings.
+    #[serde(default)]
+    pub streams: StreamsSection,
+    /// Largest frame the agent builds, header included, in bytes. The collector's `Welcome`
+    /// may lower it (the smaller of the two is used). Default 4096 (one packet at the
+    /// largest RoCE path MTU).
+    #[serde(default = "default_max_frame_bytes")]
+    pub max_frame_bytes: usize,
+}
+
+fn default_max_frame_bytes() -> usize {
+    4096
+}
+
+/// `collector`: the control-plane peer and connection behaviour.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CollectorSection {
+    /// `host:port` of the collector's control plane (TCP). The host may be a name; it is
+    /// resolved at every (re)connect.
+    pub control: String,
+    /// Give up one connection attempt (TCP connect plus handshake) after this long.
+    #[serde(default = "default_connect_timeout")]
+    pub connect_timeout_seconds: f64,
+    /// Heartbeat period on the control connection.
+    #[serde(default = "default_heartbeat_interval")]
+    pub heartbeat_interval_seconds: f64,
+    /// The connection is declared dead when nothing arrived from the collector for this
+    /// long (at least twice the heartbeat interval).
+    #[serde(default = "default_heartbeat_timeout")]
+    pub heartbeat_timeout_seconds: f64,
+    /// First reconnect delay; doubles per failed attempt up to `reconnect_max_seconds`, with
+    /// ±50 % random jitter so a fleet does not reconnect in lockstep.
+    #[serde(default = "default_reconnect_initial")]
+    pub reconnect_initial_seconds: f64,
+    /// Longest reconnect delay.
+    #[serde(default = "default_reconnect_max")]
+    pub reconnect_max_seconds: f64,
+    /// Frames kept free in the collector's ring on top of its own margin: the credit window
+    /// is `min(Welcome.credit_window, slots − credit_margin_slots)`. Default 0.
+    #[serde(default)]
+    pub credit_margin_slots: u32,
+}
+
+fn default_connect_timeout() -> f64 {
+    5.0
+}
+fn default_heartbeat_interval() -> f64 {
+    5.0
+}
+fn default_heartbeat_timeout() -> f64 {
+    15.0
+}
+fn default_reconnect_initial() -> f64 {
+    0.5
+}
+fn default_reconnect_max() -> f64 {
+    30.0
+}
+
+/// `listen`: local listeners of the agent.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenSection {
+    /// Address of the local `/metrics` endpoint with the agent's self-metrics. Off when
+    /// absent.
+    #[serde(default)]
+    pub metrics: Option<SocketAddr>,
+}
+
+/// `transport.kind`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TransportKind {
+    /// User-space RoCEv2 UC over UDP (works on any host).
+    #[default]
+    Soft,
+    /// Real RDMA through libibverbs.
+    Verbs,
+}
+
+/// `transport`: which data-path transport and its options.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransportSection {
+    /// `soft` (default) or `verbs`.
+    #[serde(default)]
+    pub kind: TransportKind,
+    /// Options of the soft transport.
+    #[serde(default)]
+    pub soft: SoftSection,
+    /// Options of the verbs transport.
+    #[serde(default)]
+    pub verbs: VerbsSection,
+}
+
+/// `transport.soft`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SoftSection {
+    /// Local UDP address of the soft RoCEv2 endpoint. Default: an ephemeral port on the
+    /// address the control connection uses. Real RoCEv2 peers (rxe, NICs) send to UDP 4791.
+    #[serde(default)]
+    pub bind: Option<SocketAddr>,
+    /// Lab fault injection on the agent's outgoing packets; off by default.
+    #[serde(default)]
+    pub fault: FaultSection,
+}
+
+/// `transport.soft.fault`: seeded fault injection for lab testing (drop only on the agent
+/// side; the transport's injector does the work). Every knob defaults to off.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultSection {
+    /// Probability in `[0, 1]` that a packet is dropped.
+    #[serde(default)]
+    pub drop_ratio: f64,
+    /// Probability in `[0, 1]` that a packet is sent twice.
+    #[serde(default)]
+    pub duplicate_ratio: f64,
+    /// Probability in `[0, 1]` that a packet has one bit flipped (the ICRC check then drops
+    /// it at the receiver).
+    #[serde(default)]
+    pub corrupt_ratio: f64,
+    /// Seed of the injector's random generator: the same seed gives the same faults.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+impl FaultSection {
+    /// True when any fault is enabled.
+    pub fn enabled(&self) -> bool {
+        self.drop_ratio > 0.0 || self.duplicate_ratio > 0.0 || self.corrupt_ratio > 0.0
+    }
+}
+
+/// `transport.verbs`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VerbsSection {
+    /// RDMA device name (`rxe0`, `mlx5_0`). Default: the first device.
+    #[serde(default)]
+    pub device: Option<String>,
+    /// Port number on the device (1-based, as in `ibv_devinfo`).
+    #[serde(default = "default_verbs_port")]
+    pub port: u8,
+    /// GID table index. Default: the RoCE v2 GID of the address the control connection
+    /// uses.
+    #[serde(default)]
+    pub gid_index: Option<u32>,
+}
+
+fn default_verbs_port() -> u8 {
+    1
+}
+
+impl Default for VerbsSection {
+    fn default() -> Self {
+        Self {
+            device: None,
+            port: default_verbs_port(),
+            gid_index: None,
+        }
+    }
+}
+
+/// `auth`: exactly one of `token` and `token_file`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSection {
+    /// The pre-shared token itself. Prefer `token_file` outside labs.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// A file whose content (surrounding whitespace trimmed) is the token; should be
+    /// readable by the agent only.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+}
+
+/// Why the token could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// Neither `auth.token` nor `auth.token_file` is set.
+    #[error("no auth.token or auth.token_file configured")]
+    Missing,
+    /// Reading `auth.token_file` failed.
+    #[error("cannot read auth.token_file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The token is empty after trimming whitespace.
+    #[error("the auth token is empty")]
+    Empty,
+}
+
+impl AuthSection {
+    /// The token bytes: `token`, or the trimmed content of `token_file`.
+    ///
+    /// # Errors
+    /// [`TokenError`].
+    pub fn read_token(&self) -> Result<Vec<u8>, TokenError> {
+        let token = match (&self.token, &self.token_file) {
+            (Some(t), _) => t.trim().to_owned(),
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map_err(|source| TokenError::Read {
+                    path: path.clone(),
+                    source,
+                })?
+                .trim()
+                .to_owned(),
+            (None, None) => return Err(TokenError::Missing),
+        };
+        if token.is_empty() {
+            return Err(TokenError::Empty);
+        }
+        Ok(token.into_bytes())
+    }
+}
+
+/// `sources`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourcesSection {
+    /// Host metrics named like node_exporter, plus RDMA counters.
+    #[serde(default)]
+    pub host_metrics: HostMetricsSection,
+    /// Log files to tail.
+    #[serde(default)]
+    pub logs: Vec<LogSection>,
+    /// The agent's own `uctel_agent_*` counters, shipped on the metrics stream.
+    #[serde(default)]
+    pub self_metrics: SelfMetricsSection,
+}
+
+/// `sources.host_metrics`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostMetricsSection {
+    /// Collect host metrics at all. Default true.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Seconds between two collections. Default 10 (node_exporter is typically scraped
+    /// every 10–15 s).
+    #[serde(default = "default_host_interval")]
+    pub interval_seconds: f64,
+    /// procfs root (`/proc`); point at a bind mount of the host's `/proc` in a container.
+    #[serde(default = "default_proc")]
+    pub procfs_path: PathBuf,
+    /// sysfs root (`/sys`).
+    #[serde(default = "default_sys")]
+    pub sysfs_path: PathBuf,
+    /// Prefix joined to mount points before statvfs(2) (`/`).
+    #[serde(default = "default_rootfs")]
+    pub rootfs_path: PathBuf,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_host_interval() -> f64 {
+    10.0
+}
+fn default_proc() -> PathBuf {
+    PathBuf::from("/proc")
+}
+fn default_sys() -> PathBuf {
+    PathBuf::from("/sys")
+}
+fn default_rootfs() -> PathBuf {
+    PathBuf::from("/")
+}
+
+impl Default for HostMetricsSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval_seconds: default_host_interval(),
+            procfs_path: default_proc(),
+            sysfs_path: default_sys(),
+            rootfs_path: default_rootfs(),
+        }
+    }
+}
+
+/// `sources.self_metrics`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SelfMetricsSection {
+    /// Ship `uctel_agent_*` through the pipeline. Default true.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Seconds between two snapshots. Default 10.
+    #[serde(default = "default_host_interval")]
+    pub interval_seconds: f64,
+}
+
+impl Default for SelfMetricsSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval_seconds: default_host_interval(),
+        }
+    }
+}
+
+/// Where a newly found log file is read from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartAt {
+    /// Only lines written after the agent found the file (like `tail -F`). Default.
+    #[default]
+    End,
+    /// The whole file.
+    Beginning,
+}
+
+/// One entry of `sources.logs`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSection {
+    /// A glob (`/var/log/app/*.log`); re-expanded periodically so new files are picked up.
+    pub path: String,
+    /// Where a file without a checkpoint is read from. Default `end`.
+    #[serde(default)]
+    pub start_at: StartAt,
+    /// Lines longer than this many bytes are cut; the rest of the line is skipped and the
+    /// record is marked truncated. Default 16384 (the frame codec's message limit).
+    #[serde(default = "default_max_line_bytes")]
+    pub max_line_bytes: usize,
+    /// Seconds between two polls of the files. Default 0.25.
+    #[serde(default = "default_poll_interval")]
+    pub poll_interval_seconds: f64,
+}
+
+fn default_max_line_bytes() -> usize {
+    16 * 1024
+}
+fn default_poll_interval() -> f64 {
+    0.25
+}
+
+/// `pacing`: caps on the send rate (token buckets, see [`crate::pacing`]). A frame that has
+/// to wait waits in the sender; what cannot wait is dropped and counted at the source.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PacingSection {
+    /// Frames per second, all streams together. Default 20000.
+    #[serde(default = "default_fps")]
+    pub frames_per_second: Option<u64>,
+    /// Frame bytes (header and payload) per second. Default 50 MB/s.
+    #[serde(default = "default_bps")]
+    pub bytes_per_second: Option<u64>,
+    /// Depth of the buckets in milliseconds of rate. Default 100.
+    #[serde(default = "default_burst_ms")]
+    pub burst_milliseconds: u64,
+}
+
+#[allow(clippy::unnecessary_wraps)]
+fn default_fps() -> Option<u64> {
+    Some(20_000)
+}
+#[allow(clippy::unnecessary_wraps)]
+fn default_bps() -> Option<u64> {
+    Some(50_000_000)
+}
+fn default_burst_ms() -> u64 {
+    100
+}
+
+impl Default for PacingSection {
+    fn default() -> Self {
+        Self {
+            frames_per_second: default_fps(),
+            bytes_per_second: default_bps(),
+            burst_milliseconds: default_burst_ms(),
+        }
+    }
+}
+
+/// How a stream's frames travel (DESIGN.md §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DataPath {
+    /// RDMA WRITE_WITH_IMM into ring slot `conn_seq mod slots`, immediate = low 32 bits of
+    /// the connection sequence (memory semantics).
+    WriteWithImm,
+    /// SEND into a receive buffer the collector posted (channel semantics).
+    Send,
+}
+
+impl DataPath {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DataPath::WriteWithImm => "write_with_imm",
+            DataPath::Send => "send",
+        }
+    }
+}
+
+/// `streams`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamsSection {
+    /// The metrics stream (host and self metrics).
+    #[serde(default)]
+    pub metrics: StreamSection,
+    /// The logs stream.
+    #[serde(default)]
+    pub logs: StreamSection,
+}
+
+impl StreamsSection {
+    /// The section of `stream`.
+    pub fn get(&self, stream: Stream) -> &StreamSection {
+        match stream {
+            Stream::Metrics => &self.metrics,
+            Stream::Logs => &self.logs,
+        }
+    }
+}
+
+/// `streams.<name>`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamSection {
+    /// `write_with_imm` (default) or `send`.
+    #[serde(default = "default_data_path")]
+    pub data_path: DataPath,
+    /// Capacity of the bounded queue between the sources and the sender, in records. A
+    /// source finding it full drops the records (`source_overflow`); it never blocks.
+    /// Default 65536.
+    #[serde(default = "default_queue_records")]
+    pub queue_records: usize,
+    /// A frame that is not full is sent at the latest this long after its first record.
+    /// Default 200 ms.
+    #[serde(default = "default_flush_ms")]
+    pub flush_milliseconds: u64,
+}
+
+fn default_data_path() -> DataPath {
+    DataPath::WriteWithImm
+}
+fn default_queue_records() -> usize {
+    65536
+}
+fn default_flush_ms() -> u64 {
+    200
+}
+
+impl Default for StreamSection {
+    fn default() -> Self {
+        Self {
+            data_path: default_data_path(),
+            queue_records: default_queue_records(),
+            flush_milliseconds: default_flush_ms(),
+        }
+    }
+}
+
+/// A validated, positive, finite number of seconds as a [`Duration`]; 0 for anything else
+/// (validation rejects those before this is used).
+pub fn seconds(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s).unwrap_or(Duration::ZERO)
+}
+
+fn check_seconds(p: &mut Problems, key: &str, v: f64, min: f64, max: f64) {
+    if !v.is_finite() || v < min || v > max {
+        p.push(
+            key,
+            format!("must be a number of seconds in [{min}, {max}], got {v}"),
+        );
+    }
+}
+
+fn check_ratio(p: &mut Problems, key: &str, v: f64) {
+    if !(0.0..=1.0).contains(&v) {
+        p.push(key, format!("must be a ratio in [0, 1], got {v}"));
+    }
+}
+
+/// Splits `host:port` (`[v6]:port` for IPv6 literals). Returns `(host, port)`.
+pub fn split_host_port(s: &str) -> Option<(&str, u16)> {
+    let (host, port) = s.rsplit_once(':')?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if host.is_empty() || host.contains(char::is_whitespace) {
+        return None;
+    }
+    let port: u16 = port.parse().ok()?;
+    (port != 0).then_some((host, port))
+}
+
+/// Whether `id` is a valid `agent_id`: 1–128 characters of `[A-Za-z0-9._-]`.
+pub fn valid_agent_id(id: &str) -> bool {
+    (1..=128).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+impl Validate for AgentConfig {
+    fn validate(&self, p: &mut Problems) {
+        if !valid_agent_id(&self.agent_id) {
+            p.push(
+                "agent_id",
+                "must be 1 to 128 characters of letters, digits, '.', '_' or '-'",
+            );
+        }
+        let c = &self.collector;
+        if split_host_port(&c.control).is_none() {
+            p.push(
+                "collector.control",
+                format!(
+                    "must be host:port with a port in 1..=65535, got {:?}",
+                    c.control
+                ),
+            );
+        }
+        check_seconds(
+            p,
+            "collector.connect_timeout_seconds",
+            c.connect_timeout_seconds,
+            0.01,
+            3600.0,
+        );
+        check_seconds(
+            p,
+            "collector.heartbeat_interval_seconds",
+            c.heartbeat_interval_seconds,
+            0.01,
+            3600.0,
+        );
+        check_seconds(
+            p,
+            "collector.heartbeat_timeout_seconds",
+            c.heartbeat_timeout_seconds,
+            0.02,
+            7200.0,
+        );
+        if c.heartbeat_timeout_seconds < 2.0 * c.heartbeat_interval_seconds {
+            p.push(
+                "collector.heartbeat_timeout_seconds",
+                "must be at least twice collector.heartbeat_interval_seconds",
+            );
+        }
+        check_seconds(
+            p,
+            "collector.reconnect_initial_seconds",
+            c.reconnect_initial_seconds,
+            0.001,
+            3600.0,
+        );
+        check_seconds(
+            p,
+            "collector.reconnect_max_seconds",
+            c.reconnect_max_seconds,
+            0.001,
+            86400.0,
+        );
+        if c.reconnect_max_seconds < c.reconnect_initial_seconds {
+            p.push(
+                "collector.reconnect_max_seconds",
+                "must not be less than collector.reconnect_initial_seconds",
+            );
+        }
+
+        let f = &self.transport.soft.fault;
+        check_ratio(p, "transport.soft.fault.drop_ratio", f.drop_ratio);
+        check_ratio(p, "transport.soft.fault.duplicate_ratio", f.duplicate_ratio);
+        check_ratio(p, "transport.soft.fault.corrupt_ratio", f.corrupt_ratio);
+        if self.transport.verbs.port == 0 {
+            p.push("transport.verbs.port", "port numbers start at 1");
+        }
+
+        match (&self.auth.token, &self.auth.token_file) {
+            (Some(_), Some(_)) => p.push("auth", "set only one of token and token_file"),
+            (None, None) => p.push(
+                "auth",
+                "set token or token_file (the collector refuses agents without a proof)",
+            ),
+            (Some(t), None) if t.trim().is_empty() => p.push("auth.token", "must not be empty"),
+            (Some(_), None) => {}
+            (None, Some(path)) => match std::fs::read_to_string(path) {
+                Ok(t) if t.trim().is_empty() => {
+                    p.push("auth.token_file", format!("{} is empty", path.display()));
+                }
+                Ok(_) => {}
+                Err(e) => p.push(
+                    "auth.token_file",
+                    format!("cannot read {}: {e}", path.display()),
+                ),
+            },
+        }
+
+        let h = &self.sources.host_metrics;
+        check_seconds(
+            p,
+            "sources.host_metrics.interval_seconds",
+            h.interval_seconds,
+            0.1,
+            86400.0,
+        );
+        let s = &self.sources.self_metrics;
+        check_seconds(
+            p,
+            "sources.self_metrics.interval_seconds",
+            s.interval_seconds,
+            0.1,
+            86400.0,
+        );
+        for (i, l) in self.sources.logs.iter().enumerate() {
+            if l.path.trim().is_empty() {
+                p.push(format!("sources.logs[{i}].path"), "must not be empty");
+            } else if let Err(e) = glob::Pattern::new(&l.path) {
+                p.push(
+                    format!("sources.logs[{i}].path"),
+                    format!("invalid glob: {e}"),
+                );
+            } else if !Path::new(&l.path).is_absolute() {
+                p.push(
+                    format!("sources.logs[{i}].path"),
+                    "must be an absolute path",
+                );
+            }
+            if !(64..=1024 * 1024).contains(&l.max_line_bytes) {
+                p.push(
+                    format!("sources.logs[{i}].max_line_bytes"),
+                    "must be in 64..=1048576",
+                );
+            }
+            check_seconds(
+                p,
+                &format!("sources.logs[{i}].poll_interval_seconds"),
+                l.poll_interval_seconds,
+                0.01,
+                3600.0,
+            );
+        }
+
+        let pc = &self.pacing;
+        if pc.frames_per_second == Some(0) {
+            p.push(
+                "pacing.frames_per_second",
+                "must be positive (omit it or use null for no limit)",
+            );
+        }
+        if let Some(bps) = pc.bytes_per_second {
+            if bps < self.max_frame_bytes as u64 {
+                p.push(
+                    "pacing.bytes_per_second",
+                    format!(
+                        "must be at least max_frame_bytes ({}) per second",
+                        self.max_frame_bytes
+                    ),
+                );
+            }
+        }
+        if pc.burst_milliseconds == 0 || pc.burst_milliseconds > 60_000 {
+            p.push("pacing.burst_milliseconds", "must be in 1..=60000");
+        }
+
+        for stream in Stream::ALL {
+            let st = self.streams.get(stream);
+            if !(1..=16 * 1024 * 1024).contains(&st.queue_records) {
+                p.push(
+                    format!("streams.{stream}.queue_records"),
+                    "must be in 1..=16777216",
+                );
+            }
+            if !(1..=60_000).contains(&st.flush_milliseconds) {
+                p.push(
+                    format!("streams.{stream}.flush_milliseconds"),
+                    "must be in 1..=60000",
+                );
+            }
+        }
+
+        if !(MIN_FRAME_BYTES..=MAX_FRAME_BYTES).contains(&self.max_frame_bytes) {
+            p.push(
+                "max_frame_bytes",
+                format!("must be in {MIN_FRAME_BYTES}..={MAX_FRAME_BYTES}"),
+            );
+        }
+    }
+}
+
+impl AgentConfig {
+    /// Loads and validates a file, every problem at once.
+    ///
+    /// # Errors
+    /// [`uctel_common::config::ConfigError`] listing each problem with line and key.
+    pub fn load(path: &Path) -> Result<AgentConfig, uctel_common::config::ConfigError> {
+        uctel_common::config::load(path)
+    }
+
+    /// Loads and validates configuration text; `name` names it in problems.
+    ///
+    /// # Errors
+    /// As [`AgentConfig::load`].
+    pub fn from_yaml(
+        name: &str,
+        text: &str,
+    ) -> Result<AgentConfig, uctel_common::config::ConfigError> {
+        uctel_common::config::from_str(name, text)
+    }
+
+    /// The pacing limits for the sender, with the frame size the collector agreed to.
+    pub fn pacing_limits(&self, max_frame_bytes: usize) -> PacingLimits {
+        PacingLimits {
+            frames_per_second: self.pacing.frames_per_second,
+            bytes_per_second: self.pacing.bytes_per_second,
+            burst_millis: self.pacing.burst_milliseconds,
+            max_frame_bytes: max_frame_bytes as u64,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str =
+        "agent_id: a1\ncollector:\n  control: 127.0.0.1:7470\nauth:\n  token: secret\n";
+
+    fn load(text: &str) -> Result<AgentConfig, uctel_common::config::ConfigError> {
+        AgentConfig::from_yaml("agent.yaml", text)
+    }
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = load(MINIMAL).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.agent_id, "a1");
+        assert_eq!(c.transport.kind, TransportKind::Soft);
+        assert!(!c.transport.soft.fault.enabled());
+        assert_eq!(c.max_frame_bytes, 4096);
+        assert_eq!(c.streams.metrics.data_path, DataPath::WriteWithImm);
+        assert!(c.listen.metrics.is_none());
+        assert!(c.sources.host_metrics.enabled);
+        assert_eq!(c.auth.read_token().ok(), Some(b"secret".to_vec()));
+    }
+
+    #[test]
+    fn public_keys_parse() {
+        let text = "\
+agent_id: host-a
+collector:
+  control: collector.example:7470
+listen:
+  metrics: 127.0.0.1:9471
+transport:
+  kind: verbs
+  soft:
+    fault:
+      drop_ratio: 0.01
+      seed: 7
+sources:
+  host_metrics:
+    interval_seconds: 5
+  logs:
+    - path: /var/log/*.log
+      start_at: beginning
+pacing:
+  frames_per_second: 1000
+  bytes_per_second: 1000000
+auth:
+  token: t
+streams:
+  metrics:
+    data_path: send
+  logs:
+    data_path: write_with_imm
+max_frame_bytes: 2048
+";
+        let c = load(text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.transport.kind, TransportKind::Verbs);
+        assert_eq!(c.transport.soft.fault.seed, 7);
+        assert!(c.transport.soft.fault.enabled());
+        assert_eq!(c.sources.logs.len(), 1);
+        assert_eq!(c.sources.logs[0].start_at, StartAt::Beginning);
+        assert_eq!(c.streams.get(Stream::Metrics).data_path, DataPath::Send);
+        assert_eq!(
+            c.streams.get(Stream::Logs).data_path,
+            DataPath::WriteWithImm
+        );
+        assert_eq!(c.pacing_limits(2048).frames_per_second, Some(1000));
+        assert_eq!(c.listen.metrics.map(|a| a.port()), Some(9471));
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_line_and_key() {
+        let text = "\
+agent_id: 'bad id'
+collector:
+  control: nohostport
+transport:
+  kind: carrier-pigeon
+  soft:
+    fault:
+      drop_ratio: 1.5
+pacing:
+  frames_per_second: 0
+bogus: 1
+streams:
+  logs:
+    data_path: rdma_read
+max_frame_bytes: 10
+";
+        let err = load(text)
+            .err()
+            .unwrap_or_else(|| panic!("expected problems"));
+        let got: Vec<(Option<usize>, &str)> = err
+            .problems
+            .iter()
+            .map(|p| (p.line, p.key_path.as_str()))
+            .collect();
+        // Deserialization problems first are found round by round; semantic ones only when
+        // the structure is sound, so check the structural ones here.
+        for want in [
+            (Some(5), "transport.kind"),
+            (Some(11), "bogus"),
+            (Some(14), "streams.logs.data_path"),
+        ] {
+            assert!(got.contains(&want), "missing {want:?} in {got:?}\n{err}");
+        }
+    }
+
+    #[test]
+    fn semantic_problems_are_all_reported() {
+        let text = "\
+agent_id: 'bad id'
+collector:
+  control: nohostport
+  heartbeat_interval_seconds: 10
+  heartbeat_timeout_seconds: 5
+transport:
+  soft:
+    fault:
+      drop_ratio: 1.5
+pacing:
+  frames_per_second: 0
+  bytes_per_second: 5
+auth:
+  token: x
+  token_file: /nonexistent
+sources:
+  logs:
+    - path: relative/*.log
+    - path: '/var/log/[.log'
+max_frame_bytes: 10
+";
+        let err = load(text)
+            .err()
+            .unwrap_or_else(|| panic!("expected problems"));
+        let got: Vec<(Option<usize>, &str)> = err
+            .problems
+            .iter()
+            .map(|p| (p.line, p.key_path.as_str()))
+            .collect();
+        for want in [
+            (Some(1), "agent_id"),
+            (Some(3), "collector.control"),
+            (Some(5), "collector.heartbeat_timeout_seconds"),
+            (Some(9), "transport.soft.fault.drop_ratio"),
+            (Some(11), "pacing.frames_per_second"),
+            (Some(12), "pacing.bytes_per_second"),
+            (Some(14), "auth"),
+            (Some(18), "sources.logs[0].path"),
+            (Some(19), "sources.logs[1].path"),
+            (Some(20), "max_frame_bytes"),
+        ] {
+            assert!(got.contains(&want), "missing {want:?} in {got:?}\n{err}");
+        }
+    }
+
+    #[test]
+    fn missing_auth_and_unreadable_token_file_are_problems() {
+        let no_auth = "agent_id: a\ncollector:\n  control: h:1\n";
+        let err = load(no_auth)
+            .err()
+            .unwrap_or_else(|| panic!("expected problems"));
+        assert!(err.problems.iter().any(|p| p.key_path == "auth"), "{err}");
+
+        let bad_file = "agent_id: a\ncollector:\n  control: h:1\nauth:\n  token_file: /nonexistent/uctel.token\n";
+        let err = load(bad_file)
+            .err()
+            .unwrap_or_else(|| panic!("expected problems"));
+        assert!(
+            err.problems
+                .iter()
+                .any(|p| p.key_path == "auth.token_file" && p.line == Some(5)),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn token_file_is_trimmed() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("token");
+        std::fs::write(&path, "  s3cret\n").unwrap_or_else(|e| panic!("{e}"));
+        let auth = AuthSection {
+            token: None,
+            token_file: Some(path),
+        };
+        assert_eq!(auth.read_token().ok(), Some(b"s3cret".to_vec()));
+    }
+
+    #[test]
+    fn host_port_forms() {
+        assert_eq!(split_host_port("a.example:7470"), Some(("a.example", 7470)));
+        assert_eq!(split_host_port("[::1]:80"), Some(("::1", 80)));
+        assert_eq!(split_host_port("10.0.0.1:1"), Some(("10.0.0.1", 1)));
+        assert_eq!(split_host_port("noport"), None);
+        assert_eq!(split_host_port(":80"), None);
+        assert_eq!(split_host_port("h:0"), None);
+        assert_eq!(split_host_port("h:99999"), None);
+    }
+
+    #[test]
+    fn agent_ids() {
+        assert!(valid_agent_id("node-07.rack_3"));
+        assert!(!valid_agent_id(""));
+        assert!(!valid_agent_id("a b"));
+        assert!(!valid_agent_id("a\"b"));
+        assert!(!valid_agent_id(&"x".repeat(129)));
+    }
+}

@@ -1,0 +1,840 @@
+//! The sans-IO send pipeline of one connection (one epoch): records in, stamped frames out.
+//!
+//! ```text
+//!  push_metric / push_log ─► Framer (per stream) ─► ready queue (per stream, bounded)
+//!                                                          │ poll_transmit(now)
+//!                                              credit? ─── no ──► drop `no_credit`
+//!                                                 │ yes
+//!                                              pacer admits? ── later ──► Poll::Wait(at)
+//!                                                 │ now
+//!                                   stamp epoch, conn_seq, stream_seq, record_count, CRC32C
+//!                                                 ▼
+//!                                           Poll::Transmit
+//! ```
+//!
+//! Rules (DESIGN.md §3, §4):
+//!
+//! - **Sequences only for frames that leave.** The framer packs records; the stream sequence,
+//!   the cumulative record count and the connection sequence are written into the header only
+//!   when a frame has a credit and the pacer admits it. A frame dropped at the source
+//!   (`no_credit`, …) therefore leaves no gap for the collector to count as network loss, and
+//!   `agent frames sent == collector received + lost` holds exactly.
+//! - **Never blocks, never queues unboundedly.** The ready queue holds at most
+//!   `ready_frames` frames per stream; the caller stops pulling records from the source queues
+//!   when [`SenderCore::wants_records`] is false, so the overflow is counted where records
+//!   wait (`source_overflow`). A frame finding no credit is dropped.
+//! - **Every record is accounted.** Per stream, records pushed = records sent + records
+//!   dropped (by reason) + records pending ([`SenderCore::pending_records`]).
+//! - **Fair between streams.** Ready frames are taken round-robin across streams.
+//! - **Idle streams send heartbeats** (kind heartbeat, empty payload, next stream sequence,
+//!   current cumulative count) so the collector sees a lost tail frame before the next burst.
+//!
+//! Nothing in here reads a clock or does IO: `now` (for pacing and deadlines) and `unix_ns`
+//! (for frame timestamps) are passed in.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use uctel_protocol::frame::{self, FrameHeader};
+use uctel_protocol::framer::{BuiltFrame, Framer, FramerError, PushOutcome, Rejection};
+use uctel_protocol::limits::Limits;
+use uctel_protocol::payload::{LogRecord, Metric};
+
+use crate::config::DataPath;
+use crate::credits::{Credits, ReportOutcome};
+use crate::pacing::{Admit, Pacer, PacingLimits};
+use crate::selfmetrics::{DropReason, SelfMetrics};
+use crate::stream::Stream;
+
+/// Settings of one connection's send pipeline.
+#[derive(Debug, Clone)]
+pub struct SenderConfig {
+    /// Frame limits (the negotiated `max_frame_bytes` included).
+    pub limits: Limits,
+    /// Pacing; `None` disables pacing.
+    pub pacing: Option<PacingLimits>,
+    /// Frames that may be outstanding beyond the collector's consumed sequence.
+    pub credit_window: u64,
+    /// Connection sequence of the first frame of this epoch.
+    pub first_conn_seq: u64,
+    /// Stream sequence of the first frame of each stream in this epoch.
+    pub first_stream_seq: u64,
+    /// Data path of each stream, indexed by [`Stream::index`].
+    pub data_paths: [DataPath; 2],
+    /// A non-full frame is closed this long after its first record, per stream.
+    pub flush_after: [Duration; 2],
+    /// Closed frames waiting for pacing, per stream.
+    pub ready_frames: usize,
+    /// An idle stream sends a heartbeat frame after this long without a frame; `None`: never.
+    pub idle_heartbeat: Option<Duration>,
+}
+
+/// A frame ready to post: stamped and sealed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transmit {
+    /// The stream.
+    pub stream: Stream,
+    /// How to post it.
+    pub data_path: DataPath,
+    /// Connection sequence (ring slot `conn_seq mod slots`, immediate = low 32 bits).
+    pub conn_seq: u64,
+    /// Stream sequence.
+    pub stream_seq: u64,
+    /// Records in the frame.
+    pub records: u32,
+    /// The whole frame, header and payload.
+    pub bytes: Vec<u8>,
+}
+
+/// What [`SenderCore::poll_transmit`] asks the caller to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Poll {
+    /// Post this frame now, then report the outcome with [`SenderCore::sent`] or
+    /// [`SenderCore::requeue`] / [`SenderCore::post_failed`].
+    Transmit(Transmit),
+    /// Nothing to post before this instant (a pacing wait, a flush deadline, a heartbeat), or
+    /// until new records arrive when `None`.
+    Wait(Option<Instant>),
+}
+
+/// The last sequences of each stream, for `Goodbye` (DESIGN.md §6) and for tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StreamTotals {
+    /// Frames posted on the stream in this epoch.
+    pub frames: u64,
+    /// Records in those frames (the last frame's cumulative `record_count`).
+    pub records: u64,
+    /// Stream sequence of the last posted frame, `None` if none.
+    pub last_stream_seq: Option<u64>,
+}
+
+/// Final sequences of the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FinalSequences {
+    /// Connection sequence of the last posted frame, `None` if none.
+    pub last_conn_seq: Option<u64>,
+    /// Frames posted on the connection.
+    pub frames: u64,
+    /// Per stream, indexed by [`Stream::index`].
+    pub streams: [StreamTotals; 2],
+}
+
+#[derive(Debug)]
+struct Pending {
+    bytes: Vec<u8>,
+    records: u32,
+}
+
+impl From<BuiltFrame> for Pending {
+    fn from(f: BuiltFrame) -> Self {
+        let records = f.records();
+        Pending {
+            bytes: f.into_bytes(),
+            records,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct StreamState {
+    stream: Stream,
+    data_path: DataPath,
+    flush_after: Duration,
+    /// When the open frame got its first record.
+    open_since: Option<Instant>,
+    ready: VecDeque<Pending>,
+    next_stream_seq: u64,
+    totals: StreamTotals,
+    /// Last time a frame of this stream was posted (or the epoch started).
+    last_sent: Instant,
+}
+
+/// The send pipeline of one connection. See the module docs.
+#[derive(Debug)]
+pub struct SenderCore {
+    epoch: u64,
+    metrics_framer: Framer<Metric>,
+    logs_framer: Framer<LogRecord>,
+    streams: [StreamState; 2],
+    pacer: Pacer,
+    credits: Credits,
+    ready_frames: usize,
+    idle_heartbeat: Option<Duration>,
+    frames_posted: u64,
+    last_conn_seq: Option<u64>,
+    rr: usize,
+    stats: Arc<SelfMetrics>,
+}
+
+impl SenderCore {
+    /// A pipeline for epoch `epoch` starting at `now`.
+    ///
+    /// # Errors
+    /// [`FramerError`] if `config.limits` allow no frame.
+    pub fn new(
+        config: &SenderConfig,
+        epoch: u64,
+        now: Instant,
+        stats: Arc<SelfMetrics>,
+    ) -> Result<SenderCore, FramerError> {
+        let state = |s: Stream| StreamState {
+            stream: s,
+            data_path: config.data_paths[s.index()],
+            flush_after: config.flush_after[s.index()],
+            open_since: None,
+            ready: VecDeque::new(),
+            next_stream_seq: config.first_stream_seq,
+            totals: StreamTotals::default(),
+            last_sent: now,
+        };
+        Ok(SenderCore {
+            epoch,
+            metrics_framer: Framer::new(
+                Stream::Metrics.id(),
+                config.first_stream_seq,
+                config.limits.clone(),
+            )?,
+            logs_framer: Framer::new(
+                Stream::Logs.id(),
+                config.first_stream_seq,
+                config.limits.clone(),
+            )?,
+            streams: [state(Stream::Metrics), state(Stream::Logs)],
+            pacer: config
+                .pacing
+                .map_or_else(Pacer::unlimited, |l| Pacer::new(l, now)),
+            credits: Credits::new(config.first_conn_seq, config.credit_window),
+            ready_frames: config.ready_frames.max(1),
+            idle_heartbeat: config.idle_heartbeat,
+            frames_posted: 0,
+            last_conn_seq: None,
+            rr: 0,
+            stats,
+        })
+    }
+
+    /// The epoch stamped on every frame.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Whether the caller should hand more records of `stream` to the pipeline now: false
+    /// while the stream's ready queue is full (records then wait, bounded, in the source
+    /// queue).
+    pub fn wants_records(&self, stream: Stream) -> bool {
+        self.streams[stream.index()].ready.len() < self.ready_frames
+    }
+
+    /// Adds one metric sample at `now` / `unix_ns` (frame timestamp, ns since the Unix epoch).
+    pub fn push_metric(&mut self, m: &Metric, now: Instant, unix_ns: u64) {
+        let outcome = self.metrics_framer.push(m, unix_ns);
+        self.after_push(Stream::Metrics, outcome, now);
+    }
+
+    /// Adds one log record.
+    pub fn push_log(&mut self, r: &LogRecord, now: Instant, unix_ns: u64) {
+        let outcome = self.logs_framer.push(r, unix_ns);
+        self.after_push(Stream::Logs, outcome, now);
+    }
+
+    fn after_push(&mut self, stream: Stream, outcome: PushOutcome, now: Instant) {
+        let st = &mut self.streams[stream.index()];
+        match outcome {
+            PushOutcome::Appended => {
+                st.open_since.get_or_insert(now);
+            }
+            PushOutcome::Closed(frame) => {
+                // The pushed record opened the next frame.
+                st.open_since = Some(now);
+                st.ready.push_back(frame.into());
+            }
+            PushOutcome::Rejected(why) => {
+                let reason = match why {
+                    Rejection::Oversize { .. } => DropReason::Oversize,
+                    Rejection::Invalid(_) => DropReason::Invalid,
+                };
+                self.stats.dropped(stream, reason, 0, 1);
+            }
+        }
+    }
+
+    /// Closes `stream`'s open frame now (e.g. at the end of one metrics collection), so it
+    /// does not wait for its flush deadline.
+    pub fn flush(&mut self, stream: Stream) {
+        let frame = match stream {
+            Stream::Metrics => self.metrics_framer.flush(),
+            Stream::Logs => self.logs_framer.flush(),
+        };
+        let st = &mut self.streams[stream.index()];
+        st.open_since = None;
+        if let Some(f) = frame {
+            st.ready.push_back(f.into());
+        }
+    }
+
+    /// Applies the collector's report that every frame up to connection sequence `consumed`
+    /// was consumed (DESIGN.md §4 credits).
+    pub fn on_consumed(&mut self, consumed: u64) -> ReportOutcome {
+        self.credits.on_consumed(consumed)
+    }
+
+    /// Credits left.
+    pub fn credits_available(&self) -> u64 {
+        self.credits.available()
+    }
+
+    /// Closes frames whose flush deadline passed and queues heartbeats on idle streams.
+    fn timers(&mut self, now: Instant, unix_ns: u64) {
+        for s in Stream::ALL {
+            let due = self.streams[s.index()].open_since.is_some_and(|t| {
+                now.saturating_duration_since(t) >= self.streams[s.index()].flush_after
+            });
+            if due {
+                self.flush(s);
+            }
+            if let Some(idle) = self.idle_heartbeat {
+                let st = &self.streams[s.index()];
+                let quiet = st.ready.is_empty()
+                    && st.open_since.is_none()
+                    && now.saturating_duration_since(st.last_sent) >= idle;
+                if quiet {
+                    let hb = match s {
+                        Stream::Metrics => self.metrics_framer.heartbeat(unix_ns),
+                        Stream::Logs => self.logs_framer.heartbeat(unix_ns),
+                    };
+                    let st = &mut self.streams[s.index()];
+                    st.ready.push_back(hb.into());
+                    // Counts as activity so one heartbeat goes out per idle period even if
+                    // it is then dropped for lack of credit.
+                    st.last_sent = now;
+                }
+            }
+        }
+    }
+
+    /// The earliest instant a timer (flush deadline, idle heartbeat) fires.
+    fn next_timer(&self) -> Option<Instant> {
+        let mut at: Option<Instant> = None;
+        let mut consider = |t: Instant| at = Some(at.map_or(t, |a| a.min(t)));
+        for st in &self.streams {
+            if let Some(t) = st.open_since {
+                consider(t + st.flush_after);
+            }
+            if let Some(idle) = self.idle_heartbeat {
+                if st.ready.is_empty() && st.open_since.is_none() {
+                    consider(st.last_sent + idle);
+                }
+            }
+        }
+        at
+    }
+
+    /// The next step: a frame to post, or how long to wait. Frames that find no credit are
+    /// dropped (`no_credit`) on the way.
+    pub fn poll_transmit(&mut self, now: Instant, unix_ns: u64) -> Poll {
+        self.timers(now, unix_ns);
+        loop {
+            let Some(s) = (0..Stream::ALL.len())
+                .map(|i| (self.rr + i) % Stream::ALL.len())
+                .find(|&i| !self.streams[i].ready.is_empty())
+            else {
+                return Poll::Wait(self.next_timer());
+            };
+            let stream = self.streams[s].stream;
+            let (len, records) = match self.streams[s].ready.front() {
+                Some(p) => (p.bytes.len(), p.records),
+                None => continue,
+            };
+            if self.credits.available() == 0 {
+                self.streams[s].ready.pop_front();
+                self.stats
+                    .dropped(stream, DropReason::NoCredit, 1, u64::from(records));
+                continue;
+            }
+            match self.pacer.poll_admit(len, now) {
+                Admit::Now => {}
+                Admit::After(d) => {
+                    let at = now + d;
+                    return Poll::Wait(Some(self.next_timer().map_or(at, |t| t.min(at))));
+                }
+                Admit::Never => {
+                    self.streams[s].ready.pop_front();
+                    self.stats
+                        .dropped(stream, DropReason::Oversize, 1, u64::from(records));
+                    continue;
+                }
+            }
+            let Some(pending) = self.streams[s].ready.pop_front() else {
+                continue;
+            };
+            let Ok(conn_seq) = self.credits.try_acquire() else {
+                // available() was checked above; keep the frame for the next poll.
+                self.streams[s].ready.push_front(pending);
+                continue;
+            };
+            let st = &mut self.streams[s];
+            let stream_seq = st.next_stream_seq;
+            let record_count = st.totals.records + u64::from(pending.records);
+            match stamp(
+                pending.bytes,
+                self.epoch,
+                conn_seq,
+                stream_seq,
+                record_count,
+            ) {
+                Ok(bytes) => {
+                    st.next_stream_seq = stream_seq.wrapping_add(1);
+                    st.totals.frames += 1;
+                    st.totals.records = record_count;
+                    st.totals.last_stream_seq = Some(stream_seq);
+                    st.last_sent = now;
+                    self.frames_posted += 1;
+                    self.last_conn_seq = Some(conn_seq);
+                    self.rr = (s + 1) % Stream::ALL.len();
+                    return Poll::Transmit(Transmit {
+                        stream,
+                        data_path: st.data_path,
+                        conn_seq,
+                        stream_seq,
+                        records: pending.records,
+                        bytes,
+                    });
+                }
+                Err(_) => {
+                    // Cannot happen for framer-built bytes; give the sequence back.
+                    let _ = self.credits.release_last(conn_seq);
+                    self.stats
+                        .dropped(stream, DropReason::Invalid, 1, u64::from(pending.records));
+                }
+            }
+        }
+    }
+
+    /// The frame returned by the last [`SenderCore::poll_transmit`] was posted: count it.
+    pub fn sent(&self, t: &Transmit) {
+        self.stats
+            .frame_sent(t.stream, u64::from(t.records), t.bytes.len() as u64);
+    }
+
+    /// The frame returned by the last [`SenderCore::poll_transmit`] could not be posted for a
+    /// transient reason (the QP's send queue was full): undo its sequences and put it back at
+    /// the head of its stream, to be tried again. Only valid for the most recent transmit.
+    pub fn requeue(&mut self, t: Transmit) {
+        if !self.credits.release_last(t.conn_seq) {
+            // Not the most recent transmit: its sequences cannot be taken back. Count it.
+            self.post_failed(&t);
+            return;
+        }
+        let st = &mut self.streams[t.stream.index()];
+        st.next_stream_seq = t.stream_seq;
+        st.totals.frames = st.totals.frames.saturating_sub(1);
+        st.totals.records = st.totals.records.saturating_sub(u64::from(t.records));
+        st.totals.last_stream_seq = (st.totals.frames > 0).then(|| t.stream_seq.wrapping_sub(1));
+        st.ready.push_front(Pending {
+            bytes: t.bytes,
+            records: t.records,
+        });
+        self.frames_posted = self.frames_posted.saturating_sub(1);
+        self.last_conn_seq = (self.frames_posted > 0).then(|| t.conn_seq.wrapping_sub(1));
+    }
+
+    /// The frame could not be posted and will not be retried (QP in error): count it as
+    /// `transport_error`. Its sequences stay used: the collector will see it as lost.
+    pub fn post_failed(&self, t: &Transmit) {
+        self.stats.dropped(
+            t.stream,
+            DropReason::TransportError,
+            1,
+            u64::from(t.records),
+        );
+    }
+
+    /// Closes every stream for this epoch: the open frame, or an empty frame, goes out
+    /// flagged `LAST_OF_EPOCH` (DESIGN.md §3) after whatever is already queued.
+    pub fn finish(&mut self, unix_ns: u64) {
+        let m = self.metrics_framer.finish_epoch(unix_ns);
+        self.streams[Stream::Metrics.index()]
+            .ready
+            .push_back(m.into());
+        let l = self.logs_framer.finish_epoch(unix_ns);
+        self.streams[Stream::Logs.index()].ready.push_back(l.into());
+        for st in &mut self.streams {
+            st.open_since = None;
+        }
+    }
+
+    /// Records not yet posted nor dropped: in ready frames and in the open frame.
+    pub fn pending_records(&self, stream: Stream) -> u64 {
+        let ready: u64 = self.streams[stream.index()]
+            .ready
+            .iter()
+            .map(|p| u64::from(p.records))
+            .sum();
+        let open = match stream {
+            Stream::Metrics => self.metrics_framer.stats().records_open,
+            Stream::Logs => self.logs_framer.stats().records_open,
+        };
+        ready + open
+    }
+
+    /// Frames waiting in the ready queues.
+    pub fn ready_frames(&self) -> usize {
+        self.streams.iter().map(|s| s.ready.len()).sum()
+    }
+
+    /// Drops everything still pending (open and ready frames) with `reason`, counting it.
+    pub fn drop_pending(&mut self, reason: DropReason) {
+        for s in Stream::ALL {
+            self.flush(s);
+            let st = &mut self.streams[s.index()];
+            let frames = st.ready.len() as u64;
+            let records: u64 = st.ready.drain(..).map(|p| u64::from(p.records)).sum();
+            if frames > 0 {
+                self.stats.dropped(s, reason, frames, records);
+            }
+        }
+    }
+
+    /// Sequences and totals of what was posted in this epoch.
+    pub fn final_sequences(&self) -> FinalSequences {
+        FinalSequences {
+            last_conn_seq: self.last_conn_seq,
+            frames: self.frames_posted,
+            streams: [self.streams[0].totals, self.streams[1].totals],
+        }
+    }
+}
+
+/// Writes the connection and stream fields into a framer-built frame and seals it.
+fn stamp(
+    mut bytes: Vec<u8>,
+    epoch: u64,
+    conn_seq: u64,
+    stream_seq: u64,
+    record_count: u64,
+) -> Result<Vec<u8>, frame::FrameError> {
+    let header = FrameHeader {
+        epoch,
+        conn_seq,
+        stream_seq,
+        record_count,
+        ..FrameHeader::parse(&bytes)?
+    };
+    header.emit(&mut bytes)?;
+    frame::seal(&mut bytes)?;
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uctel_protocol::frame::{decode_frame, FrameFlags, FrameKind, Payload};
+    use uctel_protocol::payload::{Label, MetricType};
+
+    fn stats() -> Arc<SelfMetrics> {
+        Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")))
+    }
+
+    fn config(window: u64) -> SenderConfig {
+        SenderConfig {
+            limits: Limits {
+                max_frame_bytes: 512,
+                ..Limits::default()
+            },
+            pacing: None,
+            credit_window: window,
+            first_conn_seq: 0,
+            first_stream_seq: 0,
+            data_paths: [DataPath::WriteWithImm, DataPath::Send],
+            flush_after: [Duration::from_millis(200), Duration::from_millis(200)],
+            ready_frames: 64,
+            idle_heartbeat: None,
+        }
+    }
+
+    fn metric(i: usize) -> Metric {
+        Metric {
+            name: "node_load1".into(),
+            help: String::new(),
+            r#type: MetricType::Gauge as i32,
+            labels: vec![Label {
+                name: "i".into(),
+                value: format!("{i:04}"),
+            }],
+            value: i as f64,
+            timestamp_ms: 0,
+            buckets: vec![],
+            count: 0,
+            sum: 0.0,
+        }
+    }
+
+    fn log(msg: &str) -> LogRecord {
+        LogRecord {
+            timestamp_ns: 1,
+            severity: 3,
+            source: "/var/log/x".into(),
+            message: msg.into(),
+            fields: vec![],
+        }
+    }
+
+    /// Polls until Wait, collecting transmits (marked sent). Bounded.
+    fn drain(core: &mut SenderCore, now: Instant) -> (Vec<Transmit>, Option<Instant>) {
+        let mut out = Vec::new();
+        for _ in 0..10_000 {
+            match core.poll_transmit(now, 1_000) {
+                Poll::Transmit(t) => {
+                    core.sent(&t);
+                    out.push(t);
+                }
+                Poll::Wait(at) => return (out, at),
+            }
+        }
+        panic!("poll_transmit never waited");
+    }
+
+    fn decode(t: &Transmit) -> uctel_protocol::frame::DecodedFrame {
+        let limits = Limits {
+            max_frame_bytes: 512,
+            ..Limits::default()
+        };
+        decode_frame(&t.bytes, &limits).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn frames_decode_with_stamped_sequences_and_cumulative_counts() {
+        let t0 = Instant::now();
+        let sm = stats();
+        let mut core =
+            SenderCore::new(&config(1000), 77, t0, sm.clone()).unwrap_or_else(|e| panic!("{e}"));
+        for i in 0..40 {
+            core.push_metric(&metric(i), t0, 5);
+        }
+        core.flush(Stream::Metrics);
+        let (tx, _) = drain(&mut core, t0);
+        assert!(
+            tx.len() >= 2,
+            "40 samples in 512-byte frames need several frames"
+        );
+        let mut cumulative = 0;
+        for (i, t) in tx.iter().enumerate() {
+            let d = decode(t);
+            assert_eq!(d.header.epoch, 77);
+            assert_eq!(d.header.conn_seq, i as u64);
+            assert_eq!(d.header.stream_seq, i as u64);
+            assert_eq!(d.header.stream_id, Stream::Metrics.id());
+            assert_eq!(t.data_path, DataPath::WriteWithImm);
+            cumulative += d.payload.record_count() as u64;
+            assert_eq!(d.header.record_count, cumulative);
+        }
+        assert_eq!(cumulative, 40);
+        assert_eq!(sm.records_sent(Stream::Metrics), 40);
+        assert_eq!(sm.frames_sent(Stream::Metrics), tx.len() as u64);
+        let fin = core.final_sequences();
+        assert_eq!(fin.last_conn_seq, Some(tx.len() as u64 - 1));
+        assert_eq!(fin.streams[0].records, 40);
+    }
+
+    #[test]
+    fn no_credit_drops_at_source_without_leaving_sequence_gaps() {
+        let t0 = Instant::now();
+        let sm = stats();
+        let mut core =
+            SenderCore::new(&config(2), 1, t0, sm.clone()).unwrap_or_else(|e| panic!("{e}"));
+        for i in 0..5 {
+            core.push_log(&log(&format!("line {i}")), t0, 1);
+            core.flush(Stream::Logs);
+        }
+        let (tx, _) = drain(&mut core, t0);
+        assert_eq!(tx.len(), 2);
+        assert_eq!(sm.frames_dropped(Stream::Logs, DropReason::NoCredit), 3);
+        assert_eq!(sm.records_dropped(Stream::Logs, DropReason::NoCredit), 3);
+        assert_eq!(core.on_consumed(1), ReportOutcome::Advanced(2));
+        core.push_log(&log("after report"), t0, 1);
+        core.flush(Stream::Logs);
+        let (tx2, _) = drain(&mut core, t0);
+        assert_eq!(tx2.len(), 1);
+        let d = decode(&tx2[0]);
+        // Contiguous: the dropped frames took no sequence.
+        assert_eq!(
+            (
+                d.header.conn_seq,
+                d.header.stream_seq,
+                d.header.record_count
+            ),
+            (2, 2, 3)
+        );
+        // Accounting: 6 records pushed = 3 sent + 3 dropped + 0 pending.
+        assert_eq!(
+            sm.records_sent(Stream::Logs) + sm.records_dropped_all(Stream::Logs),
+            6
+        );
+        assert_eq!(core.pending_records(Stream::Logs), 0);
+    }
+
+    #[test]
+    fn pacing_defers_and_then_admits() {
+        let t0 = Instant::now();
+        let mut cfg = config(1000);
+        cfg.pacing = Some(PacingLimits {
+            frames_per_second: Some(10),
+            bytes_per_second: None,
+            burst_millis: 100,
+            max_frame_bytes: 512,
+        });
+        let sm = stats();
+        let mut core = SenderCore::new(&cfg, 1, t0, sm.clone()).unwrap_or_else(|e| panic!("{e}"));
+        for i in 0..3 {
+            core.push_log(&log(&format!("{i}")), t0, 1);
+            core.flush(Stream::Logs);
+        }
+        let (tx, wait) = drain(&mut core, t0);
+        assert_eq!(tx.len(), 1, "burst of one frame at 10/s × 100 ms");
+        let at = wait.unwrap_or_else(|| panic!("expected a pacing wait"));
+        assert_eq!(at, t0 + Duration::from_millis(100));
+        let (tx, _) = drain(&mut core, at);
+        assert_eq!(tx.len(), 1);
+        assert_eq!(core.pending_records(Stream::Logs), 1);
+        assert_eq!(
+            sm.records_dropped_all(Stream::Logs),
+            0,
+            "pacing never drops"
+        );
+    }
+
+    #[test]
+    fn requeue_gives_back_the_same_sequences() {
+        let t0 = Instant::now();
+        let mut core =
+            SenderCore::new(&config(8), 1, t0, stats()).unwrap_or_else(|e| panic!("{e}"));
+        core.push_log(&log("a"), t0, 1);
+        core.flush(Stream::Logs);
+        let Poll::Transmit(t) = core.poll_transmit(t0, 1) else {
+            panic!("expected a transmit")
+        };
+        let first = t.clone();
+        core.requeue(t);
+        assert_eq!(core.final_sequences(), FinalSequences::default());
+        let Poll::Transmit(again) = core.poll_transmit(t0, 1) else {
+            panic!("expected a transmit")
+        };
+        assert_eq!(again, first);
+    }
+
+    #[test]
+    fn open_frame_is_flushed_at_its_deadline() {
+        let t0 = Instant::now();
+        let mut core =
+            SenderCore::new(&config(8), 1, t0, stats()).unwrap_or_else(|e| panic!("{e}"));
+        core.push_log(&log("a"), t0, 1);
+        let (tx, wait) = drain(&mut core, t0 + Duration::from_millis(10));
+        assert!(tx.is_empty());
+        assert_eq!(wait, Some(t0 + Duration::from_millis(200)));
+        let (tx, _) = drain(&mut core, t0 + Duration::from_millis(200));
+        assert_eq!(tx.len(), 1);
+    }
+
+    #[test]
+    fn idle_stream_sends_a_heartbeat() {
+        let t0 = Instant::now();
+        let mut cfg = config(8);
+        cfg.idle_heartbeat = Some(Duration::from_secs(1));
+        let mut core = SenderCore::new(&cfg, 1, t0, stats()).unwrap_or_else(|e| panic!("{e}"));
+        let (tx, wait) = drain(&mut core, t0);
+        assert!(tx.is_empty());
+        assert_eq!(wait, Some(t0 + Duration::from_secs(1)));
+        let (tx, _) = drain(&mut core, t0 + Duration::from_secs(1));
+        assert_eq!(tx.len(), 2, "one per stream");
+        for t in &tx {
+            let d = decode(t);
+            assert_eq!(d.header.kind, FrameKind::Heartbeat);
+            assert_eq!(d.payload, Payload::Heartbeat);
+            assert_eq!(t.records, 0);
+        }
+    }
+
+    #[test]
+    fn finish_marks_the_last_frame_of_each_stream() {
+        let t0 = Instant::now();
+        let mut core =
+            SenderCore::new(&config(8), 1, t0, stats()).unwrap_or_else(|e| panic!("{e}"));
+        core.push_metric(&metric(1), t0, 1);
+        core.finish(2);
+        let (tx, _) = drain(&mut core, t0);
+        assert_eq!(tx.len(), 2);
+        for t in &tx {
+            assert!(decode(t).header.flags.contains(FrameFlags::LAST_OF_EPOCH));
+        }
+        let fin = core.final_sequences();
+        assert_eq!(fin.frames, 2);
+        assert_eq!(fin.streams[Stream::Metrics.index()].records, 1);
+        assert_eq!(fin.streams[Stream::Logs.index()].records, 0);
+    }
+
+    #[test]
+    fn streams_take_turns() {
+        let t0 = Instant::now();
+        let mut core =
+            SenderCore::new(&config(100), 1, t0, stats()).unwrap_or_else(|e| panic!("{e}"));
+        for i in 0..4 {
+            core.push_metric(&metric(i), t0, 1);
+            core.flush(Stream::Metrics);
+            core.push_log(&log("x"), t0, 1);
+            core.flush(Stream::Logs);
+        }
+        let (tx, _) = drain(&mut core, t0);
+        let order: Vec<Stream> = tx.iter().map(|t| t.stream).collect();
+        assert_eq!(order.len(), 8);
+        assert!(order.windows(2).all(|w| w[0] != w[1]), "{order:?}");
+    }
+
+    #[test]
+    fn oversize_and_invalid_records_are_counted() {
+        let t0 = Instant::now();
+        let sm = stats();
+        let mut core =
+            SenderCore::new(&config(8), 1, t0, sm.clone()).unwrap_or_else(|e| panic!("{e}"));
+        core.push_log(&log(&"x".repeat(2000)), t0, 1);
+        let mut bad = metric(0);
+        bad.name = "0bad name".into();
+        core.push_metric(&bad, t0, 1);
+        assert_eq!(sm.records_dropped(Stream::Logs, DropReason::Oversize), 1);
+        assert_eq!(sm.records_dropped(Stream::Metrics, DropReason::Invalid), 1);
+        assert_eq!(core.pending_records(Stream::Logs), 0);
+    }
+
+    #[test]
+    fn drop_pending_counts_everything_left() {
+        let t0 = Instant::now();
+        let sm = stats();
+        let mut core =
+            SenderCore::new(&config(8), 1, t0, sm.clone()).unwrap_or_else(|e| panic!("{e}"));
+        for i in 0..30 {
+            core.push_metric(&metric(i), t0, 1);
+        }
+        core.drop_pending(DropReason::NotConnected);
+        assert_eq!(
+            sm.records_dropped(Stream::Metrics, DropReason::NotConnected),
+            30
+        );
+        assert_eq!(core.pending_records(Stream::Metrics), 0);
+        assert_eq!(core.ready_frames(), 0);
+    }
+
+    #[test]
+    fn ready_queue_bound_stops_intake() {
+        let t0 = Instant::now();
+        let mut cfg = config(8);
+        cfg.ready_frames = 2;
+        let mut core = SenderCore::new(&cfg, 1, t0, stats()).unwrap_or_else(|e| panic!("{e}"));
+        assert!(core.wants_records(Stream::Logs));
+        for _ in 0..2 {
+            core.push_log(&log("a"), t0, 1);
+            core.flush(Stream::Logs);
+        }
+        assert!(!core.wants_records(Stream::Logs));
+        assert!(core.wants_records(Stream::Metrics));
+    }
+}
