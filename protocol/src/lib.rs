@@ -1,6 +1,16 @@
 //! `uctel-protocol`: the uctel frame format, payload codec and sequence tracker.
 //!
 //! Sans-IO and free of `unsafe`: every function takes bytes or events in and returns values.
+//!
+//! # Frames
+//!
+//! A frame is a fixed 64-byte big-endian header ([`frame`]: magic `UCTL`, version, kind,
+//! flags, stream id, payload length, epoch, connection and stream sequence, timestamp,
+//! cumulative record count, CRC32C) followed by a protobuf payload ([`payload`], schema in
+//! `proto/uctel.proto`) bounded by [`limits::Limits`]. The agent side builds frames with the
+//! sans-IO [`framer::Framer`] and stamps epoch, connection sequence and CRC at send time
+//! ([`frame::stamp_connection`]); the collector side checks and decodes them with
+//! [`frame::decode_frame`], which never panics on any input.
 #![forbid(unsafe_code)]
 
 pub mod control;
