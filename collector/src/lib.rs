@@ -1,1 +1,18 @@
-//! `uctel-collector`: coming with the collector issue.
+//! `uctel-collector`: receives telemetry frames from uctel agents over RDMA UC, makes every
+//! loss visible, and serves what arrived on a Prometheus `/metrics` endpoint and as JSON
+//! Lines logs (DESIGN.md §1, §4–§8).
+//!
+//! Layout:
+//! - [`config`]: the YAML configuration (strict, all problems at once).
+//! - [`telemetry`]: `uctel_collector_*` self-metrics and the closed [`telemetry::DropReason`].
+//! - [`store`]: latest sample per series per agent, staleness, cardinality cap, exposed through
+//!   a custom `prometheus` collector.
+//! - [`logsink`]: JSON Lines log sink with size-based rotation.
+//!
+//! The binary (`src/main.rs`) parses flags, loads the configuration, installs logging and the
+//! signal handlers, and calls [`run`].
+
+pub mod config;
+pub mod logsink;
+pub mod store;
+pub mod telemetry;

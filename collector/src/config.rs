@@ -1,0 +1,686 @@
+//! The collector's YAML configuration (DESIGN.md §9): strict (`deny_unknown_fields`), units in
+//! key names, every key optional with the default documented here, all problems reported at
+//! once with file, line and key by [`uctel_common::config`].
+//!
+//! ```yaml
+//! listen:
+//!   control: 0.0.0.0:7400          # TCP control plane (agents connect here)
+//!   metrics: 0.0.0.0:9470          # Prometheus /metrics
+//! transport:
+//!   kind: soft                     # soft | verbs
+//!   soft:
+//!     bind: 0.0.0.0:4791           # UDP socket of the soft RoCEv2 device (RoCEv2 port)
+//!     mtu_bytes: 4096
+//!   verbs:
+//!     device: mlx5_0               # default: the first device
+//!     port: 1
+//!     gid_index: 3                 # default: the RoCE v2 GID of local_ip
+//!     local_ip: 192.0.2.10
+//! ring:
+//!   slots: 1024                    # per agent connection
+//!   slot_bytes: 4096               # >= max_frame_bytes
+//!   credit_margin_slots: 64        # agent may have slots - margin frames outstanding
+//!   send_buffers: 256              # receive WRs with buffers, for the Send data path
+//!   descriptor_queue: 8192         # completion poller -> worker SPSC queue capacity
+//! max_frame_bytes: 4096
+//! auth:
+//!   agents:
+//!     - id: web-1
+//!       token_file: /etc/uctel/web-1.token   # or token_env: VAR, or token: inline
+//!   shared:                        # optional: any agent id presenting this token
+//!     token_env: UCTEL_SHARED_TOKEN
+//! control:
+//!   heartbeat_interval_seconds: 5
+//!   report_interval_seconds: 1
+//!   dead_after_missed_heartbeats: 3
+//!   handshake_timeout_seconds: 5
+//! staleness_seconds: 300
+//! series_cap_per_agent: 100000
+//! max_dropout_frames: 3000
+//! reorder_window_frames: 100
+//! logs:
+//!   sink: file                     # file | stdout
+//!   file:
+//!     path: /var/lib/uctel/logs.jsonl
+//!     max_file_bytes: 104857600
+//!     max_files: 5
+//! ```
+//!
+//! Port choices: 7400 for control and 9470 for metrics are uctel's defaults (not registered
+//! ports); 4791 is the IANA RoCEv2 port. On one host (loopback demo) the agent's soft device
+//! binds its own UDP port, so only the collector uses 4791.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+use uctel_common::config::{Problems, Validate};
+
+/// The whole collector configuration.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Listening addresses.
+    pub listen: ListenConfig,
+    /// The RDMA transport.
+    pub transport: TransportConfig,
+    /// Per-agent ring and receive queue sizing.
+    pub ring: RingConfig,
+    /// Largest frame accepted (header included), bytes. Default 4096 (one packet at the largest
+    /// RoCE path MTU, `uctel_protocol::limits::Limits::max_frame_bytes`).
+    pub max_frame_bytes: MaxFrameBytes,
+    /// Agent authentication.
+    pub auth: AuthConfig,
+    /// Control-plane timing.
+    pub control: ControlConfig,
+    /// Series not updated for this long disappear from `/metrics`. Default 300 s (Prometheus
+    /// marks series stale after 5 minutes without samples).
+    pub staleness_seconds: Seconds<300>,
+    /// Most series stored per agent; samples of further series are dropped and counted
+    /// (`series_cap`). Default 100 000.
+    pub series_cap_per_agent: SeriesCap,
+    /// A forward jump in a sequence larger than this is a resync, not loss (RFC 3550 A.1
+    /// `MAX_DROPOUT`, default 3000).
+    pub max_dropout_frames: Count<3000>,
+    /// A backward step at most this large is a late frame; larger is stale (RFC 3550 A.1
+    /// `MAX_MISORDER`, default 100).
+    pub reorder_window_frames: Count<100>,
+    /// Where received log records go.
+    pub logs: LogsConfig,
+}
+
+/// `listen:` section.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListenConfig {
+    /// TCP address of the control plane. Default `0.0.0.0:7400`. Port 0 picks a free port.
+    pub control: SocketAddr,
+    /// TCP address of the `/metrics` endpoint. Default `0.0.0.0:9470`. Port 0 picks one.
+    pub metrics: SocketAddr,
+}
+
+impl Default for ListenConfig {
+    fn default() -> Self {
+        Self {
+            control: SocketAddr::from(([0, 0, 0, 0], 7400)),
+            metrics: SocketAddr::from(([0, 0, 0, 0], 9470)),
+        }
+    }
+}
+
+/// Which transport implementation.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum TransportKindConfig {
+    /// RoCEv2 UC in user space over UDP.
+    #[default]
+    Soft,
+    /// Real RDMA through libibverbs.
+    Verbs,
+}
+
+/// `transport:` section. Only the section named by `kind` is used.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TransportConfig {
+    /// `soft` (default) or `verbs`.
+    pub kind: TransportKindConfig,
+    /// Soft transport settings.
+    pub soft: SoftTransportConfig,
+    /// Verbs transport settings.
+    pub verbs: VerbsTransportConfig,
+}
+
+/// `transport.soft:` section.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SoftTransportConfig {
+    /// UDP address of the soft RoCEv2 device. Default `0.0.0.0:4791` (IANA RoCEv2 port).
+    /// Port 0 picks a free port (tests).
+    pub bind: SocketAddr,
+    /// Largest path MTU offered, bytes: 256, 512, 1024, 2048 or 4096 (IBTA 9.7.5.1).
+    /// Default 4096.
+    pub mtu_bytes: u32,
+}
+
+impl Default for SoftTransportConfig {
+    fn default() -> Self {
+        Self {
+            bind: SocketAddr::from(([0, 0, 0, 0], uctel_transport::api::ROCE_V2_UDP_PORT)),
+            mtu_bytes: 4096,
+        }
+    }
+}
+
+/// `transport.verbs:` section (`uctel_transport::api::VerbsConfig`).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct VerbsTransportConfig {
+    /// RDMA device name (`mlx5_0`, `rxe0`); default the first device.
+    pub device: Option<String>,
+    /// 1-based port number. Default 1.
+    pub port: u8,
+    /// GID table index; default the RoCE v2 GID of `local_ip`.
+    pub gid_index: Option<u8>,
+    /// Local IP address whose RoCE v2 GID to use.
+    pub local_ip: Option<IpAddr>,
+}
+
+impl Default for VerbsTransportConfig {
+    fn default() -> Self {
+        Self {
+            device: None,
+            port: 1,
+            gid_index: None,
+            local_ip: None,
+        }
+    }
+}
+
+/// `ring:` section: what each agent connection gets.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RingConfig {
+    /// Ring slots per agent connection (frame `c` goes to slot `c mod slots`, DESIGN.md §4).
+    /// Default 1024.
+    pub slots: u32,
+    /// Bytes per slot; at least `max_frame_bytes`. Default 4096.
+    pub slot_bytes: u32,
+    /// Credit margin: the agent may have at most `slots - credit_margin_slots` frames
+    /// outstanding (DESIGN.md §4 credits). Default 64.
+    pub credit_margin_slots: u32,
+    /// Receive WRs with `max_frame_bytes` buffers kept posted for the Send data path.
+    /// Default 256.
+    pub send_buffers: u32,
+    /// Capacity of the completion-poller → worker SPSC descriptor queue (a full queue drops,
+    /// counted as `queue_full`). Default 8192.
+    pub descriptor_queue: u32,
+}
+
+impl Default for RingConfig {
+    fn default() -> Self {
+        Self {
+            slots: 1024,
+            slot_bytes: 4096,
+            credit_margin_slots: 64,
+            send_buffers: 256,
+            descriptor_queue: 8192,
+        }
+    }
+}
+
+impl RingConfig {
+    /// The credit window handed to agents: `slots - credit_margin_slots`.
+    pub fn credit_window(&self) -> u32 {
+        self.slots.saturating_sub(self.credit_margin_slots)
+    }
+}
+
+/// Where a secret comes from: exactly one of the three keys.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TokenSource {
+    /// The token inline (avoid in files under version control).
+    pub token: Option<String>,
+    /// A file whose content (trailing whitespace trimmed) is the token.
+    pub token_file: Option<PathBuf>,
+    /// An environment variable holding the token.
+    pub token_env: Option<String>,
+}
+
+/// A resolved pre-shared token. `Debug` does not print it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(Vec<u8>);
+
+impl Token {
+    /// The token bytes (HMAC key).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Token(<{} bytes>)", self.0.len())
+    }
+}
+
+impl TokenSource {
+    /// Reads the token. Errors: none or several sources given, unreadable file, unset
+    /// variable, empty token.
+    pub fn resolve(&self) -> Result<Token, String> {
+        let given = [
+            self.token.is_some(),
+            self.token_file.is_some(),
+            self.token_env.is_some(),
+        ]
+        .iter()
+        .filter(|g| **g)
+        .count();
+        if given != 1 {
+            return Err(format!(
+                "give exactly one of token, token_file, token_env (found {given})"
+            ));
+        }
+        let raw = if let Some(t) = &self.token {
+            t.clone()
+        } else if let Some(path) = &self.token_file {
+            std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read token_file {}: {e}", path.display()))?
+        } else if let Some(var) = &self.token_env {
+            std::env::var(var).map_err(|e| format!("token_env {var}: {e}"))?
+        } else {
+            String::new()
+        };
+        let trimmed = raw.trim_end();
+        if trimmed.is_empty() {
+            return Err("token is empty".to_string());
+        }
+        Ok(Token(trimmed.as_bytes().to_vec()))
+    }
+}
+
+/// One known agent.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct AgentAuth {
+    /// The agent id it presents in `Hello`.
+    pub id: String,
+    /// Its token.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// Its token, from a file.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    /// Its token, from an environment variable.
+    #[serde(default)]
+    pub token_env: Option<String>,
+}
+
+impl AgentAuth {
+    /// The token source of this entry.
+    pub fn source(&self) -> TokenSource {
+        TokenSource {
+            token: self.token.clone(),
+            token_file: self.token_file.clone(),
+            token_env: self.token_env.clone(),
+        }
+    }
+}
+
+/// `auth:` section. An agent is admitted if its id is listed with the token it proves, or if
+/// it proves the shared token. With neither configured every agent is refused.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Per-agent tokens.
+    pub agents: Vec<AgentAuth>,
+    /// A token any agent id may prove.
+    pub shared: Option<TokenSource>,
+}
+
+/// `control:` section, all in seconds (fractions allowed).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ControlConfig {
+    /// Heartbeat period in both directions. Default 5.
+    pub heartbeat_interval_seconds: f64,
+    /// Period of `Report`s to the agent (received, lost, consumed sequence = credits).
+    /// Default 1; lower means credits return faster.
+    pub report_interval_seconds: f64,
+    /// The connection is torn down after this many heartbeat periods of silence. Default 3.
+    pub dead_after_missed_heartbeats: u32,
+    /// Time allowed from TCP accept to `Welcome`. Default 5.
+    pub handshake_timeout_seconds: f64,
+}
+
+impl Default for ControlConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval_seconds: 5.0,
+            report_interval_seconds: 1.0,
+            dead_after_missed_heartbeats: 3,
+            handshake_timeout_seconds: 5.0,
+        }
+    }
+}
+
+/// Where log records go.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum LogSinkKind {
+    /// JSON Lines on standard output (development).
+    #[default]
+    Stdout,
+    /// JSON Lines files with size-based rotation.
+    File,
+}
+
+/// `logs:` section.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogsConfig {
+    /// `stdout` (default) or `file`.
+    pub sink: LogSinkKind,
+    /// Settings of the `file` sink.
+    pub file: LogFileConfig,
+}
+
+/// `logs.file:` section.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogFileConfig {
+    /// The active file; rotated files get `.1`, `.2`, ... (newest `.1`). Default
+    /// `uctel-logs.jsonl` in the working directory.
+    pub path: PathBuf,
+    /// Rotate once the active file reaches this size, bytes. Default 100 MiB.
+    pub max_file_bytes: u64,
+    /// Rotated files kept (besides the active one). Default 5.
+    pub max_files: u32,
+}
+
+impl Default for LogFileConfig {
+    fn default() -> Self {
+        Self {
+            path: PathBuf::from("uctel-logs.jsonl"),
+            max_file_bytes: 100 * 1024 * 1024,
+            max_files: 5,
+        }
+    }
+}
+
+// Small newtypes so that `#[serde(default)]` on the struct gives each scalar its own default.
+
+/// Seconds with a compile-time default, fractions allowed.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq)]
+#[serde(transparent)]
+pub struct Seconds<const D: u64>(pub f64);
+
+impl<const D: u64> Default for Seconds<D> {
+    fn default() -> Self {
+        Self(D as f64)
+    }
+}
+
+impl<const D: u64> Seconds<D> {
+    /// As a `Duration` (0 for negative or non-finite values, which validation rejects).
+    pub fn duration(self) -> Duration {
+        Duration::try_from_secs_f64(self.0).unwrap_or(Duration::ZERO)
+    }
+}
+
+/// `max_frame_bytes` with its default of 4096.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct MaxFrameBytes(pub u32);
+
+impl Default for MaxFrameBytes {
+    fn default() -> Self {
+        Self(4096)
+    }
+}
+
+/// `series_cap_per_agent` with its default of 100 000.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct SeriesCap(pub usize);
+
+impl Default for SeriesCap {
+    fn default() -> Self {
+        Self(100_000)
+    }
+}
+
+/// A count (`u64`) with a compile-time default.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Count<const D: u64>(pub u64);
+
+impl<const D: u64> Default for Count<D> {
+    fn default() -> Self {
+        Self(D)
+    }
+}
+
+/// Seconds given as `f64` must be finite and positive.
+fn check_seconds(problems: &mut Problems, key: &str, value: f64) {
+    if !value.is_finite() || value <= 0.0 || Duration::try_from_secs_f64(value).is_err() {
+        problems.push(
+            key,
+            format!("must be a positive number of seconds, got {value}"),
+        );
+    }
+}
+
+impl Validate for Config {
+    fn validate(&self, p: &mut Problems) {
+        let frame = self.max_frame_bytes.0;
+        let header = uctel_protocol::frame::HEADER_LEN as u32;
+        if frame <= header {
+            p.push(
+                "max_frame_bytes",
+                format!("must be more than the {header}-byte frame header"),
+            );
+        }
+        if self.transport.kind == TransportKindConfig::Soft {
+            let mtu = self.transport.soft.mtu_bytes;
+            if uctel_transport::api::Mtu::from_bytes(mtu).is_none() {
+                p.push(
+                    "transport.soft.mtu_bytes",
+                    "must be an IB MTU: 256, 512, 1024, 2048 or 4096",
+                );
+            }
+        }
+        if self.transport.verbs.port == 0 {
+            p.push("transport.verbs.port", "ports are numbered from 1");
+        }
+        let r = &self.ring;
+        if r.slots < 2 {
+            p.push("ring.slots", "must be at least 2");
+        }
+        if r.slot_bytes < frame {
+            p.push(
+                "ring.slot_bytes",
+                format!("must be at least max_frame_bytes ({frame})"),
+            );
+        }
+        if u64::from(r.slots) * u64::from(r.slot_bytes) > 1 << 31 {
+            p.push(
+                "ring.slots",
+                "slots * slot_bytes must not exceed 2 GiB (the largest UC message region)",
+            );
+        }
+        if r.credit_margin_slots >= r.slots {
+            p.push(
+                "ring.credit_margin_slots",
+                format!("must be below ring.slots ({})", r.slots),
+            );
+        }
+        if r.send_buffers == 0 {
+            p.push("ring.send_buffers", "must be at least 1");
+        }
+        if r.descriptor_queue < 2 {
+            p.push("ring.descriptor_queue", "must be at least 2");
+        }
+        if self.auth.agents.is_empty() && self.auth.shared.is_none() {
+            p.push(
+                "auth",
+                "no agent could connect: list auth.agents or set auth.shared",
+            );
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, a) in self.auth.agents.iter().enumerate() {
+            if a.id.is_empty() || a.id.len() > 256 {
+                p.push(format!("auth.agents[{i}].id"), "must be 1 to 256 bytes");
+            }
+            if !seen.insert(a.id.as_str()) {
+                p.push(
+                    format!("auth.agents[{i}].id"),
+                    format!("agent id {:?} is listed twice", a.id),
+                );
+            }
+            if let Err(e) = a.source().resolve() {
+                p.push(format!("auth.agents[{i}]"), e);
+            }
+        }
+        if let Some(shared) = &self.auth.shared {
+            if let Err(e) = shared.resolve() {
+                p.push("auth.shared", e);
+            }
+        }
+        let c = &self.control;
+        check_seconds(
+            p,
+            "control.heartbeat_interval_seconds",
+            c.heartbeat_interval_seconds,
+        );
+        check_seconds(
+            p,
+            "control.report_interval_seconds",
+            c.report_interval_seconds,
+        );
+        check_seconds(
+            p,
+            "control.handshake_timeout_seconds",
+            c.handshake_timeout_seconds,
+        );
+        if c.dead_after_missed_heartbeats == 0 {
+            p.push("control.dead_after_missed_heartbeats", "must be at least 1");
+        }
+        check_seconds(p, "staleness_seconds", self.staleness_seconds.0);
+        if self.series_cap_per_agent.0 == 0 {
+            p.push("series_cap_per_agent", "must be at least 1");
+        }
+        if self.max_dropout_frames.0 == 0 {
+            p.push("max_dropout_frames", "must be at least 1");
+        }
+        if self.logs.sink == LogSinkKind::File {
+            let f = &self.logs.file;
+            if f.path.as_os_str().is_empty() {
+                p.push("logs.file.path", "must not be empty");
+            }
+            if f.max_file_bytes < 4096 {
+                p.push("logs.file.max_file_bytes", "must be at least 4096");
+            }
+            if f.max_files == 0 {
+                p.push("logs.file.max_files", "must be at least 1");
+            }
+        }
+    }
+}
+
+/// Loads and validates a collector configuration file.
+///
+/// # Errors
+/// Every problem found, each with line and key path.
+pub fn load(path: &std::path::Path) -> Result<Config, uctel_common::config::ConfigError> {
+    uctel_common::config::load(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uctel_common::config::from_str;
+
+    const MINIMAL: &str = "auth:\n  shared:\n    token: s3cret\n";
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c: Config = from_str("c.yaml", MINIMAL).unwrap();
+        assert_eq!(c.listen.control.port(), 7400);
+        assert_eq!(c.listen.metrics.port(), 9470);
+        assert_eq!(c.transport.kind, TransportKindConfig::Soft);
+        assert_eq!(c.transport.soft.bind.port(), 4791);
+        assert_eq!(c.ring.credit_window(), 1024 - 64);
+        assert_eq!(c.max_frame_bytes.0, 4096);
+        assert_eq!(c.staleness_seconds.duration(), Duration::from_secs(300));
+        assert_eq!(c.series_cap_per_agent.0, 100_000);
+        assert_eq!(c.logs.sink, LogSinkKind::Stdout);
+        let shared = c.auth.shared.unwrap().resolve().unwrap();
+        assert_eq!(shared.as_bytes(), b"s3cret");
+        assert_eq!(format!("{shared:?}"), "Token(<6 bytes>)");
+    }
+
+    #[test]
+    fn every_problem_reported_with_line_and_key() {
+        let text = "\
+listen:
+  control: 0.0.0.0:7400
+  metric: 0.0.0.0:9470
+transport:
+  kind: infiniband
+ring:
+  slots: 1
+  slot_bytes: 100
+staleness_seconds: -1
+auth:
+  agents:
+    - id: a
+      token: x
+      token_env: Y
+";
+        let err = from_str::<Config>("collector.yaml", text).unwrap_err();
+        let shown = err.to_string();
+        // Structural problems first (serde), then, once those are fixed, semantic ones.
+        assert!(
+            shown.contains("collector.yaml:3:3: listen.metric: unknown field `metric`"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("collector.yaml:5:9: transport.kind: unknown variant `infiniband`"),
+            "{shown}"
+        );
+        let fixed = text
+            .replace("  metric: 0.0.0.0:9470\n", "")
+            .replace("infiniband", "soft");
+        let err = from_str::<Config>("collector.yaml", &fixed).unwrap_err();
+        let keys: Vec<_> = err.problems.iter().map(|p| p.key_path.as_str()).collect();
+        assert_eq!(
+            keys,
+            vec![
+                "ring.credit_margin_slots",
+                "ring.slots",
+                "ring.slot_bytes",
+                "staleness_seconds",
+                "auth.agents[0]"
+            ],
+            "{err}"
+        );
+        // A key left at its default is reported at its nearest ancestor in the file.
+        assert_eq!(err.problems[0].line, Some(5));
+        assert_eq!(err.problems[1].line, Some(6));
+        assert!(err.problems[4].message.contains("exactly one"), "{err}");
+    }
+
+    #[test]
+    fn no_auth_is_a_problem() {
+        let err = from_str::<Config>("c.yaml", "").unwrap_err();
+        assert_eq!(err.problems.len(), 1);
+        assert_eq!(err.problems[0].key_path, "auth");
+    }
+
+    #[test]
+    fn token_sources() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t");
+        std::fs::write(&file, "from-file\n").unwrap();
+        let s = TokenSource {
+            token_file: Some(file),
+            ..Default::default()
+        };
+        assert_eq!(s.resolve().unwrap().as_bytes(), b"from-file");
+        let missing = TokenSource {
+            token_env: Some("UCTEL_TEST_SURELY_UNSET_VARIABLE".into()),
+            ..Default::default()
+        };
+        assert!(missing.resolve().is_err());
+        let none = TokenSource::default();
+        assert!(none.resolve().unwrap_err().contains("exactly one"));
+        let empty = TokenSource {
+            token: Some("  ".into()),
+            ..Default::default()
+        };
+        assert!(empty.resolve().is_err());
+    }
+}

@@ -1,0 +1,690 @@
+//! The series store: the latest sample of every series each agent sent, exposed on
+//! `/metrics` through a custom `prometheus::core::Collector` (DESIGN.md §8).
+//!
+//! Rules, as a Prometheus operator expects from a federation-style exporter:
+//!
+//! * **Identity.** A series is its metric name plus label set, per agent. Every exposed series
+//!   gets `agent` (the agent id) and `instance` (the hostname the agent reported in `Hello`).
+//!   Labels of those names already on the incoming series are renamed `exported_agent` /
+//!   `exported_instance` (prefixed again while taken), as Prometheus does with
+//!   `honor_labels: false`.
+//! * **Latest value wins.** Metrics carry state, not deltas (DESIGN.md §3 rule 2): a lost frame
+//!   only lowers resolution. Counters are stored as sent; an agent restart makes a counter go
+//!   down, which is a *counter reset* that `rate()`/`increase()` handle. The store does not fake
+//!   monotonicity (that would turn a restart into a bogus spike).
+//! * **No timestamps are exposed**: samples are stamped at scrape time, so Prometheus'
+//!   staleness handling works (exposing timestamps disables staleness markers).
+//! * **Staleness.** A series not updated for `staleness_seconds` disappears
+//!   ([`SeriesStore::expire`], also run before every scrape).
+//! * **Cardinality bound.** At most `series_cap_per_agent` series per agent; a sample for a
+//!   new series beyond the cap is not stored and is counted (`series_cap`). Updates of stored
+//!   series always go through.
+//! * **One family per name.** All series of one metric name are emitted as one family with one
+//!   HELP (the first one seen) and one TYPE (promtool rejects duplicates). A sample whose type
+//!   conflicts with the family's is dropped (`type_conflict`), as is one that would collide
+//!   with a histogram's `_bucket`/`_sum`/`_count` names or use the collector's own
+//!   `uctel_collector_` namespace (`reserved_name`).
+//! * **Histograms** are exposed as `_bucket{le}` (cumulative), `_sum` and `_count`; an explicit
+//!   `+Inf` bucket from the agent is folded into `_count` (the encoder writes `le="+Inf"`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto;
+use uctel_protocol::payload::{is_valid_label_name, is_valid_metric_name, Metric, MetricType};
+
+/// Why [`SeriesStore::ingest`] did not store a sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SampleRejection {
+    /// A new series beyond `series_cap_per_agent`.
+    SeriesCap,
+    /// The metric name already has another type (or HELP family shape) in the store.
+    TypeConflict,
+    /// Name in the collector's own namespace or clashing with a histogram's derived names.
+    ReservedName,
+    /// Name or label name outside the Prometheus grammar, or an unknown type (the protocol
+    /// decoder already checks; kept so the store never emits an invalid exposition).
+    Invalid,
+}
+
+impl SampleRejection {
+    /// The collector-wide drop reason this rejection is counted under.
+    pub fn drop_reason(self) -> crate::telemetry::DropReason {
+        use crate::telemetry::DropReason;
+        match self {
+            SampleRejection::SeriesCap => DropReason::SeriesCap,
+            SampleRejection::TypeConflict => DropReason::TypeConflict,
+            SampleRejection::ReservedName => DropReason::ReservedName,
+            SampleRejection::Invalid => DropReason::MalformedPayload,
+        }
+    }
+
+    /// Reason label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SampleRejection::SeriesCap => "series_cap",
+            SampleRejection::TypeConflict => "type_conflict",
+            SampleRejection::ReservedName => "reserved_name",
+            SampleRejection::Invalid => "invalid_sample",
+        }
+    }
+}
+
+/// Outcome of ingesting one batch.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IngestOutcome {
+    /// Samples stored (new or updated series).
+    pub stored: u64,
+    /// Samples not stored, by reason.
+    pub rejected: Vec<(SampleRejection, u64)>,
+}
+
+impl IngestOutcome {
+    fn reject(&mut self, reason: SampleRejection) {
+        if let Some(slot) = self.rejected.iter_mut().find(|(r, _)| *r == reason) {
+            slot.1 += 1;
+        } else {
+            self.rejected.push((reason, 1));
+        }
+    }
+
+    /// Rejections for `reason`.
+    pub fn rejected(&self, reason: SampleRejection) -> u64 {
+        self.rejected
+            .iter()
+            .find(|(r, _)| *r == reason)
+            .map_or(0, |(_, n)| *n)
+    }
+}
+
+/// Series identity inside one agent: name plus sorted labels (after renaming).
+type SeriesKey = (String, Vec<(String, String)>);
+
+#[derive(Clone, Debug)]
+enum Value {
+    Counter(f64),
+    Gauge(f64),
+    Histogram {
+        buckets: Vec<(f64, u64)>,
+        count: u64,
+        sum: f64,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct Sample {
+    value: Value,
+    updated: Instant,
+}
+
+#[derive(Debug, Default)]
+struct AgentSeries {
+    instance: String,
+    series: HashMap<SeriesKey, Sample>,
+}
+
+#[derive(Clone, Debug)]
+struct FamilyMeta {
+    kind: MetricType,
+    help: String,
+    /// Series (over all agents) currently using the name.
+    refs: usize,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    agents: HashMap<String, AgentSeries>,
+    families: HashMap<String, FamilyMeta>,
+}
+
+/// Latest sample per series per agent. Cheap to clone (shared); thread-safe.
+#[derive(Clone, Debug)]
+pub struct SeriesStore {
+    inner: Arc<Mutex<Inner>>,
+    staleness: Duration,
+    cap_per_agent: usize,
+}
+
+/// Names the collector's own metrics use; agents may not send them.
+const RESERVED_PREFIX: &str = "uctel_collector_";
+const HISTOGRAM_SUFFIXES: [&str; 3] = ["_bucket", "_sum", "_count"];
+
+fn exported(name: &str, taken: &dyn Fn(&str) -> bool) -> String {
+    let mut out = format!("exported_{name}");
+    while taken(&out) {
+        out = format!("exported_{out}");
+    }
+    out
+}
+
+/// The label set as exposed (without `agent`/`instance`, which are added at scrape time),
+/// sorted by name, with clashing names renamed.
+fn series_labels(metric: &Metric) -> Vec<(String, String)> {
+    let names: Vec<&str> = metric.labels.iter().map(|l| l.name.as_str()).collect();
+    let taken = |n: &str| names.contains(&n) || n == "agent" || n == "instance";
+    let mut labels: Vec<(String, String)> = metric
+        .labels
+        .iter()
+        .map(|l| {
+            let name = if l.name == "agent" || l.name == "instance" || l.name == "le" {
+                exported(&l.name, &taken)
+            } else {
+                l.name.clone()
+            };
+            (name, l.value.clone())
+        })
+        .collect();
+    labels.sort();
+    labels
+}
+
+impl SeriesStore {
+    /// A store expiring series after `staleness` and holding at most `cap_per_agent` series per
+    /// agent.
+    pub fn new(staleness: Duration, cap_per_agent: usize) -> SeriesStore {
+        SeriesStore {
+            inner: Arc::new(Mutex::new(Inner::default())),
+            staleness,
+            cap_per_agent,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave the maps inconsistent in a way that
+        // matters more than losing all metrics, so recover the guard.
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Stores every sample of `metrics` for `agent` (whose hostname is `instance`).
+    pub fn ingest(
+        &self,
+        agent: &str,
+        instance: &str,
+        metrics: &[Metric],
+        now: Instant,
+    ) -> IngestOutcome {
+        let mut out = IngestOutcome::default();
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let entry = inner.agents.entry(agent.to_string()).or_default();
+        if entry.instance != instance {
+            entry.instance = instance.to_string();
+        }
+        for m in metrics {
+            let Some(kind) = MetricType::try_from(m.r#type)
+                .ok()
+                .filter(|k| *k != MetricType::Unspecified)
+            else {
+                out.reject(SampleRejection::Invalid);
+                continue;
+            };
+            if !is_valid_metric_name(&m.name)
+                || !m.labels.iter().all(|l| is_valid_label_name(&l.name))
+            {
+                out.reject(SampleRejection::Invalid);
+                continue;
+            }
+            if m.name.starts_with(RESERVED_PREFIX) {
+                out.reject(SampleRejection::ReservedName);
+                continue;
+            }
+            let key: SeriesKey = (m.name.clone(), series_labels(m));
+            let is_new = !entry.series.contains_key(&key);
+            if is_new {
+                if entry.series.len() >= self.cap_per_agent {
+                    out.reject(SampleRejection::SeriesCap);
+                    continue;
+                }
+                if let Err(r) = claim_family(&mut inner.families, &m.name, kind, &m.help) {
+                    out.reject(r);
+                    continue;
+                }
+            } else if inner.families.get(&m.name).is_some_and(|f| f.kind != kind) {
+                out.reject(SampleRejection::TypeConflict);
+                continue;
+            }
+            let value = match kind {
+                MetricType::Counter => Value::Counter(m.value),
+                MetricType::Gauge => Value::Gauge(m.value),
+                _ => Value::Histogram {
+                    buckets: m
+                        .buckets
+                        .iter()
+                        .filter(|b| !(b.upper_bound.is_infinite() && b.upper_bound > 0.0))
+                        .map(|b| (b.upper_bound, b.cumulative_count))
+                        .collect(),
+                    count: m.count,
+                    sum: m.sum,
+                },
+            };
+            entry.series.insert(
+                key,
+                Sample {
+                    value,
+                    updated: now,
+                },
+            );
+            out.stored += 1;
+        }
+        out
+    }
+
+    /// Removes series not updated within the staleness period; returns how many.
+    pub fn expire(&self, now: Instant) -> usize {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let mut removed = 0;
+        let staleness = self.staleness;
+        for agent in inner.agents.values_mut() {
+            let families = &mut inner.families;
+            agent.series.retain(|(name, _), s| {
+                let keep = now.saturating_duration_since(s.updated) < staleness;
+                if !keep {
+                    removed += 1;
+                    release_family(families, name);
+                }
+                keep
+            });
+        }
+        inner.agents.retain(|_, a| !a.series.is_empty());
+        removed
+    }
+
+    /// Series stored for `agent`.
+    pub fn series_count(&self, agent: &str) -> usize {
+        self.lock().agents.get(agent).map_or(0, |a| a.series.len())
+    }
+
+    /// Builds the metric families (one per name), expiring stale series first.
+    pub fn families(&self, now: Instant) -> Vec<proto::MetricFamily> {
+        self.expire(now);
+        let inner = self.lock();
+        let mut by_name: BTreeMap<&str, proto::MetricFamily> = BTreeMap::new();
+        for (agent_id, agent) in &inner.agents {
+            for ((name, labels), sample) in &agent.series {
+                let Some(meta) = inner.families.get(name) else {
+                    continue;
+                };
+                let family = by_name.entry(name.as_str()).or_insert_with(|| {
+                    let mut f = proto::MetricFamily::default();
+                    f.set_name(name.clone());
+                    f.set_help(if meta.help.is_empty() {
+                        format!("{name} (from uctel agents)")
+                    } else {
+                        meta.help.clone()
+                    });
+                    f.set_field_type(match meta.kind {
+                        MetricType::Counter => proto::MetricType::COUNTER,
+                        MetricType::Histogram => proto::MetricType::HISTOGRAM,
+                        _ => proto::MetricType::GAUGE,
+                    });
+                    f
+                });
+                let mut pairs: Vec<proto::LabelPair> = Vec::with_capacity(labels.len() + 2);
+                let mut push = |n: &str, v: &str| {
+                    let mut lp = proto::LabelPair::default();
+                    lp.set_name(n.to_string());
+                    lp.set_value(v.to_string());
+                    pairs.push(lp);
+                };
+                push("agent", agent_id);
+                push("instance", &agent.instance);
+                for (n, v) in labels {
+                    push(n, v);
+                }
+                pairs.sort_by(|a, b| a.name().cmp(b.name()));
+                let mut metric = proto::Metric::from_label(pairs);
+                match &sample.value {
+                    Value::Counter(v) => {
+                        let mut c = proto::Counter::default();
+                        c.set_value(*v);
+                        metric.set_counter(c);
+                    }
+                    Value::Gauge(v) => {
+                        let mut g = proto::Gauge::default();
+                        g.set_value(*v);
+                        metric.set_gauge(g);
+                    }
+                    Value::Histogram {
+                        buckets,
+                        count,
+                        sum,
+                    } => {
+                        let mut h = proto::Histogram::default();
+                        h.set_sample_count(*count);
+                        h.set_sample_sum(*sum);
+                        h.set_bucket(
+                            buckets
+                                .iter()
+                                .map(|(ub, c)| {
+                                    let mut b = proto::Bucket::default();
+                                    b.set_upper_bound(*ub);
+                                    b.set_cumulative_count(*c);
+                                    b
+                                })
+                                .collect(),
+                        );
+                        metric.set_histogram(h);
+                    }
+                }
+                family.mut_metric().push(metric);
+            }
+        }
+        by_name.into_values().collect()
+    }
+
+    /// The `prometheus` collector exposing this store (register it in the registry that
+    /// `/metrics` encodes).
+    pub fn collector(&self) -> StoreCollector {
+        StoreCollector {
+            store: self.clone(),
+        }
+    }
+}
+
+/// Reserves `name` for `kind` or refuses.
+fn claim_family(
+    families: &mut HashMap<String, FamilyMeta>,
+    name: &str,
+    kind: MetricType,
+    help: &str,
+) -> Result<(), SampleRejection> {
+    if let Some(f) = families.get_mut(name) {
+        if f.kind != kind {
+            return Err(SampleRejection::TypeConflict);
+        }
+        f.refs += 1;
+        return Ok(());
+    }
+    // A histogram `h` owns `h_bucket`, `h_sum`, `h_count`.
+    let clashes = if kind == MetricType::Histogram {
+        HISTOGRAM_SUFFIXES
+            .iter()
+            .any(|s| families.contains_key(&format!("{name}{s}")))
+    } else {
+        HISTOGRAM_SUFFIXES.iter().any(|s| {
+            name.strip_suffix(s)
+                .and_then(|base| families.get(base))
+                .is_some_and(|f| f.kind == MetricType::Histogram)
+        })
+    };
+    if clashes {
+        return Err(SampleRejection::ReservedName);
+    }
+    families.insert(
+        name.to_string(),
+        FamilyMeta {
+            kind,
+            help: help.to_string(),
+            refs: 1,
+        },
+    );
+    Ok(())
+}
+
+fn release_family(families: &mut HashMap<String, FamilyMeta>, name: &str) {
+    if let Some(f) = families.get_mut(name) {
+        f.refs = f.refs.saturating_sub(1);
+        if f.refs == 0 {
+            families.remove(name);
+        }
+    }
+}
+
+/// A `prometheus::core::Collector` over a [`SeriesStore`]. It declares no descriptors (the
+/// set of names is dynamic, like a federation endpoint), so the registry does not check it
+/// against other collectors; the store keeps its names out of the `uctel_collector_`
+/// namespace instead.
+#[derive(Clone, Debug)]
+pub struct StoreCollector {
+    store: SeriesStore,
+}
+
+impl Collector for StoreCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        Vec::new()
+    }
+
+    fn collect(&self) -> Vec<proto::MetricFamily> {
+        self.store.families(Instant::now())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uctel_protocol::payload::{Bucket, Label};
+
+    fn metric(name: &str, kind: MetricType, value: f64, labels: &[(&str, &str)]) -> Metric {
+        Metric {
+            name: name.into(),
+            help: format!("help of {name}"),
+            r#type: kind as i32,
+            labels: labels
+                .iter()
+                .map(|(n, v)| Label {
+                    name: (*n).into(),
+                    value: (*v).into(),
+                })
+                .collect(),
+            value,
+            ..Default::default()
+        }
+    }
+
+    fn render(store: &SeriesStore) -> String {
+        use prometheus::Encoder;
+        let mut out = Vec::new();
+        prometheus::TextEncoder::new()
+            .encode(&store.families(Instant::now()), &mut out)
+            .unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn adds_agent_and_instance_and_renames_clashes() {
+        let s = SeriesStore::new(Duration::from_secs(60), 100);
+        let now = Instant::now();
+        let m = metric(
+            "node_load1",
+            MetricType::Gauge,
+            0.5,
+            &[("instance", "orig"), ("agent", "x"), ("job", "node")],
+        );
+        assert_eq!(s.ingest("web-1", "web-1.example", &[m], now).stored, 1);
+        let text = render(&s);
+        assert!(
+            text.contains(
+                "node_load1{agent=\"web-1\",exported_agent=\"x\",exported_instance=\"orig\",instance=\"web-1.example\",job=\"node\"} 0.5"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn one_family_per_name_across_agents() {
+        let s = SeriesStore::new(Duration::from_secs(60), 100);
+        let now = Instant::now();
+        let c = |v| {
+            metric(
+                "node_cpu_seconds_total",
+                MetricType::Counter,
+                v,
+                &[("cpu", "0")],
+            )
+        };
+        s.ingest("a", "ha", &[c(1.0)], now);
+        s.ingest("b", "hb", &[c(2.0)], now);
+        let text = render(&s);
+        assert_eq!(
+            text.matches("# TYPE node_cpu_seconds_total counter")
+                .count(),
+            1,
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("# HELP node_cpu_seconds_total").count(),
+            1,
+            "{text}"
+        );
+        assert!(text.contains("node_cpu_seconds_total{agent=\"a\",cpu=\"0\",instance=\"ha\"} 1"));
+        assert!(text.contains("node_cpu_seconds_total{agent=\"b\",cpu=\"0\",instance=\"hb\"} 2"));
+    }
+
+    #[test]
+    fn latest_value_wins_and_counter_resets_are_kept() {
+        let s = SeriesStore::new(Duration::from_secs(60), 100);
+        let now = Instant::now();
+        let c = |v| metric("x_total", MetricType::Counter, v, &[]);
+        s.ingest("a", "h", &[c(10.0)], now);
+        s.ingest("a", "h", &[c(3.0)], now); // agent restarted: a counter reset
+        let text = render(&s);
+        assert!(
+            text.contains("x_total{agent=\"a\",instance=\"h\"} 3"),
+            "{text}"
+        );
+        assert_eq!(s.series_count("a"), 1);
+    }
+
+    #[test]
+    fn staleness_expires_series() {
+        let s = SeriesStore::new(Duration::from_secs(10), 100);
+        let t0 = Instant::now();
+        s.ingest("a", "h", &[metric("old", MetricType::Gauge, 1.0, &[])], t0);
+        s.ingest(
+            "a",
+            "h",
+            &[metric("fresh", MetricType::Gauge, 1.0, &[])],
+            t0 + Duration::from_secs(8),
+        );
+        assert_eq!(s.expire(t0 + Duration::from_secs(9)), 0);
+        assert_eq!(s.expire(t0 + Duration::from_secs(11)), 1);
+        assert_eq!(s.series_count("a"), 1);
+        // The name is free again: another type may now use it.
+        let out = s.ingest(
+            "b",
+            "h",
+            &[metric("old", MetricType::Counter, 1.0, &[])],
+            t0 + Duration::from_secs(11),
+        );
+        assert_eq!(out.stored, 1);
+    }
+
+    #[test]
+    fn series_cap_counts_excess_and_allows_updates() {
+        let s = SeriesStore::new(Duration::from_secs(60), 2);
+        let now = Instant::now();
+        let g = |n: &str, v| metric(n, MetricType::Gauge, v, &[]);
+        let out = s.ingest("a", "h", &[g("m1", 1.0), g("m2", 1.0), g("m3", 1.0)], now);
+        assert_eq!(out.stored, 2);
+        assert_eq!(out.rejected(SampleRejection::SeriesCap), 1);
+        let out = s.ingest("a", "h", &[g("m1", 5.0)], now);
+        assert_eq!(out.stored, 1);
+        // Another agent has its own cap.
+        assert_eq!(s.ingest("b", "h", &[g("m3", 1.0)], now).stored, 1);
+    }
+
+    #[test]
+    fn type_conflicts_and_reserved_names_rejected() {
+        let s = SeriesStore::new(Duration::from_secs(60), 100);
+        let now = Instant::now();
+        s.ingest("a", "h", &[metric("m", MetricType::Gauge, 1.0, &[])], now);
+        let out = s.ingest("b", "h", &[metric("m", MetricType::Counter, 1.0, &[])], now);
+        assert_eq!(out.rejected(SampleRejection::TypeConflict), 1);
+        let out = s.ingest(
+            "a",
+            "h",
+            &[metric(
+                "uctel_collector_frames_received_total",
+                MetricType::Counter,
+                1.0,
+                &[],
+            )],
+            now,
+        );
+        assert_eq!(out.rejected(SampleRejection::ReservedName), 1);
+        let mut h = metric("lat", MetricType::Histogram, 0.0, &[]);
+        h.count = 1;
+        s.ingest("a", "h", &[h], now);
+        let out = s.ingest(
+            "a",
+            "h",
+            &[metric("lat_count", MetricType::Gauge, 1.0, &[])],
+            now,
+        );
+        assert_eq!(out.rejected(SampleRejection::ReservedName), 1);
+        let out = s.ingest(
+            "a",
+            "h",
+            &[metric("bad-name", MetricType::Gauge, 1.0, &[])],
+            now,
+        );
+        assert_eq!(out.rejected(SampleRejection::Invalid), 1);
+    }
+
+    #[test]
+    fn histograms_expose_bucket_sum_count() {
+        let s = SeriesStore::new(Duration::from_secs(60), 100);
+        let mut h = metric("req_seconds", MetricType::Histogram, 0.0, &[("path", "/")]);
+        h.buckets = vec![
+            Bucket {
+                upper_bound: 0.1,
+                cumulative_count: 2,
+            },
+            Bucket {
+                upper_bound: 1.0,
+                cumulative_count: 5,
+            },
+            Bucket {
+                upper_bound: f64::INFINITY,
+                cumulative_count: 6,
+            },
+        ];
+        h.count = 6;
+        h.sum = 3.5;
+        s.ingest("a", "h", &[h], Instant::now());
+        let text = render(&s);
+        assert!(text.contains("# TYPE req_seconds histogram"), "{text}");
+        assert!(
+            text.contains("req_seconds_bucket{agent=\"a\",instance=\"h\",path=\"/\",le=\"0.1\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("req_seconds_bucket{agent=\"a\",instance=\"h\",path=\"/\",le=\"1\"} 5"),
+            "{text}"
+        );
+        assert_eq!(text.matches("le=\"+Inf\"").count(), 1, "{text}");
+        assert!(!text.contains("le=\"inf\""), "{text}");
+        assert!(
+            text.contains("req_seconds_sum{agent=\"a\",instance=\"h\",path=\"/\"} 3.5"),
+            "{text}"
+        );
+        assert!(
+            text.contains("req_seconds_count{agent=\"a\",instance=\"h\",path=\"/\"} 6"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn collector_registers_next_to_self_metrics() {
+        let registry = prometheus::Registry::new();
+        let s = SeriesStore::new(Duration::from_secs(60), 100);
+        registry.register(Box::new(s.collector())).unwrap();
+        s.ingest(
+            "a",
+            "h",
+            &[metric("up_like", MetricType::Gauge, 1.0, &[])],
+            Instant::now(),
+        );
+        let text =
+            String::from_utf8(uctel_common::http::encode_registry(&registry).unwrap()).unwrap();
+        assert!(
+            text.contains("up_like{agent=\"a\",instance=\"h\"} 1"),
+            "{text}"
+        );
+    }
+}

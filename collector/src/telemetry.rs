@@ -1,0 +1,731 @@
+//! The collector's own metrics (`uctel_collector_*`, DESIGN.md §8) and the one closed
+//! [`DropReason`] enum for every path where the collector discards a frame or record.
+//!
+//! Following Vector's internal events, each drop goes through one function
+//! ([`AgentTelemetry::drop_frames`], [`AgentTelemetry::drop_records`]) that increments the
+//! labelled counter and logs, rate-limited to one line per agent and reason per
+//! [`LOG_EVERY`], so a flood of bad frames cannot flood the log.
+//!
+//! # Accounting
+//!
+//! * `frames_received_total{agent,stream}`: frames accepted (header, CRC and payload good,
+//!   new in the stream's sequence).
+//! * `frames_lost_total{agent,stream}`: frames missing from the stream's sequence (RFC 3550
+//!   A.3 "expected − received"), settled at `Goodbye` for the tail.
+//! * `frames_dropped_total{agent,reason}`: frames the collector received but discarded.
+//!   A frame discarded *before* its header could be trusted (transport reasons, `queue_full`,
+//!   `ring_overrun`, `imm_mismatch`, `torn_slot`, `crc_mismatch`, `malformed_frame`) never
+//!   reaches its stream's tracker, so its stream also counts it as lost; a frame discarded
+//!   after its stream was tracked (`malformed_payload`, `limit_exceeded`, `stale_frame`) is
+//!   not lost. Per connection the sum is exact:
+//!   `sent = Σ received + Σ dropped + connection_frames_lost` (the connection tracker knows
+//!   the connection sequence of early drops from the immediate).
+//! * Per stream: `sent = received + lost + dropped_after_tracking` once the last frame is in.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prometheus::core::{AtomicF64, AtomicI64, AtomicU64, GenericCounter, GenericGauge};
+use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use uctel_transport::api::UcDropReason;
+
+/// Prefix of every self-metric.
+pub const NAMESPACE: &str = "uctel_collector";
+
+/// At most one log line per agent and drop reason per this period.
+pub const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Why the collector discarded a frame or a record. One closed set for every drop path;
+/// [`DropReason::as_str`] is the `reason` label value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    /// Write-with-immediate: the slot's header sequence is *later* than the immediate
+    /// announced: the agent lapped the ring before the frame was read (DESIGN.md §4).
+    RingOverrun,
+    /// Write-with-immediate: the slot's header sequence is neither the announced one nor a
+    /// later one (a slot not yet written, or garbage).
+    ImmMismatch,
+    /// Write-with-immediate: header sequence matches the immediate but the CRC32C does not:
+    /// the slot was being overwritten while it was copied.
+    TornSlot,
+    /// Send path: the frame's CRC32C does not match (corruption).
+    CrcMismatch,
+    /// The header is not a version-1 uctel header (magic, version, kind, flags, reserved,
+    /// truncated).
+    MalformedFrame,
+    /// Header and CRC are good but the payload does not decode or validate.
+    MalformedPayload,
+    /// The frame or a payload item exceeds a configured limit (`max_frame_bytes`, label
+    /// counts, string lengths; `uctel_protocol::limits`).
+    LimitExceeded,
+    /// The completion poller → worker SPSC queue was full (the worker is behind).
+    QueueFull,
+    /// The frame's epoch is not the epoch the agent announced for this connection.
+    EpochMismatch,
+    /// The sequence tracker classified the frame as stale (far behind, RFC 3550 A.1).
+    StaleFrame,
+    /// A receive completion with an error status (e.g. message too long, flushed).
+    WcError,
+    /// A completion for a QP with no live agent session (teardown race).
+    NoSession,
+    /// A sample for a new series beyond `series_cap_per_agent` (record-level, intentional).
+    SeriesCap,
+    /// The log sink failed to write a record (record-level).
+    LogSinkError,
+    /// A sample whose metric name already has another type in the store (record-level).
+    TypeConflict,
+    /// A sample named in the collector's own namespace or clashing with a histogram's
+    /// `_bucket`/`_sum`/`_count` names (record-level).
+    ReservedName,
+    /// The transport's responder silently discarded the message (IBTA UC rules as rxe
+    /// implements them), surfaced from the QP's drop counters.
+    Transport(UcDropReason),
+}
+
+impl DropReason {
+    /// Every collector-level reason (transport reasons come from [`UcDropReason::ALL`]).
+    pub const COLLECTOR: [DropReason; 16] = [
+        DropReason::RingOverrun,
+        DropReason::ImmMismatch,
+        DropReason::TornSlot,
+        DropReason::CrcMismatch,
+        DropReason::MalformedFrame,
+        DropReason::MalformedPayload,
+        DropReason::LimitExceeded,
+        DropReason::QueueFull,
+        DropReason::EpochMismatch,
+        DropReason::StaleFrame,
+        DropReason::WcError,
+        DropReason::NoSession,
+        DropReason::SeriesCap,
+        DropReason::LogSinkError,
+        DropReason::TypeConflict,
+        DropReason::ReservedName,
+    ];
+
+    /// Every reason, collector and transport.
+    pub fn all() -> impl Iterator<Item = DropReason> {
+        Self::COLLECTOR
+            .into_iter()
+            .chain(UcDropReason::ALL.into_iter().map(DropReason::Transport))
+    }
+
+    /// The `reason` label value (snake case, stable).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::RingOverrun => "ring_overrun",
+            DropReason::ImmMismatch => "imm_mismatch",
+            DropReason::TornSlot => "torn_slot",
+            DropReason::CrcMismatch => "crc_mismatch",
+            DropReason::MalformedFrame => "malformed_frame",
+            DropReason::MalformedPayload => "malformed_payload",
+            DropReason::LimitExceeded => "limit_exceeded",
+            DropReason::QueueFull => "queue_full",
+            DropReason::EpochMismatch => "epoch_mismatch",
+            DropReason::StaleFrame => "stale_frame",
+            DropReason::WcError => "wc_error",
+            DropReason::NoSession => "no_session",
+            DropReason::SeriesCap => "series_cap",
+            DropReason::LogSinkError => "log_sink_error",
+            DropReason::TypeConflict => "type_conflict",
+            DropReason::ReservedName => "reserved_name",
+            // The QP-in-ERROR drop of the transport is reported as a QP error, not a reason of
+            // its own, so the label value `qp_error` stays unambiguous.
+            DropReason::Transport(UcDropReason::QpError) => "qp_in_error",
+            DropReason::Transport(r) => r.as_str(),
+        }
+    }
+
+    /// True for drops done on purpose by policy (cardinality cap), as Vector's
+    /// `intentional` flag; false for drops caused by faults.
+    pub fn intentional(self) -> bool {
+        matches!(self, DropReason::SeriesCap)
+    }
+
+    /// True for reasons that discard single records out of an accepted frame
+    /// (`records_dropped_total`), false for frame-level reasons (`frames_dropped_total`).
+    pub fn record_level(self) -> bool {
+        matches!(
+            self,
+            DropReason::SeriesCap
+                | DropReason::LogSinkError
+                | DropReason::TypeConflict
+                | DropReason::ReservedName
+        )
+    }
+
+    /// True when the frame was discarded before its stream could be tracked, so its stream
+    /// also counts it as lost (see the module docs).
+    pub fn before_tracking(self) -> bool {
+        !self.record_level()
+            && !matches!(
+                self,
+                DropReason::MalformedPayload | DropReason::LimitExceeded | DropReason::StaleFrame
+            )
+    }
+
+    fn index(self) -> usize {
+        match self {
+            DropReason::Transport(r) => Self::COLLECTOR.len() + r.index(),
+            other => Self::COLLECTOR
+                .iter()
+                .position(|r| *r == other)
+                .unwrap_or(0),
+        }
+    }
+}
+
+/// Number of distinct [`DropReason`] values (array size for per-reason tables).
+pub const DROP_REASONS: usize = DropReason::COLLECTOR.len() + UcDropReason::COUNT;
+
+/// Why a handshake was refused (`uctel_collector_handshakes_refused_total{reason}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RefuseReason {
+    /// The agent id is not listed and no shared token is configured.
+    UnknownAgent,
+    /// The HMAC proof does not match the token.
+    BadProof,
+    /// The agent speaks another control protocol version.
+    VersionMismatch,
+    /// The agent asked for a transport this collector does not run.
+    TransportMismatch,
+    /// The same agent id is already connected with a live session.
+    AlreadyConnected,
+    /// The message sequence or content was invalid (not `Hello` first, bad fields).
+    ProtocolError,
+    /// The handshake did not finish within `handshake_timeout_seconds`.
+    Timeout,
+    /// Resources for the connection (QP, ring) could not be created.
+    ResourceError,
+}
+
+impl RefuseReason {
+    /// Every reason.
+    pub const ALL: [RefuseReason; 8] = [
+        RefuseReason::UnknownAgent,
+        RefuseReason::BadProof,
+        RefuseReason::VersionMismatch,
+        RefuseReason::TransportMismatch,
+        RefuseReason::AlreadyConnected,
+        RefuseReason::ProtocolError,
+        RefuseReason::Timeout,
+        RefuseReason::ResourceError,
+    ];
+
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefuseReason::UnknownAgent => "unknown_agent",
+            RefuseReason::BadProof => "bad_proof",
+            RefuseReason::VersionMismatch => "version_mismatch",
+            RefuseReason::TransportMismatch => "transport_mismatch",
+            RefuseReason::AlreadyConnected => "already_connected",
+            RefuseReason::ProtocolError => "protocol_error",
+            RefuseReason::Timeout => "timeout",
+            RefuseReason::ResourceError => "resource_error",
+        }
+    }
+}
+
+/// Why a stream's sequence was reset (`stream_resets_total{reason}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ResetReason {
+    /// A new agent epoch (restart or reconnect): counted as a reset, not as loss.
+    Epoch,
+    /// A forward jump beyond `max_dropout_frames`: resynchronised, not counted as loss.
+    Resync,
+}
+
+impl ResetReason {
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResetReason::Epoch => "epoch",
+            ResetReason::Resync => "resync",
+        }
+    }
+}
+
+type IntCounter = GenericCounter<AtomicU64>;
+type IntGauge = GenericGauge<AtomicI64>;
+type Gauge = GenericGauge<AtomicF64>;
+
+/// The registry and metric vectors. One per collector; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Telemetry {
+    inner: Arc<Families>,
+    log_limiter: Arc<Mutex<HashMap<(String, &'static str), Instant>>>,
+}
+
+#[derive(Debug)]
+struct Families {
+    registry: Registry,
+    frames_received: IntCounterVec,
+    frames_lost: IntCounterVec,
+    records_lost: IntCounterVec,
+    frames_dropped: IntCounterVec,
+    records_dropped: IntCounterVec,
+    frames_late: IntCounterVec,
+    frames_duplicate: IntCounterVec,
+    stream_resets: IntCounterVec,
+    loss_ratio: prometheus::GaugeVec,
+    connection_frames_lost: IntCounterVec,
+    agents_connected: IntGauge,
+    ring_slots_in_use: IntGaugeVec,
+    qp_errors: IntCounterVec,
+    handshakes_refused: IntCounterVec,
+    transport_packets_dropped: IntCounterVec,
+    records_received: IntCounterVec,
+    store_series: IntGaugeVec,
+}
+
+fn opts(name: &str, help: &str) -> Opts {
+    Opts::new(name, help).namespace(NAMESPACE)
+}
+
+impl Telemetry {
+    /// Creates and registers every family in a new registry.
+    ///
+    /// # Errors
+    /// A registration conflict (a programming error, surfaced rather than panicking).
+    pub fn new() -> Result<Telemetry, prometheus::Error> {
+        let registry = Registry::new();
+        let counter =
+            |name: &str, help: &str, labels: &[&str]| -> Result<IntCounterVec, prometheus::Error> {
+                let v = IntCounterVec::new(opts(name, help), labels)?;
+                registry.register(Box::new(v.clone()))?;
+                Ok(v)
+            };
+        let frames_received = counter(
+            "frames_received_total",
+            "Frames accepted (header, CRC32C and payload valid, new in the stream sequence).",
+            &["agent", "stream"],
+        )?;
+        let frames_lost = counter(
+            "frames_lost_total",
+            "Frames missing from the stream sequence (gaps; tail settled at Goodbye).",
+            &["agent", "stream"],
+        )?;
+        let records_lost = counter(
+            "records_lost_total",
+            "Records (samples or log lines) missing, from the cumulative record counts of the frames around each gap.",
+            &["agent", "stream"],
+        )?;
+        let frames_dropped = counter(
+            "frames_dropped_total",
+            "Frames received but discarded, by reason.",
+            &["agent", "reason"],
+        )?;
+        let records_dropped = counter(
+            "records_dropped_total",
+            "Records discarded from accepted frames, by reason (series cap, log sink errors).",
+            &["agent", "reason"],
+        )?;
+        let frames_late = counter(
+            "frames_late_total",
+            "Frames that arrived after a later frame of the same stream (inside the reorder window); accepted.",
+            &["agent", "stream"],
+        )?;
+        let frames_duplicate = counter(
+            "frames_duplicate_total",
+            "Frames whose stream sequence was already received; discarded.",
+            &["agent", "stream"],
+        )?;
+        let stream_resets = counter(
+            "stream_resets_total",
+            "Stream sequence resets: new agent epoch or a resync after a jump beyond max_dropout_frames.",
+            &["agent", "stream", "reason"],
+        )?;
+        let loss_ratio = prometheus::GaugeVec::new(
+            opts(
+                "loss_ratio",
+                "Fraction of expected frames lost in the last report interval (RFC 3550 A.3).",
+            ),
+            &["agent", "stream"],
+        )?;
+        registry.register(Box::new(loss_ratio.clone()))?;
+        let connection_frames_lost = counter(
+            "connection_frames_lost_total",
+            "Gaps in the connection sequence not explained by a counted drop.",
+            &["agent"],
+        )?;
+        let agents_connected = IntGauge::with_opts(opts(
+            "agents_connected",
+            "Agents with a live control connection and data path.",
+        ))?;
+        registry.register(Box::new(agents_connected.clone()))?;
+        let ring_slots_in_use = IntGaugeVec::new(
+            opts(
+                "ring_slots_in_use",
+                "Completed ring slots (and Send buffers) not yet consumed by the worker.",
+            ),
+            &["agent"],
+        )?;
+        registry.register(Box::new(ring_slots_in_use.clone()))?;
+        let qp_errors = counter(
+            "qp_errors_total",
+            "Times the agent's UC QP went to the ERROR state (the connection is rebuilt).",
+            &["agent"],
+        )?;
+        let handshakes_refused = counter(
+            "handshakes_refused_total",
+            "Control-plane handshakes refused, by reason.",
+            &["reason"],
+        )?;
+        let transport_packets_dropped = counter(
+            "transport_packets_dropped_total",
+            "Packets the transport device dropped before they reached a QP (no agent known), by reason.",
+            &["reason"],
+        )?;
+        let records_received = counter(
+            "records_received_total",
+            "Records (samples or log lines) in accepted frames.",
+            &["agent", "stream"],
+        )?;
+        let store_series = IntGaugeVec::new(
+            opts(
+                "series",
+                "Series currently stored for the agent (bounded by series_cap_per_agent).",
+            ),
+            &["agent"],
+        )?;
+        registry.register(Box::new(store_series.clone()))?;
+        for r in RefuseReason::ALL {
+            handshakes_refused.with_label_values(&[r.as_str()]);
+        }
+        Ok(Telemetry {
+            inner: Arc::new(Families {
+                registry,
+                frames_received,
+                frames_lost,
+                records_lost,
+                frames_dropped,
+                records_dropped,
+                frames_late,
+                frames_duplicate,
+                stream_resets,
+                loss_ratio,
+                connection_frames_lost,
+                agents_connected,
+                ring_slots_in_use,
+                qp_errors,
+                handshakes_refused,
+                transport_packets_dropped,
+                records_received,
+                store_series,
+            }),
+            log_limiter: Arc::new(Mutex::new(HashMap::new())),
+        })
+    }
+
+    /// The registry holding the self-metrics (the series store registers its collector
+    /// here too).
+    pub fn registry(&self) -> &Registry {
+        &self.inner.registry
+    }
+
+    /// Handles for one agent, with every drop reason pre-created at zero (so dashboards see
+    /// a zero rather than no series).
+    pub fn agent(&self, agent: &str) -> AgentTelemetry {
+        let f = &self.inner;
+        let mut dropped = Vec::with_capacity(DROP_REASONS);
+        let mut records_dropped = Vec::with_capacity(DROP_REASONS);
+        for i in 0..DROP_REASONS {
+            let reason = DropReason::all().find(|r| r.index() == i);
+            let label = reason.map_or("unused", DropReason::as_str);
+            let record_level = reason.map(DropReason::record_level);
+            dropped.push(match record_level {
+                Some(false) => Some(f.frames_dropped.with_label_values(&[agent, label])),
+                _ => None,
+            });
+            records_dropped.push(match record_level {
+                Some(true) => Some(f.records_dropped.with_label_values(&[agent, label])),
+                _ => None,
+            });
+        }
+        AgentTelemetry {
+            agent: agent.to_string(),
+            telemetry: self.clone(),
+            frames_dropped: dropped,
+            records_dropped,
+            connection_frames_lost: f.connection_frames_lost.with_label_values(&[agent]),
+            ring_slots_in_use: f.ring_slots_in_use.with_label_values(&[agent]),
+            qp_errors: f.qp_errors.with_label_values(&[agent]),
+            series: f.store_series.with_label_values(&[agent]),
+        }
+    }
+
+    /// Counts a refused handshake and logs it (once per refused connection).
+    pub fn handshake_refused(&self, reason: RefuseReason, agent: &str, peer: &str, detail: &str) {
+        self.inner
+            .handshakes_refused
+            .with_label_values(&[reason.as_str()])
+            .inc();
+        tracing::warn!(
+            reason = reason.as_str(),
+            agent,
+            peer,
+            detail,
+            "handshake refused"
+        );
+    }
+
+    /// The agents-connected gauge.
+    pub fn agents_connected(&self) -> &IntGauge {
+        &self.inner.agents_connected
+    }
+
+    /// Adds device-level transport drops (packets that matched no QP).
+    pub fn transport_packets_dropped(&self, reason: UcDropReason, n: u64) {
+        if n > 0 {
+            self.inner
+                .transport_packets_dropped
+                .with_label_values(&[reason.as_str()])
+                .inc_by(n);
+        }
+    }
+
+    /// Encodes the registry in the text format.
+    ///
+    /// # Errors
+    /// The encoder rejected a family (duplicate or invalid names).
+    pub fn render(&self) -> Result<Vec<u8>, String> {
+        uctel_common::http::encode_registry(&self.inner.registry)
+    }
+
+    fn should_log(&self, agent: &str, reason: &'static str) -> bool {
+        let Ok(mut map) = self.log_limiter.lock() else {
+            return false;
+        };
+        let now = Instant::now();
+        match map.get_mut(&(agent.to_string(), reason)) {
+            Some(last) if now.duration_since(*last) < LOG_EVERY => false,
+            Some(last) => {
+                *last = now;
+                true
+            }
+            None => {
+                map.insert((agent.to_string(), reason), now);
+                true
+            }
+        }
+    }
+}
+
+/// Per-agent metric handles, resolved once at connection time so the hot path does no label
+/// hashing.
+#[derive(Clone, Debug)]
+pub struct AgentTelemetry {
+    agent: String,
+    telemetry: Telemetry,
+    frames_dropped: Vec<Option<IntCounter>>,
+    records_dropped: Vec<Option<IntCounter>>,
+    /// Connection-sequence gaps not explained by a counted drop.
+    pub connection_frames_lost: IntCounter,
+    /// Completed but unconsumed slots.
+    pub ring_slots_in_use: IntGauge,
+    /// QP errors.
+    pub qp_errors: IntCounter,
+    /// Series stored for the agent.
+    pub series: IntGauge,
+}
+
+impl AgentTelemetry {
+    /// The agent id the handles are labelled with.
+    pub fn agent(&self) -> &str {
+        &self.agent
+    }
+
+    /// The drop event: counts `n` discarded frames under `reason` and logs (rate-limited).
+    pub fn drop_frames(&self, reason: DropReason, n: u64, detail: &dyn std::fmt::Display) {
+        if n == 0 {
+            return;
+        }
+        if let Some(Some(c)) = self.frames_dropped.get(reason.index()) {
+            c.inc_by(n);
+        } else {
+            // A record-level reason used for frames: still counted, under its own label.
+            self.telemetry
+                .inner
+                .frames_dropped
+                .with_label_values(&[&self.agent, reason.as_str()])
+                .inc_by(n);
+        }
+        if self.telemetry.should_log(&self.agent, reason.as_str()) {
+            tracing::warn!(
+                agent = %self.agent,
+                reason = reason.as_str(),
+                intentional = reason.intentional(),
+                frames = n,
+                %detail,
+                "frames dropped (logged at most once per 10 s per agent and reason)"
+            );
+        }
+    }
+
+    /// The record-drop event (series cap, log sink errors): counts and logs rate-limited.
+    pub fn drop_records(&self, reason: DropReason, n: u64, detail: &dyn std::fmt::Display) {
+        if n == 0 {
+            return;
+        }
+        if let Some(Some(c)) = self.records_dropped.get(reason.index()) {
+            c.inc_by(n);
+        } else {
+            self.telemetry
+                .inner
+                .records_dropped
+                .with_label_values(&[&self.agent, reason.as_str()])
+                .inc_by(n);
+        }
+        if self.telemetry.should_log(&self.agent, reason.as_str()) {
+            tracing::warn!(
+                agent = %self.agent,
+                reason = reason.as_str(),
+                intentional = reason.intentional(),
+                records = n,
+                %detail,
+                "records dropped (logged at most once per 10 s per agent and reason)"
+            );
+        }
+    }
+
+    /// Handles for one stream of this agent.
+    pub fn stream(&self, stream_id: u32) -> StreamTelemetry {
+        let f = &self.telemetry.inner;
+        let s = stream_id.to_string();
+        let l = [self.agent.as_str(), s.as_str()];
+        StreamTelemetry {
+            frames_received: f.frames_received.with_label_values(&l),
+            records_received: f.records_received.with_label_values(&l),
+            frames_lost: f.frames_lost.with_label_values(&l),
+            records_lost: f.records_lost.with_label_values(&l),
+            frames_late: f.frames_late.with_label_values(&l),
+            frames_duplicate: f.frames_duplicate.with_label_values(&l),
+            resets_epoch: f.stream_resets.with_label_values(&[
+                l[0],
+                l[1],
+                ResetReason::Epoch.as_str(),
+            ]),
+            resets_resync: f.stream_resets.with_label_values(&[
+                l[0],
+                l[1],
+                ResetReason::Resync.as_str(),
+            ]),
+            loss_ratio: f.loss_ratio.with_label_values(&l),
+        }
+    }
+
+    /// Current value of `frames_dropped_total{reason}` for this agent (tests, reports).
+    pub fn frames_dropped(&self, reason: DropReason) -> u64 {
+        self.telemetry
+            .inner
+            .frames_dropped
+            .with_label_values(&[&self.agent, reason.as_str()])
+            .get()
+    }
+
+    /// Current value of `records_dropped_total{reason}` for this agent.
+    pub fn records_dropped(&self, reason: DropReason) -> u64 {
+        self.telemetry
+            .inner
+            .records_dropped
+            .with_label_values(&[&self.agent, reason.as_str()])
+            .get()
+    }
+}
+
+/// Per-stream metric handles.
+#[derive(Clone, Debug)]
+pub struct StreamTelemetry {
+    /// Accepted frames.
+    pub frames_received: IntCounter,
+    /// Records in accepted frames.
+    pub records_received: IntCounter,
+    /// Frames missing from the sequence.
+    pub frames_lost: IntCounter,
+    /// Records missing.
+    pub records_lost: IntCounter,
+    /// Late (reordered) frames.
+    pub frames_late: IntCounter,
+    /// Duplicate frames.
+    pub frames_duplicate: IntCounter,
+    /// Resets on a new epoch.
+    pub resets_epoch: IntCounter,
+    /// Resyncs after a large jump.
+    pub resets_resync: IntCounter,
+    /// RFC 3550 A.3 interval loss fraction.
+    pub loss_ratio: Gauge,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_are_unique_and_indexed() {
+        let all: Vec<_> = DropReason::all().collect();
+        let mut names: Vec<_> = all.iter().map(|r| r.as_str()).collect();
+        names.sort_unstable();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(names.len(), n, "duplicate label values");
+        let mut idx: Vec<_> = all.iter().map(|r| r.index()).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        assert_eq!(idx.len(), n);
+        assert!(idx.iter().all(|i| *i < DROP_REASONS));
+        assert!(names.contains(&"psn_gap") && names.contains(&"no_receive_wr"));
+        assert!(names.contains(&"qp_in_error"));
+    }
+
+    #[test]
+    fn drop_event_counts_under_reason() {
+        let t = Telemetry::new().unwrap();
+        let a = t.agent("web-1");
+        a.drop_frames(DropReason::CrcMismatch, 1, &"test");
+        a.drop_frames(DropReason::CrcMismatch, 2, &"test");
+        a.drop_frames(DropReason::Transport(UcDropReason::PsnGap), 5, &"test");
+        a.drop_records(DropReason::SeriesCap, 7, &"test");
+        assert_eq!(a.frames_dropped(DropReason::CrcMismatch), 3);
+        assert_eq!(
+            a.frames_dropped(DropReason::Transport(UcDropReason::PsnGap)),
+            5
+        );
+        assert_eq!(a.records_dropped(DropReason::SeriesCap), 7);
+        let text = String::from_utf8(t.render().unwrap()).unwrap();
+        assert!(text.contains(
+            "uctel_collector_frames_dropped_total{agent=\"web-1\",reason=\"crc_mismatch\"} 3"
+        ));
+        assert!(text.contains(
+            "uctel_collector_frames_dropped_total{agent=\"web-1\",reason=\"psn_gap\"} 5"
+        ));
+        // Pre-created zeros.
+        assert!(text.contains(
+            "uctel_collector_frames_dropped_total{agent=\"web-1\",reason=\"ring_overrun\"} 0"
+        ));
+        assert!(text.contains("uctel_collector_handshakes_refused_total{reason=\"bad_proof\"} 0"));
+    }
+
+    #[test]
+    fn log_limiter_allows_first_then_throttles() {
+        let t = Telemetry::new().unwrap();
+        assert!(t.should_log("a", "x"));
+        assert!(!t.should_log("a", "x"));
+        assert!(t.should_log("b", "x"));
+        assert!(t.should_log("a", "y"));
+    }
+
+    #[test]
+    fn stream_handles() {
+        let t = Telemetry::new().unwrap();
+        let s = t.agent("a").stream(7);
+        s.frames_received.inc_by(4);
+        s.resets_epoch.inc();
+        let text = String::from_utf8(t.render().unwrap()).unwrap();
+        assert!(text.contains("uctel_collector_frames_received_total{agent=\"a\",stream=\"7\"} 4"));
+        assert!(text.contains(
+            "uctel_collector_stream_resets_total{agent=\"a\",reason=\"epoch\",stream=\"7\"} 1"
+        ));
+    }
+}
