@@ -50,12 +50,14 @@
 //! * Cumulative: `received + lost == expected`, where `expected` is the sum of every segment's
 //!   `highest − base + 1` (cumulative counters saturate at `u64::MAX`, which no real stream
 //!   reaches).
-//! * After `close(epoch, final_seq)`: the sender sent `final_seq − base + 1` frames in the
-//!   current segment and `sent == segment.received + segment.lost`. Across several segments the
-//!   tracker cannot know what the sender sent in earlier segments that ended without a
-//!   `Goodbye` (their tail is unknown), so the cumulative form is
-//!   `received + lost == expected`, where `expected` is the per-segment sent count for every
-//!   segment that was closed.
+//! * After `close(epoch, final_seq)`: the sender sent `sent = final_seq − base + 1` frames in
+//!   the current segment, and `sent == segment.received + segment.lost`.
+//! * Across segments: a segment's contribution to `expected` is `highest − base + 1` as of
+//!   its end. For a segment that was closed that is exactly what the sender sent from `base`
+//!   on; for a segment that ended without a `Goodbye` (the agent vanished, or a dropout
+//!   resync) the frames sent after its `highest` are unknown and counted nowhere. Hence the
+//!   cumulative `sent == received + lost` holds exactly when every segment was closed, and
+//!   `received + lost == expected` holds always.
 //!
 //! `received` counts distinct frames, so it never includes duplicates or stale frames.
 
