@@ -214,6 +214,23 @@ pub enum FrameError {
     },
 }
 
+impl FrameError {
+    /// A stable snake_case reason label for drop counters, e.g. `bad_crc`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            FrameError::Truncated { .. } => "truncated",
+            FrameError::BadMagic { .. } => "bad_magic",
+            FrameError::UnsupportedVersion { .. } => "unsupported_version",
+            FrameError::UnknownKind { .. } => "unknown_kind",
+            FrameError::UnknownFlags { .. } => "unknown_flags",
+            FrameError::ReservedNonZero { .. } => "reserved_nonzero",
+            FrameError::PayloadLength { .. } => "payload_length",
+            FrameError::TooLarge { .. } => "too_large",
+            FrameError::BadCrc { .. } => "bad_crc",
+        }
+    }
+}
+
 #[inline]
 fn read_array<const N: usize>(buf: &[u8], offset: usize) -> [u8; N] {
     // Never panics: an out-of-range read yields zeros. Callers check lengths first, so this
@@ -699,6 +716,17 @@ pub enum DecodeError {
     },
 }
 
+impl DecodeError {
+    /// A stable snake_case reason label for drop counters: the [`FrameError::reason`] of a
+    /// header/CRC failure, or `bad_payload`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            DecodeError::Frame(e) => e.reason(),
+            DecodeError::Payload { .. } => "bad_payload",
+        }
+    }
+}
+
 /// Check and decode the frame at the start of `buf`: header checks, `max_frame_bytes`,
 /// CRC32C, then payload decode with `limits`. Trailing bytes after the frame are ignored.
 /// Never panics on any input.
@@ -855,6 +883,7 @@ mod tests {
             let mut b = good.clone();
             mutate(&mut b);
             assert_eq!(Frame::new_checked(&b[..]).unwrap_err(), want);
+            assert!(!want.reason().is_empty());
             assert_eq!(
                 decode_frame(&b, &limits).unwrap_err(),
                 DecodeError::Frame(want.clone())
@@ -904,6 +933,7 @@ mod tests {
             let mut bad = good.clone();
             bad[i] ^= 0x10;
             let err = decode_frame(&bad, &Limits::default()).unwrap_err();
+            assert_eq!(err.reason(), "bad_crc", "byte {i}");
             assert!(
                 matches!(err, DecodeError::Frame(FrameError::BadCrc { .. })),
                 "byte {i}: {err}"
@@ -951,6 +981,7 @@ mod tests {
         assert_eq!(d.payload, Payload::Heartbeat);
         assert_eq!(d.payload.record_count(), 0);
         let err = decode_frame(&build_frame(&hb, &[0]).unwrap(), &Limits::default()).unwrap_err();
+        assert_eq!(err.reason(), "bad_payload");
         assert!(matches!(
             err,
             DecodeError::Payload {
