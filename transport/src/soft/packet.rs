@@ -676,6 +676,12 @@ impl<'a> PacketRepr<'a> {
                 need: ICRC_LEN,
                 have: have - BTH_LEN,
             },
+            PacketError::Truncated { have, offset, .. } => PacketError::Truncated {
+                header: "BTH",
+                offset,
+                need: BTH_LEN,
+                have,
+            },
             other => other,
         })?;
         let bth = BthRepr::parse(udp_payload)?;
@@ -909,6 +915,15 @@ mod tests {
         for len in 0..buf.len() {
             assert!(PacketRepr::parse(&buf[..len]).is_err(), "len {len}");
         }
+        assert_eq!(
+            PacketRepr::parse(&[]),
+            Err(PacketError::Truncated {
+                header: "BTH",
+                offset: 0,
+                need: 12,
+                have: 0
+            })
+        );
         assert_eq!(
             PacketRepr::parse(&buf[..20]),
             Err(PacketError::Truncated {
