@@ -1,1 +1,3 @@
 //! `uctel-agent`: coming with the agent issue.
+
+pub mod sources;

@@ -1,0 +1,945 @@
+//! Host metrics from `/proc` and `/sys`, named, typed and labelled like Prometheus
+//! node_exporter (DESIGN.md §7), so existing Node Exporter dashboards work on uctel data.
+//!
+//! [`HostMetrics::collect`] runs these sub-collectors ([`HostCollector`]), each named after the
+//! node_exporter collector whose series it reproduces:
+//!
+//! | collector | source | series |
+//! |---|---|---|
+//! | `cpu` | `<proc>/stat` | `node_cpu_seconds_total{cpu,mode}` (counter, seconds: kernel ticks / `ticks_per_second`), `node_cpu_guest_seconds_total{cpu,mode}` |
+//! | `stat` | `<proc>/stat` | `node_boot_time_seconds`, `node_context_switches_total`, `node_forks_total`, `node_intr_total`, `node_procs_running`, `node_procs_blocked` |
+//! | `loadavg` | `<proc>/loadavg` | `node_load1`, `node_load5`, `node_load15` |
+//! | `meminfo` | `<proc>/meminfo` | `node_memory_<Field>_bytes` for fields in kB (×1024), `node_memory_<Field>` for unitless fields (`HugePages_Total`, …); `Active(anon)` becomes `Active_anon` |
+//! | `netdev` | `<proc>/net/dev` | `node_network_{receive,transmit}_<field>_total{device}` for all 16 fields |
+//! | `diskstats` | `<proc>/diskstats` | `node_disk_*_total{device}`, `node_disk_io_now{device}`; sectors ×512 bytes, milliseconds /1000; partitions, `ram`, `loop`, `fd` excluded like node_exporter's default |
+//! | `filesystem` | `<proc>/1/mountinfo` (fallback `<proc>/self/mountinfo`) + statvfs(2) | `node_filesystem_{size,free,avail}_bytes`, `node_filesystem_files{,_free}`, `node_filesystem_readonly`, `node_filesystem_device_error`, all `{device,mountpoint,fstype}`; pseudo filesystems excluded with node_exporter's default mount-point and fs-type lists |
+//! | `time` | system clock | `node_time_seconds` |
+//! | `infiniband` | `<sys>/class/infiniband` | see [`crate::sources::rdma`] |
+//!
+//! Each run also emits node_exporter's own `node_scrape_collector_success{collector}` and
+//! `node_scrape_collector_duration_seconds{collector}` gauges.
+//!
+//! A sub-collector that fails is reported in [`HostCollection::errors`], counted in
+//! [`HostMetrics::failures`], its partial output is discarded, and the others still run.
+//!
+//! Names, help strings and unit conversions follow node_exporter's `collector/*_linux.go`
+//! (`cpu_linux.go`, `stat_linux.go`, `loadavg_linux.go`, `meminfo.go`, `netdev_linux.go`,
+//! `diskstats_linux.go`, `filesystem_linux.go`, `time.go`, `infiniband_linux.go`).
+//!
+//! Known differences from node_exporter: no CPU "jump back" smoothing on hotplug; statvfs(2) is
+//! called inline, so a hung network filesystem blocks the collection (node_exporter marks such
+//! mounts stale after a timeout) — exclude such mounts by fs type if that matters.
+
+use std::fmt;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use procfs::{FromRead, FromReadSI};
+use uctel_protocol::payload::Metric;
+
+use super::metric::{counter, gauge};
+use super::rdma::{RdmaCounters, RdmaError};
+
+/// Where the host's pseudo filesystems are mounted. Tests point these at fixture trees;
+/// containers point them at the host's `/proc`, `/sys` and `/` bind mounts (node_exporter's
+/// `--path.procfs`, `--path.sysfs`, `--path.rootfs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPaths {
+    /// procfs root, default `/proc`.
+    pub proc: PathBuf,
+    /// sysfs root, default `/sys`.
+    pub sys: PathBuf,
+    /// Prefix joined to every mount point before statvfs(2), default `/`.
+    pub rootfs: PathBuf,
+}
+
+impl Default for HostPaths {
+    fn default() -> Self {
+        Self {
+            proc: PathBuf::from("/proc"),
+            sys: PathBuf::from("/sys"),
+            rootfs: PathBuf::from("/"),
+        }
+    }
+}
+
+/// Configuration of [`HostMetrics`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostMetricsConfig {
+    /// Pseudo filesystem roots.
+    pub paths: HostPaths,
+    /// Kernel clock ticks per second (`USER_HZ`) used to turn `/proc/stat` ticks into seconds;
+    /// `None` asks the system (`sysconf(_SC_CLK_TCK)`, 100 on Linux).
+    pub ticks_per_second: Option<u64>,
+}
+
+/// One sub-collector of [`HostMetrics`], named like the node_exporter collector it mirrors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum HostCollector {
+    Cpu,
+    Stat,
+    Loadavg,
+    Meminfo,
+    Netdev,
+    Diskstats,
+    Filesystem,
+    Time,
+    Infiniband,
+}
+
+impl HostCollector {
+    /// Every sub-collector, in the order they run.
+    pub const ALL: [HostCollector; 9] = [
+        HostCollector::Cpu,
+        HostCollector::Stat,
+        HostCollector::Loadavg,
+        HostCollector::Meminfo,
+        HostCollector::Netdev,
+        HostCollector::Diskstats,
+        HostCollector::Filesystem,
+        HostCollector::Time,
+        HostCollector::Infiniband,
+    ];
+
+    /// The node_exporter collector name, used as the `collector` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HostCollector::Cpu => "cpu",
+            HostCollector::Stat => "stat",
+            HostCollector::Loadavg => "loadavg",
+            HostCollector::Meminfo => "meminfo",
+            HostCollector::Netdev => "netdev",
+            HostCollector::Diskstats => "diskstats",
+            HostCollector::Filesystem => "filesystem",
+            HostCollector::Time => "time",
+            HostCollector::Infiniband => "infiniband",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for HostCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a sub-collector failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// A file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The `procfs` crate rejected a file's contents.
+    #[error("cannot parse {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: procfs::ProcError,
+    },
+    /// A file's contents did not have the expected shape.
+    #[error("unexpected contents in {path}: {reason}")]
+    Format { path: PathBuf, reason: String },
+    /// The RDMA counter tree could not be walked.
+    #[error(transparent)]
+    Rdma(#[from] RdmaError),
+}
+
+/// A failed sub-collector and why.
+#[derive(Debug, thiserror::Error)]
+#[error("host collector {collector} failed: {error}")]
+pub struct CollectorError {
+    pub collector: HostCollector,
+    #[source]
+    pub error: HostError,
+}
+
+/// The result of one [`HostMetrics::collect`]: the samples of every sub-collector that
+/// succeeded, and one error per sub-collector that failed.
+#[derive(Debug, Default)]
+pub struct HostCollection {
+    pub metrics: Vec<Metric>,
+    pub errors: Vec<CollectorError>,
+}
+
+/// Collects host metrics; see the module documentation for the series produced.
+#[derive(Debug)]
+pub struct HostMetrics {
+    paths: HostPaths,
+    ticks_per_second: u64,
+    rdma: RdmaCounters,
+    failures: [u64; HostCollector::ALL.len()],
+}
+
+impl HostMetrics {
+    /// A collector reading the given roots. `ticks_per_second` of 0 is treated as the system
+    /// value.
+    pub fn new(config: HostMetricsConfig) -> Self {
+        let ticks_per_second = match config.ticks_per_second {
+            Some(t) if t > 0 => t,
+            _ => procfs::ticks_per_second().max(1),
+        };
+        let rdma = RdmaCounters::new(&config.paths.sys);
+        Self {
+            paths: config.paths,
+            ticks_per_second,
+            rdma,
+            failures: [0; HostCollector::ALL.len()],
+        }
+    }
+
+    /// Runs every sub-collector once. Never stops at a failing sub-collector: its error is in
+    /// [`HostCollection::errors`], its `node_scrape_collector_success` sample is 0, and
+    /// [`HostMetrics::failures`] counts it.
+    pub fn collect(&mut self) -> HostCollection {
+        let mut out = HostCollection::default();
+        let stat_path = self.paths.proc.join("stat");
+        let stat_text = std::fs::read_to_string(&stat_path);
+        for collector in HostCollector::ALL {
+            let mark = out.metrics.len();
+            let started = Instant::now();
+            let result = match collector {
+                HostCollector::Cpu => match &stat_text {
+                    Ok(text) => self.cpu(&stat_path, text, &mut out.metrics),
+                    Err(e) => Err(read_error(&stat_path, e)),
+                },
+                HostCollector::Stat => match &stat_text {
+                    Ok(text) => stat(&stat_path, text, &mut out.metrics),
+                    Err(e) => Err(read_error(&stat_path, e)),
+                },
+                HostCollector::Loadavg => loadavg(&self.paths.proc, &mut out.metrics),
+                HostCollector::Meminfo => meminfo(&self.paths.proc, &mut out.metrics),
+                HostCollector::Netdev => netdev(&self.paths.proc, &mut out.metrics),
+                HostCollector::Diskstats => diskstats(&self.paths.proc, &mut out.metrics),
+                HostCollector::Filesystem => filesystem(&self.paths, &mut out.metrics),
+                HostCollector::Time => {
+                    time(&mut out.metrics);
+                    Ok(())
+                }
+                HostCollector::Infiniband => self
+                    .rdma
+                    .collect_into(&mut out.metrics)
+                    .map(|_| ())
+                    .map_err(HostError::from),
+            };
+            let elapsed = started.elapsed();
+            let ok = match result {
+                Ok(()) => true,
+                Err(error) => {
+                    out.metrics.truncate(mark);
+                    if let Some(n) = self.failures.get_mut(collector.index()) {
+                        *n += 1;
+                    }
+                    out.errors.push(CollectorError { collector, error });
+                    false
+                }
+            };
+            scrape_samples(collector, ok, elapsed, &mut out.metrics);
+        }
+        out
+    }
+
+    /// How many times `collector` has failed since this value was created.
+    pub fn failures(&self, collector: HostCollector) -> u64 {
+        self.failures.get(collector.index()).copied().unwrap_or(0)
+    }
+
+    /// The ticks-per-second value used to convert `/proc/stat`.
+    pub fn ticks_per_second(&self) -> u64 {
+        self.ticks_per_second
+    }
+
+    fn cpu(&self, path: &Path, text: &str, out: &mut Vec<Metric>) -> Result<(), HostError> {
+        let info = procfs::ExplicitSystemInfo {
+            boot_time_secs: 0,
+            ticks_per_second: self.ticks_per_second,
+            page_size: procfs::page_size(),
+            is_little_endian: cfg!(target_endian = "little"),
+        };
+        let stats = procfs::KernelStats::from_read(text.as_bytes(), &info).map_err(|source| {
+            HostError::Parse {
+                path: path.to_owned(),
+                source,
+            }
+        })?;
+        // procfs keeps the per-CPU lines in file order but drops their numbers; offline CPUs
+        // leave gaps (cpu0, cpu2), so take the ids from the text.
+        let ids: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .filter_map(|w| w.strip_prefix("cpu"))
+            .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
+            .collect();
+        if ids.len() != stats.cpu_time.len() {
+            return Err(HostError::Format {
+                path: path.to_owned(),
+                reason: format!(
+                    "{} cpuN lines but {} parsed",
+                    ids.len(),
+                    stats.cpu_time.len()
+                ),
+            });
+        }
+        let tps = self.ticks_per_second as f64;
+        const HELP: &str = "Seconds the CPUs spent in each mode.";
+        const GUEST_HELP: &str = "Seconds the CPUs spent in guests (VMs) for each mode.";
+        for (id, t) in ids.iter().zip(&stats.cpu_time) {
+            let modes = [
+                ("user", t.user),
+                ("nice", t.nice),
+                ("system", t.system),
+                ("idle", t.idle),
+                ("iowait", t.iowait.unwrap_or(0)),
+                ("irq", t.irq.unwrap_or(0)),
+                ("softirq", t.softirq.unwrap_or(0)),
+                ("steal", t.steal.unwrap_or(0)),
+            ];
+            for (mode, ticks) in modes {
+                out.push(counter(
+                    "node_cpu_seconds_total",
+                    HELP,
+                    &[("cpu", id), ("mode", mode)],
+                    ticks as f64 / tps,
+                ));
+            }
+            for (mode, ticks) in [
+                ("user", t.guest.unwrap_or(0)),
+                ("nice", t.guest_nice.unwrap_or(0)),
+            ] {
+                out.push(counter(
+                    "node_cpu_guest_seconds_total",
+                    GUEST_HELP,
+                    &[("cpu", id), ("mode", mode)],
+                    ticks as f64 / tps,
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for HostMetrics {
+    fn default() -> Self {
+        Self::new(HostMetricsConfig::default())
+    }
+}
+
+fn read_error(path: &Path, e: &std::io::Error) -> HostError {
+    HostError::Read {
+        path: path.to_owned(),
+        source: std::io::Error::new(e.kind(), e.to_string()),
+    }
+}
+
+fn parse_error(path: &Path) -> impl FnOnce(procfs::ProcError) -> HostError + '_ {
+    move |source| HostError::Parse {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+fn scrape_samples(collector: HostCollector, ok: bool, elapsed: Duration, out: &mut Vec<Metric>) {
+    let labels = [("collector", collector.as_str())];
+    out.push(gauge(
+        "node_scrape_collector_duration_seconds",
+        "node_exporter: Duration of a collector scrape.",
+        &labels,
+        elapsed.as_secs_f64(),
+    ));
+    out.push(gauge(
+        "node_scrape_collector_success",
+        "node_exporter: Whether a collector succeeded.",
+        &labels,
+        if ok { 1.0 } else { 0.0 },
+    ));
+}
+
+/// node_exporter's `stat` collector: boot time, context switches, forks, interrupts, process
+/// states from `/proc/stat`.
+fn stat(path: &Path, text: &str, out: &mut Vec<Metric>) -> Result<(), HostError> {
+    let info = procfs::ExplicitSystemInfo {
+        boot_time_secs: 0,
+        ticks_per_second: 100,
+        page_size: 4096,
+        is_little_endian: cfg!(target_endian = "little"),
+    };
+    let stats =
+        procfs::KernelStats::from_read(text.as_bytes(), &info).map_err(parse_error(path))?;
+    // procfs does not parse the `intr` line; its first number is the total.
+    let intr = text
+        .lines()
+        .find_map(|l| l.strip_prefix("intr "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse::<u64>().ok());
+    if let Some(intr) = intr {
+        out.push(counter(
+            "node_intr_total",
+            "Total number of interrupts serviced.",
+            &[],
+            intr as f64,
+        ));
+    }
+    out.push(counter(
+        "node_context_switches_total",
+        "Total number of context switches.",
+        &[],
+        stats.ctxt as f64,
+    ));
+    out.push(gauge(
+        "node_boot_time_seconds",
+        "Node boot time, in unixtime.",
+        &[],
+        stats.btime as f64,
+    ));
+    out.push(counter(
+        "node_forks_total",
+        "Total number of forks.",
+        &[],
+        stats.processes as f64,
+    ));
+    if let Some(n) = stats.procs_running {
+        out.push(gauge(
+            "node_procs_running",
+            "Number of processes in runnable state.",
+            &[],
+            f64::from(n),
+        ));
+    }
+    if let Some(n) = stats.procs_blocked {
+        out.push(gauge(
+            "node_procs_blocked",
+            "Number of processes blocked waiting for I/O to complete.",
+            &[],
+            f64::from(n),
+        ));
+    }
+    Ok(())
+}
+
+/// `f32` load averages printed back in their shortest form, so `0.52` is exported as 0.52
+/// rather than 0.5199999809.
+fn f32_to_f64_exact(v: f32) -> f64 {
+    v.to_string().parse::<f64>().unwrap_or(f64::from(v))
+}
+
+fn loadavg(proc: &Path, out: &mut Vec<Metric>) -> Result<(), HostError> {
+    let path = proc.join("loadavg");
+    let load = procfs::LoadAverage::from_file(&path).map_err(parse_error(&path))?;
+    out.push(gauge(
+        "node_load1",
+        "1m load average.",
+        &[],
+        f32_to_f64_exact(load.one),
+    ));
+    out.push(gauge(
+        "node_load5",
+        "5m load average.",
+        &[],
+        f32_to_f64_exact(load.five),
+    ));
+    out.push(gauge(
+        "node_load15",
+        "15m load average.",
+        &[],
+        f32_to_f64_exact(load.fifteen),
+    ));
+    Ok(())
+}
+
+/// `/proc/meminfo` read field by field, so every field the kernel exposes is exported.
+/// (`procfs::Meminfo` is a fixed struct; this keeps fields it does not know, which is what
+/// node_exporter's original parser in `meminfo.go` does.)
+fn meminfo(proc: &Path, out: &mut Vec<Metric>) -> Result<(), HostError> {
+    let path = proc.join("meminfo");
+    let file = std::fs::File::open(&path).map_err(|source| HostError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let mut parsed = 0usize;
+    for line in BufReader::new(file).lines() {
+        let line = line.map_err(|source| HostError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let Some((name, value)) = parse_meminfo_line(&line) else {
+            return Err(HostError::Format {
+                path,
+                reason: format!("bad line {line:?}"),
+            });
+        };
+        let help = format!("Memory information field {name}.");
+        out.push(gauge(format!("node_memory_{name}"), &help, &[], value));
+        parsed += 1;
+    }
+    if parsed == 0 {
+        return Err(HostError::Format {
+            path,
+            reason: "no fields".to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// One `/proc/meminfo` line → (`<Field>_bytes` or `<Field>`, value in bytes or as-is).
+/// `Key(sub):` becomes `Key_sub`; a `kB` unit multiplies by 1024 and adds `_bytes`.
+fn parse_meminfo_line(line: &str) -> Option<(String, f64)> {
+    let mut parts = line.split_whitespace();
+    let key = parts.next()?.strip_suffix(':')?;
+    let value: f64 = parts.next()?.parse().ok()?;
+    let unit = parts.next();
+    if parts.next().is_some() {
+        return None;
+    }
+    let mut name = String::with_capacity(key.len() + 6);
+    for c in key.chars() {
+        match c {
+            '(' => name.push('_'),
+            ')' => {}
+            c if c.is_ascii_alphanumeric() || c == '_' => name.push(c),
+            _ => name.push('_'),
+        }
+    }
+    if name.is_empty() {
+        return None;
+    }
+    match unit {
+        None => Some((name, value)),
+        Some("kB") => {
+            name.push_str("_bytes");
+            Some((name, value * 1024.0))
+        }
+        Some(_) => None,
+    }
+}
+
+fn netdev(proc: &Path, out: &mut Vec<Metric>) -> Result<(), HostError> {
+    let path = proc.join("net").join("dev");
+    let devices =
+        procfs::net::InterfaceDeviceStatus::from_file(&path).map_err(parse_error(&path))?;
+    let mut devices: Vec<_> = devices.0.into_values().collect();
+    devices.sort_by(|a, b| a.name.cmp(&b.name));
+    for d in &devices {
+        let fields: [(&str, u64); 16] = [
+            ("receive_bytes", d.recv_bytes),
+            ("receive_packets", d.recv_packets),
+            ("receive_errs", d.recv_errs),
+            ("receive_drop", d.recv_drop),
+            ("receive_fifo", d.recv_fifo),
+            ("receive_frame", d.recv_frame),
+            ("receive_compressed", d.recv_compressed),
+            ("receive_multicast", d.recv_multicast),
+            ("transmit_bytes", d.sent_bytes),
+            ("transmit_packets", d.sent_packets),
+            ("transmit_errs", d.sent_errs),
+            ("transmit_drop", d.sent_drop),
+            ("transmit_fifo", d.sent_fifo),
+            ("transmit_colls", d.sent_colls),
+            ("transmit_carrier", d.sent_carrier),
+            ("transmit_compressed", d.sent_compressed),
+        ];
+        for (field, value) in fields {
+            out.push(counter(
+                format!("node_network_{field}_total"),
+                &format!("Network device statistic {field}."),
+                &[("device", &d.name)],
+                value as f64,
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// node_exporter's default `--collector.diskstats.device-exclude`:
+/// `^(z?ram|loop|fd|(h|s|v|xv)d[a-z]|nvme\d+n\d+p)\d+$` — partitions and RAM/loop/floppy
+/// devices, so whole disks are not counted twice.
+pub fn disk_device_ignored(name: &str) -> bool {
+    let stem = name.trim_end_matches(|c: char| c.is_ascii_digit());
+    if stem.len() == name.len() {
+        return false; // the pattern needs at least one trailing digit
+    }
+    if matches!(stem, "ram" | "zram" | "loop" | "fd") {
+        return true;
+    }
+    for prefix in ["hd", "sd", "vd", "xvd"] {
+        if let Some(rest) = stem.strip_prefix(prefix) {
+            if rest.len() == 1 && rest.bytes().all(|b| b.is_ascii_lowercase()) {
+                return true;
+            }
+        }
+    }
+    // nvme\d+n\d+p
+    if let Some(rest) = stem.strip_prefix("nvme").and_then(|r| r.strip_suffix('p')) {
+        if let Some((ctrl, ns)) = rest.split_once('n') {
+            let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+            return digits(ctrl) && digits(ns);
+        }
+    }
+    false
+}
+
+fn diskstats(proc: &Path, out: &mut Vec<Metric>) -> Result<(), HostError> {
+    let path = proc.join("diskstats");
+    let disks = procfs::DiskStats::from_file(&path).map_err(parse_error(&path))?;
+    // Sectors are 512-byte units regardless of the device (Documentation/block/stat.rst);
+    // times are milliseconds.
+    const SECTOR: f64 = 512.0;
+    const MS: f64 = 1.0 / 1000.0;
+    for d in disks.0.iter().filter(|d| !disk_device_ignored(&d.name)) {
+        let dev = [("device", d.name.as_str())];
+        let c = |name: &str, help: &str, v: f64| counter(name.to_owned(), help, &dev, v);
+        out.push(c(
+            "node_disk_reads_completed_total",
+            "The total number of reads completed successfully.",
+            d.reads as f64,
+        ));
+        out.push(c(
+            "node_disk_reads_merged_total",
+            "The total number of reads merged.",
+            d.merged as f64,
+        ));
+        out.push(c(
+            "node_disk_read_bytes_total",
+            "The total number of bytes read successfully.",
+            d.sectors_read as f64 * SECTOR,
+        ));
+        out.push(c(
+            "node_disk_read_time_seconds_total",
+            "The total number of seconds spent by all reads.",
+            d.time_reading as f64 * MS,
+        ));
+        out.push(c(
+            "node_disk_writes_completed_total",
+            "The total number of writes completed successfully.",
+            d.writes as f64,
+        ));
+        out.push(c(
+            "node_disk_writes_merged_total",
+            "The number of writes merged.",
+            d.writes_merged as f64,
+        ));
+        out.push(c(
+            "node_disk_written_bytes_total",
+            "The total number of bytes written successfully.",
+            d.sectors_written as f64 * SECTOR,
+        ));
+        out.push(c(
+            "node_disk_write_time_seconds_total",
+            "This is the total number of seconds spent by all writes.",
+            d.time_writing as f64 * MS,
+        ));
+        out.push(gauge(
+            "node_disk_io_now",
+            "The number of I/Os currently in progress.",
+            &dev,
+            d.in_progress as f64,
+        ));
+        out.push(c(
+            "node_disk_io_time_seconds_total",
+            "Total seconds spent doing I/Os.",
+            d.time_in_progress as f64 * MS,
+        ));
+        out.push(c(
+            "node_disk_io_time_weighted_seconds_total",
+            "The weighted # of seconds spent doing I/Os.",
+            d.weighted_time_in_progress as f64 * MS,
+        ));
+        let optional = [
+            (
+                "node_disk_discards_completed_total",
+                "The total number of discards completed successfully.",
+                d.discards.map(|v| v as f64),
+            ),
+            (
+                "node_disk_discards_merged_total",
+                "The total number of discards merged.",
+                d.discards_merged.map(|v| v as f64),
+            ),
+            (
+                "node_disk_discarded_sectors_total",
+                "The total number of sectors discarded successfully.",
+                d.sectors_discarded.map(|v| v as f64),
+            ),
+            (
+                "node_disk_discard_time_seconds_total",
+                "This is the total number of seconds spent by all discards.",
+                d.time_discarding.map(|v| v as f64 * MS),
+            ),
+            (
+                "node_disk_flush_requests_total",
+                "The total number of flush requests completed successfully",
+                d.flushes.map(|v| v as f64),
+            ),
+            (
+                "node_disk_flush_requests_time_seconds_total",
+                "This is the total number of seconds spent by all flush requests.",
+                d.time_flushing.map(|v| v as f64 * MS),
+            ),
+        ];
+        for (name, help, value) in optional {
+            if let Some(v) = value {
+                out.push(c(name, help, v));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// node_exporter's default `--collector.filesystem.fs-types-exclude`.
+const FS_TYPES_EXCLUDED: &[&str] = &[
+    "autofs",
+    "binfmt_misc",
+    "bpf",
+    "cgroup",
+    "cgroup2",
+    "configfs",
+    "debugfs",
+    "devpts",
+    "devtmpfs",
+    "fusectl",
+    "hugetlbfs",
+    "iso9660",
+    "mqueue",
+    "nsfs",
+    "overlay",
+    "proc",
+    "procfs",
+    "pstore",
+    "rpc_pipefs",
+    "securityfs",
+    "selinuxfs",
+    "squashfs",
+    "erofs",
+    "sysfs",
+    "tracefs",
+];
+
+/// node_exporter's default `--collector.filesystem.mount-points-exclude`:
+/// `^/(dev|proc|run/credentials/.+|sys|var/lib/docker/.+|var/lib/containers/storage/.+)($|/)`.
+pub fn mount_point_ignored(mount_point: &str) -> bool {
+    let Some(rest) = mount_point.strip_prefix('/') else {
+        return false;
+    };
+    // `dir` followed by end or '/'.
+    let exact_or_below = |dir: &str| {
+        rest.strip_prefix(dir)
+            .is_some_and(|tail| tail.is_empty() || tail.starts_with('/'))
+    };
+    // `dir/.+` followed by end or '/': something non-empty below dir.
+    let strictly_below = |dir: &str| {
+        rest.strip_prefix(dir)
+            .and_then(|tail| tail.strip_prefix('/'))
+            .is_some_and(|tail| !tail.is_empty())
+    };
+    exact_or_below("dev")
+        || exact_or_below("proc")
+        || exact_or_below("sys")
+        || strictly_below("run/credentials")
+        || strictly_below("var/lib/docker")
+        || strictly_below("var/lib/containers/storage")
+}
+
+/// Whether a mount of this fs type is skipped (node_exporter's default exclude list).
+pub fn fs_type_ignored(fs_type: &str) -> bool {
+    FS_TYPES_EXCLUDED.contains(&fs_type)
+}
+
+fn filesystem(paths: &HostPaths, out: &mut Vec<Metric>) -> Result<(), HostError> {
+    let primary = paths.proc.join("1").join("mountinfo");
+    let mounts = match procfs::process::MountInfos::from_file(&primary) {
+        Ok(m) => m,
+        Err(_) => {
+            let fallback = paths.proc.join("self").join("mountinfo");
+            procfs::process::MountInfos::from_file(&fallback).map_err(parse_error(&fallback))?
+        }
+    };
+    // Later mounts over the same mount point hide earlier ones; statvfs sees the top one.
+    let mut seen: Vec<(String, String, String)> = Vec::new();
+    for m in mounts.0.iter() {
+        let mount_point = m.mount_point.to_string_lossy().into_owned();
+        if fs_type_ignored(&m.fs_type) || mount_point_ignored(&mount_point) {
+            continue;
+        }
+        let device = m.mount_source.clone().unwrap_or_else(|| "none".to_owned());
+        seen.retain(|(_, mp, _)| *mp != mount_point);
+        seen.push((device, mount_point, m.fs_type.clone()));
+    }
+    for (device, mount_point, fs_type) in &seen {
+        let labels = [
+            ("device", device.as_str()),
+            ("mountpoint", mount_point.as_str()),
+            ("fstype", fs_type.as_str()),
+        ];
+        let target = paths.rootfs.join(mount_point.trim_start_matches('/'));
+        match rustix::fs::statvfs(&target) {
+            Ok(s) => {
+                // f_blocks, f_bfree and f_bavail are in f_frsize units (POSIX statvfs).
+                let unit = if s.f_frsize > 0 {
+                    s.f_frsize
+                } else {
+                    s.f_bsize
+                } as f64;
+                out.push(gauge(
+                    "node_filesystem_size_bytes",
+                    "Filesystem size in bytes.",
+                    &labels,
+                    s.f_blocks as f64 * unit,
+                ));
+                out.push(gauge(
+                    "node_filesystem_free_bytes",
+                    "Filesystem free space in bytes.",
+                    &labels,
+                    s.f_bfree as f64 * unit,
+                ));
+                out.push(gauge(
+                    "node_filesystem_avail_bytes",
+                    "Filesystem space available to non-root users in bytes.",
+                    &labels,
+                    s.f_bavail as f64 * unit,
+                ));
+                out.push(gauge(
+                    "node_filesystem_files",
+                    "Filesystem total file nodes.",
+                    &labels,
+                    s.f_files as f64,
+                ));
+                out.push(gauge(
+                    "node_filesystem_files_free",
+                    "Filesystem total free file nodes.",
+                    &labels,
+                    s.f_ffree as f64,
+                ));
+                let ro = s.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY);
+                out.push(gauge(
+                    "node_filesystem_readonly",
+                    "Filesystem read-only status.",
+                    &labels,
+                    if ro { 1.0 } else { 0.0 },
+                ));
+                out.push(gauge(
+                    "node_filesystem_device_error",
+                    "Whether an error occurred while getting statistics for the given device.",
+                    &labels,
+                    0.0,
+                ));
+            }
+            Err(_) => {
+                // node_exporter reports an unreadable mount with device_error=1 and no sizes.
+                out.push(gauge(
+                    "node_filesystem_device_error",
+                    "Whether an error occurred while getting statistics for the given device.",
+                    &labels,
+                    1.0,
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn time(out: &mut Vec<Metric>) {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    out.push(gauge(
+        "node_time_seconds",
+        "System time in seconds since epoch (1970).",
+        &[],
+        now,
+    ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meminfo_lines_map_to_node_exporter_names() {
+        assert_eq!(
+            parse_meminfo_line("MemTotal:       16318412 kB"),
+            Some(("MemTotal_bytes".to_owned(), 16318412.0 * 1024.0))
+        );
+        assert_eq!(
+            parse_meminfo_line("Active(anon):     123 kB"),
+            Some(("Active_anon_bytes".to_owned(), 123.0 * 1024.0))
+        );
+        assert_eq!(
+            parse_meminfo_line("HugePages_Total:       0"),
+            Some(("HugePages_Total".to_owned(), 0.0))
+        );
+        assert_eq!(
+            parse_meminfo_line("NFS_Unstable:          0 kB"),
+            Some(("NFS_Unstable_bytes".to_owned(), 0.0))
+        );
+        assert_eq!(parse_meminfo_line("garbage"), None);
+        assert_eq!(parse_meminfo_line("X: 1 MB"), None);
+        assert_eq!(parse_meminfo_line("X: notanumber kB"), None);
+    }
+
+    #[test]
+    fn disk_filter_matches_node_exporter_default() {
+        for ignored in [
+            "sda1",
+            "vdb12",
+            "xvda1",
+            "hdc3",
+            "nvme0n1p1",
+            "loop0",
+            "ram15",
+            "zram0",
+            "fd0",
+        ] {
+            assert!(disk_device_ignored(ignored), "{ignored} should be ignored");
+        }
+        for kept in [
+            "sda", "vdb", "nvme0n1", "dm-0", "md0", "sdaa1", "mmcblk0", "nvme0n1p", "loop",
+        ] {
+            assert!(!disk_device_ignored(kept), "{kept} should be kept");
+        }
+    }
+
+    #[test]
+    fn mount_point_filter_matches_node_exporter_default() {
+        for ignored in [
+            "/dev",
+            "/dev/shm",
+            "/proc",
+            "/sys/fs/cgroup",
+            "/run/credentials/x.service",
+            "/var/lib/docker/overlay2/abc",
+            "/var/lib/containers/storage/x",
+        ] {
+            assert!(mount_point_ignored(ignored), "{ignored} should be ignored");
+        }
+        for kept in [
+            "/",
+            "/home",
+            "/devices",
+            "/run",
+            "/run/credentials",
+            "/var/lib/docker",
+            "/system",
+        ] {
+            assert!(!mount_point_ignored(kept), "{kept} should be kept");
+        }
+        assert!(!fs_type_ignored("tmpfs"));
+        assert!(fs_type_ignored("cgroup2"));
+    }
+
+    #[test]
+    fn load_average_keeps_printed_precision() {
+        assert_eq!(f32_to_f64_exact(0.52), 0.52);
+        assert_eq!(f32_to_f64_exact(12.5), 12.5);
+    }
+}

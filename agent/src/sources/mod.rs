@@ -1,0 +1,22 @@
+//! Agent sources: where records come from (DESIGN.md §7).
+//!
+//! Layout:
+//!
+//! - [`host`]: host metrics from `/proc` and `/sys` through the `procfs` crate, named, typed and
+//!   labelled like Prometheus node_exporter so its dashboards work on uctel data.
+//! - [`rdma`]: RDMA port counters (`counters/`, `counters_ext/`) and driver counters
+//!   (`hw_counters/`) from `<sysfs>/class/infiniband`, named like node_exporter's `infiniband`
+//!   collector. [`host::HostMetrics`] runs it as one of its sub-collectors.
+//! - `logs`: a log file tailer: glob paths, create- and copytruncate-rotation, truncation,
+//!   partial last lines, long lines, invalid UTF-8 and an offset checkpoint file.
+//!
+//! Every source produces the protocol's payload records
+//! ([`uctel_protocol::payload::Metric`], [`uctel_protocol::payload::LogRecord`]); the framer cuts
+//! them into frames. Metrics are state, never deltas (DESIGN.md §3 rule 2): counters are
+//! cumulative values read from the kernel, gauges absolute. Every metric carries
+//! `timestamp_ms = 0` ("the frame's timestamp").
+
+pub mod host;
+pub mod rdma;
+
+mod metric;
