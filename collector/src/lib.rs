@@ -13,6 +13,7 @@
 //! signal handlers, and calls [`run`].
 
 pub mod config;
+pub mod ingest;
 pub mod logsink;
 pub mod store;
 pub mod telemetry;

@@ -1,0 +1,823 @@
+//! Per-connection ingest: everything the worker does with one frame, independent of the
+//! transport (so it is tested with plain byte buffers).
+//!
+//! For a Write-with-immediate completion the worker widens the 32-bit immediate to the
+//! connection sequence `c` ([`ConnectionIngest::conn_seq_for_imm`]), copies slot `c mod slots`
+//! and calls [`ConnectionIngest::on_slot`]; for a Send completion it copies the receive buffer
+//! and calls [`ConnectionIngest::on_send`]. Then, in order (DESIGN.md §4, §5):
+//!
+//! 1. *Slot check* (Write-with-immediate only): the slot's header sequence must be `c`. A
+//!    later sequence means the agent lapped the ring (`ring_overrun`); anything else is
+//!    `imm_mismatch`. Never accepted as data.
+//! 2. *Frame check*: header view (`malformed_frame`), CRC32C (`torn_slot` on the ring,
+//!    `crc_mismatch` on Send), size (`limit_exceeded`), epoch (`epoch_mismatch`).
+//! 3. *Connection tracker* (connection sequence) and *stream tracker* (stream sequence):
+//!    gaps are lost frames, late frames are accepted, duplicates and stale frames are not.
+//!    A stream's first frame with stream sequence `s > 0` means frames `0..s` were lost
+//!    (agents start every stream at stream sequence 0 in each epoch).
+//! 4. *Payload*: decoded with the configured limits (`malformed_payload`, `limit_exceeded`,
+//!    after tracking: such frames count as received by the tracker and dropped), then stored
+//!    (series store, log sink; record-level drops counted).
+//!
+//! Accounting per stream, once its last frame is in ([`ConnectionIngest::close`] with the
+//! agent's `Goodbye`): `sent = accepted + lost + dropped_after_tracking` where `lost` is the
+//! tracker's net loss (late arrivals subtracted) plus the leading loss.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use uctel_protocol::control::{Goodbye, Report, StreamReport};
+use uctel_protocol::frame::{peek_conn_seq, Frame, FrameError, FrameKind};
+use uctel_protocol::limits::Limits;
+use uctel_protocol::payload::{self, PayloadError, RecordError};
+use uctel_protocol::tracker::{CloseError, Observation, SequenceTracker, TrackerConfig};
+
+use crate::logsink::{LogContext, LogSink};
+use crate::store::SeriesStore;
+use crate::telemetry::{AgentTelemetry, DropReason, StreamTelemetry};
+
+/// Most streams tracked per connection; frames of further streams are dropped
+/// (`limit_exceeded`) so an agent cannot grow collector memory without bound.
+pub const MAX_STREAMS_PER_CONNECTION: usize = 4096;
+
+/// `a` is after `b` in serial-number order (RFC 1982 practical form on 64 bits).
+fn is_after(a: u64, b: u64) -> bool {
+    let d = a.wrapping_sub(b);
+    d != 0 && d < 1 << 63
+}
+
+/// What happened to one frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameOutcome {
+    /// Accepted and delivered (`records` records).
+    Accepted {
+        /// Records in the frame.
+        records: u32,
+    },
+    /// A duplicate, counted in `frames_duplicate_total`, not delivered.
+    Duplicate,
+    /// Dropped, counted under the reason.
+    Dropped(DropReason),
+}
+
+/// Cumulative accounting of one stream over every connection of an agent (for tests and the
+/// final log line of a connection).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamLedger {
+    /// Frames accepted and delivered.
+    pub accepted: u64,
+    /// Frames lost (net of late arrivals, leading and tail loss included).
+    pub lost: u64,
+    /// Frames that arrived after being counted lost.
+    pub late: u64,
+    /// Duplicate frames.
+    pub duplicate: u64,
+    /// Frames tracked, then dropped (bad payload).
+    pub dropped_after_tracking: u64,
+    /// Records in accepted frames.
+    pub records_received: u64,
+    /// Records missing (from the cumulative record counts).
+    pub records_lost: u64,
+}
+
+/// Connection-level summary returned by [`ConnectionIngest::close`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CloseSummary {
+    /// Per stream (this connection only).
+    pub streams: Vec<(u32, StreamLedger)>,
+    /// Connection-sequence frames received (distinct).
+    pub conn_received: u64,
+    /// Connection-sequence frames lost (tracker, tail included).
+    pub conn_lost: u64,
+    /// Frames dropped before the connection tracker (their sequence untrusted).
+    pub dropped_before_tracking: u64,
+}
+
+#[derive(Debug)]
+struct StreamState {
+    tracker: SequenceTracker,
+    tel: StreamTelemetry,
+    leading_lost: u64,
+    accepted: u64,
+    dropped_after_tracking: u64,
+    records_received: u64,
+    max_record_count: u64,
+    records_lost_emitted: u64,
+}
+
+impl StreamState {
+    fn ledger(&self) -> StreamLedger {
+        let c = self.tracker.counts();
+        StreamLedger {
+            accepted: self.accepted,
+            lost: c.lost.saturating_add(self.leading_lost),
+            late: c.late,
+            duplicate: c.duplicate,
+            dropped_after_tracking: self.dropped_after_tracking,
+            records_received: self.records_received,
+            records_lost: self.records_lost_emitted,
+        }
+    }
+
+    /// Records lost so far: the highest cumulative count seen minus what arrived; the
+    /// counter only moves up.
+    fn update_records_lost(&mut self) {
+        let lost = self.max_record_count.saturating_sub(self.records_received);
+        if lost > self.records_lost_emitted {
+            self.tel
+                .records_lost
+                .inc_by(lost - self.records_lost_emitted);
+            self.records_lost_emitted = lost;
+        }
+    }
+}
+
+/// Where the frame came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PathKind {
+    Ring,
+    Send,
+}
+
+/// The per-connection ingest state: trackers, counters, delivery.
+#[derive(Debug)]
+pub struct ConnectionIngest {
+    agent: String,
+    instance: String,
+    epoch: u64,
+    limits: Limits,
+    tracker_config: TrackerConfig,
+    store: SeriesStore,
+    logs: Arc<LogSink>,
+    tel: AgentTelemetry,
+    conn: SequenceTracker,
+    streams: HashMap<u32, StreamState>,
+    consumed: Option<u64>,
+    dropped_before_tracking: u64,
+    conn_lost_emitted: u64,
+    unseen_conn_lost: u64,
+}
+
+impl ConnectionIngest {
+    /// State for a new connection of `agent` (hostname `instance`) in `epoch`.
+    ///
+    /// # Errors
+    /// An invalid tracker configuration.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        agent: &str,
+        instance: &str,
+        epoch: u64,
+        limits: Limits,
+        tracker_config: TrackerConfig,
+        store: SeriesStore,
+        logs: Arc<LogSink>,
+        tel: AgentTelemetry,
+    ) -> Result<ConnectionIngest, uctel_protocol::tracker::TrackerConfigError> {
+        Ok(ConnectionIngest {
+            agent: agent.to_string(),
+            instance: instance.to_string(),
+            epoch,
+            limits,
+            tracker_config,
+            store,
+            logs,
+            tel,
+            conn: SequenceTracker::new(tracker_config)?,
+            streams: HashMap::new(),
+            consumed: None,
+            dropped_before_tracking: 0,
+            conn_lost_emitted: 0,
+            unseen_conn_lost: 0,
+        })
+    }
+
+    /// The agent's metric handles.
+    pub fn telemetry(&self) -> &AgentTelemetry {
+        &self.tel
+    }
+
+    /// The connection sequence a Write-with-immediate ImmDt stands for: the 64-bit sequence
+    /// nearest the highest seen whose low 32 bits are `imm` (DESIGN.md §4, §5).
+    pub fn conn_seq_for_imm(&self, imm: u32) -> u64 {
+        self.conn.extend(imm)
+    }
+
+    /// Highest connection sequence processed (the credit point reported to the agent), `None`
+    /// before the first frame.
+    pub fn consumed(&self) -> Option<u64> {
+        self.consumed
+    }
+
+    /// Counts `n` frames dropped before they could be tracked (queue full, transport drops,
+    /// error completions): they show up as gaps, so the connection-level loss subtracts them.
+    pub fn drop_before_tracking(
+        &mut self,
+        reason: DropReason,
+        n: u64,
+        detail: &dyn std::fmt::Display,
+    ) {
+        self.dropped_before_tracking = self.dropped_before_tracking.saturating_add(n);
+        self.tel.drop_frames(reason, n, detail);
+    }
+
+    /// Only counts `n` earlier drops in the connection accounting (they were already counted
+    /// in `frames_dropped_total` by the completion poller).
+    pub fn note_dropped_before_tracking(&mut self, n: u64) {
+        self.dropped_before_tracking = self.dropped_before_tracking.saturating_add(n);
+    }
+
+    fn drop(&mut self, reason: DropReason, detail: &dyn std::fmt::Display) -> FrameOutcome {
+        self.drop_before_tracking(reason, 1, detail);
+        FrameOutcome::Dropped(reason)
+    }
+
+    /// A Write-with-immediate completion announced connection sequence `conn_seq`; `slot`
+    /// holds the bytes copied from slot `conn_seq mod slots`.
+    pub fn on_slot(&mut self, conn_seq: u64, slot: &[u8], now: Instant) -> FrameOutcome {
+        match peek_conn_seq(slot) {
+            None => self.drop(
+                DropReason::MalformedFrame,
+                &format_args!("slot for conn_seq {conn_seq} holds no frame header"),
+            ),
+            Some(h) if h == conn_seq => self.on_frame(slot, PathKind::Ring, now),
+            Some(h) if is_after(h, conn_seq) => self.drop(
+                DropReason::RingOverrun,
+                &format_args!("slot for conn_seq {conn_seq} already holds conn_seq {h}"),
+            ),
+            Some(h) => self.drop(
+                DropReason::ImmMismatch,
+                &format_args!("immediate announced conn_seq {conn_seq}, slot holds {h}"),
+            ),
+        }
+    }
+
+    /// A Send completion delivered `message` (the receive buffer, `byte_len` bytes).
+    pub fn on_send(&mut self, message: &[u8], now: Instant) -> FrameOutcome {
+        self.on_frame(message, PathKind::Send, now)
+    }
+
+    fn on_frame(&mut self, bytes: &[u8], path: PathKind, now: Instant) -> FrameOutcome {
+        let frame = match Frame::new_checked(bytes) {
+            Ok(f) => f,
+            Err(e) => return self.drop(DropReason::MalformedFrame, &e),
+        };
+        if let Err(e) = frame.check_crc() {
+            let reason = match path {
+                PathKind::Ring => DropReason::TornSlot,
+                PathKind::Send => DropReason::CrcMismatch,
+            };
+            return self.drop(reason, &e);
+        }
+        if frame.frame_len() > self.limits.max_frame_bytes {
+            let e = FrameError::TooLarge {
+                frame_len: frame.frame_len(),
+                max_frame_bytes: self.limits.max_frame_bytes,
+            };
+            return self.drop(DropReason::LimitExceeded, &e);
+        }
+        let header = frame.header();
+        if header.epoch != self.epoch {
+            let detail = format!(
+                "frame epoch {:#x}, connection epoch {:#x}",
+                header.epoch, self.epoch
+            );
+            return self.drop(DropReason::EpochMismatch, &detail);
+        }
+        // Connection sequence.
+        let conn_obs = self.conn.observe(self.epoch, header.conn_seq);
+        if let Observation::Stale { reason } = conn_obs {
+            return self.drop(
+                DropReason::StaleFrame,
+                &format_args!("conn_seq {} stale: {reason:?}", header.conn_seq),
+            );
+        }
+        if self.consumed.is_none_or(|c| is_after(header.conn_seq, c)) {
+            self.consumed = Some(header.conn_seq);
+        }
+        self.update_conn_lost();
+        // Stream sequence.
+        if !self.streams.contains_key(&header.stream_id) {
+            if self.streams.len() >= MAX_STREAMS_PER_CONNECTION {
+                return self.drop(
+                    DropReason::LimitExceeded,
+                    &format_args!(
+                        "stream {} beyond {MAX_STREAMS_PER_CONNECTION} streams per connection",
+                        header.stream_id
+                    ),
+                );
+            }
+            let Ok(tracker) = SequenceTracker::new(self.tracker_config) else {
+                return self.drop(DropReason::LimitExceeded, &"invalid tracker configuration");
+            };
+            self.streams.insert(
+                header.stream_id,
+                StreamState {
+                    tracker,
+                    tel: self.tel.stream(header.stream_id),
+                    leading_lost: 0,
+                    accepted: 0,
+                    dropped_after_tracking: 0,
+                    records_received: 0,
+                    max_record_count: 0,
+                    records_lost_emitted: 0,
+                },
+            );
+        }
+        let max_dropout = self.tracker_config.max_dropout;
+        let Some(stream) = self.streams.get_mut(&header.stream_id) else {
+            return FrameOutcome::Dropped(DropReason::LimitExceeded);
+        };
+        let obs = stream.tracker.observe(self.epoch, header.stream_seq);
+        match obs {
+            Observation::First => {
+                // Streams start at 0 in every epoch: a first frame at s > 0 lost 0..s.
+                if header.stream_seq > 0 && header.stream_seq <= max_dropout {
+                    stream.leading_lost = header.stream_seq;
+                    stream.tel.frames_lost.inc_by(header.stream_seq);
+                }
+            }
+            Observation::InOrder => {}
+            Observation::Gap { lost } => stream.tel.frames_lost.inc_by(lost),
+            Observation::Late => stream.tel.frames_late.inc(),
+            Observation::Duplicate => {
+                stream.tel.frames_duplicate.inc();
+                return FrameOutcome::Duplicate;
+            }
+            Observation::Stale { reason } => {
+                let detail = format!(
+                    "stream {} stream_seq {} stale: {reason:?}",
+                    header.stream_id, header.stream_seq
+                );
+                return self.drop(DropReason::StaleFrame, &detail);
+            }
+            Observation::Resync { .. } => stream.tel.resets_resync.inc(),
+            Observation::EpochReset { .. } => stream.tel.resets_epoch.inc(),
+        }
+        stream.max_record_count = stream.max_record_count.max(header.record_count);
+        // Payload.
+        let body = frame.payload();
+        let delivered: Result<usize, PayloadError> = match header.kind {
+            FrameKind::Metrics => payload::decode_metric_batch(body, &self.limits).map(|batch| {
+                let out = self
+                    .store
+                    .ingest(&self.agent, &self.instance, &batch.metrics, now);
+                for (rejection, n) in &out.rejected {
+                    self.tel.drop_records(
+                        rejection.drop_reason(),
+                        *n,
+                        &format_args!(
+                            "stream {} stream_seq {}: {} sample(s) not stored ({})",
+                            header.stream_id,
+                            header.stream_seq,
+                            n,
+                            rejection.as_str()
+                        ),
+                    );
+                }
+                batch.metrics.len()
+            }),
+            FrameKind::Logs => payload::decode_log_batch(body, &self.limits).map(|batch| {
+                let ctx = LogContext {
+                    agent: &self.agent,
+                    instance: &self.instance,
+                    stream: header.stream_id,
+                    stream_seq: header.stream_seq,
+                    frame_timestamp_ns: header.timestamp_ns,
+                };
+                let (failed, err) = self.logs.write_batch(&ctx, &batch.records);
+                if let Some(e) = err {
+                    self.tel.drop_records(DropReason::LogSinkError, failed, &e);
+                }
+                batch.records.len()
+            }),
+            FrameKind::Heartbeat if body.is_empty() => Ok(0),
+            FrameKind::Heartbeat => Err(PayloadError::HeartbeatPayload { len: body.len() }),
+        };
+        match delivered {
+            Ok(n) => {
+                let n = n as u64;
+                stream.accepted += 1;
+                stream.records_received = stream.records_received.saturating_add(n);
+                stream.tel.frames_received.inc();
+                stream.tel.records_received.inc_by(n);
+                stream.update_records_lost();
+                FrameOutcome::Accepted {
+                    records: u32::try_from(n).unwrap_or(u32::MAX),
+                }
+            }
+            Err(e) => {
+                let reason = match &e {
+                    PayloadError::Batch(_)
+                    | PayloadError::Record {
+                        source: RecordError::Limit(_),
+                        ..
+                    } => DropReason::LimitExceeded,
+                    _ => DropReason::MalformedPayload,
+                };
+                stream.dropped_after_tracking += 1;
+                stream.update_records_lost();
+                self.tel.drop_frames(reason, 1, &e);
+                FrameOutcome::Dropped(reason)
+            }
+        }
+    }
+
+    /// RFC 3550 A.3 interval statistics for the `Report` to the agent; also sets the
+    /// `loss_ratio` gauges and the connection-level loss counter.
+    pub fn report(&mut self) -> Report {
+        self.update_conn_lost();
+        let mut streams: Vec<StreamReport> = self
+            .streams
+            .iter_mut()
+            .map(|(id, s)| {
+                let interval = s.tracker.interval_report();
+                s.tel.loss_ratio.set(interval.fraction_lost);
+                let ledger = s.ledger();
+                StreamReport {
+                    stream_id: *id,
+                    received: s.tracker.counts().received,
+                    lost: ledger.lost,
+                    late: ledger.late,
+                    duplicate: ledger.duplicate,
+                    loss_fraction: interval.fraction_lost.clamp(0.0, 1.0),
+                }
+            })
+            .collect();
+        streams.sort_by_key(|s| s.stream_id);
+        let conn = self.conn.interval_report();
+        let counts = self.conn.counts();
+        Report {
+            consumed_conn_seq: self.consumed.unwrap_or(0),
+            streams,
+            conn_received: counts.received,
+            conn_lost: counts.lost,
+            conn_loss_fraction: conn.fraction_lost.clamp(0.0, 1.0),
+        }
+    }
+
+    /// The agent said goodbye: settle tail loss from its final sequences
+    /// (`SequenceTracker::close`) and record counts, and return the accounting.
+    pub fn close(&mut self, goodbye: &Goodbye) -> CloseSummary {
+        if let Some(final_conn) = goodbye.final_conn_seq {
+            match self.conn.close(self.epoch, final_conn) {
+                Ok(_) => {}
+                Err(CloseError::EpochNotObserved { .. }) => {
+                    // Nothing of this connection arrived: the whole sequence 0..=final is
+                    // lost (connection sequences start at 0 each epoch).
+                    self.unseen_conn_lost = final_conn.saturating_add(1);
+                }
+                Err(e) => {
+                    tracing::warn!(agent = %self.agent, error = %e, "goodbye: connection sequence not settled")
+                }
+            }
+        }
+        for fin in &goodbye.streams {
+            if !self.streams.contains_key(&fin.stream_id)
+                && self.streams.len() >= MAX_STREAMS_PER_CONNECTION
+            {
+                continue;
+            }
+            let Ok(tracker) = SequenceTracker::new(self.tracker_config) else {
+                continue;
+            };
+            let tel = &self.tel;
+            let stream = self
+                .streams
+                .entry(fin.stream_id)
+                .or_insert_with(|| StreamState {
+                    tracker,
+                    tel: tel.stream(fin.stream_id),
+                    leading_lost: 0,
+                    accepted: 0,
+                    dropped_after_tracking: 0,
+                    records_received: 0,
+                    max_record_count: 0,
+                    records_lost_emitted: 0,
+                });
+            if let Some(final_seq) = fin.final_stream_seq {
+                match stream.tracker.close(self.epoch, final_seq) {
+                    Ok(tail) => stream.tel.frames_lost.inc_by(tail),
+                    Err(CloseError::EpochNotObserved { .. }) => {
+                        let all = final_seq.saturating_add(1);
+                        stream.leading_lost = stream.leading_lost.saturating_add(all);
+                        stream.tel.frames_lost.inc_by(all);
+                    }
+                    Err(e) => tracing::warn!(
+                        agent = %self.agent,
+                        stream = fin.stream_id,
+                        error = %e,
+                        "goodbye: stream sequence not settled"
+                    ),
+                }
+            }
+            stream.max_record_count = stream.max_record_count.max(fin.final_record_count);
+            stream.update_records_lost();
+        }
+        self.update_conn_lost();
+        let mut streams: Vec<(u32, StreamLedger)> = self
+            .streams
+            .iter()
+            .map(|(id, s)| (*id, s.ledger()))
+            .collect();
+        streams.sort_by_key(|(id, _)| *id);
+        let counts = self.conn.counts();
+        CloseSummary {
+            streams,
+            conn_received: counts.received,
+            conn_lost: counts.lost.saturating_add(self.unseen_conn_lost),
+            dropped_before_tracking: self.dropped_before_tracking,
+        }
+    }
+
+    /// Accounting of every stream so far (this connection).
+    pub fn ledger(&self) -> Vec<(u32, StreamLedger)> {
+        let mut v: Vec<_> = self
+            .streams
+            .iter()
+            .map(|(id, s)| (*id, s.ledger()))
+            .collect();
+        v.sort_by_key(|(id, _)| *id);
+        v
+    }
+
+    fn update_conn_lost(&mut self) {
+        let lost = self
+            .conn
+            .counts()
+            .lost
+            .saturating_add(self.unseen_conn_lost)
+            .saturating_sub(self.dropped_before_tracking);
+        if lost > self.conn_lost_emitted {
+            self.tel
+                .connection_frames_lost
+                .inc_by(lost - self.conn_lost_emitted);
+            self.conn_lost_emitted = lost;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{LogSinkKind, LogsConfig};
+    use crate::telemetry::Telemetry;
+    use std::time::Duration;
+    use uctel_protocol::control::StreamFinal;
+    use uctel_protocol::frame::{build_frame, FrameFlags, FrameHeader};
+    use uctel_protocol::payload::{encode_metric_batch, Metric, MetricBatch, MetricType};
+
+    const EPOCH: u64 = 0xfeed;
+
+    struct Rig {
+        ingest: ConnectionIngest,
+        store: SeriesStore,
+        telemetry: Telemetry,
+    }
+
+    fn rig() -> Rig {
+        let telemetry = Telemetry::new().unwrap();
+        let store = SeriesStore::new(Duration::from_secs(60), 1000);
+        let logs = Arc::new(
+            LogSink::open(&LogsConfig {
+                sink: LogSinkKind::Stdout,
+                ..Default::default()
+            })
+            .unwrap(),
+        );
+        let ingest = ConnectionIngest::new(
+            "a1",
+            "host-a1",
+            EPOCH,
+            Limits::default(),
+            TrackerConfig::default(),
+            store.clone(),
+            logs,
+            telemetry.agent("a1"),
+        )
+        .unwrap();
+        Rig {
+            ingest,
+            store,
+            telemetry,
+        }
+    }
+
+    fn frame(conn_seq: u64, stream: u32, stream_seq: u64, record_count: u64) -> Vec<u8> {
+        let batch = MetricBatch {
+            metrics: vec![Metric {
+                name: "node_load1".into(),
+                r#type: MetricType::Gauge as i32,
+                value: stream_seq as f64,
+                ..Default::default()
+            }],
+        };
+        let header = FrameHeader {
+            flags: FrameFlags::EMPTY,
+            epoch: EPOCH,
+            conn_seq,
+            stream_seq,
+            record_count,
+            timestamp_ns: 1,
+            ..FrameHeader::new(FrameKind::Metrics, stream)
+        };
+        build_frame(&header, &encode_metric_batch(&batch)).unwrap()
+    }
+
+    fn slot(bytes: &[u8]) -> Vec<u8> {
+        let mut s = vec![0u8; 4096];
+        s[..bytes.len()].copy_from_slice(bytes);
+        s
+    }
+
+    fn now() -> Instant {
+        Instant::now()
+    }
+
+    #[test]
+    fn in_order_frames_are_stored_and_counted() {
+        let mut r = rig();
+        for c in 0..3u64 {
+            let out = r.ingest.on_slot(c, &slot(&frame(c, 1, c, c + 1)), now());
+            assert_eq!(out, FrameOutcome::Accepted { records: 1 });
+        }
+        assert_eq!(r.ingest.consumed(), Some(2));
+        assert_eq!(r.store.series_count("a1"), 1);
+        let l = r.ingest.ledger();
+        assert_eq!(l[0].1.accepted, 3);
+        assert_eq!(l[0].1.lost, 0);
+        let text = String::from_utf8(r.telemetry.render().unwrap()).unwrap();
+        assert!(text.contains("uctel_collector_frames_received_total{agent=\"a1\",stream=\"1\"} 3"));
+        r.telemetry
+            .registry()
+            .register(Box::new(r.store.collector()))
+            .unwrap();
+        let text = String::from_utf8(r.telemetry.render().unwrap()).unwrap();
+        assert!(
+            text.contains("node_load1{agent=\"a1\",instance=\"host-a1\"} 2"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn gaps_late_duplicates_and_tail_add_up() {
+        let mut r = rig();
+        // Sent stream seqs 0..=9 on conn seqs 0..=9; 2, 5 lost; 7 arrives late; 3 twice;
+        // 8 and 9 lost at the tail.
+        for s in [0u64, 1, 3, 3, 4, 6, 7] {
+            let _ = r.ingest.on_send(&frame(s, 1, s, s + 1), now());
+        }
+        let _ = r.ingest.on_send(&frame(2, 1, 2, 3), now()); // late
+        let summary = r.ingest.close(&Goodbye {
+            final_conn_seq: Some(9),
+            streams: vec![StreamFinal {
+                stream_id: 1,
+                final_stream_seq: Some(9),
+                final_record_count: 10,
+            }],
+            ..Default::default()
+        });
+        let l = summary.streams[0].1;
+        assert_eq!(l.accepted, 7);
+        assert_eq!(l.duplicate, 1);
+        assert_eq!(l.late, 1);
+        assert_eq!(l.lost, 3); // 5, 8, 9
+        assert_eq!(10, l.accepted + l.lost + l.dropped_after_tracking);
+        assert_eq!(l.records_received, 7);
+        assert_eq!(l.records_lost, 3);
+        assert_eq!(summary.conn_received + summary.conn_lost, 10);
+    }
+
+    #[test]
+    fn ring_overrun_and_imm_mismatch_never_accepted() {
+        let mut r = rig();
+        let _ = r.ingest.on_slot(0, &slot(&frame(0, 1, 0, 1)), now());
+        // Announced conn_seq 1 but the slot was already overwritten by 1 + slots.
+        let out = r
+            .ingest
+            .on_slot(1, &slot(&frame(1025, 1, 1025, 1026)), now());
+        assert_eq!(out, FrameOutcome::Dropped(DropReason::RingOverrun));
+        // Announced 2 but the slot still holds an older frame.
+        let out = r.ingest.on_slot(2, &slot(&frame(0, 1, 0, 1)), now());
+        assert_eq!(out, FrameOutcome::Dropped(DropReason::ImmMismatch));
+        let t = r.ingest.telemetry();
+        assert_eq!(t.frames_dropped(DropReason::RingOverrun), 1);
+        assert_eq!(t.frames_dropped(DropReason::ImmMismatch), 1);
+        assert_eq!(r.ingest.ledger()[0].1.accepted, 1);
+    }
+
+    #[test]
+    fn torn_slots_and_corruption_are_counted() {
+        let mut r = rig();
+        let mut f = frame(0, 1, 0, 1);
+        let last = f.len() - 1;
+        f[last] ^= 0x40;
+        assert_eq!(
+            r.ingest.on_slot(0, &slot(&f), now()),
+            FrameOutcome::Dropped(DropReason::TornSlot)
+        );
+        assert_eq!(
+            r.ingest.on_send(&f, now()),
+            FrameOutcome::Dropped(DropReason::CrcMismatch)
+        );
+        assert_eq!(
+            r.ingest.on_send(b"garbage that is not a frame", now()),
+            FrameOutcome::Dropped(DropReason::MalformedFrame)
+        );
+        assert_eq!(
+            r.ingest.on_slot(5, &[0u8; 4096], now()),
+            FrameOutcome::Dropped(DropReason::MalformedFrame)
+        );
+        let t = r.ingest.telemetry();
+        assert_eq!(t.frames_dropped(DropReason::TornSlot), 1);
+        assert_eq!(t.frames_dropped(DropReason::CrcMismatch), 1);
+        assert_eq!(t.frames_dropped(DropReason::MalformedFrame), 2);
+    }
+
+    #[test]
+    fn wrong_epoch_dropped() {
+        let mut r = rig();
+        let header = FrameHeader {
+            epoch: EPOCH + 1,
+            ..FrameHeader::new(FrameKind::Heartbeat, 1)
+        };
+        let f = build_frame(&header, &[]).unwrap();
+        assert_eq!(
+            r.ingest.on_send(&f, now()),
+            FrameOutcome::Dropped(DropReason::EpochMismatch)
+        );
+    }
+
+    #[test]
+    fn bad_payload_is_dropped_after_tracking_and_accounted() {
+        let mut r = rig();
+        let _ = r.ingest.on_send(&frame(0, 1, 0, 1), now());
+        let header = FrameHeader {
+            epoch: EPOCH,
+            conn_seq: 1,
+            stream_seq: 1,
+            record_count: 2,
+            ..FrameHeader::new(FrameKind::Metrics, 1)
+        };
+        let bad = build_frame(&header, &[0xff, 0xff, 0xff]).unwrap();
+        assert_eq!(
+            r.ingest.on_send(&bad, now()),
+            FrameOutcome::Dropped(DropReason::MalformedPayload)
+        );
+        let _ = r.ingest.on_send(&frame(2, 1, 2, 3), now());
+        let s = r.ingest.close(&Goodbye {
+            final_conn_seq: Some(2),
+            streams: vec![StreamFinal {
+                stream_id: 1,
+                final_stream_seq: Some(2),
+                final_record_count: 3,
+            }],
+            ..Default::default()
+        });
+        let l = s.streams[0].1;
+        assert_eq!((l.accepted, l.lost, l.dropped_after_tracking), (2, 0, 1));
+        assert_eq!(l.records_lost, 1);
+    }
+
+    #[test]
+    fn leading_loss_and_unseen_streams_count() {
+        let mut r = rig();
+        let _ = r.ingest.on_send(&frame(4, 1, 4, 5), now());
+        let s = r.ingest.close(&Goodbye {
+            final_conn_seq: Some(4),
+            streams: vec![
+                StreamFinal {
+                    stream_id: 1,
+                    final_stream_seq: Some(4),
+                    final_record_count: 5,
+                },
+                StreamFinal {
+                    stream_id: 2,
+                    final_stream_seq: Some(1),
+                    final_record_count: 2,
+                },
+            ],
+            ..Default::default()
+        });
+        let by_id: HashMap<u32, StreamLedger> = s.streams.into_iter().collect();
+        assert_eq!(by_id[&1].lost, 4);
+        assert_eq!(by_id[&1].accepted, 1);
+        assert_eq!(by_id[&2].lost, 2);
+        assert_eq!(by_id[&2].records_lost, 2);
+    }
+
+    #[test]
+    fn report_carries_credits_and_fractions() {
+        let mut r = rig();
+        for s in [0u64, 1, 3] {
+            let _ = r.ingest.on_send(&frame(s, 1, s, s + 1), now());
+        }
+        let report = r.ingest.report();
+        assert_eq!(report.consumed_conn_seq, 3);
+        assert_eq!(report.conn_received, 3);
+        assert_eq!(report.conn_lost, 1);
+        assert_eq!(report.streams.len(), 1);
+        assert!((report.streams[0].loss_fraction - 0.25).abs() < 1e-9);
+    }
+}
