@@ -6,8 +6,8 @@ use uctel_transport::api::{
     AccessFlags, Mtu, QpErrorCause, QpState, QpStats, SendOpcode, UcDropReason, WcOpcode, WcStatus,
 };
 use uctel_transport::soft::engine::{
-    CompletionSink, LocalSge, PostRefusal, RecvWqe, RtrAttr, RxOutcome, SendWqe, UcQp, UcQpConfig,
-    VecCq,
+    CompletionSink, LocalSge, PostRefusal, RecvRefusal, RecvWqe, RtrAttr, RxOutcome, SendWqe, UcQp,
+    UcQpConfig, VecCq,
 };
 use uctel_transport::soft::memory::{MrTable, SoftMr};
 use uctel_transport::soft::packet::{BthRepr, Opcode, PacketRepr, RethRepr, DEFAULT_PKEY};
@@ -1091,7 +1091,7 @@ fn queues_refuse_beyond_their_depth() {
             wr_id: 3,
             sge: None
         }),
-        Err(PostRefusal::Full(2))
+        Err(RecvRefusal::Full(2))
     );
     // Sending frees send queue slots.
     assert_eq!(a.transmit_checked().len(), 2);

@@ -195,6 +195,15 @@ pub enum PostRefusal {
     TooLong(u32),
 }
 
+/// Why the engine refused a receive WR.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecvRefusal {
+    /// The QP is in RESET.
+    State(QpState),
+    /// The queue is full; the depth.
+    Full(u32),
+}
+
 /// What happened to one inbound packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RxOutcome {
@@ -497,13 +506,13 @@ impl UcQp {
     /// Queues a receive WR. Allowed in INIT, RTR, RTS and ERROR (flushed by [`UcQp::flush`]).
     ///
     /// # Errors
-    /// [`PostRefusal`].
-    pub fn post_recv(&mut self, wqe: RecvWqe) -> Result<(), PostRefusal> {
+    /// [`RecvRefusal`].
+    pub fn post_recv(&mut self, wqe: RecvWqe) -> Result<(), RecvRefusal> {
         if self.state == QpState::Reset {
-            return Err(PostRefusal::State(self.state));
+            return Err(RecvRefusal::State(self.state));
         }
         if self.rq.len() >= self.cfg.max_recv_wr as usize {
-            return Err(PostRefusal::Full(self.cfg.max_recv_wr));
+            return Err(RecvRefusal::Full(self.cfg.max_recv_wr));
         }
         self.rq.push_back(wqe);
         Ok(())
@@ -1070,8 +1079,9 @@ mod tests {
         let mut buf = Vec::new();
         let info = a.poll_transmit(&mem, &mut buf, &mut scq).unwrap();
         assert_eq!(info.opcode, Opcode::SendOnlyWithImmediate);
-        assert!(a.poll_transmit(&mem, &mut buf, &mut scq).is_none());
         let mut buf2 = Vec::new();
+        assert!(a.poll_transmit(&mem, &mut buf2, &mut scq).is_none());
+        assert!(buf2.is_empty());
         a.post_send(SendWqe {
             wr_id: 10,
             opcode: SendOpcode::Send,
