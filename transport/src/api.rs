@@ -772,6 +772,9 @@ pub enum QpErrorCause {
     BadReceiveWr,
     /// A send WR's memory region became unusable (`IBV_WC_LOC_PROT_ERR`).
     LocalProtection,
+    /// Reported by an RDMA device, which gives no cause (verbs `IBV_EVENT_QP_FATAL`,
+    /// `IBV_EVENT_QP_REQ_ERR`, `IBV_EVENT_QP_ACCESS_ERR`).
+    Device,
 }
 
 /// Asynchronous events (`ibv_get_async_event`).
@@ -789,6 +792,17 @@ pub enum AsyncEvent {
         /// The CQ's handle number ([`CompletionQueue::handle`]).
         cq: u32,
     },
+    /// `IBV_EVENT_PORT_ACTIVE` / `IBV_EVENT_PORT_ERR`: the device port went up or down
+    /// (verbs transport; QPs on a port that went down stop carrying traffic).
+    PortChange {
+        /// Port number (1-based).
+        port: u32,
+        /// Whether the port is now ACTIVE.
+        active: bool,
+    },
+    /// `IBV_EVENT_DEVICE_FATAL`: the RDMA device failed; every object on it is unusable and
+    /// the device must be closed and opened again (verbs transport).
+    DeviceFatal,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1265,10 +1279,18 @@ impl Device {
     /// socket/device cannot be opened, [`OpenError::InvalidConfig`] for inconsistent settings.
     pub fn open(config: &DeviceConfig) -> Result<Device, OpenError> {
         match config {
-            DeviceConfig::Soft(cfg) => crate::soft::device::SoftDevice::open(cfg),
+            DeviceConfig::Soft(cfg) => crate::soft::device::SoftDevice::open(cfg).map(Device::from),
+            #[cfg(feature = "verbs")]
+            DeviceConfig::Verbs(cfg) => crate::verbs::open(cfg),
+            #[cfg(not(feature = "verbs"))]
+            #[cfg(feature = "verbs")]
+            DeviceConfig::Verbs(cfg) => crate::verbs::open(cfg),
+            #[cfg(not(feature = "verbs"))]
             DeviceConfig::Verbs(_) => Err(OpenError::Unsupported {
                 kind: TransportKind::Verbs,
-                detail: "the verbs transport is not built into this binary".to_owned(),
+                detail: "the verbs transport is not built into this binary (cargo feature \
+                         `verbs`)"
+                    .to_owned(),
             }),
         }
     }
