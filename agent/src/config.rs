@@ -13,7 +13,7 @@
 //! transport:
 //!   kind: soft                      # soft | verbs
 //!   soft:
-//!     fault: { drop_ratio: 0.0, seed: 1 }
+//!     fault: { drop_ratio: 0.0, seed: 1 }   # lab only
 //! auth:
 //!   token_file: /etc/uctel/agent.token   # or `token: ...`
 //! sources:
@@ -35,6 +35,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use uctel_common::config::{Problems, Validate};
+use uctel_transport::soft::fault::{FaultConfig, FaultConfigError};
 
 use crate::pacing::PacingLimits;
 use crate::stream::Stream;
@@ -168,43 +169,48 @@ pub struct TransportSection {
 }
 
 /// `transport.soft`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SoftSection {
     /// Local UDP address of the soft RoCEv2 endpoint. Default: an ephemeral port on the
-    /// address the control connection uses. Real RoCEv2 peers (rxe, NICs) send to UDP 4791.
+    /// local address of the control connection. Real RoCEv2 peers (rxe, NICs) send to UDP
+    /// 4791.
     #[serde(default)]
     pub bind: Option<SocketAddr>,
-    /// Lab fault injection on the agent's outgoing packets; off by default.
+    /// Largest path MTU offered, bytes: 256, 512, 1024, 2048 or 4096 (default). The QP uses
+    /// the smaller of both sides'; a frame larger than the path MTU becomes a multi-packet
+    /// UC message, which one lost packet loses whole.
+    #[serde(default = "default_mtu_bytes")]
+    pub mtu_bytes: u32,
+    /// Lab fault injection on the agent's packets (the soft transport's seeded
+    /// `FaultInjector`): `drop_ratio`, `duplicate_ratio`, `reorder_ratio` with
+    /// `reorder_window`, `corrupt_ratio`, `delay_ms`, `seed`, `direction` (`send`, `recv`,
+    /// `both`). Off by default.
     #[serde(default)]
-    pub fault: FaultSection,
+    pub fault: FaultConfig,
 }
 
-/// `transport.soft.fault`: seeded fault injection for lab testing (drop only on the agent
-/// side; the transport's injector does the work). Every knob defaults to off.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FaultSection {
-    /// Probability in `[0, 1]` that a packet is dropped.
-    #[serde(default)]
-    pub drop_ratio: f64,
-    /// Probability in `[0, 1]` that a packet is sent twice.
-    #[serde(default)]
-    pub duplicate_ratio: f64,
-    /// Probability in `[0, 1]` that a packet has one bit flipped (the ICRC check then drops
-    /// it at the receiver).
-    #[serde(default)]
-    pub corrupt_ratio: f64,
-    /// Seed of the injector's random generator: the same seed gives the same faults.
-    #[serde(default)]
-    pub seed: u64,
+fn default_mtu_bytes() -> u32 {
+    4096
 }
 
-impl FaultSection {
-    /// True when any fault is enabled.
-    pub fn enabled(&self) -> bool {
-        self.drop_ratio > 0.0 || self.duplicate_ratio > 0.0 || self.corrupt_ratio > 0.0
+impl Default for SoftSection {
+    fn default() -> Self {
+        Self {
+            bind: None,
+            mtu_bytes: default_mtu_bytes(),
+            fault: FaultConfig::default(),
+        }
     }
+}
+
+/// True when any fault of `f` is enabled.
+pub fn faults_enabled(f: &FaultConfig) -> bool {
+    f.drop_ratio > 0.0
+        || f.duplicate_ratio > 0.0
+        || f.reorder_ratio > 0.0
+        || f.corrupt_ratio > 0.0
+        || f.delay_ms > 0
 }
 
 /// `transport.verbs`.
@@ -295,7 +301,7 @@ impl AuthSection {
 }
 
 /// `sources`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SourcesSection {
     /// Host metrics named like node_exporter, plus RDMA counters.
@@ -307,6 +313,17 @@ pub struct SourcesSection {
     /// The agent's own `uctel_agent_*` counters, shipped on the metrics stream.
     #[serde(default)]
     pub self_metrics: SelfMetricsSection,
+    /// Directory for the log sources' offset checkpoints (one JSON file per `logs` entry,
+    /// named after a hash of its `path`). Default `/var/lib/uctel-agent` (systemd
+    /// `StateDirectory=`). `null` disables checkpoints: a restart then starts over at
+    /// `start_at`.
+    #[serde(default = "default_state_directory")]
+    pub state_directory: Option<PathBuf>,
+}
+
+#[allow(clippy::unnecessary_wraps)]
+fn default_state_directory() -> Option<PathBuf> {
+    Some(PathBuf::from("/var/lib/uctel-agent"))
 }
 
 /// `sources.host_metrics`.
@@ -329,6 +346,17 @@ pub struct HostMetricsSection {
     /// Prefix joined to mount points before statvfs(2) (`/`).
     #[serde(default = "default_rootfs")]
     pub rootfs_path: PathBuf,
+}
+
+impl Default for SourcesSection {
+    fn default() -> Self {
+        Self {
+            host_metrics: HostMetricsSection::default(),
+            logs: Vec::new(),
+            self_metrics: SelfMetricsSection::default(),
+            state_directory: default_state_directory(),
+        }
+    }
 }
 
 fn default_true() -> bool {
@@ -380,7 +408,7 @@ impl Default for SelfMetricsSection {
     }
 }
 
-/// Where a newly found log file is read from.
+/// Where a log file found at the first scan without a checkpoint is read from.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StartAt {
@@ -391,30 +419,58 @@ pub enum StartAt {
     Beginning,
 }
 
-/// One entry of `sources.logs`.
+/// One entry of `sources.logs`: one tailer following the files its glob matches.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogSection {
-    /// A glob (`/var/log/app/*.log`); re-expanded periodically so new files are picked up.
+    /// An absolute glob (`/var/log/app/*.log`); re-evaluated every `glob_interval_seconds`
+    /// so new files are picked up. With copytruncate rotation it must not match the copies.
     pub path: String,
-    /// Where a file without a checkpoint is read from. Default `end`.
+    /// Globs of paths to skip even if `path` matches them (`/var/log/*.gz`).
+    #[serde(default)]
+    pub exclude: Vec<String>,
+    /// Where a file without a checkpoint is read from at start: `end` (default) or
+    /// `beginning`. Files that appear later are always read from their beginning.
     #[serde(default)]
     pub start_at: StartAt,
-    /// Lines longer than this many bytes are cut; the rest of the line is skipped and the
-    /// record is marked truncated. Default 16384 (the frame codec's message limit).
-    #[serde(default = "default_max_line_bytes")]
-    pub max_line_bytes: usize,
-    /// Seconds between two polls of the files. Default 0.25.
+    /// Lines longer than this many bytes are cut and the rest of the line is discarded
+    /// (counted). Must fit a frame with room for the record's encoding:
+    /// at most `max_frame_bytes − 576`. Default: 2048, or less when `max_frame_bytes` needs
+    /// it (see [`AgentConfig::max_line_bytes`]).
+    #[serde(default)]
+    pub max_line_bytes: Option<usize>,
+    /// A last line without a newline is shipped as is after this long. Default 1.
+    #[serde(default = "default_partial_line_timeout")]
+    pub partial_line_timeout_seconds: f64,
+    /// A rotated-away or deleted file stays open this long for late writers. Default 5.
+    #[serde(default = "default_rotate_wait")]
+    pub rotate_wait_seconds: f64,
+    /// Seconds between two glob evaluations. Default 1.
+    #[serde(default = "default_glob_interval")]
+    pub glob_interval_seconds: f64,
+    /// Seconds between two polls of the followed files. Default 0.25.
     #[serde(default = "default_poll_interval")]
     pub poll_interval_seconds: f64,
 }
 
-fn default_max_line_bytes() -> usize {
-    16 * 1024
+/// The default longest log line (bytes) when `max_frame_bytes` leaves room for it.
+pub const DEFAULT_MAX_LINE_BYTES: usize = 2048;
+fn default_partial_line_timeout() -> f64 {
+    1.0
+}
+fn default_rotate_wait() -> f64 {
+    5.0
+}
+fn default_glob_interval() -> f64 {
+    1.0
 }
 fn default_poll_interval() -> f64 {
     0.25
 }
+
+/// Bytes a log record needs in a frame beyond its message: the frame header (64) plus room
+/// for the record's fields (timestamp, severity, source path up to 448 bytes, tags).
+pub const LOG_RECORD_OVERHEAD_BYTES: usize = 576;
 
 /// `pacing`: caps on the send rate (token buckets, see [`crate::pacing`]). A frame that has
 /// to wait waits in the sender; what cannot wait is dropped and counted at the source.
@@ -550,12 +606,6 @@ fn check_seconds(p: &mut Problems, key: &str, v: f64, min: f64, max: f64) {
     }
 }
 
-fn check_ratio(p: &mut Problems, key: &str, v: f64) {
-    if !(0.0..=1.0).contains(&v) {
-        p.push(key, format!("must be a ratio in [0, 1], got {v}"));
-    }
-}
-
 /// Splits `host:port` (`[v6]:port` for IPv6 literals). Returns `(host, port)`.
 pub fn split_host_port(s: &str) -> Option<(&str, u16)> {
     let (host, port) = s.rsplit_once(':')?;
@@ -644,10 +694,22 @@ impl Validate for AgentConfig {
             );
         }
 
-        let f = &self.transport.soft.fault;
-        check_ratio(p, "transport.soft.fault.drop_ratio", f.drop_ratio);
-        check_ratio(p, "transport.soft.fault.duplicate_ratio", f.duplicate_ratio);
-        check_ratio(p, "transport.soft.fault.corrupt_ratio", f.corrupt_ratio);
+        match self.transport.soft.fault.validate() {
+            Ok(()) => {}
+            Err(FaultConfigError::Ratio { field, value }) => p.push(
+                format!("transport.soft.fault.{field}"),
+                format!("must be a ratio in [0, 1], got {value}"),
+            ),
+            Err(e @ FaultConfigError::Reorder { .. }) => {
+                p.push("transport.soft.fault.reorder_window", e);
+            }
+        }
+        if ![256, 512, 1024, 2048, 4096].contains(&self.transport.soft.mtu_bytes) {
+            p.push(
+                "transport.soft.mtu_bytes",
+                "must be 256, 512, 1024, 2048 or 4096",
+            );
+        }
         if self.transport.verbs.port == 0 {
             p.push("transport.verbs.port", "port numbers start at 1");
         }
@@ -689,32 +751,67 @@ impl Validate for AgentConfig {
             86400.0,
         );
         for (i, l) in self.sources.logs.iter().enumerate() {
-            if l.path.trim().is_empty() {
-                p.push(format!("sources.logs[{i}].path"), "must not be empty");
-            } else if let Err(e) = glob::Pattern::new(&l.path) {
-                p.push(
-                    format!("sources.logs[{i}].path"),
-                    format!("invalid glob: {e}"),
-                );
-            } else if !Path::new(&l.path).is_absolute() {
-                p.push(
-                    format!("sources.logs[{i}].path"),
-                    "must be an absolute path",
-                );
+            let key = |k: &str| format!("sources.logs[{i}].{k}");
+            for (k, pattern) in std::iter::once(("path".to_owned(), &l.path)).chain(
+                l.exclude
+                    .iter()
+                    .enumerate()
+                    .map(|(j, e)| (format!("exclude[{j}]"), e)),
+            ) {
+                if pattern.trim().is_empty() {
+                    p.push(key(&k), "must not be empty");
+                } else if let Err(e) = glob::Pattern::new(pattern) {
+                    p.push(key(&k), format!("invalid glob: {e}"));
+                } else if !Path::new(pattern).is_absolute() {
+                    p.push(key(&k), "must be an absolute path");
+                }
             }
-            if !(64..=1024 * 1024).contains(&l.max_line_bytes) {
+            let max_line = self
+                .max_frame_bytes
+                .saturating_sub(LOG_RECORD_OVERHEAD_BYTES);
+            if l.max_line_bytes
+                .is_some_and(|m| !(16..=max_line.max(16)).contains(&m))
+            {
                 p.push(
-                    format!("sources.logs[{i}].max_line_bytes"),
-                    "must be in 64..=1048576",
+                    key("max_line_bytes"),
+                    format!(
+                        "must be in 16..={max_line} (max_frame_bytes − {LOG_RECORD_OVERHEAD_BYTES}) so a line fits a frame"
+                    ),
                 );
             }
             check_seconds(
                 p,
-                &format!("sources.logs[{i}].poll_interval_seconds"),
+                &key("partial_line_timeout_seconds"),
+                l.partial_line_timeout_seconds,
+                0.01,
+                3600.0,
+            );
+            check_seconds(
+                p,
+                &key("rotate_wait_seconds"),
+                l.rotate_wait_seconds,
+                0.0,
+                3600.0,
+            );
+            check_seconds(
+                p,
+                &key("glob_interval_seconds"),
+                l.glob_interval_seconds,
+                0.01,
+                3600.0,
+            );
+            check_seconds(
+                p,
+                &key("poll_interval_seconds"),
                 l.poll_interval_seconds,
                 0.01,
                 3600.0,
             );
+        }
+        if let Some(dir) = &self.sources.state_directory {
+            if !dir.is_absolute() {
+                p.push("sources.state_directory", "must be an absolute path");
+            }
         }
 
         let pc = &self.pacing;
@@ -784,6 +881,18 @@ impl AgentConfig {
         uctel_common::config::from_str(name, text)
     }
 
+    /// The longest log line of `entry`: its `max_line_bytes`, or [`DEFAULT_MAX_LINE_BYTES`]
+    /// lowered to fit `max_frame_bytes`.
+    pub fn max_line_bytes(&self, entry: &LogSection) -> usize {
+        entry.max_line_bytes.unwrap_or_else(|| {
+            DEFAULT_MAX_LINE_BYTES.min(
+                self.max_frame_bytes
+                    .saturating_sub(LOG_RECORD_OVERHEAD_BYTES)
+                    .max(16),
+            )
+        })
+    }
+
     /// The pacing limits for the sender, with the frame size the collector agreed to.
     pub fn pacing_limits(&self, max_frame_bytes: usize) -> PacingLimits {
         PacingLimits {
@@ -811,7 +920,7 @@ mod tests {
         let c = load(MINIMAL).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.agent_id, "a1");
         assert_eq!(c.transport.kind, TransportKind::Soft);
-        assert!(!c.transport.soft.fault.enabled());
+        assert!(!faults_enabled(&c.transport.soft.fault));
         assert_eq!(c.max_frame_bytes, 4096);
         assert_eq!(c.streams.metrics.data_path, DataPath::WriteWithImm);
         assert!(c.listen.metrics.is_none());
@@ -854,7 +963,7 @@ max_frame_bytes: 2048
         let c = load(text).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.transport.kind, TransportKind::Verbs);
         assert_eq!(c.transport.soft.fault.seed, 7);
-        assert!(c.transport.soft.fault.enabled());
+        assert!(faults_enabled(&c.transport.soft.fault));
         assert_eq!(c.sources.logs.len(), 1);
         assert_eq!(c.sources.logs[0].start_at, StartAt::Beginning);
         assert_eq!(c.streams.get(Stream::Metrics).data_path, DataPath::Send);

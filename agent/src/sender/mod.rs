@@ -2,5 +2,8 @@
 //!
 //! - [`core`]: the sans-IO send pipeline of one connection (framing, pacing, credits,
 //!   stamping, accounting).
+//! - [`pump`]: the IO step moving records from the source queues into the pipeline and
+//!   frames from the pipeline to a [`pump::FrameSink`].
 
 pub mod core;
+pub mod pump;

@@ -1,0 +1,342 @@
+//! `--dry-run`: collect and frame exactly as in normal operation, then decode each frame and
+//! print it to stdout as one JSON object per line instead of sending it.
+//!
+//! The same pipeline runs ([`SenderCore`]: framing, limits, pacing, stamping) with a credit
+//! window that the printer replenishes itself, so what is printed is what would go on the
+//! wire. With `once`, one round of every source is framed and printed, then the run ends.
+//!
+//! Output line (keys sorted):
+//!
+//! ```json
+//! {"epoch":…,"conn_seq":0,"stream":"metrics","stream_seq":0,"kind":"metrics","flags":0,
+//!  "timestamp_ns":…,"record_count":120,"frame_bytes":4012,"data_path":"write_with_imm",
+//!  "records":[{"name":"node_load1","type":"gauge","labels":{},"value":0.42}, …]}
+//! ```
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Map, Value};
+use uctel_common::shutdown::Shutdown;
+use uctel_protocol::frame::{decode_frame, Payload};
+use uctel_protocol::limits::Limits;
+use uctel_protocol::payload::{MetricType, Severity};
+
+use crate::config::{seconds, AgentConfig};
+use crate::runners::{self, Queues};
+use crate::selfmetrics::{DropReason, SelfMetrics};
+use crate::sender::core::{SenderConfig, SenderCore, Transmit};
+use crate::sender::pump::{self, FrameSink, PostOutcome, Stop};
+use crate::sources::host::HostMetrics;
+use crate::sources::logs::LogTailer;
+use crate::stream::Stream;
+
+/// Why a dry run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DryRunError {
+    /// The pipeline could not be built from the configuration.
+    #[error("cannot build the send pipeline: {0}")]
+    Pipeline(String),
+    /// A source could not start.
+    #[error("cannot start a source: {0}")]
+    Source(String),
+    /// Writing to the output failed.
+    #[error("writing the dry-run output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+/// Totals of a dry run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DryRunSummary {
+    /// Frames printed.
+    pub frames: u64,
+    /// Records in them.
+    pub records: u64,
+}
+
+/// The frame limits for `config` (its `max_frame_bytes`).
+pub fn limits(config: &AgentConfig) -> Limits {
+    Limits {
+        max_frame_bytes: config.max_frame_bytes,
+        ..Limits::default()
+    }
+}
+
+/// Decodes a stamped frame into its JSON line.
+pub fn frame_json(t: &Transmit, limits: &Limits) -> Value {
+    match decode_frame(&t.bytes, limits) {
+        Ok(d) => {
+            let records: Vec<Value> = match &d.payload {
+                Payload::Metrics(b) => b
+                    .metrics
+                    .iter()
+                    .map(|m| {
+                        let labels: Map<String, Value> = m
+                            .labels
+                            .iter()
+                            .map(|l| (l.name.clone(), Value::String(l.value.clone())))
+                            .collect();
+                        let ty = match MetricType::try_from(m.r#type) {
+                            Ok(MetricType::Counter) => "counter",
+                            Ok(MetricType::Gauge) => "gauge",
+                            Ok(MetricType::Histogram) => "histogram",
+                            _ => "unspecified",
+                        };
+                        let mut o = json!({"name": m.name, "type": ty, "labels": labels, "value": m.value});
+                        if !m.buckets.is_empty() {
+                            o["count"] = json!(m.count);
+                            o["sum"] = json!(m.sum);
+                        }
+                        o
+                    })
+                    .collect(),
+                Payload::Logs(b) => b
+                    .records
+                    .iter()
+                    .map(|r| {
+                        let sev = match Severity::try_from(r.severity) {
+                            Ok(Severity::Trace) => "trace",
+                            Ok(Severity::Debug) => "debug",
+                            Ok(Severity::Info) => "info",
+                            Ok(Severity::Warn) => "warn",
+                            Ok(Severity::Error) => "error",
+                            Ok(Severity::Fatal) => "fatal",
+                            _ => "unspecified",
+                        };
+                        json!({"timestamp_ns": r.timestamp_ns, "severity": sev, "source": r.source, "message": r.message})
+                    })
+                    .collect(),
+                Payload::Heartbeat => Vec::new(),
+            };
+            let h = d.header;
+            json!({
+                "epoch": h.epoch,
+                "conn_seq": h.conn_seq,
+                "stream": t.stream.as_str(),
+                "stream_seq": h.stream_seq,
+                "kind": h.kind.as_str(),
+                "flags": h.flags.bits(),
+                "timestamp_ns": h.timestamp_ns,
+                "record_count": h.record_count,
+                "frame_bytes": t.bytes.len(),
+                "data_path": t.data_path.as_str(),
+                "records": records,
+            })
+        }
+        Err(e) => {
+            json!({"conn_seq": t.conn_seq, "stream": t.stream.as_str(), "decode_error": e.to_string()})
+        }
+    }
+}
+
+/// Prints every frame and consumes its credit at once.
+struct PrintSink<'a, W: Write> {
+    out: &'a mut W,
+    limits: Limits,
+    consumed: Option<u64>,
+    error: Option<std::io::Error>,
+    summary: DryRunSummary,
+}
+
+impl<W: Write> FrameSink for PrintSink<'_, W> {
+    fn post(&mut self, t: &Transmit) -> PostOutcome {
+        let line = frame_json(t, &self.limits);
+        if let Err(e) = writeln!(self.out, "{line}") {
+            self.error = Some(e);
+            return PostOutcome::Failed;
+        }
+        self.consumed = Some(t.conn_seq);
+        self.summary.frames += 1;
+        self.summary.records += u64::from(t.records);
+        PostOutcome::Posted
+    }
+}
+
+fn sender_config(config: &AgentConfig) -> SenderConfig {
+    SenderConfig {
+        limits: limits(config),
+        pacing: Some(config.pacing_limits(config.max_frame_bytes)),
+        credit_window: 1 << 20,
+        first_conn_seq: 0,
+        first_stream_seq: 0,
+        data_paths: [
+            config.streams.metrics.data_path,
+            config.streams.logs.data_path,
+        ],
+        flush_after: [
+            Duration::from_millis(config.streams.metrics.flush_milliseconds),
+            Duration::from_millis(config.streams.logs.flush_milliseconds),
+        ],
+        ready_frames: 256,
+        idle_heartbeat: None,
+    }
+}
+
+/// Runs the dry run until `shutdown` (or after one round with `once`), writing to `out`.
+///
+/// # Errors
+/// [`DryRunError`].
+pub async fn run<W: Write>(
+    config: &AgentConfig,
+    out: &mut W,
+    once: bool,
+    shutdown: Shutdown,
+) -> Result<DryRunSummary, DryRunError> {
+    let stats = Arc::new(SelfMetrics::new().map_err(|e| DryRunError::Pipeline(e.to_string()))?);
+    let queues = Queues::new(config);
+    let epoch: u64 = rand::random();
+    let mut core = SenderCore::new(&sender_config(config), epoch, Instant::now(), stats.clone())
+        .map_err(|e| DryRunError::Pipeline(e.to_string()))?;
+    let mut sink = PrintSink {
+        out,
+        limits: limits(config),
+        consumed: None,
+        error: None,
+        summary: DryRunSummary::default(),
+    };
+
+    if once {
+        one_round(config, &queues, &stats)?;
+        pump::pull(&mut core, &queues, &stats);
+        core.finish(pump::unix_ns());
+        loop {
+            let stop = pump::transmit(&mut core, &mut sink);
+            if let Some(c) = sink.consumed {
+                let _ = core.on_consumed(c);
+            }
+            match stop {
+                Stop::Wait(None) => break,
+                Stop::Wait(Some(at)) => {
+                    tokio::time::sleep_until(at.into()).await;
+                }
+                Stop::Busy | Stop::Failed => break,
+            }
+        }
+        sink.out.flush()?;
+        return match sink.error {
+            Some(e) => Err(e.into()),
+            None => Ok(sink.summary),
+        };
+    }
+
+    let mut tasks = tokio::task::JoinSet::new();
+    if config.sources.host_metrics.enabled {
+        tasks.spawn(runners::host_metrics_loop(
+            runners::host_config(config),
+            seconds(config.sources.host_metrics.interval_seconds),
+            queues.metrics.clone(),
+            stats.clone(),
+            shutdown.clone(),
+        ));
+    }
+    if config.sources.self_metrics.enabled {
+        tasks.spawn(runners::self_metrics_loop(
+            seconds(config.sources.self_metrics.interval_seconds),
+            queues.metrics.clone(),
+            stats.clone(),
+            shutdown.clone(),
+        ));
+    }
+    let threads = runners::spawn_log_tailers(config, &queues, &stats, &shutdown)
+        .map_err(DryRunError::Source)?;
+
+    let mut sd = shutdown.clone();
+    loop {
+        pump::pull(&mut core, &queues, &stats);
+        let stop = pump::transmit(&mut core, &mut sink);
+        if let Some(c) = sink.consumed {
+            let _ = core.on_consumed(c);
+        }
+        sink.out.flush()?;
+        let deadline = match stop {
+            Stop::Wait(at) => at,
+            Stop::Busy | Stop::Failed => break,
+        };
+        let sleep = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = sleep => {}
+            () = queues.metrics.notified() => {}
+            () = queues.logs.notified() => {}
+            () = sd.wait() => break,
+        }
+    }
+    // Final round: take what the sources queued, close the epoch, print the rest.
+    while tasks.join_next().await.is_some() {}
+    let grace = Instant::now() + runners::LOG_HANDOFF_GRACE;
+    loop {
+        pump::pull(&mut core, &queues, &stats);
+        if threads.iter().all(std::thread::JoinHandle::is_finished) || Instant::now() > grace {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+    pump::pull(&mut core, &queues, &stats);
+    core.finish(pump::unix_ns());
+    let _ = pump::transmit(&mut core, &mut sink);
+    core.drop_pending(DropReason::Shutdown);
+    pump::discard_queued(&queues, &stats, DropReason::Shutdown);
+    sink.out.flush()?;
+    match sink.error {
+        Some(e) => Err(e.into()),
+        None => Ok(sink.summary),
+    }
+}
+
+/// One collection of every enabled source, queued.
+fn one_round(
+    config: &AgentConfig,
+    queues: &Queues,
+    stats: &Arc<SelfMetrics>,
+) -> Result<(), DryRunError> {
+    if config.sources.host_metrics.enabled {
+        let c = HostMetrics::new(runners::host_config(config)).collect();
+        for e in &c.errors {
+            tracing::warn!(error = %e, "host metrics sub-collector failed");
+        }
+        let rejected = queues.metrics.offer(c.metrics);
+        if rejected > 0 {
+            stats.dropped(
+                Stream::Metrics,
+                DropReason::SourceOverflow,
+                0,
+                rejected as u64,
+            );
+        }
+    }
+    for (i, entry) in config.sources.logs.iter().enumerate() {
+        // No checkpoint in a dry run: the state file is not touched.
+        let mut tailer = LogTailer::new(runners::log_source_config(
+            entry,
+            config.max_line_bytes(entry),
+            None,
+        ))
+        .map_err(|e| DryRunError::Source(format!("sources.logs[{i}]: {e}")))?;
+        let mut out = Vec::new();
+        let _ = tailer.poll(Instant::now(), &mut out, queues.logs.vacancy());
+        let rejected = queues.logs.offer(out);
+        if rejected > 0 {
+            stats.dropped(Stream::Logs, DropReason::SourceOverflow, 0, rejected as u64);
+        }
+    }
+    if config.sources.self_metrics.enabled {
+        let rejected = queues.metrics.offer(stats.to_records(0));
+        if rejected > 0 {
+            stats.dropped(
+                Stream::Metrics,
+                DropReason::SourceOverflow,
+                0,
+                rejected as u64,
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,562 @@
+//! The agent daemon: sources, the local `/metrics`, and the connection life.
+//!
+//! ```text
+//!  run ─┬─ host metrics loop ─┐
+//!       ├─ self-metrics loop ─┼─► bounded queues ─► session: SenderCore ─► DataPlane (UC QP)
+//!       ├─ log tailer threads ┘                        ▲   │ Hello/Proof/Heartbeat/Goodbye
+//!       ├─ /metrics (optional)                         └── control TCP ◄── Welcome/Report/…
+//!       └─ connection loop: session → backoff (+ jitter) → session with a NEW epoch …
+//! ```
+//!
+//! A session (one epoch) connects the control TCP channel, builds the UC QP, runs the
+//! handshake (DESIGN.md §6), connects the QP to the collector's endpoint from `Welcome` and
+//! then drives the send pipeline: records are pulled from the queues, framed, paced, given
+//! credits and posted; `Report`s return credits and set `delivery_ratio`; heartbeats go both
+//! ways. The session ends on shutdown (final frames, then `Goodbye` with the final
+//! sequences), on the collector's `Goodbye`, on a dead or broken control connection, or on a
+//! QP error. The connection loop then waits with exponential backoff and ±50 % jitter and
+//! starts a new session with a new epoch. While there is no session, queued records are
+//! dropped as `not_connected` (telemetry is fresh or worthless; log lines wait in their files
+//! because the tailers only read what the queue can hold).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+use uctel_common::shutdown::Shutdown;
+use uctel_protocol::control::{
+    self, Body, GoodbyeReason, Heartbeat, Hello, StreamFinal, Welcome, PROTOCOL_VERSION,
+};
+use uctel_protocol::limits::Limits;
+
+use crate::config::{seconds, AgentConfig, DataPath, TokenError};
+use crate::control::{handshake, ControlConn, ControlError};
+use crate::datapath::{DataPlane, DataPlaneError};
+use crate::runners::{self, Queues};
+use crate::selfmetrics::{DropReason, SelfMetrics};
+use crate::sender::core::{FinalSequences, SenderConfig, SenderCore};
+use crate::sender::pump::{self, Stop};
+use crate::stream::Stream;
+
+/// Frames per stream waiting for pacing before the pipeline stops taking records.
+const READY_FRAMES: usize = 64;
+/// Longest time spent sending the last frames at shutdown before `Goodbye`.
+const FINISH_GRACE: Duration = Duration::from_secs(2);
+/// Retry interval while the QP's send queue or send buffers are full.
+const BUSY_RETRY: Duration = Duration::from_millis(1);
+
+/// Why the agent could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The auth token could not be read.
+    #[error(transparent)]
+    Token(#[from] TokenError),
+    /// The self-metrics could not be set up.
+    #[error("self-metrics: {0}")]
+    Metrics(String),
+    /// The local `/metrics` listener could not be bound.
+    #[error("cannot listen on {addr} for /metrics: {source}")]
+    Listen {
+        /// The configured address.
+        addr: std::net::SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A source could not start.
+    #[error("cannot start a source: {0}")]
+    Source(String),
+}
+
+/// Resources a caller (a test, an embedding) can hand in.
+#[derive(Debug, Default)]
+pub struct Options {
+    /// Self-metrics to use (to read the counters from outside); a fresh set otherwise.
+    pub stats: Option<Arc<SelfMetrics>>,
+    /// An already bound listener for `/metrics` (port 0 in tests); else `listen.metrics`.
+    pub metrics_listener: Option<TcpListener>,
+}
+
+/// What a run did, for logs and tests.
+#[derive(Debug, Clone, Default)]
+pub struct RunSummary {
+    /// Sessions that reached `Welcome`.
+    pub sessions: u64,
+    /// The final sequences of the last session.
+    pub last_session: Option<FinalSequences>,
+}
+
+/// Runs the agent until `shutdown`.
+///
+/// # Errors
+/// [`RunError`] for what prevents starting; connection failures are retried, never returned.
+pub async fn run(config: AgentConfig, shutdown: Shutdown) -> Result<RunSummary, RunError> {
+    run_with(config, Options::default(), shutdown).await
+}
+
+/// [`run`] with caller-provided resources.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_with(
+    config: AgentConfig,
+    options: Options,
+    shutdown: Shutdown,
+) -> Result<RunSummary, RunError> {
+    let token = config.auth.read_token()?;
+    let stats = match options.stats {
+        Some(s) => s,
+        None => Arc::new(SelfMetrics::new().map_err(|e| RunError::Metrics(e.to_string()))?),
+    };
+    let queues = Queues::new(&config);
+    let mut tasks = tokio::task::JoinSet::new();
+
+    let listener = match (options.metrics_listener, config.listen.metrics) {
+        (Some(l), _) => Some(l),
+        (None, Some(addr)) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| RunError::Listen { addr, source })?,
+        ),
+        (None, None) => None,
+    };
+    if let Some(l) = listener {
+        if let Ok(addr) = l.local_addr() {
+            tracing::info!(%addr, "serving self-metrics on /metrics");
+        }
+        let render = uctel_common::http::registry_render(stats.registry().clone());
+        tasks.spawn(uctel_common::http::serve(l, render, shutdown.clone()));
+    }
+    if config.sources.host_metrics.enabled {
+        tasks.spawn(runners::host_metrics_loop(
+            runners::host_config(&config),
+            seconds(config.sources.host_metrics.interval_seconds),
+            queues.metrics.clone(),
+            stats.clone(),
+            shutdown.clone(),
+        ));
+    }
+    if config.sources.self_metrics.enabled {
+        tasks.spawn(runners::self_metrics_loop(
+            seconds(config.sources.self_metrics.interval_seconds),
+            queues.metrics.clone(),
+            stats.clone(),
+            shutdown.clone(),
+        ));
+    }
+    let threads = runners::spawn_log_tailers(&config, &queues, &stats, &shutdown)
+        .map_err(RunError::Source)?;
+
+    let summary = connection_loop(&config, &token, &queues, &stats, shutdown.clone()).await;
+
+    // Sources stop on the same shutdown; account for what they queued last and let the log
+    // tailers write their final checkpoints.
+    while tasks.join_next().await.is_some() {}
+    let grace = Instant::now() + runners::LOG_HANDOFF_GRACE;
+    while !threads.iter().all(std::thread::JoinHandle::is_finished) && Instant::now() < grace {
+        pump::discard_queued(&queues, &stats, DropReason::Shutdown);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+    pump::discard_queued(&queues, &stats, DropReason::Shutdown);
+    stats.set_connected(false);
+    Ok(summary)
+}
+
+/// How a session ended.
+#[derive(Debug)]
+enum SessionEnd {
+    /// Shutdown was requested; `Goodbye` was sent.
+    Shutdown,
+    /// The collector said `Goodbye` or the connection died: reconnect.
+    Lost(String),
+}
+
+/// Why a session failed before or during the handshake.
+#[derive(Debug, thiserror::Error)]
+enum SessionError {
+    #[error("cannot resolve or connect to the collector at {addr}: {detail}")]
+    Connect { addr: String, detail: String },
+    #[error("handshake timed out after {0:?}")]
+    HandshakeTimeout(Duration),
+    #[error(transparent)]
+    Control(#[from] ControlError),
+    #[error(transparent)]
+    DataPlane(#[from] DataPlaneError),
+    #[error("unusable Welcome: {0}")]
+    Welcome(String),
+}
+
+/// Exponential backoff with ±50 % jitter: `initial × 2^attempt`, capped at `max`.
+pub fn backoff(initial: Duration, max: Duration, attempt: u32, jitter: f64) -> Duration {
+    let base = initial.saturating_mul(1u32 << attempt.min(20)).min(max);
+    let factor = 0.5 + jitter.clamp(0.0, 1.0);
+    base.mul_f64(factor).min(max.mul_f64(1.5))
+}
+
+async fn connection_loop(
+    config: &AgentConfig,
+    token: &[u8],
+    queues: &Queues,
+    stats: &Arc<SelfMetrics>,
+    mut shutdown: Shutdown,
+) -> RunSummary {
+    let mut summary = RunSummary::default();
+    let mut attempt: u32 = 0;
+    let initial = seconds(config.collector.reconnect_initial_seconds);
+    let max = seconds(config.collector.reconnect_max_seconds);
+    while !shutdown.is_triggered() {
+        let epoch: u64 = rand::random();
+        let mut welcomed = false;
+        match session(
+            config,
+            token,
+            queues,
+            stats,
+            epoch,
+            &mut welcomed,
+            summary.sessions,
+            &shutdown,
+        )
+        .await
+        {
+            Ok((SessionEnd::Shutdown, fin)) => {
+                summary.sessions += 1;
+                summary.last_session = Some(fin);
+                break;
+            }
+            Ok((SessionEnd::Lost(why), fin)) => {
+                summary.sessions += 1;
+                summary.last_session = Some(fin);
+                tracing::warn!(epoch, reason = %why, "connection to the collector lost; reconnecting with a new epoch");
+            }
+            Err(e) => {
+                if welcomed {
+                    summary.sessions += 1;
+                }
+                tracing::warn!(epoch, error = %e, attempt, "connection to the collector failed");
+            }
+        }
+        stats.set_connected(false);
+        if welcomed {
+            attempt = 0;
+        }
+        let wait = backoff(initial, max, attempt, rand::random::<f64>());
+        attempt = attempt.saturating_add(1);
+        let until = tokio::time::Instant::now() + wait;
+        // Wait, dropping what the sources queue meanwhile as `not_connected`.
+        loop {
+            pump::discard_queued(queues, stats, DropReason::NotConnected);
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => break,
+                () = queues.metrics.notified() => {}
+                () = queues.logs.notified() => {}
+                () = shutdown.wait() => break,
+            }
+        }
+    }
+    summary
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+        .chars()
+        .take(control::MAX_HOSTNAME_BYTES)
+        .collect()
+}
+
+fn proto_data_path(d: DataPath) -> control::DataPath {
+    match d {
+        DataPath::WriteWithImm => control::DataPath::WriteWithImm,
+        DataPath::Send => control::DataPath::Send,
+    }
+}
+
+/// The data paths the streams use, in stream order, without duplicates.
+fn capabilities(config: &AgentConfig) -> Vec<i32> {
+    let mut caps = Vec::new();
+    for s in Stream::ALL {
+        let d = proto_data_path(config.streams.get(s).data_path) as i32;
+        if !caps.contains(&d) {
+            caps.push(d);
+        }
+    }
+    caps
+}
+
+/// The send pipeline settings agreed in `welcome`.
+fn negotiated(config: &AgentConfig, welcome: &Welcome) -> Result<SenderConfig, SessionError> {
+    let mut max_frame = config.max_frame_bytes.min(welcome.max_frame_bytes as usize);
+    let uses_ring = Stream::ALL
+        .iter()
+        .any(|s| config.streams.get(*s).data_path == DataPath::WriteWithImm);
+    if uses_ring {
+        max_frame = max_frame.min(welcome.slot_bytes as usize);
+    }
+    if max_frame <= uctel_protocol::frame::HEADER_LEN {
+        return Err(SessionError::Welcome(format!(
+            "max_frame_bytes {max_frame} leaves no room for a payload"
+        )));
+    }
+    let margin = config.collector.credit_margin_slots;
+    let window = welcome
+        .credit_window
+        .min(welcome.slots.saturating_sub(margin));
+    if window == 0 {
+        return Err(SessionError::Welcome(format!(
+            "credit window 0 (credit_window {}, slots {}, credit_margin_slots {margin})",
+            welcome.credit_window, welcome.slots
+        )));
+    }
+    let heartbeat = Duration::from_millis(u64::from(welcome.heartbeat_interval_ms.max(1)));
+    Ok(SenderConfig {
+        limits: Limits {
+            max_frame_bytes: max_frame,
+            ..Limits::default()
+        },
+        pacing: Some(config.pacing_limits(max_frame)),
+        credit_window: u64::from(window),
+        first_conn_seq: 0,
+        first_stream_seq: 0,
+        data_paths: [
+            config.streams.metrics.data_path,
+            config.streams.logs.data_path,
+        ],
+        flush_after: [
+            Duration::from_millis(config.streams.metrics.flush_milliseconds),
+            Duration::from_millis(config.streams.logs.flush_milliseconds),
+        ],
+        ready_frames: READY_FRAMES,
+        idle_heartbeat: Some(heartbeat),
+    })
+}
+
+fn goodbye(fin: &FinalSequences, reason: GoodbyeReason, detail: &str) -> control::Goodbye {
+    control::Goodbye {
+        final_conn_seq: fin.last_conn_seq,
+        streams: Stream::ALL
+            .iter()
+            .map(|s| {
+                let t = fin.streams[s.index()];
+                StreamFinal {
+                    stream_id: s.id(),
+                    final_stream_seq: t.last_stream_seq,
+                    final_record_count: t.records,
+                }
+            })
+            .collect(),
+        reason: reason as i32,
+        detail: detail.chars().take(control::MAX_DETAIL_BYTES).collect(),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn session(
+    config: &AgentConfig,
+    token: &[u8],
+    queues: &Queues,
+    stats: &Arc<SelfMetrics>,
+    epoch: u64,
+    welcomed: &mut bool,
+    previous_sessions: u64,
+    shutdown: &Shutdown,
+) -> Result<(SessionEnd, FinalSequences), SessionError> {
+    let connect_timeout = seconds(config.collector.connect_timeout_seconds);
+    let addr = config.collector.control.clone();
+    let stream = tokio::time::timeout(connect_timeout, tokio::net::TcpStream::connect(&addr))
+        .await
+        .map_err(|_| SessionError::Connect {
+            addr: addr.clone(),
+            detail: format!("timed out after {connect_timeout:?}"),
+        })?
+        .map_err(|e| SessionError::Connect {
+            addr: addr.clone(),
+            detail: e.to_string(),
+        })?;
+    let mut conn = ControlConn::new(stream);
+    let local_ip = conn
+        .local_addr()
+        .map_err(|e| SessionError::Connect {
+            addr: addr.clone(),
+            detail: e.to_string(),
+        })?
+        .ip();
+    let mut plane = DataPlane::open(config, local_ip, config.max_frame_bytes)?;
+    let hello = Hello {
+        protocol_version: PROTOCOL_VERSION,
+        agent_id: config.agent_id.clone(),
+        hostname: hostname(),
+        epoch,
+        transport: plane.transport() as i32,
+        capabilities: capabilities(config),
+        qp: Some(plane.endpoint()),
+    };
+    let welcome = tokio::time::timeout(connect_timeout, handshake(&mut conn, hello, token))
+        .await
+        .map_err(|_| SessionError::HandshakeTimeout(connect_timeout))??;
+    let sender_config = negotiated(config, &welcome)?;
+    plane.connect(&welcome)?;
+    *welcomed = true;
+    let mut core = SenderCore::new(&sender_config, epoch, Instant::now(), stats.clone())
+        .map_err(|e| SessionError::Welcome(e.to_string()))?;
+    stats.set_connected(true);
+    if previous_sessions > 0 {
+        stats.reconnected();
+    }
+    tracing::info!(
+        epoch,
+        collector = %addr,
+        slots = welcome.slots,
+        credit_window = sender_config.credit_window,
+        max_frame_bytes = sender_config.limits.max_frame_bytes,
+        "connected to the collector"
+    );
+
+    let heartbeat_every = sender_config
+        .idle_heartbeat
+        .unwrap_or(Duration::from_secs(5));
+    let dead_after = seconds(config.collector.heartbeat_timeout_seconds).max(heartbeat_every * 3);
+    let mut heartbeat_tick = tokio::time::interval(heartbeat_every);
+    heartbeat_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut heartbeat_seq: u64 = 0;
+    let mut last_heard = Instant::now();
+    let mut sd = shutdown.clone();
+
+    let end = loop {
+        if plane.reap() > 0 || plane.failed() {
+            break SessionEnd::Lost("the UC QP went to ERROR".into());
+        }
+        pump::pull(&mut core, queues, stats);
+        let stop = pump::transmit(&mut core, &mut plane);
+        let deadline = match stop {
+            Stop::Wait(at) => at,
+            Stop::Busy => Some(Instant::now() + BUSY_RETRY),
+            Stop::Failed => break SessionEnd::Lost("posting to the UC QP failed".into()),
+        };
+        let sleep = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = sleep => {}
+            () = queues.metrics.notified() => {}
+            () = queues.logs.notified() => {}
+            msg = conn.recv() => {
+                last_heard = Instant::now();
+                match msg {
+                    Ok(m) => match m.body {
+                        Some(Body::Report(r)) => {
+                            let _ = core.on_consumed(r.consumed_conn_seq);
+                            for s in &r.streams {
+                                if let Some(stream) = Stream::from_id(s.stream_id) {
+                                    let total = s.received.saturating_add(s.lost);
+                                    #[allow(clippy::cast_precision_loss)]
+                                    let ratio = if total == 0 { 1.0 } else { s.received as f64 / total as f64 };
+                                    stats.set_delivery_ratio(stream, ratio);
+                                }
+                            }
+                        }
+                        Some(Body::Heartbeat(_)) => {}
+                        Some(Body::Goodbye(g)) => {
+                            break SessionEnd::Lost(format!("the collector said goodbye: {}", g.detail));
+                        }
+                        Some(other) => {
+                            break SessionEnd::Lost(format!("unexpected {} from the collector", other.name()));
+                        }
+                        None => break SessionEnd::Lost("empty control message".into()),
+                    },
+                    Err(e) => break SessionEnd::Lost(e.to_string()),
+                }
+            }
+            _ = heartbeat_tick.tick() => {
+                if last_heard.elapsed() > dead_after {
+                    break SessionEnd::Lost(format!("nothing heard from the collector for {dead_after:?}"));
+                }
+                heartbeat_seq += 1;
+                let hb = Heartbeat { sequence: heartbeat_seq, timestamp_ns: pump::unix_ns() };
+                if let Err(e) = conn.send(hb).await {
+                    break SessionEnd::Lost(e.to_string());
+                }
+            }
+            () = sd.wait() => break SessionEnd::Shutdown,
+        }
+    };
+
+    match end {
+        SessionEnd::Shutdown => {
+            // Last frames: what the sources queued, then every stream's LAST_OF_EPOCH frame.
+            pump::pull(&mut core, queues, stats);
+            core.finish(pump::unix_ns());
+            let until = Instant::now() + FINISH_GRACE;
+            loop {
+                plane.reap();
+                pump::pull(&mut core, queues, stats);
+                let stop = pump::transmit(&mut core, &mut plane);
+                if core.ready_frames() == 0 || Instant::now() >= until || stop == Stop::Failed {
+                    break;
+                }
+                // Waiting for credits (a Report) or pacing.
+                let wait = match stop {
+                    Stop::Wait(Some(at)) => at.min(until),
+                    _ => Instant::now() + BUSY_RETRY,
+                };
+                tokio::select! {
+                    () = tokio::time::sleep_until(wait.into()) => {}
+                    msg = conn.recv() => match msg {
+                        Ok(m) => if let Some(Body::Report(r)) = m.body { let _ = core.on_consumed(r.consumed_conn_seq); },
+                        Err(_) => break,
+                    }
+                }
+            }
+            core.drop_pending(DropReason::Shutdown);
+            // Let the posted sends reach the wire before saying goodbye.
+            let until = Instant::now() + Duration::from_millis(500);
+            while !plane.idle() && Instant::now() < until {
+                plane.reap();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let fin = core.final_sequences();
+            let _ = conn
+                .send(goodbye(
+                    &fin,
+                    GoodbyeReason::Shutdown,
+                    "agent shutting down",
+                ))
+                .await;
+            let _ = conn.shutdown().await;
+            tracing::info!(epoch, frames = fin.frames, "goodbye sent");
+            Ok((SessionEnd::Shutdown, fin))
+        }
+        SessionEnd::Lost(why) => {
+            core.drop_pending(DropReason::NotConnected);
+            let fin = core.final_sequences();
+            let _ = conn
+                .send(goodbye(&fin, GoodbyeReason::Reconnect, &why))
+                .await;
+            Ok((SessionEnd::Lost(why), fin))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let i = Duration::from_millis(100);
+        let m = Duration::from_secs(10);
+        assert_eq!(backoff(i, m, 0, 0.5), Duration::from_millis(100));
+        assert_eq!(backoff(i, m, 3, 0.5), Duration::from_millis(800));
+        assert_eq!(backoff(i, m, 30, 0.5), m);
+        assert_eq!(backoff(i, m, 1, 0.0), Duration::from_millis(100));
+        assert_eq!(backoff(i, m, 1, 1.0), Duration::from_millis(300));
+        assert!(backoff(i, m, 30, 1.0) <= m.mul_f64(1.5));
+    }
+}

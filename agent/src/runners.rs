@@ -1,0 +1,450 @@
+//! The source loops: they run the sources of [`crate::sources`] on their schedules and offer
+//! the records to the bounded queues in front of the sender.
+//!
+//! - host metrics: every `sources.host_metrics.interval_seconds`, one
+//!   [`HostMetrics::collect`] on the blocking pool (procfs and statvfs(2) are blocking calls);
+//! - self-metrics: every `sources.self_metrics.interval_seconds`, a snapshot of the registry
+//!   ([`SelfMetrics::to_records`]);
+//! - logs: one thread per `sources.logs` entry running a [`LogTailer`]. It reads at most as
+//!   many lines as the queue has room for (the file is the buffer, so a slow sender costs no
+//!   memory and loses no line), and it checkpoints offsets only once every line it offered has
+//!   been handed to the framer ([`Handoff`]), so a restart neither loses nor repeats lines
+//!   before the UC hop.
+//!
+//! No loop ever blocks on the sender: a full queue is a counted `source_overflow`.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
+use uctel_common::shutdown::Shutdown;
+use uctel_protocol::payload::{LogRecord, Metric};
+
+use crate::config::{seconds, AgentConfig, LogSection, StartAt};
+use crate::queue::RecordQueue;
+use crate::selfmetrics::{DropReason, SelfMetrics};
+use crate::sources::host::{HostMetrics, HostMetricsConfig, HostPaths};
+use crate::sources::logs::{self, LogEvent, LogSourceConfig, LogSourceCounts, LogTailer};
+use crate::stream::Stream;
+
+/// Counts records offered to the logs queue and records handed from it to the framer.
+/// The queue is FIFO, so once `handed ≥ m` every record offered before the offer count
+/// reached `m` is in the framer.
+#[derive(Debug, Default)]
+pub struct Handoff {
+    offered: AtomicU64,
+    handed: AtomicU64,
+}
+
+impl Handoff {
+    /// Records `n` more offered records; returns the new offered total (the caller's mark).
+    pub fn offered(&self, n: u64) -> u64 {
+        self.offered.fetch_add(n, Ordering::AcqRel) + n
+    }
+
+    /// Records `n` more records handed to the framer (or accounted as dropped by the sender).
+    pub fn handed(&self, n: u64) {
+        self.handed.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// Whether every record offered up to `mark` was handed on.
+    pub fn reached(&self, mark: u64) -> bool {
+        self.handed.load(Ordering::Acquire) >= mark
+    }
+}
+
+/// The queues between the sources and the sender.
+#[derive(Debug, Clone)]
+pub struct Queues {
+    /// Metric samples (host metrics, self-metrics).
+    pub metrics: RecordQueue<Metric>,
+    /// Log records.
+    pub logs: RecordQueue<LogRecord>,
+    /// Hand-off accounting of the logs queue.
+    pub logs_handoff: Arc<Handoff>,
+}
+
+impl Queues {
+    /// Queues sized from `streams.*.queue_records`.
+    pub fn new(config: &AgentConfig) -> Self {
+        Self {
+            metrics: RecordQueue::new(config.streams.metrics.queue_records),
+            logs: RecordQueue::new(config.streams.logs.queue_records),
+            logs_handoff: Arc::new(Handoff::default()),
+        }
+    }
+}
+
+/// Offers `records` to `queue`, counting what does not fit as `source_overflow`.
+fn offer<T>(queue: &RecordQueue<T>, records: Vec<T>, stream: Stream, stats: &SelfMetrics) -> u64 {
+    let n = records.len() as u64;
+    let rejected = queue.offer(records) as u64;
+    if rejected > 0 {
+        stats.dropped(stream, DropReason::SourceOverflow, 0, rejected);
+    }
+    stats.set_queue_records(stream, queue.len());
+    n - rejected
+}
+
+/// Runs the host-metrics source until shutdown: one collection at start, then one per
+/// `interval`. Collection errors are logged (first failure of each sub-collector at `warn`)
+/// and visible as `node_scrape_collector_success{collector} 0`.
+pub async fn host_metrics_loop(
+    config: HostMetricsConfig,
+    interval: Duration,
+    queue: RecordQueue<Metric>,
+    stats: Arc<SelfMetrics>,
+    mut shutdown: Shutdown,
+) {
+    let mut host = Some(HostMetrics::new(config));
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut warned = std::collections::HashSet::new();
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = shutdown.wait() => return,
+        }
+        let Some(mut h) = host.take() else { return };
+        let joined = tokio::task::spawn_blocking(move || {
+            let c = h.collect();
+            (h, c)
+        })
+        .await;
+        let Ok((h, collection)) = joined else {
+            tracing::error!("host metrics collection panicked; host metrics stop");
+            return;
+        };
+        host = Some(h);
+        for e in &collection.errors {
+            if warned.insert(e.collector) {
+                tracing::warn!(error = %e, "host metrics sub-collector failed (logged once per collector)");
+            } else {
+                tracing::debug!(error = %e, "host metrics sub-collector failed");
+            }
+        }
+        offer(&queue, collection.metrics, Stream::Metrics, &stats);
+    }
+}
+
+/// Runs the self-metrics source until shutdown: a snapshot every `interval`.
+pub async fn self_metrics_loop(
+    interval: Duration,
+    queue: RecordQueue<Metric>,
+    stats: Arc<SelfMetrics>,
+    mut shutdown: Shutdown,
+) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = shutdown.wait() => return,
+        }
+        let records = stats.to_records(0);
+        offer(&queue, records, Stream::Metrics, &stats);
+    }
+}
+
+/// The host-metrics source configuration from the agent configuration.
+pub fn host_config(config: &AgentConfig) -> HostMetricsConfig {
+    let h = &config.sources.host_metrics;
+    HostMetricsConfig {
+        paths: HostPaths {
+            proc: h.procfs_path.clone(),
+            sys: h.sysfs_path.clone(),
+            rootfs: h.rootfs_path.clone(),
+        },
+        ticks_per_second: None,
+    }
+}
+
+/// FNV-1a 64 of `s`: names a log entry's checkpoint file after its glob, stable across
+/// restarts and reordering of entries.
+fn fnv1a64(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The checkpoint file of a `sources.logs` entry under `state_directory`.
+pub fn log_state_file(state_directory: &Path, entry: &LogSection) -> PathBuf {
+    state_directory.join(format!("logs-{:016x}.json", fnv1a64(&entry.path)))
+}
+
+/// The tailer configuration of a `sources.logs` entry.
+pub fn log_source_config(
+    entry: &LogSection,
+    max_line_bytes: usize,
+    state_directory: Option<&Path>,
+) -> LogSourceConfig {
+    let mut c = LogSourceConfig::new([entry.path.clone()]);
+    c.exclude.clone_from(&entry.exclude);
+    c.start_at = match entry.start_at {
+        StartAt::Beginning => logs::StartAt::Beginning,
+        StartAt::End => logs::StartAt::End,
+    };
+    c.max_line_bytes = max_line_bytes;
+    c.partial_line_timeout = seconds(entry.partial_line_timeout_seconds);
+    c.rotate_wait = seconds(entry.rotate_wait_seconds);
+    c.glob_interval = seconds(entry.glob_interval_seconds);
+    c.state_file = state_directory.map(|d| log_state_file(d, entry));
+    c
+}
+
+/// Log-source counters in the self-metrics registry, shared by every tailer.
+#[derive(Debug, Clone)]
+pub struct LogMetrics {
+    records: IntCounter,
+    bytes: IntCounter,
+    discarded_bytes: IntCounter,
+    truncated_unread_bytes: IntCounter,
+    files: IntGauge,
+    events: IntCounterVec,
+    checkpoint_errors: IntCounter,
+}
+
+impl LogMetrics {
+    /// Registers the `uctel_agent_log_*` series in `stats`' registry.
+    ///
+    /// # Errors
+    /// A registration clash (registering twice in one registry).
+    pub fn register(stats: &SelfMetrics) -> Result<LogMetrics, prometheus::Error> {
+        let r = stats.registry();
+        let counter = |name: &str, help: &str| -> Result<IntCounter, prometheus::Error> {
+            let c = IntCounter::with_opts(Opts::new(format!("uctel_agent_{name}"), help))?;
+            r.register(Box::new(c.clone()))?;
+            Ok(c)
+        };
+        let records = counter(
+            "log_records_read_total",
+            "Log lines read by the log sources.",
+        )?;
+        let bytes = counter("log_bytes_read_total", "Bytes consumed from log files.")?;
+        let discarded_bytes = counter(
+            "log_discarded_bytes_total",
+            "Bytes of over-long log lines discarded after the cut at max_line_bytes.",
+        )?;
+        let truncated_unread_bytes = counter(
+            "log_truncated_unread_bytes_total",
+            "Bytes not yet read when a followed file was found truncated (lower bound of the loss).",
+        )?;
+        let checkpoint_errors = counter(
+            "log_checkpoint_errors_total",
+            "Failed writes of a log source's offset checkpoint file.",
+        )?;
+        let files = IntGauge::with_opts(Opts::new(
+            "uctel_agent_log_files",
+            "Log files followed now, rotated files still being read included.",
+        ))?;
+        r.register(Box::new(files.clone()))?;
+        let events = IntCounterVec::new(
+            Opts::new(
+                "uctel_agent_log_events_total",
+                "Log source events that altered or lost data, or recovered from rotation, by reason.",
+            ),
+            &["reason"],
+        )?;
+        r.register(Box::new(events.clone()))?;
+        for e in LogEvent::ALL {
+            let _ = events.with_label_values(&[e.as_str()]);
+        }
+        Ok(LogMetrics {
+            records,
+            bytes,
+            discarded_bytes,
+            truncated_unread_bytes,
+            files,
+            events,
+            checkpoint_errors,
+        })
+    }
+
+    /// Adds the growth from `before` to `now`.
+    fn add(&self, before: &LogSourceCounts, now: &LogSourceCounts) {
+        self.records
+            .inc_by(now.records.saturating_sub(before.records));
+        self.bytes
+            .inc_by(now.bytes_read.saturating_sub(before.bytes_read));
+        self.discarded_bytes
+            .inc_by(now.discarded_bytes.saturating_sub(before.discarded_bytes));
+        self.truncated_unread_bytes.inc_by(
+            now.truncated_unread_bytes
+                .saturating_sub(before.truncated_unread_bytes),
+        );
+        for e in LogEvent::ALL {
+            let d = now.get(e).saturating_sub(before.get(e));
+            if d > 0 {
+                self.events.with_label_values(&[e.as_str()]).inc_by(d);
+            }
+        }
+    }
+}
+
+/// Longest wait at shutdown for the sender to take the last offered lines before the final
+/// checkpoint is skipped (those lines are then read again after a restart).
+pub const LOG_HANDOFF_GRACE: Duration = Duration::from_secs(10);
+
+/// Runs one log tailer on the calling thread until `shutdown`, then writes a final checkpoint
+/// once the sender has taken every offered line (bounded by [`LOG_HANDOFF_GRACE`]).
+#[allow(clippy::needless_pass_by_value)]
+pub fn log_tailer_loop(
+    mut tailer: LogTailer,
+    poll_interval: Duration,
+    queues: Queues,
+    stats: Arc<SelfMetrics>,
+    metrics: LogMetrics,
+    shutdown: Shutdown,
+) {
+    let mut mark: u64 = 0;
+    let mut checkpointed_mark: Option<u64> = None;
+    let mut before = tailer.counts().clone();
+    let mut last_files: i64 = 0;
+    let mut out = Vec::new();
+    let checkpoint = |tailer: &LogTailer| {
+        if let Err(e) = tailer.checkpoint() {
+            metrics.checkpoint_errors.inc();
+            tracing::warn!(error = %e, "log checkpoint failed; the previous one stays in force");
+        }
+    };
+    while !shutdown.is_triggered() {
+        // Commit what the framer has taken.
+        if checkpointed_mark != Some(mark) && queues.logs_handoff.reached(mark) {
+            checkpoint(&tailer);
+            checkpointed_mark = Some(mark);
+        }
+        let room = queues.logs.vacancy();
+        let mut more = false;
+        if room > 0 {
+            out.clear();
+            let ps = tailer.poll(Instant::now(), &mut out, room);
+            more = ps.more_pending;
+            for e in ps.errors.iter().take(1) {
+                tracing::debug!(error = %e, "log source read error");
+            }
+            if !out.is_empty() {
+                let accepted = offer(&queues.logs, std::mem::take(&mut out), Stream::Logs, &stats);
+                mark = queues.logs_handoff.offered(accepted);
+            }
+            let now = tailer.counts().clone();
+            metrics.add(&before, &now);
+            before = now;
+            let files = i64::try_from(ps.files).unwrap_or(i64::MAX);
+            metrics.files.add(files - last_files);
+            last_files = files;
+        }
+        let pause = if more && room > 0 {
+            Duration::from_millis(1)
+        } else {
+            poll_interval
+        };
+        // Sleep in small steps so shutdown is seen quickly.
+        let until = Instant::now() + pause;
+        while Instant::now() < until && !shutdown.is_triggered() {
+            std::thread::sleep((until - Instant::now()).min(Duration::from_millis(50)));
+        }
+    }
+    let deadline = Instant::now() + LOG_HANDOFF_GRACE;
+    while !queues.logs_handoff.reached(mark) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if queues.logs_handoff.reached(mark) {
+        checkpoint(&tailer);
+    } else {
+        tracing::warn!("sender did not take the last log lines in time; they will be read again after a restart");
+    }
+    metrics.files.sub(last_files);
+}
+
+/// Starts one thread per `sources.logs` entry.
+///
+/// # Errors
+/// A tailer that cannot start (bad pattern, unreadable state file, state directory that
+/// cannot be created), naming the entry.
+pub fn spawn_log_tailers(
+    config: &AgentConfig,
+    queues: &Queues,
+    stats: &Arc<SelfMetrics>,
+    shutdown: &Shutdown,
+) -> Result<Vec<std::thread::JoinHandle<()>>, String> {
+    if config.sources.logs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let metrics = LogMetrics::register(stats).map_err(|e| format!("log source metrics: {e}"))?;
+    let state_dir = config.sources.state_directory.as_deref();
+    if let Some(dir) = state_dir {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            format!(
+                "cannot create sources.state_directory {}: {e}",
+                dir.display()
+            )
+        })?;
+    }
+    let mut handles = Vec::new();
+    for (i, entry) in config.sources.logs.iter().enumerate() {
+        let tailer = LogTailer::new(log_source_config(
+            entry,
+            config.max_line_bytes(entry),
+            state_dir,
+        ))
+        .map_err(|e| format!("sources.logs[{i}] ({}): {e}", entry.path))?;
+        let (q, s, m, sd) = (
+            queues.clone(),
+            stats.clone(),
+            metrics.clone(),
+            shutdown.clone(),
+        );
+        let poll = seconds(entry.poll_interval_seconds);
+        let h = std::thread::Builder::new()
+            .name(format!("uctel-logs-{i}"))
+            .spawn(move || log_tailer_loop(tailer, poll, q, s, m, sd))
+            .map_err(|e| format!("cannot start the log source thread: {e}"))?;
+        handles.push(h);
+    }
+    Ok(handles)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handoff_marks() {
+        let h = Handoff::default();
+        let m1 = h.offered(3);
+        let m2 = h.offered(2);
+        assert_eq!((m1, m2), (3, 5));
+        assert!(!h.reached(m1));
+        h.handed(3);
+        assert!(h.reached(m1));
+        assert!(!h.reached(m2));
+        h.handed(2);
+        assert!(h.reached(m2));
+    }
+
+    #[test]
+    fn state_file_names_are_stable_and_distinct() {
+        let e = |p: &str| LogSection {
+            path: p.into(),
+            exclude: vec![],
+            start_at: StartAt::End,
+            max_line_bytes: None,
+            partial_line_timeout_seconds: 1.0,
+            rotate_wait_seconds: 5.0,
+            glob_interval_seconds: 1.0,
+            poll_interval_seconds: 0.25,
+        };
+        let d = Path::new("/state");
+        let a = log_state_file(d, &e("/var/log/a*.log"));
+        assert_eq!(a, log_state_file(d, &e("/var/log/a*.log")));
+        assert_ne!(a, log_state_file(d, &e("/var/log/b*.log")));
+        let c = log_source_config(&e("/var/log/a*.log"), 2048, Some(d));
+        assert_eq!(c.state_file, Some(a));
+        assert_eq!(c.include, vec!["/var/log/a*.log".to_owned()]);
+    }
+}

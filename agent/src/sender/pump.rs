@@ -1,0 +1,113 @@
+//! The thin IO step around [`SenderCore`]: pull records from the source queues into the
+//! pipeline, then hand every frame the pipeline releases to a [`FrameSink`] (the QP, or
+//! stdout in `--dry-run`).
+
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use crate::runners::Queues;
+use crate::selfmetrics::{DropReason, SelfMetrics};
+use crate::sender::core::{Poll, SenderCore, Transmit};
+use crate::stream::Stream;
+
+/// Records moved from a queue into the pipeline per batch.
+const PULL_BATCH: usize = 512;
+
+/// Nanoseconds since the Unix epoch, for frame timestamps.
+pub fn unix_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// What became of a frame handed to a [`FrameSink`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PostOutcome {
+    /// Posted.
+    Posted,
+    /// No room right now (the QP's send queue or send buffers are full): retry later.
+    Busy,
+    /// Failed for good (QP in error); the connection must be rebuilt.
+    Failed,
+}
+
+/// Where frames go.
+pub trait FrameSink {
+    /// Posts one stamped frame.
+    fn post(&mut self, t: &Transmit) -> PostOutcome;
+}
+
+/// Moves queued records into `core` while it wants them. Log records taken are reported to
+/// the hand-off counter (so the log sources may checkpoint them).
+pub fn pull(core: &mut SenderCore, queues: &Queues, stats: &SelfMetrics) {
+    let now = Instant::now();
+    let ns = unix_ns();
+    while core.wants_records(Stream::Metrics) {
+        let batch = queues.metrics.take(PULL_BATCH);
+        if batch.is_empty() {
+            break;
+        }
+        for m in &batch {
+            core.push_metric(m, now, ns);
+        }
+    }
+    while core.wants_records(Stream::Logs) {
+        let batch = queues.logs.take(PULL_BATCH);
+        if batch.is_empty() {
+            break;
+        }
+        for r in &batch {
+            core.push_log(r, now, ns);
+        }
+        queues.logs_handoff.handed(batch.len() as u64);
+    }
+    stats.set_queue_records(Stream::Metrics, queues.metrics.len());
+    stats.set_queue_records(Stream::Logs, queues.logs.len());
+}
+
+/// Drops every queued record with `reason` (while there is no connection), keeping the
+/// hand-off accounting of the logs queue.
+pub fn discard_queued(queues: &Queues, stats: &SelfMetrics, reason: DropReason) {
+    let m = queues.metrics.take_all().len() as u64;
+    if m > 0 {
+        stats.dropped(Stream::Metrics, reason, 0, m);
+    }
+    let l = queues.logs.take_all().len() as u64;
+    if l > 0 {
+        stats.dropped(Stream::Logs, reason, 0, l);
+        queues.logs_handoff.handed(l);
+    }
+    stats.set_queue_records(Stream::Metrics, 0);
+    stats.set_queue_records(Stream::Logs, 0);
+}
+
+/// Why [`transmit`] stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// Nothing to send before this instant (`None`: until new records arrive).
+    Wait(Option<Instant>),
+    /// The sink is busy; try again shortly.
+    Busy,
+    /// The sink failed for good.
+    Failed,
+}
+
+/// Hands frames from `core` to `sink` until the pipeline has to wait, the sink is busy, or
+/// it failed. Every posted frame is counted as sent.
+pub fn transmit(core: &mut SenderCore, sink: &mut dyn FrameSink) -> Stop {
+    loop {
+        match core.poll_transmit(Instant::now(), unix_ns()) {
+            Poll::Wait(at) => return Stop::Wait(at),
+            Poll::Transmit(t) => match sink.post(&t) {
+                PostOutcome::Posted => core.sent(&t),
+                PostOutcome::Busy => {
+                    core.requeue(t);
+                    return Stop::Busy;
+                }
+                PostOutcome::Failed => {
+                    core.post_failed(&t);
+                    return Stop::Failed;
+                }
+            },
+        }
+    }
+}
