@@ -8,11 +8,14 @@
 //! - [`shutdown`]: a watch-based shutdown handle fired by SIGTERM/SIGINT or by hand.
 //! - [`http`]: the hyper 1.x `/metrics` server (Prometheus text format 0.0.4), graceful
 //!   shutdown.
+//! - [`control`]: the framed control channel over TCP and the agent side of the handshake
+//!   (`client_handshake`).
 //!
 //! A daemon's `main` is: parse flags (clap), `config::load`, `logging::init`,
 //! `shutdown::on_signals`, then the library's `run(config, shutdown)`.
 
 pub mod config;
+pub mod control;
 pub mod http;
 pub mod logging;
 pub mod shutdown;

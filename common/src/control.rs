@@ -1,0 +1,267 @@
+//! The control channel over a byte stream (TCP in the daemons): length-prefixed
+//! `ControlMessage`s from `uctel_protocol::control`, plus the agent side of the handshake
+//! (DESIGN.md §6), so agent and collector share one implementation.
+//!
+//! [`ControlChannel::recv`] is cancel-safe (bytes already read stay buffered in the decoder),
+//! so it can sit in a `tokio::select!` next to timers.
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use uctel_protocol::control::{
+    self, Body, ControlDecoder, ControlMessage, Hello, Proof, RefuseReason, Welcome,
+};
+
+/// Errors on the control channel.
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelError {
+    /// Reading or writing the stream failed.
+    #[error("control connection I/O: {0}")]
+    Io(#[from] std::io::Error),
+    /// The peer sent bytes that are not a valid control message (the framing is lost).
+    #[error("control message from peer: {0}")]
+    Decode(#[from] control::DecodeError),
+    /// A message of ours did not encode (a bug: it failed validation).
+    #[error("control message to peer: {0}")]
+    Encode(#[from] control::EncodeError),
+}
+
+/// A framed control connection.
+#[derive(Debug)]
+pub struct ControlChannel<S> {
+    stream: S,
+    decoder: ControlDecoder,
+    chunk: Box<[u8]>,
+    out: Vec<u8>,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> ControlChannel<S> {
+    /// Wraps a connected stream.
+    pub fn new(stream: S) -> Self {
+        Self {
+            stream,
+            decoder: ControlDecoder::new(),
+            chunk: vec![0u8; 16 * 1024].into_boxed_slice(),
+            out: Vec::new(),
+        }
+    }
+
+    /// The next message; `Ok(None)` when the peer closed the connection between messages.
+    /// Cancel-safe.
+    ///
+    /// # Errors
+    /// I/O errors, undecodable or invalid messages, a connection closed inside a message.
+    pub async fn recv(&mut self) -> Result<Option<ControlMessage>, ChannelError> {
+        loop {
+            if let Some(m) = self.decoder.next_message()? {
+                return Ok(Some(m));
+            }
+            let n = self.stream.read(&mut self.chunk).await?;
+            if n == 0 {
+                self.decoder.finish()?;
+                return Ok(None);
+            }
+            self.decoder.push(self.chunk.get(..n).unwrap_or(&[]));
+        }
+    }
+
+    /// Sends one message and flushes.
+    ///
+    /// # Errors
+    /// Encoding (validation) or I/O errors.
+    pub async fn send(&mut self, msg: impl Into<ControlMessage>) -> Result<(), ChannelError> {
+        self.out.clear();
+        control::encode_message(&msg.into(), &mut self.out)?;
+        self.stream.write_all(&self.out).await?;
+        self.stream.flush().await?;
+        Ok(())
+    }
+
+    /// The underlying stream (e.g. for `peer_addr`).
+    pub fn get_ref(&self) -> &S {
+        &self.stream
+    }
+
+    /// Shuts the write side down (best effort).
+    pub async fn shutdown(&mut self) {
+        let _ = self.stream.shutdown().await;
+    }
+}
+
+/// Why [`client_handshake`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    /// The collector refused.
+    #[error("refused by the collector ({}): {detail}", reason.label())]
+    Refused {
+        /// Its reason.
+        reason: RefuseReason,
+        /// Its detail text.
+        detail: String,
+    },
+    /// The channel failed.
+    #[error(transparent)]
+    Channel(#[from] ChannelError),
+    /// The collector closed the connection or sent an unexpected message.
+    #[error("unexpected {got} during the handshake (expected {expected})")]
+    Unexpected {
+        /// What was expected.
+        expected: &'static str,
+        /// What arrived (`end of stream` when closed).
+        got: &'static str,
+    },
+}
+
+fn refused(m: &control::Refuse) -> HandshakeError {
+    HandshakeError::Refused {
+        reason: RefuseReason::try_from(m.reason).unwrap_or(RefuseReason::Unspecified),
+        detail: m.detail.clone(),
+    }
+}
+
+/// The agent side of the handshake: `Hello` → `Challenge` → `Proof` (HMAC of `token`,
+/// `uctel_protocol::control::proof`) → `Welcome`. The token never crosses the wire.
+///
+/// # Errors
+/// [`HandshakeError`]: refused (with the collector's reason), channel errors, or an
+/// out-of-order message.
+pub async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    channel: &mut ControlChannel<S>,
+    hello: Hello,
+    token: &[u8],
+) -> Result<Welcome, HandshakeError> {
+    let agent_id = hello.agent_id.clone();
+    let epoch = hello.epoch;
+    channel.send(hello).await?;
+    let challenge = match channel.recv().await?.and_then(|m| m.body) {
+        Some(Body::Challenge(c)) => c,
+        Some(Body::Refuse(r)) => return Err(refused(&r)),
+        other => {
+            return Err(HandshakeError::Unexpected {
+                expected: "Challenge",
+                got: other.as_ref().map_or("end of stream", Body::name),
+            })
+        }
+    };
+    let nonce = challenge.nonce_array().ok_or(HandshakeError::Unexpected {
+        expected: "Challenge with a 32-byte nonce",
+        got: "Challenge",
+    })?;
+    let hmac = control::proof(token, &nonce, &agent_id, epoch);
+    channel
+        .send(Proof {
+            hmac: hmac.to_vec(),
+        })
+        .await?;
+    match channel.recv().await?.and_then(|m| m.body) {
+        Some(Body::Welcome(w)) => Ok(w),
+        Some(Body::Refuse(r)) => Err(refused(&r)),
+        other => Err(HandshakeError::Unexpected {
+            expected: "Welcome",
+            got: other.as_ref().map_or("end of stream", Body::name),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uctel_protocol::control::{Challenge, Heartbeat, Refuse};
+
+    #[tokio::test]
+    async fn messages_cross_a_duplex_stream() {
+        let (a, b) = tokio::io::duplex(64);
+        let mut a = ControlChannel::new(a);
+        let mut b = ControlChannel::new(b);
+        let send = tokio::spawn(async move {
+            for i in 0..100u64 {
+                a.send(Heartbeat {
+                    sequence: i,
+                    timestamp_ns: i * 10,
+                })
+                .await
+                .unwrap();
+            }
+        });
+        for i in 0..100u64 {
+            match b.recv().await.unwrap().and_then(|m| m.body) {
+                Some(Body::Heartbeat(h)) => assert_eq!(h.sequence, i),
+                other => panic!("{other:?}"),
+            }
+        }
+        send.await.unwrap();
+        assert!(b.recv().await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn garbage_is_a_decode_error() {
+        let (mut a, b) = tokio::io::duplex(64);
+        let mut b = ControlChannel::new(b);
+        a.write_all(&[0xff, 0xff, 0xff, 0xff, 1, 2]).await.unwrap();
+        assert!(matches!(b.recv().await, Err(ChannelError::Decode(_))));
+    }
+
+    fn hello() -> Hello {
+        Hello {
+            protocol_version: control::PROTOCOL_VERSION,
+            agent_id: "a1".into(),
+            hostname: "h".into(),
+            epoch: 9,
+            transport: control::Transport::Soft as i32,
+            capabilities: vec![control::DataPath::Send as i32],
+            qp: Some(control::QpEndpoint {
+                gid: vec![0; 16],
+                qpn: 17,
+                psn: 1,
+                mtu: 1024,
+                udp_addr: "127.0.0.1:5000".into(),
+            }),
+        }
+    }
+
+    #[tokio::test]
+    async fn handshake_proves_the_token_and_reports_refusals() {
+        let (a, b) = tokio::io::duplex(4096);
+        let server = tokio::spawn(async move {
+            let mut ch = ControlChannel::new(b);
+            let Some(Body::Hello(h)) = ch.recv().await.unwrap().and_then(|m| m.body) else {
+                panic!("no hello")
+            };
+            let nonce = [7u8; control::NONCE_BYTES];
+            ch.send(Challenge {
+                nonce: nonce.to_vec(),
+                collector_id: "c".into(),
+            })
+            .await
+            .unwrap();
+            let Some(Body::Proof(p)) = ch.recv().await.unwrap().and_then(|m| m.body) else {
+                panic!("no proof")
+            };
+            let ok = control::verify_proof(b"right", &nonce, &h.agent_id, h.epoch, &p.hmac);
+            ch.send(Refuse {
+                reason: if ok {
+                    RefuseReason::Busy
+                } else {
+                    RefuseReason::BadProof
+                } as i32,
+                detail: "test".into(),
+            })
+            .await
+            .unwrap();
+        });
+        let mut ch = ControlChannel::new(a);
+        let err = client_handshake(&mut ch, hello(), b"right")
+            .await
+            .unwrap_err();
+        // The server answers Busy only when the proof verified.
+        assert!(
+            matches!(
+                err,
+                HandshakeError::Refused {
+                    reason: RefuseReason::Busy,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        server.await.unwrap();
+    }
+}
