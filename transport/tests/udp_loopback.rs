@@ -260,3 +260,25 @@ fn config_parses_strictly() {
     assert!(serde_json::from_str::<UdpConfig>(r#"{"batch_size": 3}"#).is_err());
     assert_eq!(UdpConfig::default().bind.port(), 4791);
 }
+
+#[test]
+fn sink_counts_what_it_drains() {
+    use std::time::Instant;
+    use uctel_transport::soft::udp::UdpSink;
+
+    let mut sink =
+        UdpSink::bind("127.0.0.1:0".parse().expect("addr"), 32, 2048, 1 << 20).expect("bind sink");
+    let dst = sink.local_addr().expect("addr");
+    let mut a = link("127.0.0.1:0");
+    let batch: Vec<Datagram> = (0..100)
+        .map(|_| Datagram::to(dst, vec![0xab; 1000]))
+        .collect();
+    let mut sent = 0;
+    while sent < batch.len() {
+        sent += a.send(&batch[sent..]).expect("send");
+    }
+    let stats = sink.drain(100, Instant::now() + WAIT).expect("drain");
+    assert_eq!(stats.messages, 100);
+    assert_eq!(stats.bytes, 100_000);
+    assert!(stats.calls >= 1 && stats.calls <= 100);
+}
