@@ -1,0 +1,422 @@
+//! A collector and its agents as one test fixture, and the loss accounting read from both
+//! sides.
+//!
+//! Agent side: the agent's local `/metrics` (`uctel_agent_*`) and its log line
+//! `goodbye sent` (written after the last frame left, with the connection's frame total).
+//! Collector side: `uctel_collector_*` on the collector's `/metrics`. The identities checked
+//! (collector module docs, DESIGN.md §5 and §8):
+//!
+//! * per connection: `sent = Σ received + Σ dropped + connection_frames_lost`;
+//! * per connection: `sent = Σ_stream (received + lost) + dropped_after_tracking`;
+//! * per stream, with the agent's final per-stream figures:
+//!   `sent = received + lost (+ dropped after tracking)`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::configs::{AgentOptions, CollectorAddrs};
+use crate::daemon::Daemon;
+use crate::exposition::{scrape, Scrape};
+
+/// Stream ids as the agent stamps them (`uctel_agent::stream::Stream::id`) and the names the
+/// agent uses as its `stream` label.
+pub const STREAMS: [(&str, &str); 2] = [("1", "metrics"), ("2", "logs")];
+
+/// Collector drop reasons after which the frame's stream has already counted it (not lost).
+pub const AFTER_TRACKING: [&str; 3] = ["malformed_payload", "limit_exceeded", "stale_frame"];
+
+/// One agent of the pipeline.
+#[derive(Debug)]
+pub struct Agent {
+    /// Its options (id, addresses, log file).
+    pub options: AgentOptions,
+    /// The process.
+    pub daemon: Daemon,
+}
+
+impl Agent {
+    /// Scrapes the agent's local `/metrics`.
+    ///
+    /// # Errors
+    /// As [`scrape`].
+    pub fn scrape(&self) -> Result<Scrape, String> {
+        scrape(self.options.metrics)
+    }
+
+    /// The id.
+    pub fn id(&self) -> &str {
+        &self.options.id
+    }
+}
+
+/// A collector with agents, all in one temporary run directory.
+#[derive(Debug)]
+pub struct Pipeline {
+    /// Config files, logs, agent log files, state.
+    pub dir: tempfile::TempDir,
+    /// Collector addresses.
+    pub addrs: CollectorAddrs,
+    /// The collector process.
+    pub collector: Daemon,
+    /// Agents in start order.
+    pub agents: Vec<Agent>,
+}
+
+impl Pipeline {
+    /// Writes the collector config and starts the collector; waits for its `/metrics`.
+    ///
+    /// # Panics
+    /// If it does not come up within 30 s.
+    pub fn start() -> Pipeline {
+        let dir = tempfile::Builder::new()
+            .prefix("uctel-e2e-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let addrs = CollectorAddrs::free();
+        let config = dir.path().join("collector.yaml");
+        crate::configs::collector(&addrs, dir.path()).write(&config);
+        let collector = Daemon::start(
+            "collector",
+            &crate::bins::path(crate::bins::COLLECTOR),
+            &config,
+            dir.path(),
+        );
+        let mut p = Pipeline {
+            dir,
+            addrs,
+            collector,
+            agents: Vec::new(),
+        };
+        p.wait_collector_up(Duration::from_secs(30));
+        p
+    }
+
+    /// The run directory.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Waits until the collector answers on `/metrics`.
+    ///
+    /// # Panics
+    /// On timeout or if the collector exited, with its log.
+    pub fn wait_collector_up(&mut self, timeout: Duration) {
+        let addr = self.addrs.metrics;
+        let r = crate::wait_for(
+            "collector /metrics",
+            timeout,
+            Duration::from_millis(100),
+            || scrape(addr).map(|_| ()),
+        );
+        if let Err(e) = r {
+            let running = self.collector.is_running();
+            panic!(
+                "{e} (running: {running})\n{}",
+                self.collector.log_tail(40)
+            );
+        }
+    }
+
+    /// Adds and starts an agent `id` tailing its own log file `<id>.input.log` in the run
+    /// directory, with `drop_ratio` fault injection on its link.
+    pub fn add_agent(&mut self, id: &str, drop_ratio: f64, host_interval_seconds: f64) -> usize {
+        let log_file = self.path().join(format!("{id}.input.log"));
+        std::fs::write(&log_file, "").unwrap_or_else(|e| panic!("{}: {e}", log_file.display()));
+        let options = AgentOptions {
+            id: id.to_owned(),
+            metrics: crate::net::free_addr(),
+            log_file,
+            drop_ratio,
+            host_interval_seconds,
+        };
+        let config = self.path().join(format!("{id}.yaml"));
+        crate::configs::agent(&options, self.addrs.control, self.path()).write(&config);
+        let daemon = Daemon::start(
+            id,
+            &crate::bins::path(crate::bins::AGENT),
+            &config,
+            self.path(),
+        );
+        self.agents.push(Agent { options, daemon });
+        self.agents.len() - 1
+    }
+
+    /// Scrapes the collector.
+    ///
+    /// # Errors
+    /// As [`scrape`].
+    pub fn scrape(&self) -> Result<Scrape, String> {
+        scrape(self.addrs.metrics)
+    }
+
+    /// The collector's `/metrics` address.
+    pub fn metrics_addr(&self) -> SocketAddr {
+        self.addrs.metrics
+    }
+
+    /// Waits until `uctel_collector_agents_connected == n` and every agent in `ids` has
+    /// frames received on every stream id in `streams`.
+    ///
+    /// # Panics
+    /// On timeout, with the collector's log.
+    pub fn wait_flowing(&self, n: usize, ids: &[&str], streams: &[&str], timeout: Duration) {
+        let r = crate::wait_for(
+            "agents connected and frames flowing",
+            timeout,
+            Duration::from_millis(200),
+            || {
+                let s = self.scrape()?;
+                let connected = s.count("uctel_collector_agents_connected", &[]);
+                if connected != n as u64 {
+                    return Err(format!("agents_connected = {connected}, want {n}"));
+                }
+                for id in ids {
+                    for st in streams {
+                        let got = s.count(
+                            "uctel_collector_frames_received_total",
+                            &[("agent", id), ("stream", st)],
+                        );
+                        if got == 0 {
+                            return Err(format!("no frames yet from {id} on stream {st}"));
+                        }
+                    }
+                }
+                Ok(())
+            },
+        );
+        if let Err(e) = r {
+            panic!("{e}\n{}", self.collector.log_tail(40));
+        }
+    }
+
+    /// Appends `n` numbered lines to agent `i`'s input log.
+    pub fn write_lines(&self, i: usize, start: usize, n: usize) {
+        use std::io::Write;
+        let path = &self.agents[i].options.log_file;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let mut buf = String::with_capacity(n * 80);
+        for k in start..start + n {
+            buf.push_str(&format!(
+                "line {k} of {} from the uctel end-to-end test, padded to look like a real log line\n",
+                self.agents[i].options.id
+            ));
+        }
+        f.write_all(buf.as_bytes())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    }
+}
+
+/// Collector-side figures for one agent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CollectorFigures {
+    /// Per stream id: frames received.
+    pub received: BTreeMap<String, u64>,
+    /// Per stream id: frames lost.
+    pub lost: BTreeMap<String, u64>,
+    /// Per stream id: records received.
+    pub records_received: BTreeMap<String, u64>,
+    /// Per stream id: records lost.
+    pub records_lost: BTreeMap<String, u64>,
+    /// Per reason: frames dropped.
+    pub dropped: BTreeMap<String, u64>,
+    /// Connection-sequence gaps not explained by a drop.
+    pub connection_lost: u64,
+    /// Per stream id: resets by reason (`epoch`, `resync`).
+    pub resets: BTreeMap<(String, String), u64>,
+}
+
+impl CollectorFigures {
+    /// Reads the figures of `agent` from a collector scrape.
+    pub fn read(s: &Scrape, agent: &str) -> CollectorFigures {
+        let mut f = CollectorFigures::default();
+        for (id, _) in STREAMS {
+            let m = [("agent", agent), ("stream", id)];
+            f.received.insert(
+                id.into(),
+                s.count("uctel_collector_frames_received_total", &m),
+            );
+            f.lost
+                .insert(id.into(), s.count("uctel_collector_frames_lost_total", &m));
+            f.records_received.insert(
+                id.into(),
+                s.count("uctel_collector_records_received_total", &m),
+            );
+            f.records_lost
+                .insert(id.into(), s.count("uctel_collector_records_lost_total", &m));
+            for reason in ["epoch", "resync"] {
+                f.resets.insert(
+                    (id.into(), reason.into()),
+                    s.count(
+                        "uctel_collector_stream_resets_total",
+                        &[("agent", agent), ("stream", id), ("reason", reason)],
+                    ),
+                );
+            }
+        }
+        for smp in s.select("uctel_collector_frames_dropped_total", &[("agent", agent)]) {
+            if let Some(r) = smp.label("reason") {
+                let n = s.count(
+                    "uctel_collector_frames_dropped_total",
+                    &[("agent", agent), ("reason", r)],
+                );
+                f.dropped.insert(r.to_owned(), n);
+            }
+        }
+        f.connection_lost = s.count(
+            "uctel_collector_connection_frames_lost_total",
+            &[("agent", agent)],
+        );
+        f
+    }
+
+    /// Σ received over streams.
+    pub fn received_total(&self) -> u64 {
+        self.received.values().sum()
+    }
+
+    /// Σ lost over streams.
+    pub fn lost_total(&self) -> u64 {
+        self.lost.values().sum()
+    }
+
+    /// Σ dropped over reasons.
+    pub fn dropped_total(&self) -> u64 {
+        self.dropped.values().sum()
+    }
+
+    /// Σ dropped over the reasons after tracking.
+    pub fn dropped_after_tracking(&self) -> u64 {
+        AFTER_TRACKING
+            .iter()
+            .map(|r| self.dropped.get(*r).copied().unwrap_or(0))
+            .sum()
+    }
+}
+
+/// Agent-side figures: per stream (agent label names) frames and records sent and dropped at
+/// the source, and the fault injector's drops when the agent exposes them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AgentFigures {
+    /// Per stream name: frames posted.
+    pub frames_sent: BTreeMap<String, u64>,
+    /// Per stream name: records posted.
+    pub records_sent: BTreeMap<String, u64>,
+    /// Per stream name: records dropped at the source, all reasons.
+    pub records_dropped: BTreeMap<String, u64>,
+    /// Packets the soft transport's fault injector dropped, when exposed: the sum of every
+    /// `uctel_agent_*` sample whose name mentions `fault` and whose name or labels say
+    /// `drop`.
+    pub fault_dropped: Option<u64>,
+}
+
+impl AgentFigures {
+    /// Reads the figures from a scrape of the agent's `/metrics`.
+    pub fn read(s: &Scrape) -> AgentFigures {
+        let mut f = AgentFigures::default();
+        for (_, name) in STREAMS {
+            let m = [("stream", name)];
+            f.frames_sent
+                .insert(name.into(), s.count("uctel_agent_frames_sent_total", &m));
+            f.records_sent
+                .insert(name.into(), s.count("uctel_agent_records_sent_total", &m));
+            f.records_dropped.insert(
+                name.into(),
+                s.count("uctel_agent_records_dropped_total", &m),
+            );
+        }
+        let mut fault = None;
+        for smp in &s.samples {
+            let n = &smp.name;
+            let drop_label = smp.labels.values().any(|v| v.contains("drop"));
+            if n.starts_with("uctel_agent_")
+                && n.contains("fault")
+                && (n.contains("drop") || drop_label)
+            {
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                let v = smp.value.max(0.0).round() as u64;
+                fault = Some(fault.unwrap_or(0) + v);
+            }
+        }
+        f.fault_dropped = fault;
+        f
+    }
+}
+
+/// `key=value` fields of the last log line of `log` containing `message`, ANSI colours
+/// stripped. Values are kept as text.
+pub fn last_log_fields(log: &str, message: &str) -> Option<BTreeMap<String, String>> {
+    let line = log
+        .lines()
+        .map(strip_ansi)
+        .filter(|l| l.contains(message))
+        .last()?;
+    let mut out = BTreeMap::new();
+    for tok in line.split_whitespace() {
+        if let Some((k, v)) = tok.split_once('=') {
+            if !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.') {
+                out.insert(k.to_owned(), v.trim_matches('"').to_owned());
+            }
+        }
+    }
+    Some(out)
+}
+
+/// Removes ANSI escape sequences (`ESC [ ... letter`).
+pub fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                for d in chars.by_ref() {
+                    if d.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Every `goodbye sent` line of an agent log: the `frames` field of each (one per session
+/// that ended by shutdown).
+pub fn goodbye_frames(log: &str) -> Vec<u64> {
+    log.lines()
+        .map(strip_ansi)
+        .filter(|l| l.contains("goodbye sent"))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find_map(|t| t.strip_prefix("frames="))
+                .and_then(|v| v.parse().ok())
+        })
+        .collect()
+}
+
+/// A file path inside the run directory, for the tests' own artefacts.
+pub fn artefact(p: &Pipeline, name: &str) -> PathBuf {
+    p.path().join(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_fields_and_ansi() {
+        let log = "2025 INFO x: connected\n\u{1b}[2m2025\u{1b}[0m \u{1b}[32m INFO\u{1b}[0m uctel_agent::run: goodbye sent \u{1b}[3mepoch\u{1b}[0m\u{1b}[2m=\u{1b}[0m7 \u{1b}[3mframes\u{1b}[0m\u{1b}[2m=\u{1b}[0m1234\n";
+        let f = last_log_fields(log, "goodbye sent").unwrap_or_default();
+        assert_eq!(f.get("frames").map(String::as_str), Some("1234"));
+        assert_eq!(f.get("epoch").map(String::as_str), Some("7"));
+        assert_eq!(goodbye_frames(log), vec![1234]);
+        assert!(last_log_fields(log, "nothing like this").is_none());
+    }
+}
