@@ -1,0 +1,381 @@
+//! The agent's connection life against an in-process collector (`support`): handshake and
+//! proof, both data paths, credits, reconnect with a new epoch, goodbye with exact final
+//! sequences, log checkpoints, fault injection. Every wait is bounded.
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use uctel_agent::config::AgentConfig;
+use uctel_agent::run::{run_with, Options};
+use uctel_agent::selfmetrics::{DropReason, SelfMetrics};
+use uctel_agent::stream::Stream;
+use uctel_protocol::control::GoodbyeReason;
+use uctel_protocol::frame::{FrameFlags, Payload};
+use uctel_transport::api::WcOpcode;
+
+fn config(control: std::net::SocketAddr, dir: &Path, extra: &str) -> AgentConfig {
+    let text = format!(
+        "\
+agent_id: test-agent
+collector:
+  control: {control}
+  reconnect_initial_seconds: 0.05
+  reconnect_max_seconds: 0.2
+auth:
+  token: test-token
+sources:
+  host_metrics:
+    interval_seconds: 0.2
+  self_metrics:
+    interval_seconds: 0.2
+  logs:
+    - path: {dir}/*.log
+      start_at: beginning
+      poll_interval_seconds: 0.02
+      glob_interval_seconds: 0.05
+  state_directory: {dir}/state
+streams:
+  metrics:
+    data_path: write_with_imm
+    flush_milliseconds: 20
+  logs:
+    data_path: send
+    flush_milliseconds: 20
+{extra}",
+        dir = dir.display()
+    );
+    AgentConfig::from_yaml("test.yaml", &text).unwrap_or_else(|e| panic!("{e}"))
+}
+
+async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let until = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn sent_frames(stats: &SelfMetrics) -> u64 {
+    Stream::ALL.iter().map(|s| stats.frames_sent(*s)).sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_delivers_both_streams_and_goodbye_accounts_exactly() {
+    let mut fake = support::start(support::FakeConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let log = dir.path().join("app.log");
+    std::fs::write(&log, "").unwrap_or_else(|e| panic!("{e}"));
+    let cfg = config(fake.addr, dir.path(), "");
+    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
+    let (trigger, shutdown) = uctel_common::shutdown::channel();
+    let agent = tokio::spawn(run_with(
+        cfg,
+        Options {
+            stats: Some(stats.clone()),
+            metrics_listener: None,
+        },
+        shutdown,
+    ));
+    wait_until("connected", Duration::from_secs(10), || stats.connected()).await;
+    let lines: Vec<String> = (0..50)
+        .map(|i| format!("line {i} of the test log"))
+        .collect();
+    std::fs::write(&log, lines.join("\n") + "\n").unwrap_or_else(|e| panic!("{e}"));
+    wait_until("records on both streams", Duration::from_secs(10), || {
+        stats.records_sent(Stream::Logs) >= 50 && stats.frames_sent(Stream::Metrics) >= 3
+    })
+    .await;
+    trigger.trigger();
+    let summary = tokio::time::timeout(Duration::from_secs(20), agent)
+        .await
+        .unwrap_or_else(|_| panic!("agent did not stop"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(summary.sessions, 1);
+    let s = tokio::time::timeout(Duration::from_secs(10), fake.sessions.recv())
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| panic!("no session"));
+
+    assert!(s.violations.is_empty(), "{:?}", s.violations);
+    let g = s.goodbye.clone().unwrap_or_else(|| panic!("no goodbye"));
+    assert_eq!(g.reason, GoodbyeReason::Shutdown as i32);
+    // Exact accounting: every frame the agent counted as sent arrived (loopback, no faults),
+    // connection sequences are 0..n without a hole, and the goodbye names the last one.
+    let mut seqs: Vec<u64> = s.frames.iter().map(|(_, f)| f.header.conn_seq).collect();
+    seqs.sort_unstable();
+    let n = seqs.len() as u64;
+    assert_eq!(seqs, (0..n).collect::<Vec<_>>());
+    assert_eq!(n, sent_frames(&stats));
+    assert_eq!(g.final_conn_seq, Some(n - 1));
+    for st in Stream::ALL {
+        let fin = g
+            .streams
+            .iter()
+            .find(|f| f.stream_id == st.id())
+            .unwrap_or_else(|| panic!("no final for {st}"));
+        assert_eq!(fin.final_record_count, s.records(st.id()), "{st}");
+        assert_eq!(fin.final_record_count, stats.records_sent(st), "{st}");
+        let frames: Vec<_> = s
+            .frames
+            .iter()
+            .filter(|(_, f)| f.header.stream_id == st.id())
+            .collect();
+        assert_eq!(fin.final_stream_seq, Some(frames.len() as u64 - 1), "{st}");
+        let last = frames
+            .iter()
+            .max_by_key(|(_, f)| f.header.stream_seq)
+            .unwrap_or_else(|| panic!("no frames on {st}"));
+        assert!(
+            last.1.header.flags.contains(FrameFlags::LAST_OF_EPOCH),
+            "{st}"
+        );
+        // The configured data path per stream.
+        let want = match st {
+            Stream::Metrics => WcOpcode::RecvRdmaWithImm,
+            Stream::Logs => WcOpcode::Recv,
+        };
+        assert!(
+            frames.iter().all(|(op, _)| *op == want),
+            "{st} used another data path"
+        );
+    }
+    // Host metrics named like node_exporter and the agent's own counters arrived.
+    let names: std::collections::HashSet<String> = s
+        .frames
+        .iter()
+        .filter_map(|(_, f)| match &f.payload {
+            Payload::Metrics(b) => {
+                Some(b.metrics.iter().map(|m| m.name.clone()).collect::<Vec<_>>())
+            }
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    for want in [
+        "node_cpu_seconds_total",
+        "node_memory_MemAvailable_bytes",
+        "node_load1",
+        "uctel_agent_frames_sent_total",
+        "uctel_agent_records_dropped_total",
+    ] {
+        assert!(names.contains(want), "{want} missing");
+    }
+    // Log lines in order, each once.
+    let got: Vec<String> = s
+        .frames
+        .iter()
+        .filter_map(|(_, f)| match &f.payload {
+            Payload::Logs(b) => Some(
+                b.records
+                    .iter()
+                    .map(|r| r.message.clone())
+                    .collect::<Vec<_>>(),
+            ),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(got, lines);
+    assert_eq!(stats.records_dropped_all(Stream::Logs), 0);
+    assert!(s.heartbeats <= 2);
+    // The log checkpoint names the end of the file.
+    let state: Vec<_> = std::fs::read_dir(dir.path().join("state"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .flatten()
+        .collect();
+    assert_eq!(state.len(), 1);
+    let text = std::fs::read_to_string(state[0].path()).unwrap_or_else(|e| panic!("{e}"));
+    let len = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+    let v: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(v["files"][0]["offset"].as_u64(), Some(len), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_then_welcomed_with_a_new_epoch() {
+    let mut fake = support::start(support::FakeConfig {
+        refuse_first: 1,
+        ..support::FakeConfig::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let cfg = config(fake.addr, dir.path(), "");
+    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
+    let (trigger, shutdown) = uctel_common::shutdown::channel();
+    let agent = tokio::spawn(run_with(
+        cfg,
+        Options {
+            stats: Some(stats.clone()),
+            metrics_listener: None,
+        },
+        shutdown,
+    ));
+    wait_until("connected", Duration::from_secs(10), || stats.connected()).await;
+    trigger.trigger();
+    let _ = tokio::time::timeout(Duration::from_secs(20), agent).await;
+    let first = fake
+        .sessions
+        .recv()
+        .await
+        .unwrap_or_else(|| panic!("no first session"));
+    let second = fake
+        .sessions
+        .recv()
+        .await
+        .unwrap_or_else(|| panic!("no second session"));
+    assert!(first.refused);
+    assert!(!second.refused);
+    let e1 = first.hello.map(|h| h.epoch);
+    let e2 = second.hello.map(|h| h.epoch);
+    assert!(e1.is_some() && e2.is_some() && e1 != e2, "{e1:?} {e2:?}");
+    assert!(second.goodbye.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collector_goodbye_leads_to_a_reconnect_with_a_new_epoch() {
+    let mut fake = support::start(support::FakeConfig {
+        goodbye_after_frames: Some(3),
+        ..support::FakeConfig::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let cfg = config(fake.addr, dir.path(), "");
+    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
+    let (trigger, shutdown) = uctel_common::shutdown::channel();
+    let agent = tokio::spawn(run_with(
+        cfg,
+        Options {
+            stats: Some(stats.clone()),
+            metrics_listener: None,
+        },
+        shutdown,
+    ));
+    wait_until("a reconnect", Duration::from_secs(15), || {
+        stats.reconnects() >= 1 && stats.connected()
+    })
+    .await;
+    wait_until(
+        "frames on the new connection",
+        Duration::from_secs(10),
+        || sent_frames(&stats) >= 6,
+    )
+    .await;
+    trigger.trigger();
+    let summary = tokio::time::timeout(Duration::from_secs(20), agent)
+        .await
+        .unwrap_or_else(|_| panic!("agent did not stop"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(summary.sessions, 2);
+    let first = fake
+        .sessions
+        .recv()
+        .await
+        .unwrap_or_else(|| panic!("no first session"));
+    let second = fake
+        .sessions
+        .recv()
+        .await
+        .unwrap_or_else(|| panic!("no second session"));
+    assert!(first.we_said_goodbye);
+    let (e1, e2) = (
+        first.hello.map(|h| h.epoch).unwrap_or(0),
+        second.hello.map(|h| h.epoch).unwrap_or(0),
+    );
+    assert_ne!(e1, e2);
+    assert!(second.violations.is_empty(), "{:?}", second.violations);
+    // The new epoch starts its sequences over.
+    let min = second.frames.iter().map(|(_, f)| f.header.conn_seq).min();
+    assert_eq!(min, Some(0));
+    assert!(second.frames.iter().all(|(_, f)| f.header.epoch == e2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_reports_the_window_caps_frames_and_the_rest_is_dropped_no_credit() {
+    let mut fake = support::start(support::FakeConfig {
+        silent: true,
+        credit_window: 4,
+        ..support::FakeConfig::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let cfg = config(fake.addr, dir.path(), "");
+    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
+    let (trigger, shutdown) = uctel_common::shutdown::channel();
+    let agent = tokio::spawn(run_with(
+        cfg,
+        Options {
+            stats: Some(stats.clone()),
+            metrics_listener: None,
+        },
+        shutdown,
+    ));
+    wait_until("no_credit drops", Duration::from_secs(10), || {
+        stats.frames_dropped(Stream::Metrics, DropReason::NoCredit) >= 3
+    })
+    .await;
+    assert_eq!(
+        sent_frames(&stats),
+        4,
+        "never more than the window outstanding"
+    );
+    trigger.trigger();
+    let _ = tokio::time::timeout(Duration::from_secs(20), agent).await;
+    let s = fake
+        .sessions
+        .recv()
+        .await
+        .unwrap_or_else(|| panic!("no session"));
+    assert_eq!(s.frames.len(), 4);
+    assert_eq!(s.goodbye.and_then(|g| g.final_conn_seq), Some(3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injected_loss_shows_as_gaps_and_sent_equals_received_plus_lost() {
+    let mut fake = support::start(support::FakeConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let cfg = config(
+        fake.addr,
+        dir.path(),
+        "transport:\n  soft:\n    fault:\n      drop_ratio: 0.3\n      seed: 42\n",
+    );
+    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
+    let (trigger, shutdown) = uctel_common::shutdown::channel();
+    let agent = tokio::spawn(run_with(
+        cfg,
+        Options {
+            stats: Some(stats.clone()),
+            metrics_listener: None,
+        },
+        shutdown,
+    ));
+    wait_until("frames", Duration::from_secs(15), || {
+        sent_frames(&stats) >= 30
+    })
+    .await;
+    trigger.trigger();
+    let _ = tokio::time::timeout(Duration::from_secs(20), agent).await;
+    let s = fake
+        .sessions
+        .recv()
+        .await
+        .unwrap_or_else(|| panic!("no session"));
+    assert!(s.violations.is_empty(), "{:?}", s.violations);
+    let g = s
+        .goodbye
+        .unwrap_or_else(|| panic!("no goodbye (the control channel is TCP)"));
+    let last = g
+        .final_conn_seq
+        .unwrap_or_else(|| panic!("no final sequence"));
+    let received = s.frames.len() as u64;
+    let sent = last + 1;
+    assert_eq!(sent, sent_frames(&stats));
+    let lost = sent - received;
+    assert!(lost > 0, "30 % drop lost nothing");
+    assert!(received > 0);
+}

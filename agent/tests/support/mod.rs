@@ -1,0 +1,396 @@
+//! A minimal in-process collector for the agent's session tests, built from the same
+//! pieces as the real one (control framing and proof of `uctel_protocol::control`, the soft
+//! transport, `decode_frame`): it authenticates, registers a ring, posts receive buffers,
+//! decodes every frame that arrives, reports consumed sequences and records the `Goodbye`.
+//! It checks the wire rules the agent must follow (slot = conn_seq mod slots, immediate =
+//! low 32 bits of conn_seq, CRC, epoch) and counts violations instead of hiding them.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use uctel_agent::control::ControlConn;
+use uctel_protocol::control::{
+    self, Body, Challenge, Goodbye, Hello, Refuse, RefuseReason, Report, StreamReport, Welcome,
+};
+use uctel_protocol::frame::{decode_frame, DecodedFrame};
+use uctel_protocol::limits::Limits;
+use uctel_transport::api::{
+    AccessFlags, Device, DeviceConfig, QpInitAttr, RecvWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+};
+use uctel_transport::soft::device::SoftConfig;
+use uctel_transport::soft::udp::UdpConfig;
+
+/// How the fake collector behaves.
+#[derive(Debug, Clone)]
+pub struct FakeConfig {
+    pub token: Vec<u8>,
+    /// Power of two, so `imm mod slots == conn_seq mod slots`.
+    pub slots: u32,
+    pub slot_bytes: u32,
+    pub credit_window: u32,
+    pub recv_buffers: u32,
+    pub report_interval: Duration,
+    pub heartbeat_interval_ms: u32,
+    /// Send no Reports at all (credits never come back).
+    pub silent: bool,
+    /// Refuse this many connections (bad proof) before accepting.
+    pub refuse_first: u32,
+    /// Say Goodbye after this many frames on the first welcomed connection.
+    pub goodbye_after_frames: Option<u64>,
+}
+
+impl Default for FakeConfig {
+    fn default() -> Self {
+        Self {
+            token: b"test-token".to_vec(),
+            slots: 256,
+            slot_bytes: 4096,
+            credit_window: 192,
+            recv_buffers: 256,
+            report_interval: Duration::from_millis(50),
+            heartbeat_interval_ms: 1000,
+            silent: false,
+            refuse_first: 0,
+            goodbye_after_frames: None,
+        }
+    }
+}
+
+/// What one connection delivered.
+#[derive(Debug, Default)]
+pub struct Session {
+    pub hello: Option<Hello>,
+    pub refused: bool,
+    pub frames: Vec<(WcOpcode, DecodedFrame)>,
+    /// Frames whose slot, immediate, CRC or epoch broke a rule.
+    pub violations: Vec<String>,
+    pub goodbye: Option<Goodbye>,
+    pub we_said_goodbye: bool,
+    pub heartbeats: u64,
+}
+
+impl Session {
+    pub fn records(&self, stream_id: u32) -> u64 {
+        self.frames
+            .iter()
+            .filter(|(_, f)| f.header.stream_id == stream_id)
+            .map(|(_, f)| f.payload.record_count() as u64)
+            .sum()
+    }
+}
+
+pub struct FakeCollector {
+    pub addr: SocketAddr,
+    pub sessions: mpsc::UnboundedReceiver<Session>,
+}
+
+pub async fn start(cfg: FakeConfig) -> FakeCollector {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("bind: {e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut n = 0u32;
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let refuse = n < cfg.refuse_first;
+            let goodbye = if n == cfg.refuse_first {
+                cfg.goodbye_after_frames
+            } else {
+                None
+            };
+            n += 1;
+            let s = serve(ControlConn::new(stream), &cfg, refuse, goodbye).await;
+            if tx.send(s).is_err() {
+                return;
+            }
+        }
+    });
+    FakeCollector { addr, sessions: rx }
+}
+
+async fn serve(
+    mut conn: ControlConn,
+    cfg: &FakeConfig,
+    refuse: bool,
+    goodbye_after: Option<u64>,
+) -> Session {
+    let mut s = Session::default();
+    let Ok(msg) = conn.recv().await else { return s };
+    let Some(Body::Hello(hello)) = msg.body else {
+        return s;
+    };
+    s.hello = Some(hello.clone());
+    let nonce = [7u8; control::NONCE_BYTES];
+    if conn
+        .send(Challenge {
+            nonce: nonce.to_vec(),
+            collector_id: "fake".into(),
+        })
+        .await
+        .is_err()
+    {
+        return s;
+    }
+    let Ok(msg) = conn.recv().await else { return s };
+    let Some(Body::Proof(proof)) = msg.body else {
+        return s;
+    };
+    let ok = control::verify_proof(
+        &cfg.token,
+        &nonce,
+        &hello.agent_id,
+        hello.epoch,
+        &proof.hmac,
+    );
+    if !ok || refuse {
+        s.refused = true;
+        let _ = conn
+            .send(Refuse {
+                reason: RefuseReason::BadProof as i32,
+                detail: "test refusal".into(),
+            })
+            .await;
+        return s;
+    }
+
+    // Data plane: soft device, ring, receive buffers, QP connected to the agent's.
+    let dev = Device::open(&DeviceConfig::Soft(SoftConfig {
+        name: "fake-collector".into(),
+        udp: UdpConfig {
+            bind: "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")),
+            ..UdpConfig::default()
+        },
+        mtu_bytes: 4096,
+        ..SoftConfig::default()
+    }))
+    .unwrap_or_else(|e| panic!("open: {e}"));
+    let pd = dev.alloc_pd().unwrap_or_else(|e| panic!("{e}"));
+    let cq = dev.create_cq(4096).unwrap_or_else(|e| panic!("{e}"));
+    let qp = pd
+        .create_qp(&QpInitAttr {
+            send_cq: &cq,
+            recv_cq: &cq,
+            max_send_wr: 4,
+            max_recv_wr: cfg.recv_buffers,
+            access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            max_mtu: None,
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+    let ring = pd
+        .reg_mr(
+            (cfg.slots * cfg.slot_bytes) as usize,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let bufs = pd
+        .reg_mr(
+            (cfg.recv_buffers * cfg.slot_bytes) as usize,
+            AccessFlags::LOCAL_WRITE,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    for i in 0..cfg.recv_buffers {
+        let sge = Sge::new(&bufs, (i * cfg.slot_bytes) as usize, cfg.slot_bytes);
+        qp.post_recv(&[RecvWr::new(u64::from(i), sge)])
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let Some(aqp) = hello.qp.as_ref() else {
+        return s;
+    };
+    let remote = uctel_transport::api::QpEndpoint {
+        gid: aqp.gid_array().unwrap_or([0; 16]),
+        qpn: aqp.qpn,
+        psn: aqp.psn,
+        mtu: aqp.mtu,
+        udp_addr: aqp.udp_socket_addr(),
+    };
+    qp.connect(&remote)
+        .unwrap_or_else(|e| panic!("connect: {e}"));
+    let me = qp.local_endpoint();
+    let welcome = Welcome {
+        qp: Some(control::QpEndpoint {
+            gid: me.gid.to_vec(),
+            qpn: me.qpn,
+            psn: me.psn,
+            mtu: me.mtu,
+            udp_addr: me.udp_addr.map(|a| a.to_string()).unwrap_or_default(),
+        }),
+        ring_addr: ring.addr(),
+        rkey: ring.rkey(),
+        slots: cfg.slots,
+        slot_bytes: cfg.slot_bytes,
+        max_frame_bytes: cfg.slot_bytes,
+        credit_window: cfg.credit_window,
+        heartbeat_interval_ms: cfg.heartbeat_interval_ms,
+        report_interval_ms: cfg.report_interval.as_millis() as u32,
+        data_path: control::DataPath::WriteWithImm as i32,
+    };
+    if conn.send(welcome).await.is_err() {
+        return s;
+    }
+
+    let limits = Limits {
+        max_frame_bytes: cfg.slot_bytes as usize,
+        ..Limits::default()
+    };
+    let epoch = hello.epoch;
+    let mut wcs = vec![WorkCompletion::default(); 256];
+    let mut consumed: Option<u64> = None;
+    let mut report_tick = tokio::time::interval(cfg.report_interval);
+    let mut slot_buf = vec![0u8; cfg.slot_bytes as usize];
+    loop {
+        // Drain completions.
+        loop {
+            let n = cq.poll(&mut wcs);
+            for wc in wcs.iter().take(n) {
+                if wc.status != WcStatus::Success {
+                    s.violations
+                        .push(format!("completion status {:?}", wc.status));
+                    continue;
+                }
+                let decoded = match wc.opcode {
+                    WcOpcode::RecvRdmaWithImm => {
+                        let imm = wc.imm.unwrap_or(0);
+                        let slot = u64::from(imm) % u64::from(cfg.slots);
+                        let off = (slot * u64::from(cfg.slot_bytes)) as usize;
+                        let _ = ring.read_at(off, &mut slot_buf);
+                        match decode_frame(&slot_buf, &limits) {
+                            Ok(f) => {
+                                if f.header.conn_seq as u32 != imm {
+                                    s.violations.push(format!(
+                                        "imm {imm} vs conn_seq {}",
+                                        f.header.conn_seq
+                                    ));
+                                }
+                                Some(f)
+                            }
+                            Err(e) => {
+                                s.violations.push(format!("slot {slot}: {e}"));
+                                None
+                            }
+                        }
+                    }
+                    WcOpcode::Recv => {
+                        let mut b = vec![0u8; wc.byte_len as usize];
+                        let off = (wc.wr_id as u32 * cfg.slot_bytes) as usize;
+                        let _ = bufs.read_at(off, &mut b);
+                        match decode_frame(&b, &limits) {
+                            Ok(f) => Some(f),
+                            Err(e) => {
+                                s.violations.push(format!("send buffer: {e}"));
+                                None
+                            }
+                        }
+                    }
+                    _ => None,
+                };
+                if let Some(f) = decoded {
+                    if f.header.epoch != epoch {
+                        s.violations
+                            .push(format!("epoch {} vs hello {epoch}", f.header.epoch));
+                    }
+                    consumed =
+                        Some(consumed.map_or(f.header.conn_seq, |c| c.max(f.header.conn_seq)));
+                    s.frames.push((wc.opcode, f));
+                }
+                // Repost the receive buffer.
+                let i = wc.wr_id as u32;
+                let sge = Sge::new(&bufs, (i * cfg.slot_bytes) as usize, cfg.slot_bytes);
+                let _ = qp.post_recv(&[RecvWr::new(wc.wr_id, sge)]);
+            }
+            if n < wcs.len() {
+                break;
+            }
+        }
+        if let Some(limit) = goodbye_after {
+            if s.frames.len() as u64 >= limit && !s.we_said_goodbye {
+                s.we_said_goodbye = true;
+                let _ = conn
+                    .send(Goodbye {
+                        final_conn_seq: None,
+                        streams: vec![],
+                        reason: control::GoodbyeReason::Shutdown as i32,
+                        detail: "fake collector going away".into(),
+                    })
+                    .await;
+                return s;
+            }
+        }
+        tokio::select! {
+            msg = conn.recv() => match msg {
+                Ok(m) => match m.body {
+                    Some(Body::Heartbeat(_)) => s.heartbeats += 1,
+                    Some(Body::Goodbye(g)) => {
+                        // Frames posted before the Goodbye may still be in flight: drain.
+                        for _ in 0..200 {
+                            let n = cq.poll(&mut wcs);
+                            if n == 0 && g.final_conn_seq.is_none_or(|f| consumed.is_some_and(|c| c >= f)) {
+                                break;
+                            }
+                            for wc in wcs.iter().take(n) {
+                                if wc.status != WcStatus::Success { continue; }
+                                let f = match wc.opcode {
+                                    WcOpcode::RecvRdmaWithImm => {
+                                        let slot = u64::from(wc.imm.unwrap_or(0)) % u64::from(cfg.slots);
+                                        let _ = ring.read_at((slot * u64::from(cfg.slot_bytes)) as usize, &mut slot_buf);
+                                        decode_frame(&slot_buf, &limits).ok()
+                                    }
+                                    WcOpcode::Recv => {
+                                        let mut b = vec![0u8; wc.byte_len as usize];
+                                        let _ = bufs.read_at((wc.wr_id as u32 * cfg.slot_bytes) as usize, &mut b);
+                                        decode_frame(&b, &limits).ok()
+                                    }
+                                    _ => None,
+                                };
+                                if let Some(f) = f {
+                                    consumed = Some(consumed.map_or(f.header.conn_seq, |c| c.max(f.header.conn_seq)));
+                                    s.frames.push((wc.opcode, f));
+                                }
+                            }
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        s.goodbye = Some(g);
+                        return s;
+                    }
+                    _ => {}
+                },
+                Err(_) => return s,
+            },
+            _ = report_tick.tick() => {
+                if !cfg.silent {
+                    if let Some(c) = consumed {
+                        let mut streams = Vec::new();
+                        for id in [1u32, 2] {
+                            let mine: Vec<&DecodedFrame> = s.frames.iter().map(|(_, f)| f).filter(|f| f.header.stream_id == id).collect();
+                            let received = mine.len() as u64;
+                            let highest = mine.iter().map(|f| f.header.stream_seq + 1).max().unwrap_or(0);
+                            streams.push(StreamReport {
+                                stream_id: id,
+                                received,
+                                lost: highest.saturating_sub(received),
+                                late: 0,
+                                duplicate: 0,
+                                loss_fraction: 0.0,
+                            });
+                        }
+                        let _ = conn.send(Report {
+                            consumed_conn_seq: c,
+                            streams,
+                            conn_received: s.frames.len() as u64,
+                            conn_lost: (c + 1).saturating_sub(s.frames.len() as u64),
+                            conn_loss_fraction: 0.0,
+                        }).await;
+                    }
+                }
+            }
+            () = tokio::time::sleep(Duration::from_millis(1)) => {}
+        }
+    }
+}
