@@ -7,7 +7,7 @@
 //! - [`rdma`]: RDMA port counters (`counters/`, `counters_ext/`) and driver counters
 //!   (`hw_counters/`) from `<sysfs>/class/infiniband`, named like node_exporter's `infiniband`
 //!   collector. [`host::HostMetrics`] runs it as one of its sub-collectors.
-//! - `logs`: a log file tailer: glob paths, create- and copytruncate-rotation, truncation,
+//! - [`logs`]: a log file tailer: glob paths, create- and copytruncate-rotation, truncation,
 //!   partial last lines, long lines, invalid UTF-8 and an offset checkpoint file.
 //!
 //! Every source produces the protocol's payload records
@@ -17,6 +17,7 @@
 //! `timestamp_ms = 0` ("the frame's timestamp").
 
 pub mod host;
+pub mod logs;
 pub mod rdma;
 
 mod metric;

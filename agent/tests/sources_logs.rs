@@ -1,0 +1,296 @@
+//! The log tailer's IO layer on real files (no logrotate): discovery, start position, budgets,
+//! deletion, state file handling.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use uctel_agent::sources::logs::{LogEvent, LogSourceConfig, LogSourceError, LogTailer, StartAt};
+
+fn append(path: &Path, text: &str) {
+    let mut f = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .expect("open for append");
+    f.write_all(text.as_bytes()).expect("append");
+}
+
+fn config(dir: &Path, pattern: &str) -> LogSourceConfig {
+    let mut c = LogSourceConfig::new([dir.join(pattern).to_string_lossy().into_owned()]);
+    c.start_at = StartAt::Beginning;
+    c.max_line_bytes = 100;
+    c.glob_interval = Duration::from_secs(1);
+    c.rotate_wait = Duration::from_secs(5);
+    c.state_file = Some(dir.join("state.json"));
+    c
+}
+
+fn poll(t: &mut LogTailer, now: Instant, max: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let stats = t.poll(now, &mut out, max);
+    assert!(stats.errors.is_empty(), "{:?}", stats.errors);
+    assert_eq!(stats.records, out.len());
+    out.into_iter().map(|r| r.message).collect()
+}
+
+#[test]
+fn start_at_end_skips_existing_lines_but_reads_files_created_later_from_the_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    append(&dir.path().join("a.log"), "old 1\nold 2\n");
+    let mut c = config(dir.path(), "*.log");
+    c.start_at = StartAt::End;
+    let mut t = LogTailer::new(c).expect("tailer");
+    let t0 = Instant::now();
+    assert!(poll(&mut t, t0, 100).is_empty());
+    append(&dir.path().join("a.log"), "new 3\n");
+    append(&dir.path().join("b.log"), "b 1\nb 2\n");
+    // b.log is found at the next glob evaluation (1 s later), from its first line.
+    assert_eq!(
+        poll(&mut t, t0 + Duration::from_millis(500), 100),
+        vec!["new 3"]
+    );
+    assert_eq!(
+        poll(&mut t, t0 + Duration::from_secs(1), 100),
+        vec!["b 1", "b 2"]
+    );
+    assert_eq!(t.counts().files_opened, 2);
+}
+
+#[test]
+fn exclude_patterns_and_non_files_are_skipped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    append(&dir.path().join("a.log"), "a\n");
+    append(&dir.path().join("a.log.gz"), "\u{1f}binary\n");
+    std::fs::create_dir(dir.path().join("dir.log")).expect("mkdir");
+    let mut c = config(dir.path(), "*");
+    c.include = vec![dir.path().join("*.log*").to_string_lossy().into_owned()];
+    c.exclude = vec![dir.path().join("*.gz").to_string_lossy().into_owned()];
+    let mut t = LogTailer::new(c).expect("tailer");
+    assert_eq!(poll(&mut t, Instant::now(), 100), vec!["a"]);
+    assert_eq!(t.files().len(), 1);
+}
+
+#[test]
+fn budgets_bound_each_poll_and_report_more_pending() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("a.log");
+    let text: String = (0..100).map(|n| format!("{n:09}\n")).collect(); // 10 bytes a line
+    append(&log, &text);
+    let mut c = config(dir.path(), "a.log");
+    c.max_bytes_per_poll = 95;
+    let mut t = LogTailer::new(c).expect("tailer");
+    let now = Instant::now();
+    let mut all = Vec::new();
+    let mut polls = 0;
+    loop {
+        let mut out = Vec::new();
+        let stats = t.poll(now, &mut out, 4);
+        assert!(out.len() <= 4);
+        assert!(stats.bytes <= 95);
+        all.extend(out.into_iter().map(|r| r.message));
+        polls += 1;
+        if !stats.more_pending {
+            break;
+        }
+        assert!(polls < 100, "no progress");
+    }
+    let expected: Vec<String> = (0..100).map(|n| format!("{n:09}")).collect();
+    assert_eq!(all, expected);
+    assert_eq!(t.counts().bytes_read, 1000);
+    // max_records = 0 reads nothing and loses nothing.
+    append(&log, "last\n");
+    let mut out = Vec::new();
+    let stats = t.poll(now, &mut out, 0);
+    assert!(out.is_empty() && stats.more_pending);
+    assert_eq!(poll(&mut t, now, 10), vec!["last"]);
+}
+
+#[test]
+fn deleted_file_is_drained_then_closed_after_rotate_wait() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("a.log");
+    append(&log, "1\n");
+    let mut writer = OpenOptions::new().append(true).open(&log).expect("open");
+    let mut t = LogTailer::new(config(dir.path(), "a.log")).expect("tailer");
+    let t0 = Instant::now();
+    assert_eq!(poll(&mut t, t0, 10), vec!["1"]);
+    std::fs::remove_file(&log).expect("rm");
+    writer.write_all(b"2\n").expect("write to unlinked inode");
+    assert_eq!(poll(&mut t, t0 + Duration::from_secs(1), 10), vec!["2"]);
+    writer.write_all(b"3\n").expect("write to unlinked inode");
+    assert_eq!(poll(&mut t, t0 + Duration::from_secs(4), 10), vec!["3"]);
+    assert_eq!(t.counts().files_closed, 0, "still within rotate_wait");
+    assert!(poll(&mut t, t0 + Duration::from_secs(7), 10).is_empty());
+    assert_eq!(t.counts().files_closed, 1);
+    assert!(t.files().is_empty());
+}
+
+#[test]
+fn checkpoint_is_json_written_atomically_and_resumes_mid_discard() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("a.log");
+    append(&log, &format!("first\n{}", "x".repeat(300)));
+    let state = dir.path().join("state.json");
+    {
+        let mut t = LogTailer::new(config(dir.path(), "a.log")).expect("tailer");
+        let got = poll(&mut t, Instant::now(), 10);
+        assert_eq!(got, vec!["first".to_owned(), "x".repeat(100)]);
+        assert_eq!(t.counts().get(LogEvent::LineTruncated), 1);
+        t.checkpoint().expect("checkpoint");
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&state).expect("read state")).expect("json");
+    let meta = std::fs::metadata(&log).expect("stat");
+    let entry = &json["files"][0];
+    assert_eq!(json["version"], 1);
+    assert_eq!(entry["path"], log.to_string_lossy().as_ref());
+    assert_eq!(entry["dev"], meta.dev());
+    assert_eq!(entry["ino"], meta.ino());
+    assert_eq!(entry["offset"], 306);
+    assert_eq!(entry["discarding"], true);
+    assert!(!dir.path().join("state.json.tmp").exists());
+
+    // The rest of the over-long line arrives while stopped: still discarded after restart.
+    append(&log, &format!("{}\nthird\n", "y".repeat(50)));
+    let mut t = LogTailer::new(config(dir.path(), "a.log")).expect("tailer");
+    assert_eq!(poll(&mut t, Instant::now(), 10), vec!["third"]);
+    assert_eq!(t.counts().discarded_bytes, 50);
+}
+
+#[test]
+fn checkpoint_entry_with_other_first_bytes_is_not_trusted() {
+    // Same (dev, inode) but a different fingerprint: inode reused by another file.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("a.log");
+    append(&log, "one\ntwo\n");
+    let meta = std::fs::metadata(&log).expect("stat");
+    let state = format!(
+        r#"{{"version":1,"files":[{{"path":"{}","dev":{},"ino":{},"offset":4,"head_len":8,"head_hash":12345}}]}}"#,
+        log.display(),
+        meta.dev(),
+        meta.ino()
+    );
+    std::fs::write(dir.path().join("state.json"), state).expect("write state");
+    let mut t = LogTailer::new(config(dir.path(), "a.log")).expect("tailer");
+    assert_eq!(poll(&mut t, Instant::now(), 10), vec!["one", "two"]);
+}
+
+#[test]
+fn checkpoint_offset_past_end_means_truncated_while_stopped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("a.log");
+    append(&log, "one\ntwo\n");
+    {
+        let mut t = LogTailer::new(config(dir.path(), "a.log")).expect("tailer");
+        assert_eq!(poll(&mut t, Instant::now(), 10), vec!["one", "two"]);
+        t.checkpoint().expect("checkpoint");
+    }
+    OpenOptions::new()
+        .write(true)
+        .open(&log)
+        .and_then(|f| f.set_len(0))
+        .expect("truncate");
+    append(&log, "on\n"); // shorter than the saved offset; head fingerprint differs too
+    let mut t = LogTailer::new(config(dir.path(), "a.log")).expect("tailer");
+    assert_eq!(poll(&mut t, Instant::now(), 10), vec!["on"]);
+}
+
+#[test]
+fn configuration_errors_are_reported() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut c = config(dir.path(), "a.log");
+    c.include = vec!["/var/log/[".to_owned()];
+    assert!(matches!(
+        LogTailer::new(c),
+        Err(LogSourceError::Pattern { .. })
+    ));
+
+    let mut c = config(dir.path(), "a.log");
+    c.max_line_bytes = 0;
+    assert!(matches!(
+        LogTailer::new(c),
+        Err(LogSourceError::ZeroLimit {
+            field: "max_line_bytes"
+        })
+    ));
+
+    let c = config(dir.path(), "a.log");
+    std::fs::write(dir.path().join("state.json"), "{ not json").expect("write");
+    let err = LogTailer::new(c).expect_err("corrupt state must not be ignored");
+    assert!(err.to_string().contains("state.json"), "{err}");
+
+    let mut c = config(dir.path(), "a.log");
+    c.state_file = None;
+    let t = LogTailer::new(c).expect("no state file");
+    t.checkpoint().expect("no-op without a state file");
+}
+
+fn numbered(range: std::ops::RangeInclusive<u32>) -> Vec<String> {
+    range.map(|n| format!("line {n:06}")).collect()
+}
+
+fn append_numbered(path: &Path, range: std::ops::RangeInclusive<u32>) {
+    let text: String = numbered(range).into_iter().map(|l| l + "\n").collect();
+    append(path, &text);
+}
+
+/// Polls (7 records at a time, the clock advancing 100 ms a poll) until nothing is left;
+/// bounded, so a hang fails the test.
+fn drain(t: &mut LogTailer, clock: &mut Instant) -> Vec<String> {
+    let mut got = Vec::new();
+    for _ in 0..200 {
+        *clock += Duration::from_millis(100);
+        let mut out = Vec::new();
+        let stats = t.poll(*clock, &mut out, 7);
+        assert!(stats.errors.is_empty(), "{:?}", stats.errors);
+        let empty = out.is_empty();
+        got.extend(out.into_iter().map(|r| r.message));
+        if empty && !stats.more_pending {
+            return got;
+        }
+    }
+    panic!("tailer did not settle");
+}
+
+#[test]
+fn restart_from_checkpoint_neither_repeats_nor_skips() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("a.log");
+    let mut clock = Instant::now();
+    append_numbered(&log, 1..=40);
+    append(&log, "line 000041"); // unfinished when the agent stops
+    {
+        let mut t = LogTailer::new(config(dir.path(), "a.log")).expect("tailer");
+        let mut out = Vec::new();
+        let stats = t.poll(clock, &mut out, 25);
+        assert!(stats.more_pending);
+        let got: Vec<String> = out.into_iter().map(|r| r.message).collect();
+        assert_eq!(got, numbered(1..=25));
+        // The first 25 lines were handed to the framer: commit them, then stop.
+        t.checkpoint().expect("checkpoint");
+        let mut out = Vec::new();
+        let _ = t.poll(clock, &mut out, 5);
+        assert_eq!(
+            out.len(),
+            5,
+            "read but never checkpointed: delivered again after restart"
+        );
+    }
+    append(&log, "\n");
+    append_numbered(&log, 42..=50);
+
+    // A new instance with start_at = End still resumes at the checkpoint.
+    let mut c = config(dir.path(), "a.log");
+    c.start_at = StartAt::End;
+    let mut t = LogTailer::new(c).expect("tailer");
+    assert_eq!(drain(&mut t, &mut clock), numbered(26..=50));
+    t.checkpoint().expect("checkpoint");
+    drop(t);
+
+    // Restart again with nothing new: nothing is delivered.
+    let mut t = LogTailer::new(config(dir.path(), "a.log")).expect("tailer");
+    assert_eq!(drain(&mut t, &mut clock), Vec::<String>::new());
+}
