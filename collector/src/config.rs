@@ -8,9 +8,13 @@
 //!   metrics: 0.0.0.0:9470          # Prometheus /metrics
 //! transport:
 //!   kind: soft                     # soft | verbs
-//!   soft:
-//!     bind: 0.0.0.0:4791           # UDP socket of the soft RoCEv2 device (RoCEv2 port)
+//!   soft:                          # uctel_transport::soft::device::SoftConfig
+//!     udp:
+//!       bind: 0.0.0.0:4791         # UDP socket of the soft RoCEv2 device (RoCEv2 port)
+//!     advertise_addr: 192.0.2.10:4791  # what agents send to when bind is a wildcard
 //!     mtu_bytes: 4096
+//!     faults:                      # optional fault injection (tests, demos)
+//!       drop_ratio: 0.01
 //!   verbs:
 //!     device: mlx5_0               # default: the first device
 //!     port: 1
@@ -22,6 +26,7 @@
 //!   credit_margin_slots: 64        # agent may have slots - margin frames outstanding
 //!   send_buffers: 256              # receive WRs with buffers, for the Send data path
 //!   descriptor_queue: 8192         # completion poller -> worker SPSC queue capacity
+//!   data_path: auto                # auto | write_with_imm | send
 //! max_frame_bytes: 4096
 //! auth:
 //!   agents:
@@ -56,6 +61,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use uctel_common::config::{Problems, Validate};
+use uctel_transport::soft::device::SoftConfig;
 
 /// The whole collector configuration.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -126,31 +132,11 @@ pub enum TransportKindConfig {
 pub struct TransportConfig {
     /// `soft` (default) or `verbs`.
     pub kind: TransportKindConfig,
-    /// Soft transport settings.
-    pub soft: SoftTransportConfig,
+    /// Soft transport settings: `uctel_transport::soft::device::SoftConfig` (UDP socket,
+    /// advertised address, MTU, progress mode, optional fault injection).
+    pub soft: SoftConfig,
     /// Verbs transport settings.
     pub verbs: VerbsTransportConfig,
-}
-
-/// `transport.soft:` section.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct SoftTransportConfig {
-    /// UDP address of the soft RoCEv2 device. Default `0.0.0.0:4791` (IANA RoCEv2 port).
-    /// Port 0 picks a free port (tests).
-    pub bind: SocketAddr,
-    /// Largest path MTU offered, bytes: 256, 512, 1024, 2048 or 4096 (IBTA 9.7.5.1).
-    /// Default 4096.
-    pub mtu_bytes: u32,
-}
-
-impl Default for SoftTransportConfig {
-    fn default() -> Self {
-        Self {
-            bind: SocketAddr::from(([0, 0, 0, 0], uctel_transport::api::ROCE_V2_UDP_PORT)),
-            mtu_bytes: 4096,
-        }
-    }
 }
 
 /// `transport.verbs:` section (`uctel_transport::api::VerbsConfig`).
@@ -196,6 +182,23 @@ pub struct RingConfig {
     /// Capacity of the completion-poller → worker SPSC descriptor queue (a full queue drops,
     /// counted as `queue_full`). Default 8192.
     pub descriptor_queue: u32,
+    /// Which data path to ask agents for (DESIGN.md §4): `auto` (default: Write-with-immediate
+    /// when the agent offers it, else Send), `write_with_imm` or `send` (agents that do not
+    /// offer it are refused with `transport_mismatch`).
+    pub data_path: DataPathConfig,
+}
+
+/// `ring.data_path`.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum DataPathConfig {
+    /// Write-with-immediate if offered, else Send.
+    #[default]
+    Auto,
+    /// Only RDMA Write-with-immediate into the ring.
+    WriteWithImm,
+    /// Only Send into posted receive buffers.
+    Send,
 }
 
 impl Default for RingConfig {
@@ -206,6 +209,7 @@ impl Default for RingConfig {
             credit_margin_slots: 64,
             send_buffers: 256,
             descriptor_queue: 8192,
+            data_path: DataPathConfig::Auto,
         }
     }
 }
@@ -464,12 +468,26 @@ impl Validate for Config {
             );
         }
         if self.transport.kind == TransportKindConfig::Soft {
-            let mtu = self.transport.soft.mtu_bytes;
-            if uctel_transport::api::Mtu::from_bytes(mtu).is_none() {
+            let soft = &self.transport.soft;
+            if uctel_transport::api::Mtu::from_bytes(soft.mtu_bytes).is_none() {
                 p.push(
                     "transport.soft.mtu_bytes",
                     "must be an IB MTU: 256, 512, 1024, 2048 or 4096",
                 );
+            }
+            if !(1..=1_000_000).contains(&soft.progress_wait_micros) {
+                p.push(
+                    "transport.soft.progress_wait_micros",
+                    "must be in 1..=1000000",
+                );
+            }
+            if !(1..=1024).contains(&soft.batch) {
+                p.push("transport.soft.batch", "must be in 1..=1024");
+            }
+            if let Some(f) = &soft.faults {
+                if let Err(e) = f.validate() {
+                    p.push("transport.soft.faults", e);
+                }
             }
         }
         if self.transport.verbs.port == 0 {
@@ -591,7 +609,8 @@ mod tests {
         assert_eq!(c.listen.control.port(), 7400);
         assert_eq!(c.listen.metrics.port(), 9470);
         assert_eq!(c.transport.kind, TransportKindConfig::Soft);
-        assert_eq!(c.transport.soft.bind.port(), 4791);
+        assert_eq!(c.transport.soft.udp.bind.port(), 4791);
+        assert!(c.transport.soft.faults.is_none());
         assert_eq!(c.ring.credit_window(), 1024 - 64);
         assert_eq!(c.max_frame_bytes.0, 4096);
         assert_eq!(c.staleness_seconds.duration(), Duration::from_secs(300));

@@ -8,12 +8,22 @@
 //! - [`store`]: latest sample per series per agent, staleness, cardinality cap, exposed through
 //!   a custom `prometheus` collector.
 //! - [`logsink`]: JSON Lines log sink with size-based rotation.
+//! - [`ingest`]: per-connection frame checks, sequence tracking and delivery (transport-free).
+//! - [`dataplane`]: per-agent UC QP and ring, the completion-poller and worker threads and the
+//!   SPSC descriptor queue between them.
+//! - [`control`]: the TCP control plane (handshake, heartbeats, reports, goodbye).
+//! - [`daemon`]: [`start`]/[`run`] wiring it all, with ephemeral-port support for tests.
 //!
 //! The binary (`src/main.rs`) parses flags, loads the configuration, installs logging and the
 //! signal handlers, and calls [`run`].
 
 pub mod config;
+pub mod control;
+pub mod daemon;
+pub mod dataplane;
 pub mod ingest;
 pub mod logsink;
 pub mod store;
 pub mod telemetry;
+
+pub use daemon::{run, start, RunError, Running};

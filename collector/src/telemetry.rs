@@ -179,73 +179,8 @@ impl DropReason {
 /// Number of distinct [`DropReason`] values (array size for per-reason tables).
 pub const DROP_REASONS: usize = DropReason::COLLECTOR.len() + UcDropReason::COUNT;
 
-/// Why a handshake was refused (`uctel_collector_handshakes_refused_total{reason}`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum RefuseReason {
-    /// The agent id is not listed and no shared token is configured.
-    UnknownAgent,
-    /// The HMAC proof does not match the token.
-    BadProof,
-    /// The agent speaks another control protocol version.
-    VersionMismatch,
-    /// The agent asked for a transport this collector does not run.
-    TransportMismatch,
-    /// The same agent id is already connected with a live session.
-    AlreadyConnected,
-    /// The message sequence or content was invalid (not `Hello` first, bad fields).
-    ProtocolError,
-    /// The handshake did not finish within `handshake_timeout_seconds`.
-    Timeout,
-    /// Resources for the connection (QP, ring) could not be created.
-    ResourceError,
-}
-
-impl RefuseReason {
-    /// Every reason.
-    pub const ALL: [RefuseReason; 8] = [
-        RefuseReason::UnknownAgent,
-        RefuseReason::BadProof,
-        RefuseReason::VersionMismatch,
-        RefuseReason::TransportMismatch,
-        RefuseReason::AlreadyConnected,
-        RefuseReason::ProtocolError,
-        RefuseReason::Timeout,
-        RefuseReason::ResourceError,
-    ];
-
-    /// The `reason` label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RefuseReason::UnknownAgent => "unknown_agent",
-            RefuseReason::BadProof => "bad_proof",
-            RefuseReason::VersionMismatch => "version_mismatch",
-            RefuseReason::TransportMismatch => "transport_mismatch",
-            RefuseReason::AlreadyConnected => "already_connected",
-            RefuseReason::ProtocolError => "protocol_error",
-            RefuseReason::Timeout => "timeout",
-            RefuseReason::ResourceError => "resource_error",
-        }
-    }
-}
-
-/// Why a stream's sequence was reset (`stream_resets_total{reason}`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ResetReason {
-    /// A new agent epoch (restart or reconnect): counted as a reset, not as loss.
-    Epoch,
-    /// A forward jump beyond `max_dropout_frames`: resynchronised, not counted as loss.
-    Resync,
-}
-
-impl ResetReason {
-    /// The `reason` label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ResetReason::Epoch => "epoch",
-            ResetReason::Resync => "resync",
-        }
-    }
-}
+pub use uctel_protocol::control::RefuseReason;
+use uctel_protocol::tracker::ResetReason;
 
 type IntCounter = GenericCounter<AtomicU64>;
 type IntGauge = GenericGauge<AtomicI64>;
@@ -334,7 +269,7 @@ impl Telemetry {
         )?;
         let stream_resets = counter(
             "stream_resets_total",
-            "Stream sequence resets: new agent epoch or a resync after a jump beyond max_dropout_frames.",
+            "Stream sequence resets: epoch_change (new agent epoch) or dropout (a jump beyond max_dropout_frames, resynchronised, not counted as loss).",
             &["agent", "stream", "reason"],
         )?;
         let loss_ratio = prometheus::GaugeVec::new(
@@ -392,7 +327,9 @@ impl Telemetry {
         )?;
         registry.register(Box::new(store_series.clone()))?;
         for r in RefuseReason::ALL {
-            handshakes_refused.with_label_values(&[r.as_str()]);
+            if r != RefuseReason::Unspecified {
+                handshakes_refused.with_label_values(&[r.label()]);
+            }
         }
         Ok(Telemetry {
             inner: Arc::new(Families {
@@ -460,10 +397,10 @@ impl Telemetry {
     pub fn handshake_refused(&self, reason: RefuseReason, agent: &str, peer: &str, detail: &str) {
         self.inner
             .handshakes_refused
-            .with_label_values(&[reason.as_str()])
+            .with_label_values(&[reason.label()])
             .inc();
         tracing::warn!(
-            reason = reason.as_str(),
+            reason = reason.label(),
             agent,
             peer,
             detail,
@@ -605,12 +542,12 @@ impl AgentTelemetry {
             resets_epoch: f.stream_resets.with_label_values(&[
                 l[0],
                 l[1],
-                ResetReason::Epoch.as_str(),
+                ResetReason::EpochChange.as_str(),
             ]),
             resets_resync: f.stream_resets.with_label_values(&[
                 l[0],
                 l[1],
-                ResetReason::Resync.as_str(),
+                ResetReason::Dropout.as_str(),
             ]),
             loss_ratio: f.loss_ratio.with_label_values(&l),
         }
@@ -725,7 +662,7 @@ mod tests {
         let text = String::from_utf8(t.render().unwrap()).unwrap();
         assert!(text.contains("uctel_collector_frames_received_total{agent=\"a\",stream=\"7\"} 4"));
         assert!(text.contains(
-            "uctel_collector_stream_resets_total{agent=\"a\",reason=\"epoch\",stream=\"7\"} 1"
+            "uctel_collector_stream_resets_total{agent=\"a\",reason=\"epoch_change\",stream=\"7\"} 1"
         ));
     }
 }

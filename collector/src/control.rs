@@ -1,0 +1,575 @@
+//! The control plane (DESIGN.md §6): a tokio TCP server, one task per agent connection.
+//!
+//! ```text
+//! agent                                   collector
+//!   Hello (id, hostname, epoch, QP) ───►  version? transport? data path? id known?
+//!                                   ◄───  Challenge (32-byte nonce)
+//!   Proof (HMAC-SHA256 of the token) ──►  verify (constant time)
+//!                                         create QP + ring, connect QP to the agent's endpoint
+//!                                   ◄───  Welcome (QP, ring address, rkey, slots, slot size,
+//!                                         max frame, credit window, intervals, data path)
+//!   Heartbeat ◄──────────────────────────► Heartbeat        every heartbeat interval
+//!                                   ◄───  Report (received, lost, loss fraction, consumed
+//!                                         connection sequence = credits)   every report interval
+//!   Goodbye (final sequences) ─────────►  settle tail loss, tear down
+//! ```
+//!
+//! Refusals (`Refuse` with a reason, then close) are counted in
+//! `uctel_collector_handshakes_refused_total{reason}` and logged once per connection.
+//! A connection whose agent is silent for `dead_after_missed_heartbeats` heartbeat periods,
+//! whose QP went to ERROR, or that is replaced by a new connection of the same agent id (an
+//! agent restart racing its old TCP connection) is torn down; the agent reconnects with a new
+//! epoch.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use uctel_common::control::{ChannelError, ControlChannel};
+use uctel_common::shutdown::{self, Shutdown, ShutdownTrigger};
+use uctel_protocol::control::{
+    self as wire, Body, Challenge, DataPath, Goodbye, GoodbyeReason, Heartbeat, Hello, Refuse,
+    RefuseReason, Transport, Welcome,
+};
+use uctel_protocol::limits::Limits;
+use uctel_protocol::tracker::TrackerConfig;
+use uctel_transport::api::{gid_from_ip, QpEndpoint};
+
+use crate::config::{Config, DataPathConfig, Token, TransportKindConfig};
+use crate::daemon::Shared;
+use crate::dataplane::{Geometry, Session};
+use crate::ingest::{ConnectionIngest, StreamLedger};
+
+/// The identity the collector announces in `Challenge`.
+pub const COLLECTOR_ID: &str = "uctel-collector";
+
+/// How long the collector waits after an agent's `Goodbye` for its last frames (already on the
+/// wire when the goodbye was sent) to complete before settling the tail.
+const GOODBYE_DRAIN: Duration = Duration::from_millis(50);
+
+/// Resolved tokens.
+#[derive(Debug, Default)]
+pub struct Auth {
+    agents: HashMap<String, Token>,
+    shared: Option<Token>,
+}
+
+impl Auth {
+    /// Resolves every token of the configuration.
+    ///
+    /// # Errors
+    /// A token that cannot be read (the configuration check reports these first).
+    pub fn from_config(config: &Config) -> Result<Auth, String> {
+        let mut agents = HashMap::new();
+        for a in &config.auth.agents {
+            agents.insert(a.id.clone(), a.source().resolve()?);
+        }
+        let shared = match &config.auth.shared {
+            Some(s) => Some(s.resolve()?),
+            None => None,
+        };
+        Ok(Auth { agents, shared })
+    }
+
+    /// The token `agent_id` must prove: its own, else the shared one.
+    pub fn token_for(&self, agent_id: &str) -> Option<&Token> {
+        self.agents.get(agent_id).or(self.shared.as_ref())
+    }
+}
+
+/// One live session: its registry id, the trigger that ends it, and a flag set when it ended.
+type LiveSession = (u64, ShutdownTrigger, tokio::sync::watch::Receiver<bool>);
+
+/// Live sessions by agent id, so a reconnecting agent replaces its stale session.
+#[derive(Debug, Default)]
+pub struct Registry {
+    live: Mutex<HashMap<String, LiveSession>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+/// Cumulative per-stream accounting of closed connections, by `(agent, stream)`.
+pub type Ledger = Arc<Mutex<HashMap<(String, u32), StreamLedger>>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Accepts agent connections until `shutdown`, then ends every connection (sending
+/// `Goodbye`) and waits for them.
+pub async fn serve(listener: TcpListener, shared: Shared, mut shutdown: Shutdown) {
+    let mut tasks = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    tasks.spawn(connection(stream, peer, shared.clone(), shutdown.clone()));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "control listener accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            _ = shutdown.wait() => break,
+        }
+    }
+    drop(listener);
+    while tasks.join_next().await.is_some() {}
+}
+
+/// A handshake that ended in a refusal.
+struct Refusal {
+    reason: RefuseReason,
+    agent: String,
+    detail: String,
+}
+
+fn refusal(reason: RefuseReason, agent: &str, detail: impl Into<String>) -> Refusal {
+    Refusal {
+        reason,
+        agent: agent.to_string(),
+        detail: detail.into(),
+    }
+}
+
+struct Accepted {
+    hello: Hello,
+    data_path: DataPath,
+}
+
+fn choose_data_path(config: &Config, hello: &Hello) -> Option<DataPath> {
+    let offers = |p: DataPath| hello.capabilities.contains(&(p as i32));
+    match config.ring.data_path {
+        DataPathConfig::Auto if offers(DataPath::WriteWithImm) => Some(DataPath::WriteWithImm),
+        DataPathConfig::Auto if offers(DataPath::Send) => Some(DataPath::Send),
+        DataPathConfig::WriteWithImm if offers(DataPath::WriteWithImm) => {
+            Some(DataPath::WriteWithImm)
+        }
+        DataPathConfig::Send if offers(DataPath::Send) => Some(DataPath::Send),
+        _ => None,
+    }
+}
+
+async fn handshake(
+    ch: &mut ControlChannel<TcpStream>,
+    shared: &Shared,
+) -> Result<Accepted, Refusal> {
+    let protocol = |e: ChannelError| refusal(RefuseReason::ProtocolError, "", e.to_string());
+    let hello = match ch.recv().await.map_err(protocol)?.and_then(|m| m.body) {
+        Some(Body::Hello(h)) => h,
+        Some(other) => {
+            return Err(refusal(
+                RefuseReason::ProtocolError,
+                "",
+                format!("expected Hello, got {}", other.name()),
+            ))
+        }
+        None => {
+            return Err(refusal(
+                RefuseReason::ProtocolError,
+                "",
+                "connection closed before Hello",
+            ))
+        }
+    };
+    let agent = hello.agent_id.clone();
+    if hello.protocol_version != wire::PROTOCOL_VERSION {
+        return Err(refusal(
+            RefuseReason::VersionMismatch,
+            &agent,
+            format!(
+                "control protocol version {} not supported; this collector speaks {}",
+                hello.protocol_version,
+                wire::PROTOCOL_VERSION
+            ),
+        ));
+    }
+    let want = match shared.config.transport.kind {
+        TransportKindConfig::Soft => Transport::Soft,
+        TransportKindConfig::Verbs => Transport::Verbs,
+    };
+    if hello.transport != want as i32 {
+        return Err(refusal(
+            RefuseReason::TransportMismatch,
+            &agent,
+            format!("this collector runs the {} transport", want.as_str()),
+        ));
+    }
+    let Some(data_path) = choose_data_path(&shared.config, &hello) else {
+        return Err(refusal(
+            RefuseReason::TransportMismatch,
+            &agent,
+            "no common data path",
+        ));
+    };
+    let Some(token) = shared.auth.token_for(&agent) else {
+        return Err(refusal(
+            RefuseReason::UnknownAgent,
+            &agent,
+            "agent id not configured",
+        ));
+    };
+    let nonce =
+        wire::random_nonce().map_err(|e| refusal(RefuseReason::Busy, &agent, e.to_string()))?;
+    ch.send(Challenge {
+        nonce: nonce.to_vec(),
+        collector_id: COLLECTOR_ID.to_string(),
+    })
+    .await
+    .map_err(protocol)?;
+    let proof = match ch.recv().await.map_err(protocol)?.and_then(|m| m.body) {
+        Some(Body::Proof(p)) => p,
+        other => {
+            return Err(refusal(
+                RefuseReason::ProtocolError,
+                &agent,
+                format!(
+                    "expected Proof, got {}",
+                    other.as_ref().map_or("end of stream", Body::name)
+                ),
+            ))
+        }
+    };
+    if !wire::verify_proof(token.as_bytes(), &nonce, &agent, hello.epoch, &proof.hmac) {
+        return Err(refusal(
+            RefuseReason::BadProof,
+            &agent,
+            "proof does not match the token",
+        ));
+    }
+    Ok(Accepted { hello, data_path })
+}
+
+/// The agent's endpoint for our QP; an unspecified IP (agent bound to a wildcard) is replaced
+/// by the address its TCP connection came from.
+fn agent_endpoint(hello: &Hello, peer: SocketAddr) -> Option<QpEndpoint> {
+    let qp = hello.qp.as_ref()?;
+    let udp_addr = qp.udp_socket_addr().map(|a| {
+        if a.ip().is_unspecified() {
+            SocketAddr::new(peer.ip(), a.port())
+        } else {
+            a
+        }
+    });
+    let gid = match (udp_addr, qp.gid_array()) {
+        (Some(a), Some(g)) if g == [0; 16] || a.ip() != uctel_transport::api::ip_from_gid(g) => {
+            gid_from_ip(a.ip())
+        }
+        (_, Some(g)) => g,
+        (Some(a), None) => gid_from_ip(a.ip()),
+        (None, None) => return None,
+    };
+    Some(QpEndpoint {
+        gid,
+        qpn: qp.qpn,
+        psn: qp.psn,
+        mtu: qp.mtu,
+        udp_addr,
+    })
+}
+
+/// Our endpoint as the agent must see it: a wildcard bind is replaced by the local address of
+/// the agent's TCP connection (the address it reached us on).
+fn advertised_endpoint(ep: QpEndpoint, local_ip: IpAddr) -> wire::QpEndpoint {
+    let udp_addr = ep.udp_addr.map(|a| {
+        if a.ip().is_unspecified() {
+            SocketAddr::new(local_ip, a.port())
+        } else {
+            a
+        }
+    });
+    let gid = match udp_addr {
+        Some(a) if ep.gid == gid_from_ip(IpAddr::from([0, 0, 0, 0])) || ep.gid == [0; 16] => {
+            gid_from_ip(a.ip())
+        }
+        _ => ep.gid,
+    };
+    wire::QpEndpoint {
+        gid: gid.to_vec(),
+        qpn: ep.qpn,
+        psn: ep.psn,
+        mtu: ep.mtu,
+        udp_addr: udp_addr.map(|a| a.to_string()).unwrap_or_default(),
+    }
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+fn millis(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX).max(1)
+}
+
+async fn connection(stream: TcpStream, peer: SocketAddr, shared: Shared, global: Shutdown) {
+    let local_ip = stream
+        .local_addr()
+        .map(|a| a.ip())
+        .unwrap_or(IpAddr::from([127, 0, 0, 1]));
+    let mut ch = ControlChannel::new(stream);
+    let timeout = Duration::try_from_secs_f64(shared.config.control.handshake_timeout_seconds)
+        .unwrap_or(Duration::from_secs(5));
+    let outcome = tokio::time::timeout(timeout, handshake(&mut ch, &shared)).await;
+    let accepted = match outcome {
+        Ok(Ok(a)) => a,
+        Ok(Err(r)) => return refuse(&mut ch, &shared, peer, r).await,
+        Err(_) => {
+            let r = refusal(
+                RefuseReason::HandshakeTimeout,
+                "",
+                format!("no Welcome within {timeout:?}"),
+            );
+            return refuse(&mut ch, &shared, peer, r).await;
+        }
+    };
+    let agent = accepted.hello.agent_id.clone();
+    let (my_trigger, my_cancel) = shutdown::channel();
+    let (done_tx, done_rx) = tokio::sync::watch::channel(false);
+    // Replace an existing session of the same agent (a restart racing its old connection).
+    let (token_id, previous) = {
+        let mut live = lock(&shared.registry.live);
+        let id = shared
+            .registry
+            .next
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let prev = live.insert(agent.clone(), (id, my_trigger, done_rx));
+        (id, prev)
+    };
+    if let Some((_, trigger, mut done)) = previous {
+        tracing::info!(agent = %agent, peer = %peer, "agent reconnected; replacing its previous connection");
+        trigger.trigger();
+        let _ = tokio::time::timeout(Duration::from_secs(5), done.wait_for(|d| *d)).await;
+    }
+    run_session(
+        &mut ch, &shared, peer, local_ip, accepted, my_cancel, global,
+    )
+    .await;
+    {
+        let mut live = lock(&shared.registry.live);
+        if live.get(&agent).is_some_and(|(id, ..)| *id == token_id) {
+            live.remove(&agent);
+        }
+    }
+    let _ = done_tx.send(true);
+    ch.shutdown().await;
+}
+
+async fn refuse(ch: &mut ControlChannel<TcpStream>, shared: &Shared, peer: SocketAddr, r: Refusal) {
+    shared
+        .telemetry
+        .handshake_refused(r.reason, &r.agent, &peer.to_string(), &r.detail);
+    let mut detail = r.detail;
+    detail.truncate(wire::MAX_DETAIL_BYTES);
+    let _ = ch
+        .send(Refuse {
+            reason: r.reason as i32,
+            detail,
+        })
+        .await;
+    ch.shutdown().await;
+}
+
+#[allow(clippy::too_many_lines)]
+async fn run_session(
+    ch: &mut ControlChannel<TcpStream>,
+    shared: &Shared,
+    peer: SocketAddr,
+    local_ip: IpAddr,
+    accepted: Accepted,
+    mut cancel: Shutdown,
+    mut global: Shutdown,
+) {
+    let cfg = &shared.config;
+    let hello = &accepted.hello;
+    let agent = hello.agent_id.clone();
+    let tel = shared.telemetry.agent(&agent);
+    let geometry = Geometry {
+        slots: cfg.ring.slots,
+        slot_bytes: cfg.ring.slot_bytes,
+        max_frame_bytes: cfg.max_frame_bytes.0,
+        send_buffers: cfg.ring.send_buffers,
+    };
+    let fail = |detail: String| Refusal {
+        reason: RefuseReason::Busy,
+        agent: agent.clone(),
+        detail,
+    };
+    let Some(remote) = agent_endpoint(hello, peer) else {
+        let r = refusal(
+            RefuseReason::ProtocolError,
+            &agent,
+            "Hello carries no usable QP endpoint",
+        );
+        return refuse(ch, shared, peer, r).await;
+    };
+    let id = shared.plane.next_session_id();
+    let session = match Session::create(
+        id,
+        &agent,
+        shared.plane.device(),
+        accepted.data_path,
+        geometry,
+        tel.clone(),
+    )
+    .and_then(|s| s.connect(&remote).map(|()| s))
+    {
+        Ok(s) => Arc::new(s),
+        Err(e) => return refuse(ch, shared, peer, fail(e.to_string())).await,
+    };
+    let limits = Limits {
+        max_frame_bytes: cfg.max_frame_bytes.0 as usize,
+        ..Limits::default()
+    };
+    let tracker = TrackerConfig {
+        max_dropout: cfg.max_dropout_frames.0,
+        reorder_window: cfg.reorder_window_frames.0,
+    };
+    let ingest = match ConnectionIngest::new(
+        &agent,
+        &hello.hostname,
+        hello.epoch,
+        limits,
+        tracker,
+        shared.store.clone(),
+        shared.logs.clone(),
+        tel.clone(),
+    ) {
+        Ok(i) => i,
+        Err(e) => return refuse(ch, shared, peer, fail(e.to_string())).await,
+    };
+    shared.plane.register(session.clone(), ingest);
+    let heartbeat = Duration::try_from_secs_f64(cfg.control.heartbeat_interval_seconds)
+        .unwrap_or(Duration::from_secs(5));
+    let report_every = Duration::try_from_secs_f64(cfg.control.report_interval_seconds)
+        .unwrap_or(Duration::from_secs(1));
+    let welcome = Welcome {
+        qp: Some(advertised_endpoint(session.local_endpoint(), local_ip)),
+        ring_addr: session.ring.addr(),
+        rkey: session.ring.rkey(),
+        slots: geometry.slots,
+        slot_bytes: geometry.slot_bytes,
+        max_frame_bytes: geometry.max_frame_bytes,
+        credit_window: cfg.ring.credit_window().max(1),
+        heartbeat_interval_ms: millis(heartbeat),
+        report_interval_ms: millis(report_every),
+        data_path: accepted.data_path as i32,
+    };
+    if let Err(e) = ch.send(welcome).await {
+        tracing::warn!(agent = %agent, error = %e, "sending Welcome failed");
+        let _ = shared.plane.close(id, None).await;
+        return;
+    }
+    shared.telemetry.agents_connected().inc();
+    tracing::info!(
+        agent = %agent,
+        hostname = %hello.hostname,
+        peer = %peer,
+        epoch = format_args!("{:#x}", hello.epoch),
+        data_path = ?accepted.data_path,
+        qpn = session.qp.qp_num(),
+        "agent connected"
+    );
+    let dead_after = heartbeat.saturating_mul(cfg.control.dead_after_missed_heartbeats.max(1));
+    let mut hb_tick = tokio::time::interval(heartbeat);
+    let mut report_tick = tokio::time::interval(report_every);
+    hb_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    report_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_heard = Instant::now();
+    let mut hb_seq = 0u64;
+    let mut goodbye: Option<Goodbye> = None;
+    let ending: Option<(GoodbyeReason, &'static str)> = loop {
+        tokio::select! {
+            msg = ch.recv() => match msg {
+                Ok(Some(m)) => {
+                    last_heard = Instant::now();
+                    match m.body {
+                        Some(Body::Heartbeat(_)) => {}
+                        Some(Body::Goodbye(g)) => {
+                            goodbye = Some(g);
+                            break None;
+                        }
+                        Some(other) => {
+                            tracing::warn!(agent = %agent, message = other.name(), "unexpected control message; closing");
+                            break Some((GoodbyeReason::Error, "unexpected control message"));
+                        }
+                        None => break Some((GoodbyeReason::Error, "empty control message")),
+                    }
+                }
+                Ok(None) => {
+                    tracing::info!(agent = %agent, "control connection closed without Goodbye");
+                    break None;
+                }
+                Err(e) => {
+                    tracing::warn!(agent = %agent, error = %e, "control connection failed");
+                    break None;
+                }
+            },
+            _ = hb_tick.tick() => {
+                if last_heard.elapsed() > dead_after {
+                    tracing::warn!(agent = %agent, silent_for = ?last_heard.elapsed(), "agent missed its heartbeats; closing");
+                    break Some((GoodbyeReason::Error, "heartbeats missed"));
+                }
+                hb_seq += 1;
+                if ch.send(Heartbeat { sequence: hb_seq, timestamp_ns: now_ns() }).await.is_err() {
+                    break None;
+                }
+            }
+            _ = report_tick.tick() => {
+                if let Some(report) = shared.plane.report(id).await {
+                    if ch.send(report).await.is_err() {
+                        break None;
+                    }
+                }
+            }
+            _ = session.failed_notify.notified() => {
+                break Some((GoodbyeReason::Error, "QP went to the ERROR state; reconnect"));
+            }
+            _ = cancel.wait() => break Some((GoodbyeReason::Reconnect, "replaced by a newer connection of this agent")),
+            _ = global.wait() => break Some((GoodbyeReason::Shutdown, "collector shutting down")),
+        }
+    };
+    if let Some((reason, detail)) = ending {
+        let _ = ch
+            .send(Goodbye {
+                final_conn_seq: None,
+                streams: Vec::new(),
+                reason: reason as i32,
+                detail: detail.to_string(),
+            })
+            .await;
+    }
+    if goodbye.is_some() {
+        tokio::time::sleep(GOODBYE_DRAIN).await;
+    }
+    let summary = shared.plane.close(id, goodbye.clone()).await;
+    shared.telemetry.agents_connected().dec();
+    if let Some(summary) = summary {
+        let mut ledger = lock(&shared.ledger);
+        for (stream, l) in &summary.streams {
+            let e = ledger.entry((agent.clone(), *stream)).or_default();
+            e.accepted += l.accepted;
+            e.lost += l.lost;
+            e.late += l.late;
+            e.duplicate += l.duplicate;
+            e.dropped_after_tracking += l.dropped_after_tracking;
+            e.records_received += l.records_received;
+            e.records_lost += l.records_lost;
+        }
+        tracing::info!(
+            agent = %agent,
+            goodbye = goodbye.is_some(),
+            conn_received = summary.conn_received,
+            conn_lost = summary.conn_lost,
+            dropped_before_tracking = summary.dropped_before_tracking,
+            streams = ?summary.streams,
+            "agent disconnected"
+        );
+    }
+}

@@ -1,0 +1,292 @@
+//! Starting and stopping the collector: binds the listeners, wires telemetry, the series
+//! store, the log sink and the `/metrics` server, and shuts everything down on a
+//! [`Shutdown`].
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use uctel_common::shutdown::{self, Shutdown, ShutdownTrigger};
+
+use uctel_transport::api::{Device, DeviceConfig, VerbsConfig};
+
+use crate::config::{Config, TransportKindConfig};
+use crate::control::{Auth, Ledger, Registry};
+use crate::dataplane::DataPlane;
+use crate::ingest::StreamLedger;
+use crate::logsink::LogSink;
+use crate::store::SeriesStore;
+use crate::telemetry::Telemetry;
+
+/// Why the collector could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// A listener could not be bound.
+    #[error("cannot bind {what} on {addr}: {source}")]
+    Bind {
+        /// `control` or `metrics`.
+        what: &'static str,
+        /// The configured address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The log sink could not be opened.
+    #[error("cannot open the log sink: {0}")]
+    LogSink(#[source] std::io::Error),
+    /// Registering metrics failed (a programming error, reported instead of panicking).
+    #[error("metrics registry: {0}")]
+    Metrics(#[from] prometheus::Error),
+    /// The transport device could not be opened.
+    #[error("cannot open the {kind} transport: {source}")]
+    Transport {
+        /// `soft` or `verbs`.
+        kind: &'static str,
+        /// The transport's error.
+        source: uctel_transport::api::OpenError,
+    },
+    /// A token could not be resolved.
+    #[error("auth: {0}")]
+    Auth(String),
+    /// The data-plane threads could not be started.
+    #[error("cannot start the data-plane threads: {0}")]
+    Threads(#[source] std::io::Error),
+    /// A background task panicked.
+    #[error("collector task failed: {0}")]
+    Task(String),
+}
+
+/// Shared state of a running collector, handed to every task.
+#[derive(Debug, Clone)]
+pub struct Shared {
+    /// The configuration it was started with.
+    pub config: Arc<Config>,
+    /// Self-metrics.
+    pub telemetry: Telemetry,
+    /// Received series.
+    pub store: SeriesStore,
+    /// Received logs.
+    pub logs: Arc<LogSink>,
+    /// The receive data path (device, poller, worker).
+    pub plane: Arc<DataPlane>,
+    /// Resolved tokens.
+    pub auth: Arc<Auth>,
+    /// Live agent sessions.
+    pub registry: Arc<Registry>,
+    /// Per-stream accounting of finished connections.
+    pub ledger: Ledger,
+}
+
+/// A started collector. Dropping it without [`Running::run_until`] stops it too (its
+/// internal trigger is dropped).
+#[derive(Debug)]
+pub struct Running {
+    shared: Shared,
+    metrics_addr: SocketAddr,
+    control_addr: SocketAddr,
+    trigger: ShutdownTrigger,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Running {
+    /// The bound `/metrics` address (the real port when configured with port 0).
+    pub fn metrics_addr(&self) -> SocketAddr {
+        self.metrics_addr
+    }
+
+    /// The bound control-plane address.
+    pub fn control_addr(&self) -> SocketAddr {
+        self.control_addr
+    }
+
+    /// Shared state (telemetry, store), for tests and embedding.
+    pub fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    /// The UDP address of the soft transport device (for agents on this host); `None` for
+    /// verbs.
+    pub fn transport_addr(&self) -> Option<SocketAddr> {
+        self.shared.plane.device().port_attr().udp_addr
+    }
+
+    /// Accounting of every stream of `agent` over its finished connections (settled at
+    /// `Goodbye`): `(stream id, ledger)`, sorted by stream id.
+    pub fn ledger(&self, agent: &str) -> Vec<(u32, StreamLedger)> {
+        let ledger = self
+            .shared
+            .ledger
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut v: Vec<_> = ledger
+            .iter()
+            .filter(|((a, _), _)| a == agent)
+            .map(|((_, s), l)| (*s, *l))
+            .collect();
+        v.sort_by_key(|(s, _)| *s);
+        v
+    }
+
+    /// The `/metrics` text as a scrape would return it.
+    ///
+    /// # Errors
+    /// The encoder rejected a family.
+    pub fn render_metrics(&self) -> Result<String, String> {
+        self.shared
+            .telemetry
+            .render()
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+    }
+
+    /// Test hook: pause (true) or resume (false) the data-plane worker while the completion
+    /// poller keeps running, so an agent that ignores credits laps the ring. Not for
+    /// production use.
+    pub fn pause_worker(&self, paused: bool) {
+        self.shared.plane.pause_worker(paused);
+    }
+
+    /// Runs until `shutdown` fires, then stops every task and waits for them.
+    ///
+    /// # Errors
+    /// [`RunError::Task`] if a task panicked.
+    pub async fn run_until(self, mut shutdown: Shutdown) -> Result<(), RunError> {
+        shutdown.wait().await;
+        self.stop().await
+    }
+
+    /// Stops every task and waits for them.
+    ///
+    /// # Errors
+    /// [`RunError::Task`] if a task panicked.
+    pub async fn stop(self) -> Result<(), RunError> {
+        self.trigger.trigger();
+        let mut result = Ok(());
+        for t in self.tasks {
+            if let Err(e) = t.await {
+                result = Err(RunError::Task(e.to_string()));
+            }
+        }
+        let plane = self.shared.plane.clone();
+        let _ = tokio::task::spawn_blocking(move || plane.stop()).await;
+        result
+    }
+}
+
+/// Binds every listener and starts the tasks. Port 0 in `listen.*` picks free ports (read
+/// them from [`Running`]).
+///
+/// # Errors
+/// [`RunError`]: a bind, log sink or registry failure.
+pub async fn start(config: Config) -> Result<Running, RunError> {
+    let telemetry = Telemetry::new()?;
+    let store = SeriesStore::new(
+        config.staleness_seconds.duration(),
+        config.series_cap_per_agent.0,
+    );
+    telemetry.registry().register(Box::new(store.collector()))?;
+    let logs = Arc::new(LogSink::open(&config.logs).map_err(RunError::LogSink)?);
+    let auth = Arc::new(Auth::from_config(&config).map_err(RunError::Auth)?);
+    let device = open_device(&config)?;
+    let plane = Arc::new(
+        DataPlane::start(
+            device,
+            config.ring.descriptor_queue as usize,
+            telemetry.clone(),
+        )
+        .map_err(RunError::Threads)?,
+    );
+    let metrics_listener = uctel_common::http::bind(config.listen.metrics)
+        .await
+        .map_err(|source| RunError::Bind {
+            what: "metrics",
+            addr: config.listen.metrics,
+            source,
+        })?;
+    let control_listener = tokio::net::TcpListener::bind(config.listen.control)
+        .await
+        .map_err(|source| RunError::Bind {
+            what: "control",
+            addr: config.listen.control,
+            source,
+        })?;
+    let local = |l: &tokio::net::TcpListener, what, addr| {
+        l.local_addr()
+            .map_err(|source| RunError::Bind { what, addr, source })
+    };
+    let metrics_addr = local(&metrics_listener, "metrics", config.listen.metrics)?;
+    let control_addr = local(&control_listener, "control", config.listen.control)?;
+    let shared = Shared {
+        config: Arc::new(config),
+        telemetry,
+        store,
+        logs,
+        plane,
+        auth,
+        registry: Arc::new(Registry::default()),
+        ledger: Ledger::default(),
+    };
+    let (trigger, sd) = shutdown::channel();
+    let render_telemetry = shared.telemetry.clone();
+    let render: uctel_common::http::RenderFn = Arc::new(move || render_telemetry.render());
+    let mut tasks = vec![tokio::spawn(uctel_common::http::serve(
+        metrics_listener,
+        render,
+        sd.clone(),
+    ))];
+    tasks.push(tokio::spawn(expire_loop(shared.store.clone(), sd.clone())));
+    tasks.push(tokio::spawn(crate::control::serve(
+        control_listener,
+        shared.clone(),
+        sd,
+    )));
+    Ok(Running {
+        shared,
+        metrics_addr,
+        control_addr,
+        trigger,
+        tasks,
+    })
+}
+
+/// Opens the configured transport device.
+fn open_device(config: &Config) -> Result<Device, RunError> {
+    let (kind, device_config) = match config.transport.kind {
+        TransportKindConfig::Soft => ("soft", DeviceConfig::Soft(config.transport.soft.clone())),
+        TransportKindConfig::Verbs => {
+            let v = &config.transport.verbs;
+            (
+                "verbs",
+                DeviceConfig::Verbs(VerbsConfig {
+                    device: v.device.clone(),
+                    port_num: v.port,
+                    gid_index: v.gid_index,
+                    local_ip: v.local_ip,
+                }),
+            )
+        }
+    };
+    Device::open(&device_config).map_err(|source| RunError::Transport { kind, source })
+}
+
+/// Starts the collector and runs it until `shutdown` fires (the mini-redis shape:
+/// `run(config, shutdown)`).
+///
+/// # Errors
+/// See [`start`] and [`Running::run_until`].
+pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), RunError> {
+    start(config).await?.run_until(shutdown).await
+}
+
+/// Expires stale series every few seconds even when nobody scrapes, so memory is bounded by
+/// what was fresh recently.
+async fn expire_loop(store: SeriesStore, mut shutdown: Shutdown) {
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                store.expire(std::time::Instant::now());
+            }
+            _ = shutdown.wait() => return,
+        }
+    }
+}

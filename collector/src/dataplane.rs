@@ -1,0 +1,750 @@
+//! The receive data path (DESIGN.md §4): per agent connection a UC QP with its own registered
+//! ring, one completion-poller thread and one worker thread for all connections, and a
+//! lock-free SPSC queue (`ringbuf`) of descriptors between them.
+//!
+//! ```text
+//!  NIC / soft device ──WC──► poller thread ──Descriptor──► SPSC (ringbuf) ──► worker thread
+//!   (ring slot written,        re-posts zero-length          full = counted      copies slot or
+//!    receive WR consumed)      receive WRs, counts           drop, never         buffer, validates,
+//!                              transport drops, QP errors    blocks the poller   tracks, stores
+//! ```
+//!
+//! * **Write-with-immediate**: the receive queue holds zero-length receive WRs; each
+//!   completion carries the ImmDt (low 32 bits of the connection sequence); the poller
+//!   re-posts a WR at once; the worker copies slot `c mod slots` and checks it
+//!   ([`crate::ingest`]).
+//! * **Send**: the receive queue holds `send_buffers` buffers of `max_frame_bytes`; the worker
+//!   copies the buffer and re-posts it.
+//! * The ring MR is registered LOCAL_WRITE | REMOTE_WRITE (never REMOTE_READ: the API cannot
+//!   express it) with its own rkey.
+//! * Every 100 ms the poller folds the QP's silent-drop counters (UC responder rules) into
+//!   `frames_dropped_total{reason}` and checks the QP state: a QP in ERROR is counted
+//!   (`qp_errors_total`) and the control plane rebuilds the connection.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ringbuf::traits::{Consumer, Observer, Producer, Split};
+use ringbuf::HeapRb;
+use tokio::sync::{oneshot, Notify};
+use uctel_protocol::control::{DataPath, Goodbye, Report};
+use uctel_transport::api::{
+    AccessFlags, CompletionQueue, Device, DropCounters, MemoryRegion, QpEndpoint, QpState,
+    QueuePair, RecvWr, Sge, UcDropReason, WcOpcode, WcStatus, WorkCompletion,
+};
+
+use crate::ingest::{CloseSummary, ConnectionIngest};
+use crate::telemetry::{AgentTelemetry, DropReason, Telemetry};
+
+/// How often the poller folds transport counters and checks QP states.
+const STATS_EVERY: Duration = Duration::from_millis(100);
+/// Completions polled per CQ per round.
+const POLL_BATCH: usize = 64;
+/// Descriptors popped per worker round.
+const WORK_BATCH: usize = 64;
+/// Idle sleep of the poller and the worker when a round found nothing.
+const IDLE_SLEEP: Duration = Duration::from_micros(50);
+
+/// Errors creating a connection's transport resources.
+#[derive(Debug, thiserror::Error)]
+pub enum ResourceError {
+    /// A verb failed.
+    #[error("{what}: {detail}")]
+    Verb {
+        /// Which step (`alloc_pd`, `reg_mr ring`, `create_qp`, `connect`, ...).
+        what: &'static str,
+        /// The transport's error.
+        detail: String,
+    },
+}
+
+fn verb<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> ResourceError {
+    move |e| ResourceError::Verb {
+        what,
+        detail: e.to_string(),
+    }
+}
+
+/// Sizes of one connection's resources.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    /// Ring slots.
+    pub slots: u32,
+    /// Bytes per slot.
+    pub slot_bytes: u32,
+    /// Largest frame (Send buffers have this size).
+    pub max_frame_bytes: u32,
+    /// Send receive buffers.
+    pub send_buffers: u32,
+}
+
+/// One agent connection's QP, CQs and memory, shared by the control task, the poller and the
+/// worker.
+#[derive(Debug)]
+pub struct Session {
+    /// Data-plane id (unique per collector run).
+    pub id: u32,
+    /// The agent's id.
+    pub agent: String,
+    /// The data path in use.
+    pub data_path: DataPath,
+    /// Sizes.
+    pub geometry: Geometry,
+    /// The UC QP.
+    pub qp: QueuePair,
+    recv_cq: CompletionQueue,
+    send_cq: CompletionQueue,
+    /// The ring (REMOTE_WRITE) the agent writes frames into.
+    pub ring: MemoryRegion,
+    bufs: MemoryRegion,
+    tel: AgentTelemetry,
+    /// Highest connection sequence the worker consumed, +1 (0 = none yet).
+    consumed_plus_one: AtomicU64,
+    /// Frames the poller dropped (queue full, error completions, transport drops) that the
+    /// worker has not yet folded into the connection accounting.
+    poller_dropped: AtomicU64,
+    /// Descriptors queued and not yet processed.
+    in_flight: AtomicI64,
+    /// Set when the QP went to ERROR; `failed_notify` wakes the control task.
+    failed: AtomicBool,
+    /// Wakes the control task on failure.
+    pub failed_notify: Notify,
+}
+
+impl Session {
+    /// Creates the PD, CQs, ring MR, Send buffers and the UC QP, and fills the receive
+    /// queue for `data_path`. The QP is left in INIT; [`Session::connect`] moves it to RTS.
+    ///
+    /// # Errors
+    /// [`ResourceError`] naming the verb that failed.
+    pub fn create(
+        id: u32,
+        agent: &str,
+        device: &Device,
+        data_path: DataPath,
+        geometry: Geometry,
+        tel: AgentTelemetry,
+    ) -> Result<Session, ResourceError> {
+        let pd = device.alloc_pd().map_err(verb("alloc_pd"))?;
+        let rq_depth = match data_path {
+            DataPath::Send => geometry.send_buffers,
+            _ => geometry.slots,
+        }
+        .clamp(1, 1 << 16);
+        let recv_cq = device
+            .create_cq(rq_depth.saturating_add(64))
+            .map_err(verb("create_cq recv"))?;
+        let send_cq = device.create_cq(16).map_err(verb("create_cq send"))?;
+        let ring_len = geometry.slots as usize * geometry.slot_bytes as usize;
+        let ring = pd
+            .reg_mr(
+                ring_len,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            )
+            .map_err(verb("reg_mr ring"))?;
+        let bufs_len = match data_path {
+            DataPath::Send => geometry.send_buffers as usize * geometry.max_frame_bytes as usize,
+            _ => 1,
+        };
+        let bufs = pd
+            .reg_mr(bufs_len, AccessFlags::LOCAL_WRITE)
+            .map_err(verb("reg_mr send buffers"))?;
+        let qp = pd
+            .create_qp(&uctel_transport::api::QpInitAttr {
+                send_cq: &send_cq,
+                recv_cq: &recv_cq,
+                max_send_wr: 16,
+                max_recv_wr: rq_depth,
+                access: AccessFlags::REMOTE_WRITE,
+                max_mtu: None,
+            })
+            .map_err(verb("create_qp"))?;
+        let session = Session {
+            id,
+            agent: agent.to_string(),
+            data_path,
+            geometry,
+            qp,
+            recv_cq,
+            send_cq,
+            ring,
+            bufs,
+            tel,
+            consumed_plus_one: AtomicU64::new(0),
+            poller_dropped: AtomicU64::new(0),
+            in_flight: AtomicI64::new(0),
+            failed: AtomicBool::new(false),
+            failed_notify: Notify::new(),
+        };
+        match data_path {
+            DataPath::Send => {
+                for i in 0..geometry.send_buffers {
+                    session
+                        .post_buffer(u64::from(i))
+                        .map_err(verb("post_recv"))?;
+                }
+            }
+            _ => {
+                let wrs: Vec<RecvWr<'_>> = (0..rq_depth).map(|_| RecvWr::zero_length(0)).collect();
+                session.qp.post_recv(&wrs).map_err(verb("post_recv"))?;
+            }
+        }
+        Ok(session)
+    }
+
+    /// The local endpoint to put in `Welcome`.
+    pub fn local_endpoint(&self) -> QpEndpoint {
+        self.qp.local_endpoint()
+    }
+
+    /// Connects the QP to the agent's endpoint (INIT → RTR → RTS).
+    ///
+    /// # Errors
+    /// [`ResourceError`] when the transport refuses the endpoint.
+    pub fn connect(&self, remote: &QpEndpoint) -> Result<(), ResourceError> {
+        self.qp.connect(remote).map_err(verb("connect"))
+    }
+
+    fn post_buffer(&self, index: u64) -> Result<(), uctel_transport::api::PostRecvError> {
+        let size = self.geometry.max_frame_bytes;
+        let offset = index as usize * size as usize;
+        let sge = Sge::new(&self.bufs, offset, size);
+        self.qp.post_recv(&[RecvWr::new(index, sge)])
+    }
+
+    /// The credit point: highest connection sequence the worker consumed.
+    pub fn consumed(&self) -> Option<u64> {
+        self.consumed_plus_one
+            .load(Ordering::Acquire)
+            .checked_sub(1)
+    }
+
+    /// True once the QP went to ERROR.
+    pub fn failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    fn mark_failed(&self) {
+        if !self.failed.swap(true, Ordering::AcqRel) {
+            self.tel.qp_errors.inc();
+            tracing::warn!(agent = %self.agent, qpn = self.qp.qp_num(), "QP in ERROR; rebuilding the connection");
+            self.failed_notify.notify_one();
+        }
+    }
+}
+
+/// What the poller hands the worker: small and `Copy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Descriptor {
+    /// Write-with-immediate completed: the ImmDt.
+    WriteImm { session: u32, imm: u32 },
+    /// Send completed into buffer `buf`, `len` bytes.
+    Send { session: u32, buf: u32, len: u32 },
+}
+
+impl Descriptor {
+    fn session(self) -> u32 {
+        match self {
+            Descriptor::WriteImm { session, .. } | Descriptor::Send { session, .. } => session,
+        }
+    }
+}
+
+enum WorkerCmd {
+    Register(Arc<Session>, Box<ConnectionIngest>),
+    Report(u32, oneshot::Sender<Option<Report>>),
+    Close(u32, Option<Goodbye>, oneshot::Sender<Option<CloseSummary>>),
+    Pause(bool),
+}
+
+#[derive(Default)]
+struct PollerList {
+    sessions: Vec<Arc<Session>>,
+    generation: u64,
+}
+
+/// The running poller and worker threads.
+#[derive(Debug)]
+pub struct DataPlane {
+    device: Device,
+    list: Arc<Mutex<PollerListDebug>>,
+    poller_seen: Arc<AtomicU64>,
+    worker_tx: mpsc::Sender<WorkerCmd>,
+    stop: Arc<AtomicBool>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    next_id: AtomicU64,
+}
+
+/// `PollerList` with a `Debug` that does not print sessions.
+struct PollerListDebug(PollerList);
+
+impl std::fmt::Debug for PollerListDebug {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} sessions", self.0.sessions.len())
+    }
+}
+
+impl std::fmt::Debug for WorkerCmd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            WorkerCmd::Register(..) => "Register",
+            WorkerCmd::Report(..) => "Report",
+            WorkerCmd::Close(..) => "Close",
+            WorkerCmd::Pause(..) => "Pause",
+        })
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl DataPlane {
+    /// Starts the poller and worker threads over `device`. `queue` is the SPSC capacity.
+    ///
+    /// # Errors
+    /// The OS refused to spawn a thread.
+    pub fn start(device: Device, queue: usize, telemetry: Telemetry) -> std::io::Result<DataPlane> {
+        let rb = HeapRb::<Descriptor>::new(queue.max(2));
+        let (prod, cons) = rb.split();
+        let list = Arc::new(Mutex::new(PollerListDebug(PollerList::default())));
+        let poller_seen = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (worker_tx, worker_rx) = mpsc::channel();
+        let poller = Poller {
+            device: device.clone(),
+            list: list.clone(),
+            seen: poller_seen.clone(),
+            stop: stop.clone(),
+            prod,
+            telemetry,
+            device_drops: DropCounters::default(),
+        };
+        let worker = Worker {
+            cons,
+            rx: worker_rx,
+            sessions: HashMap::new(),
+            stop: stop.clone(),
+            paused: false,
+            scratch: Vec::new(),
+        };
+        let t1 = std::thread::Builder::new()
+            .name("uctel-poller".into())
+            .spawn(move || poller.run())?;
+        let t2 = std::thread::Builder::new()
+            .name("uctel-worker".into())
+            .spawn(move || worker.run())?;
+        Ok(DataPlane {
+            device,
+            list,
+            poller_seen,
+            worker_tx,
+            stop,
+            threads: Mutex::new(vec![t1, t2]),
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    /// The transport device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// A fresh session id.
+    pub fn next_session_id(&self) -> u32 {
+        self.next_id.fetch_add(1, Ordering::Relaxed) as u32
+    }
+
+    /// Hands a connected session to the worker, then to the poller (in that order, so the
+    /// worker knows the session before its first descriptor).
+    pub fn register(&self, session: Arc<Session>, ingest: ConnectionIngest) {
+        let _ = self
+            .worker_tx
+            .send(WorkerCmd::Register(session.clone(), Box::new(ingest)));
+        let mut l = lock(&self.list);
+        l.0.sessions.push(session);
+        l.0.generation += 1;
+    }
+
+    /// The `Report` for the agent (computed by the worker, which owns the trackers).
+    pub async fn report(&self, id: u32) -> Option<Report> {
+        let (tx, rx) = oneshot::channel();
+        self.worker_tx.send(WorkerCmd::Report(id, tx)).ok()?;
+        rx.await.ok().flatten()
+    }
+
+    /// Removes a session: the poller polls its CQ a last time and forgets it, the worker
+    /// processes everything queued, settles tail loss from `goodbye` (if the agent said
+    /// goodbye) and forgets it. Returns the connection's accounting.
+    pub async fn close(&self, id: u32, goodbye: Option<Goodbye>) -> Option<CloseSummary> {
+        let target = {
+            let mut l = lock(&self.list);
+            l.0.sessions.retain(|s| s.id != id);
+            l.0.generation += 1;
+            l.0.generation
+        };
+        // Wait for the poller to take the new list (it polls removed sessions a last time).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.poller_seen.load(Ordering::Acquire) < target && Instant::now() < deadline {
+            if self.stop.load(Ordering::Acquire) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let (tx, rx) = oneshot::channel();
+        self.worker_tx
+            .send(WorkerCmd::Close(id, goodbye, tx))
+            .ok()?;
+        rx.await.ok().flatten()
+    }
+
+    /// Test hook: pause (true) or resume (false) the worker, leaving the poller running, to
+    /// provoke ring overruns. Never needed in production.
+    pub fn pause_worker(&self, paused: bool) {
+        let _ = self.worker_tx.send(WorkerCmd::Pause(paused));
+    }
+
+    /// Stops both threads and waits for them.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        let threads = std::mem::take(&mut *lock(&self.threads));
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for DataPlane {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct Poller {
+    device: Device,
+    list: Arc<Mutex<PollerListDebug>>,
+    seen: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    prod: ringbuf::HeapProd<Descriptor>,
+    telemetry: Telemetry,
+    device_drops: DropCounters,
+}
+
+struct Polled {
+    session: Arc<Session>,
+    qp_drops: DropCounters,
+}
+
+impl Poller {
+    fn run(mut self) {
+        let mut sessions: Vec<Polled> = Vec::new();
+        let mut generation = 0u64;
+        let mut wcs = vec![WorkCompletion::default(); POLL_BATCH];
+        let mut last_stats = Instant::now();
+        while !self.stop.load(Ordering::Acquire) {
+            let (current, g) = {
+                let l = lock(&self.list);
+                if l.0.generation != generation {
+                    (Some(l.0.sessions.clone()), l.0.generation)
+                } else {
+                    (None, generation)
+                }
+            };
+            if let Some(current) = current {
+                // Last poll of removed sessions, then forget them.
+                let (keep, removed): (Vec<Polled>, Vec<Polled>) = sessions
+                    .into_iter()
+                    .partition(|p| current.iter().any(|s| s.id == p.session.id));
+                for mut p in removed {
+                    while self.poll_one(&mut p, &mut wcs) > 0 {}
+                    self.fold_qp_stats(&mut p);
+                }
+                sessions = keep;
+                for s in current {
+                    if !sessions.iter().any(|p| p.session.id == s.id) {
+                        sessions.push(Polled {
+                            session: s,
+                            qp_drops: DropCounters::default(),
+                        });
+                    }
+                }
+                generation = g;
+                self.seen.store(generation, Ordering::Release);
+            }
+            let mut got = 0;
+            for p in &mut sessions {
+                got += self.poll_one(p, &mut wcs);
+            }
+            if last_stats.elapsed() >= STATS_EVERY {
+                last_stats = Instant::now();
+                for p in &mut sessions {
+                    self.fold_qp_stats(p);
+                }
+                self.fold_device_stats();
+            }
+            if got == 0 {
+                std::thread::sleep(IDLE_SLEEP);
+            }
+        }
+    }
+
+    /// Polls one session's CQs once; returns the completions handled.
+    fn poll_one(&mut self, p: &mut Polled, wcs: &mut [WorkCompletion]) -> usize {
+        let s = p.session.clone();
+        // Send CQ: the collector posts no sends; drain it so it can never overflow.
+        let _ = s.send_cq.poll(wcs);
+        let n = s.recv_cq.poll(wcs);
+        let mut repost_zero = 0usize;
+        for wc in wcs.iter().take(n) {
+            if wc.status != WcStatus::Success {
+                if wc.status != WcStatus::WrFlushError {
+                    s.poller_dropped.fetch_add(1, Ordering::AcqRel);
+                    s.tel.drop_frames(
+                        DropReason::WcError,
+                        1,
+                        &format_args!("receive completion status {}", wc.status),
+                    );
+                }
+                if s.qp.state() == QpState::Error {
+                    s.mark_failed();
+                }
+                continue;
+            }
+            let desc = match wc.opcode {
+                WcOpcode::RecvRdmaWithImm => {
+                    repost_zero += 1;
+                    match wc.imm {
+                        Some(imm) => Descriptor::WriteImm { session: s.id, imm },
+                        None => {
+                            s.poller_dropped.fetch_add(1, Ordering::AcqRel);
+                            s.tel.drop_frames(
+                                DropReason::WcError,
+                                1,
+                                &"Write-with-immediate completion without immediate",
+                            );
+                            continue;
+                        }
+                    }
+                }
+                WcOpcode::Recv => Descriptor::Send {
+                    session: s.id,
+                    buf: u32::try_from(wc.wr_id).unwrap_or(u32::MAX),
+                    len: wc.byte_len,
+                },
+                WcOpcode::Send | WcOpcode::RdmaWrite => continue,
+            };
+            if self.prod.try_push(desc).is_err() {
+                s.poller_dropped.fetch_add(1, Ordering::AcqRel);
+                s.tel.drop_frames(
+                    DropReason::QueueFull,
+                    1,
+                    &format_args!("descriptor queue of {} full", self.prod.capacity()),
+                );
+                if let Descriptor::Send { buf, .. } = desc {
+                    let _ = s.post_buffer(u64::from(buf));
+                }
+            } else {
+                s.in_flight.fetch_add(1, Ordering::AcqRel);
+                s.tel.ring_slots_in_use.inc();
+            }
+        }
+        if repost_zero > 0 {
+            let wrs: Vec<RecvWr<'_>> = (0..repost_zero).map(|_| RecvWr::zero_length(0)).collect();
+            if let Err(e) = s.qp.post_recv(&wrs) {
+                tracing::debug!(agent = %s.agent, error = %e, "re-posting receive WRs failed");
+            }
+        }
+        n
+    }
+
+    fn fold_qp_stats(&mut self, p: &mut Polled) {
+        let s = &p.session;
+        let now = s.qp.stats().drops;
+        for (reason, count) in now.iter() {
+            let before = p.qp_drops.get(reason);
+            if count > before {
+                let delta = count - before;
+                if reason != UcDropReason::QpError {
+                    s.poller_dropped.fetch_add(delta, Ordering::AcqRel);
+                }
+                s.tel.drop_frames(
+                    DropReason::Transport(reason),
+                    delta,
+                    &format_args!("UC responder on QP {:#x}", s.qp.qp_num()),
+                );
+            }
+        }
+        p.qp_drops = now;
+        if s.qp.state() == QpState::Error {
+            s.mark_failed();
+        }
+    }
+
+    fn fold_device_stats(&mut self) {
+        let now = self.device.stats().drops;
+        for (reason, count) in now.iter() {
+            let before = self.device_drops.get(reason);
+            if count > before {
+                self.telemetry
+                    .transport_packets_dropped(reason, count - before);
+            }
+        }
+        self.device_drops = now;
+    }
+}
+
+struct WorkerSession {
+    session: Arc<Session>,
+    ingest: ConnectionIngest,
+}
+
+struct Worker {
+    cons: ringbuf::HeapCons<Descriptor>,
+    rx: mpsc::Receiver<WorkerCmd>,
+    sessions: HashMap<u32, WorkerSession>,
+    stop: Arc<AtomicBool>,
+    paused: bool,
+    scratch: Vec<u8>,
+}
+
+impl Worker {
+    fn run(mut self) {
+        let mut batch = [Descriptor::WriteImm { session: 0, imm: 0 }; WORK_BATCH];
+        while !self.stop.load(Ordering::Acquire) {
+            while let Ok(cmd) = self.rx.try_recv() {
+                self.command(cmd);
+            }
+            if self.paused {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            let n = self.cons.pop_slice(&mut batch);
+            if n == 0 {
+                std::thread::sleep(IDLE_SLEEP);
+                continue;
+            }
+            for d in batch.iter().take(n) {
+                self.process(*d);
+            }
+        }
+    }
+
+    fn drain(&mut self) {
+        let mut batch = [Descriptor::WriteImm { session: 0, imm: 0 }; WORK_BATCH];
+        loop {
+            let n = self.cons.pop_slice(&mut batch);
+            if n == 0 {
+                return;
+            }
+            for d in batch.iter().take(n) {
+                self.process(*d);
+            }
+        }
+    }
+
+    fn command(&mut self, cmd: WorkerCmd) {
+        match cmd {
+            WorkerCmd::Register(session, ingest) => {
+                self.sessions.insert(
+                    session.id,
+                    WorkerSession {
+                        session,
+                        ingest: *ingest,
+                    },
+                );
+            }
+            WorkerCmd::Report(id, reply) => {
+                let report = self.sessions.get_mut(&id).map(|ws| {
+                    fold_poller_drops(ws);
+                    ws.ingest.report()
+                });
+                let _ = reply.send(report);
+            }
+            WorkerCmd::Close(id, goodbye, reply) => {
+                self.drain();
+                let summary = self.sessions.remove(&id).map(|mut ws| {
+                    fold_poller_drops(&mut ws);
+                    match goodbye {
+                        Some(g) => ws.ingest.close(&g),
+                        None => {
+                            let _ = ws.ingest.report();
+                            CloseSummary {
+                                streams: ws.ingest.ledger(),
+                                ..CloseSummary::default()
+                            }
+                        }
+                    }
+                });
+                let _ = reply.send(summary);
+            }
+            WorkerCmd::Pause(p) => self.paused = p,
+        }
+    }
+
+    fn process(&mut self, d: Descriptor) {
+        let now = Instant::now();
+        let Some(ws) = self.sessions.get_mut(&d.session()) else {
+            // The poller only queues descriptors of registered sessions and the worker forgets
+            // a session only after draining the queue, so this is unreachable in practice.
+            tracing::debug!(session = d.session(), "descriptor of an unknown session");
+            return;
+        };
+        ws.session.in_flight.fetch_sub(1, Ordering::AcqRel);
+        ws.session.tel.ring_slots_in_use.dec();
+        fold_poller_drops(ws);
+        let g = ws.session.geometry;
+        match d {
+            Descriptor::WriteImm { imm, .. } => {
+                let conn_seq = ws.ingest.conn_seq_for_imm(imm);
+                let slot = conn_seq % u64::from(g.slots.max(1));
+                let len = g.slot_bytes as usize;
+                self.scratch.resize(len, 0);
+                if let Err(e) = ws
+                    .session
+                    .ring
+                    .read_at(slot as usize * len, &mut self.scratch[..len])
+                {
+                    ws.ingest
+                        .drop_before_tracking(DropReason::MalformedFrame, 1, &e);
+                } else {
+                    let _ = ws.ingest.on_slot(conn_seq, &self.scratch[..len], now);
+                }
+            }
+            Descriptor::Send { buf, len, .. } => {
+                let size = g.max_frame_bytes as usize;
+                let len = (len as usize).min(size);
+                self.scratch.resize(len, 0);
+                let read = ws
+                    .session
+                    .bufs
+                    .read_at(buf as usize * size, &mut self.scratch[..len]);
+                if let Err(e) = ws.session.post_buffer(u64::from(buf)) {
+                    tracing::debug!(agent = %ws.session.agent, error = %e, "re-posting a receive buffer failed");
+                }
+                match read {
+                    Ok(()) => {
+                        let _ = ws.ingest.on_send(&self.scratch[..len], now);
+                    }
+                    Err(e) => ws
+                        .ingest
+                        .drop_before_tracking(DropReason::MalformedFrame, 1, &e),
+                }
+            }
+        }
+        if let Some(c) = ws.ingest.consumed() {
+            ws.session
+                .consumed_plus_one
+                .store(c.wrapping_add(1), Ordering::Release);
+        }
+    }
+}
+
+fn fold_poller_drops(ws: &mut WorkerSession) {
+    let n = ws.session.poller_dropped.swap(0, Ordering::AcqRel);
+    if n > 0 {
+        ws.ingest.note_dropped_before_tracking(n);
+    }
+}
