@@ -72,6 +72,7 @@ impl Daemon {
             .arg(&self.config)
             .arg("--log-level")
             .arg(std::env::var("UCTEL_TEST_LOG").unwrap_or_else(|_| "info".to_owned()))
+            .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err))
