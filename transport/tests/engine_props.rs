@@ -123,8 +123,8 @@ proptest! {
             .collect();
         let got: Vec<usize> = wcs.iter().map(|w| w.imm.expect("imm") as usize).collect();
         prop_assert_eq!(&got, &want);
-        let mut recv_wr = 0u64;
-        for wc in &wcs {
+        for (recv_wr, wc) in wcs.iter().enumerate() {
+            let recv_wr = recv_wr as u64;
             let i = wc.imm.unwrap() as usize;
             prop_assert_eq!(wc.status, WcStatus::Success);
             prop_assert_eq!(wc.byte_len as usize, msgs[i].1);
@@ -143,7 +143,6 @@ proptest! {
             }
             prop_assert_eq!(wc.wr_id, recv_wr);
             prop_assert_eq!(got, data);
-            recv_wr += 1;
         }
         // Plain WRITEs that arrived whole are in the ring.
         for (i, (kind, len)) in msgs.iter().enumerate() {
