@@ -91,8 +91,8 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "uctel-agent failed");
-            eprintln!("uctel-agent: {e:#}");
+            tracing::error!(error = %e, "uctel-agent failed");
+            eprintln!("uctel-agent: {e}");
             ExitCode::FAILURE
         }
     }

@@ -290,10 +290,32 @@ fn capabilities(config: &AgentConfig) -> Vec<i32> {
 
 /// The send pipeline settings agreed in `welcome`.
 fn negotiated(config: &AgentConfig, welcome: &Welcome) -> Result<SenderConfig, SessionError> {
+    let chosen = match control::DataPath::try_from(welcome.data_path) {
+        Ok(control::DataPath::WriteWithImm) => DataPath::WriteWithImm,
+        Ok(control::DataPath::Send) => DataPath::Send,
+        _ => {
+            return Err(SessionError::Welcome(format!(
+                "unknown data path {}",
+                welcome.data_path
+            )))
+        }
+    };
+    // The collector sets up one data path per connection (a ring with zero-length receive
+    // WRs, or posted receive buffers): a stream configured otherwise uses its choice.
+    let data_paths = Stream::ALL.map(|s| {
+        let wanted = config.streams.get(s).data_path;
+        if wanted != chosen {
+            tracing::warn!(
+                stream = %s,
+                configured = wanted.as_str(),
+                collector = chosen.as_str(),
+                "the collector chose another data path for this connection; using it"
+            );
+        }
+        chosen
+    });
     let mut max_frame = config.max_frame_bytes.min(welcome.max_frame_bytes as usize);
-    let uses_ring = Stream::ALL
-        .iter()
-        .any(|s| config.streams.get(*s).data_path == DataPath::WriteWithImm);
+    let uses_ring = chosen == DataPath::WriteWithImm;
     if uses_ring {
         max_frame = max_frame.min(welcome.slot_bytes as usize);
     }
@@ -322,10 +344,7 @@ fn negotiated(config: &AgentConfig, welcome: &Welcome) -> Result<SenderConfig, S
         credit_window: u64::from(window),
         first_conn_seq: 0,
         first_stream_seq: 0,
-        data_paths: [
-            config.streams.metrics.data_path,
-            config.streams.logs.data_path,
-        ],
+        data_paths,
         flush_after: [
             Duration::from_millis(config.streams.metrics.flush_milliseconds),
             Duration::from_millis(config.streams.logs.flush_milliseconds),

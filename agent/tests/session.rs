@@ -134,14 +134,12 @@ async fn session_delivers_both_streams_and_goodbye_accounts_exactly() {
             last.1.header.flags.contains(FrameFlags::LAST_OF_EPOCH),
             "{st}"
         );
-        // The configured data path per stream.
-        let want = match st {
-            Stream::Metrics => WcOpcode::RecvRdmaWithImm,
-            Stream::Logs => WcOpcode::Recv,
-        };
+        // The collector chose write_with_imm: the logs stream, configured `send`, follows it.
         assert!(
-            frames.iter().all(|(op, _)| *op == want),
-            "{st} used another data path"
+            frames
+                .iter()
+                .all(|(op, _)| *op == WcOpcode::RecvRdmaWithImm),
+            "{st} did not follow the collector's data path"
         );
     }
     // Host metrics named like node_exporter and the agent's own counters arrived.
@@ -378,4 +376,86 @@ async fn injected_loss_shows_as_gaps_and_sent_equals_received_plus_lost() {
     let lost = sent - received;
     assert!(lost > 0, "30 % drop lost nothing");
     assert!(received > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_data_path_when_the_collector_chooses_it() {
+    let mut fake = support::start(support::FakeConfig {
+        data_path: uctel_protocol::control::DataPath::Send,
+        ..support::FakeConfig::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let cfg = config(fake.addr, dir.path(), "");
+    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
+    let (trigger, shutdown) = uctel_common::shutdown::channel();
+    let agent = tokio::spawn(run_with(
+        cfg,
+        Options {
+            stats: Some(stats.clone()),
+            metrics_listener: None,
+        },
+        shutdown,
+    ));
+    wait_until("frames", Duration::from_secs(10), || {
+        sent_frames(&stats) >= 5
+    })
+    .await;
+    trigger.trigger();
+    let _ = tokio::time::timeout(Duration::from_secs(20), agent).await;
+    let s = fake
+        .sessions
+        .recv()
+        .await
+        .unwrap_or_else(|| panic!("no session"));
+    assert!(s.violations.is_empty(), "{:?}", s.violations);
+    assert!(s.frames.iter().all(|(op, _)| *op == WcOpcode::Recv));
+    let n = s.frames.len() as u64;
+    assert_eq!(n, sent_frames(&stats));
+    assert_eq!(s.goodbye.and_then(|g| g.final_conn_seq), Some(n - 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_metrics_endpoint_serves_self_metrics() {
+    let fake = support::start(support::FakeConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let cfg = config(fake.addr, dir.path(), "");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
+    let (trigger, shutdown) = uctel_common::shutdown::channel();
+    let agent = tokio::spawn(run_with(
+        cfg,
+        Options {
+            stats: Some(stats.clone()),
+            metrics_listener: Some(listener),
+        },
+        shutdown,
+    ));
+    wait_until("connected", Duration::from_secs(10), || stats.connected()).await;
+    let body = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut out = String::new();
+        let _ = c.read_to_string(&mut out);
+        out
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    trigger.trigger();
+    let _ = tokio::time::timeout(Duration::from_secs(20), agent).await;
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    assert!(body.contains("uctel_agent_connected 1"), "{body}");
+    assert!(
+        body.contains("uctel_agent_frames_dropped_total{reason=\"no_credit\",stream=\"logs\"}"),
+        "{body}"
+    );
+    assert!(
+        body.contains("uctel_agent_log_events_total{reason=\"rotation_create\"}"),
+        "{body}"
+    );
 }

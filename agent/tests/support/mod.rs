@@ -41,6 +41,8 @@ pub struct FakeConfig {
     pub refuse_first: u32,
     /// Say Goodbye after this many frames on the first welcomed connection.
     pub goodbye_after_frames: Option<u64>,
+    /// The data path chosen in `Welcome`.
+    pub data_path: control::DataPath,
 }
 
 impl Default for FakeConfig {
@@ -56,6 +58,7 @@ impl Default for FakeConfig {
             silent: false,
             refuse_first: 0,
             goodbye_after_frames: None,
+            data_path: control::DataPath::WriteWithImm,
         }
     }
 }
@@ -230,7 +233,7 @@ async fn serve(
         credit_window: cfg.credit_window,
         heartbeat_interval_ms: cfg.heartbeat_interval_ms,
         report_interval_ms: cfg.report_interval.as_millis() as u32,
-        data_path: control::DataPath::WriteWithImm as i32,
+        data_path: cfg.data_path as i32,
     };
     if conn.send(welcome).await.is_err() {
         return s;
