@@ -1138,3 +1138,66 @@ impl DeviceOps for SoftDevice {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_deserializes_strictly_with_defaults() {
+        let cfg: SoftConfig = serde_json::from_str(
+            r#"{"udp": {"bind": "127.0.0.1:4791"}, "progress": "busy_poll", "mtu_bytes": 4096,
+                "faults": {"drop_ratio": 0.01, "seed": 7}}"#,
+        )
+        .expect("valid config");
+        assert_eq!(cfg.progress, ProgressMode::BusyPoll);
+        assert_eq!(cfg.mtu_bytes, 4096);
+        assert_eq!(cfg.name, "soft0");
+        assert_eq!(cfg.faults.as_ref().map(|f| f.seed), Some(7));
+        assert_eq!(cfg.validate().ok(), Some(Mtu::Mtu4096));
+        assert!(
+            serde_json::from_str::<SoftConfig>(r#"{"mtu": 1024}"#).is_err(),
+            "unknown key"
+        );
+    }
+
+    #[test]
+    fn invalid_settings_are_reported() {
+        for cfg in [
+            SoftConfig {
+                mtu_bytes: 1500,
+                ..SoftConfig::default()
+            },
+            SoftConfig {
+                batch: 0,
+                ..SoftConfig::default()
+            },
+            SoftConfig {
+                progress_wait_micros: 0,
+                ..SoftConfig::default()
+            },
+            SoftConfig {
+                faults: Some(FaultConfig {
+                    drop_ratio: 2.0,
+                    ..FaultConfig::default()
+                }),
+                ..SoftConfig::default()
+            },
+        ] {
+            assert!(
+                matches!(cfg.validate(), Err(OpenError::InvalidConfig { .. })),
+                "{cfg:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn device_handles_are_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<SoftDevice>();
+        check::<crate::api::Device>();
+        check::<crate::api::QueuePair>();
+        check::<crate::api::CompletionQueue>();
+        check::<crate::api::MemoryRegion>();
+    }
+}

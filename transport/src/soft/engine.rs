@@ -16,7 +16,7 @@
 //! as rxe sends them on UC (checked against `rxe-uc-golden.pcap`): SE = 0, M = 0, AckReq = 0,
 //! P_Key 0xffff. A WR completes (signaled: a WC in the send CQ) when its last packet is pulled.
 //!
-//! # Responder (IBTA 9.7.5 / C9-? class D; rxe `rxe_resp.c`)
+//! # Responder (IBTA 9.7.5 responder error classes D, D1 and G for UC; rxe `rxe_resp.c`)
 //!
 //! Checks run in rxe's order — PSN (`check_psn`), opcode sequence (`check_op_seq`), QP access
 //! (`check_op_valid`), receive WR (`check_resource`), lengths (`check_length`), RETH
