@@ -1,0 +1,185 @@
+//! The `uctel-agent` binary: `--check-config` exit codes and messages, `--dry-run --once`
+//! output, and SIGTERM ending a session with a `Goodbye` (as systemd stops the service).
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn agent() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_uctel-agent"))
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap_or_else(|e| panic!("{e}"));
+    p
+}
+
+#[test]
+fn check_config_exits_0_for_the_example_and_2_with_every_problem() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/agent.yaml");
+    let out = agent()
+        .arg("--config")
+        .arg(&example)
+        .arg("--check-config")
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let bad = write(
+        dir.path(),
+        "bad.yaml",
+        "agent_id: 'not valid'\ncollector:\n  control: nohostport\nauth:\n  token: t\npacing:\n  frames_per_second: 0\nmax_frame_bytes: 10\n",
+    );
+    let out = agent()
+        .arg("--config")
+        .arg(&bad)
+        .arg("--check-config")
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for want in [
+        "bad.yaml:1:11: agent_id:",
+        "bad.yaml:3:12: collector.control:",
+        "bad.yaml:7:22: pacing.frames_per_second:",
+        "bad.yaml:8:18: max_frame_bytes:",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in:\n{err}");
+    }
+
+    let out = agent()
+        .arg("--config")
+        .arg(dir.path().join("missing.yaml"))
+        .arg("--check-config")
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn dry_run_once_prints_decodable_frames_of_host_metrics_and_logs() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    write(dir.path(), "app.log", "hello\nworld\n");
+    let cfg = write(
+        dir.path(),
+        "agent.yaml",
+        &format!(
+            "agent_id: dry\ncollector:\n  control: 127.0.0.1:1\nauth:\n  token: t\nsources:\n  logs:\n    - path: {}/*.log\n      start_at: beginning\n  state_directory: {}/state\n",
+            dir.path().display(),
+            dir.path().display()
+        ),
+    );
+    let out = agent()
+        .arg("--config")
+        .arg(&cfg)
+        .args(["--dry-run", "--once", "--log-level", "warn"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let frames: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(frames.len() >= 2);
+    // Connection sequences 0..n in order, one epoch.
+    for (i, f) in frames.iter().enumerate() {
+        assert_eq!(f["conn_seq"].as_u64(), Some(i as u64), "{f}");
+        assert!(f.get("decode_error").is_none(), "{f}");
+        assert_eq!(f["epoch"], frames[0]["epoch"]);
+        assert!(f["frame_bytes"].as_u64().unwrap_or(u64::MAX) <= 4096);
+    }
+    let names: Vec<&str> = frames
+        .iter()
+        .filter(|f| f["stream"] == "metrics")
+        .flat_map(|f| f["records"].as_array().into_iter().flatten())
+        .filter_map(|r| r["name"].as_str())
+        .collect();
+    for want in [
+        "node_cpu_seconds_total",
+        "node_load1",
+        "uctel_agent_frames_sent_total",
+    ] {
+        assert!(names.contains(&want), "{want} missing");
+    }
+    let lines: Vec<&str> = frames
+        .iter()
+        .filter(|f| f["stream"] == "logs")
+        .flat_map(|f| f["records"].as_array().into_iter().flatten())
+        .filter_map(|r| r["message"].as_str())
+        .collect();
+    assert_eq!(lines, vec!["hello", "world"]);
+    // A dry run touches no checkpoint.
+    assert!(!dir.path().join("state").exists());
+}
+
+#[test]
+fn sigterm_ends_the_session_with_a_goodbye_and_exit_0() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut fake = rt.block_on(support::start(support::FakeConfig::default()));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let cfg = write(
+        dir.path(),
+        "agent.yaml",
+        &format!(
+            "agent_id: sig\ncollector:\n  control: {}\nauth:\n  token: test-token\nsources:\n  host_metrics:\n    interval_seconds: 0.2\n  state_directory: {}/state\nstreams:\n  metrics:\n    flush_milliseconds: 10\n",
+            fake.addr,
+            dir.path().display()
+        ),
+    );
+    let mut child = agent()
+        .arg("--config")
+        .arg(&cfg)
+        .args(["--log-level", "warn"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Let it connect and send a few collections.
+    std::thread::sleep(Duration::from_millis(1500));
+    let pid = child.id().to_string();
+    let killed = Command::new("kill").args(["-TERM", &pid]).status();
+    assert!(killed.is_ok_and(|s| s.success()));
+    let until = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            break s;
+        }
+        if Instant::now() > until {
+            let _ = child.kill();
+            panic!("agent did not exit after SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0));
+    let s = rt
+        .block_on(async {
+            tokio::time::timeout(Duration::from_secs(10), fake.sessions.recv()).await
+        })
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| panic!("no session"));
+    assert!(s.violations.is_empty(), "{:?}", s.violations);
+    let g = s.goodbye.unwrap_or_else(|| panic!("no goodbye"));
+    let n = s.frames.len() as u64;
+    assert!(n >= 2, "frames {n}");
+    assert_eq!(g.final_conn_seq, Some(n - 1));
+}
