@@ -1,0 +1,376 @@
+//! Acceptance tests: an in-process collector on ephemeral loopback ports and a test agent
+//! driving the real soft RoCEv2 UC transport over UDP (fault injection on where stated).
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use support::{
+    collector_config, eventually, http_get, sample, AgentOptions, LogStream, MetricStream,
+    TestAgent, TOKEN,
+};
+use uctel_collector::config::AgentAuth;
+use uctel_common::control::HandshakeError;
+use uctel_protocol::control::{DataPath, RefuseReason, StreamFinal};
+use uctel_protocol::frame::{build_frame, FrameHeader, FrameKind};
+use uctel_transport::soft::fault::FaultConfig;
+
+const FRAMES_PER_STREAM: u64 = 1500;
+
+fn faults(drop_ratio: f64, seed: u64) -> Option<FaultConfig> {
+    (drop_ratio > 0.0).then(|| FaultConfig {
+        drop_ratio,
+        seed,
+        ..FaultConfig::default()
+    })
+}
+
+/// Runs one agent with a metrics stream and a logs stream through the collector and checks
+/// `sent == accepted + lost + dropped` per stream after `Goodbye`, and the same for records.
+async fn accounting(drop_ratio: f64, data_path: DataPath, seed: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let running = uctel_collector::start(collector_config(dir.path()))
+        .await
+        .unwrap();
+    let mut opts = AgentOptions::new("acct");
+    opts.capabilities = vec![data_path];
+    opts.faults = faults(drop_ratio, seed);
+    let mut agent = TestAgent::connect(running.control_addr(), opts)
+        .await
+        .unwrap();
+    assert_eq!(agent.data_path(), data_path);
+    let mut metrics = MetricStream::new(1);
+    let mut logs = LogStream::new(2);
+    for step in 0..FRAMES_PER_STREAM {
+        agent.send(metrics.frame(step, 3)).await;
+        agent.send(logs.frame(step, 2)).await;
+    }
+    let finals: Vec<StreamFinal> = vec![metrics.final_state(), logs.final_state()];
+    let injected = agent.soft.fault_stats().map_or(0, |s| s.snapshot().dropped);
+    agent.goodbye(finals.clone()).await;
+    let ledger = eventually("ledger after goodbye", || {
+        let l = running.ledger("acct");
+        (l.len() == 2).then_some(l)
+    })
+    .await;
+    let text = running.render_metrics().unwrap();
+    let mut total_lost = 0;
+    for (fin, (stream, l)) in finals.iter().zip(&ledger) {
+        assert_eq!(fin.stream_id, *stream);
+        let sent = fin.final_stream_seq.unwrap() + 1;
+        assert_eq!(sent, FRAMES_PER_STREAM);
+        assert_eq!(
+            sent,
+            l.accepted + l.lost + l.dropped_after_tracking,
+            "stream {stream} at {drop_ratio}: {l:?}"
+        );
+        assert_eq!(
+            fin.final_record_count,
+            l.records_received + l.records_lost,
+            "records of stream {stream}: {l:?}"
+        );
+        let received = sample(
+            &text,
+            &format!("uctel_collector_frames_received_total{{agent=\"acct\",stream=\"{stream}\"}}"),
+        );
+        assert_eq!(received, Some(l.accepted as f64), "{text}");
+        total_lost += l.lost;
+    }
+    if drop_ratio == 0.0 {
+        assert_eq!(total_lost, 0, "{ledger:?}");
+    } else {
+        assert!(total_lost > 0, "{ledger:?}");
+        // Every injected drop is a lost frame (and nothing else was lost on loopback).
+        assert_eq!(total_lost, injected, "{ledger:?}");
+    }
+    // Records arrived in the series store and the log file.
+    assert!(text.contains(
+        "uctel_test_value{agent=\"acct\",instance=\"acct.test\",series=\"0\",stream=\"1\"}"
+    ));
+    let log_lines = std::fs::read_to_string(dir.path().join("logs.jsonl")).unwrap();
+    let records_logged = ledger[1].1.records_received;
+    assert_eq!(log_lines.lines().count() as u64, records_logged);
+    running.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accounting_adds_up_without_loss() {
+    accounting(0.0, DataPath::WriteWithImm, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accounting_adds_up_at_one_percent_loss() {
+    accounting(0.01, DataPath::WriteWithImm, 0x5eed_0001).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accounting_adds_up_at_twenty_percent_loss() {
+    accounting(0.20, DataPath::WriteWithImm, 0x5eed_0020).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_data_path_accounting_at_twenty_percent_loss() {
+    accounting(0.20, DataPath::Send, 0x5eed_0021).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ring_overrun_while_worker_paused_is_counted_never_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = collector_config(dir.path());
+    config.ring.slots = 16;
+    config.ring.credit_margin_slots = 4;
+    let running = uctel_collector::start(config).await.unwrap();
+    let mut opts = AgentOptions::new("lapper");
+    opts.capabilities = vec![DataPath::WriteWithImm];
+    opts.ignore_credits = true;
+    let mut agent = TestAgent::connect(running.control_addr(), opts)
+        .await
+        .unwrap();
+    running.pause_worker(true);
+    let mut metrics = MetricStream::new(1);
+    for step in 0..40u64 {
+        agent.send(metrics.frame(step, 1)).await;
+        if step % 8 == 7 {
+            agent.flush().await;
+            // Let the poller re-post receive WRs (the RQ holds one per slot).
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    agent.flush().await;
+    eventually("40 completions queued for the paused worker", || {
+        let text = running.render_metrics().ok()?;
+        (sample(&text, "uctel_collector_ring_slots_in_use{agent=\"lapper\"}") == Some(40.0))
+            .then_some(())
+    })
+    .await;
+    running.pause_worker(false);
+    let fin = metrics.final_state();
+    agent.goodbye(vec![fin.clone()]).await;
+    let ledger = eventually("ledger", || {
+        let l = running.ledger("lapper");
+        (!l.is_empty()).then_some(l)
+    })
+    .await;
+    let l = ledger[0].1;
+    // Slot k holds the last frame written to it: frames 24..40 are intact, 0..24 were lapped.
+    assert_eq!(l.accepted, 16, "{l:?}");
+    assert_eq!(l.lost, 24, "{l:?}");
+    let text = running.render_metrics().unwrap();
+    assert_eq!(
+        sample(
+            &text,
+            "uctel_collector_frames_dropped_total{agent=\"lapper\",reason=\"ring_overrun\"}"
+        ),
+        Some(24.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "uctel_collector_frames_dropped_total{agent=\"lapper\",reason=\"torn_slot\"}"
+        ),
+        Some(0.0)
+    );
+    // The stored sample is the last frame's, never a lapped slot's content.
+    assert!(text.contains(
+        "uctel_test_value{agent=\"lapper\",instance=\"lapper.test\",series=\"0\",stream=\"1\"} 39"
+    ));
+    running.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_unknown_and_wrong_version_agents_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = collector_config(dir.path());
+    config.auth.shared = None;
+    config.auth.agents = vec![AgentAuth {
+        id: "known".into(),
+        token: Some(TOKEN.into()),
+        ..AgentAuth::default()
+    }];
+    let running = uctel_collector::start(config).await.unwrap();
+    let refused = |r: Result<TestAgent, HandshakeError>| match r {
+        Err(HandshakeError::Refused { reason, .. }) => reason,
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("accepted"),
+    };
+    let mut bad = AgentOptions::new("known");
+    bad.token = "not-the-token".into();
+    assert_eq!(
+        refused(TestAgent::connect(running.control_addr(), bad).await),
+        RefuseReason::BadProof
+    );
+    let stranger = AgentOptions::new("stranger");
+    assert_eq!(
+        refused(TestAgent::connect(running.control_addr(), stranger).await),
+        RefuseReason::UnknownAgent
+    );
+    let mut old = AgentOptions::new("known");
+    old.protocol_version = 99;
+    assert_eq!(
+        refused(TestAgent::connect(running.control_addr(), old).await),
+        RefuseReason::VersionMismatch
+    );
+    // The daemon keeps serving: the right agent gets in.
+    let good = TestAgent::connect(running.control_addr(), AgentOptions::new("known"))
+        .await
+        .unwrap();
+    let text = running.render_metrics().unwrap();
+    for (reason, n) in [
+        ("bad_proof", 1.0),
+        ("unknown_agent", 1.0),
+        ("version_mismatch", 1.0),
+    ] {
+        assert_eq!(
+            sample(
+                &text,
+                &format!("uctel_collector_handshakes_refused_total{{reason=\"{reason}\"}}")
+            ),
+            Some(n),
+            "{text}"
+        );
+    }
+    assert_eq!(sample(&text, "uctel_collector_agents_connected"), Some(1.0));
+    good.goodbye(Vec::new()).await;
+    running.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_datagrams_and_malformed_frames_are_counted_and_service_continues() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = uctel_collector::start(collector_config(dir.path()))
+        .await
+        .unwrap();
+    // Garbage at the RoCEv2 UDP port.
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let target = running.transport_addr().unwrap();
+    for i in 0..20u8 {
+        udp.send_to(&[i; 37], target).unwrap();
+    }
+    let mut opts = AgentOptions::new("bad");
+    opts.capabilities = vec![DataPath::Send];
+    let mut agent = TestAgent::connect(running.control_addr(), opts)
+        .await
+        .unwrap();
+    let mut metrics = MetricStream::new(1);
+    agent.send(metrics.frame(0, 1)).await;
+    // conn_seq 1: not a frame at all.
+    agent.post_raw(1, b"definitely not a uctel frame, just bytes");
+    agent.advance_conn_seq(1);
+    // conn_seq 2: a frame whose payload was corrupted after the CRC was computed.
+    let mut corrupt = metrics.frame(1, 1).into_stamped(agent.epoch, 2);
+    let last = corrupt.len() - 1;
+    corrupt[last] ^= 0x01;
+    agent.post_raw(2, &corrupt);
+    agent.advance_conn_seq(1);
+    // conn_seq 3: header and CRC fine, payload not protobuf (stream 9).
+    let header = FrameHeader {
+        epoch: agent.epoch,
+        conn_seq: 3,
+        stream_seq: 0,
+        record_count: 1,
+        ..FrameHeader::new(FrameKind::Metrics, 9)
+    };
+    let bad_payload = build_frame(&header, &[0xff, 0xff, 0xff, 0xff]).unwrap();
+    agent.post_raw(3, &bad_payload);
+    agent.advance_conn_seq(1);
+    for step in 2..10 {
+        agent.send(metrics.frame(step, 1)).await;
+    }
+    let (status, body) = http_get(running.metrics_addr(), "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("uctel_collector_frames_received_total"));
+    let fin = vec![
+        metrics.final_state(),
+        StreamFinal {
+            stream_id: 9,
+            final_stream_seq: Some(0),
+            final_record_count: 1,
+        },
+    ];
+    agent.goodbye(fin).await;
+    let ledger: HashMap<u32, _> = eventually("ledger", || {
+        let l = running.ledger("bad");
+        (l.len() == 2).then_some(l)
+    })
+    .await
+    .into_iter()
+    .collect();
+    let text = eventually("transport drop counters folded", || {
+        let text = running.render_metrics().ok()?;
+        let n = sample(
+            &text,
+            "uctel_collector_transport_packets_dropped_total{reason=\"malformed\"}",
+        )?;
+        (n >= 20.0).then_some(text)
+    })
+    .await;
+    let dropped = |reason: &str| {
+        sample(
+            &text,
+            &format!("uctel_collector_frames_dropped_total{{agent=\"bad\",reason=\"{reason}\"}}"),
+        )
+    };
+    assert_eq!(dropped("malformed_frame"), Some(1.0), "{text}");
+    assert_eq!(dropped("crc_mismatch"), Some(1.0), "{text}");
+    assert_eq!(dropped("malformed_payload"), Some(1.0), "{text}");
+    // Stream 1: frames 0 and 2..=9 accepted, its stream_seq 1 was the corrupted one (lost).
+    let s1 = ledger[&1];
+    assert_eq!((s1.accepted, s1.lost), (9, 1), "{s1:?}");
+    let s9 = ledger[&9];
+    assert_eq!((s9.accepted, s9.dropped_after_tracking), (0, 1), "{s9:?}");
+    let (status, _) = http_get(running.metrics_addr(), "/").await;
+    assert_eq!(status, 200);
+    running.stop().await.unwrap();
+}
+
+/// A scrape taken while an agent is connected passes `promtool check metrics`. promtool
+/// (Debian package `prometheus`) is required: the test fails if it is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scrape_passes_promtool_check_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = uctel_collector::start(collector_config(dir.path()))
+        .await
+        .unwrap();
+    let mut opts = AgentOptions::new("prom");
+    opts.faults = faults(0.05, 0x5eed_0005);
+    let mut agent = TestAgent::connect(running.control_addr(), opts)
+        .await
+        .unwrap();
+    let mut metrics = MetricStream::new(1);
+    let mut logs = LogStream::new(2);
+    for step in 0..200 {
+        agent.send(metrics.frame(step, 5)).await;
+        agent.send(logs.frame(step, 1)).await;
+    }
+    agent.wait_report().await;
+    agent.wait_report().await;
+    let (status, body) = http_get(running.metrics_addr(), "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("uctel_test_value{"), "{body}");
+    assert!(body.contains("uctel_collector_loss_ratio{"), "{body}");
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool must be installed (Debian package `prometheus`)");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(body.as_bytes()).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}\n{}\n--- scrape ---\n{body}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    agent
+        .goodbye(vec![metrics.final_state(), logs.final_state()])
+        .await;
+    running.stop().await.unwrap();
+}

@@ -1,0 +1,505 @@
+//! A minimal test agent for the collector's acceptance tests: a real soft RoCEv2 UC device
+//! over loopback UDP (optionally with the seeded fault injector), the protocol framer, and
+//! the control handshake of `uctel_common::control`. It can misbehave on purpose (ignore
+//! credits, send bad frames) where the tests need it.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::net::TcpStream;
+use uctel_common::control::{client_handshake, ControlChannel, HandshakeError};
+use uctel_protocol::control::{
+    self as wire, Body, DataPath, Goodbye, GoodbyeReason, Heartbeat, Hello, StreamFinal, Transport,
+    Welcome,
+};
+use uctel_protocol::framer::{BuiltFrame, Framer};
+use uctel_protocol::limits::Limits;
+use uctel_protocol::payload::{Label, LogRecord, Metric, MetricType, Severity};
+use uctel_transport::api::{
+    AccessFlags, CompletionQueue, Device, MemoryRegion, ProtectionDomain, QpEndpoint, QpInitAttr,
+    QueuePair, SendWr, Sge, WorkCompletion,
+};
+use uctel_transport::soft::device::{ProgressMode, SoftConfig, SoftDevice};
+use uctel_transport::soft::fault::FaultConfig;
+use uctel_transport::soft::udp::UdpConfig;
+
+pub const TOKEN: &str = "test-token-0123456789";
+/// Send buffers of the test agent (frames in flight on its side).
+const SEND_SLOTS: u64 = 64;
+/// Bound on every wait loop.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A collector configuration on ephemeral loopback ports.
+pub fn collector_config(dir: &Path) -> uctel_collector::config::Config {
+    let text = format!(
+        "\
+listen:
+  control: 127.0.0.1:0
+  metrics: 127.0.0.1:0
+transport:
+  kind: soft
+  soft:
+    udp:
+      bind: 127.0.0.1:0
+    mtu_bytes: 4096
+ring:
+  slots: 256
+  slot_bytes: 4096
+  credit_margin_slots: 64
+  send_buffers: 256
+  descriptor_queue: 4096
+auth:
+  shared:
+    token: {TOKEN}
+control:
+  heartbeat_interval_seconds: 2
+  report_interval_seconds: 0.02
+  handshake_timeout_seconds: 5
+logs:
+  sink: file
+  file:
+    path: {}
+",
+        dir.join("logs.jsonl").display()
+    );
+    uctel_common::config::from_str("test.yaml", &text).expect("test config is valid")
+}
+
+pub fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// How the test agent connects.
+#[derive(Clone, Debug)]
+pub struct AgentOptions {
+    pub agent_id: String,
+    pub token: String,
+    pub protocol_version: u32,
+    pub capabilities: Vec<DataPath>,
+    pub faults: Option<FaultConfig>,
+    /// Send without waiting for credits (to lap the ring on purpose).
+    pub ignore_credits: bool,
+}
+
+impl AgentOptions {
+    pub fn new(agent_id: &str) -> Self {
+        Self {
+            agent_id: agent_id.to_string(),
+            token: TOKEN.to_string(),
+            protocol_version: wire::PROTOCOL_VERSION,
+            capabilities: vec![DataPath::WriteWithImm, DataPath::Send],
+            faults: None,
+            ignore_credits: false,
+        }
+    }
+}
+
+pub struct TestAgent {
+    pub soft: SoftDevice,
+    device: Device,
+    _pd: ProtectionDomain,
+    cq: CompletionQueue,
+    qp: QueuePair,
+    mr: MemoryRegion,
+    ch: ControlChannel<TcpStream>,
+    pub welcome: Welcome,
+    pub epoch: u64,
+    opts: AgentOptions,
+    next_conn_seq: u64,
+    posted: u64,
+    completed: u64,
+    consumed: Option<u64>,
+    last_heartbeat: Instant,
+    hb_seq: u64,
+    pub reports: u64,
+}
+
+fn drain_cq(cq: &CompletionQueue) -> u64 {
+    let mut wcs = [WorkCompletion::default(); 64];
+    let mut total = 0;
+    loop {
+        let n = cq.poll(&mut wcs);
+        total += n as u64;
+        if n < wcs.len() {
+            return total;
+        }
+    }
+}
+
+fn soft_device(faults: Option<FaultConfig>) -> SoftDevice {
+    let config = SoftConfig {
+        udp: UdpConfig::bound_to("127.0.0.1:0".parse().expect("addr")),
+        progress: ProgressMode::BusyPoll,
+        mtu_bytes: 4096,
+        faults,
+        ..SoftConfig::default()
+    };
+    SoftDevice::open(&config).expect("open the agent's soft device")
+}
+
+impl TestAgent {
+    /// Connects and completes the handshake.
+    pub async fn connect(
+        control: SocketAddr,
+        opts: AgentOptions,
+    ) -> Result<TestAgent, HandshakeError> {
+        let soft = soft_device(opts.faults.clone());
+        let device = Device::from(soft.clone());
+        let pd = device.alloc_pd().expect("pd");
+        let cq = device.create_cq(1024).expect("cq");
+        let mr = pd
+            .reg_mr(SEND_SLOTS as usize * 4096, AccessFlags::LOCAL_WRITE)
+            .expect("mr");
+        let qp = pd
+            .create_qp(&QpInitAttr {
+                send_cq: &cq,
+                recv_cq: &cq,
+                max_send_wr: SEND_SLOTS as u32,
+                max_recv_wr: 1,
+                access: AccessFlags::LOCAL_WRITE,
+                max_mtu: None,
+            })
+            .expect("qp");
+        let ep: QpEndpoint = qp.local_endpoint();
+        let epoch = rand::random::<u64>() | 1;
+        let hello = Hello {
+            protocol_version: opts.protocol_version,
+            agent_id: opts.agent_id.clone(),
+            hostname: format!("{}.test", opts.agent_id),
+            epoch,
+            transport: Transport::Soft as i32,
+            capabilities: opts.capabilities.iter().map(|c| *c as i32).collect(),
+            qp: Some(wire::QpEndpoint {
+                gid: ep.gid.to_vec(),
+                qpn: ep.qpn,
+                psn: ep.psn,
+                mtu: ep.mtu,
+                udp_addr: ep.udp_addr.map(|a| a.to_string()).unwrap_or_default(),
+            }),
+        };
+        let stream = TcpStream::connect(control).await.expect("connect control");
+        let mut ch = ControlChannel::new(stream);
+        let welcome = client_handshake(&mut ch, hello, opts.token.as_bytes()).await?;
+        let wq = welcome.qp.clone().expect("welcome qp");
+        let remote = QpEndpoint {
+            gid: wq.gid_array().expect("gid"),
+            qpn: wq.qpn,
+            psn: wq.psn,
+            mtu: wq.mtu,
+            udp_addr: wq.udp_socket_addr(),
+        };
+        qp.connect(&remote).expect("connect QP to the collector");
+        Ok(TestAgent {
+            soft,
+            device,
+            _pd: pd,
+            cq,
+            qp,
+            mr,
+            ch,
+            welcome,
+            epoch,
+            opts,
+            next_conn_seq: 0,
+            posted: 0,
+            completed: 0,
+            consumed: None,
+            last_heartbeat: Instant::now(),
+            hb_seq: 0,
+            reports: 0,
+        })
+    }
+
+    pub fn data_path(&self) -> DataPath {
+        DataPath::try_from(self.welcome.data_path).expect("data path")
+    }
+
+    /// Frames sent on the connection so far.
+    pub fn conn_frames_sent(&self) -> u64 {
+        self.next_conn_seq
+    }
+
+    fn poll_send_cq(&mut self) {
+        self.completed += drain_cq(&self.cq);
+    }
+
+    /// Reads control messages that are already there (reports move credits), and sends a
+    /// heartbeat when one is due.
+    async fn service_control(&mut self, wait: Duration) {
+        if self.last_heartbeat.elapsed() > Duration::from_millis(500) {
+            self.hb_seq += 1;
+            let _ = self
+                .ch
+                .send(Heartbeat {
+                    sequence: self.hb_seq,
+                    timestamp_ns: now_ns(),
+                })
+                .await;
+            self.last_heartbeat = Instant::now();
+        }
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            match tokio::time::timeout_at(deadline, self.ch.recv()).await {
+                Ok(Ok(Some(m))) => {
+                    if let Some(Body::Report(r)) = m.body {
+                        self.reports += 1;
+                        if r.conn_received > 0 {
+                            self.consumed = Some(r.consumed_conn_seq);
+                        }
+                    }
+                }
+                Ok(Ok(None)) | Ok(Err(_)) => panic!("control connection lost"),
+                Err(_) => return,
+            }
+        }
+    }
+
+    fn has_credit(&self) -> bool {
+        if self.opts.ignore_credits {
+            return true;
+        }
+        let window = u64::from(self.welcome.credit_window);
+        match self.consumed {
+            None => self.next_conn_seq < window,
+            Some(c) => self.next_conn_seq <= c + window,
+        }
+    }
+
+    /// Stamps `frame` with the next connection sequence and posts it (waiting for a credit
+    /// and a free send buffer).
+    pub async fn send(&mut self, frame: BuiltFrame) {
+        let start = Instant::now();
+        loop {
+            self.poll_send_cq();
+            if self.has_credit() && self.posted - self.completed < SEND_SLOTS {
+                break;
+            }
+            assert!(start.elapsed() < DEADLINE, "no credit within {DEADLINE:?}");
+            self.service_control(Duration::from_millis(2)).await;
+        }
+        let c = self.next_conn_seq;
+        let bytes = frame.into_stamped(self.epoch, c);
+        self.post_raw(c, &bytes);
+        self.next_conn_seq += 1;
+        if c % 64 == 0 {
+            self.service_control(Duration::ZERO).await;
+        }
+    }
+
+    /// Posts raw bytes as the frame with connection sequence `c` (no stamping: tests use it
+    /// for malformed frames). Does not advance the connection sequence.
+    pub fn post_raw(&mut self, c: u64, bytes: &[u8]) {
+        let buf = (self.posted % SEND_SLOTS) as usize * 4096;
+        self.mr.write_at(buf, bytes).expect("write send buffer");
+        let sge = Sge::new(&self.mr, buf, bytes.len() as u32);
+        let wr = match self.data_path() {
+            DataPath::WriteWithImm => {
+                let w = &self.welcome;
+                let slot = c % u64::from(w.slots);
+                SendWr::write_with_imm(
+                    c,
+                    Some(sge),
+                    w.ring_addr + slot * u64::from(w.slot_bytes),
+                    w.rkey,
+                    c as u32,
+                )
+            }
+            _ => SendWr::send(c, Some(sge)),
+        };
+        let start = Instant::now();
+        loop {
+            match self.qp.post_send(&[wr]) {
+                Ok(()) => break,
+                Err(e) if e.is_full() => {
+                    self.completed += drain_cq(&self.cq);
+                    assert!(start.elapsed() < DEADLINE, "send queue stuck");
+                    std::thread::yield_now();
+                }
+                Err(e) => panic!("post_send: {e}"),
+            }
+        }
+        self.posted += 1;
+        self.poll_send_cq();
+    }
+
+    /// Marks `n` raw frames as consuming connection sequences (after `post_raw`).
+    pub fn advance_conn_seq(&mut self, n: u64) {
+        self.next_conn_seq += n;
+    }
+
+    /// Waits until every posted WR is on the wire.
+    pub async fn flush(&mut self) {
+        let start = Instant::now();
+        while self.completed < self.posted {
+            self.poll_send_cq();
+            assert!(start.elapsed() < DEADLINE, "send completions missing");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Waits for at least one more Report.
+    pub async fn wait_report(&mut self) {
+        let seen = self.reports;
+        let start = Instant::now();
+        while self.reports == seen {
+            assert!(start.elapsed() < DEADLINE, "no Report");
+            self.service_control(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Sends `Goodbye` with the final sequences and closes.
+    pub async fn goodbye(mut self, streams: Vec<StreamFinal>) {
+        self.flush().await;
+        let final_conn_seq = self.next_conn_seq.checked_sub(1);
+        self.ch
+            .send(Goodbye {
+                final_conn_seq,
+                streams,
+                reason: GoodbyeReason::Shutdown as i32,
+                detail: "test done".into(),
+            })
+            .await
+            .expect("send goodbye");
+        // Wait for the collector to close the connection (it settles the tail first).
+        let start = Instant::now();
+        loop {
+            match tokio::time::timeout(Duration::from_millis(100), self.ch.recv()).await {
+                Ok(Ok(Some(_))) => {}
+                Ok(Ok(None)) | Ok(Err(_)) => break,
+                Err(_) => {}
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "collector kept the connection open"
+            );
+        }
+        let _ = &self.device;
+    }
+}
+
+/// A metric stream: one gauge frame per step.
+pub struct MetricStream {
+    pub framer: Framer<Metric>,
+}
+
+impl MetricStream {
+    pub fn new(stream_id: u32) -> Self {
+        Self {
+            framer: Framer::new(stream_id, 0, Limits::default()).expect("framer"),
+        }
+    }
+
+    /// One frame with `n` samples: `test_value{stream,series}` gauges and a counter.
+    pub fn frame(&mut self, step: u64, n: usize) -> BuiltFrame {
+        let stream = self.framer.stream_id().to_string();
+        for i in 0..n {
+            let m = Metric {
+                name: "uctel_test_value".into(),
+                help: "A test gauge.".into(),
+                r#type: MetricType::Gauge as i32,
+                labels: vec![
+                    Label {
+                        name: "stream".into(),
+                        value: stream.clone(),
+                    },
+                    Label {
+                        name: "series".into(),
+                        value: i.to_string(),
+                    },
+                ],
+                value: step as f64,
+                ..Default::default()
+            };
+            let _ = self.framer.push(&m, now_ns());
+        }
+        self.framer.flush().expect("a frame")
+    }
+
+    pub fn final_state(&self) -> StreamFinal {
+        StreamFinal {
+            stream_id: self.framer.stream_id(),
+            final_stream_seq: self.framer.next_stream_seq().checked_sub(1),
+            final_record_count: self.framer.record_count(),
+        }
+    }
+}
+
+/// A log stream: one frame of `n` records per step.
+pub struct LogStream {
+    pub framer: Framer<LogRecord>,
+}
+
+impl LogStream {
+    pub fn new(stream_id: u32) -> Self {
+        Self {
+            framer: Framer::new(stream_id, 0, Limits::default()).expect("framer"),
+        }
+    }
+
+    pub fn frame(&mut self, step: u64, n: usize) -> BuiltFrame {
+        for i in 0..n {
+            let r = LogRecord {
+                timestamp_ns: now_ns(),
+                severity: Severity::Info as i32,
+                source: "/var/log/test.log".into(),
+                message: format!("line {step}.{i}"),
+                fields: Vec::new(),
+            };
+            let _ = self.framer.push(&r, now_ns());
+        }
+        self.framer.flush().expect("a frame")
+    }
+
+    pub fn final_state(&self) -> StreamFinal {
+        StreamFinal {
+            stream_id: self.framer.stream_id(),
+            final_stream_seq: self.framer.next_stream_seq().checked_sub(1),
+            final_record_count: self.framer.record_count(),
+        }
+    }
+}
+
+/// Polls `f` until it returns `Some`, bounded by [`DEADLINE`].
+pub async fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// One sample value from a text exposition (`name{labels} value`), matching the series line
+/// prefix exactly.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)
+                .and_then(|rest| rest.strip_prefix(' '))
+        })
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// GET `path` from the metrics server; the body.
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = TcpStream::connect(addr).await.expect("connect metrics");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.expect("read");
+    let status = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
