@@ -1,0 +1,93 @@
+//! The `uctel-collector` binary: `--check-config` exit codes and output, and a start /
+//! scrape / SIGTERM cycle.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_uctel-collector");
+
+#[test]
+fn check_config_accepts_the_example() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/collector.yaml");
+    let out = Command::new(BIN)
+        .args(["--config", example, "--check-config"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("configuration is valid"));
+}
+
+#[test]
+fn check_config_reports_every_problem_and_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(
+        &path,
+        "listen:\n  control: nowhere\n  bogus: 1\nring:\n  slots: lots\nauth:\n  shared:\n    token: t\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["--config", path.to_str().unwrap(), "--check-config"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let shown = path.display().to_string();
+    assert!(err.contains(&format!("{shown}:2:12: listen.control:")), "{err}");
+    assert!(err.contains(&format!("{shown}:3:3: listen.bogus: unknown field")), "{err}");
+    assert!(err.contains(&format!("{shown}:5:10: ring.slots: invalid type")), "{err}");
+    assert!(err.contains("3 problem(s) found"), "{err}");
+}
+
+#[test]
+fn runs_serves_metrics_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.yaml");
+    std::fs::write(
+        &path,
+        "listen:\n  control: 127.0.0.1:0\n  metrics: 127.0.0.1:0\ntransport:\n  soft:\n    udp:\n      bind: 127.0.0.1:0\nauth:\n  shared:\n    token: t\n",
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .args(["--config", path.to_str().unwrap(), "--log-level", "info"])
+        .env("NO_COLOR", "1")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let start = Instant::now();
+    let metrics = loop {
+        let line = lines.next().expect("collector exited early").unwrap();
+        if let Some(rest) = line.split("metrics=").nth(1) {
+            let addr = rest.split_whitespace().next().unwrap().trim_end_matches(',');
+            // Strip ANSI colour codes if any.
+            let addr: String = addr.chars().filter(|c| c.is_ascii_digit() || *c == '.' || *c == ':').collect();
+            break addr;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "no startup line");
+    };
+    let mut s = std::net::TcpStream::connect(&metrics).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    assert!(body.contains("uctel_collector_agents_connected 0"), "{body}");
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "exit status {status}");
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
