@@ -20,9 +20,8 @@ use uctel_transport::api::{
     self, AccessFlags, CompletionQueue, Device, DeviceConfig, MemoryRegion, QpInitAttr, QpState,
     QueuePair, SendWr, Sge, WcStatus, WorkCompletion,
 };
-use uctel_transport::soft::device::{SoftConfig, SoftDevice};
-use uctel_transport::soft::fault::FaultInjector;
-use uctel_transport::soft::udp::{UdpConfig, UdpLink};
+use uctel_transport::soft::device::SoftConfig;
+use uctel_transport::soft::udp::UdpConfig;
 
 use crate::config::{faults_enabled, AgentConfig, DataPath, TransportKind};
 use crate::sender::core::Transmit;
@@ -120,6 +119,7 @@ pub fn device_config(config: &AgentConfig, local_ip: IpAddr) -> DeviceConfig {
                     ..UdpConfig::default()
                 },
                 mtu_bytes: soft.mtu_bytes,
+                faults: faults_enabled(&soft.fault).then(|| soft.fault.clone()),
                 ..SoftConfig::default()
             })
         }
@@ -138,34 +138,18 @@ pub fn device_config(config: &AgentConfig, local_ip: IpAddr) -> DeviceConfig {
 
 fn open_device(config: &AgentConfig, local_ip: IpAddr) -> Result<Device, DataPlaneError> {
     let dc = device_config(config, local_ip);
-    let fault = &config.transport.soft.fault;
-    match dc {
-        DeviceConfig::Soft(sc) if faults_enabled(fault) => {
-            let link = UdpLink::bind(sc.udp.clone()).map_err(|e| DataPlaneError::Open {
-                kind: "soft",
-                detail: format!("binding {}: {e}", sc.udp.bind),
-            })?;
-            let link =
-                FaultInjector::new(link, fault.clone()).map_err(|e| DataPlaneError::Open {
-                    kind: "soft",
-                    detail: e.to_string(),
-                })?;
-            tracing::warn!(?fault, "soft transport fault injection is ON (lab setting)");
-            SoftDevice::with_link(&sc, Box::new(link))
-                .map(Device::from)
-                .map_err(|e| DataPlaneError::Open {
-                    kind: "soft",
-                    detail: e.to_string(),
-                })
+    if let DeviceConfig::Soft(sc) = &dc {
+        if let Some(f) = &sc.faults {
+            tracing::warn!(fault = ?f, "soft transport fault injection is ON (lab setting)");
         }
-        dc => Device::open(&dc).map_err(|e| DataPlaneError::Open {
-            kind: match config.transport.kind {
-                TransportKind::Soft => "soft",
-                TransportKind::Verbs => "verbs",
-            },
-            detail: e.to_string(),
-        }),
     }
+    Device::open(&dc).map_err(|e| DataPlaneError::Open {
+        kind: match config.transport.kind {
+            TransportKind::Soft => "soft",
+            TransportKind::Verbs => "verbs",
+        },
+        detail: e.to_string(),
+    })
 }
 
 fn resource(what: &'static str) -> impl Fn(String) -> DataPlaneError {
