@@ -23,8 +23,17 @@ fn main() {
     }
     times.sort();
     let bytes: usize = first.metrics.iter().map(prost::Message::encoded_len).sum();
+    let bare: usize = first
+        .metrics
+        .iter()
+        .map(|m| {
+            let mut m = m.clone();
+            m.help.clear();
+            prost::Message::encoded_len(&m)
+        })
+        .sum();
     println!(
-        "samples per collection: {samples}; encoded protobuf bytes (with help): {bytes}; time: min {:?}, median {:?}, max {:?}",
+        "samples per collection: {samples}; protobuf bytes: {bytes} with help, {bare} without; time: min {:?}, median {:?}, max {:?}",
         times[0],
         times[times.len() / 2],
         times[times.len() - 1]
