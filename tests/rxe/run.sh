@@ -34,11 +34,17 @@ TIMEOUT="${UCTEL_RXE_TIMEOUT:-600}"
 ALL_SCENARIOS=(
   ibv_uc_pingpong
   perftest_send_uc
+  verbs_send
+  verbs_write_imm
+  verbs_no_recv_wr
+  soft_to_rxe
+  rxe_to_soft
+  verbs_send_bench
 )
 
 # Binaries of the project built with `--features verbs` and copied into the guest
 # (transport/examples/<name>.rs).
-RUST_EXAMPLES=()
+RUST_EXAMPLES=(rxe_uc)
 
 # Guest user space, from Debian's package registry. The library packages after iproute2 are
 # what `ip` and `rdma` link to, fetched so the guest never depends on what the host happens

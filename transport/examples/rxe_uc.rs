@@ -1,0 +1,912 @@
+//! `rxe_uc`: UC traffic between two processes through the uctel transport API, for the
+//! Soft-RoCE VM suite (`tests/rxe/`). One process receives and checks, the other sends. Either
+//! side runs on the verbs transport (a kernel rxe device) or on the soft transport (RoCEv2 in
+//! user space over UDP), so the same program proves verbs ↔ verbs and soft ↔ kernel interop.
+//!
+//! ```text
+//! rxe_uc recv --listen IP:PORT [options]     create a QP, wait for the sender, check messages
+//! rxe_uc send --connect IP:PORT [options]    connect and send
+//!
+//! --transport verbs|soft   transport of this side (default verbs)
+//! --device NAME            verbs: RDMA device (default: the first)
+//! --local-ip IP            verbs: use the RoCE v2 GID of this address
+//! --bind IP:PORT           soft: UDP address to bind (RoCEv2 port 4791 to talk to rxe)
+//! --op send|send-imm|write-imm   (default write-imm)
+//! --size BYTES             message size (default 1024)
+//! --count N                messages (default 100)
+//! --hold FROM:LEN          recv: post no receive WR for messages FROM..FROM+LEN, which must
+//!                          then be dropped silently by the responder and show up as a gap
+//! --bench                  send: as fast as the send queue allows, print the message rate
+//! --timeout-ms MS          give up after this long without progress (default 10000)
+//! ```
+//!
+//! Endpoints travel over a TCP connection as text lines (QPN, PSN, GID, MTU, and for
+//! write-imm the receive ring's address and rkey). Every message carries its sequence number:
+//! in the immediate (send-imm, write-imm) and in its first 8 bytes; the rest of the payload is
+//! a pattern derived from the sequence, checked byte for byte by the receiver. Immediates,
+//! `byte_len` and byte totals are checked end to end; a gap in the sequence is a lost message.
+//!
+//! Output: `RESULT ok|fail <key=value…>` (exit status 0 or 1), and with `--bench` on the sender
+//! `BENCH <name> <rate> msg/s`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::process::ExitCode;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use uctel_transport::api::{
+    AccessFlags, CompletionQueue, Device, DeviceConfig, MemoryRegion, ProtectionDomain, QpEndpoint,
+    QpInitAttr, QueuePair, RecvWr, SendWr, Sge, TransportKind, VerbsConfig, WcOpcode, WcStatus,
+    WorkCompletion,
+};
+use uctel_transport::soft::device::SoftConfig;
+
+/// Send queue depth (perftest's default TX depth).
+const SQ_DEPTH: u32 = 128;
+/// Receive queue depth.
+const RQ_DEPTH: u32 = 1024;
+/// Write-imm ring slots at the receiver.
+const RING_SLOTS: u64 = 1024;
+/// Bytes at the start of a payload holding the sequence number.
+const SEQ_BYTES: usize = 8;
+
+type Result<T> = std::result::Result<T, String>;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    Send,
+    SendImm,
+    WriteImm,
+}
+
+impl Op {
+    fn parse(s: &str) -> Result<Self> {
+        match s {
+            "send" => Ok(Self::Send),
+            "send-imm" => Ok(Self::SendImm),
+            "write-imm" => Ok(Self::WriteImm),
+            _ => Err(format!("unknown --op {s:?} (send, send-imm, write-imm)")),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Send => "send",
+            Self::SendImm => "send-imm",
+            Self::WriteImm => "write-imm",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Args {
+    role: String,
+    addr: SocketAddr,
+    transport: TransportKind,
+    device: Option<String>,
+    local_ip: Option<IpAddr>,
+    bind: Option<SocketAddr>,
+    op: Op,
+    size: usize,
+    count: u64,
+    hold: Option<(u64, u64)>,
+    bench: bool,
+    timeout: Duration,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut it = std::env::args().skip(1);
+    let role = it
+        .next()
+        .ok_or("usage: rxe_uc recv|send [options] (see the source)")?;
+    let mut a = Args {
+        role,
+        addr: SocketAddr::from(([127, 0, 0, 1], 18600)),
+        transport: TransportKind::Verbs,
+        device: None,
+        local_ip: None,
+        bind: None,
+        op: Op::WriteImm,
+        size: 1024,
+        count: 100,
+        hold: None,
+        bench: false,
+        timeout: Duration::from_secs(10),
+    };
+    while let Some(flag) = it.next() {
+        if flag == "--bench" {
+            a.bench = true;
+            continue;
+        }
+        let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let bad = |e: &dyn std::fmt::Display| format!("{flag} {v}: {e}");
+        match flag.as_str() {
+            "--listen" | "--connect" => a.addr = v.parse().map_err(|e| bad(&e))?,
+            "--transport" => {
+                a.transport = match v.as_str() {
+                    "verbs" => TransportKind::Verbs,
+                    "soft" => TransportKind::Soft,
+                    _ => return Err(bad(&"expected verbs or soft")),
+                }
+            }
+            "--device" => a.device = Some(v),
+            "--local-ip" => a.local_ip = Some(v.parse().map_err(|e| bad(&e))?),
+            "--bind" => a.bind = Some(v.parse().map_err(|e| bad(&e))?),
+            "--op" => a.op = Op::parse(&v)?,
+            "--size" => a.size = v.parse().map_err(|e| bad(&e))?,
+            "--count" => a.count = v.parse().map_err(|e| bad(&e))?,
+            "--timeout-ms" => a.timeout = Duration::from_millis(v.parse().map_err(|e| bad(&e))?),
+            "--hold" => {
+                let (f, l) = v.split_once(':').ok_or_else(|| bad(&"expected FROM:LEN"))?;
+                a.hold = Some((
+                    f.parse().map_err(|e| bad(&e))?,
+                    l.parse().map_err(|e| bad(&e))?,
+                ));
+            }
+            _ => return Err(format!("unknown option {flag}")),
+        }
+    }
+    if a.size < SEQ_BYTES {
+        return Err(format!("--size must be at least {SEQ_BYTES}"));
+    }
+    if a.count == 0 {
+        return Err("--count must be at least 1".to_owned());
+    }
+    Ok(a)
+}
+
+/// Byte `i` of message `seq`: the sequence number (little endian) in the first 8 bytes, then a
+/// pattern that differs per message and per position.
+fn pattern_byte(seq: u64, i: usize) -> u8 {
+    if i < SEQ_BYTES {
+        seq.to_le_bytes().get(i).copied().unwrap_or(0)
+    } else {
+        (seq as u8)
+            .wrapping_mul(31)
+            .wrapping_add(i as u8)
+            .wrapping_add((i >> 8) as u8)
+    }
+}
+
+fn fill(buf: &mut [u8], seq: u64) {
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = pattern_byte(seq, i);
+    }
+}
+
+/// The first byte where `buf` differs from message `seq`'s payload.
+fn first_mismatch(buf: &[u8], seq: u64) -> Option<usize> {
+    buf.iter()
+        .enumerate()
+        .position(|(i, b)| *b != pattern_byte(seq, i))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Transport setup
+// ---------------------------------------------------------------------------------------------
+
+struct Side {
+    device: Device,
+    pd: ProtectionDomain,
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
+    qp: QueuePair,
+}
+
+fn open(a: &Args) -> Result<Side> {
+    let cfg = match a.transport {
+        TransportKind::Verbs => DeviceConfig::Verbs(VerbsConfig {
+            device: a.device.clone(),
+            local_ip: a.local_ip,
+            ..VerbsConfig::default()
+        }),
+        TransportKind::Soft => {
+            let mut c = SoftConfig {
+                name: "soft0".to_owned(),
+                ..SoftConfig::default()
+            };
+            if let Some(b) = a.bind {
+                c.udp.bind = b;
+            }
+            DeviceConfig::Soft(c)
+        }
+    };
+    let device = Device::open(&cfg).map_err(|e| format!("open: {e}"))?;
+    let pd = device.alloc_pd().map_err(|e| e.to_string())?;
+    let send_cq = device.create_cq(SQ_DEPTH * 2).map_err(|e| e.to_string())?;
+    let recv_cq = device.create_cq(RQ_DEPTH * 2).map_err(|e| e.to_string())?;
+    let qp = pd
+        .create_qp(&QpInitAttr {
+            send_cq: &send_cq,
+            recv_cq: &recv_cq,
+            max_send_wr: SQ_DEPTH,
+            max_recv_wr: RQ_DEPTH,
+            access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            max_mtu: None,
+        })
+        .map_err(|e| e.to_string())?;
+    let attr = device.port_attr();
+    eprintln!(
+        "{} {}: device {} QPN {:#x} GID {} MTU {}",
+        a.role,
+        device.kind(),
+        device.name(),
+        qp.qp_num(),
+        uctel_transport::api::ip_from_gid(attr.gid),
+        attr.active_mtu
+    );
+    Ok(Side {
+        device,
+        pd,
+        send_cq,
+        recv_cq,
+        qp,
+    })
+}
+
+/// Waits for completions on `cq`: the verbs completion channel when `block` (no spinning), a
+/// short sleep on the soft transport (its progress thread does the work), a spin otherwise.
+fn wait_cq(cq: &CompletionQueue, kind: TransportKind, block: bool) -> Result<()> {
+    match kind {
+        TransportKind::Verbs if block => {
+            #[cfg(feature = "verbs")]
+            uctel_transport::verbs::wait_for_completion(cq, Duration::from_millis(50))
+                .map_err(|e| e.to_string())?;
+            #[cfg(not(feature = "verbs"))]
+            let _ = cq;
+        }
+        TransportKind::Verbs => std::hint::spin_loop(),
+        TransportKind::Soft => std::thread::sleep(Duration::from_micros(50)),
+    }
+    Ok(())
+}
+
+/// Fails on any asynchronous event (QP fatal, CQ error, port change), looking at most every
+/// 10 ms: on verbs each look is a system call.
+fn check_events(dev: &Device, last: &mut Instant) -> Result<()> {
+    if last.elapsed() < Duration::from_millis(10) {
+        return Ok(());
+    }
+    *last = Instant::now();
+    if let Some(ev) = dev.poll_async_event() {
+        return Err(format!("async event: {ev:?}"));
+    }
+    Ok(())
+}
+
+fn encode_endpoint(ep: &QpEndpoint) -> String {
+    let gid: String = ep.gid.iter().map(|b| format!("{b:02x}")).collect();
+    let udp = ep
+        .udp_addr
+        .map_or_else(|| "-".to_owned(), |a| a.to_string());
+    format!("{gid} {} {} {} {udp}", ep.qpn, ep.psn, ep.mtu)
+}
+
+fn decode_endpoint(words: &[&str]) -> Result<QpEndpoint> {
+    let [gid, qpn, psn, mtu, udp] = words else {
+        return Err(format!("bad endpoint {words:?}"));
+    };
+    let mut g = [0u8; 16];
+    if gid.len() != 32 {
+        return Err(format!("bad GID {gid}"));
+    }
+    for (i, b) in g.iter_mut().enumerate() {
+        let hex = gid.get(2 * i..2 * i + 2).ok_or("bad GID")?;
+        *b = u8::from_str_radix(hex, 16).map_err(|e| e.to_string())?;
+    }
+    let num = |s: &str| s.parse::<u32>().map_err(|e| format!("{s}: {e}"));
+    Ok(QpEndpoint {
+        gid: g,
+        qpn: num(qpn)?,
+        psn: num(psn)?,
+        mtu: num(mtu)?,
+        udp_addr: if *udp == "-" {
+            None
+        } else {
+            Some(udp.parse().map_err(|e| format!("{udp}: {e}"))?)
+        },
+    })
+}
+
+struct Control {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl Control {
+    fn new(s: TcpStream, timeout: Duration) -> Result<Self> {
+        s.set_read_timeout(Some(timeout))
+            .map_err(|e| e.to_string())?;
+        let writer = s.try_clone().map_err(|e| e.to_string())?;
+        Ok(Self {
+            reader: BufReader::new(s),
+            writer,
+        })
+    }
+
+    fn send(&mut self, line: &str) -> Result<()> {
+        writeln!(self.writer, "{line}").map_err(|e| format!("control send: {e}"))
+    }
+
+    fn recv(&mut self) -> Result<Vec<String>> {
+        let mut line = String::new();
+        let n = self
+            .reader
+            .read_line(&mut line)
+            .map_err(|e| format!("control recv: {e}"))?;
+        if n == 0 {
+            return Err("control connection closed".to_owned());
+        }
+        Ok(line.split_whitespace().map(str::to_owned).collect())
+    }
+
+    /// Hands the reading side to a thread that forwards each line; keeps the writing side.
+    fn split(self) -> (ControlWriter, mpsc::Receiver<Result<Vec<String>>>) {
+        let (tx, rx) = mpsc::channel();
+        let Control { mut reader, writer } = self;
+        let _ = reader.get_ref().set_read_timeout(None);
+        std::thread::spawn(move || loop {
+            let line = read_words(&mut reader);
+            let stop = line.is_err();
+            if tx.send(line).is_err() || stop {
+                return;
+            }
+        });
+        (ControlWriter { writer }, rx)
+    }
+
+    fn expect(&mut self, word: &str) -> Result<Vec<String>> {
+        let w = self.recv()?;
+        if w.first().map(String::as_str) != Some(word) {
+            return Err(format!("expected {word}, got {w:?}"));
+        }
+        Ok(w)
+    }
+}
+
+/// Reads one control line and splits it into words.
+fn read_words(reader: &mut BufReader<TcpStream>) -> Result<Vec<String>> {
+    let mut line = String::new();
+    let n = reader
+        .read_line(&mut line)
+        .map_err(|e| format!("control recv: {e}"))?;
+    if n == 0 {
+        return Err("control connection closed".to_owned());
+    }
+    Ok(line.split_whitespace().map(str::to_owned).collect())
+}
+
+struct ControlWriter {
+    writer: TcpStream,
+}
+
+impl ControlWriter {
+    fn send(&mut self, line: &str) -> Result<()> {
+        writeln!(self.writer, "{line}").map_err(|e| format!("control send: {e}"))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Receiver
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Default)]
+struct RecvTally {
+    received: u64,
+    bytes: u64,
+    imm_checked: u64,
+    payload_checked: u64,
+    /// Highest sequence seen + 1.
+    next_expected: u64,
+    lost: u64,
+    gaps: u64,
+    errors: Vec<String>,
+}
+
+impl RecvTally {
+    fn record_seq(&mut self, seq: u64) {
+        if seq > self.next_expected {
+            self.lost += seq - self.next_expected;
+            self.gaps += 1;
+        } else if seq < self.next_expected {
+            self.errors.push(format!(
+                "sequence went back: {seq} after {}",
+                self.next_expected
+            ));
+        }
+        self.next_expected = self.next_expected.max(seq + 1);
+    }
+}
+
+struct Receiver<'a> {
+    a: &'a Args,
+    s: &'a Side,
+    /// Receive buffers (send ops) or the write-imm ring.
+    mr: MemoryRegion,
+    slot: usize,
+    /// Receive WRs posted and not consumed.
+    posted: u64,
+    /// Receive WRs this phase may still post.
+    budget: u64,
+    next_wr_id: u64,
+    tally: RecvTally,
+    events_checked: Instant,
+}
+
+impl<'a> Receiver<'a> {
+    /// Posts receive WRs until the receive queue is full or the phase's budget is spent.
+    fn post(&mut self) -> Result<()> {
+        while self.budget > 0 && self.posted < u64::from(RQ_DEPTH) {
+            let n = self.budget.min(u64::from(RQ_DEPTH) - self.posted).min(32);
+            let ids: Vec<u64> = (self.next_wr_id..self.next_wr_id + n).collect();
+            let slot_of = |id: u64| (id % u64::from(RQ_DEPTH)) as usize * self.slot;
+            let list: Vec<RecvWr<'_>> = ids
+                .iter()
+                .map(|id| match self.a.op {
+                    Op::WriteImm => RecvWr::zero_length(*id),
+                    Op::Send | Op::SendImm => {
+                        RecvWr::new(*id, Sge::new(&self.mr, slot_of(*id), self.slot as u32))
+                    }
+                })
+                .collect();
+            self.s.qp.post_recv(&list).map_err(|e| e.to_string())?;
+            self.next_wr_id += n;
+            self.budget -= n;
+            self.posted += n;
+        }
+        Ok(())
+    }
+
+    fn on_completion(&mut self, wc: &WorkCompletion) {
+        self.posted = self.posted.saturating_sub(1);
+        let t = &mut self.tally;
+        if wc.status != WcStatus::Success {
+            t.errors.push(format!(
+                "completion wr_id {} status {}",
+                wc.wr_id, wc.status
+            ));
+            return;
+        }
+        let size = self.a.size;
+        let mut buf = vec![0u8; size];
+        let want_op = match self.a.op {
+            Op::WriteImm => WcOpcode::RecvRdmaWithImm,
+            _ => WcOpcode::Recv,
+        };
+        if wc.opcode != want_op {
+            t.errors
+                .push(format!("opcode {:?}, expected {want_op:?}", wc.opcode));
+        }
+        if wc.byte_len as usize != size {
+            t.errors.push(format!("byte_len {} != {size}", wc.byte_len));
+        }
+        t.received += 1;
+        t.bytes += u64::from(wc.byte_len);
+        let seq = match (self.a.op, wc.imm) {
+            (Op::Send, None) => {
+                let off = (wc.wr_id % u64::from(RQ_DEPTH)) as usize * self.slot;
+                let mut head = [0u8; SEQ_BYTES];
+                if self.mr.read_at(off, &mut head).is_err() {
+                    t.errors.push("read_at".to_owned());
+                }
+                u64::from_le_bytes(head)
+            }
+            (Op::Send, Some(imm)) => {
+                t.errors
+                    .push(format!("unexpected immediate {imm:#x} on a plain send"));
+                return;
+            }
+            (_, Some(imm)) => {
+                t.imm_checked += 1;
+                u64::from(imm)
+            }
+            (_, None) => {
+                t.errors
+                    .push(format!("wr_id {}: immediate missing", wc.wr_id));
+                return;
+            }
+        };
+        t.record_seq(seq);
+        let off = match self.a.op {
+            Op::WriteImm => (seq % RING_SLOTS) as usize * self.slot,
+            _ => (wc.wr_id % u64::from(RQ_DEPTH)) as usize * self.slot,
+        };
+        // With --bench the sender rewrites only the sequence bytes of a reused slot.
+        if !self.a.bench {
+            if self.mr.read_at(off, &mut buf).is_err() {
+                t.errors.push(format!("read_at {off}"));
+            } else if let Some(i) = first_mismatch(&buf, seq) {
+                t.errors
+                    .push(format!("message {seq}: payload differs at byte {i}"));
+            } else {
+                t.payload_checked += 1;
+            }
+        }
+    }
+
+    /// One round: replenish the receive queue, take completions; waits on the CQ when there
+    /// were none. Returns how many completions were taken.
+    fn step(&mut self) -> Result<usize> {
+        let mut wcs = [WorkCompletion::default(); 32];
+        self.post()?;
+        let n = self.s.recv_cq.poll(&mut wcs);
+        for wc in wcs.iter().take(n) {
+            self.on_completion(wc);
+        }
+        check_events(&self.s.device, &mut self.events_checked)?;
+        if n == 0 {
+            wait_cq(&self.s.recv_cq, self.a.transport, !self.a.bench)?;
+        }
+        Ok(n)
+    }
+
+    /// Receives (keeping the receive queue full) until the sender reports `SENT` on the
+    /// control connection.
+    fn until_sent(&mut self, ctl: &mpsc::Receiver<Result<Vec<String>>>) -> Result<()> {
+        loop {
+            self.step()?;
+            match ctl.try_recv() {
+                Ok(Ok(w)) if w.first().map(String::as_str) == Some("SENT") => return Ok(()),
+                Ok(Ok(w)) => return Err(format!("expected SENT, got {w:?}")),
+                Ok(Err(e)) => return Err(e),
+                Err(mpsc::TryRecvError::Empty) => {}
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    return Err("control connection closed".to_owned())
+                }
+            }
+        }
+    }
+
+    /// Receives until `until` sequence numbers have been accounted for, or nothing arrives for
+    /// `quiet` (called after the sender reported the phase sent).
+    fn drain(&mut self, until: u64, quiet: Duration) -> Result<()> {
+        let mut last = Instant::now();
+        loop {
+            if self.tally.next_expected >= until {
+                return Ok(());
+            }
+            if self.step()? > 0 {
+                last = Instant::now();
+            } else if last.elapsed() >= quiet {
+                return Ok(());
+            }
+        }
+    }
+}
+
+fn run_recv(a: &Args) -> Result<String> {
+    let listener = TcpListener::bind(a.addr).map_err(|e| format!("listen {}: {e}", a.addr))?;
+    let s = open(a)?;
+    let slot = a.size.next_multiple_of(64);
+    let slots = match a.op {
+        Op::WriteImm => RING_SLOTS as usize,
+        _ => RQ_DEPTH as usize,
+    };
+    let mr =
+        s.pd.reg_mr(
+            slot * slots,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        )
+        .map_err(|e| e.to_string())?;
+    let (stream, peer) = listener.accept().map_err(|e| e.to_string())?;
+    eprintln!("recv: control connection from {peer}");
+    let mut ctl = Control::new(stream, a.timeout)?;
+    let hello = ctl.expect("HELLO")?;
+    let words: Vec<&str> = hello.iter().skip(1).map(String::as_str).collect();
+    let remote = decode_endpoint(&words)?;
+    let (hold_from, hold_len) = a.hold.unwrap_or((a.count, 0));
+    let mut r = Receiver {
+        a,
+        s: &s,
+        mr,
+        slot,
+        posted: 0,
+        budget: hold_from.min(a.count),
+        next_wr_id: 0,
+        tally: RecvTally::default(),
+        events_checked: Instant::now(),
+    };
+    r.post()?;
+    s.qp.connect(&remote).map_err(|e| e.to_string())?;
+    ctl.send(&format!(
+        "WELCOME {} {} {} {} {}",
+        encode_endpoint(&s.qp.local_endpoint()),
+        r.mr.addr(),
+        r.mr.rkey(),
+        RING_SLOTS,
+        slot
+    ))?;
+    let quiet = Duration::from_millis(if a.bench { 1000 } else { 500 });
+    let (mut ctl, lines) = ctl.split();
+    // Phase 1: everything, or up to the end of the held range.
+    let end1 = (hold_from + hold_len).min(a.count);
+    ctl.send(&format!("SEND 0 {end1}"))?;
+    r.until_sent(&lines)?;
+    r.drain(hold_from.min(a.count), quiet)?;
+    let mut expected_lost = 0;
+    if end1 < a.count || a.hold.is_some() {
+        // The held messages found no receive WR: wait to be sure nothing else arrives, then
+        // post for the rest.
+        r.drain(u64::MAX, quiet)?;
+        expected_lost = end1.saturating_sub(hold_from.min(a.count));
+        r.budget = a.count - end1;
+        r.post()?;
+        ctl.send(&format!("SEND {end1} {}", a.count))?;
+        r.until_sent(&lines)?;
+        r.drain(a.count, quiet)?;
+    }
+    ctl.send("END")?;
+    let t = &mut r.tally;
+    // Messages missing at the end count as lost too.
+    t.lost += a.count.saturating_sub(t.next_expected);
+    let qs = s.qp.stats();
+    let ds = s.device.stats();
+    let mut summary = format!(
+        "role=recv transport={} op={} size={} count={} received={} lost={} gaps={} bytes={} \
+         imm_checked={} payload_checked={} qp_messages_completed={} dev_rx_packets={}",
+        a.transport,
+        a.op.name(),
+        a.size,
+        a.count,
+        t.received,
+        t.lost,
+        t.gaps,
+        t.bytes,
+        t.imm_checked,
+        t.payload_checked,
+        qs.messages_completed,
+        ds.packets_received
+    );
+    if qs.drops.total() > 0 {
+        summary.push_str(&format!(" qp_drops={:?}", qs.drops));
+    }
+    if !t.errors.is_empty() {
+        let first: Vec<&String> = t.errors.iter().take(5).collect();
+        return Err(format!(
+            "{summary} errors={} first={first:?}",
+            t.errors.len()
+        ));
+    }
+    if t.bytes != t.received * a.size as u64 {
+        return Err(format!("{summary}: byte total mismatch"));
+    }
+    if !a.bench && t.lost != expected_lost {
+        return Err(format!("{summary}: expected {expected_lost} lost"));
+    }
+    if a.bench && t.received + t.lost != a.count {
+        return Err(format!("{summary}: received + lost != count"));
+    }
+    if a.op != Op::Send && t.imm_checked != t.received {
+        return Err(format!("{summary}: immediates missing"));
+    }
+    Ok(summary)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sender
+// ---------------------------------------------------------------------------------------------
+
+struct Sender<'a> {
+    a: &'a Args,
+    s: &'a Side,
+    mr: MemoryRegion,
+    remote_addr: u64,
+    rkey: u32,
+    slot: usize,
+    /// Messages posted.
+    posted: u64,
+    /// All messages below this one are known on the wire (their slot may be reused).
+    retired: u64,
+    signal_every: u64,
+    scratch: Vec<u8>,
+    events_checked: Instant,
+}
+
+impl<'a> Sender<'a> {
+    fn reap(&mut self) -> Result<usize> {
+        let mut wcs = [WorkCompletion::default(); 32];
+        let n = self.s.send_cq.poll(&mut wcs);
+        for wc in wcs.iter().take(n) {
+            if wc.status != WcStatus::Success {
+                return Err(format!(
+                    "send completion wr_id {} status {}",
+                    wc.wr_id, wc.status
+                ));
+            }
+            self.retired = self.retired.max(wc.wr_id + 1);
+        }
+        Ok(n)
+    }
+
+    fn send_range(&mut self, from: u64, to: u64) -> Result<()> {
+        let window = u64::from(SQ_DEPTH);
+        let mut seq = from;
+        self.posted = self.posted.max(from);
+        self.retired = self.retired.max(from);
+        while seq < to {
+            if seq - self.retired >= window {
+                if self.reap()? == 0 {
+                    check_events(&self.s.device, &mut self.events_checked)?;
+                    wait_cq(&self.s.send_cq, self.a.transport, !self.a.bench)?;
+                }
+                continue;
+            }
+            let slot_off = (seq % window) as usize * self.slot;
+            if !self.a.bench || seq < window {
+                fill(&mut self.scratch, seq);
+            } else {
+                self.scratch
+                    .get_mut(..SEQ_BYTES)
+                    .ok_or("size")?
+                    .copy_from_slice(&seq.to_le_bytes());
+            }
+            if !self.a.bench || seq < window {
+                self.mr
+                    .write_at(slot_off, &self.scratch)
+                    .map_err(|e| e.to_string())?;
+            } else {
+                let head = self.scratch.get(..SEQ_BYTES).ok_or("size")?;
+                self.mr
+                    .write_at(slot_off, head)
+                    .map_err(|e| e.to_string())?;
+            }
+            let sge = Some(Sge::new(&self.mr, slot_off, self.a.size as u32));
+            let imm = seq as u32;
+            let wr = match self.a.op {
+                Op::Send => SendWr::send(seq, sge),
+                Op::SendImm => SendWr::send_with_imm(seq, sge, imm),
+                Op::WriteImm => {
+                    let off = (seq % RING_SLOTS) * self.slot as u64;
+                    SendWr::write_with_imm(seq, sge, self.remote_addr + off, self.rkey, imm)
+                }
+            };
+            let signaled = (seq + 1) % self.signal_every == 0 || seq + 1 == to;
+            match self.s.qp.post_send(&[wr.with_signaled(signaled)]) {
+                Ok(()) => {
+                    seq += 1;
+                    self.posted = seq;
+                }
+                Err(e) if e.is_full() => {
+                    if self.reap()? == 0 {
+                        wait_cq(&self.s.send_cq, self.a.transport, !self.a.bench)?;
+                    }
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        let deadline = Instant::now() + self.a.timeout;
+        while self.retired < to {
+            if self.reap()? == 0 {
+                check_events(&self.s.device, &mut self.events_checked)?;
+                if Instant::now() > deadline {
+                    return Err(format!(
+                        "sends not completed: retired {} of {to}",
+                        self.retired
+                    ));
+                }
+                wait_cq(&self.s.send_cq, self.a.transport, !self.a.bench)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn run_send(a: &Args) -> Result<String> {
+    let s = open(a)?;
+    let slot = a.size.next_multiple_of(64);
+    let mr =
+        s.pd.reg_mr(slot * SQ_DEPTH as usize, AccessFlags::LOCAL_WRITE)
+            .map_err(|e| e.to_string())?;
+    let stream = {
+        let deadline = Instant::now() + a.timeout;
+        loop {
+            match TcpStream::connect(a.addr) {
+                Ok(st) => break st,
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("send: connect {}: {e}; retrying", a.addr);
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => return Err(format!("connect {}: {e}", a.addr)),
+            }
+        }
+    };
+    let mut ctl = Control::new(stream, a.timeout)?;
+    ctl.send(&format!(
+        "HELLO {}",
+        encode_endpoint(&s.qp.local_endpoint())
+    ))?;
+    let w = ctl.expect("WELCOME")?;
+    let words: Vec<&str> = w.iter().map(String::as_str).collect();
+    let ep = words.get(1..6).ok_or("short WELCOME")?;
+    let remote = decode_endpoint(ep)?;
+    let num = |i: usize| -> Result<u64> {
+        words
+            .get(i)
+            .ok_or("short WELCOME")?
+            .parse::<u64>()
+            .map_err(|e| e.to_string())
+    };
+    let (remote_addr, rkey) = (num(6)?, u32::try_from(num(7)?).map_err(|e| e.to_string())?);
+    s.qp.connect(&remote).map_err(|e| e.to_string())?;
+    let mut tx = Sender {
+        a,
+        s: &s,
+        mr,
+        remote_addr,
+        rkey,
+        slot,
+        posted: 0,
+        retired: 0,
+        signal_every: if a.bench { 64 } else { 16 },
+        scratch: vec![0u8; a.size],
+        events_checked: Instant::now(),
+    };
+    let mut elapsed = Duration::ZERO;
+    let mut sent = 0u64;
+    loop {
+        let cmd = ctl.recv()?;
+        match cmd.first().map(String::as_str) {
+            Some("SEND") => {
+                let from = cmd
+                    .get(1)
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .ok_or("bad SEND")?;
+                let to = cmd
+                    .get(2)
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .ok_or("bad SEND")?;
+                let t0 = Instant::now();
+                tx.send_range(from, to)?;
+                elapsed += t0.elapsed();
+                sent += to.saturating_sub(from);
+                ctl.send(&format!("SENT {to}"))?;
+            }
+            Some("END") => break,
+            other => return Err(format!("unexpected control message {other:?}")),
+        }
+    }
+    let qs = s.qp.stats();
+    let rate = sent as f64 / elapsed.as_secs_f64().max(1e-9);
+    if a.bench {
+        println!(
+            "BENCH {}_{}_uc_msg_rate {rate:.0} msg/s",
+            a.transport,
+            a.op.name().replace('-', "_")
+        );
+    }
+    if qs.messages_sent != sent && a.transport == TransportKind::Verbs {
+        return Err(format!(
+            "QP counted {} messages sent, the program {sent}",
+            qs.messages_sent
+        ));
+    }
+    Ok(format!(
+        "role=send transport={} op={} size={} sent={sent} rate={rate:.0}msg/s qp_messages_sent={} \
+         qp_packets_sent={} dev_tx_packets={}",
+        a.transport,
+        a.op.name(),
+        a.size,
+        qs.messages_sent,
+        qs.packets_sent,
+        s.device.stats().packets_sent
+    ))
+}
+
+fn main() -> ExitCode {
+    let result = parse_args().and_then(|a| match a.role.as_str() {
+        "recv" => run_recv(&a),
+        "send" => run_send(&a),
+        r => Err(format!("unknown role {r:?} (recv or send)")),
+    });
+    match result {
+        Ok(summary) => {
+            println!("RESULT ok {summary}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            println!("RESULT fail {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
