@@ -169,7 +169,10 @@ pub fn agent(o: &AgentOptions, collector_control: SocketAddr, dir: &Path) -> Yam
         .set("listen.metrics", o.metrics.to_string())
         .remove("auth.token_file")
         .set("auth.token", TOKEN)
-        .set("sources.host_metrics.interval_seconds", o.host_interval_seconds)
+        .set(
+            "sources.host_metrics.interval_seconds",
+            o.host_interval_seconds,
+        )
         .set("sources.self_metrics.interval_seconds", 1.0)
         .set(
             "sources.state_directory",

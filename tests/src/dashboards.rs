@@ -3,7 +3,7 @@
 //! query to Prometheus.
 //!
 //! Substitution (Grafana's documented variables): a query variable with "All" selected
-//! becomes its `allValue` (`.*` here, used with `=~`); `$__rate_interval` → `1m`,
+//! becomes its `allValue` (`.+` in these dashboards, used with `=~`; `.*` when a variable has none); `$__rate_interval` → `1m`,
 //! `$__interval` → `15s`, `$__range` → `5m` (and `$__range_s`, `$__range_ms`,
 //! `$__interval_ms`); the `$name`, `${name}`, `${name:regex}` and `[[name]]` spellings are
 //! all replaced.
@@ -48,8 +48,8 @@ pub fn files() -> Vec<PathBuf> {
 /// # Panics
 /// If it cannot be read or is not JSON.
 pub fn load(path: &Path) -> Value {
-    let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -113,7 +113,7 @@ pub fn substitute(expr: &str, vars: &[(String, String)]) -> String {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
     );
-    all.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+    all.sort_by_key(|v| std::cmp::Reverse(v.0.len()));
     let mut out = expr.to_owned();
     for (name, value) in &all {
         for format in ["", ":regex", ":raw", ":pipe"] {
@@ -140,7 +140,12 @@ pub fn queries(path: &Path) -> Vec<PanelQuery> {
             .and_then(Value::as_str)
             .unwrap_or("")
             .to_owned();
-        for t in p.get("targets").and_then(Value::as_array).into_iter().flatten() {
+        for t in p
+            .get("targets")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             let Some(raw) = t.get("expr").and_then(Value::as_str) else {
                 continue;
             };
@@ -192,7 +197,10 @@ mod tests {
     fn label_values_selector() {
         let vars = vec![("agent".to_owned(), ".*".to_owned())];
         assert_eq!(
-            variable_selector("label_values(node_load1{agent=~\"$agent\"}, instance)", &vars),
+            variable_selector(
+                "label_values(node_load1{agent=~\"$agent\"}, instance)",
+                &vars
+            ),
             Some("node_load1{agent=~\".*\"}".to_owned())
         );
         assert_eq!(variable_selector("query_result(x)", &vars), None);

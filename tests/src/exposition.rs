@@ -162,9 +162,9 @@ impl Scrape {
         name: &'a str,
         matchers: &'a [(&'a str, &'a str)],
     ) -> impl Iterator<Item = &'a Sample> + 'a {
-        self.samples.iter().filter(move |s| {
-            s.name == name && matchers.iter().all(|(k, v)| s.label(k) == Some(*v))
-        })
+        self.samples
+            .iter()
+            .filter(move |s| s.name == name && matchers.iter().all(|(k, v)| s.label(k) == Some(*v)))
     }
 
     /// Sum of the values of [`Scrape::select`] (0 when nothing matches).
@@ -224,7 +224,10 @@ pub fn http_get(url: &str) -> Result<String, String> {
         .http_status_as_error(false)
         .build()
         .into();
-    let mut resp = agent.get(url).call().map_err(|e| format!("GET {url}: {e}"))?;
+    let mut resp = agent
+        .get(url)
+        .call()
+        .map_err(|e| format!("GET {url}: {e}"))?;
     let status = resp.status();
     let body = resp
         .body_mut()
@@ -261,7 +264,15 @@ mod tests {
 
     #[test]
     fn rejects_malformed_lines() {
-        for bad in ["x", "x{a=1} 2", "x{a=\"1\" 2", "x 1 2 3", "x{=\"1\"} 1", "x abc", "-x 1"] {
+        for bad in [
+            "x",
+            "x{a=1} 2",
+            "x{a=\"1\" 2",
+            "x 1 2 3",
+            "x{=\"1\"} 1",
+            "x abc",
+            "-x 1",
+        ] {
             assert!(parse(bad).is_err(), "{bad:?} accepted");
         }
     }

@@ -112,10 +112,7 @@ impl Pipeline {
         );
         if let Err(e) = r {
             let running = self.collector.is_running();
-            panic!(
-                "{e} (running: {running})\n{}",
-                self.collector.log_tail(40)
-            );
+            panic!("{e} (running: {running})\n{}", self.collector.log_tail(40));
         }
     }
 
@@ -226,7 +223,8 @@ pub struct CollectorFigures {
     pub dropped: BTreeMap<String, u64>,
     /// Connection-sequence gaps not explained by a drop.
     pub connection_lost: u64,
-    /// Per stream id: resets by reason (`epoch`, `resync`).
+    /// Per (stream id, reason): stream resets (`epoch_change`: a new agent epoch;
+    /// `dropout`: a jump beyond `max_dropout_frames`).
     pub resets: BTreeMap<(String, String), u64>,
 }
 
@@ -248,14 +246,16 @@ impl CollectorFigures {
             );
             f.records_lost
                 .insert(id.into(), s.count("uctel_collector_records_lost_total", &m));
-            for reason in ["epoch", "resync"] {
-                f.resets.insert(
-                    (id.into(), reason.into()),
-                    s.count(
+            for smp in s.select(
+                "uctel_collector_stream_resets_total",
+                &[("agent", agent), ("stream", id)],
+            ) {
+                if let Some(reason) = smp.label("reason") {
+                    *f.resets.entry((id.into(), reason.into())).or_default() += s.count(
                         "uctel_collector_stream_resets_total",
                         &[("agent", agent), ("stream", id), ("reason", reason)],
-                    ),
-                );
+                    );
+                }
             }
         }
         for smp in s.select("uctel_collector_frames_dropped_total", &[("agent", agent)]) {
@@ -282,6 +282,24 @@ impl CollectorFigures {
     /// Σ lost over streams.
     pub fn lost_total(&self) -> u64 {
         self.lost.values().sum()
+    }
+
+    /// Σ resets whose reason names a new epoch.
+    pub fn epoch_resets(&self) -> u64 {
+        self.resets
+            .iter()
+            .filter(|((_, r), _)| r.contains("epoch"))
+            .map(|(_, n)| *n)
+            .sum()
+    }
+
+    /// Σ resets for any other reason (dropout/resync): never expected on loopback.
+    pub fn other_resets(&self) -> u64 {
+        self.resets
+            .iter()
+            .filter(|((_, r), _)| !r.contains("epoch"))
+            .map(|(_, n)| *n)
+            .sum()
     }
 
     /// Σ dropped over reasons.
@@ -352,13 +370,16 @@ impl AgentFigures {
 pub fn last_log_fields(log: &str, message: &str) -> Option<BTreeMap<String, String>> {
     let line = log
         .lines()
+        .rev()
         .map(strip_ansi)
-        .filter(|l| l.contains(message))
-        .last()?;
+        .find(|l| l.contains(message))?;
     let mut out = BTreeMap::new();
     for tok in line.split_whitespace() {
         if let Some((k, v)) = tok.split_once('=') {
-            if !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.') {
+            if !k.is_empty()
+                && k.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+            {
                 out.insert(k.to_owned(), v.trim_matches('"').to_owned());
             }
         }
@@ -397,6 +418,20 @@ pub fn goodbye_frames(log: &str) -> Vec<u64> {
             l.split_whitespace()
                 .find_map(|t| t.strip_prefix("frames="))
                 .and_then(|v| v.parse().ok())
+        })
+        .collect()
+}
+
+/// The epochs the collector logged for `agent` at each `agent connected`, in order.
+pub fn connected_epochs(collector_log: &str, agent: &str) -> Vec<String> {
+    let want = format!("agent={agent}");
+    collector_log
+        .lines()
+        .map(strip_ansi)
+        .filter(|l| l.contains("agent connected") && l.split_whitespace().any(|t| t == want))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find_map(|t| t.strip_prefix("epoch=").map(str::to_owned))
         })
         .collect()
 }

@@ -64,7 +64,9 @@ fn dashboards_are_importable() {
             "{name}"
         );
         assert_eq!(agent.get("includeAll").and_then(Value::as_bool), Some(true));
-        assert_eq!(agent.get("allValue").and_then(Value::as_str), Some(".*"));
+        // `.+`, not `.*`: "All" then means every series *with* an agent label, so series
+        // scraped from an agent's own /metrics (no `agent` label) do not show as agent "".
+        assert_eq!(agent.get("allValue").and_then(Value::as_str), Some(".+"));
 
         let ds_ref = serde_json::json!({"type": "prometheus", "uid": "${datasource}"});
         let defined: HashSet<String> = dashboards::variables(&d)

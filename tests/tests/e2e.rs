@@ -1,0 +1,569 @@
+//! End-to-end tests through the real `uctel-collector` and `uctel-agent` binaries on
+//! loopback with the soft RoCEv2 transport, configured by YAML files derived from
+//! `config/*.yaml`, on free ports, plus a real Prometheus.
+//!
+//! What each test proves:
+//! - `accounting_is_exact_per_agent_and_stream_after_goodbye`: after SIGTERM (Goodbye) the
+//!   collector's figures add up to what each agent sent, per connection and per stream, for
+//!   a clean link and a link with 2 % injected packet loss; lost frames equal the fault
+//!   injector's drops; every log line written is received or counted lost.
+//! - `agent_kill_and_restart_is_a_reset_not_a_loss`: SIGKILL of an agent and a restart is a
+//!   new epoch (a stream reset), never counted as loss; the collector keeps running.
+//! - `collector_restart_agents_reconnect_and_counters_continue`: agents reconnect with
+//!   backoff to a restarted collector; the agents' counters relayed by the collector go on
+//!   from where they were (monotonic, as Prometheus expects); accounting stays exact.
+//! - `fifty_agents_one_collector`: 50 agent processes against one collector, all connected,
+//!   accounting exact for each.
+//! - `prometheus_evaluates_every_dashboard_query`: a real Prometheus scrapes the collector
+//!   and agents; every panel query of every dashboard parses and returns data;
+//!   `promtool check metrics` accepts the collector's and an agent's `/metrics`.
+//!
+//! The tests run one at a time ([`uctel_tests::exclusive`]): each runs several daemons.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use uctel_tests::exposition::Scrape;
+use uctel_tests::pipeline::{
+    connected_epochs, goodbye_frames, AgentFigures, CollectorFigures, Pipeline, STREAMS,
+};
+use uctel_tests::prometheus::{promtool_check_metrics, Job, Prometheus};
+use uctel_tests::{dashboards, exclusive, wait_for};
+
+const UP: Duration = Duration::from_secs(60);
+const STOP: Duration = Duration::from_secs(20);
+
+fn tick() -> Duration {
+    Duration::from_millis(200)
+}
+
+/// Waits until the agent has read all `lines` lines of its log (sent or dropped at the
+/// source) and returns its figures then.
+fn wait_lines_read(p: &Pipeline, i: usize, lines: u64) -> AgentFigures {
+    let a = &p.agents[i];
+    wait_for(
+        &format!("{} read its {lines} log lines", a.id()),
+        UP,
+        tick(),
+        || {
+            let f = AgentFigures::read(&a.scrape()?);
+            let read = f.records_sent["logs"] + f.records_dropped["logs"];
+            if read >= lines {
+                Ok(f)
+            } else {
+                Err(format!("{read} of {lines}"))
+            }
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", a.daemon.log_tail(30)))
+}
+
+fn wait_connected(p: &Pipeline, n: u64) -> Scrape {
+    wait_for("agents_connected", UP, tick(), || {
+        let s = p.scrape()?;
+        let c = s.count("uctel_collector_agents_connected", &[]);
+        if c == n {
+            Ok(s)
+        } else {
+            Err(format!("agents_connected = {c}, want {n}"))
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", p.collector.log_tail(40)))
+}
+
+/// The per-connection identities for one agent's single session whose Goodbye reported
+/// `sent` frames, with collector figures `c` (minus `base`, what earlier sessions left).
+fn assert_connection_exact(agent: &str, sent: u64, c: &CollectorFigures, base: &CollectorFigures) {
+    let rx = c.received_total() - base.received_total();
+    let lost = c.lost_total() - base.lost_total();
+    let after = c.dropped_after_tracking() - base.dropped_after_tracking();
+    let dropped = c.dropped_total() - base.dropped_total();
+    let conn_lost = c.connection_lost - base.connection_lost;
+    assert_eq!(
+        sent,
+        rx + lost + after,
+        "{agent}: sent {sent} != received {rx} + lost {lost} + dropped after tracking {after} ({c:?})"
+    );
+    assert_eq!(
+        sent,
+        rx + dropped + conn_lost,
+        "{agent}: sent {sent} != received {rx} + dropped {dropped} + connection lost {conn_lost} ({c:?})"
+    );
+}
+
+fn single_goodbye(p: &Pipeline, i: usize) -> u64 {
+    let a = &p.agents[i];
+    let g = goodbye_frames(&a.daemon.log());
+    assert_eq!(
+        g.len(),
+        1,
+        "{}: want exactly one `goodbye sent` line, got {g:?}\n{}",
+        a.id(),
+        a.daemon.log_tail(30)
+    );
+    g[0]
+}
+
+#[test]
+fn accounting_is_exact_per_agent_and_stream_after_goodbye() {
+    let _g = exclusive();
+    let mut p = Pipeline::start();
+    let clean = p.add_agent("clean", 0.0, 0.5);
+    let lossy = p.add_agent("lossy", 0.02, 0.5);
+    p.wait_flowing(2, &["clean", "lossy"], &["1"], UP);
+
+    // 20 000 numbered lines per agent (about 700 frames), in bursts, while host metrics
+    // flow.
+    const LINES: u64 = 20_000;
+    for b in 0..20 {
+        p.write_lines(clean, b * 1000, 1000);
+        p.write_lines(lossy, b * 1000, 1000);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let read: Vec<AgentFigures> = [clean, lossy]
+        .iter()
+        .map(|i| wait_lines_read(&p, *i, LINES))
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let before: Vec<AgentFigures> = p
+        .agents
+        .iter()
+        .map(|a| AgentFigures::read(&a.scrape().unwrap_or_else(|e| panic!("{e}"))))
+        .collect();
+
+    for a in &mut p.agents {
+        a.daemon.stop(STOP);
+    }
+    wait_connected(&p, 0);
+    // One report interval for the collector to settle the Goodbyes.
+    std::thread::sleep(Duration::from_millis(1500));
+    let s = p.scrape().unwrap_or_else(|e| panic!("{e}"));
+
+    let mut lines = Vec::new();
+    for (i, a) in p.agents.iter().enumerate() {
+        let id = a.id();
+        let c = CollectorFigures::read(&s, id);
+        let sent = single_goodbye(&p, i);
+        assert!(sent > 20, "{id}: only {sent} frames sent");
+        assert_connection_exact(id, sent, &c, &CollectorFigures::default());
+        // Per stream: everything the agent had posted when last scraped is accounted for,
+        // and the streams add up to the connection total above.
+        for (sid, name) in STREAMS {
+            let sent_s = before[i].frames_sent[name];
+            let seen = c.received[sid] + c.lost[sid];
+            assert!(
+                seen >= sent_s,
+                "{id} stream {name}: received {} + lost {} < {sent_s} sent before SIGTERM",
+                c.received[sid],
+                c.lost[sid]
+            );
+        }
+        // Every log line is a record received or counted lost (records are exact even
+        // under loss: frames carry cumulative record counts).
+        let logs_dropped_at_source = read[i].records_dropped["logs"];
+        assert_eq!(
+            c.records_received["2"] + c.records_lost["2"],
+            LINES - logs_dropped_at_source,
+            "{id}: log records received {} + lost {} != {LINES} lines - {logs_dropped_at_source} dropped at the source",
+            c.records_received["2"],
+            c.records_lost["2"]
+        );
+        lines.push(format!(
+            "{id}: sent {sent} frames; received {:?} lost {:?} records lost {:?}; dropped {}; fault drops {:?}",
+            c.received,
+            c.lost,
+            c.records_lost,
+            c.dropped_total(),
+            before[i].fault_dropped
+        ));
+    }
+    let c_clean = CollectorFigures::read(&s, "clean");
+    assert_eq!(c_clean.lost_total(), 0, "loss on the clean loopback link");
+    assert_eq!(c_clean.records_received["2"], LINES, "clean: every line");
+    let c_lossy = CollectorFigures::read(&s, "lossy");
+    assert!(
+        c_lossy.lost_total() > 0,
+        "2 % injected loss but nothing lost: {c_lossy:?}"
+    );
+    assert!(
+        c_lossy.records_lost["1"] + c_lossy.records_lost["2"] > 0,
+        "frames lost but no records lost: {c_lossy:?}"
+    );
+    match before[lossy].fault_dropped {
+        Some(f) => assert_eq!(
+            c_lossy.lost_total(),
+            f,
+            "lost frames != packets the fault injector dropped"
+        ),
+        None => eprintln!(
+            "note: the agent exposes no fault-injector drop counter; lost = {} checked against the Goodbye total only",
+            c_lossy.lost_total()
+        ),
+    }
+    eprintln!("{}", lines.join("\n"));
+    p.collector.stop(STOP);
+}
+
+#[test]
+fn agent_kill_and_restart_is_a_reset_not_a_loss() {
+    let _g = exclusive();
+    let mut p = Pipeline::start();
+    let victim = p.add_agent("victim", 0.0, 0.5);
+    let steady = p.add_agent("steady", 0.0, 0.5);
+    p.wait_flowing(2, &["victim", "steady"], &["1"], UP);
+    p.write_lines(victim, 0, 500);
+    wait_lines_read(&p, victim, 500);
+    let collector_pid = p.collector.pid();
+
+    p.agents[victim].daemon.kill(); // SIGKILL: no Goodbye, no flush
+    wait_connected(&p, 1);
+    std::thread::sleep(Duration::from_secs(1));
+    let s1 = p.scrape().unwrap_or_else(|e| panic!("{e}"));
+    let c1 = CollectorFigures::read(&s1, "victim");
+    assert_eq!(c1.lost_total(), 0, "SIGKILL counted as loss: {c1:?}");
+    assert!(c1.received_total() > 0);
+
+    p.agents[victim].daemon.restart();
+    let s2 = wait_for("victim back", UP, tick(), || {
+        let s = p.scrape()?;
+        let c = CollectorFigures::read(&s, "victim");
+        let connected = s.count("uctel_collector_agents_connected", &[]);
+        if connected == 2 && c.received["1"] > c1.received["1"] {
+            Ok(s)
+        } else {
+            Err(format!("connected {connected}, received {:?}", c.received))
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", p.collector.log_tail(40)));
+    let c2 = CollectorFigures::read(&s2, "victim");
+    // A new epoch: a reset, never loss, never a dropout resync.
+    let epochs = connected_epochs(&p.collector.log(), "victim");
+    assert!(
+        epochs.len() >= 2 && epochs[0] != epochs[epochs.len() - 1],
+        "the restarted agent did not come back with a new epoch: {epochs:?}"
+    );
+    assert_eq!(c2.lost_total(), 0, "a new epoch counted as loss: {c2:?}");
+    assert_eq!(c2.other_resets(), 0, "a restart read as a dropout: {c2:?}");
+    assert!(p.collector.is_running(), "the collector died");
+    assert_eq!(p.collector.pid(), collector_pid, "the collector restarted");
+
+    // The restarted agent resumes its log from the checkpoint: nothing written before the
+    // kill is lost (a line may repeat if the kill came between send and checkpoint).
+    p.write_lines(victim, 500, 300);
+    wait_lines_read(&p, victim, 300);
+    std::thread::sleep(Duration::from_secs(1));
+    for a in &mut p.agents {
+        a.daemon.stop(STOP);
+    }
+    wait_connected(&p, 0);
+    std::thread::sleep(Duration::from_millis(1500));
+    let s3 = p.scrape().unwrap_or_else(|e| panic!("{e}"));
+    let c3 = CollectorFigures::read(&s3, "victim");
+    // The second process said goodbye once; its frames are exactly what the collector
+    // counted after the kill.
+    let sent2 = single_goodbye(&p, victim);
+    assert_connection_exact("victim (after restart)", sent2, &c3, &c1);
+    assert_eq!(c3.lost_total(), 0, "{c3:?}");
+    assert!(
+        c3.records_received["2"] >= 800,
+        "log lines lost across the restart: {} of 800 received",
+        c3.records_received["2"]
+    );
+    let steady_c = CollectorFigures::read(&s3, "steady");
+    assert_eq!(steady_c.lost_total(), 0, "{steady_c:?}");
+    assert_connection_exact(
+        "steady",
+        single_goodbye(&p, steady),
+        &steady_c,
+        &CollectorFigures::default(),
+    );
+    eprintln!(
+        "victim: epochs {epochs:?}; before kill {:?}; after restart {:?}, resets {:?}, log records {} for 800 lines",
+        c1.received, c3.received, c3.resets, c3.records_received["2"]
+    );
+    p.collector.stop(STOP);
+}
+
+#[test]
+fn collector_restart_agents_reconnect_and_counters_continue() {
+    let _g = exclusive();
+    let mut p = Pipeline::start();
+    p.add_agent("a", 0.0, 0.5);
+    p.add_agent("b", 0.0, 0.5);
+    p.wait_flowing(2, &["a", "b"], &["1"], UP);
+    // The agents' own counters, relayed by the collector with the agent label.
+    let relayed = |s: &Scrape, agent: &str| {
+        s.count(
+            "uctel_agent_frames_sent_total",
+            &[("agent", agent), ("stream", "metrics")],
+        )
+    };
+    let s0 = wait_for("relayed agent counters", UP, tick(), || {
+        let s = p.scrape()?;
+        if relayed(&s, "a") > 0 && relayed(&s, "b") > 0 {
+            Ok(s)
+        } else {
+            Err("no uctel_agent_frames_sent_total relayed yet".into())
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let agent_pids: Vec<Option<u32>> = p.agents.iter().map(|a| a.daemon.pid()).collect();
+
+    p.collector.stop(STOP);
+    let down = Instant::now();
+    std::thread::sleep(Duration::from_secs(2));
+    for a in &p.agents {
+        let s = a.scrape().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            s.count("uctel_agent_connected", &[]),
+            0,
+            "{} still says connected",
+            a.id()
+        );
+    }
+    p.collector.restart();
+    p.wait_collector_up(UP);
+    p.wait_flowing(2, &["a", "b"], &["1"], UP);
+    let back_after = down.elapsed();
+
+    let s1 = wait_for("relayed counters after the restart", UP, tick(), || {
+        let s = p.scrape()?;
+        if relayed(&s, "a") > 0 && relayed(&s, "b") > 0 {
+            Ok(s)
+        } else {
+            Err("no relayed counters yet".into())
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    for id in ["a", "b"] {
+        let (v0, v1) = (relayed(&s0, id), relayed(&s1, id));
+        assert!(
+            v1 >= v0,
+            "{id}: relayed uctel_agent_frames_sent_total went back from {v0} to {v1} (a counter reset Prometheus would see)"
+        );
+    }
+    for (i, a) in p.agents.iter().enumerate() {
+        assert_eq!(a.daemon.pid(), agent_pids[i], "{} restarted", a.id());
+        let s = a.scrape().unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            s.count("uctel_agent_reconnects_total", &[]) >= 1,
+            "{}: no reconnect counted",
+            a.id()
+        );
+        assert_eq!(s.count("uctel_agent_connected", &[]), 1);
+    }
+
+    // The new collector saw exactly the agents' last sessions: exact accounting for them.
+    for a in &mut p.agents {
+        a.daemon.stop(STOP);
+    }
+    wait_connected(&p, 0);
+    std::thread::sleep(Duration::from_millis(1500));
+    let s2 = p.scrape().unwrap_or_else(|e| panic!("{e}"));
+    for a in &p.agents {
+        let c = CollectorFigures::read(&s2, a.id());
+        let g = goodbye_frames(&a.daemon.log());
+        let sent = *g.last().unwrap_or_else(|| panic!("{}: no goodbye", a.id()));
+        assert_connection_exact(a.id(), sent, &c, &CollectorFigures::default());
+        assert_eq!(c.lost_total(), 0, "{}: {c:?}", a.id());
+    }
+    eprintln!("agents back {back_after:?} after the collector went down");
+    p.collector.stop(STOP);
+}
+
+#[test]
+fn fifty_agents_one_collector() {
+    let _g = exclusive();
+    const N: usize = 50;
+    const LINES: u64 = 100;
+    let mut p = Pipeline::start();
+    let started = Instant::now();
+    let ids: Vec<String> = (0..N).map(|i| format!("fleet-{i:02}")).collect();
+    for id in &ids {
+        p.add_agent(id, 0.0, 5.0);
+    }
+    let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    p.wait_flowing(N, &id_refs, &["1"], Duration::from_secs(90));
+    let all_up = started.elapsed();
+    for i in 0..N {
+        p.write_lines(i, 0, usize::try_from(LINES).unwrap_or(0));
+    }
+    wait_for("every log line at the collector", UP, tick(), || {
+        let s = p.scrape()?;
+        let missing: Vec<&str> = id_refs
+            .iter()
+            .copied()
+            .filter(|id| {
+                let c = CollectorFigures::read(&s, id);
+                c.records_received["2"] + c.records_lost["2"] < LINES
+            })
+            .collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{} agents not done: {:?}", missing.len(), missing))
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", p.collector.log_tail(40)));
+
+    for a in &mut p.agents {
+        a.daemon.signal(nix::sys::signal::Signal::SIGTERM);
+    }
+    for a in &mut p.agents {
+        let st = a.daemon.wait_exit(STOP);
+        assert!(
+            st.is_some_and(|s| s.success()),
+            "{} did not stop cleanly: {st:?}\n{}",
+            a.id(),
+            a.daemon.log_tail(20)
+        );
+    }
+    wait_connected(&p, 0);
+    std::thread::sleep(Duration::from_millis(2000));
+    let s = p.scrape().unwrap_or_else(|e| panic!("{e}"));
+    let mut totals: BTreeMap<&str, u64> = BTreeMap::new();
+    for (i, id) in id_refs.iter().enumerate() {
+        let c = CollectorFigures::read(&s, id);
+        let sent = single_goodbye(&p, i);
+        assert_connection_exact(id, sent, &c, &CollectorFigures::default());
+        assert_eq!(
+            c.records_received["2"] + c.records_lost["2"],
+            LINES,
+            "{id}: {c:?}"
+        );
+        *totals.entry("sent").or_default() += sent;
+        *totals.entry("received").or_default() += c.received_total();
+        *totals.entry("lost").or_default() += c.lost_total();
+        *totals.entry("dropped").or_default() += c.dropped_total();
+    }
+    eprintln!(
+        "{N} agents connected {all_up:?} after start; totals {totals:?}; run {:?}",
+        started.elapsed()
+    );
+    p.collector.stop(STOP);
+}
+
+#[test]
+fn prometheus_evaluates_every_dashboard_query() {
+    let _g = exclusive();
+    let mut p = Pipeline::start();
+    p.add_agent("prom-clean", 0.0, 1.0);
+    p.add_agent("prom-lossy", 0.05, 1.0);
+    p.wait_flowing(2, &["prom-clean", "prom-lossy"], &["1"], UP);
+    p.write_lines(0, 0, 300);
+    p.write_lines(1, 0, 300);
+
+    let jobs = [
+        Job {
+            name: "uctel-collector".into(),
+            targets: vec![p.metrics_addr()],
+            honor_labels: true,
+        },
+        Job {
+            name: "uctel-agent".into(),
+            targets: p.agents.iter().map(|a| a.options.metrics).collect(),
+            honor_labels: false,
+        },
+    ];
+    let prom = Prometheus::start(p.path(), &jobs);
+    wait_for("targets up", UP, tick(), || {
+        let (c, a) = (
+            prom.targets_up("uctel-collector")?,
+            prom.targets_up("uctel-agent")?,
+        );
+        if c == 1 && a == 2 {
+            Ok(())
+        } else {
+            Err(format!("collector {c}/1, agents {a}/2 up"))
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", prom.log_tail(20)));
+    // Enough samples for rate() over 1m and for the host metrics to have arrived twice.
+    wait_for("data in Prometheus", UP, tick(), || {
+        let n = prom.query("count_over_time(node_load1{agent=\"prom-clean\"}[1m])")?;
+        let have = n
+            .first()
+            .and_then(uctel_tests::prometheus::sample_value)
+            .unwrap_or(0.0);
+        if have >= 4.0 {
+            Ok(())
+        } else {
+            Err(format!("{have} samples of node_load1"))
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", prom.log_tail(20)));
+
+    // promtool lint of both exposition endpoints.
+    let cs = p.scrape().unwrap_or_else(|e| panic!("{e}"));
+    promtool_check_metrics(&cs.text).unwrap_or_else(|e| panic!("collector /metrics: {e}"));
+    let as_ = p.agents[0].scrape().unwrap_or_else(|e| panic!("{e}"));
+    promtool_check_metrics(&as_.text).unwrap_or_else(|e| panic!("agent /metrics: {e}"));
+
+    let mut failures = Vec::new();
+    let mut evaluated = 0;
+    for file in dashboards::files() {
+        let d = dashboards::load(&file);
+        let vars = dashboards::variables(&d);
+        // The template variables' own queries.
+        for v in d
+            .pointer("/templating/list")
+            .and_then(serde_json::Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let Some(def) = v.get("definition").and_then(serde_json::Value::as_str) else {
+                continue;
+            };
+            let Some(sel) = dashboards::variable_selector(def, &vars) else {
+                failures.push(format!(
+                    "{}: variable query {def:?} is not label_values()",
+                    file.display()
+                ));
+                continue;
+            };
+            match prom.query(&sel) {
+                Ok(r) if !r.is_empty() => evaluated += 1,
+                Ok(_) => failures.push(format!("{}: variable {def:?}: no data", file.display())),
+                Err(e) => failures.push(format!("{}: variable {def:?}: {e}", file.display())),
+            }
+        }
+        for q in dashboards::queries(&file) {
+            // A query can need a little more data (a rate over a counter that just
+            // appeared): retry for a while. A parse error (`bad_data`) does not go away.
+            let r = match prom.query(&q.expr) {
+                Ok(r) if !r.is_empty() => Ok(r.len()),
+                Err(e) if e.contains("bad_data") => Err(e),
+                _ => wait_for(
+                    &q.expr,
+                    Duration::from_secs(15),
+                    Duration::from_secs(1),
+                    || match prom.query(&q.expr) {
+                        Ok(r) if !r.is_empty() => Ok(r.len()),
+                        Ok(_) => Err("empty result".into()),
+                        Err(e) => Err(e),
+                    },
+                ),
+            };
+            match r {
+                Ok(_) => evaluated += 1,
+                Err(e) => {
+                    failures.push(format!("{} / {} / {}: {e}", q.dashboard, q.panel, q.ref_id))
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} dashboard queries failed:\n{}",
+        failures.len(),
+        failures.len() + evaluated,
+        failures.join("\n")
+    );
+    assert!(evaluated >= 40, "only {evaluated} queries evaluated");
+    eprintln!("{evaluated} dashboard and variable queries returned data");
+    drop(prom);
+    for a in &mut p.agents {
+        a.daemon.stop(STOP);
+    }
+    p.collector.stop(STOP);
+}
