@@ -1,0 +1,441 @@
+//! Agent cost: CPU and memory of the real `uctel-agent` binary shipping a given sample rate
+//! and log-line rate to a real `uctel-collector`.
+//!
+//! * **Samples**: the agent's own host-metrics source, pointed (`sources.host_metrics.
+//!   procfs_path`) at a synthetic procfs tree of a large host — `cpus` CPUs in `stat`, `disks`
+//!   NVMe disks in `diskstats`, `netdevs` interfaces in `net/dev`, the real `meminfo` and
+//!   `loadavg`, one root mount — sized so that one collection yields `samples_per_sec ×
+//!   interval` samples. The count is calibrated with the agent library's own collector
+//!   ([`HostMetrics::collect`]) before the run, and the rate that reached the collector is
+//!   measured (`records_received_total{stream="1"}`). The agent has no synthetic source, and
+//!   its shortest host interval is 0.1 s, so a big host scraped every second is how 10 k
+//!   samples/s is produced; the agent still reads and parses every file each interval.
+//! * **Logs**: a writer thread appends `log_lines_per_sec` lines (about 120 bytes, the shape
+//!   of an access log) to a file the agent tails, in 100 small writes per second.
+//!
+//! The agent's CPU is `utime + stime` of its process over the window; memory is `VmRSS` at
+//! the end of the window and `VmHWM`.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use uctel_agent::sources::host::{HostMetrics, HostMetricsConfig, HostPaths};
+
+use crate::cpu::{delta, sample_process, CpuDelta};
+use crate::daemon::{stop_child, CollectorProcess, CollectorSettings, DaemonError, TOKEN};
+use crate::stats::rate;
+
+/// Settings.
+#[derive(Clone, Debug)]
+pub struct AgentCostConfig {
+    /// The agent binary.
+    pub agent_bin: PathBuf,
+    /// The collector binary.
+    pub collector_bin: PathBuf,
+    /// Scratch directory.
+    pub workdir: PathBuf,
+    /// Target metric samples per second.
+    pub samples_per_sec: f64,
+    /// Target log lines per second.
+    pub log_lines_per_sec: f64,
+    /// Host-metrics interval, seconds.
+    pub interval_seconds: f64,
+    /// Unmeasured time after the agent connected.
+    pub warmup: Duration,
+    /// The window.
+    pub duration: Duration,
+}
+
+/// Size of the synthetic host.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct FakeHost {
+    /// CPUs in `stat`.
+    pub cpus: usize,
+    /// Interfaces in `net/dev`.
+    pub netdevs: usize,
+    /// Disks in `diskstats`.
+    pub disks: usize,
+}
+
+/// What the agent-cost run measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct AgentCostResult {
+    /// The synthetic host.
+    pub host: FakeHost,
+    /// Samples one host collection yields (calibrated with the agent library).
+    pub samples_per_collection: usize,
+    /// Host-metrics interval, seconds.
+    pub interval_seconds: f64,
+    /// Target samples/s.
+    pub target_samples_per_sec: f64,
+    /// Samples/s that reached the collector (metrics stream).
+    pub samples_per_sec: f64,
+    /// Target log lines/s.
+    pub target_log_lines_per_sec: f64,
+    /// Lines/s the writer wrote.
+    pub log_lines_written_per_sec: f64,
+    /// Log records/s that reached the collector (logs stream).
+    pub log_lines_per_sec: f64,
+    /// Agent CPU over the window.
+    pub cpu: CpuDelta,
+    /// Agent CPU as percent of one core.
+    pub cpu_percent: f64,
+    /// `VmRSS` at the end of the window, bytes.
+    pub rss_bytes: u64,
+    /// `VmHWM`, bytes.
+    pub hwm_bytes: u64,
+    /// Frames the collector counted lost or dropped for the agent in the window.
+    pub frames_lost_or_dropped: f64,
+}
+
+/// Why the run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentCostError {
+    /// Daemon handling.
+    #[error(transparent)]
+    Daemon(#[from] DaemonError),
+    /// The agent did not deliver.
+    #[error("the agent delivered nothing within {0:?} (its output: {1})")]
+    NoData(Duration, String),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
+    let what = what.into();
+    move |source| DaemonError::Io { what, source }
+}
+
+/// Writes a procfs tree for `host` under `dir`.
+///
+/// # Errors
+/// Filesystem errors.
+pub fn write_fake_proc(dir: &Path, host: FakeHost) -> std::io::Result<()> {
+    fs::create_dir_all(dir.join("net"))?;
+    fs::create_dir_all(dir.join("1"))?;
+    let mut stat = String::new();
+    let line = |s: &mut String, name: &str, k: u64| {
+        let _ = writeln!(
+            s,
+            "{name} {} {} {} {} {} {} {} {} 0 0",
+            1000 * k + 11,
+            k + 2,
+            300 * k + 3,
+            9000 * k + 4,
+            k + 5,
+            k + 6,
+            k + 7,
+            k + 8
+        );
+    };
+    line(&mut stat, "cpu ", host.cpus as u64);
+    for c in 0..host.cpus {
+        line(&mut stat, &format!("cpu{c}"), c as u64 + 1);
+    }
+    stat.push_str(
+        "intr 123456 0 0 0\nctxt 987654321\nbtime 1700000000\nprocesses 424242\nprocs_running 3\nprocs_blocked 0\nsoftirq 1 2 3 4 5 6 7 8 9 10 11\n",
+    );
+    fs::write(dir.join("stat"), stat)?;
+    let mut dev = String::from(
+        "Inter-|   Receive                                                |  Transmit\n face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n",
+    );
+    for d in 0..host.netdevs {
+        let k = d as u64 + 1;
+        let _ = writeln!(
+            dev,
+            "  eth{d}: {} {} 0 0 0 0 0 {} {} {} 0 0 0 0 0 0",
+            k * 123_456_789,
+            k * 98_765,
+            k,
+            k * 23_456_789,
+            k * 45_678
+        );
+    }
+    fs::write(dir.join("net").join("dev"), dev)?;
+    let mut disks = String::new();
+    for d in 0..host.disks {
+        let k = d as u64 + 1;
+        let _ = writeln!(
+            disks,
+            " 259 {d} nvme{d}n1 {} 10 {} 300 {} 20 {} 400 0 500 700 0 0 0 0 0 0",
+            k * 1000,
+            k * 8000,
+            k * 2000,
+            k * 16000
+        );
+    }
+    fs::write(dir.join("diskstats"), disks)?;
+    let meminfo = fs::read_to_string("/proc/meminfo").unwrap_or_else(|_| {
+        "MemTotal:       16384000 kB\nMemFree:         8192000 kB\nMemAvailable:   12288000 kB\n"
+            .into()
+    });
+    fs::write(dir.join("meminfo"), meminfo)?;
+    let loadavg = fs::read_to_string("/proc/loadavg")
+        .unwrap_or_else(|_| "0.50 0.40 0.30 2/300 4242\n".into());
+    fs::write(dir.join("loadavg"), loadavg)?;
+    fs::write(
+        dir.join("1").join("mountinfo"),
+        "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/root rw\n",
+    )?;
+    Ok(())
+}
+
+/// Samples one collection of the agent's host source yields on `proc`.
+pub fn samples_per_collection(proc: &Path) -> usize {
+    let mut h = HostMetrics::new(HostMetricsConfig {
+        paths: HostPaths {
+            proc: proc.to_path_buf(),
+            ..HostPaths::default()
+        },
+        ticks_per_second: Some(100),
+    });
+    h.collect().metrics.len()
+}
+
+/// Builds a synthetic host under `dir` whose collection yields about `target` samples:
+/// 64 CPUs and 16 disks, then as many interfaces as it takes (16 samples each).
+///
+/// # Errors
+/// Filesystem errors.
+pub fn calibrate(dir: &Path, target: usize) -> std::io::Result<(FakeHost, usize)> {
+    let mut host = FakeHost {
+        cpus: 64,
+        netdevs: 0,
+        disks: 16,
+    };
+    write_fake_proc(dir, host)?;
+    let base = samples_per_collection(dir);
+    if target > base {
+        host.netdevs = (target - base).div_ceil(16);
+    } else {
+        host.cpus = 1;
+        host.disks = 0;
+    }
+    write_fake_proc(dir, host)?;
+    Ok((host, samples_per_collection(dir)))
+}
+
+/// Appends `rate` lines per second to `path` until `stop`; counts lines in `written`.
+fn log_writer(path: PathBuf, rate: f64, stop: Arc<AtomicBool>, written: Arc<AtomicU64>) {
+    let Ok(mut f) = fs::OpenOptions::new().create(true).append(true).open(&path) else {
+        return;
+    };
+    let start = Instant::now();
+    let mut n = 0u64;
+    let mut buf = String::new();
+    while !stop.load(Ordering::Relaxed) {
+        let due = (start.elapsed().as_secs_f64() * rate) as u64;
+        buf.clear();
+        while n < due {
+            let _ = writeln!(
+                buf,
+                "2026-11-29T12:00:00.{:06}Z INFO http request id={n} method=GET path=/api/v1/items/{} status=200 duration_ms=12.{} bytes={}",
+                n % 1_000_000,
+                n % 977,
+                n % 10,
+                4096 + n % 1024
+            );
+            n += 1;
+        }
+        if !buf.is_empty() && f.write_all(buf.as_bytes()).is_ok() {
+            written.store(n, Ordering::Relaxed);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+struct AgentChild(Child);
+
+impl Drop for AgentChild {
+    fn drop(&mut self) {
+        stop_child(&mut self.0);
+    }
+}
+
+/// Runs the agent-cost measurement.
+///
+/// # Errors
+/// [`AgentCostError`] when a daemon cannot be run or no data arrives.
+pub fn run(cfg: &AgentCostConfig) -> Result<AgentCostResult, AgentCostError> {
+    if !cfg.agent_bin.is_file() {
+        return Err(DaemonError::MissingBinary {
+            what: "agent",
+            path: cfg.agent_bin.clone(),
+            package: "uctel-agent",
+        }
+        .into());
+    }
+    fs::create_dir_all(&cfg.workdir).map_err(io("creating the agent-cost directory"))?;
+    let proc = cfg.workdir.join("proc");
+    let per_collection = (cfg.samples_per_sec * cfg.interval_seconds).round() as usize;
+    let (host, samples) =
+        calibrate(&proc, per_collection).map_err(io("writing the fake procfs"))?;
+    let state = cfg.workdir.join("state");
+    fs::create_dir_all(&state).map_err(io("creating the state directory"))?;
+    let log_path = cfg.workdir.join("app.log");
+    fs::write(&log_path, b"").map_err(io("creating app.log"))?;
+
+    let collector = CollectorProcess::start(
+        &cfg.collector_bin,
+        &cfg.workdir,
+        &CollectorSettings {
+            slots: 1024,
+            slot_bytes: 4096,
+            credit_margin_slots: 64,
+            descriptor_queue: 8192,
+            report_interval_seconds: 0.1,
+            data_path: "auto",
+            log_file: cfg.workdir.join("received-logs.jsonl"),
+        },
+    )?;
+    let yaml = format!(
+        "agent_id: bench-agent\n\
+         collector:\n  control: {control}\n\
+         transport:\n  kind: soft\n  soft:\n    mtu_bytes: 4096\n\
+         auth:\n  token: {TOKEN}\n\
+         sources:\n  host_metrics:\n    interval_seconds: {interval}\n    procfs_path: {proc}\n  self_metrics:\n    interval_seconds: 10\n  logs:\n    - path: {log}\n      start_at: beginning\n  state_directory: {state}\n\
+         max_frame_bytes: 4096\n",
+        control = collector.control,
+        interval = cfg.interval_seconds,
+        proc = proc.display(),
+        log = log_path.display(),
+        state = state.display(),
+    );
+    let agent_yaml = cfg.workdir.join("agent.yaml");
+    fs::write(&agent_yaml, yaml).map_err(io("writing agent.yaml"))?;
+    let out_path = cfg.workdir.join("agent.out");
+    let out = fs::File::create(&out_path).map_err(io("creating agent.out"))?;
+    let err = out.try_clone().map_err(io("agent.out"))?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let (stop, written, path, rate) = (
+            stop.clone(),
+            written.clone(),
+            log_path.clone(),
+            cfg.log_lines_per_sec,
+        );
+        std::thread::Builder::new()
+            .name("log-writer".into())
+            .spawn(move || log_writer(path, rate, stop, written))
+            .map_err(io("spawning the log writer"))?
+    };
+    let result = (|| {
+        let child = Command::new(&cfg.agent_bin)
+            .arg("--config")
+            .arg(&agent_yaml)
+            .arg("--log-level")
+            .arg("warn")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(io(format!("starting {}", cfg.agent_bin.display())))?;
+        let child = AgentChild(child);
+        let pid = i32::try_from(child.0.id()).unwrap_or(i32::MAX);
+        let samples_of = |s: &crate::promtext::Scrape, stream: &str| {
+            s.sum(
+                "uctel_collector_records_received_total",
+                &[("agent", "bench-agent"), ("stream", stream)],
+            )
+        };
+        // Wait for data.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if samples_of(&collector.scrape()?, "1") > 0.0 {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(AgentCostError::NoData(
+                    Duration::from_secs(20),
+                    out_path.display().to_string(),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(cfg.warmup);
+        let lost = |s: &crate::promtext::Scrape| {
+            s.sum(
+                "uctel_collector_frames_lost_total",
+                &[("agent", "bench-agent")],
+            ) + s.sum(
+                "uctel_collector_frames_dropped_total",
+                &[("agent", "bench-agent")],
+            )
+        };
+        let a0 = sample_process(pid).map_err(DaemonError::from)?;
+        let s0 = collector.scrape()?;
+        let w0 = written.load(Ordering::Relaxed);
+        std::thread::sleep(cfg.duration);
+        let a1 = sample_process(pid).map_err(DaemonError::from)?;
+        let s1 = collector.scrape()?;
+        let w1 = written.load(Ordering::Relaxed);
+        let cpu = delta(&a0, &a1);
+        let window = cpu.wall_seconds;
+        Ok(AgentCostResult {
+            host,
+            samples_per_collection: samples,
+            interval_seconds: cfg.interval_seconds,
+            target_samples_per_sec: cfg.samples_per_sec,
+            samples_per_sec: rate(samples_of(&s1, "1") - samples_of(&s0, "1"), window),
+            target_log_lines_per_sec: cfg.log_lines_per_sec,
+            log_lines_written_per_sec: rate((w1 - w0) as f64, window),
+            log_lines_per_sec: rate(samples_of(&s1, "2") - samples_of(&s0, "2"), window),
+            cpu_percent: cpu.cores * 100.0,
+            cpu,
+            rss_bytes: a1.rss_bytes,
+            hwm_bytes: a1.hwm_bytes,
+            frames_lost_or_dropped: lost(&s1) - lost(&s0),
+        })
+    })();
+    stop.store(true, Ordering::Relaxed);
+    let _ = writer.join();
+    collector.stop();
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fake_host_scales_with_its_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = dir.path().join("small");
+        let big = dir.path().join("big");
+        write_fake_proc(
+            &small,
+            FakeHost {
+                cpus: 2,
+                netdevs: 1,
+                disks: 1,
+            },
+        )
+        .unwrap();
+        write_fake_proc(
+            &big,
+            FakeHost {
+                cpus: 2,
+                netdevs: 11,
+                disks: 1,
+            },
+        )
+        .unwrap();
+        let (a, b) = (samples_per_collection(&small), samples_per_collection(&big));
+        // 16 series per interface (8 receive + 8 transmit fields).
+        assert_eq!(b - a, 10 * 16, "small {a}, big {b}");
+    }
+
+    #[test]
+    fn calibration_lands_near_the_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, n) = calibrate(dir.path(), 3000).unwrap();
+        assert!((3000..3016).contains(&n), "{n}");
+    }
+}

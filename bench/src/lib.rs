@@ -1,0 +1,34 @@
+//! `uctel-bench`: the uctel performance harness. One run measures, on this machine and in
+//! this order:
+//!
+//! 1. **limit** ([`limit`]) — a `recvmmsg` sink (the transport's `UdpSink`) fed by a
+//!    `sendmmsg` sender flat out on loopback: datagrams per second at the soft path's packet
+//!    size;
+//! 2. **soft path** ([`softpath`], [`loadgen`]) — `K` emulated agents (real soft RoCEv2 UC
+//!    QPs, real frames, RDMA WRITE_WITH_IMM into the rings, the real control handshake and
+//!    credits) into one real `uctel-collector` process: frames and samples accepted per second
+//!    and per collector CPU second, loss and drops, ratio to the limit;
+//! 3. **processing only** ([`processing`]) — the collector library's per-connection ingest
+//!    (validate, track, decode, store) in this process, no IO: frames per CPU second;
+//! 4. **scaling** — the soft path at several `K`: throughput, memory per agent, fairness;
+//! 5. **agent cost** ([`agentcost`]) — CPU and RSS of the real `uctel-agent` at a given
+//!    sample and log-line rate.
+//!
+//! The targets are checked as ratios between figures of the same run ([`report`]); the
+//! report is printed as a table and written as JSON. `BENCHMARKS.md` at the repository root
+//! has the latest table and the command that made it.
+//!
+//! Layout: [`workload`] (frames), [`cpu`] (procfs and getrusage), [`promtext`] (reading
+//! `/metrics`), [`daemon`] (child processes), [`stats`] (rates, fairness, verdicts).
+
+pub mod agentcost;
+pub mod cpu;
+pub mod daemon;
+pub mod limit;
+pub mod loadgen;
+pub mod processing;
+pub mod promtext;
+pub mod report;
+pub mod softpath;
+pub mod stats;
+pub mod workload;

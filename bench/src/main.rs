@@ -1,0 +1,320 @@
+//! `uctel-bench`: parse flags, run the measurements, print the table, write the JSON.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::{Parser, ValueEnum};
+use uctel_bench::agentcost::{self, AgentCostConfig};
+use uctel_bench::limit::{self, LimitConfig};
+use uctel_bench::processing::{self, ProcessingConfig};
+use uctel_bench::report::{Machine, Perftest, Report};
+use uctel_bench::softpath::{self, SoftRunConfig};
+use uctel_bench::workload::{FrameTemplate, ROCE_WRITE_IMM_OVERHEAD};
+
+/// One part of the run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Part {
+    /// The recvmmsg limit.
+    Limit,
+    /// The soft path with `--agents` agents.
+    Soft,
+    /// Processing only.
+    Processing,
+    /// The soft path at each of `--scaling-agents`.
+    Scaling,
+    /// The real agent's CPU and RSS.
+    Agent,
+}
+
+/// Measures the uctel soft path, processing, scaling and agent cost against a recvmmsg
+/// limit measured in the same run; prints a table and writes JSON.
+#[derive(Debug, Parser)]
+#[command(name = "uctel-bench", version, about)]
+struct Args {
+    /// JSON result file; default target/bench-results/<UTC timestamp>.json.
+    #[arg(long, value_name = "PATH")]
+    output: Option<PathBuf>,
+    /// Largest frame in bytes (frames are packed full with the protocol framer).
+    #[arg(long, default_value_t = 1024)]
+    frame_bytes: usize,
+    /// Measured window of the limit and the headline soft-path run, seconds.
+    #[arg(long, default_value_t = 5.0)]
+    duration_secs: f64,
+    /// Unmeasured warm-up before each window, seconds.
+    #[arg(long, default_value_t = 1.0)]
+    warmup_secs: f64,
+    /// Emulated agents in the headline soft-path run.
+    #[arg(long, default_value_t = 10)]
+    agents: usize,
+    /// Agent counts of the scaling runs.
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000")]
+    scaling_agents: Vec<usize>,
+    /// Measured window of each scaling run, seconds.
+    #[arg(long, default_value_t = 3.0)]
+    scaling_duration_secs: f64,
+    /// CPU seconds spent in the processing-only ingest loop.
+    #[arg(long, default_value_t = 2.0)]
+    processing_cpu_secs: f64,
+    /// Ring slots per agent (slot size = frame size).
+    #[arg(long, default_value_t = 1024)]
+    slots: u32,
+    /// Credit margin in slots (agents keep at most slots − margin frames outstanding).
+    #[arg(long, default_value_t = 64)]
+    credit_margin: u32,
+    /// Collector poller → worker queue capacity.
+    #[arg(long, default_value_t = 8192)]
+    descriptor_queue: u32,
+    /// Collector report (credit) interval in ms; default max(2, 0.2 × K), at most 1000.
+    #[arg(long)]
+    report_interval_ms: Option<f64>,
+    /// Generator QPs per soft device (per UDP socket).
+    #[arg(long, default_value_t = 32)]
+    qps_per_device: usize,
+    /// Generator send queue depth per agent.
+    #[arg(long, default_value_t = 64)]
+    sq_depth: usize,
+    /// Generator WRs posted per agent per turn.
+    #[arg(long, default_value_t = 16)]
+    post_batch: usize,
+    /// Agent cost: metric samples per second to produce.
+    #[arg(long, default_value_t = 10_000.0)]
+    agent_samples_per_sec: f64,
+    /// Agent cost: log lines per second to write.
+    #[arg(long, default_value_t = 1_000.0)]
+    agent_log_lines_per_sec: f64,
+    /// Agent cost: host-metrics interval, seconds (≥ 0.1).
+    #[arg(long, default_value_t = 1.0)]
+    agent_interval_secs: f64,
+    /// Agent cost: measured window, seconds.
+    #[arg(long, default_value_t = 10.0)]
+    agent_duration_secs: f64,
+    /// Agent cost: warm-up after the first data arrived, seconds.
+    #[arg(long, default_value_t = 3.0)]
+    agent_warmup_secs: f64,
+    /// The collector binary; default `uctel-collector` next to this binary.
+    #[arg(long, value_name = "PATH")]
+    collector_bin: Option<PathBuf>,
+    /// The agent binary; default `uctel-agent` next to this binary.
+    #[arg(long, value_name = "PATH")]
+    agent_bin: Option<PathBuf>,
+    /// Run only these parts (comma-separated); default all.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<Part>,
+    /// Output of the Soft-RoCE VM suite (`tests/rxe/run.sh verbs_send_bench`) to take the
+    /// perftest comparison from.
+    #[arg(long, value_name = "PATH")]
+    rxe_log: Option<PathBuf>,
+    /// Also run the VM suite's `verbs_send_bench` scenario (needs QEMU and the verbs build;
+    /// takes minutes) and take the perftest comparison from it.
+    #[arg(long)]
+    rxe: bool,
+    /// Keep configurations and daemon output here instead of a temporary directory.
+    #[arg(long, value_name = "DIR")]
+    workdir: Option<PathBuf>,
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::ZERO)
+}
+
+fn sibling(name: &str) -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join(name)))
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
+fn report_interval(args: &Args, agents: usize) -> f64 {
+    let ms = args
+        .report_interval_ms
+        .unwrap_or_else(|| (0.2 * agents as f64).clamp(2.0, 1000.0));
+    ms / 1000.0
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("uctel-bench: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Runs everything; `Ok(false)` when a part failed (targets missed are not failures).
+fn run(args: &Args) -> anyhow::Result<bool> {
+    let started = Instant::now();
+    let started_at = chrono::Utc::now();
+    let wants = |p: Part| args.only.is_empty() || args.only.contains(&p);
+    let frame = Arc::new(FrameTemplate::metrics(args.frame_bytes)?);
+    let collector_bin = args
+        .collector_bin
+        .clone()
+        .unwrap_or_else(|| sibling("uctel-collector"));
+    let agent_bin = args
+        .agent_bin
+        .clone()
+        .unwrap_or_else(|| sibling("uctel-agent"));
+    let tmp;
+    let workdir: PathBuf = match &args.workdir {
+        Some(d) => d.clone(),
+        None => {
+            tmp = tempfile::Builder::new().prefix("uctel-bench-").tempdir()?;
+            tmp.path().to_path_buf()
+        }
+    };
+    let mut report = Report {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        started_at: started_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        wall_seconds: 0.0,
+        machine: Machine::detect(),
+        limit: None,
+        soft: None,
+        processing: None,
+        scaling: Vec::new(),
+        agent: None,
+        perftest: Perftest {
+            source: "not in this run: tests/rxe/run.sh verbs_send_bench prints BENCH verbs_vs_perftest_ratio (pass --rxe-log or --rxe)".into(),
+            ..Perftest::default()
+        },
+        targets: Vec::new(),
+        failures: Vec::new(),
+    };
+    eprintln!(
+        "frame: {} B, {} samples per frame; work directory {}",
+        frame.len(),
+        frame.records(),
+        workdir.display()
+    );
+
+    if wants(Part::Limit) {
+        eprintln!("[limit] recvmmsg sink, {:.1} s", args.duration_secs);
+        match limit::measure(&LimitConfig {
+            datagram_bytes: frame.len() + ROCE_WRITE_IMM_OVERHEAD,
+            batch: 64,
+            recv_buffer_bytes: 8 << 20,
+            warmup: secs(args.warmup_secs),
+            duration: secs(args.duration_secs),
+        }) {
+            Ok(r) => report.limit = Some(r),
+            Err(e) => report.failures.push(("limit".into(), e.to_string())),
+        }
+    }
+    let soft_cfg = |k: usize, duration: f64, tag: &str| SoftRunConfig {
+        collector_bin: collector_bin.clone(),
+        workdir: workdir.join(format!("{tag}-k{k}")),
+        agents: k,
+        frame: frame.clone(),
+        slots: args.slots,
+        credit_margin_slots: args.credit_margin,
+        descriptor_queue: args.descriptor_queue,
+        report_interval_seconds: report_interval(args, k),
+        warmup: secs(args.warmup_secs),
+        duration: secs(duration),
+        qps_per_device: args.qps_per_device,
+        sq_depth: args.sq_depth,
+        post_batch: args.post_batch,
+    };
+    if wants(Part::Soft) {
+        eprintln!("[soft] K = {}, {:.1} s", args.agents, args.duration_secs);
+        match softpath::run(&soft_cfg(args.agents, args.duration_secs, "soft")) {
+            Ok(r) => report.soft = Some(r),
+            Err(e) => report.failures.push(("soft path".into(), e.to_string())),
+        }
+    }
+    if wants(Part::Processing) {
+        eprintln!("[processing] {:.1} CPU-s", args.processing_cpu_secs);
+        match processing::measure(&ProcessingConfig {
+            frame: frame.clone(),
+            cpu_budget: secs(args.processing_cpu_secs),
+            batch: 1024,
+        }) {
+            Ok(r) => report.processing = Some(r),
+            Err(e) => report.failures.push(("processing".into(), e.to_string())),
+        }
+    }
+    if wants(Part::Scaling) {
+        for &k in &args.scaling_agents {
+            eprintln!("[scaling] K = {k}, {:.1} s", args.scaling_duration_secs);
+            match softpath::run(&soft_cfg(k, args.scaling_duration_secs, "scaling")) {
+                Ok(r) => report.scaling.push(r),
+                Err(e) => report
+                    .failures
+                    .push((format!("scaling K = {k}"), e.to_string())),
+            }
+        }
+    }
+    if wants(Part::Agent) {
+        eprintln!(
+            "[agent] {} samples/s + {} lines/s, {:.1} s",
+            args.agent_samples_per_sec, args.agent_log_lines_per_sec, args.agent_duration_secs
+        );
+        match agentcost::run(&AgentCostConfig {
+            agent_bin: agent_bin.clone(),
+            collector_bin: collector_bin.clone(),
+            workdir: workdir.join("agent"),
+            samples_per_sec: args.agent_samples_per_sec,
+            log_lines_per_sec: args.agent_log_lines_per_sec,
+            interval_seconds: args.agent_interval_secs.max(0.1),
+            warmup: secs(args.agent_warmup_secs),
+            duration: secs(args.agent_duration_secs),
+        }) {
+            Ok(r) => report.agent = Some(r),
+            Err(e) => report.failures.push(("agent cost".into(), e.to_string())),
+        }
+    }
+    if args.rxe {
+        eprintln!("[rxe] tests/rxe/run.sh verbs_send_bench (QEMU guest; minutes)");
+        report.perftest = run_rxe(&workdir);
+    } else if let Some(path) = &args.rxe_log {
+        report.perftest = match std::fs::read_to_string(path) {
+            Ok(text) => Perftest::parse(&text, &path.display().to_string()),
+            Err(e) => Perftest {
+                source: format!("{}: {e}", path.display()),
+                ..Perftest::default()
+            },
+        };
+    }
+
+    report.wall_seconds = started.elapsed().as_secs_f64();
+    report.check_targets();
+    print!("{}", report.render());
+    let output = args.output.clone().unwrap_or_else(|| {
+        Path::new("target/bench-results")
+            .join(format!("{}.json", started_at.format("%Y%m%dT%H%M%SZ")))
+    });
+    if let Some(dir) = output.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(&output, serde_json::to_vec_pretty(&report)?)
+        .with_context(|| format!("writing {}", output.display()))?;
+    println!("results: {}", output.display());
+    Ok(report.failures.is_empty())
+}
+
+fn run_rxe(workdir: &Path) -> Perftest {
+    let log = workdir.join("rxe.out");
+    let out = std::process::Command::new("tests/rxe/run.sh")
+        .arg("verbs_send_bench")
+        .output();
+    match out {
+        Ok(o) => {
+            let text = String::from_utf8_lossy(&o.stdout).into_owned();
+            let _ = std::fs::write(&log, &text);
+            let mut p = Perftest::parse(&text, "tests/rxe/run.sh verbs_send_bench (this run)");
+            if !o.status.success() {
+                p.source = format!("{} — exited {}", p.source, o.status);
+            }
+            p
+        }
+        Err(e) => Perftest {
+            source: format!("tests/rxe/run.sh could not be started: {e}"),
+            ..Perftest::default()
+        },
+    }
+}

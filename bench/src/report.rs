@@ -1,0 +1,521 @@
+//! The result of a run: every measurement, the targets as ratios measured in the same run,
+//! the machine, and the command line; printed as a table and written as JSON.
+
+use serde::Serialize;
+
+use crate::agentcost::AgentCostResult;
+use crate::limit::LimitResult;
+use crate::processing::ProcessingResult;
+use crate::softpath::SoftRunResult;
+use crate::stats::{Goal, Verdict};
+
+/// Bytes of collector memory allowed per agent on top of its ring (the issue's target).
+pub const PER_AGENT_OVERHEAD_BYTES: f64 = 64.0 * 1024.0;
+/// Soft path frames/s at least this fraction of the UDP limit.
+pub const SOFT_VS_LIMIT: f64 = 0.8;
+/// Processing-only frames/s per core at least this multiple of the soft path's.
+pub const PROCESSING_VS_SOFT: f64 = 10.0;
+/// Agent CPU at most this percent of one core.
+pub const AGENT_CPU_PERCENT: f64 = 1.0;
+/// Agent RSS at most this many bytes.
+pub const AGENT_RSS_BYTES: f64 = 20.0 * 1024.0 * 1024.0;
+
+/// The machine the run was on.
+#[derive(Clone, Debug, Serialize)]
+pub struct Machine {
+    /// Logical CPUs available to the process.
+    pub cores: usize,
+    /// CPU model (`/proc/cpuinfo`).
+    pub cpu_model: String,
+    /// Kernel release (`/proc/sys/kernel/osrelease`).
+    pub kernel: String,
+    /// Total memory, bytes.
+    pub memory_bytes: u64,
+}
+
+impl Machine {
+    /// Reads the machine description (missing facts are left empty).
+    pub fn detect() -> Machine {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu_model = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+            .unwrap_or_default();
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default();
+        let memory_bytes = std::fs::read_to_string("/proc/meminfo")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024);
+        Machine {
+            cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            cpu_model,
+            kernel,
+            memory_bytes,
+        }
+    }
+}
+
+/// The perftest comparison from the Soft-RoCE VM suite (`tests/rxe/`).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Perftest {
+    /// Where the figures came from (a file, or why there are none).
+    pub source: String,
+    /// `BENCH verbs_send_uc_msg_rate`.
+    pub verbs_msg_rate: Option<f64>,
+    /// `BENCH perftest_send_uc_median_msg_rate` (or `perftest_send_uc_msg_rate`).
+    pub perftest_msg_rate: Option<f64>,
+    /// `BENCH verbs_vs_perftest_ratio`.
+    pub ratio: Option<f64>,
+}
+
+impl Perftest {
+    /// Reads the `BENCH <name> <value> ...` lines of the VM suite's output.
+    pub fn parse(text: &str, source: &str) -> Perftest {
+        let mut p = Perftest {
+            source: source.to_string(),
+            ..Perftest::default()
+        };
+        for line in text.lines() {
+            let mut it = line.split_whitespace().skip_while(|w| *w != "BENCH");
+            if it.next().is_none() {
+                continue;
+            }
+            let (Some(name), Some(value)) = (it.next(), it.next()) else {
+                continue;
+            };
+            let Ok(v) = value.parse::<f64>() else {
+                continue;
+            };
+            match name {
+                "verbs_send_uc_msg_rate" => p.verbs_msg_rate = Some(v),
+                "perftest_send_uc_median_msg_rate" => p.perftest_msg_rate = Some(v),
+                "perftest_send_uc_msg_rate" if p.perftest_msg_rate.is_none() => {
+                    p.perftest_msg_rate = Some(v)
+                }
+                "verbs_vs_perftest_ratio" => p.ratio = Some(v),
+                _ => {}
+            }
+        }
+        p
+    }
+}
+
+/// Everything one run measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// The command line.
+    pub command: String,
+    /// Start time (RFC 3339, UTC).
+    pub started_at: String,
+    /// Wall seconds of the whole run.
+    pub wall_seconds: f64,
+    /// The machine.
+    pub machine: Machine,
+    /// The UDP limit.
+    pub limit: Option<LimitResult>,
+    /// The headline soft-path run.
+    pub soft: Option<SoftRunResult>,
+    /// Processing only.
+    pub processing: Option<ProcessingResult>,
+    /// Scaling runs, by K.
+    pub scaling: Vec<SoftRunResult>,
+    /// Agent cost.
+    pub agent: Option<AgentCostResult>,
+    /// VM-suite perftest comparison.
+    pub perftest: Perftest,
+    /// Targets with verdicts.
+    pub targets: Vec<Target>,
+    /// Parts that failed, with the error.
+    pub failures: Vec<(String, String)>,
+}
+
+/// One target of the issue, checked.
+#[derive(Clone, Debug, Serialize)]
+pub struct Target {
+    /// What is compared.
+    pub name: String,
+    /// The rule, in words.
+    pub rule: String,
+    /// The check.
+    pub verdict: Verdict,
+}
+
+impl Report {
+    /// Computes the targets from the measurements present.
+    pub fn check_targets(&mut self) {
+        let mut t = Vec::new();
+        if let (Some(l), Some(s)) = (&self.limit, &self.soft) {
+            t.push(Target {
+                name: format!("soft path vs UDP limit, wall (K = {})", s.agents),
+                rule: format!("frames/s ≥ {SOFT_VS_LIMIT} × limit msg/s"),
+                verdict: Verdict::check(
+                    ratio(s.frames_per_sec, l.msgs_per_sec),
+                    SOFT_VS_LIMIT,
+                    Goal::AtLeast,
+                ),
+            });
+            t.push(Target {
+                name: format!("soft path vs UDP limit, per core (K = {})", s.agents),
+                rule: format!(
+                    "frames per collector CPU-s ≥ {SOFT_VS_LIMIT} × msgs per receiver CPU-s"
+                ),
+                verdict: Verdict::check(
+                    ratio(s.frames_per_core_sec, l.msgs_per_core_sec),
+                    SOFT_VS_LIMIT,
+                    Goal::AtLeast,
+                ),
+            });
+        }
+        if let (Some(p), Some(s)) = (&self.processing, &self.soft) {
+            t.push(Target {
+                name: "processing only vs soft path, per core".into(),
+                rule: format!("ingest frames per CPU-s ≥ {PROCESSING_VS_SOFT} × soft path's"),
+                verdict: Verdict::check(
+                    ratio(p.ingest.frames_per_core_sec, s.frames_per_core_sec),
+                    PROCESSING_VS_SOFT,
+                    Goal::AtLeast,
+                ),
+            });
+        }
+        if let Some(big) = self.scaling.iter().max_by_key(|r| r.agents) {
+            let bound = big.ring_bytes as f64 + PER_AGENT_OVERHEAD_BYTES;
+            t.push(Target {
+                name: format!("collector memory per agent (K = {})", big.agents),
+                rule: format!(
+                    "RSS delta / K ≤ ring ({}) + 64 KiB",
+                    bytes(big.ring_bytes as f64)
+                ),
+                verdict: Verdict::check(big.memory_per_agent_bytes, bound, Goal::AtMost),
+            });
+        }
+        if let Some(a) = &self.agent {
+            t.push(Target {
+                name: "agent CPU".into(),
+                rule: format!("≤ {AGENT_CPU_PERCENT} % of one core"),
+                verdict: Verdict::check(a.cpu_percent, AGENT_CPU_PERCENT, Goal::AtMost),
+            });
+            t.push(Target {
+                name: "agent RSS".into(),
+                rule: "≤ 20 MiB".into(),
+                verdict: Verdict::check(a.rss_bytes as f64, AGENT_RSS_BYTES, Goal::AtMost),
+            });
+        }
+        self.targets = t;
+    }
+
+    /// The human-readable report.
+    pub fn render(&self) -> String {
+        let mut rows: Vec<[String; 4]> = Vec::new();
+        let row = |a: String, b: String, c: String, d: String| [a, b, c, d];
+        if let Some(l) = &self.limit {
+            rows.push(row(
+                format!("UDP limit: recvmmsg sink, {} B datagrams", l.datagram_bytes),
+                format!("{} msg/s", si(l.msgs_per_sec)),
+                format!("{} msg per receiver CPU-s", si(l.msgs_per_core_sec)),
+                format!(
+                    "sender offered {} msg/s",
+                    si(l.sent as f64 / l.seconds.max(1e-9))
+                ),
+            ));
+        }
+        if let Some(s) = &self.soft {
+            rows.push(soft_row("soft path", s, self.limit.as_ref()));
+            rows.push(row(
+                "  collector CPU by thread".into(),
+                format!("{:.2} cores", s.collector_cpu.cores),
+                threads(&s.collector_cpu),
+                String::new(),
+            ));
+            rows.push(row(
+                "  loss and drops (whole run)".into(),
+                format!(
+                    "sent {} = recv {} + lost {} + dropped {}",
+                    s.accounting.sent,
+                    s.accounting.received,
+                    s.accounting.lost,
+                    s.accounting.dropped.values().sum::<f64>()
+                ),
+                format!("unaccounted {}", s.accounting.unaccounted),
+                reasons(&s.accounting.dropped),
+            ));
+        }
+        if let Some(p) = &self.processing {
+            let vs = self.soft.as_ref().map_or(String::new(), |s| {
+                format!(
+                    "{:.1}× soft path per core",
+                    ratio(p.ingest.frames_per_core_sec, s.frames_per_core_sec)
+                )
+            });
+            rows.push(row(
+                "processing only (validate+track+decode+store)".into(),
+                format!(
+                    "{} frames per CPU-s ({} samples)",
+                    si(p.ingest.frames_per_core_sec),
+                    si(p.samples_per_core_sec)
+                ),
+                vs,
+                format!("{:.0} ns/frame", p.ingest.ns_per_frame),
+            ));
+            for st in [&p.check, &p.decode] {
+                rows.push(row(
+                    format!("  {}", st.what),
+                    format!("{} frames per CPU-s", si(st.frames_per_core_sec)),
+                    String::new(),
+                    format!("{:.0} ns/frame", st.ns_per_frame),
+                ));
+            }
+        }
+        for s in &self.scaling {
+            rows.push(soft_row(
+                &format!("scaling K = {}", s.agents),
+                s,
+                self.limit.as_ref(),
+            ));
+            let fair = s.fairness.map_or("no data".into(), |f| {
+                format!(
+                    "per agent min {} max {} frames/s, Jain {:.3}",
+                    si(f.min),
+                    si(f.max),
+                    f.jain
+                )
+            });
+            rows.push(row(
+                format!("  memory, fairness (K = {})", s.agents),
+                format!("{} per agent", bytes(s.memory_per_agent_bytes)),
+                format!("ring {} + 64 KiB allowed", bytes(s.ring_bytes as f64)),
+                fair,
+            ));
+        }
+        if let Some(a) = &self.agent {
+            rows.push(row(
+                "agent (real uctel-agent)".into(),
+                format!(
+                    "{:.2} % of a core, RSS {} (peak {})",
+                    a.cpu_percent,
+                    bytes(a.rss_bytes as f64),
+                    bytes(a.hwm_bytes as f64)
+                ),
+                format!(
+                    "{} samples/s + {} lines/s delivered",
+                    si(a.samples_per_sec),
+                    si(a.log_lines_per_sec)
+                ),
+                format!(
+                    "target {} samples/s + {} lines/s",
+                    si(a.target_samples_per_sec),
+                    si(a.target_log_lines_per_sec)
+                ),
+            ));
+        }
+        let p = &self.perftest;
+        rows.push(row(
+            "Soft-RoCE VM: verbs sender vs perftest (UC Send 1 KiB)".into(),
+            p.ratio.map_or("not measured in this run".into(), |r| {
+                format!("{r:.2}× perftest")
+            }),
+            match (p.verbs_msg_rate, p.perftest_msg_rate) {
+                (Some(v), Some(q)) => format!("ours {} msg/s, perftest {} msg/s", si(v), si(q)),
+                (None, Some(q)) => format!("perftest {} msg/s", si(q)),
+                _ => String::new(),
+            },
+            p.source.clone(),
+        ));
+
+        let mut out = String::new();
+        out.push_str(&table(
+            &["measure", "value", "compared with", "notes"],
+            &rows,
+        ));
+        out.push('\n');
+        let trows: Vec<[String; 4]> = self
+            .targets
+            .iter()
+            .map(|t| {
+                [
+                    t.name.clone(),
+                    t.rule.clone(),
+                    match t.verdict.goal {
+                        Goal::AtLeast => format!("{:.3}", t.verdict.value),
+                        Goal::AtMost if t.name.contains("RSS") || t.name.contains("memory") => {
+                            bytes(t.verdict.value)
+                        }
+                        Goal::AtMost => format!("{:.2}", t.verdict.value),
+                    },
+                    t.verdict.describe(),
+                ]
+            })
+            .collect();
+        out.push_str(&table(&["target", "rule", "measured", "verdict"], &trows));
+        for (what, e) in &self.failures {
+            out.push_str(&format!("\nFAILED {what}: {e}"));
+        }
+        out.push_str(&format!(
+            "\nmachine: {} cores ({}), kernel {}, {} RAM; run took {:.0} s\ncommand: {}\n",
+            self.machine.cores,
+            self.machine.cpu_model,
+            self.machine.kernel,
+            bytes(self.machine.memory_bytes as f64),
+            self.wall_seconds,
+            self.command
+        ));
+        out
+    }
+}
+
+fn soft_row(label: &str, s: &SoftRunResult, limit: Option<&LimitResult>) -> [String; 4] {
+    let vs = limit.map_or(String::new(), |l| {
+        format!(
+            "{:.2}× limit (wall), {:.2}× limit per core",
+            ratio(s.frames_per_sec, l.msgs_per_sec),
+            ratio(s.frames_per_core_sec, l.msgs_per_core_sec)
+        )
+    });
+    [
+        format!(
+            "{label}: K = {} agents, {} B frames",
+            s.agents, s.frame_bytes
+        ),
+        format!(
+            "{} frames/s, {} samples/s; {} frames per collector CPU-s",
+            si(s.frames_per_sec),
+            si(s.samples_per_sec),
+            si(s.frames_per_core_sec)
+        ),
+        vs,
+        format!(
+            "window: lost {}, dropped {}, offered {}",
+            s.frames_lost, s.frames_dropped, s.frames_offered
+        ),
+    ]
+}
+
+fn threads(c: &crate::cpu::CpuDelta) -> String {
+    let mut v: Vec<(&String, &f64)> = c.by_thread.iter().filter(|(_, s)| **s > 0.0).collect();
+    v.sort_by(|a, b| b.1.total_cmp(a.1));
+    v.iter()
+        .map(|(n, s)| format!("{n} {:.2}", *s / c.wall_seconds.max(1e-9)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn reasons(m: &std::collections::BTreeMap<String, f64>) -> String {
+    m.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `a / b`, NaN when `b` is 0.
+pub fn ratio(a: f64, b: f64) -> f64 {
+    if b != 0.0 {
+        a / b
+    } else {
+        f64::NAN
+    }
+}
+
+/// `1.23 M`, `456 k`, `789`.
+pub fn si(v: f64) -> String {
+    let a = v.abs();
+    if !v.is_finite() {
+        "n/a".into()
+    } else if a >= 1e6 {
+        format!("{:.2} M", v / 1e6)
+    } else if a >= 1e4 {
+        format!("{:.0} k", v / 1e3)
+    } else if a >= 1e3 {
+        format!("{:.1} k", v / 1e3)
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+/// `1.5 MiB`, `64.0 KiB`, `12 B`.
+pub fn bytes(v: f64) -> String {
+    let a = v.abs();
+    if !v.is_finite() {
+        "n/a".into()
+    } else if a >= 1024.0 * 1024.0 * 1024.0 {
+        format!("{:.2} GiB", v / (1024.0 * 1024.0 * 1024.0))
+    } else if a >= 1024.0 * 1024.0 {
+        format!("{:.1} MiB", v / (1024.0 * 1024.0))
+    } else if a >= 1024.0 {
+        format!("{:.1} KiB", v / 1024.0)
+    } else {
+        format!("{v:.0} B")
+    }
+}
+
+/// A Markdown-compatible pipe table.
+pub fn table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut s = String::from("|");
+        for (i, c) in cells.iter().enumerate() {
+            let pad = widths[i] - c.chars().count();
+            s.push(' ');
+            s.push_str(c);
+            s.push_str(&" ".repeat(pad));
+            s.push_str(" |");
+        }
+        s.push('\n');
+        s
+    };
+    let mut out = line(header.to_vec());
+    out.push('|');
+    for w in &widths {
+        out.push_str(&"-".repeat(w + 2));
+        out.push('|');
+    }
+    out.push('\n');
+    for r in rows {
+        out.push_str(&line(r.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn perftest_lines_are_read() {
+        let text = "SCENARIO verbs_send_bench PASS ok\n[  12.3] BENCH verbs_send_uc_msg_rate 4100 msg/s\nBENCH perftest_send_uc_median_msg_rate 5000 msg/s\nBENCH verbs_vs_perftest_ratio 0.82\nBENCH garbage x\n";
+        let p = Perftest::parse(text, "serial.log");
+        assert_eq!(p.verbs_msg_rate, Some(4100.0));
+        assert_eq!(p.perftest_msg_rate, Some(5000.0));
+        assert_eq!(p.ratio, Some(0.82));
+        assert_eq!(p.source, "serial.log");
+    }
+
+    #[test]
+    fn si_and_bytes() {
+        assert_eq!(si(1_234_567.0), "1.23 M");
+        assert_eq!(si(45_600.0), "46 k");
+        assert_eq!(si(1_500.0), "1.5 k");
+        assert_eq!(si(12.0), "12");
+        assert_eq!(bytes(1536.0), "1.5 KiB");
+        assert_eq!(bytes(3.0 * 1024.0 * 1024.0), "3.0 MiB");
+    }
+
+    #[test]
+    fn tables_align() {
+        let t = table(&["a", "bb"], &[["xxx".into(), "y".into()]]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert!(lines
+            .iter()
+            .all(|l| l.chars().count() == lines[0].chars().count()));
+    }
+}

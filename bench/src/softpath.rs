@@ -1,0 +1,301 @@
+//! One soft-path run: a fresh `uctel-collector` process, `K` emulated agents
+//! ([`crate::loadgen`]) sending flat out within their credits, a measured window, then
+//! `Goodbye`s and the whole-run accounting.
+//!
+//! ```text
+//!  start collector ─► RSS baseline ─► K handshakes ─► send ─► warm-up ─► S0 ── window ── S1 ─► stop
+//!                                                                    (scrape, CPU)  (scrape, CPU, RSS)
+//!  ─► wait until the reports show everything consumed ─► Goodbye ×K ─► S2 (accounting)
+//! ```
+//!
+//! Figures: frames and samples accepted per wall second and per collector CPU second (all
+//! collector threads: soft device, completion poller, worker, tokio), the collector's
+//! per-thread CPU, memory per agent (RSS at S1 minus the baseline, over K), per-agent
+//! fairness over the window, and `sent = received + lost + dropped` over the run.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::cpu::{delta, CpuDelta};
+use crate::daemon::{CollectorProcess, CollectorSettings, DaemonError, TOKEN};
+use crate::loadgen::{DataStats, LoadConfig, LoadError, LoadGen};
+use crate::promtext::Scrape;
+use crate::stats::{rate, spread, Spread};
+use crate::workload::FrameTemplate;
+
+const RECEIVED: &str = "uctel_collector_frames_received_total";
+const RECORDS: &str = "uctel_collector_records_received_total";
+const LOST: &str = "uctel_collector_frames_lost_total";
+const DROPPED: &str = "uctel_collector_frames_dropped_total";
+const TRANSPORT_DROPPED: &str = "uctel_collector_transport_packets_dropped_total";
+const CONNECTED: &str = "uctel_collector_agents_connected";
+
+/// Settings of one run.
+#[derive(Clone, Debug)]
+pub struct SoftRunConfig {
+    /// The collector binary.
+    pub collector_bin: PathBuf,
+    /// Scratch directory (configuration, logs).
+    pub workdir: PathBuf,
+    /// Emulated agents.
+    pub agents: usize,
+    /// The frames.
+    pub frame: Arc<FrameTemplate>,
+    /// Ring slots per agent.
+    pub slots: u32,
+    /// Credit margin in slots.
+    pub credit_margin_slots: u32,
+    /// Poller → worker queue.
+    pub descriptor_queue: u32,
+    /// Report (credit) interval.
+    pub report_interval_seconds: f64,
+    /// Unmeasured sending before the window.
+    pub warmup: Duration,
+    /// The window.
+    pub duration: Duration,
+    /// QPs per generator soft device.
+    pub qps_per_device: usize,
+    /// Generator send queue depth per agent.
+    pub sq_depth: usize,
+    /// Generator WRs per agent per turn.
+    pub post_batch: usize,
+}
+
+/// Whole-run frame accounting (after every agent's `Goodbye`).
+#[derive(Clone, Debug, Serialize)]
+pub struct Accounting {
+    /// Frames the generator posted.
+    pub sent: u64,
+    /// `frames_received_total`.
+    pub received: f64,
+    /// `frames_lost_total` (gaps, leading and tail loss).
+    pub lost: f64,
+    /// `frames_dropped_total` by reason.
+    pub dropped: BTreeMap<String, f64>,
+    /// `transport_packets_dropped_total` by reason (before any QP).
+    pub transport_dropped: BTreeMap<String, f64>,
+    /// `sent - received - lost - dropped`: 0 when every frame is accounted for.
+    pub unaccounted: f64,
+    /// Whether the collector reported every posted frame consumed before the goodbyes.
+    pub drained: bool,
+}
+
+/// What one run measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct SoftRunResult {
+    /// Emulated agents.
+    pub agents: usize,
+    /// Bytes per frame.
+    pub frame_bytes: usize,
+    /// Samples per frame.
+    pub records_per_frame: u32,
+    /// Ring bytes per agent (`slots × slot_bytes`).
+    pub ring_bytes: u64,
+    /// Seconds the K handshakes took.
+    pub connect_seconds: f64,
+    /// Frames accepted in the window.
+    pub frames: f64,
+    /// Samples accepted in the window.
+    pub samples: f64,
+    /// Frames the generator posted in the window.
+    pub frames_offered: u64,
+    /// Frames lost in the window.
+    pub frames_lost: f64,
+    /// Frames dropped in the window (all reasons).
+    pub frames_dropped: f64,
+    /// Accepted frames per wall second.
+    pub frames_per_sec: f64,
+    /// Accepted samples per wall second.
+    pub samples_per_sec: f64,
+    /// Accepted frames per collector CPU second.
+    pub frames_per_core_sec: f64,
+    /// Accepted samples per collector CPU second.
+    pub samples_per_core_sec: f64,
+    /// Collector CPU over the window.
+    pub collector_cpu: CpuDelta,
+    /// Collector RSS with no agent, bytes.
+    pub rss_baseline_bytes: u64,
+    /// Collector RSS at the end of the window, bytes.
+    pub rss_loaded_bytes: u64,
+    /// `(rss_loaded - rss_baseline) / K`, bytes.
+    pub memory_per_agent_bytes: f64,
+    /// Per-agent frames per second over the window.
+    pub fairness: Option<Spread>,
+    /// Whole-run accounting.
+    pub accounting: Accounting,
+    /// Generator counters.
+    pub generator_post_calls: u64,
+    /// Generator turns with nothing to post (credit- or completion-bound).
+    pub generator_idle_rounds: u64,
+    /// Errors the control sessions met.
+    pub control_errors: Vec<String>,
+}
+
+/// Why a run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SoftRunError {
+    /// The collector process.
+    #[error(transparent)]
+    Daemon(#[from] DaemonError),
+    /// The generator.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// Agents never showed up as connected.
+    #[error("only {connected} of {agents} agents connected (collector output: {log})")]
+    NotConnected {
+        /// Connected per the collector.
+        connected: f64,
+        /// Expected.
+        agents: usize,
+        /// Collector output file.
+        log: String,
+    },
+}
+
+fn by_reason(s: &Scrape, name: &str) -> BTreeMap<String, f64> {
+    s.sum_by(name, "reason")
+        .into_iter()
+        .filter(|(_, v)| *v > 0.0)
+        .collect()
+}
+
+/// Runs one soft-path measurement.
+///
+/// # Errors
+/// [`SoftRunError`] when the collector or the generator cannot be run.
+pub fn run(cfg: &SoftRunConfig) -> Result<SoftRunResult, SoftRunError> {
+    let frame_len = cfg.frame.len();
+    let slot_bytes = u32::try_from(frame_len).unwrap_or(u32::MAX);
+    std::fs::create_dir_all(&cfg.workdir).map_err(|source| DaemonError::Io {
+        what: format!("creating {}", cfg.workdir.display()),
+        source,
+    })?;
+    let collector = CollectorProcess::start(
+        &cfg.collector_bin,
+        &cfg.workdir,
+        &CollectorSettings {
+            slots: cfg.slots,
+            slot_bytes,
+            credit_margin_slots: cfg.credit_margin_slots,
+            descriptor_queue: cfg.descriptor_queue,
+            report_interval_seconds: cfg.report_interval_seconds,
+            data_path: "write_with_imm",
+            log_file: cfg.workdir.join("logs.jsonl"),
+        },
+    )?;
+    std::thread::sleep(Duration::from_millis(300));
+    let baseline = collector.sample()?;
+
+    let t_connect = Instant::now();
+    let mut gen = LoadGen::connect(&LoadConfig {
+        agents: cfg.agents,
+        control: collector.control,
+        token: TOKEN.into(),
+        frame: cfg.frame.clone(),
+        qps_per_device: cfg.qps_per_device,
+        sq_depth: cfg.sq_depth,
+        post_batch: cfg.post_batch,
+        connect_parallelism: 32,
+    })?;
+    // The collector counts an agent connected once its Welcome went out.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let connected = collector.scrape()?.sum(CONNECTED, &[]);
+        if connected as usize >= cfg.agents {
+            break;
+        }
+        if Instant::now() >= deadline {
+            return Err(SoftRunError::NotConnected {
+                connected,
+                agents: cfg.agents,
+                log: collector.log_path().display().to_string(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let connect_seconds = t_connect.elapsed().as_secs_f64();
+
+    gen.start_sending()?;
+    std::thread::sleep(cfg.warmup);
+    let (c0, s0, g0) = (collector.sample()?, collector.scrape()?, gen.sent());
+    let t0 = Instant::now();
+    std::thread::sleep(cfg.duration);
+    let (c1, g1) = (collector.sample()?, gen.sent());
+    let s1 = collector.scrape()?;
+    let window = t0.elapsed().as_secs_f64();
+    let stats: DataStats = gen.stop_sending();
+
+    let drained = gen.wait_consumed(Duration::from_secs_f64(
+        2.0 + 5.0 * cfg.report_interval_seconds,
+    ));
+    let sent_total: u64 = gen.sent().iter().sum();
+    let ids = gen.agent_ids();
+    let control_errors = gen.finish();
+    // The collector settles each agent's tail after a short drain once it has the goodbye.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let s2 = loop {
+        let s = collector.scrape()?;
+        if s.sum(CONNECTED, &[]) <= 0.0 || Instant::now() >= deadline {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    collector.stop();
+
+    let cpu = delta(&c0, &c1);
+    let frames = s1.sum(RECEIVED, &[]) - s0.sum(RECEIVED, &[]);
+    let samples = s1.sum(RECORDS, &[]) - s0.sum(RECORDS, &[]);
+    let per_agent0 = s0.sum_by(RECEIVED, "agent");
+    let per_agent1 = s1.sum_by(RECEIVED, "agent");
+    let per_agent: Vec<f64> = ids
+        .iter()
+        .map(|id| {
+            let a = per_agent1.get(id).copied().unwrap_or(0.0)
+                - per_agent0.get(id).copied().unwrap_or(0.0);
+            rate(a, window)
+        })
+        .collect();
+    let dropped_total: BTreeMap<String, f64> = by_reason(&s2, DROPPED);
+    let received_total = s2.sum(RECEIVED, &[]);
+    let lost_total = s2.sum(LOST, &[]);
+    let unaccounted =
+        sent_total as f64 - received_total - lost_total - dropped_total.values().sum::<f64>();
+    let rss_delta = c1.rss_bytes.saturating_sub(baseline.rss_bytes);
+    Ok(SoftRunResult {
+        agents: cfg.agents,
+        frame_bytes: frame_len,
+        records_per_frame: cfg.frame.records(),
+        ring_bytes: u64::from(cfg.slots) * u64::from(slot_bytes),
+        connect_seconds,
+        frames,
+        samples,
+        frames_offered: g1.iter().sum::<u64>() - g0.iter().sum::<u64>(),
+        frames_lost: s1.sum(LOST, &[]) - s0.sum(LOST, &[]),
+        frames_dropped: s1.sum(DROPPED, &[]) - s0.sum(DROPPED, &[]),
+        frames_per_sec: rate(frames, window),
+        samples_per_sec: rate(samples, window),
+        frames_per_core_sec: rate(frames, cpu.cpu_seconds),
+        samples_per_core_sec: rate(samples, cpu.cpu_seconds),
+        collector_cpu: cpu,
+        rss_baseline_bytes: baseline.rss_bytes,
+        rss_loaded_bytes: c1.rss_bytes,
+        memory_per_agent_bytes: rss_delta as f64 / cfg.agents.max(1) as f64,
+        fairness: spread(&per_agent),
+        accounting: Accounting {
+            sent: sent_total,
+            received: received_total,
+            lost: lost_total,
+            dropped: dropped_total,
+            transport_dropped: by_reason(&s2, TRANSPORT_DROPPED),
+            unaccounted,
+            drained,
+        },
+        generator_post_calls: stats.post_calls,
+        generator_idle_rounds: stats.idle_rounds,
+        control_errors,
+    })
+}
