@@ -20,7 +20,7 @@ use uctel_transport::api::{
     self, AccessFlags, CompletionQueue, Device, DeviceConfig, MemoryRegion, QpInitAttr, QpState,
     QueuePair, SendWr, Sge, WcStatus, WorkCompletion,
 };
-use uctel_transport::soft::device::SoftConfig;
+use uctel_transport::soft::device::{ProgressMode, SoftConfig};
 use uctel_transport::soft::udp::UdpConfig;
 
 use crate::config::{faults_enabled, AgentConfig, DataPath, TransportKind};
@@ -119,6 +119,10 @@ pub fn device_config(config: &AgentConfig, local_ip: IpAddr) -> DeviceConfig {
                     ..UdpConfig::default()
                 },
                 mtu_bytes: soft.mtu_bytes,
+                // No progress thread: the agent only sends, `post_send` transmits at once,
+                // and the sender's completion polling (`reap`) drives the device. Saves a
+                // thread waking every `progress_wait_micros` on every host.
+                progress: ProgressMode::BusyPoll,
                 faults: faults_enabled(&soft.fault).then(|| soft.fault.clone()),
                 ..SoftConfig::default()
             })

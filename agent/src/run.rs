@@ -451,11 +451,17 @@ async fn session(
         }
         pump::pull(&mut core, queues, stats);
         let stop = pump::transmit(&mut core, &mut plane);
-        let deadline = match stop {
+        let mut deadline = match stop {
             Stop::Wait(at) => at,
             Stop::Busy => Some(Instant::now() + BUSY_RETRY),
             Stop::Failed => break SessionEnd::Lost("posting to the UC QP failed".into()),
         };
+        if !plane.idle() {
+            // Sends in flight: poll their completions soon (with a busy-poll soft device,
+            // polling is also what moves packets the socket could not take at once).
+            let soon = Instant::now() + BUSY_RETRY;
+            deadline = Some(deadline.map_or(soon, |d| d.min(soon)));
+        }
         let sleep = async {
             match deadline {
                 Some(at) => tokio::time::sleep_until(at.into()).await,
