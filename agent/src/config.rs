@@ -710,6 +710,12 @@ impl Validate for AgentConfig {
                 "must be 256, 512, 1024, 2048 or 4096",
             );
         }
+        if self.transport.kind == TransportKind::Verbs && !cfg!(feature = "verbs") {
+            p.push(
+                "transport.kind",
+                "this uctel-agent was built without the verbs transport (cargo feature `verbs`)",
+            );
+        }
         if self.transport.verbs.port == 0 {
             p.push("transport.verbs.port", "port numbers start at 1");
         }
@@ -937,7 +943,7 @@ collector:
 listen:
   metrics: 127.0.0.1:9471
 transport:
-  kind: verbs
+  kind: soft
   soft:
     fault:
       drop_ratio: 0.01
@@ -961,7 +967,7 @@ streams:
 max_frame_bytes: 2048
 ";
         let c = load(text).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(c.transport.kind, TransportKind::Verbs);
+        assert_eq!(c.transport.kind, TransportKind::Soft);
         assert_eq!(c.transport.soft.fault.seed, 7);
         assert!(faults_enabled(&c.transport.soft.fault));
         assert_eq!(c.sources.logs.len(), 1);
@@ -1091,6 +1097,23 @@ max_frame_bytes: 10
             token_file: Some(path),
         };
         assert_eq!(auth.read_token().ok(), Some(b"s3cret".to_vec()));
+    }
+
+    #[test]
+    fn verbs_needs_the_verbs_build() {
+        let text = format!("{MINIMAL}transport:\n  kind: verbs\n  verbs:\n    device: rxe0\n");
+        let loaded = load(&text);
+        if cfg!(feature = "verbs") {
+            assert!(loaded.is_ok());
+        } else {
+            let err = loaded.err().unwrap_or_else(|| panic!("expected a problem"));
+            assert!(
+                err.problems
+                    .iter()
+                    .any(|p| p.key_path == "transport.kind" && p.line == Some(7)),
+                "{err}"
+            );
+        }
     }
 
     #[test]
