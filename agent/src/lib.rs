@@ -1,4 +1,32 @@
-//! `uctel-agent`: coming with the agent issue.
+//! `uctel-agent`: collects host metrics and logs, cuts them into self-contained,
+//! sequence-numbered frames and pushes them over RDMA Unreliable Connection into a uctel
+//! collector's ring (DESIGN.md §1, §3, §4, §6, §7). Loss is never hidden: every record the
+//! agent gives up on is counted with a reason ([`selfmetrics::DropReason`]), and the frames
+//! it sends carry what the collector needs to count the rest.
+//!
+//! # Layout
+//!
+//! ```text
+//! main.rs        thin binary: flags → config → logging → run / --check-config / --dry-run
+//! config.rs      strict YAML configuration, every problem with line and key
+//! run.rs         the daemon: sources, local /metrics, session (one epoch) and reconnect loop
+//! control.rs     control channel client: Hello → Challenge → Proof → Welcome | Refuse
+//! datapath.rs    the UC QP, send buffers, WRITE_WITH_IMM into ring slots / SEND
+//! sender/core.rs sans-IO send pipeline: framing, pacing, credits, stamping, accounting
+//! sender/pump.rs moves records from the source queues in and frames out to a sink
+//! pacing.rs      sans-IO token buckets (frames/s, bytes/s)
+//! credits.rs     sans-IO credit window over the collector's consumed sequence
+//! queue.rs       bounded record queues between sources and sender (never block a source)
+//! runners.rs     source loops: host metrics, self-metrics, log tailers with checkpoints
+//! selfmetrics.rs uctel_agent_* counters, closed DropReason, export as records and /metrics
+//! stream.rs      the two streams (metrics, logs) and their ids
+//! dryrun.rs      --dry-run: frames decoded to JSON lines on stdout
+//! sources/       host metrics (node_exporter names), RDMA counters, log tailer
+//! ```
+//!
+//! The rules live in sans-IO state machines ([`pacing`], [`credits`], [`sender::core`])
+//! tested on virtual time; the IO around them ([`run`], [`datapath`], [`runners`]) is thin.
+#![forbid(unsafe_code)]
 
 pub mod config;
 pub mod control;
