@@ -374,3 +374,61 @@ async fn scrape_passes_promtool_check_metrics() {
         .await;
     running.stop().await.unwrap();
 }
+
+/// A Send longer than the posted receive buffer moves the collector's QP to ERROR (rxe class A,
+/// `message_too_long`): counted as a QP error and a drop, the connection is torn down with a
+/// `Goodbye`, and the agent's reconnect (new epoch) is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qp_error_is_counted_and_the_connection_rebuilt() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = uctel_collector::start(collector_config(dir.path()))
+        .await
+        .unwrap();
+    let mut opts = AgentOptions::new("qperr");
+    opts.capabilities = vec![DataPath::Send];
+    let mut agent = TestAgent::connect(running.control_addr(), opts.clone())
+        .await
+        .unwrap();
+    let mut metrics = MetricStream::new(1);
+    agent.send(metrics.frame(0, 1)).await;
+    // 5000 bytes into 4096-byte receive buffers.
+    agent.post_raw(1, &[0x55; 5000]);
+    agent.advance_conn_seq(1);
+    agent.flush().await;
+    let goodbye = agent.wait_closed().await.expect("collector says goodbye");
+    assert!(goodbye.detail.contains("ERROR"), "{goodbye:?}");
+    let text = eventually("agent disconnected", || {
+        let text = running.render_metrics().ok()?;
+        (sample(&text, "uctel_collector_agents_connected") == Some(0.0)).then_some(text)
+    })
+    .await;
+    assert_eq!(
+        sample(&text, "uctel_collector_qp_errors_total{agent=\"qperr\"}"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "uctel_collector_frames_dropped_total{agent=\"qperr\",reason=\"message_too_long\"}"
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    // The agent comes back with a new epoch and is served.
+    let mut again = TestAgent::connect(running.control_addr(), opts)
+        .await
+        .unwrap();
+    let mut metrics = MetricStream::new(1);
+    for step in 0..5 {
+        again.send(metrics.frame(step, 1)).await;
+    }
+    again.goodbye(vec![metrics.final_state()]).await;
+    let l = eventually("second connection settled", || {
+        let l = running.ledger("qperr");
+        l.first().filter(|(_, l)| l.accepted >= 6).map(|(_, l)| *l)
+    })
+    .await;
+    assert_eq!(l.accepted, 6, "{l:?}");
+    running.stop().await.unwrap();
+}

@@ -14,7 +14,11 @@ fn check_config_accepts_the_example() {
         .args(["--config", example, "--check-config"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("configuration is valid"));
 }
 
@@ -34,9 +38,18 @@ fn check_config_reports_every_problem_and_exits_2() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     let shown = path.display().to_string();
-    assert!(err.contains(&format!("{shown}:2:12: listen.control:")), "{err}");
-    assert!(err.contains(&format!("{shown}:3:3: listen.bogus: unknown field")), "{err}");
-    assert!(err.contains(&format!("{shown}:5:10: ring.slots: invalid type")), "{err}");
+    assert!(
+        err.contains(&format!("{shown}:2:12: listen.control:")),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("{shown}:3:3: listen.bogus: unknown field")),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("{shown}:5:10: ring.slots: invalid type")),
+        "{err}"
+    );
     assert!(err.contains("3 problem(s) found"), "{err}");
 }
 
@@ -62,9 +75,16 @@ fn runs_serves_metrics_and_stops_on_sigterm() {
     let metrics = loop {
         let line = lines.next().expect("collector exited early").unwrap();
         if let Some(rest) = line.split("metrics=").nth(1) {
-            let addr = rest.split_whitespace().next().unwrap().trim_end_matches(',');
+            let addr = rest
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .trim_end_matches(',');
             // Strip ANSI colour codes if any.
-            let addr: String = addr.chars().filter(|c| c.is_ascii_digit() || *c == '.' || *c == ':').collect();
+            let addr: String = addr
+                .chars()
+                .filter(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+                .collect();
             break addr;
         }
         assert!(start.elapsed() < Duration::from_secs(30), "no startup line");
@@ -75,7 +95,10 @@ fn runs_serves_metrics_and_stops_on_sigterm() {
     let mut body = String::new();
     s.read_to_string(&mut body).unwrap();
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
-    assert!(body.contains("uctel_collector_agents_connected 0"), "{body}");
+    assert!(
+        body.contains("uctel_collector_agents_connected 0"),
+        "{body}"
+    );
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -87,7 +110,10 @@ fn runs_serves_metrics_and_stops_on_sigterm() {
             assert!(status.success(), "exit status {status}");
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(30), "did not stop on SIGTERM");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "did not stop on SIGTERM"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }

@@ -292,6 +292,81 @@ impl TestAgent {
         }
     }
 
+    /// Sends many frames, posting up to 32 WRs per `post_send` (one `sendmmsg` batch) while
+    /// credits and send buffers allow.
+    pub async fn send_many(&mut self, frames: Vec<BuiltFrame>) {
+        let mut frames = frames.into_iter().peekable();
+        let start = Instant::now();
+        while frames.peek().is_some() {
+            self.poll_send_cq();
+            let window = if self.opts.ignore_credits {
+                u64::MAX
+            } else {
+                let w = u64::from(self.welcome.credit_window);
+                match self.consumed {
+                    None => w.saturating_sub(self.next_conn_seq),
+                    Some(c) => (c + w + 1).saturating_sub(self.next_conn_seq),
+                }
+            };
+            let free = SEND_SLOTS - (self.posted - self.completed);
+            let n = window.min(free).min(32);
+            if n == 0 {
+                assert!(start.elapsed() < DEADLINE, "no credit within {DEADLINE:?}");
+                self.service_control(Duration::from_millis(1)).await;
+                continue;
+            }
+            let mut stamped = Vec::new();
+            for f in frames.by_ref().take(n as usize) {
+                let c = self.next_conn_seq;
+                self.next_conn_seq += 1;
+                stamped.push((c, f.into_stamped(self.epoch, c)));
+            }
+            let mut offsets = Vec::with_capacity(stamped.len());
+            for (i, (_, bytes)) in stamped.iter().enumerate() {
+                let buf = ((self.posted + i as u64) % SEND_SLOTS) as usize * 4096;
+                self.mr.write_at(buf, bytes).expect("write send buffer");
+                offsets.push(buf);
+            }
+            let w = &self.welcome;
+            let data_path = self.data_path();
+            let mr = &self.mr;
+            let wrs: Vec<SendWr<'_>> = stamped
+                .iter()
+                .zip(&offsets)
+                .map(|((c, bytes), buf)| {
+                    let sge = Sge::new(mr, *buf, bytes.len() as u32);
+                    match data_path {
+                        DataPath::WriteWithImm => {
+                            let slot = c % u64::from(w.slots);
+                            SendWr::write_with_imm(
+                                *c,
+                                Some(sge),
+                                w.ring_addr + slot * u64::from(w.slot_bytes),
+                                w.rkey,
+                                *c as u32,
+                            )
+                        }
+                        _ => SendWr::send(*c, Some(sge)),
+                    }
+                })
+                .collect();
+            let mut rest: &[SendWr<'_>] = &wrs;
+            while !rest.is_empty() {
+                match self.qp.post_send(rest) {
+                    Ok(()) => rest = &[],
+                    Err(e) if e.is_full() => {
+                        rest = rest.get(e.posted..).unwrap_or(&[]);
+                        self.completed += drain_cq(&self.cq);
+                        std::thread::yield_now();
+                    }
+                    Err(e) => panic!("post_send: {e}"),
+                }
+            }
+            self.posted += wrs.len() as u64;
+            self.service_control(Duration::ZERO).await;
+        }
+    }
+
     /// Posts raw bytes as the frame with connection sequence `c` (no stamping: tests use it
     /// for malformed frames). Does not advance the connection sequence.
     pub fn post_raw(&mut self, c: u64, bytes: &[u8]) {
@@ -350,6 +425,27 @@ impl TestAgent {
         while self.reports == seen {
             assert!(start.elapsed() < DEADLINE, "no Report");
             self.service_control(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Reads until the collector closes the connection; returns its `Goodbye`, if it sent one.
+    pub async fn wait_closed(&mut self) -> Option<Goodbye> {
+        let mut last = None;
+        let start = Instant::now();
+        loop {
+            match tokio::time::timeout(Duration::from_millis(100), self.ch.recv()).await {
+                Ok(Ok(Some(m))) => {
+                    if let Some(Body::Goodbye(g)) = m.body {
+                        last = Some(g);
+                    }
+                }
+                Ok(Ok(None)) | Ok(Err(_)) => return last,
+                Err(_) => {}
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "collector kept the connection open"
+            );
         }
     }
 
