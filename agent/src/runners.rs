@@ -36,12 +36,27 @@ use crate::stream::Stream;
 pub struct Handoff {
     offered: AtomicU64,
     handed: AtomicU64,
+    /// Makes "append to the queue" and "count as offered" one step, so that with several
+    /// tailers the offered count follows queue order.
+    order: std::sync::Mutex<()>,
 }
 
 impl Handoff {
     /// Records `n` more offered records; returns the new offered total (the caller's mark).
     pub fn offered(&self, n: u64) -> u64 {
         self.offered.fetch_add(n, Ordering::AcqRel) + n
+    }
+
+    /// Offers `records` to `queue` and counts those accepted as offered, as one step.
+    /// Returns `(accepted, mark)`.
+    pub fn offer<T>(&self, queue: &RecordQueue<T>, records: Vec<T>) -> (u64, u64) {
+        let _order = self
+            .order
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = records.len() as u64;
+        let accepted = n - queue.offer(records) as u64;
+        (accepted, self.offered(accepted))
     }
 
     /// Records `n` more records handed to the framer (or accounted as dropped by the sender).
@@ -328,8 +343,15 @@ pub fn log_tailer_loop(
                 tracing::debug!(error = %e, "log source read error");
             }
             if !out.is_empty() {
-                let accepted = offer(&queues.logs, std::mem::take(&mut out), Stream::Logs, &stats);
-                mark = queues.logs_handoff.offered(accepted);
+                let n = out.len() as u64;
+                let (accepted, m) = queues
+                    .logs_handoff
+                    .offer(&queues.logs, std::mem::take(&mut out));
+                mark = m;
+                if accepted < n {
+                    stats.dropped(Stream::Logs, DropReason::SourceOverflow, 0, n - accepted);
+                }
+                stats.set_queue_records(Stream::Logs, queues.logs.len());
             }
             let now = tailer.counts().clone();
             metrics.add(&before, &now);
