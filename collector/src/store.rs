@@ -210,7 +210,15 @@ impl SeriesStore {
         let mut out = IngestOutcome::default();
         let mut guard = self.lock();
         let inner = &mut *guard;
-        let entry = inner.agents.entry(agent.to_string()).or_default();
+        // Look the agent up by `&str` first: an owned key is only built for a new agent.
+        if !inner.agents.contains_key(agent) {
+            inner
+                .agents
+                .insert(agent.to_string(), AgentSeries::default());
+        }
+        let Some(entry) = inner.agents.get_mut(agent) else {
+            return out;
+        };
         if entry.instance != instance {
             entry.instance = instance.to_string();
         }
@@ -233,9 +241,12 @@ impl SeriesStore {
                 continue;
             }
             let key: SeriesKey = (m.name.clone(), series_labels(m));
-            let is_new = !entry.series.contains_key(&key);
-            if is_new {
-                if entry.series.len() >= self.cap_per_agent {
+            // One hash of the key for an existing series (the common case: every frame
+            // refreshes the same series): update it in place.
+            let stored = entry.series.len();
+            let existing = entry.series.get_mut(&key);
+            if existing.is_none() {
+                if stored >= self.cap_per_agent {
                     out.reject(SampleRejection::SeriesCap);
                     continue;
                 }
@@ -261,13 +272,16 @@ impl SeriesStore {
                     sum: m.sum,
                 },
             };
-            entry.series.insert(
-                key,
-                Sample {
-                    value,
-                    updated: now,
-                },
-            );
+            let sample = Sample {
+                value,
+                updated: now,
+            };
+            match existing {
+                Some(slot) => *slot = sample,
+                None => {
+                    entry.series.insert(key, sample);
+                }
+            }
             out.stored += 1;
         }
         out
