@@ -459,3 +459,106 @@ async fn local_metrics_endpoint_serves_self_metrics() {
         "{body}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_neither_repeats_nor_loses_log_lines() {
+    let mut fake = support::start(support::FakeConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let log = dir.path().join("app.log");
+    let first: Vec<String> = (0..40).map(|i| format!("before restart {i}")).collect();
+    std::fs::write(&log, first.join("\n") + "\n").unwrap_or_else(|e| panic!("{e}"));
+    let mut delivered: Vec<String> = Vec::new();
+    for round in 0..2 {
+        if round == 1 {
+            // Written while the agent is down.
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&log)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let more: Vec<String> = (0..25).map(|i| format!("while down {i}")).collect();
+            std::io::Write::write_all(&mut f, (more.join("\n") + "\n").as_bytes())
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let cfg = config(fake.addr, dir.path(), "");
+        let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
+        let (trigger, shutdown) = uctel_common::shutdown::channel();
+        let agent = tokio::spawn(run_with(
+            cfg,
+            Options {
+                stats: Some(stats.clone()),
+                metrics_listener: None,
+            },
+            shutdown,
+        ));
+        let want = if round == 0 { 40 } else { 25 };
+        wait_until("log lines sent", Duration::from_secs(10), || {
+            stats.records_sent(Stream::Logs) >= want
+        })
+        .await;
+        trigger.trigger();
+        let _ = tokio::time::timeout(Duration::from_secs(20), agent).await;
+        let s = fake
+            .sessions
+            .recv()
+            .await
+            .unwrap_or_else(|| panic!("no session"));
+        delivered.extend(
+            s.frames
+                .iter()
+                .filter_map(|(_, f)| match &f.payload {
+                    Payload::Logs(b) => Some(
+                        b.records
+                            .iter()
+                            .map(|r| r.message.clone())
+                            .collect::<Vec<_>>(),
+                    ),
+                    _ => None,
+                })
+                .flatten(),
+        );
+    }
+    let mut expected = (0..40)
+        .map(|i| format!("before restart {i}"))
+        .collect::<Vec<_>>();
+    expected.extend((0..25).map(|i| format!("while down {i}")));
+    assert_eq!(delivered, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_collector_records_are_dropped_not_connected_and_shutdown_still_works() {
+    // A port nothing listens on.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+        l.local_addr().unwrap_or_else(|e| panic!("{e}"))
+    };
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let cfg = config(closed, dir.path(), "");
+    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
+    let (trigger, shutdown) = uctel_common::shutdown::channel();
+    let agent = tokio::spawn(run_with(
+        cfg,
+        Options {
+            stats: Some(stats.clone()),
+            metrics_listener: None,
+        },
+        shutdown,
+    ));
+    wait_until("not_connected drops", Duration::from_secs(10), || {
+        stats.records_dropped(Stream::Metrics, DropReason::NotConnected) > 100
+    })
+    .await;
+    assert!(!stats.connected());
+    assert_eq!(sent_frames(&stats), 0);
+    trigger.trigger();
+    let summary = tokio::time::timeout(Duration::from_secs(10), agent)
+        .await
+        .unwrap_or_else(|_| panic!("agent did not stop"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(summary.sessions, 0);
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "shutdown took {:?}",
+        t0.elapsed()
+    );
+}
