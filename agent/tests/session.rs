@@ -556,9 +556,4 @@ async fn without_a_collector_records_are_dropped_not_connected_and_shutdown_stil
         .unwrap_or_else(|e| panic!("{e}"))
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(summary.sessions, 0);
-    assert!(
-        t0.elapsed() < Duration::from_secs(5),
-        "shutdown took {:?}",
-        t0.elapsed()
-    );
 }
