@@ -15,9 +15,10 @@
 //! ways. The session ends on shutdown (final frames, then `Goodbye` with the final
 //! sequences), on the collector's `Goodbye`, on a dead or broken control connection, or on a
 //! QP error. The connection loop then waits with exponential backoff and ±50 % jitter and
-//! starts a new session with a new epoch. While there is no session, queued records are
-//! dropped as `not_connected` (telemetry is fresh or worthless; log lines wait in their files
-//! because the tailers only read what the queue can hold).
+//! starts a new session with a new epoch. While there is no session, queued metric samples
+//! are dropped as `not_connected` (a sample is fresh or worthless); log lines wait in their
+//! bounded queue and, beyond it, in their files, because the tailers only read what the queue
+//! can hold.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -246,13 +247,13 @@ async fn connection_loop(
         let wait = backoff(initial, max, attempt, rand::random::<f64>());
         attempt = attempt.saturating_add(1);
         let until = tokio::time::Instant::now() + wait;
-        // Wait, dropping what the sources queue meanwhile as `not_connected`.
+        // Wait, dropping the metric samples queued meanwhile as `not_connected`; log lines
+        // stay in their bounded queue and files.
         loop {
-            pump::discard_queued(queues, stats, DropReason::NotConnected);
+            pump::discard_queued_metrics(queues, stats, DropReason::NotConnected);
             tokio::select! {
                 () = tokio::time::sleep_until(until) => break,
                 () = queues.metrics.notified() => {}
-                () = queues.logs.notified() => {}
                 () = shutdown.wait() => break,
             }
         }

@@ -525,7 +525,7 @@ async fn a_restart_neither_repeats_nor_loses_log_lines() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_a_collector_records_are_dropped_not_connected_and_shutdown_still_works() {
+async fn without_a_collector_samples_are_dropped_not_connected_and_log_lines_wait() {
     // A port nothing listens on.
     let closed = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
@@ -543,17 +543,51 @@ async fn without_a_collector_records_are_dropped_not_connected_and_shutdown_stil
         },
         shutdown,
     ));
+    let log = dir.path().join("app.log");
+    let lines: Vec<String> = (0..30)
+        .map(|i| format!("while the collector is away {i}"))
+        .collect();
+    std::fs::write(&log, lines.join("\n") + "\n").unwrap_or_else(|e| panic!("{e}"));
     wait_until("not_connected drops", Duration::from_secs(10), || {
         stats.records_dropped(Stream::Metrics, DropReason::NotConnected) > 100
     })
     .await;
     assert!(!stats.connected());
     assert_eq!(sent_frames(&stats), 0);
+    // Log lines are not dropped while disconnected: they wait, bounded, for a connection.
+    assert_eq!(stats.records_dropped_all(Stream::Logs), 0);
+    let mut fake = support::start_on(closed, support::FakeConfig::default()).await;
+    wait_until(
+        "log lines after the collector came",
+        Duration::from_secs(10),
+        || stats.records_sent(Stream::Logs) >= 30,
+    )
+    .await;
     trigger.trigger();
     let summary = tokio::time::timeout(Duration::from_secs(10), agent)
         .await
         .unwrap_or_else(|_| panic!("agent did not stop"))
         .unwrap_or_else(|e| panic!("{e}"))
         .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(summary.sessions, 0);
+    assert_eq!(summary.sessions, 1);
+    let s = fake
+        .sessions
+        .recv()
+        .await
+        .unwrap_or_else(|| panic!("no session"));
+    let got: Vec<String> = s
+        .frames
+        .iter()
+        .filter_map(|(_, f)| match &f.payload {
+            Payload::Logs(b) => Some(
+                b.records
+                    .iter()
+                    .map(|r| r.message.clone())
+                    .collect::<Vec<_>>(),
+            ),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(got, lines);
 }

@@ -64,8 +64,20 @@ pub fn pull(core: &mut SenderCore, queues: &Queues, stats: &SelfMetrics) {
     stats.set_queue_records(Stream::Logs, queues.logs.len());
 }
 
-/// Drops every queued record with `reason` (while there is no connection), keeping the
-/// hand-off accounting of the logs queue.
+/// Drops every queued metric sample with `reason` (while there is no connection: a sample
+/// is fresh or worthless). Log lines are left queued: the queue is bounded and the log
+/// tailers read no more than it holds, so the files buffer the rest until a connection is
+/// back.
+pub fn discard_queued_metrics(queues: &Queues, stats: &SelfMetrics, reason: DropReason) {
+    let m = queues.metrics.take_all().len() as u64;
+    if m > 0 {
+        stats.dropped(Stream::Metrics, reason, 0, m);
+    }
+    stats.set_queue_records(Stream::Metrics, 0);
+}
+
+/// Drops every queued record with `reason` (at shutdown), keeping the hand-off accounting
+/// of the logs queue so the tailers can write their final checkpoints.
 pub fn discard_queued(queues: &Queues, stats: &SelfMetrics, reason: DropReason) {
     let m = queues.metrics.take_all().len() as u64;
     if m > 0 {

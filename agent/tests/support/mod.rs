@@ -92,7 +92,11 @@ pub struct FakeCollector {
 }
 
 pub async fn start(cfg: FakeConfig) -> FakeCollector {
-    let listener = TcpListener::bind("127.0.0.1:0")
+    start_on("127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")), cfg).await
+}
+
+pub async fn start_on(addr: SocketAddr, cfg: FakeConfig) -> FakeCollector {
+    let listener = TcpListener::bind(addr)
         .await
         .unwrap_or_else(|e| panic!("bind: {e}"));
     let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
