@@ -177,7 +177,7 @@ pub struct RingConfig {
     /// outstanding (DESIGN.md §4 credits). Default 64.
     pub credit_margin_slots: u32,
     /// Receive WRs with `max_frame_bytes` buffers kept posted for the Send data path.
-    /// Default 256.
+    /// Default 256. On that path the credit window is at most this many frames.
     pub send_buffers: u32,
     /// Capacity of the completion-poller → worker SPSC descriptor queue (a full queue drops,
     /// counted as `queue_full`). Default 8192.
@@ -494,8 +494,11 @@ impl Validate for Config {
             p.push("transport.verbs.port", "ports are numbered from 1");
         }
         let r = &self.ring;
-        if r.slots < 2 {
-            p.push("ring.slots", "must be at least 2");
+        if r.slots < 2 || r.slots > 1 << 16 {
+            p.push(
+                "ring.slots",
+                "must be in 2..=65536 (one receive WR per slot; 65536 is the largest queue)",
+            );
         }
         if r.slot_bytes < frame {
             p.push(
@@ -515,8 +518,8 @@ impl Validate for Config {
                 format!("must be below ring.slots ({})", r.slots),
             );
         }
-        if r.send_buffers == 0 {
-            p.push("ring.send_buffers", "must be at least 1");
+        if r.send_buffers == 0 || r.send_buffers > 1 << 16 {
+            p.push("ring.send_buffers", "must be in 1..=65536");
         }
         if r.descriptor_queue < 2 {
             p.push("ring.descriptor_queue", "must be at least 2");

@@ -376,7 +376,6 @@ async fn refuse(ch: &mut ControlChannel<TcpStream>, shared: &Shared, peer: Socke
     ch.shutdown().await;
 }
 
-#[allow(clippy::too_many_lines)]
 async fn run_session(
     ch: &mut ControlChannel<TcpStream>,
     shared: &Shared,
@@ -456,7 +455,13 @@ async fn run_session(
         slots: geometry.slots,
         slot_bytes: geometry.slot_bytes,
         max_frame_bytes: geometry.max_frame_bytes,
-        credit_window: cfg.ring.credit_window().max(1),
+        // Send path: never more frames outstanding than posted receive buffers (an empty
+        // receive queue drops silently, DESIGN.md §4).
+        credit_window: match accepted.data_path {
+            DataPath::Send => cfg.ring.credit_window().min(geometry.send_buffers),
+            _ => cfg.ring.credit_window(),
+        }
+        .max(1),
         heartbeat_interval_ms: millis(heartbeat),
         report_interval_ms: millis(report_every),
         data_path: accepted.data_path as i32,
