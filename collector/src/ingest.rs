@@ -30,7 +30,7 @@ use std::time::Instant;
 use uctel_protocol::control::{Goodbye, Report, StreamReport};
 use uctel_protocol::frame::{peek_conn_seq, Frame, FrameError, FrameKind};
 use uctel_protocol::limits::Limits;
-use uctel_protocol::payload::{self, PayloadError, RecordError};
+use uctel_protocol::payload::{self, MetricBatch, PayloadError, RecordError};
 use uctel_protocol::tracker::{CloseError, Observation, SequenceTracker, TrackerConfig};
 
 use crate::logsink::{LogContext, LogSink};
@@ -77,7 +77,7 @@ pub struct StreamLedger {
     pub dropped_after_tracking: u64,
     /// Records in accepted frames.
     pub records_received: u64,
-    /// Records missing (from the cumulative record counts).
+    /// Records missing (from the cumulative record counts), net of late arrivals.
     pub records_lost: u64,
 }
 
@@ -116,12 +116,14 @@ impl StreamState {
             duplicate: c.duplicate,
             dropped_after_tracking: self.dropped_after_tracking,
             records_received: self.records_received,
-            records_lost: self.records_lost_emitted,
+            records_lost: self.max_record_count.saturating_sub(self.records_received),
         }
     }
 
-    /// Records lost so far: the highest cumulative count seen minus what arrived; the
-    /// counter only moves up.
+    /// Records lost so far: the highest cumulative count seen minus what arrived. The
+    /// Prometheus counter only moves up: records of a frame that arrives late (after its gap
+    /// was counted) are not taken back, as `frames_lost_total` is not (`frames_late_total`
+    /// counts those frames); the ledger and `Report` use the net value.
     fn update_records_lost(&mut self) {
         let lost = self.max_record_count.saturating_sub(self.records_received);
         if lost > self.records_lost_emitted {
@@ -157,6 +159,9 @@ pub struct ConnectionIngest {
     dropped_before_tracking: u64,
     conn_lost_emitted: u64,
     unseen_conn_lost: u64,
+    /// Decode buffer reused for every metrics frame (`decode_metric_batch_into`), so the
+    /// steady state allocates no metric name, help or label vector per frame.
+    metrics: MetricBatch,
 }
 
 impl ConnectionIngest {
@@ -190,6 +195,7 @@ impl ConnectionIngest {
             dropped_before_tracking: 0,
             conn_lost_emitted: 0,
             unseen_conn_lost: 0,
+            metrics: MetricBatch::default(),
         })
     }
 
@@ -287,6 +293,12 @@ impl ConnectionIngest {
         }
         // Connection sequence.
         let conn_obs = self.conn.observe(self.epoch, header.conn_seq);
+        if conn_obs == Observation::First
+            && header.conn_seq > 0
+            && header.conn_seq <= self.tracker_config.max_dropout
+        {
+            self.unseen_conn_lost = header.conn_seq;
+        }
         if let Observation::Stale { reason } = conn_obs {
             return self.drop(
                 DropReason::StaleFrame,
@@ -359,25 +371,28 @@ impl ConnectionIngest {
         // Payload.
         let body = frame.payload();
         let delivered: Result<usize, PayloadError> = match header.kind {
-            FrameKind::Metrics => payload::decode_metric_batch(body, &self.limits).map(|batch| {
-                let out = self
-                    .store
-                    .ingest(&self.agent, &self.instance, &batch.metrics, now);
-                for (rejection, n) in &out.rejected {
-                    self.tel.drop_records(
-                        rejection.drop_reason(),
-                        *n,
-                        &format_args!(
-                            "stream {} stream_seq {}: {} sample(s) not stored ({})",
-                            header.stream_id,
-                            header.stream_seq,
-                            n,
-                            rejection.as_str()
-                        ),
-                    );
-                }
-                batch.metrics.len()
-            }),
+            FrameKind::Metrics => {
+                payload::decode_metric_batch_into(body, &self.limits, &mut self.metrics).map(|()| {
+                    let batch = &self.metrics;
+                    let out = self
+                        .store
+                        .ingest(&self.agent, &self.instance, &batch.metrics, now);
+                    for (rejection, n) in &out.rejected {
+                        self.tel.drop_records(
+                            rejection.drop_reason(),
+                            *n,
+                            &format_args!(
+                                "stream {} stream_seq {}: {} sample(s) not stored ({})",
+                                header.stream_id,
+                                header.stream_seq,
+                                n,
+                                rejection.as_str()
+                            ),
+                        );
+                    }
+                    batch.metrics.len()
+                })
+            }
             FrameKind::Logs => payload::decode_log_batch(body, &self.limits).map(|batch| {
                 let ctx = LogContext {
                     agent: &self.agent,
@@ -452,7 +467,7 @@ impl ConnectionIngest {
             consumed_conn_seq: self.consumed.unwrap_or(0),
             streams,
             conn_received: counts.received,
-            conn_lost: counts.lost,
+            conn_lost: counts.lost.saturating_add(self.unseen_conn_lost),
             conn_loss_fraction: conn.fraction_lost.clamp(0.0, 1.0),
         }
     }
@@ -466,7 +481,9 @@ impl ConnectionIngest {
                 Err(CloseError::EpochNotObserved { .. }) => {
                     // Nothing of this connection arrived: the whole sequence 0..=final is
                     // lost (connection sequences start at 0 each epoch).
-                    self.unseen_conn_lost = final_conn.saturating_add(1);
+                    self.unseen_conn_lost = self
+                        .unseen_conn_lost
+                        .saturating_add(final_conn.saturating_add(1));
                 }
                 Err(e) => {
                     tracing::warn!(agent = %self.agent, error = %e, "goodbye: connection sequence not settled")
@@ -819,5 +836,75 @@ mod tests {
         assert_eq!(report.conn_lost, 1);
         assert_eq!(report.streams.len(), 1);
         assert!((report.streams[0].loss_fraction - 0.25).abs() < 1e-9);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Any delivery pattern (loss, duplicates, reordering within a window, a bad payload)
+        /// settles to `sent == accepted + lost + dropped_after_tracking` per stream, and to
+        /// the records sent, after `Goodbye`.
+        #[test]
+        fn accounting_identity_holds_for_any_delivery(
+            sent in 1u64..300,
+            fate in proptest::collection::vec(0u8..10, 300),
+            swaps in proptest::collection::vec((0usize..300, 0usize..8), 0..40),
+        ) {
+            let mut r = rig();
+            // Frames alternate between streams 1 and 2; conn_seq = index.
+            let mut seqs = [0u64; 3];
+            let mut frames = Vec::new();
+            for c in 0..sent {
+                let stream = 1 + (c % 2) as u32;
+                let s = seqs[stream as usize];
+                seqs[stream as usize] += 1;
+                frames.push(frame(c, stream, s, s + 1));
+            }
+            // Fate: 0-1 lost, 2 duplicated, 3 corrupted (CRC), otherwise delivered once.
+            let mut wire: Vec<Vec<u8>> = Vec::new();
+            for (i, f) in frames.iter().enumerate() {
+                match fate[i] {
+                    0 | 1 => {}
+                    2 => {
+                        wire.push(f.clone());
+                        wire.push(f.clone());
+                    }
+                    3 => {
+                        let mut bad = f.clone();
+                        let last = bad.len() - 1;
+                        bad[last] ^= 1;
+                        wire.push(bad);
+                    }
+                    _ => wire.push(f.clone()),
+                }
+            }
+            for (i, d) in swaps {
+                let j = i.saturating_add(d);
+                if i < wire.len() && j < wire.len() {
+                    wire.swap(i, j);
+                }
+            }
+            for w in &wire {
+                let _ = r.ingest.on_send(w, now());
+            }
+            let streams: Vec<StreamFinal> = (1..=2u32)
+                .filter(|s| seqs[*s as usize] > 0)
+                .map(|s| StreamFinal {
+                    stream_id: s,
+                    final_stream_seq: Some(seqs[s as usize] - 1),
+                    final_record_count: seqs[s as usize],
+                })
+                .collect();
+            let summary = r.ingest.close(&Goodbye {
+                final_conn_seq: Some(sent - 1),
+                streams,
+                ..Default::default()
+            });
+            for (id, l) in &summary.streams {
+                let n = seqs[*id as usize];
+                proptest::prop_assert_eq!(n, l.accepted + l.lost + l.dropped_after_tracking, "stream {} {:?}", id, l);
+                proptest::prop_assert_eq!(n, l.records_received + l.records_lost, "records {} {:?}", id, l);
+            }
+            proptest::prop_assert_eq!(summary.conn_received + summary.conn_lost, sent);
+        }
     }
 }

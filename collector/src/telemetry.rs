@@ -11,7 +11,11 @@
 //! * `frames_received_total{agent,stream}`: frames accepted (header, CRC and payload good,
 //!   new in the stream's sequence).
 //! * `frames_lost_total{agent,stream}`: frames missing from the stream's sequence (RFC 3550
-//!   A.3 "expected − received"), settled at `Goodbye` for the tail.
+//!   A.3 "expected − received"), counted when the gap is seen (leading gap at the first
+//!   frame, tail at `Goodbye`). A counter never goes down, so a frame that arrives late after
+//!   its gap was counted is not taken back; it is counted in `frames_late_total` instead:
+//!   net loss = `frames_lost_total − frames_late_total` (the `Report` to the agent carries the
+//!   net value). `records_lost_total` works the same way.
 //! * `frames_dropped_total{agent,reason}`: frames the collector received but discarded.
 //!   A frame discarded *before* its header could be trusted (transport reasons, `queue_full`,
 //!   `ring_overrun`, `imm_mismatch`, `torn_slot`, `crc_mismatch`, `malformed_frame`) never
@@ -239,7 +243,7 @@ impl Telemetry {
         )?;
         let frames_lost = counter(
             "frames_lost_total",
-            "Frames missing from the stream sequence (gaps; tail settled at Goodbye).",
+            "Frames missing from the stream sequence, counted when the gap is seen (tail settled at Goodbye); late arrivals are in frames_late_total.",
             &["agent", "stream"],
         )?;
         let records_lost = counter(
