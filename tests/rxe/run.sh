@@ -39,6 +39,7 @@ ALL_SCENARIOS=(
   verbs_no_recv_wr
   soft_to_rxe
   rxe_to_soft
+  verbs_async_events
   verbs_send_bench
 )
 

@@ -6,6 +6,11 @@
 //! ```text
 //! rxe_uc recv --listen IP:PORT [options]     create a QP, wait for the sender, check messages
 //! rxe_uc send --connect IP:PORT [options]    connect and send
+//! rxe_uc cq-overflow [options]   two connected QPs in one process; the receiver's CQ is left
+//!                                unpolled until it overflows: expects the CQ error event and
+//!                                the QP in ERROR, refusing further sends
+//! rxe_uc port-events [options]   prints READY, then waits for the device port to go down and
+//!                                up again (the caller toggles the netdev): expects both events
 //!
 //! --transport verbs|soft   transport of this side (default verbs)
 //! --device NAME            verbs: RDMA device (default: the first)
@@ -36,9 +41,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use uctel_transport::api::{
-    AccessFlags, CompletionQueue, Device, DeviceConfig, MemoryRegion, ProtectionDomain, QpEndpoint,
-    QpInitAttr, QueuePair, RecvWr, SendWr, Sge, TransportKind, VerbsConfig, WcOpcode, WcStatus,
-    WorkCompletion,
+    AccessFlags, AsyncEvent, CompletionQueue, Device, DeviceConfig, MemoryRegion, ProtectionDomain,
+    QpEndpoint, QpInitAttr, QpState, QueuePair, RecvWr, SendWr, Sge, TransportKind, VerbsConfig,
+    WcOpcode, WcStatus, WorkCompletion,
 };
 use uctel_transport::soft::device::SoftConfig;
 
@@ -262,13 +267,28 @@ fn wait_cq(cq: &CompletionQueue, kind: TransportKind, block: bool) -> Result<()>
     Ok(())
 }
 
-/// Fails on any asynchronous event (QP fatal, CQ error, port change), looking at most every
-/// 10 ms: on verbs each look is a system call.
-fn check_events(dev: &Device, last: &mut Instant) -> Result<()> {
-    if last.elapsed() < Duration::from_millis(10) {
-        return Ok(());
+/// Counts idle rounds of a polling loop so that slow checks (asynchronous events, clocks) run
+/// only every [`Idle::EVERY`] rounds: in the TCG guest the clock source is an emulated HPET,
+/// where every `clock_gettime` is a system call plus device emulation, and an `Instant::now()`
+/// per spin would slow the data path being measured.
+#[derive(Debug, Default)]
+struct Idle {
+    rounds: u64,
+}
+
+impl Idle {
+    const EVERY: u64 = 4096;
+
+    /// Whether this idle round should run the slow checks: every round when the loop blocks
+    /// between rounds anyway, every [`Idle::EVERY`] rounds when it spins.
+    fn tick(&mut self, blocking: bool) -> bool {
+        self.rounds = self.rounds.wrapping_add(1);
+        blocking || self.rounds % Self::EVERY == 0
     }
-    *last = Instant::now();
+}
+
+/// Fails on any asynchronous event (QP fatal, CQ error, port change).
+fn check_events(dev: &Device) -> Result<()> {
     if let Some(ev) = dev.poll_async_event() {
         return Err(format!("async event: {ev:?}"));
     }
@@ -431,7 +451,7 @@ struct Receiver<'a> {
     budget: u64,
     next_wr_id: u64,
     tally: RecvTally,
-    events_checked: Instant,
+    idle: Idle,
 }
 
 impl<'a> Receiver<'a> {
@@ -534,8 +554,10 @@ impl<'a> Receiver<'a> {
         for wc in wcs.iter().take(n) {
             self.on_completion(wc);
         }
-        check_events(&self.s.device, &mut self.events_checked)?;
         if n == 0 {
+            if self.idle.tick(!self.a.bench) {
+                check_events(&self.s.device)?;
+            }
             wait_cq(&self.s.recv_cq, self.a.transport, !self.a.bench)?;
         }
         Ok(n)
@@ -568,7 +590,9 @@ impl<'a> Receiver<'a> {
             }
             if self.step()? > 0 {
                 last = Instant::now();
-            } else if last.elapsed() >= quiet {
+            } else if (self.idle.rounds % Idle::EVERY == 0 || !self.a.bench)
+                && last.elapsed() >= quiet
+            {
                 return Ok(());
             }
         }
@@ -605,7 +629,7 @@ fn run_recv(a: &Args) -> Result<String> {
         budget: hold_from.min(a.count),
         next_wr_id: 0,
         tally: RecvTally::default(),
-        events_checked: Instant::now(),
+        idle: Idle::default(),
     };
     r.post()?;
     s.qp.connect(&remote).map_err(|e| e.to_string())?;
@@ -700,7 +724,7 @@ struct Sender<'a> {
     retired: u64,
     signal_every: u64,
     scratch: Vec<u8>,
-    events_checked: Instant,
+    idle: Idle,
 }
 
 impl<'a> Sender<'a> {
@@ -727,7 +751,9 @@ impl<'a> Sender<'a> {
         while seq < to {
             if seq - self.retired >= window {
                 if self.reap()? == 0 {
-                    check_events(&self.s.device, &mut self.events_checked)?;
+                    if self.idle.tick(!self.a.bench) {
+                        check_events(&self.s.device)?;
+                    }
                     wait_cq(&self.s.send_cq, self.a.transport, !self.a.bench)?;
                 }
                 continue;
@@ -777,8 +803,8 @@ impl<'a> Sender<'a> {
         }
         let deadline = Instant::now() + self.a.timeout;
         while self.retired < to {
-            if self.reap()? == 0 {
-                check_events(&self.s.device, &mut self.events_checked)?;
+            if self.reap()? == 0 && self.idle.tick(!self.a.bench) {
+                check_events(&self.s.device)?;
                 if Instant::now() > deadline {
                     return Err(format!(
                         "sends not completed: retired {} of {to}",
@@ -840,7 +866,7 @@ fn run_send(a: &Args) -> Result<String> {
         retired: 0,
         signal_every: if a.bench { 64 } else { 16 },
         scratch: vec![0u8; a.size],
-        events_checked: Instant::now(),
+        idle: Idle::default(),
     };
     let mut elapsed = Duration::ZERO;
     let mut sent = 0u64;
@@ -893,11 +919,142 @@ fn run_send(a: &Args) -> Result<String> {
     ))
 }
 
+// ---------------------------------------------------------------------------------------------
+// Asynchronous events
+// ---------------------------------------------------------------------------------------------
+
+/// Collects asynchronous events until `done` says enough or the timeout passes.
+fn collect_events(
+    dev: &Device,
+    timeout: Duration,
+    mut done: impl FnMut(&[AsyncEvent]) -> bool,
+) -> Vec<AsyncEvent> {
+    let deadline = Instant::now() + timeout;
+    let mut seen = Vec::new();
+    while Instant::now() < deadline && !done(&seen) {
+        match dev.poll_async_event() {
+            Some(ev) => {
+                eprintln!("async event: {ev:?}");
+                seen.push(ev);
+            }
+            None => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+    seen
+}
+
+/// A receive CQ that is never polled overflows; the device reports `CQ_ERR` and the QP that
+/// could not complete moves to ERROR (IBTA class G; rxe `RESPST_ERR_CQ_OVERFLOW`). The
+/// transport must surface both: the event, the QP state, and a refused `post_send`.
+fn run_cq_overflow(a: &Args) -> Result<String> {
+    let rx = open(a)?;
+    let device = &rx.device;
+    // The receiving QP gets a small CQ of its own.
+    let small_cq = device.create_cq(8).map_err(|e| e.to_string())?;
+    let depth = small_cq.depth();
+    let wrs = depth + 16;
+    let qp_rx = rx
+        .pd
+        .create_qp(&QpInitAttr {
+            send_cq: &rx.send_cq,
+            recv_cq: &small_cq,
+            max_send_wr: SQ_DEPTH,
+            max_recv_wr: wrs,
+            access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            max_mtu: None,
+        })
+        .map_err(|e| e.to_string())?;
+    let ring = rx
+        .pd
+        .reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .map_err(|e| e.to_string())?;
+    let src = rx
+        .pd
+        .reg_mr(4096, AccessFlags::LOCAL_WRITE)
+        .map_err(|e| e.to_string())?;
+    let list: Vec<RecvWr<'_>> = (0..u64::from(wrs)).map(RecvWr::zero_length).collect();
+    qp_rx.post_recv(&list).map_err(|e| e.to_string())?;
+    qp_rx
+        .connect(&rx.qp.local_endpoint())
+        .map_err(|e| e.to_string())?;
+    rx.qp
+        .connect(&qp_rx.local_endpoint())
+        .map_err(|e| e.to_string())?;
+    let sge = Some(Sge::new(&src, 0, 64));
+    let sends: Vec<SendWr<'_>> = (0..u64::from(wrs))
+        .map(|i| SendWr::write_with_imm(i, sge, ring.addr(), ring.rkey(), i as u32))
+        .collect();
+    for chunk in sends.chunks(16) {
+        rx.qp.post_send(chunk).map_err(|e| e.to_string())?;
+    }
+    let handle = small_cq.handle();
+    let events = collect_events(device, a.timeout, |seen| {
+        seen.iter()
+            .any(|e| matches!(e, AsyncEvent::CqError { cq } if *cq == handle))
+    });
+    let state = qp_rx.state();
+    let refused = qp_rx.post_send(&[SendWr::send(0, None)]);
+    let summary = format!(
+        "role=cq-overflow cq_depth={depth} writes={wrs} events={events:?} qp_state={state} post_send_after={}",
+        match &refused {
+            Ok(()) => "accepted".to_owned(),
+            Err(e) => e.to_string(),
+        }
+    );
+    if !events
+        .iter()
+        .any(|e| matches!(e, AsyncEvent::CqError { cq } if *cq == handle))
+    {
+        return Err(format!("{summary}: no CQ error event"));
+    }
+    if state != QpState::Error {
+        return Err(format!("{summary}: the QP is not in ERROR"));
+    }
+    if refused.is_ok() {
+        return Err(format!("{summary}: post_send on an ERROR QP was accepted"));
+    }
+    // Destroy the QPs before the MRs they wrote into: rxe 6.1 keeps a reference from a QP that
+    // failed in the middle of an inbound RDMA WRITE to the target MR, and deregistering that MR
+    // first blocks for rxe's pool cleanup timeout (about 50 s, "WARNING ... rxe_pool.c:255
+    // __rxe_cleanup").
+    drop(qp_rx);
+    drop(rx);
+    Ok(summary)
+}
+
+/// Waits for the port to go down and come back (the scenario toggles the netdev under rxe):
+/// `IBV_EVENT_PORT_ERR` then `IBV_EVENT_PORT_ACTIVE`, surfaced as [`AsyncEvent::PortChange`].
+fn run_port_events(a: &Args) -> Result<String> {
+    let s = open(a)?;
+    println!("READY");
+    let _ = std::io::stdout().flush();
+    let down_then_up = |seen: &[AsyncEvent]| {
+        let down = seen
+            .iter()
+            .position(|e| matches!(e, AsyncEvent::PortChange { active: false, .. }));
+        down.is_some_and(|d| {
+            seen.iter()
+                .skip(d)
+                .any(|e| matches!(e, AsyncEvent::PortChange { active: true, .. }))
+        })
+    };
+    let events = collect_events(&s.device, a.timeout, down_then_up);
+    let summary = format!("role=port-events events={events:?}");
+    if !down_then_up(&events) {
+        return Err(format!("{summary}: expected port down then up"));
+    }
+    Ok(summary)
+}
+
 fn main() -> ExitCode {
     let result = parse_args().and_then(|a| match a.role.as_str() {
         "recv" => run_recv(&a),
         "send" => run_send(&a),
-        r => Err(format!("unknown role {r:?} (recv or send)")),
+        "cq-overflow" => run_cq_overflow(&a),
+        "port-events" => run_port_events(&a),
+        r => Err(format!(
+            "unknown role {r:?} (recv, send, cq-overflow, port-events)"
+        )),
     });
     match result {
         Ok(summary) => {
