@@ -363,18 +363,67 @@ fn check_batch_bytes(payload: &[u8], limits: &Limits) -> Result<(), PayloadError
 /// [`PayloadError::Batch`] (payload too large, too many records), [`PayloadError::Protobuf`]
 /// (malformed, invalid UTF-8), [`PayloadError::Record`].
 pub fn decode_metric_batch(payload: &[u8], limits: &Limits) -> Result<MetricBatch, PayloadError> {
+    let mut batch = MetricBatch::default();
+    decode_metric_batch_into(payload, limits, &mut batch)?;
+    Ok(batch)
+}
+
+/// As [`decode_metric_batch`], decoding into `batch` and reusing its memory: each metric
+/// slot already in `batch.metrics` is cleared and merged in place, so its `name` and `help`
+/// strings and its label vector keep their capacity, and a receiver that keeps one batch
+/// per connection stops allocating for them after the first frame (the collector's worker
+/// does; one allocation per string was the largest cost of ingesting a frame). The result
+/// is the same as [`decode_metric_batch`]'s: `batch.metrics` holds exactly the payload's
+/// metrics, in order. On error `batch` holds unspecified (valid) metrics.
+///
+/// Memory stays bounded: at most `limits.max_records_per_frame` slots are kept; entries
+/// beyond that are still decoded (so malformed input reports the same protobuf error) into
+/// one spare slot and reported as [`PayloadError::Batch`].
+///
+/// # Errors
+/// As [`decode_metric_batch`].
+pub fn decode_metric_batch_into(
+    payload: &[u8],
+    limits: &Limits,
+    batch: &mut MetricBatch,
+) -> Result<(), PayloadError> {
+    use prost::encoding::{decode_key, message, skip_field, DecodeContext};
     check_batch_bytes(payload, limits)?;
-    let batch = MetricBatch::decode(payload).map_err(|source| PayloadError::Protobuf {
+    let protobuf = |source| PayloadError::Protobuf {
         message: "MetricBatch",
         source,
-    })?;
+    };
+    let keep = limits.max_records_per_frame;
+    let mut buf = payload;
+    let mut count = 0usize;
+    let mut spare = Metric::default();
+    while !buf.is_empty() {
+        let (tag, wire_type) = decode_key(&mut buf).map_err(protobuf)?;
+        if tag != 1 {
+            // Unknown fields are skipped, as prost's generated decoder does.
+            skip_field(wire_type, tag, &mut buf, DecodeContext::default()).map_err(protobuf)?;
+            continue;
+        }
+        let slot = if count < keep {
+            if count == batch.metrics.len() {
+                batch.metrics.push(Metric::default());
+            }
+            batch.metrics.get_mut(count).unwrap_or(&mut spare)
+        } else {
+            &mut spare
+        };
+        slot.clear();
+        message::merge(wire_type, slot, &mut buf, DecodeContext::default()).map_err(protobuf)?;
+        count += 1;
+    }
+    batch.metrics.truncate(count.min(keep));
     limits
-        .check(Limit::RecordsPerFrame, batch.metrics.len())
+        .check(Limit::RecordsPerFrame, count)
         .map_err(PayloadError::Batch)?;
     for (index, metric) in batch.metrics.iter().enumerate() {
         validate_metric(metric, limits).map_err(|source| PayloadError::Record { index, source })?;
     }
-    Ok(batch)
+    Ok(())
 }
 
 /// Decode and validate the payload of a logs frame.
@@ -453,6 +502,59 @@ mod tests {
 
     fn metric_err(m: Metric) -> RecordError {
         validate_metric(&m, &Limits::default()).unwrap_err()
+    }
+
+    #[test]
+    fn decoding_into_a_reused_batch_gives_the_fresh_result() {
+        let limits = Limits::default();
+        let mut gauge = counter();
+        gauge.name = "node_load1".into();
+        gauge.help = String::new();
+        gauge.r#type = MetricType::Gauge as i32;
+        gauge.labels.truncate(1);
+        let big = encode_metric_batch(&MetricBatch {
+            metrics: vec![counter(), histogram(), counter(), counter()],
+        });
+        let small = encode_metric_batch(&MetricBatch {
+            metrics: vec![gauge.clone(), counter()],
+        });
+        let mut batch = MetricBatch::default();
+        for payload in [&big, &small, &big, &small] {
+            decode_metric_batch_into(payload, &limits, &mut batch).unwrap();
+            assert_eq!(batch, decode_metric_batch(payload, &limits).unwrap());
+        }
+        // The first slot held a counter with help and two labels; the gauge replaced it
+        // whole (no help, one label), not merged on top of it.
+        assert_eq!(batch.metrics[0], gauge);
+    }
+
+    #[test]
+    fn a_reused_batch_keeps_at_most_the_record_limit() {
+        let few = Limits {
+            max_records_per_frame: 2,
+            ..Limits::default()
+        };
+        let five = encode_metric_batch(&MetricBatch {
+            metrics: vec![counter(); 5],
+        });
+        let mut batch = MetricBatch::default();
+        assert_eq!(
+            decode_metric_batch_into(&five, &few, &mut batch),
+            Err(PayloadError::Batch(LimitError {
+                limit: Limit::RecordsPerFrame,
+                value: 5,
+                bound: 2
+            }))
+        );
+        assert_eq!(batch.metrics.len(), 2);
+        // Malformed input past the limit is still reported as malformed.
+        let mut broken = five.clone();
+        broken.push(0x0a);
+        broken.push(0x05);
+        assert!(matches!(
+            decode_metric_batch_into(&broken, &few, &mut batch),
+            Err(PayloadError::Protobuf { .. })
+        ));
     }
 
     #[test]
