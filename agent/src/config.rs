@@ -96,11 +96,9 @@ pub struct CollectorSection {
     /// Give up one connection attempt (TCP connect plus handshake) after this long.
     #[serde(default = "default_connect_timeout")]
     pub connect_timeout_seconds: f64,
-    /// Heartbeat period on the control connection.
-    #[serde(default = "default_heartbeat_interval")]
-    pub heartbeat_interval_seconds: f64,
-    /// The connection is declared dead when nothing arrived from the collector for this
-    /// long (at least twice the heartbeat interval).
+    /// The connection is declared dead when nothing (heartbeat, report) arrived from the
+    /// collector for this long, and at least three of the heartbeat periods the collector
+    /// set in `Welcome` (the agent heartbeats at that period too). Default 15.
     #[serde(default = "default_heartbeat_timeout")]
     pub heartbeat_timeout_seconds: f64,
     /// First reconnect delay; doubles per failed attempt up to `reconnect_max_seconds`, with
@@ -117,9 +115,6 @@ pub struct CollectorSection {
 }
 
 fn default_connect_timeout() -> f64 {
-    5.0
-}
-fn default_heartbeat_interval() -> f64 {
     5.0
 }
 fn default_heartbeat_timeout() -> f64 {
@@ -655,24 +650,11 @@ impl Validate for AgentConfig {
         );
         check_seconds(
             p,
-            "collector.heartbeat_interval_seconds",
-            c.heartbeat_interval_seconds,
-            0.01,
-            3600.0,
-        );
-        check_seconds(
-            p,
             "collector.heartbeat_timeout_seconds",
             c.heartbeat_timeout_seconds,
             0.02,
             7200.0,
         );
-        if c.heartbeat_timeout_seconds < 2.0 * c.heartbeat_interval_seconds {
-            p.push(
-                "collector.heartbeat_timeout_seconds",
-                "must be at least twice collector.heartbeat_interval_seconds",
-            );
-        }
         check_seconds(
             p,
             "collector.reconnect_initial_seconds",
@@ -824,7 +806,7 @@ impl Validate for AgentConfig {
         if pc.frames_per_second == Some(0) {
             p.push(
                 "pacing.frames_per_second",
-                "must be positive (omit it or use null for no limit)",
+                "must be positive (null means no limit)",
             );
         }
         if let Some(bps) = pc.bytes_per_second {
@@ -1025,7 +1007,7 @@ max_frame_bytes: 10
 agent_id: 'bad id'
 collector:
   control: nohostport
-  heartbeat_interval_seconds: 10
+  connect_timeout_seconds: 0
   heartbeat_timeout_seconds: 5
 transport:
   soft:
@@ -1054,7 +1036,7 @@ max_frame_bytes: 10
         for want in [
             (Some(1), "agent_id"),
             (Some(3), "collector.control"),
-            (Some(5), "collector.heartbeat_timeout_seconds"),
+            (Some(4), "collector.connect_timeout_seconds"),
             (Some(9), "transport.soft.fault.drop_ratio"),
             (Some(11), "pacing.frames_per_second"),
             (Some(12), "pacing.bytes_per_second"),

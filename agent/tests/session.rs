@@ -591,3 +591,42 @@ async fn without_a_collector_samples_are_dropped_not_connected_and_log_lines_wai
         .collect();
     assert_eq!(got, lines);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_collector_is_declared_dead_and_the_agent_reconnects() {
+    let mut fake = support::start(support::FakeConfig {
+        silent: true,
+        heartbeat_interval_ms: 10,
+        ..support::FakeConfig::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let mut cfg = config(fake.addr, dir.path(), "");
+    cfg.collector.heartbeat_timeout_seconds = 0.2;
+    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
+    let (trigger, shutdown) = uctel_common::shutdown::channel();
+    let agent = tokio::spawn(run_with(
+        cfg,
+        Options {
+            stats: Some(stats.clone()),
+            metrics_listener: None,
+        },
+        shutdown,
+    ));
+    wait_until("a reconnect", Duration::from_secs(10), || {
+        stats.reconnects() >= 1
+    })
+    .await;
+    trigger.trigger();
+    let _ = tokio::time::timeout(Duration::from_secs(20), agent).await;
+    let first = fake
+        .sessions
+        .recv()
+        .await
+        .unwrap_or_else(|| panic!("no session"));
+    // The agent heartbeated at the collector's period before giving up on it, and said why.
+    assert!(first.heartbeats >= 2, "heartbeats {}", first.heartbeats);
+    let g = first.goodbye.unwrap_or_else(|| panic!("no goodbye"));
+    assert_eq!(g.reason, GoodbyeReason::Reconnect as i32);
+    assert!(g.detail.contains("nothing heard"), "{}", g.detail);
+}
