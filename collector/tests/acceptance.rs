@@ -4,7 +4,6 @@
 mod support;
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use support::{
     collector_config, eventually, http_get, sample, AgentOptions, LogStream, MetricStream,
@@ -133,17 +132,18 @@ async fn ring_overrun_while_worker_paused_is_counted_never_accepted() {
         agent.send(metrics.frame(step, 1)).await;
         if step % 8 == 7 {
             agent.flush().await;
-            // Let the poller re-post receive WRs (the RQ holds one per slot).
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            // The RQ holds one WR per slot (16): wait until the poller has queued this chunk
+            // (it re-posts the consumed WRs in the same round) before sending the next one.
+            let queued = (step + 1) as f64;
+            eventually("completions queued for the paused worker", || {
+                let text = running.render_metrics().ok()?;
+                (sample(&text, "uctel_collector_ring_slots_in_use{agent=\"lapper\"}")
+                    == Some(queued))
+                .then_some(())
+            })
+            .await;
         }
     }
-    agent.flush().await;
-    eventually("40 completions queued for the paused worker", || {
-        let text = running.render_metrics().ok()?;
-        (sample(&text, "uctel_collector_ring_slots_in_use{agent=\"lapper\"}") == Some(40.0))
-            .then_some(())
-    })
-    .await;
     running.pause_worker(false);
     let fin = metrics.final_state();
     agent.goodbye(vec![fin.clone()]).await;
