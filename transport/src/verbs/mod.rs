@@ -25,6 +25,12 @@
 //! * No device at all (the host kernel has no RDMA, or no device is configured): `open` fails
 //!   with [`NO_DEVICE`], never panics.
 //!
+//! * Teardown order: destroy a QP before the MRs that were written into through it. rxe (Linux
+//!   6.1) keeps a reference from a QP that failed in the middle of an inbound RDMA WRITE to the
+//!   target MR, and `ibv_dereg_mr` on that MR then blocks for rxe's pool cleanup timeout (about
+//!   50 s, found by the VM suite's CQ overflow scenario). MR handles do not keep QPs alive, so
+//!   this order is the caller's to keep (drop the `QueuePair` first).
+//!
 //! Counters: the device does not tell a UC responder's silent drops per QP, so
 //! [`QpStats::drops`] stays zero here; [`DeviceStats`] carries the port's packet counters from
 //! sysfs (`hw_counters/sent_pkts`/`rcvd_pkts` on rxe, `counters/port_*_packets` elsewhere).
@@ -544,8 +550,12 @@ impl PdOps for VerbsPd {
         });
         let weak = Arc::downgrade(&shared);
         lock(&self.dev.qps).insert(qpn, weak.clone());
-        lock(&send_cq.qps).insert(qpn, weak.clone());
-        lock(&recv_cq.qps).insert(qpn, weak);
+        for cq in [send_cq, recv_cq] {
+            let mut qps = lock(&cq.qps);
+            // CQs outlive the QPs of one connection: forget the destroyed ones.
+            qps.retain(|_, w| w.strong_count() > 0);
+            qps.insert(qpn, weak.clone());
+        }
         Ok(Arc::new(VerbsQp { shared }))
     }
 }
