@@ -2,7 +2,7 @@
 //!
 //! Integration tests of this crate cannot use `CARGO_BIN_EXE_*` for binaries of other
 //! packages, so the first call runs `cargo build -p uctel-collector -p uctel-agent` (the same
-//! `cargo` that runs the tests, the dev profile, a no-op when they are fresh) and then uses
+//! `cargo` that runs the tests, the tests' profile, a no-op when they are fresh) and then uses
 //! the binaries next to the test executable's `deps/` directory. `UCTEL_BIN_DIR` points at a
 //! directory of prebuilt binaries instead (for example `target/release`).
 
@@ -26,12 +26,20 @@ fn build() -> Result<PathBuf, String> {
         .and_then(Path::parent)
         .ok_or_else(|| format!("unexpected test executable path {}", exe.display()))?
         .to_path_buf();
+    // Build with the profile the tests were built with: its directory name is the profile
+    // (`debug` is the dev profile's directory).
+    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => "dev".to_owned(),
+        Some(name) => name.to_owned(),
+    };
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let status = Command::new(cargo)
         .current_dir(crate::workspace_root())
         .args([
             "build",
             "--quiet",
+            "--profile",
+            &profile,
             "-p",
             "uctel-collector",
             "-p",
