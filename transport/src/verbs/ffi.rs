@@ -24,8 +24,16 @@ use rdma_sys as sys;
 /// a Rust enum, and a value the kernel adds later would be undefined behaviour there.
 #[repr(C)]
 struct AsyncEventRaw {
-    element: *mut c_void,
+    element: AsyncElement,
     event_type: c_uint,
+}
+
+/// The `element` union of `struct ibv_async_event` (cq, qp, srq, wq pointers or `port_num`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+union AsyncElement {
+    ptr: *mut c_void,
+    port_num: c_int,
 }
 
 // Layout equality with the bound struct (a pointer-sized union, then a 4-byte enum).
@@ -363,7 +371,9 @@ impl Context {
     /// non-blocking fd), acknowledging it at once. `None` when there is none.
     pub(crate) fn next_async_event(&self) -> Option<RawAsyncEvent> {
         let mut ev = AsyncEventRaw {
-            element: ptr::null_mut(),
+            element: AsyncElement {
+                ptr: ptr::null_mut(),
+            },
             event_type: 0,
         };
         // SAFETY: live context; `ev` has the layout of `struct ibv_async_event`.
@@ -373,7 +383,8 @@ impl Context {
         }
         let out = match ev.event_type {
             event_type::CQ_ERR => {
-                let cq = ev.element.cast::<sys::ibv_cq>();
+                // SAFETY: for CQ events the union holds the CQ pointer.
+                let cq = unsafe { ev.element.ptr }.cast::<sys::ibv_cq>();
                 // SAFETY: for CQ events the element is the CQ, alive until the event is acked
                 // (ibv_destroy_cq waits for acknowledged async events).
                 let cq_handle = if cq.is_null() {
@@ -391,7 +402,8 @@ impl Context {
             | event_type::PATH_MIG
             | event_type::PATH_MIG_ERR
             | event_type::QP_LAST_WQE_REACHED) => {
-                let qp = ev.element.cast::<sys::ibv_qp>();
+                // SAFETY: for QP events the union holds the QP pointer.
+                let qp = unsafe { ev.element.ptr }.cast::<sys::ibv_qp>();
                 // SAFETY: for QP events the element is the QP, alive until the event is acked.
                 let qpn = if qp.is_null() {
                     0
@@ -407,8 +419,8 @@ impl Context {
             | event_type::SM_CHANGE
             | event_type::CLIENT_REREGISTER
             | event_type::GID_CHANGE) => {
-                // The element of port events is the port number (a C int in the union).
-                let port = (ev.element as usize & 0xffff_ffff) as u32;
+                // SAFETY: for port events the union holds the port number.
+                let port = u32::try_from(unsafe { ev.element.port_num }).unwrap_or(0);
                 RawAsyncEvent::Port {
                     event_type: t,
                     port,

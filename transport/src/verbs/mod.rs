@@ -715,6 +715,32 @@ struct SignalMark {
     packets: u64,
 }
 
+/// Decides whether one more send WR is signaled: when the caller asked, or when `force_every`
+/// WRs in a row would otherwise go unsignaled (the send queue only drains through signaled
+/// completions). `run`/`run_packets` count the unsignaled WRs (and their packets) since the
+/// last signaled one and are reset by a signaled WR, whose mark then retires them all.
+fn plan_signal(
+    run: &mut u64,
+    run_packets: &mut u64,
+    user_signaled: bool,
+    packets: u64,
+    force_every: u64,
+) -> Option<SignalMark> {
+    *run += 1;
+    *run_packets += packets;
+    if !user_signaled && *run < force_every {
+        return None;
+    }
+    let mark = SignalMark {
+        user_signaled,
+        wrs: *run,
+        packets: *run_packets,
+    };
+    *run = 0;
+    *run_packets = 0;
+    Some(mark)
+}
+
 /// Send-queue bookkeeping, guarded by the QP's send mutex (held across `ibv_post_send` so
 /// that marks are queued in posting order before any completion can be polled).
 #[derive(Debug, Default)]
@@ -1036,19 +1062,17 @@ impl QpOps for VerbsQp {
             for wr in chunk {
                 match self.build_send(wr, mtu) {
                     Ok((raw, packets)) => {
-                        run += 1;
-                        run_packets += packets;
-                        let signaled = wr.signaled || run >= force_every;
-                        let mark = signaled.then_some(SignalMark {
-                            user_signaled: wr.signaled,
-                            wrs: run,
-                            packets: run_packets,
+                        let mark = plan_signal(
+                            &mut run,
+                            &mut run_packets,
+                            wr.signaled,
+                            packets,
+                            force_every,
+                        );
+                        track.raw.push(SendWrRaw {
+                            signaled: mark.is_some(),
+                            ..raw
                         });
-                        if signaled {
-                            run = 0;
-                            run_packets = 0;
-                        }
-                        track.raw.push(SendWrRaw { signaled, ..raw });
                         track.pending.push((mark, run, run_packets));
                     }
                     Err(kind) => {
@@ -1428,6 +1452,38 @@ mod tests {
         };
         assert_eq!(select_gid(&t, &v2).map(|e| e.index), Ok(1));
         assert!(select_gid(&[], &VerbsConfig::default()).is_err());
+    }
+
+    #[test]
+    fn unsignaled_runs_are_cut_by_a_hidden_signaled_wr() {
+        let (mut run, mut pk) = (0u64, 0u64);
+        let mut marks = Vec::new();
+        // 10 unsignaled one-packet WRs with a forced signal every 4.
+        for _ in 0..10 {
+            marks.push(plan_signal(&mut run, &mut pk, false, 1, 4));
+        }
+        let forced: Vec<usize> = marks
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.is_some())
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(forced, vec![3, 7]);
+        for m in marks.iter().flatten() {
+            assert!(!m.user_signaled);
+            assert_eq!((m.wrs, m.packets), (4, 4));
+        }
+        assert_eq!((run, pk), (2, 2));
+        // A caller-signaled 3-packet WR retires the two pending ones and itself.
+        let m = plan_signal(&mut run, &mut pk, true, 3, 4);
+        assert_eq!(
+            m.map(|m| (m.user_signaled, m.wrs, m.packets)),
+            Some((true, 3, 5))
+        );
+        assert_eq!((run, pk), (0, 0));
+        // Every WR is accounted for exactly once: 2 forced marks of 4 plus 3.
+        let total: u64 = marks.iter().flatten().map(|m| m.wrs).sum::<u64>() + 3;
+        assert_eq!(total, 11);
     }
 
     #[test]
