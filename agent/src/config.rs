@@ -546,6 +546,40 @@ impl StreamsSection {
             Stream::Logs => &self.logs,
         }
     }
+
+    /// The out-of-credit behaviour of `stream`, defaults applied.
+    pub fn on_no_credit(&self, stream: Stream) -> OnNoCredit {
+        self.get(stream).on_no_credit.unwrap_or(match stream {
+            Stream::Metrics => OnNoCredit::Drop,
+            Stream::Logs => OnNoCredit::Wait,
+        })
+    }
+}
+
+/// What a stream does when the credit window (DESIGN.md §4) is used up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnNoCredit {
+    /// Keep framing; a frame that finds no credit is dropped at the source and counted
+    /// (`no_credit`). For state that is fresh or worthless: metrics (default for
+    /// `streams.metrics`).
+    Drop,
+    /// Take no more records while the frames already built would use up every credit; the
+    /// records wait in the bounded source queue, and log lines beyond it in their files
+    /// (the tailer reads only what the queue holds). Nothing blocks and nothing queues
+    /// without bound; what overflows the queue is counted (`source_overflow`). Default for
+    /// `streams.logs`.
+    Wait,
+}
+
+impl OnNoCredit {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnNoCredit::Drop => "drop",
+            OnNoCredit::Wait => "wait",
+        }
+    }
 }
 
 /// `streams.<name>`.
@@ -555,6 +589,10 @@ pub struct StreamSection {
     /// `write_with_imm` (default) or `send`.
     #[serde(default = "default_data_path")]
     pub data_path: DataPath,
+    /// `drop` or `wait` when out of credits; default `drop` for metrics, `wait` for logs
+    /// (see [`OnNoCredit`]).
+    #[serde(default)]
+    pub on_no_credit: Option<OnNoCredit>,
     /// Capacity of the bounded queue between the sources and the sender, in records. A
     /// source finding it full drops the records (`source_overflow`); it never blocks.
     /// Default 65536.
@@ -580,6 +618,7 @@ impl Default for StreamSection {
     fn default() -> Self {
         Self {
             data_path: default_data_path(),
+            on_no_credit: None,
             queue_records: default_queue_records(),
             flush_milliseconds: default_flush_ms(),
         }

@@ -170,6 +170,7 @@ fn sender_config(config: &AgentConfig) -> SenderConfig {
         ],
         ready_frames: 256,
         idle_heartbeat: None,
+        wait_for_credit: [false, false],
     }
 }
 

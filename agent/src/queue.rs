@@ -106,6 +106,11 @@ impl<T> RecordQueue<T> {
         q.drain(..n).collect()
     }
 
+    /// Removes the record at the front, if any.
+    pub fn pop(&self) -> Option<T> {
+        self.lock().pop_front()
+    }
+
     /// Removes everything.
     pub fn take_all(&self) -> Vec<T> {
         self.lock().drain(..).collect()

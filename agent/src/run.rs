@@ -352,6 +352,8 @@ fn negotiated(config: &AgentConfig, welcome: &Welcome) -> Result<SenderConfig, S
         ],
         ready_frames: READY_FRAMES,
         idle_heartbeat: Some(heartbeat),
+        wait_for_credit: Stream::ALL
+            .map(|s| config.streams.on_no_credit(s) == crate::config::OnNoCredit::Wait),
     })
 }
 

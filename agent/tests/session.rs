@@ -630,3 +630,58 @@ async fn a_silent_collector_is_declared_dead_and_the_agent_reconnects() {
     assert_eq!(g.reason, GoodbyeReason::Reconnect as i32);
     assert!(g.detail.contains("nothing heard"), "{}", g.detail);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_burst_beyond_the_credit_window_waits_instead_of_dropping() {
+    let mut fake = support::start(support::FakeConfig {
+        credit_window: 4,
+        report_interval: Duration::from_millis(20),
+        ..support::FakeConfig::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let log = dir.path().join("burst.log");
+    let lines: Vec<String> = (0..3000)
+        .map(|i| format!("burst line {i:05} {}", "x".repeat(40)))
+        .collect();
+    std::fs::write(&log, lines.join("\n") + "\n").unwrap_or_else(|e| panic!("{e}"));
+    let cfg = config(fake.addr, dir.path(), "");
+    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
+    let (trigger, shutdown) = uctel_common::shutdown::channel();
+    let agent = tokio::spawn(run_with(
+        cfg,
+        Options {
+            stats: Some(stats.clone()),
+            metrics_listener: None,
+        },
+        shutdown,
+    ));
+    wait_until("the whole burst", Duration::from_secs(30), || {
+        stats.records_sent(Stream::Logs) >= 3000
+    })
+    .await;
+    trigger.trigger();
+    let _ = tokio::time::timeout(Duration::from_secs(20), agent).await;
+    assert_eq!(stats.records_dropped_all(Stream::Logs), 0);
+    let s = fake
+        .sessions
+        .recv()
+        .await
+        .unwrap_or_else(|| panic!("no session"));
+    assert!(s.violations.is_empty(), "{:?}", s.violations);
+    let got: Vec<String> = s
+        .frames
+        .iter()
+        .filter_map(|(_, f)| match &f.payload {
+            Payload::Logs(b) => Some(
+                b.records
+                    .iter()
+                    .map(|r| r.message.clone())
+                    .collect::<Vec<_>>(),
+            ),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(got, lines);
+}

@@ -68,6 +68,10 @@ pub struct SenderConfig {
     pub ready_frames: usize,
     /// An idle stream sends a heartbeat frame after this long without a frame; `None`: never.
     pub idle_heartbeat: Option<Duration>,
+    /// Per stream, indexed by [`Stream::index`]: take no records while the frames already
+    /// built would use up every credit (`on_no_credit: wait`) instead of framing and
+    /// dropping (`drop`).
+    pub wait_for_credit: [bool; 2],
 }
 
 /// A frame ready to post: stamped and sealed.
@@ -140,6 +144,7 @@ impl From<BuiltFrame> for Pending {
 struct StreamState {
     stream: Stream,
     data_path: DataPath,
+    wait_for_credit: bool,
     flush_after: Duration,
     /// When the open frame got its first record.
     open_since: Option<Instant>,
@@ -181,6 +186,7 @@ impl SenderCore {
         let state = |s: Stream| StreamState {
             stream: s,
             data_path: config.data_paths[s.index()],
+            wait_for_credit: config.wait_for_credit[s.index()],
             flush_after: config.flush_after[s.index()],
             open_since: None,
             ready: VecDeque::new(),
@@ -222,8 +228,21 @@ impl SenderCore {
     /// Whether the caller should hand more records of `stream` to the pipeline now: false
     /// while the stream's ready queue is full (records then wait, bounded, in the source
     /// queue).
+    ///
+    /// A stream configured to wait for credit also says no while the frames already built
+    /// (ready on any stream, plus open ones) would use up every credit.
     pub fn wants_records(&self, stream: Stream) -> bool {
-        self.streams[stream.index()].ready.len() < self.ready_frames
+        let st = &self.streams[stream.index()];
+        if st.ready.len() >= self.ready_frames {
+            return false;
+        }
+        if !st.wait_for_credit {
+            return true;
+        }
+        let open = usize::from(self.metrics_framer.has_open_frame())
+            + usize::from(self.logs_framer.has_open_frame());
+        let built = self.ready_frames() + open;
+        usize::try_from(self.credits.available()).unwrap_or(usize::MAX) > built
     }
 
     /// Adds one metric sample at `now` / `unix_ns` (frame timestamp, ns since the Unix epoch).
@@ -550,6 +569,7 @@ mod tests {
             flush_after: [Duration::from_millis(200), Duration::from_millis(200)],
             ready_frames: 64,
             idle_heartbeat: None,
+            wait_for_credit: [false, false],
         }
     }
 
@@ -824,6 +844,37 @@ mod tests {
     }
 
     #[test]
+    fn waiting_stream_takes_no_records_it_could_not_send() {
+        let t0 = Instant::now();
+        let sm = stats();
+        let mut cfg = config(2);
+        cfg.wait_for_credit = [false, true];
+        let mut core = SenderCore::new(&cfg, 1, t0, sm.clone()).unwrap_or_else(|e| panic!("{e}"));
+        let mut taken = 0;
+        for i in 0..10 {
+            if core.wants_records(Stream::Logs) {
+                core.push_log(&log(&format!("{i}")), t0, 1);
+                core.flush(Stream::Logs);
+                taken += 1;
+            }
+        }
+        assert_eq!(taken, 2, "two credits, two frames");
+        let (tx, _) = drain(&mut core, t0);
+        assert_eq!(tx.len(), 2);
+        assert!(!core.wants_records(Stream::Logs));
+        // Metrics (drop policy) still take records and drop what finds no credit.
+        assert!(core.wants_records(Stream::Metrics));
+        core.push_metric(&metric(1), t0, 1);
+        core.flush(Stream::Metrics);
+        let _ = drain(&mut core, t0);
+        assert_eq!(sm.records_dropped(Stream::Metrics, DropReason::NoCredit), 1);
+        assert_eq!(sm.records_dropped_all(Stream::Logs), 0);
+        // A report brings credits back and the stream resumes.
+        assert_eq!(core.on_consumed(1), ReportOutcome::Advanced(2));
+        assert!(core.wants_records(Stream::Logs));
+    }
+
+    #[test]
     fn ready_queue_bound_stops_intake() {
         let t0 = Instant::now();
         let mut cfg = config(8);
@@ -893,6 +944,7 @@ mod proptests {
                 flush_after: [Duration::from_millis(30), Duration::from_millis(30)],
                 ready_frames: 8,
                 idle_heartbeat: Some(Duration::from_millis(500)),
+                wait_for_credit: [false, true],
             };
             let mut core = SenderCore::new(&cfg, 9, t0, stats.clone()).unwrap_or_else(|e| panic!("{e}"));
             let mut now = t0;

@@ -50,15 +50,18 @@ pub fn pull(core: &mut SenderCore, queues: &Queues, stats: &SelfMetrics) {
             core.push_metric(m, now, ns);
         }
     }
+    // Logs one record at a time: with `on_no_credit: wait` the answer of `wants_records`
+    // can change within a batch, and a record taken from the queue cannot be put back.
+    let mut handed = 0u64;
     while core.wants_records(Stream::Logs) {
-        let batch = queues.logs.take(PULL_BATCH);
-        if batch.is_empty() {
+        let Some(r) = queues.logs.pop() else {
             break;
-        }
-        for r in &batch {
-            core.push_log(r, now, ns);
-        }
-        queues.logs_handoff.handed(batch.len() as u64);
+        };
+        core.push_log(&r, now, ns);
+        handed += 1;
+    }
+    if handed > 0 {
+        queues.logs_handoff.handed(handed);
     }
     stats.set_queue_records(Stream::Metrics, queues.metrics.len());
     stats.set_queue_records(Stream::Logs, queues.logs.len());
