@@ -122,7 +122,9 @@ pub enum TransportKindConfig {
     /// RoCEv2 UC in user space over UDP.
     #[default]
     Soft,
-    /// Real RDMA through libibverbs.
+    /// Real RDMA through libibverbs; needs a build with the `verbs` cargo feature
+    /// (`cargo build -p uctel-collector --features verbs`), otherwise start-up fails with
+    /// "the verbs transport is not built into this binary".
     Verbs,
 }
 
