@@ -112,6 +112,8 @@ struct Ring {
 struct Agent {
     id: String,
     epoch: u64,
+    /// Index of the generator device the QP lives on (QPNs are unique per device only).
+    device: usize,
     qp: QueuePair,
     src: MemoryRegion,
     ring: OnceLock<Ring>,
@@ -214,6 +216,7 @@ impl LoadGen {
             agents.push(Arc::new(Agent {
                 id: format!("bench-{i:05}"),
                 epoch: rand::random::<u64>() | 1,
+                device: d,
                 qp,
                 src,
                 ring: OnceLock::new(),
@@ -389,10 +392,10 @@ fn data_thread(
     let len32 = u32::try_from(len).unwrap_or(u32::MAX);
     let mut scratch = frame.bytes().to_vec();
     let mut wcs = vec![WorkCompletion::default(); 256];
-    let qpn_to_agent: HashMap<u32, usize> = agents
+    let qpn_to_agent: HashMap<(usize, u32), usize> = agents
         .iter()
         .enumerate()
-        .map(|(i, a)| (a.qp.qp_num(), i))
+        .map(|(i, a)| ((a.device, a.qp.qp_num()), i))
         .collect();
     // Per-agent mirror of the atomics, owned by this thread.
     let mut next: Vec<u64> = vec![0; agents.len()];
@@ -448,11 +451,11 @@ fn data_thread(
             }
         }
         let mut reaped = 0;
-        for (_, cq) in devices {
+        for (d, (_, cq)) in devices.iter().enumerate() {
             loop {
                 let got = cq.poll(&mut wcs);
                 for wc in wcs.iter().take(got) {
-                    if let Some(&i) = qpn_to_agent.get(&wc.qp_num) {
+                    if let Some(&i) = qpn_to_agent.get(&(d, wc.qp_num)) {
                         completed[i] += 1;
                         if wc.status != WcStatus::Success {
                             agents[i].errors.fetch_add(1, Ordering::Relaxed);

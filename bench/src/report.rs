@@ -184,14 +184,18 @@ impl Report {
             });
         }
         if let Some(big) = self.scaling.iter().max_by_key(|r| r.agents) {
+            // A ring page is resident once written; a steady-state collector has written all
+            // of it. So the bound is checked on the measured memory with the unwritten part of
+            // the ring added back: overhead besides the ring ≤ 64 KiB.
+            let steady = big.overhead_per_agent_bytes + big.ring_bytes as f64;
             let bound = big.ring_bytes as f64 + PER_AGENT_OVERHEAD_BYTES;
             t.push(Target {
                 name: format!("collector memory per agent (K = {})", big.agents),
                 rule: format!(
-                    "RSS delta / K ≤ ring ({}) + 64 KiB",
+                    "RSS delta / K with the ring fully written ≤ ring ({}) + 64 KiB",
                     bytes(big.ring_bytes as f64)
                 ),
-                verdict: Verdict::check(big.memory_per_agent_bytes, bound, Goal::AtMost),
+                verdict: Verdict::check(steady, bound, Goal::AtMost),
             });
         }
         if let Some(a) = &self.agent {
@@ -235,14 +239,14 @@ impl Report {
             rows.push(row(
                 "  loss and drops (whole run)".into(),
                 format!(
-                    "sent {} = recv {} + lost {} + dropped {}",
+                    "sent {} = received {} + lost {} + dropped after tracking {}",
                     s.accounting.sent,
                     s.accounting.received,
                     s.accounting.lost,
-                    s.accounting.dropped.values().sum::<f64>()
+                    s.accounting.dropped_after_tracking
                 ),
                 format!("unaccounted {}", s.accounting.unaccounted),
-                reasons(&s.accounting.dropped),
+                format!("dropped (also in lost): {}", reasons(&s.accounting.dropped)),
             ));
         }
         if let Some(p) = &self.processing {
@@ -287,7 +291,12 @@ impl Report {
             });
             rows.push(row(
                 format!("  memory, fairness (K = {})", s.agents),
-                format!("{} per agent", bytes(s.memory_per_agent_bytes)),
+                format!(
+                    "{} per agent = ring written {} + other {}",
+                    bytes(s.memory_per_agent_bytes),
+                    bytes(s.ring_touched_per_agent_bytes),
+                    bytes(s.overhead_per_agent_bytes)
+                ),
                 format!("ring {} + 64 KiB allowed", bytes(s.ring_bytes as f64)),
                 fair,
             ));

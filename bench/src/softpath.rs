@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use uctel_collector::telemetry::DropReason;
 
 use crate::cpu::{delta, CpuDelta};
 use crate::daemon::{CollectorProcess, CollectorSettings, DaemonError, TOKEN};
@@ -78,7 +79,13 @@ pub struct Accounting {
     pub dropped: BTreeMap<String, f64>,
     /// `transport_packets_dropped_total` by reason (before any QP).
     pub transport_dropped: BTreeMap<String, f64>,
-    /// `sent - received - lost - dropped`: 0 when every frame is accounted for.
+    /// Frames dropped after their stream tracked them (bad payload, limits): the only drops
+    /// not also in `lost` (the collector counts a frame dropped before tracking — queue full,
+    /// ring overrun, torn slot, transport drops — in `frames_dropped_total{reason}` and, as a
+    /// gap of its stream, in `frames_lost_total`).
+    pub dropped_after_tracking: f64,
+    /// `sent - received - lost - dropped_after_tracking`: 0 when every frame is accounted
+    /// for (the collector's per-stream rule, `collector/src/ingest.rs`).
     pub unaccounted: f64,
     /// Whether the collector reported every posted frame consumed before the goodbyes.
     pub drained: bool,
@@ -123,6 +130,13 @@ pub struct SoftRunResult {
     pub rss_loaded_bytes: u64,
     /// `(rss_loaded - rss_baseline) / K`, bytes.
     pub memory_per_agent_bytes: f64,
+    /// Ring bytes per agent the agents had written by the end of the window (whole 4 KiB
+    /// pages of the first `min(frames sent, slots)` slots): only written ring pages are
+    /// resident, so a short run touches part of each ring.
+    pub ring_touched_per_agent_bytes: f64,
+    /// `memory_per_agent_bytes - ring_touched_per_agent_bytes`: what an agent costs besides
+    /// its ring (QP, CQs, trackers, series, telemetry, queues).
+    pub overhead_per_agent_bytes: f64,
     /// Per-agent frames per second over the window.
     pub fairness: Option<Spread>,
     /// Whole-run accounting.
@@ -262,9 +276,26 @@ pub fn run(cfg: &SoftRunConfig) -> Result<SoftRunResult, SoftRunError> {
     let dropped_total: BTreeMap<String, f64> = by_reason(&s2, DROPPED);
     let received_total = s2.sum(RECEIVED, &[]);
     let lost_total = s2.sum(LOST, &[]);
-    let unaccounted =
-        sent_total as f64 - received_total - lost_total - dropped_total.values().sum::<f64>();
+    let dropped_after_tracking: f64 = dropped_total
+        .iter()
+        .filter(|(reason, _)| {
+            DropReason::all()
+                .find(|r| r.as_str() == reason.as_str())
+                .is_some_and(|r| !r.before_tracking())
+        })
+        .map(|(_, v)| v)
+        .sum();
+    let unaccounted = sent_total as f64 - received_total - lost_total - dropped_after_tracking;
     let rss_delta = c1.rss_bytes.saturating_sub(baseline.rss_bytes);
+    let memory_per_agent = rss_delta as f64 / cfg.agents.max(1) as f64;
+    let ring_touched = g1
+        .iter()
+        .map(|&sent| {
+            let bytes = sent.min(u64::from(cfg.slots)) * u64::from(slot_bytes);
+            bytes.div_ceil(4096) * 4096
+        })
+        .sum::<u64>() as f64
+        / cfg.agents.max(1) as f64;
     Ok(SoftRunResult {
         agents: cfg.agents,
         frame_bytes: frame_len,
@@ -283,13 +314,16 @@ pub fn run(cfg: &SoftRunConfig) -> Result<SoftRunResult, SoftRunError> {
         collector_cpu: cpu,
         rss_baseline_bytes: baseline.rss_bytes,
         rss_loaded_bytes: c1.rss_bytes,
-        memory_per_agent_bytes: rss_delta as f64 / cfg.agents.max(1) as f64,
+        memory_per_agent_bytes: memory_per_agent,
+        ring_touched_per_agent_bytes: ring_touched,
+        overhead_per_agent_bytes: memory_per_agent - ring_touched,
         fairness: spread(&per_agent),
         accounting: Accounting {
             sent: sent_total,
             received: received_total,
             lost: lost_total,
             dropped: dropped_total,
+            dropped_after_tracking,
             transport_dropped: by_reason(&s2, TRANSPORT_DROPPED),
             unaccounted,
             drained,

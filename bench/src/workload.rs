@@ -3,11 +3,12 @@
 //! and stamped (epoch, connection sequence, CRC32C) exactly as an agent stamps at send time.
 //!
 //! The records are node_exporter-style CPU counters (`node_cpu_seconds_total{cpu,mode}` with
-//! its help text), the series an agent ships most of; every frame carries the same series so
-//! the collector's store updates in place, as it does in steady state.
+//! its help text), the series an agent ships most of, and a few small gauges that fill the
+//! rest of the frame; every frame carries the same series so the collector's store updates in
+//! place, as it does in steady state.
 
 use uctel_protocol::frame::{self, FrameError, FrameHeader, HEADER_LEN};
-use uctel_protocol::framer::{Framer, PushOutcome};
+use uctel_protocol::framer::Framer;
 use uctel_protocol::limits::Limits;
 use uctel_protocol::payload::{Label, Metric, MetricType};
 
@@ -15,6 +16,9 @@ use uctel_protocol::payload::{Label, Metric, MetricType};
 const CPU_MODES: [&str; 8] = [
     "idle", "iowait", "irq", "nice", "softirq", "steal", "system", "user",
 ];
+
+/// Payload field number of the records in `MetricBatch` (`proto/uctel.proto`).
+const RECORDS_FIELD: u32 = 1;
 
 /// Bytes one RDMA WRITE_WITH_IMM ONLY packet adds around a frame in the UDP payload:
 /// BTH (12) + RETH (16) + ImmDt (4) + ICRC (4) (IBTA vol. 1 §9.2, RoCEv2 annex A17).
@@ -67,8 +71,8 @@ pub struct FrameTemplate {
 }
 
 impl FrameTemplate {
-    /// Packs [`cpu_metric`] records with the protocol [`Framer`] (stream 1, limits with
-    /// `max_frame_bytes = frame_bytes`) until the first frame closes full; that frame is the
+    /// Packs [`cpu_metric`] records, then small gauges, with the protocol [`Framer`]
+    /// (stream 1, limits with `max_frame_bytes = frame_bytes`) into one full frame: the
     /// template.
     ///
     /// # Errors
@@ -78,28 +82,37 @@ impl FrameTemplate {
             max_frame_bytes: frame_bytes,
             ..Limits::default()
         };
+        // Choose the records so that they fill the payload: CPU counters while they fit, then
+        // small gauges to close the gap (each record is sized as the framer sizes it).
+        let max_payload = limits.max_payload_bytes();
+        let entry = |m: &Metric| prost::encoding::message::encoded_len(RECORDS_FIELD, m);
+        let mut records = Vec::new();
+        let mut used = 0usize;
+        for i in 0.. {
+            let m = cpu_metric(i);
+            if used + entry(&m) > max_payload || records.len() >= limits.max_records_per_frame {
+                break;
+            }
+            used += entry(&m);
+            records.push(m);
+        }
+        for j in 0.. {
+            let m = filler_metric(j);
+            if used + entry(&m) > max_payload || records.len() >= limits.max_records_per_frame {
+                break;
+            }
+            used += entry(&m);
+            records.push(m);
+        }
         let mut framer = Framer::<Metric>::new(1, 0, limits)
             .map_err(|e| WorkloadError::Framer(e.to_string()))?;
-        let mut built = None;
-        for i in 0..limits_records_bound(frame_bytes) {
-            match framer.push(&cpu_metric(i), 1) {
-                PushOutcome::Appended => {}
-                PushOutcome::Closed(f) => {
-                    built = Some(f);
-                    break;
-                }
-                PushOutcome::Rejected(_) => return Err(WorkloadError::TooSmall { frame_bytes }),
-            }
+        let packed = framer.pack(&records, 1);
+        let built = match (packed.frames.len(), packed.rejected.is_empty()) {
+            (1, true) => packed.frames.into_iter().next(),
+            _ => None,
         }
-        let built = match built {
-            Some(f) => f,
-            None => framer
-                .flush()
-                .ok_or(WorkloadError::TooSmall { frame_bytes })?,
-        };
-        if built.records() == 0 {
-            return Err(WorkloadError::TooSmall { frame_bytes });
-        }
+        .filter(|f| f.records() > 0)
+        .ok_or(WorkloadError::TooSmall { frame_bytes })?;
         let header = FrameHeader::parse(built.bytes())?;
         Ok(FrameTemplate {
             records: built.records(),
@@ -177,9 +190,14 @@ impl FrameTemplate {
     }
 }
 
-/// An upper bound on records tried when filling a frame (each record is more than 8 bytes).
-fn limits_records_bound(frame_bytes: usize) -> usize {
-    frame_bytes / 8 + 1
+/// A small gauge (`node_filler_<j>`, no labels, no help) to fill the end of a frame.
+fn filler_metric(j: usize) -> Metric {
+    Metric {
+        name: format!("node_filler_{j}"),
+        r#type: MetricType::Gauge as i32,
+        value: j as f64,
+        ..Default::default()
+    }
 }
 
 #[cfg(test)]
@@ -191,8 +209,8 @@ mod tests {
     fn template_fills_the_frame_and_decodes() {
         let t = FrameTemplate::metrics(1024).unwrap();
         assert!(t.len() <= 1024);
-        // Full: another record (about 80 bytes) would not have fitted.
-        assert!(t.len() > 1024 - 100, "template only {} bytes", t.len());
+        // Full: not even the smallest filler gauge (about 20 bytes) would have fitted.
+        assert!(t.len() > 1024 - 24, "template only {} bytes", t.len());
         let mut buf = vec![0u8; t.len()];
         t.write(&mut buf, 0xabc, 77, 5, 1_700_000_000_000_000_000)
             .unwrap();
