@@ -440,9 +440,13 @@ impl ConnectionIngest {
     }
 
     /// RFC 3550 A.3 interval statistics for the `Report` to the agent; also sets the
-    /// `loss_ratio` gauges and the connection-level loss counter.
+    /// `loss_ratio` gauges, the connection-level loss counter and the agent's series gauge.
     pub fn report(&mut self) -> Report {
         self.update_conn_lost();
+        let series = self.store.series_count(&self.agent);
+        self.tel
+            .series
+            .set(i64::try_from(series).unwrap_or(i64::MAX));
         let mut streams: Vec<StreamReport> = self
             .streams
             .iter_mut()
@@ -836,6 +840,19 @@ mod tests {
         assert_eq!(report.conn_lost, 1);
         assert_eq!(report.streams.len(), 1);
         assert!((report.streams[0].loss_fraction - 0.25).abs() < 1e-9);
+        let text = String::from_utf8(r.telemetry.render().unwrap()).unwrap();
+        assert!(
+            text.contains("uctel_collector_series{agent=\"a1\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("uctel_collector_loss_ratio{agent=\"a1\",stream=\"1\"} 0.25"),
+            "{text}"
+        );
+        assert!(
+            text.contains("uctel_collector_connection_frames_lost_total{agent=\"a1\"} 1"),
+            "{text}"
+        );
     }
 
     proptest::proptest! {
