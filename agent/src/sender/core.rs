@@ -350,13 +350,20 @@ impl SenderCore {
     }
 
     /// The next step: a frame to post, or how long to wait. Frames that find no credit are
-    /// dropped (`no_credit`) on the way.
+    /// dropped (`no_credit`) on the way, except on streams that wait for credit, whose
+    /// frames stay queued until [`SenderCore::on_consumed`] returns credits.
     pub fn poll_transmit(&mut self, now: Instant, unix_ns: u64) -> Poll {
         self.timers(now, unix_ns);
         loop {
+            // Without credit, a stream that waits for credit keeps its frames (bounded by
+            // `ready_frames`) until a report; the others drop theirs at the source.
+            let no_credit = self.credits.available() == 0;
             let Some(s) = (0..Stream::ALL.len())
                 .map(|i| (self.rr + i) % Stream::ALL.len())
-                .find(|&i| !self.streams[i].ready.is_empty())
+                .find(|&i| {
+                    !self.streams[i].ready.is_empty()
+                        && !(no_credit && self.streams[i].wait_for_credit)
+                })
             else {
                 return Poll::Wait(self.next_timer());
             };
@@ -862,6 +869,12 @@ mod tests {
         let (tx, _) = drain(&mut core, t0);
         assert_eq!(tx.len(), 2);
         assert!(!core.wants_records(Stream::Logs));
+        // A log frame built anyway (a flush of records already taken) waits for credit.
+        core.push_log(&log("late"), t0, 1);
+        core.flush(Stream::Logs);
+        let (tx, _) = drain(&mut core, t0);
+        assert!(tx.is_empty());
+        assert_eq!(core.pending_records(Stream::Logs), 1);
         // Metrics (drop policy) still take records and drop what finds no credit.
         assert!(core.wants_records(Stream::Metrics));
         core.push_metric(&metric(1), t0, 1);
@@ -869,8 +882,11 @@ mod tests {
         let _ = drain(&mut core, t0);
         assert_eq!(sm.records_dropped(Stream::Metrics, DropReason::NoCredit), 1);
         assert_eq!(sm.records_dropped_all(Stream::Logs), 0);
-        // A report brings credits back and the stream resumes.
+        // A report brings credits back: the waiting frame goes, and the stream resumes.
         assert_eq!(core.on_consumed(1), ReportOutcome::Advanced(2));
+        let (tx, _) = drain(&mut core, t0);
+        assert_eq!(tx.len(), 1);
+        assert_eq!(tx[0].stream, Stream::Logs);
         assert!(core.wants_records(Stream::Logs));
     }
 
