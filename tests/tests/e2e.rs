@@ -16,7 +16,9 @@
 //!   accounting exact for each.
 //! - `prometheus_evaluates_every_dashboard_query`: a real Prometheus scrapes the collector
 //!   and agents; every panel query of every dashboard parses and returns data;
-//!   `promtool check metrics` accepts the collector's and an agent's `/metrics`.
+//!   `promtool check metrics` accepts the collector's and an agent's `/metrics`; across a
+//!   collector restart Prometheus sees a reset of the collector's own counters and none in
+//!   the agents' counters the collector relays.
 //!
 //! The tests run one at a time ([`uctel_tests::exclusive`]): each runs several daemons.
 
@@ -561,6 +563,44 @@ fn prometheus_evaluates_every_dashboard_query() {
     );
     assert!(evaluated >= 40, "only {evaluated} queries evaluated");
     eprintln!("{evaluated} dashboard and variable queries returned data");
+
+    // A collector restart as Prometheus sees it: the collector's own counters start over (a
+    // counter reset, which rate() and increase() absorb), while the agents' counters it
+    // relays go on from where they were, so Prometheus sees no reset in them.
+    p.collector.stop(STOP);
+    p.collector.restart();
+    p.wait_collector_up(UP);
+    p.wait_flowing(2, &["prom-clean", "prom-lossy"], &["1"], UP);
+    let value = |q: &str| -> Result<f64, String> {
+        prom.query(q)?
+            .first()
+            .and_then(uctel_tests::prometheus::sample_value)
+            .ok_or_else(|| format!("{q}: no value"))
+    };
+    wait_for("Prometheus saw the collector's counter reset", UP, tick(), || {
+        let r = value(
+            "max(resets(uctel_collector_frames_received_total{agent=\"prom-clean\",stream=\"1\"}[5m]))",
+        )?;
+        if r >= 1.0 {
+            Ok(())
+        } else {
+            Err(format!("resets = {r}"))
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    // Two more scrapes of relayed agent counters after the restart.
+    std::thread::sleep(Duration::from_secs(3));
+    let relayed_resets = value(
+        "max(resets(uctel_agent_frames_sent_total{job=\"uctel-collector\",agent=\"prom-clean\"}[5m]))",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        relayed_resets, 0.0,
+        "the agent's counters relayed by the collector reset across the collector restart"
+    );
+    let rate = value("sum(rate(uctel_collector_frames_received_total{agent=\"prom-clean\"}[1m]))")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(rate > 0.0, "rate() across the restart: {rate}");
     drop(prom);
     for a in &mut p.agents {
         a.daemon.stop(STOP);
