@@ -361,8 +361,9 @@ impl SenderCore {
             let Some(s) = (0..Stream::ALL.len())
                 .map(|i| (self.rr + i) % Stream::ALL.len())
                 .find(|&i| {
-                    !self.streams[i].ready.is_empty()
-                        && !(no_credit && self.streams[i].wait_for_credit)
+                    let st = &self.streams[i];
+                    let held = no_credit && st.wait_for_credit;
+                    !st.ready.is_empty() && !held
                 })
             else {
                 return Poll::Wait(self.next_timer());
