@@ -272,8 +272,16 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         eprintln!("[rxe] tests/rxe/run.sh verbs_send_bench (QEMU guest; minutes)");
         report.perftest = run_rxe(&workdir);
     } else if let Some(path) = &args.rxe_log {
+        let when = std::fs::metadata(path)
+            .and_then(|m| m.modified())
+            .map(|t| {
+                chrono::DateTime::<chrono::Utc>::from(t)
+                    .format(" (VM suite run of %Y-%m-%d %H:%M UTC)")
+                    .to_string()
+            })
+            .unwrap_or_default();
         report.perftest = match std::fs::read_to_string(path) {
-            Ok(text) => Perftest::parse(&text, &path.display().to_string()),
+            Ok(text) => Perftest::parse(&text, &format!("{}{when}", path.display())),
             Err(e) => Perftest {
                 source: format!("{}: {e}", path.display()),
                 ..Perftest::default()

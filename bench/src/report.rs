@@ -31,6 +31,9 @@ pub struct Machine {
     pub kernel: String,
     /// Total memory, bytes.
     pub memory_bytes: u64,
+    /// `/proc/loadavg` when the run started (1, 5, 15 minutes): other work sharing the
+    /// cores skews wall-clock rates, less so per-CPU-second figures.
+    pub loadavg: String,
 }
 
 impl Machine {
@@ -52,7 +55,11 @@ impl Machine {
             .find_map(|l| l.strip_prefix("MemTotal:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
             .map_or(0, |kb| kb * 1024);
+        let loadavg = std::fs::read_to_string("/proc/loadavg")
+            .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .unwrap_or_default();
         Machine {
+            loadavg,
             cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
             cpu_model,
             kernel,
@@ -365,11 +372,12 @@ impl Report {
             out.push_str(&format!("\nFAILED {what}: {e}"));
         }
         out.push_str(&format!(
-            "\nmachine: {} cores ({}), kernel {}, {} RAM; run took {:.0} s\ncommand: {}\n",
+            "\nmachine: {} cores ({}), kernel {}, {} RAM, load average at start {}; run took {:.0} s\ncommand: {}\n",
             self.machine.cores,
             self.machine.cpu_model,
             self.machine.kernel,
             bytes(self.machine.memory_bytes as f64),
+            self.machine.loadavg,
             self.wall_seconds,
             self.command
         ));
