@@ -23,6 +23,10 @@ fn demo_shows_status_and_exact_accounting() {
         .arg(&script)
         .arg("--bin-dir")
         .arg(bin_dir)
+        // Ports away from the example configs' defaults, so a demo a developer runs at the
+        // same time does not collide with this one.
+        .arg("--port-base")
+        .arg(uctel_tests::net::free_addr().port().to_string())
         .args([
             "--duration",
             "12",
