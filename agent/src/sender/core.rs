@@ -230,7 +230,8 @@ impl SenderCore {
     /// queue).
     ///
     /// A stream configured to wait for credit also says no while the frames already built
-    /// (ready on any stream, plus open ones) would use up every credit.
+    /// (ready on any stream, plus open ones) would use up the credits, keeping 1/16 of the
+    /// window (at least one frame) for the streams that drop.
     pub fn wants_records(&self, stream: Stream) -> bool {
         let st = &self.streams[stream.index()];
         if st.ready.len() >= self.ready_frames {
@@ -242,7 +243,13 @@ impl SenderCore {
         let open = usize::from(self.metrics_framer.has_open_frame())
             + usize::from(self.logs_framer.has_open_frame());
         let built = self.ready_frames() + open;
-        usize::try_from(self.credits.available()).unwrap_or(usize::MAX) > built
+        // Leave a share of the window to the streams that drop, so a log burst does not
+        // starve the metrics (1/16 of the window, at least one frame).
+        let reserve = usize::try_from(self.credits.window() / 16)
+            .unwrap_or(usize::MAX)
+            .max(1);
+        let available = usize::try_from(self.credits.available()).unwrap_or(usize::MAX);
+        available > built.saturating_add(reserve)
     }
 
     /// Adds one metric sample at `now` / `unix_ns` (frame timestamp, ns since the Unix epoch).
@@ -866,28 +873,32 @@ mod tests {
                 taken += 1;
             }
         }
-        assert_eq!(taken, 2, "two credits, two frames");
+        assert_eq!(taken, 1, "two credits, one kept for the metrics");
         let (tx, _) = drain(&mut core, t0);
-        assert_eq!(tx.len(), 2);
+        assert_eq!(tx.len(), 1);
         assert!(!core.wants_records(Stream::Logs));
+        // Metrics (drop policy) get the reserved credit, then drop what finds none.
+        assert!(core.wants_records(Stream::Metrics));
+        for i in 0..2 {
+            core.push_metric(&metric(i), t0, 1);
+            core.flush(Stream::Metrics);
+        }
+        let (tx, _) = drain(&mut core, t0);
+        assert_eq!(tx.len(), 1);
+        assert_eq!(sm.records_dropped(Stream::Metrics, DropReason::NoCredit), 1);
         // A log frame built anyway (a flush of records already taken) waits for credit.
         core.push_log(&log("late"), t0, 1);
         core.flush(Stream::Logs);
         let (tx, _) = drain(&mut core, t0);
         assert!(tx.is_empty());
         assert_eq!(core.pending_records(Stream::Logs), 1);
-        // Metrics (drop policy) still take records and drop what finds no credit.
-        assert!(core.wants_records(Stream::Metrics));
-        core.push_metric(&metric(1), t0, 1);
-        core.flush(Stream::Metrics);
-        let _ = drain(&mut core, t0);
-        assert_eq!(sm.records_dropped(Stream::Metrics, DropReason::NoCredit), 1);
         assert_eq!(sm.records_dropped_all(Stream::Logs), 0);
         // A report brings credits back: the waiting frame goes, and the stream resumes.
         assert_eq!(core.on_consumed(1), ReportOutcome::Advanced(2));
         let (tx, _) = drain(&mut core, t0);
         assert_eq!(tx.len(), 1);
         assert_eq!(tx[0].stream, Stream::Logs);
+        assert_eq!(core.on_consumed(2), ReportOutcome::Advanced(1));
         assert!(core.wants_records(Stream::Logs));
     }
 
