@@ -101,6 +101,40 @@ fn bench(c: &mut Criterion) {
         },
     );
     g.finish();
+
+    // Scrape cost (the store lock is held while the families are built): 100 000 series.
+    let big = SeriesStore::new(Duration::from_secs(300), 100_000);
+    let now = Instant::now();
+    for a in 0..10 {
+        let metrics: Vec<Metric> = (0..10_000)
+            .map(|i| Metric {
+                name: format!("uctel_bench_metric_{}", i % 100),
+                help: "A bench gauge.".into(),
+                r#type: MetricType::Gauge as i32,
+                labels: vec![Label {
+                    name: "id".into(),
+                    value: i.to_string(),
+                }],
+                value: i as f64,
+                ..Default::default()
+            })
+            .collect();
+        big.ingest(&format!("agent-{a}"), "host", &metrics, now);
+    }
+    let mut g = c.benchmark_group("collector_scrape");
+    g.sample_size(10);
+    g.bench_function("families_100k_series", |b| {
+        b.iter(|| big.families(Instant::now()).len())
+    });
+    g.bench_function("families_and_text_encode_100k_series", |b| {
+        b.iter(|| {
+            use prometheus::Encoder;
+            let mut out = Vec::with_capacity(8 << 20);
+            let _ = prometheus::TextEncoder::new().encode(&big.families(Instant::now()), &mut out);
+            out.len()
+        })
+    });
+    g.finish();
 }
 
 criterion_group!(benches, bench);
