@@ -3,10 +3,10 @@
 //! query to Prometheus.
 //!
 //! Substitution (Grafana's documented variables): a query variable with "All" selected
-//! becomes its `allValue` (`.+` in these dashboards, used with `=~`; `.*` when a variable has none); `$__rate_interval` → `1m`,
-//! `$__interval` → `15s`, `$__range` → `5m` (and `$__range_s`, `$__range_ms`,
-//! `$__interval_ms`); the `$name`, `${name}`, `${name:regex}` and `[[name]]` spellings are
-//! all replaced.
+//! becomes its `allValue` (`.+` in these dashboards, used with `=~`; `.*` for a variable
+//! without one); `$__rate_interval` → `1m`, `$__interval` → `15s`, `$__range` → `5m` (and
+//! `$__range_s`, `$__range_ms`, `$__interval_ms`); the `$name`, `${name}`, `${name:regex}`
+//! and `[[name]]` spellings are all replaced.
 
 use std::path::{Path, PathBuf};
 
