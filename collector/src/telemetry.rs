@@ -397,19 +397,22 @@ impl Telemetry {
         }
     }
 
-    /// Counts a refused handshake and logs it (once per refused connection).
+    /// Counts a refused handshake and logs it, at most once per 10 s per agent id and
+    /// reason (an agent retrying with a wrong token must not flood the log).
     pub fn handshake_refused(&self, reason: RefuseReason, agent: &str, peer: &str, detail: &str) {
         self.inner
             .handshakes_refused
             .with_label_values(&[reason.label()])
             .inc();
-        tracing::warn!(
-            reason = reason.label(),
-            agent,
-            peer,
-            detail,
-            "handshake refused"
-        );
+        if self.should_log(agent, reason.label()) {
+            tracing::warn!(
+                reason = reason.label(),
+                agent,
+                peer,
+                detail,
+                "handshake refused (logged at most once per 10 s per agent and reason)"
+            );
+        }
     }
 
     /// The agents-connected gauge.
