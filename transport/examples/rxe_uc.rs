@@ -16,7 +16,8 @@
 //! --device NAME            verbs: RDMA device (default: the first)
 //! --local-ip IP            verbs: use the RoCE v2 GID of this address
 //! --bind IP:PORT           soft: UDP address to bind (RoCEv2 port 4791 to talk to rxe)
-//! --op send|send-imm|write-imm   (default write-imm)
+//! --op send|send-imm|write|write-imm   (default write-imm; `write` is checked in the
+//!                          receiver's ring once the sender is done, at most 1024 messages)
 //! --size BYTES             message size (default 1024)
 //! --count N                messages (default 100)
 //! --hold FROM:LEN          recv: post no receive WR for messages FROM..FROM+LEN, which must
@@ -62,6 +63,9 @@ type Result<T> = std::result::Result<T, String>;
 enum Op {
     Send,
     SendImm,
+    /// RDMA WRITE without immediate: no receive WR, no completion at the receiver, which
+    /// checks its ring after the sender is done.
+    Write,
     WriteImm,
 }
 
@@ -70,8 +74,11 @@ impl Op {
         match s {
             "send" => Ok(Self::Send),
             "send-imm" => Ok(Self::SendImm),
+            "write" => Ok(Self::Write),
             "write-imm" => Ok(Self::WriteImm),
-            _ => Err(format!("unknown --op {s:?} (send, send-imm, write-imm)")),
+            _ => Err(format!(
+                "unknown --op {s:?} (send, send-imm, write, write-imm)"
+            )),
         }
     }
 
@@ -79,6 +86,7 @@ impl Op {
         match self {
             Self::Send => "send",
             Self::SendImm => "send-imm",
+            Self::Write => "write",
             Self::WriteImm => "write-imm",
         }
     }
@@ -464,7 +472,7 @@ impl<'a> Receiver<'a> {
             let list: Vec<RecvWr<'_>> = ids
                 .iter()
                 .map(|id| match self.a.op {
-                    Op::WriteImm => RecvWr::zero_length(*id),
+                    Op::WriteImm | Op::Write => RecvWr::zero_length(*id),
                     Op::Send | Op::SendImm => {
                         RecvWr::new(*id, Sge::new(&self.mr, slot_of(*id), self.slot as u32))
                     }
@@ -481,6 +489,12 @@ impl<'a> Receiver<'a> {
     fn on_completion(&mut self, wc: &WorkCompletion) {
         self.posted = self.posted.saturating_sub(1);
         let t = &mut self.tally;
+        if self.a.op == Op::Write {
+            t.errors.push(format!(
+                "receive completion {wc:?} for an RDMA WRITE without immediate"
+            ));
+            return;
+        }
         if wc.status != WcStatus::Success {
             t.errors.push(format!(
                 "completion wr_id {} status {}",
@@ -491,7 +505,7 @@ impl<'a> Receiver<'a> {
         let size = self.a.size;
         let mut buf = vec![0u8; size];
         let want_op = match self.a.op {
-            Op::WriteImm => WcOpcode::RecvRdmaWithImm,
+            Op::WriteImm | Op::Write => WcOpcode::RecvRdmaWithImm,
             _ => WcOpcode::Recv,
         };
         if wc.opcode != want_op {
@@ -529,7 +543,7 @@ impl<'a> Receiver<'a> {
         };
         t.record_seq(seq);
         let off = match self.a.op {
-            Op::WriteImm => (seq % RING_SLOTS) as usize * self.slot,
+            Op::WriteImm | Op::Write => (seq % RING_SLOTS) as usize * self.slot,
             _ => (wc.wr_id % u64::from(RQ_DEPTH)) as usize * self.slot,
         };
         // With --bench the sender rewrites only the sequence bytes of a reused slot.
@@ -541,6 +555,26 @@ impl<'a> Receiver<'a> {
                     .push(format!("message {seq}: payload differs at byte {i}"));
             } else {
                 t.payload_checked += 1;
+            }
+        }
+    }
+
+    /// `--op write`: after the sender is done (and the quiet wait), every message must be in
+    /// its ring slot; a slot that does not hold its message counts as lost.
+    fn check_ring(&mut self) {
+        let mut buf = vec![0u8; self.a.size];
+        for seq in 0..self.a.count {
+            let off = (seq % RING_SLOTS) as usize * self.slot;
+            if self.mr.read_at(off, &mut buf).is_err() {
+                self.tally.errors.push(format!("read_at {off}"));
+                continue;
+            }
+            if first_mismatch(&buf, seq).is_none() {
+                let t = &mut self.tally;
+                t.received += 1;
+                t.bytes += self.a.size as u64;
+                t.payload_checked += 1;
+                t.record_seq(seq);
             }
         }
     }
@@ -603,8 +637,13 @@ fn run_recv(a: &Args) -> Result<String> {
     let listener = TcpListener::bind(a.addr).map_err(|e| format!("listen {}: {e}", a.addr))?;
     let s = open(a)?;
     let slot = a.size.next_multiple_of(64);
+    if a.op == Op::Write && (a.count > RING_SLOTS || a.hold.is_some() || a.bench) {
+        return Err(format!(
+            "--op write: at most {RING_SLOTS} messages, no --hold, no --bench"
+        ));
+    }
     let slots = match a.op {
-        Op::WriteImm => RING_SLOTS as usize,
+        Op::WriteImm | Op::Write => RING_SLOTS as usize,
         _ => RQ_DEPTH as usize,
     };
     let mr =
@@ -626,7 +665,12 @@ fn run_recv(a: &Args) -> Result<String> {
         mr,
         slot,
         posted: 0,
-        budget: hold_from.min(a.count),
+        // RDMA WRITE without immediate consumes no receive WR.
+        budget: if a.op == Op::Write {
+            0
+        } else {
+            hold_from.min(a.count)
+        },
         next_wr_id: 0,
         tally: RecvTally::default(),
         idle: Idle::default(),
@@ -659,6 +703,9 @@ fn run_recv(a: &Args) -> Result<String> {
         ctl.send(&format!("SEND {end1} {}", a.count))?;
         r.until_sent(&lines)?;
         r.drain(a.count, quiet)?;
+    }
+    if a.op == Op::Write {
+        r.check_ring();
     }
     ctl.send("END")?;
     let t = &mut r.tally;
@@ -701,7 +748,7 @@ fn run_recv(a: &Args) -> Result<String> {
     if a.bench && t.received + t.lost != a.count {
         return Err(format!("{summary}: received + lost != count"));
     }
-    if a.op != Op::Send && t.imm_checked != t.received {
+    if matches!(a.op, Op::SendImm | Op::WriteImm) && t.imm_checked != t.received {
         return Err(format!("{summary}: immediates missing"));
     }
     Ok(summary)
@@ -782,6 +829,10 @@ impl<'a> Sender<'a> {
             let wr = match self.a.op {
                 Op::Send => SendWr::send(seq, sge),
                 Op::SendImm => SendWr::send_with_imm(seq, sge, imm),
+                Op::Write => {
+                    let off = (seq % RING_SLOTS) * self.slot as u64;
+                    SendWr::write(seq, sge, self.remote_addr + off, self.rkey)
+                }
                 Op::WriteImm => {
                     let off = (seq % RING_SLOTS) * self.slot as u64;
                     SendWr::write_with_imm(seq, sge, self.remote_addr + off, self.rkey, imm)

@@ -1,9 +1,10 @@
 # Interop, soft -> kernel: the project's soft transport in the second namespace (UDP
-# 10.77.0.2:4791) sends UC Send-with-immediate and Write-with-immediate to a QP on rxe0
-# (10.77.0.1). Payload, immediates and byte counts must match exactly; rxe's counters that
-# moved are printed (on failure they show why rxe dropped the packets).
+# 10.77.0.2:4791) sends UC Send, Send-with-immediate, RDMA Write and Write-with-immediate
+# (3000 B, 3 packets each) to a QP on rxe0 (10.77.0.1). Payload, immediates and byte counts
+# must match exactly; rxe's counters that moved are printed (on failure they show why rxe
+# dropped the packets).
 . /scenarios/common.sh
-for op in send-imm write-imm send; do
+for op in send-imm write-imm send write; do
   uc_pair "soft->rxe $op" root ns2 --listen 10.77.0.1:18600 --local-ip 10.77.0.1 --op $op \
     --size 3000 --count 100 -- \
     --connect 10.77.0.1:18600 --transport soft --bind 10.77.0.2:4791 --op $op --size 3000 --count 100
