@@ -432,3 +432,29 @@ async fn qp_error_is_counted_and_the_connection_rebuilt() {
     assert_eq!(l.accepted, 6, "{l:?}");
     running.stop().await.unwrap();
 }
+
+/// Stopping the collector with an agent connected sends it `Goodbye` (reason shutdown) and
+/// returns once every task ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_says_goodbye_to_connected_agents() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = uctel_collector::start(collector_config(dir.path()))
+        .await
+        .unwrap();
+    let mut agent = TestAgent::connect(running.control_addr(), AgentOptions::new("stay"))
+        .await
+        .unwrap();
+    let mut metrics = MetricStream::new(1);
+    agent.send(metrics.frame(0, 1)).await;
+    let stop = tokio::spawn(running.stop());
+    let goodbye = agent.wait_closed().await.expect("a Goodbye");
+    assert_eq!(
+        goodbye.reason,
+        uctel_protocol::control::GoodbyeReason::Shutdown as i32
+    );
+    tokio::time::timeout(std::time::Duration::from_secs(30), stop)
+        .await
+        .expect("stop returns")
+        .unwrap()
+        .unwrap();
+}
