@@ -148,13 +148,39 @@ fn sigterm_ends_the_session_with_a_goodbye_and_exit_0() {
     let mut child = agent()
         .arg("--config")
         .arg(&cfg)
-        .args(["--log-level", "warn"])
+        .args(["--log-level", "info"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("{e}"));
-    // Let it connect and send a few collections.
-    std::thread::sleep(Duration::from_millis(1500));
+    // Wait (bounded) until the agent reports the connection, as an operator would read it.
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    if let Some(stderr) = child.stderr.take() {
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                // Keep draining after the test stopped listening, so the agent's
+                // writes to stderr never fail.
+                let _ = tx.send(line);
+            }
+        });
+    }
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) if line.contains("connected to the collector") => break,
+            Ok(_) => {}
+            Err(_) => {
+                let _ = child.kill();
+                panic!("the agent never reported a connection");
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
     let pid = child.id().to_string();
     let killed = Command::new("kill").args(["-TERM", &pid]).status();
     assert!(killed.is_ok_and(|s| s.success()));
