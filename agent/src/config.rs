@@ -7,7 +7,7 @@
 //! ```yaml
 //! agent_id: host-a                  # the `agent` label the collector puts on this agent's data
 //! collector:
-//!   control: collector.example:7470 # host:port of the collector's control plane (TCP)
+//!   control: collector.example:7400 # host:port of the collector's control plane (TCP)
 //! listen:
 //!   metrics: 127.0.0.1:9471         # optional local /metrics with uctel_agent_* self-metrics
 //! transport:
@@ -22,10 +22,13 @@
 //!     - path: /var/log/syslog*
 //! pacing: { frames_per_second: 20000, bytes_per_second: 50000000 }
 //! streams:
-//!   metrics: { data_path: write_with_imm }
-//!   logs: { data_path: send }
+//!   metrics: { data_path: write_with_imm, on_no_credit: drop }
+//!   logs: { data_path: send, on_no_credit: wait }
 //! max_frame_bytes: 4096
 //! ```
+//!
+//! The collector chooses one data path per connection in its `Welcome`; a stream configured
+//! with the other one follows the collector's choice (and says so in the log).
 //!
 //! Field docs below double as the reference documentation.
 
