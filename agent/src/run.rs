@@ -43,6 +43,9 @@ use crate::stream::Stream;
 const READY_FRAMES: usize = 64;
 /// Longest time spent sending the last frames at shutdown before `Goodbye`.
 const FINISH_GRACE: Duration = Duration::from_secs(2);
+/// Longest wait for a control message to be written (a collector that stops reading must
+/// not stall the sender).
+const CONTROL_SEND_TIMEOUT: Duration = Duration::from_secs(2);
 /// Retry interval while the QP's send queue or send buffers are full.
 const BUSY_RETRY: Duration = Duration::from_millis(1);
 
@@ -508,8 +511,10 @@ async fn session(
                 }
                 heartbeat_seq += 1;
                 let hb = Heartbeat { sequence: heartbeat_seq, timestamp_ns: pump::unix_ns() };
-                if let Err(e) = conn.send(hb).await {
-                    break SessionEnd::Lost(e.to_string());
+                match tokio::time::timeout(CONTROL_SEND_TIMEOUT, conn.send(hb)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => break SessionEnd::Lost(e.to_string()),
+                    Err(_) => break SessionEnd::Lost("the collector stopped reading the control connection".into()),
                 }
             }
             () = sd.wait() => break SessionEnd::Shutdown,
@@ -550,23 +555,20 @@ async fn session(
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
             let fin = core.final_sequences();
-            let _ = conn
-                .send(goodbye(
-                    &fin,
-                    GoodbyeReason::Shutdown,
-                    "agent shutting down",
-                ))
-                .await;
-            let _ = conn.shutdown().await;
+            let bye = goodbye(&fin, GoodbyeReason::Shutdown, "agent shutting down");
+            let _ = tokio::time::timeout(CONTROL_SEND_TIMEOUT, async {
+                let _ = conn.send(bye).await;
+                let _ = conn.shutdown().await;
+            })
+            .await;
             tracing::info!(epoch, frames = fin.frames, "goodbye sent");
             Ok((SessionEnd::Shutdown, fin))
         }
         SessionEnd::Lost(why) => {
             core.drop_pending(DropReason::NotConnected);
             let fin = core.final_sequences();
-            let _ = conn
-                .send(goodbye(&fin, GoodbyeReason::Reconnect, &why))
-                .await;
+            let bye = goodbye(&fin, GoodbyeReason::Reconnect, &why);
+            let _ = tokio::time::timeout(CONTROL_SEND_TIMEOUT, conn.send(bye)).await;
             Ok((SessionEnd::Lost(why), fin))
         }
     }
