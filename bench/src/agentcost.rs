@@ -369,12 +369,47 @@ pub fn run(cfg: &AgentCostConfig) -> Result<AgentCostResult, AgentCostError> {
                 &[("agent", "bench-agent")],
             )
         };
+        // The window starts and ends when a host collection starts arriving at the collector
+        // (the metrics counter moves after a quiet spell of at least half an interval), so it
+        // holds a whole number of collections; a window cut at arbitrary instants is off by up
+        // to one collection (±10 % over 10 s at a 1 s interval).
+        let intervals = (cfg.duration.as_secs_f64() / cfg.interval_seconds)
+            .round()
+            .max(1.0) as u32;
+        let quiet = Duration::from_secs_f64(cfg.interval_seconds * 0.5);
+        let give_up = Duration::from_secs_f64(cfg.interval_seconds * 3.0 + 5.0);
+        let mut last_value = samples_of(&collector.scrape()?, "1");
+        let mut last_change = Instant::now();
+        let mut next_collection = || -> Result<crate::promtext::Scrape, AgentCostError> {
+            let deadline = Instant::now() + give_up;
+            loop {
+                let s = collector.scrape()?;
+                let v = samples_of(&s, "1");
+                if v > last_value {
+                    let gap = last_change.elapsed();
+                    last_value = v;
+                    last_change = Instant::now();
+                    if gap >= quiet {
+                        return Ok(s);
+                    }
+                }
+                if Instant::now() >= deadline {
+                    return Err(AgentCostError::NoData(
+                        give_up,
+                        out_path.display().to_string(),
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        let s0 = next_collection()?;
         let a0 = sample_process(pid).map_err(DaemonError::from)?;
-        let s0 = collector.scrape()?;
         let w0 = written.load(Ordering::Relaxed);
-        std::thread::sleep(cfg.duration);
+        let mut s1 = s0.clone();
+        for _ in 0..intervals {
+            s1 = next_collection()?;
+        }
         let a1 = sample_process(pid).map_err(DaemonError::from)?;
-        let s1 = collector.scrape()?;
         let w1 = written.load(Ordering::Relaxed);
         let cpu = delta(&a0, &a1);
         let window = cpu.wall_seconds;

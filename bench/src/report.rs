@@ -243,6 +243,14 @@ impl Report {
                 threads(&s.collector_cpu),
                 String::new(),
             ));
+            if let Some(g) = &s.generator_cpu {
+                rows.push(row(
+                    "  load generator CPU by thread (same machine)".into(),
+                    format!("{:.2} cores", g.cores),
+                    threads(g),
+                    String::new(),
+                ));
+            }
             rows.push(row(
                 "  loss and drops (whole run)".into(),
                 format!(

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use uctel_collector::telemetry::DropReason;
 
-use crate::cpu::{delta, CpuDelta};
+use crate::cpu::{delta, sample_process, CpuDelta};
 use crate::daemon::{CollectorProcess, CollectorSettings, DaemonError, TOKEN};
 use crate::loadgen::{DataStats, LoadConfig, LoadError, LoadGen};
 use crate::promtext::Scrape;
@@ -141,6 +141,8 @@ pub struct SoftRunResult {
     pub fairness: Option<Spread>,
     /// Whole-run accounting.
     pub accounting: Accounting,
+    /// CPU of the load generator's threads (this process) over the window, by thread.
+    pub generator_cpu: Option<CpuDelta>,
     /// Generator counters.
     pub generator_post_calls: u64,
     /// Generator turns with nothing to post (credit- or completion-bound).
@@ -235,10 +237,13 @@ pub fn run(cfg: &SoftRunConfig) -> Result<SoftRunResult, SoftRunError> {
 
     gen.start_sending()?;
     std::thread::sleep(cfg.warmup);
+    let me = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
+    let gen0 = sample_process(me).ok();
     let (c0, s0, g0) = (collector.sample()?, collector.scrape()?, gen.sent());
     let t0 = Instant::now();
     std::thread::sleep(cfg.duration);
     let (c1, g1) = (collector.sample()?, gen.sent());
+    let gen1 = sample_process(me).ok();
     let s1 = collector.scrape()?;
     let window = t0.elapsed().as_secs_f64();
     let stats: DataStats = gen.stop_sending();
@@ -288,10 +293,15 @@ pub fn run(cfg: &SoftRunConfig) -> Result<SoftRunResult, SoftRunError> {
     let unaccounted = sent_total as f64 - received_total - lost_total - dropped_after_tracking;
     let rss_delta = c1.rss_bytes.saturating_sub(baseline.rss_bytes);
     let memory_per_agent = rss_delta as f64 / cfg.agents.max(1) as f64;
-    let ring_touched = g1
+    // Slots written: frames that reached the ring (accepted or dropped after arriving);
+    // frames lost on the way never wrote theirs.
+    let dropped_by_agent = s1.sum_by(DROPPED, "agent");
+    let ring_touched = ids
         .iter()
-        .map(|&sent| {
-            let bytes = sent.min(u64::from(cfg.slots)) * u64::from(slot_bytes);
+        .map(|id| {
+            let arrived = per_agent1.get(id).copied().unwrap_or(0.0)
+                + dropped_by_agent.get(id).copied().unwrap_or(0.0);
+            let bytes = (arrived as u64).min(u64::from(cfg.slots)) * u64::from(slot_bytes);
             bytes.div_ceil(4096) * 4096
         })
         .sum::<u64>() as f64
@@ -328,6 +338,7 @@ pub fn run(cfg: &SoftRunConfig) -> Result<SoftRunResult, SoftRunError> {
             unaccounted,
             drained,
         },
+        generator_cpu: gen0.zip(gen1).map(|(a, b)| delta(&a, &b)),
         generator_post_calls: stats.post_calls,
         generator_idle_rounds: stats.idle_rounds,
         control_errors,
