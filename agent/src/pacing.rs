@@ -3,8 +3,9 @@
 //!
 //! The sender asks [`Pacer::poll_admit`] before posting each frame, passing in `now`; nothing in
 //! here reads a clock, so tests drive it on a virtual timeline. A frame that is not admitted yet
-//! is not dropped by the pacer: the pacer answers *when* it will be admitted, and the sender's
-//! bounded queue (see `sender`) is where an excess turns into a counted `send_queue_full` drop.
+//! is not dropped by the pacer: the pacer answers *when* it will be admitted. Meanwhile the
+//! sender's bounded frame queue stops taking records, so an excess waits in the bounded source
+//! queues and what overflows them is counted there (`source_overflow`).
 //!
 //! The bucket is the classic token bucket (RFC 2697 §1 "token bucket" with committed rate and
 //! burst size; the same shape as Linux `tc-tbf`): tokens accrue at `rate` per second up to

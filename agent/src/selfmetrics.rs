@@ -43,7 +43,9 @@ pub enum DropReason {
     /// The credit window was full (DESIGN.md §4): dropped instead of lapping the collector's
     /// ring.
     NoCredit,
-    /// The sender's bounded frame queue was full (pacing slower than the sources).
+    /// The transport's send queue stayed full (every send WR and buffer in flight) while a
+    /// stream's bounded frame queue was full too: its oldest frame was dropped so the
+    /// newest data goes first once the QP drains (streams with `on_no_credit: drop`).
     SendQueueFull,
     /// A single record was larger than the maximum frame size and cannot be framed.
     Oversize,

@@ -473,6 +473,30 @@ impl SenderCore {
         self.last_conn_seq = (self.frames_posted > 0).then(|| t.conn_seq.wrapping_sub(1));
     }
 
+    /// The sink stays busy (the QP's send queue or send buffers are full): on every stream
+    /// that does not wait for credit (fresh or worthless) whose ready queue is full, drop the
+    /// oldest frame as `send_queue_full`, so the newest data is what goes once the sink
+    /// drains and the sources keep flowing. Streams that wait keep their frames (bounded).
+    /// Returns the frames dropped.
+    pub fn shed_when_sink_busy(&mut self) -> u64 {
+        let mut shed = 0;
+        for st in &mut self.streams {
+            if st.wait_for_credit || st.ready.len() < self.ready_frames {
+                continue;
+            }
+            if let Some(p) = st.ready.pop_front() {
+                self.stats.dropped(
+                    st.stream,
+                    DropReason::SendQueueFull,
+                    1,
+                    u64::from(p.records),
+                );
+                shed += 1;
+            }
+        }
+        shed
+    }
+
     /// The frame could not be posted and will not be retried (QP in error): count it as
     /// `transport_error`. Its sequences stay used: the collector will see it as lost.
     pub fn post_failed(&self, t: &Transmit) {
@@ -900,6 +924,39 @@ mod tests {
         assert_eq!(tx[0].stream, Stream::Logs);
         assert_eq!(core.on_consumed(2), ReportOutcome::Advanced(1));
         assert!(core.wants_records(Stream::Logs));
+    }
+
+    #[test]
+    fn a_busy_sink_sheds_the_oldest_frame_of_full_dropping_streams_only() {
+        let t0 = Instant::now();
+        let sm = stats();
+        let mut cfg = config(100);
+        cfg.ready_frames = 2;
+        cfg.wait_for_credit = [false, true];
+        let mut core = SenderCore::new(&cfg, 1, t0, sm.clone()).unwrap_or_else(|e| panic!("{e}"));
+        for i in 0..2 {
+            core.push_metric(&metric(i), t0, 1);
+            core.flush(Stream::Metrics);
+            core.push_log(&log("x"), t0, 1);
+            core.flush(Stream::Logs);
+        }
+        // The first transmit is refused by a busy sink.
+        let Poll::Transmit(t) = core.poll_transmit(t0, 1) else {
+            panic!("expected a transmit")
+        };
+        core.requeue(t);
+        assert_eq!(core.shed_when_sink_busy(), 1);
+        assert_eq!(
+            sm.frames_dropped(Stream::Metrics, DropReason::SendQueueFull),
+            1
+        );
+        assert_eq!(sm.records_dropped_all(Stream::Logs), 0);
+        assert!(core.wants_records(Stream::Metrics));
+        // Nothing was sent, so the survivor goes out with the first sequences.
+        let (tx, _) = drain(&mut core, t0);
+        assert_eq!(tx.len(), 3);
+        assert_eq!(tx[0].conn_seq, 0);
+        assert_eq!(tx[0].stream_seq, 0);
     }
 
     #[test]

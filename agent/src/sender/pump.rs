@@ -116,6 +116,7 @@ pub fn transmit(core: &mut SenderCore, sink: &mut dyn FrameSink) -> Stop {
                 PostOutcome::Posted => core.sent(&t),
                 PostOutcome::Busy => {
                     core.requeue(t);
+                    let _ = core.shed_when_sink_busy();
                     return Stop::Busy;
                 }
                 PostOutcome::Failed => {
