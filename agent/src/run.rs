@@ -523,20 +523,29 @@ async fn session(
 
     match end {
         SessionEnd::Shutdown => {
-            // Last frames: what the sources queued, then every stream's LAST_OF_EPOCH frame.
-            pump::pull(&mut core, queues, stats);
-            core.finish(pump::unix_ns());
+            // Last frames: first what the sources queued (log lines waiting for credit
+            // included, as long as reports keep coming), then every stream's
+            // LAST_OF_EPOCH frame, all within FINISH_GRACE.
             let until = Instant::now() + FINISH_GRACE;
+            let mut finished = false;
             loop {
                 plane.reap();
-                pump::pull(&mut core, queues, stats);
+                if !finished {
+                    pump::pull(&mut core, queues, stats);
+                    if queues.metrics.is_empty() && queues.logs.is_empty() {
+                        core.finish(pump::unix_ns());
+                        finished = true;
+                    }
+                }
                 let stop = pump::transmit(&mut core, &mut plane);
-                if core.ready_frames() == 0 || Instant::now() >= until || stop == Stop::Failed {
+                let done = finished && core.ready_frames() == 0;
+                if done || Instant::now() >= until || stop == Stop::Failed {
                     break;
                 }
                 // Waiting for credits (a Report) or pacing.
                 let wait = match stop {
                     Stop::Wait(Some(at)) => at.min(until),
+                    Stop::Wait(None) if !finished => until,
                     _ => Instant::now() + BUSY_RETRY,
                 };
                 tokio::select! {
@@ -546,6 +555,12 @@ async fn session(
                         Err(_) => break,
                     }
                 }
+            }
+            if !finished {
+                // Out of time: close the epoch with what could be sent; the rest is
+                // counted as `shutdown` below.
+                core.finish(pump::unix_ns());
+                let _ = pump::transmit(&mut core, &mut plane);
             }
             core.drop_pending(DropReason::Shutdown);
             // Let the posted sends reach the wire before saying goodbye.
