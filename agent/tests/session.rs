@@ -685,3 +685,81 @@ async fn a_log_burst_beyond_the_credit_window_waits_instead_of_dropping() {
         .collect();
     assert_eq!(got, lines);
 }
+
+/// The value of a counter without labels in the agent's registry.
+fn counter(stats: &SelfMetrics, name: &str) -> u64 {
+    stats
+        .to_records(0)
+        .iter()
+        .find(|m| m.name == name && m.labels.is_empty())
+        .map_or(0, |m| m.value as u64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_during_a_log_backlog_sends_it_or_counts_it() {
+    let mut fake = support::start(support::FakeConfig {
+        credit_window: 4,
+        report_interval: Duration::from_millis(20),
+        ..support::FakeConfig::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let log = dir.path().join("burst.log");
+    let lines: Vec<String> = (0..20000)
+        .map(|i| format!("backlog line {i:05} {}", "y".repeat(60)))
+        .collect();
+    std::fs::write(&log, lines.join("\n") + "\n").unwrap_or_else(|e| panic!("{e}"));
+    let cfg = config(fake.addr, dir.path(), "");
+    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
+    let (trigger, shutdown) = uctel_common::shutdown::channel();
+    let agent = tokio::spawn(run_with(
+        cfg,
+        Options {
+            stats: Some(stats.clone()),
+            metrics_listener: None,
+        },
+        shutdown,
+    ));
+    wait_until("the backlog started", Duration::from_secs(10), || {
+        stats.records_sent(Stream::Logs) >= 100
+    })
+    .await;
+    trigger.trigger();
+    let _ = tokio::time::timeout(Duration::from_secs(30), agent).await;
+    let s = fake
+        .sessions
+        .recv()
+        .await
+        .unwrap_or_else(|| panic!("no session"));
+    assert!(s.violations.is_empty(), "{:?}", s.violations);
+    let got: Vec<String> = s
+        .frames
+        .iter()
+        .filter_map(|(_, f)| match &f.payload {
+            Payload::Logs(b) => Some(
+                b.records
+                    .iter()
+                    .map(|r| r.message.clone())
+                    .collect::<Vec<_>>(),
+            ),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    // In order, without a hole: a prefix of the file.
+    assert_eq!(got.as_slice(), &lines[..got.len()]);
+    // Every line the tailer read was delivered or counted.
+    let read = counter(&stats, "uctel_agent_log_records_read_total");
+    let dropped = stats.records_dropped_all(Stream::Logs);
+    assert_eq!(
+        got.len() as u64 + dropped,
+        read,
+        "read {read}, got {}, dropped {dropped}",
+        got.len()
+    );
+    assert_eq!(
+        dropped,
+        stats.records_dropped(Stream::Logs, DropReason::Shutdown)
+    );
+    assert_eq!(got.len() as u64, stats.records_sent(Stream::Logs));
+}
