@@ -550,6 +550,14 @@ impl StreamsSection {
         }
     }
 
+    /// The source-queue capacity of `stream` in records, defaults applied.
+    pub fn queue_records(&self, stream: Stream) -> usize {
+        self.get(stream).queue_records.unwrap_or(match stream {
+            Stream::Metrics => 65536,
+            Stream::Logs => 8192,
+        })
+    }
+
     /// The out-of-credit behaviour of `stream`, defaults applied.
     pub fn on_no_credit(&self, stream: Stream) -> OnNoCredit {
         self.get(stream).on_no_credit.unwrap_or(match stream {
@@ -597,10 +605,11 @@ pub struct StreamSection {
     #[serde(default)]
     pub on_no_credit: Option<OnNoCredit>,
     /// Capacity of the bounded queue between the sources and the sender, in records. A
-    /// source finding it full drops the records (`source_overflow`); it never blocks.
-    /// Default 65536.
-    #[serde(default = "default_queue_records")]
-    pub queue_records: usize,
+    /// source finding it full drops the records (`source_overflow`); it never blocks (the
+    /// log tailer reads no more than fits). Default 65536 for metrics (about 10 MiB of
+    /// samples), 8192 for logs (at most 16 MiB of 2 KiB lines).
+    #[serde(default)]
+    pub queue_records: Option<usize>,
     /// A frame that is not full is sent at the latest this long after its first record.
     /// Default 200 ms.
     #[serde(default = "default_flush_ms")]
@@ -609,9 +618,6 @@ pub struct StreamSection {
 
 fn default_data_path() -> DataPath {
     DataPath::WriteWithImm
-}
-fn default_queue_records() -> usize {
-    65536
 }
 fn default_flush_ms() -> u64 {
     200
@@ -622,7 +628,7 @@ impl Default for StreamSection {
         Self {
             data_path: default_data_path(),
             on_no_credit: None,
-            queue_records: default_queue_records(),
+            queue_records: None,
             flush_milliseconds: default_flush_ms(),
         }
     }
@@ -868,7 +874,7 @@ impl Validate for AgentConfig {
 
         for stream in Stream::ALL {
             let st = self.streams.get(stream);
-            if !(1..=16 * 1024 * 1024).contains(&st.queue_records) {
+            if !(1..=16 * 1024 * 1024).contains(&self.streams.queue_records(stream)) {
                 p.push(
                     format!("streams.{stream}.queue_records"),
                     "must be in 1..=16777216",

@@ -85,8 +85,8 @@ impl Queues {
     /// Queues sized from `streams.*.queue_records`.
     pub fn new(config: &AgentConfig) -> Self {
         Self {
-            metrics: RecordQueue::new(config.streams.metrics.queue_records),
-            logs: RecordQueue::new(config.streams.logs.queue_records),
+            metrics: RecordQueue::new(config.streams.queue_records(Stream::Metrics)),
+            logs: RecordQueue::new(config.streams.queue_records(Stream::Logs)),
             logs_handoff: Arc::new(Handoff::default()),
         }
     }
