@@ -23,6 +23,11 @@
 //! | `uctel_agent_reconnects_total` | counter | |
 //! | `uctel_agent_connected` | gauge | |
 //! | `uctel_agent_queue_records` | gauge | `stream` |
+//!
+//! The log sources add `uctel_agent_log_records_read_total`, `uctel_agent_log_bytes_read_total`,
+//! `uctel_agent_log_discarded_bytes_total`, `uctel_agent_log_truncated_unread_bytes_total`,
+//! `uctel_agent_log_checkpoint_errors_total`, `uctel_agent_log_files` and
+//! `uctel_agent_log_events_total{reason}` (see `runners::LogMetrics`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
