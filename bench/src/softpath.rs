@@ -289,7 +289,8 @@ pub fn run(cfg: &SoftRunConfig) -> Result<SoftRunResult, SoftRunError> {
                 .is_some_and(|r| !r.before_tracking())
         })
         .map(|(_, v)| v)
-        .sum();
+        .sum::<f64>()
+        + 0.0; // an empty sum is -0.0
     let unaccounted = sent_total as f64 - received_total - lost_total - dropped_after_tracking;
     let rss_delta = c1.rss_bytes.saturating_sub(baseline.rss_bytes);
     let memory_per_agent = rss_delta as f64 / cfg.agents.max(1) as f64;
