@@ -231,7 +231,7 @@ impl SenderCore {
     ///
     /// A stream configured to wait for credit also says no while the frames already built
     /// (ready on any stream, plus open ones) would use up the credits, keeping 1/16 of the
-    /// window (at least one frame) for the streams that drop.
+    /// window (at least one frame; none below 4 frames) for the streams that drop.
     pub fn wants_records(&self, stream: Stream) -> bool {
         let st = &self.streams[stream.index()];
         if st.ready.len() >= self.ready_frames {
@@ -244,10 +244,14 @@ impl SenderCore {
             + usize::from(self.logs_framer.has_open_frame());
         let built = self.ready_frames() + open;
         // Leave a share of the window to the streams that drop, so a log burst does not
-        // starve the metrics (1/16 of the window, at least one frame).
-        let reserve = usize::try_from(self.credits.window() / 16)
-            .unwrap_or(usize::MAX)
-            .max(1);
+        // starve the metrics: 1/16 of the window, at least one frame, none in windows too
+        // small to share (below 4 frames).
+        let window = self.credits.window();
+        let reserve = if window < 4 {
+            0
+        } else {
+            usize::try_from(window / 16).unwrap_or(usize::MAX).max(1)
+        };
         let available = usize::try_from(self.credits.available()).unwrap_or(usize::MAX);
         available > built.saturating_add(reserve)
     }
@@ -886,7 +890,7 @@ mod tests {
     fn waiting_stream_takes_no_records_it_could_not_send() {
         let t0 = Instant::now();
         let sm = stats();
-        let mut cfg = config(2);
+        let mut cfg = config(4);
         cfg.wait_for_credit = [false, true];
         let mut core = SenderCore::new(&cfg, 1, t0, sm.clone()).unwrap_or_else(|e| panic!("{e}"));
         let mut taken = 0;
@@ -897,9 +901,9 @@ mod tests {
                 taken += 1;
             }
         }
-        assert_eq!(taken, 1, "two credits, one kept for the metrics");
+        assert_eq!(taken, 3, "four credits, one kept for the metrics");
         let (tx, _) = drain(&mut core, t0);
-        assert_eq!(tx.len(), 1);
+        assert_eq!(tx.len(), 3);
         assert!(!core.wants_records(Stream::Logs));
         // Metrics (drop policy) get the reserved credit, then drop what finds none.
         assert!(core.wants_records(Stream::Metrics));
@@ -918,11 +922,11 @@ mod tests {
         assert_eq!(core.pending_records(Stream::Logs), 1);
         assert_eq!(sm.records_dropped_all(Stream::Logs), 0);
         // A report brings credits back: the waiting frame goes, and the stream resumes.
-        assert_eq!(core.on_consumed(1), ReportOutcome::Advanced(2));
+        assert_eq!(core.on_consumed(3), ReportOutcome::Advanced(4));
         let (tx, _) = drain(&mut core, t0);
         assert_eq!(tx.len(), 1);
         assert_eq!(tx[0].stream, Stream::Logs);
-        assert_eq!(core.on_consumed(2), ReportOutcome::Advanced(1));
+        assert_eq!(core.on_consumed(4), ReportOutcome::Advanced(1));
         assert!(core.wants_records(Stream::Logs));
     }
 
@@ -957,6 +961,20 @@ mod tests {
         assert_eq!(tx.len(), 3);
         assert_eq!(tx[0].conn_seq, 0);
         assert_eq!(tx[0].stream_seq, 0);
+    }
+
+    #[test]
+    fn a_one_frame_window_still_lets_a_waiting_stream_through() {
+        let t0 = Instant::now();
+        let mut cfg = config(1);
+        cfg.wait_for_credit = [false, true];
+        let mut core = SenderCore::new(&cfg, 1, t0, stats()).unwrap_or_else(|e| panic!("{e}"));
+        assert!(core.wants_records(Stream::Logs));
+        core.push_log(&log("only"), t0, 1);
+        core.flush(Stream::Logs);
+        assert!(!core.wants_records(Stream::Logs));
+        let (tx, _) = drain(&mut core, t0);
+        assert_eq!(tx.len(), 1);
     }
 
     #[test]
