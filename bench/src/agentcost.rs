@@ -197,8 +197,9 @@ pub fn samples_per_collection(proc: &Path) -> usize {
     h.collect().metrics.len()
 }
 
-/// Builds a synthetic host under `dir` whose collection yields about `target` samples:
-/// 64 CPUs and 16 disks, then as many interfaces as it takes (16 samples each).
+/// Builds a synthetic host under `dir` whose collection yields about `target` samples: 64
+/// CPUs and 16 disks (1 CPU and no disk when that is already more than `target`), then as
+/// many interfaces as it takes (16 samples each). Returns the host and its exact count.
 ///
 /// # Errors
 /// Filesystem errors.
@@ -209,13 +210,17 @@ pub fn calibrate(dir: &Path, target: usize) -> std::io::Result<(FakeHost, usize)
         disks: 16,
     };
     write_fake_proc(dir, host)?;
-    let base = samples_per_collection(dir);
-    if target > base {
-        host.netdevs = (target - base).div_ceil(16);
-    } else {
-        host.cpus = 1;
-        host.disks = 0;
+    let mut base = samples_per_collection(dir);
+    if base > target {
+        host = FakeHost {
+            cpus: 1,
+            netdevs: 0,
+            disks: 0,
+        };
+        write_fake_proc(dir, host)?;
+        base = samples_per_collection(dir);
     }
+    host.netdevs = target.saturating_sub(base).div_ceil(16);
     write_fake_proc(dir, host)?;
     Ok((host, samples_per_collection(dir)))
 }
@@ -469,8 +474,10 @@ mod tests {
 
     #[test]
     fn calibration_lands_near_the_target() {
-        let dir = tempfile::tempdir().unwrap();
-        let (_, n) = calibrate(dir.path(), 3000).unwrap();
-        assert!((3000..3016).contains(&n), "{n}");
+        for target in [3000, 400] {
+            let dir = tempfile::tempdir().unwrap();
+            let (_, n) = calibrate(dir.path(), target).unwrap();
+            assert!((target..target + 16).contains(&n), "{target}: {n}");
+        }
     }
 }

@@ -1,0 +1,65 @@
+//! The harness end to end against the real daemons (built by `uctel_tests::bins`): short
+//! runs that must move data, account for every frame, and measure the agent.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use uctel_bench::agentcost::{self, AgentCostConfig};
+use uctel_bench::softpath::{self, SoftRunConfig};
+use uctel_bench::workload::FrameTemplate;
+use uctel_tests::bins::{self, AGENT, COLLECTOR};
+
+#[test]
+fn soft_path_moves_frames_and_accounts_for_every_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let agents = 40; // two generator devices: QPNs repeat across them
+    let r = softpath::run(&SoftRunConfig {
+        collector_bin: bins::path(COLLECTOR),
+        workdir: dir.path().join("soft"),
+        agents,
+        frame: Arc::new(FrameTemplate::metrics(1024).unwrap()),
+        slots: 64,
+        credit_margin_slots: 8,
+        descriptor_queue: 8192,
+        report_interval_seconds: 0.01,
+        warmup: Duration::from_millis(200),
+        duration: Duration::from_millis(500),
+        qps_per_device: 32,
+        sq_depth: 16,
+        post_batch: 8,
+    })
+    .unwrap();
+    assert_eq!(r.agents, agents);
+    assert!(r.frames > 0.0, "{r:?}");
+    assert!(r.samples > 0.0, "{r:?}");
+    assert!(r.collector_cpu.cpu_seconds > 0.0);
+    assert!(r.rss_loaded_bytes > r.rss_baseline_bytes);
+    assert!(r.control_errors.is_empty(), "{:?}", r.control_errors);
+    // Every agent got frames through, and every frame sent is received, lost or dropped.
+    let f = r.fairness.expect("per-agent rates");
+    assert_eq!(f.n, agents);
+    assert!(f.min > 0.0, "an agent starved: {f:?}");
+    assert_eq!(r.accounting.unaccounted, 0.0, "{:?}", r.accounting);
+    assert!(r.accounting.sent > 0);
+}
+
+#[test]
+fn agent_cost_measures_the_real_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = agentcost::run(&AgentCostConfig {
+        agent_bin: bins::path(AGENT),
+        collector_bin: bins::path(COLLECTOR),
+        workdir: dir.path().join("agent"),
+        samples_per_sec: 4000.0,
+        log_lines_per_sec: 50.0,
+        interval_seconds: 0.5,
+        warmup: Duration::from_millis(200),
+        duration: Duration::from_secs(1),
+    })
+    .unwrap();
+    assert!((1990..2020).contains(&r.samples_per_collection), "{r:?}");
+    assert!(r.samples_per_sec > 0.0, "{r:?}");
+    assert!(r.log_lines_per_sec > 0.0, "{r:?}");
+    assert!(r.rss_bytes > 0);
+    assert!(r.cpu.wall_seconds > 0.0, "{r:?}");
+}
