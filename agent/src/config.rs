@@ -78,9 +78,9 @@ pub struct AgentConfig {
     /// Per-stream settings.
     #[serde(default)]
     pub streams: StreamsSection,
-    /// Largest frame the agent builds, header included, in bytes. The collector's `Welcome`
-    /// may lower it (the smaller of the two is used). Default 4096 (one packet at the
-    /// largest RoCE path MTU).
+    /// Largest frame the agent builds, header included, in bytes. Lowered per connection to
+    /// the collector's `Welcome.max_frame_bytes` and to the path MTU, so a frame is one
+    /// packet. Default 4096 (one packet at the largest RoCE path MTU).
     #[serde(default = "default_max_frame_bytes")]
     pub max_frame_bytes: usize,
 }

@@ -293,7 +293,15 @@ fn capabilities(config: &AgentConfig) -> Vec<i32> {
 }
 
 /// The send pipeline settings agreed in `welcome`.
-fn negotiated(config: &AgentConfig, welcome: &Welcome) -> Result<SenderConfig, SessionError> {
+///
+/// Frames are capped at the path MTU (the smaller of both QPs' MTUs): a frame is one UC
+/// message and one packet (DESIGN.md §3), so one lost packet costs exactly one frame and the
+/// next frame resyncs the PSN by itself.
+fn negotiated(
+    config: &AgentConfig,
+    welcome: &Welcome,
+    local_mtu: u32,
+) -> Result<SenderConfig, SessionError> {
     let chosen = match control::DataPath::try_from(welcome.data_path) {
         Ok(control::DataPath::WriteWithImm) => DataPath::WriteWithImm,
         Ok(control::DataPath::Send) => DataPath::Send,
@@ -318,7 +326,12 @@ fn negotiated(config: &AgentConfig, welcome: &Welcome) -> Result<SenderConfig, S
         }
         chosen
     });
-    let mut max_frame = config.max_frame_bytes.min(welcome.max_frame_bytes as usize);
+    let remote_mtu = welcome.qp.as_ref().map_or(local_mtu, |q| q.mtu);
+    let path_mtu = local_mtu.min(remote_mtu).max(256) as usize;
+    let mut max_frame = config
+        .max_frame_bytes
+        .min(welcome.max_frame_bytes as usize)
+        .min(path_mtu);
     let uses_ring = chosen == DataPath::WriteWithImm;
     if uses_ring {
         max_frame = max_frame.min(welcome.slot_bytes as usize);
@@ -423,7 +436,7 @@ async fn session(
     let welcome = tokio::time::timeout(connect_timeout, handshake(&mut conn, hello, token))
         .await
         .map_err(|_| SessionError::HandshakeTimeout(connect_timeout))??;
-    let sender_config = negotiated(config, &welcome)?;
+    let sender_config = negotiated(config, &welcome, plane.endpoint().mtu)?;
     plane.connect(&welcome)?;
     *welcomed = true;
     let mut core = SenderCore::new(&sender_config, epoch, Instant::now(), stats.clone())

@@ -763,3 +763,51 @@ async fn shutdown_during_a_log_backlog_sends_it_or_counts_it() {
     );
     assert_eq!(got.len() as u64, stats.records_sent(Stream::Logs));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_are_capped_at_the_path_mtu() {
+    let mut fake = support::start(support::FakeConfig {
+        mtu_bytes: 1024,
+        ..support::FakeConfig::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let cfg = config(fake.addr, dir.path(), "");
+    assert_eq!(cfg.max_frame_bytes, 4096);
+    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
+    let (trigger, shutdown) = uctel_common::shutdown::channel();
+    let agent = tokio::spawn(run_with(
+        cfg,
+        Options {
+            stats: Some(stats.clone()),
+            metrics_listener: None,
+        },
+        shutdown,
+    ));
+    wait_until("a few collections", Duration::from_secs(10), || {
+        stats.frames_sent(Stream::Metrics) >= 10
+    })
+    .await;
+    trigger.trigger();
+    let _ = tokio::time::timeout(Duration::from_secs(20), agent).await;
+    let s = fake
+        .sessions
+        .recv()
+        .await
+        .unwrap_or_else(|| panic!("no session"));
+    assert!(s.violations.is_empty(), "{:?}", s.violations);
+    let largest = s
+        .frames
+        .iter()
+        .map(|(_, f)| f.header.payload_len as usize + uctel_protocol::frame::HEADER_LEN)
+        .max()
+        .unwrap_or(0);
+    assert!(
+        largest <= 1024,
+        "a {largest}-byte frame over a 1024-byte path MTU"
+    );
+    assert!(
+        largest > 512,
+        "frames should fill the MTU, largest {largest}"
+    );
+}

@@ -43,6 +43,8 @@ pub struct FakeConfig {
     pub goodbye_after_frames: Option<u64>,
     /// The data path chosen in `Welcome`.
     pub data_path: control::DataPath,
+    /// Path MTU of the collector's QP, bytes.
+    pub mtu_bytes: u32,
 }
 
 impl Default for FakeConfig {
@@ -59,6 +61,7 @@ impl Default for FakeConfig {
             refuse_first: 0,
             goodbye_after_frames: None,
             data_path: control::DataPath::WriteWithImm,
+            mtu_bytes: 4096,
         }
     }
 }
@@ -175,7 +178,7 @@ async fn serve(
             bind: "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")),
             ..UdpConfig::default()
         },
-        mtu_bytes: 4096,
+        mtu_bytes: cfg.mtu_bytes,
         ..SoftConfig::default()
     }))
     .unwrap_or_else(|e| panic!("open: {e}"));
