@@ -23,6 +23,7 @@
 //! | `uctel_agent_reconnects_total` | counter | |
 //! | `uctel_agent_connected` | gauge | |
 //! | `uctel_agent_queue_records` | gauge | `stream` |
+//! | `uctel_agent_records_truncated_total` | counter | `stream` |
 //!
 //! The log sources add `uctel_agent_log_records_read_total`, `uctel_agent_log_bytes_read_total`,
 //! `uctel_agent_log_discarded_bytes_total`, `uctel_agent_log_truncated_unread_bytes_total`,
@@ -148,6 +149,7 @@ pub struct SelfMetrics {
     reconnects: IntCounter,
     connected: IntGauge,
     queue_records: PerStream<IntGauge>,
+    records_truncated: PerStream<IntCounter>,
     /// Drop events per reason, for rate-limited logging.
     drop_events: [AtomicU64; DropReason::ALL.len()],
 }
@@ -254,6 +256,11 @@ impl SelfMetrics {
         .map_err(|e| mk(e, "queue_records"))
         .and_then(|c| register(r, "queue_records", c))?;
 
+        let truncated_v = counter_vec(
+            "records_truncated_total",
+            "Records cut to fit one frame (log lines longer than the connection's frame size), marked truncated=\"frame\".",
+            &["stream"],
+        )?;
         let per_stream_counter =
             |v: &IntCounterVec| Stream::ALL.map(|s| v.with_label_values(&[s.as_str()]));
         let per_stream_reason = |v: &IntCounterVec| {
@@ -275,6 +282,7 @@ impl SelfMetrics {
             reconnects,
             connected,
             queue_records: Stream::ALL.map(|s| queue_v.with_label_values(&[s.as_str()])),
+            records_truncated: per_stream_counter(&truncated_v),
             drop_events: std::array::from_fn(|_| AtomicU64::new(0)),
             registry,
         })
@@ -316,6 +324,16 @@ impl SelfMetrics {
                 tracing::warn!(%stream, %reason, frames, records, events = n, "dropped at source");
             }
         }
+    }
+
+    /// One record of `stream` was cut to fit a frame (not a drop: the record is sent).
+    pub fn truncated(&self, stream: Stream) {
+        self.records_truncated[stream.index()].inc();
+    }
+
+    /// Records of `stream` cut to fit a frame so far.
+    pub fn records_truncated(&self, stream: Stream) -> u64 {
+        self.records_truncated[stream.index()].get()
     }
 
     /// Sets the delivery ratio the collector reported for `stream`: `received / (received +

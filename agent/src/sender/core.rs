@@ -263,8 +263,26 @@ impl SenderCore {
     }
 
     /// Adds one log record.
+    ///
+    /// A line too long for one frame (the tailer's `max_line_bytes` is set before the path
+    /// MTU of a connection is known) is cut to fit, marked with the field
+    /// `truncated="frame"` and counted (`records_truncated_total`), rather than dropped.
     pub fn push_log(&mut self, r: &LogRecord, now: Instant, unix_ns: u64) {
         let outcome = self.logs_framer.push(r, unix_ns);
+        if let PushOutcome::Rejected(Rejection::Oversize {
+            encoded_len,
+            max_payload_bytes,
+        }) = &outcome
+        {
+            if let Some(cut) = cut_to_fit(r, *encoded_len, *max_payload_bytes) {
+                let outcome = self.logs_framer.push(&cut, unix_ns);
+                if !matches!(outcome, PushOutcome::Rejected(_)) {
+                    self.stats.truncated(Stream::Logs);
+                }
+                self.after_push(Stream::Logs, outcome, now);
+                return;
+            }
+        }
         self.after_push(Stream::Logs, outcome, now);
     }
 
@@ -568,6 +586,30 @@ impl SenderCore {
     }
 }
 
+/// Bytes kept free when cutting a log message to fit: the length prefixes may shrink by a
+/// few bytes less than the message does, and the `truncated` marker field needs about 20.
+const CUT_SLACK_BYTES: usize = 48;
+
+/// `r` with its message cut (at a UTF-8 boundary) so the record encodes within
+/// `max_payload_bytes`, plus a `truncated="frame"` field; `None` if even an empty message
+/// would not fit.
+fn cut_to_fit(r: &LogRecord, encoded_len: usize, max_payload_bytes: usize) -> Option<LogRecord> {
+    let excess = encoded_len
+        .saturating_sub(max_payload_bytes)
+        .saturating_add(CUT_SLACK_BYTES);
+    let mut n = r.message.len().checked_sub(excess)?;
+    while n > 0 && !r.message.is_char_boundary(n) {
+        n -= 1;
+    }
+    let mut cut = r.clone();
+    cut.message.truncate(n);
+    cut.fields.push(uctel_protocol::payload::Field {
+        key: "truncated".into(),
+        value: "frame".into(),
+    });
+    Some(cut)
+}
+
 /// Writes the connection and stream fields into a framer-built frame and seals it.
 fn stamp(
     mut bytes: Vec<u8>,
@@ -859,13 +901,35 @@ mod tests {
         let sm = stats();
         let mut core =
             SenderCore::new(&config(8), 1, t0, sm.clone()).unwrap_or_else(|e| panic!("{e}"));
-        core.push_log(&log(&"x".repeat(2000)), t0, 1);
+        // A log line longer than a frame is cut to fit and marked, not dropped.
+        core.push_log(&log(&"é".repeat(1000)), t0, 1);
+        assert_eq!(sm.records_dropped(Stream::Logs, DropReason::Oversize), 0);
+        assert_eq!(sm.records_truncated(Stream::Logs), 1);
+        assert_eq!(core.pending_records(Stream::Logs), 1);
+        core.flush(Stream::Logs);
+        let (tx, _) = drain(&mut core, t0);
+        assert_eq!(tx.len(), 1);
+        assert!(tx[0].bytes.len() <= 512);
+        match decode(&tx[0]).payload {
+            Payload::Logs(b) => {
+                let r = &b.records[0];
+                assert!(r.message.len() > 300 && r.message.chars().all(|c| c == 'é'));
+                assert_eq!(
+                    r.fields.last().map(|f| (f.key.as_str(), f.value.as_str())),
+                    Some(("truncated", "frame"))
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // A record that cannot fit even empty (a huge source path) is dropped as oversize.
+        let mut huge = log("m");
+        huge.source = "/".repeat(600);
+        core.push_log(&huge, t0, 1);
+        assert_eq!(sm.records_dropped(Stream::Logs, DropReason::Oversize), 1);
         let mut bad = metric(0);
         bad.name = "0bad name".into();
         core.push_metric(&bad, t0, 1);
-        assert_eq!(sm.records_dropped(Stream::Logs, DropReason::Oversize), 1);
         assert_eq!(sm.records_dropped(Stream::Metrics, DropReason::Invalid), 1);
-        assert_eq!(core.pending_records(Stream::Logs), 0);
     }
 
     #[test]
