@@ -14,13 +14,16 @@
 
 use std::net::{IpAddr, SocketAddr};
 
+use std::sync::Arc;
 use uctel_protocol::control::{self, Welcome};
 use uctel_protocol::frame::conn_seq_immediate;
 use uctel_transport::api::{
     self, AccessFlags, CompletionQueue, Device, DeviceConfig, MemoryRegion, QpInitAttr, QpState,
     QueuePair, SendWr, Sge, WcStatus, WorkCompletion,
 };
-use uctel_transport::soft::device::{ProgressMode, SoftConfig};
+
+use uctel_transport::soft::device::{ProgressMode, SoftConfig, SoftDevice};
+use uctel_transport::soft::fault::FaultStats;
 use uctel_transport::soft::udp::UdpConfig;
 
 use crate::config::{faults_enabled, AgentConfig, DataPath, TransportKind};
@@ -101,6 +104,7 @@ pub struct DataPlane {
     ring: Option<RingTarget>,
     wcs: Vec<WorkCompletion>,
     completion_errors: u64,
+    fault_stats: Option<Arc<FaultStats>>,
 }
 
 /// Maps the agent's transport settings to a device configuration. `local_ip` is the local
@@ -140,20 +144,31 @@ pub fn device_config(config: &AgentConfig, local_ip: IpAddr) -> DeviceConfig {
     }
 }
 
-fn open_device(config: &AgentConfig, local_ip: IpAddr) -> Result<Device, DataPlaneError> {
-    let dc = device_config(config, local_ip);
-    if let DeviceConfig::Soft(sc) = &dc {
-        if let Some(f) = &sc.faults {
-            tracing::warn!(fault = ?f, "soft transport fault injection is ON (lab setting)");
-        }
-    }
-    Device::open(&dc).map_err(|e| DataPlaneError::Open {
-        kind: match config.transport.kind {
-            TransportKind::Soft => "soft",
-            TransportKind::Verbs => "verbs",
-        },
+/// Opens the device; for a soft device with fault injection also returns the injector's
+/// counters.
+fn open_device(
+    config: &AgentConfig,
+    local_ip: IpAddr,
+) -> Result<(Device, Option<Arc<FaultStats>>), DataPlaneError> {
+    let kind = match config.transport.kind {
+        TransportKind::Soft => "soft",
+        TransportKind::Verbs => "verbs",
+    };
+    let open_error = |e: uctel_transport::api::OpenError| DataPlaneError::Open {
+        kind,
         detail: e.to_string(),
-    })
+    };
+    match device_config(config, local_ip) {
+        DeviceConfig::Soft(sc) => {
+            if let Some(f) = &sc.faults {
+                tracing::warn!(fault = ?f, "soft transport fault injection is ON (lab setting)");
+            }
+            let soft = SoftDevice::open(&sc).map_err(open_error)?;
+            let faults = soft.fault_stats();
+            Ok((Device::from(soft), faults))
+        }
+        dc => Device::open(&dc).map(|d| (d, None)).map_err(open_error),
+    }
 }
 
 fn resource(what: &'static str) -> impl Fn(String) -> DataPlaneError {
@@ -171,7 +186,7 @@ impl DataPlane {
         local_ip: IpAddr,
         max_frame_bytes: usize,
     ) -> Result<DataPlane, DataPlaneError> {
-        let device = open_device(config, local_ip)?;
+        let (device, fault_stats) = open_device(config, local_ip)?;
         let pd = device
             .alloc_pd()
             .map_err(|e| resource("protection domain")(e.to_string()))?;
@@ -209,6 +224,7 @@ impl DataPlane {
             ring: None,
             wcs: vec![WorkCompletion::default(); 64],
             completion_errors: 0,
+            fault_stats,
         })
     }
 
@@ -292,6 +308,12 @@ impl DataPlane {
     /// Send buffers free now.
     pub fn free_buffers(&self) -> usize {
         self.free.len()
+    }
+
+    /// The counters of the soft transport's fault injector, when it has one
+    /// (`transport.soft.fault`); `None` otherwise.
+    pub fn fault_stats(&self) -> Option<Arc<FaultStats>> {
+        self.fault_stats.clone()
     }
 
     /// Whether every posted send has completed.

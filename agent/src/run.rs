@@ -30,11 +30,11 @@ use uctel_protocol::control::{
 };
 use uctel_protocol::limits::Limits;
 
-use crate::config::{seconds, AgentConfig, DataPath, TokenError};
+use crate::config::{faults_enabled, seconds, AgentConfig, DataPath, TokenError, TransportKind};
 use crate::control::{handshake, ControlConn, ControlError};
 use crate::datapath::{DataPlane, DataPlaneError};
 use crate::runners::{self, Queues};
-use crate::selfmetrics::{DropReason, SelfMetrics};
+use crate::selfmetrics::{DropReason, FaultTally, SelfMetrics};
 use crate::sender::core::{FinalSequences, SenderConfig, SenderCore};
 use crate::sender::pump::{self, Stop};
 use crate::stream::Stream;
@@ -46,6 +46,8 @@ const FINISH_GRACE: Duration = Duration::from_secs(2);
 /// Longest wait for a control message to be written (a collector that stops reading must
 /// not stall the sender).
 const CONTROL_SEND_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest wait at the end of a session for posted sends to complete.
+const DRAIN_GRACE: Duration = Duration::from_millis(500);
 /// Retry interval while the QP's send queue or send buffers are full.
 const BUSY_RETRY: Duration = Duration::from_millis(1);
 
@@ -112,6 +114,12 @@ pub async fn run_with(
         Some(s) => s,
         None => Arc::new(SelfMetrics::new().map_err(|e| RunError::Metrics(e.to_string()))?),
     };
+    if config.transport.kind == TransportKind::Soft && faults_enabled(&config.transport.soft.fault)
+    {
+        stats
+            .enable_fault_metrics()
+            .map_err(|e| RunError::Metrics(e.to_string()))?;
+    }
     let queues = Queues::new(&config);
     let mut tasks = tokio::task::JoinSet::new();
 
@@ -392,6 +400,16 @@ fn goodbye(fin: &FinalSequences, reason: GoodbyeReason, detail: &str) -> control
     }
 }
 
+/// Lets the posted sends reach the wire (their completions polled), for at most
+/// [`DRAIN_GRACE`]: before `Goodbye`, and so the fault injector has seen every frame.
+async fn drain_sends(plane: &mut DataPlane) {
+    let until = Instant::now() + DRAIN_GRACE;
+    while !plane.idle() && Instant::now() < until {
+        plane.reap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn session(
     config: &AgentConfig,
@@ -441,6 +459,9 @@ async fn session(
     *welcomed = true;
     let mut core = SenderCore::new(&sender_config, epoch, Instant::now(), stats.clone())
         .map_err(|e| SessionError::Welcome(e.to_string()))?;
+    // This session's fault injector counts from zero; the tally keeps the agent's totals.
+    let mut faults = plane.fault_stats().map(FaultTally::new);
+    let mut sync_faults = |stats: &SelfMetrics| faults.as_mut().map(|t| t.sync(stats));
     stats.set_connected(true);
     if previous_sessions > 0 {
         stats.reconnected();
@@ -470,6 +491,7 @@ async fn session(
         }
         pump::pull(&mut core, queues, stats);
         let stop = pump::transmit(&mut core, &mut plane);
+        sync_faults(stats);
         let mut deadline = match stop {
             Stop::Wait(at) => at,
             Stop::Busy => Some(Instant::now() + BUSY_RETRY),
@@ -576,12 +598,8 @@ async fn session(
                 let _ = pump::transmit(&mut core, &mut plane);
             }
             core.drop_pending(DropReason::Shutdown);
-            // Let the posted sends reach the wire before saying goodbye.
-            let until = Instant::now() + Duration::from_millis(500);
-            while !plane.idle() && Instant::now() < until {
-                plane.reap();
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
+            drain_sends(&mut plane).await;
+            sync_faults(stats);
             let fin = core.final_sequences();
             let bye = goodbye(&fin, GoodbyeReason::Shutdown, "agent shutting down");
             let _ = tokio::time::timeout(CONTROL_SEND_TIMEOUT, async {
@@ -594,6 +612,8 @@ async fn session(
         }
         SessionEnd::Lost(why) => {
             core.drop_pending(DropReason::NotConnected);
+            drain_sends(&mut plane).await;
+            sync_faults(stats);
             let fin = core.final_sequences();
             let bye = goodbye(&fin, GoodbyeReason::Reconnect, &why);
             let _ = tokio::time::timeout(CONTROL_SEND_TIMEOUT, conn.send(bye)).await;

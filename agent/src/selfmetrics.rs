@@ -24,6 +24,16 @@
 //! | `uctel_agent_connected` | gauge | |
 //! | `uctel_agent_queue_records` | gauge | `stream` |
 //! | `uctel_agent_records_truncated_total` | counter | `stream` |
+//! | `uctel_agent_fault_packets_total` | counter | `action` (only with fault injection) |
+//!
+//! `uctel_agent_fault_packets_total{action}` counts what the soft transport's fault injector
+//! (`transport.soft.fault`, a lab setting) did to the agent's outgoing packets, summed over
+//! every session: `passed`, `dropped`, `duplicated`, `reordered`, `corrupted`, `delayed`
+//! ([`FaultAction`]). The injector is rebuilt with each session's device; [`FaultTally`] keeps
+//! the running total. With one packet per frame (DESIGN.md §3) and drops as the only fault,
+//! `dropped` equals the frames the collector counts lost. The series exist only once
+//! [`SelfMetrics::enable_fault_metrics`] was called (the agent does so when the configuration
+//! turns fault injection on).
 //!
 //! The log sources add `uctel_agent_log_records_read_total`, `uctel_agent_log_bytes_read_total`,
 //! `uctel_agent_log_discarded_bytes_total`, `uctel_agent_log_truncated_unread_bytes_total`,
@@ -31,6 +41,7 @@
 //! `uctel_agent_log_events_total{reason}` (see `runners::LogMetrics`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use prometheus::core::Collector;
 use prometheus::proto::MetricType as PromType;
@@ -38,6 +49,7 @@ use prometheus::{
     Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 use uctel_protocol::payload;
+use uctel_transport::soft::fault::{FaultCounts, FaultStats};
 
 use crate::stream::Stream;
 
@@ -129,6 +141,109 @@ impl std::fmt::Display for DropReason {
     }
 }
 
+/// What the soft transport's fault injector did to a packet: the `action` label of
+/// `uctel_agent_fault_packets_total`, one per field of [`FaultCounts`] (the injector's own
+/// counters, `transport::soft::fault`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FaultAction {
+    /// Handed on to the network (duplicates included).
+    Passed,
+    /// Dropped.
+    Dropped,
+    /// Extra copies made.
+    Duplicated,
+    /// Held back for reordering.
+    Reordered,
+    /// One bit flipped.
+    Corrupted,
+    /// Delayed by `delay_ms`.
+    Delayed,
+}
+
+impl FaultAction {
+    /// Every action, in label order.
+    pub const ALL: [FaultAction; 6] = [
+        FaultAction::Passed,
+        FaultAction::Dropped,
+        FaultAction::Duplicated,
+        FaultAction::Reordered,
+        FaultAction::Corrupted,
+        FaultAction::Delayed,
+    ];
+
+    /// The `action` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FaultAction::Passed => "passed",
+            FaultAction::Dropped => "dropped",
+            FaultAction::Duplicated => "duplicated",
+            FaultAction::Reordered => "reordered",
+            FaultAction::Corrupted => "corrupted",
+            FaultAction::Delayed => "delayed",
+        }
+    }
+
+    /// This action's count in `c`.
+    pub fn of(self, c: &FaultCounts) -> u64 {
+        match self {
+            FaultAction::Passed => c.passed,
+            FaultAction::Dropped => c.dropped,
+            FaultAction::Duplicated => c.duplicated,
+            FaultAction::Reordered => c.reordered,
+            FaultAction::Corrupted => c.corrupted,
+            FaultAction::Delayed => c.delayed,
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            FaultAction::Passed => 0,
+            FaultAction::Dropped => 1,
+            FaultAction::Duplicated => 2,
+            FaultAction::Reordered => 3,
+            FaultAction::Corrupted => 4,
+            FaultAction::Delayed => 5,
+        }
+    }
+}
+
+/// Follows one fault injector (one session's soft device) and adds what it counted since the
+/// last [`FaultTally::sync`] to the agent's running totals, so the exported counters stay
+/// cumulative when the next session builds a new injector that counts from zero.
+#[derive(Debug)]
+pub struct FaultTally {
+    stats: Arc<FaultStats>,
+    seen: FaultCounts,
+}
+
+impl FaultTally {
+    /// Starts following `stats` (counts already in it are added at the first sync).
+    pub fn new(stats: Arc<FaultStats>) -> Self {
+        Self {
+            stats,
+            seen: FaultCounts::default(),
+        }
+    }
+
+    /// Adds the growth of the injector's counters since the last sync to `metrics`; returns
+    /// the injector's counts so far (this session's).
+    pub fn sync(&mut self, metrics: &SelfMetrics) -> FaultCounts {
+        let now = self.stats.snapshot();
+        let seen = &self.seen;
+        let delta = FaultCounts {
+            passed: now.passed.saturating_sub(seen.passed),
+            dropped: now.dropped.saturating_sub(seen.dropped),
+            duplicated: now.duplicated.saturating_sub(seen.duplicated),
+            reordered: now.reordered.saturating_sub(seen.reordered),
+            corrupted: now.corrupted.saturating_sub(seen.corrupted),
+            delayed: now.delayed.saturating_sub(seen.delayed),
+        };
+        metrics.add_fault_counts(&delta);
+        self.seen = now;
+        now
+    }
+}
+
 /// Metric name prefix of the agent's self-metrics.
 pub const PREFIX: &str = "uctel_agent_";
 
@@ -150,6 +265,8 @@ pub struct SelfMetrics {
     connected: IntGauge,
     queue_records: PerStream<IntGauge>,
     records_truncated: PerStream<IntCounter>,
+    /// `fault_packets_total{action}`, registered by [`SelfMetrics::enable_fault_metrics`].
+    fault_packets: OnceLock<[IntCounter; FaultAction::ALL.len()]>,
     /// Drop events per reason, for rate-limited logging.
     drop_events: [AtomicU64; DropReason::ALL.len()],
 }
@@ -283,9 +400,52 @@ impl SelfMetrics {
             connected,
             queue_records: Stream::ALL.map(|s| queue_v.with_label_values(&[s.as_str()])),
             records_truncated: per_stream_counter(&truncated_v),
+            fault_packets: OnceLock::new(),
             drop_events: std::array::from_fn(|_| AtomicU64::new(0)),
             registry,
         })
+    }
+
+    /// Registers `uctel_agent_fault_packets_total{action}`, every action at zero. Idempotent.
+    ///
+    /// # Errors
+    /// [`RegisterError`] if another collector already took the name.
+    pub fn enable_fault_metrics(&self) -> Result<(), RegisterError> {
+        if self.fault_packets.get().is_some() {
+            return Ok(());
+        }
+        let name = "fault_packets_total";
+        let v = IntCounterVec::new(
+            opts(
+                name,
+                "Outgoing packets the soft transport's fault injector (transport.soft.fault) passed, dropped, duplicated, reordered, corrupted or delayed, over every session.",
+            ),
+            &["action"],
+        )
+        .map_err(|source| RegisterError {
+            name: name.to_owned(),
+            source,
+        })?;
+        let counters = FaultAction::ALL.map(|a| v.with_label_values(&[a.as_str()]));
+        // Only the first caller registers (a racing second one finds the cell set).
+        if self.fault_packets.set(counters).is_ok() {
+            register(&self.registry, name, v)?;
+        }
+        Ok(())
+    }
+
+    /// Adds `delta` to `fault_packets_total` (a no-op unless enabled).
+    pub fn add_fault_counts(&self, delta: &FaultCounts) {
+        if let Some(c) = self.fault_packets.get() {
+            for a in FaultAction::ALL {
+                c[a.index()].inc_by(a.of(delta));
+            }
+        }
+    }
+
+    /// `fault_packets_total{action}` so far; `None` unless enabled.
+    pub fn fault_packets(&self, action: FaultAction) -> Option<u64> {
+        self.fault_packets.get().map(|c| c[action.index()].get())
     }
 
     /// The registry holding these metrics; other agent parts register their collectors here.
@@ -612,6 +772,79 @@ mod tests {
         assert_eq!(m.count, 2);
         assert_eq!(m.buckets.len(), 2);
         assert_eq!(m.buckets[1].cumulative_count, 1);
+    }
+
+    /// An injector over an in-memory link that drops every datagram (`drop_ratio` 1) or none,
+    /// fed `n` datagrams.
+    fn injector_after(n: usize, drop_ratio: f64) -> Arc<FaultStats> {
+        use uctel_transport::soft::fault::{FaultConfig, FaultInjector};
+        use uctel_transport::soft::link::{Datagram, Link, MemoryLink};
+        let (a, b) = (
+            "127.0.0.1:1".parse().unwrap_or_else(|e| panic!("{e}")),
+            "127.0.0.1:2".parse().unwrap_or_else(|e| panic!("{e}")),
+        );
+        let (link, _peer) = MemoryLink::pair(a, b);
+        let mut inj = FaultInjector::new(
+            link,
+            FaultConfig {
+                drop_ratio,
+                seed: 1,
+                ..FaultConfig::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let batch: Vec<Datagram> = (0..n).map(|_| Datagram::to(b, vec![0; 4])).collect();
+        let taken = inj.send(&batch).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(taken, n);
+        inj.stats()
+    }
+
+    #[test]
+    fn fault_counters_are_absent_until_enabled_then_cumulative_over_injectors() {
+        let sm = SelfMetrics::new().unwrap_or_else(|e| panic!("{e}"));
+        let first = injector_after(3, 1.0);
+        FaultTally::new(first.clone()).sync(&sm);
+        assert_eq!(sm.fault_packets(FaultAction::Dropped), None);
+        assert!(!sm.encode_text().contains("fault"));
+
+        sm.enable_fault_metrics().unwrap_or_else(|e| panic!("{e}"));
+        sm.enable_fault_metrics().unwrap_or_else(|e| panic!("{e}"));
+        let text = sm.encode_text();
+        for a in FaultAction::ALL {
+            let series = format!(
+                "uctel_agent_fault_packets_total{{action=\"{}\"}} 0",
+                a.as_str()
+            );
+            assert!(text.contains(&series), "{series} missing: {text}");
+        }
+        // Session 1: three packets dropped; syncing twice adds them once.
+        let mut t1 = FaultTally::new(first);
+        assert_eq!(t1.sync(&sm).dropped, 3);
+        assert_eq!(t1.sync(&sm).dropped, 3);
+        assert_eq!(sm.fault_packets(FaultAction::Dropped), Some(3));
+        // Session 2: a new injector counting from zero adds to the total.
+        let mut t2 = FaultTally::new(injector_after(5, 0.0));
+        assert_eq!(t2.sync(&sm).passed, 5);
+        assert_eq!(sm.fault_packets(FaultAction::Dropped), Some(3));
+        assert_eq!(sm.fault_packets(FaultAction::Passed), Some(5));
+        let recs = sm.to_records(0);
+        let m = find(
+            &recs,
+            "uctel_agent_fault_packets_total",
+            &[("action", "dropped")],
+        );
+        assert_eq!(m.map(|m| m.value), Some(3.0));
+    }
+
+    #[test]
+    fn fault_action_names_are_unique() {
+        let mut names: Vec<&str> = FaultAction::ALL.iter().map(|a| a.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), FaultAction::ALL.len());
+        for (i, a) in FaultAction::ALL.iter().enumerate() {
+            assert_eq!(a.index(), i);
+        }
     }
 
     #[test]

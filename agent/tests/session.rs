@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use uctel_agent::config::AgentConfig;
 use uctel_agent::run::{run_with, Options};
-use uctel_agent::selfmetrics::{DropReason, SelfMetrics};
+use uctel_agent::selfmetrics::{DropReason, FaultAction, SelfMetrics};
 use uctel_agent::stream::Stream;
 use uctel_protocol::control::GoodbyeReason;
 use uctel_protocol::frame::{FrameFlags, Payload};
@@ -376,6 +376,81 @@ async fn injected_loss_shows_as_gaps_and_sent_equals_received_plus_lost() {
     let lost = sent - received;
     assert!(lost > 0, "30 % drop lost nothing");
     assert!(received > 0);
+    // The injector's own counters, exported by the agent, explain the loss exactly: one
+    // packet per frame, every frame either passed or dropped.
+    let fault = |a| {
+        stats
+            .fault_packets(a)
+            .unwrap_or_else(|| panic!("no fault counters with fault injection on"))
+    };
+    assert_eq!(fault(FaultAction::Dropped), lost);
+    assert_eq!(fault(FaultAction::Passed), received);
+    assert_eq!(fault(FaultAction::Duplicated), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_counters_add_up_over_reconnects() {
+    let mut fake = support::start(support::FakeConfig {
+        goodbye_after_frames: Some(10),
+        ..support::FakeConfig::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let cfg = config(
+        fake.addr,
+        dir.path(),
+        "transport:\n  soft:\n    fault:\n      drop_ratio: 0.3\n      seed: 7\n",
+    );
+    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
+    let (trigger, shutdown) = uctel_common::shutdown::channel();
+    let agent = tokio::spawn(run_with(
+        cfg,
+        Options {
+            stats: Some(stats.clone()),
+            metrics_listener: None,
+        },
+        shutdown,
+    ));
+    wait_until("a reconnect", Duration::from_secs(15), || {
+        stats.reconnects() >= 1 && stats.connected()
+    })
+    .await;
+    let first_session = stats.fault_packets(FaultAction::Dropped).unwrap_or(0)
+        + stats.fault_packets(FaultAction::Passed).unwrap_or(0);
+    wait_until(
+        "frames on the new connection",
+        Duration::from_secs(15),
+        || sent_frames(&stats) >= first_session + 20,
+    )
+    .await;
+    trigger.trigger();
+    let summary = tokio::time::timeout(Duration::from_secs(20), agent)
+        .await
+        .unwrap_or_else(|_| panic!("agent did not stop"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(summary.sessions, 2);
+    let _first = fake.sessions.recv().await;
+    let second = fake
+        .sessions
+        .recv()
+        .await
+        .unwrap_or_else(|| panic!("no second session"));
+    let second_sent = second
+        .goodbye
+        .and_then(|g| g.final_conn_seq)
+        .map_or(0, |l| l + 1);
+    // Every frame of both sessions went through one of the two injectors: the totals cover
+    // both (a per-session counter would have restarted at the reconnect).
+    let dropped = stats.fault_packets(FaultAction::Dropped).unwrap_or(0);
+    let passed = stats.fault_packets(FaultAction::Passed).unwrap_or(0);
+    assert!(first_session > 0);
+    assert_eq!(passed + dropped, sent_frames(&stats));
+    assert!(
+        passed + dropped > second_sent,
+        "{passed} + {dropped} vs {second_sent}"
+    );
+    assert!(dropped > 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -458,6 +533,9 @@ async fn local_metrics_endpoint_serves_self_metrics() {
         body.contains("uctel_agent_log_events_total{reason=\"rotation_create\"}"),
         "{body}"
     );
+    // No fault injection configured: no fault counters.
+    assert!(!body.contains("uctel_agent_fault_packets_total"), "{body}");
+    assert_eq!(stats.fault_packets(FaultAction::Dropped), None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
