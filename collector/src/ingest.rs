@@ -47,6 +47,18 @@ fn is_after(a: u64, b: u64) -> bool {
     d != 0 && d < 1 << 63
 }
 
+/// Frames a `Goodbye` claims as lost beyond what `tracker` saw in `epoch`: the tail
+/// `final_seq − highest` when the epoch was observed (`None` when `final_seq` is behind, which
+/// [`SequenceTracker::close`] reports), all of `0..=final_seq` otherwise.
+fn claimed_tail(tracker: &SequenceTracker, epoch: u64, final_seq: u64) -> Option<u64> {
+    let counts = tracker.counts();
+    if counts.epoch == Some(epoch) {
+        Some(final_seq.wrapping_sub(counts.highest)).filter(|t| *t < 1 << 63)
+    } else {
+        Some(final_seq.saturating_add(1))
+    }
+}
+
 /// What happened to one frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FrameOutcome {
@@ -478,8 +490,33 @@ impl ConnectionIngest {
 
     /// The agent said goodbye: settle tail loss from its final sequences
     /// (`SequenceTracker::close`) and record counts, and return the accounting.
+    ///
+    /// A `Goodbye` is believed only as far as a sequence jump would be: a final sequence that
+    /// claims more than `max_dropout` frames lost at once (the tracker's resync rule,
+    /// DESIGN.md §5), or a final record count above what the claimed frames can carry
+    /// (`max_records_per_frame` each), is logged and not counted, so a lying or confused
+    /// agent cannot push the loss counters by up to 2^64.
     pub fn close(&mut self, goodbye: &Goodbye) -> CloseSummary {
-        if let Some(final_conn) = goodbye.final_conn_seq {
+        let max_dropout = self.tracker_config.max_dropout;
+        let per_frame = u64::try_from(self.limits.max_records_per_frame).unwrap_or(u64::MAX);
+        let implausible = |what: &str, id: &dyn std::fmt::Display, claimed: u64| {
+            tracing::warn!(
+                agent = %self.agent,
+                stream = %id,
+                claimed,
+                max_dropout,
+                "goodbye: final {what} not believed (beyond the maximum dropout); not counted as loss"
+            );
+        };
+        let final_conn = goodbye.final_conn_seq.filter(|f| {
+            let claimed = claimed_tail(&self.conn, self.epoch, *f).unwrap_or(0);
+            let believed = claimed <= max_dropout;
+            if !believed {
+                implausible("connection sequence", &"connection", claimed);
+            }
+            believed
+        });
+        if let Some(final_conn) = final_conn {
             match self.conn.close(self.epoch, final_conn) {
                 Ok(_) => {}
                 Err(CloseError::EpochNotObserved { .. }) => {
@@ -495,6 +532,15 @@ impl ConnectionIngest {
             }
         }
         for fin in &goodbye.streams {
+            let claimed = match (fin.final_stream_seq, self.streams.get(&fin.stream_id)) {
+                (None, _) => 0,
+                (Some(f), Some(s)) => claimed_tail(&s.tracker, self.epoch, f).unwrap_or(0),
+                (Some(f), None) => f.saturating_add(1),
+            };
+            if claimed > max_dropout {
+                implausible("stream sequence", &fin.stream_id, claimed);
+                continue;
+            }
             if !self.streams.contains_key(&fin.stream_id)
                 && self.streams.len() >= MAX_STREAMS_PER_CONNECTION
             {
@@ -517,6 +563,14 @@ impl ConnectionIngest {
                     max_record_count: 0,
                     records_lost_emitted: 0,
                 });
+            let max_records = stream
+                .max_record_count
+                .saturating_add(claimed.saturating_mul(per_frame));
+            if fin.final_record_count > max_records {
+                implausible("record count", &fin.stream_id, fin.final_record_count);
+            } else {
+                stream.max_record_count = stream.max_record_count.max(fin.final_record_count);
+            }
             if let Some(final_seq) = fin.final_stream_seq {
                 match stream.tracker.close(self.epoch, final_seq) {
                     Ok(tail) => stream.tel.frames_lost.inc_by(tail),
@@ -533,7 +587,6 @@ impl ConnectionIngest {
                     ),
                 }
             }
-            stream.max_record_count = stream.max_record_count.max(fin.final_record_count);
             stream.update_records_lost();
         }
         self.update_conn_lost();
@@ -826,6 +879,64 @@ mod tests {
         assert_eq!(by_id[&1].accepted, 1);
         assert_eq!(by_id[&2].lost, 2);
         assert_eq!(by_id[&2].records_lost, 2);
+    }
+
+    #[test]
+    fn implausible_goodbye_is_not_counted_as_loss() {
+        let mut r = rig();
+        for s in 0..3u64 {
+            let _ = r.ingest.on_send(&frame(s, 1, s, s + 1), now());
+        }
+        let max_dropout = TrackerConfig::default().max_dropout;
+        let s = r.ingest.close(&Goodbye {
+            final_conn_seq: Some(u64::MAX / 2),
+            streams: vec![
+                // Seen stream: a tail far beyond the maximum dropout.
+                StreamFinal {
+                    stream_id: 1,
+                    final_stream_seq: Some(2 + max_dropout + 1),
+                    final_record_count: u64::MAX,
+                },
+                // Unseen stream: everything up to u64::MAX.
+                StreamFinal {
+                    stream_id: 2,
+                    final_stream_seq: Some(u64::MAX),
+                    final_record_count: u64::MAX,
+                },
+                // Unseen stream, plausible sequence, impossible record count.
+                StreamFinal {
+                    stream_id: 3,
+                    final_stream_seq: Some(0),
+                    final_record_count: 5000,
+                },
+            ],
+            ..Default::default()
+        });
+        assert_eq!(s.conn_lost, 0, "{s:?}");
+        let by_id: HashMap<u32, StreamLedger> = s.streams.into_iter().collect();
+        assert_eq!((by_id[&1].lost, by_id[&1].records_lost), (0, 0));
+        assert!(!by_id.contains_key(&2), "{by_id:?}");
+        assert_eq!((by_id[&3].lost, by_id[&3].records_lost), (1, 0));
+        let t = r.telemetry.agent("a1").stream(1);
+        assert_eq!(t.frames_lost.get(), 0);
+        assert_eq!(t.records_lost.get(), 0);
+        // A plausible tail still counts, records included (up to 1024 per frame).
+        let mut r = rig();
+        let _ = r.ingest.on_send(&frame(0, 1, 0, 1), now());
+        let s = r.ingest.close(&Goodbye {
+            final_conn_seq: Some(10),
+            streams: vec![StreamFinal {
+                stream_id: 1,
+                final_stream_seq: Some(10),
+                final_record_count: 2000,
+            }],
+            ..Default::default()
+        });
+        assert_eq!(
+            (s.streams[0].1.lost, s.streams[0].1.records_lost),
+            (10, 1999)
+        );
+        assert_eq!(s.conn_lost, 10);
     }
 
     #[test]
