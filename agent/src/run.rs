@@ -19,6 +19,18 @@
 //! are dropped as `not_connected` (a sample is fresh or worthless); log lines wait in their
 //! bounded queue and, beyond it, in their files, because the tailers only read what the queue
 //! can hold.
+//!
+//! A shutdown logs the epoch's final figures once `Goodbye` is written, one line with
+//! `key=value` fields that end-to-end tests read:
+//!
+//! ```text
+//! goodbye sent epoch=… frames=N metrics_frames=… metrics_records=… logs_frames=… logs_records=… [fault_dropped=…]
+//! ```
+//!
+//! `frames` counts the connection's frames (= `final_conn_seq + 1`); `*_frames` and
+//! `*_records` are per stream (= `final_stream_seq + 1` and `final_record_count` of
+//! `Goodbye`); `fault_dropped` (only with `transport.soft.fault`) counts the packets this
+//! session's fault injector dropped.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -599,7 +611,7 @@ async fn session(
             }
             core.drop_pending(DropReason::Shutdown);
             drain_sends(&mut plane).await;
-            sync_faults(stats);
+            let session_faults = sync_faults(stats);
             let fin = core.final_sequences();
             let bye = goodbye(&fin, GoodbyeReason::Shutdown, "agent shutting down");
             let _ = tokio::time::timeout(CONTROL_SEND_TIMEOUT, async {
@@ -607,7 +619,23 @@ async fn session(
                 let _ = conn.shutdown().await;
             })
             .await;
-            tracing::info!(epoch, frames = fin.frames, "goodbye sent");
+            // The epoch's final figures, as in `Goodbye`, for operators and end-to-end tests:
+            // `frames` on the connection, then frames and records per stream, and the packets
+            // this session's fault injector dropped (only with fault injection).
+            let (m, l) = (
+                fin.streams[Stream::Metrics.index()],
+                fin.streams[Stream::Logs.index()],
+            );
+            tracing::info!(
+                epoch,
+                frames = fin.frames,
+                metrics_frames = m.frames,
+                metrics_records = m.records,
+                logs_frames = l.frames,
+                logs_records = l.records,
+                fault_dropped = session_faults.map(|c| c.dropped),
+                "goodbye sent"
+            );
             Ok((SessionEnd::Shutdown, fin))
         }
         SessionEnd::Lost(why) => {

@@ -140,15 +140,18 @@ fn sigterm_ends_the_session_with_a_goodbye_and_exit_0() {
         dir.path(),
         "agent.yaml",
         &format!(
-            "agent_id: sig\ncollector:\n  control: {}\nauth:\n  token: test-token\nsources:\n  host_metrics:\n    interval_seconds: 0.2\n  state_directory: {}/state\nstreams:\n  metrics:\n    flush_milliseconds: 10\n",
+            "agent_id: sig\ncollector:\n  control: {}\nauth:\n  token: test-token\nsources:\n  host_metrics:\n    interval_seconds: 0.2\n  logs:\n    - path: {dir}/*.log\n      start_at: beginning\n      poll_interval_seconds: 0.02\n  state_directory: {dir}/state\nstreams:\n  metrics:\n    flush_milliseconds: 10\n  logs:\n    flush_milliseconds: 10\n",
             fake.addr,
-            dir.path().display()
+            dir = dir.path().display()
         ),
     );
+    let lines: Vec<String> = (0..20).map(|i| format!("cli line {i}")).collect();
+    write(dir.path(), "app.log", &(lines.join("\n") + "\n"));
     let mut child = agent()
         .arg("--config")
         .arg(&cfg)
         .args(["--log-level", "info"])
+        .env("NO_COLOR", "1")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -204,8 +207,57 @@ fn sigterm_ends_the_session_with_a_goodbye_and_exit_0() {
         .flatten()
         .unwrap_or_else(|| panic!("no session"));
     assert!(s.violations.is_empty(), "{:?}", s.violations);
-    let g = s.goodbye.unwrap_or_else(|| panic!("no goodbye"));
+    let g = s.goodbye.clone().unwrap_or_else(|| panic!("no goodbye"));
     let n = s.frames.len() as u64;
     assert!(n >= 2, "frames {n}");
     assert_eq!(g.final_conn_seq, Some(n - 1));
+
+    // The `goodbye sent` line carries the epoch's final figures, per connection and per
+    // stream, equal to what the collector received (loopback, no faults).
+    let mut logged = Vec::new();
+    while let Ok(line) = rx.recv_timeout(Duration::from_secs(5)) {
+        logged.push(strip_ansi(&line));
+    }
+    let bye = logged
+        .iter()
+        .rev()
+        .find(|l| l.contains("goodbye sent"))
+        .unwrap_or_else(|| panic!("no `goodbye sent` line in {logged:#?}"));
+    let field = |k: &str| -> u64 {
+        bye.split_whitespace()
+            .find_map(|t| t.strip_prefix(&format!("{k}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {k}= in {bye}"))
+    };
+    assert_eq!(field("frames"), n, "{bye}");
+    for (name, id) in [("metrics", 1u32), ("logs", 2u32)] {
+        let frames = s
+            .frames
+            .iter()
+            .filter(|(_, f)| f.header.stream_id == id)
+            .count() as u64;
+        assert_eq!(field(&format!("{name}_frames")), frames, "{bye}");
+        assert_eq!(field(&format!("{name}_records")), s.records(id), "{bye}");
+    }
+    assert_eq!(field("logs_records"), lines.len() as u64, "{bye}");
+    assert_eq!(field("metrics_frames") + field("logs_frames"), n, "{bye}");
+    assert!(!bye.contains("fault_dropped"), "no fault injection: {bye}");
+}
+
+/// `s` without ANSI escape sequences (`ESC [ ... letter`).
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+            continue;
+        }
+        out.push(c);
+    }
+    out
 }

@@ -422,6 +422,18 @@ pub fn goodbye_frames(log: &str) -> Vec<u64> {
         .collect()
 }
 
+/// The numeric fields of the last `goodbye sent` line of an agent log: the final figures of
+/// the session that ended by shutdown. `frames` (the connection), per stream
+/// `metrics_frames`, `metrics_records`, `logs_frames`, `logs_records`, and `fault_dropped`
+/// (packets that session's fault injector dropped) when fault injection is on.
+pub fn goodbye_figures(log: &str) -> BTreeMap<String, u64> {
+    last_log_fields(log, "goodbye sent")
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|(k, v)| v.parse().ok().map(|n| (k, n)))
+        .collect()
+}
+
 /// The epochs the collector logged for `agent` at each `agent connected`, in order.
 pub fn connected_epochs(collector_log: &str, agent: &str) -> Vec<String> {
     let want = format!("agent={agent}");
@@ -453,5 +465,11 @@ mod tests {
         assert_eq!(f.get("epoch").map(String::as_str), Some("7"));
         assert_eq!(goodbye_frames(log), vec![1234]);
         assert!(last_log_fields(log, "nothing like this").is_none());
+        let log = "INFO uctel_agent::run: goodbye sent epoch=7 frames=30 metrics_frames=12 metrics_records=400 logs_frames=18 logs_records=900 fault_dropped=2\n";
+        assert_eq!(goodbye_frames(log), vec![30]);
+        let g = goodbye_figures(log);
+        assert_eq!(g.get("frames"), Some(&30));
+        assert_eq!(g.get("logs_records"), Some(&900));
+        assert_eq!(g.get("fault_dropped"), Some(&2));
     }
 }

@@ -27,7 +27,8 @@ use std::time::{Duration, Instant};
 
 use uctel_tests::exposition::Scrape;
 use uctel_tests::pipeline::{
-    connected_epochs, goodbye_frames, AgentFigures, CollectorFigures, Pipeline, STREAMS,
+    connected_epochs, goodbye_figures, goodbye_frames, AgentFigures, CollectorFigures, Pipeline,
+    STREAMS,
 };
 use uctel_tests::prometheus::{promtool_check_metrics, Job, Prometheus};
 use uctel_tests::{dashboards, exclusive, wait_for};
@@ -148,17 +149,35 @@ fn accounting_is_exact_per_agent_and_stream_after_goodbye() {
         let sent = single_goodbye(&p, i);
         assert!(sent > 20, "{id}: only {sent} frames sent");
         assert_connection_exact(id, sent, &c, &CollectorFigures::default());
-        // Per stream: everything the agent had posted when last scraped is accounted for,
-        // and the streams add up to the connection total above.
+        // Per stream, against the agent's final figures (its `goodbye sent` line): frames
+        // and records sent = received + lost (+ frames dropped after tracking, none here).
+        let bye = goodbye_figures(&a.daemon.log());
+        let after = c.dropped_after_tracking();
         for (sid, name) in STREAMS {
-            let sent_s = before[i].frames_sent[name];
+            let fin = |k: &str| {
+                bye.get(&format!("{name}_{k}"))
+                    .copied()
+                    .unwrap_or_else(|| panic!("{id}: no {name}_{k} in `goodbye sent`: {bye:?}"))
+            };
             let seen = c.received[sid] + c.lost[sid];
+            let records = c.records_received[sid] + c.records_lost[sid];
             assert!(
-                seen >= sent_s,
-                "{id} stream {name}: received {} + lost {} < {sent_s} sent before SIGTERM",
+                seen <= fin("frames") && fin("frames") <= seen + after,
+                "{id} stream {name}: sent {} frames; received {} + lost {} (+ {after} dropped after tracking)",
+                fin("frames"),
                 c.received[sid],
                 c.lost[sid]
             );
+            if after == 0 {
+                assert_eq!(
+                    records,
+                    fin("records"),
+                    "{id} stream {name}: records received {} + lost {} != {} sent",
+                    c.records_received[sid],
+                    c.records_lost[sid],
+                    fin("records")
+                );
+            }
         }
         // Every log line is a record received or counted lost (records are exact even
         // under loss: frames carry cumulative record counts).
@@ -191,17 +210,27 @@ fn accounting_is_exact_per_agent_and_stream_after_goodbye() {
         c_lossy.records_lost["1"] + c_lossy.records_lost["2"] > 0,
         "frames lost but no records lost: {c_lossy:?}"
     );
-    match before[lossy].fault_dropped {
-        Some(f) => assert_eq!(
-            c_lossy.lost_total(),
-            f,
-            "lost frames != packets the fault injector dropped"
-        ),
-        None => eprintln!(
-            "note: the agent exposes no fault-injector drop counter; lost = {} checked against the Goodbye total only",
-            c_lossy.lost_total()
-        ),
-    }
+    // One packet per frame: the frames lost are exactly the packets the injector dropped,
+    // up to the last frame (the final figure of the `goodbye sent` line). The exported
+    // counter, scraped before SIGTERM, cannot be ahead of it; the clean agent has none.
+    let bye = goodbye_figures(&p.agents[lossy].daemon.log());
+    let injected = bye
+        .get("fault_dropped")
+        .copied()
+        .unwrap_or_else(|| panic!("lossy: no fault_dropped in `goodbye sent`: {bye:?}"));
+    assert_eq!(
+        c_lossy.lost_total(),
+        injected,
+        "lost frames != packets the fault injector dropped"
+    );
+    let exported = before[lossy]
+        .fault_dropped
+        .unwrap_or_else(|| panic!("lossy: no uctel_agent_fault_packets_total"));
+    assert!(
+        exported <= injected,
+        "exported {exported} > final {injected}"
+    );
+    assert_eq!(before[clean].fault_dropped, None);
     eprintln!("{}", lines.join("\n"));
     p.collector.stop(STOP);
 }
