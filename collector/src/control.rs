@@ -36,7 +36,7 @@ use uctel_protocol::control::{
 };
 use uctel_protocol::limits::Limits;
 use uctel_protocol::tracker::TrackerConfig;
-use uctel_transport::api::{gid_from_ip, QpEndpoint};
+use uctel_transport::api::{gid_from_ip, QpEndpoint, ROCE_V2_UDP_PORT};
 
 use crate::config::{Config, DataPathConfig, Token, TransportKindConfig};
 use crate::daemon::Shared;
@@ -188,16 +188,13 @@ async fn handshake(
             ),
         ));
     }
-    let want = match shared.config.transport.kind {
-        TransportKindConfig::Soft => Transport::Soft,
-        TransportKindConfig::Verbs => Transport::Verbs,
-    };
-    if hello.transport != want as i32 {
-        return Err(refusal(
-            RefuseReason::TransportMismatch,
-            &agent,
-            format!("this collector runs the {} transport", want.as_str()),
-        ));
+    let agent_transport = Transport::try_from(hello.transport).unwrap_or(Transport::Unspecified);
+    if let Some(detail) = transport_refusal(
+        collector_transport(&shared.config),
+        shared.plane.device().port_attr().udp_addr,
+        agent_transport,
+    ) {
+        return Err(refusal(RefuseReason::TransportMismatch, &agent, detail));
     }
     let Some(data_path) = choose_data_path(&shared.config, &hello) else {
         return Err(refusal(
@@ -244,9 +241,53 @@ async fn handshake(
     Ok(Accepted { hello, data_path })
 }
 
+/// The transport this collector's QPs run on.
+fn collector_transport(config: &Config) -> Transport {
+    match config.transport.kind {
+        TransportKindConfig::Soft => Transport::Soft,
+        TransportKindConfig::Verbs => Transport::Verbs,
+    }
+}
+
+/// Why an agent on `agent` cannot reach a collector on `collector` (whose soft device, if any,
+/// receives on `collector_udp`), or `None` when it can. Both transports speak RoCEv2 UC on
+/// the wire (DESIGN.md §2: the soft transport is wire-compatible with rxe), so:
+///
+/// - same transport: always;
+/// - soft agent, verbs collector: always. The collector's QP only receives; the device checks
+///   an arriving packet's source IP against the QP's remote GID (rxe: `check_addr` in
+///   `rxe_recv.c`), never its source UDP port, so the agent may send from any port;
+/// - verbs agent, soft collector: only when the soft device receives on UDP port 4791, the
+///   only port an RDMA device sends RoCEv2 to (IANA; rxe's `ROCE_V2_UDP_DPORT`).
+fn transport_refusal(
+    collector: Transport,
+    collector_udp: Option<SocketAddr>,
+    agent: Transport,
+) -> Option<String> {
+    match (collector, agent) {
+        (c, a) if c == a => None,
+        (Transport::Verbs, Transport::Soft) => None,
+        (Transport::Soft, Transport::Verbs) => match collector_udp {
+            Some(a) if a.port() == ROCE_V2_UDP_PORT => None,
+            udp => Some(format!(
+                "this collector's soft transport receives on {}; a verbs agent sends RoCEv2 \
+                 only to UDP port {ROCE_V2_UDP_PORT}",
+                udp.map_or_else(|| "no UDP address".to_owned(), |a| a.to_string())
+            )),
+        },
+        (c, a) => Some(format!(
+            "this collector runs the {} transport; the agent offers {}",
+            c.as_str(),
+            a.as_str()
+        )),
+    }
+}
+
 /// The agent's endpoint for our QP; an unspecified IP (agent bound to a wildcard) is replaced
-/// by the address its TCP connection came from.
-fn agent_endpoint(hello: &Hello, peer: SocketAddr) -> Option<QpEndpoint> {
+/// by the address its TCP connection came from. A verbs collector gets the GID only: its QP
+/// never sends to the agent, and an RDMA device accepts no UDP address but the GID's port
+/// 4791, while a soft agent may send from any port ([`transport_refusal`]).
+fn agent_endpoint(hello: &Hello, peer: SocketAddr, collector: Transport) -> Option<QpEndpoint> {
     let qp = hello.qp.as_ref()?;
     let udp_addr = qp.udp_socket_addr().map(|a| {
         if a.ip().is_unspecified() {
@@ -268,7 +309,7 @@ fn agent_endpoint(hello: &Hello, peer: SocketAddr) -> Option<QpEndpoint> {
         qpn: qp.qpn,
         psn: qp.psn,
         mtu: qp.mtu,
-        udp_addr,
+        udp_addr: udp_addr.filter(|_| collector != Transport::Verbs),
     })
 }
 
@@ -400,7 +441,7 @@ async fn run_session(
         agent: agent.clone(),
         detail,
     };
-    let Some(remote) = agent_endpoint(hello, peer) else {
+    let Some(remote) = agent_endpoint(hello, peer, collector_transport(cfg)) else {
         let r = refusal(
             RefuseReason::ProtocolError,
             &agent,
@@ -576,5 +617,87 @@ async fn run_session(
             streams = ?summary.streams,
             "agent disconnected"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn udp(port: u16) -> Option<SocketAddr> {
+        Some(SocketAddr::from(([10, 0, 0, 1], port)))
+    }
+
+    #[test]
+    fn transports_that_share_the_rocev2_wire_are_accepted() {
+        for t in [Transport::Soft, Transport::Verbs] {
+            assert_eq!(transport_refusal(t, udp(5000), t), None, "{t:?}");
+        }
+        // A host without RDMA shipping to an RDMA collector.
+        assert_eq!(
+            transport_refusal(Transport::Verbs, None, Transport::Soft),
+            None
+        );
+        // An RDMA host shipping to a soft collector on the RoCEv2 port.
+        assert_eq!(
+            transport_refusal(Transport::Soft, udp(4791), Transport::Verbs),
+            None
+        );
+    }
+
+    #[test]
+    fn a_verbs_agent_cannot_reach_a_soft_collector_off_port_4791() {
+        let why = transport_refusal(Transport::Soft, udp(5000), Transport::Verbs);
+        let why = why.unwrap_or_default();
+        assert!(
+            why.contains("10.0.0.1:5000") && why.contains("4791"),
+            "{why}"
+        );
+        assert!(transport_refusal(Transport::Soft, None, Transport::Verbs).is_some());
+        assert!(transport_refusal(Transport::Verbs, None, Transport::Unspecified).is_some());
+    }
+
+    fn soft_hello(udp_addr: &str, gid: [u8; 16]) -> Hello {
+        Hello {
+            protocol_version: wire::PROTOCOL_VERSION,
+            agent_id: "a".into(),
+            hostname: String::new(),
+            epoch: 1,
+            transport: Transport::Soft as i32,
+            capabilities: vec![DataPath::WriteWithImm as i32],
+            qp: Some(wire::QpEndpoint {
+                gid: gid.to_vec(),
+                qpn: 0x11,
+                psn: 7,
+                mtu: 4096,
+                udp_addr: udp_addr.into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_verbs_collector_sees_a_soft_agent_by_gid_only() {
+        let peer = SocketAddr::from(([10, 77, 0, 2], 40000));
+        let agent_ip = IpAddr::from([10, 77, 0, 2]);
+        for (udp_addr, gid) in [
+            // Bound to an ephemeral port: no RDMA device could send there, and none has to.
+            ("10.77.0.2:53211", gid_from_ip(agent_ip)),
+            // Bound to a wildcard: the address the control connection came from.
+            ("0.0.0.0:4791", [0; 16]),
+        ] {
+            let h = soft_hello(udp_addr, gid);
+            let verbs = agent_endpoint(&h, peer, Transport::Verbs);
+            let ep = verbs.unwrap_or_else(|| panic!("{udp_addr}: no endpoint"));
+            assert_eq!(ep.udp_addr, None, "{udp_addr}");
+            assert_eq!(ep.gid, gid_from_ip(agent_ip), "{udp_addr}");
+            assert_eq!((ep.qpn, ep.psn, ep.mtu), (0x11, 7, 4096));
+            let soft = agent_endpoint(&h, peer, Transport::Soft);
+            let port = udp_addr.rsplit(':').next().and_then(|p| p.parse().ok());
+            assert_eq!(
+                soft.and_then(|e| e.udp_addr),
+                port.map(|p| SocketAddr::new(agent_ip, p)),
+                "{udp_addr}"
+            );
+        }
     }
 }
