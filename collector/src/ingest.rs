@@ -38,8 +38,11 @@ use crate::store::SeriesStore;
 use crate::telemetry::{AgentTelemetry, DropReason, StreamTelemetry};
 
 /// Most streams tracked per connection; frames of further streams are dropped
-/// (`limit_exceeded`) so an agent cannot grow collector memory without bound.
-pub const MAX_STREAMS_PER_CONNECTION: usize = 4096;
+/// (`limit_exceeded`) so an agent cannot grow collector memory without bound. At most 1024 so
+/// that a `Report` carrying every stream fits the 64 KiB control message limit even with
+/// every counter at its largest varint (61 bytes per stream; checked by a test): a larger
+/// report could not be sent and the connection would end at every report interval.
+pub const MAX_STREAMS_PER_CONNECTION: usize = 1024;
 
 /// `a` is after `b` in serial-number order (RFC 1982 practical form on 64 bits).
 fn is_after(a: u64, b: u64) -> bool {
@@ -879,6 +882,28 @@ mod tests {
         assert_eq!(by_id[&1].accepted, 1);
         assert_eq!(by_id[&2].lost, 2);
         assert_eq!(by_id[&2].records_lost, 2);
+    }
+
+    #[test]
+    fn report_with_every_stream_at_its_largest_fits_a_control_message() {
+        let worst = StreamReport {
+            stream_id: u32::MAX,
+            received: u64::MAX,
+            lost: u64::MAX,
+            late: u64::MAX,
+            duplicate: u64::MAX,
+            loss_fraction: 0.5,
+        };
+        let report = Report {
+            consumed_conn_seq: u64::MAX,
+            streams: vec![worst; MAX_STREAMS_PER_CONNECTION],
+            conn_received: u64::MAX,
+            conn_lost: u64::MAX,
+            conn_loss_fraction: 0.5,
+        };
+        let mut out = Vec::new();
+        let encoded = uctel_protocol::control::encode_message(&report.into(), &mut out);
+        assert!(encoded.is_ok(), "{encoded:?}");
     }
 
     #[test]
