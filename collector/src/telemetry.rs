@@ -40,6 +40,12 @@ pub const NAMESPACE: &str = "uctel_collector";
 /// At most one log line per agent and drop reason per this period.
 pub const LOG_EVERY: Duration = Duration::from_secs(10);
 
+/// Most `(agent, reason)` pairs the log rate limiter remembers. Agent ids of refused
+/// handshakes come from unauthenticated peers, so the table is bounded: when full, entries
+/// older than [`LOG_EVERY`] are forgotten, and if it is still full the line is not logged
+/// (the counters still count every event).
+pub const LOG_LIMITER_ENTRIES: usize = 4096;
+
 /// Why the collector discarded a frame or a record. One closed set for every drop path;
 /// [`DropReason::as_str`] is the `reason` label value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -450,6 +456,12 @@ impl Telemetry {
                 true
             }
             None => {
+                if map.len() >= LOG_LIMITER_ENTRIES {
+                    map.retain(|_, last| now.duration_since(*last) < LOG_EVERY);
+                    if map.len() >= LOG_LIMITER_ENTRIES {
+                        return false;
+                    }
+                }
                 map.insert((agent.to_string(), reason), now);
                 true
             }
@@ -658,6 +670,22 @@ mod tests {
         assert!(!t.should_log("a", "x"));
         assert!(t.should_log("b", "x"));
         assert!(t.should_log("a", "y"));
+    }
+
+    #[test]
+    fn log_limiter_memory_is_bounded_by_unauthenticated_ids() {
+        let t = Telemetry::new().unwrap();
+        for i in 0..3 * LOG_LIMITER_ENTRIES {
+            t.handshake_refused(RefuseReason::UnknownAgent, &format!("id-{i}"), "peer", "x");
+        }
+        let entries = t.log_limiter.lock().unwrap().len();
+        assert_eq!(entries, LOG_LIMITER_ENTRIES);
+        // Every refusal is still counted.
+        let text = String::from_utf8(t.render().unwrap()).unwrap();
+        assert!(text.contains(&format!(
+            "uctel_collector_handshakes_refused_total{{reason=\"unknown_agent\"}} {}",
+            3 * LOG_LIMITER_ENTRIES
+        )));
     }
 
     #[test]
