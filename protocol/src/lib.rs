@@ -10,9 +10,11 @@
 //! `proto/uctel.proto`) bounded by [`limits::Limits`]. The agent side builds frames with the
 //! sans-IO [`framer::Framer`] and stamps epoch, connection sequence and CRC at send time
 //! ([`frame::stamp_connection`]); the collector side checks and decodes them with
-//! [`frame::decode_frame`], which never panics on any input.
+//! [`frame::decode_frame`], which never panics on any input; a receiver on the hot path
+//! decodes metric payloads with [`borrowed::MetricBatchView`] (zero-copy `&str` views).
 #![forbid(unsafe_code)]
 
+pub mod borrowed;
 pub mod control;
 pub mod frame;
 pub mod framer;

@@ -247,58 +247,125 @@ pub fn is_valid_label_name(name: &str) -> bool {
     !name.starts_with("__") && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
+/// Read access to a label, owned ([`Label`]) or borrowed
+/// ([`crate::borrowed::LabelView`]), so that one implementation of each rule serves both.
+pub trait LabelParts {
+    /// The label name.
+    fn name(&self) -> &str;
+    /// The label value.
+    fn value(&self) -> &str;
+}
+
+impl LabelParts for Label {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn value(&self) -> &str {
+        &self.value
+    }
+}
+
+/// Read access to the fields of a metric record, owned ([`Metric`]) or borrowed
+/// ([`crate::borrowed::MetricView`]), so that validation and the collector's store have one
+/// implementation for both.
+pub trait MetricParts {
+    /// The label type.
+    type Label: LabelParts;
+    /// Metric name.
+    fn name(&self) -> &str;
+    /// HELP text.
+    fn help(&self) -> &str;
+    /// The [`MetricType`] value as sent (may be out of range before validation).
+    fn kind(&self) -> i32;
+    /// Labels in payload order.
+    fn labels(&self) -> &[Self::Label];
+    /// Histogram buckets.
+    fn buckets(&self) -> &[Bucket];
+    /// Histogram count.
+    fn count(&self) -> u64;
+}
+
+impl MetricParts for Metric {
+    type Label = Label;
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn help(&self) -> &str {
+        &self.help
+    }
+    fn kind(&self) -> i32 {
+        self.r#type
+    }
+    fn labels(&self) -> &[Label] {
+        &self.labels
+    }
+    fn buckets(&self) -> &[Bucket] {
+        &self.buckets
+    }
+    fn count(&self) -> u64 {
+        self.count
+    }
+}
+
 /// Check one metric against the grammar rules and `limits` (string lengths, label count and
 /// uniqueness, type, histogram bucket order).
 ///
 /// # Errors
 /// The first [`RecordError`] found.
 pub fn validate_metric(metric: &Metric, limits: &Limits) -> Result<(), RecordError> {
-    limits.check(Limit::NameLen, metric.name.len())?;
-    if !is_valid_metric_name(&metric.name) {
+    check_metric(metric, limits)
+}
+
+/// The metric rules, for owned and borrowed records alike.
+pub(crate) fn check_metric<M: MetricParts>(metric: &M, limits: &Limits) -> Result<(), RecordError> {
+    let name = metric.name();
+    limits.check(Limit::NameLen, name.len())?;
+    if !is_valid_metric_name(name) {
         return Err(RecordError::BadMetricName {
-            name: metric.name.clone(),
+            name: name.to_owned(),
         });
     }
-    limits.check(Limit::HelpLen, metric.help.len())?;
-    let kind = MetricType::try_from(metric.r#type)
+    limits.check(Limit::HelpLen, metric.help().len())?;
+    let value = metric.kind();
+    let kind = MetricType::try_from(value)
         .ok()
         .filter(|t| *t != MetricType::Unspecified)
-        .ok_or(RecordError::BadMetricType {
-            value: metric.r#type,
-        })?;
-    limits.check(Limit::Labels, metric.labels.len())?;
-    for (i, label) in metric.labels.iter().enumerate() {
-        limits.check(Limit::LabelNameLen, label.name.len())?;
-        limits.check(Limit::LabelValueLen, label.value.len())?;
-        if !is_valid_label_name(&label.name) {
+        .ok_or(RecordError::BadMetricType { value })?;
+    let labels = metric.labels();
+    limits.check(Limit::Labels, labels.len())?;
+    for (i, label) in labels.iter().enumerate() {
+        let label_name = label.name();
+        limits.check(Limit::LabelNameLen, label_name.len())?;
+        limits.check(Limit::LabelValueLen, label.value().len())?;
+        if !is_valid_label_name(label_name) {
             return Err(RecordError::BadLabelName {
-                name: label.name.clone(),
+                name: label_name.to_owned(),
             });
         }
         // At most `max_labels` (default 64) labels: a quadratic scan beats hashing here.
-        if metric
-            .labels
+        if labels
             .iter()
             .take(i)
-            .any(|earlier| earlier.name == label.name)
+            .any(|earlier| earlier.name() == label_name)
         {
             return Err(RecordError::DuplicateLabel {
-                name: label.name.clone(),
+                name: label_name.to_owned(),
             });
         }
     }
-    limits.check(Limit::Buckets, metric.buckets.len())?;
+    let buckets = metric.buckets();
+    limits.check(Limit::Buckets, buckets.len())?;
     if kind != MetricType::Histogram {
-        if !metric.buckets.is_empty() {
+        if !buckets.is_empty() {
             return Err(RecordError::BucketsOnNonHistogram {
-                buckets: metric.buckets.len(),
-                value: metric.r#type,
+                buckets: buckets.len(),
+                value,
             });
         }
         return Ok(());
     }
     let mut previous: Option<&Bucket> = None;
-    for (i, bucket) in metric.buckets.iter().enumerate() {
+    for (i, bucket) in buckets.iter().enumerate() {
         if bucket.upper_bound.is_nan()
             || previous.is_some_and(|p| bucket.upper_bound <= p.upper_bound)
         {
@@ -316,9 +383,10 @@ pub fn validate_metric(metric: &Metric, limits: &Limits) -> Result<(), RecordErr
         }
         previous = Some(bucket);
     }
-    if let Some(last) = previous.filter(|last| metric.count < last.cumulative_count) {
+    let count = metric.count();
+    if let Some(last) = previous.filter(|last| count < last.cumulative_count) {
         return Err(RecordError::HistogramCountBelowBuckets {
-            count: metric.count,
+            count,
             last: last.cumulative_count,
         });
     }

@@ -1,0 +1,940 @@
+//! Zero-copy decoding of metric batches: the protobuf wire format of `MetricBatch`
+//! (`proto/uctel.proto`, the [`crate::payload`] types) parsed directly over the payload
+//! bytes, yielding `&str` views instead of allocating a `String` per name, help text,
+//! label name and label value.
+//!
+//! [`MetricBatchView::decode_into`] accepts exactly the payloads that
+//! [`crate::payload::decode_metric_batch`] accepts and returns the same value (as views) or
+//! the same [`PayloadError`]: the same bounds ([`Limits`]), the same per-record rules (one
+//! shared implementation, [`crate::payload::validate_metric`] and [`validate_metric_view`]),
+//! the same protobuf reading as prost's generated decoder (last value wins for a repeated
+//! scalar or string field, repeated messages append, unknown fields and groups skipped with
+//! prost's recursion limit of 100, strings checked as UTF-8; protobuf language guide,
+//! "Encoding"), and the same order of errors (malformed protobuf anywhere in the payload,
+//! then the record count, then the first invalid record). A property test compares both
+//! decoders on arbitrary and corrupted batches.
+//!
+//! Layout: [`MetricBatchView`] owns three vectors (metrics, labels of all metrics, buckets
+//! of all metrics) of borrowed entries. A receiver keeps one per connection and moves it
+//! from one payload to the next with [`MetricBatchView::recycle`], so the steady state
+//! allocates nothing per frame.
+//!
+//! Malformed protobuf is the cold path: the parser only notes *that* the input is malformed
+//! and asks prost's decoder for the error, so the error value (with prost's field path) is
+//! exactly the owned decoder's.
+
+use prost::encoding::{decode_key, decode_varint, WireType};
+
+use crate::limits::{Limit, Limits};
+use crate::payload::{
+    check_metric, decode_metric_batch, Bucket, Label, LabelParts, Metric, MetricBatch, MetricParts,
+    PayloadError, RecordError,
+};
+
+/// prost's decode recursion limit (`prost::RECURSION_LIMIT`, not exported): nested
+/// messages and groups deeper than this are rejected.
+const RECURSION_LIMIT: u32 = 100;
+
+/// A `name="value"` label borrowed from a payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LabelView<'a> {
+    /// The label name.
+    pub name: &'a str,
+    /// The label value.
+    pub value: &'a str,
+}
+
+impl LabelParts for LabelView<'_> {
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn value(&self) -> &str {
+        self.value
+    }
+}
+
+/// One metric record borrowed from a payload: the fields of [`Metric`], strings as views.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MetricView<'a> {
+    /// Metric name.
+    pub name: &'a str,
+    /// HELP text.
+    pub help: &'a str,
+    /// [`crate::payload::MetricType`] value (validated: counter, gauge or histogram).
+    pub r#type: i32,
+    /// Labels in payload order (validated: unique names).
+    pub labels: &'a [LabelView<'a>],
+    /// Counter or gauge value.
+    pub value: f64,
+    /// Milliseconds since the Unix epoch; 0 means the frame's timestamp.
+    pub timestamp_ms: i64,
+    /// Histogram buckets (validated: increasing bounds, cumulative counts).
+    pub buckets: &'a [Bucket],
+    /// Histogram count.
+    pub count: u64,
+    /// Histogram sum.
+    pub sum: f64,
+}
+
+impl MetricView<'_> {
+    /// The same record as an owned [`Metric`] (allocates).
+    pub fn to_metric(&self) -> Metric {
+        Metric {
+            name: self.name.to_owned(),
+            help: self.help.to_owned(),
+            r#type: self.r#type,
+            labels: self
+                .labels
+                .iter()
+                .map(|l| Label {
+                    name: l.name.to_owned(),
+                    value: l.value.to_owned(),
+                })
+                .collect(),
+            value: self.value,
+            timestamp_ms: self.timestamp_ms,
+            buckets: self.buckets.to_vec(),
+            count: self.count,
+            sum: self.sum,
+        }
+    }
+}
+
+impl<'v> MetricParts for MetricView<'v> {
+    type Label = LabelView<'v>;
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn help(&self) -> &str {
+        self.help
+    }
+    fn kind(&self) -> i32 {
+        self.r#type
+    }
+    fn labels(&self) -> &[LabelView<'v>] {
+        self.labels
+    }
+    fn buckets(&self) -> &[Bucket] {
+        self.buckets
+    }
+    fn count(&self) -> u64 {
+        self.count
+    }
+}
+
+/// Check one borrowed metric: the rules of [`crate::payload::validate_metric`] (one
+/// implementation for both).
+///
+/// # Errors
+/// The first [`RecordError`] found.
+pub fn validate_metric_view(metric: &MetricView<'_>, limits: &Limits) -> Result<(), RecordError> {
+    check_metric(metric, limits)
+}
+
+/// A metric as stored in the batch: labels and buckets as ranges of the shared vectors.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Entry<'a> {
+    name: &'a str,
+    help: &'a str,
+    r#type: i32,
+    labels: (u32, u32),
+    value: f64,
+    timestamp_ms: i64,
+    buckets: (u32, u32),
+    count: u64,
+    sum: f64,
+}
+
+/// A decoded `MetricBatch` whose strings borrow from the payload (`'a`).
+///
+/// Reuse one per connection: [`MetricBatchView::decode_into`] clears it and decodes the
+/// next payload; [`MetricBatchView::recycle`] moves the (empty) allocations to a view of
+/// another payload's lifetime, so a receiver can keep a `MetricBatchView<'static>` between
+/// frames.
+#[derive(Clone, Debug, Default)]
+pub struct MetricBatchView<'a> {
+    metrics: Vec<Entry<'a>>,
+    labels: Vec<LabelView<'a>>,
+    buckets: Vec<Bucket>,
+}
+
+/// The payload is not valid protobuf for `MetricBatch` (the error itself comes from prost).
+struct Malformed;
+
+type Parsed<T> = Result<T, Malformed>;
+
+/// Empties `v` and reuses its allocation for elements of another lifetime (same layout:
+/// the standard library collects a `vec::IntoIter` in place).
+fn recycle_vec<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter().filter_map(|_| None).collect()
+}
+
+fn expect(actual: WireType, expected: WireType) -> Parsed<()> {
+    if actual == expected {
+        Ok(())
+    } else {
+        Err(Malformed)
+    }
+}
+
+fn varint(buf: &mut &[u8]) -> Parsed<u64> {
+    decode_varint(buf).map_err(|_| Malformed)
+}
+
+fn advance(buf: &mut &[u8], len: u64) -> Parsed<()> {
+    let len = usize::try_from(len).map_err(|_| Malformed)?;
+    let (_, rest) = buf.split_at_checked(len).ok_or(Malformed)?;
+    *buf = rest;
+    Ok(())
+}
+
+/// The bytes of a length-delimited field (after its key).
+fn delimited<'a>(buf: &mut &'a [u8]) -> Parsed<&'a [u8]> {
+    let len = usize::try_from(varint(buf)?).map_err(|_| Malformed)?;
+    let (head, rest) = buf.split_at_checked(len).ok_or(Malformed)?;
+    *buf = rest;
+    Ok(head)
+}
+
+fn string<'a>(wire_type: WireType, buf: &mut &'a [u8]) -> Parsed<&'a str> {
+    expect(wire_type, WireType::LengthDelimited)?;
+    std::str::from_utf8(delimited(buf)?).map_err(|_| Malformed)
+}
+
+fn double(wire_type: WireType, buf: &mut &[u8]) -> Parsed<f64> {
+    expect(wire_type, WireType::SixtyFourBit)?;
+    let (bytes, rest) = buf.split_first_chunk::<8>().ok_or(Malformed)?;
+    *buf = rest;
+    Ok(f64::from_le_bytes(*bytes))
+}
+
+fn varint_field(wire_type: WireType, buf: &mut &[u8]) -> Parsed<u64> {
+    expect(wire_type, WireType::Varint)?;
+    varint(buf)
+}
+
+/// A nested message's bytes, `depth` being the recursion budget of the enclosing message
+/// (prost's `message::merge`: wire type, then the recursion limit, then the length).
+fn message<'a>(wire_type: WireType, buf: &mut &'a [u8], depth: u32) -> Parsed<&'a [u8]> {
+    expect(wire_type, WireType::LengthDelimited)?;
+    if depth == 0 {
+        return Err(Malformed);
+    }
+    delimited(buf)
+}
+
+/// Skips an unknown field as prost's `skip_field` does (groups nest, each level costs one
+/// unit of `depth`).
+fn skip(wire_type: WireType, tag: u32, buf: &mut &[u8], depth: u32) -> Parsed<()> {
+    if depth == 0 {
+        return Err(Malformed);
+    }
+    match wire_type {
+        WireType::Varint => varint(buf).map(drop),
+        WireType::ThirtyTwoBit => advance(buf, 4),
+        WireType::SixtyFourBit => advance(buf, 8),
+        WireType::LengthDelimited => {
+            let len = varint(buf)?;
+            advance(buf, len)
+        }
+        WireType::StartGroup => loop {
+            let (inner_tag, inner_type) = decode_key(buf).map_err(|_| Malformed)?;
+            if inner_type == WireType::EndGroup {
+                return if inner_tag == tag {
+                    Ok(())
+                } else {
+                    Err(Malformed)
+                };
+            }
+            skip(inner_type, inner_tag, buf, depth - 1)?;
+        },
+        WireType::EndGroup => Err(Malformed),
+    }
+}
+
+fn label<'a>(mut buf: &'a [u8], depth: u32) -> Parsed<LabelView<'a>> {
+    let mut label = LabelView {
+        name: "",
+        value: "",
+    };
+    while !buf.is_empty() {
+        let (tag, wire_type) = decode_key(&mut buf).map_err(|_| Malformed)?;
+        match tag {
+            1 => label.name = string(wire_type, &mut buf)?,
+            2 => label.value = string(wire_type, &mut buf)?,
+            _ => skip(wire_type, tag, &mut buf, depth)?,
+        }
+    }
+    Ok(label)
+}
+
+fn bucket(mut buf: &[u8], depth: u32) -> Parsed<Bucket> {
+    let mut bucket = Bucket::default();
+    while !buf.is_empty() {
+        let (tag, wire_type) = decode_key(&mut buf).map_err(|_| Malformed)?;
+        match tag {
+            1 => bucket.upper_bound = double(wire_type, &mut buf)?,
+            2 => bucket.cumulative_count = varint_field(wire_type, &mut buf)?,
+            _ => skip(wire_type, tag, &mut buf, depth)?,
+        }
+    }
+    Ok(bucket)
+}
+
+fn index(n: usize) -> Parsed<u32> {
+    u32::try_from(n).map_err(|_| Malformed)
+}
+
+impl<'a> MetricBatchView<'a> {
+    /// An empty batch.
+    pub fn new() -> MetricBatchView<'a> {
+        MetricBatchView::default()
+    }
+
+    /// Decodes and validates `payload` into a fresh batch.
+    ///
+    /// # Errors
+    /// As [`crate::payload::decode_metric_batch`]: the same error for the same input.
+    pub fn decode(payload: &'a [u8], limits: &Limits) -> Result<MetricBatchView<'a>, PayloadError> {
+        let mut batch = MetricBatchView::new();
+        batch.decode_into(payload, limits)?;
+        Ok(batch)
+    }
+
+    /// Empties the batch and keeps its allocations for a payload of another lifetime.
+    pub fn recycle<'b>(self) -> MetricBatchView<'b> {
+        MetricBatchView {
+            metrics: recycle_vec(self.metrics),
+            labels: recycle_vec(self.labels),
+            buckets: recycle_vec(self.buckets),
+        }
+    }
+
+    /// Decodes and validates `payload` (the payload of a metrics frame) into this batch,
+    /// replacing what it held. The payload is bounded by `limits.max_frame_bytes` first;
+    /// at most `limits.max_records_per_frame` records are kept (more are still parsed, so
+    /// malformed input is reported as such, and then rejected as
+    /// [`PayloadError::Batch`]). Memory held is bounded by the payload's size.
+    ///
+    /// # Errors
+    /// As [`crate::payload::decode_metric_batch`], with the same value for the same input:
+    /// [`PayloadError::Batch`], [`PayloadError::Protobuf`], [`PayloadError::Record`]. On
+    /// error the batch holds unspecified (valid) records.
+    pub fn decode_into(&mut self, payload: &'a [u8], limits: &Limits) -> Result<(), PayloadError> {
+        self.metrics.clear();
+        self.labels.clear();
+        self.buckets.clear();
+        limits
+            .check(
+                Limit::FrameBytes,
+                payload.len().saturating_add(crate::frame::HEADER_LEN),
+            )
+            .map_err(PayloadError::Batch)?;
+        match self.parse(payload, limits) {
+            Ok((count, _)) if count > limits.max_records_per_frame => limits
+                .check(Limit::RecordsPerFrame, count)
+                .map_err(PayloadError::Batch),
+            Ok((_, Some(e))) => Err(e),
+            Ok((_, None)) => Ok(()),
+            Err(Malformed) => Err(prost_error(payload, limits)),
+        }
+    }
+
+    /// Parses every record; keeps and validates the first `max_records_per_frame`. Returns
+    /// the record count and the first record error.
+    fn parse(
+        &mut self,
+        mut buf: &'a [u8],
+        limits: &Limits,
+    ) -> Parsed<(usize, Option<PayloadError>)> {
+        let keep = limits.max_records_per_frame;
+        let mut count = 0usize;
+        let mut first_error = None;
+        while !buf.is_empty() {
+            let (tag, wire_type) = decode_key(&mut buf).map_err(|_| Malformed)?;
+            if tag != 1 {
+                skip(wire_type, tag, &mut buf, RECURSION_LIMIT)?;
+                continue;
+            }
+            let body = message(wire_type, &mut buf, RECURSION_LIMIT)?;
+            let (labels, buckets) = (self.labels.len(), self.buckets.len());
+            let entry = self.metric(body, RECURSION_LIMIT - 1)?;
+            if count < keep {
+                self.metrics.push(entry);
+                if first_error.is_none() {
+                    if let Err(source) = check_metric(&self.view(&entry), limits) {
+                        first_error = Some(PayloadError::Record {
+                            index: count,
+                            source,
+                        });
+                    }
+                }
+            } else {
+                // Parsed for its errors only.
+                self.labels.truncate(labels);
+                self.buckets.truncate(buckets);
+            }
+            count += 1;
+        }
+        Ok((count, first_error))
+    }
+
+    /// One `Metric` message; `depth` is the recursion budget of its fields.
+    fn metric(&mut self, mut buf: &'a [u8], depth: u32) -> Parsed<Entry<'a>> {
+        let labels_start = index(self.labels.len())?;
+        let buckets_start = index(self.buckets.len())?;
+        let mut m = Entry::default();
+        while !buf.is_empty() {
+            let (tag, wire_type) = decode_key(&mut buf).map_err(|_| Malformed)?;
+            match tag {
+                1 => m.name = string(wire_type, &mut buf)?,
+                2 => m.help = string(wire_type, &mut buf)?,
+                // int32 enumeration: the varint truncated, as prost does.
+                3 => m.r#type = varint_field(wire_type, &mut buf)? as i32,
+                4 => {
+                    let body = message(wire_type, &mut buf, depth)?;
+                    self.labels.push(label(body, depth - 1)?);
+                }
+                5 => m.value = double(wire_type, &mut buf)?,
+                6 => m.timestamp_ms = varint_field(wire_type, &mut buf)? as i64,
+                7 => {
+                    let body = message(wire_type, &mut buf, depth)?;
+                    self.buckets.push(bucket(body, depth - 1)?);
+                }
+                8 => m.count = varint_field(wire_type, &mut buf)?,
+                9 => m.sum = double(wire_type, &mut buf)?,
+                _ => skip(wire_type, tag, &mut buf, depth)?,
+            }
+        }
+        m.labels = (labels_start, index(self.labels.len())?);
+        m.buckets = (buckets_start, index(self.buckets.len())?);
+        Ok(m)
+    }
+
+    fn view(&self, e: &Entry<'a>) -> MetricView<'_> {
+        let labels = self
+            .labels
+            .get(e.labels.0 as usize..e.labels.1 as usize)
+            .unwrap_or_default();
+        let buckets = self
+            .buckets
+            .get(e.buckets.0 as usize..e.buckets.1 as usize)
+            .unwrap_or_default();
+        MetricView {
+            name: e.name,
+            help: e.help,
+            r#type: e.r#type,
+            labels,
+            value: e.value,
+            timestamp_ms: e.timestamp_ms,
+            buckets,
+            count: e.count,
+            sum: e.sum,
+        }
+    }
+
+    /// Records in the batch.
+    pub fn len(&self) -> usize {
+        self.metrics.len()
+    }
+
+    /// True when the batch holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.metrics.is_empty()
+    }
+
+    /// Record `i`, if any.
+    pub fn get(&self, i: usize) -> Option<MetricView<'_>> {
+        self.metrics.get(i).map(|e| self.view(e))
+    }
+
+    /// The records, in payload order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = MetricView<'_>> + '_ {
+        self.metrics.iter().map(|e| self.view(e))
+    }
+
+    /// The same batch as an owned [`MetricBatch`] (allocates).
+    pub fn to_batch(&self) -> MetricBatch {
+        MetricBatch {
+            metrics: self.iter().map(|m| m.to_metric()).collect(),
+        }
+    }
+}
+
+/// The owned decoder's error for a payload this parser found malformed.
+#[cold]
+fn prost_error(payload: &[u8], limits: &Limits) -> PayloadError {
+    match decode_metric_batch(payload, limits) {
+        Err(e) => e,
+        // Never seen: the property tests check that both decoders accept the same inputs.
+        #[allow(deprecated)]
+        Ok(_) => PayloadError::Protobuf {
+            message: "MetricBatch",
+            source: prost::DecodeError::new("rejected by the borrowed MetricBatch parser"),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::LimitError;
+    use crate::payload::{decode_metric_batch, encode_metric_batch, MetricType};
+    use proptest::prelude::*;
+    use prost::encoding::{encode_key, encode_varint};
+
+    fn cpu(i: usize) -> Metric {
+        Metric {
+            name: "node_cpu_seconds_total".into(),
+            help: "Seconds the CPUs spent in each mode.".into(),
+            r#type: MetricType::Counter as i32,
+            labels: vec![
+                Label {
+                    name: "cpu".into(),
+                    value: (i / 8).to_string(),
+                },
+                Label {
+                    name: "mode".into(),
+                    value: "idle".into(),
+                },
+            ],
+            value: i as f64,
+            ..Default::default()
+        }
+    }
+
+    fn histogram() -> Metric {
+        Metric {
+            name: "req_seconds".into(),
+            r#type: MetricType::Histogram as i32,
+            buckets: vec![
+                Bucket {
+                    upper_bound: 0.5,
+                    cumulative_count: 1,
+                },
+                Bucket {
+                    upper_bound: 1.0,
+                    cumulative_count: 3,
+                },
+            ],
+            count: 4,
+            sum: 2.5,
+            timestamp_ms: -7,
+            ..Default::default()
+        }
+    }
+
+    /// Both decoders, compared: same acceptance, same value, same error.
+    fn agree(payload: &[u8], limits: &Limits) -> Result<(), TestCaseError> {
+        let owned = decode_metric_batch(payload, limits);
+        let borrowed = MetricBatchView::decode(payload, limits).map(|b| b.to_batch());
+        prop_assert_eq!(&borrowed, &owned, "payload {:02x?}", payload);
+        if let Ok(batch) = &owned {
+            let view = MetricBatchView::decode(payload, limits)
+                .map_err(|e| TestCaseError::fail(format!("accepted by one decoder only: {e}")))?;
+            for (m, v) in batch.metrics.iter().zip(view.iter()) {
+                prop_assert_eq!(
+                    crate::payload::validate_metric(m, limits),
+                    validate_metric_view(&v, limits)
+                );
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn views_match_the_owned_batch() {
+        let batch = MetricBatch {
+            metrics: vec![cpu(0), histogram(), cpu(9)],
+        };
+        let bytes = encode_metric_batch(&batch);
+        let view = MetricBatchView::decode(&bytes, &Limits::default()).unwrap();
+        assert_eq!(view.len(), 3);
+        assert_eq!(view.to_batch(), batch);
+        let first = view.get(0).unwrap();
+        assert_eq!(first.name, "node_cpu_seconds_total");
+        assert_eq!(
+            first.labels,
+            &[
+                LabelView {
+                    name: "cpu",
+                    value: "0"
+                },
+                LabelView {
+                    name: "mode",
+                    value: "idle"
+                }
+            ][..]
+        );
+        assert_eq!(view.get(1).unwrap().buckets.len(), 2);
+        assert!(view.get(3).is_none());
+    }
+
+    #[test]
+    fn a_recycled_batch_keeps_its_allocations_and_forgets_its_records() {
+        let big = encode_metric_batch(&MetricBatch {
+            metrics: (0..20).map(cpu).collect(),
+        });
+        let small = encode_metric_batch(&MetricBatch {
+            metrics: vec![histogram()],
+        });
+        let mut view = MetricBatchView::decode(&big, &Limits::default()).unwrap();
+        let (metrics, labels) = (view.metrics.capacity(), view.labels.capacity());
+        let mut next: MetricBatchView<'_> = view.recycle();
+        assert!(next.is_empty());
+        assert!(next.metrics.capacity() >= metrics && next.labels.capacity() >= labels);
+        next.decode_into(&small, &Limits::default()).unwrap();
+        assert_eq!(next.to_batch().metrics, vec![histogram()]);
+        view = next.recycle();
+        assert!(view.metrics.capacity() >= metrics);
+    }
+
+    #[test]
+    fn protobuf_field_rules_follow_prost() {
+        let limits = Limits::default();
+        // A string field twice: the last one wins; labels appended across interleaving.
+        let mut m = Vec::new();
+        prost::encoding::string::encode(1, &"first".to_string(), &mut m);
+        prost::encoding::message::encode(
+            4,
+            &Label {
+                name: "a".into(),
+                value: "1".into(),
+            },
+            &mut m,
+        );
+        prost::encoding::string::encode(1, &"second".to_string(), &mut m);
+        prost::encoding::int32::encode(3, &(MetricType::Gauge as i32), &mut m);
+        prost::encoding::message::encode(
+            4,
+            &Label {
+                name: "b".into(),
+                value: "2".into(),
+            },
+            &mut m,
+        );
+        // Unknown fields of every wire type, including a group.
+        prost::encoding::uint64::encode(100, &5, &mut m);
+        prost::encoding::fixed32::encode(101, &5, &mut m);
+        prost::encoding::bytes::encode(102, &vec![1u8, 2, 3], &mut m);
+        encode_key(103, WireType::StartGroup, &mut m);
+        prost::encoding::uint64::encode(1, &9, &mut m);
+        encode_key(103, WireType::EndGroup, &mut m);
+        let mut payload = Vec::new();
+        prost::encoding::bytes::encode(1, &m, &mut payload);
+        prost::encoding::uint64::encode(7, &1, &mut payload);
+        let view = MetricBatchView::decode(&payload, &limits).unwrap();
+        let first = view.get(0).unwrap();
+        assert_eq!(first.name, "second");
+        assert_eq!(first.labels.len(), 2);
+        assert_eq!(
+            view.to_batch(),
+            decode_metric_batch(&payload, &limits).unwrap()
+        );
+    }
+
+    #[test]
+    fn errors_are_the_owned_decoders() {
+        let limits = Limits {
+            max_records_per_frame: 2,
+            ..Limits::default()
+        };
+        let mut bad = cpu(0);
+        bad.name = "bad name".into();
+        for batch in [
+            vec![cpu(0), bad.clone()],
+            vec![cpu(0), cpu(1), cpu(2)],
+            vec![bad.clone(), cpu(1), cpu(2)],
+        ] {
+            let bytes = encode_metric_batch(&MetricBatch { metrics: batch });
+            let err = MetricBatchView::decode(&bytes, &limits).unwrap_err();
+            assert_eq!(Err(err), decode_metric_batch(&bytes, &limits));
+        }
+        // Too many records wins over an invalid record; a malformed tail wins over both.
+        let bytes = encode_metric_batch(&MetricBatch {
+            metrics: vec![bad, cpu(1), cpu(2)],
+        });
+        assert_eq!(
+            MetricBatchView::decode(&bytes, &limits).unwrap_err(),
+            PayloadError::Batch(LimitError {
+                limit: Limit::RecordsPerFrame,
+                value: 3,
+                bound: 2
+            })
+        );
+        let mut broken = bytes.clone();
+        broken.extend_from_slice(&[0x0a, 0x05, 0x0a]);
+        assert!(matches!(
+            MetricBatchView::decode(&broken, &limits),
+            Err(PayloadError::Protobuf { .. })
+        ));
+        // Invalid UTF-8 in a label value.
+        let payload = [0x0a, 0x05, 0x22, 0x03, 0x12, 0x01, 0xff];
+        let err = MetricBatchView::decode(&payload, &limits).unwrap_err();
+        assert!(matches!(err, PayloadError::Protobuf { .. }), "{err}");
+        assert_eq!(Err(err), decode_metric_batch(&payload, &limits));
+    }
+
+    /// Groups nested around the recursion limit, at the top level, in a metric and in a
+    /// label: both decoders draw the line at the same depth.
+    #[test]
+    fn recursion_limit_is_prosts() {
+        fn groups(depth: usize) -> Vec<u8> {
+            let mut out = Vec::new();
+            for _ in 0..depth {
+                encode_key(15, WireType::StartGroup, &mut out);
+            }
+            for _ in 0..depth {
+                encode_key(15, WireType::EndGroup, &mut out);
+            }
+            out
+        }
+        let limits = Limits {
+            max_frame_bytes: 1 << 16,
+            ..Limits::default()
+        };
+        let mut accepted = [0usize; 3];
+        for depth in 90..=101 {
+            let top = groups(depth);
+            let mut metric = vec![0x0a, 0x01, b'm', 0x18, 0x02];
+            metric.extend_from_slice(&groups(depth));
+            let mut in_metric = Vec::new();
+            prost::encoding::bytes::encode(1, &metric, &mut in_metric);
+            let mut label = vec![0x0a, 0x01, b'l'];
+            label.extend_from_slice(&groups(depth));
+            let mut metric = vec![0x0a, 0x01, b'm', 0x18, 0x02];
+            prost::encoding::bytes::encode(4, &label, &mut metric);
+            let mut in_label = Vec::new();
+            prost::encoding::bytes::encode(1, &metric, &mut in_label);
+            for (i, payload) in [top, in_metric, in_label].iter().enumerate() {
+                agree(payload, &limits).unwrap();
+                if decode_metric_batch(payload, &limits).is_ok() {
+                    accepted[i] = accepted[i].max(depth);
+                }
+            }
+        }
+        // Deeper inside a message, fewer group levels fit.
+        assert!(
+            accepted[0] > accepted[1] && accepted[1] > accepted[2],
+            "{accepted:?}"
+        );
+    }
+
+    fn arb_string() -> impl Strategy<Value = String> {
+        prop_oneof![
+            4 => "[a-z_][a-z0-9_:]{0,12}",
+            1 => "\\PC{0,6}",
+            1 => Just("__name__".to_string()),
+            1 => Just("a".repeat(300)),
+        ]
+    }
+
+    fn arb_metric() -> impl Strategy<Value = Metric> {
+        (
+            arb_string(),
+            prop_oneof![3 => Just(String::new()), 1 => "[ -~]{0,20}"],
+            -1i32..5,
+            proptest::collection::vec((arb_string(), arb_string()), 0..4),
+            any::<f64>(),
+            any::<i64>(),
+            proptest::collection::vec((any::<f64>(), 0u64..10), 0..4),
+            0u64..20,
+            any::<f64>(),
+        )
+            .prop_map(
+                |(name, help, t, labels, value, ts, buckets, count, sum)| Metric {
+                    name,
+                    help,
+                    r#type: t,
+                    labels: labels
+                        .into_iter()
+                        .map(|(name, value)| Label { name, value })
+                        .collect(),
+                    value,
+                    timestamp_ms: ts,
+                    buckets: buckets
+                        .into_iter()
+                        .map(|(upper_bound, cumulative_count)| Bucket {
+                            upper_bound,
+                            cumulative_count,
+                        })
+                        .collect(),
+                    count,
+                    sum,
+                },
+            )
+    }
+
+    /// Well-formed metrics with sorted buckets, so that most batches are valid.
+    fn arb_valid_metric() -> impl Strategy<Value = Metric> {
+        (
+            "[a-z_][a-z0-9_]{0,15}",
+            1i32..4,
+            proptest::collection::btree_map("[a-z][a-z0-9_]{0,8}", "[ -~]{0,10}", 0..5),
+            0usize..4,
+        )
+            .prop_map(|(name, t, labels, buckets)| {
+                let histogram = t == MetricType::Histogram as i32;
+                Metric {
+                    name,
+                    r#type: t,
+                    labels: labels
+                        .into_iter()
+                        .map(|(name, value)| Label { name, value })
+                        .collect(),
+                    buckets: if histogram {
+                        (0..buckets)
+                            .map(|i| Bucket {
+                                upper_bound: i as f64,
+                                cumulative_count: i as u64,
+                            })
+                            .collect()
+                    } else {
+                        Vec::new()
+                    },
+                    count: 10,
+                    ..Default::default()
+                }
+            })
+    }
+
+    fn arb_limits() -> impl Strategy<Value = Limits> {
+        (0usize..6, 0usize..5, 0usize..40, 0usize..3).prop_map(|(records, labels, len, buckets)| {
+            let mut l = Limits {
+                max_frame_bytes: 1 << 16,
+                ..Limits::default()
+            };
+            if records > 0 {
+                l.max_records_per_frame = records;
+            }
+            if labels > 0 {
+                l.max_labels = labels;
+            }
+            if len > 0 {
+                l.max_name_len = len;
+                l.max_label_value_len = len;
+            }
+            if buckets > 0 {
+                l.max_buckets = buckets;
+            }
+            l
+        })
+    }
+
+    /// Byte-level damage to an encoded batch: flips, truncation, insertion.
+    fn damage(mut bytes: Vec<u8>, edits: &[(usize, u8, u8)]) -> Vec<u8> {
+        for &(at, kind, byte) in edits {
+            if bytes.is_empty() {
+                bytes.push(byte);
+                continue;
+            }
+            let at = at % bytes.len();
+            match kind % 4 {
+                0 => bytes[at] ^= byte | 1,
+                1 => bytes.truncate(at),
+                2 => bytes.insert(at, byte),
+                _ => {
+                    bytes.remove(at);
+                }
+            }
+        }
+        bytes
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Arbitrary batches (valid and invalid records), arbitrary limits.
+        #[test]
+        fn borrowed_decoder_agrees_on_arbitrary_batches(
+            metrics in proptest::collection::vec(arb_metric(), 0..6),
+            limits in arb_limits(),
+        ) {
+            agree(&encode_metric_batch(&MetricBatch { metrics }), &limits)?;
+        }
+
+        /// Mostly valid batches, then corrupted at the byte level.
+        #[test]
+        fn borrowed_decoder_agrees_on_corrupted_batches(
+            metrics in proptest::collection::vec(arb_valid_metric(), 0..6),
+            edits in proptest::collection::vec((any::<usize>(), any::<u8>(), any::<u8>()), 0..4),
+            limits in arb_limits(),
+        ) {
+            let bytes = encode_metric_batch(&MetricBatch { metrics });
+            agree(&bytes, &Limits::default())?;
+            agree(&damage(bytes, &edits), &limits)?;
+        }
+
+        /// Arbitrary bytes, mostly garbage.
+        #[test]
+        fn borrowed_decoder_agrees_on_arbitrary_bytes(
+            bytes in proptest::collection::vec(any::<u8>(), 0..64),
+        ) {
+            agree(&bytes, &Limits::default())?;
+        }
+
+        /// Hand-built wire fields: unknown tags, wrong wire types, repeated fields.
+        #[test]
+        fn borrowed_decoder_agrees_on_arbitrary_fields(
+            fields in proptest::collection::vec(
+                (1u32..12, 0u8..10, prop_oneof![3 => 0u64..4, 1 => any::<u64>()], "[a-z]{0,4}"),
+                0..12,
+            ),
+            outer in proptest::collection::vec((1u32..4, 0u8..6), 0..3),
+        ) {
+            let mut metric = Vec::new();
+            for (tag, wire, n, s) in &fields {
+                // Mostly the field's own wire type, sometimes any.
+                let own = match tag {
+                    1 | 2 | 4 | 7 => WireType::LengthDelimited,
+                    5 | 9 => WireType::SixtyFourBit,
+                    _ => WireType::Varint,
+                };
+                let wire_type = if *wire < 8 {
+                    own
+                } else {
+                    WireType::try_from(u64::from(*wire - 8) * 3).unwrap_or(WireType::Varint)
+                };
+                encode_key(*tag, wire_type, &mut metric);
+                match wire_type {
+                    WireType::Varint => encode_varint(*n, &mut metric),
+                    WireType::SixtyFourBit => metric.extend_from_slice(&n.to_le_bytes()),
+                    WireType::ThirtyTwoBit => metric.extend_from_slice(&n.to_le_bytes()[..4]),
+                    // Labels and buckets as messages, other fields as raw strings.
+                    WireType::LengthDelimited if *tag == 4 => {
+                        let label = Label {
+                            name: s.clone(),
+                            value: s.repeat(2),
+                        };
+                        encode_varint(prost::Message::encoded_len(&label) as u64, &mut metric);
+                        prost::Message::encode_raw(&label, &mut metric);
+                    }
+                    WireType::LengthDelimited if *tag == 7 => {
+                        let bucket = Bucket {
+                            upper_bound: *n as f64,
+                            cumulative_count: *n,
+                        };
+                        encode_varint(prost::Message::encoded_len(&bucket) as u64, &mut metric);
+                        prost::Message::encode_raw(&bucket, &mut metric);
+                    }
+                    WireType::LengthDelimited => {
+                        encode_varint(s.len() as u64, &mut metric);
+                        metric.extend_from_slice(s.as_bytes());
+                    }
+                    WireType::StartGroup | WireType::EndGroup => {}
+                }
+            }
+            let mut payload = Vec::new();
+            for (tag, wire) in &outer {
+                let wire_type = WireType::try_from(u64::from(*wire)).unwrap_or(WireType::Varint);
+                encode_key(*tag, wire_type, &mut payload);
+                if wire_type == WireType::LengthDelimited {
+                    encode_varint(0, &mut payload);
+                }
+            }
+            prost::encoding::bytes::encode(1, &metric, &mut payload);
+            agree(&payload, &Limits::default())?;
+        }
+    }
+}
