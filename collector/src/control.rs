@@ -407,7 +407,13 @@ async fn refuse(ch: &mut ControlChannel<TcpStream>, shared: &Shared, peer: Socke
         .telemetry
         .handshake_refused(r.reason, &r.agent, &peer.to_string(), &r.detail);
     let mut detail = r.detail;
-    detail.truncate(wire::MAX_DETAIL_BYTES);
+    // The detail may quote the peer's bytes (e.g. a bad `udp_addr`): cut at a character
+    // boundary, `String::truncate` panics inside a character.
+    let mut cut = detail.len().min(wire::MAX_DETAIL_BYTES);
+    while !detail.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    detail.truncate(cut);
     let _ = ch
         .send(Refuse {
             reason: r.reason as i32,
