@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Soft-RoCE VM suite: boots Debian's kernel in a QEMU TCG guest, loads the kernel's rdma_rxe
 # driver on a veth pair and runs named scenarios (rdma-core and perftest baselines, the
-# project's verbs driver, soft <-> kernel interop). See tests/rxe/README.md.
+# project's verbs driver, soft <-> kernel interop, the uctel-collector and uctel-agent daemons
+# on verbs). See tests/rxe/README.md.
 #
 # Host packages this script needs (Debian 12; .ci/run installs them):
 #   qemu-system-x86 busybox-static cpio            boot the guest, build its initramfs
 #   libibverbs-dev librdmacm-dev libclang-dev pkg-config
 #                                                  build the project's binaries with
 #                                                  `--features verbs` (rdma-sys 0.3.0)
-#   plus apt (apt-get download, apt-cache), dpkg-deb, gzip, ldd: present on every Debian.
+#   plus apt (apt-get download, apt-cache), dpkg-deb, gzip, ldd: present on every Debian;
+#   strip: binutils, which the Rust build needs anyway (its linker).
 # Nothing is installed by this script. Guest packages are fetched with `apt-get download` into
 # a cache (default target/rxe-cache/) and unpacked there, never installed on the host.
 #
@@ -41,11 +43,15 @@ ALL_SCENARIOS=(
   rxe_to_soft
   verbs_async_events
   verbs_send_bench
+  daemons_verbs
+  daemons_soft_to_verbs
 )
 
 # Binaries of the project built with `--features verbs` and copied into the guest
 # (transport/examples/<name>.rs).
 RUST_EXAMPLES=(rxe_uc)
+# The daemons, built with their `verbs` feature (collector/, agent/).
+RUST_DAEMONS=(uctel-collector uctel-agent)
 
 # Guest user space, from Debian's package registry. The library packages after iproute2 are
 # what `ip` and `rdma` link to, fetched so the guest never depends on what the host happens
@@ -86,14 +92,14 @@ done
 
 # ---------------------------------------------------------------- host prerequisites
 missing=()
-for cmd in qemu-system-x86_64 cpio gzip apt-get apt-cache dpkg-deb ldd timeout; do
+for cmd in qemu-system-x86_64 cpio gzip apt-get apt-cache dpkg-deb ldd timeout strip; do
   command -v "$cmd" >/dev/null 2>&1 || missing+=("$cmd")
 done
 BUSYBOX=/bin/busybox
 if [ ! -x "$BUSYBOX" ] || ldd "$BUSYBOX" >/dev/null 2>&1; then
   missing+=("static busybox at $BUSYBOX")
 fi
-if [ "${UCTEL_RXE_NO_BUILD:-0}" != 1 ] && [ "${#RUST_EXAMPLES[@]}" -gt 0 ]; then
+if [ "${UCTEL_RXE_NO_BUILD:-0}" != 1 ]; then
   command -v cargo >/dev/null 2>&1 || missing+=(cargo)
   command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
   if command -v pkg-config >/dev/null 2>&1; then
@@ -178,20 +184,19 @@ fi
 
 # ---------------------------------------------------------------- project binaries
 RUST_BINS=()
-if [ "${#RUST_EXAMPLES[@]}" -gt 0 ]; then
-  if [ "${UCTEL_RXE_NO_BUILD:-0}" != 1 ]; then
-    log "cargo build --release -p uctel-transport --features verbs (${RUST_EXAMPLES[*]})"
-    ex_args=()
-    for e in "${RUST_EXAMPLES[@]}"; do ex_args+=(--example "$e"); done
-    (cd "$REPO" && cargo build --release --locked -q -p uctel-transport --features verbs \
-      "${ex_args[@]}") || die "cargo build failed"
-  fi
-  for e in "${RUST_EXAMPLES[@]}"; do
-    b="$REPO/target/release/examples/$e"
-    [ -x "$b" ] || die "missing $b"
-    RUST_BINS+=("$b")
-  done
+if [ "${UCTEL_RXE_NO_BUILD:-0}" != 1 ]; then
+  log "cargo build --release --features verbs: ${RUST_EXAMPLES[*]} ${RUST_DAEMONS[*]}"
+  targets=()
+  for e in "${RUST_EXAMPLES[@]}"; do targets+=(--example "$e"); done
+  for b in "${RUST_DAEMONS[@]}"; do targets+=(--bin "$b"); done
+  (cd "$REPO" && cargo build --release --locked -q \
+    -p uctel-transport -p uctel-collector -p uctel-agent \
+    --features uctel-transport/verbs,uctel-collector/verbs,uctel-agent/verbs \
+    "${targets[@]}") || die "cargo build failed"
 fi
+for e in "${RUST_EXAMPLES[@]}"; do RUST_BINS+=("$REPO/target/release/examples/$e"); done
+for b in "${RUST_DAEMONS[@]}"; do RUST_BINS+=("$REPO/target/release/$b"); done
+for b in "${RUST_BINS[@]}"; do [ -x "$b" ] || die "missing $b"; done
 
 # ---------------------------------------------------------------- initramfs
 INITRD_DIR="$WORK/initramfs"
@@ -226,12 +231,20 @@ declare -A FILES=(
   [/etc/libibverbs.d/rxe.driver]="$GROOT/etc/libibverbs.d/rxe.driver"
 )
 for b in "${RUST_BINS[@]}"; do FILES[/usr/bin/$(basename "$b")]="$b"; done
+# Release builds keep debug info (profile.release debug = 1): ~40 MB per daemon. The guest gets
+# copies without it (symbols stay, so a panic's backtrace still names functions); a smaller
+# initramfs boots faster under TCG.
+declare -A STRIP=()
+for b in "${RUST_BINS[@]}"; do STRIP[/usr/bin/$(basename "$b")]=1; done
 
 declare -A LIBS=()
 for dst in "${!FILES[@]}"; do
   src=${FILES[$dst]}
   [ -f "$src" ] || die "missing $src"
   install -D -m 0755 "$src" "$INITRD_DIR$dst"
+  if [ -n "${STRIP[$dst]:-}" ]; then
+    strip --strip-debug "$INITRD_DIR$dst" || die "strip $dst failed"
+  fi
   case "$dst" in /etc/*) continue ;; esac
   out=$(LD_LIBRARY_PATH="$GLIB" ldd "$src" 2>&1) || die "ldd $src failed: $out"
   if grep -q 'not found' <<<"$out"; then

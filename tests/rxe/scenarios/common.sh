@@ -121,3 +121,328 @@ perftest_send_once() {
     /tmp/bw_client.log)
   [ -n "$PT_RATE" ] || return 1
 }
+
+# ---------------------------------------------------------------- the daemons (uctel-collector, uctel-agent)
+
+# prom_sum FILE NAME [LABEL=VALUE...]: the sum of the samples of metric NAME in the Prometheus
+# text exposition FILE whose labels include every LABEL="VALUE" (0 when none matches).
+prom_sum() {
+  pf=$1 pn=$2
+  shift 2
+  awk -v n="$pn" -v want="$*" '
+    BEGIN { k = split(want, w, " ") }
+    /^#/ { next }
+    {
+      name = $1; sub(/\{.*/, "", name)
+      if (name != n) next
+      for (i = 1; i <= k; i++) {
+        eq = index(w[i], "=")
+        pat = "[{,]" substr(w[i], 1, eq - 1) "=\"" substr(w[i], eq + 1) "\"[,}]"
+        if ($0 !~ pat) next
+      }
+      s += $NF
+    }
+    END { printf "%.0f\n", s }' "$pf"
+}
+
+# prom_count FILE NAME [LABEL=VALUE...]: how many samples of NAME match (as prom_sum).
+prom_count() {
+  pf=$1 pn=$2
+  shift 2
+  awk -v n="$pn" -v want="$*" '
+    BEGIN { k = split(want, w, " ") }
+    /^#/ { next }
+    {
+      name = $1; sub(/\{.*/, "", name)
+      if (name != n) next
+      for (i = 1; i <= k; i++) {
+        eq = index(w[i], "=")
+        pat = "[{,]" substr(w[i], 1, eq - 1) "=\"" substr(w[i], eq + 1) "\"[,}]"
+        if ($0 !~ pat) next
+      }
+      c++
+    }
+    END { print c + 0 }' "$pf"
+}
+
+# scrape ADDR FILE [ns2]: GET http://ADDR/metrics into FILE (from ns2 with the third argument).
+# Time-limited with `timeout`: busybox 1.35's own `wget -T` crashes (segfault at 0).
+scrape() {
+  if [ "${3:-}" = ns2 ]; then
+    in_ns2 timeout 10 wget -q -O "$2" "http://$1/metrics"
+  else
+    timeout 10 wget -q -O "$2" "http://$1/metrics"
+  fi
+}
+
+# log_field LOG MESSAGE KEY: the value of KEY=value on the last line of LOG containing MESSAGE
+# (the daemons log `message key=value ...` lines; NO_COLOR keeps them free of escapes).
+log_field() {
+  grep -F "$2" "$1" | tail -n 1 | tr ' ' '\n' | sed -n "s/^$3=//p" | tr -d '"' | head -n 1
+}
+
+# The two daemons' files and addresses in the daemon scenarios.
+D=/tmp/daemons
+COLLECTOR_CONTROL=10.77.0.1:7400
+COLLECTOR_METRICS=127.0.0.1:9470
+AGENT_METRICS=127.0.0.1:9471
+AGENT_ID=vm-agent
+TOKEN=uctel-rxe-suite-token
+# The daemons log without ANSI colours, so the scenario can read their key=value fields.
+export NO_COLOR=1
+
+# collector_verbs_config FILE DATA_PATH: a collector on rxe0 (transport.kind verbs, the RoCE v2
+# GID of 10.77.0.1) that sets up DATA_PATH (write_with_imm or send) for every agent, reports
+# every second and writes the logs it receives to a JSON Lines file.
+collector_verbs_config() {
+  cat >"$1" <<YAML
+listen:
+  control: $COLLECTOR_CONTROL
+  metrics: $COLLECTOR_METRICS
+transport:
+  kind: verbs
+  verbs:
+    device: rxe0
+    port: 1
+    local_ip: 10.77.0.1
+ring:
+  data_path: $2
+auth:
+  shared:
+    token: $TOKEN
+control:
+  report_interval_seconds: 1
+logs:
+  sink: file
+  file:
+    path: $D/collector-logs.jsonl
+YAML
+}
+
+# agent_config FILE KIND DATA_PATH [SOFT_BIND]: an agent shipping host metrics (every second),
+# its self-metrics and $D/input.log (from the beginning) to the collector at
+# $COLLECTOR_CONTROL over transport KIND (verbs: rxe0 port 1, the GID of the control
+# connection's address; soft: UDP SOFT_BIND), both streams on DATA_PATH.
+agent_config() {
+  {
+    cat <<YAML
+agent_id: $AGENT_ID
+collector:
+  control: $COLLECTOR_CONTROL
+  reconnect_initial_seconds: 0.2
+  reconnect_max_seconds: 2
+listen:
+  metrics: $AGENT_METRICS
+auth:
+  token: $TOKEN
+sources:
+  host_metrics:
+    interval_seconds: 1
+  self_metrics:
+    interval_seconds: 1
+  logs:
+    - path: $D/input.log
+      start_at: beginning
+  state_directory: $D/agent-state
+streams:
+  metrics:
+    data_path: $3
+  logs:
+    data_path: $3
+YAML
+    if [ "$2" = verbs ]; then
+      printf 'transport:\n  kind: verbs\n  verbs:\n    device: rxe0\n    port: 1\n'
+    else
+      printf 'transport:\n  kind: soft\n  soft:\n    bind: %s\n' "$4"
+    fi
+  } >"$1"
+}
+
+# write_lines FIRST LAST: append numbered lines FIRST..LAST to the agent's input log.
+write_lines() {
+  seq "$1" "$2" |
+    awk '{ printf "rxe-suite line %d of the daemons scenario, padded to look like a real log line\n", $1 }' \
+      >>"$D/input.log"
+}
+
+# daemon_logs: print both daemons' logs and their non-zero self-metrics (last scrapes).
+daemon_logs() {
+  echo "--- collector log"; cat "$D/collector.log" 2>/dev/null
+  echo "--- agent log"; cat "$D/agent.log" 2>/dev/null
+  echo "--- collector self-metrics"; grep '^uctel_collector_' "$D/c.prom" 2>/dev/null | grep -v ' 0$'
+  echo "--- agent self-metrics"; grep '^uctel_agent_' "$D/a.prom" 2>/dev/null | grep -v ' 0$'
+}
+
+# dfail TEXT...: fail a daemon scenario, with the daemons' logs.
+dfail() {
+  daemon_logs
+  fail "$@"
+}
+
+# daemons_pipeline AGENT_NS AGENT_KIND DATA_PATH [SOFT_BIND]
+#   The real daemons end to end: uctel-collector on rxe0 (verbs) in the root namespace and one
+#   uctel-agent in AGENT_NS (root or ns2) on transport AGENT_KIND, data path DATA_PATH
+#   (write_with_imm or send), shipping host metrics and LINES log lines written over about
+#   3 s. Once everything arrived, the agent gets SIGTERM (Goodbye) and the collector's
+#   /metrics, its log and its log sink are checked:
+#     - the agent connected on DATA_PATH (collector log); every log line arrived (records and
+#       sink); node_cpu_seconds_total carries the agent's labels; frames received > 0;
+#     - clean link: frames and records lost 0, no QP error;
+#     - exact accounting against the agent's Goodbye total (`goodbye sent frames=N`):
+#         sent = received + lost + dropped after tracking
+#         sent = received + dropped + connection-sequence gaps
+#       and per stream when the agent logs per-stream figures (`metrics_frames=`, ...);
+#     - rxe0 received exactly one RoCEv2 packet per frame sent (the agent caps frames at the
+#       path MTU, 1024 here), so nothing was dropped below the daemons either.
+daemons_pipeline() {
+  ans=$1 akind=$2 dp=$3
+  LINES=${DAEMON_LINES:-3000}
+  rm -rf "$D"
+  mkdir -p "$D/agent-state"
+  : >"$D/input.log"
+  : >"$D/c.prom"
+  : >"$D/a.prom"
+  collector_verbs_config "$D/collector.yaml" "$dp"
+  agent_config "$D/agent.yaml" "$akind" "$dp" "${4:-}"
+  uctel-collector --config "$D/collector.yaml" --check-config ||
+    fail "collector --check-config refused $D/collector.yaml"
+  uctel-agent --config "$D/agent.yaml" --check-config ||
+    fail "agent --check-config refused $D/agent.yaml"
+
+  uctel-collector --config "$D/collector.yaml" --log-level "${COLLECTOR_LOG:-info}" \
+    >"$D/collector.log" 2>&1 &
+  cpid=$!
+  wait_listen 9470 || dfail "collector did not listen on 9470"
+  counters_snapshot "$D/rxe.before"
+  if [ "$ans" = ns2 ]; then
+    # nsenter itself, not the in_ns2 function: a backgrounded function is a subshell, and
+    # SIGTERM must reach the agent (nsenter execs it, keeping its pid).
+    nsenter -t "$NS2_PID" -n uctel-agent --config "$D/agent.yaml" \
+      --log-level "${AGENT_LOG:-info}" >"$D/agent.log" 2>&1 &
+  else
+    uctel-agent --config "$D/agent.yaml" --log-level "${AGENT_LOG:-info}" \
+      >"$D/agent.log" 2>&1 &
+  fi
+  apid=$!
+
+  # Log lines in bursts while host metrics flow, then wait until the collector has them all
+  # and at least one host collection.
+  first=1
+  while [ "$first" -le "$LINES" ]; do
+    last=$((first + 499))
+    [ "$last" -le "$LINES" ] || last=$LINES
+    write_lines "$first" "$last"
+    first=$((last + 1))
+    usleep 500000
+  done
+  i=0
+  while :; do
+    scrape "$COLLECTOR_METRICS" "$D/c.prom" || : >"$D/c.prom"
+    got=$(prom_sum "$D/c.prom" uctel_collector_records_received_total agent=$AGENT_ID stream=2)
+    cpu=$(prom_count "$D/c.prom" node_cpu_seconds_total agent=$AGENT_ID)
+    [ "$got" -ge "$LINES" ] && [ "$cpu" -gt 0 ] && break
+    i=$((i + 1))
+    if [ "$i" -ge 300 ] || ! kill -0 "$apid" 2>/dev/null || ! kill -0 "$cpid" 2>/dev/null; then
+      dfail "$dp: after $((i / 10)) s: $got of $LINES log lines, $cpu node_cpu_seconds_total series at the collector"
+    fi
+    usleep 100000
+  done
+  scrape "$AGENT_METRICS" "$D/a.prom" "$ans" || : >"$D/a.prom"
+
+  # SIGTERM: the agent sends what it queued, closes the epoch and says Goodbye.
+  kill -TERM "$apid"
+  i=0
+  while kill -0 "$apid" 2>/dev/null; do
+    i=$((i + 1))
+    [ "$i" -lt 300 ] || dfail "$dp: agent still running 30 s after SIGTERM"
+    usleep 100000
+  done
+  wait "$apid"
+  arc=$?
+  i=0
+  while :; do
+    scrape "$COLLECTOR_METRICS" "$D/c.prom" || : >"$D/c.prom"
+    [ "$(prom_sum "$D/c.prom" uctel_collector_agents_connected)" = 0 ] && break
+    i=$((i + 1))
+    [ "$i" -lt 100 ] || dfail "$dp: the collector still counts the agent connected 10 s after its Goodbye"
+    usleep 100000
+  done
+  # One report interval for the collector to settle the Goodbye.
+  usleep 1500000
+  scrape "$COLLECTOR_METRICS" "$D/c.prom" || dfail "$dp: collector /metrics after the Goodbye"
+  counters_snapshot "$D/rxe.after"
+  kill -TERM "$cpid"
+  wait "$cpid"
+  crc=$?
+
+  echo "=== $akind agent ($ans) -> verbs collector, $dp"
+  daemon_logs
+  echo "--- rxe0 counters that moved"
+  counters_delta "$D/rxe.before" "$D/rxe.after"
+  [ "$arc" -eq 0 ] || fail "$dp: agent exit status $arc after SIGTERM"
+  [ "$crc" -eq 0 ] || fail "$dp: collector exit status $crc after SIGTERM"
+  grep 'agent connected' "$D/collector.log" | grep -q "agent=$AGENT_ID" ||
+    fail "$dp: the collector never logged 'agent connected' for $AGENT_ID"
+  path=$(log_field "$D/collector.log" 'agent connected' data_path)
+  sent=$(log_field "$D/agent.log" 'goodbye sent' frames)
+  [ -n "$sent" ] || fail "$dp: no 'goodbye sent frames=N' in the agent log"
+  p() { prom_sum "$D/c.prom" "$@"; }
+  rx=$(p uctel_collector_frames_received_total agent=$AGENT_ID)
+  lost=$(p uctel_collector_frames_lost_total agent=$AGENT_ID)
+  rlost=$(p uctel_collector_records_lost_total agent=$AGENT_ID)
+  dropped=$(p uctel_collector_frames_dropped_total agent=$AGENT_ID)
+  after=0
+  for r in malformed_payload limit_exceeded stale_frame; do
+    after=$((after + $(p uctel_collector_frames_dropped_total agent=$AGENT_ID reason=$r)))
+  done
+  conn_lost=$(p uctel_collector_connection_frames_lost_total agent=$AGENT_ID)
+  qp_err=$(p uctel_collector_qp_errors_total agent=$AGENT_ID)
+  lines_rx=$(p uctel_collector_records_received_total agent=$AGENT_ID stream=2)
+  sink=$(grep -c 'rxe-suite line' "$D/collector-logs.jsonl" 2>/dev/null || echo 0)
+  labels=$(grep '^node_cpu_seconds_total{' "$D/c.prom" | head -n 1 | sed 's/^[^{]*//; s/} .*/}/')
+  pkts=$(awk '$1 == "rcvd_pkts" { b = $2 } END { print b + 0 }' "$D/rxe.before")
+  pkts=$(awk -v b="$pkts" '$1 == "rcvd_pkts" { print $2 - b }' "$D/rxe.after")
+  echo "agent: $(grep -F 'goodbye sent' "$D/agent.log" | tail -n 1 | sed 's/.*goodbye sent //')"
+  echo "collector: data_path=$path received=$rx lost=$lost records_lost=$rlost dropped=$dropped" \
+    "(after tracking $after) connection_lost=$conn_lost qp_errors=$qp_err log records=$lines_rx sink=$sink"
+  echo "rxe0: rcvd_pkts +$pkts; node_cpu_seconds_total labels: $labels"
+
+  case "$dp:$path" in
+    write_with_imm:WriteWithImm | send:Send) ;;
+    *) fail "$dp: the collector chose data path '$path'" ;;
+  esac
+  [ "$rx" -gt 0 ] || fail "$dp: no frames received"
+  case "$labels" in
+    *agent=\"$AGENT_ID\"*) ;;
+    *) fail "$dp: node_cpu_seconds_total without agent=\"$AGENT_ID\": $labels" ;;
+  esac
+  case "$labels" in
+    *instance=\"$(hostname)\"*) ;;
+    *) fail "$dp: node_cpu_seconds_total without instance=\"$(hostname)\": $labels" ;;
+  esac
+  case "$labels" in
+    *cpu=\"*mode=\"*) ;;
+    *) fail "$dp: node_cpu_seconds_total without cpu and mode: $labels" ;;
+  esac
+  [ "$lines_rx" = "$LINES" ] || fail "$dp: log records received $lines_rx, want $LINES"
+  [ "$sink" = "$LINES" ] || fail "$dp: the log sink holds $sink of $LINES lines"
+  [ "$lost" = 0 ] && [ "$rlost" = 0 ] || fail "$dp: the clean link lost $lost frames, $rlost records"
+  [ "$qp_err" = 0 ] || fail "$dp: $qp_err QP errors"
+  [ "$sent" -eq $((rx + lost + after)) ] ||
+    fail "$dp: sent $sent != received $rx + lost $lost + dropped after tracking $after"
+  [ "$sent" -eq $((rx + dropped + conn_lost)) ] ||
+    fail "$dp: sent $sent != received $rx + dropped $dropped + connection lost $conn_lost"
+  for st in metrics:1 logs:2; do
+    sf=$(log_field "$D/agent.log" 'goodbye sent' "${st%:*}_frames")
+    [ -n "$sf" ] || continue
+    srx=$(p uctel_collector_frames_received_total agent=$AGENT_ID stream=${st#*:})
+    slost=$(p uctel_collector_frames_lost_total agent=$AGENT_ID stream=${st#*:})
+    [ "$sf" -eq $((srx + slost)) ] || [ "$after" -gt 0 ] ||
+      fail "$dp: stream ${st%:*}: sent $sf != received $srx + lost $slost"
+  done
+  sr=$(log_field "$D/agent.log" 'goodbye sent' logs_records)
+  [ -z "$sr" ] || [ "$sr" = "$LINES" ] || fail "$dp: the agent's Goodbye counts $sr log records, want $LINES"
+  [ "$pkts" -eq "$sent" ] || fail "$dp: rxe0 received $pkts packets for $sent frames"
+  detail "$dp: sent $sent = received $rx + lost $lost + dropped $dropped (rxe0 +$pkts pkts)," \
+    "$LINES log lines, $(prom_count "$D/c.prom" node_cpu_seconds_total agent=$AGENT_ID) node_cpu series;"
+}
