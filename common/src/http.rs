@@ -6,6 +6,11 @@
 //! A render failure answers 500 with the reason (and is logged), never panics the server.
 //! Shutdown is graceful: the listener stops accepting, in-flight requests finish, and
 //! connections still open after [`GRACE_PERIOD`] are dropped.
+//!
+//! A client must send a request's whole head within [`HEADER_READ_TIMEOUT`] (hyper's
+//! `header_read_timeout`, which needs hyper's timer to take effect; without one it is
+//! silently off): otherwise idle or half-sent requests (slowloris) would hold a connection
+//! and a file descriptor for ever.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -19,7 +24,7 @@ use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
@@ -27,6 +32,10 @@ use crate::shutdown::Shutdown;
 
 /// How long shutdown waits for open connections before dropping them.
 pub const GRACE_PERIOD: Duration = Duration::from_secs(5);
+
+/// Longest wait for a request head, on a new connection or between keep-alive requests;
+/// the connection is closed after it. Prometheus sends its scrape request at once.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Produces the exposition text for one scrape; `Err` carries a reason for the 500 answer.
 pub type RenderFn = Arc<dyn Fn() -> Result<Vec<u8>, String> + Send + Sync>;
@@ -95,9 +104,24 @@ fn respond(req: &Request<Incoming>, render: &RenderFn) -> Response<Full<Bytes>> 
 }
 
 /// Serves until `shutdown` fires, then drains gracefully. Accept errors (e.g. EMFILE) are
-/// logged and retried after a short pause rather than ending the server.
-pub async fn serve(listener: TcpListener, render: RenderFn, mut shutdown: Shutdown) {
+/// logged and retried after a short pause rather than ending the server. Request heads must
+/// arrive within [`HEADER_READ_TIMEOUT`].
+pub async fn serve(listener: TcpListener, render: RenderFn, shutdown: Shutdown) {
+    serve_with_header_timeout(listener, render, shutdown, HEADER_READ_TIMEOUT).await;
+}
+
+/// [`serve`] with another limit on how long a request head may take to arrive.
+pub async fn serve_with_header_timeout(
+    listener: TcpListener,
+    render: RenderFn,
+    mut shutdown: Shutdown,
+    header_read_timeout: Duration,
+) {
     let graceful = GracefulShutdown::new();
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout);
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -116,7 +140,7 @@ pub async fn serve(listener: TcpListener, render: RenderFn, mut shutdown: Shutdo
             let response = respond(&req, &render);
             async move { Ok::<_, Infallible>(response) }
         });
-        let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+        let conn = builder.serve_connection(TokioIo::new(stream), service);
         let watched = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = watched.await {
@@ -178,6 +202,42 @@ mod tests {
         trigger.trigger();
         server.await.unwrap();
         assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn idle_and_half_sent_requests_are_closed_after_the_header_timeout() {
+        let registry = prometheus::Registry::new();
+        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (trigger, sd) = shutdown::channel();
+        let server = tokio::spawn(serve_with_header_timeout(
+            listener,
+            registry_render(registry),
+            sd,
+            Duration::from_millis(200),
+        ));
+        let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut partial = tokio::net::TcpStream::connect(addr).await.unwrap();
+        partial
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost")
+            .await
+            .unwrap();
+        // A keep-alive connection that finished one request and then went quiet.
+        let mut kept = tokio::net::TcpStream::connect(addr).await.unwrap();
+        kept.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        for s in [&mut idle, &mut partial, &mut kept] {
+            let mut out = Vec::new();
+            let closed = tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut out))
+                .await
+                .is_ok();
+            assert!(closed, "connection still open: {out:?}");
+        }
+        // A prompt request is still served.
+        assert!(get(addr, "GET", "/").await.starts_with("HTTP/1.1 200"));
+        trigger.trigger();
+        server.await.unwrap();
     }
 
     #[tokio::test]
