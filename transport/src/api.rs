@@ -564,7 +564,8 @@ pub struct WorkCompletion {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum UcDropReason {
     /// The UDP payload is not a well-formed UC RoCEv2 packet (too short, wrong BTH version,
-    /// non-UC opcode, bad pad count). Device level.
+    /// non-UC opcode, bad pad count, longer than the soft link's receive buffer). Device
+    /// level.
     Malformed,
     /// The ICRC does not match (IBTA annex A17; rxe `rxe_icrc_check`). Device level.
     BadIcrc,

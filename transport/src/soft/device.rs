@@ -8,6 +8,8 @@
 //! # Receive path (per datagram)
 //!
 //! 1. Parse BTH/RETH/ImmDt ([`PacketRepr::parse`]) — failure: `malformed` (device counter).
+//!    A datagram the link discarded because it did not fit its receive buffer
+//!    ([`Link::recv_discarded`]) is counted here too.
 //! 2. Verify the ICRC over the pseudo IP/UDP header rebuilt from the datagram's addresses
 //!    ([`icrc::verify`]) — failure: `bad_icrc`. (rxe checks the header before the ICRC; we
 //!    check the ICRC first so that a corrupted QPN is not misreported as `unknown_qpn`.)
@@ -586,6 +588,8 @@ struct LinkState {
     tx: Vec<Datagram>,
     rx: Vec<Datagram>,
     spare: Vec<Vec<u8>>,
+    /// `link.recv_discarded()` already counted as `malformed`.
+    discarded: u64,
 }
 
 impl fmt::Debug for LinkState {
@@ -876,7 +880,14 @@ impl Shared {
             report.sent = self.pump_tx(&mut ls);
             let mut rx = std::mem::take(&mut ls.rx);
             let batch = self.batch;
-            if let Err(e) = ls.link.recv(&mut rx, batch, wait) {
+            let received = ls.link.recv(&mut rx, batch, wait);
+            // Datagrams the link discarded (longer than its buffer) are not RoCEv2 packets.
+            let discarded = ls.link.recv_discarded();
+            if discarded > ls.discarded {
+                lock(&self.counters.drops).add(UcDropReason::Malformed, discarded - ls.discarded);
+                ls.discarded = discarded;
+            }
+            if let Err(e) = received {
                 self.counters.link_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(device = %self.name, error = %e, "link recv failed");
                 drop(ls);
@@ -1021,6 +1032,7 @@ impl SoftDevice {
                 tx: Vec::with_capacity(config.batch),
                 rx: Vec::with_capacity(config.batch),
                 spare: Vec::new(),
+                discarded: 0,
             }),
             counters: Counters::default(),
             events: Mutex::new(VecDeque::new()),
@@ -1189,6 +1201,33 @@ mod tests {
                 "{cfg:?}"
             );
         }
+    }
+
+    #[test]
+    fn datagrams_longer_than_the_receive_buffer_count_as_malformed() {
+        let config = SoftConfig {
+            udp: UdpConfig::bound_to("127.0.0.1:0".parse().expect("addr")),
+            progress: ProgressMode::BusyPoll,
+            ..SoftConfig::default()
+        };
+        let dev = SoftDevice::open(&config).expect("open");
+        let target = dev.local_addr();
+        let peer = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let max = config.udp.max_datagram_bytes;
+        for len in [max + 1, 20_000, 65_000] {
+            peer.send_to(&vec![0x24; len], target).expect("send");
+        }
+        peer.send_to(&[0xff; 8], target).expect("send");
+        let device = Device::from(dev.clone());
+        let mut malformed = 0;
+        for _ in 0..2000 {
+            dev.progress_wait(Duration::from_millis(5));
+            malformed = device.stats().drops.get(UcDropReason::Malformed);
+            if malformed >= 4 {
+                break;
+            }
+        }
+        assert_eq!(malformed, 4);
     }
 
     #[test]

@@ -454,6 +454,11 @@ impl<L: Link> Link for FaultInjector<L> {
         self.inner.local_addr()
     }
 
+    /// The inner link's discards (datagrams the injector drops are in its own stats).
+    fn recv_discarded(&self) -> u64 {
+        self.inner.recv_discarded()
+    }
+
     /// Runs each datagram through the faults and hands what comes out to the inner link.
     /// Takes every datagram unless the internal backlog (inner link blocking) is full.
     fn send(&mut self, batch: &[Datagram]) -> io::Result<usize> {

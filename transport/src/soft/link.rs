@@ -53,6 +53,14 @@ pub trait Link: Send {
         max: usize,
         timeout: Option<Duration>,
     ) -> io::Result<usize>;
+
+    /// Datagrams this link received and discarded instead of handing them out (a UDP
+    /// datagram longer than the receive buffer, `MSG_TRUNC`), cumulative since the link was
+    /// opened. The soft device counts them as malformed packets, so no arriving datagram goes
+    /// uncounted. Default 0, for links that never discard.
+    fn recv_discarded(&self) -> u64 {
+        0
+    }
 }
 
 impl<L: Link + ?Sized> Link for Box<L> {
@@ -71,6 +79,10 @@ impl<L: Link + ?Sized> Link for Box<L> {
         timeout: Option<Duration>,
     ) -> io::Result<usize> {
         (**self).recv(out, max, timeout)
+    }
+
+    fn recv_discarded(&self) -> u64 {
+        (**self).recv_discarded()
     }
 }
 

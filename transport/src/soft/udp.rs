@@ -554,6 +554,11 @@ impl Link for UdpLink {
         self.local
     }
 
+    /// [`UdpDropReason::RecvTruncated`] drops so far.
+    fn recv_discarded(&self) -> u64 {
+        self.counts.recv_truncated
+    }
+
     /// Sends in order; stops at the first `EAGAIN` and returns how many were taken.
     /// Datagrams refused individually (too big, unroutable) are taken, dropped and counted.
     /// `Datagram.local`'s IP, when set and not the bound IP, becomes the source address; its
