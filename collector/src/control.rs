@@ -17,7 +17,8 @@
 //! Refusals (`Refuse` with a reason, then close) are counted in
 //! `uctel_collector_handshakes_refused_total{reason}` and logged once per connection.
 //! A connection whose agent is silent for `dead_after_missed_heartbeats` heartbeat periods,
-//! whose QP went to ERROR, or that is replaced by a new connection of the same agent id (an
+//! that leaves a control message unread for as long (its socket buffers full), whose QP went
+//! to ERROR, or that is replaced by a new connection of the same agent id (an
 //! agent restart racing its old TCP connection) is torn down; the agent reconnects with a new
 //! epoch.
 
@@ -49,6 +50,10 @@ pub const COLLECTOR_ID: &str = "uctel-collector";
 /// How long the collector waits after an agent's `Goodbye` for its last frames (already on the
 /// wire when the goodbye was sent) to complete before settling the tail.
 const GOODBYE_DRAIN: Duration = Duration::from_millis(50);
+
+/// Longest wait for a `Refuse` to be written (it is small; only a peer that stopped reading
+/// makes it wait).
+const REFUSE_WRITE_BOUND: Duration = Duration::from_secs(1);
 
 /// Resolved tokens.
 #[derive(Debug, Default)]
@@ -402,6 +407,29 @@ async fn connection(stream: TcpStream, peer: SocketAddr, shared: Shared, global:
     ch.shutdown().await;
 }
 
+/// Sends `msg` unless the write takes longer than `bound`: an agent that stops reading its
+/// control connection fills the socket buffers, and an unbounded write would stall the
+/// session (no heartbeat check, no shutdown) for good. False when the connection should end
+/// (the error is logged).
+async fn send_within(
+    ch: &mut ControlChannel<TcpStream>,
+    msg: impl Into<wire::ControlMessage>,
+    bound: Duration,
+    agent: &str,
+) -> bool {
+    match tokio::time::timeout(bound, ch.send(msg)).await {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            tracing::warn!(agent, error = %e, "sending a control message failed; closing");
+            false
+        }
+        Err(_) => {
+            tracing::warn!(agent, waited = ?bound, "agent stopped reading its control connection; closing");
+            false
+        }
+    }
+}
+
 async fn refuse(ch: &mut ControlChannel<TcpStream>, shared: &Shared, peer: SocketAddr, r: Refusal) {
     shared
         .telemetry
@@ -414,12 +442,11 @@ async fn refuse(ch: &mut ControlChannel<TcpStream>, shared: &Shared, peer: Socke
         cut -= 1;
     }
     detail.truncate(cut);
-    let _ = ch
-        .send(Refuse {
-            reason: r.reason as i32,
-            detail,
-        })
-        .await;
+    let refuse = Refuse {
+        reason: r.reason as i32,
+        detail,
+    };
+    let _ = send_within(ch, refuse, REFUSE_WRITE_BOUND, &r.agent).await;
     ch.shutdown().await;
 }
 
@@ -569,13 +596,14 @@ async fn run_session(
                     break Some((GoodbyeReason::Error, "heartbeats missed"));
                 }
                 hb_seq += 1;
-                if ch.send(Heartbeat { sequence: hb_seq, timestamp_ns: now_ns() }).await.is_err() {
+                let beat = Heartbeat { sequence: hb_seq, timestamp_ns: now_ns() };
+                if !send_within(ch, beat, dead_after, &agent).await {
                     break None;
                 }
             }
             _ = report_tick.tick() => {
                 if let Some(report) = shared.plane.report(id).await {
-                    if ch.send(report).await.is_err() {
+                    if !send_within(ch, report, dead_after, &agent).await {
                         break None;
                     }
                 }
@@ -588,14 +616,13 @@ async fn run_session(
         }
     };
     if let Some((reason, detail)) = ending {
-        let _ = ch
-            .send(Goodbye {
-                final_conn_seq: None,
-                streams: Vec::new(),
-                reason: reason as i32,
-                detail: detail.to_string(),
-            })
-            .await;
+        let bye = Goodbye {
+            final_conn_seq: None,
+            streams: Vec::new(),
+            reason: reason as i32,
+            detail: detail.to_string(),
+        };
+        let _ = send_within(ch, bye, dead_after, &agent).await;
     }
     if goodbye.is_some() {
         tokio::time::sleep(GOODBYE_DRAIN).await;
