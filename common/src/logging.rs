@@ -20,6 +20,12 @@ pub enum LoggingError {
         /// The parser's reason.
         source: tracing_subscriber::filter::ParseError,
     },
+    /// A bare word that is not a level (probably a misspelt level).
+    #[error("unknown log level {directive:?}: expected trace, debug, info, warn, error or off (or target=level directives)")]
+    UnknownLevel {
+        /// The rejected directive.
+        directive: String,
+    },
     /// A global subscriber was already installed (e.g. `init` called twice).
     #[error("logging already initialised: {0}")]
     AlreadyInitialised(String),
@@ -35,8 +41,29 @@ pub fn choose_directives(explicit: Option<&str>, env: Option<&str>) -> String {
         .to_string()
 }
 
+/// The bare levels a directive without `target=` may name.
+const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+
 /// Parses directives into a filter. Errors: [`LoggingError::InvalidFilter`].
+///
+/// A directive without `=` must be a level (`trace`, `debug`, `info`, `warn`, `error`,
+/// `off`): `EnvFilter` would take a bare word such as a misspelt `inof` as a target name and
+/// silence every log line, so it is refused here.
 pub fn filter(directives: &str) -> Result<EnvFilter, LoggingError> {
+    for d in directives
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+    {
+        if !d.contains('=')
+            && !d.contains('[')
+            && !LEVELS.contains(&d.to_ascii_lowercase().as_str())
+        {
+            return Err(LoggingError::UnknownLevel {
+                directive: d.to_string(),
+            });
+        }
+    }
     EnvFilter::builder()
         .parse(directives)
         .map_err(|source| LoggingError::InvalidFilter {
@@ -47,12 +74,17 @@ pub fn filter(directives: &str) -> Result<EnvFilter, LoggingError> {
 
 /// Installs the global subscriber writing human-readable lines to stderr.
 /// `log_level` is the `--log-level` flag (None when not given); `RUST_LOG` is read here.
+/// Colours are used only when stderr is a terminal and `NO_COLOR` is unset, so files, pipes
+/// and journald get plain text.
 pub fn init(log_level: Option<&str>) -> Result<(), LoggingError> {
+    use std::io::IsTerminal;
     let env = std::env::var("RUST_LOG").ok();
     let directives = choose_directives(log_level, env.as_deref());
     let filter = filter(&directives)?;
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr)
         .try_init()
         .map_err(|e| LoggingError::AlreadyInitialised(e.to_string()))
@@ -76,6 +108,15 @@ mod tests {
         assert!(filter("info,uctel_collector=debug").is_ok());
         let err = filter("info,=[[").unwrap_err();
         assert!(err.to_string().contains("invalid log level"), "{err}");
+        assert!(filter("WARN").is_ok());
+        assert!(filter("off").is_ok());
+        let err = filter("inof").unwrap_err();
+        assert!(
+            err.to_string().contains("unknown log level \"inof\""),
+            "{err}"
+        );
+        let err = filter("warn,bogus").unwrap_err();
+        assert!(matches!(err, LoggingError::UnknownLevel { .. }), "{err}");
     }
 
     #[test]
