@@ -51,6 +51,13 @@ pub const COLLECTOR_ID: &str = "uctel-collector";
 /// wire when the goodbye was sent) to complete before settling the tail.
 const GOODBYE_DRAIN: Duration = Duration::from_millis(50);
 
+/// Most connections in the handshake at once (accepted, no `Welcome` yet). Each holds a task
+/// and a file descriptor for up to `handshake_timeout_seconds`; further connections are
+/// refused at once with `busy` (counted), so peers that open connections and say nothing
+/// cannot exhaust the collector's file descriptors (its `/metrics` listener, log files and
+/// agents' sessions need them too). Sessions of authenticated agents do not count.
+pub const MAX_PENDING_HANDSHAKES: usize = 256;
+
 /// Longest wait for a `Refuse` to be written (it is small; only a peer that stopped reading
 /// makes it wait).
 const REFUSE_WRITE_BOUND: Duration = Duration::from_secs(1);
@@ -106,12 +113,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// `Goodbye`) and waits for them.
 pub async fn serve(listener: TcpListener, shared: Shared, mut shutdown: Shutdown) {
     let mut tasks = JoinSet::new();
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_HANDSHAKES));
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
-                    tasks.spawn(connection(stream, peer, shared.clone(), shutdown.clone()));
+                    let slot = handshakes.clone().try_acquire_owned().ok();
+                    tasks.spawn(connection(stream, peer, shared.clone(), shutdown.clone(), slot));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "control listener accept failed");
@@ -354,12 +363,28 @@ fn millis(d: Duration) -> u32 {
     u32::try_from(d.as_millis()).unwrap_or(u32::MAX).max(1)
 }
 
-async fn connection(stream: TcpStream, peer: SocketAddr, shared: Shared, global: Shutdown) {
+/// One control connection; `handshake_slot` is its place among the
+/// [`MAX_PENDING_HANDSHAKES`] (`None`: all taken, refused as `busy`).
+async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: Shared,
+    global: Shutdown,
+    handshake_slot: Option<tokio::sync::OwnedSemaphorePermit>,
+) {
     let local_ip = stream
         .local_addr()
         .map(|a| a.ip())
         .unwrap_or(IpAddr::from([127, 0, 0, 1]));
     let mut ch = ControlChannel::new(stream);
+    let Some(handshake_slot) = handshake_slot else {
+        let r = refusal(
+            RefuseReason::Busy,
+            "",
+            format!("more than {MAX_PENDING_HANDSHAKES} handshakes in progress; retry later"),
+        );
+        return refuse(&mut ch, &shared, peer, r).await;
+    };
     let timeout = Duration::try_from_secs_f64(shared.config.control.handshake_timeout_seconds)
         .unwrap_or(Duration::from_secs(5));
     let outcome = tokio::time::timeout(timeout, handshake(&mut ch, &shared)).await;
@@ -375,6 +400,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, shared: Shared, global:
             return refuse(&mut ch, &shared, peer, r).await;
         }
     };
+    drop(handshake_slot);
     let agent = accepted.hello.agent_id.clone();
     let (my_trigger, my_cancel) = shutdown::channel();
     let (done_tx, done_rx) = tokio::sync::watch::channel(false);
