@@ -418,6 +418,20 @@ impl TestAgent {
         }
     }
 
+    /// Sends one heartbeat and reads nothing (an agent that stopped reading its control
+    /// connection). False once the write fails.
+    pub async fn heartbeat_without_reading(&mut self) -> bool {
+        self.hb_seq += 1;
+        let beat = Heartbeat {
+            sequence: self.hb_seq,
+            timestamp_ns: now_ns(),
+        };
+        matches!(
+            tokio::time::timeout(Duration::from_secs(1), self.ch.send(beat)).await,
+            Ok(Ok(()))
+        )
+    }
+
     /// Waits for at least one more Report.
     pub async fn wait_report(&mut self) {
         let seen = self.reports;
