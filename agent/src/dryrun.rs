@@ -246,6 +246,7 @@ pub async fn run<W: Write>(
     loop {
         pump::pull(&mut core, &queues, &stats);
         let stop = pump::transmit(&mut core, &mut sink);
+        pump::settle(&core, &queues);
         if let Some(c) = sink.consumed {
             let _ = core.on_consumed(c);
         }
@@ -267,23 +268,22 @@ pub async fn run<W: Write>(
             () = sd.wait() => break,
         }
     }
-    // Final round: take what the sources queued, close the epoch, print the rest.
+    // Final round: take what the sources queued, close the epoch, print the rest, then let
+    // the log tailers checkpoint what was printed.
     while tasks.join_next().await.is_some() {}
+    pump::pull(&mut core, &queues, &stats);
+    core.finish(pump::unix_ns());
+    let _ = pump::transmit(&mut core, &mut sink);
+    pump::settle(&core, &queues);
+    core.drop_pending(DropReason::Shutdown);
+    queues.logs_handoff.close();
     let grace = Instant::now() + runners::LOG_HANDOFF_GRACE;
-    loop {
-        pump::pull(&mut core, &queues, &stats);
-        if threads.iter().all(std::thread::JoinHandle::is_finished) || Instant::now() > grace {
-            break;
-        }
+    while !threads.iter().all(std::thread::JoinHandle::is_finished) && Instant::now() < grace {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     for t in threads {
         let _ = t.join();
     }
-    pump::pull(&mut core, &queues, &stats);
-    core.finish(pump::unix_ns());
-    let _ = pump::transmit(&mut core, &mut sink);
-    core.drop_pending(DropReason::Shutdown);
     pump::discard_queued(&queues, &stats, DropReason::Shutdown);
     sink.out.flush()?;
     match sink.error {

@@ -172,9 +172,12 @@ pub async fn run_with(
         .map_err(RunError::Source)?;
 
     let summary = connection_loop(&config, &token, &queues, &stats, shutdown.clone()).await;
+    // The sender has stopped: the log tailers checkpoint exactly what it settled.
+    queues.logs_handoff.close();
 
-    // Sources stop on the same shutdown; account for what they queued last and let the log
-    // tailers write their final checkpoints.
+    // Sources stop on the same shutdown; account for what they queued last (log lines among
+    // it are read again after a restart) and let the log tailers write their final
+    // checkpoints.
     while tasks.join_next().await.is_some() {}
     let grace = Instant::now() + runners::LOG_HANDOFF_GRACE;
     while !threads.iter().all(std::thread::JoinHandle::is_finished) && Instant::now() < grace {
@@ -503,6 +506,7 @@ async fn session(
         }
         pump::pull(&mut core, queues, stats);
         let stop = pump::transmit(&mut core, &mut plane);
+        pump::settle(&core, queues);
         sync_faults(stats);
         let mut deadline = match stop {
             Stop::Wait(at) => at,
@@ -585,6 +589,7 @@ async fn session(
                     }
                 }
                 let stop = pump::transmit(&mut core, &mut plane);
+                pump::settle(&core, queues);
                 let done = finished && core.ready_frames() == 0;
                 if done || Instant::now() >= until || stop == Stop::Failed {
                     break;
@@ -608,7 +613,10 @@ async fn session(
                 // counted as `shutdown` below.
                 core.finish(pump::unix_ns());
                 let _ = pump::transmit(&mut core, &mut plane);
+                pump::settle(&core, queues);
             }
+            // What is left was not sent: counted as `shutdown`, not settled, so the log
+            // sources read those lines again after a restart.
             core.drop_pending(DropReason::Shutdown);
             drain_sends(&mut plane).await;
             let session_faults = sync_faults(stats);
@@ -640,6 +648,7 @@ async fn session(
         }
         SessionEnd::Lost(why) => {
             core.drop_pending(DropReason::NotConnected);
+            pump::settle(&core, queues);
             drain_sends(&mut plane).await;
             sync_faults(stats);
             let fin = core.final_sequences();

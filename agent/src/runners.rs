@@ -7,14 +7,16 @@
 //!   ([`SelfMetrics::to_records`]);
 //! - logs: one thread per `sources.logs` entry running a [`LogTailer`]. It reads at most as
 //!   many lines as the queue has room for (the file is the buffer, so a slow sender costs no
-//!   memory and loses no line), and it checkpoints offsets only once every line it offered has
-//!   been handed to the framer ([`Handoff`]), so a restart neither loses nor repeats lines
-//!   before the UC hop.
+//!   memory and loses no line), and its checkpoints cover only the lines the sender has
+//!   settled — sent, or dropped and counted for a reason other than `shutdown` ([`Handoff`],
+//!   per-line offsets from [`LogTailer::settle`]) — so a restart neither loses nor repeats
+//!   lines before the UC hop, even when it stops in the middle of a backlog.
 //!
 //! No loop ever blocks on the sender: a full queue is a counted `source_overflow`.
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,26 +31,36 @@ use crate::sources::host::{HostMetrics, HostMetricsConfig, HostPaths};
 use crate::sources::logs::{self, LogEvent, LogSourceConfig, LogSourceCounts, LogTailer};
 use crate::stream::Stream;
 
-/// Counts records offered to the logs queue and records handed from it to the framer.
-/// The queue is FIFO, so once `handed ≥ m` every record offered before the offer count
-/// reached `m` is in the framer.
+/// Hand-off accounting of the logs queue, in queue (FIFO) positions: records offered to the
+/// queue by the tailers, taken from it by the sender, and *settled* by the sender.
+///
+/// A record is settled once its fate cannot change: posted in a frame, or dropped and counted
+/// for any reason but `shutdown` (DESIGN.md §7: lines handed to the framer are never read
+/// again; lines still waiting when the agent stops are). The sender handles records in queue
+/// order, so it reports settlement as a watermark: every record up to position
+/// [`Handoff::settled`] is settled. Once [`Handoff::close`] is called the sender has stopped
+/// and the watermark is final.
 #[derive(Debug, Default)]
 pub struct Handoff {
     offered: AtomicU64,
-    handed: AtomicU64,
+    taken: AtomicU64,
+    settled: AtomicU64,
+    closed: AtomicBool,
     /// Makes "append to the queue" and "count as offered" one step, so that with several
     /// tailers the offered count follows queue order.
     order: std::sync::Mutex<()>,
 }
 
 impl Handoff {
-    /// Records `n` more offered records; returns the new offered total (the caller's mark).
+    /// Records `n` more offered records; returns the new offered total (the caller's mark:
+    /// the queue position of the last of them).
     pub fn offered(&self, n: u64) -> u64 {
         self.offered.fetch_add(n, Ordering::AcqRel) + n
     }
 
     /// Offers `records` to `queue` and counts those accepted as offered, as one step.
-    /// Returns `(accepted, mark)`.
+    /// Returns `(accepted, mark)`; the accepted records are the first `accepted` of
+    /// `records`, at queue positions `mark − accepted + 1 ..= mark`.
     pub fn offer<T>(&self, queue: &RecordQueue<T>, records: Vec<T>) -> (u64, u64) {
         let _order = self
             .order
@@ -59,15 +71,77 @@ impl Handoff {
         (accepted, self.offered(accepted))
     }
 
-    /// Records `n` more records handed to the framer (or accounted as dropped by the sender).
-    pub fn handed(&self, n: u64) {
-        self.handed.fetch_add(n, Ordering::AcqRel);
+    /// Records `n` more records taken from the queue by the sender.
+    pub fn taken(&self, n: u64) {
+        self.taken.fetch_add(n, Ordering::AcqRel);
     }
 
-    /// Whether every record offered up to `mark` was handed on.
-    pub fn reached(&self, mark: u64) -> bool {
-        self.handed.load(Ordering::Acquire) >= mark
+    /// Records taken from the queue so far.
+    pub fn taken_total(&self) -> u64 {
+        self.taken.load(Ordering::Acquire)
     }
+
+    /// Every record taken so far is settled except the last `unsettled` ones (the sender's
+    /// pending records, [`crate::sender::core::SenderCore::unsettled_records`]). The
+    /// watermark never moves back.
+    pub fn settle(&self, unsettled: u64) {
+        let to = self.taken_total().saturating_sub(unsettled);
+        self.settled.fetch_max(to, Ordering::AcqRel);
+    }
+
+    /// Queue position up to which every record is settled.
+    pub fn settled(&self) -> u64 {
+        self.settled.load(Ordering::Acquire)
+    }
+
+    /// Whether every record offered up to `mark` was settled.
+    pub fn reached(&self, mark: u64) -> bool {
+        self.settled() >= mark
+    }
+
+    /// The sender stopped for good: [`Handoff::settled`] is final.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    /// Whether [`Handoff::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+}
+
+/// One offer of a tailer's poll output to the logs queue, for turning the queue's settled
+/// watermark back into the tailer's records ([`LogTailer::settle`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Offered {
+    /// Queue position of the last accepted record.
+    mark: u64,
+    /// Records accepted by the queue (the first ones of the poll output).
+    accepted: u64,
+    /// Records of the poll output (the rest were refused: `source_overflow`).
+    total: u64,
+    /// Accepted records already reported settled to the tailer.
+    settled: u64,
+}
+
+/// Settles, oldest first, the tailer records of `offers` that the queue watermark `settled`
+/// covers; returns how many tailer records became settled. Refused records of an offer are
+/// settled with its last accepted one, so the tailer's records settle in the order it
+/// returned them.
+fn settle_offers(offers: &mut VecDeque<Offered>, settled: u64) -> u64 {
+    let mut n = 0;
+    while let Some(o) = offers.front_mut() {
+        let first = o.mark - o.accepted; // position before the first accepted record
+        let done = settled.saturating_sub(first).min(o.accepted);
+        n += done - o.settled;
+        o.settled = done;
+        if done < o.accepted {
+            break;
+        }
+        n += o.total - o.accepted;
+        offers.pop_front();
+    }
+    n
 }
 
 /// The queues between the sources and the sender.
@@ -301,12 +375,20 @@ impl LogMetrics {
     }
 }
 
-/// Longest wait at shutdown for the sender to take the last offered lines before the final
-/// checkpoint is skipped (those lines are then read again after a restart).
+/// Longest wait at shutdown for the sender to settle the last offered lines (or to stop)
+/// before the final checkpoint.
 pub const LOG_HANDOFF_GRACE: Duration = Duration::from_secs(10);
 
+/// Least time between two checkpoints while lines are still unsettled (each one is a write,
+/// fsync and rename).
+const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
+
 /// Runs one log tailer on the calling thread until `shutdown`, then writes a final checkpoint
-/// once the sender has taken every offered line (bounded by [`LOG_HANDOFF_GRACE`]).
+/// once the sender has settled every offered line or stopped (bounded by
+/// [`LOG_HANDOFF_GRACE`]).
+///
+/// Checkpoints cover only settled lines ([`Handoff`]): a line still queued, or framed but not
+/// sent, when the agent stops is read again after a restart, and a line sent is not.
 #[allow(clippy::needless_pass_by_value)]
 pub fn log_tailer_loop(
     mut tailer: LogTailer,
@@ -316,22 +398,32 @@ pub fn log_tailer_loop(
     metrics: LogMetrics,
     shutdown: Shutdown,
 ) {
+    let handoff = &queues.logs_handoff;
     let mut mark: u64 = 0;
-    let mut checkpointed_mark: Option<u64> = None;
+    let mut offers: VecDeque<Offered> = VecDeque::new();
+    // Tailer records settled since the last checkpoint, and when that was.
+    let mut fresh: u64 = 0;
+    let mut last_checkpoint: Option<Instant> = None;
     let mut before = tailer.counts().clone();
     let mut last_files: i64 = 0;
     let mut out = Vec::new();
     let checkpoint = |tailer: &LogTailer| {
-        if let Err(e) = tailer.checkpoint() {
+        if let Err(e) = tailer.checkpoint_settled() {
             metrics.checkpoint_errors.inc();
             tracing::warn!(error = %e, "log checkpoint failed; the previous one stays in force");
         }
     };
     while !shutdown.is_triggered() {
-        // Commit what the framer has taken.
-        if checkpointed_mark != Some(mark) && queues.logs_handoff.reached(mark) {
+        // Commit what the sender has settled.
+        let n = settle_offers(&mut offers, handoff.settled());
+        tailer.settle(usize::try_from(n).unwrap_or(usize::MAX));
+        fresh += n;
+        let due =
+            offers.is_empty() || last_checkpoint.is_none_or(|t| t.elapsed() >= CHECKPOINT_INTERVAL);
+        if fresh > 0 && due {
             checkpoint(&tailer);
-            checkpointed_mark = Some(mark);
+            fresh = 0;
+            last_checkpoint = Some(Instant::now());
         }
         let room = queues.logs.vacancy();
         let mut more = false;
@@ -344,10 +436,14 @@ pub fn log_tailer_loop(
             }
             if !out.is_empty() {
                 let n = out.len() as u64;
-                let (accepted, m) = queues
-                    .logs_handoff
-                    .offer(&queues.logs, std::mem::take(&mut out));
+                let (accepted, m) = handoff.offer(&queues.logs, std::mem::take(&mut out));
                 mark = m;
+                offers.push_back(Offered {
+                    mark: m,
+                    accepted,
+                    total: n,
+                    settled: 0,
+                });
                 if accepted < n {
                     stats.dropped(Stream::Logs, DropReason::SourceOverflow, 0, n - accepted);
                 }
@@ -371,14 +467,20 @@ pub fn log_tailer_loop(
             std::thread::sleep((until - Instant::now()).min(Duration::from_millis(50)));
         }
     }
+    // Let the sender settle what it can (it sends the queued lines within its own grace),
+    // then commit exactly what it settled.
     let deadline = Instant::now() + LOG_HANDOFF_GRACE;
-    while !queues.logs_handoff.reached(mark) && Instant::now() < deadline {
+    while !handoff.reached(mark) && !handoff.is_closed() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
-    if queues.logs_handoff.reached(mark) {
-        checkpoint(&tailer);
-    } else {
-        tracing::warn!("sender did not take the last log lines in time; they will be read again after a restart");
+    let n = settle_offers(&mut offers, handoff.settled());
+    tailer.settle(usize::try_from(n).unwrap_or(usize::MAX));
+    checkpoint(&tailer);
+    if tailer.unsettled() > 0 {
+        tracing::info!(
+            lines = tailer.unsettled(),
+            "log lines read but not sent before shutdown are not checkpointed; they are read again after a restart"
+        );
     }
     metrics.files.sub(last_files);
 }
@@ -442,11 +544,46 @@ mod tests {
         let m2 = h.offered(2);
         assert_eq!((m1, m2), (3, 5));
         assert!(!h.reached(m1));
-        h.handed(3);
+        // Taken but still pending in the sender: not settled.
+        h.taken(4);
+        h.settle(4);
+        assert!(!h.reached(1));
+        h.settle(1);
         assert!(h.reached(m1));
         assert!(!h.reached(m2));
-        h.handed(2);
+        // The watermark never moves back.
+        h.settle(4);
+        assert_eq!(h.settled(), 3);
+        h.taken(1);
+        h.settle(0);
         assert!(h.reached(m2));
+        assert!(!h.is_closed());
+        h.close();
+        assert!(h.is_closed());
+    }
+
+    #[test]
+    fn offers_settle_in_order_with_refused_records_after_their_offer() {
+        let o = |mark, accepted, total| Offered {
+            mark,
+            accepted,
+            total,
+            settled: 0,
+        };
+        // Offer A: 3 records at positions 1..=3; offer B: 4 records, 2 accepted at 4..=5.
+        let mut offers: VecDeque<Offered> = [o(3, 3, 3), o(5, 2, 4)].into();
+        assert_eq!(settle_offers(&mut offers, 0), 0);
+        assert_eq!(settle_offers(&mut offers, 2), 2);
+        assert_eq!(settle_offers(&mut offers, 2), 0, "nothing twice");
+        assert_eq!(settle_offers(&mut offers, 4), 2);
+        assert_eq!(offers.len(), 1);
+        // The last accepted record of B settles B's refused ones with it.
+        assert_eq!(settle_offers(&mut offers, 5), 3);
+        assert!(offers.is_empty());
+        // An offer the queue refused whole is settled when it comes first.
+        let mut offers: VecDeque<Offered> = [o(5, 0, 7)].into();
+        assert_eq!(settle_offers(&mut offers, 5), 7);
+        assert!(offers.is_empty());
     }
 
     #[test]

@@ -77,7 +77,8 @@ pub enum DropReason {
     NotConnected,
     /// The transport refused or failed the post (send queue full at the QP, QP in error).
     TransportError,
-    /// Records still queued when the agent shut down.
+    /// Records still queued (or framed but not sent) when the agent shut down. Log lines
+    /// dropped so are not checkpointed: the log sources read them again after a restart.
     Shutdown,
 }
 

@@ -842,6 +842,119 @@ async fn shutdown_during_a_log_backlog_sends_it_or_counts_it() {
     assert_eq!(got.len() as u64, stats.records_sent(Stream::Logs));
 }
 
+/// The log lines of a session's frames, in stream order.
+fn log_lines(s: &support::Session) -> Vec<String> {
+    let mut frames: Vec<_> = s
+        .frames
+        .iter()
+        .filter(|(_, f)| matches!(f.payload, Payload::Logs(_)))
+        .collect();
+    frames.sort_by_key(|(_, f)| f.header.stream_seq);
+    frames
+        .into_iter()
+        .filter_map(|(_, f)| match &f.payload {
+            Payload::Logs(b) => Some(b.records.iter().map(|r| r.message.clone())),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_after_a_shutdown_during_a_log_backlog_delivers_every_line_exactly_once() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let log = dir.path().join("burst.log");
+    let lines: Vec<String> = (0..20000)
+        .map(|i| format!("backlog line {i:05} {}", "z".repeat(60)))
+        .collect();
+    std::fs::write(&log, lines.join("\n") + "\n").unwrap_or_else(|e| panic!("{e}"));
+
+    // Run 1: a slow collector (4 credits, a report every 100 ms), stopped early; the shutdown
+    // grace cannot drain the backlog.
+    let mut slow = support::start(support::FakeConfig {
+        credit_window: 4,
+        report_interval: Duration::from_millis(100),
+        ..support::FakeConfig::default()
+    })
+    .await;
+    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
+    let (trigger, shutdown) = uctel_common::shutdown::channel();
+    let agent = tokio::spawn(run_with(
+        config(slow.addr, dir.path(), ""),
+        Options {
+            stats: Some(stats.clone()),
+            metrics_listener: None,
+        },
+        shutdown,
+    ));
+    wait_until("the backlog started", Duration::from_secs(10), || {
+        stats.records_sent(Stream::Logs) >= 100
+    })
+    .await;
+    trigger.trigger();
+    tokio::time::timeout(Duration::from_secs(30), agent)
+        .await
+        .unwrap_or_else(|_| panic!("agent did not stop"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let s1 = slow
+        .sessions
+        .recv()
+        .await
+        .unwrap_or_else(|| panic!("no session"));
+    assert!(s1.violations.is_empty(), "{:?}", s1.violations);
+    let first = log_lines(&s1);
+    let left_behind = stats.records_dropped(Stream::Logs, DropReason::Shutdown);
+    assert!(left_behind > 0, "the backlog was drained: nothing to test");
+    assert_eq!(first.len() as u64, stats.records_sent(Stream::Logs));
+    assert!((first.len() as u64) < 20000);
+
+    // Run 2: same state directory, a fast collector: the lines never sent come now, once.
+    let mut fast = support::start(support::FakeConfig::default()).await;
+    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
+    let (trigger, shutdown) = uctel_common::shutdown::channel();
+    let agent = tokio::spawn(run_with(
+        config(fast.addr, dir.path(), ""),
+        Options {
+            stats: Some(stats.clone()),
+            metrics_listener: None,
+        },
+        shutdown,
+    ));
+    let rest = 20000 - first.len() as u64;
+    wait_until("the rest of the file", Duration::from_secs(30), || {
+        stats.records_sent(Stream::Logs) >= rest
+    })
+    .await;
+    // Anything more (a repeat) would arrive with the lines just counted.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    trigger.trigger();
+    tokio::time::timeout(Duration::from_secs(30), agent)
+        .await
+        .unwrap_or_else(|_| panic!("agent did not stop"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let s2 = fast
+        .sessions
+        .recv()
+        .await
+        .unwrap_or_else(|| panic!("no session"));
+    assert!(s2.violations.is_empty(), "{:?}", s2.violations);
+    let second = log_lines(&s2);
+    assert_eq!(stats.records_dropped_all(Stream::Logs), 0);
+
+    // Together: every written line, in order, none twice.
+    let delivered: Vec<String> = first.iter().chain(second.iter()).cloned().collect();
+    assert_eq!(
+        delivered.len(),
+        lines.len(),
+        "run 1 sent {}, left {left_behind} behind; run 2 sent {}",
+        first.len(),
+        second.len()
+    );
+    assert!(delivered == lines, "lines lost, repeated or out of order");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frames_are_capped_at_the_path_mtu() {
     let mut fake = support::start(support::FakeConfig {

@@ -224,7 +224,7 @@ fn configuration_errors_are_reported() {
 
     let mut c = config(dir.path(), "a.log");
     c.state_file = None;
-    let t = LogTailer::new(c).expect("no state file");
+    let mut t = LogTailer::new(c).expect("no state file");
     t.checkpoint().expect("no-op without a state file");
 }
 
@@ -293,4 +293,96 @@ fn restart_from_checkpoint_neither_repeats_nor_skips() {
     // Restart again with nothing new: nothing is delivered.
     let mut t = LogTailer::new(config(dir.path(), "a.log")).expect("tailer");
     assert_eq!(drain(&mut t, &mut clock), Vec::<String>::new());
+}
+
+/// The state file's entry for `ino`, if any.
+fn state_entry(dir: &Path, ino: u64) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(dir.join("state.json")).expect("read state");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("json");
+    json["files"]
+        .as_array()
+        .and_then(|files| files.iter().find(|e| e["ino"] == ino).cloned())
+}
+
+#[test]
+fn checkpoint_of_settled_lines_resumes_at_the_first_unsettled_line_of_each_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = dir.path().join("a.log");
+    let b = dir.path().join("b.log");
+    append(&a, "a 0\na 1\na 2\n");
+    // b's second line is longer than max_line_bytes (100): cut, its rest discarded.
+    append(&b, &format!("b 0\n{}\nb 2\nb 3\n", "L".repeat(150)));
+    {
+        let mut t = LogTailer::new(config(dir.path(), "*.log")).expect("tailer");
+        let got = poll(&mut t, Instant::now(), 100);
+        assert_eq!(got.len(), 7);
+        assert_eq!(got[4], "L".repeat(100));
+        assert_eq!(t.unsettled(), 7);
+        // a's lines and b's first line were sent; the cut line and what follows were not.
+        t.settle(4);
+        assert_eq!(t.unsettled(), 3);
+        t.checkpoint_settled().expect("checkpoint");
+        let entry =
+            state_entry(dir.path(), std::fs::metadata(&b).expect("stat").ino()).expect("b's entry");
+        assert_eq!(entry["offset"], 4, "the start of the cut line");
+        assert_eq!(entry["discarding"], false);
+    }
+    append(&a, "a 3\n");
+    let mut t = LogTailer::new(config(dir.path(), "*.log")).expect("tailer");
+    let mut expected = vec!["a 3".to_owned(), "L".repeat(100)];
+    expected.extend(["b 2".to_owned(), "b 3".to_owned()]);
+    assert_eq!(poll(&mut t, Instant::now(), 100), expected);
+    assert_eq!(t.counts().get(LogEvent::LineTruncated), 1);
+}
+
+#[test]
+fn unsettled_lines_of_a_truncated_generation_resume_at_the_start_of_the_new_content() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("a.log");
+    append(&log, "old 0\nold 1\nold 2\n");
+    {
+        let mut t = LogTailer::new(config(dir.path(), "a.log")).expect("tailer");
+        let t0 = Instant::now();
+        assert_eq!(poll(&mut t, t0, 100), vec!["old 0", "old 1", "old 2"]);
+        OpenOptions::new()
+            .write(true)
+            .open(&log)
+            .and_then(|f| f.set_len(0))
+            .expect("truncate");
+        append(&log, "new 0\nnew 1\n");
+        assert_eq!(poll(&mut t, t0, 100), vec!["new 0", "new 1"]);
+        // Only "old 0" was sent: "old 1" and "old 2" are gone with the truncation, and all
+        // of the new content is still to be sent.
+        t.settle(1);
+        t.checkpoint_settled().expect("checkpoint");
+    }
+    let mut t = LogTailer::new(config(dir.path(), "a.log")).expect("tailer");
+    assert_eq!(poll(&mut t, Instant::now(), 100), vec!["new 0", "new 1"]);
+}
+
+#[test]
+fn a_closed_file_keeps_its_entry_while_lines_read_from_it_are_unsettled() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("app.log");
+    append(&log, "one\ntwo\n");
+    let ino = std::fs::metadata(&log).expect("stat").ino();
+    let mut t = LogTailer::new(config(dir.path(), "app.log")).expect("tailer");
+    let t0 = Instant::now();
+    assert_eq!(poll(&mut t, t0, 100), vec!["one", "two"]);
+    // create-rotation: the old inode is read to its end and closed after rotate_wait.
+    std::fs::rename(&log, dir.path().join("app.log.1")).expect("rename");
+    append(&log, "three\n");
+    assert_eq!(
+        poll(&mut t, t0 + Duration::from_secs(1), 100),
+        vec!["three"]
+    );
+    assert!(poll(&mut t, t0 + Duration::from_secs(7), 100).is_empty());
+    assert_eq!(t.counts().files_closed, 1);
+    t.settle(1);
+    t.checkpoint_settled().expect("checkpoint");
+    let entry = state_entry(dir.path(), ino).expect("the closed file's entry");
+    assert_eq!(entry["offset"], 4, "the start of \"two\"");
+    t.settle(2);
+    t.checkpoint_settled().expect("checkpoint");
+    assert!(state_entry(dir.path(), ino).is_none());
 }

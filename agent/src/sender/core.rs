@@ -87,6 +87,9 @@ pub struct Transmit {
     pub stream_seq: u64,
     /// Records in the frame.
     pub records: u32,
+    /// Push index (0-based, per stream, in this pipeline) of the frame's first record; see
+    /// [`SenderCore::unsettled_records`].
+    pub first_record: u64,
     /// The whole frame, header and payload.
     pub bytes: Vec<u8>,
 }
@@ -128,14 +131,17 @@ pub struct FinalSequences {
 struct Pending {
     bytes: Vec<u8>,
     records: u32,
+    /// Push index of the first record (meaningless when `records` is 0).
+    first: u64,
 }
 
-impl From<BuiltFrame> for Pending {
-    fn from(f: BuiltFrame) -> Self {
+impl Pending {
+    fn new(f: BuiltFrame, first: u64) -> Self {
         let records = f.records();
         Pending {
             bytes: f.into_bytes(),
             records,
+            first,
         }
     }
 }
@@ -149,6 +155,13 @@ struct StreamState {
     /// When the open frame got its first record.
     open_since: Option<Instant>,
     ready: VecDeque<Pending>,
+    /// Records pushed (every push call, refused records included): the next push index.
+    pushed: u64,
+    /// Push index of the open frame's first record.
+    open_first: Option<u64>,
+    /// Push index of the oldest record dropped as `shutdown`: from there on nothing is
+    /// settled.
+    abandoned_from: Option<u64>,
     next_stream_seq: u64,
     totals: StreamTotals,
     /// Last time a frame of this stream was posted (or the epoch started).
@@ -190,6 +203,9 @@ impl SenderCore {
             flush_after: config.flush_after[s.index()],
             open_since: None,
             ready: VecDeque::new(),
+            pushed: 0,
+            open_first: None,
+            abandoned_from: None,
             next_stream_seq: config.first_stream_seq,
             totals: StreamTotals::default(),
             last_sent: now,
@@ -288,14 +304,18 @@ impl SenderCore {
 
     fn after_push(&mut self, stream: Stream, outcome: PushOutcome, now: Instant) {
         let st = &mut self.streams[stream.index()];
+        let index = st.pushed;
+        st.pushed += 1;
         match outcome {
             PushOutcome::Appended => {
                 st.open_since.get_or_insert(now);
+                st.open_first.get_or_insert(index);
             }
             PushOutcome::Closed(frame) => {
                 // The pushed record opened the next frame.
                 st.open_since = Some(now);
-                st.ready.push_back(frame.into());
+                let first = st.open_first.replace(index).unwrap_or(index);
+                st.ready.push_back(Pending::new(frame, first));
             }
             PushOutcome::Rejected(why) => {
                 let reason = match why {
@@ -316,8 +336,9 @@ impl SenderCore {
         };
         let st = &mut self.streams[stream.index()];
         st.open_since = None;
+        let first = st.open_first.take().unwrap_or(st.pushed);
         if let Some(f) = frame {
-            st.ready.push_back(f.into());
+            st.ready.push_back(Pending::new(f, first));
         }
     }
 
@@ -352,7 +373,8 @@ impl SenderCore {
                         Stream::Logs => self.logs_framer.heartbeat(unix_ns),
                     };
                     let st = &mut self.streams[s.index()];
-                    st.ready.push_back(hb.into());
+                    let first = st.pushed;
+                    st.ready.push_back(Pending::new(hb, first));
                     // Counts as activity so one heartbeat goes out per idle period even if
                     // it is then dropped for lack of credit.
                     st.last_sent = now;
@@ -454,6 +476,7 @@ impl SenderCore {
                         conn_seq,
                         stream_seq,
                         records: pending.records,
+                        first_record: pending.first,
                         bytes,
                     });
                 }
@@ -490,6 +513,7 @@ impl SenderCore {
         st.ready.push_front(Pending {
             bytes: t.bytes,
             records: t.records,
+            first: t.first_record,
         });
         self.frames_posted = self.frames_posted.saturating_sub(1);
         self.last_conn_seq = (self.frames_posted > 0).then(|| t.conn_seq.wrapping_sub(1));
@@ -533,13 +557,13 @@ impl SenderCore {
     /// Closes every stream for this epoch: the open frame, or an empty frame, goes out
     /// flagged `LAST_OF_EPOCH` (DESIGN.md §3) after whatever is already queued.
     pub fn finish(&mut self, unix_ns: u64) {
-        let m = self.metrics_framer.finish_epoch(unix_ns);
-        self.streams[Stream::Metrics.index()]
-            .ready
-            .push_back(m.into());
-        let l = self.logs_framer.finish_epoch(unix_ns);
-        self.streams[Stream::Logs.index()].ready.push_back(l.into());
-        for st in &mut self.streams {
+        let frames = [
+            self.metrics_framer.finish_epoch(unix_ns),
+            self.logs_framer.finish_epoch(unix_ns),
+        ];
+        for (st, f) in self.streams.iter_mut().zip(frames) {
+            let first = st.open_first.take().unwrap_or(st.pushed);
+            st.ready.push_back(Pending::new(f, first));
             st.open_since = None;
         }
     }
@@ -563,9 +587,47 @@ impl SenderCore {
         self.streams.iter().map(|s| s.ready.len()).sum()
     }
 
+    /// Push index of the oldest record of `stream` still pending (in a ready or the open
+    /// frame), or the next push index when none is.
+    fn oldest_pending(&self, stream: Stream) -> u64 {
+        let st = &self.streams[stream.index()];
+        st.ready
+            .iter()
+            .find(|p| p.records > 0)
+            .map(|p| p.first)
+            .or(st.open_first)
+            .unwrap_or(st.pushed)
+    }
+
+    /// How many of the records pushed on `stream` are not *settled*, counted back from the
+    /// newest: every record pushed before them was posted in a frame or dropped and counted
+    /// for a reason other than `shutdown`; from the oldest record still pending (or dropped
+    /// as `shutdown`) on, nothing is known settled. Frames leave a stream in push order, so
+    /// only records refused at push time can be settled out of order (they are counted as
+    /// unsettled while an older record is pending).
+    ///
+    /// The log sources checkpoint only settled lines: a line dropped at shutdown is read again
+    /// after a restart, a line posted is not (DESIGN.md §7).
+    pub fn unsettled_records(&self, stream: Stream) -> u64 {
+        let st = &self.streams[stream.index()];
+        let from = self
+            .oldest_pending(stream)
+            .min(st.abandoned_from.unwrap_or(u64::MAX));
+        st.pushed - from.min(st.pushed)
+    }
+
     /// Drops everything still pending (open and ready frames) with `reason`, counting it.
+    /// Records dropped as [`DropReason::Shutdown`] stay unsettled
+    /// ([`SenderCore::unsettled_records`]).
     pub fn drop_pending(&mut self, reason: DropReason) {
         for s in Stream::ALL {
+            if reason == DropReason::Shutdown {
+                let from = self.oldest_pending(s);
+                let st = &mut self.streams[s.index()];
+                if from < st.pushed {
+                    st.abandoned_from = Some(st.abandoned_from.map_or(from, |a| a.min(from)));
+                }
+            }
             self.flush(s);
             let st = &mut self.streams[s.index()];
             let frames = st.ready.len() as u64;
@@ -951,6 +1013,65 @@ mod tests {
     }
 
     #[test]
+    fn settlement_follows_the_oldest_pending_record_and_shutdown_never_settles() {
+        let t0 = Instant::now();
+        let sm = stats();
+        let mut core =
+            SenderCore::new(&config(8), 1, t0, sm.clone()).unwrap_or_else(|e| panic!("{e}"));
+        // Frame A: records 0..=1, sent.
+        core.push_log(&log("a0"), t0, 1);
+        core.push_log(&log("a1"), t0, 1);
+        core.flush(Stream::Logs);
+        assert_eq!(core.unsettled_records(Stream::Logs), 2);
+        let (tx, _) = drain(&mut core, t0);
+        assert_eq!((tx.len(), tx[0].first_record), (1, 0));
+        assert_eq!(core.unsettled_records(Stream::Logs), 0);
+        // Record 2 pending in the open frame; record 3 refused (settled, but after a
+        // pending one); record 4 pending.
+        core.push_log(&log("b2"), t0, 1);
+        let mut huge = log("m");
+        huge.source = "/".repeat(600);
+        core.push_log(&huge, t0, 1);
+        core.push_log(&log("b4"), t0, 1);
+        assert_eq!(sm.records_dropped(Stream::Logs, DropReason::Oversize), 1);
+        assert_eq!(core.unsettled_records(Stream::Logs), 3);
+        // A requeued frame stays the oldest pending one.
+        core.flush(Stream::Logs);
+        let Poll::Transmit(t) = core.poll_transmit(t0, 1) else {
+            panic!("expected a transmit")
+        };
+        assert_eq!(t.first_record, 2);
+        core.requeue(t);
+        assert_eq!(core.unsettled_records(Stream::Logs), 3);
+        // Dropped at shutdown: counted, and still unsettled (read again after a restart).
+        core.push_log(&log("c5"), t0, 1);
+        core.drop_pending(DropReason::Shutdown);
+        assert_eq!(core.pending_records(Stream::Logs), 0);
+        assert_eq!(sm.records_dropped(Stream::Logs, DropReason::Shutdown), 3);
+        assert_eq!(core.unsettled_records(Stream::Logs), 4);
+        // Metrics are tracked the same way; a drop for another reason settles.
+        core.push_metric(&metric(0), t0, 1);
+        core.drop_pending(DropReason::NotConnected);
+        assert_eq!(core.unsettled_records(Stream::Metrics), 0);
+        assert_eq!(core.unsettled_records(Stream::Logs), 4);
+    }
+
+    #[test]
+    fn records_dropped_for_lack_of_credit_are_settled() {
+        let t0 = Instant::now();
+        let mut core =
+            SenderCore::new(&config(1), 1, t0, stats()).unwrap_or_else(|e| panic!("{e}"));
+        for i in 0..3 {
+            core.push_log(&log(&format!("{i}")), t0, 1);
+            core.flush(Stream::Logs);
+        }
+        let (tx, _) = drain(&mut core, t0);
+        assert_eq!(tx.len(), 1);
+        assert_eq!(core.pending_records(Stream::Logs), 0);
+        assert_eq!(core.unsettled_records(Stream::Logs), 0);
+    }
+
+    #[test]
     fn waiting_stream_takes_no_records_it_could_not_send() {
         let t0 = Instant::now();
         let sm = stats();
@@ -1171,8 +1292,17 @@ mod proptests {
                 }
                 prop_assert!(core.credits.outstanding() <= 6);
             }
+            for s in Stream::ALL {
+                // Pending records are never counted as settled.
+                prop_assert!(core.unsettled_records(s) >= core.pending_records(s));
+            }
+            let unsettled = Stream::ALL.map(|s| core.unsettled_records(s));
             core.finish(2);
             core.drop_pending(DropReason::Shutdown);
+            for s in Stream::ALL {
+                // What shutdown drops stays unsettled.
+                prop_assert_eq!(core.unsettled_records(s), unsettled[s.index()]);
+            }
             // Contiguous sequences across the u64 wrap, cumulative counts consistent.
             for (i, t) in posted.iter().enumerate() {
                 prop_assert_eq!(t.conn_seq, (u64::MAX - 10).wrapping_add(i as u64));

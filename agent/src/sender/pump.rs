@@ -37,7 +37,8 @@ pub trait FrameSink {
 }
 
 /// Moves queued records into `core` while it wants them. Log records taken are reported to
-/// the hand-off counter (so the log sources may checkpoint them).
+/// the hand-off accounting; [`settle`] then tells the log sources which of them they may
+/// checkpoint.
 pub fn pull(core: &mut SenderCore, queues: &Queues, stats: &SelfMetrics) {
     let now = Instant::now();
     let ns = unix_ns();
@@ -61,10 +62,22 @@ pub fn pull(core: &mut SenderCore, queues: &Queues, stats: &SelfMetrics) {
         handed += 1;
     }
     if handed > 0 {
-        queues.logs_handoff.handed(handed);
+        queues.logs_handoff.taken(handed);
     }
     stats.set_queue_records(Stream::Metrics, queues.metrics.len());
     stats.set_queue_records(Stream::Logs, queues.logs.len());
+}
+
+/// Reports to the log sources how far the log records taken from the queue are settled
+/// (posted, or dropped for a reason other than `shutdown`):
+/// [`crate::runners::Handoff::settle`] with the pipeline's
+/// [`SenderCore::unsettled_records`]. Call it after [`pull`] / [`transmit`] and after
+/// dropping pending records; the watermark never moves back, and records dropped as
+/// `shutdown` never count as settled.
+pub fn settle(core: &SenderCore, queues: &Queues) {
+    queues
+        .logs_handoff
+        .settle(core.unsettled_records(Stream::Logs));
 }
 
 /// Drops every queued metric sample with `reason` (while there is no connection: a sample
@@ -79,8 +92,8 @@ pub fn discard_queued_metrics(queues: &Queues, stats: &SelfMetrics, reason: Drop
     stats.set_queue_records(Stream::Metrics, 0);
 }
 
-/// Drops every queued record with `reason` (at shutdown), keeping the hand-off accounting
-/// of the logs queue so the tailers can write their final checkpoints.
+/// Drops every queued record with `reason` (at shutdown). The log lines among them are not
+/// settled: the log sources do not checkpoint them, and read them again after a restart.
 pub fn discard_queued(queues: &Queues, stats: &SelfMetrics, reason: DropReason) {
     let m = queues.metrics.take_all().len() as u64;
     if m > 0 {
@@ -89,7 +102,6 @@ pub fn discard_queued(queues: &Queues, stats: &SelfMetrics, reason: DropReason) 
     let l = queues.logs.take_all().len() as u64;
     if l > 0 {
         stats.dropped(Stream::Logs, reason, 0, l);
-        queues.logs_handoff.handed(l);
     }
     stats.set_queue_records(Stream::Metrics, 0);
     stats.set_queue_records(Stream::Logs, 0);

@@ -60,18 +60,28 @@
 //!
 //! # Checkpoint and delivery guarantee
 //!
-//! [`LogTailer::checkpoint`] writes, for every followed file, `(path, dev, inode, offset)` plus a
-//! fingerprint of its first bytes to [`LogSourceConfig::state_file`] (JSON, written to a
-//! temporary file, fsynced and renamed over the old one). The offset is the end of the last line
-//! returned by [`LogTailer::poll`] (a buffered partial line is not included; it is read again
-//! after a restart).
+//! Every record returned by [`LogTailer::poll`] carries, inside the tailer, the position of
+//! its line: file `(dev, inode)`, the file's generation (bumped at each truncation) and the
+//! offset of the line's first byte. The caller reports, oldest first, the records that are
+//! *settled* — handed on for good — with [`LogTailer::settle`];
+//! [`LogTailer::checkpoint_settled`] then writes, for every followed file, `(path, dev, inode,
+//! offset)` plus a fingerprint of its first bytes to [`LogSourceConfig::state_file`] (JSON,
+//! written to a temporary file, fsynced and renamed over the old one). The offset is the
+//! start of the file's first unsettled line, or, when every line read from the file is
+//! settled, the end of the last line returned (a buffered partial line is not included; it is
+//! read again after a restart). An unsettled line of an older generation was truncated away:
+//! the file then resumes at 0. A file closed (rotated away, removed) while lines read from it
+//! are unsettled keeps its entry until they are. [`LogTailer::checkpoint`] settles everything
+//! returned so far and writes.
 //!
-//! The caller decides when lines are committed: call `checkpoint()` after the records returned
-//! by earlier polls have been handed to the framer. Lines returned but not yet checkpointed when
-//! the agent dies are delivered again after a restart (at-least-once up to the framer); once a
-//! line is checkpointed it is never read again, and from the framer on, delivery over UC is
-//! at-most-once (loss is counted by the collector, never retransmitted). With a checkpoint after
-//! every hand-off and one at shutdown, a restart neither repeats nor skips lines.
+//! The agent settles a line once it is posted in a frame or dropped and counted for a reason
+//! other than `shutdown` (`runners::Handoff`); lines still queued or framed when it stops are
+//! read again after a restart. Lines returned but not yet checkpointed when the agent dies
+//! (a crash, SIGKILL) are delivered again after a restart (at-least-once up to the framer);
+//! once a line is checkpointed it is never read again, and from the framer on, delivery over
+//! UC is at-most-once (loss is counted by the collector, never retransmitted). With
+//! checkpoints of settled lines and a final one at shutdown, a restart neither repeats nor
+//! skips lines.
 //!
 //! On start, a file whose `(dev, inode)` is in the state file and whose first bytes still match
 //! resumes at the saved offset (at 0 if it is now shorter: truncated while the agent was down).
@@ -90,7 +100,7 @@
 //! that is written faster than the budget delays the files after it.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::io::{ErrorKind, Write};
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -312,13 +322,19 @@ pub enum LineEnd {
 }
 
 /// Splits a byte stream into lines (sans-IO). Holds at most `max_line_bytes` bytes of an
-/// unfinished line.
+/// unfinished line. Tracks the stream offset of the next byte fed ([`LineSplitter::position`])
+/// so that every emitted line comes with the offset of its first byte (where reading must
+/// resume to read that line again).
 #[derive(Debug, Clone)]
 pub struct LineSplitter {
     max_line_bytes: usize,
     partial: Vec<u8>,
     partial_since: Option<Instant>,
+    /// Stream offset of the first byte of `partial`.
+    partial_start: u64,
     discarding: bool,
+    /// Stream offset of the next byte to be fed.
+    pos: u64,
 }
 
 /// Result of [`LineSplitter::feed`].
@@ -340,8 +356,23 @@ impl LineSplitter {
             max_line_bytes: max_line_bytes.max(1),
             partial: Vec::new(),
             partial_since: None,
+            partial_start: 0,
             discarding: false,
+            pos: 0,
         }
+    }
+
+    /// The same splitter, with the next byte fed at stream offset `offset` (where reading
+    /// starts or resumes).
+    #[must_use]
+    pub fn at(mut self, offset: u64) -> Self {
+        self.pos = offset;
+        self
+    }
+
+    /// Stream offset of the next byte to be fed.
+    pub fn position(&self) -> u64 {
+        self.pos
     }
 
     /// A splitter resuming in the middle of an over-long line (from a checkpoint).
@@ -362,23 +393,28 @@ impl LineSplitter {
         self.discarding
     }
 
-    /// Forgets any partial line and discard state (after the file was truncated).
+    /// Forgets any partial line and discard state, and restarts at offset 0 (after the file
+    /// was truncated).
     pub fn reset(&mut self) {
         self.partial.clear();
         self.partial_since = None;
         self.discarding = false;
+        self.pos = 0;
     }
 
-    /// Consumes `chunk`, calling `emit` for each line, and stops after `max_lines` lines;
-    /// unconsumed bytes must be fed again. `now` starts the partial-line timer.
+    /// Consumes `chunk` (the bytes at [`LineSplitter::position`] onwards), calling
+    /// `emit(line, end, start)` for each line, `start` being the stream offset of the line's
+    /// first byte; stops after `max_lines` lines; unconsumed bytes must be fed again. `now`
+    /// starts the partial-line timer.
     pub fn feed(
         &mut self,
         chunk: &[u8],
         now: Instant,
         max_lines: usize,
-        emit: &mut dyn FnMut(&[u8], LineEnd),
+        emit: &mut dyn FnMut(&[u8], LineEnd, u64),
     ) -> Fed {
         let mut fed = Fed::default();
+        let base = self.pos;
         let mut i = 0;
         while i < chunk.len() {
             let rest = &chunk[i..];
@@ -402,12 +438,13 @@ impl LineSplitter {
             let room = self.max_line_bytes - self.partial.len();
             // A newline at index `room` still ends a line of exactly max_line_bytes.
             let window = &rest[..rest.len().min(room + 1)];
+            let here = base + i as u64;
             if let Some(p) = window.iter().position(|&b| b == b'\n') {
                 if self.partial.is_empty() {
-                    emit(&rest[..p], LineEnd::Newline);
+                    emit(&rest[..p], LineEnd::Newline, here);
                 } else {
                     self.partial.extend_from_slice(&rest[..p]);
-                    emit(&self.partial, LineEnd::Newline);
+                    emit(&self.partial, LineEnd::Newline, self.partial_start);
                     self.partial.clear();
                     self.partial_since = None;
                 }
@@ -415,10 +452,13 @@ impl LineSplitter {
                 i += p + 1;
             } else if rest.len() > room {
                 // Over-long: cut at max_line_bytes, on a UTF-8 boundary where possible.
+                if self.partial.is_empty() {
+                    self.partial_start = here;
+                }
                 self.partial.extend_from_slice(&rest[..room]);
                 let cut = utf8_cut(&self.partial);
                 fed.discarded += self.partial.len() - cut;
-                emit(&self.partial[..cut], LineEnd::Cut);
+                emit(&self.partial[..cut], LineEnd::Cut, self.partial_start);
                 self.partial.clear();
                 self.partial_since = None;
                 self.discarding = true;
@@ -427,12 +467,14 @@ impl LineSplitter {
             } else {
                 if self.partial.is_empty() {
                     self.partial_since = Some(now);
+                    self.partial_start = here;
                 }
                 self.partial.extend_from_slice(rest);
                 i = chunk.len();
             }
         }
         fed.consumed = i;
+        self.pos = base + i as u64;
         fed
     }
 
@@ -442,7 +484,7 @@ impl LineSplitter {
         &mut self,
         now: Instant,
         timeout: Duration,
-        emit: &mut dyn FnMut(&[u8], LineEnd),
+        emit: &mut dyn FnMut(&[u8], LineEnd, u64),
     ) -> bool {
         match self.partial_since {
             Some(since)
@@ -455,11 +497,11 @@ impl LineSplitter {
     }
 
     /// Emits the partial line now, if any. Returns whether a line was emitted.
-    pub fn flush(&mut self, emit: &mut dyn FnMut(&[u8], LineEnd)) -> bool {
+    pub fn flush(&mut self, emit: &mut dyn FnMut(&[u8], LineEnd, u64)) -> bool {
         if self.partial.is_empty() {
             return false;
         }
-        emit(&self.partial, LineEnd::Flushed);
+        emit(&self.partial, LineEnd::Flushed, self.partial_start);
         self.partial.clear();
         self.partial_since = None;
         true
@@ -690,6 +732,8 @@ struct Tracked {
     orphaned_at: Option<Instant>,
     at_eof: bool,
     seq: u64,
+    /// Bumped at every truncation: offsets of an older generation name bytes that are gone.
+    generation: u64,
 }
 
 impl Tracked {
@@ -698,6 +742,25 @@ impl Tracked {
         self.read_offset
             .saturating_sub(self.splitter.partial_len() as u64)
     }
+}
+
+/// Where a record returned by [`LogTailer::poll`] came from: its file, the file's generation,
+/// and the offset of the line's first byte (where reading resumes to read it again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RecordPos {
+    id: FileId,
+    generation: u64,
+    start: u64,
+}
+
+/// A file closed (rotated away or removed) while records read from it were not settled yet:
+/// its checkpoint entry is kept until they are.
+#[derive(Debug, Clone)]
+struct Retired {
+    id: FileId,
+    source: String,
+    head: Vec<u8>,
+    generation: u64,
 }
 
 /// Follows log files; see the module documentation.
@@ -713,6 +776,11 @@ pub struct LogTailer {
     next_seq: u64,
     counts: LogSourceCounts,
     buf: Vec<u8>,
+    /// Positions of the records returned by `poll` and not settled yet, oldest first (kept
+    /// only with a state file).
+    unsettled: VecDeque<RecordPos>,
+    /// Closed files some unsettled record came from.
+    retired: Vec<Retired>,
 }
 
 impl LogTailer {
@@ -780,6 +848,8 @@ impl LogTailer {
             next_seq: 0,
             counts: LogSourceCounts::default(),
             buf: Vec::new(),
+            unsettled: VecDeque::new(),
+            retired: Vec::new(),
         })
     }
 
@@ -849,7 +919,10 @@ impl LogTailer {
                     timestamp_ns,
                     &mut budget,
                     &mut buf,
-                    out,
+                    Emitted {
+                        out,
+                        positions: &mut self.unsettled,
+                    },
                     &mut self.counts,
                     &mut stats,
                 );
@@ -864,37 +937,109 @@ impl LogTailer {
         if full_scan {
             self.close_orphans(now, timestamp_ns, out, &mut budget);
         }
+        if self.config.state_file.is_none() {
+            // Nothing to checkpoint: no positions to keep.
+            self.unsettled.clear();
+            self.retired.clear();
+        }
         stats.records = out.len() - start_len;
         stats.bytes = (self.config.max_bytes_per_poll - budget.bytes) as u64;
         stats.files = self.files.len();
         stats
     }
 
-    /// Writes the committed offset of every followed file to the state file (temporary file,
-    /// fsync, rename). Call it after the records of earlier polls were handed to the framer;
-    /// see the module documentation for the guarantee. No state file configured → no-op.
+    /// Records returned by [`LogTailer::poll`] and not settled yet (only counted with a state
+    /// file).
+    pub fn unsettled(&self) -> usize {
+        self.unsettled.len()
+    }
+
+    /// The oldest `n` records returned by [`LogTailer::poll`] and not settled yet are settled:
+    /// handed on for good (sent, or dropped and counted for a reason that a restart would not
+    /// undo). [`LogTailer::checkpoint_settled`] moves past them; lines never settled are read
+    /// again after a restart.
+    pub fn settle(&mut self, n: usize) {
+        let n = n.min(self.unsettled.len());
+        self.unsettled.drain(..n);
+        if !self.retired.is_empty() {
+            let pending: HashSet<FileId> = self.unsettled.iter().map(|p| p.id).collect();
+            self.retired.retain(|r| pending.contains(&r.id));
+        }
+    }
+
+    /// Settles every record returned so far and writes the state file: a restart resumes after
+    /// the last line returned by [`LogTailer::poll`]. Call it once those records were handed
+    /// on; see the module documentation. No state file configured → no-op.
     ///
     /// # Errors
     /// [`CheckpointError`] when the file cannot be written; the previous one stays valid.
-    pub fn checkpoint(&self) -> Result<(), CheckpointError> {
+    pub fn checkpoint(&mut self) -> Result<(), CheckpointError> {
+        self.settle(self.unsettled.len());
+        self.checkpoint_settled()
+    }
+
+    /// Writes the state file (temporary file, fsync, rename) so that a restart resumes at the
+    /// first unsettled line of each file ([`LogTailer::settle`]), or after the last line read
+    /// where every record read from it is settled. A file closed while records read from it
+    /// were unsettled keeps its entry until they are. No state file configured → no-op.
+    ///
+    /// # Errors
+    /// [`CheckpointError`] when the file cannot be written; the previous one stays valid.
+    pub fn checkpoint_settled(&self) -> Result<(), CheckpointError> {
         let Some(path) = &self.config.state_file else {
             return Ok(());
         };
-        let state = StateFile {
-            version: STATE_VERSION,
-            files: self
-                .files
-                .iter()
-                .map(|t| StateEntry {
+        // The first unsettled record of each file.
+        let mut first: HashMap<FileId, RecordPos> = HashMap::new();
+        for p in &self.unsettled {
+            first.entry(p.id).or_insert(*p);
+        }
+        // Resume where the first unsettled line started; a line of an older generation was
+        // truncated away, so everything of the current one is read again.
+        let resume = |id: FileId, generation: u64| {
+            first.get(&id).map(|p| {
+                if p.generation == generation {
+                    p.start
+                } else {
+                    0
+                }
+            })
+        };
+        let mut files: Vec<StateEntry> = self
+            .files
+            .iter()
+            .map(|t| {
+                let (offset, discarding) = match resume(t.id, t.generation) {
+                    Some(start) => (start, false),
+                    None => (t.committed_offset(), t.splitter.is_discarding()),
+                };
+                StateEntry {
                     path: t.source.clone(),
                     dev: t.id.dev,
                     ino: t.id.ino,
-                    offset: t.committed_offset(),
-                    discarding: t.splitter.is_discarding(),
+                    offset,
+                    discarding,
                     head_len: t.head.len(),
                     head_hash: fnv1a64(&t.head),
-                })
-                .collect(),
+                }
+            })
+            .collect();
+        for r in &self.retired {
+            if let Some(offset) = resume(r.id, r.generation) {
+                files.push(StateEntry {
+                    path: r.source.clone(),
+                    dev: r.id.dev,
+                    ino: r.id.ino,
+                    offset,
+                    discarding: false,
+                    head_len: r.head.len(),
+                    head_hash: fnv1a64(&r.head),
+                });
+            }
+        }
+        let state = StateFile {
+            version: STATE_VERSION,
+            files,
         };
         let err = |source| CheckpointError {
             path: path.clone(),
@@ -1082,7 +1227,8 @@ impl LogTailer {
             LineSplitter::discarding(self.config.max_line_bytes)
         } else {
             LineSplitter::new(self.config.max_line_bytes)
-        };
+        }
+        .at(offset);
         self.counts.files_opened += 1;
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -1098,6 +1244,7 @@ impl LogTailer {
             orphaned_at: None,
             at_eof: false,
             seq,
+            generation: 0,
         });
     }
 
@@ -1111,6 +1258,8 @@ impl LogTailer {
         let rotate_wait = self.config.rotate_wait;
         let max_line = self.config.max_line_bytes;
         let counts = &mut self.counts;
+        let unsettled = &mut self.unsettled;
+        let retired = &mut self.retired;
         self.files.retain_mut(|t| {
             let expired = t
                 .orphaned_at
@@ -1122,11 +1271,25 @@ impl LogTailer {
                 if budget.records == 0 {
                     return true;
                 }
+                let (id, generation) = (t.id, t.generation);
                 let source = t.source.clone();
-                t.splitter.flush(&mut |line, end| {
+                t.splitter.flush(&mut |line, end, start| {
                     push_record(out, counts, &source, timestamp_ns, max_line, line, end);
+                    unsettled.push_back(RecordPos {
+                        id,
+                        generation,
+                        start,
+                    });
                 });
                 budget.records -= 1;
+            }
+            if unsettled.iter().any(|p| p.id == t.id) {
+                retired.push(Retired {
+                    id: t.id,
+                    source: t.source.clone(),
+                    head: t.head.clone(),
+                    generation: t.generation,
+                });
             }
             counts.files_closed += 1;
             false
@@ -1210,6 +1373,13 @@ fn push_record(
     });
 }
 
+/// Where [`service`] puts what it reads: the records, and in the same order where each
+/// started.
+struct Emitted<'a> {
+    out: &'a mut Vec<LogRecord>,
+    positions: &'a mut VecDeque<RecordPos>,
+}
+
 /// Reads one file within the budget. Returns whether data was left unread because of the
 /// budget.
 #[allow(clippy::too_many_arguments)]
@@ -1220,11 +1390,13 @@ fn service(
     timestamp_ns: u64,
     budget: &mut Budget,
     buf: &mut [u8],
-    out: &mut Vec<LogRecord>,
+    emitted: Emitted<'_>,
     counts: &mut LogSourceCounts,
     stats: &mut PollStats,
 ) -> bool {
     let max_line = config.max_line_bytes;
+    let Emitted { out, positions } = emitted;
+    let id = t.id;
     let size = match t.file.metadata() {
         Ok(m) => m.len(),
         Err(e) => {
@@ -1250,8 +1422,14 @@ fn service(
         counts.truncated_unread_bytes += t.last_size.saturating_sub(t.read_offset);
         if budget.records > 0 {
             let source = t.source.clone();
-            if t.splitter.flush(&mut |line, end| {
-                push_record(out, counts, &source, timestamp_ns, max_line, line, end)
+            let generation = t.generation;
+            if t.splitter.flush(&mut |line, end, start| {
+                push_record(out, counts, &source, timestamp_ns, max_line, line, end);
+                positions.push_back(RecordPos {
+                    id,
+                    generation,
+                    start,
+                });
             }) {
                 budget.records -= 1;
             }
@@ -1259,7 +1437,9 @@ fn service(
         t.splitter.reset();
         t.read_offset = 0;
         t.head.clear();
+        t.generation += 1;
     }
+    let generation = t.generation;
 
     let mut more = false;
     t.at_eof = false;
@@ -1285,8 +1465,13 @@ fn service(
         let source = &t.source;
         let fed = t
             .splitter
-            .feed(&chunk[..n], now, budget.records, &mut |line, end| {
+            .feed(&chunk[..n], now, budget.records, &mut |line, end, start| {
                 push_record(out, counts, source, timestamp_ns, max_line, line, end);
+                positions.push_back(RecordPos {
+                    id,
+                    generation,
+                    start,
+                });
             });
         t.read_offset += fed.consumed as u64;
         counts.bytes_read += fed.consumed as u64;
@@ -1301,8 +1486,13 @@ fn service(
     if t.at_eof && budget.records > 0 {
         let source = &t.source;
         if t.splitter
-            .flush_if_stale(now, config.partial_line_timeout, &mut |line, end| {
+            .flush_if_stale(now, config.partial_line_timeout, &mut |line, end, start| {
                 push_record(out, counts, source, timestamp_ns, max_line, line, end);
+                positions.push_back(RecordPos {
+                    id,
+                    generation,
+                    start,
+                });
             })
         {
             budget.records -= 1;
@@ -1333,7 +1523,7 @@ mod tests {
         max_lines: usize,
     ) -> (Vec<(Vec<u8>, LineEnd)>, Fed) {
         let mut lines = Vec::new();
-        let fed = s.feed(chunk, Instant::now(), max_lines, &mut |l, e| {
+        let fed = s.feed(chunk, Instant::now(), max_lines, &mut |l, e, _| {
             lines.push((l.to_vec(), e))
         });
         (lines, fed)
@@ -1416,20 +1606,51 @@ mod tests {
     }
 
     #[test]
+    fn lines_come_with_the_offset_of_their_first_byte() {
+        let mut starts = Vec::new();
+        let mut s = LineSplitter::new(4).at(100);
+        let mut emit = |l: &[u8], e: LineEnd, start: u64| starts.push((l.to_vec(), e, start));
+        // "ab\n" at 100, "cd" + "e\n" at 103 (split over two feeds), "fghijk\n" cut at 4,
+        // its rest discarded, "z" flushed at 114.
+        s.feed(b"ab\ncd", Instant::now(), 10, &mut emit);
+        s.feed(b"e\nfghijk\nz", Instant::now(), 10, &mut emit);
+        assert_eq!(s.position(), 115);
+        s.flush(&mut emit);
+        assert_eq!(
+            starts,
+            vec![
+                (b"ab".to_vec(), LineEnd::Newline, 100),
+                (b"cde".to_vec(), LineEnd::Newline, 103),
+                (b"fghi".to_vec(), LineEnd::Cut, 107),
+                (b"z".to_vec(), LineEnd::Flushed, 114),
+            ]
+        );
+        // A cut of a line that began in an earlier feed starts where the line began.
+        let mut starts = Vec::new();
+        let mut s = LineSplitter::new(4);
+        let mut emit = |l: &[u8], e: LineEnd, start: u64| starts.push((l.to_vec(), e, start));
+        s.feed(b"x\nab", Instant::now(), 10, &mut emit);
+        s.feed(b"cdef\n", Instant::now(), 10, &mut emit);
+        assert_eq!(starts.last(), Some(&(b"abcd".to_vec(), LineEnd::Cut, 2)));
+        s.reset();
+        assert_eq!(s.position(), 0);
+    }
+
+    #[test]
     fn partial_flushes_after_timeout_only() {
         let mut s = LineSplitter::new(100);
         let t0 = Instant::now();
-        s.feed(b"half", t0, 10, &mut |_, _| panic!("no line yet"));
+        s.feed(b"half", t0, 10, &mut |_, _, _| panic!("no line yet"));
         let mut got = Vec::new();
         assert!(!s.flush_if_stale(
             t0 + Duration::from_millis(999),
             Duration::from_secs(1),
-            &mut |l, e| got.push((l.to_vec(), e))
+            &mut |l, e, _| got.push((l.to_vec(), e))
         ));
         assert!(s.flush_if_stale(
             t0 + Duration::from_secs(1),
             Duration::from_secs(1),
-            &mut |l, e| got.push((l.to_vec(), e))
+            &mut |l, e, _| got.push((l.to_vec(), e))
         ));
         assert_eq!(got, vec![(b"half".to_vec(), LineEnd::Flushed)]);
         assert_eq!(s.partial_len(), 0);
