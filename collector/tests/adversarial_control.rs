@@ -613,20 +613,14 @@ async fn absurd_goodbye_sequences_do_not_poison_loss_counters() {
     let lost = |text: &str, stream: u32| {
         sample(
             text,
-            &format!(
-                "uctel_collector_frames_lost_total{{agent=\"liar\",stream=\"{}\"}}",
-                uctel_protocol::stream::label(stream)
-            ),
+            &format!("uctel_collector_frames_lost_total{{agent=\"liar\",stream=\"{stream}\"}}"),
         )
         .unwrap_or(0.0)
     };
     let records_lost = |text: &str, stream: u32| {
         sample(
             text,
-            &format!(
-                "uctel_collector_records_lost_total{{agent=\"liar\",stream=\"{}\"}}",
-                uctel_protocol::stream::label(stream)
-            ),
+            &format!("uctel_collector_records_lost_total{{agent=\"liar\",stream=\"{stream}\"}}"),
         )
         .unwrap_or(0.0)
     };
@@ -637,12 +631,13 @@ async fn absurd_goodbye_sequences_do_not_poison_loss_counters() {
         )
         .unwrap_or(0.0)
     };
-    // 1. Ten frames on stream 1, then a Goodbye claiming fewer (smaller than received) and,
-    //    for stream 2 (never seen), u64::MAX.
+    // Stream ids 11 and 12: their `stream` label is the number.
+    // 1. Ten frames on stream 11, then a Goodbye claiming fewer (smaller than received) and,
+    //    for stream 12 (never seen), u64::MAX.
     let mut agent = TestAgent::connect(addr, AgentOptions::new("liar"))
         .await
         .unwrap();
-    let mut metrics = MetricStream::new(1);
+    let mut metrics = MetricStream::new(11);
     for step in 0..10 {
         agent.send(metrics.frame(step, 1)).await;
     }
@@ -651,7 +646,7 @@ async fn absurd_goodbye_sequences_do_not_poison_loss_counters() {
         let text = running.render_metrics().ok()?;
         (sample(
             &text,
-            "uctel_collector_frames_received_total{agent=\"liar\",stream=\"metrics\"}",
+            "uctel_collector_frames_received_total{agent=\"liar\",stream=\"11\"}",
         ) == Some(10.0))
         .then_some(())
     })
@@ -659,24 +654,28 @@ async fn absurd_goodbye_sequences_do_not_poison_loss_counters() {
     agent
         .goodbye(vec![
             StreamFinal {
-                stream_id: 1,
+                stream_id: 11,
                 final_stream_seq: Some(3),
                 final_record_count: 4,
             },
             StreamFinal {
-                stream_id: 2,
+                stream_id: 12,
                 final_stream_seq: Some(u64::MAX),
                 final_record_count: u64::MAX,
             },
         ])
         .await;
     let text = running.render_metrics().unwrap();
-    assert_eq!(lost(&text, 1), 0.0, "{text}");
-    assert!(lost(&text, 2) <= 3001.0, "stream 2 lost {}", lost(&text, 2));
+    assert_eq!(lost(&text, 11), 0.0, "{text}");
     assert!(
-        records_lost(&text, 2) <= 3001.0 * 1024.0,
-        "stream 2 records lost {}",
-        records_lost(&text, 2)
+        lost(&text, 12) <= 3001.0,
+        "stream 12 lost {}",
+        lost(&text, 12)
+    );
+    assert!(
+        records_lost(&text, 12) <= 3001.0 * 1024.0,
+        "stream 12 records lost {}",
+        records_lost(&text, 12)
     );
     // 2. No frames at all, final_conn_seq u64::MAX and a stream 2^62 frames ahead of what
     //    arrived.
@@ -684,7 +683,7 @@ async fn absurd_goodbye_sequences_do_not_poison_loss_counters() {
     ch.send(Goodbye {
         final_conn_seq: Some(u64::MAX),
         streams: vec![StreamFinal {
-            stream_id: 1,
+            stream_id: 11,
             final_stream_seq: Some(u64::MAX - 1),
             final_record_count: u64::MAX,
         }],
@@ -697,12 +696,12 @@ async fn absurd_goodbye_sequences_do_not_poison_loss_counters() {
     let mut agent = TestAgent::connect(addr, AgentOptions::new("liar"))
         .await
         .unwrap();
-    let mut metrics = MetricStream::new(1);
+    let mut metrics = MetricStream::new(11);
     agent.send(metrics.frame(0, 1)).await;
     agent.flush().await;
     agent
         .goodbye(vec![StreamFinal {
-            stream_id: 1,
+            stream_id: 11,
             final_stream_seq: Some(1 << 62),
             final_record_count: 1 << 62,
         }])
@@ -712,18 +711,18 @@ async fn absurd_goodbye_sequences_do_not_poison_loss_counters() {
     let mut agent = TestAgent::connect(addr, AgentOptions::new("liar"))
         .await
         .unwrap();
-    let mut metrics = MetricStream::new(1);
+    let mut metrics = MetricStream::new(11);
     agent.send(metrics.frame(0, 1)).await;
     let _skipped = metrics.frame(1, 1);
     agent.send(metrics.frame(2, 1)).await;
     agent.goodbye(vec![metrics.final_state()]).await;
     let after = running.render_metrics().unwrap();
     for (what, b, a) in [
-        ("frames_lost", lost(&before, 1), lost(&after, 1)),
+        ("frames_lost", lost(&before, 11), lost(&after, 11)),
         (
             "records_lost",
-            records_lost(&before, 1),
-            records_lost(&after, 1),
+            records_lost(&before, 11),
+            records_lost(&after, 11),
         ),
         (
             "connection_frames_lost",
@@ -734,7 +733,7 @@ async fn absurd_goodbye_sequences_do_not_poison_loss_counters() {
         assert!(a >= b, "{what} went down: {b} -> {a}");
         assert!(a < 1e9, "{what} = {a}: a lying Goodbye was counted as loss");
     }
-    assert_eq!(lost(&after, 1) - lost(&before, 1), 1.0);
+    assert_eq!(lost(&after, 11) - lost(&before, 11), 1.0);
     running.stop().await.unwrap();
 }
 
