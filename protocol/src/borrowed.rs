@@ -23,7 +23,7 @@
 //! and asks prost's decoder for the error, so the error value (with prost's field path) is
 //! exactly the owned decoder's.
 
-use prost::encoding::{decode_key, decode_varint, WireType};
+use prost::encoding::WireType;
 
 use crate::limits::{Limit, Limits};
 use crate::payload::{
@@ -117,8 +117,14 @@ impl<'v> MetricParts for MetricView<'v> {
     fn buckets(&self) -> &[Bucket] {
         self.buckets
     }
+    fn value(&self) -> f64 {
+        self.value
+    }
     fn count(&self) -> u64 {
         self.count
+    }
+    fn sum(&self) -> f64 {
+        self.sum
     }
 }
 
@@ -145,7 +151,8 @@ struct Entry<'a> {
     sum: f64,
 }
 
-/// A decoded `MetricBatch` whose strings borrow from the payload (`'a`).
+/// A decoded `MetricBatch` whose strings borrow from the payload (`'a`). It only ever holds
+/// validated records (empty after a failed decode).
 ///
 /// Reuse one per connection: [`MetricBatchView::decode_into`] clears it and decodes the
 /// next payload; [`MetricBatchView::recycle`] moves the (empty) allocations to a view of
@@ -178,8 +185,48 @@ fn expect(actual: WireType, expected: WireType) -> Parsed<()> {
     }
 }
 
+/// A base-128 varint as prost's `decode_varint` reads it: at most 10 bytes, and a 10th byte
+/// above 1 overflows 64 bits (both malformed).
+#[inline]
 fn varint(buf: &mut &[u8]) -> Parsed<u64> {
-    decode_varint(buf).map_err(|_| Malformed)
+    if let Some((&b, rest)) = buf.split_first() {
+        if b < 0x80 {
+            *buf = rest;
+            return Ok(u64::from(b));
+        }
+    }
+    let mut value = 0u64;
+    for (i, &b) in buf.iter().take(10).enumerate() {
+        value |= u64::from(b & 0x7f) << (7 * i);
+        if b < 0x80 {
+            if i == 9 && b > 1 {
+                return Err(Malformed);
+            }
+            *buf = buf.get(i + 1..).ok_or(Malformed)?;
+            return Ok(value);
+        }
+    }
+    Err(Malformed)
+}
+
+/// A field key as prost's `decode_key` reads it: a varint of at most 32 bits, wire type
+/// 0..=5, tag at least 1.
+#[inline]
+fn decode_key(buf: &mut &[u8]) -> Parsed<(u32, WireType)> {
+    let key = u32::try_from(varint(buf)?).map_err(|_| Malformed)?;
+    let wire_type = match key & 7 {
+        0 => WireType::Varint,
+        1 => WireType::SixtyFourBit,
+        2 => WireType::LengthDelimited,
+        3 => WireType::StartGroup,
+        4 => WireType::EndGroup,
+        5 => WireType::ThirtyTwoBit,
+        _ => return Err(Malformed),
+    };
+    match key >> 3 {
+        0 => Err(Malformed),
+        tag => Ok((tag, wire_type)),
+    }
 }
 
 fn advance(buf: &mut &[u8], len: u64) -> Parsed<()> {
@@ -239,7 +286,7 @@ fn skip(wire_type: WireType, tag: u32, buf: &mut &[u8], depth: u32) -> Parsed<()
             advance(buf, len)
         }
         WireType::StartGroup => loop {
-            let (inner_tag, inner_type) = decode_key(buf).map_err(|_| Malformed)?;
+            let (inner_tag, inner_type) = decode_key(buf)?;
             if inner_type == WireType::EndGroup {
                 return if inner_tag == tag {
                     Ok(())
@@ -259,7 +306,7 @@ fn label<'a>(mut buf: &'a [u8], depth: u32) -> Parsed<LabelView<'a>> {
         value: "",
     };
     while !buf.is_empty() {
-        let (tag, wire_type) = decode_key(&mut buf).map_err(|_| Malformed)?;
+        let (tag, wire_type) = decode_key(&mut buf)?;
         match tag {
             1 => label.name = string(wire_type, &mut buf)?,
             2 => label.value = string(wire_type, &mut buf)?,
@@ -272,7 +319,7 @@ fn label<'a>(mut buf: &'a [u8], depth: u32) -> Parsed<LabelView<'a>> {
 fn bucket(mut buf: &[u8], depth: u32) -> Parsed<Bucket> {
     let mut bucket = Bucket::default();
     while !buf.is_empty() {
-        let (tag, wire_type) = decode_key(&mut buf).map_err(|_| Malformed)?;
+        let (tag, wire_type) = decode_key(&mut buf)?;
         match tag {
             1 => bucket.upper_bound = double(wire_type, &mut buf)?,
             2 => bucket.cumulative_count = varint_field(wire_type, &mut buf)?,
@@ -320,25 +367,34 @@ impl<'a> MetricBatchView<'a> {
     /// # Errors
     /// As [`crate::payload::decode_metric_batch`], with the same value for the same input:
     /// [`PayloadError::Batch`], [`PayloadError::Protobuf`], [`PayloadError::Record`]. On
-    /// error the batch holds unspecified (valid) records.
+    /// error the batch is empty: a `MetricBatchView` only ever holds records that passed
+    /// [`validate_metric_view`] (consumers may rely on it).
     pub fn decode_into(&mut self, payload: &'a [u8], limits: &Limits) -> Result<(), PayloadError> {
-        self.metrics.clear();
-        self.labels.clear();
-        self.buckets.clear();
+        self.clear();
         limits
             .check(
                 Limit::FrameBytes,
                 payload.len().saturating_add(crate::frame::HEADER_LEN),
             )
             .map_err(PayloadError::Batch)?;
-        match self.parse(payload, limits) {
+        let result = match self.parse(payload, limits) {
             Ok((count, _)) if count > limits.max_records_per_frame => limits
                 .check(Limit::RecordsPerFrame, count)
                 .map_err(PayloadError::Batch),
             Ok((_, Some(e))) => Err(e),
             Ok((_, None)) => Ok(()),
             Err(Malformed) => Err(prost_error(payload, limits)),
+        };
+        if result.is_err() {
+            self.clear();
         }
+        result
+    }
+
+    fn clear(&mut self) {
+        self.metrics.clear();
+        self.labels.clear();
+        self.buckets.clear();
     }
 
     /// Parses every record; keeps and validates the first `max_records_per_frame`. Returns
@@ -352,7 +408,7 @@ impl<'a> MetricBatchView<'a> {
         let mut count = 0usize;
         let mut first_error = None;
         while !buf.is_empty() {
-            let (tag, wire_type) = decode_key(&mut buf).map_err(|_| Malformed)?;
+            let (tag, wire_type) = decode_key(&mut buf)?;
             if tag != 1 {
                 skip(wire_type, tag, &mut buf, RECURSION_LIMIT)?;
                 continue;
@@ -386,7 +442,7 @@ impl<'a> MetricBatchView<'a> {
         let buckets_start = index(self.buckets.len())?;
         let mut m = Entry::default();
         while !buf.is_empty() {
-            let (tag, wire_type) = decode_key(&mut buf).map_err(|_| Malformed)?;
+            let (tag, wire_type) = decode_key(&mut buf)?;
             match tag {
                 1 => m.name = string(wire_type, &mut buf)?,
                 2 => m.help = string(wire_type, &mut buf)?,
@@ -669,6 +725,15 @@ mod tests {
             MetricBatchView::decode(&broken, &limits),
             Err(PayloadError::Protobuf { .. })
         ));
+        // A name that ends inside a character whose other bytes are the next field's key:
+        // the metric body is valid UTF-8 as a whole, the name is not.
+        let body = [0x0a, 0x01, 0xe2, 0x82, 0x82, 0x01, 0x00];
+        let mut payload = vec![0x0a, body.len() as u8];
+        payload.extend_from_slice(&body);
+        assert!(std::str::from_utf8(&body).is_ok());
+        let err = MetricBatchView::decode(&payload, &limits).unwrap_err();
+        assert!(matches!(err, PayloadError::Protobuf { .. }), "{err}");
+        assert_eq!(Err(err), decode_metric_batch(&payload, &limits));
         // Invalid UTF-8 in a label value.
         let payload = [0x0a, 0x05, 0x22, 0x03, 0x12, 0x01, 0xff];
         let err = MetricBatchView::decode(&payload, &limits).unwrap_err();
@@ -864,6 +929,25 @@ mod tests {
             let bytes = encode_metric_batch(&MetricBatch { metrics });
             agree(&bytes, &Limits::default())?;
             agree(&damage(bytes, &edits), &limits)?;
+        }
+
+        /// Varints and keys read as prost reads them: same value, same length, same failures.
+        #[test]
+        fn varints_and_keys_follow_prost(
+            bytes in proptest::collection::vec(prop_oneof![0x80u8..=0xff, any::<u8>()], 0..13),
+        ) {
+            let (mut ours, mut theirs) = (&bytes[..], &bytes[..]);
+            let a = varint(&mut ours).ok();
+            let b = prost::encoding::decode_varint(&mut theirs).ok();
+            prop_assert_eq!(a, b);
+            if a.is_some() {
+                prop_assert_eq!(ours.len(), theirs.len());
+            }
+            let (mut ours, mut theirs) = (&bytes[..], &bytes[..]);
+            prop_assert_eq!(
+                decode_key(&mut ours).ok(),
+                prost::encoding::decode_key(&mut theirs).ok()
+            );
         }
 
         /// Arbitrary bytes, mostly garbage.

@@ -227,24 +227,56 @@ pub enum PayloadError {
     },
 }
 
+/// Byte classes of the Prometheus name grammars, one bit each (a table lookup per byte
+/// instead of several range tests: names are checked for every sample).
+const METRIC_START: u8 = 1;
+const METRIC_CONTINUE: u8 = 2;
+const LABEL_START: u8 = 4;
+const LABEL_CONTINUE: u8 = 8;
+
+const NAME_CLASSES: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut i = 0;
+    while i < 256 {
+        let b = i as u8;
+        let alpha = b.is_ascii_alphabetic() || b == b'_';
+        let digit = b.is_ascii_digit();
+        let mut class = 0;
+        if alpha || b == b':' {
+            class |= METRIC_START | METRIC_CONTINUE;
+        }
+        if digit {
+            class |= METRIC_CONTINUE | LABEL_CONTINUE;
+        }
+        if alpha {
+            class |= LABEL_START | LABEL_CONTINUE;
+        }
+        table[i] = class;
+        i += 1;
+    }
+    table
+};
+
+/// True when `name` is non-empty, its first byte has class `start` and every other byte
+/// class `rest`.
+fn name_matches(name: &str, start: u8, rest: u8) -> bool {
+    let class = |b: &u8| NAME_CLASSES[usize::from(*b)]; // a u8 always indexes 256 entries
+    match name.as_bytes().split_first() {
+        Some((first, tail)) => {
+            class(first) & start != 0 && tail.iter().fold(rest, |all, b| all & class(b)) != 0
+        }
+        None => false,
+    }
+}
+
 /// `[a-zA-Z_:][a-zA-Z0-9_:]*`
 pub fn is_valid_metric_name(name: &str) -> bool {
-    let mut bytes = name.bytes();
-    match bytes.next() {
-        Some(b) if b.is_ascii_alphabetic() || b == b'_' || b == b':' => {}
-        _ => return false,
-    }
-    bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b':')
+    name_matches(name, METRIC_START, METRIC_CONTINUE)
 }
 
 /// `[a-zA-Z_][a-zA-Z0-9_]*` and not starting with `__`.
 pub fn is_valid_label_name(name: &str) -> bool {
-    let mut bytes = name.bytes();
-    match bytes.next() {
-        Some(b) if b.is_ascii_alphabetic() || b == b'_' => {}
-        _ => return false,
-    }
-    !name.starts_with("__") && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    name_matches(name, LABEL_START, LABEL_CONTINUE) && !name.starts_with("__")
 }
 
 /// Read access to a label, owned ([`Label`]) or borrowed
@@ -281,8 +313,40 @@ pub trait MetricParts {
     fn labels(&self) -> &[Self::Label];
     /// Histogram buckets.
     fn buckets(&self) -> &[Bucket];
+    /// Counter or gauge value.
+    fn value(&self) -> f64;
     /// Histogram count.
     fn count(&self) -> u64;
+    /// Histogram sum.
+    fn sum(&self) -> f64;
+}
+
+impl<M: MetricParts + ?Sized> MetricParts for &M {
+    type Label = M::Label;
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    fn help(&self) -> &str {
+        (**self).help()
+    }
+    fn kind(&self) -> i32 {
+        (**self).kind()
+    }
+    fn labels(&self) -> &[M::Label] {
+        (**self).labels()
+    }
+    fn buckets(&self) -> &[Bucket] {
+        (**self).buckets()
+    }
+    fn value(&self) -> f64 {
+        (**self).value()
+    }
+    fn count(&self) -> u64 {
+        (**self).count()
+    }
+    fn sum(&self) -> f64 {
+        (**self).sum()
+    }
 }
 
 impl MetricParts for Metric {
@@ -302,8 +366,14 @@ impl MetricParts for Metric {
     fn buckets(&self) -> &[Bucket] {
         &self.buckets
     }
+    fn value(&self) -> f64 {
+        self.value
+    }
     fn count(&self) -> u64 {
         self.count
+    }
+    fn sum(&self) -> f64 {
+        self.sum
     }
 }
 
@@ -638,6 +708,25 @@ mod tests {
         }
         for bad in ["", "9", "a:b", "__name__", "__", "a-b", "ü"] {
             assert!(!is_valid_label_name(bad), "{bad}");
+        }
+    }
+
+    proptest::proptest! {
+        /// The byte-class tables say what the grammars say, byte by byte.
+        #[test]
+        fn grammar_tables_match_the_grammar(name in "[a-zA-Z0-9_:. é-]{0,6}|\\PC{0,4}") {
+            let metric_start = |b: u8| b.is_ascii_alphabetic() || b == b'_' || b == b':';
+            let metric_rest = |b: u8| metric_start(b) || b.is_ascii_digit();
+            let label_start = |b: u8| b.is_ascii_alphabetic() || b == b'_';
+            let label_rest = |b: u8| label_start(b) || b.is_ascii_digit();
+            let bytes = name.as_bytes();
+            let metric = bytes.first().is_some_and(|b| metric_start(*b))
+                && bytes.iter().skip(1).all(|b| metric_rest(*b));
+            let label = bytes.first().is_some_and(|b| label_start(*b))
+                && bytes.iter().skip(1).all(|b| label_rest(*b))
+                && !name.starts_with("__");
+            proptest::prop_assert_eq!(is_valid_metric_name(&name), metric, "{:?}", name);
+            proptest::prop_assert_eq!(is_valid_label_name(&name), label, "{:?}", name);
         }
     }
 
