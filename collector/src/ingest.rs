@@ -27,10 +27,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use uctel_protocol::borrowed::MetricBatchView;
 use uctel_protocol::control::{Goodbye, Report, StreamReport};
 use uctel_protocol::frame::{peek_conn_seq, Frame, FrameError, FrameKind};
 use uctel_protocol::limits::Limits;
-use uctel_protocol::payload::{self, MetricBatch, PayloadError, RecordError};
+use uctel_protocol::payload::{self, PayloadError, RecordError};
+use uctel_protocol::stream::StreamName;
 use uctel_protocol::tracker::{CloseError, Observation, SequenceTracker, TrackerConfig};
 
 use crate::logsink::{LogContext, LogSink};
@@ -174,9 +176,9 @@ pub struct ConnectionIngest {
     dropped_before_tracking: u64,
     conn_lost_emitted: u64,
     unseen_conn_lost: u64,
-    /// Decode buffer reused for every metrics frame (`decode_metric_batch_into`), so the
-    /// steady state allocates no metric name, help or label vector per frame.
-    metrics: MetricBatch,
+    /// Decode storage reused for every metrics frame ([`MetricBatchView::recycle`]): records
+    /// are views into the frame, so the steady state allocates nothing per frame.
+    metrics: MetricBatchView<'static>,
 }
 
 impl ConnectionIngest {
@@ -210,7 +212,7 @@ impl ConnectionIngest {
             dropped_before_tracking: 0,
             conn_lost_emitted: 0,
             unseen_conn_lost: 0,
-            metrics: MetricBatch::default(),
+            metrics: MetricBatchView::new(),
         })
     }
 
@@ -331,7 +333,7 @@ impl ConnectionIngest {
                     DropReason::LimitExceeded,
                     &format_args!(
                         "stream {} beyond {MAX_STREAMS_PER_CONNECTION} streams per connection",
-                        header.stream_id
+                        StreamName(header.stream_id)
                     ),
                 );
             }
@@ -375,7 +377,8 @@ impl ConnectionIngest {
             Observation::Stale { reason } => {
                 let detail = format!(
                     "stream {} stream_seq {} stale: {reason:?}",
-                    header.stream_id, header.stream_seq
+                    StreamName(header.stream_id),
+                    header.stream_seq
                 );
                 return self.drop(DropReason::StaleFrame, &detail);
             }
@@ -387,26 +390,28 @@ impl ConnectionIngest {
         let body = frame.payload();
         let delivered: Result<usize, PayloadError> = match header.kind {
             FrameKind::Metrics => {
-                payload::decode_metric_batch_into(body, &self.limits, &mut self.metrics).map(|()| {
-                    let batch = &self.metrics;
+                let mut batch = std::mem::take(&mut self.metrics).recycle();
+                let delivered = batch.decode_into(body, &self.limits).map(|()| {
                     let out = self
                         .store
-                        .ingest(&self.agent, &self.instance, &batch.metrics, now);
+                        .ingest_views(&self.agent, &self.instance, &batch, now);
                     for (rejection, n) in &out.rejected {
                         self.tel.drop_records(
                             rejection.drop_reason(),
                             *n,
                             &format_args!(
                                 "stream {} stream_seq {}: {} sample(s) not stored ({})",
-                                header.stream_id,
+                                StreamName(header.stream_id),
                                 header.stream_seq,
                                 n,
                                 rejection.as_str()
                             ),
                         );
                     }
-                    batch.metrics.len()
-                })
+                    batch.len()
+                });
+                self.metrics = batch.recycle();
+                delivered
             }
             FrameKind::Logs => payload::decode_log_batch(body, &self.limits).map(|batch| {
                 let ctx = LogContext {
@@ -541,7 +546,7 @@ impl ConnectionIngest {
                 (Some(f), None) => f.saturating_add(1),
             };
             if claimed > max_dropout {
-                implausible("stream sequence", &fin.stream_id, claimed);
+                implausible("stream sequence", &StreamName(fin.stream_id), claimed);
                 continue;
             }
             if !self.streams.contains_key(&fin.stream_id)
@@ -570,7 +575,11 @@ impl ConnectionIngest {
                 .max_record_count
                 .saturating_add(claimed.saturating_mul(per_frame));
             if fin.final_record_count > max_records {
-                implausible("record count", &fin.stream_id, fin.final_record_count);
+                implausible(
+                    "record count",
+                    &StreamName(fin.stream_id),
+                    fin.final_record_count,
+                );
             } else {
                 stream.max_record_count = stream.max_record_count.max(fin.final_record_count);
             }
@@ -584,7 +593,7 @@ impl ConnectionIngest {
                     }
                     Err(e) => tracing::warn!(
                         agent = %self.agent,
-                        stream = fin.stream_id,
+                        stream = %StreamName(fin.stream_id),
                         error = %e,
                         "goodbye: stream sequence not settled"
                     ),
@@ -725,7 +734,8 @@ mod tests {
         assert_eq!(l[0].1.accepted, 3);
         assert_eq!(l[0].1.lost, 0);
         let text = String::from_utf8(r.telemetry.render().unwrap()).unwrap();
-        assert!(text.contains("uctel_collector_frames_received_total{agent=\"a1\",stream=\"1\"} 3"));
+        assert!(text
+            .contains("uctel_collector_frames_received_total{agent=\"a1\",stream=\"metrics\"} 3"));
         r.telemetry
             .registry()
             .register(Box::new(r.store.collector()))
@@ -982,7 +992,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("uctel_collector_loss_ratio{agent=\"a1\",stream=\"1\"} 0.25"),
+            text.contains("uctel_collector_loss_ratio{agent=\"a1\",stream=\"metrics\"} 0.25"),
             "{text}"
         );
         assert!(

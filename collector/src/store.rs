@@ -31,12 +31,18 @@
 //!   `+Inf` bucket from the agent is folded into `_count` (the encoder writes `le="+Inf"`).
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use foldhash::fast::RandomState;
+use hashbrown::HashTable;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto;
-use uctel_protocol::payload::{is_valid_label_name, is_valid_metric_name, Metric, MetricType};
+use uctel_protocol::borrowed::MetricBatchView;
+use uctel_protocol::payload::{
+    is_valid_label_name, is_valid_metric_name, Bucket, LabelParts, Metric, MetricParts, MetricType,
+};
 
 /// Why [`SeriesStore::ingest`] did not store a sample.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -123,11 +129,26 @@ struct Sample {
     updated: Instant,
 }
 
+/// One stored series.
+#[derive(Debug)]
+struct Series {
+    /// [`series_hash`] of the key.
+    hash: u64,
+    /// Shared so a scrape snapshot copies a pointer, not strings.
+    key: Arc<SeriesKey>,
+    /// The type the series was created with; while the series exists its family (which it
+    /// holds a reference on) has this type, so an update is checked here without a family
+    /// lookup.
+    kind: MetricType,
+    sample: Sample,
+}
+
 #[derive(Debug, Default)]
 struct AgentSeries {
     instance: String,
-    /// Keys are shared so a scrape snapshot copies pointers, not strings.
-    series: HashMap<Arc<SeriesKey>, Sample>,
+    /// Series by [`series_hash`]; looked up with borrowed name and labels, so updating an
+    /// existing series allocates nothing.
+    series: HashTable<Series>,
 }
 
 #[derive(Clone, Debug)]
@@ -140,8 +161,10 @@ struct FamilyMeta {
 
 #[derive(Debug, Default)]
 struct Inner {
-    agents: HashMap<String, AgentSeries>,
-    families: HashMap<String, FamilyMeta>,
+    agents: HashMap<String, AgentSeries, RandomState>,
+    families: HashMap<String, FamilyMeta, RandomState>,
+    /// Seeds [`series_hash`] (random per store, foldhash).
+    hasher: RandomState,
 }
 
 /// Latest sample per series per agent. Cheap to clone (shared); thread-safe.
@@ -164,25 +187,116 @@ fn exported(name: &str, taken: &dyn Fn(&str) -> bool) -> String {
     out
 }
 
+/// Label names the collector renames (`agent`, `instance` are added at scrape time; `le`
+/// belongs to histogram buckets).
+fn is_renamed(name: &str) -> bool {
+    matches!(name, "agent" | "instance" | "le")
+}
+
 /// The label set as exposed (without `agent`/`instance`, which are added at scrape time),
 /// sorted by name, with clashing names renamed.
-fn series_labels(metric: &Metric) -> Vec<(String, String)> {
-    let names: Vec<&str> = metric.labels.iter().map(|l| l.name.as_str()).collect();
+fn series_labels<M: MetricParts>(metric: &M) -> Vec<(String, String)> {
+    let names: Vec<&str> = metric.labels().iter().map(LabelParts::name).collect();
     let taken = |n: &str| names.contains(&n) || n == "agent" || n == "instance";
     let mut labels: Vec<(String, String)> = metric
-        .labels
+        .labels()
         .iter()
         .map(|l| {
-            let name = if l.name == "agent" || l.name == "instance" || l.name == "le" {
-                exported(&l.name, &taken)
+            let name = if is_renamed(l.name()) {
+                exported(l.name(), &taken)
             } else {
-                l.name.clone()
+                l.name().to_owned()
             };
-            (name, l.value.clone())
+            (name, l.value().to_owned())
         })
         .collect();
     labels.sort();
     labels
+}
+
+/// Hash of a series identity: name and the sorted (renamed) label values, each value
+/// preceded by `0xff` (a byte UTF-8 never contains). Label names are left out (series of
+/// one metric differ in their values; [`same_series`] compares names too), which saves a
+/// third of the hashing per sample.
+fn series_hash<L: LabelParts>(state: &RandomState, name: &str, labels: &[L]) -> u64 {
+    let mut h = state.build_hasher();
+    h.write(name.as_bytes());
+    for l in labels {
+        h.write_u8(0xff);
+        h.write(l.value().as_bytes());
+    }
+    h.finish()
+}
+
+fn same_series<L: LabelParts>(key: &SeriesKey, name: &str, labels: &[L]) -> bool {
+    key.0 == name
+        && key.1.len() == labels.len()
+        && key
+            .1
+            .iter()
+            .zip(labels)
+            .all(|((n, v), l)| n == l.name() && v == l.value())
+}
+
+/// A label as `(name, value)` views: sorted or renamed label sets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Pair<'a>(&'a str, &'a str);
+
+impl LabelParts for Pair<'_> {
+    fn name(&self) -> &str {
+        self.0
+    }
+    fn value(&self) -> &str {
+        self.1
+    }
+}
+
+/// Empties `v` and reuses its allocation for elements of another lifetime (same layout: the
+/// standard library collects a `vec::IntoIter` in place).
+// `filter` would keep the input lifetime; the point is to change it.
+#[allow(clippy::unnecessary_filter_map)]
+fn recycle<'b>(mut v: Vec<Pair<'_>>) -> Vec<Pair<'b>> {
+    v.clear();
+    v.into_iter().filter_map(|_| None).collect()
+}
+
+/// The stored value of a sample of `kind`. For a histogram whose stored buckets are not
+/// shared with a scrape snapshot and keep their number, they are overwritten in place.
+fn store_value<M: MetricParts>(slot: &mut Value, kind: MetricType, m: &M) {
+    // An explicit `+Inf` bucket is `_count` (the encoder writes `le="+Inf"` itself).
+    let finite = |b: &&Bucket| !(b.upper_bound.is_infinite() && b.upper_bound > 0.0);
+    match kind {
+        MetricType::Counter => *slot = Value::Counter(m.value()),
+        MetricType::Gauge => *slot = Value::Gauge(m.value()),
+        _ => {
+            if let Value::Histogram {
+                buckets,
+                count,
+                sum,
+            } = slot
+            {
+                let n = m.buckets().iter().filter(finite).count();
+                if let Some(stored) = Arc::get_mut(buckets).filter(|b| b.len() == n) {
+                    for (s, b) in stored.iter_mut().zip(m.buckets().iter().filter(finite)) {
+                        *s = (b.upper_bound, b.cumulative_count);
+                    }
+                    *count = m.count();
+                    *sum = m.sum();
+                    return;
+                }
+            }
+            *slot = Value::Histogram {
+                buckets: m
+                    .buckets()
+                    .iter()
+                    .filter(finite)
+                    .map(|b| (b.upper_bound, b.cumulative_count))
+                    .collect(),
+                count: m.count(),
+                sum: m.sum(),
+            };
+        }
+    }
 }
 
 impl SeriesStore {
@@ -212,84 +326,151 @@ impl SeriesStore {
         metrics: &[Metric],
         now: Instant,
     ) -> IngestOutcome {
+        self.ingest_records(agent, instance, metrics.iter(), false, now)
+    }
+
+    /// As [`SeriesStore::ingest`], for a batch decoded with borrowed views (the collector's
+    /// worker path): updating an existing series copies no string, and the name grammars are
+    /// not checked again (a `MetricBatchView` only holds records that passed the protocol's
+    /// `validate_metric` rules, which include them).
+    pub fn ingest_views(
+        &self,
+        agent: &str,
+        instance: &str,
+        batch: &MetricBatchView<'_>,
+        now: Instant,
+    ) -> IngestOutcome {
+        self.ingest_records(agent, instance, batch.iter(), true, now)
+    }
+
+    /// `validated`: the records already passed the protocol's metric rules.
+    fn ingest_records<M: MetricParts>(
+        &self,
+        agent: &str,
+        instance: &str,
+        metrics: impl Iterator<Item = M>,
+        validated: bool,
+        now: Instant,
+    ) -> IngestOutcome {
         let mut out = IngestOutcome::default();
         let mut guard = self.lock();
-        let inner = &mut *guard;
+        let Inner {
+            agents,
+            families,
+            hasher,
+        } = &mut *guard;
         // Look the agent up by `&str` first: an owned key is only built for a new agent.
-        if !inner.agents.contains_key(agent) {
-            inner
-                .agents
-                .insert(agent.to_string(), AgentSeries::default());
+        if !agents.contains_key(agent) {
+            agents.insert(agent.to_string(), AgentSeries::default());
         }
-        let Some(entry) = inner.agents.get_mut(agent) else {
+        let Some(entry) = agents.get_mut(agent) else {
             return out;
         };
         if entry.instance != instance {
             entry.instance = instance.to_string();
         }
+        // Sorted label views of a sample whose labels arrive unsorted (allocated once per
+        // batch, and only if needed).
+        let mut spare: Vec<Pair<'static>> = Vec::new();
         for m in metrics {
-            let Some(kind) = MetricType::try_from(m.r#type)
+            let Some(kind) = MetricType::try_from(m.kind())
                 .ok()
                 .filter(|k| *k != MetricType::Unspecified)
             else {
                 out.reject(SampleRejection::Invalid);
                 continue;
             };
-            if !is_valid_metric_name(&m.name)
-                || !m.labels.iter().all(|l| is_valid_label_name(&l.name))
+            let name = m.name();
+            if !validated
+                && (!is_valid_metric_name(name)
+                    || !m.labels().iter().all(|l| is_valid_label_name(l.name())))
             {
                 out.reject(SampleRejection::Invalid);
                 continue;
             }
-            if m.name.starts_with(RESERVED_PREFIX) {
+            if name.starts_with(RESERVED_PREFIX) {
                 out.reject(SampleRejection::ReservedName);
                 continue;
             }
-            let key: SeriesKey = (m.name.clone(), series_labels(m));
-            // One hash of the key for an existing series (the common case: every frame
-            // refreshes the same series): update it in place.
-            let stored = entry.series.len();
-            let existing = entry.series.get_mut(&key);
-            if existing.is_none() {
-                if stored >= self.cap_per_agent {
-                    out.reject(SampleRejection::SeriesCap);
-                    continue;
-                }
-                if let Err(r) = claim_family(&mut inner.families, &m.name, kind, &m.help) {
-                    out.reject(r);
-                    continue;
-                }
-            } else if inner.families.get(&m.name).is_some_and(|f| f.kind != kind) {
-                out.reject(SampleRejection::TypeConflict);
-                continue;
-            }
-            let value = match kind {
-                MetricType::Counter => Value::Counter(m.value),
-                MetricType::Gauge => Value::Gauge(m.value),
-                _ => Value::Histogram {
-                    buckets: m
-                        .buckets
-                        .iter()
-                        .filter(|b| !(b.upper_bound.is_infinite() && b.upper_bound > 0.0))
-                        .map(|b| (b.upper_bound, b.cumulative_count))
-                        .collect(),
-                    count: m.count,
-                    sum: m.sum,
-                },
+            // The series identity is the sorted, renamed label set; the common case (labels
+            // sent sorted, none renamed) uses the sample's labels as they are.
+            let labels = m.labels();
+            let result = if labels.iter().any(|l| is_renamed(l.name())) {
+                // Rare: renamed labels are built owned.
+                let owned = series_labels(&m);
+                let renamed: Vec<Pair<'_>> = owned.iter().map(|(n, v)| Pair(n, v)).collect();
+                self.upsert(entry, families, hasher, &m, kind, &renamed, now)
+            } else if labels.is_sorted_by(|a, b| (a.name(), a.value()) <= (b.name(), b.value())) {
+                self.upsert(entry, families, hasher, &m, kind, labels, now)
+            } else {
+                let mut sorted = recycle(std::mem::take(&mut spare));
+                sorted.extend(labels.iter().map(|l| Pair(l.name(), l.value())));
+                sorted.sort_unstable();
+                let result = self.upsert(entry, families, hasher, &m, kind, &sorted, now);
+                spare = recycle(sorted);
+                result
             };
-            let sample = Sample {
-                value,
-                updated: now,
-            };
-            match existing {
-                Some(slot) => *slot = sample,
-                None => {
-                    entry.series.insert(Arc::new(key), sample);
-                }
+            match result {
+                Ok(()) => out.stored += 1,
+                Err(r) => out.reject(r),
             }
-            out.stored += 1;
         }
         out
+    }
+
+    /// Updates the series `(m.name(), labels)` of `entry` in place, or creates it (series
+    /// cap, family claim).
+    #[allow(clippy::too_many_arguments)]
+    fn upsert<M: MetricParts, L: LabelParts>(
+        &self,
+        entry: &mut AgentSeries,
+        families: &mut HashMap<String, FamilyMeta, RandomState>,
+        hasher: &RandomState,
+        m: &M,
+        kind: MetricType,
+        labels: &[L],
+        now: Instant,
+    ) -> Result<(), SampleRejection> {
+        let name = m.name();
+        let hash = series_hash(hasher, name, labels);
+        let stored = entry.series.len();
+        if let Some(series) = entry.series.find_mut(hash, |s| {
+            s.hash == hash && same_series(&s.key, name, labels)
+        }) {
+            if series.kind != kind {
+                return Err(SampleRejection::TypeConflict);
+            }
+            store_value(&mut series.sample.value, kind, m);
+            series.sample.updated = now;
+            return Ok(());
+        }
+        if stored >= self.cap_per_agent {
+            return Err(SampleRejection::SeriesCap);
+        }
+        claim_family(families, name, kind, m.help())?;
+        let key: SeriesKey = (
+            name.to_owned(),
+            labels
+                .iter()
+                .map(|l| (l.name().to_owned(), l.value().to_owned()))
+                .collect(),
+        );
+        let mut value = Value::Gauge(0.0);
+        store_value(&mut value, kind, m);
+        entry.series.insert_unique(
+            hash,
+            Series {
+                hash,
+                key: Arc::new(key),
+                kind,
+                sample: Sample {
+                    value,
+                    updated: now,
+                },
+            },
+            |s| s.hash,
+        );
+        Ok(())
     }
 
     /// Removes series not updated within the staleness period; returns how many.
@@ -300,12 +481,11 @@ impl SeriesStore {
         let staleness = self.staleness;
         for agent in inner.agents.values_mut() {
             let families = &mut inner.families;
-            agent.series.retain(|key, s| {
-                let name = &key.0;
-                let keep = now.saturating_duration_since(s.updated) < staleness;
+            agent.series.retain(|s| {
+                let keep = now.saturating_duration_since(s.sample.updated) < staleness;
                 if !keep {
                     removed += 1;
-                    release_family(families, name);
+                    release_family(families, &s.key.0);
                 }
                 keep
             });
@@ -335,8 +515,8 @@ impl SeriesStore {
             let total = inner.agents.values().map(|a| a.series.len()).sum();
             let mut snapshot: Vec<(usize, Arc<SeriesKey>, Value)> = Vec::with_capacity(total);
             for (i, agent) in inner.agents.values().enumerate() {
-                for (key, sample) in &agent.series {
-                    snapshot.push((i, Arc::clone(key), sample.value.clone()));
+                for s in agent.series.iter() {
+                    snapshot.push((i, Arc::clone(&s.key), s.sample.value.clone()));
                 }
             }
             (agents, families, snapshot)
@@ -431,7 +611,7 @@ impl SeriesStore {
 
 /// Reserves `name` for `kind` or refuses.
 fn claim_family(
-    families: &mut HashMap<String, FamilyMeta>,
+    families: &mut HashMap<String, FamilyMeta, RandomState>,
     name: &str,
     kind: MetricType,
     help: &str,
@@ -469,7 +649,7 @@ fn claim_family(
     Ok(())
 }
 
-fn release_family(families: &mut HashMap<String, FamilyMeta>, name: &str) {
+fn release_family(families: &mut HashMap<String, FamilyMeta, RandomState>, name: &str) {
     if let Some(f) = families.get_mut(name) {
         f.refs = f.refs.saturating_sub(1);
         if f.refs == 0 {
