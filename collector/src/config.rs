@@ -25,7 +25,7 @@
 //!   slot_bytes: 4096               # >= max_frame_bytes
 //!   credit_margin_slots: 64        # agent may have slots - margin frames outstanding
 //!   send_buffers: 256              # receive WRs with buffers, for the Send data path
-//!   descriptor_queue: 8192         # completion poller -> worker SPSC queue capacity
+//!   descriptor_queue: 8192         # poller -> worker queue room beyond the credit windows
 //!   data_path: auto                # auto | write_with_imm | send
 //! max_frame_bytes: 4096
 //! auth:
@@ -181,8 +181,12 @@ pub struct RingConfig {
     /// Receive WRs with `max_frame_bytes` buffers kept posted for the Send data path.
     /// Default 256. On that path the credit window is at most this many frames.
     pub send_buffers: u32,
-    /// Capacity of the completion-poller → worker SPSC descriptor queue (a full queue drops,
-    /// counted as `queue_full`). Default 8192.
+    /// Shared room of the completion-poller → worker SPSC descriptor queue, in descriptors
+    /// (one per completed frame). The queue holds the credit windows of all connected agents
+    /// (reserved per connection, so frames sent within credits never find it full) plus this
+    /// many descriptors, which a connection uses only beyond its window (an agent ignoring
+    /// credits); when they are taken, such frames are dropped and counted as `queue_full`.
+    /// Memory: 12 bytes per descriptor. Default 8192.
     pub descriptor_queue: u32,
     /// Which data path to ask agents for (DESIGN.md §4): `auto` (default: Write-with-immediate
     /// when the agent offers it, else Send), `write_with_imm` or `send` (agents that do not

@@ -494,6 +494,14 @@ async fn run_session(
         slot_bytes: cfg.ring.slot_bytes,
         max_frame_bytes: cfg.max_frame_bytes.0,
         send_buffers: cfg.ring.send_buffers,
+        // Send path: never more frames outstanding than posted receive buffers (an empty
+        // receive queue drops silently, DESIGN.md §4). The descriptor queue reserves this
+        // window for the connection.
+        credit_window: match accepted.data_path {
+            DataPath::Send => cfg.ring.credit_window().min(cfg.ring.send_buffers),
+            _ => cfg.ring.credit_window(),
+        }
+        .max(1),
     };
     let fail = |detail: String| Refusal {
         reason: RefuseReason::Busy,
@@ -555,13 +563,7 @@ async fn run_session(
         slots: geometry.slots,
         slot_bytes: geometry.slot_bytes,
         max_frame_bytes: geometry.max_frame_bytes,
-        // Send path: never more frames outstanding than posted receive buffers (an empty
-        // receive queue drops silently, DESIGN.md §4).
-        credit_window: match accepted.data_path {
-            DataPath::Send => cfg.ring.credit_window().min(geometry.send_buffers),
-            _ => cfg.ring.credit_window(),
-        }
-        .max(1),
+        credit_window: geometry.credit_window,
         heartbeat_interval_ms: millis(heartbeat),
         report_interval_ms: millis(report_every),
         data_path: accepted.data_path as i32,

@@ -20,6 +20,16 @@
 //! * Every 100 ms the poller folds the QP's silent-drop counters (UC responder rules) into
 //!   `frames_dropped_total{reason}` and checks the QP state: a QP in ERROR is counted
 //!   (`qp_errors_total`) and the control plane rebuilds the connection.
+//!
+//! **The descriptor queue cannot fill with frames sent within credits.** Each connection
+//! reserves room for its credit window (the frames its agent may have outstanding, DESIGN.md
+//! §4): the queue holds the sum of the windows of all registered connections plus
+//! `ring.descriptor_queue` shared descriptors, and grows when a connection registers (a new,
+//! larger ring buffer; the worker finishes the old one first, so order is kept). An agent
+//! within its credits has at most its window of frames not yet consumed, hence at most that
+//! many descriptors queued, so its descriptors always fit. Descriptors beyond a connection's
+//! window (an agent ignoring credits) take shared room; when none is left they are dropped
+//! and counted as `queue_full` for that agent, so one agent cannot take another's room.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -45,6 +55,9 @@ const STATS_EVERY: Duration = Duration::from_millis(100);
 const POLL_BATCH: usize = 64;
 /// Descriptors popped per worker round.
 const WORK_BATCH: usize = 64;
+/// Growth of the descriptor queue beyond what it must hold (amortizes reallocation while
+/// many agents connect): at least a quarter of its capacity.
+const QUEUE_GROWTH_DIVISOR: usize = 4;
 /// Idle sleep of the poller and the worker when a round found nothing.
 const IDLE_SLEEP: Duration = Duration::from_micros(50);
 
@@ -79,6 +92,9 @@ pub struct Geometry {
     pub max_frame_bytes: u32,
     /// Send receive buffers.
     pub send_buffers: u32,
+    /// The credit window granted in `Welcome`: frames the agent may have outstanding; the
+    /// descriptor queue reserves this many descriptors for the connection.
+    pub credit_window: u32,
 }
 
 /// One agent connection's QP, CQs and memory, shared by the control task, the poller and the
@@ -236,13 +252,14 @@ impl Session {
     }
 }
 
-/// What the poller hands the worker: small and `Copy`.
+/// What the poller hands the worker: small and `Copy` (12 bytes: the queue holds one per
+/// frame of every connection's credit window).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Descriptor {
     /// Write-with-immediate completed: the ImmDt.
     WriteImm { session: u32, imm: u32 },
-    /// Send completed into buffer `buf`, `len` bytes.
-    Send { session: u32, buf: u32, len: u32 },
+    /// Send completed into buffer `buf` (below `send_buffers` ≤ 65 536), `len` bytes.
+    Send { session: u32, len: u32, buf: u16 },
 }
 
 impl Descriptor {
@@ -255,6 +272,8 @@ impl Descriptor {
 
 enum WorkerCmd {
     Register(Arc<Session>, Box<ConnectionIngest>),
+    /// A larger descriptor queue: read it once the current one is finished.
+    Queue(ringbuf::HeapCons<Descriptor>),
     Report(u32, oneshot::Sender<Option<Report>>),
     Close(u32, Option<Goodbye>, oneshot::Sender<Option<CloseSummary>>),
     Pause(bool),
@@ -264,6 +283,14 @@ enum WorkerCmd {
 struct PollerList {
     sessions: Vec<Arc<Session>>,
     generation: u64,
+    /// Descriptors reserved: the credit windows of registered connections.
+    reserved: usize,
+    /// Shared descriptors on top of the reservations (`ring.descriptor_queue`).
+    shared: usize,
+    /// Capacity of the newest descriptor queue.
+    capacity: usize,
+    /// The producer of a larger queue, for the poller to switch to.
+    next_queue: Option<ringbuf::HeapProd<Descriptor>>,
 }
 
 /// The running poller and worker threads.
@@ -291,6 +318,7 @@ impl std::fmt::Debug for WorkerCmd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             WorkerCmd::Register(..) => "Register",
+            WorkerCmd::Queue(..) => "Queue",
             WorkerCmd::Report(..) => "Report",
             WorkerCmd::Close(..) => "Close",
             WorkerCmd::Pause(..) => "Pause",
@@ -303,14 +331,26 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl DataPlane {
-    /// Starts the poller and worker threads over `device`. `queue` is the SPSC capacity.
+    /// Starts the poller and worker threads over `device`. `shared` is the number of
+    /// descriptors the queue holds on top of the credit windows of registered connections
+    /// (`ring.descriptor_queue`; see the module docs).
     ///
     /// # Errors
     /// The OS refused to spawn a thread.
-    pub fn start(device: Device, queue: usize, telemetry: Telemetry) -> std::io::Result<DataPlane> {
-        let rb = HeapRb::<Descriptor>::new(queue.max(2));
+    pub fn start(
+        device: Device,
+        shared: usize,
+        telemetry: Telemetry,
+    ) -> std::io::Result<DataPlane> {
+        let shared = shared.max(2);
+        let rb = HeapRb::<Descriptor>::new(shared);
         let (prod, cons) = rb.split();
-        let list = Arc::new(Mutex::new(PollerListDebug(PollerList::default())));
+        let list = Arc::new(Mutex::new(PollerListDebug(PollerList {
+            shared,
+            capacity: shared,
+            ..PollerList::default()
+        })));
+        let shared_used = Arc::new(AtomicU64::new(0));
         let poller_seen = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let (worker_tx, worker_rx) = mpsc::channel();
@@ -320,11 +360,14 @@ impl DataPlane {
             seen: poller_seen.clone(),
             stop: stop.clone(),
             prod,
+            shared: shared as u64,
+            shared_used: shared_used.clone(),
             telemetry,
             device_drops: DropCounters::default(),
         };
         let worker = Worker {
-            cons,
+            queues: Queues(std::collections::VecDeque::from([cons])),
+            shared_used,
             rx: worker_rx,
             sessions: HashMap::new(),
             stop: stop.clone(),
@@ -359,12 +402,34 @@ impl DataPlane {
     }
 
     /// Hands a connected session to the worker, then to the poller (in that order, so the
-    /// worker knows the session before its first descriptor).
+    /// worker knows the session before its first descriptor), reserving its credit window in
+    /// the descriptor queue (a larger queue replaces the current one when needed).
     pub fn register(&self, session: Arc<Session>, ingest: ConnectionIngest) {
+        let window = session.geometry.credit_window as usize;
         let _ = self
             .worker_tx
             .send(WorkerCmd::Register(session.clone(), Box::new(ingest)));
         let mut l = lock(&self.list);
+        l.0.reserved = l.0.reserved.saturating_add(window);
+        let needed = l.0.reserved.saturating_add(l.0.shared);
+        if needed > l.0.capacity {
+            let capacity = needed.max(
+                l.0.capacity
+                    .saturating_add(l.0.capacity / QUEUE_GROWTH_DIVISOR),
+            );
+            let (prod, cons) = HeapRb::<Descriptor>::new(capacity).split();
+            // The worker has the consumer before the poller can push (it takes the producer
+            // under this lock); a producer replaced before the poller took it is dropped
+            // unused, and the worker skips its empty queue.
+            let _ = self.worker_tx.send(WorkerCmd::Queue(cons));
+            l.0.next_queue = Some(prod);
+            l.0.capacity = capacity;
+            tracing::debug!(
+                capacity,
+                reserved = l.0.reserved,
+                "descriptor queue grown for the credit windows of connected agents"
+            );
+        }
         l.0.sessions.push(session);
         l.0.generation += 1;
     }
@@ -380,12 +445,31 @@ impl DataPlane {
     /// processes everything queued, settles tail loss from `goodbye` (if the agent said
     /// goodbye) and forgets it. Returns the connection's accounting.
     pub async fn close(&self, id: u32, goodbye: Option<Goodbye>) -> Option<CloseSummary> {
-        let target = {
+        let (target, window) = {
             let mut l = lock(&self.list);
+            let window: usize =
+                l.0.sessions
+                    .iter()
+                    .filter(|s| s.id == id)
+                    .map(|s| s.geometry.credit_window as usize)
+                    .sum();
             l.0.sessions.retain(|s| s.id != id);
             l.0.generation += 1;
-            l.0.generation
+            (l.0.generation, window)
         };
+        // The reservation is released once the worker has drained the queue (below).
+        let summary = self.close_session(id, goodbye, target).await;
+        let mut l = lock(&self.list);
+        l.0.reserved = l.0.reserved.saturating_sub(window);
+        summary
+    }
+
+    async fn close_session(
+        &self,
+        id: u32,
+        goodbye: Option<Goodbye>,
+        target: u64,
+    ) -> Option<CloseSummary> {
         // Wait for the poller to take the new list (it polls removed sessions a last time).
         let deadline = Instant::now() + Duration::from_secs(5);
         while self.poller_seen.load(Ordering::Acquire) < target && Instant::now() < deadline {
@@ -429,6 +513,10 @@ struct Poller {
     seen: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     prod: ringbuf::HeapProd<Descriptor>,
+    /// Shared descriptors (beyond the credit windows) allowed in the queue.
+    shared: u64,
+    /// Shared descriptors in use: Σ over connections of max(0, in flight − window).
+    shared_used: Arc<AtomicU64>,
     telemetry: Telemetry,
     device_drops: DropCounters,
 }
@@ -446,8 +534,12 @@ impl Poller {
         let mut last_stats = Instant::now();
         while !self.stop.load(Ordering::Acquire) {
             let (current, g) = {
-                let l = lock(&self.list);
+                let mut l = lock(&self.list);
                 if l.0.generation != generation {
+                    if let Some(prod) = l.0.next_queue.take() {
+                        // Dropping the old producer tells the worker that queue is finished.
+                        self.prod = prod;
+                    }
                     (Some(l.0.sessions.clone()), l.0.generation)
                 } else {
                     (None, generation)
@@ -531,23 +623,41 @@ impl Poller {
                 }
                 WcOpcode::Recv => Descriptor::Send {
                     session: s.id,
-                    buf: u32::try_from(wc.wr_id).unwrap_or(u32::MAX),
                     len: wc.byte_len,
+                    // Buffers are numbered below `send_buffers` (≤ 65 536); anything else
+                    // fails the worker's buffer read and is counted there.
+                    buf: u16::try_from(wc.wr_id).unwrap_or(u16::MAX),
                 },
                 WcOpcode::Send | WcOpcode::RdmaWrite => continue,
             };
-            if self.prod.try_push(desc).is_err() {
+            // Within the connection's credit window the descriptor has reserved room; beyond
+            // it, it needs shared room.
+            let window = s.geometry.credit_window;
+            let beyond_window = acquire_slot(&s.in_flight, window, &self.shared_used);
+            let full = if beyond_window && self.shared_used.load(Ordering::Acquire) > self.shared {
+                Some("no shared room left for descriptors beyond the agent's credit window")
+            } else if self.prod.try_push(desc).is_err() {
+                Some("descriptor queue full")
+            } else {
+                None
+            };
+            if let Some(why) = full {
+                release_slot(&s.in_flight, window, &self.shared_used);
                 s.poller_dropped.fetch_add(1, Ordering::AcqRel);
                 s.tel.drop_frames(
                     DropReason::QueueFull,
                     1,
-                    &format_args!("descriptor queue of {} full", self.prod.capacity()),
+                    &format_args!(
+                        "{why} (queue of {}, credit window {}, {} shared)",
+                        self.prod.capacity(),
+                        s.geometry.credit_window,
+                        self.shared
+                    ),
                 );
                 if let Descriptor::Send { buf, .. } = desc {
                     let _ = s.post_buffer(u64::from(buf));
                 }
             } else {
-                s.in_flight.fetch_add(1, Ordering::AcqRel);
                 s.tel.ring_slots_in_use.inc();
             }
         }
@@ -601,8 +711,59 @@ struct WorkerSession {
     ingest: ConnectionIngest,
 }
 
+/// One more descriptor in flight for `s`; true when it is beyond the connection's credit
+/// window (it then counts in `shared_used`). With [`release_slot`] this keeps
+/// `shared_used == Σ max(0, in_flight − window)`: each call moves `in_flight` by one and
+/// `shared_used` by exactly the change of that connection's term.
+fn acquire_slot(in_flight: &AtomicI64, window: u32, shared_used: &AtomicU64) -> bool {
+    let window = i64::from(window);
+    let before = in_flight.fetch_add(1, Ordering::AcqRel);
+    let beyond = before >= window;
+    if beyond {
+        shared_used.fetch_add(1, Ordering::AcqRel);
+    }
+    beyond
+}
+
+/// One descriptor of `s` less in flight (see [`acquire_slot`]).
+fn release_slot(in_flight: &AtomicI64, window: u32, shared_used: &AtomicU64) {
+    let window = i64::from(window);
+    let before = in_flight.fetch_sub(1, Ordering::AcqRel);
+    if before > window {
+        shared_used.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The worker's side of the descriptor queue: the current consumer and, after a growth,
+/// the consumers of larger queues, read in order.
+struct Queues(std::collections::VecDeque<ringbuf::HeapCons<Descriptor>>);
+
+impl Queues {
+    /// Pops up to `out.len()` descriptors, in the order the poller pushed them.
+    fn pop_slice(&mut self, out: &mut [Descriptor]) -> usize {
+        loop {
+            let newer = self.0.len() > 1;
+            let Some(front) = self.0.front_mut() else {
+                return 0;
+            };
+            let n = front.pop_slice(out);
+            if n > 0 || !newer || front.write_is_held() {
+                return n;
+            }
+            // The poller moved on (it dropped this producer after its last push, which is
+            // visible now): take what is left, then go to the next queue.
+            let n = front.pop_slice(out);
+            if n > 0 {
+                return n;
+            }
+            self.0.pop_front();
+        }
+    }
+}
+
 struct Worker {
-    cons: ringbuf::HeapCons<Descriptor>,
+    queues: Queues,
+    shared_used: Arc<AtomicU64>,
     rx: mpsc::Receiver<WorkerCmd>,
     sessions: HashMap<u32, WorkerSession>,
     stop: Arc<AtomicBool>,
@@ -621,7 +782,7 @@ impl Worker {
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
             }
-            let n = self.cons.pop_slice(&mut batch);
+            let n = self.queues.pop_slice(&mut batch);
             if n == 0 {
                 std::thread::sleep(IDLE_SLEEP);
                 continue;
@@ -635,7 +796,7 @@ impl Worker {
     fn drain(&mut self) {
         let mut batch = [Descriptor::WriteImm { session: 0, imm: 0 }; WORK_BATCH];
         loop {
-            let n = self.cons.pop_slice(&mut batch);
+            let n = self.queues.pop_slice(&mut batch);
             if n == 0 {
                 return;
             }
@@ -680,6 +841,7 @@ impl Worker {
                 });
                 let _ = reply.send(summary);
             }
+            WorkerCmd::Queue(cons) => self.queues.0.push_back(cons),
             WorkerCmd::Pause(p) => self.paused = p,
         }
     }
@@ -692,7 +854,11 @@ impl Worker {
             tracing::debug!(session = d.session(), "descriptor of an unknown session");
             return;
         };
-        ws.session.in_flight.fetch_sub(1, Ordering::AcqRel);
+        release_slot(
+            &ws.session.in_flight,
+            ws.session.geometry.credit_window,
+            &self.shared_used,
+        );
         ws.session.tel.ring_slots_in_use.dec();
         fold_poller_drops(ws);
         let g = ws.session.geometry;
@@ -720,7 +886,7 @@ impl Worker {
                 let read = ws
                     .session
                     .bufs
-                    .read_at(buf as usize * size, &mut self.scratch[..len]);
+                    .read_at(usize::from(buf) * size, &mut self.scratch[..len]);
                 if let Err(e) = ws.session.post_buffer(u64::from(buf)) {
                     tracing::debug!(agent = %ws.session.agent, error = %e, "re-posting a receive buffer failed");
                 }
@@ -746,5 +912,90 @@ fn fold_poller_drops(ws: &mut WorkerSession) {
     let n = ws.session.poller_dropped.swap(0, Ordering::AcqRel);
     if n > 0 {
         ws.ingest.note_dropped_before_tracking(n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_descriptor_is_twelve_bytes() {
+        // The queue holds one per frame of every connection's credit window.
+        assert_eq!(std::mem::size_of::<Descriptor>(), 12);
+    }
+
+    fn imm(i: u32) -> Descriptor {
+        Descriptor::WriteImm { session: 1, imm: i }
+    }
+
+    fn pop_all(q: &mut Queues) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut batch = [imm(0); 3];
+        loop {
+            let n = q.pop_slice(&mut batch);
+            if n == 0 {
+                return out;
+            }
+            for d in batch.iter().take(n) {
+                if let Descriptor::WriteImm { imm, .. } = d {
+                    out.push(*imm);
+                }
+            }
+        }
+    }
+
+    /// After a growth the worker reads the old queue to its end, skips a queue that was
+    /// replaced before it was used, then reads the new one: the poller's order is kept.
+    #[test]
+    fn grown_queues_are_read_in_push_order() {
+        let (mut p1, c1) = HeapRb::<Descriptor>::new(4).split();
+        let (p2, c2) = HeapRb::<Descriptor>::new(8).split();
+        let (mut p3, c3) = HeapRb::<Descriptor>::new(16).split();
+        let mut q = Queues(std::collections::VecDeque::from([c1]));
+        for i in 0..3 {
+            p1.try_push(imm(i)).unwrap();
+        }
+        q.0.push_back(c2);
+        q.0.push_back(c3);
+        drop(p2); // replaced before the poller took it
+        assert_eq!(pop_all(&mut q), vec![0, 1, 2]);
+        // The poller still holds the first producer: the worker waits on that queue.
+        p1.try_push(imm(3)).unwrap();
+        p3.try_push(imm(5)).unwrap();
+        assert_eq!(pop_all(&mut q), vec![3]);
+        p1.try_push(imm(4)).unwrap();
+        drop(p1);
+        assert_eq!(pop_all(&mut q), vec![4, 5]);
+        assert_eq!(q.0.len(), 1);
+        p3.try_push(imm(6)).unwrap();
+        assert_eq!(pop_all(&mut q), vec![6]);
+    }
+
+    proptest::proptest! {
+        /// Any interleaving of descriptors queued and processed for two connections keeps
+        /// the shared count at Σ max(0, in flight − window), and a connection within its
+        /// window never touches it.
+        #[test]
+        fn shared_room_counts_only_descriptors_beyond_the_window(
+            ops in proptest::collection::vec((0usize..2, proptest::bool::ANY), 0..200),
+        ) {
+            let windows = [3u32, 5];
+            let in_flight = [AtomicI64::new(0), AtomicI64::new(0)];
+            let shared = AtomicU64::new(0);
+            for (c, add) in ops {
+                let before = in_flight[c].load(Ordering::Acquire);
+                if add {
+                    let beyond = acquire_slot(&in_flight[c], windows[c], &shared);
+                    proptest::prop_assert_eq!(beyond, before >= i64::from(windows[c]));
+                } else if before > 0 {
+                    release_slot(&in_flight[c], windows[c], &shared);
+                }
+                let expected: i64 = (0..2)
+                    .map(|i| (in_flight[i].load(Ordering::Acquire) - i64::from(windows[i])).max(0))
+                    .sum();
+                proptest::prop_assert_eq!(shared.load(Ordering::Acquire) as i64, expected);
+            }
+        }
     }
 }
