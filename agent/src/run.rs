@@ -534,7 +534,7 @@ async fn session(
                 match msg {
                     Ok(m) => match m.body {
                         Some(Body::Report(r)) => {
-                            let _ = core.on_consumed(r.consumed_conn_seq);
+                            let _ = core.on_report(&r);
                             for s in &r.streams {
                                 if let Some(stream) = Stream::from_id(s.stream_id) {
                                     let total = s.received.saturating_add(s.lost);
@@ -603,7 +603,7 @@ async fn session(
                 tokio::select! {
                     () = tokio::time::sleep_until(wait.into()) => {}
                     msg = conn.recv() => match msg {
-                        Ok(m) => if let Some(Body::Report(r)) = m.body { let _ = core.on_consumed(r.consumed_conn_seq); },
+                        Ok(m) => if let Some(Body::Report(r)) = m.body { let _ = core.on_report(&r); },
                         Err(_) => break,
                     }
                 }

@@ -348,6 +348,14 @@ impl SenderCore {
         self.credits.on_consumed(consumed)
     }
 
+    /// Takes the credits of a collector `Report` (DESIGN.md §4). A report sent before any
+    /// frame reached the collector says `consumed_conn_seq: 0` meaning "nothing yet", which
+    /// cannot be told apart from "frame 0 consumed": it is ignored (`None`), since taking it
+    /// would count a lost frame 0 as consumed and shift the credit window by one.
+    pub fn on_report(&mut self, report: &uctel_protocol::control::Report) -> Option<ReportOutcome> {
+        (report.conn_received > 0).then(|| self.on_consumed(report.consumed_conn_seq))
+    }
+
     /// Credits left.
     pub fn credits_available(&self) -> u64 {
         self.credits.available()
@@ -768,6 +776,34 @@ mod tests {
             ..Limits::default()
         };
         decode_frame(&t.bytes, &limits).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_report_before_any_frame_arrived_returns_no_credit() {
+        let t0 = Instant::now();
+        let mut core =
+            SenderCore::new(&config(1000), 1, t0, stats()).unwrap_or_else(|e| panic!("{e}"));
+        for i in 0..40 {
+            core.push_metric(&metric(i), t0, 5);
+        }
+        core.flush(Stream::Metrics);
+        let (tx, _) = drain(&mut core, t0);
+        assert!(!tx.is_empty());
+        let before = core.credits_available();
+        let nothing_yet = uctel_protocol::control::Report {
+            consumed_conn_seq: 0,
+            conn_received: 0,
+            ..Default::default()
+        };
+        assert!(core.on_report(&nothing_yet).is_none());
+        assert_eq!(core.credits_available(), before);
+        let frame_zero = uctel_protocol::control::Report {
+            consumed_conn_seq: 0,
+            conn_received: 1,
+            ..Default::default()
+        };
+        assert!(core.on_report(&frame_zero).is_some());
+        assert_eq!(core.credits_available(), before + 1);
     }
 
     #[test]
