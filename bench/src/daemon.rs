@@ -110,7 +110,7 @@ pub struct CollectorSettings {
     pub slot_bytes: u32,
     /// Credit margin (agent may have `slots - margin` frames outstanding).
     pub credit_margin_slots: u32,
-    /// Poller → worker queue capacity.
+    /// Poller → worker queue room beyond the credit windows (`ring.descriptor_queue`).
     pub descriptor_queue: u32,
     /// Seconds between `Report`s (which carry the credits).
     pub report_interval_seconds: f64,

@@ -64,7 +64,8 @@ struct Args {
     /// Credit margin in slots (agents keep at most slots − margin frames outstanding).
     #[arg(long, default_value_t = 64)]
     credit_margin: u32,
-    /// Collector poller → worker queue capacity.
+    /// Collector `ring.descriptor_queue`: poller → worker queue room beyond the agents' credit
+    /// windows (which the collector reserves on its own).
     #[arg(long, default_value_t = 8192)]
     descriptor_queue: u32,
     /// Collector report (credit) interval in ms; default max(2, 0.2 × K), at most 1000.

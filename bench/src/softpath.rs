@@ -50,7 +50,7 @@ pub struct SoftRunConfig {
     pub slots: u32,
     /// Credit margin in slots.
     pub credit_margin_slots: u32,
-    /// Poller → worker queue.
+    /// Poller → worker queue room beyond the credit windows (`ring.descriptor_queue`).
     pub descriptor_queue: u32,
     /// Report (credit) interval.
     pub report_interval_seconds: f64,
