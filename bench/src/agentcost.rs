@@ -7,7 +7,7 @@
 //!   `loadavg`, one root mount — sized so that one collection yields `samples_per_sec ×
 //!   interval` samples. The count is calibrated with the agent library's own collector
 //!   ([`HostMetrics::collect`]) before the run, and the rate that reached the collector is
-//!   measured (`records_received_total{stream="1"}`). The agent has no synthetic source, and
+//!   measured (`records_received_total{stream="metrics"}`). The agent has no synthetic source, and
 //!   its shortest host interval is 0.1 s, so a big host scraped every second is how 10 k
 //!   samples/s is produced; the agent still reads and parses every file each interval.
 //! * **Logs**: a writer thread appends `log_lines_per_sec` lines (about 120 bytes, the shape
@@ -353,7 +353,7 @@ pub fn run(cfg: &AgentCostConfig) -> Result<AgentCostResult, AgentCostError> {
         // Wait for data.
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if samples_of(&collector.scrape()?, "1") > 0.0 {
+            if samples_of(&collector.scrape()?, "metrics") > 0.0 {
                 break;
             }
             if Instant::now() >= deadline {
@@ -383,13 +383,13 @@ pub fn run(cfg: &AgentCostConfig) -> Result<AgentCostResult, AgentCostError> {
             .max(1.0) as u32;
         let quiet = Duration::from_secs_f64(cfg.interval_seconds * 0.5);
         let give_up = Duration::from_secs_f64(cfg.interval_seconds * 3.0 + 5.0);
-        let mut last_value = samples_of(&collector.scrape()?, "1");
+        let mut last_value = samples_of(&collector.scrape()?, "metrics");
         let mut last_change = Instant::now();
         let mut next_collection = || -> Result<crate::promtext::Scrape, AgentCostError> {
             let deadline = Instant::now() + give_up;
             loop {
                 let s = collector.scrape()?;
-                let v = samples_of(&s, "1");
+                let v = samples_of(&s, "metrics");
                 if v > last_value {
                     let gap = last_change.elapsed();
                     last_value = v;
@@ -423,10 +423,13 @@ pub fn run(cfg: &AgentCostConfig) -> Result<AgentCostResult, AgentCostError> {
             samples_per_collection: samples,
             interval_seconds: cfg.interval_seconds,
             target_samples_per_sec: cfg.samples_per_sec,
-            samples_per_sec: rate(samples_of(&s1, "1") - samples_of(&s0, "1"), window),
+            samples_per_sec: rate(
+                samples_of(&s1, "metrics") - samples_of(&s0, "metrics"),
+                window,
+            ),
             target_log_lines_per_sec: cfg.log_lines_per_sec,
             log_lines_written_per_sec: rate((w1 - w0) as f64, window),
-            log_lines_per_sec: rate(samples_of(&s1, "2") - samples_of(&s0, "2"), window),
+            log_lines_per_sec: rate(samples_of(&s1, "logs") - samples_of(&s0, "logs"), window),
             cpu_percent: cpu.cores * 100.0,
             cpu,
             rss_bytes: a1.rss_bytes,

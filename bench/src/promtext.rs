@@ -136,9 +136,9 @@ mod tests {
 
     const TEXT: &str = r#"# HELP uctel_collector_frames_received_total Frames accepted.
 # TYPE uctel_collector_frames_received_total counter
-uctel_collector_frames_received_total{agent="a1",stream="1"} 100
-uctel_collector_frames_received_total{agent="a2",stream="1"} 50
-uctel_collector_frames_received_total{agent="a2",stream="2"} 5
+uctel_collector_frames_received_total{agent="a1",stream="metrics"} 100
+uctel_collector_frames_received_total{agent="a2",stream="metrics"} 50
+uctel_collector_frames_received_total{agent="a2",stream="logs"} 5
 uctel_collector_frames_dropped_total{agent="a1",reason="ring_overrun"} 3
 uctel_collector_agents_connected 2
 weird{label="with \"quote\" and \\ slash, and } brace"} 1.5e3
@@ -156,7 +156,7 @@ broken{x="1"
         assert_eq!(
             s.sum(
                 "uctel_collector_frames_received_total",
-                &[("agent", "a2"), ("stream", "2")]
+                &[("agent", "a2"), ("stream", "logs")]
             ),
             5.0
         );

@@ -5,13 +5,16 @@
 //!
 //! ```json
 //! {"ts":"2026-11-29T18:00:00.123456789Z","ts_ns":1795974000123456789,"agent":"web-1",
-//!  "instance":"web-1.example","stream":2,"stream_seq":41,"severity":"info",
+//!  "instance":"web-1.example","stream":"logs","stream_seq":41,"severity":"info",
 //!  "source":"/var/log/syslog","message":"...","fields":{"unit":"cron"}}
 //! ```
 //!
 //! (shown wrapped; it is one line). `ts` is RFC 3339 UTC with nanoseconds, `ts_ns` the same
 //! instant in nanoseconds since the Unix epoch; a record without its own timestamp gets the
-//! frame's. `stream_seq` is the stream sequence of the frame that carried the record.
+//! frame's. `stream` is the name of the frame's stream, as in the `stream` label of the
+//! self-metrics (`uctel_protocol::stream::label`: `logs` for the agent's log stream, the
+//! stream id as a decimal string for an id without a well-known name); `stream_seq` is the
+//! stream sequence of the frame that carried the record.
 //!
 //! Rotation (logrotate's numbered scheme): before a line would take the active file past
 //! `max_file_bytes`, `path.N-1 → path.N`, …, `path → path.1`, and a new `path` is opened;
@@ -52,7 +55,7 @@ struct Line<'a> {
     ts_ns: u64,
     agent: &'a str,
     instance: &'a str,
-    stream: u32,
+    stream: std::borrow::Cow<'static, str>,
     stream_seq: u64,
     severity: &'static str,
     source: &'a str,
@@ -99,7 +102,7 @@ pub fn encode_line(ctx: &LogContext<'_>, record: &LogRecord) -> Vec<u8> {
         ts_ns,
         agent: ctx.agent,
         instance: ctx.instance,
-        stream: ctx.stream,
+        stream: uctel_protocol::stream::label(ctx.stream),
         stream_seq: ctx.stream_seq,
         severity: severity_name(record.severity),
         source: &record.source,
@@ -334,12 +337,19 @@ mod tests {
         assert_eq!(v["ts_ns"], 1_700_000_000_000_000_007u64);
         assert_eq!(v["agent"], "web-1");
         assert_eq!(v["instance"], "web-1.example");
-        assert_eq!(v["stream"], 2);
+        assert_eq!(v["stream"], "logs");
         assert_eq!(v["stream_seq"], 41);
         assert_eq!(v["severity"], "warn");
         assert_eq!(v["source"], "/var/log/syslog");
         assert_eq!(v["message"], "disk \"full\"\nagain");
         assert_eq!(v["fields"]["unit"], "cron");
+    }
+
+    #[test]
+    fn stream_without_a_well_known_name_is_its_number_as_a_string() {
+        let c = LogContext { stream: 7, ..ctx() };
+        let v: serde_json::Value = serde_json::from_slice(&encode_line(&c, &record("x"))).unwrap();
+        assert_eq!(v["stream"], "7");
     }
 
     #[test]

@@ -546,11 +546,13 @@ impl AgentTelemetry {
         }
     }
 
-    /// Handles for one stream of this agent.
+    /// Handles for one stream of this agent, labelled with the stream's name
+    /// (`uctel_protocol::stream::label`: `metrics`, `logs`, else the id's number), the
+    /// agent's own `stream` label values.
     pub fn stream(&self, stream_id: u32) -> StreamTelemetry {
         let f = &self.telemetry.inner;
-        let s = stream_id.to_string();
-        let l = [self.agent.as_str(), s.as_str()];
+        let s = uctel_protocol::stream::label(stream_id);
+        let l = [self.agent.as_str(), &*s];
         StreamTelemetry {
             frames_received: f.frames_received.with_label_values(&l),
             records_received: f.records_received.with_label_values(&l),
@@ -694,8 +696,17 @@ mod tests {
         let s = t.agent("a").stream(7);
         s.frames_received.inc_by(4);
         s.resets_epoch.inc();
+        let a = t.agent("a");
+        a.stream(uctel_protocol::stream::METRICS)
+            .frames_received
+            .inc_by(2);
+        a.stream(uctel_protocol::stream::LOGS).frames_lost.inc();
         let text = String::from_utf8(t.render().unwrap()).unwrap();
         assert!(text.contains("uctel_collector_frames_received_total{agent=\"a\",stream=\"7\"} 4"));
+        // Well-known streams carry the agent's names, so the two sides match in PromQL.
+        assert!(text
+            .contains("uctel_collector_frames_received_total{agent=\"a\",stream=\"metrics\"} 2"));
+        assert!(text.contains("uctel_collector_frames_lost_total{agent=\"a\",stream=\"logs\"} 1"));
         assert!(text.contains(
             "uctel_collector_stream_resets_total{agent=\"a\",reason=\"epoch_change\",stream=\"7\"} 1"
         ));

@@ -71,7 +71,10 @@ async fn accounting(drop_ratio: f64, data_path: DataPath, seed: u64) {
         );
         let received = sample(
             &text,
-            &format!("uctel_collector_frames_received_total{{agent=\"acct\",stream=\"{stream}\"}}"),
+            &format!(
+                "uctel_collector_frames_received_total{{agent=\"acct\",stream=\"{}\"}}",
+                uctel_protocol::stream::label(*stream)
+            ),
         );
         assert_eq!(received, Some(l.accepted as f64), "{text}");
         total_lost += l.lost;

@@ -20,4 +20,5 @@ pub mod frame;
 pub mod framer;
 pub mod limits;
 pub mod payload;
+pub mod stream;
 pub mod tracker;

@@ -20,9 +20,9 @@ use crate::configs::{AgentOptions, CollectorAddrs};
 use crate::daemon::Daemon;
 use crate::exposition::{scrape, Scrape};
 
-/// Stream ids as the agent stamps them (`uctel_agent::stream::Stream::id`) and the names the
-/// agent uses as its `stream` label.
-pub const STREAMS: [(&str, &str); 2] = [("1", "metrics"), ("2", "logs")];
+/// The agent's streams by the name both sides use as their `stream` label
+/// (`uctel_protocol::stream::WELL_KNOWN`: stream id 1 is `metrics`, 2 is `logs`).
+pub const STREAMS: [&str; 2] = ["metrics", "logs"];
 
 /// Collector drop reasons after which the frame's stream has already counted it (not lost).
 pub const AFTER_TRACKING: [&str; 3] = ["malformed_payload", "limit_exceeded", "stale_frame"];
@@ -154,7 +154,7 @@ impl Pipeline {
     }
 
     /// Waits until `uctel_collector_agents_connected == n` and every agent in `ids` has
-    /// frames received on every stream id in `streams`.
+    /// frames received on every stream in `streams` (names: `metrics`, `logs`).
     ///
     /// # Panics
     /// On timeout, with the collector's log.
@@ -211,19 +211,19 @@ impl Pipeline {
 /// Collector-side figures for one agent.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CollectorFigures {
-    /// Per stream id: frames received.
+    /// Per stream name: frames received.
     pub received: BTreeMap<String, u64>,
-    /// Per stream id: frames lost.
+    /// Per stream name: frames lost.
     pub lost: BTreeMap<String, u64>,
-    /// Per stream id: records received.
+    /// Per stream name: records received.
     pub records_received: BTreeMap<String, u64>,
-    /// Per stream id: records lost.
+    /// Per stream name: records lost.
     pub records_lost: BTreeMap<String, u64>,
     /// Per reason: frames dropped.
     pub dropped: BTreeMap<String, u64>,
     /// Connection-sequence gaps not explained by a drop.
     pub connection_lost: u64,
-    /// Per (stream id, reason): stream resets (`epoch_change`: a new agent epoch;
+    /// Per (stream name, reason): stream resets (`epoch_change`: a new agent epoch;
     /// `dropout`: a jump beyond `max_dropout_frames`).
     pub resets: BTreeMap<(String, String), u64>,
 }
@@ -232,7 +232,7 @@ impl CollectorFigures {
     /// Reads the figures of `agent` from a collector scrape.
     pub fn read(s: &Scrape, agent: &str) -> CollectorFigures {
         let mut f = CollectorFigures::default();
-        for (id, _) in STREAMS {
+        for id in STREAMS {
             let m = [("agent", agent), ("stream", id)];
             f.received.insert(
                 id.into(),
@@ -336,7 +336,7 @@ impl AgentFigures {
     /// Reads the figures from a scrape of the agent's `/metrics`.
     pub fn read(s: &Scrape) -> AgentFigures {
         let mut f = AgentFigures::default();
-        for (_, name) in STREAMS {
+        for name in STREAMS {
             let m = [("stream", name)];
             f.frames_sent
                 .insert(name.into(), s.count("uctel_agent_frames_sent_total", &m));

@@ -113,7 +113,7 @@ fn accounting_is_exact_per_agent_and_stream_after_goodbye() {
     let mut p = Pipeline::start();
     let clean = p.add_agent("clean", 0.0, 0.5);
     let lossy = p.add_agent("lossy", 0.02, 0.5);
-    p.wait_flowing(2, &["clean", "lossy"], &["1"], UP);
+    p.wait_flowing(2, &["clean", "lossy"], &["metrics"], UP);
 
     // 20 000 numbered lines per agent (about 700 frames), in bursts, while host metrics
     // flow.
@@ -153,28 +153,28 @@ fn accounting_is_exact_per_agent_and_stream_after_goodbye() {
         // and records sent = received + lost (+ frames dropped after tracking, none here).
         let bye = goodbye_figures(&a.daemon.log());
         let after = c.dropped_after_tracking();
-        for (sid, name) in STREAMS {
+        for name in STREAMS {
             let fin = |k: &str| {
                 bye.get(&format!("{name}_{k}"))
                     .copied()
                     .unwrap_or_else(|| panic!("{id}: no {name}_{k} in `goodbye sent`: {bye:?}"))
             };
-            let seen = c.received[sid] + c.lost[sid];
-            let records = c.records_received[sid] + c.records_lost[sid];
+            let seen = c.received[name] + c.lost[name];
+            let records = c.records_received[name] + c.records_lost[name];
             assert!(
                 seen <= fin("frames") && fin("frames") <= seen + after,
                 "{id} stream {name}: sent {} frames; received {} + lost {} (+ {after} dropped after tracking)",
                 fin("frames"),
-                c.received[sid],
-                c.lost[sid]
+                c.received[name],
+                c.lost[name]
             );
             if after == 0 {
                 assert_eq!(
                     records,
                     fin("records"),
                     "{id} stream {name}: records received {} + lost {} != {} sent",
-                    c.records_received[sid],
-                    c.records_lost[sid],
+                    c.records_received[name],
+                    c.records_lost[name],
                     fin("records")
                 );
             }
@@ -183,11 +183,11 @@ fn accounting_is_exact_per_agent_and_stream_after_goodbye() {
         // under loss: frames carry cumulative record counts).
         let logs_dropped_at_source = read[i].records_dropped["logs"];
         assert_eq!(
-            c.records_received["2"] + c.records_lost["2"],
+            c.records_received["logs"] + c.records_lost["logs"],
             LINES - logs_dropped_at_source,
             "{id}: log records received {} + lost {} != {LINES} lines - {logs_dropped_at_source} dropped at the source",
-            c.records_received["2"],
-            c.records_lost["2"]
+            c.records_received["logs"],
+            c.records_lost["logs"]
         );
         lines.push(format!(
             "{id}: sent {sent} frames; received {:?} lost {:?} records lost {:?}; dropped {}; fault drops {:?}",
@@ -200,14 +200,14 @@ fn accounting_is_exact_per_agent_and_stream_after_goodbye() {
     }
     let c_clean = CollectorFigures::read(&s, "clean");
     assert_eq!(c_clean.lost_total(), 0, "loss on the clean loopback link");
-    assert_eq!(c_clean.records_received["2"], LINES, "clean: every line");
+    assert_eq!(c_clean.records_received["logs"], LINES, "clean: every line");
     let c_lossy = CollectorFigures::read(&s, "lossy");
     assert!(
         c_lossy.lost_total() > 0,
         "2 % injected loss but nothing lost: {c_lossy:?}"
     );
     assert!(
-        c_lossy.records_lost["1"] + c_lossy.records_lost["2"] > 0,
+        c_lossy.records_lost["metrics"] + c_lossy.records_lost["logs"] > 0,
         "frames lost but no records lost: {c_lossy:?}"
     );
     // One packet per frame: the frames lost are exactly the packets the injector dropped,
@@ -241,7 +241,7 @@ fn agent_kill_and_restart_is_a_reset_not_a_loss() {
     let mut p = Pipeline::start();
     let victim = p.add_agent("victim", 0.0, 0.5);
     let steady = p.add_agent("steady", 0.0, 0.5);
-    p.wait_flowing(2, &["victim", "steady"], &["1"], UP);
+    p.wait_flowing(2, &["victim", "steady"], &["metrics"], UP);
     p.write_lines(victim, 0, 500);
     wait_lines_read(&p, victim, 500);
     let collector_pid = p.collector.pid();
@@ -259,7 +259,7 @@ fn agent_kill_and_restart_is_a_reset_not_a_loss() {
         let s = p.scrape()?;
         let c = CollectorFigures::read(&s, "victim");
         let connected = s.count("uctel_collector_agents_connected", &[]);
-        if connected == 2 && c.received["1"] > c1.received["1"] {
+        if connected == 2 && c.received["metrics"] > c1.received["metrics"] {
             Ok(s)
         } else {
             Err(format!("connected {connected}, received {:?}", c.received))
@@ -296,9 +296,9 @@ fn agent_kill_and_restart_is_a_reset_not_a_loss() {
     assert_connection_exact("victim (after restart)", sent2, &c3, &c1);
     assert_eq!(c3.lost_total(), 0, "{c3:?}");
     assert!(
-        c3.records_received["2"] >= 800,
+        c3.records_received["logs"] >= 800,
         "log lines lost across the restart: {} of 800 received",
-        c3.records_received["2"]
+        c3.records_received["logs"]
     );
     let steady_c = CollectorFigures::read(&s3, "steady");
     assert_eq!(steady_c.lost_total(), 0, "{steady_c:?}");
@@ -310,7 +310,7 @@ fn agent_kill_and_restart_is_a_reset_not_a_loss() {
     );
     eprintln!(
         "victim: epochs {epochs:?}; before kill {:?}; after restart {:?}, resets {:?}, log records {} for 800 lines",
-        c1.received, c3.received, c3.resets, c3.records_received["2"]
+        c1.received, c3.received, c3.resets, c3.records_received["logs"]
     );
     p.collector.stop(STOP);
 }
@@ -321,7 +321,7 @@ fn collector_restart_agents_reconnect_and_counters_continue() {
     let mut p = Pipeline::start();
     p.add_agent("a", 0.0, 0.5);
     p.add_agent("b", 0.0, 0.5);
-    p.wait_flowing(2, &["a", "b"], &["1"], UP);
+    p.wait_flowing(2, &["a", "b"], &["metrics"], UP);
     // The agents' own counters, relayed by the collector with the agent label.
     let relayed = |s: &Scrape, agent: &str| {
         s.count(
@@ -354,7 +354,7 @@ fn collector_restart_agents_reconnect_and_counters_continue() {
     }
     p.collector.restart();
     p.wait_collector_up(UP);
-    p.wait_flowing(2, &["a", "b"], &["1"], UP);
+    p.wait_flowing(2, &["a", "b"], &["metrics"], UP);
     let back_after = down.elapsed();
 
     let s1 = wait_for("relayed counters after the restart", UP, tick(), || {
@@ -414,7 +414,7 @@ fn fifty_agents_one_collector() {
         p.add_agent(id, 0.0, 5.0);
     }
     let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
-    p.wait_flowing(N, &id_refs, &["1"], Duration::from_secs(90));
+    p.wait_flowing(N, &id_refs, &["metrics"], Duration::from_secs(90));
     let all_up = started.elapsed();
     for i in 0..N {
         p.write_lines(i, 0, usize::try_from(LINES).unwrap_or(0));
@@ -426,7 +426,7 @@ fn fifty_agents_one_collector() {
             .copied()
             .filter(|id| {
                 let c = CollectorFigures::read(&s, id);
-                c.records_received["2"] + c.records_lost["2"] < LINES
+                c.records_received["logs"] + c.records_lost["logs"] < LINES
             })
             .collect();
         if missing.is_empty() {
@@ -458,7 +458,7 @@ fn fifty_agents_one_collector() {
         let sent = single_goodbye(&p, i);
         assert_connection_exact(id, sent, &c, &CollectorFigures::default());
         assert_eq!(
-            c.records_received["2"] + c.records_lost["2"],
+            c.records_received["logs"] + c.records_lost["logs"],
             LINES,
             "{id}: {c:?}"
         );
@@ -480,7 +480,7 @@ fn prometheus_evaluates_every_dashboard_query() {
     let mut p = Pipeline::start();
     p.add_agent("prom-clean", 0.0, 1.0);
     p.add_agent("prom-lossy", 0.05, 1.0);
-    p.wait_flowing(2, &["prom-clean", "prom-lossy"], &["1"], UP);
+    p.wait_flowing(2, &["prom-clean", "prom-lossy"], &["metrics"], UP);
     p.write_lines(0, 0, 300);
     p.write_lines(1, 0, 300);
 
@@ -599,7 +599,7 @@ fn prometheus_evaluates_every_dashboard_query() {
     p.collector.stop(STOP);
     p.collector.restart();
     p.wait_collector_up(UP);
-    p.wait_flowing(2, &["prom-clean", "prom-lossy"], &["1"], UP);
+    p.wait_flowing(2, &["prom-clean", "prom-lossy"], &["metrics"], UP);
     let value = |q: &str| -> Result<f64, String> {
         prom.query(q)?
             .first()
@@ -608,7 +608,7 @@ fn prometheus_evaluates_every_dashboard_query() {
     };
     wait_for("Prometheus saw the collector's counter reset", UP, tick(), || {
         let r = value(
-            "max(resets(uctel_collector_frames_received_total{agent=\"prom-clean\",stream=\"1\"}[5m]))",
+            "max(resets(uctel_collector_frames_received_total{agent=\"prom-clean\",stream=\"metrics\"}[5m]))",
         )?;
         if r >= 1.0 {
             Ok(())

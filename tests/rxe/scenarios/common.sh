@@ -339,7 +339,7 @@ daemons_pipeline() {
   i=0
   while :; do
     scrape "$COLLECTOR_METRICS" "$D/c.prom" || : >"$D/c.prom"
-    got=$(prom_sum "$D/c.prom" uctel_collector_records_received_total agent=$AGENT_ID stream=2)
+    got=$(prom_sum "$D/c.prom" uctel_collector_records_received_total agent=$AGENT_ID stream=logs)
     cpu=$(prom_count "$D/c.prom" node_cpu_seconds_total agent=$AGENT_ID)
     [ "$got" -ge "$LINES" ] && [ "$cpu" -gt 0 ] && break
     i=$((i + 1))
@@ -398,7 +398,7 @@ daemons_pipeline() {
   done
   conn_lost=$(p uctel_collector_connection_frames_lost_total agent=$AGENT_ID)
   qp_err=$(p uctel_collector_qp_errors_total agent=$AGENT_ID)
-  lines_rx=$(p uctel_collector_records_received_total agent=$AGENT_ID stream=2)
+  lines_rx=$(p uctel_collector_records_received_total agent=$AGENT_ID stream=logs)
   sink=$(grep -c 'rxe-suite line' "$D/collector-logs.jsonl" 2>/dev/null || echo 0)
   labels=$(grep '^node_cpu_seconds_total{' "$D/c.prom" | head -n 1 | sed 's/^[^{]*//; s/} .*/}/')
   pkts=$(awk '$1 == "rcvd_pkts" { b = $2 } END { print b + 0 }' "$D/rxe.before")
@@ -433,18 +433,19 @@ daemons_pipeline() {
     fail "$dp: sent $sent != received $rx + lost $lost + dropped after tracking $after"
   [ "$sent" -eq $((rx + dropped + conn_lost)) ] ||
     fail "$dp: sent $sent != received $rx + dropped $dropped + connection lost $conn_lost"
-  for st in metrics:1 logs:2; do
-    sf=$(log_field "$D/agent.log" 'goodbye sent' "${st%:*}_frames")
+  # Both sides name the streams alike (stream="metrics", stream="logs").
+  for st in metrics logs; do
+    sf=$(log_field "$D/agent.log" 'goodbye sent' "${st}_frames")
     [ -n "$sf" ] || continue
-    srx=$(p uctel_collector_frames_received_total agent=$AGENT_ID stream=${st#*:})
-    slost=$(p uctel_collector_frames_lost_total agent=$AGENT_ID stream=${st#*:})
+    srx=$(p uctel_collector_frames_received_total agent=$AGENT_ID stream=$st)
+    slost=$(p uctel_collector_frames_lost_total agent=$AGENT_ID stream=$st)
     [ "$sf" -eq $((srx + slost)) ] || [ "$after" -gt 0 ] ||
-      fail "$dp: stream ${st%:*}: sent $sf != received $srx + lost $slost"
-    sr=$(log_field "$D/agent.log" 'goodbye sent' "${st%:*}_records")
-    rrx=$(p uctel_collector_records_received_total agent=$AGENT_ID stream=${st#*:})
-    rlo=$(p uctel_collector_records_lost_total agent=$AGENT_ID stream=${st#*:})
+      fail "$dp: stream $st: sent $sf != received $srx + lost $slost"
+    sr=$(log_field "$D/agent.log" 'goodbye sent' "${st}_records")
+    rrx=$(p uctel_collector_records_received_total agent=$AGENT_ID stream=$st)
+    rlo=$(p uctel_collector_records_lost_total agent=$AGENT_ID stream=$st)
     [ -z "$sr" ] || [ "$sr" -eq $((rrx + rlo)) ] ||
-      fail "$dp: stream ${st%:*}: $sr records sent != received $rrx + lost $rlo"
+      fail "$dp: stream $st: $sr records sent != received $rrx + lost $rlo"
   done
   [ "$pkts" -eq "$sent" ] || fail "$dp: rxe0 received $pkts packets for $sent frames"
   detail "$dp: sent $sent = received $rx + lost $lost + dropped $dropped (rxe0 +$pkts pkts)," \
