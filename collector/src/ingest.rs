@@ -27,10 +27,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use uctel_protocol::borrowed::MetricBatchView;
 use uctel_protocol::control::{Goodbye, Report, StreamReport};
 use uctel_protocol::frame::{peek_conn_seq, Frame, FrameError, FrameKind};
 use uctel_protocol::limits::Limits;
-use uctel_protocol::payload::{self, MetricBatch, PayloadError, RecordError};
+use uctel_protocol::payload::{self, PayloadError, RecordError};
 use uctel_protocol::stream::StreamName;
 use uctel_protocol::tracker::{CloseError, Observation, SequenceTracker, TrackerConfig};
 
@@ -175,9 +176,9 @@ pub struct ConnectionIngest {
     dropped_before_tracking: u64,
     conn_lost_emitted: u64,
     unseen_conn_lost: u64,
-    /// Decode buffer reused for every metrics frame (`decode_metric_batch_into`), so the
-    /// steady state allocates no metric name, help or label vector per frame.
-    metrics: MetricBatch,
+    /// Decode storage reused for every metrics frame ([`MetricBatchView::recycle`]): records
+    /// are views into the frame, so the steady state allocates nothing per frame.
+    metrics: MetricBatchView<'static>,
 }
 
 impl ConnectionIngest {
@@ -211,7 +212,7 @@ impl ConnectionIngest {
             dropped_before_tracking: 0,
             conn_lost_emitted: 0,
             unseen_conn_lost: 0,
-            metrics: MetricBatch::default(),
+            metrics: MetricBatchView::new(),
         })
     }
 
@@ -389,11 +390,11 @@ impl ConnectionIngest {
         let body = frame.payload();
         let delivered: Result<usize, PayloadError> = match header.kind {
             FrameKind::Metrics => {
-                payload::decode_metric_batch_into(body, &self.limits, &mut self.metrics).map(|()| {
-                    let batch = &self.metrics;
+                let mut batch = std::mem::take(&mut self.metrics).recycle();
+                let delivered = batch.decode_into(body, &self.limits).map(|()| {
                     let out = self
                         .store
-                        .ingest(&self.agent, &self.instance, &batch.metrics, now);
+                        .ingest_views(&self.agent, &self.instance, &batch, now);
                     for (rejection, n) in &out.rejected {
                         self.tel.drop_records(
                             rejection.drop_reason(),
@@ -407,8 +408,10 @@ impl ConnectionIngest {
                             ),
                         );
                     }
-                    batch.metrics.len()
-                })
+                    batch.len()
+                });
+                self.metrics = batch.recycle();
+                delivered
             }
             FrameKind::Logs => payload::decode_log_batch(body, &self.limits).map(|batch| {
                 let ctx = LogContext {
