@@ -23,7 +23,7 @@ use uctel_protocol::frame::{decode_frame, Payload};
 use uctel_protocol::limits::Limits;
 use uctel_protocol::payload::{MetricType, Severity};
 
-use crate::config::{seconds, AgentConfig};
+use crate::config::AgentConfig;
 use crate::runners::{self, Queues};
 use crate::selfmetrics::{DropReason, SelfMetrics};
 use crate::sender::core::{SenderConfig, SenderCore, Transmit};
@@ -222,23 +222,7 @@ pub async fn run<W: Write>(
     }
 
     let mut tasks = tokio::task::JoinSet::new();
-    if config.sources.host_metrics.enabled {
-        tasks.spawn(runners::host_metrics_loop(
-            runners::host_config(config),
-            seconds(config.sources.host_metrics.interval_seconds),
-            queues.metrics.clone(),
-            stats.clone(),
-            shutdown.clone(),
-        ));
-    }
-    if config.sources.self_metrics.enabled {
-        tasks.spawn(runners::self_metrics_loop(
-            seconds(config.sources.self_metrics.interval_seconds),
-            queues.metrics.clone(),
-            stats.clone(),
-            shutdown.clone(),
-        ));
-    }
+    runners::spawn_metric_sources(config, &queues, &stats, &shutdown, &mut tasks);
     let threads = runners::spawn_log_tailers(config, &queues, &stats, &shutdown)
         .map_err(DryRunError::Source)?;
 

@@ -151,23 +151,7 @@ pub async fn run_with(
         let render = uctel_common::http::registry_render(stats.registry().clone());
         tasks.spawn(uctel_common::http::serve(l, render, shutdown.clone()));
     }
-    if config.sources.host_metrics.enabled {
-        tasks.spawn(runners::host_metrics_loop(
-            runners::host_config(&config),
-            seconds(config.sources.host_metrics.interval_seconds),
-            queues.metrics.clone(),
-            stats.clone(),
-            shutdown.clone(),
-        ));
-    }
-    if config.sources.self_metrics.enabled {
-        tasks.spawn(runners::self_metrics_loop(
-            seconds(config.sources.self_metrics.interval_seconds),
-            queues.metrics.clone(),
-            stats.clone(),
-            shutdown.clone(),
-        ));
-    }
+    runners::spawn_metric_sources(&config, &queues, &stats, &shutdown, &mut tasks);
     let threads = runners::spawn_log_tailers(&config, &queues, &stats, &shutdown)
         .map_err(RunError::Source)?;
 

@@ -177,6 +177,34 @@ fn offer<T>(queue: &RecordQueue<T>, records: Vec<T>, stream: Stream, stats: &Sel
     n - rejected
 }
 
+/// Starts the enabled metric sources of `config` (host metrics, self-metrics) as tasks of
+/// `tasks`, each feeding `queues.metrics` until `shutdown`.
+pub fn spawn_metric_sources(
+    config: &AgentConfig,
+    queues: &Queues,
+    stats: &Arc<SelfMetrics>,
+    shutdown: &Shutdown,
+    tasks: &mut tokio::task::JoinSet<()>,
+) {
+    if config.sources.host_metrics.enabled {
+        tasks.spawn(host_metrics_loop(
+            host_config(config),
+            seconds(config.sources.host_metrics.interval_seconds),
+            queues.metrics.clone(),
+            stats.clone(),
+            shutdown.clone(),
+        ));
+    }
+    if config.sources.self_metrics.enabled {
+        tasks.spawn(self_metrics_loop(
+            seconds(config.sources.self_metrics.interval_seconds),
+            queues.metrics.clone(),
+            stats.clone(),
+            shutdown.clone(),
+        ));
+    }
+}
+
 /// Runs the host-metrics source until shutdown: one collection at start, then one per
 /// `interval`. Collection errors are logged (first failure of each sub-collector at `warn`)
 /// and visible as `node_scrape_collector_success{collector} 0`.
