@@ -95,11 +95,45 @@ impl Auth {
 /// One live session: its registry id, the trigger that ends it, and a flag set when it ended.
 type LiveSession = (u64, ShutdownTrigger, tokio::sync::watch::Receiver<bool>);
 
-/// Live sessions by agent id, so a reconnecting agent replaces its stale session.
+/// Most agent ids whose last epoch the collector remembers ([`Registry::swap_epoch`]). Ids
+/// are only remembered after a successful handshake, but a shared token admits any id, so
+/// the table is bounded: when full, the id remembered longest ago is forgotten (its next
+/// connection then counts no `epoch_change` reset).
+pub const MAX_REMEMBERED_EPOCHS: usize = 65_536;
+
+/// Live sessions by agent id, so a reconnecting agent replaces its stale session; and the
+/// last epoch of each agent id, so a new epoch is counted as a reset.
 #[derive(Debug, Default)]
 pub struct Registry {
     live: Mutex<HashMap<String, LiveSession>>,
     next: std::sync::atomic::AtomicU64,
+    /// Agent id → (last epoch, stamp of the connection that announced it).
+    epochs: Mutex<HashMap<String, (u64, u64)>>,
+}
+
+impl Registry {
+    /// Records `epoch` as `agent`'s latest and returns the epoch it had before, `None` for
+    /// an agent id not remembered (new, or forgotten past [`MAX_REMEMBERED_EPOCHS`]).
+    pub fn swap_epoch(&self, agent: &str, epoch: u64) -> Option<u64> {
+        let stamp = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut epochs = lock(&self.epochs);
+        if let Some(e) = epochs.get_mut(agent) {
+            let previous = e.0;
+            *e = (epoch, stamp);
+            return Some(previous);
+        }
+        if epochs.len() >= MAX_REMEMBERED_EPOCHS {
+            let oldest = epochs
+                .iter()
+                .min_by_key(|(_, (_, s))| *s)
+                .map(|(a, _)| a.clone());
+            if let Some(oldest) = oldest {
+                epochs.remove(&oldest);
+            }
+        }
+        epochs.insert(agent.to_owned(), (epoch, stamp));
+        None
+    }
 }
 
 /// Cumulative per-stream accounting of closed connections, by `(agent, stream)`.
@@ -538,7 +572,7 @@ async fn run_session(
         max_dropout: cfg.max_dropout_frames.0,
         reorder_window: cfg.reorder_window_frames.0,
     };
-    let ingest = match ConnectionIngest::new(
+    let mut ingest = match ConnectionIngest::new(
         &agent,
         &hello.hostname,
         hello.epoch,
@@ -551,6 +585,7 @@ async fn run_session(
         Ok(i) => i,
         Err(e) => return refuse(ch, shared, peer, fail(e.to_string())).await,
     };
+    ingest.set_previous_epoch(shared.registry.swap_epoch(&agent, hello.epoch));
     shared.plane.register(session.clone(), ingest);
     let heartbeat = Duration::try_from_secs_f64(cfg.control.heartbeat_interval_seconds)
         .unwrap_or(Duration::from_secs(5));
@@ -684,6 +719,22 @@ async fn run_session(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn epochs_are_remembered_per_agent_and_bounded() {
+        let r = Registry::default();
+        assert_eq!(r.swap_epoch("a", 1), None);
+        assert_eq!(r.swap_epoch("a", 2), Some(1));
+        assert_eq!(r.swap_epoch("b", 7), None);
+        assert_eq!(r.swap_epoch("a", 3), Some(2));
+        for i in 0..MAX_REMEMBERED_EPOCHS {
+            let _ = r.swap_epoch(&format!("id-{i}"), 9);
+        }
+        assert_eq!(lock(&r.epochs).len(), MAX_REMEMBERED_EPOCHS);
+        // "a" and "b" were remembered longest ago: forgotten first.
+        assert_eq!(r.swap_epoch("b", 8), None);
+        assert_eq!(r.swap_epoch("id-100", 10), Some(9));
+    }
 
     fn udp(port: u16) -> Option<SocketAddr> {
         Some(SocketAddr::from(([10, 0, 0, 1], port)))

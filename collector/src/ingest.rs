@@ -176,6 +176,9 @@ pub struct ConnectionIngest {
     dropped_before_tracking: u64,
     conn_lost_emitted: u64,
     unseen_conn_lost: u64,
+    /// The agent's epoch before this connection, when it had connected before
+    /// ([`ConnectionIngest::set_previous_epoch`]).
+    previous_epoch: Option<u64>,
     /// Decode storage reused for every metrics frame ([`MetricBatchView::recycle`]): records
     /// are views into the frame, so the steady state allocates nothing per frame.
     metrics: MetricBatchView<'static>,
@@ -212,8 +215,22 @@ impl ConnectionIngest {
             dropped_before_tracking: 0,
             conn_lost_emitted: 0,
             unseen_conn_lost: 0,
+            previous_epoch: None,
             metrics: MetricBatchView::new(),
         })
+    }
+
+    /// The epoch of the agent's previous connection, `None` for an agent not seen before.
+    /// When it differs from this connection's epoch, the agent restarted or reconnected: the
+    /// connection's and each stream's first frame count one `epoch_change` reset
+    /// (`connection_resets_total`, `stream_resets_total`), never loss (DESIGN.md §5).
+    pub fn set_previous_epoch(&mut self, previous: Option<u64>) {
+        self.previous_epoch = previous;
+    }
+
+    /// True when this connection started a new epoch of an agent seen before.
+    fn epoch_changed(&self) -> bool {
+        self.previous_epoch.is_some_and(|p| p != self.epoch)
     }
 
     /// The agent's metric handles.
@@ -316,6 +333,11 @@ impl ConnectionIngest {
         {
             self.unseen_conn_lost = header.conn_seq;
         }
+        match conn_obs {
+            Observation::First if self.epoch_changed() => self.tel.connection_resets_epoch.inc(),
+            Observation::Resync { .. } => self.tel.connection_resets_dropout.inc(),
+            _ => {}
+        }
         if let Observation::Stale { reason } = conn_obs {
             return self.drop(
                 DropReason::StaleFrame,
@@ -355,12 +377,16 @@ impl ConnectionIngest {
             );
         }
         let max_dropout = self.tracker_config.max_dropout;
+        let epoch_changed = self.epoch_changed();
         let Some(stream) = self.streams.get_mut(&header.stream_id) else {
             return FrameOutcome::Dropped(DropReason::LimitExceeded);
         };
         let obs = stream.tracker.observe(self.epoch, header.stream_seq);
         match obs {
             Observation::First => {
+                if epoch_changed {
+                    stream.tel.resets_epoch.inc();
+                }
                 // Streams start at 0 in every epoch: a first frame at s > 0 lost 0..s.
                 if header.stream_seq > 0 && header.stream_seq <= max_dropout {
                     stream.leading_lost = header.stream_seq;
@@ -834,6 +860,47 @@ mod tests {
             r.ingest.on_send(&f, now()),
             FrameOutcome::Dropped(DropReason::EpochMismatch)
         );
+    }
+
+    #[test]
+    fn a_new_epoch_of_a_known_agent_counts_one_reset_per_stream_and_connection() {
+        let resets = |r: &Rig| {
+            let text = String::from_utf8(r.telemetry.render().unwrap()).unwrap();
+            let get = |series: &str| {
+                text.lines()
+                    .find(|l| l.starts_with(series))
+                    .and_then(|l| l.rsplit(' ').next())
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            (
+                get("uctel_collector_stream_resets_total{agent=\"a1\",reason=\"epoch_change\",stream=\"metrics\"}"),
+                get("uctel_collector_stream_resets_total{agent=\"a1\",reason=\"epoch_change\",stream=\"logs\"}"),
+                get("uctel_collector_connection_resets_total{agent=\"a1\",reason=\"epoch_change\"}"),
+                get("uctel_collector_frames_lost_total{agent=\"a1\",stream=\"metrics\"}"),
+            )
+        };
+        // Seen before in another epoch: one reset per stream at its first frame, one for the
+        // connection, none for later frames, and no loss.
+        let mut r = rig();
+        r.ingest.set_previous_epoch(Some(EPOCH ^ 1));
+        for c in 0..6u64 {
+            let _ = r
+                .ingest
+                .on_send(&frame(c, 1 + (c % 2) as u32, c / 2, c / 2 + 1), now());
+        }
+        assert_eq!(resets(&r), (1, 1, 1, 0));
+        // A first connection, or the same epoch again: no reset.
+        for previous in [None, Some(EPOCH)] {
+            let mut r = rig();
+            r.ingest.set_previous_epoch(previous);
+            for c in 0..4u64 {
+                let _ = r
+                    .ingest
+                    .on_send(&frame(c, 1 + (c % 2) as u32, c / 2, c / 2 + 1), now());
+            }
+            assert_eq!(resets(&r), (0, 0, 0, 0), "{previous:?}");
+        }
     }
 
     #[test]

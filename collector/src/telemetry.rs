@@ -214,6 +214,7 @@ struct Families {
     frames_late: IntCounterVec,
     frames_duplicate: IntCounterVec,
     stream_resets: IntCounterVec,
+    connection_resets: IntCounterVec,
     loss_ratio: prometheus::GaugeVec,
     connection_frames_lost: IntCounterVec,
     agents_connected: IntGauge,
@@ -281,6 +282,11 @@ impl Telemetry {
             "stream_resets_total",
             "Stream sequence resets: epoch_change (new agent epoch) or dropout (a jump beyond max_dropout_frames, resynchronised, not counted as loss).",
             &["agent", "stream", "reason"],
+        )?;
+        let connection_resets = counter(
+            "connection_resets_total",
+            "Connection sequence resets: epoch_change (the agent came back with a new epoch: a restart or a reconnect, counted at the first frame of the new epoch) or dropout (a jump beyond max_dropout_frames).",
+            &["agent", "reason"],
         )?;
         let loss_ratio = prometheus::GaugeVec::new(
             opts(
@@ -352,6 +358,7 @@ impl Telemetry {
                 frames_late,
                 frames_duplicate,
                 stream_resets,
+                connection_resets,
                 loss_ratio,
                 connection_frames_lost,
                 agents_connected,
@@ -397,6 +404,12 @@ impl Telemetry {
             frames_dropped: dropped,
             records_dropped,
             connection_frames_lost: f.connection_frames_lost.with_label_values(&[agent]),
+            connection_resets_epoch: f
+                .connection_resets
+                .with_label_values(&[agent, ResetReason::EpochChange.as_str()]),
+            connection_resets_dropout: f
+                .connection_resets
+                .with_label_values(&[agent, ResetReason::Dropout.as_str()]),
             ring_slots_in_use: f.ring_slots_in_use.with_label_values(&[agent]),
             qp_errors: f.qp_errors.with_label_values(&[agent]),
             series: f.store_series.with_label_values(&[agent]),
@@ -479,6 +492,10 @@ pub struct AgentTelemetry {
     records_dropped: Vec<Option<IntCounter>>,
     /// Connection-sequence gaps not explained by a counted drop.
     pub connection_frames_lost: IntCounter,
+    /// Connection sequence resets on a new agent epoch.
+    pub connection_resets_epoch: IntCounter,
+    /// Connection sequence resyncs after a jump beyond the maximum dropout.
+    pub connection_resets_dropout: IntCounter,
     /// Completed but unconsumed slots.
     pub ring_slots_in_use: IntGauge,
     /// QP errors.
@@ -608,7 +625,8 @@ pub struct StreamTelemetry {
     pub frames_late: IntCounter,
     /// Duplicate frames.
     pub frames_duplicate: IntCounter,
-    /// Resets on a new epoch.
+    /// Resets on a new epoch of an agent seen before (a restart or reconnect, DESIGN.md §5),
+    /// counted at the stream's first frame in the new epoch; not loss.
     pub resets_epoch: IntCounter,
     /// Resyncs after a large jump.
     pub resets_resync: IntCounter,

@@ -275,6 +275,10 @@ fn agent_kill_and_restart_is_a_reset_not_a_loss() {
     );
     assert_eq!(c2.lost_total(), 0, "a new epoch counted as loss: {c2:?}");
     assert_eq!(c2.other_resets(), 0, "a restart read as a dropout: {c2:?}");
+    assert!(
+        c2.epoch_resets() >= 1,
+        "the new epoch was not counted as a reset: {c2:?}"
+    );
     assert!(p.collector.is_running(), "the collector died");
     assert_eq!(p.collector.pid(), collector_pid, "the collector restarted");
 
