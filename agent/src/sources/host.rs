@@ -177,6 +177,9 @@ pub struct HostMetrics {
     ticks_per_second: u64,
     rdma: RdmaCounters,
     failures: [u64; HostCollector::ALL.len()],
+    /// Samples of the previous collection: the next one reserves that many up front, so a big
+    /// host's sample vector is allocated once rather than grown (and copied) by doubling.
+    last_len: usize,
 }
 
 impl HostMetrics {
@@ -193,6 +196,7 @@ impl HostMetrics {
             ticks_per_second,
             rdma,
             failures: [0; HostCollector::ALL.len()],
+            last_len: 0,
         }
     }
 
@@ -200,7 +204,10 @@ impl HostMetrics {
     /// [`HostCollection::errors`], its `node_scrape_collector_success` sample is 0, and
     /// [`HostMetrics::failures`] counts it.
     pub fn collect(&mut self) -> HostCollection {
-        let mut out = HostCollection::default();
+        let mut out = HostCollection {
+            metrics: Vec::with_capacity(self.last_len),
+            errors: Vec::new(),
+        };
         let stat_path = self.paths.proc.join("stat");
         let stat_text = std::fs::read_to_string(&stat_path);
         for collector in HostCollector::ALL {
@@ -244,6 +251,7 @@ impl HostMetrics {
             };
             scrape_samples(collector, ok, elapsed, &mut out.metrics);
         }
+        self.last_len = out.metrics.len();
         out
     }
 
@@ -523,6 +531,76 @@ fn parse_meminfo_line(line: &str) -> Option<(String, f64)> {
     }
 }
 
+/// `node_network_<field>_total` name and help of each `/proc/net/dev` field, in the order of
+/// the values in [`netdev`] (node_exporter's `netdev_linux.go` field names), spelled out so a
+/// collection formats no strings.
+const NETDEV_FIELDS: [(&str, &str); 16] = [
+    (
+        "node_network_receive_bytes_total",
+        "Network device statistic receive_bytes.",
+    ),
+    (
+        "node_network_receive_packets_total",
+        "Network device statistic receive_packets.",
+    ),
+    (
+        "node_network_receive_errs_total",
+        "Network device statistic receive_errs.",
+    ),
+    (
+        "node_network_receive_drop_total",
+        "Network device statistic receive_drop.",
+    ),
+    (
+        "node_network_receive_fifo_total",
+        "Network device statistic receive_fifo.",
+    ),
+    (
+        "node_network_receive_frame_total",
+        "Network device statistic receive_frame.",
+    ),
+    (
+        "node_network_receive_compressed_total",
+        "Network device statistic receive_compressed.",
+    ),
+    (
+        "node_network_receive_multicast_total",
+        "Network device statistic receive_multicast.",
+    ),
+    (
+        "node_network_transmit_bytes_total",
+        "Network device statistic transmit_bytes.",
+    ),
+    (
+        "node_network_transmit_packets_total",
+        "Network device statistic transmit_packets.",
+    ),
+    (
+        "node_network_transmit_errs_total",
+        "Network device statistic transmit_errs.",
+    ),
+    (
+        "node_network_transmit_drop_total",
+        "Network device statistic transmit_drop.",
+    ),
+    (
+        "node_network_transmit_fifo_total",
+        "Network device statistic transmit_fifo.",
+    ),
+    (
+        "node_network_transmit_colls_total",
+        "Network device statistic transmit_colls.",
+    ),
+    (
+        "node_network_transmit_carrier_total",
+        "Network device statistic transmit_carrier.",
+    ),
+    (
+        "node_network_transmit_compressed_total",
+        "Network device statistic transmit_compressed.",
+    ),
+];
+
 fn netdev(proc: &Path, out: &mut Vec<Metric>) -> Result<(), HostError> {
     let path = proc.join("net").join("dev");
     let devices =
@@ -530,31 +608,27 @@ fn netdev(proc: &Path, out: &mut Vec<Metric>) -> Result<(), HostError> {
     let mut devices: Vec<_> = devices.0.into_values().collect();
     devices.sort_by(|a, b| a.name.cmp(&b.name));
     for d in &devices {
-        let fields: [(&str, u64); 16] = [
-            ("receive_bytes", d.recv_bytes),
-            ("receive_packets", d.recv_packets),
-            ("receive_errs", d.recv_errs),
-            ("receive_drop", d.recv_drop),
-            ("receive_fifo", d.recv_fifo),
-            ("receive_frame", d.recv_frame),
-            ("receive_compressed", d.recv_compressed),
-            ("receive_multicast", d.recv_multicast),
-            ("transmit_bytes", d.sent_bytes),
-            ("transmit_packets", d.sent_packets),
-            ("transmit_errs", d.sent_errs),
-            ("transmit_drop", d.sent_drop),
-            ("transmit_fifo", d.sent_fifo),
-            ("transmit_colls", d.sent_colls),
-            ("transmit_carrier", d.sent_carrier),
-            ("transmit_compressed", d.sent_compressed),
+        let values: [u64; NETDEV_FIELDS.len()] = [
+            d.recv_bytes,
+            d.recv_packets,
+            d.recv_errs,
+            d.recv_drop,
+            d.recv_fifo,
+            d.recv_frame,
+            d.recv_compressed,
+            d.recv_multicast,
+            d.sent_bytes,
+            d.sent_packets,
+            d.sent_errs,
+            d.sent_drop,
+            d.sent_fifo,
+            d.sent_colls,
+            d.sent_carrier,
+            d.sent_compressed,
         ];
-        for (field, value) in fields {
-            out.push(counter(
-                format!("node_network_{field}_total"),
-                &format!("Network device statistic {field}."),
-                &[("device", &d.name)],
-                value as f64,
-            ));
+        let labels = [("device", d.name.as_str())];
+        for ((name, help), value) in NETDEV_FIELDS.iter().zip(values) {
+            out.push(counter(*name, help, &labels, value as f64));
         }
     }
     Ok(())
@@ -863,6 +937,33 @@ fn time(out: &mut Vec<Metric>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn netdev_names_and_help_follow_the_field_names() {
+        let fields = [
+            "receive_bytes",
+            "receive_packets",
+            "receive_errs",
+            "receive_drop",
+            "receive_fifo",
+            "receive_frame",
+            "receive_compressed",
+            "receive_multicast",
+            "transmit_bytes",
+            "transmit_packets",
+            "transmit_errs",
+            "transmit_drop",
+            "transmit_fifo",
+            "transmit_colls",
+            "transmit_carrier",
+            "transmit_compressed",
+        ];
+        assert_eq!(NETDEV_FIELDS.len(), fields.len());
+        for ((name, help), field) in NETDEV_FIELDS.iter().zip(fields) {
+            assert_eq!(*name, format!("node_network_{field}_total"));
+            assert_eq!(*help, format!("Network device statistic {field}."));
+        }
+    }
 
     #[test]
     fn meminfo_lines_map_to_node_exporter_names() {
