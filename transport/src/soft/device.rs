@@ -426,6 +426,8 @@ impl QpOps for SoftQp {
         core.remote = Some(dest);
         core.src = src;
         core.src_override = src_override;
+        drop(core);
+        self.shared.tx_hint.store(true, Ordering::Release);
         Ok(())
     }
 
@@ -438,6 +440,7 @@ impl QpOps for SoftQp {
                 &mut CqSink(&self.slot.recv_cq),
             );
         }
+        self.shared.flush_hint.store(true, Ordering::Release);
         self.shared.note_cq_overflow(&self.slot);
     }
 
@@ -504,6 +507,9 @@ impl QpOps for SoftQp {
             }
             Ok(())
         })();
+        // The WRs are in the send queue (the lock is released): the next scan must see them.
+        self.shared.tx_hint.store(true, Ordering::Release);
+        self.shared.flush_hint.store(true, Ordering::Release);
         // Send what was posted, also when a later WR of the list was refused.
         self.shared.kick_tx();
         result
@@ -567,6 +573,9 @@ impl QpOps for SoftQp {
                 &mut CqSink(&self.slot.send_cq),
                 &mut CqSink(&self.slot.recv_cq),
             );
+            if core.engine.needs_flush() {
+                self.shared.flush_hint.store(true, Ordering::Release);
+            }
         }
         drop(core);
         self.shared.note_cq_overflow(&self.slot);
@@ -622,6 +631,13 @@ struct Shared {
     qps: RwLock<HashMap<u32, Arc<QpSlot>>>,
     next_qpn: Mutex<u32>,
     next_cq: AtomicU32,
+    /// Some QP may have send WRs to packetise: set after every `post_send` and `connect`
+    /// and when a transmit scan stopped at a full batch; cleared by the scan. Lets a
+    /// receive-only device (the collector) skip the scan of every QP in each round.
+    tx_hint: AtomicBool,
+    /// Some QP may be in ERROR with WRs left to flush (a flush stopped at a full CQ, or a
+    /// send or post outside the receive path failed it); cleared by [`Shared::flush_failed`].
+    flush_hint: AtomicBool,
     link: Mutex<LinkState>,
     counters: Counters,
     events: Mutex<VecDeque<AsyncEvent>>,
@@ -774,6 +790,9 @@ impl Shared {
 
     /// Pulls packets from every QP with pending send WRs into `ls.tx`, up to one batch.
     fn pull_packets(&self, ls: &mut LinkState) {
+        if !self.tx_hint.swap(false, Ordering::AcqRel) {
+            return;
+        }
         let slots = self.snapshot_qps();
         let mut progressed = true;
         while progressed && ls.tx.len() < self.batch {
@@ -814,8 +833,15 @@ impl Shared {
                     burst += 1;
                     progressed = true;
                 }
+                if core.engine.needs_flush() {
+                    self.flush_hint.store(true, Ordering::Release);
+                }
                 self.note_events(slot, &mut core);
             }
+        }
+        if ls.tx.len() >= self.batch {
+            // Stopped at a full batch: some QP may have more to send.
+            self.tx_hint.store(true, Ordering::Release);
         }
     }
 
@@ -902,11 +928,15 @@ impl Shared {
         self.counters
             .packets_received
             .fetch_add(rx.len() as u64, Ordering::Relaxed);
-        for d in rx.drain(..) {
-            self.receive(&d);
+        for d in &rx {
+            self.receive(d);
         }
         self.flush_failed();
         if let Ok(mut ls) = self.link.try_lock() {
+            // The payload buffers go back to the link for its next receive.
+            for d in rx.drain(..) {
+                ls.link.recycle(d.payload);
+            }
             ls.rx = rx;
             report.sent += self.pump_tx(&mut ls);
         }
@@ -914,11 +944,18 @@ impl Shared {
     }
 
     fn flush_failed(&self) {
+        if !self.flush_hint.swap(false, Ordering::AcqRel) {
+            return;
+        }
         for slot in self.snapshot_qps() {
             let mut core = lock(&slot.core);
             if core.engine.needs_flush() {
                 core.engine
                     .flush(&mut CqSink(&slot.send_cq), &mut CqSink(&slot.recv_cq));
+                if core.engine.needs_flush() {
+                    // A CQ is full: try again next round.
+                    self.flush_hint.store(true, Ordering::Release);
+                }
                 self.note_events(&slot, &mut core);
             }
         }
@@ -955,6 +992,9 @@ impl Shared {
         if core.engine.needs_flush() {
             core.engine
                 .flush(&mut CqSink(&slot.send_cq), &mut CqSink(&slot.recv_cq));
+            if core.engine.needs_flush() {
+                self.flush_hint.store(true, Ordering::Release);
+            }
         }
         self.note_events(&slot, &mut core);
     }
@@ -1027,6 +1067,8 @@ impl SoftDevice {
             qps: RwLock::new(HashMap::new()),
             next_qpn: Mutex::new(0x11),
             next_cq: AtomicU32::new(1),
+            tx_hint: AtomicBool::new(true),
+            flush_hint: AtomicBool::new(true),
             link: Mutex::new(LinkState {
                 link,
                 tx: Vec::with_capacity(config.batch),

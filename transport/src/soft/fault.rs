@@ -459,6 +459,10 @@ impl<L: Link> Link for FaultInjector<L> {
         self.inner.recv_discarded()
     }
 
+    fn recycle(&mut self, payload: Vec<u8>) {
+        self.inner.recycle(payload);
+    }
+
     /// Runs each datagram through the faults and hands what comes out to the inner link.
     /// Takes every datagram unless the internal backlog (inner link blocking) is full.
     fn send(&mut self, batch: &[Datagram]) -> io::Result<usize> {

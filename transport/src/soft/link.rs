@@ -61,6 +61,13 @@ pub trait Link: Send {
     fn recv_discarded(&self) -> u64 {
         0
     }
+
+    /// Gives back the payload buffer of a datagram that [`Link::recv`] handed out and the
+    /// caller has finished with, so a later `recv` can fill it instead of allocating. Default:
+    /// dropped, for links that do not keep buffers.
+    fn recycle(&mut self, payload: Vec<u8>) {
+        drop(payload);
+    }
 }
 
 impl<L: Link + ?Sized> Link for Box<L> {
@@ -83,6 +90,10 @@ impl<L: Link + ?Sized> Link for Box<L> {
 
     fn recv_discarded(&self) -> u64 {
         (**self).recv_discarded()
+    }
+
+    fn recycle(&mut self, payload: Vec<u8>) {
+        (**self).recycle(payload);
     }
 }
 

@@ -177,6 +177,10 @@ impl UdpCounts {
 /// Most datagrams per system call.
 const MAX_BATCH: usize = 1024;
 
+/// Fewest datagrams a `recvmmsg` of [`UdpLink`] asks for while the batch adapts (see
+/// `UdpLink::recv_slots`).
+const MIN_RECV_SLOTS: usize = 8;
+
 /// A [`Link`] over one UDP socket. See the module docs.
 #[derive(Debug)]
 pub struct UdpLink {
@@ -184,12 +188,24 @@ pub struct UdpLink {
     local: SocketAddr,
     config: UdpConfig,
     bufs: Vec<Vec<u8>>,
+    /// Payload buffers given back with [`Link::recycle`], refilled by the next receive (at
+    /// most `batch` kept), so a steady receive loop allocates no payload.
+    pool: Vec<Vec<u8>>,
+    /// Per-call metadata of the last `recvmmsg`, kept to reuse its allocation.
+    metas: Vec<RecvMeta>,
+    /// Datagrams the next `recvmmsg` asks for (`MIN_RECV_SLOTS..=batch`): doubled after a
+    /// call that filled every slot, halved after one that filled less than half. The message
+    /// headers and control buffers are built per call, and their cost grows with the slots,
+    /// so a lightly loaded socket (a few datagrams per wake-up) is read with a short vector
+    /// and a backlog with the full batch.
+    recv_slots: usize,
     counts: UdpCounts,
     recv_buffer_bytes: usize,
     send_buffer_bytes: usize,
 }
 
 /// Metadata of one received datagram, copied out of the `recvmmsg` results.
+#[derive(Debug)]
 struct RecvMeta {
     index: usize,
     len: usize,
@@ -313,8 +329,11 @@ impl UdpLink {
         Ok(UdpLink {
             socket,
             local,
-            config,
             bufs,
+            pool: Vec::with_capacity(config.batch),
+            metas: Vec::with_capacity(config.batch),
+            recv_slots: config.batch.min(MIN_RECV_SLOTS),
+            config,
             counts: UdpCounts::default(),
             recv_buffer_bytes,
             send_buffer_bytes,
@@ -356,7 +375,7 @@ impl UdpLink {
 
     /// One non-blocking `recvmmsg`; appends to `out`.
     fn recv_once(&mut self, out: &mut Vec<Datagram>, max: usize) -> io::Result<usize> {
-        let n = max.min(self.bufs.len());
+        let n = max.min(self.bufs.len()).min(self.recv_slots);
         if n == 0 {
             return Ok(0);
         }
@@ -369,7 +388,8 @@ impl UdpLink {
                     + cmsg_space::<libc::in6_pktinfo>()
             ]),
         );
-        let mut metas: Vec<RecvMeta> = Vec::with_capacity(n);
+        let mut metas = std::mem::take(&mut self.metas);
+        metas.clear();
         {
             let mut iovs: Vec<[IoSliceMut<'_>; 1]> = self
                 .bufs
@@ -418,8 +438,19 @@ impl UdpLink {
         if !metas.is_empty() {
             self.counts.recv_calls += 1;
         }
+        // Adapt only when the slots, not the caller's `max`, bounded this call.
+        if !metas.is_empty() && n == self.recv_slots {
+            let full = self.bufs.len().max(1);
+            self.recv_slots = if metas.len() >= n {
+                (n * 2).min(full)
+            } else if metas.len() * 2 < n {
+                (n / 2).clamp(MIN_RECV_SLOTS.min(full), full)
+            } else {
+                n.max(MIN_RECV_SLOTS.min(full))
+            };
+        }
         let mut delivered = 0;
-        for meta in metas {
+        for meta in metas.drain(..) {
             if meta.truncated {
                 self.counts.count_drop(UdpDropReason::RecvTruncated);
                 continue;
@@ -430,7 +461,9 @@ impl UdpLink {
                 self.counts.count_drop(UdpDropReason::RecvTruncated);
                 continue;
             };
-            let payload = buf.get(..meta.len).unwrap_or_default().to_vec();
+            let mut payload = self.pool.pop().unwrap_or_default();
+            payload.clear();
+            payload.extend_from_slice(buf.get(..meta.len).unwrap_or_default());
             let local_ip = match meta.local_ip {
                 // A dual-stack socket reports IPv4 destinations both ways; keep the socket's
                 // family so `peer` and `local` agree.
@@ -446,6 +479,7 @@ impl UdpLink {
             });
             delivered += 1;
         }
+        self.metas = metas;
         self.counts.received += delivered as u64;
         Ok(delivered)
     }
@@ -559,6 +593,13 @@ impl Link for UdpLink {
         self.counts.recv_truncated
     }
 
+    /// Keeps up to `batch` buffers for the next receives.
+    fn recycle(&mut self, payload: Vec<u8>) {
+        if self.pool.len() < self.config.batch {
+            self.pool.push(payload);
+        }
+    }
+
     /// Sends in order; stops at the first `EAGAIN` and returns how many were taken.
     /// Datagrams refused individually (too big, unroutable) are taken, dropped and counted.
     /// `Datagram.local`'s IP, when set and not the bound IP, becomes the source address; its
@@ -589,7 +630,8 @@ impl Link for UdpLink {
         max: usize,
         timeout: Option<Duration>,
     ) -> io::Result<usize> {
-        let start = Instant::now();
+        // Read the clock only once the socket was found empty: a loaded receiver never waits.
+        let mut start = None;
         loop {
             let n = self.recv_once(out, max)?;
             if n > 0 || max == 0 {
@@ -597,7 +639,7 @@ impl Link for UdpLink {
             }
             let remaining = match timeout {
                 Some(t) => {
-                    let elapsed = start.elapsed();
+                    let elapsed = start.get_or_insert_with(Instant::now).elapsed();
                     if elapsed >= t {
                         return Ok(0);
                     }
