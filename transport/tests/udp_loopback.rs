@@ -282,3 +282,55 @@ fn sink_counts_what_it_drains() {
     assert_eq!(stats.bytes, 100_000);
     assert!(stats.calls >= 1 && stats.calls <= 100);
 }
+
+#[test]
+fn recycled_buffers_are_refilled_and_a_backlog_is_read_in_growing_batches() {
+    let mut a = link("127.0.0.1:0");
+    let mut b = link("127.0.0.1:0");
+    let dst = b.local_addr();
+    let send_all = |a: &mut UdpLink, payloads: &[Vec<u8>]| {
+        let batch: Vec<Datagram> = payloads
+            .iter()
+            .map(|p| Datagram::to(dst, p.clone()))
+            .collect();
+        let mut sent = 0;
+        while sent < batch.len() {
+            sent += a.send(&batch[sent..]).expect("send");
+        }
+    };
+    let first_payloads: Vec<Vec<u8>> = (0..200).map(payload).collect();
+    send_all(&mut a, &first_payloads);
+    let first = recv_n(&mut b, 200);
+    for (i, d) in first.iter().enumerate() {
+        assert_eq!(d.payload, first_payloads[i], "datagram {i}");
+    }
+    // The whole backlog was queued before the first read: starting from a short vector,
+    // the reads grow towards the configured batch (64) instead of staying short.
+    let calls = b.counts().recv_calls;
+    assert!(
+        calls < 200 / 8,
+        "{calls} recvmmsg calls for 200 queued datagrams"
+    );
+
+    // Give 64 buffers back; the next receives fill them (the second round's datagrams are
+    // no longer than the shortest of the first, so no buffer has to grow).
+    let recycled: Vec<*const u8> = first.iter().take(64).map(|d| d.payload.as_ptr()).collect();
+    for d in first.into_iter().take(64) {
+        b.recycle(d.payload);
+    }
+    let second_payloads: Vec<Vec<u8>> = (0..200).map(|i| vec![i as u8; 16]).collect();
+    send_all(&mut a, &second_payloads);
+    let second = recv_n(&mut b, 200);
+    for (i, d) in second.iter().enumerate() {
+        assert_eq!(
+            d.payload, second_payloads[i],
+            "datagram {i} of the second round"
+        );
+    }
+    let reused = second
+        .iter()
+        .filter(|d| recycled.contains(&d.payload.as_ptr()))
+        .count();
+    assert_eq!(reused, 64, "every recycled buffer was refilled");
+    assert_eq!(b.counts().received, 400);
+}
