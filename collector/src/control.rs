@@ -20,7 +20,10 @@
 //! that leaves a control message unread for as long (its socket buffers full), whose QP went
 //! to ERROR, or that is replaced by a new connection of the same agent id (an
 //! agent restart racing its old TCP connection) is torn down; the agent reconnects with a new
-//! epoch.
+//! epoch. A replaced connection that was still alive (heard from within the last heartbeat
+//! interval) means two agents probably share the agent id: it is counted in
+//! `uctel_collector_connections_replaced_total{previous="alive"}`, warned about once a minute
+//! per agent, and the replaced agent's `Goodbye` says so.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -92,8 +95,57 @@ impl Auth {
     }
 }
 
-/// One live session: its registry id, the trigger that ends it, and a flag set when it ended.
-type LiveSession = (u64, ShutdownTrigger, tokio::sync::watch::Receiver<bool>);
+/// One live session in the [`Registry`].
+#[derive(Debug)]
+struct LiveSession {
+    /// Registry id (tells a session from its successor).
+    id: u64,
+    /// Ends the session.
+    trigger: ShutdownTrigger,
+    /// Set when the session ended.
+    done: tokio::sync::watch::Receiver<bool>,
+    /// The agent's control-connection address.
+    peer: SocketAddr,
+    /// The epoch the agent announced.
+    epoch: u64,
+    /// Shared with the session task.
+    link: Arc<SessionLink>,
+}
+
+/// What a session shares with the connection that may replace it.
+#[derive(Debug)]
+struct SessionLink {
+    /// When the agent last sent a control message (heartbeats at least every heartbeat
+    /// interval); the session starts it at the `Welcome`.
+    last_heard: Mutex<Instant>,
+    /// Why a newer connection of the same agent id ended this one: the `Goodbye` detail.
+    replaced_by: Mutex<Option<String>>,
+}
+
+impl SessionLink {
+    fn new() -> SessionLink {
+        SessionLink {
+            last_heard: Mutex::new(Instant::now()),
+            replaced_by: Mutex::new(None),
+        }
+    }
+
+    fn heard(&self) {
+        *lock(&self.last_heard) = Instant::now();
+    }
+
+    fn silent_for(&self) -> Duration {
+        lock(&self.last_heard).elapsed()
+    }
+}
+
+/// At most one warning about connections of one agent id replacing each other per this
+/// period (`connections_replaced_total` counts every replacement).
+pub const REPLACED_WARN_EVERY: Duration = Duration::from_secs(60);
+
+/// Most agent ids the replacement-warning limiter remembers; when full, entries older than
+/// [`REPLACED_WARN_EVERY`] are forgotten, and if it is still full the warning is skipped.
+const REPLACED_WARN_ENTRIES: usize = 4096;
 
 /// Most agent ids whose last epoch the collector remembers ([`Registry::swap_epoch`]). Ids
 /// are only remembered after a successful handshake, but a shared token admits any id, so
@@ -109,9 +161,33 @@ pub struct Registry {
     next: std::sync::atomic::AtomicU64,
     /// Agent id → (last epoch, stamp of the connection that announced it).
     epochs: Mutex<HashMap<String, (u64, u64)>>,
+    /// Agent id → when a replacement of a live connection was last logged.
+    replaced_warned: Mutex<HashMap<String, Instant>>,
 }
 
 impl Registry {
+    /// True when a warning about `agent`'s connections replacing each other may be logged now
+    /// (at most once per [`REPLACED_WARN_EVERY`] per agent id).
+    fn should_warn_replaced(&self, agent: &str) -> bool {
+        let now = Instant::now();
+        let mut warned = lock(&self.replaced_warned);
+        if let Some(last) = warned.get_mut(agent) {
+            if now.duration_since(*last) < REPLACED_WARN_EVERY {
+                return false;
+            }
+            *last = now;
+            return true;
+        }
+        if warned.len() >= REPLACED_WARN_ENTRIES {
+            warned.retain(|_, last| now.duration_since(*last) < REPLACED_WARN_EVERY);
+            if warned.len() >= REPLACED_WARN_ENTRIES {
+                return false;
+            }
+        }
+        warned.insert(agent.to_owned(), now);
+        true
+    }
+
     /// Records `epoch` as `agent`'s latest and returns the epoch it had before, `None` for
     /// an agent id not remembered (new, or forgotten past [`MAX_REMEMBERED_EPOCHS`]).
     pub fn swap_epoch(&self, agent: &str, epoch: u64) -> Option<u64> {
@@ -438,33 +514,118 @@ async fn connection(
     let agent = accepted.hello.agent_id.clone();
     let (my_trigger, my_cancel) = shutdown::channel();
     let (done_tx, done_rx) = tokio::sync::watch::channel(false);
-    // Replace an existing session of the same agent (a restart racing its old connection).
+    let link = Arc::new(SessionLink::new());
+    // Replace an existing session of the same agent (a restart racing its old connection, or
+    // a second agent with the same id).
     let (token_id, previous) = {
         let mut live = lock(&shared.registry.live);
         let id = shared
             .registry
             .next
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let prev = live.insert(agent.clone(), (id, my_trigger, done_rx));
-        (id, prev)
+        let mine = LiveSession {
+            id,
+            trigger: my_trigger,
+            done: done_rx,
+            peer,
+            epoch: accepted.hello.epoch,
+            link: link.clone(),
+        };
+        (id, live.insert(agent.clone(), mine))
     };
-    if let Some((_, trigger, mut done)) = previous {
-        tracing::info!(agent = %agent, peer = %peer, "agent reconnected; replacing its previous connection");
-        trigger.trigger();
-        let _ = tokio::time::timeout(Duration::from_secs(5), done.wait_for(|d| *d)).await;
+    if let Some(previous) = previous {
+        replace(&shared, &agent, peer, accepted.hello.epoch, previous).await;
     }
-    run_session(
-        &mut ch, &shared, peer, local_ip, accepted, my_cancel, global,
-    )
-    .await;
+    let live = Live {
+        cancel: my_cancel,
+        link,
+    };
+    run_session(&mut ch, &shared, peer, local_ip, accepted, live, global).await;
     {
         let mut live = lock(&shared.registry.live);
-        if live.get(&agent).is_some_and(|(id, ..)| *id == token_id) {
+        if live.get(&agent).is_some_and(|s| s.id == token_id) {
             live.remove(&agent);
         }
     }
     let _ = done_tx.send(true);
     ch.shutdown().await;
+}
+
+/// A new connection of `agent` from `peer` in `epoch` ends the agent's `previous` session and
+/// waits (bounded) for it to finish. A previous connection heard from within the last
+/// heartbeat interval was alive: unless the agent restarted faster than its old connection
+/// could notice, two agents share this agent id and would replace each other for ever. That
+/// is counted (`connections_replaced_total{previous="alive"}`), warned about once per agent
+/// per [`REPLACED_WARN_EVERY`], and told to the replaced agent in its `Goodbye`.
+async fn replace(
+    shared: &Shared,
+    agent: &str,
+    peer: SocketAddr,
+    epoch: u64,
+    mut previous: LiveSession,
+) {
+    let heartbeat = Duration::try_from_secs_f64(shared.config.control.heartbeat_interval_seconds)
+        .unwrap_or(Duration::from_secs(5));
+    let silent_for = previous.link.silent_for();
+    let alive = silent_for <= heartbeat;
+    shared.telemetry.connection_replaced(agent, alive);
+    let detail = if alive {
+        format!(
+            "replaced by a new connection with the same agent_id {agent:?} from {peer} \
+             (epoch {epoch:#x}) while this connection was alive: if that is not this agent \
+             restarting, two agents share agent_id {agent:?}; give each agent its own agent_id"
+        )
+    } else {
+        format!(
+            "replaced by a newer connection of this agent_id from {peer} (epoch {epoch:#x}); \
+             this connection was silent for {silent_for:.1?}"
+        )
+    };
+    *lock(&previous.link.replaced_by) = Some(detail);
+    if !alive {
+        tracing::info!(
+            agent,
+            peer = %peer,
+            previous_peer = %previous.peer,
+            silent_for = ?silent_for,
+            "agent reconnected; replacing its previous, silent connection"
+        );
+    } else if shared.registry.should_warn_replaced(agent) {
+        tracing::warn!(
+            agent,
+            peer = %peer,
+            epoch = format_args!("{epoch:#x}"),
+            previous_peer = %previous.peer,
+            previous_epoch = format_args!("{:#x}", previous.epoch),
+            previous_silent_for = ?silent_for,
+            "connection from {peer} replaced a still-alive connection of agent_id {agent:?} \
+             from {}: two agents share agent_id? (each replacement is counted in \
+             uctel_collector_connections_replaced_total; this warning repeats at most once a \
+             minute per agent)",
+            previous.peer
+        );
+    }
+    previous.trigger.trigger();
+    let _ = tokio::time::timeout(Duration::from_secs(5), previous.done.wait_for(|d| *d)).await;
+}
+
+/// `s` cut to at most `max` bytes at a character boundary (`String::truncate` panics inside
+/// a character; details may quote the peer's bytes).
+fn cut_at_char(mut s: String, max: usize) -> String {
+    let mut cut = s.len().min(max);
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    s.truncate(cut);
+    s
+}
+
+/// What a session needs from its [`Registry`] entry.
+struct Live {
+    /// Fires when a newer connection of the agent replaces this one.
+    cancel: Shutdown,
+    /// Liveness and the replacement's reason, shared with the replacing connection.
+    link: Arc<SessionLink>,
 }
 
 /// Sends `msg` unless the write takes longer than `bound`: an agent that stops reading its
@@ -516,9 +677,10 @@ async fn run_session(
     peer: SocketAddr,
     local_ip: IpAddr,
     accepted: Accepted,
-    mut cancel: Shutdown,
+    live: Live,
     mut global: Shutdown,
 ) {
+    let Live { mut cancel, link } = live;
     let cfg = &shared.config;
     let hello = &accepted.hello;
     let agent = hello.agent_id.clone();
@@ -631,6 +793,7 @@ async fn run_session(
             msg = ch.recv() => match msg {
                 Ok(Some(m)) => {
                     last_heard = Instant::now();
+                    link.heard();
                     match m.body {
                         Some(Body::Heartbeat(_)) => {}
                         Some(Body::Goodbye(g)) => {
@@ -679,11 +842,16 @@ async fn run_session(
         }
     };
     if let Some((reason, detail)) = ending {
+        let replaced_by = lock(&link.replaced_by).take();
+        let detail = match (reason, replaced_by) {
+            (GoodbyeReason::Reconnect, Some(why)) => why,
+            _ => detail.to_owned(),
+        };
         let bye = Goodbye {
             final_conn_seq: None,
             streams: Vec::new(),
             reason: reason as i32,
-            detail: detail.to_string(),
+            detail: cut_at_char(detail, wire::MAX_DETAIL_BYTES),
         };
         let _ = send_within(ch, bye, dead_after, &agent).await;
     }

@@ -221,6 +221,7 @@ struct Families {
     ring_slots_in_use: IntGaugeVec,
     qp_errors: IntCounterVec,
     handshakes_refused: IntCounterVec,
+    connections_replaced: IntCounterVec,
     transport_packets_dropped: IntCounterVec,
     records_received: IntCounterVec,
     store_series: IntGaugeVec,
@@ -324,6 +325,11 @@ impl Telemetry {
             "Control-plane handshakes refused, by reason.",
             &["reason"],
         )?;
+        let connections_replaced = counter(
+            "connections_replaced_total",
+            "Agent connections ended because a new connection with the same agent id arrived: previous=\"silent\" (an agent restart racing its old connection) or previous=\"alive\" (the old connection was heard from within the last heartbeat interval: two agents probably share the agent id).",
+            &["agent", "previous"],
+        )?;
         let transport_packets_dropped = counter(
             "transport_packets_dropped_total",
             "Packets the transport device dropped before they reached a QP (no agent known), by reason.",
@@ -365,6 +371,7 @@ impl Telemetry {
                 ring_slots_in_use,
                 qp_errors,
                 handshakes_refused,
+                connections_replaced,
                 transport_packets_dropped,
                 records_received,
                 store_series,
@@ -432,6 +439,17 @@ impl Telemetry {
                 "handshake refused (logged at most once per 10 s per agent and reason)"
             );
         }
+    }
+
+    /// Counts a connection of `agent` replaced by a newer one with the same agent id;
+    /// `alive`: the replaced connection was still heard from (see
+    /// `connections_replaced_total`).
+    pub fn connection_replaced(&self, agent: &str, alive: bool) {
+        let previous = if alive { "alive" } else { "silent" };
+        self.inner
+            .connections_replaced
+            .with_label_values(&[agent, previous])
+            .inc();
     }
 
     /// The agents-connected gauge.

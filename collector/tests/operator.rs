@@ -3,12 +3,59 @@
 
 mod support;
 
+use std::io::Write;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
 use support::{
     collector_config, eventually, sample, AgentOptions, LogStream, MetricStream, TestAgent,
 };
+use uctel_protocol::control::GoodbyeReason;
 
 fn value(text: &str, series: &str) -> f64 {
     sample(text, series).unwrap_or(0.0)
+}
+
+/// Everything the collector logged in this test binary (INFO and up, no colours). Tests tell
+/// their lines apart by agent id.
+static LOGS: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+
+struct CaptureWriter;
+
+impl Write for CaptureWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        LOGS.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Installs the capturing subscriber once per test binary.
+fn capture_logs() {
+    static INSTALLED: OnceLock<()> = OnceLock::new();
+    INSTALLED.get_or_init(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_writer(|| CaptureWriter)
+            .with_ansi(false)
+            .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
+            .try_init();
+    });
+}
+
+/// The captured log lines containing every one of `needles`.
+fn log_lines(needles: &[&str]) -> Vec<String> {
+    let logs = LOGS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    String::from_utf8_lossy(&logs)
+        .lines()
+        .filter(|l| needles.iter().all(|n| l.contains(n)))
+        .map(str::to_owned)
+        .collect()
 }
 
 /// An agent that comes back with a new epoch (a restart or a reconnect) counts one
@@ -76,5 +123,76 @@ async fn a_new_epoch_is_counted_as_a_reset_per_stream() {
         epochs[0] != epochs[1] && epochs[1] != epochs[2],
         "{epochs:?}"
     );
+    running.stop().await.unwrap();
+}
+
+/// Two agents configured with the same agent id replace each other at every reconnect. The
+/// collector counts each replacement of a still-alive connection, warns once per agent per
+/// minute naming both peers, and tells the replaced agent why in its `Goodbye`. A replaced
+/// connection that was silent (an agent restart racing its old connection) is counted as
+/// `previous="silent"` and not warned about.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_sharing_an_agent_id_are_counted_warned_and_told() {
+    capture_logs();
+    let dir = tempfile::tempdir().unwrap();
+    let running = uctel_collector::start(collector_config(dir.path()))
+        .await
+        .unwrap();
+    let addr = running.control_addr();
+    let alive = "uctel_collector_connections_replaced_total{agent=\"twin\",previous=\"alive\"}";
+    let mut agents = vec![TestAgent::connect(addr, AgentOptions::new("twin"))
+        .await
+        .unwrap()];
+    for round in 1..=3 {
+        let next = TestAgent::connect(addr, AgentOptions::new("twin"))
+            .await
+            .unwrap();
+        let mut replaced = agents.pop().unwrap();
+        agents.push(next);
+        let bye = replaced.wait_closed().await.expect("a Goodbye");
+        assert_eq!(bye.reason, GoodbyeReason::Reconnect as i32, "{bye:?}");
+        assert!(
+            bye.detail.contains("two agents share agent_id \"twin\"")
+                && bye.detail.contains("give each agent its own agent_id"),
+            "round {round}: {}",
+            bye.detail
+        );
+        let text = running.render_metrics().unwrap();
+        assert_eq!(value(&text, alive), f64::from(round), "{text}");
+    }
+    let warned = log_lines(&["WARN", "replaced a still-alive connection", "\"twin\""]);
+    assert_eq!(warned.len(), 1, "one warning per minute: {warned:#?}");
+    assert!(
+        warned[0].contains("two agents share agent_id?"),
+        "{}",
+        warned[0]
+    );
+    assert!(
+        warned[0].contains("previous_peer=127.0.0.1:"),
+        "{}",
+        warned[0]
+    );
+
+    // A connection silent for longer than the heartbeat interval (2 s here) is replaced
+    // quietly: an agent restart, not a duplicate.
+    let mut old = TestAgent::connect(addr, AgentOptions::new("restarted"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let _new = TestAgent::connect(addr, AgentOptions::new("restarted"))
+        .await
+        .unwrap();
+    let bye = old.wait_closed().await.expect("a Goodbye");
+    assert!(bye.detail.contains("silent for"), "{}", bye.detail);
+    let text = running.render_metrics().unwrap();
+    assert_eq!(
+        value(
+            &text,
+            "uctel_collector_connections_replaced_total{agent=\"restarted\",previous=\"silent\"}"
+        ),
+        1.0,
+        "{text}"
+    );
+    assert!(log_lines(&["WARN", "restarted"]).is_empty());
     running.stop().await.unwrap();
 }
