@@ -586,6 +586,8 @@ impl Validate for Config {
             let f = &self.logs.file;
             if f.path.as_os_str().is_empty() {
                 p.push("logs.file.path", "must not be empty");
+            } else if let Err(e) = crate::logsink::check_path(&f.path) {
+                p.push("logs.file.path", format!("cannot create {:?}: {e}", f.path));
             }
             if f.max_file_bytes < 4096 {
                 p.push("logs.file.max_file_bytes", "must be at least 4096");
@@ -679,6 +681,29 @@ auth:
         assert_eq!(err.problems[0].line, Some(5));
         assert_eq!(err.problems[1].line, Some(6));
         assert!(err.problems[4].message.contains("exactly one"), "{err}");
+    }
+
+    #[test]
+    fn a_log_file_path_under_a_file_is_a_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        let blocker = dir.path().join("hostname");
+        std::fs::write(&blocker, "h\n").unwrap();
+        let text = format!(
+            "{MINIMAL}logs:\n  sink: file\n  file:\n    path: {}\n",
+            blocker.join("x.jsonl").display()
+        );
+        let err = from_str::<Config>("c.yaml", &text).unwrap_err();
+        assert_eq!(err.problems.len(), 1, "{err}");
+        assert_eq!(err.problems[0].key_path, "logs.file.path");
+        assert!(
+            err.problems[0]
+                .message
+                .ends_with(&format!("{} is not a directory", blocker.display())),
+            "{err}"
+        );
+        // The same path with the stdout sink is not used, so not checked.
+        let text = text.replace("sink: file", "sink: stdout");
+        assert!(from_str::<Config>("c.yaml", &text).is_ok());
     }
 
     #[test]

@@ -19,29 +19,46 @@ use crate::store::SeriesStore;
 use crate::telemetry::Telemetry;
 
 /// Why the collector could not start or stopped with an error.
+///
+/// Each message is complete on its own (it names the configuration key and value it is
+/// about, and ends with the cause's text), so a binary prints it once with `{}`; the cause
+/// is also kept as [`std::error::Error::source`] for programs.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     /// A listener could not be bound.
-    #[error("cannot bind {what} on {addr}: {source}")]
+    #[error("{key} {addr}: cannot listen: {source}")]
     Bind {
-        /// `control` or `metrics`.
-        what: &'static str,
+        /// The configuration key: `listen.control` or `listen.metrics`.
+        key: &'static str,
         /// The configured address.
         addr: SocketAddr,
         /// The OS error.
         source: std::io::Error,
     },
-    /// The log sink could not be opened.
-    #[error("cannot open the log sink: {0}")]
-    LogSink(#[source] std::io::Error),
+    /// The log sink's file could not be opened (`logs.file.path`).
+    #[error("logs.file.path {path:?}: cannot open: {source}")]
+    LogSink {
+        /// The configured path.
+        path: std::path::PathBuf,
+        /// The OS error, or [`crate::logsink::check_path`]'s.
+        source: std::io::Error,
+    },
     /// Registering metrics failed (a programming error, reported instead of panicking).
     #[error("metrics registry: {0}")]
     Metrics(#[from] prometheus::Error),
     /// The transport device could not be opened.
-    #[error("cannot open the {kind} transport: {source}")]
+    #[error(
+        "{key} {value}: cannot open the {kind} transport: {}",
+        open_reason(source)
+    )]
     Transport {
         /// `soft` or `verbs`.
         kind: &'static str,
+        /// The configuration key the failure is about: `transport.soft.udp.bind`,
+        /// `transport.verbs.device`, or `transport.kind` when the transport is not built in.
+        key: &'static str,
+        /// Its value (an address, a device name).
+        value: String,
         /// The transport's error.
         source: uctel_transport::api::OpenError,
     },
@@ -54,6 +71,15 @@ pub enum RunError {
     /// A background task panicked.
     #[error("collector task failed: {0}")]
     Task(String),
+}
+
+/// The cause of an [`OpenError`](uctel_transport::api::OpenError) without the device name
+/// the [`RunError::Transport`] message already carries as the configured value.
+fn open_reason(e: &uctel_transport::api::OpenError) -> String {
+    match e {
+        uctel_transport::api::OpenError::Io { source, .. } => source.to_string(),
+        other => other.to_string(),
+    }
 }
 
 /// Shared state of a running collector, handed to every task.
@@ -184,7 +210,12 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         config.series_cap_per_agent.0,
     );
     telemetry.registry().register(Box::new(store.collector()))?;
-    let logs = Arc::new(LogSink::open(&config.logs).map_err(RunError::LogSink)?);
+    let logs = Arc::new(
+        LogSink::open(&config.logs).map_err(|source| RunError::LogSink {
+            path: config.logs.file.path.clone(),
+            source,
+        })?,
+    );
     let auth = Arc::new(Auth::from_config(&config).map_err(RunError::Auth)?);
     let device = open_device(&config)?;
     let plane = Arc::new(
@@ -198,23 +229,23 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
     let metrics_listener = uctel_common::http::bind(config.listen.metrics)
         .await
         .map_err(|source| RunError::Bind {
-            what: "metrics",
+            key: "listen.metrics",
             addr: config.listen.metrics,
             source,
         })?;
     let control_listener = tokio::net::TcpListener::bind(config.listen.control)
         .await
         .map_err(|source| RunError::Bind {
-            what: "control",
+            key: "listen.control",
             addr: config.listen.control,
             source,
         })?;
-    let local = |l: &tokio::net::TcpListener, what, addr| {
+    let local = |l: &tokio::net::TcpListener, key, addr| {
         l.local_addr()
-            .map_err(|source| RunError::Bind { what, addr, source })
+            .map_err(|source| RunError::Bind { key, addr, source })
     };
-    let metrics_addr = local(&metrics_listener, "metrics", config.listen.metrics)?;
-    let control_addr = local(&control_listener, "control", config.listen.control)?;
+    let metrics_addr = local(&metrics_listener, "listen.metrics", config.listen.metrics)?;
+    let control_addr = local(&control_listener, "listen.control", config.listen.control)?;
     let shared = Shared {
         config: Arc::new(config),
         telemetry,
@@ -265,7 +296,32 @@ fn open_device(config: &Config) -> Result<Device, RunError> {
             )
         }
     };
-    Device::open(&device_config).map_err(|source| RunError::Transport { kind, source })
+    Device::open(&device_config).map_err(|source| {
+        let (key, value) = match (&source, config.transport.kind) {
+            (uctel_transport::api::OpenError::Unsupported { .. }, _) => {
+                ("transport.kind", kind.to_owned())
+            }
+            (_, TransportKindConfig::Soft) => (
+                "transport.soft.udp.bind",
+                config.transport.soft.udp.bind.to_string(),
+            ),
+            (_, TransportKindConfig::Verbs) => (
+                "transport.verbs.device",
+                config
+                    .transport
+                    .verbs
+                    .device
+                    .clone()
+                    .unwrap_or_else(|| "(the first device)".to_owned()),
+            ),
+        };
+        RunError::Transport {
+            kind,
+            key,
+            value,
+            source,
+        }
+    })
 }
 
 /// Starts the collector and runs it until `shutdown` fires (the mini-redis shape:

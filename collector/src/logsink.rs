@@ -125,12 +125,45 @@ pub struct RotatingFile {
     size: u64,
 }
 
+/// Checks, without creating or changing anything, that a log file could be created at
+/// `path`: it is not an existing directory, and the nearest existing ancestor of its
+/// directory is a directory (the missing ones are created at open). Used by the
+/// configuration check (`--check-config`) and before opening, so that a path under a regular
+/// file reads "… is not a directory" rather than `create_dir_all`'s "File exists".
+///
+/// # Errors
+/// [`io::ErrorKind::IsADirectory`] or [`io::ErrorKind::NotADirectory`] with a message naming
+/// the offending path.
+pub fn check_path(path: &Path) -> io::Result<()> {
+    if path.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::IsADirectory,
+            "it is a directory; name a file in it",
+        ));
+    }
+    let mut dir = path.parent();
+    while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty()) {
+        match std::fs::metadata(d) {
+            Ok(m) if m.is_dir() => return Ok(()),
+            Ok(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotADirectory,
+                    format!("{} is not a directory", d.display()),
+                ))
+            }
+            Err(_) => dir = d.parent(),
+        }
+    }
+    Ok(())
+}
+
 impl RotatingFile {
     /// Opens (appending) or creates `path`, creating its directory.
     ///
     /// # Errors
-    /// The directory or file cannot be created or opened.
+    /// The directory or file cannot be created or opened ([`check_path`] first).
     pub fn open(path: &Path, max_file_bytes: u64, max_files: u32) -> io::Result<RotatingFile> {
+        check_path(path)?;
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }
@@ -424,5 +457,30 @@ mod tests {
         let blocker = dir.path().join("file");
         std::fs::write(&blocker, b"").unwrap();
         assert!(RotatingFile::open(&blocker.join("x.jsonl"), 100, 1).is_err());
+    }
+
+    #[test]
+    fn paths_under_a_file_or_naming_a_directory_are_refused_before_anything_is_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let blocker = dir.path().join("file");
+        std::fs::write(&blocker, b"").unwrap();
+        for path in [blocker.join("x.jsonl"), blocker.join("sub/deeper/x.jsonl")] {
+            let e = check_path(&path).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::NotADirectory, "{}", path.display());
+            assert_eq!(
+                e.to_string(),
+                format!("{} is not a directory", blocker.display())
+            );
+            let e = RotatingFile::open(&path, 100, 1).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::NotADirectory);
+        }
+        let e = check_path(dir.path()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::IsADirectory);
+        // Missing directories are fine (created at open); nothing was created by the checks.
+        let fresh = dir.path().join("a/b/logs.jsonl");
+        check_path(&fresh).unwrap();
+        check_path(Path::new("relative.jsonl")).unwrap();
+        assert!(!dir.path().join("a").exists());
+        assert!(!blocker.join("sub").exists());
     }
 }

@@ -46,8 +46,9 @@ fn main() -> ExitCode {
     match serve(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("uctel-collector: {e:#}");
+            // Once, on stderr, whatever the log filter; the message is complete on its own
+            // (`RunError` ends with its cause's text), so the source chain is not repeated.
+            eprintln!("uctel-collector: {e}");
             ExitCode::FAILURE
         }
     }

@@ -117,3 +117,118 @@ fn runs_serves_metrics_and_stops_on_sigterm() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Runs the collector on `config` (text) until it exits; returns (exit code, stderr).
+fn run_to_exit(dir: &std::path::Path, config: &str) -> (Option<i32>, String) {
+    let path = dir.join("c.yaml");
+    std::fs::write(&path, config).unwrap();
+    let mut child = Command::new(BIN)
+        .args(["--config", path.to_str().unwrap()])
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("the collector did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn config_with(control: &str, metrics: &str, udp: &str) -> String {
+    format!(
+        "listen:\n  control: {control}\n  metrics: {metrics}\ntransport:\n  soft:\n    udp:\n      bind: {udp}\nauth:\n  shared:\n    token: t\n"
+    )
+}
+
+/// A startup failure is printed once, names the configuration key and value, and gives the
+/// OS's reason once (no repeated error chain, no second copy through the log).
+#[test]
+fn startup_errors_name_the_key_and_value_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let taken_tcp = tcp.local_addr().unwrap().to_string();
+    let taken_udp = udp.local_addr().unwrap().to_string();
+    let free = "127.0.0.1:0";
+    for (config, key, value) in [
+        (
+            config_with(&taken_tcp, free, free),
+            "listen.control",
+            &taken_tcp,
+        ),
+        (
+            config_with(free, &taken_tcp, free),
+            "listen.metrics",
+            &taken_tcp,
+        ),
+        (
+            config_with(free, free, &taken_udp),
+            "transport.soft.udp.bind",
+            &taken_udp,
+        ),
+    ] {
+        let (code, stderr) = run_to_exit(dir.path(), &config);
+        assert_eq!(code, Some(1), "{key}: {stderr}");
+        let errors: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.contains(value.as_str()))
+            .collect();
+        assert_eq!(errors.len(), 1, "{key}: printed once: {stderr}");
+        let line = errors[0];
+        assert!(
+            line.starts_with(&format!("uctel-collector: {key} {value}: ")),
+            "{line}"
+        );
+        assert_eq!(
+            line.matches("Address already in use").count(),
+            1,
+            "the cause once: {line}"
+        );
+    }
+}
+
+/// `--check-config` refuses a log file path that cannot be created (here under a regular
+/// file) instead of calling it valid and failing at startup.
+#[test]
+fn check_config_refuses_a_log_path_under_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let blocker = dir.path().join("hostname");
+    std::fs::write(&blocker, "h\n").unwrap();
+    let path = dir.path().join("c.yaml");
+    let log = blocker.join("x.jsonl");
+    std::fs::write(
+        &path,
+        format!(
+            "auth:\n  shared:\n    token: t\nlogs:\n  sink: file\n  file:\n    path: {}\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["--config", path.to_str().unwrap(), "--check-config"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "logs.file.path: cannot create {:?}: {} is not a directory",
+            log,
+            blocker.display()
+        )),
+        "{err}"
+    );
+}

@@ -196,3 +196,25 @@ async fn agents_sharing_an_agent_id_are_counted_warned_and_told() {
     assert!(log_lines(&["WARN", "restarted"]).is_empty());
     running.stop().await.unwrap();
 }
+
+/// A log sink path that cannot be opened at startup (validation bypassed here: the
+/// configuration check refuses this one) names the key and the path, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unusable_log_path_names_the_key_and_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let blocker = dir.path().join("hostname");
+    std::fs::write(&blocker, "h\n").unwrap();
+    let mut config = collector_config(dir.path());
+    let path = blocker.join("x.jsonl");
+    config.logs.file.path = path.clone();
+    let Err(e) = uctel_collector::start(config).await else {
+        panic!("started with a log file under a regular file");
+    };
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "logs.file.path {path:?}: cannot open: {} is not a directory",
+            blocker.display()
+        )
+    );
+}
