@@ -39,6 +39,7 @@ use uctel_protocol::control::{
     RefuseReason, Transport, Welcome,
 };
 use uctel_protocol::limits::Limits;
+use uctel_protocol::stream::StreamName;
 use uctel_protocol::tracker::TrackerConfig;
 use uctel_transport::api::{gid_from_ip, QpEndpoint, ROCE_V2_UDP_PORT};
 
@@ -788,6 +789,10 @@ async fn run_session(
     let mut last_heard = Instant::now();
     let mut hb_seq = 0u64;
     let mut goodbye: Option<Goodbye> = None;
+    // Why the agent is gone when it left without a `Goodbye` (`None`: it said goodbye, or
+    // the collector ended the session, `ending`).
+    let mut vanished: Option<String> = None;
+    let connected_at = Instant::now();
     let ending: Option<(GoodbyeReason, &'static str)> = loop {
         tokio::select! {
             msg = ch.recv() => match msg {
@@ -808,28 +813,33 @@ async fn run_session(
                     }
                 }
                 Ok(None) => {
-                    tracing::info!(agent = %agent, "control connection closed without Goodbye");
+                    vanished = Some("the control connection closed without Goodbye".into());
                     break None;
                 }
                 Err(e) => {
-                    tracing::warn!(agent = %agent, error = %e, "control connection failed");
+                    vanished = Some(format!("the control connection failed: {e}"));
                     break None;
                 }
             },
             _ = hb_tick.tick() => {
                 if last_heard.elapsed() > dead_after {
-                    tracing::warn!(agent = %agent, silent_for = ?last_heard.elapsed(), "agent missed its heartbeats; closing");
+                    vanished = Some(format!(
+                        "no heartbeat for {:.1?} (at most {dead_after:?})",
+                        last_heard.elapsed()
+                    ));
                     break Some((GoodbyeReason::Error, "heartbeats missed"));
                 }
                 hb_seq += 1;
                 let beat = Heartbeat { sequence: hb_seq, timestamp_ns: now_ns() };
                 if !send_within(ch, beat, dead_after, &agent).await {
+                    vanished = Some("a heartbeat could not be sent".into());
                     break None;
                 }
             }
             _ = report_tick.tick() => {
                 if let Some(report) = shared.plane.report(id).await {
                     if !send_within(ch, report, dead_after, &agent).await {
+                        vanished = Some("a report could not be sent".into());
                         break None;
                     }
                 }
@@ -840,6 +850,12 @@ async fn run_session(
             _ = cancel.wait() => break Some((GoodbyeReason::Reconnect, "replaced by a newer connection of this agent")),
             _ = global.wait() => break Some((GoodbyeReason::Shutdown, "collector shutting down")),
         }
+    };
+    let ended_by = match (&goodbye, &vanished, ending) {
+        (Some(g), ..) => format!("the agent's Goodbye ({})", goodbye_reason(g)),
+        (None, Some(why), _) => why.clone(),
+        (None, None, Some((_, detail))) => detail.to_owned(),
+        (None, None, None) => "the session ended".to_owned(),
     };
     if let Some((reason, detail)) = ending {
         let replaced_by = lock(&link.replaced_by).take();
@@ -872,16 +888,80 @@ async fn run_session(
             e.records_received += l.records_received;
             e.records_lost += l.records_lost;
         }
-        tracing::info!(
-            agent = %agent,
-            goodbye = goodbye.is_some(),
-            conn_received = summary.conn_received,
-            conn_lost = summary.conn_lost,
-            dropped_before_tracking = summary.dropped_before_tracking,
-            streams = ?summary.streams,
-            "agent disconnected"
-        );
+        let streams = stream_summary(&summary.streams);
+        let connected_for = connected_at.elapsed();
+        if vanished.is_some() {
+            tracing::warn!(
+                agent = %agent,
+                peer = %peer,
+                epoch = format_args!("{:#x}", hello.epoch),
+                ended_by,
+                connected_for = format_args!("{connected_for:.1?}"),
+                frames_received = summary.conn_received,
+                frames_lost = summary.conn_lost,
+                frames_dropped = summary.dropped_before_tracking,
+                streams,
+                "agent disconnected without Goodbye: frames it sent after the last one received \
+                 are not counted as lost"
+            );
+        } else {
+            tracing::info!(
+                agent = %agent,
+                peer = %peer,
+                epoch = format_args!("{:#x}", hello.epoch),
+                ended_by,
+                connected_for = format_args!("{connected_for:.1?}"),
+                frames_received = summary.conn_received,
+                frames_lost = summary.conn_lost,
+                frames_dropped = summary.dropped_before_tracking,
+                streams,
+                "agent disconnected"
+            );
+        }
     }
+}
+
+/// An agent's `Goodbye` reason and detail for a log line: `shutdown`, `shutdown: stopping`.
+fn goodbye_reason(g: &Goodbye) -> String {
+    let reason = match GoodbyeReason::try_from(g.reason) {
+        Ok(GoodbyeReason::Shutdown) => "shutdown",
+        Ok(GoodbyeReason::Reconnect) => "reconnect",
+        Ok(GoodbyeReason::Error) => "error",
+        _ => "unspecified",
+    };
+    let detail: String = g
+        .detail
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(200)
+        .collect();
+    if detail.is_empty() {
+        reason.to_owned()
+    } else {
+        format!("{reason}: {detail}")
+    }
+}
+
+/// Per-stream accounting of a connection for a log line, by stream name:
+/// `metrics: received 120, lost 0, dropped 0; logs: received 30, lost 2, dropped 0`
+/// (`dropped`: frames tracked, then discarded for their payload).
+fn stream_summary(streams: &[(u32, StreamLedger)]) -> String {
+    if streams.is_empty() {
+        return "none".to_owned();
+    }
+    streams
+        .iter()
+        .map(|(id, l)| {
+            format!(
+                "{}: received {}, lost {}, dropped {}",
+                StreamName(*id),
+                l.accepted,
+                l.lost,
+                l.dropped_after_tracking
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 #[cfg(test)]

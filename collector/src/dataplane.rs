@@ -832,10 +832,7 @@ impl Worker {
                         Some(g) => ws.ingest.close(&g),
                         None => {
                             let _ = ws.ingest.report();
-                            CloseSummary {
-                                streams: ws.ingest.ledger(),
-                                ..CloseSummary::default()
-                            }
+                            ws.ingest.summary()
                         }
                     }
                 });

@@ -627,16 +627,18 @@ impl ConnectionIngest {
             }
             stream.update_records_lost();
         }
+        self.summary()
+    }
+
+    /// The accounting so far, with nothing settled: what [`ConnectionIngest::close`] returns
+    /// after a `Goodbye`, and all there is for a connection that ended without one (an agent
+    /// that vanished: frames after the last one received are not known to exist, so no tail
+    /// loss is counted). Connection totals are those of the connection tracker.
+    pub fn summary(&mut self) -> CloseSummary {
         self.update_conn_lost();
-        let mut streams: Vec<(u32, StreamLedger)> = self
-            .streams
-            .iter()
-            .map(|(id, s)| (*id, s.ledger()))
-            .collect();
-        streams.sort_by_key(|(id, _)| *id);
         let counts = self.conn.counts();
         CloseSummary {
-            streams,
+            streams: self.ledger(),
             conn_received: counts.received,
             conn_lost: counts.lost.saturating_add(self.unseen_conn_lost),
             dropped_before_tracking: self.dropped_before_tracking,
@@ -800,6 +802,18 @@ mod tests {
         assert_eq!(l.records_received, 7);
         assert_eq!(l.records_lost, 3);
         assert_eq!(summary.conn_received + summary.conn_lost, 10);
+    }
+
+    #[test]
+    fn a_connection_without_goodbye_keeps_its_connection_totals() {
+        let mut r = rig();
+        for c in [0u64, 1, 3] {
+            let _ = r.ingest.on_send(&frame(c, 1, c, c + 1), now());
+        }
+        let s = r.ingest.summary();
+        assert_eq!((s.conn_received, s.conn_lost), (3, 1), "{s:?}");
+        assert_eq!(s.streams.len(), 1);
+        assert_eq!((s.streams[0].1.accepted, s.streams[0].1.lost), (3, 1));
     }
 
     #[test]

@@ -218,3 +218,73 @@ async fn an_unusable_log_path_names_the_key_and_path() {
         )
     );
 }
+
+/// The line logged when an agent goes away sums the connection up by stream name with the
+/// connection's totals; an agent that vanished without `Goodbye` is a warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_lines_summarise_by_stream_and_warn_when_the_agent_vanished() {
+    capture_logs();
+    let dir = tempfile::tempdir().unwrap();
+    let running = uctel_collector::start(collector_config(dir.path()))
+        .await
+        .unwrap();
+    for (id, goodbye) in [("vanishes", false), ("leaves", true)] {
+        let mut agent = TestAgent::connect(running.control_addr(), AgentOptions::new(id))
+            .await
+            .unwrap();
+        let mut metrics = MetricStream::new(uctel_protocol::stream::METRICS);
+        let mut logs = LogStream::new(uctel_protocol::stream::LOGS);
+        for step in 0..4 {
+            agent.send(metrics.frame(step, 3)).await;
+        }
+        for step in 0..2 {
+            agent.send(logs.frame(step, 1)).await;
+        }
+        agent.flush().await;
+        let received =
+            format!("uctel_collector_frames_received_total{{agent=\"{id}\",stream=\"logs\"}}");
+        eventually("frames in", || {
+            let text = running.render_metrics().ok()?;
+            (value(&text, &received) == 2.0).then_some(())
+        })
+        .await;
+        if goodbye {
+            agent
+                .goodbye(vec![metrics.final_state(), logs.final_state()])
+                .await;
+        } else {
+            drop(agent);
+        }
+    }
+    let agent_field = |id: &str| format!("agent={id} ");
+    let vanished = eventually("the vanished agent's line", || {
+        log_lines(&["agent disconnected", &agent_field("vanishes")]).pop()
+    })
+    .await;
+    assert!(vanished.contains(" WARN "), "{vanished}");
+    assert!(vanished.contains("without Goodbye"), "{vanished}");
+    assert!(
+        // Closed, or reset when the test agent's unread messages were discarded.
+        vanished.contains("ended_by=\"the control connection "),
+        "{vanished}"
+    );
+    assert!(vanished.contains("frames_received=6 "), "{vanished}");
+    assert!(vanished.contains("frames_lost=0 "), "{vanished}");
+    assert!(
+        vanished.contains(
+            "streams=\"metrics: received 4, lost 0, dropped 0; logs: received 2, lost 0, dropped 0\""
+        ),
+        "{vanished}"
+    );
+    let left = eventually("the leaving agent's line", || {
+        log_lines(&["agent disconnected", &agent_field("leaves")]).pop()
+    })
+    .await;
+    assert!(left.contains(" INFO "), "{left}");
+    assert!(
+        left.contains("ended_by=\"the agent's Goodbye (shutdown: test done)\""),
+        "{left}"
+    );
+    assert!(left.contains("frames_received=6 "), "{left}");
+    running.stop().await.unwrap();
+}
