@@ -232,12 +232,15 @@ fn opts(name: &str, help: &str) -> Opts {
 }
 
 impl Telemetry {
-    /// Creates and registers every family in a new registry.
+    /// Creates and registers every family in a new registry, with the collector process's
+    /// `process_*` metrics and `uctel_collector_build_info{version} 1`.
     ///
     /// # Errors
     /// A registration conflict (a programming error, surfaced rather than panicking).
     pub fn new() -> Result<Telemetry, prometheus::Error> {
         let registry = Registry::new();
+        uctel_common::http::register_process_metrics(&registry)?;
+        uctel_common::http::register_build_info(&registry, NAMESPACE, env!("CARGO_PKG_VERSION"))?;
         let counter =
             |name: &str, help: &str, labels: &[&str]| -> Result<IntCounterVec, prometheus::Error> {
                 let v = IntCounterVec::new(opts(name, help), labels)?;
@@ -699,6 +702,24 @@ mod tests {
             "uctel_collector_frames_dropped_total{agent=\"web-1\",reason=\"ring_overrun\"} 0"
         ));
         assert!(text.contains("uctel_collector_handshakes_refused_total{reason=\"bad_proof\"} 0"));
+    }
+
+    #[test]
+    fn process_metrics_and_build_info_are_exposed() {
+        let t = Telemetry::new().unwrap();
+        let text = String::from_utf8(t.render().unwrap()).unwrap();
+        assert!(text.contains(&format!(
+            "uctel_collector_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        )));
+        assert!(
+            text.contains("# TYPE process_cpu_seconds_total counter"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE process_resident_memory_bytes gauge"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -99,6 +99,12 @@ fn runs_serves_metrics_and_stops_on_sigterm() {
         body.contains("uctel_collector_agents_connected 0"),
         "{body}"
     );
+    assert!(
+        body.contains("uctel_collector_build_info{version=")
+            && body.contains("process_resident_memory_bytes ")
+            && body.contains("process_start_time_seconds "),
+        "{body}"
+    );
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()

@@ -52,6 +52,47 @@ pub fn encode_registry(registry: &prometheus::Registry) -> Result<Vec<u8>, Strin
     Ok(out)
 }
 
+/// Registers the standard `process_*` metrics of this process in `registry`, as every
+/// Prometheus client library and exporter exposes them (`process_cpu_seconds_total`,
+/// `process_resident_memory_bytes`, `process_virtual_memory_bytes`, `process_open_fds`,
+/// `process_max_fds`, `process_start_time_seconds`, `process_threads`), read from
+/// `/proc/self` at each scrape by the `prometheus` crate's `ProcessCollector`. On systems
+/// without `/proc` nothing is registered.
+///
+/// # Errors
+/// A registration conflict (the families are already registered).
+pub fn register_process_metrics(registry: &prometheus::Registry) -> Result<(), prometheus::Error> {
+    #[cfg(target_os = "linux")]
+    registry.register(Box::new(
+        prometheus::process_collector::ProcessCollector::for_self(),
+    ))?;
+    #[cfg(not(target_os = "linux"))]
+    let _ = registry;
+    Ok(())
+}
+
+/// Registers `<namespace>_build_info{version="<version>"} 1`, the usual info metric (value
+/// always 1, the facts in labels) so dashboards can show and join on the running version.
+///
+/// # Errors
+/// A registration conflict or an invalid namespace.
+pub fn register_build_info(
+    registry: &prometheus::Registry,
+    namespace: &str,
+    version: &str,
+) -> Result<(), prometheus::Error> {
+    let info = prometheus::IntGaugeVec::new(
+        prometheus::Opts::new(
+            "build_info",
+            "Always 1; the version of the running binary is in the version label.",
+        )
+        .namespace(namespace),
+        &["version"],
+    )?;
+    info.with_label_values(&[version]).set(1);
+    registry.register(Box::new(info))
+}
+
 /// A [`RenderFn`] over a registry.
 pub fn registry_render(registry: prometheus::Registry) -> RenderFn {
     Arc::new(move || encode_registry(&registry))
@@ -170,6 +211,31 @@ mod tests {
         let mut out = String::new();
         s.read_to_string(&mut out).await.unwrap();
         out
+    }
+
+    #[test]
+    fn process_and_build_info_metrics() {
+        let registry = prometheus::Registry::new();
+        register_process_metrics(&registry).unwrap();
+        register_build_info(&registry, "uctel_test", "1.2.3").unwrap();
+        let text = String::from_utf8(encode_registry(&registry).unwrap()).unwrap();
+        assert!(
+            text.contains("uctel_test_build_info{version=\"1.2.3\"} 1"),
+            "{text}"
+        );
+        for family in [
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "process_open_fds",
+            "process_start_time_seconds",
+        ] {
+            assert!(
+                text.contains(&format!("# TYPE {family} ")),
+                "{family}: {text}"
+            );
+        }
+        // Registered twice is an error, not a panic or a duplicate family.
+        assert!(register_process_metrics(&registry).is_err());
     }
 
     #[tokio::test]
