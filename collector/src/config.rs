@@ -5,7 +5,7 @@
 //! ```yaml
 //! listen:
 //!   control: 0.0.0.0:7400          # TCP control plane (agents connect here)
-//!   metrics: 0.0.0.0:9470          # Prometheus /metrics
+//!   metrics: :9470                 # Prometheus /metrics (":PORT": every interface)
 //! transport:
 //!   kind: soft                     # soft | verbs
 //!   soft:                          # uctel_transport::soft::device::SoftConfig
@@ -96,13 +96,16 @@ pub struct Config {
     pub logs: LogsConfig,
 }
 
-/// `listen:` section.
+/// `listen:` section. Addresses are `IP:PORT`, `[IPv6]:PORT`, or `:PORT` for every IPv4
+/// interface (`uctel_common::listen`, like an exporter's `--web.listen-address=:9100`).
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ListenConfig {
     /// TCP address of the control plane. Default `0.0.0.0:7400`. Port 0 picks a free port.
+    #[serde(deserialize_with = "uctel_common::listen::deserialize")]
     pub control: SocketAddr,
     /// TCP address of the `/metrics` endpoint. Default `0.0.0.0:9470`. Port 0 picks one.
+    #[serde(deserialize_with = "uctel_common::listen::deserialize")]
     pub metrics: SocketAddr,
 }
 
@@ -704,6 +707,25 @@ auth:
         // The same path with the stdout sink is not used, so not checked.
         let text = text.replace("sink: file", "sink: stdout");
         assert!(from_str::<Config>("c.yaml", &text).is_ok());
+    }
+
+    #[test]
+    fn listen_addresses_take_a_bare_port_and_bad_ports_are_named() {
+        let text = format!("{MINIMAL}listen:\n  control: \":7401\"\n  metrics: :9471\n");
+        let c: Config = from_str("c.yaml", &text).unwrap();
+        assert_eq!(c.listen.control, SocketAddr::from(([0, 0, 0, 0], 7401)));
+        assert_eq!(c.listen.metrics, SocketAddr::from(([0, 0, 0, 0], 9471)));
+        let text = format!("{MINIMAL}listen:\n  control: :74000\n  metrics: 127.0.0.1\n");
+        let err = from_str::<Config>("c.yaml", &text).unwrap_err();
+        let shown = err.to_string();
+        assert!(
+            shown.contains("c.yaml:5:12: listen.control: port 74000 in \":74000\" is out of range"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("listen.metrics: \"127.0.0.1\" has no port"),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -11,7 +11,13 @@ use clap::Parser;
 #[command(name = "uctel-collector", version, about)]
 struct Args {
     /// Configuration file (YAML).
-    #[arg(long, value_name = "PATH", default_value = "/etc/uctel/collector.yaml")]
+    #[arg(
+        long,
+        short = 'c',
+        value_name = "PATH",
+        env = "UCTEL_COLLECTOR_CONFIG",
+        default_value = "/etc/uctel/collector.yaml"
+    )]
     config: PathBuf,
     /// Validate the configuration, print every problem, and exit: 0 valid, 2 invalid.
     #[arg(long)]

@@ -22,6 +22,45 @@ fn check_config_accepts_the_example() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("configuration is valid"));
 }
 
+/// The configuration file can be given as `-c` or in `UCTEL_COLLECTOR_CONFIG`, as for the
+/// agent (`-c`, `UCTEL_AGENT_CONFIG`); `--config` wins over the variable.
+#[test]
+fn config_short_flag_and_environment_variable() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/collector.yaml");
+    let out = Command::new(BIN)
+        .args(["-c", example, "--check-config"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(BIN)
+        .arg("--check-config")
+        .env("UCTEL_COLLECTOR_CONFIG", example)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("collector.yaml: configuration is valid"));
+    let out = Command::new(BIN)
+        .args(["--config", "/nonexistent/uctel.yaml", "--check-config"])
+        .env("UCTEL_COLLECTOR_CONFIG", example)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let help = Command::new(BIN).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("-c, --config") && help.contains("UCTEL_COLLECTOR_CONFIG"),
+        "{help}"
+    );
+}
+
 #[test]
 fn check_config_reports_every_problem_and_exits_2() {
     let dir = tempfile::tempdir().unwrap();

@@ -10,6 +10,7 @@
 //!   shutdown.
 //! - [`control`]: the framed control channel over TCP and the agent side of the handshake
 //!   (`client_handshake`).
+//! - [`listen`]: listen addresses in config files (`IP:PORT`, `[IPv6]:PORT`, `:PORT`).
 //!
 //! A daemon's `main` is: parse flags (clap), `config::load`, `logging::init`,
 //! `shutdown::on_signals`, then the library's `run(config, shutdown)`.
@@ -17,5 +18,6 @@
 pub mod config;
 pub mod control;
 pub mod http;
+pub mod listen;
 pub mod logging;
 pub mod shutdown;
