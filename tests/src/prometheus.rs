@@ -237,3 +237,27 @@ pub fn sample_value(v: &Value) -> Option<f64> {
         _ => s.parse().ok(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// promtool exits 3 for the camelCase lint on node_exporter names as for any other lint:
+    /// only the former is accepted; parse errors (exit 1) never are.
+    #[test]
+    fn promtool_check_accepts_only_node_camel_case_lint() {
+        let node = "# HELP node_memory_MemAvailable_bytes Memory.\n# TYPE node_memory_MemAvailable_bytes gauge\nnode_memory_MemAvailable_bytes{agent=\"a\"} 1\n";
+        assert_eq!(promtool_check_metrics(node), Ok(()));
+        let other = format!(
+            "{node}# HELP uctel_fooBar_total Camel.\n# TYPE uctel_fooBar_total counter\nuctel_fooBar_total 1\n"
+        );
+        let e = promtool_check_metrics(&other).unwrap_err();
+        assert!(
+            e.contains("uctel_fooBar_total") && !e.contains("node_memory"),
+            "{e}"
+        );
+        let counter = format!("{node}# HELP ops Ops.\n# TYPE ops counter\nops 1\n");
+        assert!(promtool_check_metrics(&counter).is_err());
+        assert!(promtool_check_metrics("garbage{\n").is_err());
+    }
+}

@@ -613,3 +613,60 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
         .unwrap_or_default();
     (status, body)
 }
+
+/// What `promtool check metrics` said about an exposition.
+#[derive(Debug)]
+pub struct Promtool {
+    /// Exit status code: 0 clean, 3 lint problems, 1 a parse error.
+    pub code: Option<i32>,
+    /// Its stdout and stderr.
+    pub report: String,
+}
+
+impl Promtool {
+    /// Lint lines other than the accepted exception: node_exporter's `camelCase` names
+    /// (`node_memory_MemAvailable_bytes`), kept on purpose so Node Exporter dashboards work
+    /// on uctel data (DESIGN.md §7); promtool flags them for node_exporter itself too.
+    pub fn problems(&self) -> Vec<&str> {
+        self.report
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .filter(|l| !(l.starts_with("node_") && l.contains("'camelCase'")))
+            .collect()
+    }
+
+    /// Ok when the text parsed and every lint line is the accepted exception.
+    pub fn check(&self) -> Result<(), String> {
+        match self.code {
+            Some(0) => Ok(()),
+            Some(3) if self.problems().is_empty() => Ok(()),
+            _ => Err(format!(
+                "promtool check metrics exited {:?}:\n{}",
+                self.code,
+                self.problems().join("\n")
+            )),
+        }
+    }
+}
+
+/// Runs `promtool check metrics` (Debian package `prometheus`; required) on `body`.
+pub fn promtool(body: &str) -> Promtool {
+    use std::io::Write;
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool must be installed (Debian package `prometheus`)");
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(body.as_bytes()).expect("write to promtool");
+    }
+    let out = child.wait_with_output().expect("promtool ran");
+    let mut report = String::from_utf8_lossy(&out.stdout).into_owned();
+    report.push_str(&String::from_utf8_lossy(&out.stderr));
+    Promtool {
+        code: out.status.code(),
+        report,
+    }
+}
