@@ -417,9 +417,13 @@ async fn store_conflicts_and_special_values_keep_the_scrape_valid() {
         ],
     );
     b.flush().await;
-    let text = eventually("beta processed", || {
+    // The store shows a series before the worker counts that frame's drops: wait for both.
+    let text = eventually("beta processed and its drops counted", || {
         let text = running.render_metrics().ok()?;
-        text.contains("beta_ok{").then_some(text)
+        (text.contains("beta_ok{")
+            && dropped(&text, "beta", "records", "type_conflict") >= 1.0
+            && dropped(&text, "beta", "records", "reserved_name") >= 3.0)
+            .then_some(text)
     })
     .await;
     assert_eq!(
