@@ -531,22 +531,34 @@ impl AgentTelemetry {
         &self.agent
     }
 
-    /// The drop event: counts `n` discarded frames under `reason` and logs (rate-limited).
-    pub fn drop_frames(&self, reason: DropReason, n: u64, detail: &dyn std::fmt::Display) {
+    /// Counts `n` drops under `reason` in `family` (through the pre-resolved handle in
+    /// `per_reason` when there is one; a reason without one is still counted under its own
+    /// label) and says whether the event should be logged now (rate-limited). `n == 0`
+    /// counts and logs nothing.
+    fn count_drop(
+        &self,
+        per_reason: &[Option<IntCounter>],
+        family: &IntCounterVec,
+        reason: DropReason,
+        n: u64,
+    ) -> bool {
         if n == 0 {
-            return;
+            return false;
         }
-        if let Some(Some(c)) = self.frames_dropped.get(reason.index()) {
+        if let Some(Some(c)) = per_reason.get(reason.index()) {
             c.inc_by(n);
         } else {
-            // A record-level reason used for frames: still counted, under its own label.
-            self.telemetry
-                .inner
-                .frames_dropped
+            family
                 .with_label_values(&[&self.agent, reason.as_str()])
                 .inc_by(n);
         }
-        if self.telemetry.should_log(&self.agent, reason.as_str()) {
+        self.telemetry.should_log(&self.agent, reason.as_str())
+    }
+
+    /// The drop event: counts `n` discarded frames under `reason` and logs (rate-limited).
+    pub fn drop_frames(&self, reason: DropReason, n: u64, detail: &dyn std::fmt::Display) {
+        let family = &self.telemetry.inner.frames_dropped;
+        if self.count_drop(&self.frames_dropped, family, reason, n) {
             tracing::warn!(
                 agent = %self.agent,
                 reason = reason.as_str(),
@@ -560,19 +572,8 @@ impl AgentTelemetry {
 
     /// The record-drop event (series cap, log sink errors): counts and logs rate-limited.
     pub fn drop_records(&self, reason: DropReason, n: u64, detail: &dyn std::fmt::Display) {
-        if n == 0 {
-            return;
-        }
-        if let Some(Some(c)) = self.records_dropped.get(reason.index()) {
-            c.inc_by(n);
-        } else {
-            self.telemetry
-                .inner
-                .records_dropped
-                .with_label_values(&[&self.agent, reason.as_str()])
-                .inc_by(n);
-        }
-        if self.telemetry.should_log(&self.agent, reason.as_str()) {
+        let family = &self.telemetry.inner.records_dropped;
+        if self.count_drop(&self.records_dropped, family, reason, n) {
             tracing::warn!(
                 agent = %self.agent,
                 reason = reason.as_str(),
