@@ -4,9 +4,14 @@
 //! serde stops at the first error, so loading runs in rounds:
 //!
 //! 1. The text is parsed into a [`serde_yaml::Value`] (YAML through `serde_norway`). A syntax
-//!    error ends loading with that one problem (its location comes from the YAML parser).
+//!    error ends loading with that one problem (its location comes from the YAML parser). Of
+//!    keys repeated in one mapping (which serde_norway refuses at the first one) the first is
+//!    kept and the others are skipped, so the rest of the file is still checked.
 //! 2. A second, location-aware pass over the same text (`saphyr-parser` events) records where
-//!    every key and value starts, indexed by key path (`listen.control`, `auth.agents[1].id`).
+//!    every key and value starts, indexed by key path (`listen.control`, `auth.agents[1].id`),
+//!    and finds every repeated key, nested mappings included: each is one problem at its own
+//!    line and column, `a: duplicate key (first at 1:1)`. Keys are compared as serde_norway
+//!    compares them (`~` and `null` are the same key, `1` and `'1'` are not).
 //! 3. The value is deserialized into `T` through `serde_path_to_error`, which names the key
 //!    path of the failure. The problem is recorded, the offending key is removed from the value
 //!    (unknown key, wrong type, bad value) or a neutral placeholder is put in for a missing one,
@@ -43,12 +48,14 @@
 //! assert!(text.contains("example.yaml:2:1: bogus: unknown field"), "{text}");
 //! ```
 
+use std::borrow::Cow;
+use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use saphyr_parser::{Event, Parser, Span};
-use serde::de::DeserializeOwned;
+use saphyr_parser::{Event, Parser, ScalarStyle, Span, Tag};
+use serde::de::{self, DeserializeOwned, DeserializeSeed, IgnoredAny, Visitor};
 use serde_yaml::{Mapping, Value};
 
 /// Upper bound on deserialization rounds (one problem is found per round).
@@ -157,22 +164,44 @@ pub fn from_str<T: DeserializeOwned + Validate>(
         file: file.clone(),
         problems,
     };
-    let mut value: Value = match serde_yaml::from_str(text) {
+    let yaml_problem = |e: serde_yaml::Error| {
+        let loc = e.location();
+        Problem {
+            line: loc.as_ref().map(|l| l.line()),
+            column: loc.as_ref().map(|l| l.column()),
+            key_path: String::new(),
+            message: e.to_string(),
+        }
+    };
+    let skipped = Cell::new(0);
+    let mut value: Value = match serde::de::DeserializeSeed::deserialize(
+        KeepFirst { skipped: &skipped },
+        serde_yaml::Deserializer::from_str(text),
+    ) {
         Ok(Value::Null) => Value::Mapping(Mapping::new()),
         Ok(v) => v,
-        Err(e) => {
-            let loc = e.location();
-            return Err(fail(vec![Problem {
-                line: loc.as_ref().map(|l| l.line()),
-                column: loc.as_ref().map(|l| l.column()),
-                key_path: String::new(),
-                message: e.to_string(),
-            }]));
-        }
+        Err(e) => return Err(fail(vec![yaml_problem(e)])),
     };
     let index = LocationIndex::build(text);
     let mut rounds = Rounds::default();
     let mut problems = Vec::new();
+    if skipped.get() > 0 {
+        if index.duplicates.is_empty() {
+            // serde_norway saw a duplicate the location pass cannot tell (a tagged or
+            // aliased key): report serde_norway's own error for it.
+            if let Err(e) = serde_yaml::from_str::<Value>(text) {
+                problems.push(yaml_problem(e));
+            }
+        }
+        for d in &index.duplicates {
+            problems.push(Problem {
+                line: Some(d.at.0),
+                column: Some(d.at.1),
+                key_path: render(&d.path),
+                message: format!("duplicate key (first at {}:{})", d.first.0, d.first.1),
+            });
+        }
+    }
     let mut parsed = None;
     for _ in 0..MAX_ROUNDS {
         let err = match serde_path_to_error::deserialize::<_, T>(value.clone()) {
@@ -242,6 +271,103 @@ pub fn from_str<T: DeserializeOwned + Validate>(
     }
     problems.sort_by_key(|p| (p.line.is_none(), p.line, p.column));
     Err(fail(problems))
+}
+
+/// Builds a [`Value`] as serde_norway's own `Deserialize` does, except that of mapping keys
+/// that repeat (serde_norway: "duplicate entry with key ..."), the first is kept and the later
+/// ones are skipped and counted in `skipped`, so the rest of the file is still checked.
+/// [`LocationIndex`] says where the duplicates are.
+#[derive(Clone, Copy)]
+struct KeepFirst<'a> {
+    skipped: &'a Cell<usize>,
+}
+
+impl<'de> DeserializeSeed<'de> for KeepFirst<'_> {
+    type Value = Value;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeepFirst<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any YAML value")
+    }
+
+    fn visit_bool<E: de::Error>(self, b: bool) -> Result<Value, E> {
+        Ok(Value::Bool(b))
+    }
+
+    fn visit_i64<E: de::Error>(self, i: i64) -> Result<Value, E> {
+        Ok(Value::Number(i.into()))
+    }
+
+    fn visit_u64<E: de::Error>(self, u: u64) -> Result<Value, E> {
+        Ok(Value::Number(u.into()))
+    }
+
+    fn visit_f64<E: de::Error>(self, f: f64) -> Result<Value, E> {
+        Ok(Value::Number(f.into()))
+    }
+
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Value, E> {
+        Ok(Value::String(s.to_owned()))
+    }
+
+    fn visit_string<E: de::Error>(self, s: String) -> Result<Value, E> {
+        Ok(Value::String(s))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_some<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element_seed(self)? {
+            items.push(item);
+        }
+        Ok(Value::Sequence(items))
+    }
+
+    fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut mapping = Mapping::new();
+        while let Some(key) = map.next_key_seed(self)? {
+            if mapping.contains_key(&key) {
+                map.next_value::<IgnoredAny>()?;
+                self.skipped.set(self.skipped.get().saturating_add(1));
+            } else {
+                let value = map.next_value_seed(self)?;
+                mapping.insert(key, value);
+            }
+        }
+        Ok(Value::Mapping(mapping))
+    }
+
+    fn visit_enum<A: de::EnumAccess<'de>>(self, data: A) -> Result<Value, A::Error> {
+        // serde_norway hands a tagged node (`!tag value`) over as an enum whose variant is
+        // the tag.
+        let (tag, contents) = data.variant::<String>()?;
+        if tag.is_empty() {
+            return Err(de::Error::custom("empty YAML tag is not allowed"));
+        }
+        let value = de::VariantAccess::newtype_variant_seed(contents, self)?;
+        Ok(Value::Tagged(Box::new(serde_yaml::value::TaggedValue {
+            tag: serde_yaml::value::Tag::new(tag),
+            value,
+        })))
+    }
 }
 
 /// One key path segment.
@@ -479,15 +605,58 @@ struct Where {
     value: Option<(usize, usize)>,
 }
 
-/// Where each key path's key and value start (1-based line, 1-based column).
+/// A mapping key that repeats an earlier key of the same mapping.
+struct Duplicate {
+    /// Key path of the duplicate (the same as the first one's).
+    path: Vec<Seg>,
+    /// Where the duplicate key starts (1-based line, 1-based column).
+    at: (usize, usize),
+    /// Where the first key of that value starts.
+    first: (usize, usize),
+}
+
+/// Where each key path's key and value start (1-based line, 1-based column), and every
+/// duplicate mapping key.
 #[derive(Default)]
 struct LocationIndex {
     at: HashMap<Vec<Seg>, Where>,
+    /// In file order.
+    duplicates: Vec<Duplicate>,
 }
 
-enum Frame {
-    Map { path: Vec<Seg>, next_is_key: bool },
-    Seq { path: Vec<Seg>, next: usize },
+/// An open collection during [`LocationIndex::build`]. `shadowed`: inside the value of a
+/// duplicate key, which the loader discards: its positions are not indexed (the first
+/// value's are), its own duplicates are still reported.
+struct Frame {
+    path: Vec<Seg>,
+    shadowed: bool,
+    kind: FrameKind,
+}
+
+enum FrameKind {
+    Map {
+        next_is_key: bool,
+        /// Keys seen so far (as the loader compares them) and where each first appeared.
+        keys: HashMap<Value, (usize, usize)>,
+    },
+    Seq {
+        next: usize,
+    },
+}
+
+/// A mapping key as serde_norway compares keys, for the scalars whose value is certain:
+/// untagged plain scalars resolve as serde_norway resolves them (`~`, `null` and an empty key
+/// are the same null, `0x10` and `16` the same number), quoted and block scalars are strings.
+/// `None` (never reported as a duplicate) for tagged scalars.
+fn key_identity(value: &str, style: ScalarStyle, tag: Option<&Cow<'_, Tag>>) -> Option<Value> {
+    if tag.is_some() {
+        return None;
+    }
+    match style {
+        // The text of a plain scalar is a YAML document holding just that scalar.
+        ScalarStyle::Plain => serde_yaml::from_str::<Value>(value).ok(),
+        _ => Some(Value::String(value.to_string())),
+    }
 }
 
 impl LocationIndex {
@@ -496,69 +665,120 @@ impl LocationIndex {
     fn build(text: &str) -> Self {
         let mut index = LocationIndex::default();
         let mut stack: Vec<Frame> = Vec::new();
-        let mut current_key: Option<Vec<Seg>> = None;
+        // Path of the last key read, and whether its value is shadowed.
+        let mut current_key: Option<(Vec<Seg>, bool)> = None;
         let pos = |span: &Span| (span.start.line(), span.start.col() + 1);
-        for item in Parser::new_from_str(text) {
-            let Ok((event, span)) = item else { break };
-            // Path of the node this event starts, if it is a node in value position.
-            let node_path = |stack: &mut Vec<Frame>, current_key: &mut Option<Vec<Seg>>| match stack
-                .last_mut()
-            {
-                None => Some(Vec::new()),
-                Some(Frame::Seq { path, next }) => {
-                    let mut p = path.clone();
+        // Path of the node an event starts if it is a node in value position (`None`: it is
+        // a mapping key), and whether it is shadowed.
+        let node_path = |stack: &mut Vec<Frame>, current_key: &mut Option<(Vec<Seg>, bool)>| {
+            let Some(frame) = stack.last_mut() else {
+                return Some((Vec::new(), false));
+            };
+            match &mut frame.kind {
+                FrameKind::Seq { next } => {
+                    let mut p = frame.path.clone();
                     p.push(Seg::Index(*next));
                     *next += 1;
-                    Some(p)
+                    Some((p, frame.shadowed))
                 }
-                Some(Frame::Map { next_is_key, .. }) => {
+                FrameKind::Map { next_is_key, .. } => {
                     if *next_is_key {
                         None
                     } else {
                         *next_is_key = true;
-                        current_key.take()
+                        // No key path (a collection or alias as the key): not indexed.
+                        Some(current_key.take().unwrap_or((Vec::new(), true)))
                     }
                 }
-            };
+            }
+        };
+        let set_value = |index: &mut LocationIndex, node: (Vec<Seg>, bool), at| {
+            if !node.1 {
+                index.at.entry(node.0).or_default().value.get_or_insert(at);
+            }
+        };
+        for item in Parser::new_from_str(text) {
+            let Ok((event, span)) = item else { break };
             match event {
-                Event::Scalar(value, ..) => {
-                    if let Some(Frame::Map {
+                Event::Scalar(value, style, _, tag) => {
+                    let at = pos(&span);
+                    if let Some(Frame {
                         path,
-                        next_is_key: next_is_key @ true,
+                        shadowed,
+                        kind:
+                            FrameKind::Map {
+                                next_is_key: next_is_key @ true,
+                                keys,
+                            },
                     }) = stack.last_mut()
                     {
+                        *next_is_key = false;
                         let mut p = path.clone();
                         p.push(Seg::Key(value.to_string()));
-                        index.at.entry(p.clone()).or_default().key = Some(pos(&span));
-                        current_key = Some(p);
-                        *next_is_key = false;
-                    } else if let Some(p) = node_path(&mut stack, &mut current_key) {
-                        index.at.entry(p).or_default().value = Some(pos(&span));
+                        let mut shadow = *shadowed;
+                        if let Some(id) = key_identity(&value, style, tag.as_ref()) {
+                            if let Some(first) = keys.get(&id) {
+                                index.duplicates.push(Duplicate {
+                                    path: p.clone(),
+                                    at,
+                                    first: *first,
+                                });
+                                shadow = true;
+                            } else {
+                                keys.insert(id, at);
+                            }
+                        }
+                        if !shadow {
+                            index.at.entry(p.clone()).or_default().key.get_or_insert(at);
+                        }
+                        current_key = Some((p, shadow));
+                    } else if let Some(node) = node_path(&mut stack, &mut current_key) {
+                        set_value(&mut index, node, at);
                     }
                 }
-                Event::Alias(_) => {
-                    if let Some(p) = node_path(&mut stack, &mut current_key) {
-                        index.at.entry(p).or_default().value = Some(pos(&span));
+                Event::Alias(_) => match node_path(&mut stack, &mut current_key) {
+                    Some(node) => set_value(&mut index, node, pos(&span)),
+                    // An alias as a mapping key: its value has no key path.
+                    None => {
+                        if let Some(Frame {
+                            kind: FrameKind::Map { next_is_key, .. },
+                            ..
+                        }) = stack.last_mut()
+                        {
+                            *next_is_key = false;
+                        }
+                        current_key = None;
                     }
-                }
+                },
                 Event::MappingStart(..) | Event::SequenceStart(..) => {
                     let is_map = matches!(event, Event::MappingStart(..));
                     // A collection used as a mapping key: index its insides under a
                     // placeholder path that serde never reports.
-                    let p = node_path(&mut stack, &mut current_key).unwrap_or_else(|| {
-                        if let Some(Frame::Map { next_is_key, .. }) = stack.last_mut() {
-                            *next_is_key = false;
-                        }
-                        vec![Seg::Key("?".to_string())]
-                    });
-                    index.at.entry(p.clone()).or_default().value = Some(pos(&span));
-                    stack.push(if is_map {
-                        Frame::Map {
-                            path: p,
-                            next_is_key: true,
-                        }
-                    } else {
-                        Frame::Seq { path: p, next: 0 }
+                    let (path, shadowed) =
+                        node_path(&mut stack, &mut current_key).unwrap_or_else(|| {
+                            let shadowed = stack.last().is_some_and(|f| f.shadowed);
+                            if let Some(Frame {
+                                kind: FrameKind::Map { next_is_key, .. },
+                                ..
+                            }) = stack.last_mut()
+                            {
+                                *next_is_key = false;
+                            }
+                            current_key = None;
+                            (vec![Seg::Key("?".to_string())], shadowed)
+                        });
+                    set_value(&mut index, (path.clone(), shadowed), pos(&span));
+                    stack.push(Frame {
+                        path,
+                        shadowed,
+                        kind: if is_map {
+                            FrameKind::Map {
+                                next_is_key: true,
+                                keys: HashMap::new(),
+                            }
+                        } else {
+                            FrameKind::Seq { next: 0 }
+                        },
                     });
                 }
                 Event::MappingEnd | Event::SequenceEnd => {
@@ -787,6 +1007,129 @@ extra: true
         for key in ["a", "a.b", "a[0].b", "a[1][2].c", "x.y[3]"] {
             assert_eq!(render(&parse_path(key)), key);
         }
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Ab {
+        a: u32,
+        b: u32,
+    }
+
+    impl Validate for Ab {
+        fn validate(&self, _: &mut Problems) {}
+    }
+
+    /// Any YAML: shows which keys the loader takes for the same key.
+    impl Validate for Value {
+        fn validate(&self, _: &mut Problems) {}
+    }
+
+    #[test]
+    fn duplicate_key_is_reported_where_it_is() {
+        let ok = from_str::<Ab>("f.yaml", "a: 1\nb: 2\n").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((ok.a, ok.b), (1, 2));
+        let err = from_str::<Ab>("f.yaml", "a: 1\nb: 2\na: 3\n").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "f.yaml:3:1: a: duplicate key (first at 1:1)",
+            "{err:#?}"
+        );
+    }
+
+    #[test]
+    fn every_duplicate_key_is_reported_with_the_other_problems() {
+        let text = "\
+listen:
+  control: 127.0.0.1:7400
+  metrics: 127.0.0.1:9470
+  control: 127.0.0.1:7401
+slots: 4
+kind: soft
+slots: 8
+bogus: 1
+slots: 16
+agents:
+  - id: a
+    id: b
+  - {id: c, id: d}
+";
+        let p = problems(text);
+        assert_eq!(
+            brief(&p),
+            vec![
+                (Some(4), Some(3), "listen.control"),
+                (Some(7), Some(1), "slots"),
+                (Some(8), Some(1), "bogus"),
+                (Some(9), Some(1), "slots"),
+                (Some(12), Some(5), "agents[0].id"),
+                (Some(13), Some(13), "agents[1].id"),
+            ],
+            "{p:#?}"
+        );
+        let messages: Vec<_> = p.iter().map(|p| p.message.as_str()).collect();
+        assert_eq!(messages[0], "duplicate key (first at 2:3)");
+        assert_eq!(messages[1], "duplicate key (first at 5:1)");
+        assert!(messages[2].contains("unknown field `bogus`"), "{p:#?}");
+        assert_eq!(messages[3], "duplicate key (first at 5:1)");
+        assert_eq!(messages[4], "duplicate key (first at 11:5)");
+        assert_eq!(messages[5], "duplicate key (first at 13:6)");
+    }
+
+    #[test]
+    fn first_of_duplicate_keys_is_the_one_checked() {
+        // The first `listen` is the value deserialized (and found bad); positions of the
+        // duplicate's insides do not replace the first one's.
+        let text = "listen:\n  control: x\nlisten:\n  control: 127.0.0.1:1\n";
+        let p = problems(text);
+        assert_eq!(
+            brief(&p),
+            vec![
+                (Some(2), Some(12), "listen.control"),
+                (Some(3), Some(1), "listen")
+            ],
+            "{p:#?}"
+        );
+    }
+
+    #[test]
+    fn duplicate_keys_are_yaml_equal_keys() {
+        // Same resolved key: plain, quoted and null spellings.
+        let p = match from_str::<Value>("c.yaml", "a: 1\n'a': 2\n~: 3\nnull: 4\n0x10: 5\n16: 6\n") {
+            Ok(v) => panic!("expected duplicates, got {v:?}"),
+            Err(e) => e.problems,
+        };
+        let at: Vec<_> = p.iter().map(|p| (p.line, p.message.as_str())).collect();
+        assert_eq!(
+            at,
+            vec![
+                (Some(2), "duplicate key (first at 1:1)"),
+                (Some(4), "duplicate key (first at 3:1)"),
+                (Some(6), "duplicate key (first at 5:1)"),
+            ],
+            "{p:#?}"
+        );
+        // Different keys to YAML (a number and a string) are not duplicates.
+        let v = from_str::<Value>("c.yaml", "1: a\n'1': b\ntrue: c\n'true': d\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(v.as_mapping().map(Mapping::len), Some(4));
+    }
+
+    #[test]
+    fn duplicate_in_an_aliased_mapping_is_reported_once() {
+        let p = match from_str::<Value>("c.yaml", "base: &b {x: 1, x: 2}\nother: *b\n") {
+            Ok(v) => panic!("expected a duplicate, got {v:?}"),
+            Err(e) => e.problems,
+        };
+        assert_eq!(brief(&p), vec![(Some(1), Some(17), "base.x")], "{p:#?}");
+    }
+
+    #[test]
+    fn duplicate_keys_the_scan_cannot_tell_still_fail() {
+        // A tagged key: the location pass does not resolve tags, serde_norway does.
+        let err = from_str::<Value>("c.yaml", "!!str a: 1\na: 2\n").unwrap_err();
+        assert_eq!(err.problems.len(), 1, "{err:#?}");
+        assert!(err.problems[0].message.contains("duplicate"), "{err:#?}");
     }
 
     #[test]
