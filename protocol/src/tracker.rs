@@ -13,10 +13,16 @@
 //!   including values next to `u64::MAX`, can make the tracker panic. The 32-bit immediate of
 //!   an RDMA Write-with-immediate carries the low 32 bits of the connection sequence;
 //!   [`extend_u32`] widens it back to 64 bits (the role of RFC 3550's `cycles`).
-//! * **Loss never goes negative.** RFC 3550 computes `lost = expected − received` and lets
-//!   duplicates drive it below zero. We keep a bitmap of the reorder window, so a frame that
-//!   arrives after it was counted lost moves one frame from `lost` to `received` (a *late*
-//!   frame), and a frame seen twice is a *duplicate* that moves neither.
+//! * **Loss is counted once, when it is certain, and never taken back.** RFC 3550 computes
+//!   `lost = expected − received` and lets late frames and duplicates move it both ways. Here
+//!   a sequence skipped by a forward jump is first *missing*: it may still arrive inside the
+//!   reorder window (a *late* frame, counted as received and in `late`). It becomes *lost*
+//!   only when it falls out of the window unseen (the window's lower edge passes it), or when
+//!   the segment is closed ([`SequenceTracker::close`], the sender's `Goodbye`, or
+//!   [`SequenceTracker::settle`] when the sender vanished). `lost` therefore only grows, and
+//!   at every instant `received + lost ≤ sent`; a frame seen twice is a *duplicate* that
+//!   moves nothing. A frame that arrives after its sequence was settled is *stale*: it was
+//!   already counted (received or lost) and is not delivered.
 //!
 //! # Segments
 //!
@@ -35,19 +41,24 @@
 //! | [`First`](Observation::First) | first frame ever | +1 | | | | | | both = `seq` |
 //! | [`EpochReset`](Observation::EpochReset) | `epoch` differs from the current and from the retired one | +1 | | | | | `epoch_change` +1 | both = `seq` |
 //! | [`InOrder`](Observation::InOrder) | `d == 1` | +1 | | | | | | highest = `seq` |
-//! | [`Gap`](Observation::Gap) | `1 < d ≤ max_dropout` | +1 | +(`d − 1`) | | | | | highest = `seq` |
+//! | [`Gap`](Observation::Gap) | `1 < d ≤ max_dropout` | +1 | | | | | | highest = `seq` |
 //! | [`Resync`](Observation::Resync) | `d > max_dropout`, or the segment would span `2^63` or more | +1 | | | | | `dropout` +1 | both = `seq` |
-//! | [`Late`](Observation::Late) | `1 ≤ b < reorder_window`, `seq ≥ base`, not yet seen | +1 | −1 | +1 | | | | |
+//! | [`Late`](Observation::Late) | `1 ≤ b < reorder_window`, `seq ≥ base`, not yet seen | +1 | | +1 | | | | |
 //! | [`Duplicate`](Observation::Duplicate) | `0 ≤ b < reorder_window`, `seq ≥ base`, already seen | | | | +1 | | | |
-//! | [`Stale`](Observation::Stale) | `b ≥ reorder_window`, or `seq < base`, or the epoch was retired by the last epoch change | | | | | +1 | | |
+//! | [`Stale`](Observation::Stale) | `b ≥ reorder_window`, or `seq < base`, or the segment was closed, or the epoch was retired by the last epoch change | | | | | +1 | | |
 //!
-//! [`SequenceTracker::close`] (the sender's last sequence, from its `Goodbye`) adds the tail
-//! `final_seq − highest` to `lost` and moves `highest` to `final_seq`.
+//! Whenever `highest` moves forward, every sequence that leaves the window (`b` becomes
+//! `≥ reorder_window`) without having been seen moves from *missing* to `lost`.
+//! [`SequenceTracker::close`] (the sender's last sequence, from its `Goodbye`) moves `highest`
+//! to `final_seq` and counts every missing sequence and the tail `final_seq − highest` as
+//! lost; the segment is then closed and later frames of it are stale.
 //!
 //! # Invariants
 //!
-//! * Segment: `segment.received + segment.lost == highest − base + 1`, after every call.
-//! * Cumulative: `received + lost == expected`, where `expected` is the sum of every segment's
+//! * Segment: `segment.received + segment.lost + segment.missing == highest − base + 1`,
+//!   after every call; `segment.missing < reorder_window`, and 0 once closed.
+//! * `lost` never decreases (it is exported as a Prometheus counter as is).
+//! * Cumulative: `received + lost + missing == expected`, where `expected` is the sum of every segment's
 //!   `highest − base + 1` (cumulative counters saturate at `u64::MAX`, which no real stream
 //!   reaches).
 //! * After `close(epoch, final_seq)`: the sender sent `sent = final_seq − base + 1` frames in
@@ -57,7 +68,7 @@
 //!   on; for a segment that ended without a `Goodbye` (the agent vanished, or a dropout
 //!   resync) the frames sent after its `highest` are unknown and counted nowhere. Hence the
 //!   cumulative `sent == received + lost` holds exactly when every segment was closed, and
-//!   `received + lost == expected` holds always.
+//!   `received + lost + missing == expected` holds always.
 //!
 //! `received` counts distinct frames, so it never includes duplicates or stale frames.
 
@@ -152,6 +163,9 @@ pub enum StaleReason {
     BeforeBase,
     /// Of the epoch that the last epoch change retired.
     RetiredEpoch,
+    /// Of a segment already closed by [`SequenceTracker::close`] or
+    /// [`SequenceTracker::settle`]: its every sequence is already counted.
+    Closed,
 }
 
 /// What one observed frame was. Everything but [`Duplicate`](Observation::Duplicate) and
@@ -163,12 +177,14 @@ pub enum Observation {
     First,
     /// The next sequence after `highest`.
     InOrder,
-    /// A forward jump: `lost` frames between the old `highest` and this one are counted lost.
+    /// A forward jump: the `missing` frames between the old `highest` and this one are
+    /// missing; each is counted lost when it leaves the reorder window unseen.
     Gap {
         /// Frames skipped, `seq − highest − 1`, in `1..max_dropout`.
-        lost: u64,
+        missing: u64,
     },
-    /// A frame earlier counted lost arrived after all (inside the reorder window).
+    /// A missing frame arrived after a later one, inside the reorder window (out of order,
+    /// not lost).
     Late,
     /// A frame already received, inside the reorder window.
     Duplicate,
@@ -245,9 +261,11 @@ impl ResetCounts {
 pub struct SegmentCounts {
     /// Distinct frames received, late ones included.
     pub received: u64,
-    /// Frames counted lost and not (yet) arrived late.
+    /// Frames that left the reorder window unseen, or were missing at close: final.
     pub lost: u64,
-    /// Frames that arrived after being counted lost.
+    /// Frames skipped by a gap that may still arrive (inside the reorder window).
+    pub missing: u64,
+    /// Frames that arrived after a later one (out of order), inside the window.
     pub late: u64,
     /// Repeated frames inside the reorder window.
     pub duplicate: u64,
@@ -267,16 +285,19 @@ pub struct TrackerCounts {
     pub highest: u64,
     /// Distinct frames received (RFC 3550 `received`, without duplicates).
     pub received: u64,
-    /// Frames counted lost and not arrived late.
+    /// Frames counted lost (final: they left the reorder window unseen, or were missing or
+    /// in the tail at close). Never decreases.
     pub lost: u64,
-    /// Frames that arrived after being counted lost.
+    /// Frames of the current segment skipped by a gap and still inside the reorder window.
+    pub missing: u64,
+    /// Frames that arrived out of order (after a later one), inside the window.
     pub late: u64,
     /// Duplicates inside the reorder window.
     pub duplicate: u64,
     /// Stale frames (dropped).
     pub stale: u64,
     /// Sum over every segment of `highest − base + 1` (RFC 3550 A.3 `expected`);
-    /// `received + lost == expected`.
+    /// `received + lost + missing == expected`.
     pub expected: u64,
     /// Resets by reason.
     pub resets: ResetCounts,
@@ -319,6 +340,13 @@ pub enum CloseError {
     /// No frame of `epoch` was ever observed, so the first sequence sent is unknown.
     #[error("no frame of epoch {epoch:#x} was observed; cannot account its final sequence")]
     EpochNotObserved {
+        /// The epoch named by the sender.
+        epoch: u64,
+    },
+    /// The segment of `epoch` was already closed (a second `Goodbye`, or one after
+    /// [`SequenceTracker::settle`]); nothing changes.
+    #[error("the segment of epoch {epoch:#x} is already closed")]
+    AlreadyClosed {
         /// The epoch named by the sender.
         epoch: u64,
     },
@@ -435,6 +463,10 @@ pub struct SequenceTracker {
     base: u64,
     highest: u64,
     seen: SeenWindow,
+    /// Offsets from `base` below this are settled (received or lost); `≤ highest − base + 1`.
+    settled: u64,
+    /// The current segment was closed: every sequence of it is settled.
+    closed: bool,
     segment: SegmentCounts,
     received: u64,
     lost: u64,
@@ -481,6 +513,8 @@ impl SequenceTracker {
             base: 0,
             highest: 0,
             seen: SeenWindow::new(config.reorder_window),
+            settled: 0,
+            closed: false,
             segment: SegmentCounts::default(),
             received: 0,
             lost: 0,
@@ -540,6 +574,12 @@ impl SequenceTracker {
             };
         }
 
+        if self.closed {
+            self.count_stale();
+            return Observation::Stale {
+                reason: StaleReason::Closed,
+            };
+        }
         let d = seq.wrapping_sub(self.highest);
         if d != 0 && d < HALF {
             // Forward.
@@ -547,6 +587,12 @@ impl SequenceTracker {
                 self.reset(ResetReason::Dropout, epoch, seq);
                 return Observation::Resync { skipped: d - 1 };
             }
+            let window_floor = seq
+                .wrapping_sub(self.base)
+                .wrapping_add(1)
+                .saturating_sub(self.config.reorder_window);
+            self.segment.missing += d - 1;
+            self.settle_below(window_floor);
             self.seen.advance(self.highest, d);
             self.seen.set(seq);
             self.highest = seq;
@@ -555,10 +601,7 @@ impl SequenceTracker {
             if d == 1 {
                 return Observation::InOrder;
             }
-            let lost = d - 1;
-            self.segment.lost += lost;
-            self.lost = self.lost.saturating_add(lost);
-            return Observation::Gap { lost };
+            return Observation::Gap { missing: d - 1 };
         }
 
         // Backward (or equal): b = highest − seq.
@@ -580,14 +623,13 @@ impl SequenceTracker {
             self.duplicate = self.duplicate.saturating_add(1);
             return Observation::Duplicate;
         }
-        // Inside the segment, inside the window, never seen: it was counted lost by a gap or
-        // by `close`, so `segment.lost ≥ 1`.
+        // Inside the segment, inside the window (so not settled: the settled offsets are all
+        // `≥ reorder_window` behind `highest`), never seen: a missing frame arrived.
         self.seen.set(seq);
         self.segment.received += 1;
-        self.segment.lost = self.segment.lost.saturating_sub(1);
+        self.segment.missing = self.segment.missing.saturating_sub(1);
         self.segment.late += 1;
         self.received = self.received.saturating_add(1);
-        self.lost = self.lost.saturating_sub(1);
         self.late = self.late.saturating_add(1);
         Observation::Late
     }
@@ -605,10 +647,12 @@ impl SequenceTracker {
         (seq, self.observe(epoch, seq))
     }
 
-    /// The sender said goodbye: its last sequence sent in `epoch` was `final_seq`. Counts the
-    /// tail `final_seq − highest` as lost, moves `highest` to `final_seq` and returns the tail.
-    /// Afterwards `final_seq − base + 1 == segment.received + segment.lost`. Frames of the
-    /// tail that still arrive are [`Late`](Observation::Late) if inside the reorder window.
+    /// The sender said goodbye: its last sequence sent in `epoch` was `final_seq`. Counts every
+    /// missing frame and the tail `final_seq − highest` as lost, moves `highest` to
+    /// `final_seq`, closes the segment and returns the frames newly counted lost (tail and
+    /// missing). Afterwards `final_seq − base + 1 == segment.received + segment.lost`. Frames
+    /// of the segment that still arrive are [`Stale`](Observation::Stale)
+    /// ([`StaleReason::Closed`]): they were counted lost once and are not taken back.
     ///
     /// # Errors
     /// * [`CloseError::EpochNotObserved`]: the current segment is not of `epoch`, so its first
@@ -616,9 +660,13 @@ impl SequenceTracker {
     /// * [`CloseError::BehindHighest`]: `final_seq` is before `highest` (the sender contradicts
     ///   what arrived); nothing changes.
     /// * [`CloseError::TooFarAhead`]: the segment would span `2^63` frames or more.
+    /// * [`CloseError::AlreadyClosed`]: the segment was closed before; nothing changes.
     pub fn close(&mut self, epoch: u64, final_seq: u64) -> Result<u64, CloseError> {
         if self.epoch != Some(epoch) {
             return Err(CloseError::EpochNotObserved { epoch });
+        }
+        if self.closed {
+            return Err(CloseError::AlreadyClosed { epoch });
         }
         let tail = final_seq.wrapping_sub(self.highest);
         if tail >= HALF {
@@ -633,13 +681,84 @@ impl SequenceTracker {
                 base: self.base,
             });
         }
+        let before = self.lost;
         if tail > 0 {
             self.seen.advance(self.highest, tail);
             self.highest = final_seq;
             self.segment.lost = self.segment.lost.saturating_add(tail);
             self.lost = self.lost.saturating_add(tail);
         }
-        Ok(tail)
+        self.finish_segment();
+        Ok(self.lost.saturating_sub(before))
+    }
+
+    /// The sender of `epoch` is gone without naming its last sequence (no `Goodbye`): count
+    /// the missing frames of the current segment as lost (a later frame arrived, so they were
+    /// sent), close the segment, and return how many were counted. Frames sent after
+    /// `highest` are unknown and counted nowhere; a caller that knows a lower bound of the
+    /// sender's last sequence (from a heartbeat) uses [`close`](Self::close) with it instead.
+    /// Nothing changes (and 0 is returned) when the current segment is not of `epoch` or is
+    /// already closed.
+    pub fn settle(&mut self, epoch: u64) -> u64 {
+        if self.epoch != Some(epoch) || self.closed {
+            return 0;
+        }
+        let before = self.lost;
+        self.finish_segment();
+        self.lost.saturating_sub(before)
+    }
+
+    /// Whether the current segment was closed ([`close`](Self::close), [`settle`](Self::settle)).
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// Whether `seq` of the current segment is settled: counted received or lost for good
+    /// (behind the reorder window, before `base`, or the segment is closed). `true` before
+    /// the first frame (nothing can be pending).
+    pub fn is_settled(&self, seq: u64) -> bool {
+        if self.epoch.is_none() || self.closed {
+            return true;
+        }
+        let off = seq.wrapping_sub(self.base);
+        off >= HALF || off < self.settled
+    }
+
+    /// Count every missing frame of the current segment as lost and close it.
+    fn finish_segment(&mut self) {
+        let missing = self.segment.missing;
+        self.segment.missing = 0;
+        self.segment.lost = self.segment.lost.saturating_add(missing);
+        self.lost = self.lost.saturating_add(missing);
+        self.settled = self.highest.wrapping_sub(self.base).wrapping_add(1);
+        self.closed = true;
+    }
+
+    /// The window's lower edge moves to offset `floor` (from `base`) while `highest` moves
+    /// forward (the jump's skipped frames already added to `missing`): every offset in `settled..floor` not seen is lost. Offsets up to the
+    /// old `highest` are looked up in the bitmap (which still holds them: they are inside
+    /// the old window, the bitmap is at least as large); offsets beyond it were skipped by
+    /// this jump and are lost unseen.
+    fn settle_below(&mut self, floor: u64) {
+        if floor <= self.settled {
+            return;
+        }
+        let old_top = self.highest.wrapping_sub(self.base); // offset of the old highest
+        let in_window_end = floor.min(old_top.wrapping_add(1));
+        let mut newly = 0u64;
+        let mut off = self.settled;
+        while off < in_window_end {
+            if !self.seen.get(self.base.wrapping_add(off)) {
+                newly += 1;
+            }
+            off += 1;
+        }
+        // Offsets in `old_top + 1 .. floor`: skipped by this jump, already past the window.
+        newly = newly.saturating_add(floor.saturating_sub(old_top.wrapping_add(1)));
+        self.settled = floor;
+        self.segment.missing = self.segment.missing.saturating_sub(newly);
+        self.segment.lost = self.segment.lost.saturating_add(newly);
+        self.lost = self.lost.saturating_add(newly);
     }
 
     /// Counters now.
@@ -650,6 +769,7 @@ impl SequenceTracker {
             highest: self.highest,
             received: self.received,
             lost: self.lost,
+            missing: self.segment.missing,
             late: self.late,
             duplicate: self.duplicate,
             stale: self.stale,
@@ -703,6 +823,10 @@ impl SequenceTracker {
     }
 
     fn reset(&mut self, reason: ResetReason, epoch: u64, seq: u64) {
+        // The old segment's missing frames were sent (a later frame arrived): lost now.
+        if !self.closed {
+            self.finish_segment();
+        }
         self.expected_before = self.expected();
         self.resets.bump(reason);
         self.start_segment(epoch, seq);
@@ -714,6 +838,8 @@ impl SequenceTracker {
         self.highest = seq;
         self.seen.clear_all();
         self.seen.set(seq);
+        self.settled = 0;
+        self.closed = false;
         self.segment = SegmentCounts {
             received: 1,
             ..SegmentCounts::default()
@@ -741,14 +867,18 @@ mod tests {
     fn assert_invariants(t: &SequenceTracker) {
         let c = t.counts();
         assert_eq!(
-            c.segment.received + c.segment.lost,
+            c.segment.received + c.segment.lost + c.segment.missing,
             c.segment_expected(),
+            "{c:?}"
+        );
+        assert!(
+            c.segment.missing < t.config().reorder_window.max(1),
             "{c:?}"
         );
         // Cumulative counters saturate at u64::MAX; compare without overflow.
         if c.expected < u64::MAX {
             assert_eq!(
-                u128::from(c.received) + u128::from(c.lost),
+                u128::from(c.received) + u128::from(c.lost) + u128::from(c.missing),
                 u128::from(c.expected),
                 "{c:?}"
             );
@@ -800,10 +930,16 @@ mod tests {
     fn gap_counts_jump_minus_one() {
         let mut t = SequenceTracker::default();
         let _ = t.observe(E, 0);
-        assert_eq!(t.observe(E, 5), Observation::Gap { lost: 4 });
+        assert_eq!(t.observe(E, 5), Observation::Gap { missing: 4 });
         assert_eq!(t.observe(E, 6), Observation::InOrder);
         let c = t.counts();
-        assert_eq!((c.received, c.lost, c.highest), (3, 4, 6));
+        // Inside the window of 64 the four are missing, not yet lost.
+        assert_eq!((c.received, c.lost, c.missing, c.highest), (3, 0, 4, 6));
+        assert_invariants(&t);
+        // Once the window's lower edge passes them, they are lost.
+        let _ = t.observe(E, 69);
+        let c = t.counts();
+        assert_eq!((c.received, c.lost, c.missing), (4, 4, 62));
         assert_invariants(&t);
     }
 
@@ -811,13 +947,16 @@ mod tests {
     fn jump_of_exactly_max_dropout_is_loss_and_larger_is_resync() {
         let mut t = tracker(100, 16);
         let _ = t.observe(E, 0);
-        assert_eq!(t.observe(E, 100), Observation::Gap { lost: 99 });
+        assert_eq!(t.observe(E, 100), Observation::Gap { missing: 99 });
         assert_eq!(t.observe(E, 201), Observation::Resync { skipped: 100 });
         let c = t.counts();
         assert_eq!(c.resets.get(ResetReason::Dropout), 1);
         assert_eq!(c.resets.get(ResetReason::EpochChange), 0);
         assert_eq!((c.base, c.highest), (201, 201));
-        assert_eq!(c.lost, 99, "skipped frames of a resync are not loss");
+        assert_eq!(
+            c.lost, 99,
+            "the old segment's missing frames are lost at the reset; a resync's skipped frames are not"
+        );
         assert_eq!(c.received, 3);
         assert_eq!(c.segment.received, 1);
         assert_eq!(c.segment.lost, 0);
@@ -826,20 +965,23 @@ mod tests {
     }
 
     #[test]
-    fn late_frame_moves_one_from_lost_to_received() {
+    fn late_frame_moves_one_from_missing_to_received() {
         let mut t = SequenceTracker::default();
         let _ = t.observe(E, 0);
-        assert_eq!(t.observe(E, 4), Observation::Gap { lost: 3 });
+        assert_eq!(t.observe(E, 4), Observation::Gap { missing: 3 });
         assert_eq!(t.observe(E, 2), Observation::Late);
         assert_invariants(&t);
         let c = t.counts();
-        assert_eq!((c.received, c.lost, c.late), (3, 2, 1));
+        assert_eq!((c.received, c.lost, c.missing, c.late), (3, 0, 2, 1));
         // Second copy of the late frame is a duplicate.
         assert_eq!(t.observe(E, 2), Observation::Duplicate);
         assert_eq!(t.observe(E, 4), Observation::Duplicate);
         assert_eq!(t.observe(E, 0), Observation::Duplicate);
         let c = t.counts();
-        assert_eq!((c.received, c.lost, c.late, c.duplicate), (3, 2, 1, 3));
+        assert_eq!(
+            (c.received, c.lost, c.missing, c.late, c.duplicate),
+            (3, 0, 2, 1, 3)
+        );
         assert_invariants(&t);
         assert!(!Observation::Duplicate.is_accepted());
         assert!(Observation::Late.is_accepted());
@@ -865,7 +1007,67 @@ mod tests {
             }
         );
         let c = t.counts();
-        assert_eq!((c.received, c.lost, c.late, c.stale), (3, 18, 1, 2));
+        // 1..=12 left the window unseen (lost); 14..=19 are still missing.
+        assert_eq!(
+            (c.received, c.lost, c.missing, c.late, c.stale),
+            (3, 12, 6, 1, 2)
+        );
+        assert_invariants(&t);
+    }
+
+    /// The sequence of the reorder finding: `FFFFFFFD, FFFFFFFF, 00000000, FFFFFFFE,
+    /// 00000001` as immediates. Nothing is lost, so `lost` must never move (it used to count
+    /// one lost at `FFFFFFFF` and take it back at `FFFFFFFE`, while the exported counter,
+    /// which cannot go down, kept the 1).
+    #[test]
+    fn reorder_across_two_to_the_32_counts_no_loss_at_any_point() {
+        let mut t = SequenceTracker::default();
+        let mut observations = Vec::new();
+        for imm in [0xFFFF_FFFDu32, 0xFFFF_FFFF, 0, 0xFFFF_FFFE, 1] {
+            let (_, obs) = t.observe_u32(E, imm);
+            observations.push(obs);
+            assert_eq!(t.counts().lost, 0, "after {imm:#x}: {:?}", t.counts());
+            assert_invariants(&t);
+        }
+        assert_eq!(
+            observations,
+            [
+                Observation::First,
+                Observation::Gap { missing: 1 },
+                Observation::InOrder,
+                Observation::Late,
+                Observation::InOrder
+            ]
+        );
+        assert_eq!(t.close(E, (1 << 32) + 1), Ok(0));
+        let c = t.counts();
+        assert_eq!((c.received, c.lost, c.missing, c.late), (5, 0, 0, 1));
+    }
+
+    #[test]
+    fn settle_counts_missing_frames_of_a_vanished_sender() {
+        let mut t = SequenceTracker::default();
+        let _ = t.observe(E, 0);
+        let _ = t.observe(E, 3);
+        assert_eq!(t.settle(0xE2), 0, "another epoch: nothing settled");
+        assert_eq!(t.settle(E), 2);
+        assert!(t.is_closed());
+        assert_eq!(t.settle(E), 0);
+        assert_eq!(
+            t.observe(E, 2),
+            Observation::Stale {
+                reason: StaleReason::Closed
+            }
+        );
+        let c = t.counts();
+        assert_eq!((c.received, c.lost, c.missing, c.stale), (2, 2, 0, 1));
+        assert_eq!(t.close(E, 3), Err(CloseError::AlreadyClosed { epoch: E }));
+        // A new epoch opens a new segment.
+        assert_eq!(
+            t.observe(0xE2, 0),
+            Observation::EpochReset { previous_epoch: E }
+        );
+        assert!(!t.is_closed());
         assert_invariants(&t);
     }
 
@@ -890,8 +1092,8 @@ mod tests {
         let mut t = tracker(3000, 64);
         let _ = t.observe(E, 0);
         let _ = t.observe(E, 1);
-        assert_eq!(t.observe(E, 60), Observation::Gap { lost: 58 });
-        assert_eq!(t.observe(E, 65), Observation::Gap { lost: 4 });
+        assert_eq!(t.observe(E, 60), Observation::Gap { missing: 58 });
+        assert_eq!(t.observe(E, 65), Observation::Gap { missing: 4 });
         // 64 aliases 0 (seen) but must read as unseen → late.
         assert_eq!(t.observe(E, 64), Observation::Late);
         assert_eq!(t.observe(E, 2), Observation::Late);
@@ -952,16 +1154,25 @@ mod tests {
         let mut t = SequenceTracker::default();
         let _ = t.observe(E, 5);
         let _ = t.observe(E, 7);
-        assert_eq!(t.close(E, 10), Ok(3));
+        // 6 was missing, 8..=10 are the tail.
+        assert_eq!(t.close(E, 10), Ok(4));
         let c = t.counts();
         let sent = 10 - c.base + 1;
         assert_eq!(sent, c.segment.received + c.segment.lost);
-        assert_eq!(c.highest, 10);
+        assert_eq!((c.highest, c.lost, c.missing), (10, 4, 0));
         assert_invariants(&t);
-        // A tail frame that still arrives is late.
-        assert_eq!(t.observe(E, 9), Observation::Late);
+        // A tail frame that still arrives was counted lost once: it is stale, and stays lost.
+        assert_eq!(
+            t.observe(E, 9),
+            Observation::Stale {
+                reason: StaleReason::Closed
+            }
+        );
+        assert_eq!(t.counts().lost, 4);
         assert_invariants(&t);
-        assert_eq!(t.close(E, 10), Ok(0));
+        assert_eq!(t.close(E, 10), Err(CloseError::AlreadyClosed { epoch: E }));
+        let mut t = SequenceTracker::default();
+        let _ = t.observe(E, 10);
         assert_eq!(
             t.close(E, 9),
             Err(CloseError::BehindHighest {
@@ -999,7 +1210,7 @@ mod tests {
         assert_eq!(t.observe(E, u64::MAX - 1), Observation::InOrder);
         assert_eq!(t.observe(E, u64::MAX), Observation::InOrder);
         assert_eq!(t.observe(E, 0), Observation::InOrder);
-        assert_eq!(t.observe(E, 3), Observation::Gap { lost: 2 });
+        assert_eq!(t.observe(E, 3), Observation::Gap { missing: 2 });
         assert_eq!(t.observe(E, 1), Observation::Late);
         assert_eq!(t.observe(E, u64::MAX), Observation::Duplicate);
         assert_eq!(
@@ -1011,7 +1222,8 @@ mod tests {
         let c = t.counts();
         assert_eq!(c.segment_expected(), 7); // u64::MAX − 2 ..= 3
         assert_invariants(&t);
-        assert_eq!(t.close(E, 5), Ok(2));
+        // 2 was missing; 4 and 5 are the tail.
+        assert_eq!(t.close(E, 5), Ok(3));
         assert_invariants(&t);
     }
 
@@ -1019,7 +1231,10 @@ mod tests {
     fn huge_jumps_never_panic_and_segment_stays_below_half_the_space() {
         let mut t = tracker(u64::MAX, 1);
         let _ = t.observe(E, 0);
-        assert_eq!(t.observe(E, HALF - 1), Observation::Gap { lost: HALF - 2 });
+        assert_eq!(
+            t.observe(E, HALF - 1),
+            Observation::Gap { missing: HALF - 2 }
+        );
         // Forward from highest but 2^63 past base: resync.
         assert_eq!(t.observe(E, HALF + 5), Observation::Resync { skipped: 5 });
         // Exactly half the space ahead counts as behind → stale.
@@ -1078,7 +1293,7 @@ mod tests {
         }
         assert_eq!(
             t.observe_u32(E, (start + 8) as u32).1,
-            Observation::Gap { lost: 2 }
+            Observation::Gap { missing: 2 }
         );
         assert_eq!(
             t.observe_u32(E, (start + 1) as u32),
@@ -1129,8 +1344,9 @@ mod tests {
         );
         assert_eq!((r.fraction_lost, r.fraction_lost_u8), (0.0, 0));
 
-        // Everything lost: the fixed point clamps at 255 rather than wrapping to 0.
-        assert_eq!(t.close(E, 9), Ok(4));
+        // Everything lost: the fixed point clamps at 255 rather than wrapping to 0. The
+        // missing frame 3 is lost at the close too.
+        assert_eq!(t.close(E, 9), Ok(5));
         let r = t.interval_report();
         assert_eq!(
             (r.expected_interval, r.received_interval, r.lost_interval),

@@ -3,9 +3,9 @@
 //!
 //! The sender is simulated: sends with drops, duplicates, stalls (forward jumps, some larger
 //! than `max_dropout`) and epoch changes, then the arrival order is shuffled with a bounded
-//! displacement. After every arrival the tracker must agree with the model and keep
-//! `received + lost == highest − base + 1`; after the sender's goodbye,
-//! `sent == received + lost`.
+//! displacement. After every arrival the tracker must agree with the model, keep
+//! `received + lost + missing == highest − base + 1` and never lower `lost`; after the
+//! sender's goodbye, `sent == received + lost`.
 
 use std::collections::BTreeSet;
 
@@ -133,6 +133,7 @@ struct Model {
     stale: u64,
     epoch_resets: u64,
     dropout_resets: u64,
+    closed: bool,
 }
 
 impl Model {
@@ -148,13 +149,37 @@ impl Model {
         self.seen.len() as u64
     }
 
+    /// Offsets from `base` below this are settled: out of the reorder window, or all of the
+    /// segment once it was closed.
+    fn floor(&self) -> u64 {
+        if self.closed {
+            self.span()
+        } else {
+            self.span().saturating_sub(self.window)
+        }
+    }
+
+    /// Settled and never seen.
     fn seg_lost(&self) -> u64 {
-        self.span() - self.seg_received()
+        let floor = self.floor();
+        let seen_below = self
+            .seen
+            .iter()
+            .filter(|s| s.wrapping_sub(self.base) < floor)
+            .count() as u64;
+        floor - seen_below
+    }
+
+    /// Not settled and not seen.
+    fn seg_missing(&self) -> u64 {
+        self.span() - self.seg_received() - self.seg_lost()
     }
 
     fn start(&mut self, epoch: u64, seq: u64) {
+        // A reset settles the old segment: its missing frames are lost.
         self.received_before += self.seg_received();
-        self.lost_before += self.seg_lost();
+        self.lost_before += self.span() - self.seg_received();
+        self.closed = false;
         self.expected_before += self.span();
         self.epoch = Some(epoch);
         self.base = seq;
@@ -182,6 +207,12 @@ impl Model {
                 previous_epoch: current,
             };
         }
+        if self.closed {
+            self.stale += 1;
+            return Observation::Stale {
+                reason: StaleReason::Closed,
+            };
+        }
         let delta = seq.wrapping_sub(self.highest) as i64;
         if delta > 0 {
             let d = delta as u64;
@@ -195,7 +226,7 @@ impl Model {
             return if d == 1 {
                 Observation::InOrder
             } else {
-                Observation::Gap { lost: d - 1 }
+                Observation::Gap { missing: d - 1 }
             };
         }
         let offset_from_base = seq.wrapping_sub(self.base);
@@ -230,6 +261,12 @@ fn check_against_model(t: &SequenceTracker, m: &Model) -> Result<(), TestCaseErr
     }
     prop_assert_eq!(c.segment.received, m.seg_received());
     prop_assert_eq!(c.segment.lost, m.seg_lost());
+    prop_assert_eq!(c.segment.missing, m.seg_missing());
+    prop_assert_eq!(c.missing, m.seg_missing());
+    prop_assert!(
+        c.missing < m.window,
+        "missing frames stay inside the window"
+    );
     prop_assert_eq!(c.received, m.received_before + m.seg_received());
     prop_assert_eq!(c.lost, m.lost_before + m.seg_lost());
     prop_assert_eq!(c.expected, m.expected_before + m.span());
@@ -239,8 +276,11 @@ fn check_against_model(t: &SequenceTracker, m: &Model) -> Result<(), TestCaseErr
     prop_assert_eq!(c.resets.epoch_change, m.epoch_resets);
     prop_assert_eq!(c.resets.dropout, m.dropout_resets);
     // The invariants, stated on the tracker's own numbers.
-    prop_assert_eq!(c.segment.received + c.segment.lost, c.segment_expected());
-    prop_assert_eq!(c.received + c.lost, c.expected);
+    prop_assert_eq!(
+        c.segment.received + c.segment.lost + c.segment.missing,
+        c.segment_expected()
+    );
+    prop_assert_eq!(c.received + c.lost + c.missing, c.expected);
     Ok(())
 }
 
@@ -262,12 +302,16 @@ proptest! {
         let mut m = Model { max_dropout, window, ..Model::default() };
         let mut reported_expected = 0u64;
         let mut reported_received = 0u64;
+        let mut lost_seen = 0u64;
         for ev in &sim.events {
             match *ev {
                 Event::Frame { epoch, seq } => {
                     let got = t.observe(epoch, seq);
                     let want = m.observe(epoch, seq);
                     prop_assert_eq!(got, want, "epoch {:#x} seq {}", epoch, seq);
+                    // Loss is exported as a counter: it never goes back.
+                    prop_assert!(t.counts().lost >= lost_seen, "lost went down");
+                    lost_seen = t.counts().lost;
                 }
                 Event::Report => {
                     let r = t.interval_report();
@@ -293,11 +337,15 @@ proptest! {
         // Goodbye: the sender's final sequence of its last epoch.
         if let Some(final_seq) = sim.last_sent {
             match t.close(sim.last_epoch, final_seq) {
-                Ok(tail) => {
+                Ok(newly_lost) => {
                     let c = t.counts();
-                    prop_assert_eq!(tail, final_seq.wrapping_sub(m.highest));
+                    prop_assert_eq!(
+                        newly_lost,
+                        final_seq.wrapping_sub(m.highest) + m.seg_missing()
+                    );
                     let sent = final_seq.wrapping_sub(c.base) + 1;
                     prop_assert_eq!(sent, c.segment.received + c.segment.lost);
+                    prop_assert_eq!(c.missing, 0);
                     prop_assert_eq!(c.received + c.lost, c.expected);
                     // Every frame of the segment that arrived is counted exactly once.
                     let arrived: BTreeSet<u64> = sim.events.iter().filter_map(|e| match *e {
@@ -306,9 +354,10 @@ proptest! {
                         _ => None,
                     }).collect();
                     prop_assert!(c.segment.received <= arrived.len() as u64);
-                    // Delayed frames still arriving after the goodbye: inside the window they
-                    // are late (tail included) or duplicates.
+                    // Delayed frames still arriving after the goodbye are stale: each was
+                    // counted once already (received, or lost at close) and stays so.
                     m.highest = final_seq;
+                    m.closed = true;
                     for k in 0..window.saturating_add(2) {
                         let seq = final_seq.wrapping_sub(k);
                         prop_assert_eq!(t.observe(sim.last_epoch, seq), m.observe(sim.last_epoch, seq));
@@ -381,10 +430,13 @@ proptest! {
             let _ = t.interval_report();
             prev = seq;
             let c = t.counts();
-            prop_assert_eq!(c.segment.received + c.segment.lost, c.segment_expected());
+            prop_assert_eq!(
+                c.segment.received + c.segment.lost + c.segment.missing,
+                c.segment_expected()
+            );
             // Cumulative counters saturate; only huge `max_dropout` can get there.
             if c.expected < u64::MAX / 2 {
-                prop_assert_eq!(c.received + c.lost, c.expected);
+                prop_assert_eq!(c.received + c.lost + c.missing, c.expected);
             }
         }
         if let Some(epoch) = t.epoch() {
