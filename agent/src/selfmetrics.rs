@@ -2,7 +2,9 @@
 //!
 //! Every place the agent gives up on a frame or a record calls [`SelfMetrics::dropped`] with a
 //! [`DropReason`] from one closed enum, so `records produced = records sent + records dropped`
-//! holds per stream and the `reason` label has bounded cardinality. The counters live in a
+//! holds per stream and the `reason` label has bounded cardinality. Drops are logged too, at
+//! `warn`, with stream, reason and count: the first one of a stream and reason at once, then
+//! one summary per [`DROP_LOG_EVERY`] at most ([`DropLog`]). The counters live in a
 //! [`prometheus::Registry`] that is
 //!
 //! - served on the optional local `/metrics` (`listen.metrics`), and
@@ -40,8 +42,8 @@
 //! `uctel_agent_log_checkpoint_errors_total`, `uctel_agent_log_files` and
 //! `uctel_agent_log_events_total{reason}` (see `runners::LogMetrics`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
 
 use prometheus::core::Collector;
 use prometheus::proto::MetricType as PromType;
@@ -110,7 +112,8 @@ impl DropReason {
     }
 
     /// Whether the drop is the agent working as designed (load shedding, shutdown) rather than
-    /// a fault. Unintentional drops log at `warn`, intentional ones at `debug`.
+    /// a fault: the `intentional` field of the drop log line (every drop logs at `warn`,
+    /// rate-limited, see [`DropLog`]).
     pub fn intentional(self) -> bool {
         match self {
             DropReason::NoCredit
@@ -139,6 +142,186 @@ impl DropReason {
 impl std::fmt::Display for DropReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// At most one drop log line per stream and reason per this period ([`DropLog`]).
+pub const DROP_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// One log line about the drops of one stream for one reason, made by [`DropLog`].
+///
+/// `Display` gives the message, e.g. `dropped 16533 log records in 16533 frames (reason
+/// no_credit, stream logs) in the last 10 s`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DropLine {
+    /// The stream the drops were on.
+    pub stream: Stream,
+    /// Why.
+    pub reason: DropReason,
+    /// Frames dropped since the previous line (0 for records dropped before framing).
+    pub frames: u64,
+    /// Records dropped since the previous line.
+    pub records: u64,
+    /// `None`: the first drop after a quiet period of at least [`DropLog`]'s period (this
+    /// drop alone, logged at once); `Some(t)`: every drop since the previous line, `t` ago.
+    pub window: Option<Duration>,
+    /// The [`DropLog`] period, named in the first line.
+    pub every: Duration,
+}
+
+impl std::fmt::Display for DropLine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let plural = |n: u64| if n == 1 { "" } else { "s" };
+        let kind = match self.stream {
+            Stream::Metrics => "metric",
+            Stream::Logs => "log",
+        };
+        write!(
+            f,
+            "dropped {} {kind} record{}",
+            self.records,
+            plural(self.records)
+        )?;
+        if self.frames > 0 {
+            write!(f, " in {} frame{}", self.frames, plural(self.frames))?;
+        }
+        write!(f, " (reason {}, stream {})", self.reason, self.stream)?;
+        match self.window {
+            None => write!(
+                f,
+                "; more drops of this stream and reason are summed up at most every {} s",
+                self.every.as_secs_f64()
+            ),
+            Some(t) if t >= Duration::from_secs(10) => {
+                write!(f, " in the last {:.0} s", t.as_secs_f64())
+            }
+            Some(t) => write!(f, " in the last {:.1} s", t.as_secs_f64()),
+        }
+    }
+}
+
+/// Drops not logged yet for one stream and reason.
+#[derive(Debug, Clone, Copy, Default)]
+struct DropSlot {
+    /// When the last line for this stream and reason was made.
+    last_line: Option<Instant>,
+    frames: u64,
+    records: u64,
+}
+
+impl DropSlot {
+    fn pending(&self) -> bool {
+        self.frames > 0 || self.records > 0
+    }
+
+    /// The line for what is pending; resets the sums and starts the next period at `now`.
+    fn take(
+        &mut self,
+        stream: Stream,
+        reason: DropReason,
+        window: Option<Duration>,
+        every: Duration,
+        now: Instant,
+    ) -> DropLine {
+        let line = DropLine {
+            stream,
+            reason,
+            frames: self.frames,
+            records: self.records,
+            window,
+            every,
+        };
+        *self = DropSlot {
+            last_line: Some(now),
+            frames: 0,
+            records: 0,
+        };
+        line
+    }
+}
+
+/// The rate limit of drop log lines, sans-IO: the caller passes `now` and logs the
+/// [`DropLine`]s it gets back.
+///
+/// Per stream and reason: the first drop after a quiet period (no line for at least `every`,
+/// and nothing pending) gives a line at once; later drops are summed and given as one summary
+/// line once `every` has passed since the previous line, either by the next
+/// [`DropLog::record`] or by [`DropLog::poll`] (so the tail of a burst is logged too). So
+/// there is at most one line per stream and reason per `every`, and every dropped record is
+/// in exactly one line (after [`DropLog::flush`] at the end).
+#[derive(Debug, Clone)]
+pub struct DropLog {
+    every: Duration,
+    slots: PerStreamReason<DropSlot>,
+}
+
+impl DropLog {
+    /// A limiter allowing one line per stream and reason per `every` ([`DROP_LOG_EVERY`] in
+    /// the agent).
+    pub fn new(every: Duration) -> Self {
+        Self {
+            every,
+            slots: [[DropSlot::default(); DropReason::ALL.len()]; Stream::ALL.len()],
+        }
+    }
+
+    /// Counts `frames` frames holding `records` records dropped on `stream` for `reason` at
+    /// `now`; returns the line to log now, if one is due. Nothing dropped (both 0): `None`.
+    pub fn record(
+        &mut self,
+        stream: Stream,
+        reason: DropReason,
+        frames: u64,
+        records: u64,
+        now: Instant,
+    ) -> Option<DropLine> {
+        if frames == 0 && records == 0 {
+            return None;
+        }
+        let every = self.every;
+        let slot = self
+            .slots
+            .get_mut(stream.index())
+            .and_then(|r| r.get_mut(reason.index()))?;
+        let since = slot.last_line.map(|t| now.saturating_duration_since(t));
+        let quiet = !slot.pending() && since.is_none_or(|s| s >= every);
+        slot.frames = slot.frames.saturating_add(frames);
+        slot.records = slot.records.saturating_add(records);
+        if quiet {
+            return Some(slot.take(stream, reason, None, every, now));
+        }
+        match since {
+            Some(s) if s >= every => Some(slot.take(stream, reason, Some(s), every, now)),
+            _ => None,
+        }
+    }
+
+    /// The summary lines due at `now`: drops not logged yet whose previous line is at least
+    /// the period old, oldest stream and reason first.
+    pub fn poll(&mut self, now: Instant) -> Vec<DropLine> {
+        self.drain(now, false)
+    }
+
+    /// Every drop not logged yet as summary lines, due or not (at shutdown).
+    pub fn flush(&mut self, now: Instant) -> Vec<DropLine> {
+        self.drain(now, true)
+    }
+
+    fn drain(&mut self, now: Instant, all: bool) -> Vec<DropLine> {
+        let every = self.every;
+        let mut out = Vec::new();
+        for (stream, row) in Stream::ALL.into_iter().zip(self.slots.iter_mut()) {
+            for (reason, slot) in DropReason::ALL.into_iter().zip(row.iter_mut()) {
+                if !slot.pending() {
+                    continue;
+                }
+                let since = slot.last_line.map(|t| now.saturating_duration_since(t));
+                if all || since.is_none_or(|s| s >= every) {
+                    out.push(slot.take(stream, reason, since, every, now));
+                }
+            }
+        }
+        out
     }
 }
 
@@ -268,8 +451,8 @@ pub struct SelfMetrics {
     records_truncated: PerStream<IntCounter>,
     /// `fault_packets_total{action}`, registered by [`SelfMetrics::enable_fault_metrics`].
     fault_packets: OnceLock<[IntCounter; FaultAction::ALL.len()]>,
-    /// Drop events per reason, for rate-limited logging.
-    drop_events: [AtomicU64; DropReason::ALL.len()],
+    /// Rate limit of the drop log lines.
+    drop_log: Mutex<DropLog>,
 }
 
 /// Registering the self-metrics failed (a name clash in the registry).
@@ -402,7 +585,7 @@ impl SelfMetrics {
             queue_records: Stream::ALL.map(|s| queue_v.with_label_values(&[s.as_str()])),
             records_truncated: per_stream_counter(&truncated_v),
             fault_packets: OnceLock::new(),
-            drop_events: std::array::from_fn(|_| AtomicU64::new(0)),
+            drop_log: Mutex::new(DropLog::new(DROP_LOG_EVERY)),
             registry,
         })
     }
@@ -464,8 +647,10 @@ impl SelfMetrics {
     /// `frames` frames holding `records` records were dropped for `reason`. Records dropped
     /// before they were framed (source overflow, an oversize record) count with `frames = 0`.
     ///
-    /// Logs at `debug` (intentional reasons) or `warn` (others), rate-limited to the 1st, 2nd,
-    /// 4th, 8th, … event of each reason.
+    /// Logs at `warn`, rate-limited by [`DropLog`]: the first drop of a stream and reason at
+    /// once, then at most one summary per [`DROP_LOG_EVERY`] with the count since the
+    /// previous line. Call [`SelfMetrics::log_due_drops`] regularly so the tail of a burst is
+    /// logged, and [`SelfMetrics::log_pending_drops`] at the end.
     pub fn dropped(&self, stream: Stream, reason: DropReason, frames: u64, records: u64) {
         let (s, d) = (stream.index(), reason.index());
         if let Some(c) = self.frames_dropped.get(s).and_then(|r| r.get(d)) {
@@ -474,17 +659,35 @@ impl SelfMetrics {
         if let Some(c) = self.records_dropped.get(s).and_then(|r| r.get(d)) {
             c.inc_by(records);
         }
-        let n = self
-            .drop_events
-            .get(d)
-            .map_or(1, |a| a.fetch_add(1, Ordering::Relaxed) + 1);
-        if n.is_power_of_two() {
-            if reason.intentional() {
-                tracing::debug!(%stream, %reason, frames, records, events = n, "dropped at source");
-            } else {
-                tracing::warn!(%stream, %reason, frames, records, events = n, "dropped at source");
-            }
+        let line = self
+            .drop_log()
+            .record(stream, reason, frames, records, Instant::now());
+        if let Some(line) = line {
+            log_drop(&line);
         }
+    }
+
+    /// Logs the drop summaries that are due (drops not logged yet, the previous line of their
+    /// stream and reason at least [`DROP_LOG_EVERY`] old). Cheap; call it from a loop that
+    /// runs at least every few seconds.
+    pub fn log_due_drops(&self) {
+        let lines = self.drop_log().poll(Instant::now());
+        for line in &lines {
+            log_drop(line);
+        }
+    }
+
+    /// Logs every drop not logged yet, due or not (at shutdown, so the log accounts for
+    /// every drop).
+    pub fn log_pending_drops(&self) {
+        let lines = self.drop_log().flush(Instant::now());
+        for line in &lines {
+            log_drop(line);
+        }
+    }
+
+    fn drop_log(&self) -> std::sync::MutexGuard<'_, DropLog> {
+        self.drop_log.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// One record of `stream` was cut to fit a frame (not a drop: the record is sent).
@@ -585,6 +788,18 @@ impl SelfMetrics {
     pub fn to_records(&self, timestamp_ms: i64) -> Vec<payload::Metric> {
         families_to_records(&self.registry.gather(), timestamp_ms)
     }
+}
+
+/// The drop event's log line (see [`SelfMetrics::dropped`]).
+fn log_drop(line: &DropLine) {
+    tracing::warn!(
+        stream = line.stream.as_str(),
+        reason = line.reason.as_str(),
+        intentional = line.reason.intentional(),
+        frames = line.frames,
+        records = line.records,
+        "{line}"
+    );
 }
 
 /// Converts gathered Prometheus metric families into payload records.
@@ -846,6 +1061,190 @@ mod tests {
         for (i, a) in FaultAction::ALL.iter().enumerate() {
             assert_eq!(a.index(), i);
         }
+    }
+
+    fn line(
+        stream: Stream,
+        reason: DropReason,
+        frames: u64,
+        records: u64,
+        window: Option<Duration>,
+    ) -> DropLine {
+        DropLine {
+            stream,
+            reason,
+            frames,
+            records,
+            window,
+            every: DROP_LOG_EVERY,
+        }
+    }
+
+    #[test]
+    fn drop_log_first_drop_at_once_then_one_summary_per_period() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut log = DropLog::new(Duration::from_secs(10));
+        let (l, nc) = (Stream::Logs, DropReason::NoCredit);
+        // The first drop: a line at once, with that drop alone.
+        assert_eq!(log.record(l, nc, 1, 1, t0), Some(line(l, nc, 1, 1, None)));
+        // The next ones are summed; nothing is due before the period is over.
+        for i in 1..=16532 {
+            assert_eq!(log.record(l, nc, 1, 1, at(i / 2)), None, "drop {i}");
+        }
+        assert_eq!(log.poll(at(9_999)), vec![]);
+        // The period is over: one summary with the count since the first line.
+        let summary = line(l, nc, 16532, 16532, Some(Duration::from_secs(10)));
+        assert_eq!(log.poll(at(10_000)), vec![summary]);
+        assert_eq!(log.poll(at(10_001)), vec![]);
+        // Within the next period a drop that brings it due is the summary itself.
+        assert_eq!(log.record(l, nc, 1, 1, at(12_000)), None);
+        assert_eq!(
+            log.record(l, nc, 2, 2, at(20_500)),
+            Some(line(l, nc, 3, 3, Some(Duration::from_millis(10_500))))
+        );
+        // Another stream or reason has its own period.
+        assert_eq!(
+            log.record(Stream::Metrics, nc, 1, 40, at(20_600)),
+            Some(line(Stream::Metrics, nc, 1, 40, None))
+        );
+        assert_eq!(
+            log.record(l, DropReason::SourceOverflow, 0, 7, at(20_700)),
+            Some(line(l, DropReason::SourceOverflow, 0, 7, None))
+        );
+        // After a quiet period the first drop logs at once again; nothing dropped: no line.
+        assert_eq!(log.record(l, nc, 0, 0, at(99_000)), None);
+        assert_eq!(
+            log.record(l, nc, 1, 1, at(100_000)),
+            Some(line(l, nc, 1, 1, None))
+        );
+    }
+
+    #[test]
+    fn drop_log_flush_gives_every_pending_count_and_the_sums_add_up() {
+        let t0 = Instant::now();
+        let mut log = DropLog::new(Duration::from_secs(10));
+        let mut logged = 0;
+        let mut add = |l: Option<DropLine>| logged += l.map_or(0, |l| l.records);
+        for i in 0..1000u64 {
+            let now = t0 + Duration::from_millis(i * 37);
+            add(log.record(Stream::Logs, DropReason::NoCredit, 1, 3, now));
+            add(log.record(Stream::Metrics, DropReason::NotConnected, 0, 5, now));
+            for l in log.poll(now) {
+                add(Some(l));
+            }
+        }
+        let end = t0 + Duration::from_millis(1000 * 37);
+        let rest = log.flush(end);
+        assert!(rest.len() <= 2, "{rest:?}");
+        assert!(rest.iter().all(|l| l.window.is_some()), "{rest:?}");
+        for l in rest {
+            add(Some(l));
+        }
+        assert_eq!(logged, 1000 * (3 + 5));
+        assert_eq!(log.flush(end), vec![]);
+    }
+
+    #[test]
+    fn drop_line_messages_name_count_reason_and_stream() {
+        let ten = Some(Duration::from_secs(10));
+        assert_eq!(
+            line(Stream::Logs, DropReason::NoCredit, 0, 16533, ten).to_string(),
+            "dropped 16533 log records (reason no_credit, stream logs) in the last 10 s"
+        );
+        assert_eq!(
+            line(Stream::Metrics, DropReason::NoCredit, 1, 40, ten).to_string(),
+            "dropped 40 metric records in 1 frame (reason no_credit, stream metrics) in the last 10 s"
+        );
+        assert_eq!(
+            line(
+                Stream::Logs,
+                DropReason::Shutdown,
+                0,
+                1,
+                Some(Duration::from_millis(2500))
+            )
+            .to_string(),
+            "dropped 1 log record (reason shutdown, stream logs) in the last 2.5 s"
+        );
+        assert_eq!(
+            line(Stream::Logs, DropReason::NoCredit, 1, 1, None).to_string(),
+            "dropped 1 log record in 1 frame (reason no_credit, stream logs); more drops of this stream and reason are summed up at most every 10 s"
+        );
+    }
+
+    /// Collects the level and message of every event.
+    struct Capture(Arc<Mutex<Vec<(tracing::Level, String)>>>);
+
+    impl tracing::Subscriber for Capture {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            struct Message(String);
+            impl tracing::field::Visit for Message {
+                fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                    if f.name() == "message" {
+                        self.0 = format!("{v:?}");
+                    }
+                }
+            }
+            let mut m = Message(String::new());
+            event.record(&mut m);
+            self.0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((*event.metadata().level(), m.0));
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    #[test]
+    fn load_shedding_drops_are_logged_at_warn_rate_limited() {
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let sm = SelfMetrics::new().unwrap_or_else(|e| panic!("{e}"));
+        tracing::subscriber::with_default(Capture(events.clone()), || {
+            // A stalled collector: every log frame and metrics frame is dropped for credit.
+            for _ in 0..1000 {
+                sm.dropped(Stream::Logs, DropReason::NoCredit, 1, 1);
+                sm.dropped(Stream::Metrics, DropReason::NoCredit, 1, 40);
+                sm.log_due_drops();
+            }
+            sm.log_pending_drops();
+        });
+        let events = events.lock().unwrap_or_else(PoisonError::into_inner);
+        let warn: Vec<&str> = events
+            .iter()
+            .filter(|(level, _)| *level == tracing::Level::WARN)
+            .map(|(_, m)| m.as_str())
+            .collect();
+        // First drop of each stream at once, then what followed in one line each.
+        assert_eq!(warn.len(), 4, "{events:#?}");
+        assert!(
+            warn[0]
+                .starts_with("dropped 1 log record in 1 frame (reason no_credit, stream logs); "),
+            "{warn:?}"
+        );
+        assert!(
+            warn[1].starts_with(
+                "dropped 40 metric records in 1 frame (reason no_credit, stream metrics); "
+            ),
+            "{warn:?}"
+        );
+        // The rest at the end, in stream order.
+        assert!(warn[2].starts_with("dropped 39960 metric records in 999 frames (reason no_credit, stream metrics) in the last "), "{warn:?}");
+        assert!(warn[3].starts_with("dropped 999 log records in 999 frames (reason no_credit, stream logs) in the last "), "{warn:?}");
+        assert_eq!(sm.records_dropped(Stream::Logs, DropReason::NoCredit), 1000);
+        assert_eq!(
+            sm.frames_dropped(Stream::Metrics, DropReason::NoCredit),
+            1000
+        );
     }
 
     #[test]

@@ -38,7 +38,7 @@ pub trait FrameSink {
 
 /// Moves queued records into `core` while it wants them. Log records taken are reported to
 /// the hand-off accounting; [`settle`] then tells the log sources which of them they may
-/// checkpoint.
+/// checkpoint. Also logs the drop summaries that are due ([`SelfMetrics::log_due_drops`]).
 pub fn pull(core: &mut SenderCore, queues: &Queues, stats: &SelfMetrics) {
     let now = Instant::now();
     let ns = unix_ns();
@@ -66,6 +66,7 @@ pub fn pull(core: &mut SenderCore, queues: &Queues, stats: &SelfMetrics) {
     }
     stats.set_queue_records(Stream::Metrics, queues.metrics.len());
     stats.set_queue_records(Stream::Logs, queues.logs.len());
+    stats.log_due_drops();
 }
 
 /// Reports to the log sources how far the log records taken from the queue are settled
@@ -83,17 +84,20 @@ pub fn settle(core: &SenderCore, queues: &Queues) {
 /// Drops every queued metric sample with `reason` (while there is no connection: a sample
 /// is fresh or worthless). Log lines are left queued: the queue is bounded and the log
 /// tailers read no more than it holds, so the files buffer the rest until a connection is
-/// back.
+/// back. Also logs the drop summaries that are due.
 pub fn discard_queued_metrics(queues: &Queues, stats: &SelfMetrics, reason: DropReason) {
     let m = queues.metrics.take_all().len() as u64;
     if m > 0 {
         stats.dropped(Stream::Metrics, reason, 0, m);
     }
     stats.set_queue_records(Stream::Metrics, 0);
+    stats.log_due_drops();
 }
 
 /// Drops every queued record with `reason` (at shutdown). The log lines among them are not
 /// settled: the log sources do not checkpoint them, and read them again after a restart.
+/// Then logs every drop not logged yet ([`SelfMetrics::log_pending_drops`]), so the log
+/// accounts for every drop of the run.
 pub fn discard_queued(queues: &Queues, stats: &SelfMetrics, reason: DropReason) {
     let m = queues.metrics.take_all().len() as u64;
     if m > 0 {
@@ -105,6 +109,7 @@ pub fn discard_queued(queues: &Queues, stats: &SelfMetrics, reason: DropReason) 
     }
     stats.set_queue_records(Stream::Metrics, 0);
     stats.set_queue_records(Stream::Logs, 0);
+    stats.log_pending_drops();
 }
 
 /// Why [`transmit`] stopped.
