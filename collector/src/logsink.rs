@@ -23,11 +23,20 @@
 //! than taken from the `file-rotate` crate because that crate panics when the directory cannot
 //! be created and silently discards writes when the file cannot be opened, while every lost
 //! record here must be counted (`log_sink_error`).
+//!
+//! Write errors (a full disk): lines are written whole from a 64 KiB buffer, when it fills
+//! and at the end of every batch. A write that fails part-way is cut back (`set_len`) to its
+//! last whole line, so no partial line is left, and every record not in the file is counted
+//! as one `log_sink_error` drop, once. The file is then closed and reopened by path with the
+//! next line, so writing resumes by itself when space returns (also when the file itself was
+//! deleted to free it) and rotation goes on. A warning names the path and the error (at most
+//! once per 10 s), and an info says when writes succeed again.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, BufWriter, Write};
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use uctel_protocol::payload::{LogRecord, Severity};
@@ -115,13 +124,200 @@ pub fn encode_line(ctx: &LogContext<'_>, record: &LogRecord) -> Vec<u8> {
     out
 }
 
+/// Bytes of whole lines held in memory before they are written to the file (and at the end
+/// of every batch).
+const BUFFER_BYTES: usize = 64 * 1024;
+
+/// At most one warning about failing writes per this interval (as the drop events).
+const WARN_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Lines that did not reach a log file: how many, and the first error. Every line is either
+/// in the file whole or counted here, once.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {source}", path.display())]
+pub struct WriteError {
+    /// The log file.
+    pub path: PathBuf,
+    /// Lines lost (records, one line each).
+    pub lines: u64,
+    /// The first error.
+    #[source]
+    pub source: io::Error,
+}
+
+impl WriteError {
+    /// Adds `other`'s lines to `acc` (keeping the first error), or makes it `acc`.
+    fn merge_into(acc: &mut Option<WriteError>, other: WriteError) {
+        match acc {
+            Some(a) => a.lines = a.lines.saturating_add(other.lines),
+            None => *acc = Some(other),
+        }
+    }
+}
+
+/// What the rotating file needs of an open log file: a [`File`] opened for appending here, a
+/// file with a size quota in the unit tests.
+trait LogFile: Send + std::fmt::Debug {
+    /// One `write(2)`: how many bytes of `buf` were written.
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize>;
+    /// The file's length.
+    fn file_len(&self) -> io::Result<u64>;
+    /// Cuts the file to `len` bytes.
+    fn set_len(&mut self, len: u64) -> io::Result<()>;
+}
+
+impl LogFile for File {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        Write::write(self, buf)
+    }
+    fn file_len(&self) -> io::Result<u64> {
+        Ok(self.metadata()?.len())
+    }
+    fn set_len(&mut self, len: u64) -> io::Result<()> {
+        File::set_len(self, len)
+    }
+}
+
+/// Opens `path` for appending, creating it.
+type Opener = fn(&Path) -> io::Result<Box<dyn LogFile>>;
+
+fn open_append(path: &Path) -> io::Result<Box<dyn LogFile>> {
+    let file = OpenOptions::new().create(true).append(true).open(path)?;
+    Ok(Box::new(file))
+}
+
+/// Whole lines not yet written: their bytes, and the offset in `buf` where each one ends.
+#[derive(Debug, Default)]
+struct Pending {
+    buf: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl Pending {
+    fn push(&mut self, line: &[u8]) {
+        self.buf.extend_from_slice(line);
+        self.ends.push(self.buf.len());
+    }
+
+    fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    fn clear(&mut self) {
+        self.buf.clear();
+        self.ends.clear();
+    }
+}
+
+/// What a failed [`flush_lines`] lost.
+#[derive(Debug)]
+struct Lost {
+    /// Pending lines not in the file.
+    lines: u64,
+    /// Pending bytes not in the file.
+    bytes: u64,
+    source: io::Error,
+}
+
+/// Writes the pending lines to `file` and empties `pending`.
+///
+/// When a write fails (`ENOSPC`, `EIO`, …), the lines written whole stay in the file, the
+/// bytes of a line written only in part are cut off again (`set_len` to the file's length
+/// less those bytes, so a file truncated meanwhile by someone else is not extended with
+/// zeros; to `base`, the length before this call, plus the whole lines if the length cannot
+/// be read), and the rest is lost: the error says how many lines. If that cut fails too,
+/// `torn` keeps the length the open file must be cut back to; it is tried first on the next
+/// call, and nothing is written to the file until it succeeds.
+fn flush_lines(
+    file: &mut dyn LogFile,
+    base: u64,
+    pending: &mut Pending,
+    torn: &mut Option<u64>,
+) -> Result<(), Lost> {
+    if let Some(len) = *torn {
+        // Only ever shorter: a file truncated meanwhile is not extended with zeros.
+        let cut = match file.file_len() {
+            Ok(now) if now <= len => Ok(()),
+            _ => file.set_len(len),
+        };
+        if let Err(source) = cut {
+            let lost = Lost {
+                lines: pending.ends.len() as u64,
+                bytes: pending.buf.len() as u64,
+                source,
+            };
+            pending.clear();
+            return Err(lost);
+        }
+        *torn = None;
+    }
+    let mut written = 0usize;
+    let mut failure = None;
+    while written < pending.buf.len() {
+        let rest = pending.buf.get(written..).unwrap_or_default();
+        match file.write(rest) {
+            Ok(0) => {
+                failure = Some(io::Error::from(io::ErrorKind::WriteZero));
+                break;
+            }
+            Ok(n) => written = written.saturating_add(n.min(rest.len())),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    let Some(source) = failure else {
+        pending.clear();
+        return Ok(());
+    };
+    let whole = pending.ends.partition_point(|&end| end <= written);
+    let kept = whole
+        .checked_sub(1)
+        .and_then(|i| pending.ends.get(i))
+        .copied()
+        .unwrap_or(0);
+    let partial = (written - kept) as u64;
+    if partial > 0 {
+        let cut = file
+            .file_len()
+            .map_or(base.saturating_add(kept as u64), |len| {
+                len.saturating_sub(partial)
+            });
+        if file.set_len(cut).is_err() {
+            *torn = Some(cut);
+        }
+    }
+    let lost = Lost {
+        lines: (pending.ends.len() - whole) as u64,
+        bytes: (pending.buf.len() - kept) as u64,
+        source,
+    };
+    pending.clear();
+    Err(lost)
+}
+
 /// A file that rotates by size (see the module docs).
+///
+/// Lines are held in memory (up to [`BUFFER_BYTES`]) and written whole; a failed write is
+/// cut back to the last whole line and the lost lines are counted in the [`WriteError`].
+/// After a failed write the file is closed (unless a partial line is still to be cut off)
+/// and reopened by path on the next line, so space freed by deleting it is released and the
+/// writes resume by themselves.
 #[derive(Debug)]
 pub struct RotatingFile {
     path: PathBuf,
     max_file_bytes: u64,
     max_files: u32,
-    file: Option<BufWriter<File>>,
+    open: Opener,
+    /// `None` only after a failed write or rotation (then `pending` is empty and `torn`
+    /// is `None`).
+    file: Option<Box<dyn LogFile>>,
+    pending: Pending,
+    /// The length the open file must be cut back to (a partial line could not be cut off).
+    torn: Option<u64>,
+    /// The file's length plus the pending bytes (the rotation bound is checked on it).
     size: u64,
 }
 
@@ -163,6 +359,15 @@ impl RotatingFile {
     /// # Errors
     /// The directory or file cannot be created or opened ([`check_path`] first).
     pub fn open(path: &Path, max_file_bytes: u64, max_files: u32) -> io::Result<RotatingFile> {
+        RotatingFile::open_with(path, max_file_bytes, max_files, open_append)
+    }
+
+    fn open_with(
+        path: &Path,
+        max_file_bytes: u64,
+        max_files: u32,
+        open: Opener,
+    ) -> io::Result<RotatingFile> {
         check_path(path)?;
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
@@ -171,21 +376,38 @@ impl RotatingFile {
             path: path.to_path_buf(),
             max_file_bytes: max_file_bytes.max(1),
             max_files: max_files.max(1),
+            open,
             file: None,
+            pending: Pending::default(),
+            torn: None,
             size: 0,
         };
         f.reopen()?;
         Ok(f)
     }
 
+    /// The active file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Opens `path` anew (only with nothing pending and nothing to cut back).
     fn reopen(&mut self) -> io::Result<()> {
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.path)?;
-        self.size = file.metadata()?.len();
-        self.file = Some(BufWriter::with_capacity(64 * 1024, file));
+        self.file = None;
+        let file = (self.open)(&self.path)?;
+        self.size = file
+            .file_len()?
+            .saturating_add(self.pending.buf.len() as u64);
+        self.file = Some(file);
         Ok(())
+    }
+
+    fn error(&self, lines: u64, source: io::Error) -> WriteError {
+        WriteError {
+            path: self.path.clone(),
+            lines,
+            source,
+        }
     }
 
     fn numbered(&self, n: u32) -> PathBuf {
@@ -194,10 +416,15 @@ impl RotatingFile {
         PathBuf::from(s)
     }
 
+    /// `path.N-1 → path.N`, …, `path → path.1` and a new `path` (nothing pending). A
+    /// missing `path` (deleted by someone else) is not an error.
     fn rotate(&mut self) -> io::Result<()> {
-        if let Some(mut f) = self.file.take() {
-            f.flush()?;
+        if self.torn.is_some() {
+            return Err(io::Error::other(
+                "not rotated: a partly written line could not be cut off",
+            ));
         }
+        self.file = None;
         let oldest = self.numbered(self.max_files);
         match std::fs::remove_file(&oldest) {
             Ok(()) => {}
@@ -210,45 +437,98 @@ impl RotatingFile {
                 std::fs::rename(&from, self.numbered(n + 1))?;
             }
         }
-        std::fs::rename(&self.path, self.numbered(1))?;
+        match std::fs::rename(&self.path, self.numbered(1)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
         self.reopen()
     }
 
-    /// Writes one whole line, rotating first if it would take the file past the bound.
-    ///
-    /// # Errors
-    /// I/O errors; the file is reopened on the next write.
-    pub fn write_line(&mut self, line: &[u8]) -> io::Result<()> {
-        let len = line.len() as u64;
-        if self.size > 0 && self.size.saturating_add(len) > self.max_file_bytes {
-            if let Err(e) = self.rotate() {
-                self.file = None;
-                return Err(e);
+    /// Writes the pending lines (see [`flush_lines`]); after a failure the file is closed
+    /// (unless a partial line is still to be cut off), to be reopened by path.
+    fn flush_pending(&mut self) -> Result<(), WriteError> {
+        let base = self.size.saturating_sub(self.pending.buf.len() as u64);
+        let Some(file) = self.file.as_mut() else {
+            let lines = self.pending.ends.len() as u64;
+            self.size = base;
+            self.pending.clear();
+            return match lines {
+                0 => Ok(()),
+                _ => Err(self.error(lines, io::Error::other("log file not open"))),
+            };
+        };
+        match flush_lines(file.as_mut(), base, &mut self.pending, &mut self.torn) {
+            Ok(()) => Ok(()),
+            Err(lost) => {
+                self.size = self.size.saturating_sub(lost.bytes);
+                if self.torn.is_none() {
+                    self.file = None;
+                }
+                Err(self.error(lost.lines, lost.source))
             }
         }
+    }
+
+    /// Takes one whole line (with its `\n`), rotating first if it would take the file past
+    /// the bound; it is written when the buffer fills or at [`RotatingFile::flush`].
+    ///
+    /// # Errors
+    /// The lines lost by this call: this one if the file cannot be opened or rotated, and
+    /// earlier ones whose write failed here (each line is counted once, by the call that
+    /// lost it).
+    pub fn write_line(&mut self, line: &[u8]) -> Result<(), WriteError> {
+        let mut lost = None;
+        let len = line.len() as u64;
+        match self.make_room(len, &mut lost) {
+            Ok(()) => {
+                self.pending.push(line);
+                self.size = self.size.saturating_add(len);
+            }
+            Err(e) => WriteError::merge_into(&mut lost, self.error(1, e)),
+        }
+        lost.map_or(Ok(()), Err)
+    }
+
+    /// Gets ready to take a line of `len` bytes: opens the file, rotates it or writes the
+    /// buffer out as needed. Earlier lines lost on the way go to `lost`; an error means this
+    /// line cannot be taken.
+    fn make_room(&mut self, len: u64, lost: &mut Option<WriteError>) -> io::Result<()> {
         if self.file.is_none() {
             self.reopen()?;
         }
-        let Some(f) = self.file.as_mut() else {
-            return Err(io::Error::other("log file not open"));
-        };
-        if let Err(e) = f.write_all(line) {
-            self.file = None;
-            return Err(e);
+        if self.size > 0 && self.size.saturating_add(len) > self.max_file_bytes {
+            if let Err(e) = self.flush_pending() {
+                WriteError::merge_into(lost, e);
+            }
+            self.rotate()?;
+        } else if !self.pending.is_empty()
+            && (self.pending.buf.len() as u64).saturating_add(len) > BUFFER_BYTES as u64
+        {
+            if let Err(e) = self.flush_pending() {
+                WriteError::merge_into(lost, e);
+            }
+            if self.file.is_none() {
+                self.reopen()?;
+            }
         }
-        self.size = self.size.saturating_add(len);
         Ok(())
     }
 
-    /// Flushes buffered lines to the OS.
+    /// Writes the pending lines to the OS.
     ///
     /// # Errors
-    /// I/O errors.
-    pub fn flush(&mut self) -> io::Result<()> {
-        match self.file.as_mut() {
-            Some(f) => f.flush(),
-            None => Ok(()),
-        }
+    /// The lines that could not be written (cut back to the last whole line).
+    pub fn flush(&mut self) -> Result<(), WriteError> {
+        self.flush_pending()
+    }
+}
+
+impl Drop for RotatingFile {
+    /// Writes what is pending, if it can (a loss here cannot be counted: [`LogSink`] flushes
+    /// at the end of every batch, so nothing is pending when it drops the file).
+    fn drop(&mut self) {
+        let _ = self.flush_pending();
     }
 }
 
@@ -257,9 +537,59 @@ enum Target {
     File(RotatingFile),
 }
 
+/// When to log about a failing log file (`now` passed in): a warning at most once per
+/// [`WARN_INTERVAL`], with the lines lost since the last one, and one info when writes
+/// succeed again after an outage that was warned about.
+#[derive(Debug, Default)]
+struct Health {
+    /// A write failed and no batch has been written whole since.
+    failing: bool,
+    /// This outage was warned about.
+    warned: bool,
+    last_warn: Option<Instant>,
+    /// Lines lost since the last warning.
+    unreported: u64,
+    /// Lines lost in this outage.
+    outage: u64,
+}
+
+impl Health {
+    /// `lost` lines were lost; `Some(lines lost since the last warning)` when a warning is
+    /// due.
+    fn failed(&mut self, now: Instant, lost: u64) -> Option<u64> {
+        self.failing = true;
+        self.unreported = self.unreported.saturating_add(lost);
+        self.outage = self.outage.saturating_add(lost);
+        let due = self
+            .last_warn
+            .is_none_or(|t| now.saturating_duration_since(t) >= WARN_INTERVAL);
+        if !due {
+            return None;
+        }
+        self.last_warn = Some(now);
+        self.warned = true;
+        Some(std::mem::take(&mut self.unreported))
+    }
+
+    /// A batch was written whole; `Some(lines lost in the outage)` when an info is due.
+    fn succeeded(&mut self) -> Option<u64> {
+        if !self.failing {
+            return None;
+        }
+        self.failing = false;
+        let lost = std::mem::take(&mut self.outage);
+        std::mem::take(&mut self.warned).then_some(lost)
+    }
+}
+
+struct State {
+    target: Target,
+    health: Health,
+}
+
 /// The configured sink. Thread-safe.
 pub struct LogSink {
-    target: Mutex<Target>,
+    state: Mutex<State>,
 }
 
 impl std::fmt::Debug for LogSink {
@@ -282,28 +612,38 @@ impl LogSink {
                 config.file.max_files,
             )?),
         };
-        Ok(LogSink {
-            target: Mutex::new(target),
-        })
+        Ok(LogSink::with_target(target))
+    }
+
+    fn with_target(target: Target) -> LogSink {
+        LogSink {
+            state: Mutex::new(State {
+                target,
+                health: Health::default(),
+            }),
+        }
     }
 
     /// Writes every record of one frame; returns how many could not be written (the caller
-    /// counts them as `log_sink_error`) and the first error.
+    /// counts them as `log_sink_error`) and the first error. To a file, every record is
+    /// either in it as a whole line or in the count, once; a failing file is warned about
+    /// (rate-limited, with its path and the error) and its recovery logged.
     pub fn write_batch(
         &self,
         ctx: &LogContext<'_>,
         records: &[LogRecord],
     ) -> (u64, Option<io::Error>) {
-        let Ok(mut target) = self.target.lock() else {
+        let Ok(mut state) = self.state.lock() else {
             return (
                 records.len() as u64,
                 Some(io::Error::other("log sink lock poisoned")),
             );
         };
-        let mut failed = 0u64;
-        let mut first_err = None;
-        match &mut *target {
+        let State { target, health } = &mut *state;
+        match target {
             Target::Stdout => {
+                let mut failed = 0u64;
+                let mut first_err = None;
                 let stdout = io::stdout();
                 let mut out = stdout.lock();
                 for r in records {
@@ -315,20 +655,43 @@ impl LogSink {
                 if let Err(e) = out.flush() {
                     first_err.get_or_insert(e);
                 }
+                (failed, first_err)
             }
             Target::File(f) => {
+                let mut lost = None;
                 for r in records {
                     if let Err(e) = f.write_line(&encode_line(ctx, r)) {
-                        failed += 1;
-                        first_err.get_or_insert(e);
+                        WriteError::merge_into(&mut lost, e);
                     }
                 }
                 if let Err(e) = f.flush() {
-                    first_err.get_or_insert(e);
+                    WriteError::merge_into(&mut lost, e);
                 }
+                let failed = lost.as_ref().map_or(0, |e| e.lines);
+                if failed > 0 {
+                    if let Some(n) = health.failed(Instant::now(), failed) {
+                        if let Some(e) = &lost {
+                            tracing::warn!(
+                                path = %e.path.display(),
+                                error = %e.source,
+                                records = n,
+                                "log file writes fail; records dropped (log_sink_error; \
+                                 warned at most once per 10 s)"
+                            );
+                        }
+                    }
+                } else if !records.is_empty() {
+                    if let Some(n) = health.succeeded() {
+                        tracing::info!(
+                            path = %f.path().display(),
+                            records_dropped = n,
+                            "log file writes succeed again"
+                        );
+                    }
+                }
+                (failed, lost.map(|e| io::Error::new(e.source.kind(), e)))
             }
         }
-        (failed, first_err)
     }
 }
 
@@ -449,6 +812,230 @@ mod tests {
             .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["message"].to_string())
             .collect();
         assert_eq!(msgs, vec!["\"a\"", "\"b\""]);
+    }
+
+    /// A file in memory that takes `room` more bytes, at most `chunk` per write, then fails
+    /// with `ENOSPC`; its first `set_len_failures` cuts fail.
+    #[derive(Debug)]
+    struct Flaky {
+        data: Vec<u8>,
+        room: usize,
+        chunk: usize,
+        set_len_failures: u32,
+    }
+
+    fn no_space() -> io::Error {
+        io::Error::new(io::ErrorKind::StorageFull, "no space left on device")
+    }
+
+    impl LogFile for Flaky {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let n = buf.len().min(self.room).min(self.chunk);
+            if n == 0 {
+                return Err(no_space());
+            }
+            self.data.extend_from_slice(&buf[..n]);
+            self.room -= n;
+            Ok(n)
+        }
+        fn file_len(&self) -> io::Result<u64> {
+            Ok(self.data.len() as u64)
+        }
+        fn set_len(&mut self, len: u64) -> io::Result<()> {
+            if self.set_len_failures > 0 {
+                self.set_len_failures -= 1;
+                return Err(io::Error::other("cannot cut"));
+            }
+            let len = len as usize;
+            self.room += self.data.len().saturating_sub(len);
+            self.data.resize(len, 0);
+            Ok(())
+        }
+    }
+
+    fn pending<L: AsRef<[u8]>>(lines: &[L]) -> Pending {
+        let mut p = Pending::default();
+        for l in lines {
+            p.push(l.as_ref());
+        }
+        p
+    }
+
+    #[test]
+    fn failed_flush_keeps_whole_lines_cuts_the_partial_one_and_counts_the_rest() {
+        let mut f = Flaky {
+            data: b"old\n".to_vec(),
+            room: 25,
+            chunk: 7,
+            set_len_failures: 0,
+        };
+        let mut p = pending(&[b"aaaaaaaaa\n"; 5]);
+        let mut torn = None;
+        let lost = flush_lines(&mut f, 4, &mut p, &mut torn).unwrap_err();
+        // 25 bytes went out: two whole lines and half of the third, which is cut off again.
+        assert_eq!(f.data, b"old\naaaaaaaaa\naaaaaaaaa\n");
+        assert_eq!((lost.lines, lost.bytes), (3, 30));
+        assert_eq!(lost.source.kind(), io::ErrorKind::StorageFull);
+        assert!(p.is_empty() && torn.is_none());
+        // Space again: the next lines go out whole.
+        f.room = 100;
+        let mut p = pending(&[&b"bb\n"[..], b"", b"cc\n"]);
+        flush_lines(&mut f, 24, &mut p, &mut torn).unwrap();
+        assert_eq!(f.data, b"old\naaaaaaaaa\naaaaaaaaa\nbb\ncc\n");
+    }
+
+    #[test]
+    fn a_cut_that_fails_is_done_before_the_next_write() {
+        let mut f = Flaky {
+            data: Vec::new(),
+            room: 15,
+            chunk: 64,
+            set_len_failures: 2,
+        };
+        let mut torn = None;
+        let lost =
+            flush_lines(&mut f, 0, &mut pending(&[b"0123456789\n"; 2]), &mut torn).unwrap_err();
+        assert_eq!(lost.lines, 1);
+        assert_eq!(torn, Some(11));
+        // The second cut fails too: nothing is written after the partial line.
+        f.room = 100;
+        let lost = flush_lines(&mut f, 11, &mut pending(&[b"x\n"]), &mut torn).unwrap_err();
+        assert_eq!((lost.lines, lost.bytes), (1, 2));
+        assert_eq!(f.data.len(), 15);
+        // Now it is cut, then the line is written.
+        flush_lines(&mut f, 11, &mut pending(&[b"y\n"]), &mut torn).unwrap();
+        assert_eq!(f.data, b"0123456789\ny\n");
+        assert!(torn.is_none());
+    }
+
+    /// A real file in a directory whose files may hold at most `CAP` bytes together (a
+    /// disk of that size, without root); writes of at most 4 KiB.
+    #[derive(Debug)]
+    struct Quota<const CAP: u64> {
+        file: File,
+        dir: PathBuf,
+    }
+
+    impl<const CAP: u64> LogFile for Quota<CAP> {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let used: u64 = std::fs::read_dir(&self.dir)?
+                .filter_map(|e| e.ok()?.metadata().ok())
+                .map(|m| m.len())
+                .sum();
+            let room = usize::try_from(CAP.saturating_sub(used)).unwrap_or(usize::MAX);
+            let n = buf.len().min(room).min(4096);
+            if n == 0 {
+                return Err(no_space());
+            }
+            Write::write(&mut self.file, &buf[..n])
+        }
+        fn file_len(&self) -> io::Result<u64> {
+            self.file.file_len()
+        }
+        fn set_len(&mut self, len: u64) -> io::Result<()> {
+            self.file.set_len(len)
+        }
+    }
+
+    fn quota_open<const CAP: u64>(path: &Path) -> io::Result<Box<dyn LogFile>> {
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        Ok(Box::new(Quota::<CAP> { file, dir }))
+    }
+
+    /// Every line of the log files under `dir` (all must be whole JSON): the messages.
+    fn messages_in(dir: &Path) -> Vec<String> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir).unwrap() {
+            let bytes = std::fs::read(e.unwrap().path()).unwrap();
+            assert!(bytes.is_empty() || bytes.ends_with(b"\n"), "a partial line");
+            for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+                let v: serde_json::Value = serde_json::from_slice(line)
+                    .unwrap_or_else(|e| panic!("{e}: {:?}", String::from_utf8_lossy(line)));
+                out.push(v["message"].as_str().unwrap().to_string());
+            }
+        }
+        out.sort();
+        out
+    }
+
+    fn records(from: usize, to: usize) -> Vec<LogRecord> {
+        (from..to)
+            .map(|n| record(&format!("{n:06}{}", "x".repeat(94))))
+            .collect()
+    }
+
+    /// 1,000 records of ~100 bytes through a sink on a full "disk" of `CAP` bytes, `batch`
+    /// to a call: every one is in a file whole or counted, once; after the rotated files
+    /// are deleted, writes (and rotations) succeed again.
+    fn conservation_on_a_full_disk<const CAP: u64>(max_file_bytes: u64, batch: usize) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("logs.jsonl");
+        let file = RotatingFile::open_with(&path, max_file_bytes, 8, quota_open::<CAP>).unwrap();
+        let sink = LogSink::with_target(Target::File(file));
+        let all = records(0, 1000);
+        let mut lost = 0;
+        for chunk in all.chunks(batch) {
+            let (failed, err) = sink.write_batch(&ctx(), chunk);
+            assert_eq!(failed > 0, err.is_some());
+            if let Some(e) = err {
+                assert_eq!(e.kind(), io::ErrorKind::StorageFull);
+                assert!(e.to_string().contains(&*path.to_string_lossy()), "{e}");
+            }
+            lost += failed;
+        }
+        let written = messages_in(dir.path());
+        assert!(lost > 0, "never full");
+        assert_eq!(written.len() as u64 + lost, 1000);
+        let mut unique = written.clone();
+        unique.dedup();
+        assert_eq!(unique, written, "a record written twice");
+
+        // Free the space, the active file too (closed after the failed write, it is
+        // created anew).
+        for e in std::fs::read_dir(dir.path()).unwrap() {
+            std::fs::remove_file(e.unwrap().path()).unwrap();
+        }
+        let more = records(1000, 1030);
+        for chunk in more.chunks(batch) {
+            let (failed, err) = sink.write_batch(&ctx(), chunk);
+            assert_eq!(failed, 0, "{err:?}");
+        }
+        let expected: Vec<String> = more.iter().map(|r| r.message.clone()).collect();
+        assert_eq!(messages_in(dir.path()), expected);
+        if max_file_bytes < CAP {
+            assert!(dir.path().join("logs.jsonl.1").exists(), "no rotation");
+        }
+    }
+
+    #[test]
+    fn full_disk_with_rotation_keeps_every_record_whole_or_counted() {
+        // The disk fills at about four files, before `max_files` (8) would delete one.
+        conservation_on_a_full_disk::<{ 16 * 1024 }>(4096, 10);
+    }
+
+    #[test]
+    fn full_disk_in_one_large_batch_keeps_every_record_whole_or_counted() {
+        // 1,000 records in one call: the 64 KiB buffer fills, is written, and fails part-way.
+        conservation_on_a_full_disk::<{ 96 * 1024 }>(1 << 30, 1000);
+    }
+
+    #[test]
+    fn writes_that_fail_are_warned_about_rate_limited_and_their_recovery_once() {
+        let t0 = Instant::now();
+        let s = |n| t0 + Duration::from_secs(n);
+        let mut h = Health::default();
+        assert_eq!(h.succeeded(), None);
+        assert_eq!(h.failed(s(0), 3), Some(3));
+        assert_eq!(h.failed(s(1), 2), None);
+        assert_eq!(h.failed(s(10), 4), Some(6));
+        assert_eq!(h.succeeded(), Some(9));
+        assert_eq!(h.succeeded(), None);
+        // A short outage inside the interval: no warning, so no recovery message either;
+        // its loss is in the next warning.
+        assert_eq!(h.failed(s(12), 5), None);
+        assert_eq!(h.succeeded(), None);
+        assert_eq!(h.failed(s(20), 1), Some(6));
     }
 
     #[test]
