@@ -207,7 +207,8 @@ pub fn spawn_metric_sources(
 
 /// Runs the host-metrics source until shutdown: one collection at start, then one per
 /// `interval`. Collection errors are logged (first failure of each sub-collector at `warn`)
-/// and visible as `node_scrape_collector_success{collector} 0`.
+/// and visible as `node_scrape_collector_success{collector} 0`; RDMA files skipped are
+/// counted and logged by [`SelfMetrics::infiniband_file_skipped`].
 pub async fn host_metrics_loop(
     config: HostMetricsConfig,
     interval: Duration,
@@ -241,6 +242,9 @@ pub async fn host_metrics_loop(
             } else {
                 tracing::debug!(error = %e, "host metrics sub-collector failed");
             }
+        }
+        for f in &collection.infiniband_skipped {
+            stats.infiniband_file_skipped(f);
         }
         offer(&queue, collection.metrics, Stream::Metrics, &stats);
     }

@@ -27,6 +27,13 @@
 //! | `uctel_agent_queue_records` | gauge | `stream` |
 //! | `uctel_agent_records_truncated_total` | counter | `stream` |
 //! | `uctel_agent_fault_packets_total` | counter | `action` (only with fault injection) |
+//! | `uctel_agent_source_errors_total` | counter | `source`, `reason` |
+//!
+//! `uctel_agent_source_errors_total{source,reason}` counts the inputs a source had to skip, at
+//! every collection that skipped them: today `source="infiniband"`, one per RDMA counter file
+//! that could not be read or parsed, `reason` from [`SkipReason`] (`not_available` for
+//! `N/A (no PMA)`, `read_error`, `parse_error`). Each distinct file and reason is also logged
+//! once at `warn` ([`SelfMetrics::infiniband_file_skipped`]).
 //!
 //! `uctel_agent_fault_packets_total{action}` counts what the soft transport's fault injector
 //! (`transport.soft.fault`, a lab setting) did to the agent's outgoing packets, summed over
@@ -53,6 +60,7 @@ use prometheus::{
 use uctel_protocol::payload;
 use uctel_transport::soft::fault::{FaultCounts, FaultStats};
 
+use crate::sources::rdma::{SkipReason, SkippedFile};
 use crate::stream::Stream;
 
 /// Why the agent dropped a frame or records. Closed: adding a reason is a deliberate change to
@@ -453,6 +461,8 @@ pub struct SelfMetrics {
     fault_packets: OnceLock<[IntCounter; FaultAction::ALL.len()]>,
     /// Rate limit of the drop log lines.
     drop_log: Mutex<DropLog>,
+    /// `source_errors_total{source="infiniband",reason}`.
+    infiniband_skipped: [IntCounter; SkipReason::ALL.len()],
 }
 
 /// Registering the self-metrics failed (a name clash in the registry).
@@ -562,6 +572,11 @@ impl SelfMetrics {
             "Records cut to fit one frame (log lines longer than the connection's frame size), marked truncated=\"frame\".",
             &["stream"],
         )?;
+        let source_errors_v = counter_vec(
+            "source_errors_total",
+            "Inputs a source skipped (an RDMA counter file that could not be read or parsed), at every collection that skipped them, by source and reason.",
+            &["source", "reason"],
+        )?;
         let per_stream_counter =
             |v: &IntCounterVec| Stream::ALL.map(|s| v.with_label_values(&[s.as_str()]));
         let per_stream_reason = |v: &IntCounterVec| {
@@ -586,6 +601,8 @@ impl SelfMetrics {
             records_truncated: per_stream_counter(&truncated_v),
             fault_packets: OnceLock::new(),
             drop_log: Mutex::new(DropLog::new(DROP_LOG_EVERY)),
+            infiniband_skipped: SkipReason::ALL
+                .map(|r| source_errors_v.with_label_values(&["infiniband", r.as_str()])),
             registry,
         })
     }
@@ -688,6 +705,38 @@ impl SelfMetrics {
 
     fn drop_log(&self) -> std::sync::MutexGuard<'_, DropLog> {
         self.drop_log.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The event of an RDMA counter file skipped by a host-metrics collection
+    /// ([`crate::sources::rdma`]): counts it in
+    /// `source_errors_total{source="infiniband",reason}` and logs it, at `warn` the first
+    /// time the file is skipped for that reason ([`SkippedFile::first`]), at `debug` after.
+    pub fn infiniband_file_skipped(&self, file: &SkippedFile) {
+        if let Some(c) = self.infiniband_skipped.get(file.reason.index()) {
+            c.inc();
+        }
+        if file.first {
+            tracing::warn!(
+                path = %file.path.display(),
+                reason = file.reason.as_str(),
+                detail = %file.detail,
+                "infiniband counter file skipped, its series left out (logged once per file and reason)"
+            );
+        } else {
+            tracing::debug!(
+                path = %file.path.display(),
+                reason = file.reason.as_str(),
+                detail = %file.detail,
+                "infiniband counter file skipped"
+            );
+        }
+    }
+
+    /// `source_errors_total{source="infiniband",reason}` so far.
+    pub fn infiniband_files_skipped(&self, reason: SkipReason) -> u64 {
+        self.infiniband_skipped
+            .get(reason.index())
+            .map_or(0, IntCounter::get)
     }
 
     /// One record of `stream` was cut to fit a frame (not a drop: the record is sent).
@@ -1245,6 +1294,47 @@ mod tests {
             sm.frames_dropped(Stream::Metrics, DropReason::NoCredit),
             1000
         );
+    }
+
+    #[test]
+    fn skipped_infiniband_files_are_counted_every_time_and_warned_once() {
+        let sm = SelfMetrics::new().unwrap_or_else(|e| panic!("{e}"));
+        let text = sm.encode_text();
+        for r in SkipReason::ALL {
+            let series = format!(
+                "uctel_agent_source_errors_total{{reason=\"{}\",source=\"infiniband\"}} 0",
+                r.as_str()
+            );
+            assert!(text.contains(&series), "{series} missing: {text}");
+        }
+        let mut file = SkippedFile {
+            path: "/sys/class/infiniband/mlx5_0/ports/1/counters/symbol_error".into(),
+            reason: SkipReason::NotAvailable,
+            detail: "N/A (no PMA)".into(),
+            first: true,
+        };
+        let events = Arc::new(Mutex::new(Vec::new()));
+        tracing::subscriber::with_default(Capture(events.clone()), || {
+            sm.infiniband_file_skipped(&file);
+            file.first = false;
+            sm.infiniband_file_skipped(&file);
+            sm.infiniband_file_skipped(&file);
+        });
+        assert_eq!(sm.infiniband_files_skipped(SkipReason::NotAvailable), 3);
+        assert_eq!(sm.infiniband_files_skipped(SkipReason::ReadError), 0);
+        let events = events.lock().unwrap_or_else(PoisonError::into_inner);
+        let warn = events
+            .iter()
+            .filter(|(level, _)| *level == tracing::Level::WARN)
+            .count();
+        assert_eq!(warn, 1, "{events:#?}");
+        let recs = sm.to_records(0);
+        let m = find(
+            &recs,
+            "uctel_agent_source_errors_total",
+            &[("source", "infiniband"), ("reason", "not_available")],
+        );
+        assert_eq!(m.map(|m| m.value), Some(3.0));
     }
 
     #[test]

@@ -21,6 +21,9 @@
 //!
 //! A sub-collector that fails is reported in [`HostCollection::errors`], counted in
 //! [`HostMetrics::failures`], its partial output is discarded, and the others still run.
+//! `infiniband` can also succeed in part: files it had to skip are listed in
+//! [`HostCollection::infiniband_skipped`], its other series are kept, and its
+//! `node_scrape_collector_success` is 0 for that collection.
 //!
 //! Names, help strings and unit conversions follow node_exporter's `collector/*_linux.go`
 //! (`cpu_linux.go`, `stat_linux.go`, `loadavg_linux.go`, `meminfo.go`, `netdev_linux.go`,
@@ -39,7 +42,7 @@ use procfs::{FromRead, FromReadSI};
 use uctel_protocol::payload::Metric;
 
 use super::metric::{counter, gauge};
-use super::rdma::{RdmaCounters, RdmaError};
+use super::rdma::{RdmaCounters, RdmaError, SkippedFile};
 
 /// Where the host's pseudo filesystems are mounted. Tests point these at fixture trees;
 /// containers point them at the host's `/proc`, `/sys` and `/` bind mounts (node_exporter's
@@ -168,6 +171,9 @@ pub struct CollectorError {
 pub struct HostCollection {
     pub metrics: Vec<Metric>,
     pub errors: Vec<CollectorError>,
+    /// RDMA files the `infiniband` sub-collector skipped ([`RdmaCounters::collect_into`]);
+    /// when there are any, its `node_scrape_collector_success` is 0.
+    pub infiniband_skipped: Vec<SkippedFile>,
 }
 
 /// Collects host metrics; see the module documentation for the series produced.
@@ -202,17 +208,22 @@ impl HostMetrics {
 
     /// Runs every sub-collector once. Never stops at a failing sub-collector: its error is in
     /// [`HostCollection::errors`], its `node_scrape_collector_success` sample is 0, and
-    /// [`HostMetrics::failures`] counts it.
+    /// [`HostMetrics::failures`] counts it. `infiniband` files skipped are in
+    /// [`HostCollection::infiniband_skipped`] (success 0, the other RDMA series kept, not
+    /// counted in `failures`).
     pub fn collect(&mut self) -> HostCollection {
         let mut out = HostCollection {
             metrics: Vec::with_capacity(self.last_len),
             errors: Vec::new(),
+            infiniband_skipped: Vec::new(),
         };
         let stat_path = self.paths.proc.join("stat");
         let stat_text = std::fs::read_to_string(&stat_path);
         for collector in HostCollector::ALL {
             let mark = out.metrics.len();
             let started = Instant::now();
+            // Some inputs skipped, the rest collected: success 0, output kept.
+            let mut partial = false;
             let result = match collector {
                 HostCollector::Cpu => match &stat_text {
                     Ok(text) => self.cpu(&stat_path, text, &mut out.metrics),
@@ -231,15 +242,18 @@ impl HostMetrics {
                     time(&mut out.metrics);
                     Ok(())
                 }
-                HostCollector::Infiniband => self
-                    .rdma
-                    .collect_into(&mut out.metrics)
-                    .map(|_| ())
-                    .map_err(HostError::from),
+                HostCollector::Infiniband => match self.rdma.collect_into(&mut out.metrics) {
+                    Ok(scan) => {
+                        partial = !scan.skipped.is_empty();
+                        out.infiniband_skipped = scan.skipped;
+                        Ok(())
+                    }
+                    Err(e) => Err(HostError::from(e)),
+                },
             };
             let elapsed = started.elapsed();
             let ok = match result {
-                Ok(()) => true,
+                Ok(()) => !partial,
                 Err(error) => {
                     out.metrics.truncate(mark);
                     if let Some(n) = self.failures.get_mut(collector.index()) {
@@ -937,6 +951,72 @@ fn time(out: &mut Vec<Metric>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sources::rdma::SkipReason;
+
+    fn scrape_success(m: &[Metric], collector: &str) -> Option<f64> {
+        m.iter()
+            .find(|s| {
+                s.name == "node_scrape_collector_success"
+                    && s.labels
+                        .iter()
+                        .any(|l| l.name == "collector" && l.value == collector)
+            })
+            .map(|s| s.value)
+    }
+
+    #[test]
+    fn infiniband_scrape_fails_when_a_file_is_skipped_and_keeps_the_rest() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let counters = dir.path().join("class/infiniband/rxe0/ports/1/counters");
+        std::fs::create_dir_all(&counters).unwrap_or_else(|e| panic!("{e}"));
+        let write = |name: &str, text: &str| {
+            std::fs::write(counters.join(name), text).unwrap_or_else(|e| panic!("{e}"));
+        };
+        write("port_rcv_data", "10\n");
+        let mut host = HostMetrics::new(HostMetricsConfig {
+            paths: HostPaths {
+                proc: dir.path().join("no-proc"),
+                sys: dir.path().to_path_buf(),
+                rootfs: dir.path().to_path_buf(),
+            },
+            ticks_per_second: Some(100),
+        });
+        let c = host.collect();
+        assert_eq!(scrape_success(&c.metrics, "infiniband"), Some(1.0));
+        assert!(c.infiniband_skipped.is_empty());
+
+        write("symbol_error", "N/A (no PMA)\n");
+        let c = host.collect();
+        assert_eq!(scrape_success(&c.metrics, "infiniband"), Some(0.0));
+        let skipped: Vec<_> = c
+            .infiniband_skipped
+            .iter()
+            .map(|f| (f.path.clone(), f.reason, f.first))
+            .collect();
+        assert_eq!(
+            skipped,
+            vec![(
+                counters.join("symbol_error"),
+                SkipReason::NotAvailable,
+                true
+            )]
+        );
+        assert!(
+            c.metrics
+                .iter()
+                .any(|m| m.name == "node_infiniband_port_data_received_bytes_total"),
+            "the other RDMA series are kept"
+        );
+        assert!(c
+            .errors
+            .iter()
+            .all(|e| e.collector != HostCollector::Infiniband));
+        assert_eq!(host.failures(HostCollector::Infiniband), 0);
+        // Still failing at the next collection, no longer new.
+        let c = host.collect();
+        assert_eq!(scrape_success(&c.metrics, "infiniband"), Some(0.0));
+        assert_eq!(c.infiniband_skipped.first().map(|f| f.first), Some(false));
+    }
 
     #[test]
     fn netdev_names_and_help_follow_the_field_names() {

@@ -24,10 +24,16 @@
 //! knows come out identical). Like node_exporter, gauge-like entries such as `active_qps` or
 //! `lifespan` keep the counter type, so series are identical to node_exporter's.
 //!
-//! A missing `class/infiniband` directory (no RDMA devices) yields no series and no error. A file
-//! that cannot be read or parsed (`N/A (no PMA)`, EINVAL from the driver) is skipped and counted in
-//! [`RdmaScan::skipped_files`]; it never hides the other series.
+//! A missing `class/infiniband` directory (no RDMA devices) yields no series and no error. A
+//! port file (`state`, `phys_state`, `rate`, `counters*/`, `hw_counters/`) that cannot be read or
+//! parsed (`N/A (no PMA)`, EINVAL from the driver) is skipped and listed in
+//! [`RdmaScan::skipped`] with a [`SkipReason`]; it never hides the other series. Each
+//! [`SkippedFile`] says whether it is the first time this [`RdmaCounters`] met that path with
+//! that reason, so the caller can report every distinct problem once rather than at every
+//! collection (the agent: one `warn` line, `uctel_agent_source_errors_total{source="infiniband",
+//! reason}` at every collection, `node_scrape_collector_success{collector="infiniband"} 0`).
 
+use std::collections::HashSet;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
@@ -123,8 +129,79 @@ pub struct RdmaError {
     pub source: std::io::Error,
 }
 
+/// Why an RDMA file was skipped. Closed: [`SkipReason::as_str`] is the `reason` label of
+/// `uctel_agent_source_errors_total{source="infiniband"}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SkipReason {
+    /// The driver says the value is not available: `N/A (no PMA)` (a port without a
+    /// Performance Management Agent, e.g. some RoCE ports and virtual functions), or another
+    /// text starting with `N/A`.
+    NotAvailable,
+    /// read(2) failed: EINVAL or EIO from the driver, EACCES, a directory where a file was
+    /// expected. A file that vanished between listing and reading is not a problem.
+    ReadError,
+    /// The contents are not what the file holds (a decimal counter, `4: ACTIVE`,
+    /// `100 Gb/sec (4X EDR)`), or not UTF-8.
+    ParseError,
+}
+
+impl SkipReason {
+    /// Every reason, for pre-registering zero-valued series.
+    pub const ALL: [SkipReason; 3] = [
+        SkipReason::NotAvailable,
+        SkipReason::ReadError,
+        SkipReason::ParseError,
+    ];
+
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipReason::NotAvailable => "not_available",
+            SkipReason::ReadError => "read_error",
+            SkipReason::ParseError => "parse_error",
+        }
+    }
+
+    /// Position in [`SkipReason::ALL`], for per-reason arrays.
+    pub fn index(self) -> usize {
+        match self {
+            SkipReason::NotAvailable => 0,
+            SkipReason::ReadError => 1,
+            SkipReason::ParseError => 2,
+        }
+    }
+}
+
+impl std::fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One file skipped by one collection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedFile {
+    /// The file, under the `sys_root` given to [`RdmaCounters::new`].
+    pub path: PathBuf,
+    /// Why it was skipped.
+    pub reason: SkipReason,
+    /// The read error, or the file's contents (trimmed, at most [`DETAIL_CHARS`] characters).
+    pub detail: String,
+    /// Whether this is the first collection of this [`RdmaCounters`] that skipped `path` for
+    /// `reason` (report it then). Only the first [`MAX_REMEMBERED`] distinct problems are
+    /// remembered; later new ones are never `first`.
+    pub first: bool,
+}
+
+/// Longest [`SkippedFile::detail`], in characters.
+pub const DETAIL_CHARS: usize = 64;
+
+/// Most distinct `(path, reason)` problems an [`RdmaCounters`] remembers (sysfs has a few
+/// hundred counter files per port; devices that come and go must not grow the set forever).
+pub const MAX_REMEMBERED: usize = 4096;
+
 /// What one [`RdmaCounters::collect_into`] found.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RdmaScan {
     /// RDMA devices (`class/infiniband/*`).
     pub devices: usize,
@@ -132,21 +209,26 @@ pub struct RdmaScan {
     pub ports: usize,
     /// Samples appended.
     pub samples: usize,
-    /// Files present but unreadable or unparsable, skipped.
-    pub skipped_files: usize,
+    /// Files present but unreadable or unparsable, skipped (their series are left out), in
+    /// scan order.
+    pub skipped: Vec<SkippedFile>,
 }
 
 /// Reads RDMA port and hw counters; see the module documentation.
 #[derive(Debug, Clone)]
 pub struct RdmaCounters {
     class_dir: PathBuf,
+    /// `(path, reason)` of every problem met so far (at most [`MAX_REMEMBERED`]).
+    seen: HashSet<(PathBuf, SkipReason)>,
 }
 
 impl RdmaCounters {
-    /// Reads `<sys_root>/class/infiniband`.
+    /// Reads `<sys_root>/class/infiniband` (`sys_root` is `/sys` on a host; tests point it at
+    /// a fixture tree).
     pub fn new(sys_root: &Path) -> Self {
         Self {
             class_dir: sys_root.join("class").join("infiniband"),
+            seen: HashSet::new(),
         }
     }
 
@@ -156,15 +238,24 @@ impl RdmaCounters {
     }
 
     /// Appends one sample per series to `out`. No RDMA devices → `Ok` with nothing appended.
+    /// Files that cannot be read or parsed are skipped and listed in [`RdmaScan::skipped`],
+    /// each marked [`SkippedFile::first`] the first time it is met with that reason.
     ///
     /// # Errors
     /// [`RdmaError`] when a directory that exists cannot be listed; nothing is appended then.
-    pub fn collect_into(&self, out: &mut Vec<Metric>) -> Result<RdmaScan, RdmaError> {
+    pub fn collect_into(&mut self, out: &mut Vec<Metric>) -> Result<RdmaScan, RdmaError> {
         let mark = out.len();
         let result = self.scan(out);
         match result {
             Ok(mut scan) => {
                 scan.samples = out.len() - mark;
+                for f in &mut scan.skipped {
+                    let key = (f.path.clone(), f.reason);
+                    f.first = !self.seen.contains(&key) && self.seen.len() < MAX_REMEMBERED;
+                    if f.first {
+                        self.seen.insert(key);
+                    }
+                }
                 Ok(scan)
             }
             Err(e) => {
@@ -228,25 +319,17 @@ impl RdmaCounters {
             ),
         ];
         for (file, name, help) in states {
-            match read_trimmed(&dir.join(file))
-                .as_deref()
-                .and_then(parse_state_id)
-            {
-                Some(id) => out.push(gauge(name, help, &labels, id as f64)),
-                None => scan.skipped_files += usize::from(dir.join(file).exists()),
+            if let Some(id) = read_value(&dir.join(file), parse_state_id, scan) {
+                out.push(gauge(name, help, &labels, id as f64));
             }
         }
-        match read_trimmed(&dir.join("rate"))
-            .as_deref()
-            .and_then(parse_rate_bytes_per_second)
-        {
-            Some(rate) => out.push(gauge(
+        if let Some(rate) = read_value(&dir.join("rate"), parse_rate_bytes_per_second, scan) {
+            out.push(gauge(
                 "node_infiniband_rate_bytes_per_second",
                 "Maximum signal transfer rate",
                 &labels,
                 rate,
-            )),
-            None => scan.skipped_files += usize::from(dir.join("rate").exists()),
+            ));
         }
 
         for (sub, table) in [
@@ -261,17 +344,13 @@ impl RdmaCounters {
                 let Some((_, name, help, mult)) = table.iter().find(|(f, ..)| *f == file) else {
                     continue; // node_exporter exports only the counters it knows
                 };
-                match read_trimmed(&sub_dir.join(&file))
-                    .as_deref()
-                    .and_then(parse_u64)
-                {
-                    Some(v) => out.push(counter(
+                if let Some(v) = read_value(&sub_dir.join(&file), parse_u64, scan) {
+                    out.push(counter(
                         format!("node_infiniband_{name}"),
                         help,
                         &labels,
                         v.saturating_mul(*mult) as f64,
-                    )),
-                    None => scan.skipped_files += 1,
+                    ));
                 }
             }
         }
@@ -283,14 +362,13 @@ impl RdmaCounters {
                 if !path.is_file() {
                     continue;
                 }
-                match read_trimmed(&path).as_deref().and_then(parse_u64) {
-                    Some(v) => out.push(counter(
+                if let Some(v) = read_value(&path, parse_u64, scan) {
+                    out.push(counter(
                         format!("node_infiniband_{}", sanitize_name_part(&file)),
                         &format!("Number of {file}."),
                         &labels,
                         v as f64,
-                    )),
-                    None => scan.skipped_files += 1,
+                    ));
                 }
             }
         }
@@ -328,6 +406,41 @@ fn read_trimmed(path: &Path) -> Option<String> {
         .map(|s| s.trim().to_owned())
 }
 
+/// Reads and parses the value file `path`. A missing file is `None` silently; one that
+/// cannot be read or parsed is `None` and listed in `scan.skipped` (not yet marked `first`).
+fn read_value<T>(
+    path: &Path,
+    parse: impl FnOnce(&str) -> Option<T>,
+    scan: &mut RdmaScan,
+) -> Option<T> {
+    let (reason, detail) = match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let text = text.trim();
+            if let Some(v) = parse(text) {
+                return Some(v);
+            }
+            let reason = if text.starts_with("N/A") {
+                SkipReason::NotAvailable
+            } else {
+                SkipReason::ParseError
+            };
+            (reason, text.chars().take(DETAIL_CHARS).collect())
+        }
+        Err(e) if e.kind() == ErrorKind::NotFound => return None,
+        Err(e) if e.kind() == ErrorKind::InvalidData => {
+            (SkipReason::ParseError, "not UTF-8".to_owned())
+        }
+        Err(e) => (SkipReason::ReadError, e.to_string()),
+    };
+    scan.skipped.push(SkippedFile {
+        path: path.to_owned(),
+        reason,
+        detail,
+        first: false,
+    });
+    None
+}
+
 fn parse_u64(s: &str) -> Option<u64> {
     s.trim().parse().ok()
 }
@@ -363,6 +476,110 @@ mod tests {
         );
         assert_eq!(parse_rate_bytes_per_second("fast"), None);
         assert_eq!(parse_rate_bytes_per_second(""), None);
+    }
+
+    fn write(path: &Path, contents: &str) {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).unwrap_or_else(|e| panic!("{e}"));
+        }
+        std::fs::write(path, contents).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    fn brief(scan: &RdmaScan, root: &Path) -> Vec<(String, SkipReason, bool)> {
+        scan.skipped
+            .iter()
+            .map(|f| {
+                let rel = f.path.strip_prefix(root).unwrap_or(&f.path);
+                (rel.display().to_string(), f.reason, f.first)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn skipped_files_are_listed_with_reason_and_first_only_once() {
+        let sys = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let port = sys.path().join("class/infiniband/mlx5_0/ports/1");
+        write(&port.join("state"), "4: ACTIVE\n");
+        write(&port.join("rate"), "fast\n");
+        write(&port.join("counters/port_rcv_data"), "100\n");
+        write(&port.join("counters/symbol_error"), "N/A (no PMA)\n");
+        // A read error that does not depend on permissions (tests may run as root).
+        std::fs::create_dir_all(port.join("counters/port_xmit_data"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        write(&port.join("hw_counters/out_of_buffer"), "7\n");
+        write(&port.join("hw_counters/rx_icrc_encapsulated"), "N/A\n");
+
+        let mut rdma = RdmaCounters::new(sys.path());
+        let mut out = Vec::new();
+        let scan = rdma
+            .collect_into(&mut out)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let dev = "class/infiniband/mlx5_0/ports/1";
+        let expect = |first: bool| {
+            vec![
+                (format!("{dev}/rate"), SkipReason::ParseError, first),
+                (
+                    format!("{dev}/counters/port_xmit_data"),
+                    SkipReason::ReadError,
+                    first,
+                ),
+                (
+                    format!("{dev}/counters/symbol_error"),
+                    SkipReason::NotAvailable,
+                    first,
+                ),
+                (
+                    format!("{dev}/hw_counters/rx_icrc_encapsulated"),
+                    SkipReason::NotAvailable,
+                    first,
+                ),
+            ]
+        };
+        assert_eq!(brief(&scan, sys.path()), expect(true), "{scan:#?}");
+        assert_eq!(scan.skipped[0].detail, "fast");
+        assert_eq!(scan.skipped[2].detail, "N/A (no PMA)");
+        // The good files still give their series.
+        let names: Vec<&str> = out.iter().map(|m| m.name.as_str()).collect();
+        assert!(names.contains(&"node_infiniband_state_id"), "{names:?}");
+        assert!(names.contains(&"node_infiniband_port_data_received_bytes_total"));
+        assert!(names.contains(&"node_infiniband_out_of_buffer"));
+        assert!(!names.contains(&"node_infiniband_symbol_error_total"));
+
+        // The next collection skips the same files, but none of them is new.
+        let again = rdma
+            .collect_into(&mut Vec::new())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(brief(&again, sys.path()), expect(false));
+
+        // The same path failing for another reason is a new problem; a fixed file is gone.
+        write(&port.join("counters/symbol_error"), "many\n");
+        write(&port.join("rate"), "100 Gb/sec (4X EDR)\n");
+        let third = rdma
+            .collect_into(&mut Vec::new())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let b = brief(&third, sys.path());
+        assert_eq!(b.len(), 3, "{b:?}");
+        assert!(b.contains(&(
+            format!("{dev}/counters/symbol_error"),
+            SkipReason::ParseError,
+            true
+        )));
+        assert!(b.contains(&(
+            format!("{dev}/counters/port_xmit_data"),
+            SkipReason::ReadError,
+            false
+        )));
+    }
+
+    #[test]
+    fn skip_reason_names_are_unique_and_indexed() {
+        for (i, r) in SkipReason::ALL.iter().enumerate() {
+            assert_eq!(r.index(), i);
+        }
+        let mut names: Vec<&str> = SkipReason::ALL.iter().map(|r| r.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), SkipReason::ALL.len());
     }
 
     #[test]
