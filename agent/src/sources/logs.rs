@@ -11,9 +11,14 @@
 //! - `reconcile` (private): rotation detection from `(path, dev, inode)` observations: which
 //!   tracked files moved, which were rotated away or removed (orphaned), which files are new and
 //!   whether a new file replaced another at the same path (create-rotation).
-//! - `start_position` (private): where to start reading a newly seen file (checkpoint, `start_at`,
-//!   rotation successor).
+//! - `match_checkpoint` (private): which checkpoint entry each file found at start resumes, by
+//!   `(dev, inode)` and by the fingerprint of its first [`HEAD_BYTES`] bytes (a copy made while
+//!   the agent was down), and which checkpointed files were truncated while it was down.
+//! - `start_position` (private): where to start reading a newly seen file (checkpoint, `start_at`
+//!   on the first run, first byte otherwise).
 //! - [`truncation_check`]: copytruncate/truncation detection from `(size, offset, head bytes)`.
+//! - `ErrorLatch` (private): which failing paths were already reported, so a failure is logged
+//!   when it starts, not at every retry.
 //!
 //! [`LogTailer`] is the thin IO layer: it evaluates globs, stats paths, keeps one open handle
 //! per followed file (so a renamed or deleted file can still be read to its end), reads with
@@ -21,7 +26,7 @@
 //!
 //! # Rotation and truncation
 //!
-//! Files are identified by `(dev, inode)`, never by path:
+//! While running, files are identified by `(dev, inode)`, never by path:
 //!
 //! - **create-rotation** (`mv app.log app.log.1; create app.log`): the path now names another
 //!   inode. The old file becomes an *orphan*: it is read to its end first (before the new file,
@@ -36,16 +41,23 @@
 //!   either its size is below our offset, or its first bytes (up to [`HEAD_BYTES`]) differ from
 //!   those seen before (caught even when the file has grown past our offset again before the next
 //!   poll). Reading restarts at offset 0; a buffered partial line is flushed first. Counted as
-//!   [`LogEvent::FileTruncated`]. The two cases cannot be told apart from `(dev, inode, size)`
+//!   [`LogEvent::FileTruncated`] and logged (`tracing` warn, naming the path) once per truncation
+//!   seen, not once per poll. The two cases cannot be told apart from `(dev, inode, size)`
 //!   observations, so they share one reason. Bytes known to exist but not yet read when the
 //!   truncation was seen are counted in [`LogSourceCounts::truncated_unread_bytes`] (a lower
-//!   bound of the loss).
+//!   bound of the loss). The counter's label is the reason only: a path label would grow
+//!   without bound as files rotate; the log line names the path.
 //!
 //!   **copytruncate race:** lines written after our last read and before the truncation exist only
 //!   in the copy; lines written between logrotate's copy and its truncate exist nowhere. No tailer
 //!   of the original path can deliver them. Use create-rotation where the writer can reopen its
-//!   file. With copytruncate the glob must not match the copies (they are new inodes with old
-//!   content, and would be read again from their beginning).
+//!   file. With copytruncate the glob should not match the copies: a copy made while the agent
+//!   runs is a new inode with old content, and is read again from its beginning (a copy made
+//!   while the agent was down is recognised, see below).
+//!
+//! A glob, stat, open or read failure is counted ([`LogEvent::ReadError`]), returned in
+//! [`PollStats::errors`] and retried; it is logged (warn, naming the path) when a path starts
+//! failing, and again only after it has recovered for a full glob interval.
 //!
 //! # Lines
 //!
@@ -65,8 +77,10 @@
 //! offset of the line's first byte. The caller reports, oldest first, the records that are
 //! *settled* — handed on for good — with [`LogTailer::settle`];
 //! [`LogTailer::checkpoint_settled`] then writes, for every followed file, `(path, dev, inode,
-//! offset)` plus a fingerprint of its first bytes to [`LogSourceConfig::state_file`] (JSON,
-//! written to a temporary file, fsynced and renamed over the old one). The offset is the
+//! offset)` plus fingerprints (FNV-1a 64) of its first `min(size, HEAD_BYTES)` bytes
+//! (`head_len`, `head_hash`) and of the `min(offset, HEAD_BYTES)` bytes just before the offset
+//! (`before_len`, `before_hash`) to [`LogSourceConfig::state_file`] (JSON, written to a
+//! temporary file, fsynced and renamed over the old one). The offset is the
 //! start of the file's first unsettled line, or, when every line read from the file is
 //! settled, the end of the last line returned (a buffered partial line is not included; it is
 //! read again after a restart). An unsettled line of an older generation was truncated away:
@@ -83,13 +97,45 @@
 //! checkpoints of settled lines and a final one at shutdown, a restart neither repeats nor
 //! skips lines.
 //!
-//! On start, a file whose `(dev, inode)` is in the state file and whose first bytes still match
-//! resumes at the saved offset (at 0 if it is now shorter: truncated while the agent was down).
+//! # Start: the first run, and what happened while the agent was down
+//!
+//! [`LogSourceConfig::start_at`] applies only to the files found by the first scan of the
+//! *first run*: no state file configured, or none written yet. That first poll writes the state
+//! file at once (where `start_at` put each file), so a crash before any other checkpoint does
+//! not apply `start_at` again. Every other file the checkpoint does not know — one created
+//! while the agent was down, or while it runs — is new data and is read from its first byte
+//! (the rule Fluent Bit and OpenTelemetry filelog users asked for:
+//! opentelemetry-collector-contrib issue #12769).
+//!
+//! At a restart, each file found is matched to the checkpoint (`match_checkpoint`):
+//!
+//! 1. Same `(dev, inode)` and its first `head_len` bytes still hash to the saved fingerprint:
+//!    resume at the saved offset. An entry without a fingerprint (written before fingerprints,
+//!    or `head_len` 0) is trusted on `(dev, inode)` alone.
+//! 2. Same `(dev, inode)` but other first bytes, or shorter than the saved offset: truncated
+//!    (or the inode reused) while the agent was down. Read from 0, counted as
+//!    [`LogEvent::FileTruncated`] and logged once.
+//! 3. Another inode, not in the checkpoint, at least as long as the offset of an entry no file
+//!    resumed in step 1, whose first [`HEAD_BYTES`] bytes and whose bytes just before that
+//!    offset hash to the entry's two fingerprints: a copy of that file (recognised by content
+//!    as Vector's checksum fingerprinter does; e.g. `cp app.log app.log.1; : > app.log` while
+//!    the agent was down, with a glob matching both): resume at the saved offset, so its lines
+//!    are not read again. The second fingerprint keeps a new file that merely opens with the
+//!    same banner from being taken for a copy (which would skip its first bytes). Among several
+//!    such files, the one at the saved path wins, then the first in path order.
+//!
+//! **Short files.** A fingerprint names a file's content only when it covers [`HEAD_BYTES`]
+//! bytes: a file shorter than that when it was checkpointed is identified by `(dev, inode)`
+//! only, so a copy of it made while the agent was down is read again from its beginning (at
+//! most `HEAD_BYTES − 1` bytes repeated), rather than risk skipping a different file that merely
+//! starts with the same few bytes. Unlike Vector, such files are read at once, not ignored until
+//! they grow. The same holds for entries of older versions (a 64-byte head, no `before_*`) and
+//! of files closed before the checkpoint (no `before_*`).
+//!
 //! A file at a path the state file knows under another inode was rotated in while the agent was
-//! down and is read from its beginning. Other files start at [`LogSourceConfig::start_at`]; files
-//! that appear later are always read from their beginning. Lines still unread in a rotated file
-//! that no glob matches when the agent starts are lost (the glob can include rotated names to
-//! avoid that).
+//! down and is read from its beginning ([`LogEvent::RotationCreate`]). Lines still unread in a
+//! rotated file that no glob matches when the agent starts are lost (the glob can include
+//! rotated names to avoid that).
 //!
 //! # Bounded work
 //!
@@ -109,9 +155,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use uctel_protocol::payload::{LogRecord, Severity};
 
-/// How many leading bytes of a file are kept as its fingerprint (truncation detection and
-/// checkpoint validation).
-pub const HEAD_BYTES: usize = 64;
+/// How many leading bytes of a file are kept as its fingerprint: truncation detection while
+/// running, checkpoint validation at start, and — only when the file has at least this many
+/// bytes — recognising a copy of a checkpointed file under another inode (the size Vector's
+/// checksum fingerprinter used by default). The checkpoint stores the FNV-1a 64 hash of the
+/// first `min(size, HEAD_BYTES)` bytes and their count.
+pub const HEAD_BYTES: usize = 256;
 
 /// Largest positional read issued at once.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
@@ -122,7 +171,8 @@ const MAX_ERRORS_PER_POLL: usize = 16;
 /// Version of the state file format.
 const STATE_VERSION: u32 = 1;
 
-/// Where to start reading a file found at the first scan that has no checkpoint entry.
+/// Where to start reading a file found at the first scan of the first run (no state file yet;
+/// see the module documentation). Files found later are always read from their first byte.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StartAt {
     /// From offset 0.
@@ -139,7 +189,9 @@ pub struct LogSourceConfig {
     pub include: Vec<String>,
     /// Glob patterns of paths to skip even if included (e.g. `/var/log/*.gz`).
     pub exclude: Vec<String>,
-    /// Start position for files present at the first scan without a checkpoint entry.
+    /// Start position for files present at the first scan of the first run (no state file
+    /// configured, or none written yet). Every file found later, or not in an existing state
+    /// file, is read from its first byte.
     pub start_at: StartAt,
     /// Longest line, in bytes without the `\n`, emitted whole; longer lines are cut. Must leave
     /// room in a frame for the frame header and the record's encoding.
@@ -639,25 +691,184 @@ fn reconcile(
 struct Saved {
     offset: u64,
     discarding: bool,
+    /// Bytes covered by `head_hash` (0: no fingerprint).
     head_len: usize,
+    /// FNV-1a 64 of the file's first `head_len` bytes.
     head_hash: u64,
+    /// `(len, FNV-1a 64)` of the `len = min(offset, HEAD_BYTES)` bytes just before `offset`;
+    /// `None` when unknown (older state files, files closed before the checkpoint).
+    before: Option<(usize, u64)>,
 }
 
-/// Where to start reading a newly tracked file (sans-IO). `saved` is its checkpoint entry when
-/// `(dev, inode)` matched and the head fingerprint still matches. Returns (offset, discarding,
-/// whether a truncation while the agent was down was detected).
-fn start_position(
-    saved: Option<Saved>,
+impl Saved {
+    /// Whether `head` (a file's first bytes, up to [`HEAD_BYTES`]) starts with the bytes this
+    /// entry fingerprinted. No fingerprint matches anything.
+    fn fingerprint_matches(&self, head: &[u8]) -> bool {
+        self.head_len == 0
+            || head
+                .get(..self.head_len)
+                .is_some_and(|h| fnv1a64(h) == self.head_hash)
+    }
+
+    /// Whether the fingerprints can recognise the file under another inode: its first
+    /// [`HEAD_BYTES`] bytes and the bytes before the offset are known.
+    fn names_content(&self) -> bool {
+        self.head_len == HEAD_BYTES && self.before.is_some()
+    }
+}
+
+/// One entry of the state file loaded at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SavedEntry {
+    id: FileId,
+    path: PathBuf,
+    pos: Saved,
+}
+
+/// A file found by the first scan, as `match_checkpoint` sees it.
+#[derive(Debug, Clone, Copy)]
+struct Found<'a> {
+    id: FileId,
+    path: &'a Path,
     size: u64,
-    initial_scan: bool,
-    replaced: bool,
+    /// The file's first `min(size, HEAD_BYTES)` bytes.
+    head: &'a [u8],
+}
+
+/// What the checkpoint says about a file found at start (decision of `match_checkpoint`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Resume {
+    /// Resume at the saved position. `copy_of`: the file was recognised by its fingerprint
+    /// under another inode (a copy of the checkpointed file at that path).
+    Saved {
+        offset: u64,
+        discarding: bool,
+        copy_of: Option<PathBuf>,
+    },
+    /// The checkpoint knows this `(dev, inode)`, but the file's first bytes changed or it is
+    /// shorter than the saved offset: truncated (or the inode reused) while the agent was down.
+    Truncated { saved_offset: u64 },
+    /// Not in the checkpoint.
+    Unknown,
+}
+
+/// Matches the files found by the first scan to the checkpoint entries (sans-IO); one decision
+/// per file of `found`, in its order. Rules (module documentation, "Start"): first by
+/// `(dev, inode)` with a matching fingerprint; an entry whose inode no longer holds its content
+/// may then be claimed by one file of another inode not in the checkpoint, at least as long as
+/// the saved offset, whose first [`HEAD_BYTES`] bytes and whose bytes just before the saved
+/// offset match (a copy; at the saved path first, then in path order). Each entry resumes at
+/// most one file.
+///
+/// `hash_at(i, at, len)`: FNV-1a 64 of the `len` bytes of `found[i]` at offset `at`, `None` when
+/// they cannot all be read (no match).
+fn match_checkpoint(
+    entries: &[SavedEntry],
+    found: &[Found<'_>],
+    hash_at: &mut dyn FnMut(usize, u64, usize) -> Option<u64>,
+) -> Vec<Resume> {
+    let mut claimed = vec![false; entries.len()];
+    let mut out = vec![Resume::Unknown; found.len()];
+    for (f, decision) in found.iter().zip(out.iter_mut()) {
+        let Some(k) = entries
+            .iter()
+            .zip(&claimed)
+            .position(|(e, c)| !c && e.id == f.id)
+        else {
+            continue;
+        };
+        let Some(e) = entries.get(k) else { continue };
+        if e.pos.fingerprint_matches(f.head) && e.pos.offset <= f.size {
+            if let Some(c) = claimed.get_mut(k) {
+                *c = true;
+            }
+            *decision = Resume::Saved {
+                offset: e.pos.offset,
+                discarding: e.pos.discarding,
+                copy_of: None,
+            };
+        } else {
+            // Not claimed: the content may live on in a copy.
+            *decision = Resume::Truncated {
+                saved_offset: e.pos.offset,
+            };
+        }
+    }
+    for (e, c) in entries.iter().zip(claimed.iter_mut()) {
+        let Some((before_len, before_hash)) = e.pos.before.filter(|_| e.pos.names_content()) else {
+            continue;
+        };
+        if *c {
+            continue;
+        }
+        let before_at = e.pos.offset.saturating_sub(before_len as u64);
+        let pick = found
+            .iter()
+            .zip(&out)
+            .enumerate()
+            .filter(|(i, (f, d))| {
+                **d == Resume::Unknown
+                    && f.size >= e.pos.offset
+                    && e.pos.fingerprint_matches(f.head)
+                    && hash_at(*i, before_at, before_len) == Some(before_hash)
+            })
+            .min_by_key(|(_, (f, _))| (f.path != e.path, f.path))
+            .map(|(i, _)| i);
+        if let Some(decision) = pick.and_then(|i| out.get_mut(i)) {
+            *c = true;
+            *decision = Resume::Saved {
+                offset: e.pos.offset,
+                discarding: e.pos.discarding,
+                copy_of: Some(e.path.clone()),
+            };
+        }
+    }
+    out
+}
+
+/// Where to start reading a newly tracked file (sans-IO): `(offset, discarding)`. `resume` is
+/// the checkpoint's word on it; `first_scan_of_first_run`: found by the first scan with no
+/// state file to resume from, the only case where `start_at` applies (module documentation,
+/// "Start"). Everything else the checkpoint does not know is new data, read from 0.
+fn start_position(
+    resume: &Resume,
+    size: u64,
+    first_scan_of_first_run: bool,
     start_at: StartAt,
-) -> (u64, bool, bool) {
-    match saved {
-        Some(s) if s.offset <= size => (s.offset, s.discarding, false),
-        Some(_) => (0, false, true),
-        None if initial_scan && !replaced && start_at == StartAt::End => (size, false, false),
-        None => (0, false, false),
+) -> (u64, bool) {
+    match resume {
+        Resume::Saved {
+            offset, discarding, ..
+        } => (*offset, *discarding),
+        Resume::Truncated { .. } => (0, false),
+        Resume::Unknown if first_scan_of_first_run && start_at == StartAt::End => (size, false),
+        Resume::Unknown => (0, false),
+    }
+}
+
+/// Remembers which `(path, op)` failures were reported, so that a path failing at every poll
+/// is logged once when it starts failing (sans-IO). A failure not seen again for a whole scan
+/// epoch (a full glob interval) is forgotten: if it comes back, it is news again. Holds at most
+/// the failures of the last two epochs.
+#[derive(Debug, Default)]
+struct ErrorLatch {
+    failing: HashMap<(PathBuf, &'static str), u64>,
+    epoch: u64,
+}
+
+impl ErrorLatch {
+    /// Notes that `op` failed on `path`; returns whether that is news (to be logged).
+    fn note(&mut self, path: &Path, op: &'static str) -> bool {
+        let epoch = self.epoch;
+        self.failing.insert((path.to_owned(), op), epoch).is_none()
+    }
+
+    /// Starts a new epoch (at each full scan), forgetting failures last seen before the
+    /// previous one.
+    fn next_epoch(&mut self) {
+        self.epoch += 1;
+        let keep_from = self.epoch.saturating_sub(1);
+        self.failing.retain(|_, seen| *seen >= keep_from);
     }
 }
 
@@ -680,6 +891,8 @@ struct StateFile {
     files: Vec<StateEntry>,
 }
 
+/// One file of the state file. `head_len` and `head_hash` (the fingerprint) may be missing
+/// (state files of older versions): the entry then matches on `(dev, inode)` alone.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct StateEntry {
     path: String,
@@ -688,14 +901,26 @@ struct StateEntry {
     offset: u64,
     #[serde(default)]
     discarding: bool,
+    /// Bytes covered by `head_hash`, at most [`HEAD_BYTES`] (64 in older versions).
+    #[serde(default)]
     head_len: usize,
+    /// FNV-1a 64 of the file's first `head_len` bytes.
+    #[serde(default)]
     head_hash: u64,
+    /// Bytes covered by `before_hash`: `min(offset, HEAD_BYTES)`. Missing in older versions
+    /// and for files closed before the checkpoint (no recognition under another inode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    before_len: Option<usize>,
+    /// FNV-1a 64 of the `before_len` bytes just before `offset`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    before_hash: Option<u64>,
 }
 
-fn load_state(path: &Path) -> Result<Vec<StateEntry>, LogSourceError> {
+/// Loads the state file: `None` when there is none yet (the first run).
+fn load_state(path: &Path) -> Result<Option<Vec<StateEntry>>, LogSourceError> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
         Err(e) => {
             return Err(LogSourceError::State {
                 path: path.to_owned(),
@@ -713,7 +938,7 @@ fn load_state(path: &Path) -> Result<Vec<StateEntry>, LogSourceError> {
             reason: format!("version {} is not {STATE_VERSION}", state.version),
         });
     }
-    Ok(state.files)
+    Ok(Some(state.files))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -734,6 +959,59 @@ struct Tracked {
     seq: u64,
     /// Bumped at every truncation: offsets of an older generation name bytes that are gone.
     generation: u64,
+}
+
+/// A file found by a scan and opened, not followed yet.
+#[derive(Debug)]
+struct Opened {
+    id: FileId,
+    path: PathBuf,
+    file: File,
+    size: u64,
+    /// The first `min(size, HEAD_BYTES)` bytes.
+    head: Vec<u8>,
+    /// The path named another file before (create-rotation).
+    replaced: bool,
+}
+
+/// [`LogEvent::FileTruncated`]: counted, and logged once per truncation found (the callers
+/// find each truncation once: reading then restarts at 0 with a new fingerprint).
+#[derive(Debug)]
+struct FileTruncated<'a> {
+    path: &'a Path,
+    /// Where reading was (or, while down, the saved offset).
+    offset: u64,
+    /// The file's size now.
+    size: u64,
+    /// Bytes that existed past `offset` and were never read (lower bound of the loss).
+    unread_bytes: u64,
+    /// Found at start: truncated (or the inode reused) while the agent was down.
+    while_down: bool,
+}
+
+impl FileTruncated<'_> {
+    fn emit(self, counts: &mut LogSourceCounts) {
+        counts.bump(LogEvent::FileTruncated);
+        counts.truncated_unread_bytes += self.unread_bytes;
+        if self.while_down {
+            tracing::warn!(
+                path = %self.path.display(),
+                saved_offset = self.offset,
+                size = self.size,
+                "log file truncated or replaced while the agent was down (its first bytes or \
+                 size no longer match the checkpoint); reading it from offset 0"
+            );
+        } else {
+            tracing::warn!(
+                path = %self.path.display(),
+                offset = self.offset,
+                size = self.size,
+                unread_bytes = self.unread_bytes,
+                "log file truncated (copytruncate or truncation in place); reading it again from \
+                 offset 0"
+            );
+        }
+    }
 }
 
 impl Tracked {
@@ -769,10 +1047,17 @@ pub struct LogTailer {
     config: LogSourceConfig,
     exclude: Vec<glob::Pattern>,
     files: Vec<Tracked>,
-    saved: HashMap<FileId, Saved>,
+    /// Checkpoint entries loaded at start; consulted by the first scan only.
+    saved: Vec<SavedEntry>,
     history: HashMap<PathBuf, FileId>,
     last_full_scan: Option<Instant>,
     initial_scan_done: bool,
+    /// No state file to resume from: `start_at` applies to the first scan.
+    first_run: bool,
+    /// The first run's start positions are to be written to the state file after the first
+    /// scan.
+    record_start: bool,
+    latch: ErrorLatch,
     next_seq: u64,
     counts: LogSourceCounts,
     buf: Vec<u8>,
@@ -784,8 +1069,9 @@ pub struct LogTailer {
 }
 
 impl LogTailer {
-    /// Validates the patterns and limits and loads the state file (a missing state file is an
-    /// empty one). No file is opened before the first [`LogTailer::poll`].
+    /// Validates the patterns and limits and loads the state file (a missing one means this is
+    /// the first run: `start_at` applies to the first scan). No file is opened before the first
+    /// [`LogTailer::poll`].
     ///
     /// # Errors
     /// [`LogSourceError`] for a bad pattern, a zero limit, or an unreadable/corrupt state file
@@ -817,26 +1103,34 @@ impl LogTailer {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let mut saved = HashMap::new();
+        let mut saved = Vec::new();
         let mut history = HashMap::new();
-        if let Some(state_path) = &config.state_file {
-            for e in load_state(state_path)? {
-                let id = FileId {
-                    dev: e.dev,
-                    ino: e.ino,
-                };
-                saved.insert(
-                    id,
-                    Saved {
-                        offset: e.offset,
-                        discarding: e.discarding,
-                        head_len: e.head_len.min(HEAD_BYTES),
-                        head_hash: e.head_hash,
-                    },
-                );
-                history.insert(PathBuf::from(e.path), id);
-            }
+        let state = match &config.state_file {
+            Some(state_path) => load_state(state_path)?,
+            None => None,
+        };
+        let first_run = state.is_none();
+        for e in state.into_iter().flatten() {
+            let id = FileId {
+                dev: e.dev,
+                ino: e.ino,
+            };
+            let path = PathBuf::from(e.path);
+            history.insert(path.clone(), id);
+            saved.push(SavedEntry {
+                id,
+                path,
+                pos: Saved {
+                    offset: e.offset,
+                    discarding: e.discarding,
+                    // A longer fingerprint cannot be checked: it never matches.
+                    head_len: e.head_len.min(HEAD_BYTES + 1),
+                    head_hash: e.head_hash,
+                    before: e.before_len.zip(e.before_hash),
+                },
+            });
         }
+        let record_start = first_run && config.state_file.is_some();
         Ok(Self {
             config,
             exclude,
@@ -845,6 +1139,9 @@ impl LogTailer {
             history,
             last_full_scan: None,
             initial_scan_done: false,
+            first_run,
+            record_start,
+            latch: ErrorLatch::default(),
             next_seq: 0,
             counts: LogSourceCounts::default(),
             buf: Vec::new(),
@@ -869,7 +1166,9 @@ impl LogTailer {
     /// Finds new, rotated and truncated files and reads new lines into `out`: at most
     /// `max_records` records and [`LogSourceConfig::max_bytes_per_poll`] bytes. `now` drives the
     /// glob interval, partial-line timeout and rotate wait. Never fails as a whole: per-file
-    /// errors are counted, returned in [`PollStats::errors`], and retried next time.
+    /// errors are counted, returned in [`PollStats::errors`], logged when a path starts failing,
+    /// and retried next time. The first poll of a first run writes the state file (the start
+    /// positions; a failure is logged).
     pub fn poll(
         &mut self,
         now: Instant,
@@ -883,6 +1182,14 @@ impl LogTailer {
         self.scan(now, full_scan, &mut stats);
         if full_scan {
             self.last_full_scan = Some(now);
+        }
+        if self.record_start {
+            // Where start_at put each file, before anything is read: a crash before the next
+            // checkpoint must not apply start_at again. Tried once; later checkpoints cover it.
+            self.record_start = false;
+            if let Err(e) = self.checkpoint_settled() {
+                tracing::warn!(error = %e, "cannot record the log files' start positions");
+            }
         }
 
         let timestamp_ns = SystemTime::now()
@@ -924,6 +1231,7 @@ impl LogTailer {
                         positions: &mut self.unsettled,
                     },
                     &mut self.counts,
+                    &mut self.latch,
                     &mut stats,
                 );
                 stats.more_pending |= more;
@@ -1013,6 +1321,7 @@ impl LogTailer {
                     Some(start) => (start, false),
                     None => (t.committed_offset(), t.splitter.is_discarding()),
                 };
+                let before = fingerprint_before(&t.file, offset);
                 StateEntry {
                     path: t.source.clone(),
                     dev: t.id.dev,
@@ -1021,6 +1330,8 @@ impl LogTailer {
                     discarding,
                     head_len: t.head.len(),
                     head_hash: fnv1a64(&t.head),
+                    before_len: before.map(|(len, _)| len),
+                    before_hash: before.map(|(_, hash)| hash),
                 }
             })
             .collect();
@@ -1034,6 +1345,8 @@ impl LogTailer {
                     discarding: false,
                     head_len: r.head.len(),
                     head_hash: fnv1a64(&r.head),
+                    before_len: None,
+                    before_hash: None,
                 });
             }
         }
@@ -1067,6 +1380,7 @@ impl LogTailer {
     fn scan(&mut self, now: Instant, full_scan: bool, stats: &mut PollStats) {
         let mut candidates: Vec<PathBuf> = Vec::new();
         if full_scan {
+            self.latch.next_epoch();
             for pattern in &self.config.include {
                 let paths = match glob::glob(pattern) {
                     Ok(p) => p,
@@ -1083,6 +1397,7 @@ impl LogTailer {
                             let path = e.path().to_owned();
                             record_error(
                                 &mut self.counts,
+                                &mut self.latch,
                                 stats,
                                 "glob",
                                 path,
@@ -1115,7 +1430,7 @@ impl LogTailer {
                 Err(e) => {
                     // Unknown state: do not treat the path as gone.
                     checked.remove(&path);
-                    record_error(&mut self.counts, stats, "stat", path, e);
+                    record_error(&mut self.counts, &mut self.latch, stats, "stat", path, e);
                 }
             }
         }
@@ -1149,11 +1464,45 @@ impl LogTailer {
                 Change::New { id, path, replaced } => new_files.push((id, path, replaced)),
             }
         }
+        let mut opened: Vec<Opened> = Vec::new();
+        for (id, path, replaced) in new_files {
+            if let Some(o) = self.open(id, path, replaced, &opened, stats) {
+                opened.push(o);
+            }
+        }
+        let resumes = if self.saved.is_empty() {
+            vec![Resume::Unknown; opened.len()]
+        } else {
+            let found: Vec<Found<'_>> = opened
+                .iter()
+                .map(|o| Found {
+                    id: o.id,
+                    path: &o.path,
+                    size: o.size,
+                    head: &o.head,
+                })
+                .collect();
+            let files: Vec<&File> = opened.iter().map(|o| &o.file).collect();
+            match_checkpoint(&self.saved, &found, &mut |i, at, len| {
+                let file = files.get(i)?;
+                let mut buf = [0u8; HEAD_BYTES];
+                let want = buf.get_mut(..len)?;
+                match read_full_at(file, want, at) {
+                    Ok(n) if n == len => Some(fnv1a64(want)),
+                    _ => None,
+                }
+            })
+        };
+        let mut opened: Vec<(Opened, Resume)> = opened.into_iter().zip(resumes).collect();
         // Files resuming from a checkpoint were written before files that are new to us (a
         // rotated file before its successor), so they are read first.
-        new_files.sort_by_key(|(id, path, _)| (!self.saved.contains_key(id), path.clone()));
-        for (id, path, replaced) in new_files {
-            self.open_new(id, path, replaced, initial, stats);
+        opened.sort_by(|(a, ra), (b, rb)| {
+            let fresh = |r: &Resume| !matches!(r, Resume::Saved { .. });
+            (fresh(ra), &a.path).cmp(&(fresh(rb), &b.path))
+        });
+        let first_scan_of_first_run = initial && self.first_run;
+        for (o, resume) in opened {
+            self.track(o, &resume, first_scan_of_first_run);
         }
         if full_scan {
             // Forget paths that are gone, unless a tracked file (an orphan being drained) was
@@ -1167,37 +1516,39 @@ impl LogTailer {
             self.history.insert(path, id);
         }
         if full_scan {
-            // Checkpoint entries of files that are gone will never match again.
-            let live: HashSet<FileId> = self.files.iter().map(|t| t.id).collect();
-            self.saved.retain(|id, _| live.contains(id));
+            // The checkpoint speaks of the files as they were at start: only the first scan
+            // matches them.
+            self.saved = Vec::new();
             self.initial_scan_done = true;
         }
         // Orphans first (older data), then discovery order.
         self.files.sort_by_key(|t| (t.orphaned_at.is_none(), t.seq));
     }
 
-    fn open_new(
+    /// Opens a new file and reads its fingerprint bytes. `None` when it vanished, failed (counted),
+    /// or turned out to be a file already followed (renamed between stat and open).
+    fn open(
         &mut self,
         observed_id: FileId,
         path: PathBuf,
         replaced: bool,
-        initial: bool,
+        opened: &[Opened],
         stats: &mut PollStats,
-    ) {
+    ) -> Option<Opened> {
         let file = match File::open(&path) {
             Ok(f) => f,
             Err(e) => {
                 if e.kind() != ErrorKind::NotFound {
-                    record_error(&mut self.counts, stats, "open", path, e);
+                    record_error(&mut self.counts, &mut self.latch, stats, "open", path, e);
                 }
-                return;
+                return None;
             }
         };
         let meta = match file.metadata() {
             Ok(m) => m,
             Err(e) => {
-                record_error(&mut self.counts, stats, "stat", path, e);
-                return;
+                record_error(&mut self.counts, &mut self.latch, stats, "stat", path, e);
+                return None;
             }
         };
         // The path may have been rotated between stat and open: trust the handle.
@@ -1205,22 +1556,60 @@ impl LogTailer {
             dev: meta.dev(),
             ino: meta.ino(),
         };
-        if id != observed_id && self.files.iter().any(|t| t.id == id) {
-            return;
+        if id != observed_id
+            && (self.files.iter().any(|t| t.id == id) || opened.iter().any(|o| o.id == id))
+        {
+            return None;
         }
         let size = meta.len();
-        let saved = self.saved.remove(&id).filter(|s| {
-            let mut head = vec![0u8; s.head_len];
-            s.head_len == 0
-                || (read_full_at(&file, &mut head, 0).is_ok_and(|n| n == s.head_len)
-                    && fnv1a64(&head) == s.head_hash)
-        });
-        let (offset, discarding, truncated_while_down) =
-            start_position(saved, size, initial, replaced, self.config.start_at);
-        if truncated_while_down {
-            self.counts.bump(LogEvent::FileTruncated);
+        let mut head = vec![0u8; usize::try_from(size).unwrap_or(HEAD_BYTES).min(HEAD_BYTES)];
+        match read_full_at(&file, &mut head, 0) {
+            Ok(n) => head.truncate(n),
+            Err(e) => {
+                record_error(&mut self.counts, &mut self.latch, stats, "read", path, e);
+                return None;
+            }
         }
-        if replaced {
+        Some(Opened {
+            id,
+            path,
+            file,
+            size,
+            head,
+            replaced,
+        })
+    }
+
+    /// Starts following an opened file where the checkpoint or the start rule says.
+    fn track(&mut self, o: Opened, resume: &Resume, first_scan_of_first_run: bool) {
+        let (offset, discarding) = start_position(
+            resume,
+            o.size,
+            first_scan_of_first_run,
+            self.config.start_at,
+        );
+        match resume {
+            Resume::Truncated { saved_offset } => FileTruncated {
+                path: &o.path,
+                offset: *saved_offset,
+                size: o.size,
+                unread_bytes: 0,
+                while_down: true,
+            }
+            .emit(&mut self.counts),
+            Resume::Saved {
+                copy_of: Some(original),
+                ..
+            } => tracing::info!(
+                path = %o.path.display(),
+                copy_of = %original.display(),
+                offset,
+                "log file recognised by its first bytes as a copy of a checkpointed file \
+                 (copytruncate while the agent was down); resuming at the saved offset"
+            ),
+            Resume::Saved { .. } | Resume::Unknown => {}
+        }
+        if o.replaced {
             self.counts.bump(LogEvent::RotationCreate);
         }
         let splitter = if discarding {
@@ -1233,13 +1622,13 @@ impl LogTailer {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.files.push(Tracked {
-            id,
-            source: path.to_string_lossy().into_owned(),
-            path,
-            file,
+            id: o.id,
+            source: o.path.to_string_lossy().into_owned(),
+            path: o.path,
+            file: o.file,
             read_offset: offset,
-            last_size: size,
-            head: Vec::new(),
+            last_size: o.size,
+            head: o.head,
             splitter,
             orphaned_at: None,
             at_eof: false,
@@ -1303,16 +1692,41 @@ struct Budget {
     bytes: usize,
 }
 
+/// [`LogEvent::ReadError`]: counted, returned (up to [`MAX_ERRORS_PER_POLL`] a poll), and
+/// logged when `path` starts failing at `op` (see `ErrorLatch`).
 fn record_error(
     counts: &mut LogSourceCounts,
+    latch: &mut ErrorLatch,
     stats: &mut PollStats,
     op: &'static str,
     path: PathBuf,
     source: std::io::Error,
 ) {
     counts.bump(LogEvent::ReadError);
+    if latch.note(&path, op) {
+        tracing::warn!(
+            path = %path.display(),
+            op,
+            error = %source,
+            "log file {op} failed; retried at every poll, logged again only after it recovers"
+        );
+    }
     if stats.errors.len() < MAX_ERRORS_PER_POLL {
         stats.errors.push(LogFileError { op, path, source });
+    }
+}
+
+/// `(len, FNV-1a 64)` of the `len = min(offset, HEAD_BYTES)` bytes of `file` just before
+/// `offset`; `None` when they cannot all be read.
+fn fingerprint_before(file: &File, offset: u64) -> Option<(usize, u64)> {
+    let len = usize::try_from(offset)
+        .unwrap_or(HEAD_BYTES)
+        .min(HEAD_BYTES);
+    let mut buf = [0u8; HEAD_BYTES];
+    let want = buf.get_mut(..len)?;
+    match read_full_at(file, want, offset.saturating_sub(len as u64)) {
+        Ok(n) if n == len => Some((len, fnv1a64(want))),
+        _ => None,
     }
 }
 
@@ -1392,6 +1806,7 @@ fn service(
     buf: &mut [u8],
     emitted: Emitted<'_>,
     counts: &mut LogSourceCounts,
+    latch: &mut ErrorLatch,
     stats: &mut PollStats,
 ) -> bool {
     let max_line = config.max_line_bytes;
@@ -1400,17 +1815,18 @@ fn service(
     let size = match t.file.metadata() {
         Ok(m) => m.len(),
         Err(e) => {
-            record_error(counts, stats, "stat", t.path.clone(), e);
+            record_error(counts, latch, stats, "stat", t.path.clone(), e);
             return false;
         }
     };
     let mut current_head = [0u8; HEAD_BYTES];
-    let head_now = if !t.head.is_empty() && size >= t.read_offset {
-        let want = &mut current_head[..t.head.len()];
+    let head_len = t.head.len().min(HEAD_BYTES);
+    let head_now = if head_len > 0 && size >= t.read_offset {
+        let want = &mut current_head[..head_len];
         match read_full_at(&t.file, want, 0) {
-            Ok(n) => Some(&current_head[..n]),
+            Ok(n) => current_head.get(..n),
             Err(e) => {
-                record_error(counts, stats, "read", t.path.clone(), e);
+                record_error(counts, latch, stats, "read", t.path.clone(), e);
                 return false;
             }
         }
@@ -1418,8 +1834,14 @@ fn service(
         None
     };
     if truncation_check(size, t.read_offset, &t.head, head_now) == Truncation::Truncated {
-        counts.bump(LogEvent::FileTruncated);
-        counts.truncated_unread_bytes += t.last_size.saturating_sub(t.read_offset);
+        FileTruncated {
+            path: &t.path,
+            offset: t.read_offset,
+            size,
+            unread_bytes: t.last_size.saturating_sub(t.read_offset),
+            while_down: false,
+        }
+        .emit(counts);
         if budget.records > 0 {
             let source = t.source.clone();
             let generation = t.generation;
@@ -1454,7 +1876,7 @@ fn service(
             Ok(n) => n,
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(e) => {
-                record_error(counts, stats, "read", t.path.clone(), e);
+                record_error(counts, latch, stats, "read", t.path.clone(), e);
                 break;
             }
         };
@@ -1499,10 +1921,9 @@ fn service(
         }
     }
     // Fingerprint the first bytes once they exist (or extend a short fingerprint).
-    if t.head.len() < HEAD_BYTES && t.read_offset > t.head.len() as u64 {
-        let len = usize::try_from(t.read_offset)
-            .unwrap_or(HEAD_BYTES)
-            .min(HEAD_BYTES);
+    let known = size.max(t.read_offset);
+    if t.head.len() < HEAD_BYTES && known > t.head.len() as u64 {
+        let len = usize::try_from(known).unwrap_or(HEAD_BYTES).min(HEAD_BYTES);
         let mut head = vec![0u8; len];
         if let Ok(n) = read_full_at(&t.file, &mut head, 0) {
             head.truncate(n);
@@ -1769,38 +2190,278 @@ mod tests {
 
     #[test]
     fn start_position_rules() {
-        let saved = Saved {
+        let saved = Resume::Saved {
             offset: 100,
             discarding: true,
-            head_len: 10,
-            head_hash: 0,
+            copy_of: None,
         };
+        assert_eq!(start_position(&saved, 150, true, StartAt::End), (100, true));
         assert_eq!(
-            start_position(Some(saved), 150, true, false, StartAt::End),
-            (100, true, false)
+            start_position(
+                &Resume::Truncated { saved_offset: 100 },
+                50,
+                false,
+                StartAt::End
+            ),
+            (0, false)
         );
         assert_eq!(
-            start_position(Some(saved), 50, true, false, StartAt::End),
-            (0, false, true)
+            start_position(&Resume::Unknown, 150, true, StartAt::End),
+            (150, false),
+            "first scan of the first run"
         );
         assert_eq!(
-            start_position(None, 150, true, false, StartAt::End),
-            (150, false, false)
+            start_position(&Resume::Unknown, 150, true, StartAt::Beginning),
+            (0, false)
         );
         assert_eq!(
-            start_position(None, 150, true, false, StartAt::Beginning),
-            (0, false, false)
+            start_position(&Resume::Unknown, 150, false, StartAt::End),
+            (0, false),
+            "appeared later, or while the agent was down: new data"
         );
+    }
+
+    /// `n` bytes of a numbered log from line `from` on: "line 000001\n…" (12 bytes a line).
+    fn numbered(from: u32, n: usize) -> Vec<u8> {
+        let mut v: Vec<u8> = (from..)
+            .flat_map(|i| format!("line {i:06}\n").into_bytes())
+            .take(n)
+            .collect();
+        v.truncate(n);
+        v
+    }
+
+    /// The checkpoint entry of a file holding `content` (as the agent saw it), at `offset`.
+    fn entry(ino: u64, path: &str, content: &[u8], offset: u64) -> SavedEntry {
+        let head = &content[..content.len().min(HEAD_BYTES)];
+        let end = usize::try_from(offset).expect("small offset");
+        let before = &content[end.saturating_sub(HEAD_BYTES)..end];
+        SavedEntry {
+            id: id(ino),
+            path: path.into(),
+            pos: Saved {
+                offset,
+                discarding: false,
+                head_len: head.len(),
+                head_hash: fnv1a64(head),
+                before: Some((before.len(), fnv1a64(before))),
+            },
+        }
+    }
+
+    /// `match_checkpoint` over files given by (inode, path, whole content).
+    fn decide(entries: &[SavedEntry], disk: &[(u64, &str, Vec<u8>)]) -> Vec<Resume> {
+        let found: Vec<Found<'_>> = disk
+            .iter()
+            .map(|(ino, path, content)| Found {
+                id: id(*ino),
+                path: Path::new(path),
+                size: content.len() as u64,
+                head: &content[..content.len().min(HEAD_BYTES)],
+            })
+            .collect();
+        match_checkpoint(entries, &found, &mut |i, at, len| {
+            let content = &disk.get(i)?.2;
+            let start = usize::try_from(at).ok()?;
+            content.get(start..start.checked_add(len)?).map(fnv1a64)
+        })
+    }
+
+    fn resume_at(offset: u64, copy_of: Option<&str>) -> Resume {
+        Resume::Saved {
+            offset,
+            discarding: false,
+            copy_of: copy_of.map(PathBuf::from),
+        }
+    }
+
+    #[test]
+    fn checkpoint_match_by_inode_and_fingerprint() {
+        let old = numbered(1, 360);
+        let entries = [entry(1, "/l/app.log", &old, 360)];
+        // Same inode, same first bytes, grown: resume.
         assert_eq!(
-            start_position(None, 150, true, true, StartAt::End),
-            (0, false, false),
-            "rotation successor"
+            decide(&entries, &[(1, "/l/app.log", numbered(1, 420))]),
+            vec![resume_at(360, None)]
         );
+        // Same inode, other first bytes: truncated (and rewritten) while down.
         assert_eq!(
-            start_position(None, 150, false, false, StartAt::End),
-            (0, false, false),
-            "appeared later"
+            decide(&entries, &[(1, "/l/app.log", numbered(36, 60))]),
+            vec![Resume::Truncated { saved_offset: 360 }]
         );
+        // Same inode and first bytes, but shorter than the offset: truncated too.
+        assert_eq!(
+            decide(&entries, &[(1, "/l/app.log", numbered(1, 300))]),
+            vec![Resume::Truncated { saved_offset: 360 }]
+        );
+        // Another inode, not in the checkpoint: unknown.
+        assert_eq!(
+            decide(&entries, &[(2, "/l/b.log", numbered(36, 60))]),
+            vec![Resume::Unknown]
+        );
+    }
+
+    #[test]
+    fn copytruncate_while_down_resumes_the_copy_and_rereads_the_original() {
+        // Checkpoint: app.log (inode 1) at 360. While down: 60 more bytes; cp app.log
+        // app.log.1 (inode 2, 420 bytes); : > app.log; 60 new bytes.
+        let entries = [entry(1, "/l/app.log", &numbered(1, 360), 360)];
+        let disk = [
+            (1, "/l/app.log", numbered(36, 60)),
+            (2, "/l/app.log.1", numbered(1, 420)),
+        ];
+        assert_eq!(
+            decide(&entries, &disk),
+            vec![
+                Resume::Truncated { saved_offset: 360 },
+                resume_at(360, Some("/l/app.log"))
+            ]
+        );
+        // A copy shorter than the saved offset is not that file's copy.
+        let disk = [(2, "/l/app.log.1", numbered(1, 300))];
+        assert_eq!(decide(&entries, &disk), vec![Resume::Unknown]);
+    }
+
+    #[test]
+    fn same_first_bytes_but_other_bytes_before_the_offset_is_not_a_copy() {
+        // Files that open with the same 300-byte banner: app.log rotated away while down (the
+        // glob does not match the rotated name) and a new app.log with the same banner.
+        let banner = vec![b'#'; 300];
+        let old: Vec<u8> = [banner.clone(), numbered(1, 120)].concat();
+        let new: Vec<u8> = [banner, numbered(500, 240)].concat();
+        let entries = [entry(1, "/l/app.log", &old, 420)];
+        assert_eq!(
+            decide(&entries, &[(2, "/l/app.log", new)]),
+            vec![Resume::Unknown]
+        );
+        // Without the bytes before the offset (older state file), no recognition by content.
+        let mut entries = entries;
+        entries[0].pos.before = None;
+        assert_eq!(
+            decide(&entries, &[(2, "/l/app.log.1", old)]),
+            vec![Resume::Unknown]
+        );
+    }
+
+    #[test]
+    fn an_entry_claimed_by_its_inode_is_not_claimed_by_a_copy_too() {
+        // cp app.log app.log.1 while down, no truncation: both hold the same bytes.
+        let content = numbered(1, 360);
+        let entries = [entry(1, "/l/app.log", &content, 360)];
+        let disk = [
+            (2, "/l/app.log.1", content.clone()),
+            (1, "/l/app.log", content),
+        ];
+        assert_eq!(
+            decide(&entries, &disk),
+            vec![Resume::Unknown, resume_at(360, None)]
+        );
+    }
+
+    #[test]
+    fn several_copies_prefer_the_saved_path_then_path_order() {
+        let content = numbered(1, 300);
+        let entries = [entry(1, "/l/app.log", &content, 300)];
+        // The original is gone; a same-content file was moved onto its path (new inode).
+        let disk = [
+            (3, "/l/app.log.1", content.clone()),
+            (2, "/l/app.log", content.clone()),
+        ];
+        assert_eq!(
+            decide(&entries, &disk),
+            vec![Resume::Unknown, resume_at(300, Some("/l/app.log"))]
+        );
+        let disk = [
+            (3, "/l/app.log.2", content.clone()),
+            (2, "/l/app.log.1", content),
+        ];
+        assert_eq!(
+            decide(&entries, &disk),
+            vec![Resume::Unknown, resume_at(300, Some("/l/app.log"))]
+        );
+    }
+
+    #[test]
+    fn short_and_missing_fingerprints_match_on_inode_only() {
+        // A file of 60 bytes when checkpointed: its copy is not recognised (read again, at
+        // most HEAD_BYTES - 1 bytes repeated) rather than risk skipping another file.
+        let short = numbered(1, 60);
+        let entries = [entry(1, "/l/app.log", &short, 60)];
+        let disk = [(1, "/l/app.log", Vec::new()), (2, "/l/app.log.1", short)];
+        assert_eq!(
+            decide(&entries, &disk),
+            vec![Resume::Truncated { saved_offset: 60 }, Resume::Unknown]
+        );
+        // No fingerprint at all (older state file): the inode is trusted.
+        let mut entries = [entry(1, "/l/app.log", &[], 0)];
+        entries[0].pos.offset = 4;
+        entries[0].pos.before = None;
+        assert_eq!(
+            decide(&entries, &[(1, "/l/app.log", numbered(9, 24))]),
+            vec![resume_at(4, None)]
+        );
+        // A 64-byte fingerprint of an older version: checked on its inode, never across.
+        let content = numbered(1, 320);
+        let mut entries = [entry(1, "/l/app.log", &content[..64], 64)];
+        entries[0].pos.offset = 300;
+        entries[0].pos.before = None;
+        let disk = [
+            (1, "/l/app.log", content.clone()),
+            (2, "/l/app.log.1", content),
+        ];
+        assert_eq!(
+            decide(&entries, &disk),
+            vec![resume_at(300, None), Resume::Unknown]
+        );
+    }
+
+    #[test]
+    fn fingerprint_longer_than_head_bytes_never_matches() {
+        let s = Saved {
+            offset: 0,
+            discarding: false,
+            head_len: HEAD_BYTES + 1,
+            head_hash: 0,
+            before: Some((0, fnv1a64(&[]))),
+        };
+        assert!(!s.fingerprint_matches(&[0; HEAD_BYTES]));
+        assert!(!s.names_content());
+    }
+
+    #[test]
+    fn state_entries_without_fingerprint_load() {
+        let state: StateFile = serde_json::from_str(
+            r#"{"version":1,"files":[{"path":"/l/a","dev":1,"ino":2,"offset":3}]}"#,
+        )
+        .expect("older state file");
+        let e = state.files.first().expect("one entry");
+        assert_eq!(
+            (e.offset, e.head_len, e.head_hash, e.discarding),
+            (3, 0, 0, false)
+        );
+    }
+
+    #[test]
+    fn error_latch_reports_a_failing_path_once_until_it_recovers() {
+        let mut latch = ErrorLatch::default();
+        let a = Path::new("/l/a.log");
+        assert!(latch.note(a, "read"));
+        assert!(!latch.note(a, "read"), "same failure, same epoch");
+        assert!(
+            latch.note(a, "open"),
+            "another operation is another failure"
+        );
+        assert!(latch.note(Path::new("/l/b.log"), "read"));
+        // Still failing at every epoch: never reported again.
+        for _ in 0..5 {
+            latch.next_epoch();
+            assert!(!latch.note(a, "read"));
+        }
+        // Not seen failing for a whole epoch: forgotten, reported again when it comes back.
+        latch.next_epoch();
+        latch.next_epoch();
+        assert!(latch.note(a, "read"));
+        assert_eq!(latch.failing.len(), 1, "old failures are dropped");
     }
 
     #[test]
