@@ -79,10 +79,19 @@ pub struct AgentConfig {
     #[serde(default)]
     pub streams: StreamsSection,
     /// Largest frame the agent builds, header included, in bytes. Lowered per connection to
-    /// the collector's `Welcome.max_frame_bytes` and to the path MTU, so a frame is one
-    /// packet. Default 4096 (one packet at the largest RoCE path MTU).
+    /// the collector's `Welcome.max_frame_bytes` (and ring slot size) and, unless
+    /// `multi_packet_frames` is on, to the path MTU, so a frame is one packet. Default 4096
+    /// (one packet at the largest RoCE path MTU).
     #[serde(default = "default_max_frame_bytes")]
     pub max_frame_bytes: usize,
+    /// Let a frame span several packets (a multi-packet UC message) up to `max_frame_bytes`,
+    /// so log lines longer than one packet arrive whole. The trade-off (DESIGN.md §3): on UC
+    /// one lost packet loses the whole message, so at packet loss `p` a frame of `n` packets
+    /// is lost with probability `1 − (1 − p)^n`, and every record in it with it (counted as
+    /// lost, never cut). Off by default: every frame is one packet, and a line that does not
+    /// fit one packet is refused by `--check-config` (`max_line_bytes`).
+    #[serde(default)]
+    pub multi_packet_frames: bool,
 }
 
 fn default_max_frame_bytes() -> usize {
@@ -406,7 +415,8 @@ impl Default for SelfMetricsSection {
     }
 }
 
-/// Where a log file found at the first scan without a checkpoint is read from.
+/// Where a log file found at the first scan of the first run (no checkpoint yet) is read
+/// from.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StartAt {
@@ -427,8 +437,11 @@ pub struct LogSection {
     /// Globs of paths to skip even if `path` matches them (`/var/log/*.gz`).
     #[serde(default)]
     pub exclude: Vec<String>,
-    /// Where a file without a checkpoint is read from at start: `end` (default) or
-    /// `beginning`. Files that appear later are always read from their beginning.
+    /// Where the files found at the first scan of the very first run are read from: `end`
+    /// (default) or `beginning`. It applies only while there is no checkpoint yet (first run,
+    /// or `state_directory: null`); after that every file the checkpoint does not know
+    /// (appeared later, or while the agent was down) is read from its beginning, as
+    /// opentelemetry-collector-contrib #12769 asks.
     #[serde(default)]
     pub start_at: StartAt,
     /// Lines longer than this many bytes are cut and the rest of the line is discarded
@@ -802,18 +815,25 @@ impl Validate for AgentConfig {
                     p.push(key(&k), "must be an absolute path");
                 }
             }
-            let max_line = self
-                .max_frame_bytes
-                .saturating_sub(LOG_RECORD_OVERHEAD_BYTES);
+            let frame = self.frame_limit_bytes();
+            let max_line = frame.saturating_sub(LOG_RECORD_OVERHEAD_BYTES);
             if l.max_line_bytes
                 .is_some_and(|m| !(16..=max_line.max(16)).contains(&m))
             {
-                p.push(
-                    key("max_line_bytes"),
+                let why = if frame < self.max_frame_bytes {
+                    format!(
+                        "a frame is one packet of transport.soft.mtu_bytes {} here, so a line \
+                         must be in 16..={max_line} (the MTU − {LOG_RECORD_OVERHEAD_BYTES}); set \
+                         multi_packet_frames: true to send longer lines whole as multi-packet \
+                         messages",
+                        self.transport.soft.mtu_bytes
+                    )
+                } else {
                     format!(
                         "must be in 16..={max_line} (max_frame_bytes − {LOG_RECORD_OVERHEAD_BYTES}) so a line fits a frame"
-                    ),
-                );
+                    )
+                };
+                p.push(key("max_line_bytes"), why);
             }
             check_seconds(
                 p,
@@ -918,15 +938,56 @@ impl AgentConfig {
     }
 
     /// The longest log line of `entry`: its `max_line_bytes`, or [`DEFAULT_MAX_LINE_BYTES`]
-    /// lowered to fit `max_frame_bytes`.
+    /// lowered to fit a frame ([`frame_limit_bytes`](Self::frame_limit_bytes)).
     pub fn max_line_bytes(&self, entry: &LogSection) -> usize {
         entry.max_line_bytes.unwrap_or_else(|| {
             DEFAULT_MAX_LINE_BYTES.min(
-                self.max_frame_bytes
+                self.frame_limit_bytes()
                     .saturating_sub(LOG_RECORD_OVERHEAD_BYTES)
                     .max(16),
             )
         })
+    }
+
+    /// The largest frame this configuration can build before any collector lowers it, in
+    /// bytes: `max_frame_bytes`, and on the soft transport without `multi_packet_frames` at
+    /// most one packet of `transport.soft.mtu_bytes` (on verbs the path MTU is the device's,
+    /// known only once connected).
+    pub fn frame_limit_bytes(&self) -> usize {
+        if self.multi_packet_frames || self.transport.kind != TransportKind::Soft {
+            self.max_frame_bytes
+        } else {
+            self.max_frame_bytes
+                .min(self.transport.soft.mtu_bytes as usize)
+        }
+    }
+
+    /// What `--check-config` prints after "valid": the effective frame and line limits.
+    pub fn effective_limits(&self) -> String {
+        let mut out = format!(
+            "frames: at most {} bytes{}",
+            self.frame_limit_bytes(),
+            if self.multi_packet_frames {
+                " (multi-packet UC messages allowed: one lost packet loses the whole frame)"
+                    .to_owned()
+            } else if self.transport.kind == TransportKind::Soft {
+                format!(
+                    " (one packet: max_frame_bytes {} and transport.soft.mtu_bytes {}; the \
+                     collector and the path MTU may lower it further)",
+                    self.max_frame_bytes, self.transport.soft.mtu_bytes
+                )
+            } else {
+                " (one packet: also lowered to the device's path MTU once connected)".to_owned()
+            }
+        );
+        for (i, entry) in self.sources.logs.iter().enumerate() {
+            out.push_str(&format!(
+                "\nsources.logs[{i}]: lines up to {} bytes arrive whole; longer lines are cut \
+                 (truncated=\"line\")",
+                self.max_line_bytes(entry)
+            ));
+        }
+        out
     }
 
     /// The pacing limits for the sender, with the frame size the collector agreed to.

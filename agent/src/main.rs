@@ -54,6 +54,7 @@ fn main() -> ExitCode {
     };
     if cli.check_config {
         println!("{}: configuration is valid", cli.config.display());
+        println!("{}", config.effective_limits());
         return ExitCode::SUCCESS;
     }
     if let Err(e) = uctel_common::logging::init(cli.log_level.as_deref()) {

@@ -38,7 +38,8 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use uctel_common::shutdown::Shutdown;
 use uctel_protocol::control::{
-    self, Body, GoodbyeReason, Heartbeat, Hello, StreamFinal, Welcome, PROTOCOL_VERSION,
+    self, Body, GoodbyeReason, Heartbeat, Hello, RefuseReason, StreamFinal, Welcome,
+    PROTOCOL_VERSION,
 };
 use uctel_protocol::limits::Limits;
 
@@ -216,6 +217,7 @@ async fn connection_loop(
 ) -> RunSummary {
     let mut summary = RunSummary::default();
     let mut attempt: u32 = 0;
+    let mut duplicate_warned = false;
     let initial = seconds(config.collector.reconnect_initial_seconds);
     let max = seconds(config.collector.reconnect_max_seconds);
     while !shutdown.is_triggered() {
@@ -242,6 +244,26 @@ async fn connection_loop(
                 summary.sessions += 1;
                 summary.last_session = Some(fin);
                 tracing::warn!(epoch, reason = %why, "connection to the collector lost; reconnecting with a new epoch");
+            }
+            Err(SessionError::Control(ControlError::Refused { reason, detail }))
+                if reason == RefuseReason::DuplicateAgentId.label() =>
+            {
+                // Another agent with our id is connected: retry at the longest backoff, and
+                // say so once (then at debug level) rather than every attempt.
+                if !duplicate_warned {
+                    tracing::warn!(
+                        agent_id = %config.agent_id,
+                        detail = %detail,
+                        retry_every = ?max,
+                        "the collector refused this agent: another agent with the same agent_id \
+                         is connected; give each agent its own agent_id. Retrying at the longest \
+                         backoff; this is logged once"
+                    );
+                    duplicate_warned = true;
+                } else {
+                    tracing::debug!(detail = %detail, "refused again: duplicate agent_id");
+                }
+                attempt = attempt.max(31);
             }
             Err(e) => {
                 if welcomed {
@@ -303,7 +325,8 @@ fn capabilities(config: &AgentConfig) -> Vec<i32> {
 ///
 /// Frames are capped at the path MTU (the smaller of both QPs' MTUs): a frame is one UC
 /// message and one packet (DESIGN.md §3), so one lost packet costs exactly one frame and the
-/// next frame resyncs the PSN by itself.
+/// next frame resyncs the PSN by itself. With `multi_packet_frames` a frame may span several
+/// packets, up to the collector's `max_frame_bytes` (and ring slot).
 fn negotiated(
     config: &AgentConfig,
     welcome: &Welcome,
@@ -335,10 +358,10 @@ fn negotiated(
     });
     let remote_mtu = welcome.qp.as_ref().map_or(local_mtu, |q| q.mtu);
     let path_mtu = local_mtu.min(remote_mtu).max(256) as usize;
-    let mut max_frame = config
-        .max_frame_bytes
-        .min(welcome.max_frame_bytes as usize)
-        .min(path_mtu);
+    let mut max_frame = config.max_frame_bytes.min(welcome.max_frame_bytes as usize);
+    if !config.multi_packet_frames {
+        max_frame = max_frame.min(path_mtu);
+    }
     let uses_ring = chosen == DataPath::WriteWithImm;
     if uses_ring {
         max_frame = max_frame.min(welcome.slot_bytes as usize);
@@ -347,6 +370,29 @@ fn negotiated(
         return Err(SessionError::Welcome(format!(
             "max_frame_bytes {max_frame} leaves no room for a payload"
         )));
+    }
+    let line_room = max_frame.saturating_sub(crate::config::LOG_RECORD_OVERHEAD_BYTES);
+    if let Some(longest) = config
+        .sources
+        .logs
+        .iter()
+        .map(|e| config.max_line_bytes(e))
+        .max()
+        .filter(|l| *l > line_room)
+    {
+        tracing::warn!(
+            max_frame_bytes = max_frame,
+            path_mtu,
+            collector_max_frame_bytes = welcome.max_frame_bytes,
+            "log lines up to {longest} bytes are configured, but frames on this connection carry \
+             at most {line_room}: longer lines are cut (counted as truncated=\"frame\"). Raise the \
+             path MTU or the collector's max_frame_bytes{}",
+            if config.multi_packet_frames {
+                ""
+            } else {
+                ", or set multi_packet_frames: true"
+            }
+        );
     }
     let margin = config.collector.credit_margin_slots;
     let window = welcome
@@ -380,22 +426,39 @@ fn negotiated(
     })
 }
 
+/// Per stream, the last stream sequence and record count posted (for `Goodbye` and
+/// heartbeats).
+fn stream_finals(fin: &FinalSequences) -> Vec<StreamFinal> {
+    Stream::ALL
+        .iter()
+        .map(|s| {
+            let t = fin.streams[s.index()];
+            StreamFinal {
+                stream_id: s.id(),
+                final_stream_seq: t.last_stream_seq,
+                final_record_count: t.records,
+            }
+        })
+        .collect()
+}
+
 fn goodbye(fin: &FinalSequences, reason: GoodbyeReason, detail: &str) -> control::Goodbye {
     control::Goodbye {
         final_conn_seq: fin.last_conn_seq,
-        streams: Stream::ALL
-            .iter()
-            .map(|s| {
-                let t = fin.streams[s.index()];
-                StreamFinal {
-                    stream_id: s.id(),
-                    final_stream_seq: t.last_stream_seq,
-                    final_record_count: t.records,
-                }
-            })
-            .collect(),
+        streams: stream_finals(fin),
         reason: reason as i32,
         detail: detail.chars().take(control::MAX_DETAIL_BYTES).collect(),
+    }
+}
+
+/// A heartbeat carrying the sequences posted so far, so a session that ends without a
+/// `Goodbye` has an unknown tail of at most one heartbeat interval (DESIGN.md §6).
+fn heartbeat(sequence: u64, fin: &FinalSequences) -> Heartbeat {
+    Heartbeat {
+        sequence,
+        timestamp_ns: pump::unix_ns(),
+        sent_conn_seq: fin.last_conn_seq,
+        sent_streams: stream_finals(fin),
     }
 }
 
@@ -545,7 +608,7 @@ async fn session(
                     break SessionEnd::Lost(format!("nothing heard from the collector for {dead_after:?}"));
                 }
                 heartbeat_seq += 1;
-                let hb = Heartbeat { sequence: heartbeat_seq, timestamp_ns: pump::unix_ns() };
+                let hb = heartbeat(heartbeat_seq, &core.final_sequences());
                 match tokio::time::timeout(CONTROL_SEND_TIMEOUT, conn.send(hb)).await {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => break SessionEnd::Lost(e.to_string()),

@@ -622,7 +622,7 @@ async fn session(
             },
             _ = hb.tick() => {
                 seq += 1;
-                ch.send(Heartbeat { sequence: seq, timestamp_ns: now_ns() })
+                ch.send(Heartbeat { sequence: seq, timestamp_ns: now_ns(), ..Heartbeat::default() })
                     .await
                     .map_err(|e| format!("{}: heartbeat: {e}", a.id))?;
             }

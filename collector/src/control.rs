@@ -19,11 +19,17 @@
 //! A connection whose agent is silent for `dead_after_missed_heartbeats` heartbeat periods,
 //! that leaves a control message unread for as long (its socket buffers full), whose QP went
 //! to ERROR, or that is replaced by a new connection of the same agent id (an
-//! agent restart racing its old TCP connection) is torn down; the agent reconnects with a new
-//! epoch. A replaced connection that was still alive (heard from within the last heartbeat
-//! interval) means two agents probably share the agent id: it is counted in
-//! `uctel_collector_connections_replaced_total{previous="alive"}`, warned about once a minute
-//! per agent, and the replaced agent's `Goodbye` says so.
+//! agent restart racing its old, silent TCP connection) is torn down; the agent reconnects
+//! with a new epoch. While a connection of an agent id is alive (heard from within the last
+//! one and a half heartbeat intervals), a second connection with that id is refused with
+//! `duplicate_agent_id` (two agents share the id: the first keeps its session, the second is
+//! kept out and retries at its longest backoff, never a loop of replacements); counted in
+//! `handshakes_refused_total{reason="duplicate_agent_id"}` and warned about once a minute
+//! per agent id.
+//!
+//! Every session's end is counted in `sessions_ended_total{reason}`: `goodbye` (tail loss
+//! exact), `no_goodbye` (settled from the agent's last heartbeat, which carries the
+//! sequences sent by then: only what was sent after it is unknown), `replaced`, `shutdown`.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -47,6 +53,7 @@ use crate::config::{Config, DataPathConfig, Token, TransportKindConfig};
 use crate::daemon::Shared;
 use crate::dataplane::{Geometry, Session};
 use crate::ingest::{ConnectionIngest, StreamLedger};
+use crate::telemetry::SessionEnd;
 
 /// The identity the collector announces in `Challenge`.
 pub const COLLECTOR_ID: &str = "uctel-collector";
@@ -516,23 +523,61 @@ async fn connection(
     let (my_trigger, my_cancel) = shutdown::channel();
     let (done_tx, done_rx) = tokio::sync::watch::channel(false);
     let link = Arc::new(SessionLink::new());
-    // Replace an existing session of the same agent (a restart racing its old connection, or
-    // a second agent with the same id).
-    let (token_id, previous) = {
+    // An agent id with a live session keeps it: a second agent with that id is refused. A
+    // silent session is replaced (an agent restart racing its old connection).
+    let alive_within =
+        Duration::try_from_secs_f64(shared.config.control.heartbeat_interval_seconds)
+            .unwrap_or(Duration::from_secs(5))
+            .mul_f64(1.5);
+    let admitted = {
         let mut live = lock(&shared.registry.live);
-        let id = shared
-            .registry
-            .next
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mine = LiveSession {
-            id,
-            trigger: my_trigger,
-            done: done_rx,
-            peer,
-            epoch: accepted.hello.epoch,
-            link: link.clone(),
-        };
-        (id, live.insert(agent.clone(), mine))
+        match live.get(&agent) {
+            Some(existing) if existing.link.silent_for() <= alive_within => {
+                Err((existing.peer, existing.epoch, existing.link.silent_for()))
+            }
+            _ => {
+                let id = shared
+                    .registry
+                    .next
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let mine = LiveSession {
+                    id,
+                    trigger: my_trigger,
+                    done: done_rx,
+                    peer,
+                    epoch: accepted.hello.epoch,
+                    link: link.clone(),
+                };
+                Ok((id, live.insert(agent.clone(), mine)))
+            }
+        }
+    };
+    let (token_id, previous) = match admitted {
+        Ok(v) => v,
+        Err((first_peer, first_epoch, silent_for)) => {
+            if shared.registry.should_warn_replaced(&agent) {
+                tracing::warn!(
+                    agent = %agent,
+                    peer = %peer,
+                    connected_peer = %first_peer,
+                    connected_epoch = format_args!("{first_epoch:#x}"),
+                    "refused a second connection of agent_id {agent:?} from {peer}: the agent \
+                     connected from {first_peer} is alive (heard {silent_for:.1?} ago). Two \
+                     agents share this agent_id? Give each its own. (Counted in \
+                     uctel_collector_handshakes_refused_total{{reason=\"duplicate_agent_id\"}}; \
+                     this warning repeats at most once a minute per agent id.)"
+                );
+            }
+            let r = refusal(
+                RefuseReason::DuplicateAgentId,
+                &agent,
+                format!(
+                    "agent_id {agent:?} is already connected from {first_peer} and alive; \
+                     give each agent its own agent_id"
+                ),
+            );
+            return refuse(&mut ch, &shared, peer, r).await;
+        }
     };
     if let Some(previous) = previous {
         replace(&shared, &agent, peer, accepted.hello.epoch, previous).await;
@@ -552,12 +597,11 @@ async fn connection(
     ch.shutdown().await;
 }
 
-/// A new connection of `agent` from `peer` in `epoch` ends the agent's `previous` session and
-/// waits (bounded) for it to finish. A previous connection heard from within the last
-/// heartbeat interval was alive: unless the agent restarted faster than its old connection
-/// could notice, two agents share this agent id and would replace each other for ever. That
-/// is counted (`connections_replaced_total{previous="alive"}`), warned about once per agent
-/// per [`REPLACED_WARN_EVERY`], and told to the replaced agent in its `Goodbye`.
+/// A new connection of `agent` from `peer` in `epoch` ends the agent's `previous`, silent
+/// session and waits (bounded) for it to finish. (A live one refuses the new connection
+/// instead, in `connection`.) A previous connection heard from within the last heartbeat
+/// interval counts as `connections_replaced_total{previous="alive"}`, a race that the
+/// refusal rule leaves only for a session that turned silent for a moment.
 async fn replace(
     shared: &Shared,
     agent: &str,
@@ -800,7 +844,7 @@ async fn run_session(
                     last_heard = Instant::now();
                     link.heard();
                     match m.body {
-                        Some(Body::Heartbeat(_)) => {}
+                        Some(Body::Heartbeat(hb)) => shared.plane.heartbeat(id, hb),
                         Some(Body::Goodbye(g)) => {
                             goodbye = Some(g);
                             break None;
@@ -830,7 +874,7 @@ async fn run_session(
                     break Some((GoodbyeReason::Error, "heartbeats missed"));
                 }
                 hb_seq += 1;
-                let beat = Heartbeat { sequence: hb_seq, timestamp_ns: now_ns() };
+                let beat = Heartbeat { sequence: hb_seq, timestamp_ns: now_ns(), ..Heartbeat::default() };
                 if !send_within(ch, beat, dead_after, &agent).await {
                     vanished = Some("a heartbeat could not be sent".into());
                     break None;
@@ -876,6 +920,12 @@ async fn run_session(
     }
     let summary = shared.plane.close(id, goodbye.clone()).await;
     shared.telemetry.agents_connected().dec();
+    tel.session_ended(match (&goodbye, ending) {
+        (Some(_), _) => SessionEnd::Goodbye,
+        (None, Some((GoodbyeReason::Reconnect, _))) => SessionEnd::Replaced,
+        (None, Some((GoodbyeReason::Shutdown, _))) => SessionEnd::Shutdown,
+        (None, _) => SessionEnd::NoGoodbye,
+    });
     if let Some(summary) = summary {
         let mut ledger = lock(&shared.ledger);
         for (stream, l) in &summary.streams {

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use ringbuf::traits::{Consumer, Observer, Producer, Split};
 use ringbuf::HeapRb;
 use tokio::sync::{oneshot, Notify};
-use uctel_protocol::control::{DataPath, Goodbye, Report};
+use uctel_protocol::control::{DataPath, Goodbye, Heartbeat, Report};
 use uctel_transport::api::{
     AccessFlags, CompletionQueue, Device, DropCounters, MemoryRegion, QpEndpoint, QpState,
     QueuePair, RecvWr, Sge, UcDropReason, WcOpcode, WcStatus, WorkCompletion,
@@ -275,6 +275,8 @@ enum WorkerCmd {
     /// A larger descriptor queue: read it once the current one is finished.
     Queue(ringbuf::HeapCons<Descriptor>),
     Report(u32, oneshot::Sender<Option<Report>>),
+    /// The agent's heartbeat (the sequences it had sent by then).
+    Heartbeat(u32, Heartbeat),
     Close(u32, Option<Goodbye>, oneshot::Sender<Option<CloseSummary>>),
     Pause(bool),
 }
@@ -320,6 +322,7 @@ impl std::fmt::Debug for WorkerCmd {
             WorkerCmd::Register(..) => "Register",
             WorkerCmd::Queue(..) => "Queue",
             WorkerCmd::Report(..) => "Report",
+            WorkerCmd::Heartbeat(..) => "Heartbeat",
             WorkerCmd::Close(..) => "Close",
             WorkerCmd::Pause(..) => "Pause",
         })
@@ -441,9 +444,16 @@ impl DataPlane {
         rx.await.ok().flatten()
     }
 
+    /// Hands the agent's heartbeat to the worker (in order with the frames before it): the
+    /// sequences it carries settle the session if it ends without a `Goodbye`.
+    pub fn heartbeat(&self, id: u32, heartbeat: Heartbeat) {
+        let _ = self.worker_tx.send(WorkerCmd::Heartbeat(id, heartbeat));
+    }
+
     /// Removes a session: the poller polls its CQ a last time and forgets it, the worker
     /// processes everything queued, settles tail loss from `goodbye` (if the agent said
-    /// goodbye) and forgets it. Returns the connection's accounting.
+    /// goodbye; from its last heartbeat otherwise) and forgets it. Returns the connection's
+    /// accounting.
     pub async fn close(&self, id: u32, goodbye: Option<Goodbye>) -> Option<CloseSummary> {
         let (target, window) = {
             let mut l = lock(&self.list);
@@ -817,6 +827,11 @@ impl Worker {
                     },
                 );
             }
+            WorkerCmd::Heartbeat(id, hb) => {
+                if let Some(ws) = self.sessions.get_mut(&id) {
+                    ws.ingest.on_heartbeat(&hb);
+                }
+            }
             WorkerCmd::Report(id, reply) => {
                 let report = self.sessions.get_mut(&id).map(|ws| {
                     fold_poller_drops(ws);
@@ -832,7 +847,7 @@ impl Worker {
                         Some(g) => ws.ingest.close(&g),
                         None => {
                             let _ = ws.ingest.report();
-                            ws.ingest.summary()
+                            ws.ingest.end_without_goodbye()
                         }
                     }
                 });

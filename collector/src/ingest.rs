@@ -12,23 +12,34 @@
 //! 2. *Frame check*: header view (`malformed_frame`), CRC32C (`torn_slot` on the ring,
 //!    `crc_mismatch` on Send), size (`limit_exceeded`), epoch (`epoch_mismatch`).
 //! 3. *Connection tracker* (connection sequence) and *stream tracker* (stream sequence):
-//!    gaps are lost frames, late frames are accepted, duplicates and stale frames are not.
-//!    A stream's first frame with stream sequence `s > 0` means frames `0..s` were lost
-//!    (agents start every stream at stream sequence 0 in each epoch).
+//!    frames skipped by a gap are missing until they arrive late (accepted) or leave the
+//!    reorder window (then lost, counted once, never taken back); duplicates and stale frames
+//!    (already settled) are discarded and counted apart. A stream's first frame with stream
+//!    sequence `s > 0` means frames `0..s` were lost (agents start every stream at stream
+//!    sequence 0 in each epoch).
 //! 4. *Payload*: decoded with the configured limits (`malformed_payload`, `limit_exceeded`,
 //!    after tracking: such frames count as received by the tracker and dropped), then stored
 //!    (series store, log sink; record-level drops counted).
 //!
 //! Accounting per stream, once its last frame is in ([`ConnectionIngest::close`] with the
 //! agent's `Goodbye`): `sent = accepted + lost + dropped_after_tracking` where `lost` is the
-//! tracker's net loss (late arrivals subtracted) plus the leading loss.
+//! tracker's settled loss plus the leading loss. Before that, at any instant,
+//! `accepted + lost + missing + dropped_after_tracking ≤ sent`, and every counter only grows.
+//! A session that ends without a `Goodbye` ([`ConnectionIngest::end_without_goodbye`]) is
+//! settled from the agent's last heartbeat (the sequences it had sent by then); only what
+//! was sent after that heartbeat is unknown.
+//!
+//! Records are settled with their frame: a frame's records count as received or lost only
+//! once its sequence leaves the reorder window (or the session is settled), from the
+//! cumulative record counts of the settled frames, so `records_lost_total` never counts the
+//! records of a frame that is merely late.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
 use uctel_protocol::borrowed::MetricBatchView;
-use uctel_protocol::control::{Goodbye, Report, StreamReport};
+use uctel_protocol::control::{Goodbye, Heartbeat, Report, StreamFinal, StreamReport};
 use uctel_protocol::frame::{peek_conn_seq, Frame, FrameError, FrameKind};
 use uctel_protocol::limits::Limits;
 use uctel_protocol::payload::{self, PayloadError, RecordError};
@@ -74,6 +85,9 @@ pub enum FrameOutcome {
     },
     /// A duplicate, counted in `frames_duplicate_total`, not delivered.
     Duplicate,
+    /// Its sequence was settled already (received, or counted lost): counted in
+    /// `frames_stale_total`, not delivered.
+    Stale,
     /// Dropped, counted under the reason.
     Dropped(DropReason),
 }
@@ -84,9 +98,12 @@ pub enum FrameOutcome {
 pub struct StreamLedger {
     /// Frames accepted and delivered.
     pub accepted: u64,
-    /// Frames lost (net of late arrivals, leading and tail loss included).
+    /// Frames lost (settled: left the reorder window unseen, or missing at the end of the
+    /// session; leading and tail loss included).
     pub lost: u64,
-    /// Frames that arrived after being counted lost.
+    /// Frames skipped by a gap that may still arrive (inside the reorder window).
+    pub missing: u64,
+    /// Frames that arrived out of order (after a later one).
     pub late: u64,
     /// Duplicate frames.
     pub duplicate: u64,
@@ -94,8 +111,18 @@ pub struct StreamLedger {
     pub dropped_after_tracking: u64,
     /// Records in accepted frames.
     pub records_received: u64,
-    /// Records missing (from the cumulative record counts), net of late arrivals.
+    /// Records of settled frames that never arrived (from the cumulative record counts).
     pub records_lost: u64,
+}
+
+/// A frame tracked but not yet settled: its records count once its sequence is settled.
+#[derive(Clone, Copy, Debug)]
+struct Unsettled {
+    stream_seq: u64,
+    /// Cumulative record count of the stream carried by the frame (its own records included).
+    record_count: u64,
+    /// Records delivered from it (0 when its payload was dropped).
+    records: u64,
 }
 
 /// Connection-level summary returned by [`ConnectionIngest::close`].
@@ -119,35 +146,128 @@ struct StreamState {
     accepted: u64,
     dropped_after_tracking: u64,
     records_received: u64,
+    /// Highest cumulative record count carried by any frame (bounds a `Goodbye`'s claim).
     max_record_count: u64,
+    /// Tracked frames not yet settled, in stream-sequence order.
+    unsettled: VecDeque<Unsettled>,
+    /// Highest cumulative record count of the settled frames (and of `Goodbye`/heartbeat).
+    settled_record_count: u64,
+    /// Records delivered from settled frames.
+    settled_records: u64,
+    lost_emitted: u64,
     records_lost_emitted: u64,
 }
 
 impl StreamState {
+    fn new(tracker: SequenceTracker, tel: StreamTelemetry) -> StreamState {
+        StreamState {
+            tracker,
+            tel,
+            leading_lost: 0,
+            accepted: 0,
+            dropped_after_tracking: 0,
+            records_received: 0,
+            max_record_count: 0,
+            unsettled: VecDeque::new(),
+            settled_record_count: 0,
+            settled_records: 0,
+            lost_emitted: 0,
+            records_lost_emitted: 0,
+        }
+    }
+
+    fn lost(&self) -> u64 {
+        self.tracker.counts().lost.saturating_add(self.leading_lost)
+    }
+
+    fn records_lost(&self) -> u64 {
+        self.settled_record_count
+            .saturating_sub(self.settled_records)
+    }
+
     fn ledger(&self) -> StreamLedger {
         let c = self.tracker.counts();
         StreamLedger {
             accepted: self.accepted,
-            lost: c.lost.saturating_add(self.leading_lost),
+            lost: self.lost(),
+            missing: c.missing,
             late: c.late,
             duplicate: c.duplicate,
             dropped_after_tracking: self.dropped_after_tracking,
             records_received: self.records_received,
-            records_lost: self.max_record_count.saturating_sub(self.records_received),
+            records_lost: self.records_lost(),
         }
     }
 
-    /// Records lost so far: the highest cumulative count seen minus what arrived. The
-    /// Prometheus counter only moves up: records of a frame that arrives late (after its gap
-    /// was counted) are not taken back, as `frames_lost_total` is not (`frames_late_total`
-    /// counts those frames); the ledger and `Report` use the net value.
-    fn update_records_lost(&mut self) {
-        let lost = self.max_record_count.saturating_sub(self.records_received);
-        if lost > self.records_lost_emitted {
+    /// Remember a tracked frame until its sequence is settled.
+    fn track(&mut self, stream_seq: u64, record_count: u64, records: u64) {
+        let entry = Unsettled {
+            stream_seq,
+            record_count,
+            records,
+        };
+        // Frames arrive nearly in order: find the place from the back.
+        let mut at = self.unsettled.len();
+        while at > 0
+            && self
+                .unsettled
+                .get(at - 1)
+                .is_some_and(|e| is_after(e.stream_seq, stream_seq))
+        {
+            at -= 1;
+        }
+        self.unsettled.insert(at, entry);
+    }
+
+    /// Move settled frames (all of them with `all`) into the settled record counts.
+    fn settle_records(&mut self, all: bool) {
+        while let Some(front) = self.unsettled.front().copied() {
+            if !all && !self.tracker.is_settled(front.stream_seq) {
+                break;
+            }
+            self.unsettled.pop_front();
+            self.settled_records = self.settled_records.saturating_add(front.records);
+            self.settled_record_count = self.settled_record_count.max(front.record_count);
+        }
+    }
+
+    /// Settle what the tracker settled and bring the exported counters up to the ledger:
+    /// `frames_lost_total` and `records_lost_total` only grow, by what became certain.
+    fn sync(&mut self) {
+        self.settle_records(self.tracker.is_closed());
+        let lost = self.lost();
+        if lost > self.lost_emitted {
+            self.tel.frames_lost.inc_by(lost - self.lost_emitted);
+            self.lost_emitted = lost;
+        }
+        let records_lost = self.records_lost();
+        if records_lost > self.records_lost_emitted {
             self.tel
                 .records_lost
-                .inc_by(lost - self.records_lost_emitted);
-            self.records_lost_emitted = lost;
+                .inc_by(records_lost - self.records_lost_emitted);
+            self.records_lost_emitted = records_lost;
+        }
+        self.tel
+            .frames_missing
+            .set(i64::try_from(self.tracker.counts().missing).unwrap_or(i64::MAX));
+    }
+}
+
+/// Who named the agent's last sequences.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    /// Its `Goodbye`: the final sequences.
+    Goodbye,
+    /// Its last heartbeat before the session ended without a `Goodbye`: what it had sent by
+    /// then.
+    Heartbeat,
+}
+
+impl Source {
+    fn as_str(self) -> &'static str {
+        match self {
+            Source::Goodbye => "goodbye",
+            Source::Heartbeat => "last heartbeat",
         }
     }
 }
@@ -179,6 +299,8 @@ pub struct ConnectionIngest {
     /// The agent's epoch before this connection, when it had connected before
     /// ([`ConnectionIngest::set_previous_epoch`]).
     previous_epoch: Option<u64>,
+    /// The sequences the agent's last heartbeat said it had sent (connection, streams).
+    last_heartbeat: Option<(Option<u64>, Vec<StreamFinal>)>,
     /// Decode storage reused for every metrics frame ([`MetricBatchView::recycle`]): records
     /// are views into the frame, so the steady state allocates nothing per frame.
     metrics: MetricBatchView<'static>,
@@ -216,6 +338,7 @@ impl ConnectionIngest {
             conn_lost_emitted: 0,
             unseen_conn_lost: 0,
             previous_epoch: None,
+            last_heartbeat: None,
             metrics: MetricBatchView::new(),
         })
     }
@@ -338,11 +461,14 @@ impl ConnectionIngest {
             Observation::Resync { .. } => self.tel.connection_resets_dropout.inc(),
             _ => {}
         }
-        if let Observation::Stale { reason } = conn_obs {
-            return self.drop(
-                DropReason::StaleFrame,
-                &format_args!("conn_seq {} stale: {reason:?}", header.conn_seq),
-            );
+        if let Observation::Stale { .. } = conn_obs {
+            // Its connection sequence is settled already (received or lost): counted apart,
+            // in no drop and in no loss.
+            match self.streams.get(&header.stream_id) {
+                Some(stream) => stream.tel.frames_stale.inc(),
+                None => self.tel.stream(header.stream_id).frames_stale.inc(),
+            }
+            return FrameOutcome::Stale;
         }
         if self.consumed.is_none_or(|c| is_after(header.conn_seq, c)) {
             self.consumed = Some(header.conn_seq);
@@ -364,16 +490,7 @@ impl ConnectionIngest {
             };
             self.streams.insert(
                 header.stream_id,
-                StreamState {
-                    tracker,
-                    tel: self.tel.stream(header.stream_id),
-                    leading_lost: 0,
-                    accepted: 0,
-                    dropped_after_tracking: 0,
-                    records_received: 0,
-                    max_record_count: 0,
-                    records_lost_emitted: 0,
-                },
+                StreamState::new(tracker, self.tel.stream(header.stream_id)),
             );
         }
         let max_dropout = self.tracker_config.max_dropout;
@@ -382,6 +499,10 @@ impl ConnectionIngest {
             return FrameOutcome::Dropped(DropReason::LimitExceeded);
         };
         let obs = stream.tracker.observe(self.epoch, header.stream_seq);
+        if obs.reset_reason().is_some() {
+            // The old segment is settled as a whole.
+            stream.settle_records(true);
+        }
         match obs {
             Observation::First => {
                 if epoch_changed {
@@ -390,23 +511,24 @@ impl ConnectionIngest {
                 // Streams start at 0 in every epoch: a first frame at s > 0 lost 0..s.
                 if header.stream_seq > 0 && header.stream_seq <= max_dropout {
                     stream.leading_lost = header.stream_seq;
-                    stream.tel.frames_lost.inc_by(header.stream_seq);
                 }
             }
-            Observation::InOrder => {}
-            Observation::Gap { lost } => stream.tel.frames_lost.inc_by(lost),
+            Observation::InOrder | Observation::Gap { .. } => {}
             Observation::Late => stream.tel.frames_late.inc(),
             Observation::Duplicate => {
                 stream.tel.frames_duplicate.inc();
                 return FrameOutcome::Duplicate;
             }
             Observation::Stale { reason } => {
-                let detail = format!(
-                    "stream {} stream_seq {} stale: {reason:?}",
-                    StreamName(header.stream_id),
-                    header.stream_seq
+                stream.tel.frames_stale.inc();
+                tracing::debug!(
+                    agent = %self.agent,
+                    stream = %StreamName(header.stream_id),
+                    stream_seq = header.stream_seq,
+                    ?reason,
+                    "stale frame discarded (its sequence is settled already)"
                 );
-                return self.drop(DropReason::StaleFrame, &detail);
+                return FrameOutcome::Stale;
             }
             Observation::Resync { .. } => stream.tel.resets_resync.inc(),
             Observation::EpochReset { .. } => stream.tel.resets_epoch.inc(),
@@ -463,7 +585,8 @@ impl ConnectionIngest {
                 stream.records_received = stream.records_received.saturating_add(n);
                 stream.tel.frames_received.inc();
                 stream.tel.records_received.inc_by(n);
-                stream.update_records_lost();
+                stream.track(header.stream_seq, header.record_count, n);
+                stream.sync();
                 FrameOutcome::Accepted {
                     records: u32::try_from(n).unwrap_or(u32::MAX),
                 }
@@ -478,7 +601,8 @@ impl ConnectionIngest {
                     _ => DropReason::MalformedPayload,
                 };
                 stream.dropped_after_tracking += 1;
-                stream.update_records_lost();
+                stream.track(header.stream_seq, header.record_count, 0);
+                stream.sync();
                 self.tel.drop_frames(reason, 1, &e);
                 FrameOutcome::Dropped(reason)
             }
@@ -531,18 +655,57 @@ impl ConnectionIngest {
     /// (`max_records_per_frame` each), is logged and not counted, so a lying or confused
     /// agent cannot push the loss counters by up to 2^64.
     pub fn close(&mut self, goodbye: &Goodbye) -> CloseSummary {
+        self.settle_from(goodbye.final_conn_seq, &goodbye.streams, Source::Goodbye);
+        self.summary()
+    }
+
+    /// The agent's heartbeat: remember the sequences it had sent by then, the lower bound
+    /// of its tail if the session ends without a `Goodbye`.
+    pub fn on_heartbeat(&mut self, heartbeat: &Heartbeat) {
+        if heartbeat.sent_conn_seq.is_some() || !heartbeat.sent_streams.is_empty() {
+            self.last_heartbeat = Some((heartbeat.sent_conn_seq, heartbeat.sent_streams.clone()));
+        }
+    }
+
+    /// The session ended without a `Goodbye` (the control connection closed or went
+    /// silent): every frame still missing is lost (a later one arrived, or the agent's last
+    /// heartbeat says it was sent), and so is the tail up to the sequences of that
+    /// heartbeat. What the agent sent after its last heartbeat is unknown and counted
+    /// nowhere; `sessions_ended_total{reason="no_goodbye"}` says that it happened.
+    pub fn end_without_goodbye(&mut self) -> CloseSummary {
+        let (conn, streams) = self.last_heartbeat.take().unwrap_or_default();
+        self.settle_from(conn, &streams, Source::Heartbeat);
+        if !self.conn.is_closed() {
+            let _ = self.conn.settle(self.epoch);
+        }
+        let epoch = self.epoch;
+        for stream in self.streams.values_mut() {
+            if !stream.tracker.is_closed() {
+                let _ = stream.tracker.settle(epoch);
+            }
+            stream.sync();
+        }
+        self.summary()
+    }
+
+    /// Settle the connection and the streams named in `streams` from the agent's last
+    /// sequences (`final_conn` and each `StreamFinal`), as its `Goodbye` or last heartbeat
+    /// tells them. From a heartbeat a sequence behind the highest received is normal
+    /// (frames sent since); the segment is then settled at the highest.
+    fn settle_from(&mut self, final_conn: Option<u64>, streams: &[StreamFinal], source: Source) {
         let max_dropout = self.tracker_config.max_dropout;
         let per_frame = u64::try_from(self.limits.max_records_per_frame).unwrap_or(u64::MAX);
-        let implausible = |what: &str, id: &dyn std::fmt::Display, claimed: u64| {
+        let what = source.as_str();
+        let implausible = |item: &str, id: &dyn std::fmt::Display, claimed: u64| {
             tracing::warn!(
                 agent = %self.agent,
                 stream = %id,
                 claimed,
                 max_dropout,
-                "goodbye: final {what} not believed (beyond the maximum dropout); not counted as loss"
+                "{what}: final {item} not believed (beyond the maximum dropout); not counted as loss"
             );
         };
-        let final_conn = goodbye.final_conn_seq.filter(|f| {
+        let final_conn = final_conn.filter(|f| {
             let claimed = claimed_tail(&self.conn, self.epoch, *f).unwrap_or(0);
             let believed = claimed <= max_dropout;
             if !believed {
@@ -552,7 +715,7 @@ impl ConnectionIngest {
         });
         if let Some(final_conn) = final_conn {
             match self.conn.close(self.epoch, final_conn) {
-                Ok(_) => {}
+                Ok(_) | Err(CloseError::AlreadyClosed { .. }) => {}
                 Err(CloseError::EpochNotObserved { .. }) => {
                     // Nothing of this connection arrived: the whole sequence 0..=final is
                     // lost (connection sequences start at 0 each epoch).
@@ -560,12 +723,15 @@ impl ConnectionIngest {
                         .unseen_conn_lost
                         .saturating_add(final_conn.saturating_add(1));
                 }
+                Err(CloseError::BehindHighest { .. }) if source == Source::Heartbeat => {
+                    let _ = self.conn.settle(self.epoch);
+                }
                 Err(e) => {
-                    tracing::warn!(agent = %self.agent, error = %e, "goodbye: connection sequence not settled")
+                    tracing::warn!(agent = %self.agent, error = %e, "{what}: connection sequence not settled")
                 }
             }
         }
-        for fin in &goodbye.streams {
+        for fin in streams {
             let claimed = match (fin.final_stream_seq, self.streams.get(&fin.stream_id)) {
                 (None, _) => 0,
                 (Some(f), Some(s)) => claimed_tail(&s.tracker, self.epoch, f).unwrap_or(0),
@@ -587,47 +753,48 @@ impl ConnectionIngest {
             let stream = self
                 .streams
                 .entry(fin.stream_id)
-                .or_insert_with(|| StreamState {
-                    tracker,
-                    tel: tel.stream(fin.stream_id),
-                    leading_lost: 0,
-                    accepted: 0,
-                    dropped_after_tracking: 0,
-                    records_received: 0,
-                    max_record_count: 0,
-                    records_lost_emitted: 0,
-                });
+                .or_insert_with(|| StreamState::new(tracker, tel.stream(fin.stream_id)));
             let max_records = stream
                 .max_record_count
                 .saturating_add(claimed.saturating_mul(per_frame));
-            if fin.final_record_count > max_records {
+            let record_count = if fin.final_record_count > max_records {
                 implausible(
                     "record count",
                     &StreamName(fin.stream_id),
                     fin.final_record_count,
                 );
+                None
             } else {
-                stream.max_record_count = stream.max_record_count.max(fin.final_record_count);
-            }
+                Some(fin.final_record_count)
+            };
             if let Some(final_seq) = fin.final_stream_seq {
                 match stream.tracker.close(self.epoch, final_seq) {
-                    Ok(tail) => stream.tel.frames_lost.inc_by(tail),
+                    Ok(_) | Err(CloseError::AlreadyClosed { .. }) => {}
                     Err(CloseError::EpochNotObserved { .. }) => {
                         let all = final_seq.saturating_add(1);
                         stream.leading_lost = stream.leading_lost.saturating_add(all);
-                        stream.tel.frames_lost.inc_by(all);
+                    }
+                    Err(CloseError::BehindHighest { .. }) if source == Source::Heartbeat => {
+                        let _ = stream.tracker.settle(self.epoch);
                     }
                     Err(e) => tracing::warn!(
                         agent = %self.agent,
                         stream = %StreamName(fin.stream_id),
                         error = %e,
-                        "goodbye: stream sequence not settled"
+                        "{what}: stream sequence not settled"
                     ),
                 }
             }
-            stream.update_records_lost();
+            // Everything of the stream is settled now (a stream that sent nothing has no
+            // frames to settle): its records too.
+            stream.settle_records(true);
+            if let Some(count) = record_count {
+                stream.max_record_count = stream.max_record_count.max(count);
+                stream.settled_record_count = stream.settled_record_count.max(count);
+            }
+            stream.sync();
         }
-        self.summary()
+        self.update_conn_lost();
     }
 
     /// The accounting so far, with nothing settled: what [`ConnectionIngest::close`] returns
@@ -810,10 +977,158 @@ mod tests {
         for c in [0u64, 1, 3] {
             let _ = r.ingest.on_send(&frame(c, 1, c, c + 1), now());
         }
+        // Before the session ends, 2 may still arrive: missing, not lost.
         let s = r.ingest.summary();
+        assert_eq!((s.conn_received, s.conn_lost), (3, 0), "{s:?}");
+        assert_eq!((s.streams[0].1.lost, s.streams[0].1.missing), (0, 1));
+        // The session ended without Goodbye (and no heartbeat): 2 is lost for sure, as a later
+        // frame arrived; nothing after 3 is known.
+        let s = r.ingest.end_without_goodbye();
         assert_eq!((s.conn_received, s.conn_lost), (3, 1), "{s:?}");
         assert_eq!(s.streams.len(), 1);
         assert_eq!((s.streams[0].1.accepted, s.streams[0].1.lost), (3, 1));
+        assert_eq!(s.streams[0].1.missing, 0);
+    }
+
+    /// Sum of one family's samples for this rig's agent and `stream` in the exposition.
+    fn exported(r: &Rig, family: &str, stream: &str) -> u64 {
+        let text = String::from_utf8(r.telemetry.render().unwrap()).unwrap();
+        let want = format!("{family}{{agent=\"a1\",stream=\"{stream}\"}} ");
+        text.lines()
+            .filter_map(|l| l.strip_prefix(&want))
+            .map(|v| v.parse::<u64>().unwrap())
+            .sum()
+    }
+
+    /// The reorder finding: frames reordered inside the window, none lost. The exported
+    /// loss counters stay 0 at every step (they used to count each reordered frame lost and
+    /// keep it), and the sum holds after Goodbye.
+    #[test]
+    fn reordered_frames_are_never_counted_lost() {
+        let mut r = rig();
+        let order = [0u64, 2, 1, 3, 5, 4, 6, 9, 7, 8];
+        for (i, s) in order.iter().enumerate() {
+            let c = i as u64;
+            let out = r.ingest.on_send(&frame(c, 1, *s, s + 1), now());
+            assert!(matches!(out, FrameOutcome::Accepted { .. }), "{out:?}");
+            assert_eq!(
+                exported(&r, "uctel_collector_frames_lost_total", "metrics"),
+                0
+            );
+            assert_eq!(
+                exported(&r, "uctel_collector_records_lost_total", "metrics"),
+                0
+            );
+            let _ = r.ingest.report();
+            assert_eq!(
+                exported(&r, "uctel_collector_frames_lost_total", "metrics"),
+                0,
+                "after report"
+            );
+        }
+        assert_eq!(
+            exported(&r, "uctel_collector_frames_late_total", "metrics"),
+            4
+        );
+        let s = r.ingest.close(&Goodbye {
+            final_conn_seq: Some(9),
+            streams: vec![StreamFinal {
+                stream_id: 1,
+                final_stream_seq: Some(9),
+                final_record_count: 10,
+            }],
+            ..Default::default()
+        });
+        let l = s.streams[0].1;
+        assert_eq!((l.accepted, l.lost, l.late, l.records_lost), (10, 0, 4, 0));
+        assert_eq!((s.conn_received, s.conn_lost), (10, 0));
+        assert_eq!(
+            exported(&r, "uctel_collector_frames_lost_total", "metrics"),
+            0
+        );
+        assert_eq!(
+            exported(&r, "uctel_collector_frames_received_total", "metrics"),
+            10
+        );
+    }
+
+    /// A skipped frame is counted lost once it leaves the reorder window, and a copy that
+    /// arrives after that is stale: in `frames_stale_total`, not in any drop or loss.
+    #[test]
+    fn loss_is_counted_when_the_window_passes_and_stale_frames_are_apart() {
+        let mut r = rig(); // reorder window 64 (the default)
+        let _ = r.ingest.on_send(&frame(0, 1, 0, 1), now());
+        // Stream and connection sequence 1 never arrive (yet).
+        for s in 2..=64u64 {
+            let _ = r.ingest.on_send(&frame(s, 1, s, s + 1), now());
+        }
+        assert_eq!(
+            exported(&r, "uctel_collector_frames_lost_total", "metrics"),
+            0
+        );
+        assert_eq!(exported(&r, "uctel_collector_frames_missing", "metrics"), 1);
+        let _ = r.ingest.on_send(&frame(65, 1, 65, 66), now());
+        assert_eq!(
+            exported(&r, "uctel_collector_frames_lost_total", "metrics"),
+            1
+        );
+        assert_eq!(exported(&r, "uctel_collector_frames_missing", "metrics"), 0);
+        // Its records are known from the cumulative count of the next frame, 2, once that
+        // one is settled too.
+        assert_eq!(
+            exported(&r, "uctel_collector_records_lost_total", "metrics"),
+            0
+        );
+        let _ = r.ingest.on_send(&frame(66, 1, 66, 67), now());
+        assert_eq!(
+            exported(&r, "uctel_collector_records_lost_total", "metrics"),
+            1
+        );
+        // Now it arrives: stale, counted apart, not delivered.
+        let out = r.ingest.on_send(&frame(1, 1, 1, 2), now());
+        assert_eq!(out, FrameOutcome::Stale);
+        assert_eq!(
+            exported(&r, "uctel_collector_frames_stale_total", "metrics"),
+            1
+        );
+        assert_eq!(
+            exported(&r, "uctel_collector_frames_lost_total", "metrics"),
+            1
+        );
+        let text = String::from_utf8(r.telemetry.render().unwrap()).unwrap();
+        assert!(!text.contains("stale_frame"), "stale frames are not drops");
+    }
+
+    /// Killed agent: the last heartbeat names what it had sent, so the tail up to it is
+    /// counted lost; only what it sent after that heartbeat is unknown.
+    #[test]
+    fn a_session_without_goodbye_is_settled_from_the_last_heartbeat() {
+        let mut r = rig();
+        for s in 0..3u64 {
+            let _ = r.ingest.on_send(&frame(s, 1, s, s + 1), now());
+        }
+        r.ingest.on_heartbeat(&Heartbeat {
+            sequence: 7,
+            timestamp_ns: 1,
+            sent_conn_seq: Some(5),
+            sent_streams: vec![StreamFinal {
+                stream_id: 1,
+                final_stream_seq: Some(5),
+                final_record_count: 12,
+            }],
+        });
+        // A frame sent after the heartbeat arrived too: the heartbeat is behind, fine.
+        let _ = r.ingest.on_send(&frame(7, 1, 7, 14), now());
+        let s = r.ingest.end_without_goodbye();
+        let l = s.streams[0].1;
+        // 3, 4, 5 (named by the heartbeat) and 6 (missing below 7) are lost.
+        assert_eq!((l.accepted, l.lost, l.missing), (4, 4, 0), "{l:?}");
+        assert_eq!(l.records_lost, 14 - 4);
+        assert_eq!((s.conn_received, s.conn_lost), (4, 4));
+        assert_eq!(
+            exported(&r, "uctel_collector_frames_lost_total", "metrics"),
+            4
+        );
     }
 
     #[test]
@@ -1064,7 +1379,8 @@ mod tests {
         let report = r.ingest.report();
         assert_eq!(report.consumed_conn_seq, 3);
         assert_eq!(report.conn_received, 3);
-        assert_eq!(report.conn_lost, 1);
+        // 2 is still inside the reorder window: missing, not (yet) lost.
+        assert_eq!(report.conn_lost, 0);
         assert_eq!(report.streams.len(), 1);
         assert!((report.streams[0].loss_fraction - 0.25).abs() < 1e-9);
         let text = String::from_utf8(r.telemetry.render().unwrap()).unwrap();
@@ -1077,7 +1393,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("uctel_collector_connection_frames_lost_total{agent=\"a1\"} 1"),
+            text.contains("uctel_collector_connection_frames_lost_total{agent=\"a1\"} 0"),
             "{text}"
         );
     }

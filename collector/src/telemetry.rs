@@ -10,18 +10,22 @@
 //!
 //! * `frames_received_total{agent,stream}`: frames accepted (header, CRC and payload good,
 //!   new in the stream's sequence).
-//! * `frames_lost_total{agent,stream}`: frames missing from the stream's sequence (RFC 3550
-//!   A.3 "expected − received"), counted when the gap is seen (leading gap at the first
-//!   frame, tail at `Goodbye`). A counter never goes down, so a frame that arrives late after
-//!   its gap was counted is not taken back; it is counted in `frames_late_total` instead:
-//!   net loss = `frames_lost_total − frames_late_total` (the `Report` to the agent carries the
-//!   net value). `records_lost_total` works the same way.
+//! * `frames_lost_total{agent,stream}`: frames of the stream's sequence that never arrived,
+//!   counted once and only when certain: when a skipped sequence leaves the reorder window
+//!   unseen, at the first frame for a leading gap, and at the end of the session for what is
+//!   still missing (and the tail the agent's `Goodbye` or last heartbeat names). Until then a
+//!   skipped frame is *missing* (`frames_missing{agent,stream}`, a gauge below the reorder
+//!   window): it may still arrive, as a late frame (`frames_late_total`, accepted and counted
+//!   received). A lost frame is never taken back, so at every scrape
+//!   `received + lost ≤ sent` and the sum needs no correction. `records_lost_total` follows
+//!   the same rule (records of a frame are counted when the frame is settled).
+//! * `frames_stale_total{agent,stream}`: frames that arrived after their sequence was settled
+//!   (already counted received or lost): discarded, and in no other counter.
 //! * `frames_dropped_total{agent,reason}`: frames the collector received but discarded.
 //!   A frame discarded *before* its header could be trusted (transport reasons, `queue_full`,
 //!   `ring_overrun`, `imm_mismatch`, `torn_slot`, `crc_mismatch`, `malformed_frame`) never
 //!   reaches its stream's tracker, so its stream also counts it as lost; a frame discarded
-//!   after its stream was tracked (`malformed_payload`, `limit_exceeded`, `stale_frame`) is
-//!   not lost. Per connection the sum is exact:
+//!   after its stream was tracked (`malformed_payload`, `limit_exceeded`) is not lost. Per connection the sum is exact:
 //!   `sent = Σ received + Σ dropped + connection_frames_lost` (the connection tracker knows
 //!   the connection sequence of early drops from the immediate).
 //! * Per stream: `sent = received + lost + dropped_after_tracking` once the last frame is in.
@@ -73,8 +77,6 @@ pub enum DropReason {
     QueueFull,
     /// The frame's epoch is not the epoch the agent announced for this connection.
     EpochMismatch,
-    /// The sequence tracker classified the frame as stale (far behind, RFC 3550 A.1).
-    StaleFrame,
     /// A receive completion with an error status (e.g. message too long, flushed).
     WcError,
     /// A completion for a QP with no live agent session (teardown race).
@@ -95,7 +97,7 @@ pub enum DropReason {
 
 impl DropReason {
     /// Every collector-level reason (transport reasons come from [`UcDropReason::ALL`]).
-    pub const COLLECTOR: [DropReason; 16] = [
+    pub const COLLECTOR: [DropReason; 15] = [
         DropReason::RingOverrun,
         DropReason::ImmMismatch,
         DropReason::TornSlot,
@@ -105,7 +107,6 @@ impl DropReason {
         DropReason::LimitExceeded,
         DropReason::QueueFull,
         DropReason::EpochMismatch,
-        DropReason::StaleFrame,
         DropReason::WcError,
         DropReason::NoSession,
         DropReason::SeriesCap,
@@ -133,7 +134,6 @@ impl DropReason {
             DropReason::LimitExceeded => "limit_exceeded",
             DropReason::QueueFull => "queue_full",
             DropReason::EpochMismatch => "epoch_mismatch",
-            DropReason::StaleFrame => "stale_frame",
             DropReason::WcError => "wc_error",
             DropReason::NoSession => "no_session",
             DropReason::SeriesCap => "series_cap",
@@ -171,7 +171,7 @@ impl DropReason {
         !self.record_level()
             && !matches!(
                 self,
-                DropReason::MalformedPayload | DropReason::LimitExceeded | DropReason::StaleFrame
+                DropReason::MalformedPayload | DropReason::LimitExceeded
             )
     }
 
@@ -213,6 +213,9 @@ struct Families {
     records_dropped: IntCounterVec,
     frames_late: IntCounterVec,
     frames_duplicate: IntCounterVec,
+    frames_stale: IntCounterVec,
+    frames_missing: IntGaugeVec,
+    sessions_ended: IntCounterVec,
     stream_resets: IntCounterVec,
     connection_resets: IntCounterVec,
     loss_ratio: prometheus::GaugeVec,
@@ -254,12 +257,12 @@ impl Telemetry {
         )?;
         let frames_lost = counter(
             "frames_lost_total",
-            "Frames missing from the stream sequence, counted when the gap is seen (tail settled at Goodbye); late arrivals are in frames_late_total.",
+            "Frames of the stream sequence that never arrived: counted once, when a skipped frame leaves the reorder window unseen or the session ends (tail from Goodbye or the last heartbeat); never taken back.",
             &["agent", "stream"],
         )?;
         let records_lost = counter(
             "records_lost_total",
-            "Records (samples or log lines) missing, from the cumulative record counts of the frames around each gap.",
+            "Records (samples or log lines) of lost frames, from the cumulative record counts of the frames around each gap; counted when the gap is settled, never taken back.",
             &["agent", "stream"],
         )?;
         let frames_dropped = counter(
@@ -281,6 +284,24 @@ impl Telemetry {
             "frames_duplicate_total",
             "Frames whose stream sequence was already received; discarded.",
             &["agent", "stream"],
+        )?;
+        let frames_stale = counter(
+            "frames_stale_total",
+            "Frames that arrived after their sequence was settled (counted received or lost already, or of a closed or retired epoch); discarded and in no other counter.",
+            &["agent", "stream"],
+        )?;
+        let frames_missing = IntGaugeVec::new(
+            opts(
+                "frames_missing",
+                "Frames skipped by a gap that may still arrive (inside the reorder window); counted lost once they leave it or the session ends.",
+            ),
+            &["agent", "stream"],
+        )?;
+        registry.register(Box::new(frames_missing.clone()))?;
+        let sessions_ended = counter(
+            "sessions_ended_total",
+            "Agent sessions ended, by reason: goodbye (the agent named its last sequences; tail loss exact), no_goodbye (the connection ended or went silent without one: frames sent after the agent's last heartbeat are unknown and counted nowhere), replaced (a new connection of the same agent id took over a silent one), shutdown (the collector stopped).",
+            &["agent", "reason"],
         )?;
         let stream_resets = counter(
             "stream_resets_total",
@@ -366,6 +387,9 @@ impl Telemetry {
                 records_dropped,
                 frames_late,
                 frames_duplicate,
+                frames_stale,
+                frames_missing,
+                sessions_ended,
                 stream_resets,
                 connection_resets,
                 loss_ratio,
@@ -525,10 +549,53 @@ pub struct AgentTelemetry {
     pub series: IntGauge,
 }
 
+/// How an agent session ended: the `reason` of `sessions_ended_total`. A closed set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SessionEnd {
+    /// The agent sent `Goodbye` with its final sequences: the tail loss is exact.
+    Goodbye,
+    /// The control connection closed or went silent without a `Goodbye`: what the agent
+    /// sent after its last heartbeat is unknown (DESIGN.md §6).
+    NoGoodbye,
+    /// A new connection with the same agent id took over this (silent) one.
+    Replaced,
+    /// The collector shut down with the session open.
+    Shutdown,
+}
+
+impl SessionEnd {
+    /// Every reason, in label order.
+    pub const ALL: [SessionEnd; 4] = [
+        SessionEnd::Goodbye,
+        SessionEnd::NoGoodbye,
+        SessionEnd::Replaced,
+        SessionEnd::Shutdown,
+    ];
+
+    /// The `reason` label value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            SessionEnd::Goodbye => "goodbye",
+            SessionEnd::NoGoodbye => "no_goodbye",
+            SessionEnd::Replaced => "replaced",
+            SessionEnd::Shutdown => "shutdown",
+        }
+    }
+}
+
 impl AgentTelemetry {
     /// The agent id the handles are labelled with.
     pub fn agent(&self) -> &str {
         &self.agent
+    }
+
+    /// Counts one ended session under `reason` (`sessions_ended_total{agent,reason}`).
+    pub fn session_ended(&self, reason: SessionEnd) {
+        self.telemetry
+            .inner
+            .sessions_ended
+            .with_label_values(&[&self.agent, reason.as_str()])
+            .inc();
     }
 
     /// Counts `n` drops under `reason` in `family` (through the pre-resolved handle in
@@ -599,6 +666,8 @@ impl AgentTelemetry {
             records_lost: f.records_lost.with_label_values(&l),
             frames_late: f.frames_late.with_label_values(&l),
             frames_duplicate: f.frames_duplicate.with_label_values(&l),
+            frames_stale: f.frames_stale.with_label_values(&l),
+            frames_missing: f.frames_missing.with_label_values(&l),
             resets_epoch: f.stream_resets.with_label_values(&[
                 l[0],
                 l[1],
@@ -647,6 +716,10 @@ pub struct StreamTelemetry {
     pub frames_late: IntCounter,
     /// Duplicate frames.
     pub frames_duplicate: IntCounter,
+    /// Frames arriving after their sequence was settled.
+    pub frames_stale: IntCounter,
+    /// Frames skipped by a gap, still inside the reorder window.
+    pub frames_missing: IntGauge,
     /// Resets on a new epoch of an agent seen before (a restart or reconnect, DESIGN.md §5),
     /// counted at the stream's first frame in the new epoch; not loss.
     pub resets_epoch: IntCounter,

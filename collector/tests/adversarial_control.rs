@@ -468,15 +468,29 @@ async fn replayed_proof_is_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn second_connection_with_the_same_id_replaces_the_first() {
+async fn a_second_live_connection_with_the_same_id_is_refused_and_a_silent_one_replaced() {
     let dir = tempfile::tempdir().unwrap();
-    let running = uctel_collector::start(collector_config(dir.path()))
-        .await
-        .unwrap();
+    let mut config = collector_config(dir.path());
+    config.control.heartbeat_interval_seconds = 1.0;
+    let running = uctel_collector::start(config).await.unwrap();
     let addr = running.control_addr();
     let mut first = authenticated(addr, "twin", 1).await;
     agents_connected(&running, 1.0).await;
-    let mut second = authenticated(addr, "twin", 2).await;
+    first.send(Heartbeat::default()).await.unwrap();
+    // The first is alive: the second is kept out, the first keeps its session.
+    let mut ch = ControlChannel::new(TcpStream::connect(addr).await.unwrap());
+    match uctel_common::control::client_handshake(&mut ch, hello("twin", 2), TOKEN.as_bytes()).await
+    {
+        Err(uctel_common::control::HandshakeError::Refused { reason, .. }) => {
+            assert_eq!(reason, RefuseReason::DuplicateAgentId);
+        }
+        other => panic!("second live connection: {other:?}"),
+    }
+    agents_connected(&running, 1.0).await;
+    // The first goes silent for more than 1.5 heartbeat intervals: a newer connection of
+    // the id (an agent restart racing its old connection) replaces it.
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    let mut second = authenticated(addr, "twin", 3).await;
     match next_notable(&mut first).await {
         Some(Body::Goodbye(g)) => assert_eq!(g.reason, GoodbyeReason::Reconnect as i32, "{g:?}"),
         other => panic!("first connection: {other:?}"),
@@ -573,6 +587,7 @@ async fn heartbeat_flood_is_absorbed() {
         ch.send(Heartbeat {
             sequence: i,
             timestamp_ns: u64::MAX - i,
+            ..Heartbeat::default()
         })
         .await
         .unwrap();

@@ -10,7 +10,8 @@ use std::time::Duration;
 use support::{
     collector_config, eventually, sample, AgentOptions, LogStream, MetricStream, TestAgent,
 };
-use uctel_protocol::control::GoodbyeReason;
+use uctel_common::control::HandshakeError;
+use uctel_protocol::control::RefuseReason;
 
 fn value(text: &str, series: &str) -> f64 {
     sample(text, series).unwrap_or(0.0)
@@ -126,59 +127,73 @@ async fn a_new_epoch_is_counted_as_a_reset_per_stream() {
     running.stop().await.unwrap();
 }
 
-/// Two agents configured with the same agent id replace each other at every reconnect. The
-/// collector counts each replacement of a still-alive connection, warns once per agent per
-/// minute naming both peers, and tells the replaced agent why in its `Goodbye`. A replaced
-/// connection that was silent (an agent restart racing its old connection) is counted as
-/// `previous="silent"` and not warned about.
+/// Two agents configured with the same agent id: while the first is alive, every connection
+/// of the second is refused with `duplicate_agent_id` (counted, warned about once per agent
+/// per minute naming both peers, the refusal detail says what to do) and the first keeps its
+/// session: no loop of replacements. A connection that went silent (an agent restart racing
+/// its old connection) is still replaced, as `previous="silent"`, and not warned about.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agents_sharing_an_agent_id_are_counted_warned_and_told() {
+async fn agents_sharing_an_agent_id_are_refused_warned_and_told() {
     capture_logs();
     let dir = tempfile::tempdir().unwrap();
     let running = uctel_collector::start(collector_config(dir.path()))
         .await
         .unwrap();
     let addr = running.control_addr();
-    let alive = "uctel_collector_connections_replaced_total{agent=\"twin\",previous=\"alive\"}";
-    let mut agents = vec![TestAgent::connect(addr, AgentOptions::new("twin"))
+    let refused = "uctel_collector_handshakes_refused_total{reason=\"duplicate_agent_id\"}";
+    let mut first = TestAgent::connect(addr, AgentOptions::new("twin"))
         .await
-        .unwrap()];
+        .unwrap();
     for round in 1..=3 {
-        let next = TestAgent::connect(addr, AgentOptions::new("twin"))
-            .await
-            .unwrap();
-        let mut replaced = agents.pop().unwrap();
-        agents.push(next);
-        let bye = replaced.wait_closed().await.expect("a Goodbye");
-        assert_eq!(bye.reason, GoodbyeReason::Reconnect as i32, "{bye:?}");
+        // The first agent is alive: it heartbeats.
         assert!(
-            bye.detail.contains("two agents share agent_id \"twin\"")
-                && bye.detail.contains("give each agent its own agent_id"),
-            "round {round}: {}",
-            bye.detail
+            first.heartbeat_without_reading().await,
+            "round {round}: first connection closed"
         );
+        match TestAgent::connect(addr, AgentOptions::new("twin")).await {
+            Err(HandshakeError::Refused { reason, detail }) => {
+                assert_eq!(reason, RefuseReason::DuplicateAgentId, "{detail}");
+                assert!(
+                    detail.contains("agent_id \"twin\" is already connected from 127.0.0.1:")
+                        && detail.contains("give each agent its own agent_id"),
+                    "round {round}: {detail}"
+                );
+            }
+            Err(e) => panic!("round {round}: {e}"),
+            Ok(_) => panic!("round {round}: a second live agent with the same id was let in"),
+        }
         let text = running.render_metrics().unwrap();
-        assert_eq!(value(&text, alive), f64::from(round), "{text}");
+        assert_eq!(value(&text, refused), f64::from(round), "{text}");
+        assert_eq!(
+            value(&text, "uctel_collector_agents_connected"),
+            1.0,
+            "{text}"
+        );
     }
-    let warned = log_lines(&["WARN", "replaced a still-alive connection", "\"twin\""]);
-    assert_eq!(warned.len(), 1, "one warning per minute: {warned:#?}");
+    let text = running.render_metrics().unwrap();
     assert!(
-        warned[0].contains("two agents share agent_id?"),
+        !text.contains("uctel_collector_connections_replaced_total{agent=\"twin\""),
+        "the first connection was replaced:\n{text}"
+    );
+    let warned = log_lines(&["WARN", "refused a second connection", "\"twin\""]);
+    assert_eq!(warned.len(), 1, "one warning per minute: {warned:#?}");
+    assert!(warned[0].contains("Two agents share"), "{}", warned[0]);
+    assert!(
+        warned[0].contains("connected_peer=127.0.0.1:"),
         "{}",
         warned[0]
     );
     assert!(
-        warned[0].contains("previous_peer=127.0.0.1:"),
-        "{}",
-        warned[0]
+        first.heartbeat_without_reading().await,
+        "the first agent keeps its session"
     );
 
-    // A connection silent for longer than the heartbeat interval (2 s here) is replaced
-    // quietly: an agent restart, not a duplicate.
+    // A connection silent for longer than one and a half heartbeat intervals (2 s here) is
+    // replaced quietly: an agent restart, not a duplicate.
     let mut old = TestAgent::connect(addr, AgentOptions::new("restarted"))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    tokio::time::sleep(Duration::from_millis(3500)).await;
     let _new = TestAgent::connect(addr, AgentOptions::new("restarted"))
         .await
         .unwrap();

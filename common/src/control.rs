@@ -176,6 +176,7 @@ mod tests {
                 a.send(Heartbeat {
                     sequence: i,
                     timestamp_ns: i * 10,
+                    ..Heartbeat::default()
                 })
                 .await
                 .unwrap();

@@ -229,11 +229,15 @@ pub enum RefuseReason {
     ProtocolError = 6,
     /// The handshake did not finish in time.
     HandshakeTimeout = 7,
+    /// Another agent with the same agent id is connected and alive: this one is kept out
+    /// (instead of the two replacing each other for ever). The agent should log it once
+    /// and retry at its longest backoff.
+    DuplicateAgentId = 8,
 }
 
 impl RefuseReason {
     /// Every reason, in label order.
-    pub const ALL: [RefuseReason; 8] = [
+    pub const ALL: [RefuseReason; 9] = [
         RefuseReason::Unspecified,
         RefuseReason::UnknownAgent,
         RefuseReason::BadProof,
@@ -242,6 +246,7 @@ impl RefuseReason {
         RefuseReason::Busy,
         RefuseReason::ProtocolError,
         RefuseReason::HandshakeTimeout,
+        RefuseReason::DuplicateAgentId,
     ];
 
     /// The Prometheus label value, e.g. `bad_proof`.
@@ -255,6 +260,7 @@ impl RefuseReason {
             RefuseReason::Busy => "busy",
             RefuseReason::ProtocolError => "protocol_error",
             RefuseReason::HandshakeTimeout => "handshake_timeout",
+            RefuseReason::DuplicateAgentId => "duplicate_agent_id",
         }
     }
 }
@@ -279,6 +285,16 @@ pub struct Heartbeat {
     /// Sender's wall clock, nanoseconds since the Unix epoch.
     #[prost(uint64, tag = "2")]
     pub timestamp_ns: u64,
+    /// Agent → collector: the last connection sequence sent on the data path before this
+    /// heartbeat; `None` when nothing was sent yet (and always from the collector). If the
+    /// session ends without a `Goodbye`, frames up to here are known to have been sent, so
+    /// the unknown tail is bounded by one heartbeat interval (DESIGN.md §6).
+    #[prost(uint64, optional, tag = "3")]
+    pub sent_conn_seq: Option<u64>,
+    /// Agent → collector: per stream, the last stream sequence and cumulative record count
+    /// sent before this heartbeat (the fields of a `Goodbye`'s `StreamFinal`).
+    #[prost(message, repeated, tag = "4")]
+    pub sent_streams: Vec<StreamFinal>,
 }
 
 /// Delivery of one stream as the collector saw it (cumulative since the connection began).

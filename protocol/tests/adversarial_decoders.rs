@@ -92,6 +92,7 @@ fn control_messages_fed_one_byte_at_a_time() {
             &Heartbeat {
                 sequence: i,
                 timestamp_ns: u64::MAX,
+                ..Heartbeat::default()
             }
             .into(),
             &mut bytes,

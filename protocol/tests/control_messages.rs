@@ -69,6 +69,18 @@ fn every_message() -> Vec<ControlMessage> {
         Heartbeat {
             sequence: 42,
             timestamp_ns: 1_700_000_000_000_000_000,
+            ..Heartbeat::default()
+        }
+        .into(),
+        Heartbeat {
+            sequence: 43,
+            timestamp_ns: 1_700_000_000_000_000_001,
+            sent_conn_seq: Some(1_000),
+            sent_streams: vec![StreamFinal {
+                stream_id: 2,
+                final_stream_seq: Some(400),
+                final_record_count: 9_000,
+            }],
         }
         .into(),
         Report {
@@ -133,6 +145,7 @@ fn every_message_round_trips() {
             "Proof",
             "Welcome",
             "Refuse",
+            "Heartbeat",
             "Heartbeat",
             "Report",
             "Goodbye"
@@ -787,7 +800,7 @@ proptest! {
             .iter()
             .map(|&i| match all[i].body.clone() {
                 Some(Body::Hello(h)) => Hello { epoch, ..h }.into(),
-                Some(Body::Heartbeat(_)) => Heartbeat { sequence: seq, timestamp_ns: seq }.into(),
+                Some(Body::Heartbeat(_)) => Heartbeat { sequence: seq, timestamp_ns: seq, ..Heartbeat::default() }.into(),
                 _ => all[i].clone(),
             })
             .collect();

@@ -25,7 +25,7 @@ use crate::exposition::{scrape, Scrape};
 pub const STREAMS: [&str; 2] = ["metrics", "logs"];
 
 /// Collector drop reasons after which the frame's stream has already counted it (not lost).
-pub const AFTER_TRACKING: [&str; 3] = ["malformed_payload", "limit_exceeded", "stale_frame"];
+pub const AFTER_TRACKING: [&str; 2] = ["malformed_payload", "limit_exceeded"];
 
 /// One agent of the pipeline.
 #[derive(Debug)]

@@ -239,6 +239,7 @@ impl TestAgent {
                 .send(Heartbeat {
                     sequence: self.hb_seq,
                     timestamp_ns: now_ns(),
+                    ..Heartbeat::default()
                 })
                 .await;
             self.last_heartbeat = Instant::now();
@@ -425,6 +426,7 @@ impl TestAgent {
         let beat = Heartbeat {
             sequence: self.hb_seq,
             timestamp_ns: now_ns(),
+            ..Heartbeat::default()
         };
         matches!(
             tokio::time::timeout(Duration::from_secs(1), self.ch.send(beat)).await,
