@@ -1131,6 +1131,43 @@ mod tests {
         );
     }
 
+    /// A black-holed agent: nothing arrived, the heartbeat names what was sent.
+    #[test]
+    fn a_session_where_nothing_arrived_is_settled_from_the_last_heartbeat() {
+        let mut r = rig();
+        r.ingest.on_heartbeat(&Heartbeat {
+            sequence: 2,
+            timestamp_ns: 1,
+            sent_conn_seq: Some(9),
+            sent_streams: vec![
+                StreamFinal {
+                    stream_id: 1,
+                    final_stream_seq: Some(5),
+                    final_record_count: 60,
+                },
+                StreamFinal {
+                    stream_id: 2,
+                    final_stream_seq: Some(3),
+                    final_record_count: 20,
+                },
+            ],
+        });
+        let s = r.ingest.end_without_goodbye();
+        assert_eq!((s.conn_received, s.conn_lost), (0, 10), "{s:?}");
+        let by_id: HashMap<u32, StreamLedger> = s.streams.into_iter().collect();
+        assert_eq!((by_id[&1].lost, by_id[&1].records_lost), (6, 60));
+        assert_eq!((by_id[&2].lost, by_id[&2].records_lost), (4, 20));
+        assert_eq!(
+            exported(&r, "uctel_collector_frames_lost_total", "metrics"),
+            6
+        );
+        assert_eq!(exported(&r, "uctel_collector_frames_lost_total", "logs"), 4);
+        assert_eq!(
+            exported(&r, "uctel_collector_records_lost_total", "logs"),
+            20
+        );
+    }
+
     #[test]
     fn ring_overrun_and_imm_mismatch_never_accepted() {
         let mut r = rig();

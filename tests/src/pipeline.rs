@@ -119,6 +119,18 @@ impl Pipeline {
     /// Adds and starts an agent `id` tailing its own log file `<id>.input.log` in the run
     /// directory, with `drop_ratio` fault injection on its link.
     pub fn add_agent(&mut self, id: &str, drop_ratio: f64, host_interval_seconds: f64) -> usize {
+        self.add_agent_with(id, drop_ratio, host_interval_seconds, |_| {})
+    }
+
+    /// [`add_agent`](Self::add_agent) with `edit` applied to its configuration before it
+    /// starts.
+    pub fn add_agent_with(
+        &mut self,
+        id: &str,
+        drop_ratio: f64,
+        host_interval_seconds: f64,
+        edit: impl FnOnce(&mut crate::configs::Yaml),
+    ) -> usize {
         let log_file = self.path().join(format!("{id}.input.log"));
         std::fs::write(&log_file, "").unwrap_or_else(|e| panic!("{}: {e}", log_file.display()));
         let options = AgentOptions {
@@ -129,7 +141,9 @@ impl Pipeline {
             host_interval_seconds,
         };
         let config = self.path().join(format!("{id}.yaml"));
-        crate::configs::agent(&options, self.addrs.control, self.path()).write(&config);
+        let mut yaml = crate::configs::agent(&options, self.addrs.control, self.path());
+        edit(&mut yaml);
+        yaml.write(&config);
         let daemon = Daemon::start(
             id,
             &crate::bins::path(crate::bins::AGENT),
