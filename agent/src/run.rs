@@ -150,7 +150,17 @@ pub async fn run_with(
             tracing::info!(%addr, "serving self-metrics on /metrics");
         }
         let render = uctel_common::http::registry_render(stats.registry().clone());
-        tasks.spawn(uctel_common::http::serve(l, render, shutdown.clone()));
+        let (connected, collector) = (stats.clone(), config.collector.control.clone());
+        let endpoints =
+            uctel_common::http::Endpoints::new("uctel-agent", env!("CARGO_PKG_VERSION"), render)
+                .ready(Arc::new(move || {
+                    if connected.connected() {
+                        Ok(())
+                    } else {
+                        Err(format!("not connected to the collector at {collector}"))
+                    }
+                }));
+        tasks.spawn(uctel_common::http::serve(l, endpoints, shutdown.clone()));
     }
     runners::spawn_metric_sources(&config, &queues, &stats, &shutdown, &mut tasks);
     let threads = runners::spawn_log_tailers(&config, &queues, &stats, &shutdown)

@@ -3,6 +3,7 @@
 //! [`Shutdown`].
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -259,17 +260,30 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
     let (trigger, sd) = shutdown::channel();
     let render_telemetry = shared.telemetry.clone();
     let render: uctel_common::http::RenderFn = Arc::new(move || render_telemetry.render());
+    // The transport device is open and the control listener bound before anything is
+    // served; ready until the control plane stops serving (shutdown).
+    let control_up = Arc::new(AtomicBool::new(true));
+    let up = control_up.clone();
+    let endpoints =
+        uctel_common::http::Endpoints::new("uctel-collector", env!("CARGO_PKG_VERSION"), render)
+            .ready(Arc::new(move || {
+                if up.load(Ordering::Acquire) {
+                    Ok(())
+                } else {
+                    Err("the control plane is not serving".into())
+                }
+            }));
     let mut tasks = vec![tokio::spawn(uctel_common::http::serve(
         metrics_listener,
-        render,
+        endpoints,
         sd.clone(),
     ))];
     tasks.push(tokio::spawn(expire_loop(shared.store.clone(), sd.clone())));
-    tasks.push(tokio::spawn(crate::control::serve(
-        control_listener,
-        shared.clone(),
-        sd,
-    )));
+    let control = crate::control::serve(control_listener, shared.clone(), sd);
+    tasks.push(tokio::spawn(async move {
+        control.await;
+        control_up.store(false, Ordering::Release);
+    }));
     Ok(Running {
         shared,
         metrics_addr,
