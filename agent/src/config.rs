@@ -20,6 +20,7 @@
 //!   host_metrics: { interval_seconds: 10 }
 //!   logs:
 //!     - path: /var/log/syslog*
+//!       severity: auto              # auto | none: detect each line's severity
 //! pacing: { frames_per_second: 20000, bytes_per_second: 50000000 }
 //! streams:
 //!   metrics: { data_path: write_with_imm, on_no_credit: drop }
@@ -427,6 +428,20 @@ pub enum StartAt {
     Beginning,
 }
 
+/// How each line's severity is found (`sources.logs[].severity`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogSeverity {
+    /// Read from the line where it says so: a JSON object's `level`/`severity` field, a
+    /// syslog `<PRI>` prefix, a `level=`/`lvl=` key or an upper-case level word (`ERROR`,
+    /// `WARN`, …) near the start; `unspecified` otherwise. Default.
+    #[default]
+    Auto,
+    /// Not looked for: every record is `unspecified`.
+    #[serde(rename = "none")]
+    Off,
+}
+
 /// One entry of `sources.logs`: one tailer following the files its glob matches.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -444,6 +459,10 @@ pub struct LogSection {
     /// opentelemetry-collector-contrib #12769 asks.
     #[serde(default)]
     pub start_at: StartAt,
+    /// `auto` (default): each record's severity is detected from its line (see
+    /// [`LogSeverity::Auto`]); `none`: every record is `unspecified`.
+    #[serde(default)]
+    pub severity: LogSeverity,
     /// Lines longer than this many bytes are cut and the rest of the line is discarded
     /// (counted). Must fit a frame with room for the record's encoding:
     /// at most `max_frame_bytes − 576`. Default: 2048, or less when `max_frame_bytes` needs

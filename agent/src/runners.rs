@@ -624,6 +624,7 @@ mod tests {
             path: p.into(),
             exclude: vec![],
             start_at: StartAt::End,
+            severity: crate::config::LogSeverity::Auto,
             max_line_bytes: None,
             partial_line_timeout_seconds: 1.0,
             rotate_wait_seconds: 5.0,
