@@ -16,8 +16,17 @@
 //!    path of the failure. The problem is recorded, the offending key is removed from the value
 //!    (unknown key, wrong type, bad value) or a neutral placeholder is put in for a missing one,
 //!    and the next round runs, until `T` deserializes or [`MAX_ROUNDS`] is reached.
-//! 4. If `T` deserialized without problems, [`Validate::validate`] runs the semantic checks
-//!    (ranges, cross-field rules); they name key paths, which map to lines the same way.
+//! 4. [`Validate::validate`] runs the semantic checks (ranges, cross-field rules, files that
+//!    must exist or be creatable) on the value that finally deserialized, even when earlier
+//!    rounds found problems, so a file with four mistakes reports four: the checks see the
+//!    offending keys at their defaults, and a semantic problem about a key (or a section
+//!    around or inside it) that already has a problem is left out. Key paths map to lines
+//!    the same way.
+//!
+//! Messages are in words for operators: `expected a whole number from 0 to 65535, found
+//! 99999` rather than serde's `invalid value: integer 99999, expected u16`; an unknown key
+//! says which key was probably meant (`unknown key; did you mean transport.soft.fault?`),
+//! from the keys of its section or from [`Validate::renamed_keys`] for keys that moved.
 //!
 //! Config types should use `#[serde(deny_unknown_fields)]`, unit-suffixed keys
 //! (`interval_seconds`, `max_frame_bytes`) and avoid `#[serde(flatten)]` and internally tagged
@@ -44,8 +53,14 @@
 //!
 //! let err = config::from_str::<Example>("example.yaml", "port: 99999\nbogus: 1\n").unwrap_err();
 //! let text = err.to_string();
-//! assert!(text.contains("example.yaml:1:7: port: invalid value"), "{text}");
-//! assert!(text.contains("example.yaml:2:1: bogus: unknown field"), "{text}");
+//! assert!(
+//!     text.contains("example.yaml:1:7: port: expected a whole number from 0 to 65535, found 99999"),
+//!     "{text}"
+//! );
+//! assert!(
+//!     text.contains("example.yaml:2:1: bogus: unknown key; the keys here are port, slots"),
+//!     "{text}"
+//! );
 //! ```
 
 use std::borrow::Cow;
@@ -106,6 +121,126 @@ impl fmt::Display for ConfigError {
     }
 }
 
+impl ConfigError {
+    /// The line both daemons print after the problems:
+    /// `FILE: invalid configuration (N problem[s])`.
+    pub fn summary(&self) -> String {
+        let n = self.problems.len();
+        format!(
+            "{}: invalid configuration ({n} problem{})",
+            self.file.display(),
+            if n == 1 { "" } else { "s" }
+        )
+    }
+}
+
+/// An OS error in words, without the `(os error N)` suffix.
+fn os_reason(e: impl Into<std::io::Error>) -> String {
+    let text = e.into().to_string();
+    match text.find(" (os error ") {
+        Some(at) => text[..at].to_string(),
+        None => text,
+    }
+}
+
+/// Whether this process may access `path` as `mode` says (access(2): the kernel's own
+/// decision, ACLs and read-only mounts included).
+fn may(path: &Path, mode: rustix::fs::Access) -> Result<(), String> {
+    let path = if path.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        path
+    };
+    rustix::fs::access(path, mode).map_err(os_reason)
+}
+
+/// The nearest ancestor of `path` (itself excluded) that exists, `.` for a relative path
+/// none of whose ancestors exist.
+fn existing_ancestor(path: &Path) -> (PathBuf, Option<std::fs::Metadata>) {
+    let mut dir = path.parent();
+    while let Some(d) = dir {
+        let d = if d.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            d
+        };
+        if let Ok(m) = std::fs::metadata(d) {
+            return (d.to_path_buf(), Some(m));
+        }
+        dir = d.parent();
+    }
+    (PathBuf::from("."), std::fs::metadata(".").ok())
+}
+
+/// The error of `metadata` for a path that is not there (or under a file).
+fn absent(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+    )
+}
+
+/// Checks, creating nothing, that this process could create `path` (a directory or file
+/// that does not exist yet, with the directories above it): the nearest existing ancestor
+/// must be a directory it may write to and enter.
+fn check_creatable(path: &Path) -> Result<(), String> {
+    use rustix::fs::Access;
+    let (dir, meta) = existing_ancestor(path);
+    match meta {
+        Some(m) if m.is_dir() => may(&dir, Access::WRITE_OK | Access::EXEC_OK).map_err(|reason| {
+            format!(
+                "cannot create {}: {}: {reason}",
+                path.display(),
+                dir.display()
+            )
+        }),
+        Some(_) => Err(format!(
+            "cannot create {}: {} is not a directory",
+            path.display(),
+            dir.display()
+        )),
+        None => Err(format!("cannot create {}", path.display())),
+    }
+}
+
+/// Checks, creating nothing, that `path` can be used as a directory this process keeps files
+/// in: an existing directory it may read, write and enter, or one it could create (see the
+/// daemons' `--check-config`).
+///
+/// # Errors
+/// What stands in the way, in words, naming the path: `/var/lib/uctel-agent: Permission
+/// denied`, `cannot create ./state: ./x is not a directory`.
+pub fn check_directory(path: &Path) -> Result<(), String> {
+    use rustix::fs::Access;
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => may(path, Access::READ_OK | Access::WRITE_OK | Access::EXEC_OK)
+            .map_err(|reason| format!("{}: {reason}", path.display())),
+        Ok(_) => Err(format!("{} is not a directory", path.display())),
+        Err(e) if absent(&e) => check_creatable(path),
+        Err(e) => Err(format!("{}: {}", path.display(), os_reason(e))),
+    }
+}
+
+/// Checks, creating and changing nothing, that this process could append to the file `path`:
+/// an existing file it may write, or one it could create.
+///
+/// # Errors
+/// As [`check_directory`].
+pub fn check_writable_file(path: &Path) -> Result<(), String> {
+    use rustix::fs::Access;
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => Err(format!(
+            "{} is a directory; name a file in it",
+            path.display()
+        )),
+        Ok(_) => {
+            may(path, Access::WRITE_OK).map_err(|reason| format!("{}: {reason}", path.display()))
+        }
+        Err(e) if absent(&e) => check_creatable(path),
+        Err(e) => Err(format!("{}: {}", path.display(), os_reason(e))),
+    }
+}
+
 /// Semantic problems collected by [`Validate::validate`], each naming a key path.
 #[derive(Debug, Default)]
 pub struct Problems {
@@ -134,6 +269,16 @@ impl Problems {
 pub trait Validate {
     /// Pushes one entry per problem, naming the key path it is about.
     fn validate(&self, problems: &mut Problems);
+
+    /// Keys that were spelt otherwise before, as `(old key path, new key path)`: an old key
+    /// in a file is an unknown key whose message names the new one. Sequence items are
+    /// written `[]` (`sources.logs[].file`).
+    fn renamed_keys() -> &'static [(&'static str, &'static str)]
+    where
+        Self: Sized,
+    {
+        &[]
+    }
 }
 
 /// Reads and loads `path`. Errors: unreadable file (one problem without a line), YAML syntax,
@@ -203,6 +348,9 @@ pub fn from_str<T: DeserializeOwned + Validate>(
         }
     }
     let mut parsed = None;
+    // Sequences an item was removed from: later items moved up, so semantic problems under
+    // them would name the wrong index.
+    let mut shifted: Vec<Vec<Seg>> = Vec::new();
     for _ in 0..MAX_ROUNDS {
         let err = match serde_path_to_error::deserialize::<_, T>(value.clone()) {
             Ok(t) => {
@@ -219,8 +367,10 @@ pub fn from_str<T: DeserializeOwned + Validate>(
                 if full.last() != Some(&Seg::Key(name.clone())) {
                     full.push(Seg::Key(name));
                 }
-                if rounds.should_report(&full) {
-                    problems.push(index.problem(&full, Anchor::Key, message));
+                for (at, text) in unknown_key(&full, &value, &message, T::renamed_keys()) {
+                    if rounds.should_report(&at) {
+                        problems.push(index.problem(&at, Anchor::Key, text));
+                    }
                 }
                 remove(&mut value, &full)
             }
@@ -229,7 +379,8 @@ pub fn from_str<T: DeserializeOwned + Validate>(
                 full.push(Seg::Key(name));
                 if rounds.should_report(&full) {
                     let key = render(&full);
-                    problems.push(index.problem_at(&path, &key, Anchor::Key, message));
+                    let text = "required, but missing".to_string();
+                    problems.push(index.problem_at(&path, &key, Anchor::Key, text));
                 }
                 rounds.fill(&mut value, &full)
             }
@@ -239,7 +390,10 @@ pub fn from_str<T: DeserializeOwned + Validate>(
             }
             Kind::Other => {
                 if rounds.should_report(&path) {
-                    problems.push(index.problem(&path, Anchor::Value, message));
+                    problems.push(index.problem(&path, Anchor::Value, in_words(&message)));
+                }
+                if let Some((Seg::Index(_), parent)) = path.split_last() {
+                    shifted.push(parent.to_vec());
                 }
                 !path.is_empty() && remove(&mut value, &path)
             }
@@ -249,18 +403,29 @@ pub fn from_str<T: DeserializeOwned + Validate>(
         }
     }
     match parsed {
-        Some(t) if problems.is_empty() => {
+        Some(t) => {
+            // The semantic checks run on what deserialized, the keys with problems at their
+            // defaults; what they say about those keys (or sections around or inside them)
+            // follows from problems already reported.
             let mut semantic = Problems::default();
             t.validate(&mut semantic);
-            if semantic.is_empty() {
-                return Ok(t);
-            }
+            let related = |a: &[Seg], b: &[Seg]| a.starts_with(b) || b.starts_with(a);
             for (key, message) in semantic.items {
                 let path = parse_path(&key);
-                problems.push(index.problem_at(&path, &key, Anchor::Value, message));
+                let known = rounds
+                    .reported
+                    .iter()
+                    .chain(rounds.placeholders.keys())
+                    .any(|r| related(&path, r))
+                    || shifted.iter().any(|s| path.starts_with(s));
+                if !known {
+                    problems.push(index.problem_at(&path, &key, Anchor::Value, message));
+                }
+            }
+            if problems.is_empty() {
+                return Ok(t);
             }
         }
-        Some(_) => {}
         None if problems.is_empty() => problems.push(Problem {
             line: None,
             column: None,
@@ -498,6 +663,262 @@ fn classify(message: &str) -> Kind {
     } else {
         Kind::Other
     }
+}
+
+/// The texts between backticks in a serde message: ``unknown field `x`, expected `a` or `b` ``
+/// gives `x`, `a`, `b`.
+fn quoted_words(message: &str) -> Vec<&str> {
+    message.split('`').skip(1).step_by(2).collect()
+}
+
+/// Edit distance (Levenshtein) between two key names.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (diagonal + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(above + 1);
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
+/// The choice closest to `given` if it is close enough to be a misspelling of it.
+fn closest<'a>(given: &str, choices: &[&'a str]) -> Option<&'a str> {
+    choices
+        .iter()
+        .map(|c| (edit_distance(given, c), *c))
+        .filter(|(d, c)| *d <= (given.chars().count().max(c.chars().count()) / 3).max(1))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
+}
+
+/// `a`, `a or b`, `a, b or c`.
+fn or_list(words: &[&str]) -> String {
+    match words.split_last() {
+        None => "nothing".to_string(),
+        Some((last, [])) => (*last).to_string(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+    }
+}
+
+/// A key path with every sequence index written `[]`, as [`Validate::renamed_keys`] writes
+/// them.
+fn generic(path: &[Seg]) -> String {
+    let mut out = String::new();
+    for seg in path {
+        match seg {
+            Seg::Key(k) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(k);
+            }
+            Seg::Index(_) => out.push_str("[]"),
+        }
+    }
+    out
+}
+
+/// `new` (written with `[]`) with the indices of `path` put back in, in order.
+fn with_indices(new: &str, path: &[Seg]) -> String {
+    let mut indices = path.iter().filter_map(|s| match s {
+        Seg::Index(i) => Some(*i),
+        Seg::Key(_) => None,
+    });
+    let mut out = String::new();
+    let mut rest = new;
+    while let Some(at) = rest.find("[]") {
+        out.push_str(&rest[..at]);
+        match indices.next() {
+            Some(i) => out.push_str(&format!("[{i}]")),
+            None => out.push_str("[]"),
+        }
+        rest = &rest[at + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The problems for the unknown key at `path` (serde's `message` lists the keys that are
+/// known there): one naming the key meant, when a known key or a renamed one is close; for a
+/// mapping that only exists in an old spelling (`transport.soft.udp:` holding `bind`), one
+/// for each key inside it.
+fn unknown_key(
+    path: &[Seg],
+    root: &Value,
+    message: &str,
+    renamed: &[(&str, &str)],
+) -> Vec<(Vec<Seg>, String)> {
+    let did_you_mean = |new: String| format!("unknown key; did you mean {new}?");
+    let here = generic(path);
+    if let Some((_, new)) = renamed.iter().find(|(old, _)| *old == here) {
+        return vec![(path.to_vec(), did_you_mean(with_indices(new, path)))];
+    }
+    let inside = format!("{here}.");
+    if renamed.iter().any(|(old, _)| old.starts_with(&inside)) {
+        let mut leaves = Vec::new();
+        if let Some(v) = node(root, path) {
+            mapping_leaves(v, path.to_vec(), &mut leaves);
+        }
+        if !leaves.is_empty() {
+            return leaves
+                .into_iter()
+                .map(|leaf| {
+                    let text = match renamed.iter().find(|(old, _)| *old == generic(&leaf)) {
+                        Some((_, new)) => did_you_mean(with_indices(new, &leaf)),
+                        None => "unknown key".to_string(),
+                    };
+                    (leaf, text)
+                })
+                .collect();
+        }
+    }
+    let words = quoted_words(message);
+    let (given, known) = match words.split_first() {
+        Some((given, known)) => (*given, known),
+        None => ("", &[][..]),
+    };
+    let parent = path.split_last().map_or(&[][..], |(_, p)| p);
+    let text = if let Some(meant) = closest(given, known) {
+        let mut p = parent.to_vec();
+        p.push(Seg::Key(meant.to_string()));
+        did_you_mean(render(&p))
+    } else if known.is_empty() {
+        "unknown key; this section takes no keys".to_string()
+    } else {
+        format!("unknown key; the keys here are {}", known.join(", "))
+    };
+    vec![(path.to_vec(), text)]
+}
+
+/// The key paths of the scalars and sequences inside the mapping `v` (at `path`).
+fn mapping_leaves(v: &Value, path: Vec<Seg>, out: &mut Vec<Vec<Seg>>) {
+    match v {
+        Value::Mapping(m) if !m.is_empty() => {
+            for (k, child) in m {
+                let name = match k {
+                    Value::String(s) => s.clone(),
+                    Value::Number(n) => n.to_string(),
+                    Value::Bool(b) => b.to_string(),
+                    _ => continue,
+                };
+                let mut p = path.clone();
+                p.push(Seg::Key(name));
+                mapping_leaves(child, p, out);
+            }
+        }
+        Value::Tagged(t) => mapping_leaves(&t.value, path, out),
+        _ => out.push(path),
+    }
+}
+
+/// serde's `expected ...` in words.
+fn expected_in_words(expected: &str) -> String {
+    let whole = |min: i128, max: i128| format!("a whole number from {min} to {max}");
+    match expected {
+        "u8" => whole(0, u8::MAX.into()),
+        "u16" => whole(0, u16::MAX.into()),
+        "u32" => whole(0, u32::MAX.into()),
+        "u64" => whole(0, u64::MAX.into()),
+        "usize" => whole(0, usize::MAX as i128),
+        "i8" => whole(i8::MIN.into(), i8::MAX.into()),
+        "i16" => whole(i16::MIN.into(), i16::MAX.into()),
+        "i32" => whole(i32::MIN.into(), i32::MAX.into()),
+        "i64" => whole(i64::MIN.into(), i64::MAX.into()),
+        "isize" => whole(isize::MIN as i128, isize::MAX as i128),
+        "f32" | "f64" => "a number".to_string(),
+        "a boolean" => "true or false".to_string(),
+        "a string" | "a borrowed string" | "path string" | "a character" => "text".to_string(),
+        "socket address" => "an address IP:PORT".to_string(),
+        "IP address" => "an IP address".to_string(),
+        "a sequence" => "a list".to_string(),
+        "unit" => "nothing (null)".to_string(),
+        e if e == "a map" || e.starts_with("struct ") => "a mapping of keys".to_string(),
+        e => e.to_string(),
+    }
+}
+
+/// serde's description of the value found, in words.
+fn found_in_words(found: &str) -> String {
+    let quoted = |prefix: &str| {
+        found
+            .strip_prefix(prefix)
+            .map(|rest| rest.trim_matches('`').to_string())
+    };
+    if let Some(text) = found.strip_prefix("string ") {
+        return format!("the text {text}");
+    }
+    for prefix in ["integer ", "floating point ", "boolean "] {
+        if let Some(v) = quoted(prefix) {
+            return v;
+        }
+    }
+    if let Some(c) = quoted("character ") {
+        return format!("the text {c:?}");
+    }
+    match found {
+        "unit value" => "nothing (null)".to_string(),
+        "sequence" => "a list".to_string(),
+        "map" => "a mapping".to_string(),
+        f => f.to_string(),
+    }
+}
+
+/// A serde type or value error in words for operators: ``invalid type: string "x", expected
+/// u32`` is `expected a whole number from 0 to 4294967295, found the text "x"`. Messages not
+/// from serde (a `deserialize_with` function's own) are returned as they are.
+fn in_words(message: &str) -> String {
+    let body = message
+        .strip_prefix("invalid type: ")
+        .or_else(|| message.strip_prefix("invalid value: "));
+    if let Some((found, expected)) = body.and_then(|b| b.rsplit_once(", expected ")) {
+        return format!(
+            "expected {}, found {}",
+            expected_in_words(expected),
+            found_in_words(found)
+        );
+    }
+    if message.starts_with("unknown variant `") {
+        let words = quoted_words(message);
+        if let Some((given, choices)) = words.split_first() {
+            let hint = closest(given, choices)
+                .map(|c| format!("; did you mean {c}?"))
+                .unwrap_or_default();
+            return format!("expected {}, found {given}{hint}", or_list(choices));
+        }
+    }
+    if let Some(rest) = message.strip_prefix("invalid length ") {
+        if let Some((len, expected)) = rest.split_once(", expected ") {
+            return format!("expected {expected}, found {len} items");
+        }
+    }
+    message.to_string()
+}
+
+/// Follows `path` from `root` (through tags), returning the node.
+fn node<'a>(root: &'a Value, path: &[Seg]) -> Option<&'a Value> {
+    let mut cur = root;
+    for seg in path {
+        while let Value::Tagged(t) = cur {
+            cur = &t.value;
+        }
+        cur = match (seg, cur) {
+            (Seg::Key(name), Value::Mapping(m)) => m
+                .iter()
+                .find(|(k, _)| key_matches(k, name))
+                .map(|(_, v)| v)?,
+            (Seg::Index(i), Value::Sequence(s)) => s.get(*i)?,
+            _ => return None,
+        };
+    }
+    Some(cur)
 }
 
 fn key_matches(k: &Value, name: &str) -> bool {
@@ -827,6 +1248,61 @@ impl LocationIndex {
     }
 }
 
+pub mod reference;
+
+/// This file's text, for [`reference`]: the doc comments of [`FaultSection`] are the
+/// descriptions of `transport.soft.fault.*` in both daemons' references.
+pub const SOURCE: &str = include_str!("config.rs");
+
+/// `transport.soft.fault`, the same section in both daemons: seeded fault injection on the
+/// soft transport's UDP datagrams, for labs and demos (the daemons turn it into the
+/// transport's `FaultConfig`). Every fault is off by default.
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FaultSection {
+    /// Probability that a datagram is dropped.
+    pub drop_ratio: f64,
+    /// Probability that a datagram is sent twice.
+    pub duplicate_ratio: f64,
+    /// Probability that a datagram is held back and released after 1 to `reorder_window`
+    /// later datagrams; needs `reorder_window` above 0.
+    pub reorder_ratio: f64,
+    /// Most later datagrams a held-back datagram waits for; 0 turns reordering off.
+    pub reorder_window: usize,
+    /// Probability that one random bit of a datagram's payload is flipped (the ICRC check
+    /// then drops it at the receiver).
+    pub corrupt_ratio: f64,
+    /// Delay added to every datagram; 0 is none.
+    pub delay_milliseconds: u64,
+    /// Seed of the fault generator: the same seed gives the same faults.
+    pub seed: u64,
+    /// Which datagrams the faults apply to.
+    pub direction: FaultDirection,
+}
+
+/// `transport.soft.fault.direction`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultDirection {
+    /// The datagrams this daemon sends.
+    #[default]
+    Send,
+    /// The datagrams this daemon receives.
+    Recv,
+    /// Both (a datagram meets the faults once each way it takes).
+    Both,
+}
+
+/// Keys both daemons spelt otherwise before, for [`Validate::renamed_keys`].
+pub const RENAMED_SOFT_KEYS: &[(&str, &str)] = &[
+    ("transport.soft.faults", "transport.soft.fault"),
+    (
+        "transport.soft.fault.delay_ms",
+        "transport.soft.fault.delay_milliseconds",
+    ),
+    ("transport.soft.udp.bind", "transport.soft.bind"),
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -939,8 +1415,19 @@ extra: true
             ],
             "{p:#?}"
         );
-        assert!(p[1].message.contains("unknown field `bogus`"), "{p:#?}");
-        assert!(p[2].message.contains("unknown variant `rdma`"), "{p:#?}");
+        assert_eq!(
+            p[1].message, "unknown key; the keys here are control, metrics",
+            "{p:#?}"
+        );
+        assert_eq!(p[2].message, "expected soft or verbs, found rdma", "{p:#?}");
+        assert_eq!(
+            p[3].message, "expected a whole number from 0 to 4294967295, found the text \"many\"",
+            "{p:#?}"
+        );
+        assert_eq!(
+            p[4].message, "unknown key; did you mean agents[0].token_file?",
+            "{p:#?}"
+        );
     }
 
     #[test]
@@ -948,10 +1435,266 @@ extra: true
         let p = problems("slots: x\nagents:\n  - {}\n");
         let keys: Vec<_> = p.iter().map(|p| p.key_path.as_str()).collect();
         assert_eq!(keys, vec!["listen", "slots", "agents[0].id"], "{p:#?}");
-        assert!(p[0].message.contains("missing field `listen`"));
+        assert_eq!(p[0].message, "required, but missing");
         // A missing key of the root has no better line than the document start.
         assert_eq!(p[0].line, Some(1));
         assert_eq!(p[2].line, Some(3));
+    }
+
+    #[test]
+    fn structural_and_semantic_problems_are_reported_together() {
+        // Two mistakes serde finds and two only the semantic checks find: all four at once,
+        // not the second two after the first two are fixed.
+        let text = "\
+listen:
+  control: 127.0.0.1:1
+  bogus: 1
+slots: 12
+kind: rdma
+agents:
+  - id: ''
+";
+        let p = problems(text);
+        assert_eq!(
+            brief(&p),
+            vec![
+                (Some(3), Some(3), "listen.bogus"),
+                (Some(4), Some(8), "slots"),
+                (Some(5), Some(7), "kind"),
+                (Some(7), Some(9), "agents[0].id"),
+            ],
+            "{p:#?}"
+        );
+    }
+
+    #[test]
+    fn semantic_problems_about_keys_with_problems_are_left_out() {
+        // `slots` is of the wrong type: the check that it is a power of two would be about
+        // its default, and an agent whose `id` is missing gets no "must not be empty".
+        let p = problems("listen:\n  control: 127.0.0.1:1\nslots: many\nagents:\n  - {}\n");
+        let keys: Vec<_> = p.iter().map(|p| p.key_path.as_str()).collect();
+        assert_eq!(keys, vec!["slots", "agents[0].id"], "{p:#?}");
+    }
+
+    #[test]
+    fn type_and_range_errors_are_in_words() {
+        #[derive(Debug, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct Types {
+            #[serde(default)]
+            port: u16,
+            #[serde(default)]
+            ratio: f64,
+            #[serde(default)]
+            on: bool,
+            #[serde(default)]
+            name: String,
+            #[serde(default)]
+            list: Vec<u8>,
+            #[serde(default)]
+            delta: Option<i32>,
+        }
+        impl Validate for Types {
+            fn validate(&self, _: &mut Problems) {}
+        }
+        let text = "port: -1\nratio: x\non: 3\nname: [1]\nlist: {a: 1}\ndelta: 1.5\n";
+        let err = from_str::<Types>("t.yaml", text).unwrap_err();
+        let messages: Vec<_> = err.problems.iter().map(|p| p.message.as_str()).collect();
+        assert_eq!(
+            messages,
+            vec![
+                "expected a whole number from 0 to 65535, found -1",
+                "expected a number, found the text \"x\"",
+                "expected true or false, found 3",
+                "expected text, found a list",
+                "expected a list, found a mapping",
+                "expected a whole number from -2147483648 to 2147483647, found 1.5",
+            ],
+            "{err}"
+        );
+        for m in &messages {
+            assert!(
+                !m.contains("expected u") && !m.contains("expected i"),
+                "{m}"
+            );
+        }
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Soft {
+        #[serde(default)]
+        bind: Option<String>,
+        #[serde(default)]
+        fault: Option<Value>,
+        #[serde(default)]
+        mtu_bytes: u32,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Moved {
+        soft: Soft,
+        #[serde(default)]
+        logs: Vec<Soft>,
+    }
+
+    impl Validate for Moved {
+        fn validate(&self, _: &mut Problems) {}
+
+        fn renamed_keys() -> &'static [(&'static str, &'static str)] {
+            &[
+                ("soft.udp.bind", "soft.bind"),
+                ("logs[].udp.bind", "logs[].bind"),
+            ]
+        }
+    }
+
+    #[test]
+    fn unknown_keys_name_the_key_meant() {
+        let text = "\
+soft:
+  faults:
+    drop_ratio: 0.1
+  udp:
+    bind: 127.0.0.1:1
+    batch: 4
+  mtu: 1024
+  colour: red
+logs:
+  - udp: {bind: 127.0.0.1:2}
+";
+        let err = from_str::<Moved>("m.yaml", text).unwrap_err();
+        let got: Vec<_> = err
+            .problems
+            .iter()
+            .map(|p| (p.line, p.key_path.as_str(), p.message.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    Some(2),
+                    "soft.faults",
+                    "unknown key; did you mean soft.fault?"
+                ),
+                (
+                    Some(5),
+                    "soft.udp.bind",
+                    "unknown key; did you mean soft.bind?"
+                ),
+                (Some(6), "soft.udp.batch", "unknown key"),
+                (
+                    Some(7),
+                    "soft.mtu",
+                    "unknown key; the keys here are bind, fault, mtu_bytes"
+                ),
+                (
+                    Some(8),
+                    "soft.colour",
+                    "unknown key; the keys here are bind, fault, mtu_bytes"
+                ),
+                (
+                    Some(10),
+                    "logs[0].udp.bind",
+                    "unknown key; did you mean logs[0].bind?"
+                ),
+            ],
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn summary_counts_the_problems() {
+        let err = from_str::<Cfg>("c.yaml", "a: 1\n").unwrap_err();
+        assert_eq!(err.summary(), "c.yaml: invalid configuration (2 problems)");
+        let err = from_str::<Cfg>("c.yaml", "listen:\n  control: x\n").unwrap_err();
+        assert_eq!(err.summary(), "c.yaml: invalid configuration (1 problem)");
+    }
+
+    /// A fresh directory under the system's temporary directory, removed on drop.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new() -> TempDir {
+            use std::sync::atomic::{AtomicU32, Ordering};
+            static NEXT: AtomicU32 = AtomicU32::new(0);
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let p = std::env::temp_dir().join(format!("uctel-config-{}-{n}", std::process::id()));
+            std::fs::create_dir_all(&p).unwrap();
+            TempDir(p)
+        }
+
+        fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(
+                self.0.join("locked"),
+                std::fs::Permissions::from_mode(0o700),
+            );
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn directories_and_files_are_checked_without_creating_them() {
+        let dir = TempDir::new();
+        let file = dir.path().join("f");
+        std::fs::write(&file, "x").unwrap();
+        assert_eq!(check_directory(dir.path()), Ok(()));
+        assert_eq!(check_directory(&dir.path().join("a/b/c")), Ok(()));
+        assert!(!dir.path().join("a").exists());
+        let under_file = file.join("state");
+        assert_eq!(
+            check_directory(&under_file),
+            Err(format!(
+                "cannot create {}: {} is not a directory",
+                under_file.display(),
+                file.display()
+            ))
+        );
+        assert_eq!(
+            check_directory(&file),
+            Err(format!("{} is not a directory", file.display()))
+        );
+        assert_eq!(check_writable_file(&file), Ok(()));
+        assert_eq!(
+            check_writable_file(&dir.path().join("new/log.jsonl")),
+            Ok(())
+        );
+        assert!(check_writable_file(dir.path())
+            .unwrap_err()
+            .ends_with("is a directory; name a file in it"));
+        assert!(check_writable_file(&under_file.join("x"))
+            .unwrap_err()
+            .ends_with("is not a directory"));
+        // A relative path is checked from the working directory.
+        assert_eq!(
+            check_directory(Path::new("uctel-surely-absent/state")),
+            Ok(())
+        );
+        // Without write permission (root may write anywhere, so only as another user).
+        use std::os::unix::fs::PermissionsExt;
+        let locked = dir.path().join("locked");
+        std::fs::create_dir(&locked).unwrap();
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o500)).unwrap();
+        if rustix::fs::access(&locked, rustix::fs::Access::WRITE_OK).is_err() {
+            let want = format!(
+                "cannot create {}: {}: Permission denied",
+                locked.join("state").display(),
+                locked.display()
+            );
+            assert_eq!(check_directory(&locked.join("state")), Err(want));
+            assert!(check_directory(&locked).is_err());
+        }
     }
 
     #[test]
@@ -990,7 +1733,7 @@ extra: true
             "{text}"
         );
         assert!(
-            lines[1].starts_with("dir/c.yaml:3:1: foo: unknown field `foo`"),
+            lines[1].starts_with("dir/c.yaml:3:1: foo: unknown key; the keys here are "),
             "{text}"
         );
     }
@@ -1070,7 +1813,7 @@ agents:
         let messages: Vec<_> = p.iter().map(|p| p.message.as_str()).collect();
         assert_eq!(messages[0], "duplicate key (first at 2:3)");
         assert_eq!(messages[1], "duplicate key (first at 5:1)");
-        assert!(messages[2].contains("unknown field `bogus`"), "{p:#?}");
+        assert!(messages[2].starts_with("unknown key"), "{p:#?}");
         assert_eq!(messages[3], "duplicate key (first at 5:1)");
         assert_eq!(messages[4], "duplicate key (first at 11:5)");
         assert_eq!(messages[5], "duplicate key (first at 13:6)");
