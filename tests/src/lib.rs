@@ -16,6 +16,9 @@
 //!   temporary configuration and TSDB, queried through its HTTP API; `promtool`.
 //! - [`dashboards`]: the Grafana dashboards in `dashboards/`, their panel queries with the
 //!   template variables substituted as Grafana would.
+//! - [`faults`]: the fault matrix's rows: seeded numbered log lines as the source, the JSON
+//!   Lines sink read back, the conservation law per agent and stream as a table, and the
+//!   OS-level faults (nft drop rule, network namespace, tmpfs).
 //!
 //! Every wait in this crate is bounded by a deadline and fails with what it last saw.
 
@@ -24,6 +27,7 @@ pub mod configs;
 pub mod daemon;
 pub mod dashboards;
 pub mod exposition;
+pub mod faults;
 pub mod net;
 pub mod pipeline;
 pub mod prometheus;
