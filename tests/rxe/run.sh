@@ -41,6 +41,7 @@ ALL_SCENARIOS=(
   verbs_no_recv_wr
   soft_to_rxe
   rxe_to_soft
+  multi_packet_uc
   verbs_async_events
   verbs_send_bench
   daemons_verbs

@@ -22,6 +22,14 @@
 //! --count N                messages (default 100)
 //! --hold FROM:LEN          recv: post no receive WR for messages FROM..FROM+LEN, which must
 //!                          then be dropped silently by the responder and show up as a gap
+//! --drop-middle FROM:EVERY soft: lose the first MIDDLE packet of messages FROM, FROM+EVERY,
+//!                          … (counted by FIRST/ONLY packets): the sender drops it before its
+//!                          UDP socket, the receiver right after its socket, as a lossy wire
+//!                          would; the RESULT line counts them (`link_dropped=`)
+//! --expect-lost FROM:EVERY recv: exactly messages FROM, FROM+EVERY, … (and a --hold range)
+//!                          must be missing; every other one must arrive whole
+//! --observe-loss           recv: report which messages were lost (`lost_seqs=`) without
+//!                          failing on it (for a kernel whose loss behaviour is observed)
 //! --bench                  send: as fast as the send queue allows, print the message rate
 //! --timeout-ms MS          give up after this long without progress (default 10000)
 //! ```
@@ -33,12 +41,14 @@
 //! `byte_len` and byte totals are checked end to end; a gap in the sequence is a lost message.
 //!
 //! Output: `RESULT ok|fail <key=value…>` (exit status 0 or 1), and with `--bench` on the sender
-//! `BENCH <name> <rate> msg/s`.
+//! `BENCH <name> <rate> msg/s`. The receiver's line names the missing sequence numbers as
+//! ranges (`lost_seqs=10,50-51,90`) when any are missing.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::process::ExitCode;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use uctel_transport::api::{
@@ -46,7 +56,9 @@ use uctel_transport::api::{
     QpEndpoint, QpInitAttr, QpState, QueuePair, RecvWr, SendWr, Sge, TransportKind, VerbsConfig,
     WcOpcode, WcStatus, WorkCompletion,
 };
-use uctel_transport::soft::device::SoftConfig;
+use uctel_transport::soft::device::{SoftConfig, SoftDevice};
+use uctel_transport::soft::link::{Datagram, Link};
+use uctel_transport::soft::udp::{UdpConfig, UdpLink};
 
 /// Send queue depth (perftest's default TX depth).
 const SQ_DEPTH: u32 = 128;
@@ -104,8 +116,34 @@ struct Args {
     size: usize,
     count: u64,
     hold: Option<(u64, u64)>,
+    drop_middle: Option<Every>,
+    expect_lost: Option<Every>,
+    observe_loss: bool,
     bench: bool,
     timeout: Duration,
+}
+
+/// Messages `from`, `from + every`, `from + 2 * every`, …
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Every {
+    from: u64,
+    every: u64,
+}
+
+impl Every {
+    fn parse(v: &str) -> Result<Self> {
+        let (f, e) = v.split_once(':').ok_or("expected FROM:EVERY")?;
+        let from = f.parse::<u64>().map_err(|e| e.to_string())?;
+        let every = e.parse::<u64>().map_err(|e| e.to_string())?;
+        if every == 0 {
+            return Err("EVERY must be at least 1".to_owned());
+        }
+        Ok(Self { from, every })
+    }
+
+    fn contains(self, seq: u64) -> bool {
+        seq >= self.from && (seq - self.from) % self.every == 0
+    }
 }
 
 fn parse_args() -> Result<Args> {
@@ -124,12 +162,19 @@ fn parse_args() -> Result<Args> {
         size: 1024,
         count: 100,
         hold: None,
+        drop_middle: None,
+        expect_lost: None,
+        observe_loss: false,
         bench: false,
         timeout: Duration::from_secs(10),
     };
     while let Some(flag) = it.next() {
         if flag == "--bench" {
             a.bench = true;
+            continue;
+        }
+        if flag == "--observe-loss" {
+            a.observe_loss = true;
             continue;
         }
         let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -150,6 +195,8 @@ fn parse_args() -> Result<Args> {
             "--size" => a.size = v.parse().map_err(|e| bad(&e))?,
             "--count" => a.count = v.parse().map_err(|e| bad(&e))?,
             "--timeout-ms" => a.timeout = Duration::from_millis(v.parse().map_err(|e| bad(&e))?),
+            "--drop-middle" => a.drop_middle = Some(Every::parse(&v).map_err(|e| bad(&e))?),
+            "--expect-lost" => a.expect_lost = Some(Every::parse(&v).map_err(|e| bad(&e))?),
             "--hold" => {
                 let (f, l) = v.split_once(':').ok_or_else(|| bad(&"expected FROM:LEN"))?;
                 a.hold = Some((
@@ -165,6 +212,9 @@ fn parse_args() -> Result<Args> {
     }
     if a.count == 0 {
         return Err("--count must be at least 1".to_owned());
+    }
+    if a.drop_middle.is_some() && a.transport != TransportKind::Soft {
+        return Err("--drop-middle needs --transport soft".to_owned());
     }
     Ok(a)
 }
@@ -205,6 +255,147 @@ struct Side {
     send_cq: CompletionQueue,
     recv_cq: CompletionQueue,
     qp: QueuePair,
+    /// Packets [`MiddleDrop`] dropped (`--drop-middle`).
+    link_dropped: Option<Arc<AtomicU64>>,
+}
+
+/// `--drop-middle`: a [`Link`] around the soft device's UDP socket that loses the first MIDDLE
+/// packet of the chosen messages, in one direction, as a lossy wire would. Messages are
+/// numbered by their FIRST/ONLY packets (opcode byte of the BTH, the first byte of the UDP
+/// payload), which is their sequence number here: one QP per device, and neither the soft
+/// transport nor a veth pair reorders.
+struct MiddleDrop {
+    inner: UdpLink,
+    /// Drop on `send` (true) or on `recv` (false).
+    on_send: bool,
+    which: Every,
+    state: MessageState,
+    dropped: Arc<AtomicU64>,
+}
+
+/// Where [`MiddleDrop`] is in the packet stream.
+#[derive(Clone, Copy, Debug, Default)]
+struct MessageState {
+    /// FIRST/ONLY packets seen; the current message is `started - 1`.
+    started: u64,
+    /// The current message already lost its packet.
+    done: bool,
+}
+
+/// UC opcodes (IBTA 9.2; the first byte of the BTH).
+const UC_SEND_FIRST: u8 = 0x20;
+const UC_SEND_MIDDLE: u8 = 0x21;
+const UC_SEND_ONLY: u8 = 0x24;
+const UC_SEND_ONLY_IMM: u8 = 0x25;
+const UC_WRITE_FIRST: u8 = 0x26;
+const UC_WRITE_MIDDLE: u8 = 0x27;
+const UC_WRITE_ONLY: u8 = 0x2a;
+const UC_WRITE_ONLY_IMM: u8 = 0x2b;
+
+impl MessageState {
+    /// Takes the next datagram `d` into account; whether it is to be dropped.
+    fn drops(&mut self, d: &Datagram, which: Every) -> bool {
+        match d.payload.first().copied() {
+            Some(
+                UC_SEND_FIRST | UC_SEND_ONLY | UC_SEND_ONLY_IMM | UC_WRITE_FIRST | UC_WRITE_ONLY
+                | UC_WRITE_ONLY_IMM,
+            ) => {
+                self.started += 1;
+                self.done = false;
+                false
+            }
+            Some(UC_SEND_MIDDLE | UC_WRITE_MIDDLE)
+                if !self.done && self.started > 0 && which.contains(self.started - 1) =>
+            {
+                self.done = true;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Link for MiddleDrop {
+    fn local_addr(&self) -> SocketAddr {
+        self.inner.local_addr()
+    }
+
+    fn send(&mut self, batch: &[Datagram]) -> std::io::Result<usize> {
+        if !self.on_send {
+            return self.inner.send(batch);
+        }
+        // Runs of kept datagrams go out as batches. A datagram the socket does not take now
+        // comes back in a later batch, so the state is rewound to just after the last one
+        // taken.
+        let mut i = 0;
+        while i < batch.len() {
+            let before = self.state;
+            let mut j = i;
+            while let Some(d) = batch.get(j) {
+                if self.state.drops(d, self.which) {
+                    break;
+                }
+                j += 1;
+            }
+            let run = batch.get(i..j).unwrap_or_default();
+            let taken = if run.is_empty() {
+                0
+            } else {
+                self.inner.send(run)?
+            };
+            if taken < run.len() {
+                self.state = before;
+                for d in run.iter().take(taken) {
+                    self.state.drops(d, self.which);
+                }
+                return Ok(i + taken);
+            }
+            i = j;
+            if i < batch.len() {
+                // batch[i] is the packet to lose.
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+        }
+        Ok(i)
+    }
+
+    fn recv(
+        &mut self,
+        out: &mut Vec<Datagram>,
+        max: usize,
+        timeout: Option<Duration>,
+    ) -> std::io::Result<usize> {
+        loop {
+            let start = out.len();
+            let n = self.inner.recv(out, max, timeout)?;
+            if self.on_send || n == 0 {
+                return Ok(n);
+            }
+            let got: Vec<Datagram> = out.drain(start..).collect();
+            for d in got {
+                if self.state.drops(&d, self.which) {
+                    self.dropped.fetch_add(1, Ordering::Relaxed);
+                    self.inner.recycle(d.payload);
+                } else {
+                    out.push(d);
+                }
+            }
+            let kept = out.len() - start;
+            // A blocking receive returns only once it hands something out.
+            if kept > 0 || timeout.is_some() {
+                return Ok(kept);
+            }
+        }
+    }
+
+    fn recv_discarded(&self) -> u64 {
+        self.inner.recv_discarded()
+    }
+
+    fn recycle(&mut self, payload: Vec<u8>) {
+        self.inner.recycle(payload);
+    }
 }
 
 fn open(a: &Args) -> Result<Side> {
@@ -225,7 +416,30 @@ fn open(a: &Args) -> Result<Side> {
             DeviceConfig::Soft(c)
         }
     };
-    let device = Device::open(&cfg).map_err(|e| format!("open: {e}"))?;
+    let mut link_dropped = None;
+    let device = match (&cfg, a.drop_middle) {
+        (DeviceConfig::Soft(c), Some(which)) => {
+            // SoftDevice::open, with MiddleDrop between the engine and the socket.
+            let udp = UdpLink::bind(UdpConfig {
+                batch: c.batch,
+                ..c.udp.clone()
+            })
+            .map_err(|e| format!("open: bind {}: {e}", c.udp.bind))?;
+            let dropped = Arc::new(AtomicU64::new(0));
+            link_dropped = Some(Arc::clone(&dropped));
+            let link = MiddleDrop {
+                inner: udp,
+                on_send: a.role == "send",
+                which,
+                state: MessageState::default(),
+                dropped,
+            };
+            SoftDevice::with_link(c, Box::new(link))
+                .map(Device::from)
+                .map_err(|e| format!("open: {e}"))?
+        }
+        _ => Device::open(&cfg).map_err(|e| format!("open: {e}"))?,
+    };
     let pd = device.alloc_pd().map_err(|e| e.to_string())?;
     let send_cq = device.create_cq(SQ_DEPTH * 2).map_err(|e| e.to_string())?;
     let recv_cq = device.create_cq(RQ_DEPTH * 2).map_err(|e| e.to_string())?;
@@ -255,6 +469,7 @@ fn open(a: &Args) -> Result<Side> {
         send_cq,
         recv_cq,
         qp,
+        link_dropped,
     })
 }
 
@@ -430,10 +645,15 @@ struct RecvTally {
     lost: u64,
     gaps: u64,
     errors: Vec<String>,
+    /// Per sequence number below `--count`: it arrived.
+    seen: Vec<bool>,
 }
 
 impl RecvTally {
     fn record_seq(&mut self, seq: u64) {
+        if let Some(s) = usize::try_from(seq).ok().and_then(|i| self.seen.get_mut(i)) {
+            *s = true;
+        }
         if seq > self.next_expected {
             self.lost += seq - self.next_expected;
             self.gaps += 1;
@@ -672,7 +892,10 @@ fn run_recv(a: &Args) -> Result<String> {
             hold_from.min(a.count)
         },
         next_wr_id: 0,
-        tally: RecvTally::default(),
+        tally: RecvTally {
+            seen: vec![false; usize::try_from(a.count).map_err(|e| e.to_string())?],
+            ..RecvTally::default()
+        },
         idle: Idle::default(),
     };
     r.post()?;
@@ -732,6 +955,24 @@ fn run_recv(a: &Args) -> Result<String> {
     if qs.drops.total() > 0 {
         summary.push_str(&format!(" qp_drops={:?}", qs.drops));
     }
+    if a.transport == TransportKind::Soft {
+        summary.push_str(&format!(
+            " qp_psn_resyncs={} qp_packets_discarded={}",
+            qs.psn_resyncs, qs.packets_discarded
+        ));
+        for (reason, n) in qs.drops.iter().filter(|(_, n)| *n > 0) {
+            summary.push_str(&format!(" qp_drop_{reason}={n}"));
+        }
+    }
+    if let Some(d) = &s.link_dropped {
+        summary.push_str(&format!(" link_dropped={}", d.load(Ordering::Relaxed)));
+    }
+    let missing: Vec<u64> = (0..a.count)
+        .filter(|q| !t.seen.get(*q as usize).copied().unwrap_or(false))
+        .collect();
+    if !missing.is_empty() {
+        summary.push_str(&format!(" lost_seqs={}", ranges(&missing, 40)));
+    }
     if !t.errors.is_empty() {
         let first: Vec<&String> = t.errors.iter().take(5).collect();
         return Err(format!(
@@ -742,7 +983,21 @@ fn run_recv(a: &Args) -> Result<String> {
     if t.bytes != t.received * a.size as u64 {
         return Err(format!("{summary}: byte total mismatch"));
     }
-    if !a.bench && t.lost != expected_lost {
+    let held = hold_from.min(a.count)..end1;
+    if let (Some(pattern), false) = (a.expect_lost, a.observe_loss) {
+        let expected = |q: u64| held.contains(&q) || pattern.contains(q);
+        let unexpected: Vec<u64> = missing.iter().copied().filter(|q| !expected(*q)).collect();
+        let arrived: Vec<u64> = (0..a.count)
+            .filter(|q| expected(*q) && !missing.contains(q))
+            .collect();
+        if !unexpected.is_empty() || !arrived.is_empty() {
+            return Err(format!(
+                "{summary}: lost but not expected: [{}], expected lost but arrived: [{}]",
+                ranges(&unexpected, 20),
+                ranges(&arrived, 20)
+            ));
+        }
+    } else if !a.bench && !a.observe_loss && t.lost != expected_lost {
         return Err(format!("{summary}: expected {expected_lost} lost"));
     }
     if a.bench && t.received + t.lost != a.count {
@@ -752,6 +1007,35 @@ fn run_recv(a: &Args) -> Result<String> {
         return Err(format!("{summary}: immediates missing"));
     }
     Ok(summary)
+}
+
+/// Sorted sequence numbers as ranges, `10,50-51,90`; after `max` ranges `,...+N` says how many
+/// more numbers follow.
+fn ranges(seqs: &[u64], max: usize) -> String {
+    // (first, last) of each run of consecutive numbers.
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for &q in seqs {
+        match runs.last_mut() {
+            Some((_, hi)) if *hi + 1 == q => *hi = q,
+            _ => runs.push((q, q)),
+        }
+    }
+    let mut out: Vec<String> = runs
+        .iter()
+        .take(max)
+        .map(|&(lo, hi)| {
+            if lo == hi {
+                lo.to_string()
+            } else {
+                format!("{lo}-{hi}")
+            }
+        })
+        .collect();
+    let rest: u64 = runs.iter().skip(max).map(|&(lo, hi)| hi - lo + 1).sum();
+    if rest > 0 {
+        out.push(format!("...+{rest}"));
+    }
+    out.join(",")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -958,7 +1242,7 @@ fn run_send(a: &Args) -> Result<String> {
             qs.messages_sent
         ));
     }
-    Ok(format!(
+    let mut summary = format!(
         "role=send transport={} op={} size={} sent={sent} rate={rate:.0}msg/s qp_messages_sent={} \
          qp_packets_sent={} dev_tx_packets={}",
         a.transport,
@@ -967,7 +1251,11 @@ fn run_send(a: &Args) -> Result<String> {
         qs.messages_sent,
         qs.packets_sent,
         s.device.stats().packets_sent
-    ))
+    );
+    if let Some(d) = &s.link_dropped {
+        summary.push_str(&format!(" link_dropped={}", d.load(Ordering::Relaxed)));
+    }
+    Ok(summary)
 }
 
 // ---------------------------------------------------------------------------------------------
