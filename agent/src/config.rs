@@ -2,44 +2,58 @@
 //! unit-suffixed keys, every problem reported at once with file, line and key by
 //! [`uctel_common::config::load`].
 //!
-//! Public keys (kept stable; `config/agent.yaml` shows each one):
+//! An example with every key that has no default (`--print-default-config` prints every
+//! key at its default; `docs/configuration.md` is generated from the types and docs below,
+//! and takes its examples from this block):
 //!
 //! ```yaml
 //! agent_id: host-a                  # the `agent` label the collector puts on this agent's data
 //! collector:
 //!   control: collector.example:7400 # host:port of the collector's control plane (TCP)
+//!   reconnect_max_seconds: 30
 //! listen:
 //!   metrics: 127.0.0.1:9471         # optional local /metrics with uctel_agent_* self-metrics
 //! transport:
 //!   kind: soft                      # soft | verbs
 //!   soft:
-//!     fault: { drop_ratio: 0.0, seed: 1 }   # lab only
+//!     bind: 192.0.2.20:4791         # default: an ephemeral port on the control connection's address
+//!     mtu_bytes: 4096
+//!     fault: { drop_ratio: 0.01, seed: 1 }   # lab only
+//!   verbs:
+//!     device: mlx5_0
+//!     port: 1
+//!     gid_index: 3
 //! auth:
 //!   token_file: /etc/uctel/agent.token   # or `token: ...`
 //! sources:
 //!   host_metrics: { interval_seconds: 10 }
 //!   logs:
 //!     - path: /var/log/syslog*
+//!       exclude: ["/var/log/*.gz"]
 //!       severity: auto              # auto | none: detect each line's severity
+//!       max_line_bytes: 2048
+//!   state_directory: /var/lib/uctel-agent
 //! pacing: { frames_per_second: 20000, bytes_per_second: 50000000 }
 //! streams:
-//!   metrics: { data_path: write_with_imm, on_no_credit: drop }
-//!   logs: { data_path: send, on_no_credit: wait }
+//!   metrics: { data_path: write_with_imm, on_no_credit: drop, queue_records: 65536 }
+//!   logs: { data_path: send, on_no_credit: wait, queue_records: 8192 }
 //! max_frame_bytes: 4096
 //! ```
 //!
 //! The collector chooses one data path per connection in its `Welcome`; a stream configured
 //! with the other one follows the collector's choice (and says so in the log).
 //!
-//! Field docs below double as the reference documentation.
+//! Field docs below are the reference documentation (`docs/configuration.md`): write them for
+//! operators.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
-use uctel_common::config::{Problems, Validate};
-use uctel_transport::soft::fault::{FaultConfig, FaultConfigError};
+use serde::{Deserialize, Serialize};
+use uctel_common::config::reference::{Reference, Sources};
+use uctel_common::config::{FaultDirection, FaultSection, Problems, Validate};
+use uctel_transport::soft::fault::{self, FaultConfig, FaultConfigError};
 
 use crate::pacing::PacingLimits;
 use crate::stream::Stream;
@@ -52,7 +66,7 @@ pub const MIN_FRAME_BYTES: usize = 256;
 pub const MAX_FRAME_BYTES: usize = 65536;
 
 /// The whole agent configuration file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
     /// This agent's identity: the `agent` label the collector attaches to everything it
@@ -100,7 +114,7 @@ fn default_max_frame_bytes() -> usize {
 }
 
 /// `collector`: the control-plane peer and connection behaviour.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CollectorSection {
     /// `host:port` of the collector's control plane (TCP). The host may be a name; it is
@@ -114,11 +128,12 @@ pub struct CollectorSection {
     /// set in `Welcome` (the agent heartbeats at that period too). Default 15.
     #[serde(default = "default_heartbeat_timeout")]
     pub heartbeat_timeout_seconds: f64,
-    /// First reconnect delay; doubles per failed attempt up to `reconnect_max_seconds`, with
-    /// ±50 % random jitter so a fleet does not reconnect in lockstep.
+    /// First reconnect delay. The ceiling doubles per failed attempt up to
+    /// `reconnect_max_seconds`, and each wait is drawn at random between a tenth of the
+    /// ceiling and the ceiling ("full jitter"), so a fleet does not reconnect in lockstep.
     #[serde(default = "default_reconnect_initial")]
     pub reconnect_initial_seconds: f64,
-    /// Longest reconnect delay.
+    /// Longest reconnect delay: no wait is longer.
     #[serde(default = "default_reconnect_max")]
     pub reconnect_max_seconds: f64,
     /// Frames kept free in the collector's ring on top of its own margin: the credit window
@@ -141,17 +156,17 @@ fn default_reconnect_max() -> f64 {
 }
 
 /// `listen`: local listeners of the agent.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListenSection {
-    /// Address of the local `/metrics` endpoint with the agent's self-metrics. Off when
-    /// absent.
-    #[serde(default)]
+    /// Address of the local `/metrics` endpoint with the agent's self-metrics: `IP:PORT`,
+    /// `[IPv6]:PORT` or `:PORT` (every interface). Off when absent.
+    #[serde(default, deserialize_with = "uctel_common::listen::deserialize_option")]
     pub metrics: Option<SocketAddr>,
 }
 
 /// `transport.kind`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TransportKind {
     /// User-space RoCEv2 UC over UDP (works on any host).
@@ -162,7 +177,7 @@ pub enum TransportKind {
 }
 
 /// `transport`: which data-path transport and its options.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TransportSection {
     /// `soft` (default) or `verbs`.
@@ -177,24 +192,26 @@ pub struct TransportSection {
 }
 
 /// `transport.soft`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SoftSection {
-    /// Local UDP address of the soft RoCEv2 endpoint. Default: an ephemeral port on the
-    /// local address of the control connection. Real RoCEv2 peers (rxe, NICs) send to UDP
-    /// 4791.
-    #[serde(default)]
+    /// Local UDP address of the soft RoCEv2 endpoint, written like a listen address (`IP:PORT`,
+    /// `[IPv6]:PORT`, `:PORT`). Default: an ephemeral port on the local address of the control
+    /// connection. Real RoCEv2 peers (rxe, NICs) send to UDP 4791.
+    #[serde(default, deserialize_with = "uctel_common::listen::deserialize_option")]
     pub bind: Option<SocketAddr>,
     /// Largest path MTU offered, bytes: 256, 512, 1024, 2048 or 4096 (default). The QP uses
     /// the smaller of both sides'; a frame larger than the path MTU becomes a multi-packet
     /// UC message, which one lost packet loses whole.
     #[serde(default = "default_mtu_bytes")]
     pub mtu_bytes: u32,
-    /// Lab fault injection on the agent's packets (the soft transport's seeded
-    /// `FaultInjector`): `drop_ratio`, `duplicate_ratio`, `reorder_ratio` with
-    /// `reorder_window`, `corrupt_ratio`, `delay_ms`, `seed`, `direction` (`send`, `recv`,
-    /// `both`). Off by default.
-    #[serde(default)]
+    /// Lab fault injection on the agent's packets (the soft transport's seeded fault
+    /// injector). Off by default.
+    #[serde(
+        default,
+        deserialize_with = "deserialize_fault",
+        serialize_with = "serialize_fault"
+    )]
     pub fault: FaultConfig,
 }
 
@@ -212,6 +229,50 @@ impl Default for SoftSection {
     }
 }
 
+/// The transport's fault configuration of a `transport.soft.fault` section.
+pub fn fault_config(f: &FaultSection) -> FaultConfig {
+    FaultConfig {
+        drop_ratio: f.drop_ratio,
+        duplicate_ratio: f.duplicate_ratio,
+        reorder_ratio: f.reorder_ratio,
+        reorder_window: f.reorder_window,
+        corrupt_ratio: f.corrupt_ratio,
+        delay_ms: f.delay_milliseconds,
+        seed: f.seed,
+        direction: match f.direction {
+            FaultDirection::Send => fault::FaultDirection::Send,
+            FaultDirection::Recv => fault::FaultDirection::Recv,
+            FaultDirection::Both => fault::FaultDirection::Both,
+        },
+    }
+}
+
+/// The `transport.soft.fault` section of a transport fault configuration.
+pub fn fault_section(f: &FaultConfig) -> FaultSection {
+    FaultSection {
+        drop_ratio: f.drop_ratio,
+        duplicate_ratio: f.duplicate_ratio,
+        reorder_ratio: f.reorder_ratio,
+        reorder_window: f.reorder_window,
+        corrupt_ratio: f.corrupt_ratio,
+        delay_milliseconds: f.delay_ms,
+        seed: f.seed,
+        direction: match f.direction {
+            fault::FaultDirection::Send => FaultDirection::Send,
+            fault::FaultDirection::Recv => FaultDirection::Recv,
+            fault::FaultDirection::Both => FaultDirection::Both,
+        },
+    }
+}
+
+fn deserialize_fault<'de, D: serde::Deserializer<'de>>(d: D) -> Result<FaultConfig, D::Error> {
+    FaultSection::deserialize(d).map(|f| fault_config(&f))
+}
+
+fn serialize_fault<S: serde::Serializer>(f: &FaultConfig, s: S) -> Result<S::Ok, S::Error> {
+    fault_section(f).serialize(s)
+}
+
 /// True when any fault of `f` is enabled.
 pub fn faults_enabled(f: &FaultConfig) -> bool {
     f.drop_ratio > 0.0
@@ -222,7 +283,7 @@ pub fn faults_enabled(f: &FaultConfig) -> bool {
 }
 
 /// `transport.verbs`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct VerbsSection {
     /// RDMA device name (`rxe0`, `mlx5_0`). Default: the first device.
@@ -252,7 +313,7 @@ impl Default for VerbsSection {
 }
 
 /// `auth`: exactly one of `token` and `token_file`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthSection {
     /// The pre-shared token itself. Prefer `token_file` outside labs.
@@ -309,7 +370,7 @@ impl AuthSection {
 }
 
 /// `sources`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SourcesSection {
     /// Host metrics named like node_exporter, plus RDMA counters.
@@ -322,9 +383,11 @@ pub struct SourcesSection {
     #[serde(default)]
     pub self_metrics: SelfMetricsSection,
     /// Directory for the log sources' offset checkpoints (one JSON file per `logs` entry,
-    /// named after a hash of its `path`). Default `/var/lib/uctel-agent` (systemd
-    /// `StateDirectory=`). `null` disables checkpoints: a restart then starts over at
-    /// `start_at`.
+    /// named after a hash of its `path`), created at start when there are `logs`. A relative
+    /// path is relative to the working directory. Default `/var/lib/uctel-agent` (the systemd
+    /// unit's `StateDirectory=`; another user needs a directory of its own, such as
+    /// `./uctel-agent-state`). `--check-config` checks that it can be created and written.
+    /// `null` disables checkpoints: a restart then starts over at `start_at`.
     #[serde(default = "default_state_directory")]
     pub state_directory: Option<PathBuf>,
 }
@@ -335,7 +398,7 @@ fn default_state_directory() -> Option<PathBuf> {
 }
 
 /// `sources.host_metrics`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct HostMetricsSection {
     /// Collect host metrics at all. Default true.
@@ -396,7 +459,7 @@ impl Default for HostMetricsSection {
 }
 
 /// `sources.self_metrics`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SelfMetricsSection {
     /// Ship `uctel_agent_*` through the pipeline. Default true.
@@ -418,7 +481,7 @@ impl Default for SelfMetricsSection {
 
 /// Where a log file found at the first scan of the first run (no checkpoint yet) is read
 /// from.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StartAt {
     /// Only lines written after the agent found the file (like `tail -F`). Default.
@@ -429,7 +492,7 @@ pub enum StartAt {
 }
 
 /// How each line's severity is found (`sources.logs[].severity`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LogSeverity {
     /// Read from the line where it says so: a JSON object's `level`/`severity` field, a
@@ -443,7 +506,7 @@ pub enum LogSeverity {
 }
 
 /// One entry of `sources.logs`: one tailer following the files its glob matches.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogSection {
     /// An absolute glob (`/var/log/app/*.log`); re-evaluated every `glob_interval_seconds`
@@ -504,7 +567,7 @@ pub const LOG_RECORD_OVERHEAD_BYTES: usize = 576;
 
 /// `pacing`: caps on the send rate (token buckets, see [`crate::pacing`]). A frame that has
 /// to wait waits in the sender; what cannot wait is dropped and counted at the source.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PacingSection {
     /// Frames per second, all streams together. Default 20000.
@@ -541,7 +604,7 @@ impl Default for PacingSection {
 }
 
 /// How a stream's frames travel (DESIGN.md §4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DataPath {
     /// RDMA WRITE_WITH_IMM into ring slot `conn_seq mod slots`, immediate = low 32 bits of
@@ -562,15 +625,40 @@ impl DataPath {
 }
 
 /// `streams`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamsSection {
     /// The metrics stream (host and self metrics).
-    #[serde(default)]
+    #[serde(default = "metrics_stream")]
     pub metrics: StreamSection,
     /// The logs stream.
-    #[serde(default)]
+    #[serde(default = "logs_stream")]
     pub logs: StreamSection,
+}
+
+fn metrics_stream() -> StreamSection {
+    StreamSection {
+        on_no_credit: Some(OnNoCredit::Drop),
+        queue_records: Some(65536),
+        ..StreamSection::default()
+    }
+}
+
+fn logs_stream() -> StreamSection {
+    StreamSection {
+        on_no_credit: Some(OnNoCredit::Wait),
+        queue_records: Some(8192),
+        ..StreamSection::default()
+    }
+}
+
+impl Default for StreamsSection {
+    fn default() -> Self {
+        Self {
+            metrics: metrics_stream(),
+            logs: logs_stream(),
+        }
+    }
 }
 
 impl StreamsSection {
@@ -600,7 +688,7 @@ impl StreamsSection {
 }
 
 /// What a stream does when the credit window (DESIGN.md §4) is used up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnNoCredit {
     /// Keep framing; a frame that finds no credit is dropped at the source and counted
@@ -626,7 +714,7 @@ impl OnNoCredit {
 }
 
 /// `streams.<name>`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamSection {
     /// `write_with_imm` (default) or `send`.
@@ -704,6 +792,10 @@ pub fn valid_agent_id(id: &str) -> bool {
 }
 
 impl Validate for AgentConfig {
+    fn renamed_keys() -> &'static [(&'static str, &'static str)] {
+        uctel_common::config::RENAMED_SOFT_KEYS
+    }
+
     fn validate(&self, p: &mut Problems) {
         if !valid_agent_id(&self.agent_id) {
             p.push(
@@ -760,11 +852,15 @@ impl Validate for AgentConfig {
             Ok(()) => {}
             Err(FaultConfigError::Ratio { field, value }) => p.push(
                 format!("transport.soft.fault.{field}"),
-                format!("must be a ratio in [0, 1], got {value}"),
+                format!("must be a probability from 0 to 1, got {value}"),
             ),
-            Err(e @ FaultConfigError::Reorder { .. }) => {
-                p.push("transport.soft.fault.reorder_window", e);
-            }
+            Err(FaultConfigError::Reorder { ratio, window }) => p.push(
+                "transport.soft.fault.reorder_window",
+                format!(
+                    "reordering needs both reorder_ratio and reorder_window above 0 (got \
+                     {ratio} and {window})"
+                ),
+            ),
         }
         if ![256, 512, 1024, 2048, 4096].contains(&self.transport.soft.mtu_bytes) {
             p.push(
@@ -884,8 +980,15 @@ impl Validate for AgentConfig {
             );
         }
         if let Some(dir) = &self.sources.state_directory {
-            if !dir.is_absolute() {
-                p.push("sources.state_directory", "must be an absolute path");
+            if dir.as_os_str().is_empty() {
+                p.push(
+                    "sources.state_directory",
+                    "must not be empty (null: no checkpoints)",
+                );
+            } else if !self.sources.logs.is_empty() {
+                if let Err(e) = uctel_common::config::check_directory(dir) {
+                    p.push("sources.state_directory", e);
+                }
             }
         }
 
@@ -1009,6 +1112,71 @@ impl AgentConfig {
         out
     }
 
+    /// What the agent will read and write with this configuration, for `--check-config`:
+    /// the log globs with the files they match now (and how many of those this user cannot
+    /// read: they are skipped, each logged once), the checkpoint directory, the local
+    /// `/metrics` address.
+    pub fn reads_and_writes(&self) -> String {
+        let mut out = Vec::new();
+        if self.sources.host_metrics.enabled {
+            out.push(format!(
+                "reads host metrics from {} and {} every {} s",
+                self.sources.host_metrics.procfs_path.display(),
+                self.sources.host_metrics.sysfs_path.display(),
+                self.sources.host_metrics.interval_seconds
+            ));
+        }
+        for (i, l) in self.sources.logs.iter().enumerate() {
+            let (mut found, mut unreadable) = (0usize, 0usize);
+            if let Ok(paths) = glob::glob(&l.path) {
+                let skip: Vec<glob::Pattern> = l
+                    .exclude
+                    .iter()
+                    .filter_map(|e| glob::Pattern::new(e).ok())
+                    .collect();
+                for p in paths.flatten() {
+                    if !p.is_file() || skip.iter().any(|x| x.matches_path(&p)) {
+                        continue;
+                    }
+                    found += 1;
+                    if std::fs::File::open(&p).is_err() {
+                        unreadable += 1;
+                    }
+                }
+            }
+            let unreadable = if unreadable > 0 {
+                format!(
+                    ", {unreadable} of them not readable by this user (skipped, logged once each)"
+                )
+            } else {
+                String::new()
+            };
+            out.push(format!(
+                "sources.logs[{i}]: tails {} ({found} file{} now{unreadable})",
+                l.path,
+                if found == 1 { "" } else { "s" }
+            ));
+        }
+        match (&self.sources.state_directory, self.sources.logs.is_empty()) {
+            (_, true) => {}
+            (Some(dir), false) => out.push(format!(
+                "writes log checkpoints to {}",
+                std::path::absolute(dir)
+                    .unwrap_or_else(|_| dir.clone())
+                    .display()
+            )),
+            (None, false) => out.push("keeps no log checkpoints (state_directory: null)".into()),
+        }
+        if let Some(addr) = self.listen.metrics {
+            out.push(format!("serves its self-metrics on http://{addr}/metrics"));
+        }
+        out.push(format!(
+            "sends to the collector at {}",
+            self.collector.control
+        ));
+        out.join("\n")
+    }
+
     /// The pacing limits for the sender, with the frame size the collector agreed to.
     pub fn pacing_limits(&self, max_frame_bytes: usize) -> PacingLimits {
         PacingLimits {
@@ -1018,6 +1186,26 @@ impl AgentConfig {
             max_frame_bytes: max_frame_bytes as u64,
         }
     }
+}
+
+/// The required keys, one log source and one fault setting, for the reference's defaults.
+const REFERENCE_MINIMAL: &str = "\
+agent_id: host-a
+collector:
+  control: collector.example:7400
+sources:
+  logs:
+    - path: /var/log/syslog*
+";
+
+/// The configuration reference of the agent (`docs/configuration.md`,
+/// `--print-default-config`), generated from these types and their doc comments.
+pub fn reference() -> Reference {
+    Reference::new::<AgentConfig>(Sources {
+        daemon: "uctel-agent",
+        rust: &[include_str!("config.rs"), uctel_common::config::SOURCE],
+        minimal: REFERENCE_MINIMAL,
+    })
 }
 
 #[cfg(test)]
@@ -1224,6 +1412,130 @@ max_frame_bytes: 10
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn four_mistakes_are_four_problems_at_once() {
+        // Two that serde finds (an unknown key, a wrong type) and two that only the semantic
+        // checks find (a bad agent_id, a glob that is not absolute): all in one report.
+        let text = "\
+agent_id: 'bad id'
+collector:
+  control: 127.0.0.1:7400
+  conect_timeout_seconds: 5
+auth:
+  token: t
+pacing:
+  burst_milliseconds: lots
+sources:
+  logs:
+    - path: relative/*.log
+";
+        let err = load(text)
+            .err()
+            .unwrap_or_else(|| panic!("expected problems"));
+        let got: Vec<_> = err
+            .problems
+            .iter()
+            .map(|p| (p.line, p.key_path.as_str(), p.message.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    Some(1),
+                    "agent_id",
+                    "must be 1 to 128 characters of letters, digits, '.', '_' or '-'"
+                ),
+                (
+                    Some(4),
+                    "collector.conect_timeout_seconds",
+                    "unknown key; did you mean collector.connect_timeout_seconds?"
+                ),
+                (
+                    Some(8),
+                    "pacing.burst_milliseconds",
+                    "expected a whole number from 0 to 18446744073709551615, found the text \"lots\""
+                ),
+                (Some(11), "sources.logs[0].path", "must be an absolute path"),
+            ],
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_soft_transport_keys_are_the_collectors() {
+        let text = format!(
+            "{MINIMAL}listen:\n  metrics: :9471\ntransport:\n  soft:\n    bind: :4791\n    fault:\n      \
+             delay_milliseconds: 3\n"
+        );
+        let c = load(&text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            c.listen.metrics,
+            Some(SocketAddr::from(([0, 0, 0, 0], 9471)))
+        );
+        assert_eq!(
+            c.transport.soft.bind,
+            Some(SocketAddr::from(([0, 0, 0, 0], 4791)))
+        );
+        assert_eq!(c.transport.soft.fault.delay_ms, 3);
+        // The spellings the collector used to take are errors naming the key now used.
+        let text = format!(
+            "{MINIMAL}transport:\n  soft:\n    udp:\n      bind: 127.0.0.1:1\n    faults:\n      \
+             drop_ratio: 0.1\n      delay_ms: 1\n"
+        );
+        let err = load(&text)
+            .err()
+            .unwrap_or_else(|| panic!("expected problems"));
+        let shown = err.to_string();
+        for want in [
+            "agent.yaml:9:7: transport.soft.udp.bind: unknown key; did you mean transport.soft.bind?",
+            "agent.yaml:10:5: transport.soft.faults: unknown key; did you mean transport.soft.fault?",
+        ] {
+            assert!(shown.contains(want), "missing {want:?} in\n{shown}");
+        }
+        assert_eq!(err.problems.len(), 2, "{shown}");
+    }
+
+    #[test]
+    fn a_state_directory_that_cannot_be_created_is_a_problem() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let file = dir.path().join("plain-file");
+        std::fs::write(&file, "x").unwrap_or_else(|e| panic!("{e}"));
+        let state = file.join("state");
+        let with_logs = format!(
+            "{MINIMAL}sources:\n  logs:\n    - path: /var/log/*.log\n  state_directory: {}\n",
+            state.display()
+        );
+        let err = load(&with_logs)
+            .err()
+            .unwrap_or_else(|| panic!("expected a problem"));
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "agent.yaml:9:20: sources.state_directory: cannot create {}: {} is not a \
+                 directory",
+                state.display(),
+                file.display()
+            )
+        );
+        // Without log sources it is never used, so not checked.
+        let without = format!(
+            "{MINIMAL}sources:\n  state_directory: {}\n",
+            state.display()
+        );
+        assert!(load(&without).is_ok());
+        // A relative directory is relative to the working directory.
+        let relative = with_logs.replace(&state.display().to_string(), "./uctel-agent-state");
+        let c = load(&relative).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            c.sources.state_directory.as_deref(),
+            Some(Path::new("./uctel-agent-state"))
+        );
+        assert!(
+            !Path::new("./uctel-agent-state").exists(),
+            "created by the check"
+        );
     }
 
     #[test]

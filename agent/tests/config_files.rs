@@ -145,11 +145,14 @@ fn systemd_units_run_the_daemons_hardened() {
             assert!(has_line(&u, must), "{name}: missing {must}");
         }
     }
-    // The agent keeps log checkpoints in its state directory, as agent.yaml says.
+    // The agent keeps log checkpoints in its state directory: by default the unit's.
     let agent_unit = unit("uctel-agent.service");
     assert!(has_line(&agent_unit, "StateDirectory=uctel-agent"));
-    let agent = AgentConfig::load(&config_dir().join("agent.yaml"))
-        .unwrap_or_else(|e| panic!("config/agent.yaml: {e}"));
+    let agent = AgentConfig::from_yaml(
+        "default.yaml",
+        "agent_id: a\ncollector:\n  control: h:1\nauth:\n  token: t\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         agent.sources.state_directory.as_deref(),
         Some(Path::new("/var/lib/uctel-agent"))

@@ -28,7 +28,7 @@ fn collector_config(logs: &Path) -> uctel_collector::config::Config {
         serde_yaml::from_str(&example("collector.yaml")).unwrap_or_else(|e| panic!("{e}"));
     v["listen"]["control"] = "127.0.0.1:0".into();
     v["listen"]["metrics"] = "127.0.0.1:0".into();
-    v["transport"]["soft"]["udp"]["bind"] = "127.0.0.1:0".into();
+    v["transport"]["soft"]["bind"] = "127.0.0.1:0".into();
     v["logs"]["sink"] = "file".into();
     v["logs"]["file"]["path"] = logs.display().to_string().into();
     let text = serde_yaml::to_string(&v).unwrap_or_else(|e| panic!("{e}"));

@@ -27,7 +27,7 @@ fn collector_config(control: SocketAddr, dir: &Path) -> uctel_collector::config:
         serde_yaml::from_str(&example("collector.yaml")).unwrap_or_else(|e| panic!("{e}"));
     v["listen"]["control"] = control.to_string().into();
     v["listen"]["metrics"] = "127.0.0.1:0".into();
-    v["transport"]["soft"]["udp"]["bind"] = "127.0.0.1:0".into();
+    v["transport"]["soft"]["bind"] = "127.0.0.1:0".into();
     v["logs"]["sink"] = "file".into();
     v["logs"]["file"]["path"] = dir.join("logs.jsonl").display().to_string().into();
     let text = serde_yaml::to_string(&v).unwrap_or_else(|e| panic!("{e}"));

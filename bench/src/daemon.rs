@@ -158,7 +158,7 @@ impl CollectorProcess {
         let mtu = mtu_for(s.slot_bytes as usize);
         let yaml = format!(
             "listen:\n  control: {control}\n  metrics: {metrics}\n\
-             transport:\n  kind: soft\n  soft:\n    name: soft0\n    udp:\n      bind: {udp}\n    mtu_bytes: {mtu}\n    progress: thread\n\
+             transport:\n  kind: soft\n  soft:\n    name: soft0\n    bind: {udp}\n    mtu_bytes: {mtu}\n    progress: thread\n\
              ring:\n  slots: {slots}\n  slot_bytes: {slot_bytes}\n  credit_margin_slots: {margin}\n  descriptor_queue: {queue}\n  data_path: {path}\n\
              max_frame_bytes: {slot_bytes}\n\
              auth:\n  shared:\n    token: {TOKEN}\n\

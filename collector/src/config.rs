@@ -8,12 +8,13 @@
 //!   metrics: :9470                 # Prometheus /metrics (":PORT": every interface)
 //! transport:
 //!   kind: soft                     # soft | verbs
-//!   soft:                          # uctel_transport::soft::device::SoftConfig
-//!     udp:
-//!       bind: 0.0.0.0:4791         # UDP socket of the soft RoCEv2 device (RoCEv2 port)
+//!   soft:
+//!     bind: 0.0.0.0:4791           # UDP socket of the soft RoCEv2 device (RoCEv2 port)
 //!     advertise_addr: 192.0.2.10:4791  # what agents send to when bind is a wildcard
 //!     mtu_bytes: 4096
-//!     faults:                      # optional fault injection (tests, demos)
+//!     recv_buffer_bytes: 8388608
+//!     send_buffer_bytes: 4194304
+//!     fault:                       # optional fault injection (tests, demos)
 //!       drop_ratio: 0.01
 //!   verbs:
 //!     device: mlx5_0               # default: the first device
@@ -51,6 +52,9 @@
 //!     max_files: 5
 //! ```
 //!
+//! `docs/configuration.md` is generated from the types and doc comments below (their field
+//! docs are the operators' reference) and takes its examples from the block above.
+//!
 //! Port choices: 7400 for control and 9470 for metrics are uctel's defaults (not registered
 //! ports); 4791 is the IANA RoCEv2 port. On one host (loopback demo) the agent's soft device
 //! binds its own UDP port, so only the collector uses 4791.
@@ -59,12 +63,15 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Deserialize;
-use uctel_common::config::{Problems, Validate};
-use uctel_transport::soft::device::SoftConfig;
+use serde::{Deserialize, Serialize};
+use uctel_common::config::reference::{Reference, Sources};
+use uctel_common::config::{FaultDirection, FaultSection, Problems, Validate};
+use uctel_transport::soft::device::{self, SoftConfig};
+use uctel_transport::soft::fault::{self, FaultConfig, FaultConfigError};
+use uctel_transport::soft::udp::{self, UdpConfig};
 
 /// The whole collector configuration.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Listening addresses.
@@ -98,7 +105,7 @@ pub struct Config {
 
 /// `listen:` section. Addresses are `IP:PORT`, `[IPv6]:PORT`, or `:PORT` for every IPv4
 /// interface (`uctel_common::listen`, like an exporter's `--web.listen-address=:9100`).
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ListenConfig {
     /// TCP address of the control plane. Default `0.0.0.0:7400`. Port 0 picks a free port.
@@ -119,33 +126,197 @@ impl Default for ListenConfig {
 }
 
 /// Which transport implementation.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum TransportKindConfig {
     /// RoCEv2 UC in user space over UDP.
     #[default]
     Soft,
     /// Real RDMA through libibverbs; needs a build with the `verbs` cargo feature
-    /// (`cargo build -p uctel-collector --features verbs`), otherwise start-up fails with
-    /// "the verbs transport is not built into this binary".
+    /// (`cargo build -p uctel-collector --features verbs`): `--check-config` refuses it in a
+    /// binary without.
     Verbs,
 }
 
 /// `transport:` section. Only the section named by `kind` is used.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TransportConfig {
     /// `soft` (default) or `verbs`.
     pub kind: TransportKindConfig,
-    /// Soft transport settings: `uctel_transport::soft::device::SoftConfig` (UDP socket,
-    /// advertised address, MTU, progress mode, optional fault injection).
+    /// Soft transport settings: the UDP socket, advertised address, MTU, progress mode,
+    /// optional fault injection.
+    #[serde(
+        deserialize_with = "deserialize_soft",
+        serialize_with = "serialize_soft"
+    )]
     pub soft: SoftConfig,
     /// Verbs transport settings.
     pub verbs: VerbsTransportConfig,
 }
 
+/// `transport.soft:` section: the soft RoCEv2 device (`uctel_transport::soft::device::SoftConfig`
+/// with its UDP socket's settings in the same section).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SoftSection {
+    /// UDP address of the soft RoCEv2 device: `IP:PORT`, `[IPv6]:PORT` or `:PORT` (every
+    /// interface). Default `0.0.0.0:4791` (4791 is the IANA RoCEv2 port); port 0 picks a free
+    /// port.
+    #[serde(deserialize_with = "uctel_common::listen::deserialize")]
+    pub bind: SocketAddr,
+    /// Address agents send to when `bind` is a wildcard address; default the bind address.
+    pub advertise_addr: Option<SocketAddr>,
+    /// Largest path MTU offered: 256, 512, 1024 (default; rxe's MTU on a 1500-byte netdev),
+    /// 2048 or 4096. The QP uses the smaller of both sides'.
+    pub mtu_bytes: u32,
+    /// How the device makes progress.
+    pub progress: ProgressSection,
+    /// In `thread` mode, how long a round waits for datagrams, 1 to 1000000.
+    pub progress_wait_microseconds: u64,
+    /// Most datagrams sent or received per system call, 1 to 1024.
+    pub batch: usize,
+    /// Receive buffer (`SO_RCVBUF`) requested for the socket; `null` keeps the system's
+    /// default. Datagrams that find it full are lost (counted as frames lost).
+    pub recv_buffer_bytes: Option<usize>,
+    /// Send buffer (`SO_SNDBUF`) requested for the socket; `null` keeps the system's default.
+    pub send_buffer_bytes: Option<usize>,
+    /// Receive buffer per datagram; larger datagrams are dropped and counted. Default 9216
+    /// (jumbo frames; the largest RoCE packet at MTU 4096 is 4132 bytes of UDP payload).
+    pub max_datagram_bytes: usize,
+    /// How the socket is waited on.
+    pub poll_mode: PollModeSection,
+    /// With an IPv6 wildcard `bind`: accept IPv6 only (`IPV6_V6ONLY`). Default false
+    /// (dual-stack).
+    pub only_v6: bool,
+    /// Device name in logs and metric labels.
+    pub name: String,
+    /// Fault injection on the collector's datagrams (tests and demos). Off by default.
+    pub fault: FaultSection,
+}
+
+/// `transport.soft.progress`.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ProgressSection {
+    /// A background thread acts as the NIC (default): it sleeps while nothing arrives.
+    #[default]
+    Thread,
+    /// No thread: the completion poller drives the device; lowest latency, one core busy.
+    BusyPoll,
+}
+
+/// `transport.soft.poll_mode`.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PollModeSection {
+    /// Sleep in `poll(2)` until a datagram arrives (default).
+    #[default]
+    Blocking,
+    /// Spin on non-blocking `recvmmsg(2)`.
+    BusyPoll,
+}
+
+impl Default for SoftSection {
+    fn default() -> Self {
+        SoftSection::from(&SoftConfig::default())
+    }
+}
+
+impl From<&SoftConfig> for SoftSection {
+    fn from(c: &SoftConfig) -> Self {
+        let f = c.faults.clone().unwrap_or_default();
+        SoftSection {
+            bind: c.udp.bind,
+            advertise_addr: c.advertise_addr,
+            mtu_bytes: c.mtu_bytes,
+            progress: match c.progress {
+                device::ProgressMode::Thread => ProgressSection::Thread,
+                device::ProgressMode::BusyPoll => ProgressSection::BusyPoll,
+            },
+            progress_wait_microseconds: c.progress_wait_micros,
+            batch: c.batch,
+            recv_buffer_bytes: c.udp.recv_buffer_bytes,
+            send_buffer_bytes: c.udp.send_buffer_bytes,
+            max_datagram_bytes: c.udp.max_datagram_bytes,
+            poll_mode: match c.udp.poll_mode {
+                udp::PollMode::Blocking => PollModeSection::Blocking,
+                udp::PollMode::BusyPoll => PollModeSection::BusyPoll,
+            },
+            only_v6: c.udp.only_v6,
+            name: c.name.clone(),
+            fault: FaultSection {
+                drop_ratio: f.drop_ratio,
+                duplicate_ratio: f.duplicate_ratio,
+                reorder_ratio: f.reorder_ratio,
+                reorder_window: f.reorder_window,
+                corrupt_ratio: f.corrupt_ratio,
+                delay_milliseconds: f.delay_ms,
+                seed: f.seed,
+                direction: match f.direction {
+                    fault::FaultDirection::Send => FaultDirection::Send,
+                    fault::FaultDirection::Recv => FaultDirection::Recv,
+                    fault::FaultDirection::Both => FaultDirection::Both,
+                },
+            },
+        }
+    }
+}
+
+impl From<&SoftSection> for SoftConfig {
+    fn from(s: &SoftSection) -> Self {
+        let f = &s.fault;
+        let faults = FaultConfig {
+            drop_ratio: f.drop_ratio,
+            duplicate_ratio: f.duplicate_ratio,
+            reorder_ratio: f.reorder_ratio,
+            reorder_window: f.reorder_window,
+            corrupt_ratio: f.corrupt_ratio,
+            delay_ms: f.delay_milliseconds,
+            seed: f.seed,
+            direction: match f.direction {
+                FaultDirection::Send => fault::FaultDirection::Send,
+                FaultDirection::Recv => fault::FaultDirection::Recv,
+                FaultDirection::Both => fault::FaultDirection::Both,
+            },
+        };
+        SoftConfig {
+            name: s.name.clone(),
+            udp: UdpConfig {
+                bind: s.bind,
+                recv_buffer_bytes: s.recv_buffer_bytes,
+                send_buffer_bytes: s.send_buffer_bytes,
+                batch: s.batch,
+                max_datagram_bytes: s.max_datagram_bytes,
+                poll_mode: match s.poll_mode {
+                    PollModeSection::Blocking => udp::PollMode::Blocking,
+                    PollModeSection::BusyPoll => udp::PollMode::BusyPoll,
+                },
+                only_v6: s.only_v6,
+            },
+            advertise_addr: s.advertise_addr,
+            mtu_bytes: s.mtu_bytes,
+            progress: match s.progress {
+                ProgressSection::Thread => device::ProgressMode::Thread,
+                ProgressSection::BusyPoll => device::ProgressMode::BusyPoll,
+            },
+            progress_wait_micros: s.progress_wait_microseconds,
+            batch: s.batch,
+            faults: (*f != FaultSection::default()).then_some(faults),
+        }
+    }
+}
+
+fn deserialize_soft<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SoftConfig, D::Error> {
+    SoftSection::deserialize(d).map(|s| SoftConfig::from(&s))
+}
+
+fn serialize_soft<S: serde::Serializer>(c: &SoftConfig, s: S) -> Result<S::Ok, S::Error> {
+    SoftSection::from(c).serialize(s)
+}
+
 /// `transport.verbs:` section (`uctel_transport::api::VerbsConfig`).
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct VerbsTransportConfig {
     /// RDMA device name (`mlx5_0`, `rxe0`); default the first device.
@@ -170,7 +341,7 @@ impl Default for VerbsTransportConfig {
 }
 
 /// `ring:` section: what each agent connection gets.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RingConfig {
     /// Ring slots per agent connection (frame `c` goes to slot `c mod slots`, DESIGN.md §4).
@@ -198,7 +369,7 @@ pub struct RingConfig {
 }
 
 /// `ring.data_path`.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum DataPathConfig {
     /// Write-with-immediate if offered, else Send.
@@ -231,7 +402,7 @@ impl RingConfig {
 }
 
 /// Where a secret comes from: exactly one of the three keys.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TokenSource {
     /// The token inline (avoid in files under version control).
@@ -295,7 +466,7 @@ impl TokenSource {
 }
 
 /// One known agent.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct AgentAuth {
     /// The agent id it presents in `Hello`.
@@ -324,7 +495,7 @@ impl AgentAuth {
 
 /// `auth:` section. An agent is admitted if its id is listed with the token it proves, or if
 /// it proves the shared token. With neither configured every agent is refused.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
     /// Per-agent tokens.
@@ -334,7 +505,7 @@ pub struct AuthConfig {
 }
 
 /// `control:` section, all in seconds (fractions allowed).
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ControlConfig {
     /// Heartbeat period in both directions. Default 5.
@@ -360,7 +531,7 @@ impl Default for ControlConfig {
 }
 
 /// Where log records go.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum LogSinkKind {
     /// JSON Lines on standard output (development).
@@ -371,7 +542,7 @@ pub enum LogSinkKind {
 }
 
 /// `logs:` section.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogsConfig {
     /// `stdout` (default) or `file`.
@@ -381,7 +552,7 @@ pub struct LogsConfig {
 }
 
 /// `logs.file:` section.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogFileConfig {
     /// The active file; rotated files get `.1`, `.2`, ... (newest `.1`). Default
@@ -406,7 +577,7 @@ impl Default for LogFileConfig {
 // Small newtypes so that `#[serde(default)]` on the struct gives each scalar its own default.
 
 /// Seconds with a compile-time default, fractions allowed.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(transparent)]
 pub struct Seconds<const D: u64>(pub f64);
 
@@ -424,7 +595,7 @@ impl<const D: u64> Seconds<D> {
 }
 
 /// `max_frame_bytes` with its default of 4096.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(transparent)]
 pub struct MaxFrameBytes(pub u32);
 
@@ -435,7 +606,7 @@ impl Default for MaxFrameBytes {
 }
 
 /// `series_cap_per_agent` with its default of 100 000.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(transparent)]
 pub struct SeriesCap(pub usize);
 
@@ -446,7 +617,7 @@ impl Default for SeriesCap {
 }
 
 /// A count (`u64`) with a compile-time default.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(transparent)]
 pub struct Count<const D: u64>(pub u64);
 
@@ -466,7 +637,40 @@ fn check_seconds(problems: &mut Problems, key: &str, value: f64) {
     }
 }
 
+/// Keys spelt otherwise before: the soft transport's keys as in the agent.
+const RENAMED_KEYS: &[(&str, &str)] = &[
+    ("transport.soft.faults", "transport.soft.fault"),
+    (
+        "transport.soft.fault.delay_ms",
+        "transport.soft.fault.delay_milliseconds",
+    ),
+    ("transport.soft.udp.bind", "transport.soft.bind"),
+    (
+        "transport.soft.udp.recv_buffer_bytes",
+        "transport.soft.recv_buffer_bytes",
+    ),
+    (
+        "transport.soft.udp.send_buffer_bytes",
+        "transport.soft.send_buffer_bytes",
+    ),
+    (
+        "transport.soft.udp.max_datagram_bytes",
+        "transport.soft.max_datagram_bytes",
+    ),
+    ("transport.soft.udp.batch", "transport.soft.batch"),
+    ("transport.soft.udp.poll_mode", "transport.soft.poll_mode"),
+    ("transport.soft.udp.only_v6", "transport.soft.only_v6"),
+    (
+        "transport.soft.progress_wait_micros",
+        "transport.soft.progress_wait_microseconds",
+    ),
+];
+
 impl Validate for Config {
+    fn renamed_keys() -> &'static [(&'static str, &'static str)] {
+        RENAMED_KEYS
+    }
+
     fn validate(&self, p: &mut Problems) {
         let frame = self.max_frame_bytes.0;
         let header = uctel_protocol::frame::HEADER_LEN as u32;
@@ -486,18 +690,34 @@ impl Validate for Config {
             }
             if !(1..=1_000_000).contains(&soft.progress_wait_micros) {
                 p.push(
-                    "transport.soft.progress_wait_micros",
-                    "must be in 1..=1000000",
+                    "transport.soft.progress_wait_microseconds",
+                    "must be from 1 to 1000000",
                 );
             }
             if !(1..=1024).contains(&soft.batch) {
-                p.push("transport.soft.batch", "must be in 1..=1024");
+                p.push("transport.soft.batch", "must be from 1 to 1024");
             }
-            if let Some(f) = &soft.faults {
-                if let Err(e) = f.validate() {
-                    p.push("transport.soft.faults", e);
-                }
+            match soft.faults.as_ref().map(FaultConfig::validate) {
+                None | Some(Ok(())) => {}
+                Some(Err(FaultConfigError::Ratio { field, value })) => p.push(
+                    format!("transport.soft.fault.{field}"),
+                    format!("must be a probability from 0 to 1, got {value}"),
+                ),
+                Some(Err(FaultConfigError::Reorder { ratio, window })) => p.push(
+                    "transport.soft.fault.reorder_window",
+                    format!(
+                        "reordering needs both reorder_ratio and reorder_window above 0 (got \
+                         {ratio} and {window})"
+                    ),
+                ),
             }
+        }
+        if self.transport.kind == TransportKindConfig::Verbs && !cfg!(feature = "verbs") {
+            p.push(
+                "transport.kind",
+                "this uctel-collector was built without the verbs transport (cargo feature \
+                 `verbs`)",
+            );
         }
         if self.transport.verbs.port == 0 {
             p.push("transport.verbs.port", "ports are numbered from 1");
@@ -591,6 +811,8 @@ impl Validate for Config {
                 p.push("logs.file.path", "must not be empty");
             } else if let Err(e) = crate::logsink::check_path(&f.path) {
                 p.push("logs.file.path", format!("cannot create {:?}: {e}", f.path));
+            } else if let Err(e) = uctel_common::config::check_writable_file(&f.path) {
+                p.push("logs.file.path", e);
             }
             if f.max_file_bytes < 4096 {
                 p.push("logs.file.max_file_bytes", "must be at least 4096");
@@ -608,6 +830,26 @@ impl Validate for Config {
 /// Every problem found, each with line and key path.
 pub fn load(path: &std::path::Path) -> Result<Config, uctel_common::config::ConfigError> {
     uctel_common::config::load(path)
+}
+
+/// The keys that have no default or are off by default, for the reference's defaults.
+const REFERENCE_MINIMAL: &str = "\
+auth:
+  agents:
+    - id: web-1
+      token_file: /etc/uctel/web-1.token
+  shared:
+    token_env: UCTEL_SHARED_TOKEN
+";
+
+/// The configuration reference of the collector (`docs/configuration.md`,
+/// `--print-default-config`), generated from these types and their doc comments.
+pub fn reference() -> Reference {
+    Reference::new::<Config>(Sources {
+        daemon: "uctel-collector",
+        rust: &[include_str!("config.rs"), uctel_common::config::SOURCE],
+        minimal: REFERENCE_MINIMAL,
+    })
 }
 
 #[cfg(test)]
@@ -655,23 +897,25 @@ auth:
 ";
         let err = from_str::<Config>("collector.yaml", text).unwrap_err();
         let shown = err.to_string();
-        // Structural problems first (serde), then, once those are fixed, semantic ones.
+        // Structural problems (serde) and semantic ones, all at once.
         assert!(
-            shown.contains("collector.yaml:3:3: listen.metric: unknown field `metric`"),
+            shown.contains(
+                "collector.yaml:3:3: listen.metric: unknown key; did you mean listen.metrics?"
+            ),
             "{shown}"
         );
         assert!(
-            shown.contains("collector.yaml:5:9: transport.kind: unknown variant `infiniband`"),
+            shown.contains(
+                "collector.yaml:5:9: transport.kind: expected soft or verbs, found infiniband"
+            ),
             "{shown}"
         );
-        let fixed = text
-            .replace("  metric: 0.0.0.0:9470\n", "")
-            .replace("infiniband", "soft");
-        let err = from_str::<Config>("collector.yaml", &fixed).unwrap_err();
         let keys: Vec<_> = err.problems.iter().map(|p| p.key_path.as_str()).collect();
         assert_eq!(
             keys,
             vec![
+                "listen.metric",
+                "transport.kind",
                 "ring.credit_margin_slots",
                 "ring.slots",
                 "ring.slot_bytes",
@@ -681,9 +925,84 @@ auth:
             "{err}"
         );
         // A key left at its default is reported at its nearest ancestor in the file.
-        assert_eq!(err.problems[0].line, Some(5));
-        assert_eq!(err.problems[1].line, Some(6));
-        assert!(err.problems[4].message.contains("exactly one"), "{err}");
+        assert_eq!(err.problems[2].line, Some(6));
+        assert_eq!(err.problems[3].line, Some(7));
+        assert!(err.problems[6].message.contains("exactly one"), "{err}");
+    }
+
+    #[test]
+    fn the_soft_transport_keys_are_the_agents() {
+        let text = format!(
+            "{MINIMAL}transport:\n  soft:\n    bind: :4792\n    recv_buffer_bytes: 1048576\n    \
+             progress_wait_microseconds: 100\n    fault:\n      drop_ratio: 0.5\n      \
+             delay_milliseconds: 2\n"
+        );
+        let c: Config = from_str("c.yaml", &text).unwrap_or_else(|e| panic!("{e}"));
+        let soft = &c.transport.soft;
+        assert_eq!(soft.udp.bind, SocketAddr::from(([0, 0, 0, 0], 4792)));
+        assert_eq!(soft.udp.recv_buffer_bytes, Some(1 << 20));
+        assert_eq!(soft.progress_wait_micros, 100);
+        let faults = soft.faults.clone().unwrap();
+        assert_eq!((faults.drop_ratio, faults.delay_ms), (0.5, 2));
+        // The old spellings are errors naming the key now used.
+        let text = format!(
+            "{MINIMAL}transport:\n  soft:\n    udp:\n      bind: 127.0.0.1:4791\n      batch: 8\n    \
+             faults:\n      drop_ratio: 0.01\n    progress_wait_micros: 5\n"
+        );
+        let err = from_str::<Config>("c.yaml", &text).unwrap_err();
+        let got: Vec<_> = err
+            .problems
+            .iter()
+            .map(|p| (p.line, p.key_path.as_str(), p.message.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    Some(7),
+                    "transport.soft.udp.bind",
+                    "unknown key; did you mean transport.soft.bind?"
+                ),
+                (
+                    Some(8),
+                    "transport.soft.udp.batch",
+                    "unknown key; did you mean transport.soft.batch?"
+                ),
+                (
+                    Some(9),
+                    "transport.soft.faults",
+                    "unknown key; did you mean transport.soft.fault?"
+                ),
+                (
+                    Some(11),
+                    "transport.soft.progress_wait_micros",
+                    "unknown key; did you mean transport.soft.progress_wait_microseconds?"
+                ),
+            ],
+            "{err}"
+        );
+        // Defaults survive the mapping to the transport's configuration.
+        assert_eq!(
+            Config::default().transport.soft,
+            SoftConfig::from(&SoftSection::from(&SoftConfig::default()))
+        );
+    }
+
+    #[test]
+    fn verbs_needs_the_verbs_build() {
+        let text = format!("{MINIMAL}transport:\n  kind: verbs\n");
+        let loaded = from_str::<Config>("c.yaml", &text);
+        if cfg!(feature = "verbs") {
+            assert!(loaded.is_ok());
+        } else {
+            let err = loaded.unwrap_err();
+            assert_eq!(err.problems.len(), 1, "{err}");
+            assert_eq!(err.problems[0].key_path, "transport.kind");
+            assert_eq!(err.problems[0].line, Some(5));
+            assert!(err.problems[0]
+                .message
+                .contains("built without the verbs transport"));
+        }
     }
 
     #[test]
@@ -704,6 +1023,23 @@ auth:
                 .ends_with(&format!("{} is not a directory", blocker.display())),
             "{err}"
         );
+        // A directory this user may not write to (only testable as another user than root).
+        use std::os::unix::fs::PermissionsExt;
+        let locked = dir.path().join("locked");
+        std::fs::create_dir(&locked).unwrap();
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o500)).unwrap();
+        if std::fs::write(locked.join("probe"), "").is_err() {
+            let text = format!(
+                "{MINIMAL}logs:\n  sink: file\n  file:\n    path: {}\n",
+                locked.join("x.jsonl").display()
+            );
+            let err = from_str::<Config>("c.yaml", &text).unwrap_err();
+            assert!(
+                err.problems[0].message.ends_with("Permission denied"),
+                "{err}"
+            );
+        }
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700)).unwrap();
         // The same path with the stdout sink is not used, so not checked.
         let text = text.replace("sink: file", "sink: stdout");
         assert!(from_str::<Config>("c.yaml", &text).is_ok());

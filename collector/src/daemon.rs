@@ -55,7 +55,7 @@ pub enum RunError {
     Transport {
         /// `soft` or `verbs`.
         kind: &'static str,
-        /// The configuration key the failure is about: `transport.soft.udp.bind`,
+        /// The configuration key the failure is about: `transport.soft.bind`,
         /// `transport.verbs.device`, or `transport.kind` when the transport is not built in.
         key: &'static str,
         /// Its value (an address, a device name).
@@ -316,7 +316,7 @@ fn open_device(config: &Config) -> Result<Device, RunError> {
                 ("transport.kind", kind.to_owned())
             }
             (_, TransportKindConfig::Soft) => (
-                "transport.soft.udp.bind",
+                "transport.soft.bind",
                 config.transport.soft.udp.bind.to_string(),
             ),
             (_, TransportKindConfig::Verbs) => (

@@ -136,11 +136,7 @@ pub fn collector(addrs: &CollectorAddrs, dir: &Path) -> Yaml {
             "logs.file.path",
             dir.join("collector-logs.jsonl").display().to_string(),
         );
-    if y.get("transport.soft.udp").is_some() {
-        y.set("transport.soft.udp.bind", addrs.udp.to_string());
-    } else {
-        y.set("transport.soft.bind", addrs.udp.to_string());
-    }
+    y.set("transport.soft.bind", addrs.udp.to_string());
     y
 }
 

@@ -42,8 +42,7 @@ listen:
 transport:
   kind: soft
   soft:
-    udp:
-      bind: 127.0.0.1:0
+    bind: 127.0.0.1:0
     mtu_bytes: 4096
 ring:
   slots: 256

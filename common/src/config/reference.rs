@@ -73,6 +73,13 @@ pub struct Node {
     pub nullable: bool,
 }
 
+impl Node {
+    /// True for a struct (a section of keys).
+    pub fn is_section(&self) -> bool {
+        matches!(self.shape, Shape::Section { .. })
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Rec {
     Bool,
