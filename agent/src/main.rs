@@ -1,14 +1,17 @@
 //! `uctel-agent`: parse the command line, load the configuration, install logging and call
-//! the library's `run` (or `--check-config`, `--dry-run`).
+//! the library's `run` (or `--check-config`, `--dry-run`, `--print-default-config`).
 //!
-//! Exit status: 0 success (and a valid configuration with `--check-config`), 2 invalid
-//! configuration or command line, 1 any other failure.
+//! Exit status: 0 success (and a valid configuration with `--check-config`); 2 an invalid
+//! configuration or command line, or a start-up failure no restart can fix (the systemd
+//! unit's `RestartPreventExitStatus=2`); 1 any other failure (restarting may help: an
+//! address in use, a failed runtime). Problems are printed once, on stderr.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
 use uctel_agent::config::AgentConfig;
+use uctel_agent::run::RunError;
 
 /// Streaming telemetry agent: host metrics and logs over RDMA Unreliable Connection.
 #[derive(Debug, Parser)]
@@ -22,8 +25,8 @@ struct Cli {
         default_value = "/etc/uctel/agent.yaml"
     )]
     config: PathBuf,
-    /// Validate the configuration, print every problem with line and key, and exit
-    /// (0 valid, 2 invalid).
+    /// Validate the configuration and the command line, print every problem with line and
+    /// key (or what the agent will read and write), and exit (0 valid, 2 invalid).
     #[arg(long)]
     check_config: bool,
     /// Log filter (`info`, `debug`, `warn,uctel_agent=debug`); overrides RUST_LOG.
@@ -36,29 +39,96 @@ struct Cli {
     /// With --dry-run: one round of every source, then exit.
     #[arg(long, requires = "dry_run")]
     once: bool,
+    /// Print the complete default configuration (every key at its default, described in
+    /// comments) and exit.
+    #[arg(long, conflicts_with_all = ["check_config", "dry_run"])]
+    print_default_config: bool,
+}
+
+/// A failure after the configuration was accepted, with its exit status.
+struct Fatal {
+    message: String,
+    /// No restart can fix it: exit 2.
+    permanent: bool,
+}
+
+impl Fatal {
+    fn retry(message: impl std::fmt::Display) -> Fatal {
+        Fatal {
+            message: message.to_string(),
+            permanent: false,
+        }
+    }
+
+    fn permanent(message: impl std::fmt::Display) -> Fatal {
+        Fatal {
+            message: message.to_string(),
+            permanent: true,
+        }
+    }
+}
+
+impl From<RunError> for Fatal {
+    fn from(e: RunError) -> Fatal {
+        let permanent = match &e {
+            // A missing or empty token, a state directory or log source that cannot be set
+            // up: the same again after a restart.
+            RunError::Token(_) | RunError::Source(_) => true,
+            // Another process holds the port: it may go away.
+            RunError::Listen { source, .. } => source.kind() != std::io::ErrorKind::AddrInUse,
+            _ => false,
+        };
+        Fatal {
+            message: e.to_string(),
+            permanent,
+        }
+    }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let config = match AgentConfig::load(&cli.config) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("{e}");
-            eprintln!(
-                "{}: invalid configuration ({} problem(s))",
-                cli.config.display(),
-                e.problems.len()
-            );
+    if cli.print_default_config {
+        print!("{}", uctel_agent::config::reference().default_yaml());
+        return ExitCode::SUCCESS;
+    }
+    // Everything that can be checked without starting, reported together.
+    let loaded = AgentConfig::load(&cli.config);
+    let env_filter = std::env::var("RUST_LOG").ok();
+    let filter_source = if cli
+        .log_level
+        .as_deref()
+        .is_some_and(|l| !l.trim().is_empty())
+    {
+        "--log-level"
+    } else {
+        "RUST_LOG"
+    };
+    let directives =
+        uctel_common::logging::choose_directives(cli.log_level.as_deref(), env_filter.as_deref());
+    let filter = uctel_common::logging::filter(&directives);
+    if let Err(e) = &loaded {
+        eprintln!("{e}");
+    }
+    if let Err(e) = &filter {
+        eprintln!("uctel-agent: {filter_source}: {e}");
+    }
+    let config = match (loaded, filter) {
+        (Ok(config), Ok(_)) => config,
+        (loaded, _) => {
+            if let Err(e) = loaded {
+                eprintln!("{}", e.summary());
+            }
             return ExitCode::from(2);
         }
     };
     if cli.check_config {
         println!("{}: configuration is valid", cli.config.display());
         println!("{}", config.effective_limits());
+        println!("{}", config.reads_and_writes());
         return ExitCode::SUCCESS;
     }
-    if let Err(e) = uctel_common::logging::init(cli.log_level.as_deref()) {
-        eprintln!("{e}");
+    if let Err(e) = uctel_common::logging::init(Some(&directives)) {
+        eprintln!("uctel-agent: {e}");
         return ExitCode::from(2);
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -69,15 +139,21 @@ fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            tracing::error!(error = %e, "cannot start the async runtime");
+            eprintln!("uctel-agent: cannot start the async runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let result: anyhow::Result<()> = runtime.block_on(async {
-        let (_trigger, shutdown) = uctel_common::shutdown::on_signals()?;
+    let result: Result<(), Fatal> = runtime.block_on(async {
+        let (_trigger, shutdown) = uctel_common::shutdown::on_signals()
+            .map_err(|e| Fatal::retry(format!("cannot handle signals: {e}")))?;
         if cli.dry_run {
             let mut out = std::io::stdout().lock();
-            let summary = uctel_agent::dryrun::run(&config, &mut out, cli.once, shutdown).await?;
+            let summary = uctel_agent::dryrun::run(&config, &mut out, cli.once, shutdown)
+                .await
+                .map_err(|e| match e {
+                    uctel_agent::dryrun::DryRunError::Source(_) => Fatal::permanent(e),
+                    _ => Fatal::retry(e),
+                })?;
             tracing::info!(
                 frames = summary.frames,
                 records = summary.records,
@@ -91,10 +167,10 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = %e, "uctel-agent failed");
-            eprintln!("uctel-agent: {e}");
-            ExitCode::FAILURE
+        Err(f) => {
+            // Once, on stderr, whatever the log filter.
+            eprintln!("uctel-agent: {}", f.message);
+            ExitCode::from(if f.permanent { 2 } else { 1 })
         }
     }
 }

@@ -1,10 +1,16 @@
 //! `uctel-collector`: parse flags, load the configuration, install logging and signal
 //! handlers, run the collector library.
+//!
+//! Exit status: 0 success (and a valid configuration with `--check-config`); 2 an invalid
+//! configuration or command line, or a start-up failure no restart can fix (the systemd
+//! unit's `RestartPreventExitStatus=2`); 1 any other failure (restarting may help: an
+//! address in use, a device not there yet). Problems are printed once, on stderr.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use uctel_collector::daemon::RunError;
 
 /// Receives uctel telemetry over RDMA UC and serves it on /metrics.
 #[derive(Debug, Parser)]
@@ -19,25 +25,52 @@ struct Args {
         default_value = "/etc/uctel/collector.yaml"
     )]
     config: PathBuf,
-    /// Validate the configuration, print every problem, and exit: 0 valid, 2 invalid.
+    /// Validate the configuration and the command line, print every problem, and exit:
+    /// 0 valid, 2 invalid.
     #[arg(long)]
     check_config: bool,
     /// Log filter (`info`, `debug`, `warn,uctel_collector=debug`); overrides RUST_LOG.
     #[arg(long, value_name = "FILTER")]
     log_level: Option<String>,
+    /// Print the complete default configuration (every key at its default, described in
+    /// comments) and exit.
+    #[arg(long, conflicts_with = "check_config")]
+    print_default_config: bool,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let config = match uctel_collector::config::load(&args.config) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("{e}");
-            eprintln!(
-                "{}: {} problem(s) found",
-                args.config.display(),
-                e.problems.len()
-            );
+    if args.print_default_config {
+        print!("{}", uctel_collector::config::reference().default_yaml());
+        return ExitCode::SUCCESS;
+    }
+    // Everything that can be checked without starting, reported together.
+    let loaded = uctel_collector::config::load(&args.config);
+    let env_filter = std::env::var("RUST_LOG").ok();
+    let filter_source = if args
+        .log_level
+        .as_deref()
+        .is_some_and(|l| !l.trim().is_empty())
+    {
+        "--log-level"
+    } else {
+        "RUST_LOG"
+    };
+    let directives =
+        uctel_common::logging::choose_directives(args.log_level.as_deref(), env_filter.as_deref());
+    let filter = uctel_common::logging::filter(&directives);
+    if let Err(e) = &loaded {
+        eprintln!("{e}");
+    }
+    if let Err(e) = &filter {
+        eprintln!("uctel-collector: {filter_source}: {e}");
+    }
+    let config = match (loaded, filter) {
+        (Ok(config), Ok(_)) => config,
+        (loaded, _) => {
+            if let Err(e) = loaded {
+                eprintln!("{}", e.summary());
+            }
             return ExitCode::from(2);
         }
     };
@@ -45,7 +78,7 @@ fn main() -> ExitCode {
         println!("{}: configuration is valid", args.config.display());
         return ExitCode::SUCCESS;
     }
-    if let Err(e) = uctel_common::logging::init(args.log_level.as_deref()) {
+    if let Err(e) = uctel_common::logging::init(Some(&directives)) {
         eprintln!("uctel-collector: {e}");
         return ExitCode::from(2);
     }
@@ -55,8 +88,29 @@ fn main() -> ExitCode {
             // Once, on stderr, whatever the log filter; the message is complete on its own
             // (`RunError` ends with its cause's text), so the source chain is not repeated.
             eprintln!("uctel-collector: {e}");
-            ExitCode::FAILURE
+            let permanent = e.downcast_ref::<RunError>().is_some_and(permanent);
+            ExitCode::from(if permanent { 2 } else { 1 })
         }
+    }
+}
+
+/// Whether a start-up failure would happen again after a restart (exit 2, so systemd does
+/// not restart it every 2 s for ever).
+fn permanent(e: &RunError) -> bool {
+    use uctel_transport::api::{OpenError, TransportKind};
+    let os = |source: &std::io::Error| source.kind() != std::io::ErrorKind::AddrInUse;
+    match e {
+        // Another process holds the address: it may go away. Anything else (not a local
+        // address, a privileged port) stays.
+        RunError::Bind { source, .. } => os(source),
+        RunError::LogSink { .. } | RunError::Auth(_) => true,
+        RunError::Transport { source, .. } => match source {
+            OpenError::Unsupported { .. } | OpenError::InvalidConfig { .. } => true,
+            // The soft transport's UDP socket, as a listener; a verbs device that is not
+            // there (yet) may come with its driver.
+            OpenError::Io { kind, source, .. } => *kind == TransportKind::Soft && os(source),
+        },
+        _ => false,
     }
 }
 
