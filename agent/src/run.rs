@@ -14,7 +14,7 @@
 //! credits and posted; `Report`s return credits and set `delivery_ratio`; heartbeats go both
 //! ways. The session ends on shutdown (final frames, then `Goodbye` with the final
 //! sequences), on the collector's `Goodbye`, on a dead or broken control connection, or on a
-//! QP error. The connection loop then waits with exponential backoff and ±50 % jitter and
+//! QP error. The connection loop then waits with exponential backoff and full jitter and
 //! starts a new session with a new epoch. While there is no session, queued metric samples
 //! are dropped as `not_connected` (a sample is fresh or worthless); log lines wait in their
 //! bounded queue and, beyond it, in their files, because the tailers only read what the queue
@@ -211,11 +211,19 @@ enum SessionError {
     Welcome(String),
 }
 
-/// Exponential backoff with ±50 % jitter: `initial × 2^attempt`, capped at `max`.
+/// Reconnect backoff with "full jitter" (AWS Architecture Blog, *Exponential Backoff And
+/// Jitter*): the ceiling is `initial × 2^attempt` capped at `max`, and the wait is drawn
+/// uniformly between a tenth of the ceiling (a small floor, so no retry is immediate) and
+/// the ceiling; `jitter` (0 to 1) is the uniform draw. The wait is never longer than `max`.
 pub fn backoff(initial: Duration, max: Duration, attempt: u32, jitter: f64) -> Duration {
-    let base = initial.saturating_mul(1u32 << attempt.min(20)).min(max);
-    let factor = 0.5 + jitter.clamp(0.0, 1.0);
-    base.mul_f64(factor).min(max.mul_f64(1.5))
+    let ceiling = initial.saturating_mul(1u32 << attempt.min(20)).min(max);
+    let floor = ceiling / 10;
+    let jitter = if jitter.is_finite() {
+        jitter.clamp(0.0, 1.0)
+    } else {
+        1.0
+    };
+    (floor + (ceiling - floor).mul_f64(jitter)).min(max)
 }
 
 async fn connection_loop(
@@ -253,7 +261,7 @@ async fn connection_loop(
             Ok((SessionEnd::Lost(why), fin)) => {
                 summary.sessions += 1;
                 summary.last_session = Some(fin);
-                tracing::warn!(epoch, reason = %why, "connection to the collector lost; reconnecting with a new epoch");
+                tracing::warn!(epoch = format_args!("{epoch:#x}"), reason = %why, "connection to the collector lost; reconnecting with a new epoch");
             }
             Err(SessionError::Control(ControlError::Refused { reason, detail }))
                 if reason == RefuseReason::DuplicateAgentId.label() =>
@@ -279,7 +287,7 @@ async fn connection_loop(
                 if welcomed {
                     summary.sessions += 1;
                 }
-                tracing::warn!(epoch, error = %e, attempt, "connection to the collector failed");
+                tracing::warn!(epoch = format_args!("{epoch:#x}"), error = %e, attempt, "connection to the collector failed");
             }
         }
         stats.set_connected(false);
@@ -539,7 +547,7 @@ async fn session(
         stats.reconnected();
     }
     tracing::info!(
-        epoch,
+        epoch = format_args!("{epoch:#x}"),
         collector = %addr,
         slots = welcome.slots,
         credit_window = sender_config.credit_window,
@@ -692,7 +700,7 @@ async fn session(
                 fin.streams[Stream::Logs.index()],
             );
             tracing::info!(
-                epoch,
+                epoch = format_args!("{epoch:#x}"),
                 frames = fin.frames,
                 metrics_frames = m.frames,
                 metrics_records = m.records,
@@ -721,14 +729,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backoff_grows_and_is_capped() {
+    fn backoff_grows_with_full_jitter_below_the_ceiling() {
         let i = Duration::from_millis(100);
         let m = Duration::from_secs(10);
-        assert_eq!(backoff(i, m, 0, 0.5), Duration::from_millis(100));
-        assert_eq!(backoff(i, m, 3, 0.5), Duration::from_millis(800));
-        assert_eq!(backoff(i, m, 30, 0.5), m);
-        assert_eq!(backoff(i, m, 1, 0.0), Duration::from_millis(100));
-        assert_eq!(backoff(i, m, 1, 1.0), Duration::from_millis(300));
-        assert!(backoff(i, m, 30, 1.0) <= m.mul_f64(1.5));
+        // The draw spans a tenth of the ceiling to the ceiling.
+        assert_eq!(backoff(i, m, 0, 0.0), Duration::from_millis(10));
+        assert_eq!(backoff(i, m, 0, 1.0), Duration::from_millis(100));
+        assert_eq!(backoff(i, m, 3, 0.0), Duration::from_millis(80));
+        assert_eq!(backoff(i, m, 3, 1.0), Duration::from_millis(800));
+        assert_eq!(backoff(i, m, 3, 0.5), Duration::from_millis(440));
+        // Capped: the ceiling is the maximum from attempt 7 on.
+        assert_eq!(backoff(i, m, 7, 1.0), m);
+        assert_eq!(backoff(i, m, 30, 0.0), m / 10);
+        assert_eq!(backoff(i, m, u32::MAX, 1.0), m);
+        // Out-of-range draws are clamped.
+        assert_eq!(backoff(i, m, 30, 7.0), m);
+        assert_eq!(backoff(i, m, 30, -1.0), m / 10);
+        assert_eq!(backoff(i, m, 30, f64::NAN), m);
+    }
+
+    /// The reported case: `reconnect_max_seconds: 30` waited 35.9 s and 43 s with the old
+    /// ±50 % jitter. The maximum is a maximum, whatever the attempt and the draw.
+    #[test]
+    fn backoff_never_exceeds_the_maximum() {
+        let i = Duration::from_millis(500);
+        let m = Duration::from_secs(30);
+        let mut longest = Duration::ZERO;
+        for attempt in 0..40 {
+            for k in 0..=1000 {
+                let wait = backoff(i, m, attempt, f64::from(k) / 1000.0);
+                assert!(wait <= m, "attempt {attempt}, draw {k}: {wait:?}");
+                assert!(wait >= i / 10, "attempt {attempt}, draw {k}: {wait:?}");
+                longest = longest.max(wait);
+            }
+        }
+        assert_eq!(longest, m);
     }
 }
