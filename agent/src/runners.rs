@@ -24,7 +24,7 @@ use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
 use uctel_common::shutdown::Shutdown;
 use uctel_protocol::payload::{LogRecord, Metric};
 
-use crate::config::{seconds, AgentConfig, LogSection, StartAt};
+use crate::config::{seconds, AgentConfig, LogSection, LogSeverity, StartAt};
 use crate::queue::RecordQueue;
 use crate::selfmetrics::{DropReason, SelfMetrics};
 use crate::sources::host::{HostMetrics, HostMetricsConfig, HostPaths};
@@ -315,6 +315,7 @@ pub fn log_source_config(
     c.rotate_wait = seconds(entry.rotate_wait_seconds);
     c.glob_interval = seconds(entry.glob_interval_seconds);
     c.state_file = state_directory.map(|d| log_state_file(d, entry));
+    c.detect_severity = entry.severity == LogSeverity::Auto;
     c
 }
 
@@ -624,7 +625,7 @@ mod tests {
             path: p.into(),
             exclude: vec![],
             start_at: StartAt::End,
-            severity: crate::config::LogSeverity::Auto,
+            severity: LogSeverity::Auto,
             max_line_bytes: None,
             partial_line_timeout_seconds: 1.0,
             rotate_wait_seconds: 5.0,
@@ -638,5 +639,11 @@ mod tests {
         let c = log_source_config(&e("/var/log/a*.log"), 2048, Some(d));
         assert_eq!(c.state_file, Some(a));
         assert_eq!(c.include, vec!["/var/log/a*.log".to_owned()]);
+        assert!(c.detect_severity);
+        let off = LogSection {
+            severity: LogSeverity::Off,
+            ..e("/var/log/a*.log")
+        };
+        assert!(!log_source_config(&off, 2048, Some(d)).detect_severity);
     }
 }

@@ -70,6 +70,12 @@
 //! appends to that line later becomes a new record). Invalid UTF-8 is replaced with U+FFFD
 //! ([`LogEvent::InvalidUtf8`]); a record's message is never longer than `max_line_bytes` bytes.
 //!
+//! Each record carries the time its line was read (`timestamp_ns`: the wall clock is read
+//! for every line, so the lines of one poll, and of one frame, keep their own times and
+//! order) and the severity the line states ([`super::severity::detect`]: syslog `<PRI>`, a
+//! JSON `level`, `level=`, a level word near the start; `unspecified` otherwise, or always
+//! when [`LogSourceConfig::detect_severity`] is off).
+//!
 //! # Checkpoint and delivery guarantee
 //!
 //! Every record returned by [`LogTailer::poll`] carries, inside the tailer, the position of
@@ -155,6 +161,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use uctel_protocol::payload::{LogRecord, Severity};
 
+use super::severity;
+
 /// How many leading bytes of a file are kept as its fingerprint: truncation detection while
 /// running, checkpoint validation at start, and — only when the file has at least this many
 /// bytes — recognising a copy of a checkpointed file under another inode (the size Vector's
@@ -207,11 +215,14 @@ pub struct LogSourceConfig {
     pub max_bytes_per_poll: usize,
     /// Where offsets are checkpointed; `None` disables checkpoints.
     pub state_file: Option<PathBuf>,
+    /// Each record's severity is read from its line ([`severity::detect`]); otherwise every
+    /// record is `unspecified`.
+    pub detect_severity: bool,
 }
 
 impl LogSourceConfig {
     /// Defaults: start at end, 2048-byte lines, 1 s partial-line timeout, 5 s rotate wait,
-    /// 1 s glob interval, 1 MiB per poll, no state file.
+    /// 1 s glob interval, 1 MiB per poll, no state file, severity detected.
     pub fn new<I, S>(include: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -227,6 +238,7 @@ impl LogSourceConfig {
             glob_interval: Duration::from_secs(1),
             max_bytes_per_poll: 1 << 20,
             state_file: None,
+            detect_severity: true,
         }
     }
 }
@@ -1192,10 +1204,6 @@ impl LogTailer {
             }
         }
 
-        let timestamp_ns = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-            .unwrap_or(0);
         let mut budget = Budget {
             records: max_records,
             bytes: self.config.max_bytes_per_poll,
@@ -1223,7 +1231,6 @@ impl LogTailer {
                     t,
                     &self.config,
                     now,
-                    timestamp_ns,
                     &mut budget,
                     &mut buf,
                     Emitted {
@@ -1243,7 +1250,7 @@ impl LogTailer {
         self.buf = buf;
 
         if full_scan {
-            self.close_orphans(now, timestamp_ns, out, &mut budget);
+            self.close_orphans(now, out, &mut budget);
         }
         if self.config.state_file.is_none() {
             // Nothing to checkpoint: no positions to keep.
@@ -1637,15 +1644,10 @@ impl LogTailer {
         });
     }
 
-    fn close_orphans(
-        &mut self,
-        now: Instant,
-        timestamp_ns: u64,
-        out: &mut Vec<LogRecord>,
-        budget: &mut Budget,
-    ) {
+    fn close_orphans(&mut self, now: Instant, out: &mut Vec<LogRecord>, budget: &mut Budget) {
         let rotate_wait = self.config.rotate_wait;
         let max_line = self.config.max_line_bytes;
+        let detect = self.config.detect_severity;
         let counts = &mut self.counts;
         let unsettled = &mut self.unsettled;
         let retired = &mut self.retired;
@@ -1663,7 +1665,7 @@ impl LogTailer {
                 let (id, generation) = (t.id, t.generation);
                 let source = t.source.clone();
                 t.splitter.flush(&mut |line, end, start| {
-                    push_record(out, counts, &source, timestamp_ns, max_line, line, end);
+                    push_record(out, counts, &source, detect, max_line, line, end);
                     unsettled.push_back(RecordPos {
                         id,
                         generation,
@@ -1744,12 +1746,23 @@ fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usi
     Ok(done)
 }
 
-/// Builds one record from a line: lossy UTF-8, message bounded by `max_line` bytes.
+/// Nanoseconds since the Unix epoch now (0 before 1970, saturating after 2554).
+fn unix_ns_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// Builds one record from a line: stamped with the time it was read (the clock is read for
+/// each line, so lines read by one poll keep their order in time), severity detected from
+/// the line when `detect_severity` ([`severity::detect`]), lossy UTF-8, message bounded by
+/// `max_line` bytes.
 fn push_record(
     out: &mut Vec<LogRecord>,
     counts: &mut LogSourceCounts,
     source: &str,
-    timestamp_ns: u64,
+    detect_severity: bool,
     max_line: usize,
     line: &[u8],
     end: LineEnd,
@@ -1778,9 +1791,14 @@ fn push_record(
         counts.bump(LogEvent::PartialLineFlushed);
     }
     counts.records += 1;
+    let severity = if detect_severity {
+        severity::detect(line)
+    } else {
+        Severity::Unspecified
+    };
     out.push(LogRecord {
-        timestamp_ns,
-        severity: Severity::Unspecified as i32,
+        timestamp_ns: unix_ns_now(),
+        severity: severity as i32,
         source: source.to_owned(),
         message,
         fields: Vec::new(),
@@ -1801,7 +1819,6 @@ fn service(
     t: &mut Tracked,
     config: &LogSourceConfig,
     now: Instant,
-    timestamp_ns: u64,
     budget: &mut Budget,
     buf: &mut [u8],
     emitted: Emitted<'_>,
@@ -1810,6 +1827,7 @@ fn service(
     stats: &mut PollStats,
 ) -> bool {
     let max_line = config.max_line_bytes;
+    let detect = config.detect_severity;
     let Emitted { out, positions } = emitted;
     let id = t.id;
     let size = match t.file.metadata() {
@@ -1846,7 +1864,7 @@ fn service(
             let source = t.source.clone();
             let generation = t.generation;
             if t.splitter.flush(&mut |line, end, start| {
-                push_record(out, counts, &source, timestamp_ns, max_line, line, end);
+                push_record(out, counts, &source, detect, max_line, line, end);
                 positions.push_back(RecordPos {
                     id,
                     generation,
@@ -1888,7 +1906,7 @@ fn service(
         let fed = t
             .splitter
             .feed(&chunk[..n], now, budget.records, &mut |line, end, start| {
-                push_record(out, counts, source, timestamp_ns, max_line, line, end);
+                push_record(out, counts, source, detect, max_line, line, end);
                 positions.push_back(RecordPos {
                     id,
                     generation,
@@ -1909,7 +1927,7 @@ fn service(
         let source = &t.source;
         if t.splitter
             .flush_if_stale(now, config.partial_line_timeout, &mut |line, end, start| {
-                push_record(out, counts, source, timestamp_ns, max_line, line, end);
+                push_record(out, counts, source, detect, max_line, line, end);
                 positions.push_back(RecordPos {
                     id,
                     generation,
@@ -2472,7 +2490,7 @@ mod tests {
             &mut out,
             &mut counts,
             "s",
-            0,
+            true,
             4,
             &[0xFF, 0xFF, 0xFF, 0xFF],
             LineEnd::Newline,

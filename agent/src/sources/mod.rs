@@ -9,6 +9,8 @@
 //!   collector. [`host::HostMetrics`] runs it as one of its sub-collectors.
 //! - [`logs`]: a log file tailer: glob paths, create- and copytruncate-rotation, truncation,
 //!   partial last lines, long lines, invalid UTF-8 and an offset checkpoint file.
+//! - [`severity`]: a log line's severity from where the line states it (syslog `<PRI>`, JSON
+//!   `level`, `level=`, level words), a pure function.
 //!
 //! Every source produces the protocol's payload records
 //! ([`uctel_protocol::payload::Metric`], [`uctel_protocol::payload::LogRecord`]); the framer cuts
@@ -19,5 +21,6 @@
 pub mod host;
 pub mod logs;
 pub mod rdma;
+pub mod severity;
 
 mod metric;
