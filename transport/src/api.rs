@@ -15,6 +15,8 @@
 //! | [`QueuePair::connect`] | `ibv_modify_qp(RTR)` + `ibv_modify_qp(RTS)` |
 //! | [`QueuePair::post_send`] / [`QueuePair::post_recv`] | `ibv_post_send` / `ibv_post_recv` (WR lists) |
 //! | [`CompletionQueue::poll`] | `ibv_poll_cq` |
+//! | [`Device::create_comp_channel`] | `ibv_create_comp_channel` (+ an eventfd for [`CompletionChannel::wake`]) |
+//! | [`CompletionChannel::req_notify`] / [`CompletionChannel::wait`] | `ibv_req_notify_cq` / `ibv_get_cq_event` + `ibv_ack_cq_events` |
 //! | [`Device::poll_async_event`] | `ibv_get_async_event` (non-blocking) |
 //!
 //! # Dispatch: concrete handles over object-safe backend traits
@@ -48,6 +50,7 @@ use std::any::Any;
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use thiserror::Error;
 
@@ -876,6 +879,26 @@ pub enum CreateCqError {
     },
 }
 
+/// [`Device::create_comp_channel`], [`CompletionChannel::req_notify`] or
+/// [`CompletionChannel::wait`] failed.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum CompChannelError {
+    /// The CQ belongs to another device or transport.
+    #[error("CQ {handle} does not belong to this completion channel's device")]
+    ForeignCq {
+        /// The CQ's handle.
+        handle: u32,
+    },
+    /// The device or the OS refused (creating the eventfd or channel, arming, polling).
+    #[error("completion channel: {what}: {detail}")]
+    Device {
+        /// Which step (`eventfd`, `ibv_req_notify_cq`, `poll`, ...).
+        what: &'static str,
+        /// Detail.
+        detail: String,
+    },
+}
+
 /// [`ProtectionDomain::reg_mr`] failed.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum RegMrError {
@@ -1134,6 +1157,8 @@ pub mod backend {
         fn alloc_pd(&self) -> Result<Arc<dyn PdOps>, AllocPdError>;
         /// See [`Device::create_cq`].
         fn create_cq(&self, depth: u32) -> Result<Arc<dyn CqOps>, CreateCqError>;
+        /// See [`Device::create_comp_channel`].
+        fn create_comp_channel(&self) -> Result<Arc<dyn CompChannelOps>, CompChannelError>;
         /// See [`Device::poll_async_event`].
         fn poll_async_event(&self) -> Option<AsyncEvent>;
         /// See [`Device::stats`].
@@ -1180,6 +1205,16 @@ pub mod backend {
         fn as_any(&self) -> &dyn Any;
     }
 
+    /// A completion channel. See [`CompletionChannel`].
+    pub trait CompChannelOps: Send + Sync + fmt::Debug {
+        /// See [`CompletionChannel::req_notify`].
+        fn req_notify(&self, cq: &CompletionQueue) -> Result<(), CompChannelError>;
+        /// See [`CompletionChannel::wait`].
+        fn wait(&self, timeout: Duration) -> Result<bool, CompChannelError>;
+        /// See [`CompletionChannel::wake`].
+        fn wake(&self);
+    }
+
     /// A UC queue pair. See [`QueuePair`].
     pub trait QpOps: Send + Sync + fmt::Debug {
         /// See [`QueuePair::qp_num`].
@@ -1201,7 +1236,7 @@ pub mod backend {
     }
 }
 
-use backend::{CqOps, DeviceOps, MrOps, PdOps, QpOps};
+use backend::{CompChannelOps, CqOps, DeviceOps, MrOps, PdOps, QpOps};
 
 // ---------------------------------------------------------------------------------------------
 // Configuration
@@ -1341,6 +1376,18 @@ impl Device {
     pub fn create_cq(&self, depth: u32) -> Result<CompletionQueue, CreateCqError> {
         Ok(CompletionQueue {
             inner: self.inner.create_cq(depth)?,
+        })
+    }
+
+    /// Creates a completion channel (`ibv_create_comp_channel`): a thread blocks on it until
+    /// one of the CQs it armed with [`CompletionChannel::req_notify`] receives a completion,
+    /// so a poller sleeps while there is nothing to do instead of spinning.
+    ///
+    /// # Errors
+    /// [`CompChannelError::Device`] when the OS refuses (out of file descriptors).
+    pub fn create_comp_channel(&self) -> Result<CompletionChannel, CompChannelError> {
+        Ok(CompletionChannel {
+            inner: self.inner.create_comp_channel()?,
         })
     }
 
@@ -1499,6 +1546,63 @@ impl CompletionQueue {
     /// packets, receives and processes arrived ones) before taking completions.
     pub fn poll(&self, wcs: &mut [WorkCompletion]) -> usize {
         self.inner.poll(wcs)
+    }
+}
+
+/// A completion channel (`struct ibv_comp_channel`): where a poller sleeps while its CQs are
+/// empty. Cheap to clone (shared); `Send + Sync`.
+///
+/// The protocol is the one of ibv_get_cq_event(3), for any number of CQs of one device:
+///
+/// 1. poll every CQ until it is empty;
+/// 2. [`req_notify`](CompletionChannel::req_notify) each CQ (one-shot: the next completion
+///    added to it wakes the channel once);
+/// 3. poll every CQ once more — a completion that arrived before the CQ was armed raises no
+///    notification — and go back to 1 if any had one;
+/// 4. [`wait`](CompletionChannel::wait), then go back to 1.
+///
+/// [`wake`](CompletionChannel::wake) makes a current or the next `wait` return at once, from
+/// any thread (new work that is not a completion: a CQ to add, a shutdown).
+///
+/// Verbs: each CQ has its own `ibv_comp_channel`; `wait` sleeps in `poll(2)` on the channels
+/// of the armed CQs and an eventfd, and takes and acknowledges their events. Soft: an armed
+/// CQ signals the channel's eventfd when the device pushes a completion into it; on a device
+/// in `busy_poll` mode `wait` also drives the device (it sleeps on the UDP socket).
+#[derive(Clone, Debug)]
+pub struct CompletionChannel {
+    inner: Arc<dyn CompChannelOps>,
+}
+
+impl CompletionChannel {
+    /// Wraps a transport's completion channel.
+    pub fn from_backend(inner: Arc<dyn CompChannelOps>) -> Self {
+        Self { inner }
+    }
+
+    /// Arms `cq` (`ibv_req_notify_cq(cq, 0)`): its next completion wakes this channel. One-shot;
+    /// arming an armed CQ again is harmless.
+    ///
+    /// # Errors
+    /// [`CompChannelError::ForeignCq`] for a CQ of another device; [`CompChannelError::Device`]
+    /// when the device refuses.
+    pub fn req_notify(&self, cq: &CompletionQueue) -> Result<(), CompChannelError> {
+        self.inner.req_notify(cq)
+    }
+
+    /// Sleeps until an armed CQ received a completion, [`CompletionChannel::wake`] was called,
+    /// or `timeout` passed. Returns `true` when woken (poll the CQs), `false` on timeout.
+    /// Consumes the notifications; CQs must be armed again before the next wait. A wake-up
+    /// may be spurious; the caller re-polls anyway.
+    ///
+    /// # Errors
+    /// [`CompChannelError::Device`] when waiting fails (not for timeouts or signals).
+    pub fn wait(&self, timeout: Duration) -> Result<bool, CompChannelError> {
+        self.inner.wait(timeout)
+    }
+
+    /// Makes a current or the next [`CompletionChannel::wait`] return `true` at once.
+    pub fn wake(&self) {
+        self.inner.wake();
     }
 }
 

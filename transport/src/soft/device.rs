@@ -28,39 +28,55 @@
 //!
 //! # Progress modes ([`ProgressMode`])
 //!
-//! * **`thread`** — a background thread acts as the NIC: it sends queued packets, waits up to
-//!   [`SoftConfig::progress_wait_micros`] in the link's `recv`, and processes what arrived.
-//!   `post_send` also sends directly when the link is free; when the thread holds it (waiting
-//!   in `recv`), the thread sends the packets as soon as its wait ends, so a post waits at most
-//!   `progress_wait_micros`. `poll_cq` only reads the CQ. Use it when nobody polls
-//!   continuously (e.g. a collector whose poller sleeps between bursts). The thread holds only
-//!   a weak reference: it stops within one wait after the last handle is dropped.
+//! * **`thread`** — a background thread acts as the NIC: it sends queued packets, receives
+//!   what arrived and processes it, round after round while there is work. When a round finds
+//!   nothing it sleeps in `poll(2)` on the link's socket ([`Link::wait_fd`]) and an eventfd,
+//!   without holding the link, so an idle device costs no CPU: the next datagram, or a post
+//!   that could not send by itself, wakes it at once. `post_send` sends directly when the
+//!   link is free; when the thread is in a round, the post wakes it and the thread sends. A
+//!   link that cannot be waited on from outside ([`Readiness::Opaque`], e.g. the in-memory
+//!   link of tests) is waited on in its `recv` for up to
+//!   [`SoftConfig::progress_wait_micros`] per round instead, as is a socket that refused
+//!   packets (retried after that long, or sooner when a datagram arrives). `poll_cq` only
+//!   reads the CQ. The thread holds only a weak reference: the last handle dropped wakes it
+//!   and it stops.
 //! * **`busy_poll`** — no thread. `post_send` sends at once, and every [`CompletionQueue::poll`]
 //!   (`poll_cq`) first drives the device once without blocking (send queued packets, receive
 //!   one batch, process it, flush QPs in ERROR). Lowest latency and fully deterministic with a
-//!   [`crate::soft::link::MemoryLink`]; the caller's poll loop is the NIC, so poll often.
+//!   [`crate::soft::link::MemoryLink`]; the caller's poll loop is the NIC, so poll often, or
+//!   sleep in [`CompletionChannel::wait`], which drives the device while it waits.
+//!
+//! # Sleeping on completions
+//!
+//! A [`SoftCompChannel`] is an eventfd. [`CompletionChannel::req_notify`] arms a CQ on it;
+//! the device signals the eventfd when it pushes the next completion into an armed CQ (once
+//! per arming, so a busy CQ costs one atomic load per completion and no system call).
 //!
 //! Both modes are `Send + Sync`: any thread may post, poll or connect.
 //!
 //! [`CompletionQueue::poll`]: crate::api::CompletionQueue::poll
+//! [`CompletionChannel::wait`]: crate::api::CompletionChannel::wait
+//! [`CompletionChannel::req_notify`]: crate::api::CompletionChannel::req_notify
 
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use crate::api::backend::{CqOps, DeviceOps, MrOps, PdOps, QpOps};
+use crate::api::backend::{CompChannelOps, CqOps, DeviceOps, MrOps, PdOps, QpOps};
 use crate::api::{
-    gid_from_ip, AccessFlags, AllocPdError, AsyncEvent, ConnectError, CreateCqError, CreateQpError,
-    Device, DeviceStats, DropCounters, MemoryAccessError, Mtu, OpenError, PortAttr, PostRecvError,
-    PostRecvErrorKind, PostSendError, PostSendErrorKind, QpEndpoint, QpInitAttr, QpState, QpStats,
-    RecvWr, RegMrError, SendWr, Sge, TransportKind, UcDropReason, WorkCompletion, PSN_MASK,
+    gid_from_ip, AccessFlags, AllocPdError, AsyncEvent, CompChannelError, CompletionQueue,
+    ConnectError, CreateCqError, CreateQpError, Device, DeviceStats, DropCounters,
+    MemoryAccessError, Mtu, OpenError, PortAttr, PostRecvError, PostRecvErrorKind, PostSendError,
+    PostSendErrorKind, QpEndpoint, QpInitAttr, QpState, QpStats, RecvWr, RegMrError, SendWr, Sge,
+    TransportKind, UcDropReason, WorkCompletion, PSN_MASK,
 };
 use crate::soft::engine::{
     CompletionSink, CqFull, LocalSge, PostRefusal, RecvRefusal, RecvWqe, RtrAttr, SendWqe, UcQp,
@@ -68,10 +84,11 @@ use crate::soft::engine::{
 };
 use crate::soft::fault::{FaultConfig, FaultInjector, FaultStats};
 use crate::soft::icrc;
-use crate::soft::link::{Datagram, Link};
+use crate::soft::link::{Datagram, Link, Readiness};
 use crate::soft::memory::{MrTable, SoftMr};
 use crate::soft::packet::PacketRepr;
 use crate::soft::udp::{UdpConfig, UdpLink};
+use crate::soft::wake::{deadline_after, sleep_until, WakeFd};
 
 /// Largest CQ depth.
 pub const MAX_CQ_DEPTH: u32 = 1 << 20;
@@ -112,7 +129,9 @@ pub struct SoftConfig {
     pub mtu_bytes: u32,
     /// Progress mode.
     pub progress: ProgressMode,
-    /// Thread mode: longest wait in the link's `recv` per round, in microseconds (1..=1000000).
+    /// Thread mode, in microseconds (1..=1000000): how long a round waits in the link's
+    /// `recv` when the link cannot be slept on from outside (in-memory links), and after how
+    /// long packets the socket refused are retried. An idle device sleeps without a timeout.
     pub progress_wait_micros: u64,
     /// Most datagrams sent or received per link call (1..=1024).
     pub batch: usize,
@@ -187,6 +206,37 @@ struct CqInner {
     depth: usize,
     wcs: Mutex<VecDeque<WorkCompletion>>,
     overflowed: AtomicBool,
+    /// Armed by [`CompletionChannel::req_notify`](crate::api::CompletionChannel::req_notify):
+    /// the next completion signals `channel` and disarms.
+    armed: AtomicBool,
+    /// The eventfd of the completion channel this CQ was last armed on.
+    channel: Mutex<Option<Arc<WakeFd>>>,
+}
+
+impl CqInner {
+    fn new(handle: u32, depth: usize) -> CqInner {
+        CqInner {
+            handle,
+            depth,
+            wcs: Mutex::new(VecDeque::new()),
+            overflowed: AtomicBool::new(false),
+            armed: AtomicBool::new(false),
+            channel: Mutex::new(None),
+        }
+    }
+
+    /// After a completion was pushed: signals the channel the CQ is armed on, once.
+    ///
+    /// Lost-wakeup freedom: the poller arms (`armed = true`) and then polls the CQ, taking
+    /// `wcs`; a push takes `wcs` and then reads `armed`. Whichever takes the lock second sees
+    /// the other's write: the poller finds the completion, or the push finds the CQ armed.
+    fn notify(&self) {
+        if self.armed.load(Ordering::Acquire) && self.armed.swap(false, Ordering::AcqRel) {
+            if let Some(ch) = lock(&self.channel).as_ref() {
+                ch.wake();
+            }
+        }
+    }
 }
 
 /// A [`CompletionSink`] over a shared CQ (locks per completion, so a QP whose send and
@@ -195,12 +245,15 @@ struct CqSink<'a>(&'a CqInner);
 
 impl CompletionSink for CqSink<'_> {
     fn push(&mut self, wc: WorkCompletion) -> Result<(), CqFull> {
-        let mut q = lock(&self.0.wcs);
-        if q.len() >= self.0.depth {
-            self.0.overflowed.store(true, Ordering::Relaxed);
-            return Err(CqFull);
+        {
+            let mut q = lock(&self.0.wcs);
+            if q.len() >= self.0.depth {
+                self.0.overflowed.store(true, Ordering::Relaxed);
+                return Err(CqFull);
+            }
+            q.push_back(wc);
         }
-        q.push_back(wc);
+        self.0.notify();
         Ok(())
     }
 }
@@ -244,6 +297,53 @@ impl CqOps for SoftCq {
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+/// A soft completion channel: an eventfd the device signals for armed CQs (see the module
+/// docs). On a `busy_poll` device its `wait` drives the device while it waits.
+#[derive(Debug)]
+pub struct SoftCompChannel {
+    wake: Arc<WakeFd>,
+    device: Weak<Shared>,
+}
+
+impl CompChannelOps for SoftCompChannel {
+    fn req_notify(&self, cq: &CompletionQueue) -> Result<(), CompChannelError> {
+        let soft = cq
+            .backend()
+            .as_any()
+            .downcast_ref::<SoftCq>()
+            .filter(|c| Weak::ptr_eq(&c.device, &self.device))
+            .ok_or(CompChannelError::ForeignCq {
+                handle: cq.handle(),
+            })?;
+        {
+            let mut ch = lock(&soft.inner.channel);
+            if !ch.as_ref().is_some_and(|w| Arc::ptr_eq(w, &self.wake)) {
+                *ch = Some(Arc::clone(&self.wake));
+            }
+        }
+        soft.inner.armed.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    fn wait(&self, timeout: Duration) -> Result<bool, CompChannelError> {
+        let deadline = deadline_after(timeout);
+        let io_err = |e: io::Error| CompChannelError::Device {
+            what: "poll",
+            detail: e.to_string(),
+        };
+        match self.device.upgrade() {
+            Some(dev) if dev.busy_poll => dev.drive_until(&self.wake, deadline).map_err(io_err),
+            _ => sleep_until(&self.wake, None, deadline)
+                .map(|w| w.wake)
+                .map_err(io_err),
+        }
+    }
+
+    fn wake(&self) {
+        self.wake.wake();
     }
 }
 
@@ -639,9 +739,31 @@ struct Shared {
     /// send or post outside the receive path failed it); cleared by [`Shared::flush_failed`].
     flush_hint: AtomicBool,
     link: Mutex<LinkState>,
+    /// A duplicate of the link's [`Link::wait_fd`], to sleep on without holding `link`.
+    link_fd: Option<Arc<OwnedFd>>,
+    /// Wakes the progress thread (thread mode only).
+    wake: Option<Arc<WakeFd>>,
     counters: Counters,
     events: Mutex<VecDeque<AsyncEvent>>,
     fault_stats: Mutex<Option<Arc<FaultStats>>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // The progress thread may be asleep: it wakes, finds the device gone and stops.
+        self.wake_thread();
+    }
+}
+
+/// What an idle round of the device waits for (see [`Shared::idle_wait`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum IdleWait {
+    /// There is work now: another round.
+    Now,
+    /// Sleep on the link's descriptor and the wake eventfd, until `until` at the latest.
+    Sleep { until: Option<Instant> },
+    /// The link cannot be slept on from outside: wait in its `recv` for `wait`.
+    InLink,
 }
 
 /// Outcome of one [`SoftDevice::progress`] round.
@@ -881,10 +1003,103 @@ impl Shared {
         }
     }
 
-    /// Tries to send right away; if another thread holds the link it will send.
+    /// Tries to send right away; if another thread holds the link it will send (the
+    /// progress thread is woken for it, and to retry what the socket refused).
     fn kick_tx(&self) {
-        if let Ok(mut ls) = self.link.try_lock() {
-            self.pump_tx(&mut ls);
+        match self.link.try_lock() {
+            Ok(mut ls) => {
+                self.pump_tx(&mut ls);
+                if !ls.tx.is_empty() {
+                    self.wake_thread();
+                }
+            }
+            Err(_) => self.wake_thread(),
+        }
+    }
+
+    /// Wakes the progress thread if it sleeps (thread mode; a no-op in busy-poll mode).
+    fn wake_thread(&self) {
+        if let Some(w) = &self.wake {
+            w.wake();
+        }
+    }
+
+    /// What to wait for after a round that moved nothing: another round when work is
+    /// pending, a sleep on the link (bounded while the socket refuses packets or a flush
+    /// waits for room in a CQ), or a wait inside the link's `recv`.
+    fn idle_wait(&self) -> IdleWait {
+        let Ok(ls) = self.link.try_lock() else {
+            // Another thread is using the link (a post sending): look again after it.
+            return IdleWait::Now;
+        };
+        let readiness = match self.link_fd {
+            Some(_) => ls.link.readiness(),
+            None => Readiness::Opaque,
+        };
+        let retry = !ls.tx.is_empty() || self.flush_hint.load(Ordering::Acquire);
+        if !retry && self.tx_hint.load(Ordering::Acquire) {
+            return IdleWait::Now;
+        }
+        match readiness {
+            Readiness::Now => IdleWait::Now,
+            Readiness::Opaque => IdleWait::InLink,
+            Readiness::Idle { until } if retry => {
+                let soon = deadline_after(self.wait);
+                IdleWait::Sleep {
+                    until: match (until, soon) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    },
+                }
+            }
+            Readiness::Idle { until } => IdleWait::Sleep { until },
+        }
+    }
+
+    /// Busy-poll mode: drives the device until `wake` is signalled (an armed CQ got a
+    /// completion, or someone called `wake`) or `deadline` passes, sleeping on the link while
+    /// nothing arrives. Returns whether it was woken.
+    fn drive_until(&self, wake: &WakeFd, deadline: Option<Instant>) -> io::Result<bool> {
+        loop {
+            if wake.take() {
+                return Ok(true);
+            }
+            let errors = self.counters.link_errors.load(Ordering::Relaxed);
+            let report = self.progress(Some(Duration::ZERO), true);
+            if wake.take() {
+                return Ok(true);
+            }
+            let expired = deadline.is_some_and(|d| Instant::now() >= d);
+            if expired {
+                return Ok(false);
+            }
+            if report.received > 0 || report.sent > 0 {
+                continue;
+            }
+            if self.counters.link_errors.load(Ordering::Relaxed) > errors {
+                // Do not spin on a broken link.
+                std::thread::sleep(self.wait);
+                continue;
+            }
+            match self.idle_wait() {
+                IdleWait::Now => {}
+                IdleWait::InLink => {
+                    let left = deadline.map_or(self.wait, |d| {
+                        d.saturating_duration_since(Instant::now()).min(self.wait)
+                    });
+                    self.progress(Some(left), true);
+                }
+                IdleWait::Sleep { until } => {
+                    let until = match (until, deadline) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                    let fd = self.link_fd.as_deref().map(AsFd::as_fd);
+                    if sleep_until(wake, fd, until)?.wake {
+                        return Ok(true);
+                    }
+                }
+            }
         }
     }
 
@@ -1055,6 +1270,23 @@ impl SoftDevice {
         let mtu = config.validate()?;
         let local = link.local_addr();
         let advertised = config.advertise_addr.unwrap_or(local);
+        let io_error = |source: io::Error| OpenError::Io {
+            kind: TransportKind::Soft,
+            name: config.name.clone(),
+            source,
+        };
+        let link_fd = link
+            .wait_fd()
+            .map(|fd| rustix::io::fcntl_dupfd_cloexec(fd, 0))
+            .transpose()
+            .map_err(|e| io_error(e.into()))?
+            .map(Arc::new);
+        let thread = config.progress == ProgressMode::Thread;
+        let wake = if thread {
+            Some(Arc::new(WakeFd::new().map_err(io_error)?))
+        } else {
+            None
+        };
         let shared = Arc::new(Shared {
             name: config.name.clone(),
             mtu,
@@ -1076,20 +1308,21 @@ impl SoftDevice {
                 spare: Vec::new(),
                 discarded: 0,
             }),
+            link_fd: link_fd.clone(),
+            wake: wake.clone(),
             counters: Counters::default(),
             events: Mutex::new(VecDeque::new()),
             fault_stats: Mutex::new(None),
         });
-        if config.progress == ProgressMode::Thread {
+        if let (true, Some(wake)) = (thread, wake) {
             let weak = Arc::downgrade(&shared);
             std::thread::Builder::new()
                 .name(format!("uctel-{}", config.name))
-                .spawn(move || progress_thread(weak))
-                .map_err(|source| OpenError::Io {
-                    kind: TransportKind::Soft,
-                    name: config.name.clone(),
-                    source,
-                })?;
+                .spawn({
+                    let name = config.name.clone();
+                    move || progress_thread(&weak, &wake, link_fd.as_deref(), &name)
+                })
+                .map_err(io_error)?;
         }
         Ok(SoftDevice { shared })
     }
@@ -1122,10 +1355,35 @@ impl SoftDevice {
     }
 }
 
-fn progress_thread(weak: Weak<Shared>) {
+/// The NIC of a thread-mode device: rounds while they move packets, then a sleep until the
+/// link or a post needs it (see the module docs). Holds the device only during a round.
+fn progress_thread(weak: &Weak<Shared>, wake: &WakeFd, link_fd: Option<&OwnedFd>, name: &str) {
     while let Some(shared) = weak.upgrade() {
+        let errors = shared.counters.link_errors.load(Ordering::Relaxed);
+        let report = shared.progress(Some(Duration::ZERO), true);
+        if report.received > 0 || report.sent > 0 {
+            continue;
+        }
         let wait = shared.wait;
-        shared.progress(Some(wait), true);
+        if shared.counters.link_errors.load(Ordering::Relaxed) > errors {
+            // Do not spin on a broken link.
+            drop(shared);
+            std::thread::sleep(wait);
+            continue;
+        }
+        match shared.idle_wait() {
+            IdleWait::Now => {}
+            IdleWait::InLink => {
+                shared.progress(Some(wait), true);
+            }
+            IdleWait::Sleep { until } => {
+                drop(shared);
+                if let Err(e) = sleep_until(wake, link_fd.map(AsFd::as_fd), until) {
+                    tracing::debug!(device = name, error = %e, "poll failed");
+                    std::thread::sleep(wait);
+                }
+            }
+        }
     }
 }
 
@@ -1168,14 +1426,20 @@ impl DeviceOps for SoftDevice {
         }
         let handle = self.shared.next_cq.fetch_add(1, Ordering::Relaxed);
         Ok(Arc::new(SoftCq {
-            inner: Arc::new(CqInner {
-                handle,
-                depth: depth as usize,
-                wcs: Mutex::new(VecDeque::new()),
-                overflowed: AtomicBool::new(false),
-            }),
+            inner: Arc::new(CqInner::new(handle, depth as usize)),
             device: Arc::downgrade(&self.shared),
             busy_poll: self.shared.busy_poll,
+        }))
+    }
+
+    fn create_comp_channel(&self) -> Result<Arc<dyn CompChannelOps>, CompChannelError> {
+        let wake = WakeFd::new().map_err(|e| CompChannelError::Device {
+            what: "eventfd",
+            detail: e.to_string(),
+        })?;
+        Ok(Arc::new(SoftCompChannel {
+            wake: Arc::new(wake),
+            device: Arc::downgrade(&self.shared),
         }))
     }
 

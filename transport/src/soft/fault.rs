@@ -23,6 +23,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,7 +33,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::Deserialize;
 use thiserror::Error;
 
-use super::link::{Datagram, Link};
+use super::link::{Datagram, Link, Readiness};
 
 /// Which way faults are applied.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -461,6 +462,31 @@ impl<L: Link> Link for FaultInjector<L> {
 
     fn recycle(&mut self, payload: Vec<u8>) {
         self.inner.recycle(payload);
+    }
+
+    fn wait_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.inner.wait_fd()
+    }
+
+    /// The inner link's, no later than the next delayed datagram's release; [`Readiness::Now`]
+    /// while datagrams wait in the receive queue, [`Readiness::Opaque`] while sends wait for
+    /// the inner link (retried by `recv`).
+    fn readiness(&self) -> Readiness {
+        if !self.rx.ready.is_empty() {
+            return Readiness::Now;
+        }
+        if !self.tx.ready.is_empty() {
+            return Readiness::Opaque;
+        }
+        match self.inner.readiness() {
+            Readiness::Idle { until } => Readiness::Idle {
+                until: match (until, self.next_release()) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                },
+            },
+            other => other,
+        }
     }
 
     /// Runs each datagram through the faults and hands what comes out to the inner link.

@@ -8,6 +8,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -33,6 +34,25 @@ impl Datagram {
             payload,
         }
     }
+}
+
+/// Whether a [`Link`] has something to receive, for a thread that sleeps without holding it
+/// ([`Link::readiness`]). The soft device's progress thread sleeps on [`Link::wait_fd`]
+/// without holding the link, so other threads can send meanwhile and nothing wakes it while
+/// the link is quiet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// Datagrams may be waiting now: call [`Link::recv`] without sleeping.
+    Now,
+    /// Nothing to receive now: sleep until [`Link::wait_fd`] is readable, then call
+    /// [`Link::recv`]; `until`: the link has timed work then (a delayed datagram to release),
+    /// call `recv` by that time at the latest. `None` = no timed work.
+    Idle {
+        /// Call `recv` by this time at the latest.
+        until: Option<Instant>,
+    },
+    /// The link cannot be waited on from outside: call [`Link::recv`] with a timeout.
+    Opaque,
 }
 
 /// A batched datagram link.
@@ -68,6 +88,19 @@ pub trait Link: Send {
     fn recycle(&mut self, payload: Vec<u8>) {
         drop(payload);
     }
+
+    /// A descriptor that is readable while datagrams wait (the UDP socket), the same for the
+    /// link's whole life, to sleep on in `poll(2)` as [`Readiness::Idle`] says. Default
+    /// `None`: the link can only be waited on in `recv`.
+    fn wait_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+
+    /// Whether there is something to receive now, or what to sleep on (see [`Readiness`]).
+    /// Default [`Readiness::Opaque`]: only a `recv` with a timeout waits.
+    fn readiness(&self) -> Readiness {
+        Readiness::Opaque
+    }
 }
 
 impl<L: Link + ?Sized> Link for Box<L> {
@@ -94,6 +127,14 @@ impl<L: Link + ?Sized> Link for Box<L> {
 
     fn recycle(&mut self, payload: Vec<u8>) {
         (**self).recycle(payload);
+    }
+
+    fn wait_fd(&self) -> Option<BorrowedFd<'_>> {
+        (**self).wait_fd()
+    }
+
+    fn readiness(&self) -> Readiness {
+        (**self).readiness()
     }
 }
 

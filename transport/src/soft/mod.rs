@@ -8,3 +8,4 @@ pub mod link;
 pub mod memory;
 pub mod packet;
 pub mod udp;
+pub(crate) mod wake;

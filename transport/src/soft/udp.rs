@@ -24,7 +24,7 @@
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -36,7 +36,7 @@ use nix::sys::socket::{
 use serde::Deserialize;
 use socket2::{Domain, Protocol, Socket, Type};
 
-use super::link::{Datagram, Link};
+use super::link::{Datagram, Link, Readiness};
 use super::packet::ROCEV2_UDP_PORT;
 
 /// How [`UdpLink::recv`] waits for datagrams.
@@ -597,6 +597,20 @@ impl Link for UdpLink {
     fn recycle(&mut self, payload: Vec<u8>) {
         if self.pool.len() < self.config.batch {
             self.pool.push(payload);
+        }
+    }
+
+    /// The socket: readable when a datagram waits.
+    fn wait_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.socket.as_fd())
+    }
+
+    /// [`Readiness::Idle`] (sleep on the socket). In [`PollMode::BusyPoll`] the link spins
+    /// instead of sleeping: [`Readiness::Opaque`], so waits go through `recv`.
+    fn readiness(&self) -> Readiness {
+        match self.config.poll_mode {
+            PollMode::Blocking => Readiness::Idle { until: None },
+            PollMode::BusyPoll => Readiness::Opaque,
         }
     }
 

@@ -119,6 +119,43 @@ fn wait_readable(fd: c_int, timeout: Duration) -> io::Result<bool> {
     Ok(n > 0 && pfd.revents & libc::POLLIN != 0)
 }
 
+/// Waits until one of `fds` is readable or `timeout` passes; sets `ready[i]` for each readable
+/// (or failed: the caller's next call finds out) descriptor `fds[i]`. `EINTR` returns with
+/// nothing set (the caller re-polls its CQs anyway).
+pub(crate) fn poll_readable(
+    fds: &[c_int],
+    timeout: Duration,
+    ready: &mut Vec<bool>,
+) -> io::Result<()> {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    ready.clear();
+    ready.resize(fds.len(), false);
+    // Round up, so that a wait shorter than a millisecond still sleeps.
+    let ms = c_int::try_from(timeout.as_micros().div_ceil(1000)).unwrap_or(c_int::MAX);
+    let nfds = libc::nfds_t::try_from(pfds.len()).unwrap_or(libc::nfds_t::MAX);
+    // SAFETY: `pfds` holds `nfds` valid pollfd entries for the duration of the call.
+    let n = unsafe { libc::poll(pfds.as_mut_ptr(), nfds, ms) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok(())
+        } else {
+            Err(e)
+        };
+    }
+    for (r, p) in ready.iter_mut().zip(&pfds) {
+        *r = p.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0;
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------------
 // Devices
 // ---------------------------------------------------------------------------------------------
@@ -775,6 +812,19 @@ impl Cq {
         if !wait_readable(self.channel.fd(), timeout)? {
             return Ok(false);
         }
+        self.take_event()
+    }
+
+    /// The descriptor of this CQ's completion channel: readable while a completion event
+    /// waits (for [`poll_readable`] over many CQs; then [`Cq::take_event`]).
+    pub(crate) fn channel_fd(&self) -> c_int {
+        self.channel.fd()
+    }
+
+    /// Takes one completion event from this CQ's channel without blocking
+    /// (`ibv_get_cq_event` on the non-blocking fd; acknowledged in batches). `Ok(false)`
+    /// when there was none.
+    pub(crate) fn take_event(&self) -> io::Result<bool> {
         let mut cq: *mut sys::ibv_cq = ptr::null_mut();
         let mut cq_ctx: *mut c_void = ptr::null_mut();
         // SAFETY: live channel (non-blocking fd); valid out-pointers.

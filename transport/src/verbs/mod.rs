@@ -20,6 +20,12 @@
 //!   completions it asked for (plus every error completion, as ibverbs reports them).
 //! * CQs have their own completion channel: [`wait_for_completion`] blocks until a completion
 //!   may be ready (`ibv_req_notify_cq` + `ibv_get_cq_event`, events acknowledged in batches).
+//!   An API [`CompletionChannel`](crate::api::CompletionChannel) waits on many CQs at once:
+//!   `req_notify` arms a CQ and remembers it, `wait` sleeps in `poll(2)` on the channels of the
+//!   CQs armed since the last wait plus an eventfd (its `wake`), and takes the events of the
+//!   readable ones. Keeping one `ibv_comp_channel` per CQ means every event is taken and
+//!   acknowledged on the CQ it belongs to, and destroying a CQ never waits for another CQ's
+//!   events.
 //! * Asynchronous events are read non-blocking from the context's async fd; QP fatal events
 //!   mark the QP's state ERROR.
 //! * No device at all (the host kernel has no RDMA, or no device is configured): `open` fails
@@ -54,13 +60,14 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::api::backend::{CqOps, DeviceOps, MrOps, PdOps, QpOps};
+use crate::api::backend::{CompChannelOps, CqOps, DeviceOps, MrOps, PdOps, QpOps};
 use crate::api::{
-    gid_from_ip, ip_from_gid, AccessFlags, AllocPdError, AsyncEvent, CompletionQueue, ConnectError,
-    CreateCqError, CreateQpError, Device, DeviceStats, MemoryAccessError, Mtu, OpenError, PortAttr,
-    PostRecvError, PostRecvErrorKind, PostSendError, PostSendErrorKind, QpEndpoint, QpErrorCause,
-    QpInitAttr, QpState, QpStats, RecvWr, RegMrError, SendOpcode, SendWr, Sge, TransportKind,
-    VerbsConfig, WcOpcode, WcStatus, WorkCompletion, PSN_MASK, ROCE_V2_UDP_PORT,
+    gid_from_ip, ip_from_gid, AccessFlags, AllocPdError, AsyncEvent, CompChannelError,
+    CompletionQueue, ConnectError, CreateCqError, CreateQpError, Device, DeviceStats,
+    MemoryAccessError, Mtu, OpenError, PortAttr, PostRecvError, PostRecvErrorKind, PostSendError,
+    PostSendErrorKind, QpEndpoint, QpErrorCause, QpInitAttr, QpState, QpStats, RecvWr, RegMrError,
+    SendOpcode, SendWr, Sge, TransportKind, VerbsConfig, WcOpcode, WcStatus, WorkCompletion,
+    PSN_MASK, ROCE_V2_UDP_PORT,
 };
 
 use ffi::{GidEntry, RawAsyncEvent, RawWc, RecvWrRaw, SendWrRaw};
@@ -398,6 +405,19 @@ impl DeviceOps for VerbsDevice {
             qps: Mutex::new(HashMap::new()),
             stash: Mutex::new(VecDeque::new()),
             stash_len: AtomicUsize::new(0),
+        }))
+    }
+
+    fn create_comp_channel(&self) -> Result<Arc<dyn CompChannelOps>, CompChannelError> {
+        let wake = crate::soft::wake::WakeFd::new().map_err(|e| CompChannelError::Device {
+            what: "eventfd",
+            detail: e.to_string(),
+        })?;
+        Ok(Arc::new(VerbsCompChannel {
+            dev: Arc::clone(&self.shared),
+            wake,
+            armed: Mutex::new(Vec::new()),
+            ready: Mutex::new(Vec::new()),
         }))
     }
 
@@ -1350,6 +1370,79 @@ impl CqOps for VerbsCq {
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+/// A completion channel over the per-CQ channels of the CQs it armed (see the module docs).
+struct VerbsCompChannel {
+    dev: Arc<DevShared>,
+    /// `wake()` makes it readable.
+    wake: crate::soft::wake::WakeFd,
+    /// CQs armed since the last `wait` (kept alive until then).
+    armed: Mutex<Vec<Arc<ffi::Cq>>>,
+    /// `poll_readable` output, kept to reuse its allocation.
+    ready: Mutex<Vec<bool>>,
+}
+
+impl fmt::Debug for VerbsCompChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VerbsCompChannel")
+            .field("armed", &lock(&self.armed).len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CompChannelOps for VerbsCompChannel {
+    fn req_notify(&self, cq: &CompletionQueue) -> Result<(), CompChannelError> {
+        let v = verbs_cq(cq, &self.dev).ok_or(CompChannelError::ForeignCq {
+            handle: cq.handle(),
+        })?;
+        v.cq.arm().map_err(|e| CompChannelError::Device {
+            what: "ibv_req_notify_cq",
+            detail: e.to_string(),
+        })?;
+        let mut armed = lock(&self.armed);
+        if !armed.iter().any(|c| Arc::ptr_eq(c, &v.cq)) {
+            armed.push(Arc::clone(&v.cq));
+        }
+        Ok(())
+    }
+
+    fn wait(&self, timeout: Duration) -> Result<bool, CompChannelError> {
+        if self.wake.take() {
+            return Ok(true);
+        }
+        let cqs = std::mem::take(&mut *lock(&self.armed));
+        let fds: Vec<std::os::raw::c_int> =
+            std::iter::once(std::os::fd::AsRawFd::as_raw_fd(&self.wake.borrow()))
+                .chain(cqs.iter().map(|c| c.channel_fd()))
+                .collect();
+        let mut ready = lock(&self.ready);
+        ffi::poll_readable(&fds, timeout, &mut ready).map_err(|e| CompChannelError::Device {
+            what: "poll",
+            detail: e.to_string(),
+        })?;
+        let mut woken = false;
+        if ready.first().copied().unwrap_or(false) {
+            let _ = self.wake.clear();
+            woken = true;
+        }
+        for (cq, r) in cqs.iter().zip(ready.iter().skip(1)) {
+            if *r {
+                woken = true;
+                if let Err(e) = cq.take_event() {
+                    return Err(CompChannelError::Device {
+                        what: "ibv_get_cq_event",
+                        detail: e.to_string(),
+                    });
+                }
+            }
+        }
+        Ok(woken)
+    }
+
+    fn wake(&self) {
+        self.wake.wake();
     }
 }
 
