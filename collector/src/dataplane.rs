@@ -21,6 +21,14 @@
 //!   `frames_dropped_total{reason}` and checks the QP state: a QP in ERROR is counted
 //!   (`qp_errors_total`) and the control plane rebuilds the connection.
 //!
+//! **Idle means asleep** (DESIGN.md §2). Both threads spin (polling, yielding the core) for
+//! at most [`SPIN_AFTER_WORK`] after their last work, then block: the poller arms every CQ on
+//! one [`CompletionChannel`] (`ibv_req_notify_cq`), polls them once more and sleeps in
+//! [`CompletionChannel::wait`] until a completion arrives, the session list changes or the
+//! next 100 ms stats fold is due; the worker parks (`std::thread::park`) until the poller
+//! has queued descriptors or a command arrives (every sender unparks it). A collector with
+//! no traffic wakes only for the stats folds.
+//!
 //! **The descriptor queue cannot fill with frames sent within credits.** Each connection
 //! reserves room for its credit window (the frames its agent may have outstanding, DESIGN.md
 //! §4): the queue holds the sum of the windows of all registered connections plus
@@ -34,7 +42,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
-use std::thread::JoinHandle;
+use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 use ringbuf::traits::{Consumer, Observer, Producer, Split};
@@ -42,8 +50,8 @@ use ringbuf::HeapRb;
 use tokio::sync::{oneshot, Notify};
 use uctel_protocol::control::{DataPath, Goodbye, Heartbeat, Report};
 use uctel_transport::api::{
-    AccessFlags, CompletionQueue, Device, DropCounters, MemoryRegion, QpEndpoint, QpState,
-    QueuePair, RecvWr, Sge, UcDropReason, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, CompletionChannel, CompletionQueue, Device, DropCounters, MemoryRegion,
+    QpEndpoint, QpState, QueuePair, RecvWr, Sge, UcDropReason, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use crate::ingest::{CloseSummary, ConnectionIngest};
@@ -58,8 +66,14 @@ const WORK_BATCH: usize = 64;
 /// Growth of the descriptor queue beyond what it must hold (amortizes reallocation while
 /// many agents connect): at least a quarter of its capacity.
 const QUEUE_GROWTH_DIVISOR: usize = 4;
-/// Idle sleep of the poller and the worker when a round found nothing.
-const IDLE_SLEEP: Duration = Duration::from_micros(50);
+/// How long the poller and the worker keep polling (yielding the core between rounds)
+/// after their last work before they block: a burst's next frames are taken without a
+/// wake-up, and an idle collector sleeps.
+pub const SPIN_AFTER_WORK: Duration = Duration::from_micros(50);
+/// The poller's idle sleep when the device gave it no completion channel (it then polls).
+const FALLBACK_SLEEP: Duration = Duration::from_millis(1);
+/// The worker's longest park: a safety net only, every sender unparks it.
+const WORKER_PARK: Duration = Duration::from_secs(1);
 
 /// Errors creating a connection's transport resources.
 #[derive(Debug, thiserror::Error)]
@@ -302,6 +316,10 @@ pub struct DataPlane {
     list: Arc<Mutex<PollerListDebug>>,
     poller_seen: Arc<AtomicU64>,
     worker_tx: mpsc::Sender<WorkerCmd>,
+    /// Unparked after every command and by the poller after queuing descriptors.
+    worker: Thread,
+    /// Where the poller sleeps; woken when the session list changes and at stop.
+    channel: Option<CompletionChannel>,
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     next_id: AtomicU64,
@@ -357,6 +375,26 @@ impl DataPlane {
         let poller_seen = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let (worker_tx, worker_rx) = mpsc::channel();
+        let channel = match device.create_comp_channel() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!(error = %e, "no completion channel: the poller polls every {FALLBACK_SLEEP:?} while idle");
+                None
+            }
+        };
+        let worker = Worker {
+            queues: Queues(std::collections::VecDeque::from([cons])),
+            shared_used: shared_used.clone(),
+            rx: worker_rx,
+            sessions: HashMap::new(),
+            stop: stop.clone(),
+            paused: false,
+            scratch: Vec::new(),
+        };
+        let t2 = std::thread::Builder::new()
+            .name("uctel-worker".into())
+            .spawn(move || worker.run())?;
+        let worker_thread = t2.thread().clone();
         let poller = Poller {
             device: device.clone(),
             list: list.clone(),
@@ -364,30 +402,31 @@ impl DataPlane {
             stop: stop.clone(),
             prod,
             shared: shared as u64,
-            shared_used: shared_used.clone(),
+            shared_used,
             telemetry,
             device_drops: DropCounters::default(),
+            channel: channel.clone(),
+            worker: worker_thread.clone(),
         };
-        let worker = Worker {
-            queues: Queues(std::collections::VecDeque::from([cons])),
-            shared_used,
-            rx: worker_rx,
-            sessions: HashMap::new(),
-            stop: stop.clone(),
-            paused: false,
-            scratch: Vec::new(),
-        };
-        let t1 = std::thread::Builder::new()
+        let t1 = match std::thread::Builder::new()
             .name("uctel-poller".into())
-            .spawn(move || poller.run())?;
-        let t2 = std::thread::Builder::new()
-            .name("uctel-worker".into())
-            .spawn(move || worker.run())?;
+            .spawn(move || poller.run())
+        {
+            Ok(t) => t,
+            Err(e) => {
+                stop.store(true, Ordering::Release);
+                worker_thread.unpark();
+                let _ = t2.join();
+                return Err(e);
+            }
+        };
         Ok(DataPlane {
             device,
             list,
             poller_seen,
             worker_tx,
+            worker: worker_thread,
+            channel,
             stop,
             threads: Mutex::new(vec![t1, t2]),
             next_id: AtomicU64::new(1),
@@ -397,6 +436,20 @@ impl DataPlane {
     /// The transport device.
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// Hands `cmd` to the worker and unparks it.
+    fn to_worker(&self, cmd: WorkerCmd) -> Result<(), mpsc::SendError<WorkerCmd>> {
+        let sent = self.worker_tx.send(cmd);
+        self.worker.unpark();
+        sent
+    }
+
+    /// Wakes the poller from its completion-channel sleep (the session list changed).
+    fn wake_poller(&self) {
+        if let Some(c) = &self.channel {
+            c.wake();
+        }
     }
 
     /// A fresh session id.
@@ -409,9 +462,7 @@ impl DataPlane {
     /// the descriptor queue (a larger queue replaces the current one when needed).
     pub fn register(&self, session: Arc<Session>, ingest: ConnectionIngest) {
         let window = session.geometry.credit_window as usize;
-        let _ = self
-            .worker_tx
-            .send(WorkerCmd::Register(session.clone(), Box::new(ingest)));
+        let _ = self.to_worker(WorkerCmd::Register(session.clone(), Box::new(ingest)));
         let mut l = lock(&self.list);
         l.0.reserved = l.0.reserved.saturating_add(window);
         let needed = l.0.reserved.saturating_add(l.0.shared);
@@ -424,7 +475,7 @@ impl DataPlane {
             // The worker has the consumer before the poller can push (it takes the producer
             // under this lock); a producer replaced before the poller took it is dropped
             // unused, and the worker skips its empty queue.
-            let _ = self.worker_tx.send(WorkerCmd::Queue(cons));
+            let _ = self.to_worker(WorkerCmd::Queue(cons));
             l.0.next_queue = Some(prod);
             l.0.capacity = capacity;
             tracing::debug!(
@@ -435,19 +486,21 @@ impl DataPlane {
         }
         l.0.sessions.push(session);
         l.0.generation += 1;
+        drop(l);
+        self.wake_poller();
     }
 
     /// The `Report` for the agent (computed by the worker, which owns the trackers).
     pub async fn report(&self, id: u32) -> Option<Report> {
         let (tx, rx) = oneshot::channel();
-        self.worker_tx.send(WorkerCmd::Report(id, tx)).ok()?;
+        self.to_worker(WorkerCmd::Report(id, tx)).ok()?;
         rx.await.ok().flatten()
     }
 
     /// Hands the agent's heartbeat to the worker (in order with the frames before it): the
     /// sequences it carries settle the session if it ends without a `Goodbye`.
     pub fn heartbeat(&self, id: u32, heartbeat: Heartbeat) {
-        let _ = self.worker_tx.send(WorkerCmd::Heartbeat(id, heartbeat));
+        let _ = self.to_worker(WorkerCmd::Heartbeat(id, heartbeat));
     }
 
     /// Removes a session: the poller polls its CQ a last time and forgets it, the worker
@@ -467,6 +520,7 @@ impl DataPlane {
             l.0.generation += 1;
             (l.0.generation, window)
         };
+        self.wake_poller();
         // The reservation is released once the worker has drained the queue (below).
         let summary = self.close_session(id, goodbye, target).await;
         let mut l = lock(&self.list);
@@ -489,21 +543,21 @@ impl DataPlane {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let (tx, rx) = oneshot::channel();
-        self.worker_tx
-            .send(WorkerCmd::Close(id, goodbye, tx))
-            .ok()?;
+        self.to_worker(WorkerCmd::Close(id, goodbye, tx)).ok()?;
         rx.await.ok().flatten()
     }
 
     /// Test hook: pause (true) or resume (false) the worker, leaving the poller running, to
     /// provoke ring overruns. Never needed in production.
     pub fn pause_worker(&self, paused: bool) {
-        let _ = self.worker_tx.send(WorkerCmd::Pause(paused));
+        let _ = self.to_worker(WorkerCmd::Pause(paused));
     }
 
     /// Stops both threads and waits for them.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
+        self.wake_poller();
+        self.worker.unpark();
         let threads = std::mem::take(&mut *lock(&self.threads));
         for t in threads {
             let _ = t.join();
@@ -529,6 +583,11 @@ struct Poller {
     shared_used: Arc<AtomicU64>,
     telemetry: Telemetry,
     device_drops: DropCounters,
+    /// Where the poller sleeps when every CQ is empty (`None`: it polls every
+    /// [`FALLBACK_SLEEP`]).
+    channel: Option<CompletionChannel>,
+    /// The worker, unparked after descriptors were queued.
+    worker: Thread,
 }
 
 struct Polled {
@@ -542,6 +601,8 @@ impl Poller {
         let mut generation = 0u64;
         let mut wcs = vec![WorkCompletion::default(); POLL_BATCH];
         let mut last_stats = Instant::now();
+        let mut idle_since: Option<Instant> = None;
+        let mut warned = false;
         while !self.stop.load(Ordering::Acquire) {
             let (current, g) = {
                 let mut l = lock(&self.list);
@@ -576,10 +637,7 @@ impl Poller {
                 generation = g;
                 self.seen.store(generation, Ordering::Release);
             }
-            let mut got = 0;
-            for p in &mut sessions {
-                got += self.poll_one(p, &mut wcs);
-            }
+            let got = self.poll_all(&mut sessions, &mut wcs);
             if last_stats.elapsed() >= STATS_EVERY {
                 last_stats = Instant::now();
                 for p in &mut sessions {
@@ -587,9 +645,70 @@ impl Poller {
                 }
                 self.fold_device_stats();
             }
-            if got == 0 {
-                std::thread::sleep(IDLE_SLEEP);
+            if got > 0 {
+                idle_since = None;
+                continue;
             }
+            // Nothing this round: keep polling for a while after the last work, then sleep.
+            let since = *idle_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < SPIN_AFTER_WORK {
+                std::thread::yield_now();
+                continue;
+            }
+            let timeout = STATS_EVERY.saturating_sub(last_stats.elapsed());
+            if !timeout.is_zero() {
+                self.sleep(&mut sessions, &mut wcs, timeout, &mut warned);
+            }
+        }
+    }
+
+    /// Polls every session's CQs once; unparks the worker when descriptors were queued.
+    fn poll_all(&mut self, sessions: &mut [Polled], wcs: &mut [WorkCompletion]) -> usize {
+        let mut got = 0;
+        for p in sessions.iter_mut() {
+            got += self.poll_one(p, wcs);
+        }
+        if got > 0 {
+            self.worker.unpark();
+        }
+        got
+    }
+
+    /// Arms every CQ on the completion channel, polls them once more (a completion that
+    /// arrived before its CQ was armed raises no notification), and sleeps until a
+    /// completion, a change of the session list, or `timeout`.
+    fn sleep(
+        &mut self,
+        sessions: &mut [Polled],
+        wcs: &mut [WorkCompletion],
+        timeout: Duration,
+        warned: &mut bool,
+    ) {
+        let Some(channel) = self.channel.clone() else {
+            std::thread::sleep(FALLBACK_SLEEP.min(timeout));
+            return;
+        };
+        let mut failure = None;
+        for p in sessions.iter() {
+            for cq in [&p.session.recv_cq, &p.session.send_cq] {
+                if let Err(e) = channel.req_notify(cq) {
+                    failure = Some(e);
+                }
+            }
+        }
+        if self.poll_all(sessions, wcs) > 0 {
+            return;
+        }
+        let failure = match failure {
+            Some(e) => Some(e),
+            None => channel.wait(timeout).err(),
+        };
+        if let Some(e) = failure {
+            if !*warned {
+                tracing::warn!(error = %e, "completion channel failed; the poller polls every {FALLBACK_SLEEP:?} while idle");
+                *warned = true;
+            }
+            std::thread::sleep(FALLBACK_SLEEP.min(timeout));
         }
     }
 
@@ -784,22 +903,32 @@ struct Worker {
 impl Worker {
     fn run(mut self) {
         let mut batch = [Descriptor::WriteImm { session: 0, imm: 0 }; WORK_BATCH];
+        let mut idle_since: Option<Instant> = None;
         while !self.stop.load(Ordering::Acquire) {
             while let Ok(cmd) = self.rx.try_recv() {
                 self.command(cmd);
             }
             if self.paused {
-                std::thread::sleep(Duration::from_millis(1));
+                // Test hook: the resume command unparks.
+                std::thread::park_timeout(WORKER_PARK);
                 continue;
             }
             let n = self.queues.pop_slice(&mut batch);
-            if n == 0 {
-                std::thread::sleep(IDLE_SLEEP);
+            if n > 0 {
+                for d in batch.iter().take(n) {
+                    self.process(*d);
+                }
+                idle_since = None;
                 continue;
             }
-            for d in batch.iter().take(n) {
-                self.process(*d);
+            let since = *idle_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < SPIN_AFTER_WORK {
+                std::thread::yield_now();
+                continue;
             }
+            // Descriptors queued or a command sent after the checks above unpark us, also
+            // before we get here (the unpark token is kept), so no wake-up is lost.
+            std::thread::park_timeout(WORKER_PARK);
         }
     }
 
