@@ -128,6 +128,9 @@ struct SessionLink {
     last_heard: Mutex<Instant>,
     /// Why a newer connection of the same agent id ended this one: the `Goodbye` detail.
     replaced_by: Mutex<Option<String>>,
+    /// The session is ending (the agent said `Goodbye`, its connection closed, or the
+    /// collector ended it): a new connection of the id is the agent coming back, not a twin.
+    ending: std::sync::atomic::AtomicBool,
 }
 
 impl SessionLink {
@@ -135,7 +138,17 @@ impl SessionLink {
         SessionLink {
             last_heard: Mutex::new(Instant::now()),
             replaced_by: Mutex::new(None),
+            ending: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    fn set_ending(&self) {
+        self.ending
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    fn is_ending(&self) -> bool {
+        self.ending.load(std::sync::atomic::Ordering::Acquire)
     }
 
     fn heard(&self) {
@@ -532,7 +545,9 @@ async fn connection(
     let admitted = {
         let mut live = lock(&shared.registry.live);
         match live.get(&agent) {
-            Some(existing) if existing.link.silent_for() <= alive_within => {
+            Some(existing)
+                if !existing.link.is_ending() && existing.link.silent_for() <= alive_within =>
+            {
                 Err((existing.peer, existing.epoch, existing.link.silent_for()))
             }
             _ => {
@@ -579,8 +594,15 @@ async fn connection(
             return refuse(&mut ch, &shared, peer, r).await;
         }
     };
-    if let Some(previous) = previous {
-        replace(&shared, &agent, peer, accepted.hello.epoch, previous).await;
+    if let Some(mut previous) = previous {
+        if previous.link.is_ending() {
+            // The agent came back while its old session finishes: wait for it (its
+            // accounting is settled first), replace nothing.
+            let _ =
+                tokio::time::timeout(Duration::from_secs(5), previous.done.wait_for(|d| *d)).await;
+        } else {
+            replace(&shared, &agent, peer, accepted.hello.epoch, previous).await;
+        }
     }
     let live = Live {
         cancel: my_cancel,
@@ -895,6 +917,7 @@ async fn run_session(
             _ = global.wait() => break Some((GoodbyeReason::Shutdown, "collector shutting down")),
         }
     };
+    link.set_ending();
     let ended_by = match (&goodbye, &vanished, ending) {
         (Some(g), ..) => format!("the agent's Goodbye ({})", goodbye_reason(g)),
         (None, Some(why), _) => why.clone(),

@@ -449,13 +449,9 @@ impl ConnectionIngest {
             return self.drop(DropReason::EpochMismatch, &detail);
         }
         // Connection sequence.
-        let conn_obs = self.conn.observe(self.epoch, header.conn_seq);
-        if conn_obs == Observation::First
-            && header.conn_seq > 0
-            && header.conn_seq <= self.tracker_config.max_dropout
-        {
-            self.unseen_conn_lost = header.conn_seq;
-        }
+        // Connection sequences start at 0 each epoch: a first frame at c > 0 leaves 0..c
+        // missing (they may still arrive out of order).
+        let conn_obs = self.conn.observe_from(self.epoch, 0, header.conn_seq);
         match conn_obs {
             Observation::First if self.epoch_changed() => self.tel.connection_resets_epoch.inc(),
             Observation::Resync { .. } => self.tel.connection_resets_dropout.inc(),
@@ -493,12 +489,15 @@ impl ConnectionIngest {
                 StreamState::new(tracker, self.tel.stream(header.stream_id)),
             );
         }
-        let max_dropout = self.tracker_config.max_dropout;
         let epoch_changed = self.epoch_changed();
         let Some(stream) = self.streams.get_mut(&header.stream_id) else {
             return FrameOutcome::Dropped(DropReason::LimitExceeded);
         };
-        let obs = stream.tracker.observe(self.epoch, header.stream_seq);
+        // Streams start at stream sequence 0 in every epoch: a first frame at s > 0 leaves
+        // 0..s missing, lost once they leave the window (or the session ends).
+        let obs = stream
+            .tracker
+            .observe_from(self.epoch, 0, header.stream_seq);
         if obs.reset_reason().is_some() {
             // The old segment is settled as a whole.
             stream.settle_records(true);
@@ -507,10 +506,6 @@ impl ConnectionIngest {
             Observation::First => {
                 if epoch_changed {
                     stream.tel.resets_epoch.inc();
-                }
-                // Streams start at 0 in every epoch: a first frame at s > 0 lost 0..s.
-                if header.stream_seq > 0 && header.stream_seq <= max_dropout {
-                    stream.leading_lost = header.stream_seq;
                 }
             }
             Observation::InOrder | Observation::Gap { .. } => {}
@@ -1097,6 +1092,38 @@ mod tests {
         );
         let text = String::from_utf8(r.telemetry.render().unwrap()).unwrap();
         assert!(!text.contains("stale_frame"), "stale frames are not drops");
+    }
+
+    /// The finding of the fault matrix: a stream's first frame arriving after its second was
+    /// counted lost at once and then discarded as stale. Now it is missing, then late.
+    #[test]
+    fn a_reordered_first_frame_is_late_not_lost() {
+        let mut r = rig();
+        let out = r.ingest.on_send(&frame(1, 1, 1, 2), now());
+        assert!(matches!(out, FrameOutcome::Accepted { .. }), "{out:?}");
+        assert_eq!(exported(&r, "uctel_collector_frames_missing", "metrics"), 1);
+        let out = r.ingest.on_send(&frame(0, 1, 0, 1), now());
+        assert!(matches!(out, FrameOutcome::Accepted { .. }), "{out:?}");
+        let s = r.ingest.close(&Goodbye {
+            final_conn_seq: Some(1),
+            streams: vec![StreamFinal {
+                stream_id: 1,
+                final_stream_seq: Some(1),
+                final_record_count: 2,
+            }],
+            ..Default::default()
+        });
+        let l = s.streams[0].1;
+        assert_eq!((l.accepted, l.lost, l.late, l.records_lost), (2, 0, 1, 0));
+        assert_eq!((s.conn_received, s.conn_lost), (2, 0));
+        assert_eq!(
+            exported(&r, "uctel_collector_frames_stale_total", "metrics"),
+            0
+        );
+        assert_eq!(
+            exported(&r, "uctel_collector_frames_lost_total", "metrics"),
+            0
+        );
     }
 
     /// Killed agent: the last heartbeat names what it had sent, so the tail up to it is

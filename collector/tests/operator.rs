@@ -187,6 +187,21 @@ async fn agents_sharing_an_agent_id_are_refused_warned_and_told() {
         first.heartbeat_without_reading().await,
         "the first agent keeps its session"
     );
+    // An agent that says Goodbye and comes straight back (a restart) is let in at once, while
+    // its old session still finishes: it is not a twin.
+    first.goodbye(Vec::new()).await;
+    let back = TestAgent::connect(addr, AgentOptions::new("twin")).await;
+    assert!(
+        back.is_ok(),
+        "a restart after Goodbye was refused: {:?}",
+        back.err()
+    );
+    let text = running.render_metrics().unwrap();
+    assert_eq!(value(&text, refused), 3.0, "{text}");
+    assert!(
+        !text.contains("uctel_collector_connections_replaced_total{agent=\"twin\""),
+        "a restart after Goodbye counted as a replacement:\n{text}"
+    );
 
     // A connection silent for longer than one and a half heartbeat intervals (2 s here) is
     // replaced quietly: an agent restart, not a duplicate.

@@ -553,6 +553,55 @@ impl SequenceTracker {
         }
     }
 
+    /// [`observe`](Self::observe) for a sequence space that is known to start at `first` in
+    /// every epoch (the agent starts its connection and stream sequences at 0, DESIGN.md §5).
+    /// When `seq` is the first frame of its epoch here and lies in `first + 1 ..= first +
+    /// max_dropout`, the segment starts at `first` instead of at `seq`: the frames
+    /// `first .. seq` are *missing* (they may still arrive out of order) rather than never
+    /// expected, and count lost only once they leave the window or the segment is closed.
+    /// Otherwise (an epoch already current, or a jump too large to believe) exactly
+    /// [`observe`](Self::observe).
+    pub fn observe_from(&mut self, epoch: u64, first: u64, seq: u64) -> Observation {
+        let lead = seq.wrapping_sub(first);
+        let starts_epoch = self.epoch != Some(epoch) && self.retired_epoch != Some(epoch);
+        if !starts_epoch || lead == 0 || lead >= HALF || lead > self.config.max_dropout {
+            return self.observe(epoch, seq);
+        }
+        // Open the segment at `first` with nothing received, then take `seq` as a forward
+        // jump from `first − 1`: `first ..= seq − 1` are missing.
+        let previous = self.epoch;
+        if previous.is_some() {
+            if !self.closed {
+                self.finish_segment();
+            }
+            self.expected_before = self.expected();
+            self.resets.bump(ResetReason::EpochChange);
+            self.retired_epoch = previous;
+        }
+        self.epoch = Some(epoch);
+        self.base = first;
+        self.highest = first.wrapping_sub(1);
+        self.seen.clear_all();
+        self.settled = 0;
+        self.closed = false;
+        self.segment = SegmentCounts::default();
+        // `highest − base + 1` is 0 now; the jump below adds `lead` missing and one received.
+        let d = lead + 1;
+        let window_floor = lead
+            .wrapping_add(1)
+            .saturating_sub(self.config.reorder_window);
+        self.segment.missing += d - 1;
+        self.settle_below(window_floor);
+        self.seen.set(seq);
+        self.highest = seq;
+        self.segment.received += 1;
+        self.received = self.received.saturating_add(1);
+        match previous {
+            None => Observation::First,
+            Some(previous_epoch) => Observation::EpochReset { previous_epoch },
+        }
+    }
+
     /// Classify one frame of `epoch` with sequence `seq` and update the counters (rules in
     /// the module docs). Never panics.
     pub fn observe(&mut self, epoch: u64, seq: u64) -> Observation {
@@ -1042,6 +1091,43 @@ mod tests {
         assert_eq!(t.close(E, (1 << 32) + 1), Ok(0));
         let c = t.counts();
         assert_eq!((c.received, c.lost, c.missing, c.late), (5, 0, 0, 1));
+    }
+
+    /// A stream's first frame arrives after its second: with the known start 0, frame 0 is
+    /// missing (then late), never counted lost and never stale.
+    #[test]
+    fn observe_from_makes_a_leading_gap_missing_not_lost() {
+        let mut t = SequenceTracker::default();
+        assert_eq!(t.observe_from(E, 0, 1), Observation::First);
+        let c = t.counts();
+        assert_eq!(
+            (c.base, c.highest, c.received, c.lost, c.missing),
+            (0, 1, 1, 0, 1)
+        );
+        assert_invariants(&t);
+        assert_eq!(t.observe_from(E, 0, 0), Observation::Late);
+        let c = t.counts();
+        assert_eq!((c.received, c.lost, c.missing, c.late), (2, 0, 0, 1));
+        // A new epoch whose first frame is 3: 0..=2 missing; the old epoch settled.
+        assert_eq!(
+            t.observe_from(0xE2, 0, 3),
+            Observation::EpochReset { previous_epoch: E }
+        );
+        let c = t.counts();
+        assert_eq!((c.base, c.missing, c.resets.epoch_change), (0, 3, 1));
+        assert_invariants(&t);
+        assert_eq!(t.close(0xE2, 3), Ok(3));
+        assert_invariants(&t);
+        // Beyond the window at once: the leading frames that cannot arrive in time are lost.
+        let mut t = tracker(3000, 4);
+        assert_eq!(t.observe_from(E, 0, 10), Observation::First);
+        let c = t.counts();
+        assert_eq!((c.lost, c.missing), (7, 3));
+        assert_invariants(&t);
+        // A jump beyond max_dropout is not believed: the segment starts at the frame.
+        let mut t = tracker(5, 64);
+        assert_eq!(t.observe_from(E, 0, 100), Observation::First);
+        assert_eq!((t.counts().base, t.counts().missing), (100, 0));
     }
 
     #[test]
