@@ -236,6 +236,7 @@ async fn connection_loop(
     let mut summary = RunSummary::default();
     let mut attempt: u32 = 0;
     let mut duplicate_warned = false;
+    let mut refused_duplicate = false;
     let initial = seconds(config.collector.reconnect_initial_seconds);
     let max = seconds(config.collector.reconnect_max_seconds);
     while !shutdown.is_triggered() {
@@ -282,6 +283,7 @@ async fn connection_loop(
                     tracing::debug!(detail = %detail, "refused again: duplicate agent_id");
                 }
                 attempt = attempt.max(31);
+                refused_duplicate = true;
             }
             Err(e) => {
                 if welcomed {
@@ -294,7 +296,12 @@ async fn connection_loop(
         if welcomed {
             attempt = 0;
         }
-        let wait = backoff(initial, max, attempt, rand::random::<f64>());
+        // A duplicate agent_id waits the whole maximum: the other agent will not leave soon.
+        let wait = if std::mem::take(&mut refused_duplicate) {
+            max
+        } else {
+            backoff(initial, max, attempt, rand::random::<f64>())
+        };
         attempt = attempt.saturating_add(1);
         let until = tokio::time::Instant::now() + wait;
         // Wait, dropping the metric samples queued meanwhile as `not_connected`; log lines
