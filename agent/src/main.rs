@@ -15,7 +15,8 @@ use uctel_agent::run::RunError;
 
 /// Streaming telemetry agent: host metrics and logs over RDMA Unreliable Connection.
 #[derive(Debug, Parser)]
-#[command(name = "uctel-agent", version, about)]
+#[command(name = "uctel-agent", about)]
+#[command(version = uctel_common::version::long(env!("CARGO_PKG_VERSION"), &[("verbs", cfg!(feature = "verbs"))]))]
 struct Cli {
     /// Configuration file (YAML).
     #[arg(

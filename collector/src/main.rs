@@ -14,7 +14,8 @@ use uctel_collector::daemon::RunError;
 
 /// Receives uctel telemetry over RDMA UC and serves it on /metrics.
 #[derive(Debug, Parser)]
-#[command(name = "uctel-collector", version, about)]
+#[command(name = "uctel-collector", about)]
+#[command(version = uctel_common::version::long(env!("CARGO_PKG_VERSION"), &[("verbs", cfg!(feature = "verbs"))]))]
 struct Args {
     /// Configuration file (YAML).
     #[arg(

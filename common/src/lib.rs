@@ -11,6 +11,7 @@
 //! - [`control`]: the framed control channel over TCP and the agent side of the handshake
 //!   (`client_handshake`).
 //! - [`listen`]: listen addresses in config files (`IP:PORT`, `[IPv6]:PORT`, `:PORT`).
+//! - [`version`]: the `--version` text (package version, git commit, enabled features).
 //!
 //! A daemon's `main` is: parse flags (clap), `config::load`, `logging::init`,
 //! `shutdown::on_signals`, then the library's `run(config, shutdown)`.
@@ -21,3 +22,4 @@ pub mod http;
 pub mod listen;
 pub mod logging;
 pub mod shutdown;
+pub mod version;
