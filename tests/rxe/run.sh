@@ -19,7 +19,7 @@
 #   UCTEL_RXE_TIMEOUT   seconds before the guest is killed (default 600)
 #   UCTEL_RXE_CACHE     download cache (default <repo>/target/rxe-cache)
 #   UCTEL_RXE_WORK      initramfs tree, image and serial log (default <repo>/target/rxe-work)
-#   UCTEL_RXE_NO_BUILD  1: do not run cargo; use the binaries already in target/release
+#   UCTEL_RXE_NO_BUILD  1: do not run cargo; use the binaries already in target/dist
 #   UCTEL_RXE_VERBOSE   1: the guest prints every scenario's output, not only on failure
 # Exit status: 0 when every requested scenario printed PASS; 1 when one failed, is missing, or
 # the guest timed out; 2 on a setup error (missing package, download or build failure).
@@ -186,17 +186,19 @@ fi
 # ---------------------------------------------------------------- project binaries
 RUST_BINS=()
 if [ "${UCTEL_RXE_NO_BUILD:-0}" != 1 ]; then
-  log "cargo build --release --features verbs: ${RUST_EXAMPLES[*]} ${RUST_DAEMONS[*]}"
+  # Profile dist (release code in target/dist/, as the Debian packages ship it): the suite
+  # never overwrites what `cargo build --release` put in target/release/.
+  log "cargo build --profile dist --features verbs: ${RUST_EXAMPLES[*]} ${RUST_DAEMONS[*]}"
   targets=()
   for e in "${RUST_EXAMPLES[@]}"; do targets+=(--example "$e"); done
   for b in "${RUST_DAEMONS[@]}"; do targets+=(--bin "$b"); done
-  (cd "$REPO" && cargo build --release --locked -q \
+  (cd "$REPO" && cargo build --profile dist --locked -q \
     -p uctel-transport -p uctel-collector -p uctel-agent \
     --features uctel-transport/verbs,uctel-collector/verbs,uctel-agent/verbs \
     "${targets[@]}") || die "cargo build failed"
 fi
-for e in "${RUST_EXAMPLES[@]}"; do RUST_BINS+=("$REPO/target/release/examples/$e"); done
-for b in "${RUST_DAEMONS[@]}"; do RUST_BINS+=("$REPO/target/release/$b"); done
+for e in "${RUST_EXAMPLES[@]}"; do RUST_BINS+=("$REPO/target/dist/examples/$e"); done
+for b in "${RUST_DAEMONS[@]}"; do RUST_BINS+=("$REPO/target/dist/$b"); done
 for b in "${RUST_BINS[@]}"; do [ -x "$b" ] || die "missing $b"; done
 
 # ---------------------------------------------------------------- initramfs
@@ -232,9 +234,8 @@ declare -A FILES=(
   [/etc/libibverbs.d/rxe.driver]="$GROOT/etc/libibverbs.d/rxe.driver"
 )
 for b in "${RUST_BINS[@]}"; do FILES[/usr/bin/$(basename "$b")]="$b"; done
-# Release builds keep debug info (profile.release debug = 1): ~40 MB per daemon. The guest gets
-# copies without it (symbols stay, so a panic's backtrace still names functions); a smaller
-# initramfs boots faster under TCG.
+# The guest gets copies without debug info (symbols stay, so a panic's backtrace still names
+# functions), in case the profile keeps some; a smaller initramfs boots faster under TCG.
 declare -A STRIP=()
 for b in "${RUST_BINS[@]}"; do STRIP[/usr/bin/$(basename "$b")]=1; done
 
