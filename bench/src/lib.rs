@@ -12,7 +12,9 @@
 //!    (validate, track, decode, store) in this process, no IO: frames per CPU second;
 //! 4. **scaling** — the soft path at several `K`: throughput, memory per agent, fairness;
 //! 5. **agent cost** ([`agentcost`]) — CPU and RSS of the real `uctel-agent` at a given
-//!    sample and log-line rate.
+//!    sample and log-line rate;
+//! 6. **idle** ([`idle`]) — CPU of both daemons with nothing to do (no agent, collector down,
+//!    connected and quiet), side by side with a real node_exporter.
 //!
 //! The targets are checked as ratios between figures of the same run ([`report`]); the
 //! report is printed as a table and written as JSON. `BENCHMARKS.md` at the repository root
@@ -24,6 +26,7 @@
 pub mod agentcost;
 pub mod cpu;
 pub mod daemon;
+pub mod idle;
 pub mod limit;
 pub mod loadgen;
 pub mod processing;

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use uctel_bench::agentcost::{self, AgentCostConfig};
+use uctel_bench::idle::{self, IdleConfig};
 use uctel_bench::limit::{self, LimitConfig};
 use uctel_bench::processing::{self, ProcessingConfig};
 use uctel_bench::report::{Machine, Perftest, Report};
@@ -27,6 +28,8 @@ enum Part {
     Scaling,
     /// The real agent's CPU and RSS.
     Agent,
+    /// Idle CPU of both daemons beside node_exporter.
+    Idle,
 }
 
 /// Measures the uctel soft path, processing, scaling and agent cost against a recvmmsg
@@ -95,6 +98,17 @@ struct Args {
     /// Agent cost: warm-up after the first data arrived, seconds.
     #[arg(long, default_value_t = 3.0)]
     agent_warmup_secs: f64,
+    /// Idle: the window of each phase (collector with no agent and agent with its collector
+    /// down; then the agent connected), seconds.
+    #[arg(long, default_value_t = 60.0)]
+    idle_seconds: f64,
+    /// Idle: unmeasured time after each phase started, seconds.
+    #[arg(long, default_value_t = 3.0)]
+    idle_warmup_secs: f64,
+    /// Idle: the node_exporter to measure beside the daemons; default
+    /// `prometheus-node-exporter` (Debian) or `node_exporter` on PATH.
+    #[arg(long, value_name = "PATH")]
+    node_exporter_bin: Option<PathBuf>,
     /// The collector binary; default `uctel-collector` next to this binary.
     #[arg(long, value_name = "PATH")]
     collector_bin: Option<PathBuf>,
@@ -179,6 +193,7 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         processing: None,
         scaling: Vec::new(),
         agent: None,
+        idle: None,
         perftest: Perftest {
             source: "not in this run: tests/rxe/run.sh verbs_send_bench prints BENCH verbs_vs_perftest_ratio (pass --rxe-log or --rxe)".into(),
             ..Perftest::default()
@@ -267,6 +282,23 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         }) {
             Ok(r) => report.agent = Some(r),
             Err(e) => report.failures.push(("agent cost".into(), e.to_string())),
+        }
+    }
+    if wants(Part::Idle) {
+        eprintln!(
+            "[idle] collector, agent and node_exporter with nothing to do, 2 × {:.0} s",
+            args.idle_seconds
+        );
+        match idle::run(&IdleConfig {
+            collector_bin: collector_bin.clone(),
+            agent_bin: agent_bin.clone(),
+            node_exporter_bin: args.node_exporter_bin.clone(),
+            workdir: workdir.join("idle"),
+            warmup: secs(args.idle_warmup_secs),
+            duration: secs(args.idle_seconds),
+        }) {
+            Ok(r) => report.idle = Some(r),
+            Err(e) => report.failures.push(("idle".into(), e.to_string())),
         }
     }
     if args.rxe {

@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use crate::agentcost::AgentCostResult;
+use crate::idle::IdleResult;
 use crate::limit::LimitResult;
 use crate::processing::ProcessingResult;
 use crate::softpath::SoftRunResult;
@@ -19,6 +20,9 @@ pub const PROCESSING_VS_SOFT: f64 = 10.0;
 pub const AGENT_CPU_PERCENT: f64 = 1.0;
 /// Agent RSS at most this many bytes.
 pub const AGENT_RSS_BYTES: f64 = 20.0 * 1024.0 * 1024.0;
+/// Largest share of one core an idle collector or agent may use, percent (the issue's
+/// target: idle means asleep).
+pub const IDLE_CPU_PERCENT: f64 = 0.1;
 
 /// The machine the run was on.
 #[derive(Clone, Debug, Serialize)]
@@ -134,6 +138,8 @@ pub struct Report {
     pub scaling: Vec<SoftRunResult>,
     /// Agent cost.
     pub agent: Option<AgentCostResult>,
+    /// Idle cost of both daemons, with node_exporter beside them.
+    pub idle: Option<IdleResult>,
     /// VM-suite perftest comparison.
     pub perftest: Perftest,
     /// Targets with verdicts.
@@ -216,6 +222,22 @@ impl Report {
                 rule: "≤ 20 MiB".into(),
                 verdict: Verdict::check(a.rss_bytes as f64, AGENT_RSS_BYTES, Goal::AtMost),
             });
+        }
+        if let Some(i) = &self.idle {
+            for (phase, what, name) in [
+                ("disconnected", "collector", "idle collector, no agent"),
+                ("connected", "collector", "idle collector, one quiet agent"),
+                ("disconnected", "agent", "idle agent, collector down"),
+                ("connected", "agent", "idle agent, connected"),
+            ] {
+                if let Some(p) = i.find(phase, what) {
+                    t.push(Target {
+                        name: name.into(),
+                        rule: format!("≤ {IDLE_CPU_PERCENT} % of one core over {:.0} s", i.seconds),
+                        verdict: Verdict::check(p.cpu_percent, IDLE_CPU_PERCENT, Goal::AtMost),
+                    });
+                }
+            }
         }
         self.targets = t;
     }
@@ -335,6 +357,26 @@ impl Report {
                     si(a.target_samples_per_sec),
                     si(a.target_log_lines_per_sec)
                 ),
+            ));
+        }
+        if let Some(i) = &self.idle {
+            for (n, p) in i.processes.iter().enumerate() {
+                rows.push(row(
+                    if n == 0 {
+                        format!("idle, {:.0} s each ({})", i.seconds, p.phase)
+                    } else {
+                        format!("  {}", p.phase)
+                    },
+                    format!("{:.3} % of a core", p.cpu_percent),
+                    p.what.clone(),
+                    threads(&p.cpu),
+                ));
+            }
+            rows.push(row(
+                "  load average at each phase's start".into(),
+                i.loadavg.join("; "),
+                String::new(),
+                format!("node_exporter: {}", i.node_exporter),
             ));
         }
         let p = &self.perftest;

@@ -63,3 +63,36 @@ fn agent_cost_measures_the_real_agent() {
     assert!(r.rss_bytes > 0);
     assert!(r.cpu.wall_seconds > 0.0, "{r:?}");
 }
+
+#[test]
+fn idle_daemons_are_measured_in_both_phases_and_sleep() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = uctel_bench::idle::run(&uctel_bench::idle::IdleConfig {
+        collector_bin: bins::path(COLLECTOR),
+        agent_bin: bins::path(AGENT),
+        node_exporter_bin: None,
+        workdir: dir.path().join("idle"),
+        warmup: Duration::from_millis(500),
+        duration: Duration::from_secs(3),
+    })
+    .unwrap();
+    assert_eq!(r.loadavg.len(), 2);
+    for (phase, what) in [
+        ("disconnected", "collector"),
+        ("disconnected", "agent"),
+        ("connected", "collector"),
+        ("connected", "agent"),
+    ] {
+        let p = r
+            .find(phase, what)
+            .unwrap_or_else(|| panic!("no {what} in {phase}: {r:?}"));
+        // 3 s of 10 ms ticks: 0.33 % per tick. Idle means asleep; a loop waking every 50 µs
+        // (the collector before) costs 12 %.
+        assert!(
+            p.cpu_percent < 2.0,
+            "{what} ({phase}) used {:.2} % of a core: {:?}",
+            p.cpu_percent,
+            p.cpu.by_thread
+        );
+    }
+}
