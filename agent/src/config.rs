@@ -562,7 +562,8 @@ fn default_poll_interval() -> f64 {
 }
 
 /// Bytes a log record needs in a frame beyond its message: the frame header (64) plus room
-/// for the record's fields (timestamp, severity, source path up to 448 bytes, tags).
+/// for the record's fields (timestamp, severity, source path up to 448 bytes, `file_id` and
+/// `end_offset` (two keyed varints, at most 22 bytes), tags).
 pub const LOG_RECORD_OVERHEAD_BYTES: usize = 576;
 
 /// `pacing`: caps on the send rate (token buckets, see [`crate::pacing`]). A frame that has

@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use uctel_agent::sources::logs::{LogEvent, LogSourceConfig, LogTailer, StartAt};
+use uctel_protocol::payload::LogRecord;
 
 fn append(path: &Path, text: &str) {
     let mut f = OpenOptions::new()
@@ -87,6 +88,14 @@ impl Env {
     /// Polls (7 records at a time, 100 ms apart) until a poll returns nothing and nothing is
     /// pending; bounded.
     fn drain(&mut self, t: &mut LogTailer) -> Vec<String> {
+        self.drain_records(t)
+            .into_iter()
+            .map(|r| r.message)
+            .collect()
+    }
+
+    /// [`Env::drain`], returning the whole records.
+    fn drain_records(&mut self, t: &mut LogTailer) -> Vec<LogRecord> {
         let mut got = Vec::new();
         for _ in 0..200 {
             self.clock += Duration::from_millis(100);
@@ -94,7 +103,7 @@ impl Env {
             let stats = t.poll(self.clock, &mut out, 7);
             assert!(stats.errors.is_empty(), "poll errors: {:?}", stats.errors);
             let empty = out.is_empty();
-            got.extend(out.into_iter().map(|r| r.message));
+            got.extend(out);
             if empty && !stats.more_pending {
                 return got;
             }
@@ -339,4 +348,82 @@ fn truncation_while_down_is_counted_and_logged_naming_the_path() {
         let shown = env.path("app.log").display().to_string();
         assert!(warnings[0].contains(&format!("{shown} ")) || warnings[0].ends_with(&shown));
     });
+}
+
+/// `(message, file_id, end_offset)` of each record.
+fn positions(records: &[LogRecord]) -> Vec<(String, u64, u64)> {
+    records
+        .iter()
+        .map(|r| (r.message.clone(), r.file_id, r.end_offset))
+        .collect()
+}
+
+#[test]
+fn records_carry_a_stable_file_id_and_increasing_end_offsets_across_restarts() {
+    let mut env = Env::new();
+    let log = env.path("app.log");
+    // 360 bytes: more than the fingerprint, so a copy can be recognised later.
+    append_lines(&log, 1..=30);
+    let first = {
+        let mut t = env.tailer("app.log*", StartAt::Beginning);
+        let got = env.drain_records(&mut t);
+        // Killed with the checkpoint behind what was sent: only lines 1..=25 settled.
+        t.settle(25);
+        t.checkpoint_settled().expect("checkpoint");
+        got
+    };
+    let id = first.first().map(|r| r.file_id).expect("records");
+    assert_ne!(id, 0, "a file gets a non-zero file_id");
+    // Line N ends at byte 12 N (12 bytes a line, the newline included).
+    let expect = |range: std::ops::RangeInclusive<u32>, id: u64| -> Vec<(String, u64, u64)> {
+        range.map(|n| (line(n), id, 12 * u64::from(n))).collect()
+    };
+    assert_eq!(positions(&first), expect(1..=30, id));
+
+    // Restart: lines 26..=30 are read again with the same identity and offsets as before
+    // (what the collector recognises as a replay), then the new lines go on from there.
+    append_lines(&log, 31..=32);
+    let second = {
+        let mut t = env.tailer("app.log*", StartAt::Beginning);
+        let got = env.drain_records(&mut t);
+        t.checkpoint().expect("checkpoint");
+        got
+    };
+    assert_eq!(positions(&second), expect(26..=32, id));
+
+    // copytruncate while down: the copy inherits the identity and goes on after the saved
+    // offset; the truncated original is other bytes at the same offsets: a new identity.
+    append_lines(&log, 33..=35);
+    std::fs::copy(&log, env.path("app.log.1")).expect("cp app.log app.log.1");
+    truncate(&log);
+    append_lines(&log, 36..=37);
+    let mut t = env.tailer("app.log*", StartAt::Beginning);
+    let third = env.drain_records(&mut t);
+    let (copy, original) = third.split_at(3.min(third.len()));
+    assert_eq!(positions(copy), expect(33..=35, id));
+    let new_id = original
+        .first()
+        .map(|r| r.file_id)
+        .expect("original's records");
+    assert!(
+        new_id != 0 && new_id != id,
+        "the truncated file is another file"
+    );
+    assert_eq!(
+        positions(original),
+        vec![(line(36), new_id, 12), (line(37), new_id, 24)]
+    );
+    t.checkpoint().expect("checkpoint");
+    drop(t);
+
+    // Both identities survive the next restart (from the state file).
+    append_lines(&log, 38..=38);
+    append_lines(&env.path("app.log.1"), 100..=100);
+    let mut t = env.tailer("app.log*", StartAt::Beginning);
+    let mut fourth = positions(&env.drain_records(&mut t));
+    fourth.sort();
+    assert_eq!(
+        fourth,
+        vec![(line(38), new_id, 36), (line(100), id, 12 * 36)]
+    );
 }

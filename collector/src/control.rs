@@ -815,6 +815,7 @@ async fn run_session(
         Err(e) => return refuse(ch, shared, peer, fail(e.to_string())).await,
     };
     ingest.set_previous_epoch(shared.registry.swap_epoch(&agent, hello.epoch));
+    ingest.share_delivered(shared.delivered.clone());
     shared.plane.register(session.clone(), ingest);
     let heartbeat = Duration::try_from_secs_f64(cfg.control.heartbeat_interval_seconds)
         .unwrap_or(Duration::from_secs(5));
@@ -960,6 +961,7 @@ async fn run_session(
             e.dropped_after_tracking += l.dropped_after_tracking;
             e.records_received += l.records_received;
             e.records_lost += l.records_lost;
+            e.records_replayed += l.records_replayed;
         }
         let streams = stream_summary(&summary.streams);
         let connected_for = connected_at.elapsed();

@@ -14,7 +14,7 @@ use uctel_transport::api::{Device, DeviceConfig, VerbsConfig};
 use crate::config::{Config, TransportKindConfig};
 use crate::control::{Auth, Ledger, Registry};
 use crate::dataplane::DataPlane;
-use crate::ingest::StreamLedger;
+use crate::ingest::{DeliveredLogs, StreamLedger};
 use crate::logsink::LogSink;
 use crate::store::SeriesStore;
 use crate::telemetry::Telemetry;
@@ -102,6 +102,8 @@ pub struct Shared {
     pub registry: Arc<Registry>,
     /// Per-stream accounting of finished connections.
     pub ledger: Ledger,
+    /// Log offsets each agent delivered in its earlier epochs (replays are discarded).
+    pub delivered: DeliveredLogs,
 }
 
 /// A started collector. Dropping it without [`Running::run_until`] stops it too (its
@@ -256,6 +258,7 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         auth,
         registry: Arc::new(Registry::default()),
         ledger: Ledger::default(),
+        delivered: DeliveredLogs::default(),
     };
     let (trigger, sd) = shutdown::channel();
     let render_telemetry = shared.telemetry.clone();

@@ -33,9 +33,20 @@
 //! once its sequence leaves the reorder window (or the session is settled), from the
 //! cumulative record counts of the settled frames, so `records_lost_total` never counts the
 //! records of a frame that is merely late.
+//!
+//! **Replayed log records.** An agent killed without a final checkpoint reads again, after
+//! its restart, the lines it had sent since its last checkpoint. Each log record names its
+//! file (`file_id`, stable across the agent's restarts) and the offset just after its line
+//! (`end_offset`). [`DeliveredLogs`] keeps, per agent id and file, the highest `end_offset`
+//! delivered in the agent's *earlier* epochs (each connection's highest is folded in when it
+//! ends); a record of a later epoch at or below it is a replay: not delivered, counted only
+//! in `records_replayed_total` (its frame is received). Records with `file_id` 0 (older
+//! agents) are never discarded, and nothing is discarded within one epoch (reordering there
+//! is the trackers' business). Per stream: records sent `= received + lost + dropped +
+//! replayed`.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use uctel_protocol::borrowed::MetricBatchView;
@@ -56,6 +67,159 @@ use crate::telemetry::{AgentTelemetry, DropReason, StreamTelemetry};
 /// every counter at its largest varint (61 bytes per stream; checked by a test): a larger
 /// report could not be sent and the connection would end at every report interval.
 pub const MAX_STREAMS_PER_CONNECTION: usize = 1024;
+
+/// Most files per agent whose delivered log offsets [`DeliveredLogs`] remembers (and a
+/// connection tracks); past it the files updated longest ago are forgotten (their lines are
+/// then not recognised as replays).
+pub const MAX_REPLAY_FILES_PER_AGENT: usize = 4096;
+
+/// Most agent ids [`DeliveredLogs`] remembers (as the registry's
+/// [`crate::control::MAX_REMEMBERED_EPOCHS`]); when full, the agent folded longest ago is
+/// forgotten.
+pub const MAX_REPLAY_AGENTS: usize = crate::control::MAX_REMEMBERED_EPOCHS;
+
+/// Most files [`DeliveredLogs`] remembers over all agents (about 48 bytes each); when
+/// exceeded, the agents folded longest ago are forgotten.
+pub const MAX_REPLAY_FILES: usize = 1 << 20;
+
+/// The highest log `end_offset` delivered per agent id and `file_id` in the agent's ended
+/// connections (earlier epochs), shared by every connection of the collector (see the module
+/// documentation, "Replayed log records"). Cheap to clone (one `Arc`).
+#[derive(Clone, Debug, Default)]
+pub struct DeliveredLogs {
+    inner: Arc<Mutex<DeliveredInner>>,
+}
+
+#[derive(Debug, Default)]
+struct DeliveredInner {
+    agents: HashMap<String, AgentFiles>,
+    files: usize,
+    tick: u64,
+}
+
+#[derive(Debug, Default)]
+struct AgentFiles {
+    /// `file_id` → highest end offset delivered, the epoch that delivered it, when updated.
+    files: HashMap<u64, FileMark>,
+    /// When last folded into.
+    tick: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct FileMark {
+    end_offset: u64,
+    epoch: u64,
+    tick: u64,
+}
+
+impl DeliveredLogs {
+    fn lock(&self) -> std::sync::MutexGuard<'_, DeliveredInner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Removes from `records` those `agent` already delivered in an epoch other than
+    /// `epoch` (a `file_id` ≠ 0 and an `end_offset` at or below that epoch's highest);
+    /// returns how many.
+    fn discard_replays(
+        &self,
+        agent: &str,
+        epoch: u64,
+        records: &mut Vec<payload::LogRecord>,
+    ) -> u64 {
+        if records.iter().all(|r| r.file_id == 0) {
+            return 0;
+        }
+        let inner = self.lock();
+        let Some(files) = inner.agents.get(agent) else {
+            return 0;
+        };
+        let before = records.len();
+        records.retain(|r| {
+            r.file_id == 0
+                || files
+                    .files
+                    .get(&r.file_id)
+                    .is_none_or(|m| m.epoch == epoch || r.end_offset > m.end_offset)
+        });
+        (before - records.len()) as u64
+    }
+
+    /// Folds the highest end offsets one connection of `agent` in `epoch` delivered
+    /// (`file_id` → offset) into what its later epochs compare with.
+    fn fold(&self, agent: &str, epoch: u64, highs: &HashMap<u64, u64>) {
+        if highs.is_empty() {
+            return;
+        }
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        inner.tick += 1;
+        let tick = inner.tick;
+        if !inner.agents.contains_key(agent) && inner.agents.len() >= MAX_REPLAY_AGENTS {
+            inner.forget_oldest_agent();
+        }
+        let a = inner.agents.entry(agent.to_owned()).or_default();
+        let had = a.files.len();
+        a.tick = tick;
+        for (&file_id, &end_offset) in highs {
+            let m = a.files.entry(file_id).or_insert(FileMark {
+                end_offset,
+                epoch,
+                tick,
+            });
+            if end_offset >= m.end_offset {
+                *m = FileMark {
+                    end_offset,
+                    epoch,
+                    tick,
+                };
+            }
+        }
+        if a.files.len() > MAX_REPLAY_FILES_PER_AGENT {
+            let mut ticks: Vec<u64> = a.files.values().map(|m| m.tick).collect();
+            ticks.sort_unstable();
+            let excess = a.files.len() - MAX_REPLAY_FILES_PER_AGENT;
+            let cut = ticks.get(excess).copied().unwrap_or(u64::MAX);
+            a.files.retain(|_, m| m.tick >= cut);
+            // Ties at the cut: drop arbitrary ones of them down to the bound.
+            let over = a.files.len().saturating_sub(MAX_REPLAY_FILES_PER_AGENT);
+            let drop: Vec<u64> = a
+                .files
+                .iter()
+                .filter(|(_, m)| m.tick == cut)
+                .map(|(id, _)| *id)
+                .take(over)
+                .collect();
+            for id in drop {
+                a.files.remove(&id);
+            }
+        }
+        let now = a.files.len();
+        inner.files = inner.files.saturating_sub(had).saturating_add(now);
+        while inner.files > MAX_REPLAY_FILES && inner.agents.len() > 1 {
+            inner.forget_oldest_agent();
+        }
+    }
+
+    /// Files remembered for `agent` (tests).
+    pub fn files_of(&self, agent: &str) -> usize {
+        self.lock().agents.get(agent).map_or(0, |a| a.files.len())
+    }
+}
+
+impl DeliveredInner {
+    fn forget_oldest_agent(&mut self) {
+        let oldest = self
+            .agents
+            .iter()
+            .min_by_key(|(_, a)| a.tick)
+            .map(|(id, _)| id.clone());
+        if let Some(a) = oldest.and_then(|id| self.agents.remove(&id)) {
+            self.files = self.files.saturating_sub(a.files.len());
+        }
+    }
+}
 
 /// `a` is after `b` in serial-number order (RFC 1982 practical form on 64 bits).
 fn is_after(a: u64, b: u64) -> bool {
@@ -113,6 +277,8 @@ pub struct StreamLedger {
     pub records_received: u64,
     /// Records of settled frames that never arrived (from the cumulative record counts).
     pub records_lost: u64,
+    /// Log records of accepted frames discarded as replays of an earlier epoch.
+    pub records_replayed: u64,
 }
 
 /// A frame tracked but not yet settled: its records count once its sequence is settled.
@@ -121,7 +287,7 @@ struct Unsettled {
     stream_seq: u64,
     /// Cumulative record count of the stream carried by the frame (its own records included).
     record_count: u64,
-    /// Records delivered from it (0 when its payload was dropped).
+    /// Records accounted for by it: delivered or replayed (0 when its payload was dropped).
     records: u64,
 }
 
@@ -146,6 +312,7 @@ struct StreamState {
     accepted: u64,
     dropped_after_tracking: u64,
     records_received: u64,
+    records_replayed: u64,
     /// Highest cumulative record count carried by any frame (bounds a `Goodbye`'s claim).
     max_record_count: u64,
     /// Tracked frames not yet settled, in stream-sequence order.
@@ -167,6 +334,7 @@ impl StreamState {
             accepted: 0,
             dropped_after_tracking: 0,
             records_received: 0,
+            records_replayed: 0,
             max_record_count: 0,
             unsettled: VecDeque::new(),
             settled_record_count: 0,
@@ -196,6 +364,7 @@ impl StreamState {
             dropped_after_tracking: self.dropped_after_tracking,
             records_received: self.records_received,
             records_lost: self.records_lost(),
+            records_replayed: self.records_replayed,
         }
     }
 
@@ -304,6 +473,11 @@ pub struct ConnectionIngest {
     /// Decode storage reused for every metrics frame ([`MetricBatchView::recycle`]): records
     /// are views into the frame, so the steady state allocates nothing per frame.
     metrics: MetricBatchView<'static>,
+    /// The agent's log offsets delivered in earlier epochs ([`ConnectionIngest::share_delivered`]).
+    delivered: DeliveredLogs,
+    /// This connection's highest delivered `end_offset` per `file_id`, folded into
+    /// `delivered` when the connection ends.
+    file_highs: HashMap<u64, u64>,
 }
 
 impl ConnectionIngest {
@@ -340,7 +514,23 @@ impl ConnectionIngest {
             previous_epoch: None,
             last_heartbeat: None,
             metrics: MetricBatchView::new(),
+            delivered: DeliveredLogs::default(),
+            file_highs: HashMap::new(),
         })
+    }
+
+    /// The collector's [`DeliveredLogs`], shared by every connection, so log records this
+    /// agent already delivered in an earlier epoch are discarded as replays (module
+    /// documentation). Without it a connection compares only with itself (never discards).
+    pub fn share_delivered(&mut self, delivered: DeliveredLogs) {
+        self.delivered = delivered;
+    }
+
+    /// Folds this connection's highest delivered log offsets into [`DeliveredLogs`], once
+    /// (at the end of the connection; also on drop).
+    fn fold_delivered(&mut self) {
+        let highs = std::mem::take(&mut self.file_highs);
+        self.delivered.fold(&self.agent, self.epoch, &highs);
     }
 
     /// The epoch of the agent's previous connection, `None` for an agent not seen before.
@@ -531,7 +721,8 @@ impl ConnectionIngest {
         stream.max_record_count = stream.max_record_count.max(header.record_count);
         // Payload.
         let body = frame.payload();
-        let delivered: Result<usize, PayloadError> = match header.kind {
+        // (delivered, replayed) records.
+        let delivered: Result<(usize, u64), PayloadError> = match header.kind {
             FrameKind::Metrics => {
                 let mut batch = std::mem::take(&mut self.metrics).recycle();
                 let delivered = batch.decode_into(body, &self.limits).map(|()| {
@@ -551,12 +742,25 @@ impl ConnectionIngest {
                             ),
                         );
                     }
-                    batch.len()
+                    (batch.len(), 0)
                 });
                 self.metrics = batch.recycle();
                 delivered
             }
-            FrameKind::Logs => payload::decode_log_batch(body, &self.limits).map(|batch| {
+            FrameKind::Logs => payload::decode_log_batch(body, &self.limits).map(|mut batch| {
+                let replayed =
+                    self.delivered
+                        .discard_replays(&self.agent, self.epoch, &mut batch.records);
+                for r in batch.records.iter().filter(|r| r.file_id != 0) {
+                    let full = self.file_highs.len() >= MAX_REPLAY_FILES_PER_AGENT;
+                    match self.file_highs.get_mut(&r.file_id) {
+                        Some(high) => *high = (*high).max(r.end_offset),
+                        None if !full => {
+                            self.file_highs.insert(r.file_id, r.end_offset);
+                        }
+                        None => {}
+                    }
+                }
                 let ctx = LogContext {
                     agent: &self.agent,
                     instance: &self.instance,
@@ -568,19 +772,28 @@ impl ConnectionIngest {
                 if let Some(e) = err {
                     self.tel.drop_records(DropReason::LogSinkError, failed, &e);
                 }
-                batch.records.len()
+                (batch.records.len(), replayed)
             }),
-            FrameKind::Heartbeat if body.is_empty() => Ok(0),
+            FrameKind::Heartbeat if body.is_empty() => Ok((0, 0)),
             FrameKind::Heartbeat => Err(PayloadError::HeartbeatPayload { len: body.len() }),
         };
         match delivered {
-            Ok(n) => {
+            Ok((n, replayed)) => {
                 let n = n as u64;
                 stream.accepted += 1;
                 stream.records_received = stream.records_received.saturating_add(n);
                 stream.tel.frames_received.inc();
                 stream.tel.records_received.inc_by(n);
-                stream.track(header.stream_seq, header.record_count, n);
+                if replayed > 0 {
+                    stream.records_replayed = stream.records_replayed.saturating_add(replayed);
+                    stream.tel.records_replayed.inc_by(replayed);
+                }
+                // Replayed records are accounted for (not lost) with their frame.
+                stream.track(
+                    header.stream_seq,
+                    header.record_count,
+                    n.saturating_add(replayed),
+                );
                 stream.sync();
                 FrameOutcome::Accepted {
                     records: u32::try_from(n).unwrap_or(u32::MAX),
@@ -651,6 +864,7 @@ impl ConnectionIngest {
     /// agent cannot push the loss counters by up to 2^64.
     pub fn close(&mut self, goodbye: &Goodbye) -> CloseSummary {
         self.settle_from(goodbye.final_conn_seq, &goodbye.streams, Source::Goodbye);
+        self.fold_delivered();
         self.summary()
     }
 
@@ -680,6 +894,7 @@ impl ConnectionIngest {
             }
             stream.sync();
         }
+        self.fold_delivered();
         self.summary()
     }
 
@@ -834,6 +1049,13 @@ impl ConnectionIngest {
     }
 }
 
+impl Drop for ConnectionIngest {
+    /// A connection ended by any path (replaced, shutdown) still folds what it delivered.
+    fn drop(&mut self) {
+        self.fold_delivered();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -909,6 +1131,229 @@ mod tests {
 
     fn now() -> Instant {
         Instant::now()
+    }
+
+    /// A connection of agent "a1" in `epoch`, sharing `delivered`, on `telemetry`.
+    fn log_ingest(
+        epoch: u64,
+        delivered: &DeliveredLogs,
+        telemetry: &Telemetry,
+    ) -> ConnectionIngest {
+        let logs = Arc::new(
+            LogSink::open(&LogsConfig {
+                sink: LogSinkKind::Stdout,
+                ..Default::default()
+            })
+            .unwrap(),
+        );
+        let mut ingest = ConnectionIngest::new(
+            "a1",
+            "host-a1",
+            epoch,
+            Limits::default(),
+            TrackerConfig::default(),
+            SeriesStore::new(Duration::from_secs(60), 1000),
+            logs,
+            telemetry.agent("a1"),
+        )
+        .unwrap();
+        ingest.share_delivered(delivered.clone());
+        ingest
+    }
+
+    /// A logs frame of `epoch` whose records are `(file_id, end_offset)`; `record_count` is
+    /// the stream's cumulative count after it.
+    fn log_frame(
+        epoch: u64,
+        conn_seq: u64,
+        stream_seq: u64,
+        record_count: u64,
+        records: &[(u64, u64)],
+    ) -> Vec<u8> {
+        let batch = payload::LogBatch {
+            records: records
+                .iter()
+                .map(|&(file_id, end_offset)| payload::LogRecord {
+                    message: format!("line ending at {end_offset}"),
+                    file_id,
+                    end_offset,
+                    ..Default::default()
+                })
+                .collect(),
+        };
+        let header = FrameHeader {
+            flags: FrameFlags::EMPTY,
+            epoch,
+            conn_seq,
+            stream_seq,
+            record_count,
+            timestamp_ns: 1,
+            ..FrameHeader::new(FrameKind::Logs, uctel_protocol::stream::LOGS)
+        };
+        build_frame(&header, &payload::encode_log_batch(&batch)).unwrap()
+    }
+
+    fn logs_ledger(i: &ConnectionIngest) -> StreamLedger {
+        i.ledger()
+            .into_iter()
+            .find(|(id, _)| *id == uctel_protocol::stream::LOGS)
+            .map(|(_, l)| l)
+            .unwrap_or_default()
+    }
+
+    fn replayed_total(telemetry: &Telemetry) -> u64 {
+        telemetry
+            .agent("a1")
+            .stream(uctel_protocol::stream::LOGS)
+            .records_replayed
+            .get()
+    }
+
+    #[test]
+    fn a_replay_after_a_restart_is_discarded_and_counted() {
+        let telemetry = Telemetry::new().unwrap();
+        let delivered = DeliveredLogs::default();
+        const F: u64 = 0xf11e;
+        // Epoch 1 delivers lines of file F ending at 10..=50, then dies (no Goodbye).
+        let mut first = log_ingest(1, &delivered, &telemetry);
+        let recs: Vec<(u64, u64)> = (1..=5).map(|i| (F, i * 10)).collect();
+        let out = first.on_send(&log_frame(1, 0, 0, 5, &recs), now());
+        assert_eq!(out, FrameOutcome::Accepted { records: 5 });
+        first.end_without_goodbye();
+        drop(first);
+        assert_eq!(delivered.files_of("a1"), 1);
+
+        // Epoch 2 (the restarted agent, its checkpoint at 30) sends 40, 50 again, then 60, 70.
+        let mut second = log_ingest(2, &delivered, &telemetry);
+        second.set_previous_epoch(Some(1));
+        let out = second.on_send(&log_frame(2, 0, 0, 3, &[(F, 40), (F, 50), (F, 60)]), now());
+        assert_eq!(
+            out,
+            FrameOutcome::Accepted { records: 1 },
+            "only 60 delivered"
+        );
+        let out = second.on_send(&log_frame(2, 1, 1, 4, &[(F, 70)]), now());
+        assert_eq!(out, FrameOutcome::Accepted { records: 1 });
+        let s = second.close(&Goodbye {
+            final_conn_seq: Some(1),
+            streams: vec![StreamFinal {
+                stream_id: uctel_protocol::stream::LOGS,
+                final_stream_seq: Some(1),
+                final_record_count: 4,
+            }],
+            ..Default::default()
+        });
+        let l = s
+            .streams
+            .iter()
+            .find(|(id, _)| *id == uctel_protocol::stream::LOGS)
+            .map(|(_, l)| *l)
+            .unwrap();
+        assert_eq!(
+            (l.records_received, l.records_replayed, l.records_lost),
+            (2, 2, 0)
+        );
+        // sent = received + lost + dropped + replayed, and the replay is in no other counter.
+        assert_eq!(l.records_received + l.records_lost + l.records_replayed, 4);
+        assert_eq!(replayed_total(&telemetry), 2);
+        assert_eq!(
+            telemetry
+                .agent("a1")
+                .stream(uctel_protocol::stream::LOGS)
+                .records_received
+                .get(),
+            5 + 2
+        );
+        drop(second);
+
+        // Epoch 3 after a clean stop: 70 was delivered by epoch 2, 80 is new.
+        let mut third = log_ingest(3, &delivered, &telemetry);
+        let out = third.on_send(&log_frame(3, 0, 0, 2, &[(F, 70), (F, 80)]), now());
+        assert_eq!(out, FrameOutcome::Accepted { records: 1 });
+        assert_eq!(replayed_total(&telemetry), 3);
+        // Another agent id is not compared with a1's files.
+        let logs = Arc::new(
+            LogSink::open(&LogsConfig {
+                sink: LogSinkKind::Stdout,
+                ..Default::default()
+            })
+            .unwrap(),
+        );
+        let mut other = ConnectionIngest::new(
+            "a2",
+            "host-a2",
+            4,
+            Limits::default(),
+            TrackerConfig::default(),
+            SeriesStore::new(Duration::from_secs(60), 1000),
+            logs,
+            telemetry.agent("a2"),
+        )
+        .unwrap();
+        other.share_delivered(delivered.clone());
+        let out = other.on_send(&log_frame(4, 0, 0, 1, &[(F, 10)]), now());
+        assert_eq!(out, FrameOutcome::Accepted { records: 1 });
+    }
+
+    #[test]
+    fn the_same_offsets_reordered_within_one_epoch_are_delivered() {
+        let telemetry = Telemetry::new().unwrap();
+        let delivered = DeliveredLogs::default();
+        const F: u64 = 7;
+        let mut i = log_ingest(1, &delivered, &telemetry);
+        // Frame 1 (offsets 30, 40) overtakes frame 0 (offsets 10, 20): late, all delivered.
+        let out = i.on_send(&log_frame(1, 1, 1, 4, &[(F, 30), (F, 40)]), now());
+        assert_eq!(out, FrameOutcome::Accepted { records: 2 });
+        let out = i.on_send(&log_frame(1, 0, 0, 2, &[(F, 10), (F, 20)]), now());
+        assert_eq!(out, FrameOutcome::Accepted { records: 2 });
+        let l = logs_ledger(&i);
+        assert_eq!((l.records_received, l.records_replayed, l.late), (4, 0, 1));
+        drop(i);
+        // A later connection of the same epoch (not a restart) compares with nothing folded
+        // by that epoch either.
+        let mut again = log_ingest(1, &delivered, &telemetry);
+        let out = again.on_send(&log_frame(1, 0, 0, 1, &[(F, 20)]), now());
+        assert_eq!(out, FrameOutcome::Accepted { records: 1 });
+        assert_eq!(replayed_total(&telemetry), 0);
+    }
+
+    #[test]
+    fn records_without_a_file_id_are_never_deduplicated() {
+        let telemetry = Telemetry::new().unwrap();
+        let delivered = DeliveredLogs::default();
+        let mut first = log_ingest(1, &delivered, &telemetry);
+        let out = first.on_send(&log_frame(1, 0, 0, 2, &[(0, 10), (5, 10)]), now());
+        assert_eq!(out, FrameOutcome::Accepted { records: 2 });
+        first.end_without_goodbye();
+        drop(first);
+        assert_eq!(delivered.files_of("a1"), 1, "file_id 0 is not remembered");
+        let mut second = log_ingest(2, &delivered, &telemetry);
+        let out = second.on_send(&log_frame(2, 0, 0, 3, &[(0, 10), (0, 0), (5, 10)]), now());
+        assert_eq!(
+            out,
+            FrameOutcome::Accepted { records: 2 },
+            "only file 5's replay goes"
+        );
+        assert_eq!(replayed_total(&telemetry), 1);
+    }
+
+    #[test]
+    fn delivered_offsets_are_bounded_per_agent() {
+        let delivered = DeliveredLogs::default();
+        let n = MAX_REPLAY_FILES_PER_AGENT as u64;
+        let highs: HashMap<u64, u64> = (1..=n).map(|f| (f, 10)).collect();
+        delivered.fold("a1", 1, &highs);
+        assert_eq!(delivered.files_of("a1"), MAX_REPLAY_FILES_PER_AGENT);
+        // Newer files push out the ones updated longest ago.
+        let newer: HashMap<u64, u64> = (n + 1..=n + 10).map(|f| (f, 10)).collect();
+        delivered.fold("a1", 2, &newer);
+        assert_eq!(delivered.files_of("a1"), MAX_REPLAY_FILES_PER_AGENT);
+        let mut recs = vec![payload::LogRecord {
+            file_id: n + 5,
+            end_offset: 10,
+            ..Default::default()
+        }];
+        assert_eq!(delivered.discard_replays("a1", 3, &mut recs), 1);
     }
 
     #[test]

@@ -720,6 +720,7 @@ mod tests {
                 key: "unit".into(),
                 value: "cron".into(),
             }],
+            ..Default::default()
         }
     }
 

@@ -29,6 +29,13 @@
 //!   `sent = Σ received + Σ dropped + connection_frames_lost` (the connection tracker knows
 //!   the connection sequence of early drops from the immediate).
 //! * Per stream: `sent = received + lost + dropped_after_tracking` once the last frame is in.
+//! * `records_replayed_total{agent,stream}`: log records an agent sent again after a restart
+//!   (its checkpoint lags what it sent), recognised by their `file_id` and `end_offset` as
+//!   already delivered (or counted lost) in an earlier epoch of that agent
+//!   ([`crate::ingest::DeliveredLogs`]); discarded, and in no other counter. Their frame is
+//!   received; `records_received_total` counts only the records delivered. So per stream,
+//!   agent records sent `= records_received + records_lost + records_dropped +
+//!   records_replayed`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -209,6 +216,7 @@ struct Families {
     frames_received: IntCounterVec,
     frames_lost: IntCounterVec,
     records_lost: IntCounterVec,
+    records_replayed: IntCounterVec,
     frames_dropped: IntCounterVec,
     records_dropped: IntCounterVec,
     frames_late: IntCounterVec,
@@ -263,6 +271,11 @@ impl Telemetry {
         let records_lost = counter(
             "records_lost_total",
             "Records (samples or log lines) of lost frames, from the cumulative record counts of the frames around each gap; counted when the gap is settled, never taken back.",
+            &["agent", "stream"],
+        )?;
+        let records_replayed = counter(
+            "records_replayed_total",
+            "Records an agent sent again after a restart, already delivered (or counted lost) in an earlier epoch; discarded, in no other counter.",
             &["agent", "stream"],
         )?;
         let frames_dropped = counter(
@@ -361,7 +374,7 @@ impl Telemetry {
         )?;
         let records_received = counter(
             "records_received_total",
-            "Records (samples or log lines) in accepted frames.",
+            "Records (samples or log lines) delivered from accepted frames (log records replayed after an agent restart excluded: records_replayed_total).",
             &["agent", "stream"],
         )?;
         let store_series = IntGaugeVec::new(
@@ -383,6 +396,7 @@ impl Telemetry {
                 frames_received,
                 frames_lost,
                 records_lost,
+                records_replayed,
                 frames_dropped,
                 records_dropped,
                 frames_late,
@@ -664,6 +678,7 @@ impl AgentTelemetry {
             records_received: f.records_received.with_label_values(&l),
             frames_lost: f.frames_lost.with_label_values(&l),
             records_lost: f.records_lost.with_label_values(&l),
+            records_replayed: f.records_replayed.with_label_values(&l),
             frames_late: f.frames_late.with_label_values(&l),
             frames_duplicate: f.frames_duplicate.with_label_values(&l),
             frames_stale: f.frames_stale.with_label_values(&l),
@@ -712,6 +727,8 @@ pub struct StreamTelemetry {
     pub frames_lost: IntCounter,
     /// Records missing.
     pub records_lost: IntCounter,
+    /// Log records sent again after an agent restart, discarded (in no other counter).
+    pub records_replayed: IntCounter,
     /// Late (reordered) frames.
     pub frames_late: IntCounter,
     /// Duplicate frames.

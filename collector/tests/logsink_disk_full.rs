@@ -90,7 +90,7 @@ fn record(n: u64) -> LogRecord {
         severity: Severity::Info as i32,
         source: "/var/log/test.log".into(),
         message,
-        fields: Vec::new(),
+        ..Default::default()
     }
 }
 

@@ -104,6 +104,17 @@ pub struct LogRecord {
     pub message: String,
     #[prost(message, repeated, tag = "5")]
     pub fields: Vec<Field>,
+    /// A stable identity of the file the line was read from: a random non-zero number the
+    /// agent assigned when it first saw the file, kept in its checkpoint across restarts and
+    /// by a copy recognised after copytruncate, new for a file truncated and rewritten.
+    /// 0 = unknown (older agents, records not read from a file).
+    #[prost(uint64, tag = "6")]
+    pub file_id: u64,
+    /// The byte offset in that file just after the line: where reading resumes after this
+    /// record. With `file_id` it lets the collector discard lines an agent sends again after
+    /// a restart (its checkpoint lags what it sent). 0 = unknown.
+    #[prost(uint64, tag = "7")]
+    pub end_offset: u64,
 }
 
 /// The payload of a `kind = logs` frame.
@@ -747,10 +758,35 @@ mod tests {
                     key: "unit".into(),
                     value: "sda".into(),
                 }],
+                file_id: 0x9e37_79b9_7f4a_7c15,
+                end_offset: 1 << 40,
             }],
         };
         let bytes = encode_log_batch(&logs);
         assert_eq!(decode_log_batch(&bytes, &Limits::default()), Ok(logs));
+    }
+
+    #[test]
+    fn log_file_identity_is_tags_6_and_7_and_optional() {
+        let record = LogRecord {
+            message: "m".into(),
+            file_id: 300,
+            end_offset: 1,
+            ..Default::default()
+        };
+        // message (tag 4) "m", file_id (tag 6, varint 300 = ac 02), end_offset (tag 7) 1.
+        assert_eq!(
+            record.encode_to_vec(),
+            [0x22, 0x01, b'm', 0x30, 0xac, 0x02, 0x38, 0x01]
+        );
+        assert_eq!(
+            LogRecord::decode(&[0x22, 0x01, b'm', 0x30, 0xac, 0x02, 0x38, 0x01][..]),
+            Ok(record)
+        );
+        // An older agent sends neither: both read 0 (unknown); 0 is not sent.
+        let old = LogRecord::decode(&[0x22, 0x01, b'm'][..]).expect("older record");
+        assert_eq!((old.file_id, old.end_offset), (0, 0));
+        assert_eq!(old.encode_to_vec(), [0x22, 0x01, b'm']);
     }
 
     #[test]

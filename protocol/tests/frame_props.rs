@@ -86,6 +86,8 @@ prop_compose! {
         source in ".{0,30}",
         message in ".{0,200}",
         fields in vec((".{0,12}", ".{0,24}"), 0..5),
+        file_id in any::<u64>(),
+        end_offset in any::<u64>(),
     ) -> LogRecord {
         LogRecord {
             timestamp_ns,
@@ -93,6 +95,8 @@ prop_compose! {
             source,
             message,
             fields: fields.into_iter().map(|(key, value)| Field { key, value }).collect(),
+            file_id,
+            end_offset,
         }
     }
 }

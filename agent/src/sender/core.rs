@@ -751,7 +751,7 @@ mod tests {
             severity: 3,
             source: "/var/log/x".into(),
             message: msg.into(),
-            fields: vec![],
+            ..Default::default()
         }
     }
 
@@ -1291,7 +1291,7 @@ mod proptests {
                     Op::Log(len) => if core.wants_records(Stream::Logs) {
                         let r = LogRecord {
                             timestamp_ns: 1, severity: Severity::Info as i32,
-                            source: "s".into(), message: "x".repeat(len), fields: vec![],
+                            source: "s".into(), message: "x".repeat(len), ..Default::default()
                         };
                         core.push_log(&r, now, 1);
                         pushed[1] += 1;

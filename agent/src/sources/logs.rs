@@ -589,6 +589,21 @@ fn utf8_cut(buf: &[u8]) -> usize {
     }
 }
 
+/// Where reading resumes after a line emitted by a [`LineSplitter`] of `max_line_bytes` that
+/// started at `start` and holds `len` bytes: just after its `\n` (`Newline`), just after its
+/// last byte (`Flushed`: the rest, if any, is another line), or just after the
+/// `max_line_bytes` bytes taken before the cut (`Cut`: a UTF-8 back-off may have emitted
+/// fewer; the rest of the line is discarded, never emitted). Increases strictly with each
+/// line of a file, so it is the record's `end_offset`.
+pub fn line_end_offset(start: u64, len: usize, end: LineEnd, max_line_bytes: usize) -> u64 {
+    let taken = match end {
+        LineEnd::Newline => len.saturating_add(1),
+        LineEnd::Flushed => len,
+        LineEnd::Cut => max_line_bytes.max(len),
+    };
+    start.saturating_add(taken as u64)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Sans-IO: identity, rotation and truncation rules.
 
@@ -710,6 +725,8 @@ struct Saved {
     /// `(len, FNV-1a 64)` of the `len = min(offset, HEAD_BYTES)` bytes just before `offset`;
     /// `None` when unknown (older state files, files closed before the checkpoint).
     before: Option<(usize, u64)>,
+    /// The file's stable identity (`LogRecord::file_id`); 0 in older state files.
+    file_id: u64,
 }
 
 impl Saved {
@@ -756,6 +773,8 @@ enum Resume {
         offset: u64,
         discarding: bool,
         copy_of: Option<PathBuf>,
+        /// The entry's `file_id`, inherited by the file (0: none saved, a new one is drawn).
+        file_id: u64,
     },
     /// The checkpoint knows this `(dev, inode)`, but the file's first bytes changed or it is
     /// shorter than the saved offset: truncated (or the inode reused) while the agent was down.
@@ -798,6 +817,7 @@ fn match_checkpoint(
                 offset: e.pos.offset,
                 discarding: e.pos.discarding,
                 copy_of: None,
+                file_id: e.pos.file_id,
             };
         } else {
             // Not claimed: the content may live on in a copy.
@@ -832,6 +852,7 @@ fn match_checkpoint(
                 offset: e.pos.offset,
                 discarding: e.pos.discarding,
                 copy_of: Some(e.path.clone()),
+                file_id: e.pos.file_id,
             };
         }
     }
@@ -926,6 +947,10 @@ struct StateEntry {
     /// FNV-1a 64 of the `before_len` bytes just before `offset`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     before_hash: Option<u64>,
+    /// The file's stable identity sent with its records (`LogRecord::file_id`). Missing (0)
+    /// in older versions: the file then gets a new one.
+    #[serde(default)]
+    file_id: u64,
 }
 
 /// Loads the state file: `None` when there is none yet (the first run).
@@ -971,6 +996,9 @@ struct Tracked {
     seq: u64,
     /// Bumped at every truncation: offsets of an older generation name bytes that are gone.
     generation: u64,
+    /// Stable identity sent with every record (`LogRecord::file_id`): kept in the checkpoint,
+    /// inherited by a copy recognised at start, drawn anew at every truncation.
+    file_id: u64,
 }
 
 /// A file found by a scan and opened, not followed yet.
@@ -1051,6 +1079,7 @@ struct Retired {
     source: String,
     head: Vec<u8>,
     generation: u64,
+    file_id: u64,
 }
 
 /// Follows log files; see the module documentation.
@@ -1139,6 +1168,7 @@ impl LogTailer {
                     head_len: e.head_len.min(HEAD_BYTES + 1),
                     head_hash: e.head_hash,
                     before: e.before_len.zip(e.before_hash),
+                    file_id: e.file_id,
                 },
             });
         }
@@ -1339,6 +1369,7 @@ impl LogTailer {
                     head_hash: fnv1a64(&t.head),
                     before_len: before.map(|(len, _)| len),
                     before_hash: before.map(|(_, hash)| hash),
+                    file_id: t.file_id,
                 }
             })
             .collect();
@@ -1354,6 +1385,7 @@ impl LogTailer {
                     head_hash: fnv1a64(&r.head),
                     before_len: None,
                     before_hash: None,
+                    file_id: r.file_id,
                 });
             }
         }
@@ -1616,6 +1648,10 @@ impl LogTailer {
             ),
             Resume::Saved { .. } | Resume::Unknown => {}
         }
+        let file_id = match resume {
+            Resume::Saved { file_id, .. } if *file_id != 0 => *file_id,
+            _ => new_file_id(),
+        };
         if o.replaced {
             self.counts.bump(LogEvent::RotationCreate);
         }
@@ -1641,6 +1677,7 @@ impl LogTailer {
             at_eof: false,
             seq,
             generation: 0,
+            file_id,
         });
     }
 
@@ -1662,10 +1699,11 @@ impl LogTailer {
                 if budget.records == 0 {
                     return true;
                 }
-                let (id, generation) = (t.id, t.generation);
+                let (id, generation, file_id) = (t.id, t.generation, t.file_id);
                 let source = t.source.clone();
                 t.splitter.flush(&mut |line, end, start| {
-                    push_record(out, counts, &source, detect, max_line, line, end);
+                    let at = (file_id, line_end_offset(start, line.len(), end, max_line));
+                    push_record(out, counts, &source, detect, max_line, line, end, at);
                     unsettled.push_back(RecordPos {
                         id,
                         generation,
@@ -1680,6 +1718,7 @@ impl LogTailer {
                     source: t.source.clone(),
                     head: t.head.clone(),
                     generation: t.generation,
+                    file_id: t.file_id,
                 });
             }
             counts.files_closed += 1;
@@ -1757,7 +1796,9 @@ fn unix_ns_now() -> u64 {
 /// Builds one record from a line: stamped with the time it was read (the clock is read for
 /// each line, so lines read by one poll keep their order in time), severity detected from
 /// the line when `detect_severity` ([`severity::detect`]), lossy UTF-8, message bounded by
-/// `max_line` bytes.
+/// `max_line` bytes. `(file_id, end_offset)`: the file's stable identity and where reading
+/// resumes after the line ([`line_end_offset`]), sent for the collector's deduplication.
+#[allow(clippy::too_many_arguments)]
 fn push_record(
     out: &mut Vec<LogRecord>,
     counts: &mut LogSourceCounts,
@@ -1766,6 +1807,7 @@ fn push_record(
     max_line: usize,
     line: &[u8],
     end: LineEnd,
+    (file_id, end_offset): (u64, u64),
 ) {
     let mut message = match String::from_utf8_lossy(line) {
         Cow::Borrowed(s) => s.to_owned(),
@@ -1802,7 +1844,19 @@ fn push_record(
         source: source.to_owned(),
         message,
         fields: Vec::new(),
+        file_id,
+        end_offset,
     });
+}
+
+/// A new random non-zero `file_id`.
+fn new_file_id() -> u64 {
+    loop {
+        let id: u64 = rand::random();
+        if id != 0 {
+            return id;
+        }
+    }
 }
 
 /// Where [`service`] puts what it reads: the records, and in the same order where each
@@ -1862,9 +1916,10 @@ fn service(
         .emit(counts);
         if budget.records > 0 {
             let source = t.source.clone();
-            let generation = t.generation;
+            let (generation, file_id) = (t.generation, t.file_id);
             if t.splitter.flush(&mut |line, end, start| {
-                push_record(out, counts, &source, detect, max_line, line, end);
+                let at = (file_id, line_end_offset(start, line.len(), end, max_line));
+                push_record(out, counts, &source, detect, max_line, line, end, at);
                 positions.push_back(RecordPos {
                     id,
                     generation,
@@ -1878,8 +1933,10 @@ fn service(
         t.read_offset = 0;
         t.head.clear();
         t.generation += 1;
+        // Other bytes at the same offsets: another file for the collector's deduplication.
+        t.file_id = new_file_id();
     }
-    let generation = t.generation;
+    let (generation, file_id) = (t.generation, t.file_id);
 
     let mut more = false;
     t.at_eof = false;
@@ -1906,7 +1963,8 @@ fn service(
         let fed = t
             .splitter
             .feed(&chunk[..n], now, budget.records, &mut |line, end, start| {
-                push_record(out, counts, source, detect, max_line, line, end);
+                let at = (file_id, line_end_offset(start, line.len(), end, max_line));
+                push_record(out, counts, source, detect, max_line, line, end, at);
                 positions.push_back(RecordPos {
                     id,
                     generation,
@@ -1927,7 +1985,8 @@ fn service(
         let source = &t.source;
         if t.splitter
             .flush_if_stale(now, config.partial_line_timeout, &mut |line, end, start| {
-                push_record(out, counts, source, detect, max_line, line, end);
+                let at = (file_id, line_end_offset(start, line.len(), end, max_line));
+                push_record(out, counts, source, detect, max_line, line, end, at);
                 positions.push_back(RecordPos {
                     id,
                     generation,
@@ -2076,6 +2135,24 @@ mod tests {
     }
 
     #[test]
+    fn end_offsets_are_where_reading_resumes() {
+        let mut ends = Vec::new();
+        let mut s = LineSplitter::new(4).at(100);
+        let mut emit = |l: &[u8], e: LineEnd, start: u64| {
+            ends.push(line_end_offset(start, l.len(), e, 4));
+        };
+        // "ab\n" 100..103, "cde\n" 103..107, "fghi" cut (its rest "jk\n" discarded up to
+        // 114), "z" flushed 114..115; then "abcé" cut to "abc" at a UTF-8 boundary still
+        // ends after the 4 bytes taken (115..119).
+        s.feed(b"ab\ncd", Instant::now(), 10, &mut emit);
+        s.feed(b"e\nfghijk\nz", Instant::now(), 10, &mut emit);
+        s.flush(&mut emit);
+        s.feed("abcé".as_bytes(), Instant::now(), 10, &mut emit);
+        assert_eq!(ends, vec![103, 107, 111, 115, 119]);
+        assert!(ends.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
     fn partial_flushes_after_timeout_only() {
         let mut s = LineSplitter::new(100);
         let t0 = Instant::now();
@@ -2212,6 +2289,7 @@ mod tests {
             offset: 100,
             discarding: true,
             copy_of: None,
+            file_id: 7,
         };
         assert_eq!(start_position(&saved, 150, true, StartAt::End), (100, true));
         assert_eq!(
@@ -2263,6 +2341,7 @@ mod tests {
                 head_len: head.len(),
                 head_hash: fnv1a64(head),
                 before: Some((before.len(), fnv1a64(before))),
+                file_id: 1000 + ino,
             },
         }
     }
@@ -2285,11 +2364,14 @@ mod tests {
         })
     }
 
+    /// Resumed at `offset` with the `file_id` of the entry of inode 1 (every table below
+    /// has one entry, of inode 1: a copy inherits its id).
     fn resume_at(offset: u64, copy_of: Option<&str>) -> Resume {
         Resume::Saved {
             offset,
             discarding: false,
             copy_of: copy_of.map(PathBuf::from),
+            file_id: 1001,
         }
     }
 
@@ -2441,6 +2523,7 @@ mod tests {
             head_len: HEAD_BYTES + 1,
             head_hash: 0,
             before: Some((0, fnv1a64(&[]))),
+            file_id: 0,
         };
         assert!(!s.fingerprint_matches(&[0; HEAD_BYTES]));
         assert!(!s.names_content());
@@ -2454,8 +2537,8 @@ mod tests {
         .expect("older state file");
         let e = state.files.first().expect("one entry");
         assert_eq!(
-            (e.offset, e.head_len, e.head_hash, e.discarding),
-            (3, 0, 0, false)
+            (e.offset, e.head_len, e.head_hash, e.discarding, e.file_id),
+            (3, 0, 0, false, 0)
         );
     }
 
@@ -2494,8 +2577,10 @@ mod tests {
             4,
             &[0xFF, 0xFF, 0xFF, 0xFF],
             LineEnd::Newline,
+            (9, 5),
         );
         assert!(out[0].message.len() <= 4);
+        assert_eq!((out[0].file_id, out[0].end_offset), (9, 5));
         assert_eq!(out[0].message, "\u{FFFD}");
         assert_eq!(counts.get(LogEvent::InvalidUtf8), 1);
         assert_eq!(counts.get(LogEvent::LineTruncated), 1);

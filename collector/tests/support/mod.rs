@@ -560,7 +560,7 @@ impl LogStream {
                 severity: Severity::Info as i32,
                 source: "/var/log/test.log".into(),
                 message: format!("line {step}.{i}"),
-                fields: Vec::new(),
+                ..Default::default()
             };
             let _ = self.framer.push(&r, now_ns());
         }
