@@ -17,7 +17,8 @@
 //!   copies the buffer and re-posts it.
 //! * The ring MR is registered LOCAL_WRITE | REMOTE_WRITE (never REMOTE_READ: the API cannot
 //!   express it) with its own rkey.
-//! * Every 100 ms the poller folds the QP's silent-drop counters (UC responder rules) into
+//! * Every 100 ms (every second while no completion arrived since the last time) the
+//!   poller folds the QP's silent-drop counters (UC responder rules) into
 //!   `frames_dropped_total{reason}` and checks the QP state: a QP in ERROR is counted
 //!   (`qp_errors_total`) and the control plane rebuilds the connection.
 //!
@@ -25,9 +26,9 @@
 //! at most [`SPIN_AFTER_WORK`] after their last work, then block: the poller arms every CQ on
 //! one [`CompletionChannel`] (`ibv_req_notify_cq`), polls them once more and sleeps in
 //! [`CompletionChannel::wait`] until a completion arrives, the session list changes or the
-//! next 100 ms stats fold is due; the worker parks (`std::thread::park`) until the poller
+//! next stats fold is due; the worker parks (`std::thread::park`) until the poller
 //! has queued descriptors or a command arrives (every sender unparks it). A collector with
-//! no traffic wakes only for the stats folds.
+//! no traffic wakes only for the stats folds, once a second.
 //!
 //! **The descriptor queue cannot fill with frames sent within credits.** Each connection
 //! reserves room for its credit window (the frames its agent may have outstanding, DESIGN.md
@@ -59,6 +60,9 @@ use crate::telemetry::{AgentTelemetry, DropReason, Telemetry};
 
 /// How often the poller folds transport counters and checks QP states.
 const STATS_EVERY: Duration = Duration::from_millis(100);
+/// How often the poller folds them while no completion arrived since the last fold (an idle
+/// collector wakes this often; silent drops without completions are counted this late).
+const IDLE_STATS_EVERY: Duration = Duration::from_secs(1);
 /// Completions polled per CQ per round.
 const POLL_BATCH: usize = 64;
 /// Descriptors popped per worker round.
@@ -603,6 +607,8 @@ impl Poller {
         let mut last_stats = Instant::now();
         let mut idle_since: Option<Instant> = None;
         let mut warned = false;
+        // A completion arrived since the last stats fold.
+        let mut active = false;
         while !self.stop.load(Ordering::Acquire) {
             let (current, g) = {
                 let mut l = lock(&self.list);
@@ -638,8 +644,15 @@ impl Poller {
                 self.seen.store(generation, Ordering::Release);
             }
             let got = self.poll_all(&mut sessions, &mut wcs);
-            if last_stats.elapsed() >= STATS_EVERY {
+            active |= got > 0;
+            let stats_every = if active {
+                STATS_EVERY
+            } else {
+                IDLE_STATS_EVERY
+            };
+            if last_stats.elapsed() >= stats_every {
                 last_stats = Instant::now();
+                active = false;
                 for p in &mut sessions {
                     self.fold_qp_stats(p);
                 }
@@ -655,7 +668,8 @@ impl Poller {
                 std::thread::yield_now();
                 continue;
             }
-            let timeout = STATS_EVERY.saturating_sub(last_stats.elapsed());
+            // A completion while asleep makes the next fold due after STATS_EVERY.
+            let timeout = stats_every.saturating_sub(last_stats.elapsed());
             if !timeout.is_zero() {
                 self.sleep(&mut sessions, &mut wcs, timeout, &mut warned);
             }
