@@ -360,16 +360,18 @@ impl Report {
             ));
         }
         if let Some(i) = &self.idle {
-            for (n, p) in i.processes.iter().enumerate() {
+            for p in &i.processes {
+                let node = i
+                    .find(&p.phase, "node_exporter")
+                    .filter(|n| !std::ptr::eq(*n, p))
+                    .map_or(String::new(), |n| {
+                        format!("node_exporter {:.3} % in the same window", n.cpu_percent)
+                    });
                 rows.push(row(
-                    if n == 0 {
-                        format!("idle, {:.0} s each ({})", i.seconds, p.phase)
-                    } else {
-                        format!("  {}", p.phase)
-                    },
+                    format!("idle {:.0} s ({}): {}", i.seconds, p.phase, p.what),
                     format!("{:.3} % of a core", p.cpu_percent),
-                    p.what.clone(),
-                    threads(&p.cpu),
+                    node,
+                    idle_threads(&p.cpu),
                 ));
             }
             rows.push(row(
@@ -469,6 +471,22 @@ fn threads(c: &crate::cpu::CpuDelta) -> String {
         .map(|(n, s)| format!("{n} {:.2}", *s / c.wall_seconds.max(1e-9)))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// CPU milliseconds by thread, busiest first (idle processes use a few ticks at most).
+fn idle_threads(c: &crate::cpu::CpuDelta) -> String {
+    let mut v: Vec<(&String, &f64)> = c.by_thread.iter().filter(|(_, s)| **s > 0.0).collect();
+    v.sort_by(|a, b| b.1.total_cmp(a.1));
+    let threads: Vec<String> = v
+        .iter()
+        .map(|(n, s)| format!("{n} {:.0} ms", **s * 1000.0))
+        .collect();
+    format!(
+        "{:.0} ms of CPU{}{}",
+        c.cpu_seconds * 1000.0,
+        if threads.is_empty() { "" } else { ": " },
+        threads.join(", ")
+    )
 }
 
 fn reasons(m: &std::collections::BTreeMap<String, f64>) -> String {
