@@ -172,7 +172,9 @@ pub struct SoftSection {
     pub mtu_bytes: u32,
     /// How the device makes progress.
     pub progress: ProgressSection,
-    /// In `thread` mode, how long a round waits for datagrams, 1 to 1000000.
+    /// In `thread` mode, how long the progress thread waits before retrying after the socket
+    /// refused packets (and, on links it cannot sleep on, how long a round waits for
+    /// datagrams), 1 to 1000000. An idle thread sleeps on the socket regardless.
     pub progress_wait_microseconds: u64,
     /// Most datagrams sent or received per system call, 1 to 1024.
     pub batch: usize,
