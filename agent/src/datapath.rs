@@ -161,7 +161,7 @@ fn open_device(
     match device_config(config, local_ip) {
         DeviceConfig::Soft(sc) => {
             if let Some(f) = &sc.faults {
-                tracing::warn!(fault = ?f, "soft transport fault injection is ON (lab setting)");
+                tracing::warn!(fault = %f, "soft transport fault injection is ON (lab setting)");
             }
             let soft = SoftDevice::open(&sc).map_err(open_error)?;
             let faults = soft.fault_stats();

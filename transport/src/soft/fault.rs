@@ -81,6 +81,38 @@ pub struct FaultConfig {
     pub direction: FaultDirection,
 }
 
+/// The faults that are on, as `key=value` pairs named like the configuration keys
+/// (`drop_ratio=0.02 seed=42 direction=both`), for operator-facing log lines.
+impl std::fmt::Display for FaultConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts: Vec<String> = Vec::new();
+        for (key, value) in [
+            ("drop_ratio", self.drop_ratio),
+            ("duplicate_ratio", self.duplicate_ratio),
+            ("reorder_ratio", self.reorder_ratio),
+            ("corrupt_ratio", self.corrupt_ratio),
+        ] {
+            if value != 0.0 {
+                parts.push(format!("{key}={value}"));
+            }
+        }
+        if self.reorder_window > 0 {
+            parts.push(format!("reorder_window={}", self.reorder_window));
+        }
+        if self.delay_ms > 0 {
+            parts.push(format!("delay_milliseconds={}", self.delay_ms));
+        }
+        parts.push(format!("seed={}", self.seed));
+        let direction = match self.direction {
+            FaultDirection::Send => "send",
+            FaultDirection::Recv => "recv",
+            FaultDirection::Both => "both",
+        };
+        parts.push(format!("direction={direction}"));
+        f.write_str(&parts.join(" "))
+    }
+}
+
 /// An invalid [`FaultConfig`].
 #[derive(Clone, Debug, PartialEq, Error)]
 pub enum FaultConfigError {
@@ -531,6 +563,20 @@ impl<L: Link> Link for FaultInjector<L> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn display_names_the_faults_that_are_on_like_the_config_keys() {
+        let f = FaultConfig {
+            drop_ratio: 0.02,
+            reorder_ratio: 0.1,
+            reorder_window: 3,
+            seed: 7,
+            ..FaultConfig::default()
+        };
+        assert_eq!(
+            f.to_string(),
+            "drop_ratio=0.02 reorder_ratio=0.1 reorder_window=3 seed=7 direction=send"
+        );
+    }
     use super::*;
     use crate::soft::link::MemoryLink;
 
