@@ -544,6 +544,13 @@ pub fn spawn_log_tailers(
     }
     let mut handles = Vec::new();
     for (i, entry) in config.sources.logs.iter().enumerate() {
+        if glob_matches_nothing(&entry.path) {
+            tracing::warn!(
+                "sources.logs[{i}]: {} matches no file now; it is watched, and files that \
+                 appear are read from their first byte",
+                entry.path
+            );
+        }
         let tailer = LogTailer::new(log_source_config(
             entry,
             config.max_line_bytes(entry),
@@ -566,8 +573,24 @@ pub fn spawn_log_tailers(
     Ok(handles)
 }
 
+/// Whether the glob `pattern` matches no existing path now (an invalid pattern, which the
+/// configuration check refuses, counts as matching nothing).
+fn glob_matches_nothing(pattern: &str) -> bool {
+    glob::glob(pattern).map_or(true, |mut paths| !paths.any(|p| p.is_ok()))
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_glob_that_matches_nothing_is_told_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let pattern = format!("{}/*.log", dir.path().display());
+        assert!(super::glob_matches_nothing(&pattern));
+        std::fs::write(dir.path().join("a.log"), "x\n").unwrap();
+        assert!(!super::glob_matches_nothing(&pattern));
+        assert!(super::glob_matches_nothing("[unclosed"));
+    }
+
     use super::*;
 
     #[test]
