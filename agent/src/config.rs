@@ -52,8 +52,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use uctel_common::config::reference::{Reference, Sources};
-use uctel_common::config::{FaultDirection, FaultSection, Problems, Validate};
-use uctel_transport::soft::fault::{self, FaultConfig, FaultConfigError};
+use uctel_common::config::{FaultSection, Problems, Validate};
+use uctel_transport::soft::fault::{FaultConfig, FaultConfigError};
 
 use crate::pacing::PacingLimits;
 use crate::stream::Stream;
@@ -229,48 +229,12 @@ impl Default for SoftSection {
     }
 }
 
-/// The transport's fault configuration of a `transport.soft.fault` section.
-pub fn fault_config(f: &FaultSection) -> FaultConfig {
-    FaultConfig {
-        drop_ratio: f.drop_ratio,
-        duplicate_ratio: f.duplicate_ratio,
-        reorder_ratio: f.reorder_ratio,
-        reorder_window: f.reorder_window,
-        corrupt_ratio: f.corrupt_ratio,
-        delay_ms: f.delay_milliseconds,
-        seed: f.seed,
-        direction: match f.direction {
-            FaultDirection::Send => fault::FaultDirection::Send,
-            FaultDirection::Recv => fault::FaultDirection::Recv,
-            FaultDirection::Both => fault::FaultDirection::Both,
-        },
-    }
-}
-
-/// The `transport.soft.fault` section of a transport fault configuration.
-pub fn fault_section(f: &FaultConfig) -> FaultSection {
-    FaultSection {
-        drop_ratio: f.drop_ratio,
-        duplicate_ratio: f.duplicate_ratio,
-        reorder_ratio: f.reorder_ratio,
-        reorder_window: f.reorder_window,
-        corrupt_ratio: f.corrupt_ratio,
-        delay_milliseconds: f.delay_ms,
-        seed: f.seed,
-        direction: match f.direction {
-            fault::FaultDirection::Send => FaultDirection::Send,
-            fault::FaultDirection::Recv => FaultDirection::Recv,
-            fault::FaultDirection::Both => FaultDirection::Both,
-        },
-    }
-}
-
 fn deserialize_fault<'de, D: serde::Deserializer<'de>>(d: D) -> Result<FaultConfig, D::Error> {
-    FaultSection::deserialize(d).map(|f| fault_config(&f))
+    FaultSection::deserialize(d).map(|f| FaultConfig::from(&f))
 }
 
 fn serialize_fault<S: serde::Serializer>(f: &FaultConfig, s: S) -> Result<S::Ok, S::Error> {
-    fault_section(f).serialize(s)
+    FaultSection::from(f).serialize(s)
 }
 
 /// True when any fault of `f` is enabled.

@@ -93,34 +93,12 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     // Everything that can be checked without starting, reported together.
-    let loaded = AgentConfig::load(&cli.config);
-    let env_filter = std::env::var("RUST_LOG").ok();
-    let filter_source = if cli
-        .log_level
-        .as_deref()
-        .is_some_and(|l| !l.trim().is_empty())
-    {
-        "--log-level"
-    } else {
-        "RUST_LOG"
-    };
-    let directives =
-        uctel_common::logging::choose_directives(cli.log_level.as_deref(), env_filter.as_deref());
-    let filter = uctel_common::logging::filter(&directives);
-    if let Err(e) = &loaded {
-        eprintln!("{e}");
-    }
-    if let Err(e) = &filter {
-        eprintln!("uctel-agent: {filter_source}: {e}");
-    }
-    let config = match (loaded, filter) {
-        (Ok(config), Ok(_)) => config,
-        (loaded, _) => {
-            if let Err(e) = loaded {
-                eprintln!("{}", e.summary());
-            }
-            return ExitCode::from(2);
-        }
+    let Some((config, directives)) = uctel_common::config::check_startup(
+        "uctel-agent",
+        AgentConfig::load(&cli.config),
+        cli.log_level.as_deref(),
+    ) else {
+        return ExitCode::from(2);
     };
     if cli.check_config {
         println!("{}: configuration is valid", cli.config.display());

@@ -65,9 +65,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use uctel_common::config::reference::{Reference, Sources};
-use uctel_common::config::{FaultDirection, FaultSection, Problems, Validate};
+use uctel_common::config::{FaultSection, Problems, Validate};
 use uctel_transport::soft::device::{self, SoftConfig};
-use uctel_transport::soft::fault::{self, FaultConfig, FaultConfigError};
+use uctel_transport::soft::fault::{FaultConfig, FaultConfigError};
 use uctel_transport::soft::udp::{self, UdpConfig};
 
 /// The whole collector configuration.
@@ -247,20 +247,7 @@ impl From<&SoftConfig> for SoftSection {
             },
             only_v6: c.udp.only_v6,
             name: c.name.clone(),
-            fault: FaultSection {
-                drop_ratio: f.drop_ratio,
-                duplicate_ratio: f.duplicate_ratio,
-                reorder_ratio: f.reorder_ratio,
-                reorder_window: f.reorder_window,
-                corrupt_ratio: f.corrupt_ratio,
-                delay_milliseconds: f.delay_ms,
-                seed: f.seed,
-                direction: match f.direction {
-                    fault::FaultDirection::Send => FaultDirection::Send,
-                    fault::FaultDirection::Recv => FaultDirection::Recv,
-                    fault::FaultDirection::Both => FaultDirection::Both,
-                },
-            },
+            fault: FaultSection::from(&f),
         }
     }
 }
@@ -268,20 +255,7 @@ impl From<&SoftConfig> for SoftSection {
 impl From<&SoftSection> for SoftConfig {
     fn from(s: &SoftSection) -> Self {
         let f = &s.fault;
-        let faults = FaultConfig {
-            drop_ratio: f.drop_ratio,
-            duplicate_ratio: f.duplicate_ratio,
-            reorder_ratio: f.reorder_ratio,
-            reorder_window: f.reorder_window,
-            corrupt_ratio: f.corrupt_ratio,
-            delay_ms: f.delay_milliseconds,
-            seed: f.seed,
-            direction: match f.direction {
-                FaultDirection::Send => fault::FaultDirection::Send,
-                FaultDirection::Recv => fault::FaultDirection::Recv,
-                FaultDirection::Both => fault::FaultDirection::Both,
-            },
-        };
+        let faults = FaultConfig::from(f);
         SoftConfig {
             name: s.name.clone(),
             udp: UdpConfig {

@@ -46,34 +46,12 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     // Everything that can be checked without starting, reported together.
-    let loaded = uctel_collector::config::load(&args.config);
-    let env_filter = std::env::var("RUST_LOG").ok();
-    let filter_source = if args
-        .log_level
-        .as_deref()
-        .is_some_and(|l| !l.trim().is_empty())
-    {
-        "--log-level"
-    } else {
-        "RUST_LOG"
-    };
-    let directives =
-        uctel_common::logging::choose_directives(args.log_level.as_deref(), env_filter.as_deref());
-    let filter = uctel_common::logging::filter(&directives);
-    if let Err(e) = &loaded {
-        eprintln!("{e}");
-    }
-    if let Err(e) = &filter {
-        eprintln!("uctel-collector: {filter_source}: {e}");
-    }
-    let config = match (loaded, filter) {
-        (Ok(config), Ok(_)) => config,
-        (loaded, _) => {
-            if let Err(e) = loaded {
-                eprintln!("{}", e.summary());
-            }
-            return ExitCode::from(2);
-        }
+    let Some((config, directives)) = uctel_common::config::check_startup(
+        "uctel-collector",
+        uctel_collector::config::load(&args.config),
+        args.log_level.as_deref(),
+    ) else {
+        return ExitCode::from(2);
     };
     if args.check_config {
         println!("{}: configuration is valid", args.config.display());

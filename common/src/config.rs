@@ -121,6 +121,41 @@ impl fmt::Display for ConfigError {
     }
 }
 
+/// The start-up check both daemons run before anything else: the configuration as `loaded`
+/// and the log filter of `log_level` (`--log-level`, else `RUST_LOG`, else the default).
+/// Every problem of both is printed on stderr in one go, the configuration's followed by its
+/// [`ConfigError::summary`]. Returns the configuration and the filter directives to start
+/// logging with, or `None` when anything is wrong (the daemon then exits 2).
+pub fn check_startup<T>(
+    daemon: &str,
+    loaded: Result<T, ConfigError>,
+    log_level: Option<&str>,
+) -> Option<(T, String)> {
+    let env_filter = std::env::var("RUST_LOG").ok();
+    let filter_source = if log_level.is_some_and(|l| !l.trim().is_empty()) {
+        "--log-level"
+    } else {
+        "RUST_LOG"
+    };
+    let directives = crate::logging::choose_directives(log_level, env_filter.as_deref());
+    let filter = crate::logging::filter(&directives);
+    if let Err(e) = &loaded {
+        eprintln!("{e}");
+    }
+    if let Err(e) = &filter {
+        eprintln!("{daemon}: {filter_source}: {e}");
+    }
+    match (loaded, filter) {
+        (Ok(config), Ok(_)) => Some((config, directives)),
+        (loaded, _) => {
+            if let Err(e) = loaded {
+                eprintln!("{}", e.summary());
+            }
+            None
+        }
+    }
+}
+
 impl ConfigError {
     /// The line both daemons print after the problems:
     /// `FILE: invalid configuration (N problem[s])`.
@@ -1291,6 +1326,59 @@ pub enum FaultDirection {
     Recv,
     /// Both (a datagram meets the faults once each way it takes).
     Both,
+}
+
+impl From<FaultDirection> for uctel_transport::soft::fault::FaultDirection {
+    fn from(d: FaultDirection) -> Self {
+        match d {
+            FaultDirection::Send => Self::Send,
+            FaultDirection::Recv => Self::Recv,
+            FaultDirection::Both => Self::Both,
+        }
+    }
+}
+
+impl From<uctel_transport::soft::fault::FaultDirection> for FaultDirection {
+    fn from(d: uctel_transport::soft::fault::FaultDirection) -> Self {
+        use uctel_transport::soft::fault::FaultDirection as D;
+        match d {
+            D::Send => Self::Send,
+            D::Recv => Self::Recv,
+            D::Both => Self::Both,
+        }
+    }
+}
+
+/// The transport's fault injector configuration of a `transport.soft.fault` section.
+impl From<&FaultSection> for uctel_transport::soft::fault::FaultConfig {
+    fn from(f: &FaultSection) -> Self {
+        Self {
+            drop_ratio: f.drop_ratio,
+            duplicate_ratio: f.duplicate_ratio,
+            reorder_ratio: f.reorder_ratio,
+            reorder_window: f.reorder_window,
+            corrupt_ratio: f.corrupt_ratio,
+            delay_ms: f.delay_milliseconds,
+            seed: f.seed,
+            direction: f.direction.into(),
+        }
+    }
+}
+
+/// The `transport.soft.fault` section of a transport fault injector configuration.
+impl From<&uctel_transport::soft::fault::FaultConfig> for FaultSection {
+    fn from(f: &uctel_transport::soft::fault::FaultConfig) -> Self {
+        Self {
+            drop_ratio: f.drop_ratio,
+            duplicate_ratio: f.duplicate_ratio,
+            reorder_ratio: f.reorder_ratio,
+            reorder_window: f.reorder_window,
+            corrupt_ratio: f.corrupt_ratio,
+            delay_milliseconds: f.delay_ms,
+            seed: f.seed,
+            direction: f.direction.into(),
+        }
+    }
 }
 
 /// Keys both daemons spelt otherwise before, for [`Validate::renamed_keys`].
