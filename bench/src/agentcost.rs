@@ -29,7 +29,7 @@ use serde::Serialize;
 use uctel_agent::sources::host::{HostMetrics, HostMetricsConfig, HostPaths};
 
 use crate::cpu::{delta, sample_process, CpuDelta};
-use crate::daemon::{stop_child, CollectorProcess, CollectorSettings, DaemonError, TOKEN};
+use crate::daemon::{io, stop_child, CollectorProcess, CollectorSettings, DaemonError, TOKEN};
 use crate::stats::rate;
 
 /// Settings.
@@ -104,11 +104,6 @@ pub enum AgentCostError {
     /// The agent did not deliver.
     #[error("the agent delivered nothing within {0:?} (its output: {1})")]
     NoData(Duration, String),
-}
-
-fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
-    let what = what.into();
-    move |source| DaemonError::Io { what, source }
 }
 
 /// Writes a procfs tree for `host` under `dir`.

@@ -70,7 +70,8 @@ pub enum DaemonError {
     Sample(#[from] SampleError),
 }
 
-fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
+/// An `io::Error` mapper naming `what` failed, for `map_err`.
+pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
     let what = what.into();
     move |source| DaemonError::Io { what, source }
 }

@@ -23,7 +23,7 @@ use serde::Serialize;
 
 use crate::cpu::{delta, sample_process, CpuDelta, ProcessSample};
 use crate::daemon::{
-    free_tcp_port, stop_child, CollectorProcess, CollectorSettings, DaemonError, TOKEN,
+    free_tcp_port, io, stop_child, CollectorProcess, CollectorSettings, DaemonError, TOKEN,
 };
 
 /// The node_exporter binaries looked for on `PATH` (Debian's package name first).
@@ -91,11 +91,6 @@ pub enum IdleError {
     /// The agent did not connect.
     #[error("the agent did not connect to the collector within {0:?}; see {1}")]
     NotConnected(Duration, String),
-}
-
-fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
-    let what = what.into();
-    move |source| DaemonError::Io { what, source }
 }
 
 /// A child process stopped (SIGTERM, then SIGKILL) when dropped.

@@ -55,7 +55,9 @@ use uctel_protocol::frame::{peek_conn_seq, Frame, FrameError, FrameKind};
 use uctel_protocol::limits::Limits;
 use uctel_protocol::payload::{self, PayloadError, RecordError};
 use uctel_protocol::stream::StreamName;
-use uctel_protocol::tracker::{CloseError, Observation, SequenceTracker, TrackerConfig};
+use uctel_protocol::tracker::{
+    CloseError, Observation, SequenceTracker, TrackerConfig, TrackerCounts,
+};
 
 use crate::logsink::{LogContext, LogSink};
 use crate::store::SeriesStore;
@@ -344,8 +346,9 @@ impl StreamState {
         }
     }
 
-    fn lost(&self) -> u64 {
-        self.tracker.counts().lost.saturating_add(self.leading_lost)
+    /// Frames lost: the tracker's settled loss (`counts`) and the leading loss.
+    fn lost(&self, counts: &TrackerCounts) -> u64 {
+        counts.lost.saturating_add(self.leading_lost)
     }
 
     fn records_lost(&self) -> u64 {
@@ -357,7 +360,7 @@ impl StreamState {
         let c = self.tracker.counts();
         StreamLedger {
             accepted: self.accepted,
-            lost: self.lost(),
+            lost: self.lost(&c),
             missing: c.missing,
             late: c.late,
             duplicate: c.duplicate,
@@ -404,7 +407,8 @@ impl StreamState {
     /// `frames_lost_total` and `records_lost_total` only grow, by what became certain.
     fn sync(&mut self) {
         self.settle_records(self.tracker.is_closed());
-        let lost = self.lost();
+        let counts = self.tracker.counts();
+        let lost = self.lost(&counts);
         if lost > self.lost_emitted {
             self.tel.frames_lost.inc_by(lost - self.lost_emitted);
             self.lost_emitted = lost;
@@ -418,7 +422,7 @@ impl StreamState {
         }
         self.tel
             .frames_missing
-            .set(i64::try_from(self.tracker.counts().missing).unwrap_or(i64::MAX));
+            .set(i64::try_from(counts.missing).unwrap_or(i64::MAX));
     }
 }
 
