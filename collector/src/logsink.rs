@@ -300,7 +300,7 @@ fn flush_lines(
 
 /// A file that rotates by size (see the module docs).
 ///
-/// Lines are held in memory (up to [`BUFFER_BYTES`]) and written whole; a failed write is
+/// Lines are held in memory (up to 64 KiB) and written whole; a failed write is
 /// cut back to the last whole line and the lost lines are counted in the [`WriteError`].
 /// After a failed write the file is closed (unless a partial line is still to be cut off)
 /// and reopened by path on the next line, so space freed by deleting it is released and the
