@@ -55,19 +55,19 @@ pub const VERSION: u8 = 1;
 
 /// Byte ranges of the header fields (see the module table).
 mod field {
-    pub const MAGIC: usize = 0;
-    pub const VERSION: usize = 4;
-    pub const KIND: usize = 5;
-    pub const FLAGS: usize = 6;
-    pub const STREAM_ID: usize = 8;
-    pub const PAYLOAD_LEN: usize = 12;
-    pub const EPOCH: usize = 16;
-    pub const CONN_SEQ: usize = 24;
-    pub const STREAM_SEQ: usize = 32;
-    pub const TIMESTAMP_NS: usize = 40;
-    pub const RECORD_COUNT: usize = 48;
-    pub const CRC32C: usize = 56;
-    pub const RESERVED: usize = 60;
+    pub(crate) const MAGIC: usize = 0;
+    pub(crate) const VERSION: usize = 4;
+    pub(crate) const KIND: usize = 5;
+    pub(crate) const FLAGS: usize = 6;
+    pub(crate) const STREAM_ID: usize = 8;
+    pub(crate) const PAYLOAD_LEN: usize = 12;
+    pub(crate) const EPOCH: usize = 16;
+    pub(crate) const CONN_SEQ: usize = 24;
+    pub(crate) const STREAM_SEQ: usize = 32;
+    pub(crate) const TIMESTAMP_NS: usize = 40;
+    pub(crate) const RECORD_COUNT: usize = 48;
+    pub(crate) const CRC32C: usize = 56;
+    pub(crate) const RESERVED: usize = 60;
 }
 
 /// What a frame carries.

@@ -8,8 +8,10 @@
 /// A `name="value"` label pair.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Label {
+    /// Label name (Prometheus rules: `[a-zA-Z_][a-zA-Z0-9_]*`).
     #[prost(string, tag = "1")]
     pub name: String,
+    /// Label value, any UTF-8.
     #[prost(string, tag = "2")]
     pub value: String,
 }
@@ -18,17 +20,23 @@ pub struct Label {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
 #[repr(i32)]
 pub enum MetricType {
+    /// Not set: the collector rejects the sample as invalid (counted).
     Unspecified = 0,
+    /// A monotonically increasing cumulative count.
     Counter = 1,
+    /// A value that goes up and down.
     Gauge = 2,
+    /// Cumulative buckets with `count` and `sum`.
     Histogram = 3,
 }
 
 /// One cumulative histogram bucket: the number of observations `<= upper_bound`.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Bucket {
+    /// The bucket's inclusive upper bound (`le`); `+Inf` for the last.
     #[prost(double, tag = "1")]
     pub upper_bound: f64,
+    /// Observations `<= upper_bound`, cumulative.
     #[prost(uint64, tag = "2")]
     pub cumulative_count: u64,
 }
@@ -37,12 +45,16 @@ pub struct Bucket {
 /// buckets plus `count` and `sum` (DESIGN.md §3 rule 2: state, never deltas).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Metric {
+    /// Metric name (Prometheus rules, e.g. `node_cpu_seconds_total`).
     #[prost(string, tag = "1")]
     pub name: String,
+    /// The `# HELP` text; may be empty.
     #[prost(string, tag = "2")]
     pub help: String,
+    /// A [`MetricType`] as its `i32` (protobuf enums are open: unknown values decode).
     #[prost(enumeration = "MetricType", tag = "3")]
     pub r#type: i32,
+    /// The series' labels, without the `agent`/`instance` labels the collector adds.
     #[prost(message, repeated, tag = "4")]
     pub labels: Vec<Label>,
     /// Counter or gauge value; unused for histograms.
@@ -54,8 +66,10 @@ pub struct Metric {
     /// Histogram only, increasing `upper_bound`.
     #[prost(message, repeated, tag = "7")]
     pub buckets: Vec<Bucket>,
+    /// Histogram only: the number of observations.
     #[prost(uint64, tag = "8")]
     pub count: u64,
+    /// Histogram only: the sum of the observations.
     #[prost(double, tag = "9")]
     pub sum: f64,
 }
@@ -63,6 +77,7 @@ pub struct Metric {
 /// The payload of a `kind = metrics` frame.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct MetricBatch {
+    /// The samples, one record each.
     #[prost(message, repeated, tag = "1")]
     pub metrics: Vec<Metric>,
 }
@@ -71,20 +86,29 @@ pub struct MetricBatch {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
 #[repr(i32)]
 pub enum Severity {
+    /// Not known (the line carried no recognisable level).
     Unspecified = 0,
+    /// Finer than debug.
     Trace = 1,
+    /// Debugging detail.
     Debug = 2,
+    /// Normal operation.
     Info = 3,
+    /// Something unexpected that did not fail.
     Warn = 4,
+    /// An operation failed.
     Error = 5,
+    /// The program cannot go on.
     Fatal = 6,
 }
 
 /// A structured `key=value` field of a log record.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Field {
+    /// Field name.
     #[prost(string, tag = "1")]
     pub key: String,
+    /// Field value.
     #[prost(string, tag = "2")]
     pub value: String,
 }
@@ -95,13 +119,16 @@ pub struct LogRecord {
     /// Nanoseconds since the Unix epoch.
     #[prost(uint64, tag = "1")]
     pub timestamp_ns: u64,
+    /// A [`Severity`] as its `i32`.
     #[prost(enumeration = "Severity", tag = "2")]
     pub severity: i32,
     /// Where the line came from, e.g. the file path.
     #[prost(string, tag = "3")]
     pub source: String,
+    /// The line, without its line terminator.
     #[prost(string, tag = "4")]
     pub message: String,
+    /// Structured fields, if the source has any.
     #[prost(message, repeated, tag = "5")]
     pub fields: Vec<Field>,
     /// A stable identity of the file the line was read from: a random non-zero number the
@@ -120,6 +147,7 @@ pub struct LogRecord {
 /// The payload of a `kind = logs` frame.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct LogBatch {
+    /// The lines, one record each.
     #[prost(message, repeated, tag = "1")]
     pub records: Vec<LogRecord>,
 }

@@ -80,14 +80,23 @@ pub struct HostMetricsConfig {
 /// One sub-collector of [`HostMetrics`], named like the node_exporter collector it mirrors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum HostCollector {
+    /// `node_cpu_seconds_total` per CPU and mode (`/proc/stat`).
     Cpu,
+    /// Boot time, context switches, interrupts, forks, running and blocked processes (`/proc/stat`).
     Stat,
+    /// `node_load1`, `node_load5`, `node_load15` (`/proc/loadavg`).
     Loadavg,
+    /// `node_memory_*_bytes` (`/proc/meminfo`).
     Meminfo,
+    /// `node_network_*` per interface (`/proc/net/dev`).
     Netdev,
+    /// `node_disk_*` per block device (`/proc/diskstats`).
     Diskstats,
+    /// `node_filesystem_*` per mount (`/proc/1/mountinfo`, statvfs(2)).
     Filesystem,
+    /// `node_time_seconds`.
     Time,
+    /// `node_infiniband_*` per RDMA port (`/sys/class/infiniband`).
     Infiniband,
 }
 
@@ -137,20 +146,29 @@ pub enum HostError {
     /// A file could not be read.
     #[error("cannot read {path}: {source}")]
     Read {
+        /// The file.
         path: PathBuf,
+        /// The read error.
         #[source]
         source: std::io::Error,
     },
     /// The `procfs` crate rejected a file's contents.
     #[error("cannot parse {path}: {source}")]
     Parse {
+        /// The file.
         path: PathBuf,
+        /// What `procfs` said.
         #[source]
         source: procfs::ProcError,
     },
     /// A file's contents did not have the expected shape.
     #[error("unexpected contents in {path}: {reason}")]
-    Format { path: PathBuf, reason: String },
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong with it.
+        reason: String,
+    },
     /// The RDMA counter tree could not be walked.
     #[error(transparent)]
     Rdma(#[from] RdmaError),
@@ -160,7 +178,9 @@ pub enum HostError {
 #[derive(Debug, thiserror::Error)]
 #[error("host collector {collector} failed: {error}")]
 pub struct CollectorError {
+    /// The sub-collector that failed.
     pub collector: HostCollector,
+    /// Why.
     #[source]
     pub error: HostError,
 }
@@ -169,7 +189,10 @@ pub struct CollectorError {
 /// succeeded, and one error per sub-collector that failed.
 #[derive(Debug, Default)]
 pub struct HostCollection {
+    /// Samples of the sub-collectors that succeeded, plus the per-collector
+    /// `node_scrape_collector_*` series.
     pub metrics: Vec<Metric>,
+    /// One entry per sub-collector that failed.
     pub errors: Vec<CollectorError>,
     /// RDMA files the `infiniband` sub-collector skipped ([`RdmaCounters::collect_into`]);
     /// when there are any, its `node_scrape_collector_success` is 0.

@@ -124,7 +124,9 @@ pub const PORT_COUNTERS_EXT: &[(&str, &str, &str, u64)] = &[
 #[derive(Debug, thiserror::Error)]
 #[error("cannot list {path}: {source}")]
 pub struct RdmaError {
+    /// The directory.
     pub path: PathBuf,
+    /// The listing error.
     #[source]
     pub source: std::io::Error,
 }
