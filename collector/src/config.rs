@@ -59,8 +59,9 @@
 //! ports); 4791 is the IANA RoCEv2 port. On one host (loopback demo) the agent's soft device
 //! binds its own UDP port, so only the collector uses 4791.
 
+use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -785,7 +786,7 @@ impl Validate for Config {
             let f = &self.logs.file;
             if f.path.as_os_str().is_empty() {
                 p.push("logs.file.path", "must not be empty");
-            } else if let Err(e) = crate::logsink::check_path(&f.path) {
+            } else if let Err(e) = check_path(&f.path) {
                 p.push("logs.file.path", format!("cannot create {:?}: {e}", f.path));
             } else if let Err(e) = uctel_common::config::check_writable_file(&f.path) {
                 p.push("logs.file.path", e);
@@ -826,6 +827,38 @@ pub fn reference() -> Reference {
         rust: &[include_str!("config.rs"), uctel_common::config::SOURCE],
         minimal: REFERENCE_MINIMAL,
     })
+}
+
+/// Checks, without creating or changing anything, that a log file could be created at
+/// `path`: it is not an existing directory, and the nearest existing ancestor of its
+/// directory is a directory (the missing ones are created at open). Used by the
+/// configuration check (`--check-config`) and before opening, so that a path under a regular
+/// file reads "… is not a directory" rather than `create_dir_all`'s "File exists".
+///
+/// # Errors
+/// [`io::ErrorKind::IsADirectory`] or [`io::ErrorKind::NotADirectory`] with a message naming
+/// the offending path.
+pub fn check_path(path: &Path) -> io::Result<()> {
+    if path.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::IsADirectory,
+            "it is a directory; name a file in it",
+        ));
+    }
+    let mut dir = path.parent();
+    while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty()) {
+        match std::fs::metadata(d) {
+            Ok(m) if m.is_dir() => return Ok(()),
+            Ok(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotADirectory,
+                    format!("{} is not a directory", d.display()),
+                ))
+            }
+            Err(_) => dir = d.parent(),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -321,37 +321,7 @@ pub struct RotatingFile {
     size: u64,
 }
 
-/// Checks, without creating or changing anything, that a log file could be created at
-/// `path`: it is not an existing directory, and the nearest existing ancestor of its
-/// directory is a directory (the missing ones are created at open). Used by the
-/// configuration check (`--check-config`) and before opening, so that a path under a regular
-/// file reads "… is not a directory" rather than `create_dir_all`'s "File exists".
-///
-/// # Errors
-/// [`io::ErrorKind::IsADirectory`] or [`io::ErrorKind::NotADirectory`] with a message naming
-/// the offending path.
-pub fn check_path(path: &Path) -> io::Result<()> {
-    if path.is_dir() {
-        return Err(io::Error::new(
-            io::ErrorKind::IsADirectory,
-            "it is a directory; name a file in it",
-        ));
-    }
-    let mut dir = path.parent();
-    while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty()) {
-        match std::fs::metadata(d) {
-            Ok(m) if m.is_dir() => return Ok(()),
-            Ok(_) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::NotADirectory,
-                    format!("{} is not a directory", d.display()),
-                ))
-            }
-            Err(_) => dir = d.parent(),
-        }
-    }
-    Ok(())
-}
+pub use crate::config::check_path;
 
 impl RotatingFile {
     /// Opens (appending) or creates `path`, creating its directory.

@@ -43,11 +43,10 @@
 //! CRC32C is the checksum of iSCSI (RFC 3720 §B.4) and ext4; it is computed in hardware
 //! by SSE4.2 / ARMv8 CRC instructions through the `crc32c` crate.
 
+pub use crate::limits::HEADER_LEN;
 use crate::limits::{Limit, Limits};
 use crate::payload::{self, LogBatch, MetricBatch, PayloadError};
 
-/// Length of the fixed frame header in bytes.
-pub const HEADER_LEN: usize = 64;
 /// The four bytes every frame starts with.
 pub const MAGIC: [u8; 4] = *b"UCTL";
 /// The header version this crate reads and writes.

@@ -14,6 +14,11 @@
 
 use std::fmt;
 
+/// Length of the fixed frame header in bytes (the table in [`crate::frame`]). Defined here,
+/// with the bounds that count it, so that the payload codec and the limits need not import
+/// the frame module that uses them both; `crate::frame::HEADER_LEN` is the same constant.
+pub const HEADER_LEN: usize = 64;
+
 /// Bounds checked when a payload is decoded (and honoured when one is built).
 ///
 /// All lengths are in bytes of UTF-8 (not characters); counts are numbers of items.
@@ -179,8 +184,7 @@ impl Limits {
     /// Largest payload a frame may carry: `max_frame_bytes − HEADER_LEN`, 0 if the frame
     /// bound is below the header size.
     pub fn max_payload_bytes(&self) -> usize {
-        self.max_frame_bytes
-            .saturating_sub(crate::frame::HEADER_LEN)
+        self.max_frame_bytes.saturating_sub(HEADER_LEN)
     }
 }
 

@@ -156,7 +156,7 @@ pub struct LogBatch {
 // Codec: encode, decode and validate payloads.
 // ---------------------------------------------------------------------------------------
 
-use crate::limits::{Limit, LimitError, Limits};
+use crate::limits::{Limit, LimitError, Limits, HEADER_LEN};
 use prost::Message as _;
 
 /// What is wrong with one record (a [`Metric`] or a [`LogRecord`]).
@@ -524,10 +524,7 @@ pub fn validate_log_record(record: &LogRecord, limits: &Limits) -> Result<(), Re
 
 fn check_batch_bytes(payload: &[u8], limits: &Limits) -> Result<(), PayloadError> {
     limits
-        .check(
-            Limit::FrameBytes,
-            payload.len().saturating_add(crate::frame::HEADER_LEN),
-        )
+        .check(Limit::FrameBytes, payload.len().saturating_add(HEADER_LEN))
         .map_err(PayloadError::Batch)
 }
 
