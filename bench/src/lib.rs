@@ -23,6 +23,8 @@
 //! Layout: [`workload`] (frames), [`cpu`] (procfs and getrusage), [`promtext`] (reading
 //! `/metrics`), [`daemon`] (child processes), [`stats`] (rates, fairness, verdicts).
 
+#![forbid(unsafe_code)]
+
 pub mod agentcost;
 pub mod cpu;
 pub mod daemon;

@@ -1,5 +1,7 @@
 //! `uctel-bench`: parse flags, run the measurements, print the table, write the JSON.
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -16,6 +16,8 @@
 //! the command. Generating in the daemons' own build scripts cannot see `Cli` either, and a
 //! hidden `--generate-man` flag would sit in every user's binary.
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
