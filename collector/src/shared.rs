@@ -1,9 +1,9 @@
 //! State shared by the collector's tasks: the configuration, telemetry, the series store,
 //! the log sink, the data plane and the accounting of finished connections.
 //!
-//! A leaf of the daemon's wiring: [`crate::daemon`] builds it, [`crate::control`] reads it;
-//! neither imports the other through it. (The control plane's own state, tokens and live
-//! sessions, is the control plane's: [`crate::control::serve`].)
+//! A leaf of the daemon's wiring: the daemon module builds it, the control plane reads it,
+//! and it imports neither, so they do not import each other. (The control plane's own
+//! state, tokens and live sessions, stays in the control plane.)
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
