@@ -9,15 +9,25 @@
 //! then Heartbeat both ways, Report from the collector, Goodbye from either side.
 //! ```
 //!
-//! Framing and validation are `uctel_protocol::control`'s (length-prefixed protobuf); this
-//! module only moves the bytes and enforces the order of the handshake.
+//! The channel and the handshake are `uctel_common::control`'s (the one control client, which
+//! the collector's tests and the bench's load generator use too), the handshake's and the
+//! heartbeats' rules `uctel_protocol::session`'s; this module names the agent's connection
+//! type and words its errors from the agent's point of view.
 
-use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::time::Duration;
+
 use tokio::net::TcpStream;
-use uctel_protocol::control::{
-    self, Body, ControlDecoder, ControlMessage, Hello, Proof, RefuseReason, Welcome,
+use uctel_common::control::{
+    client_handshake_within, ChannelError, ControlChannel, HandshakeError,
 };
+use uctel_protocol::control::{self, ControlMessage, Hello, RefuseReason, Welcome};
+
+/// One control connection: `uctel_common`'s [`ControlChannel`] over TCP, with the agent's
+/// errors.
+#[derive(Debug)]
+pub struct ControlConn {
+    channel: ControlChannel<TcpStream>,
+}
 
 /// A control-channel failure.
 #[derive(Debug, thiserror::Error)]
@@ -35,10 +45,10 @@ pub enum ControlError {
     #[error("cannot encode a control message: {0}")]
     Encode(#[from] control::EncodeError),
     /// The collector refused us.
-    #[error("refused by the collector: {reason} ({detail})")]
+    #[error("refused by the collector: {} ({detail})", reason.label())]
     Refused {
-        /// Its reason label.
-        reason: &'static str,
+        /// Its reason.
+        reason: RefuseReason,
         /// Its human-readable detail.
         detail: String,
     },
@@ -52,13 +62,37 @@ pub enum ControlError {
     },
 }
 
-/// One control connection, split into a buffered reader and a writer.
+impl From<ChannelError> for ControlError {
+    fn from(e: ChannelError) -> Self {
+        match e {
+            ChannelError::Io(e) => ControlError::Io(e),
+            ChannelError::Decode(e) => ControlError::Decode(e),
+            ChannelError::Encode(e) => ControlError::Encode(e),
+        }
+    }
+}
+
+/// A failed handshake: a [`ControlError`], or no `Welcome` in time.
 #[derive(Debug)]
-pub struct ControlConn {
-    stream: TcpStream,
-    decoder: ControlDecoder,
-    buf: BytesMut,
-    out: Vec<u8>,
+pub enum HandshakeFailure {
+    /// The channel failed or the collector refused.
+    Control(ControlError),
+    /// No `Welcome` within the time allowed.
+    TimedOut(Duration),
+}
+
+impl From<HandshakeError> for HandshakeFailure {
+    fn from(e: HandshakeError) -> Self {
+        HandshakeFailure::Control(match e {
+            HandshakeError::Refused { reason, detail } => ControlError::Refused { reason, detail },
+            HandshakeError::Channel(e) => e.into(),
+            HandshakeError::Unexpected { expected, got } => {
+                ControlError::Unexpected { expected, got }
+            }
+            HandshakeError::Closed { .. } => ControlError::Closed,
+            HandshakeError::TimedOut(after) => return HandshakeFailure::TimedOut(after),
+        })
+    }
 }
 
 impl ControlConn {
@@ -66,11 +100,8 @@ impl ControlConn {
     /// latency-sensitive).
     pub fn new(stream: TcpStream) -> Self {
         let _ = stream.set_nodelay(true);
-        Self {
-            stream,
-            decoder: ControlDecoder::new(),
-            buf: BytesMut::with_capacity(4096),
-            out: Vec::with_capacity(512),
+        ControlConn {
+            channel: ControlChannel::new(stream),
         }
     }
 
@@ -79,7 +110,7 @@ impl ControlConn {
     /// # Errors
     /// The OS error.
     pub fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
-        self.stream.local_addr()
+        self.channel.get_ref().local_addr()
     }
 
     /// Sends one message.
@@ -87,10 +118,7 @@ impl ControlConn {
     /// # Errors
     /// [`ControlError::Encode`] or [`ControlError::Io`].
     pub async fn send(&mut self, msg: impl Into<ControlMessage>) -> Result<(), ControlError> {
-        self.out.clear();
-        control::encode_message(&msg.into(), &mut self.out)?;
-        self.stream.write_all(&self.out).await?;
-        Ok(())
+        Ok(self.channel.send(msg).await?)
     }
 
     /// Receives the next message. Cancel-safe: bytes read before a cancellation stay
@@ -99,73 +127,28 @@ impl ControlConn {
     /// # Errors
     /// [`ControlError::Closed`], [`ControlError::Io`], [`ControlError::Decode`].
     pub async fn recv(&mut self) -> Result<ControlMessage, ControlError> {
-        loop {
-            if let Some(msg) = self.decoder.decode(&mut self.buf)? {
-                return Ok(msg);
-            }
-            let n = self.stream.read_buf(&mut self.buf).await?;
-            if n == 0 {
-                return Err(ControlError::Closed);
-            }
-        }
+        self.channel.recv().await?.ok_or(ControlError::Closed)
     }
 
-    /// Flushes and half-closes the connection (after a Goodbye).
+    /// Flushes and half-closes the connection (after a Goodbye), best effort.
+    pub async fn shutdown(&mut self) {
+        self.channel.shutdown().await;
+    }
+
+    /// The handshake (`uctel_common::control::client_handshake_within`, the one control
+    /// client): sends `hello`, answers the challenge with the HMAC proof of `token`, and
+    /// returns the collector's `Welcome`, all within `timeout`.
     ///
     /// # Errors
-    /// The OS error.
-    pub async fn shutdown(&mut self) -> std::io::Result<()> {
-        self.stream.shutdown().await
-    }
-}
-
-/// Runs the handshake: sends `hello`, answers the challenge with the HMAC proof of `token`,
-/// and returns the collector's `Welcome`.
-///
-/// # Errors
-/// [`ControlError::Refused`] with the collector's reason, [`ControlError::Unexpected`] on an
-/// out-of-order message, or an I/O / decode error.
-pub async fn handshake(
-    conn: &mut ControlConn,
-    hello: Hello,
-    token: &[u8],
-) -> Result<Welcome, ControlError> {
-    let agent_id = hello.agent_id.clone();
-    let epoch = hello.epoch;
-    conn.send(hello).await?;
-    let nonce = match conn.recv().await?.body {
-        Some(Body::Challenge(c)) => c.nonce_array().ok_or(ControlError::Unexpected {
-            expected: "Challenge with a 32-byte nonce",
-            got: "Challenge",
-        })?,
-        other => return Err(unexpected("Challenge", other)),
-    };
-    let hmac = control::proof(token, &nonce, &agent_id, epoch);
-    conn.send(Proof {
-        hmac: hmac.to_vec(),
-    })
-    .await?;
-    match conn.recv().await?.body {
-        Some(Body::Welcome(w)) => Ok(w),
-        other => Err(unexpected("Welcome", other)),
-    }
-}
-
-fn unexpected(expected: &'static str, got: Option<Body>) -> ControlError {
-    match got {
-        Some(Body::Refuse(r)) => ControlError::Refused {
-            reason: RefuseReason::try_from(r.reason)
-                .unwrap_or(RefuseReason::Unspecified)
-                .label(),
-            detail: r.detail,
-        },
-        Some(b) => ControlError::Unexpected {
-            expected,
-            got: b.name(),
-        },
-        None => ControlError::Unexpected {
-            expected,
-            got: "(empty)",
-        },
+    /// [`HandshakeFailure::Control`] with [`ControlError::Refused`] (the collector's
+    /// reason), [`ControlError::Unexpected`] on an out-of-order message, [`ControlError::Closed`]
+    /// or an I/O / decode error; [`HandshakeFailure::TimedOut`].
+    pub async fn handshake(
+        &mut self,
+        hello: Hello,
+        token: &[u8],
+        timeout: Duration,
+    ) -> Result<Welcome, HandshakeFailure> {
+        Ok(client_handshake_within(&mut self.channel, hello, token, timeout).await?)
     }
 }

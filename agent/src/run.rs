@@ -42,9 +42,10 @@ use uctel_protocol::control::{
     PROTOCOL_VERSION,
 };
 use uctel_protocol::limits::Limits;
+use uctel_protocol::session::{Liveness, LivenessConfig, LivenessEvent};
 
 use crate::config::{faults_enabled, seconds, AgentConfig, DataPath, TokenError, TransportKind};
-use crate::control::{handshake, ControlConn, ControlError};
+use crate::control::{ControlConn, ControlError, HandshakeFailure};
 use crate::datapath::{DataPlane, DataPlaneError};
 use crate::runners::{self, Queues};
 use crate::selfmetrics::{DropReason, FaultTally, SelfMetrics};
@@ -63,6 +64,18 @@ const CONTROL_SEND_TIMEOUT: Duration = Duration::from_secs(2);
 const DRAIN_GRACE: Duration = Duration::from_millis(500);
 /// Retry interval while the QP's send queue or send buffers are full.
 const BUSY_RETRY: Duration = Duration::from_millis(1);
+/// Heartbeat periods of silence after which the collector is dead, unless
+/// `collector.heartbeat_timeout_seconds` is longer (the dead-peer rule,
+/// `uctel_protocol::session::liveness`).
+const AGENT_MISSED_HEARTBEATS: u32 = 3;
+
+/// Sleeps until `at`; for ever without a deadline.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
 
 /// Why the agent could not run.
 #[derive(Debug, thiserror::Error)]
@@ -264,9 +277,10 @@ async fn connection_loop(
                 summary.last_session = Some(fin);
                 tracing::warn!(epoch = format_args!("{epoch:#x}"), reason = %why, "connection to the collector lost; reconnecting with a new epoch");
             }
-            Err(SessionError::Control(ControlError::Refused { reason, detail }))
-                if reason == RefuseReason::DuplicateAgentId.label() =>
-            {
+            Err(SessionError::Control(ControlError::Refused {
+                reason: RefuseReason::DuplicateAgentId,
+                detail,
+            })) => {
                 // Another agent with our id is connected: retry at the longest backoff, and
                 // say so once (then at debug level) rather than every attempt.
                 if !duplicate_warned {
@@ -538,9 +552,13 @@ async fn session(
         capabilities: capabilities(config),
         qp: Some(plane.endpoint()),
     };
-    let welcome = tokio::time::timeout(connect_timeout, handshake(&mut conn, hello, token))
+    let welcome = conn
+        .handshake(hello, token, connect_timeout)
         .await
-        .map_err(|_| SessionError::HandshakeTimeout(connect_timeout))??;
+        .map_err(|e| match e {
+            HandshakeFailure::Control(e) => SessionError::Control(e),
+            HandshakeFailure::TimedOut(after) => SessionError::HandshakeTimeout(after),
+        })?;
     let sender_config = negotiated(config, &welcome, plane.endpoint().mtu)?;
     plane.connect(&welcome)?;
     *welcomed = true;
@@ -562,14 +580,21 @@ async fn session(
         "connected to the collector"
     );
 
+    // Heartbeats at the collector's period; the collector is dead after
+    // max(3 heartbeats, heartbeat_timeout_seconds) of silence (the dead-peer rule of
+    // `uctel_protocol::session::liveness`).
     let heartbeat_every = sender_config
         .idle_heartbeat
         .unwrap_or(Duration::from_secs(5));
-    let dead_after = seconds(config.collector.heartbeat_timeout_seconds).max(heartbeat_every * 3);
-    let mut heartbeat_tick = tokio::time::interval(heartbeat_every);
-    heartbeat_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut heartbeat_seq: u64 = 0;
-    let mut last_heard = Instant::now();
+    let mut liveness = Liveness::new(
+        LivenessConfig::new(
+            heartbeat_every,
+            AGENT_MISSED_HEARTBEATS,
+            seconds(config.collector.heartbeat_timeout_seconds),
+        ),
+        Instant::now(),
+    );
+    let dead_after = liveness.dead_after();
     let mut sd = shutdown.clone();
 
     let end = loop {
@@ -591,18 +616,12 @@ async fn session(
             let soon = Instant::now() + BUSY_RETRY;
             deadline = Some(deadline.map_or(soon, |d| d.min(soon)));
         }
-        let sleep = async {
-            match deadline {
-                Some(at) => tokio::time::sleep_until(at.into()).await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
-            () = sleep => {}
+            () = sleep_until(deadline) => {}
             () = queues.metrics.notified() => {}
             () = queues.logs.notified() => {}
             msg = conn.recv() => {
-                last_heard = Instant::now();
+                liveness.on_receive(Instant::now());
                 match msg {
                     Ok(m) => match m.body {
                         Some(Body::Report(r)) => {
@@ -628,18 +647,20 @@ async fn session(
                     Err(e) => break SessionEnd::Lost(e.to_string()),
                 }
             }
-            _ = heartbeat_tick.tick() => {
-                if last_heard.elapsed() > dead_after {
+            () = sleep_until(liveness.poll_timeout()) => match liveness.handle_timeout(Instant::now()) {
+                Some(LivenessEvent::PeerDead { .. }) => {
                     break SessionEnd::Lost(format!("nothing heard from the collector for {dead_after:?}"));
                 }
-                heartbeat_seq += 1;
-                let hb = heartbeat(heartbeat_seq, &core.final_sequences());
-                match tokio::time::timeout(CONTROL_SEND_TIMEOUT, conn.send(hb)).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => break SessionEnd::Lost(e.to_string()),
-                    Err(_) => break SessionEnd::Lost("the collector stopped reading the control connection".into()),
+                Some(LivenessEvent::SendHeartbeat { sequence }) => {
+                    let hb = heartbeat(sequence, &core.final_sequences());
+                    match tokio::time::timeout(CONTROL_SEND_TIMEOUT, conn.send(hb)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => break SessionEnd::Lost(e.to_string()),
+                        Err(_) => break SessionEnd::Lost("the collector stopped reading the control connection".into()),
+                    }
                 }
-            }
+                None => {}
+            },
             () = sd.wait() => break SessionEnd::Shutdown,
         }
     };
@@ -696,7 +717,7 @@ async fn session(
             let bye = goodbye(&fin, GoodbyeReason::Shutdown, "agent shutting down");
             let _ = tokio::time::timeout(CONTROL_SEND_TIMEOUT, async {
                 let _ = conn.send(bye).await;
-                let _ = conn.shutdown().await;
+                conn.shutdown().await;
             })
             .await;
             // The epoch's final figures, as in `Goodbye`, for operators and end-to-end tests:

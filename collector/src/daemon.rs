@@ -12,10 +12,12 @@ use uctel_common::shutdown::{self, Shutdown, ShutdownTrigger};
 use uctel_transport::api::{Device, DeviceConfig, VerbsConfig};
 
 use crate::config::{Config, TransportKindConfig};
-use crate::control::{Auth, Ledger, Registry};
+use crate::control::Auth;
 use crate::dataplane::DataPlane;
 use crate::ingest::{DeliveredLogs, StreamLedger};
 use crate::logsink::LogSink;
+use crate::shared::Ledger;
+pub use crate::shared::Shared;
 use crate::store::SeriesStore;
 use crate::telemetry::Telemetry;
 
@@ -81,29 +83,6 @@ fn open_reason(e: &uctel_transport::api::OpenError) -> String {
         uctel_transport::api::OpenError::Io { source, .. } => source.to_string(),
         other => other.to_string(),
     }
-}
-
-/// Shared state of a running collector, handed to every task.
-#[derive(Debug, Clone)]
-pub struct Shared {
-    /// The configuration it was started with.
-    pub config: Arc<Config>,
-    /// Self-metrics.
-    pub telemetry: Telemetry,
-    /// Received series.
-    pub store: SeriesStore,
-    /// Received logs.
-    pub logs: Arc<LogSink>,
-    /// The receive data path (device, poller, worker).
-    pub plane: Arc<DataPlane>,
-    /// Resolved tokens.
-    pub auth: Arc<Auth>,
-    /// Live agent sessions.
-    pub registry: Arc<Registry>,
-    /// Per-stream accounting of finished connections.
-    pub ledger: Ledger,
-    /// Log offsets each agent delivered in its earlier epochs (replays are discarded).
-    pub delivered: DeliveredLogs,
 }
 
 /// A started collector. Dropping it without [`Running::run_until`] stops it too (its
@@ -255,8 +234,6 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         store,
         logs,
         plane,
-        auth,
-        registry: Arc::new(Registry::default()),
         ledger: Ledger::default(),
         delivered: DeliveredLogs::default(),
     };
@@ -282,7 +259,7 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         sd.clone(),
     ))];
     tasks.push(tokio::spawn(expire_loop(shared.store.clone(), sd.clone())));
-    let control = crate::control::serve(control_listener, shared.clone(), sd);
+    let control = crate::control::serve(control_listener, shared.clone(), auth, sd);
     tasks.push(tokio::spawn(async move {
         control.await;
         control_up.store(false, Ordering::Release);

@@ -75,10 +75,9 @@ pub const MAX_STREAMS_PER_CONNECTION: usize = 1024;
 /// then not recognised as replays).
 pub const MAX_REPLAY_FILES_PER_AGENT: usize = 4096;
 
-/// Most agent ids [`DeliveredLogs`] remembers (as the registry's
-/// [`crate::control::MAX_REMEMBERED_EPOCHS`]); when full, the agent folded longest ago is
-/// forgotten.
-pub const MAX_REPLAY_AGENTS: usize = crate::control::MAX_REMEMBERED_EPOCHS;
+/// Most agent ids [`DeliveredLogs`] remembers (the control plane's registry remembers as
+/// many epochs); when full, the agent folded longest ago is forgotten.
+pub const MAX_REPLAY_AGENTS: usize = 65_536;
 
 /// Most files [`DeliveredLogs`] remembers over all agents (about 48 bytes each); when
 /// exceeded, the agents folded longest ago are forgotten.

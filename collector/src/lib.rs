@@ -11,7 +11,9 @@
 //! - [`ingest`]: per-connection frame checks, sequence tracking and delivery (transport-free).
 //! - [`dataplane`]: per-agent UC QP and ring, the completion-poller and worker threads and the
 //!   SPSC descriptor queue between them.
-//! - [`control`]: the TCP control plane (handshake, heartbeats, reports, goodbye).
+//! - [`shared`]: the state every task shares ([`shared::Shared`]).
+//! - [`control`]: the TCP control plane (handshake, heartbeats, reports, goodbye); the
+//!   session rules are `uctel_protocol::session`'s.
 //! - [`daemon`]: [`start`]/[`run`] wiring it all, with ephemeral-port support for tests.
 //!
 //! The binary (`src/main.rs`) parses flags, loads the configuration, installs logging and the
@@ -23,6 +25,7 @@ pub mod daemon;
 pub mod dataplane;
 pub mod ingest;
 pub mod logsink;
+pub mod shared;
 pub mod store;
 pub mod telemetry;
 

@@ -1,14 +1,16 @@
 //! The control channel over a byte stream (TCP in the daemons): length-prefixed
-//! `ControlMessage`s from `uctel_protocol::control`, plus the agent side of the handshake
-//! (DESIGN.md §6), so agent and collector share one implementation.
+//! `ControlMessage`s from `uctel_protocol::control`, plus the driver of the agent side of
+//! the handshake (DESIGN.md §6; the rules are `uctel_protocol::session`'s), so the agent,
+//! the collector's tests and the bench's load generator share one control client.
 //!
 //! [`ControlChannel::recv`] is cancel-safe (bytes already read stay buffered in the decoder),
 //! so it can sit in a `tokio::select!` next to timers.
 
+use std::time::{Duration, Instant};
+
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use uctel_protocol::control::{
-    self, Body, ControlDecoder, ControlMessage, Hello, Proof, RefuseReason, Welcome,
-};
+use uctel_protocol::control::{self, ControlDecoder, ControlMessage, Hello, RefuseReason, Welcome};
+use uctel_protocol::session::{ClientError, ClientHandshake};
 
 /// Errors on the control channel.
 #[derive(Debug, thiserror::Error)]
@@ -100,25 +102,41 @@ pub enum HandshakeError {
     /// The channel failed.
     #[error(transparent)]
     Channel(#[from] ChannelError),
-    /// The collector closed the connection or sent an unexpected message.
+    /// The collector sent an unexpected message.
     #[error("unexpected {got} during the handshake (expected {expected})")]
     Unexpected {
         /// What was expected.
         expected: &'static str,
-        /// What arrived (`end of stream` when closed).
+        /// What arrived.
         got: &'static str,
     },
+    /// The collector closed the connection.
+    #[error("unexpected end of stream during the handshake (expected {expected})")]
+    Closed {
+        /// What was expected.
+        expected: &'static str,
+    },
+    /// No `Welcome` within the time allowed ([`client_handshake_within`]).
+    #[error("handshake timed out after {0:?}")]
+    TimedOut(Duration),
 }
 
-fn refused(m: &control::Refuse) -> HandshakeError {
-    HandshakeError::Refused {
-        reason: RefuseReason::try_from(m.reason).unwrap_or(RefuseReason::Unspecified),
-        detail: m.detail.clone(),
+impl From<ClientError> for HandshakeError {
+    fn from(e: ClientError) -> Self {
+        match e {
+            ClientError::Refused { reason, detail } => HandshakeError::Refused { reason, detail },
+            ClientError::Unexpected { expected, got } => {
+                HandshakeError::Unexpected { expected, got }
+            }
+            ClientError::Closed { expected } => HandshakeError::Closed { expected },
+            ClientError::TimedOut { after } => HandshakeError::TimedOut(after),
+        }
     }
 }
 
 /// The agent side of the handshake: `Hello` → `Challenge` → `Proof` (HMAC of `token`,
-/// `uctel_protocol::control::proof`) → `Welcome`. The token never crosses the wire.
+/// `uctel_protocol::control::proof`) → `Welcome`. The token never crosses the wire. A thin
+/// driver of [`ClientHandshake`]; no deadline (see [`client_handshake_within`]).
 ///
 /// # Errors
 /// [`HandshakeError`]: refused (with the collector's reason), channel errors, or an
@@ -128,43 +146,62 @@ pub async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     hello: Hello,
     token: &[u8],
 ) -> Result<Welcome, HandshakeError> {
-    let agent_id = hello.agent_id.clone();
-    let epoch = hello.epoch;
-    channel.send(hello).await?;
-    let challenge = match channel.recv().await?.and_then(|m| m.body) {
-        Some(Body::Challenge(c)) => c,
-        Some(Body::Refuse(r)) => return Err(refused(&r)),
-        other => {
-            return Err(HandshakeError::Unexpected {
-                expected: "Challenge",
-                got: other.as_ref().map_or("end of stream", Body::name),
-            })
+    let machine = ClientHandshake::new(hello, token, Instant::now(), None);
+    drive_client(channel, machine).await
+}
+
+/// [`client_handshake`] that fails with [`HandshakeError::TimedOut`] unless the `Welcome`
+/// arrives within `timeout` (sends included).
+///
+/// # Errors
+/// As [`client_handshake`], and [`HandshakeError::TimedOut`].
+pub async fn client_handshake_within<S: AsyncRead + AsyncWrite + Unpin>(
+    channel: &mut ControlChannel<S>,
+    hello: Hello,
+    token: &[u8],
+    timeout: Duration,
+) -> Result<Welcome, HandshakeError> {
+    let machine = ClientHandshake::new(hello, token, Instant::now(), Some(timeout));
+    drive_client(channel, machine).await
+}
+
+/// Runs `fut` until `deadline` (none: to its end); `None` when the deadline came first.
+async fn until<F: std::future::Future>(deadline: Option<Instant>, fut: F) -> Option<F::Output> {
+    match deadline {
+        Some(at) => tokio::time::timeout_at(at.into(), fut).await.ok(),
+        None => Some(fut.await),
+    }
+}
+
+async fn drive_client<S: AsyncRead + AsyncWrite + Unpin>(
+    channel: &mut ControlChannel<S>,
+    mut machine: ClientHandshake,
+) -> Result<Welcome, HandshakeError> {
+    loop {
+        while let Some(msg) = machine.poll_transmit() {
+            match until(machine.poll_timeout(), channel.send(msg)).await {
+                Some(sent) => sent?,
+                None => machine.handle_timeout(Instant::now()),
+            }
         }
-    };
-    let nonce = challenge.nonce_array().ok_or(HandshakeError::Unexpected {
-        expected: "Challenge with a 32-byte nonce",
-        got: "Challenge",
-    })?;
-    let hmac = control::proof(token, &nonce, &agent_id, epoch);
-    channel
-        .send(Proof {
-            hmac: hmac.to_vec(),
-        })
-        .await?;
-    match channel.recv().await?.and_then(|m| m.body) {
-        Some(Body::Welcome(w)) => Ok(w),
-        Some(Body::Refuse(r)) => Err(refused(&r)),
-        other => Err(HandshakeError::Unexpected {
-            expected: "Welcome",
-            got: other.as_ref().map_or("end of stream", Body::name),
-        }),
+        if let Some(outcome) = machine.poll_outcome() {
+            return outcome.map_err(HandshakeError::from);
+        }
+        let received = until(machine.poll_timeout(), channel.recv()).await;
+        let now = Instant::now();
+        match received {
+            Some(Ok(Some(msg))) => machine.on_message(msg, now),
+            Some(Ok(None)) => machine.on_closed(now),
+            Some(Err(e)) => return Err(e.into()),
+            None => machine.handle_timeout(now),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use uctel_protocol::control::{Challenge, Heartbeat, Refuse};
+    use uctel_protocol::control::{Body, Challenge, Heartbeat, Refuse};
 
     #[tokio::test]
     async fn messages_cross_a_duplex_stream() {
@@ -264,5 +301,38 @@ mod tests {
             "{err}"
         );
         server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_silent_collector_times_the_handshake_out() {
+        let (a, mut b) = tokio::io::duplex(4096);
+        let mut ch = ControlChannel::new(a);
+        let started = Instant::now();
+        let err = client_handshake_within(&mut ch, hello(), b"t", Duration::from_millis(50))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, HandshakeError::TimedOut(d) if d == Duration::from_millis(50)),
+            "{err}"
+        );
+        assert!(started.elapsed() >= Duration::from_millis(50));
+        // The Hello went out before the wait.
+        let mut buf = [0u8; 4];
+        b.read_exact(&mut buf).await.unwrap();
+        // A collector that closes instead: `Closed`, naming what was expected.
+        let (a, b) = tokio::io::duplex(4096);
+        drop(b);
+        let mut ch = ControlChannel::new(a);
+        let err = client_handshake(&mut ch, hello(), b"t").await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                HandshakeError::Channel(_)
+                    | HandshakeError::Closed {
+                        expected: "Challenge"
+                    }
+            ),
+            "{err}"
+        );
     }
 }

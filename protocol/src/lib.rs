@@ -12,6 +12,12 @@
 //! ([`frame::stamp_connection`]); the collector side checks and decodes them with
 //! [`frame::decode_frame`], which never panics on any input; a receiver on the hot path
 //! decodes metric payloads with [`borrowed::MetricBatchView`] (zero-copy `&str` views).
+//!
+//! # Control
+//!
+//! [`control`] holds the control-channel messages and their framing; [`session`] the rules
+//! of the conversation (the handshake, heartbeats and the dead-peer rule) as state machines
+//! that both daemons drive.
 #![forbid(unsafe_code)]
 
 pub mod borrowed;
@@ -20,5 +26,6 @@ pub mod frame;
 pub mod framer;
 pub mod limits;
 pub mod payload;
+pub mod session;
 pub mod stream;
 pub mod tracker;

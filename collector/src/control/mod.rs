@@ -1,0 +1,316 @@
+//! The control plane (DESIGN.md §6): a tokio TCP server, one task per agent connection.
+//!
+//! ```text
+//! agent                                   collector
+//!   Hello (id, hostname, epoch, QP) ───►  version? transport? data path? id known?
+//!                                   ◄───  Challenge (32-byte nonce)
+//!   Proof (HMAC-SHA256 of the token) ──►  verify (constant time)
+//!                                         create QP + ring, connect QP to the agent's endpoint
+//!                                   ◄───  Welcome (QP, ring address, rkey, slots, slot size,
+//!                                         max frame, credit window, intervals, data path)
+//!   Heartbeat ◄──────────────────────────► Heartbeat        every heartbeat interval
+//!                                   ◄───  Report (received, lost, loss fraction, consumed
+//!                                         connection sequence = credits)   every report interval
+//!   Goodbye (final sequences) ─────────►  settle tail loss, tear down
+//! ```
+//!
+//! Refusals (`Refuse` with a reason, then close) are counted in
+//! `uctel_collector_handshakes_refused_total{reason}` and logged once per connection.
+//! A connection whose agent is silent for `dead_after_missed_heartbeats` heartbeat periods,
+//! that leaves a control message unread for as long (its socket buffers full), whose QP went
+//! to ERROR, or that is replaced by a new connection of the same agent id (an
+//! agent restart racing its old, silent TCP connection) is torn down; the agent reconnects
+//! with a new epoch. While a connection of an agent id is alive (heard from within the last
+//! one and a half heartbeat intervals), a second connection with that id is refused with
+//! `duplicate_agent_id` (two agents share the id: the first keeps its session, the second is
+//! kept out and retries at its longest backoff, never a loop of replacements); counted in
+//! `handshakes_refused_total{reason="duplicate_agent_id"}` and warned about once a minute
+//! per agent id.
+//!
+//! Layout:
+//! - `handshake`: the driver of the handshake machine and the collector's checks of a
+//!   `Hello`;
+//! - `session`: one agent's session after the handshake (QP, `Welcome`, heartbeats,
+//!   reports, the end and its accounting);
+//! - `registry`: live sessions by agent id (twins refused, silent sessions replaced) and
+//!   the last epoch of each agent id;
+//! - this module: the listener, one task per connection, refusals.
+//!
+//! The rules of the conversation (handshake order and deadline, heartbeats, the dead-peer
+//! rule) are `uctel_protocol::session`'s sans-IO machines; the collector only drives them.
+
+mod handshake;
+mod registry;
+mod session;
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use uctel_common::control::ControlChannel;
+use uctel_common::shutdown::{self, Shutdown};
+use uctel_protocol::control::{self as wire, RefuseReason};
+use uctel_protocol::session::Refusal;
+
+use crate::config::{Config, Token};
+use crate::shared::Shared;
+use handshake::Checks;
+use registry::{Admission, SessionLink};
+use session::Live;
+
+pub use crate::shared::Ledger;
+pub use registry::{Registry, MAX_REMEMBERED_EPOCHS, REPLACED_WARN_EVERY};
+
+/// The identity the collector announces in `Challenge`.
+pub const COLLECTOR_ID: &str = "uctel-collector";
+
+/// How long the collector waits after an agent's `Goodbye` for its last frames (already on the
+/// wire when the goodbye was sent) to complete before settling the tail.
+const GOODBYE_DRAIN: Duration = Duration::from_millis(50);
+
+/// Most connections in the handshake at once (accepted, no `Welcome` yet). Each holds a task
+/// and a file descriptor for up to `handshake_timeout_seconds`; further connections are
+/// refused at once with `busy` (counted), so peers that open connections and say nothing
+/// cannot exhaust the collector's file descriptors (its `/metrics` listener, log files and
+/// agents' sessions need them too). Sessions of authenticated agents do not count.
+pub const MAX_PENDING_HANDSHAKES: usize = 256;
+
+/// Longest wait for a `Refuse` to be written (it is small; only a peer that stopped reading
+/// makes it wait).
+const REFUSE_WRITE_BOUND: Duration = Duration::from_secs(1);
+
+/// Resolved tokens.
+#[derive(Debug, Default)]
+pub struct Auth {
+    agents: HashMap<String, Token>,
+    shared: Option<Token>,
+}
+
+impl Auth {
+    /// Resolves every token of the configuration.
+    ///
+    /// # Errors
+    /// A token that cannot be read (the configuration check reports these first).
+    pub fn from_config(config: &Config) -> Result<Auth, String> {
+        let mut agents = HashMap::new();
+        for a in &config.auth.agents {
+            agents.insert(a.id.clone(), a.source().resolve()?);
+        }
+        let shared = match &config.auth.shared {
+            Some(s) => Some(s.resolve()?),
+            None => None,
+        };
+        Ok(Auth { agents, shared })
+    }
+
+    /// The token `agent_id` must prove: its own, else the shared one.
+    pub fn token_for(&self, agent_id: &str) -> Option<&Token> {
+        self.agents.get(agent_id).or(self.shared.as_ref())
+    }
+}
+
+/// What every connection task shares: the daemon's state and the control plane's own.
+#[derive(Debug, Clone)]
+struct Plane {
+    shared: Shared,
+    auth: Arc<Auth>,
+    registry: Arc<Registry>,
+}
+
+/// Accepts agent connections until `shutdown`, then ends every connection (sending
+/// `Goodbye`) and waits for them. `auth`: the tokens agents must prove.
+pub async fn serve(listener: TcpListener, shared: Shared, auth: Arc<Auth>, mut shutdown: Shutdown) {
+    let plane = Plane {
+        shared,
+        auth,
+        registry: Arc::new(Registry::default()),
+    };
+    let mut tasks = JoinSet::new();
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_HANDSHAKES));
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    let slot = handshakes.clone().try_acquire_owned().ok();
+                    tasks.spawn(connection(stream, peer, plane.clone(), shutdown.clone(), slot));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "control listener accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            _ = shutdown.wait() => break,
+        }
+    }
+    drop(listener);
+    while tasks.join_next().await.is_some() {}
+}
+
+/// Seconds from the configuration as a duration, `default` when out of range.
+fn seconds_or(s: f64, default: Duration) -> Duration {
+    Duration::try_from_secs_f64(s).unwrap_or(default)
+}
+
+/// One control connection; `handshake_slot` is its place among the
+/// [`MAX_PENDING_HANDSHAKES`] (`None`: all taken, refused as `busy`).
+async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    plane: Plane,
+    global: Shutdown,
+    handshake_slot: Option<tokio::sync::OwnedSemaphorePermit>,
+) {
+    let Plane {
+        shared,
+        auth,
+        registry,
+    } = plane;
+    let accepted_at = Instant::now();
+    let local_ip = stream
+        .local_addr()
+        .map(|a| a.ip())
+        .unwrap_or(IpAddr::from([127, 0, 0, 1]));
+    let mut ch = ControlChannel::new(stream);
+    let Some(handshake_slot) = handshake_slot else {
+        let r = Refusal::new(
+            RefuseReason::Busy,
+            "",
+            format!("more than {MAX_PENDING_HANDSHAKES} handshakes in progress; retry later"),
+        );
+        return refuse(&mut ch, &shared, peer, r).await;
+    };
+    let control = &shared.config.control;
+    let timeout = seconds_or(control.handshake_timeout_seconds, Duration::from_secs(5));
+    let checks = Checks {
+        config: &shared.config,
+        collector_udp: shared.plane.device().port_attr().udp_addr,
+        auth: &auth,
+    };
+    let accepted = match handshake::handshake(&mut ch, checks, accepted_at, timeout).await {
+        Ok(a) => a,
+        Err(r) => return refuse(&mut ch, &shared, peer, r).await,
+    };
+    drop(handshake_slot);
+    let agent = accepted.hello.agent_id.clone();
+    let (my_trigger, my_cancel) = shutdown::channel();
+    let (done_tx, done_rx) = tokio::sync::watch::channel(false);
+    let link = Arc::new(SessionLink::new());
+    let heartbeat = seconds_or(control.heartbeat_interval_seconds, Duration::from_secs(5));
+    // An agent id with a live session keeps it: a second agent with that id is refused. A
+    // silent session is replaced (an agent restart racing its old connection).
+    let admission = registry.admit(
+        &agent,
+        peer,
+        accepted.hello.epoch,
+        heartbeat.mul_f64(1.5),
+        my_trigger,
+        done_rx,
+        link.clone(),
+    );
+    let (token_id, previous) = match admission {
+        Admission::Admitted { id, previous } => (id, previous),
+        Admission::Alive {
+            peer: first_peer,
+            epoch: first_epoch,
+            silent_for,
+        } => {
+            if registry.should_warn_replaced(&agent) {
+                tracing::warn!(
+                    agent = %agent,
+                    peer = %peer,
+                    connected_peer = %first_peer,
+                    connected_epoch = format_args!("{first_epoch:#x}"),
+                    "refused a second connection of agent_id {agent:?} from {peer}: the agent \
+                     connected from {first_peer} is alive (heard {silent_for:.1?} ago). Two \
+                     agents share this agent_id? Give each its own. (Counted in \
+                     uctel_collector_handshakes_refused_total{{reason=\"duplicate_agent_id\"}}; \
+                     this warning repeats at most once a minute per agent id.)"
+                );
+            }
+            let r = Refusal::new(
+                RefuseReason::DuplicateAgentId,
+                &agent,
+                format!(
+                    "agent_id {agent:?} is already connected from {first_peer} and alive; \
+                     give each agent its own agent_id"
+                ),
+            );
+            return refuse(&mut ch, &shared, peer, r).await;
+        }
+    };
+    if let Some(previous) = previous {
+        registry::replace(
+            &registry,
+            &shared.telemetry,
+            heartbeat,
+            &agent,
+            peer,
+            accepted.hello.epoch,
+            previous,
+        )
+        .await;
+    }
+    let live = Live {
+        cancel: my_cancel,
+        link,
+        registry: registry.clone(),
+    };
+    session::run_session(&mut ch, &shared, peer, local_ip, accepted, live, global).await;
+    registry.remove(&agent, token_id);
+    let _ = done_tx.send(true);
+    ch.shutdown().await;
+}
+
+/// Runs `fut` until `deadline` (none: to its end); `None` when the deadline came first.
+async fn until<F: std::future::Future>(deadline: Option<Instant>, fut: F) -> Option<F::Output> {
+    match deadline {
+        Some(at) => tokio::time::timeout_at(at.into(), fut).await.ok(),
+        None => Some(fut.await),
+    }
+}
+
+/// Sleeps until `at`; for ever without a deadline.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sends `msg` unless the write takes longer than `bound`: an agent that stops reading its
+/// control connection fills the socket buffers, and an unbounded write would stall the
+/// session (no heartbeat check, no shutdown) for good. False when the connection should end
+/// (the error is logged).
+async fn send_within(
+    ch: &mut ControlChannel<TcpStream>,
+    msg: impl Into<wire::ControlMessage>,
+    bound: Duration,
+    agent: &str,
+) -> bool {
+    match tokio::time::timeout(bound, ch.send(msg)).await {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            tracing::warn!(agent, error = %e, "sending a control message failed; closing");
+            false
+        }
+        Err(_) => {
+            tracing::warn!(agent, waited = ?bound, "agent stopped reading its control connection; closing");
+            false
+        }
+    }
+}
+
+/// Counts and logs the refusal `r` of the connection from `peer`, sends its `Refuse`
+/// (bounded) and closes.
+async fn refuse(ch: &mut ControlChannel<TcpStream>, shared: &Shared, peer: SocketAddr, r: Refusal) {
+    shared
+        .telemetry
+        .handshake_refused(r.reason, &r.agent, &peer.to_string(), &r.detail);
+    let _ = send_within(ch, r.message(), REFUSE_WRITE_BOUND, &r.agent).await;
+    ch.shutdown().await;
+}

@@ -1,0 +1,365 @@
+//! One agent's session after its handshake: creates its QP and ring, answers `Welcome`,
+//! then heartbeats (driving `uctel_protocol::session::Liveness`), reports every report
+//! interval, and settles the connection's accounting when it ends.
+//!
+//! Every session's end is counted in `sessions_ended_total{reason}`: `goodbye` (tail loss
+//! exact), `no_goodbye` (settled from the agent's last heartbeat, which carries the
+//! sequences sent by then: only what was sent after it is unknown), `replaced`, `shutdown`.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::net::TcpStream;
+use uctel_common::control::ControlChannel;
+use uctel_common::shutdown::Shutdown;
+use uctel_protocol::control::{
+    self as wire, Body, DataPath, Goodbye, GoodbyeReason, Heartbeat, RefuseReason, Welcome,
+};
+use uctel_protocol::limits::Limits;
+use uctel_protocol::session::handshake::cut_at_char;
+use uctel_protocol::session::{Liveness, LivenessConfig, LivenessEvent, Refusal};
+use uctel_protocol::stream::StreamName;
+use uctel_protocol::tracker::TrackerConfig;
+
+use super::handshake::{advertised_endpoint, agent_endpoint, collector_transport, Accepted};
+use super::registry::{lock, Registry, SessionLink};
+use super::{refuse, send_within, sleep_until, GOODBYE_DRAIN};
+use crate::dataplane::{Geometry, Session};
+use crate::ingest::{ConnectionIngest, StreamLedger};
+use crate::shared::Shared;
+use crate::telemetry::SessionEnd;
+
+/// What a session needs from its [`Registry`] entry.
+#[derive(Debug)]
+pub(super) struct Live {
+    /// Fires when a newer connection of the agent replaces this one.
+    pub(super) cancel: Shutdown,
+    /// Liveness and the replacement's reason, shared with the replacing connection.
+    pub(super) link: Arc<SessionLink>,
+    /// The registry (the agent's last epoch).
+    pub(super) registry: Arc<Registry>,
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+fn millis(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX).max(1)
+}
+
+/// Runs the session of the agent `accepted` on `ch` (from `peer`, reaching us on
+/// `local_ip`) until it ends: the agent's `Goodbye`, a dead or broken connection, a QP in
+/// ERROR, a replacement (`live.cancel`) or the collector's shutdown (`global`).
+pub(super) async fn run_session(
+    ch: &mut ControlChannel<TcpStream>,
+    shared: &Shared,
+    peer: SocketAddr,
+    local_ip: IpAddr,
+    accepted: Accepted,
+    live: Live,
+    mut global: Shutdown,
+) {
+    let Live {
+        mut cancel,
+        link,
+        registry,
+    } = live;
+    let cfg = &shared.config;
+    let hello = &accepted.hello;
+    let agent = hello.agent_id.clone();
+    let tel = shared.telemetry.agent(&agent);
+    let geometry = Geometry {
+        slots: cfg.ring.slots,
+        slot_bytes: cfg.ring.slot_bytes,
+        max_frame_bytes: cfg.max_frame_bytes.0,
+        send_buffers: cfg.ring.send_buffers,
+        // Send path: never more frames outstanding than posted receive buffers (an empty
+        // receive queue drops silently, DESIGN.md §4). The descriptor queue reserves this
+        // window for the connection.
+        credit_window: match accepted.data_path {
+            DataPath::Send => cfg.ring.credit_window().min(cfg.ring.send_buffers),
+            _ => cfg.ring.credit_window(),
+        }
+        .max(1),
+    };
+    let fail = |detail: String| Refusal::new(RefuseReason::Busy, agent.clone(), detail);
+    let Some(remote) = agent_endpoint(hello, peer, collector_transport(cfg)) else {
+        let r = Refusal::new(
+            RefuseReason::ProtocolError,
+            &agent,
+            "Hello carries no usable QP endpoint",
+        );
+        return refuse(ch, shared, peer, r).await;
+    };
+    let id = shared.plane.next_session_id();
+    let session = match Session::create(
+        id,
+        &agent,
+        shared.plane.device(),
+        accepted.data_path,
+        geometry,
+        tel.clone(),
+    )
+    .and_then(|s| s.connect(&remote).map(|()| s))
+    {
+        Ok(s) => Arc::new(s),
+        Err(e) => return refuse(ch, shared, peer, fail(e.to_string())).await,
+    };
+    let limits = Limits {
+        max_frame_bytes: cfg.max_frame_bytes.0 as usize,
+        ..Limits::default()
+    };
+    let tracker = TrackerConfig {
+        max_dropout: cfg.max_dropout_frames.0,
+        reorder_window: cfg.reorder_window_frames.0,
+    };
+    let mut ingest = match ConnectionIngest::new(
+        &agent,
+        &hello.hostname,
+        hello.epoch,
+        limits,
+        tracker,
+        shared.store.clone(),
+        shared.logs.clone(),
+        tel.clone(),
+    ) {
+        Ok(i) => i,
+        Err(e) => return refuse(ch, shared, peer, fail(e.to_string())).await,
+    };
+    ingest.set_previous_epoch(registry.swap_epoch(&agent, hello.epoch));
+    ingest.share_delivered(shared.delivered.clone());
+    shared.plane.register(session.clone(), ingest);
+    let heartbeat = Duration::try_from_secs_f64(cfg.control.heartbeat_interval_seconds)
+        .unwrap_or(Duration::from_secs(5));
+    let report_every = Duration::try_from_secs_f64(cfg.control.report_interval_seconds)
+        .unwrap_or(Duration::from_secs(1));
+    let welcome = Welcome {
+        qp: Some(advertised_endpoint(session.local_endpoint(), local_ip)),
+        ring_addr: session.ring.addr(),
+        rkey: session.ring.rkey(),
+        slots: geometry.slots,
+        slot_bytes: geometry.slot_bytes,
+        max_frame_bytes: geometry.max_frame_bytes,
+        credit_window: geometry.credit_window,
+        heartbeat_interval_ms: millis(heartbeat),
+        report_interval_ms: millis(report_every),
+        data_path: accepted.data_path as i32,
+    };
+    if let Err(e) = ch.send(welcome).await {
+        tracing::warn!(agent = %agent, error = %e, "sending Welcome failed");
+        let _ = shared.plane.close(id, None).await;
+        return;
+    }
+    shared.telemetry.agents_connected().inc();
+    tracing::info!(
+        agent = %agent,
+        hostname = %hello.hostname,
+        peer = %peer,
+        epoch = format_args!("{:#x}", hello.epoch),
+        data_path = ?accepted.data_path,
+        qpn = session.qp.qp_num(),
+        "agent connected"
+    );
+    // Heartbeats at the period announced in `Welcome`; the agent is dead after
+    // `dead_after_missed_heartbeats` periods of silence (the dead-peer rule of
+    // `uctel_protocol::session::liveness`).
+    let mut liveness = Liveness::new(
+        LivenessConfig::new(
+            heartbeat,
+            cfg.control.dead_after_missed_heartbeats,
+            Duration::ZERO,
+        ),
+        Instant::now(),
+    );
+    let dead_after = liveness.dead_after();
+    let mut report_tick = tokio::time::interval(report_every);
+    report_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut goodbye: Option<Goodbye> = None;
+    // Why the agent is gone when it left without a `Goodbye` (`None`: it said goodbye, or
+    // the collector ended the session, `ending`).
+    let mut vanished: Option<String> = None;
+    let connected_at = Instant::now();
+    let ending: Option<(GoodbyeReason, &'static str)> = loop {
+        tokio::select! {
+            msg = ch.recv() => match msg {
+                Ok(Some(m)) => {
+                    liveness.on_receive(Instant::now());
+                    link.heard();
+                    match m.body {
+                        Some(Body::Heartbeat(hb)) => shared.plane.heartbeat(id, hb),
+                        Some(Body::Goodbye(g)) => {
+                            goodbye = Some(g);
+                            break None;
+                        }
+                        Some(other) => {
+                            tracing::warn!(agent = %agent, message = other.name(), "unexpected control message; closing");
+                            break Some((GoodbyeReason::Error, "unexpected control message"));
+                        }
+                        None => break Some((GoodbyeReason::Error, "empty control message")),
+                    }
+                }
+                Ok(None) => {
+                    vanished = Some("the control connection closed without Goodbye".into());
+                    break None;
+                }
+                Err(e) => {
+                    vanished = Some(format!("the control connection failed: {e}"));
+                    break None;
+                }
+            },
+            () = sleep_until(liveness.poll_timeout()) => match liveness.handle_timeout(Instant::now()) {
+                Some(LivenessEvent::PeerDead { silent_for }) => {
+                    vanished = Some(format!(
+                        "no heartbeat for {silent_for:.1?} (at most {dead_after:?})"
+                    ));
+                    break Some((GoodbyeReason::Error, "heartbeats missed"));
+                }
+                Some(LivenessEvent::SendHeartbeat { sequence }) => {
+                    let beat = Heartbeat { sequence, timestamp_ns: now_ns(), ..Heartbeat::default() };
+                    if !send_within(ch, beat, dead_after, &agent).await {
+                        vanished = Some("a heartbeat could not be sent".into());
+                        break None;
+                    }
+                }
+                None => {}
+            },
+            _ = report_tick.tick() => {
+                if let Some(report) = shared.plane.report(id).await {
+                    if !send_within(ch, report, dead_after, &agent).await {
+                        vanished = Some("a report could not be sent".into());
+                        break None;
+                    }
+                }
+            }
+            _ = session.failed_notify.notified() => {
+                break Some((GoodbyeReason::Error, "QP went to the ERROR state; reconnect"));
+            }
+            _ = cancel.wait() => break Some((GoodbyeReason::Reconnect, "replaced by a newer connection of this agent")),
+            _ = global.wait() => break Some((GoodbyeReason::Shutdown, "collector shutting down")),
+        }
+    };
+    link.set_ending();
+    let ended_by = match (&goodbye, &vanished, ending) {
+        (Some(g), ..) => format!("the agent's Goodbye ({})", goodbye_reason(g)),
+        (None, Some(why), _) => why.clone(),
+        (None, None, Some((_, detail))) => detail.to_owned(),
+        (None, None, None) => "the session ended".to_owned(),
+    };
+    if let Some((reason, detail)) = ending {
+        let replaced_by = link.take_replaced_by();
+        let detail = match (reason, replaced_by) {
+            (GoodbyeReason::Reconnect, Some(why)) => why,
+            _ => detail.to_owned(),
+        };
+        let bye = Goodbye {
+            final_conn_seq: None,
+            streams: Vec::new(),
+            reason: reason as i32,
+            detail: cut_at_char(&detail, wire::MAX_DETAIL_BYTES).to_owned(),
+        };
+        let _ = send_within(ch, bye, dead_after, &agent).await;
+    }
+    if goodbye.is_some() {
+        tokio::time::sleep(GOODBYE_DRAIN).await;
+    }
+    let summary = shared.plane.close(id, goodbye.clone()).await;
+    shared.telemetry.agents_connected().dec();
+    tel.session_ended(match (&goodbye, ending) {
+        (Some(_), _) => SessionEnd::Goodbye,
+        (None, Some((GoodbyeReason::Reconnect, _))) => SessionEnd::Replaced,
+        (None, Some((GoodbyeReason::Shutdown, _))) => SessionEnd::Shutdown,
+        (None, _) => SessionEnd::NoGoodbye,
+    });
+    if let Some(summary) = summary {
+        let mut ledger = lock(&shared.ledger);
+        for (stream, l) in &summary.streams {
+            let e = ledger.entry((agent.clone(), *stream)).or_default();
+            e.accepted += l.accepted;
+            e.lost += l.lost;
+            e.late += l.late;
+            e.duplicate += l.duplicate;
+            e.dropped_after_tracking += l.dropped_after_tracking;
+            e.records_received += l.records_received;
+            e.records_lost += l.records_lost;
+            e.records_replayed += l.records_replayed;
+        }
+        let streams = stream_summary(&summary.streams);
+        let connected_for = connected_at.elapsed();
+        if vanished.is_some() {
+            tracing::warn!(
+                agent = %agent,
+                peer = %peer,
+                epoch = format_args!("{:#x}", hello.epoch),
+                ended_by,
+                connected_for = format_args!("{connected_for:.1?}"),
+                frames_received = summary.conn_received,
+                frames_lost = summary.conn_lost,
+                frames_dropped = summary.dropped_before_tracking,
+                streams,
+                "agent disconnected without Goodbye: frames it sent after the last one received \
+                 are not counted as lost"
+            );
+        } else {
+            tracing::info!(
+                agent = %agent,
+                peer = %peer,
+                epoch = format_args!("{:#x}", hello.epoch),
+                ended_by,
+                connected_for = format_args!("{connected_for:.1?}"),
+                frames_received = summary.conn_received,
+                frames_lost = summary.conn_lost,
+                frames_dropped = summary.dropped_before_tracking,
+                streams,
+                "agent disconnected"
+            );
+        }
+    }
+}
+
+/// An agent's `Goodbye` reason and detail for a log line: `shutdown`, `shutdown: stopping`.
+fn goodbye_reason(g: &Goodbye) -> String {
+    let reason = match GoodbyeReason::try_from(g.reason) {
+        Ok(GoodbyeReason::Shutdown) => "shutdown",
+        Ok(GoodbyeReason::Reconnect) => "reconnect",
+        Ok(GoodbyeReason::Error) => "error",
+        _ => "unspecified",
+    };
+    let detail: String = g
+        .detail
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(200)
+        .collect();
+    if detail.is_empty() {
+        reason.to_owned()
+    } else {
+        format!("{reason}: {detail}")
+    }
+}
+
+/// Per-stream accounting of a connection for a log line, by stream name:
+/// `metrics: received 120, lost 0, dropped 0; logs: received 30, lost 2, dropped 0`
+/// (`dropped`: frames tracked, then discarded for their payload).
+fn stream_summary(streams: &[(u32, StreamLedger)]) -> String {
+    if streams.is_empty() {
+        return "none".to_owned();
+    }
+    streams
+        .iter()
+        .map(|(id, l)| {
+            format!(
+                "{}: received {}, lost {}, dropped {}",
+                StreamName(*id),
+                l.accepted,
+                l.lost,
+                l.dropped_after_tracking
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
