@@ -45,7 +45,7 @@ fn main() {
             let mut t = LogTailer::new(c).expect("tailer");
             let mut out = Vec::with_capacity(n);
             let start = Instant::now();
-            t.poll(Instant::now(), &mut out, n);
+            t.poll(Instant::now(), SystemTime::now, &mut out, n);
             let took = start.elapsed();
             assert_eq!(out.len(), n);
             black_box(&out);

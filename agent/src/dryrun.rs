@@ -306,7 +306,12 @@ fn one_round(
         ))
         .map_err(|e| DryRunError::Source(format!("sources.logs[{i}]: {e}")))?;
         let mut out = Vec::new();
-        let _ = tailer.poll(Instant::now(), &mut out, queues.logs.vacancy());
+        let _ = tailer.poll(
+            Instant::now(),
+            std::time::SystemTime::now,
+            &mut out,
+            queues.logs.vacancy(),
+        );
         let rejected = queues.logs.offer(out);
         if rejected > 0 {
             stats.dropped(Stream::Logs, DropReason::SourceOverflow, 0, rejected as u64);

@@ -462,7 +462,7 @@ pub fn log_tailer_loop(
         let mut more = false;
         if room > 0 {
             out.clear();
-            let ps = tailer.poll(Instant::now(), &mut out, room);
+            let ps = tailer.poll(Instant::now(), std::time::SystemTime::now, &mut out, room);
             more = ps.more_pending;
             for e in ps.errors.iter().take(1) {
                 tracing::debug!(error = %e, "log source read error");

@@ -17,7 +17,7 @@ use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use uctel_agent::sources::logs::{LogEvent, LogSourceConfig, LogTailer, StartAt};
 use uctel_protocol::payload::LogRecord;
@@ -100,7 +100,7 @@ impl Env {
         for _ in 0..200 {
             self.clock += Duration::from_millis(100);
             let mut out = Vec::new();
-            let stats = t.poll(self.clock, &mut out, 7);
+            let stats = t.poll(self.clock, SystemTime::now, &mut out, 7);
             assert!(stats.errors.is_empty(), "poll errors: {:?}", stats.errors);
             let empty = out.is_empty();
             got.extend(out);

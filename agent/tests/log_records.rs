@@ -39,7 +39,7 @@ fn tailer(dir: &Path, detect_severity: bool) -> LogTailer {
 
 fn poll(t: &mut LogTailer) -> Vec<LogRecord> {
     let mut out = Vec::new();
-    let stats = t.poll(Instant::now(), &mut out, 100_000);
+    let stats = t.poll(Instant::now(), SystemTime::now, &mut out, 100_000);
     assert!(stats.errors.is_empty(), "{:?}", stats.errors);
     out
 }

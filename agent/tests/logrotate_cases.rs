@@ -16,7 +16,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use uctel_agent::sources::logs::{LogEvent, LogSourceConfig, LogTailer, StartAt};
 use uctel_protocol::payload::LogRecord;
@@ -141,7 +141,7 @@ fn drain(env: &mut Env, tailer: &mut LogTailer, step: Duration) -> Vec<String> {
     for _ in 0..200 {
         let now = env.tick(step);
         let mut out: Vec<LogRecord> = Vec::new();
-        let stats = tailer.poll(now, &mut out, 7);
+        let stats = tailer.poll(now, SystemTime::now, &mut out, 7);
         assert!(stats.errors.is_empty(), "poll errors: {:?}", stats.errors);
         let empty = out.is_empty();
         got.extend(out.into_iter().map(|r| r.message));
@@ -279,7 +279,12 @@ fn partial_last_line_completed_by_writer_after_rotation_is_one_record_in_order()
     append_lines(&env.log, 12..=20); // another writer already uses the new file
                                      // The successor waits while the rotated file holds an unfinished line.
     let mut out = Vec::new();
-    let stats = t.poll(env.tick(Duration::from_millis(50)), &mut out, 7);
+    let stats = t.poll(
+        env.tick(Duration::from_millis(50)),
+        SystemTime::now,
+        &mut out,
+        7,
+    );
     assert!(out.is_empty(), "{out:?}");
     assert!(
         stats.more_pending,
@@ -381,7 +386,7 @@ fn restart_after_rotation_while_stopped_reads_rotated_tail_then_new_file() {
         // The glob also matches rotated names, so a rotation while stopped loses nothing.
         let mut t = LogTailer::new(env.config("app.log*")).expect("tailer");
         let mut out = Vec::new();
-        let _ = t.poll(env.tick(SHORT), &mut out, 25);
+        let _ = t.poll(env.tick(SHORT), SystemTime::now, &mut out, 25);
         assert_eq!(out.len(), 25);
         t.checkpoint().expect("checkpoint");
     }

@@ -5,7 +5,7 @@ use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use uctel_agent::sources::logs::{LogEvent, LogSourceConfig, LogSourceError, LogTailer, StartAt};
 
@@ -30,7 +30,7 @@ fn config(dir: &Path, pattern: &str) -> LogSourceConfig {
 
 fn poll(t: &mut LogTailer, now: Instant, max: usize) -> Vec<String> {
     let mut out = Vec::new();
-    let stats = t.poll(now, &mut out, max);
+    let stats = t.poll(now, SystemTime::now, &mut out, max);
     assert!(stats.errors.is_empty(), "{:?}", stats.errors);
     assert_eq!(stats.records, out.len());
     out.into_iter().map(|r| r.message).collect()
@@ -87,7 +87,7 @@ fn budgets_bound_each_poll_and_report_more_pending() {
     let mut polls = 0;
     loop {
         let mut out = Vec::new();
-        let stats = t.poll(now, &mut out, 4);
+        let stats = t.poll(now, SystemTime::now, &mut out, 4);
         assert!(out.len() <= 4);
         assert!(stats.bytes <= 95);
         all.extend(out.into_iter().map(|r| r.message));
@@ -103,7 +103,7 @@ fn budgets_bound_each_poll_and_report_more_pending() {
     // max_records = 0 reads nothing and loses nothing.
     append(&log, "last\n");
     let mut out = Vec::new();
-    let stats = t.poll(now, &mut out, 0);
+    let stats = t.poll(now, SystemTime::now, &mut out, 0);
     assert!(out.is_empty() && stats.more_pending);
     assert_eq!(poll(&mut t, now, 10), vec!["last"]);
 }
@@ -244,7 +244,7 @@ fn drain(t: &mut LogTailer, clock: &mut Instant) -> Vec<String> {
     for _ in 0..200 {
         *clock += Duration::from_millis(100);
         let mut out = Vec::new();
-        let stats = t.poll(*clock, &mut out, 7);
+        let stats = t.poll(*clock, SystemTime::now, &mut out, 7);
         assert!(stats.errors.is_empty(), "{:?}", stats.errors);
         let empty = out.is_empty();
         got.extend(out.into_iter().map(|r| r.message));
@@ -265,14 +265,14 @@ fn restart_from_checkpoint_neither_repeats_nor_skips() {
     {
         let mut t = LogTailer::new(config(dir.path(), "a.log")).expect("tailer");
         let mut out = Vec::new();
-        let stats = t.poll(clock, &mut out, 25);
+        let stats = t.poll(clock, SystemTime::now, &mut out, 25);
         assert!(stats.more_pending);
         let got: Vec<String> = out.into_iter().map(|r| r.message).collect();
         assert_eq!(got, numbered(1..=25));
         // The first 25 lines were handed to the framer: commit them, then stop.
         t.checkpoint().expect("checkpoint");
         let mut out = Vec::new();
-        let _ = t.poll(clock, &mut out, 5);
+        let _ = t.poll(clock, SystemTime::now, &mut out, 5);
         assert_eq!(
             out.len(),
             5,
@@ -385,4 +385,43 @@ fn a_closed_file_keeps_its_entry_while_lines_read_from_it_are_unsettled() {
     t.settle(2);
     t.checkpoint_settled().expect("checkpoint");
     assert!(state_entry(dir.path(), ino).is_none());
+}
+
+#[test]
+fn records_are_stamped_by_the_wall_clock_passed_in_read_for_each_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    append(&dir.path().join("a.log"), "one\ntwo\nthree\npartial");
+    let mut c = config(dir.path(), "*.log");
+    c.state_file = None;
+    let mut t = LogTailer::new(c).expect("tailer");
+    // A stepping clock: 1 s after the epoch, then one more nanosecond at each read.
+    let mut reads = 0u64;
+    let mut clock = || {
+        reads += 1;
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1) + Duration::from_nanos(reads)
+    };
+    let t0 = Instant::now();
+    let mut out = Vec::new();
+    let stats = t.poll(t0, &mut clock, &mut out, 100);
+    assert!(stats.errors.is_empty(), "{:?}", stats.errors);
+    let stamped: Vec<(&str, u64)> = out
+        .iter()
+        .map(|r| (r.message.as_str(), r.timestamp_ns))
+        .collect();
+    assert_eq!(
+        stamped,
+        vec![
+            ("one", 1_000_000_001),
+            ("two", 1_000_000_002),
+            ("three", 1_000_000_003)
+        ]
+    );
+    // The partial last line, flushed after its timeout, is stamped when it is emitted.
+    out.clear();
+    let _ = t.poll(t0 + Duration::from_secs(2), &mut clock, &mut out, 100);
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        (out[0].message.as_str(), out[0].timestamp_ns),
+        ("partial", 1_000_000_004)
+    );
 }
