@@ -73,6 +73,8 @@
 //! ```
 
 pub mod api;
+pub mod device;
 pub mod soft;
-#[cfg(feature = "verbs")]
+mod sync;
 pub mod verbs;
+mod wake;

@@ -65,7 +65,7 @@ use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, Weak};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
@@ -76,7 +76,7 @@ use crate::api::{
     ConnectError, CreateCqError, CreateQpError, Device, DeviceStats, DropCounters,
     MemoryAccessError, Mtu, OpenError, PortAttr, PostRecvError, PostRecvErrorKind, PostSendError,
     PostSendErrorKind, QpEndpoint, QpInitAttr, QpState, QpStats, RecvWr, RegMrError, SendWr, Sge,
-    TransportKind, UcDropReason, WorkCompletion, PSN_MASK,
+    TransportKind, UcDropReason, WorkCompletion, PSN_MASK, QPN_MASK,
 };
 use crate::soft::engine::{
     CompletionSink, CqFull, LocalSge, PostRefusal, RecvRefusal, RecvWqe, RtrAttr, SendWqe, UcQp,
@@ -88,15 +88,16 @@ use crate::soft::link::{Datagram, Link, Readiness};
 use crate::soft::memory::{MrTable, SoftMr};
 use crate::soft::packet::PacketRepr;
 use crate::soft::udp::{UdpConfig, UdpLink};
-use crate::soft::wake::{deadline_after, sleep_until, WakeFd};
+use crate::sync::lock;
+use crate::wake::{deadline_after, sleep_until, WakeFd};
 
 /// Largest CQ depth.
 pub const MAX_CQ_DEPTH: u32 = 1 << 20;
 /// Largest send or receive queue depth.
 pub const MAX_QP_WR: u32 = 1 << 16;
-/// Largest message: 8 MiB, as rxe advertises (`RXE_PORT_MAX_MSG_SZ`), so that nothing built
+/// Largest message the soft device accepts, in bytes ([`PortAttr::max_msg_size`]): 8 MiB, as rxe advertises (`RXE_PORT_MAX_MSG_SZ`), so that nothing built
 /// on the soft transport relies on more than a kernel rxe peer accepts.
-pub const MAX_MSG_SIZE: u32 = 0x0080_0000;
+pub const SOFT_MAX_MSG_SIZE: u32 = 0x0080_0000;
 /// Most asynchronous events kept; later ones are discarded until the queue is read.
 const MAX_EVENTS: usize = 4096;
 /// Most packets pulled from one QP per round, for fairness between QPs.
@@ -180,12 +181,6 @@ impl SoftConfig {
         }
         Ok(mtu)
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section leaves its data consistent between statements that can panic,
-    // so a poisoned lock is used as is.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// An IPv4-mapped IPv6 address as IPv4.
@@ -482,7 +477,7 @@ impl QpOps for SoftQp {
     fn connect(&self, remote: &QpEndpoint) -> Result<(), ConnectError> {
         let qpn = self.slot.qpn;
         let invalid = |detail: String| ConnectError::InvalidEndpoint { qpn, detail };
-        if remote.qpn > PSN_MASK {
+        if remote.qpn > QPN_MASK {
             return Err(invalid(format!("QPN {:#x} exceeds 24 bits", remote.qpn)));
         }
         if remote.psn > PSN_MASK {
@@ -576,12 +571,12 @@ impl QpOps for SoftQp {
                     }
                 };
                 let length = wr.length();
-                if length > MAX_MSG_SIZE {
+                if length > SOFT_MAX_MSG_SIZE {
                     return Err(fail(
                         i,
                         PostSendErrorKind::MessageTooLong {
                             length,
-                            max: MAX_MSG_SIZE,
+                            max: SOFT_MAX_MSG_SIZE,
                         },
                     ));
                 }
@@ -599,7 +594,7 @@ impl QpOps for SoftQp {
                             PostRefusal::Full(depth) => PostSendErrorKind::Full { depth },
                             PostRefusal::TooLong(length) => PostSendErrorKind::MessageTooLong {
                                 length,
-                                max: MAX_MSG_SIZE,
+                                max: SOFT_MAX_MSG_SIZE,
                             },
                         },
                     )
@@ -857,9 +852,9 @@ impl Shared {
         let qpn = {
             let mut next = lock(&self.next_qpn);
             let mut found = None;
-            for _ in 0..=PSN_MASK {
+            for _ in 0..=QPN_MASK {
                 let candidate = *next;
-                *next = if candidate >= PSN_MASK {
+                *next = if candidate >= QPN_MASK {
                     0x11
                 } else {
                     candidate + 1
@@ -1406,7 +1401,7 @@ impl DeviceOps for SoftDevice {
         PortAttr {
             gid: gid_from_ip(canonical_ip(self.shared.advertised.ip())),
             active_mtu: self.shared.mtu.bytes(),
-            max_msg_size: MAX_MSG_SIZE,
+            max_msg_size: SOFT_MAX_MSG_SIZE,
             udp_addr: Some(self.shared.advertised),
         }
     }

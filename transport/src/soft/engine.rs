@@ -55,7 +55,7 @@ use std::fmt;
 
 use crate::api::{
     AccessFlags, Mtu, QpErrorCause, QpState, QpStats, SendOpcode, UcDropReason, WcOpcode, WcStatus,
-    WorkCompletion, MAX_MSG_SIZE, PSN_MASK,
+    WorkCompletion, IBTA_MAX_MSG_SIZE, PSN_MASK, QPN_MASK,
 };
 use crate::soft::memory::{LocalAccessError, MemoryTable};
 use crate::soft::packet::{
@@ -191,7 +191,7 @@ pub enum PostRefusal {
     State(QpState),
     /// The queue is full; the depth.
     Full(u32),
-    /// Message longer than [`MAX_MSG_SIZE`].
+    /// Message longer than [`IBTA_MAX_MSG_SIZE`].
     TooLong(u32),
 }
 
@@ -302,7 +302,7 @@ impl UcQp {
     pub fn new(cfg: UcQpConfig) -> Self {
         Self {
             cfg: UcQpConfig {
-                qpn: cfg.qpn & PSN_MASK,
+                qpn: cfg.qpn & QPN_MASK,
                 ..cfg
             },
             state: QpState::Reset,
@@ -430,7 +430,7 @@ impl UcQp {
         if self.state != QpState::Init {
             return Err(self.transition_error(QpState::Rtr));
         }
-        self.dest_qpn = attr.dest_qpn & PSN_MASK;
+        self.dest_qpn = attr.dest_qpn & QPN_MASK;
         self.epsn = attr.rq_psn & PSN_MASK;
         self.mtu = attr.path_mtu.bytes();
         self.drop_msg = false;
@@ -496,7 +496,7 @@ impl UcQp {
         if self.sq.len() >= self.cfg.max_send_wr as usize {
             return Err(PostRefusal::Full(self.cfg.max_send_wr));
         }
-        if wqe.length() > MAX_MSG_SIZE {
+        if wqe.length() > IBTA_MAX_MSG_SIZE {
             return Err(PostRefusal::TooLong(wqe.length()));
         }
         self.sq.push_back(wqe);
@@ -831,7 +831,7 @@ impl UcQp {
                 let Some(reth) = pkt.reth else {
                     return self.drop_message(UcDropReason::BadLength);
                 };
-                if reth.dma_len > MAX_MSG_SIZE {
+                if reth.dma_len > IBTA_MAX_MSG_SIZE {
                     return self.drop_message(UcDropReason::BadLength);
                 }
                 if reth.dma_len != 0 {

@@ -8,4 +8,3 @@ pub mod link;
 pub mod memory;
 pub mod packet;
 pub mod udp;
-pub(crate) mod wake;
