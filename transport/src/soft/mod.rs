@@ -7,4 +7,5 @@ pub mod icrc;
 pub mod link;
 pub mod memory;
 pub mod packet;
+pub mod psn;
 pub mod udp;
