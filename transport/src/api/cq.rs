@@ -32,6 +32,8 @@ impl CompletionQueue {
     }
 
     /// A number identifying this CQ within its device (used by [`AsyncEvent::CqError`]).
+    ///
+    /// [`AsyncEvent::CqError`]: super::AsyncEvent::CqError
     pub fn handle(&self) -> u32 {
         self.inner.handle()
     }

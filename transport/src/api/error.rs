@@ -4,7 +4,7 @@ use thiserror::Error;
 
 use super::types::{AccessFlags, QpState, TransportKind};
 
-/// [`Device::open`] failed.
+/// [`Device::open`](super::Device::open) failed.
 #[derive(Debug, Error)]
 pub enum OpenError {
     /// The transport is not compiled into this build or not available on this host.
@@ -36,7 +36,7 @@ pub enum OpenError {
     },
 }
 
-/// [`Device::alloc_pd`] failed.
+/// [`Device::alloc_pd`](super::Device::alloc_pd) failed.
 #[derive(Debug, Error)]
 pub enum AllocPdError {
     /// The device refused (verbs: `ibv_alloc_pd` returned NULL).
@@ -49,7 +49,7 @@ pub enum AllocPdError {
     },
 }
 
-/// [`Device::create_cq`] failed.
+/// [`Device::create_cq`](super::Device::create_cq) failed.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum CreateCqError {
     /// `depth` is 0 or above the device maximum.
@@ -71,7 +71,10 @@ pub enum CreateCqError {
 }
 
 /// [`Device::create_comp_channel`], [`CompletionChannel::req_notify`] or
-/// [`CompletionChannel::wait`] failed.
+/// [`CompletionChannel::wait`](super::CompletionChannel::wait) failed.
+///
+/// [`Device::create_comp_channel`]: super::Device::create_comp_channel
+/// [`CompletionChannel::req_notify`]: super::CompletionChannel::req_notify
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum CompChannelError {
     /// The CQ belongs to another device or transport.
@@ -90,7 +93,7 @@ pub enum CompChannelError {
     },
 }
 
-/// [`ProtectionDomain::reg_mr`] failed.
+/// [`ProtectionDomain::reg_mr`](super::ProtectionDomain::reg_mr) failed.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum RegMrError {
     /// `len` is 0 or above the device maximum.
@@ -123,7 +126,7 @@ pub enum RegMrError {
     },
 }
 
-/// [`ProtectionDomain::create_qp`] failed.
+/// [`ProtectionDomain::create_qp`](super::ProtectionDomain::create_qp) failed.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum CreateQpError {
     /// A queue depth is 0 or above the device maximum.
@@ -153,7 +156,7 @@ pub enum CreateQpError {
     },
 }
 
-/// [`QueuePair::connect`] failed; the QP keeps its previous state.
+/// [`QueuePair::connect`](super::QueuePair::connect) failed; the QP keeps its previous state.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum ConnectError {
     /// The QP is not in INIT (connect drives INIT → RTR → RTS once).
@@ -184,7 +187,7 @@ pub enum ConnectError {
     },
 }
 
-/// Why one WR of a [`QueuePair::post_send`] list was rejected.
+/// Why one WR of a [`QueuePair::post_send`](super::QueuePair::post_send) list was rejected.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum PostSendErrorKind {
     /// post_send needs RTS.
@@ -230,6 +233,8 @@ pub enum PostSendErrorKind {
 
 /// [`QueuePair::post_send`] rejected WR number `posted` of the list; WRs before it were posted
 /// (ibverbs `bad_wr` semantics), the rejected one and those after it were not.
+///
+/// [`QueuePair::post_send`]: super::QueuePair::post_send
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 #[error("post_send on QP {qpn:#08x}: WR {posted} rejected: {kind}")]
 pub struct PostSendError {
@@ -249,7 +254,7 @@ impl PostSendError {
     }
 }
 
-/// Why one WR of a [`QueuePair::post_recv`] list was rejected.
+/// Why one WR of a [`QueuePair::post_recv`](super::QueuePair::post_recv) list was rejected.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum PostRecvErrorKind {
     /// post_recv needs INIT, RTR, RTS or ERROR (in ERROR the WR is flushed at once).
@@ -291,6 +296,8 @@ pub enum PostRecvErrorKind {
 }
 
 /// [`QueuePair::post_recv`] rejected WR number `posted` of the list (ibverbs `bad_wr`).
+///
+/// [`QueuePair::post_recv`]: super::QueuePair::post_recv
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 #[error("post_recv on QP {qpn:#08x}: WR {posted} rejected: {kind}")]
 pub struct PostRecvError {
@@ -311,6 +318,9 @@ impl PostRecvError {
 }
 
 /// [`MemoryRegion::read_at`] / [`MemoryRegion::write_at`] out of bounds.
+///
+/// [`MemoryRegion::read_at`]: super::MemoryRegion::read_at
+/// [`MemoryRegion::write_at`]: super::MemoryRegion::write_at
 #[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
 #[error("MR lkey {lkey:#x}: {len} bytes at offset {offset} exceed its {mr_len} bytes")]
 pub struct MemoryAccessError {

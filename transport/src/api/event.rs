@@ -31,7 +31,7 @@ pub enum AsyncEvent {
     },
     /// `IBV_EVENT_CQ_ERR`: a completion could not be added because the CQ was full.
     CqError {
-        /// The CQ's handle number ([`CompletionQueue::handle`]).
+        /// The CQ's handle number ([`CompletionQueue::handle`](super::CompletionQueue::handle)).
         cq: u32,
     },
     /// `IBV_EVENT_PORT_ACTIVE` / `IBV_EVENT_PORT_ERR`: the device port went up or down

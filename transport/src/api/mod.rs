@@ -72,8 +72,9 @@
 //! pd.rs       ProtectionDomain + PdOps
 //! context.rs  Device + DeviceOps
 //! ```
-
-#![forbid(unsafe_code)]
+//!
+//! [`MrOps::as_any`]: backend::MrOps::as_any
+//! [`CqOps::as_any`]: backend::CqOps::as_any
 
 mod context;
 mod cq;

@@ -44,7 +44,7 @@ impl MemoryRegion {
         self.len() == 0
     }
 
-    /// Local key, used by [`Sge`] (implicitly through the handle).
+    /// Local key, used by [`Sge`](super::Sge) (implicitly through the handle).
     pub fn lkey(&self) -> u32 {
         self.inner.lkey()
     }

@@ -22,7 +22,7 @@ impl ProtectionDomain {
 
     /// Allocates `len` zeroed bytes and registers them (`ibv_reg_mr`) with `access`.
     ///
-    /// The region's remote address is [`MemoryRegion::addr`]; offsets in [`Sge`] and in
+    /// The region's remote address is [`MemoryRegion::addr`]; offsets in [`Sge`](super::Sge) and in
     /// `read_at`/`write_at` are relative to it. The region is deregistered when the last clone
     /// of the handle is dropped; WRs still referencing it then complete with
     /// [`WcStatus::LocalProtectionError`] and inbound writes to it are dropped (`bad_rkey`).
@@ -30,6 +30,8 @@ impl ProtectionDomain {
     /// # Errors
     /// [`RegMrError::InvalidLength`] for 0 or too large, [`RegMrError::InvalidAccess`] for
     /// REMOTE_WRITE without LOCAL_WRITE, [`RegMrError::TooMany`] when keys run out.
+    ///
+    /// [`WcStatus::LocalProtectionError`]: super::WcStatus::LocalProtectionError
     pub fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<MemoryRegion, RegMrError> {
         Ok(MemoryRegion::from_backend(self.inner.reg_mr(len, access)?))
     }

@@ -53,7 +53,7 @@ impl QueuePair {
     }
 
     /// Current state. A QP that moved to ERROR on its own also raised an
-    /// [`AsyncEvent::QpFatal`].
+    /// [`AsyncEvent::QpFatal`](super::AsyncEvent::QpFatal).
     pub fn state(&self) -> QpState {
         self.inner.state()
     }
@@ -77,6 +77,8 @@ impl QueuePair {
 
     /// Moves the QP to ERROR (`ibv_modify_qp(IBV_QPS_ERR)`): outstanding WRs complete with
     /// [`WcStatus::WrFlushError`]. Use before tearing a connection down.
+    ///
+    /// [`WcStatus::WrFlushError`]: super::WcStatus::WrFlushError
     pub fn modify_to_error(&self) {
         self.inner.modify_to_error()
     }
@@ -92,6 +94,11 @@ impl QueuePair {
     /// [`PostSendError`] naming the first rejected WR (`posted` WRs before it were accepted):
     /// [`PostSendErrorKind::Full`] (cheap, retry later), `InvalidState`, `SgeOutOfBounds`,
     /// `ForeignMr`, `MessageTooLong`.
+    ///
+    /// [`PortAttr::max_msg_size`]: crate::api::PortAttr::max_msg_size
+    /// [`WcOpcode::Send`]: super::WcOpcode::Send
+    /// [`WcOpcode::RdmaWrite`]: super::WcOpcode::RdmaWrite
+    /// [`PostSendErrorKind::Full`]: super::PostSendErrorKind::Full
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostSendError> {
         self.inner.post_send(wrs)
     }
@@ -105,11 +112,13 @@ impl QueuePair {
     /// # Errors
     /// [`PostRecvError`] naming the first rejected WR: [`PostRecvErrorKind::Full`] (cheap),
     /// `InvalidState`, `SgeOutOfBounds`, `NoLocalWrite`, `ForeignMr`.
+    ///
+    /// [`PostRecvErrorKind::Full`]: super::PostRecvErrorKind::Full
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostRecvError> {
         self.inner.post_recv(wrs)
     }
 
-    /// Counters of this QP, including silent drops by [`UcDropReason`].
+    /// Counters of this QP, including silent drops by [`UcDropReason`](super::UcDropReason).
     pub fn stats(&self) -> QpStats {
         self.inner.stats()
     }

@@ -179,7 +179,7 @@ impl fmt::Debug for DropCounters {
     }
 }
 
-/// Per-QP counters ([`QueuePair::stats`]). All monotonic.
+/// Per-QP counters ([`QueuePair::stats`](super::QueuePair::stats)). All monotonic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct QpStats {
     /// Packets handed to the wire.
@@ -200,7 +200,7 @@ pub struct QpStats {
     pub drops: DropCounters,
 }
 
-/// Device-wide counters ([`Device::stats`]).
+/// Device-wide counters ([`Device::stats`](super::Device::stats)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct DeviceStats {
     /// Datagrams received from the link.

@@ -21,7 +21,7 @@ pub const QPN_MASK: u32 = 0x00ff_ffff;
 /// [`SOFT_MAX_MSG_SIZE`]: crate::soft::device::SOFT_MAX_MSG_SIZE
 pub const IBTA_MAX_MSG_SIZE: u32 = 1 << 31;
 
-/// Which transport implementation is behind a [`Device`].
+/// Which transport implementation is behind a [`Device`](super::Device).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TransportKind {
     /// RoCEv2 UC in user space over UDP ([`crate::soft`]).
@@ -174,6 +174,8 @@ pub enum QpState {
     Rts,
     /// Failed: outstanding WRs complete with [`WcStatus::WrFlushError`], inbound packets are
     /// dropped (`qp_error`), post_send is refused. Terminal for uctel: build a new QP.
+    ///
+    /// [`WcStatus::WrFlushError`]: super::WcStatus::WrFlushError
     Error,
 }
 

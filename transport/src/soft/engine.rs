@@ -12,9 +12,9 @@
 //! A send WR is segmented at the path MTU into ONLY, or FIRST, MIDDLE…, LAST packets; FIRST and
 //! MIDDLE carry exactly one MTU, LAST 1..=MTU bytes. RDMA WRITE puts a RETH (virtual address,
 //! rkey, DMA length = message length) on its FIRST/ONLY packet; the immediate rides on the
-//! LAST/ONLY packet. Every packet takes the next 24-bit PSN ([`Psn`], wrapping at 2^24; IBTA 9.7.1). BTH bits are
-//! as rxe sends them on UC (checked against `rxe-uc-golden.pcap`): SE = 0, M = 0, AckReq = 0,
-//! P_Key 0xffff. A WR completes (signaled: a WC in the send CQ) when its last packet is pulled.
+//! LAST/ONLY packet. Every packet takes the next 24-bit PSN ([`Psn`], wrapping at 2^24; IBTA
+//! 9.7.1). BTH bits are as rxe sends them on UC (checked against `rxe-uc-golden.pcap`): SE = 0,
+//! M = 0, AckReq = 0, P_Key 0xffff. A WR completes (signaled: a WC in the send CQ) when its last packet is pulled.
 //!
 //! # Responder (IBTA 9.7.5 responder error classes D, D1 and G for UC; rxe `rxe_resp.c`)
 //!

@@ -16,7 +16,7 @@
 //!   signaled WR completes, so the transport signals one WR on its own at least every half send
 //!   queue and hides those completions from the caller. The caller still sees exactly the
 //!   completions it asked for (plus every error completion, as ibverbs reports them).
-//! * CQs have their own completion channel: [`wait_for_completion`] blocks until a completion
+//! * CQs have their own completion channel: `wait_for_completion` blocks until a completion
 //!   may be ready (`ibv_req_notify_cq` + `ibv_get_cq_event`, events acknowledged in batches).
 //!   An API [`CompletionChannel`](crate::api::CompletionChannel) waits on many CQs at once:
 //!   `req_notify` arms a CQ and remembers it, `wait` sleeps in `poll(2)` on the channels of the
@@ -27,7 +27,7 @@
 //! * Asynchronous events are read non-blocking from the context's async fd; QP fatal events
 //!   mark the QP's state ERROR.
 //! * No device at all (the host kernel has no RDMA, or no device is configured): `open` fails
-//!   with [`NO_DEVICE`], never panics.
+//!   with `NO_DEVICE`, never panics.
 //!
 //! * Teardown order: destroy a QP before the MRs that were written into through it. rxe (Linux
 //!   6.1) keeps a reference from a QP that failed in the middle of an inbound RDMA WRITE to the
@@ -56,16 +56,23 @@
 //!
 //! The files depend on each other in one direction (`ffi`, `codes` ← `shared` ← `mr` ← `cq`,
 //! `qp` ← `pd` ← `device`).
+//!
+//! [`QpStats::drops`]: crate::api::QpStats::drops
+//! [`DeviceStats`]: crate::api::DeviceStats
 
+#[forbid(unsafe_code)]
 mod config;
 
 pub use config::VerbsConfig;
 
 #[cfg(feature = "verbs")]
+#[forbid(unsafe_code)]
 mod codes;
 #[cfg(feature = "verbs")]
+#[forbid(unsafe_code)]
 mod cq;
 #[cfg(feature = "verbs")]
+#[forbid(unsafe_code)]
 mod device;
 // All unsafe FFI of the workspace lives in this one module (workspace lint `unsafe_code =
 // "deny"`): libibverbs is a C library, and its objects are wrapped once in `ffi` with RAII types
@@ -74,12 +81,16 @@ mod device;
 #[allow(unsafe_code)]
 mod ffi;
 #[cfg(feature = "verbs")]
+#[forbid(unsafe_code)]
 mod mr;
 #[cfg(feature = "verbs")]
+#[forbid(unsafe_code)]
 mod pd;
 #[cfg(feature = "verbs")]
+#[forbid(unsafe_code)]
 mod qp;
 #[cfg(feature = "verbs")]
+#[forbid(unsafe_code)]
 mod shared;
 
 #[cfg(feature = "verbs")]

@@ -13,8 +13,13 @@ use crate::soft::udp::UdpConfig;
 pub const MAX_CQ_DEPTH: u32 = 1 << 20;
 /// Largest send or receive queue depth.
 pub const MAX_QP_WR: u32 = 1 << 16;
-/// Largest message the soft device accepts, in bytes ([`PortAttr::max_msg_size`]): 8 MiB, as rxe advertises (`RXE_PORT_MAX_MSG_SZ`), so that nothing built
-/// on the soft transport relies on more than a kernel rxe peer accepts.
+/// Largest message the soft device accepts, in bytes ([`PortAttr::max_msg_size`]): 8 MiB, as
+/// rxe advertises (`RXE_PORT_MAX_MSG_SZ`), so that nothing built on the soft transport relies
+/// on more than a kernel rxe peer accepts. The protocol's own limit is
+/// [`IBTA_MAX_MSG_SIZE`] (2^31).
+///
+/// [`PortAttr::max_msg_size`]: crate::api::PortAttr::max_msg_size
+/// [`IBTA_MAX_MSG_SIZE`]: crate::api::IBTA_MAX_MSG_SIZE
 pub const SOFT_MAX_MSG_SIZE: u32 = 0x0080_0000;
 
 /// How the device makes progress. See the module docs.

@@ -73,8 +73,10 @@
 //! [`CompletionQueue::poll`]: crate::api::CompletionQueue::poll
 //! [`CompletionChannel::wait`]: crate::api::CompletionChannel::wait
 //! [`CompletionChannel::req_notify`]: crate::api::CompletionChannel::req_notify
-
-#![forbid(unsafe_code)]
+//! [`UcQp`]: crate::soft::engine::UcQp
+//! [`PacketRepr::parse`]: crate::soft::packet::PacketRepr::parse
+//! [`icrc::verify`]: crate::soft::icrc::verify
+//! [`Readiness::Opaque`]: crate::soft::link::Readiness::Opaque
 
 use std::collections::{HashMap, VecDeque};
 use std::io;

@@ -32,7 +32,7 @@ pub(super) enum IdleWait {
     InLink,
 }
 
-/// Outcome of one [`SoftDevice::progress`] round.
+/// Outcome of one [`SoftDevice::progress`](super::SoftDevice::progress) round.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProgressReport {
     /// Datagrams handed to the link.
