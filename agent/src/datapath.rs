@@ -18,9 +18,10 @@ use std::sync::Arc;
 use uctel_protocol::control::{self, Welcome};
 use uctel_protocol::frame::conn_seq_immediate;
 use uctel_transport::api::{
-    self, AccessFlags, CompletionQueue, Device, DeviceConfig, MemoryRegion, QpInitAttr, QpState,
-    QueuePair, SendWr, Sge, WcStatus, WorkCompletion,
+    self, AccessFlags, CompletionQueue, Device, MemoryRegion, QpInitAttr, QpState, QueuePair,
+    SendWr, Sge, WcStatus, WorkCompletion,
 };
+use uctel_transport::device::{DeviceConfig, VerbsConfig};
 
 use uctel_transport::soft::device::{ProgressMode, SoftConfig, SoftDevice};
 use uctel_transport::soft::fault::FaultStats;
@@ -131,7 +132,7 @@ pub fn device_config(config: &AgentConfig, local_ip: IpAddr) -> DeviceConfig {
                 ..SoftConfig::default()
             })
         }
-        TransportKind::Verbs => DeviceConfig::Verbs(api::VerbsConfig {
+        TransportKind::Verbs => DeviceConfig::Verbs(VerbsConfig {
             device: config.transport.verbs.device.clone(),
             port_num: config.transport.verbs.port,
             gid_index: config

@@ -292,7 +292,7 @@ fn serialize_soft<S: serde::Serializer>(c: &SoftConfig, s: S) -> Result<S::Ok, S
     SoftSection::from(c).serialize(s)
 }
 
-/// `transport.verbs:` section (`uctel_transport::api::VerbsConfig`).
+/// `transport.verbs:` section (`uctel_transport::device::VerbsConfig`).
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct VerbsTransportConfig {

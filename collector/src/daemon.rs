@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use uctel_common::shutdown::{self, Shutdown, ShutdownTrigger};
 
-use uctel_transport::api::{Device, DeviceConfig, VerbsConfig};
+use uctel_transport::api::Device;
+use uctel_transport::device::{DeviceConfig, VerbsConfig};
 
 use crate::config::{Config, TransportKindConfig};
 use crate::control::Auth;

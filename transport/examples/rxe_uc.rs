@@ -52,10 +52,11 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use uctel_transport::api::{
-    AccessFlags, AsyncEvent, CompletionQueue, Device, DeviceConfig, MemoryRegion, ProtectionDomain,
-    QpEndpoint, QpInitAttr, QpState, QueuePair, RecvWr, SendWr, Sge, TransportKind, VerbsConfig,
-    WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, AsyncEvent, CompletionQueue, Device, MemoryRegion, ProtectionDomain, QpEndpoint,
+    QpInitAttr, QpState, QueuePair, RecvWr, SendWr, Sge, TransportKind, WcOpcode, WcStatus,
+    WorkCompletion,
 };
+use uctel_transport::device::{DeviceConfig, VerbsConfig};
 use uctel_transport::soft::device::{SoftConfig, SoftDevice};
 use uctel_transport::soft::link::{Datagram, Link};
 use uctel_transport::soft::udp::{UdpConfig, UdpLink};

@@ -1,32 +1,57 @@
-//! `uctel-transport`: the verbs-shaped transport API and its implementations.
+//! `uctel-transport`: the verbs-shaped transport API and its two implementations.
 //!
 //! uctel pushes telemetry frames over RDMA **Unreliable Connection** (UC) queue pairs. Agent and
 //! collector code is written once against [`api`] and runs on either transport, chosen at run
-//! time from configuration ([`api::DeviceConfig`]):
+//! time from configuration ([`device::DeviceConfig`], opened with
+//! [`Device::open`](api::Device::open)):
 //!
 //! * **soft** ([`soft`]) — RoCEv2 UC in user space over a UDP socket: real BTH/RETH/ImmDt
 //!   headers and ICRC, wire-compatible with the Linux `rdma_rxe` driver. Runs anywhere; the
 //!   default.
-//! * **verbs** (`verbs`, cargo feature `verbs`) — real RDMA through libibverbs (`rdma-sys`); the
-//!   only module allowed `unsafe` code.
+//! * **verbs** ([`verbs`], cargo feature `verbs`) — real RDMA through libibverbs (`rdma-sys`).
+//!   Without the feature only its configuration type is built.
 //!
 //! # Layout
 //!
 //! ```text
-//! api.rs            Device → ProtectionDomain → MemoryRegion / CompletionQueue / QueuePair,
-//!                   SendWr / RecvWr / WorkCompletion, QpEndpoint, errors, UcDropReason,
-//!                   the object-safe backend traits both transports implement
-//! soft/packet.rs    UC packet views and reprs (BTH, RETH, ImmDt), parse / emit
-//! soft/icrc.rs      RoCEv2 ICRC over the rebuilt IP/UDP pseudo header
-//! soft/engine.rs    sans-IO UC queue pair: state machine, requester segmentation,
+//! api/              the leaf every other module builds on; names neither transport
+//!   types.rs        constants (RoCEv2 port, PSN/QPN masks, IBTA message limit), AccessFlags,
+//!                   Mtu, QpState, GID <-> IP, QpEndpoint, PortAttr
+//!   error.rs        one error enum per operation
+//!   stats.rs        UcDropReason, DropCounters, QpStats, DeviceStats
+//!   event.rs        AsyncEvent, QpErrorCause
+//!   mr.rs wr.rs cq.rs qp.rs pd.rs context.rs
+//!                   one file per verbs object: its handle (MemoryRegion, SendWr/RecvWr/
+//!                   WorkCompletion, CompletionQueue/CompletionChannel, QueuePair,
+//!                   ProtectionDomain, Device) and the object-safe backend trait behind it
+//! device.rs         DeviceConfig and Device::open: the only module naming both transports
+//! soft/             the soft transport
+//!   packet.rs       UC packet views and reprs (BTH, RETH, ImmDt), parse / emit
+//!   psn.rs          Psn: 24-bit PSN arithmetic modulo 2^24 (IBTA 9.7.1)
+//!   icrc.rs         RoCEv2 ICRC over the rebuilt IP/UDP pseudo header
+//!   engine.rs       sans-IO UC queue pair: state machine, requester segmentation,
 //!                   responder rules of rxe_resp.c, drop counting
-//! soft/memory.rs    soft memory regions and the lkey/rkey table
-//! soft/device.rs    the soft "NIC": QPN demux, ICRC check, CQs, async events, progress modes
-//! soft/link.rs      the datagram Link trait and the in-memory MemoryLink
-//! soft/udp.rs       UdpLink (recvmmsg / sendmmsg) and the UdpSink baseline
-//! soft/fault.rs     seeded FaultInjector (drop, corrupt, duplicate, reorder, delay)
-//! verbs/            libibverbs transport (feature `verbs`)
+//!   memory.rs       soft memory regions and the lkey/rkey table
+//!   device/         the soft "NIC": SoftConfig, shared state, progress rounds (QPN demux,
+//!                   ICRC check, receive path), QP/CQ/MR/PD handles, progress modes
+//!   link.rs         the datagram Link trait and the in-memory MemoryLink
+//!   udp.rs          UdpLink (recvmmsg / sendmmsg) and the UdpSink baseline
+//!   fault.rs        seeded FaultInjector (drop, corrupt, duplicate, reorder, delay)
+//! verbs/            the libibverbs transport (feature `verbs`); ffi.rs holds all its unsafe
+//! wake.rs           eventfd waker and poll(2) sleep, shared by both transports
+//! sync.rs           the poison-tolerant lock both transports use
 //! ```
+//!
+//! Imports between these modules go one way: `api` ← `soft`, `verbs` ← `device`, with `wake`
+//! and `sync` below the transports; no module imports one that imports it back.
+//!
+//! # Lints
+//!
+//! The workspace denies `unsafe_code`; this crate also warns on `missing_docs`,
+//! `unreachable_pub` and `clippy::undocumented_unsafe_blocks` (clippy runs with `-D
+//! warnings`). Every module but `verbs::ffi` is `forbid(unsafe_code)`, so an `unsafe` block
+//! can only ever be added there, next to the other libibverbs calls, with a `// SAFETY:`
+//! note.
 //!
 //! # Example
 //!
@@ -72,7 +97,18 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+#![warn(missing_docs)]
+#![warn(unreachable_pub)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+#[forbid(unsafe_code)]
 pub mod api;
+#[forbid(unsafe_code)]
+pub mod device;
+#[forbid(unsafe_code)]
 pub mod soft;
-#[cfg(feature = "verbs")]
+#[forbid(unsafe_code)]
+mod sync;
 pub mod verbs;
+#[forbid(unsafe_code)]
+mod wake;

@@ -5,8 +5,9 @@
 use std::net::SocketAddr;
 
 use proptest::prelude::*;
+use uctel_transport::api::{PSN_MASK, QPN_MASK};
 use uctel_transport::soft::icrc::{self, IcrcMatch, Ipv4Ident};
-use uctel_transport::soft::packet::{pad_for, BthRepr, Opcode, PacketRepr, RethRepr, MAX_24BIT};
+use uctel_transport::soft::packet::{pad_for, BthRepr, Opcode, PacketRepr, RethRepr};
 
 fn opcode() -> impl Strategy<Value = Opcode> {
     proptest::sample::select(Opcode::ALL.to_vec())
@@ -20,9 +21,9 @@ prop_compose! {
         pkey: u16,
         fecn: bool,
         becn: bool,
-        dest_qpn in 0..=MAX_24BIT,
+        dest_qpn in 0..=QPN_MASK,
         ack_req: bool,
-        psn in 0..=MAX_24BIT,
+        psn in 0..=PSN_MASK,
     ) -> BthRepr {
         BthRepr { opcode, solicited, mig_req, pad_count: 0, pkey, fecn, becn, dest_qpn, ack_req, psn }
     }

@@ -19,8 +19,9 @@ use uctel_protocol::control::{
 use uctel_protocol::frame::{decode_frame, DecodedFrame};
 use uctel_protocol::limits::Limits;
 use uctel_transport::api::{
-    AccessFlags, Device, DeviceConfig, QpInitAttr, RecvWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, Device, QpInitAttr, RecvWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
+use uctel_transport::device::DeviceConfig;
 use uctel_transport::soft::device::SoftConfig;
 use uctel_transport::soft::udp::UdpConfig;
 

@@ -12,9 +12,9 @@
 //! A send WR is segmented at the path MTU into ONLY, or FIRST, MIDDLE…, LAST packets; FIRST and
 //! MIDDLE carry exactly one MTU, LAST 1..=MTU bytes. RDMA WRITE puts a RETH (virtual address,
 //! rkey, DMA length = message length) on its FIRST/ONLY packet; the immediate rides on the
-//! LAST/ONLY packet. Every packet takes the next 24-bit PSN (wrapping at 2^24). BTH bits are
-//! as rxe sends them on UC (checked against `rxe-uc-golden.pcap`): SE = 0, M = 0, AckReq = 0,
-//! P_Key 0xffff. A WR completes (signaled: a WC in the send CQ) when its last packet is pulled.
+//! LAST/ONLY packet. Every packet takes the next 24-bit PSN ([`Psn`], wrapping at 2^24; IBTA
+//! 9.7.1). BTH bits are as rxe sends them on UC (checked against `rxe-uc-golden.pcap`): SE = 0,
+//! M = 0, AckReq = 0, P_Key 0xffff. A WR completes (signaled: a WC in the send CQ) when its last packet is pulled.
 //!
 //! # Responder (IBTA 9.7.5 responder error classes D, D1 and G for UC; rxe `rxe_resp.c`)
 //!
@@ -55,12 +55,13 @@ use std::fmt;
 
 use crate::api::{
     AccessFlags, Mtu, QpErrorCause, QpState, QpStats, SendOpcode, UcDropReason, WcOpcode, WcStatus,
-    WorkCompletion, MAX_MSG_SIZE, PSN_MASK,
+    WorkCompletion, IBTA_MAX_MSG_SIZE, QPN_MASK,
 };
 use crate::soft::memory::{LocalAccessError, MemoryTable};
 use crate::soft::packet::{
     pad_for, BthRepr, ImmDt, Opcode, PacketRepr, RethRepr, DEFAULT_PKEY, ICRC_LEN,
 };
+use crate::soft::psn::Psn;
 
 /// Where completions go: a CQ of the device, or a test vector.
 pub trait CompletionSink {
@@ -166,7 +167,7 @@ pub struct UcQpConfig {
 pub struct RtrAttr {
     /// The peer's QP number.
     pub dest_qpn: u32,
-    /// First PSN expected from the peer.
+    /// First PSN expected from the peer (its low 24 bits, as in a BTH).
     pub rq_psn: u32,
     /// Path MTU.
     pub path_mtu: Mtu,
@@ -191,7 +192,7 @@ pub enum PostRefusal {
     State(QpState),
     /// The queue is full; the depth.
     Full(u32),
-    /// Message longer than [`MAX_MSG_SIZE`].
+    /// Message longer than [`IBTA_MAX_MSG_SIZE`].
     TooLong(u32),
 }
 
@@ -251,11 +252,11 @@ pub struct UcQp {
     mtu: u32,
     // requester
     sq: VecDeque<SendWqe>,
-    sq_psn: u32,
+    sq_psn: Psn,
     sq_sent: u32,
     // responder
     rq: VecDeque<RecvWqe>,
-    epsn: u32,
+    epsn: Psn,
     drop_msg: bool,
     inbound: Option<Inbound>,
     // bookkeeping
@@ -273,22 +274,12 @@ impl fmt::Debug for UcQp {
             .field("dest_qpn", &format_args!("{:#08x}", self.dest_qpn))
             .field("mtu", &self.mtu)
             .field("sq", &self.sq.len())
-            .field("sq_psn", &format_args!("{:#08x}", self.sq_psn))
+            .field("sq_psn", &format_args!("{}", self.sq_psn))
             .field("rq", &self.rq.len())
-            .field("epsn", &format_args!("{:#08x}", self.epsn))
+            .field("epsn", &format_args!("{}", self.epsn))
             .field("drop_msg", &self.drop_msg)
             .finish_non_exhaustive()
     }
-}
-
-/// `(a - b)` as a signed 24-bit distance.
-pub fn psn_diff(a: u32, b: u32) -> i32 {
-    ((a.wrapping_sub(b) << 8) as i32) >> 8
-}
-
-/// `psn + n` mod 2^24.
-pub const fn psn_add(psn: u32, n: u32) -> u32 {
-    psn.wrapping_add(n) & PSN_MASK
 }
 
 /// Whether a BTH P_Key matches the default partition: equal low 15 bits and at least one side
@@ -302,7 +293,7 @@ impl UcQp {
     pub fn new(cfg: UcQpConfig) -> Self {
         Self {
             cfg: UcQpConfig {
-                qpn: cfg.qpn & PSN_MASK,
+                qpn: cfg.qpn & QPN_MASK,
                 ..cfg
             },
             state: QpState::Reset,
@@ -310,10 +301,10 @@ impl UcQp {
             dest_qpn: 0,
             mtu: Mtu::Mtu1024.bytes(),
             sq: VecDeque::new(),
-            sq_psn: 0,
+            sq_psn: Psn::ZERO,
             sq_sent: 0,
             rq: VecDeque::new(),
-            epsn: 0,
+            epsn: Psn::ZERO,
             drop_msg: false,
             inbound: None,
             stats: QpStats::default(),
@@ -343,14 +334,14 @@ impl UcQp {
         self.mtu
     }
 
-    /// Next PSN the requester sends.
+    /// Next PSN the requester sends (24 bits).
     pub fn sq_psn(&self) -> u32 {
-        self.sq_psn
+        self.sq_psn.value()
     }
 
-    /// Next PSN the responder expects.
+    /// Next PSN the responder expects (24 bits).
     pub fn expected_psn(&self) -> u32 {
-        self.epsn
+        self.epsn.value()
     }
 
     /// Counters.
@@ -430,8 +421,8 @@ impl UcQp {
         if self.state != QpState::Init {
             return Err(self.transition_error(QpState::Rtr));
         }
-        self.dest_qpn = attr.dest_qpn & PSN_MASK;
-        self.epsn = attr.rq_psn & PSN_MASK;
+        self.dest_qpn = attr.dest_qpn & QPN_MASK;
+        self.epsn = Psn::new(attr.rq_psn);
         self.mtu = attr.path_mtu.bytes();
         self.drop_msg = false;
         self.inbound = None;
@@ -439,7 +430,7 @@ impl UcQp {
         Ok(())
     }
 
-    /// RTR → RTS with the first send PSN.
+    /// RTR → RTS with the first send PSN (its low 24 bits).
     ///
     /// # Errors
     /// [`ModifyError`] unless in RTR.
@@ -447,7 +438,7 @@ impl UcQp {
         if self.state != QpState::Rtr {
             return Err(self.transition_error(QpState::Rts));
         }
-        self.sq_psn = sq_psn & PSN_MASK;
+        self.sq_psn = Psn::new(sq_psn);
         self.sq_sent = 0;
         self.state = QpState::Rts;
         Ok(())
@@ -496,7 +487,7 @@ impl UcQp {
         if self.sq.len() >= self.cfg.max_send_wr as usize {
             return Err(PostRefusal::Full(self.cfg.max_send_wr));
         }
-        if wqe.length() > MAX_MSG_SIZE {
+        if wqe.length() > IBTA_MAX_MSG_SIZE {
             return Err(PostRefusal::TooLong(wqe.length()));
         }
         self.sq.push_back(wqe);
@@ -635,7 +626,7 @@ impl UcQp {
             becn: false,
             dest_qpn: self.dest_qpn,
             ack_req: false,
-            psn: self.sq_psn,
+            psn: self.sq_psn.value(),
         };
         let Ok(bth_bytes) = bth.to_bytes() else {
             // dest_qpn and psn are masked to 24 bits, so this cannot fail; treat it as a local
@@ -674,7 +665,7 @@ impl UcQp {
             }
         }
         let psn = self.sq_psn;
-        self.sq_psn = psn_add(psn, 1);
+        self.sq_psn = psn.next();
         self.stats.packets_sent += 1;
         if last {
             self.sq.pop_front();
@@ -699,7 +690,7 @@ impl UcQp {
         }
         Some(TxInfo {
             opcode,
-            psn,
+            psn: psn.value(),
             payload_len,
         })
     }
@@ -756,7 +747,7 @@ impl UcQp {
             return RxOutcome::Dropped(UcDropReason::BadPkey);
         }
         let op = pkt.bth.opcode;
-        let psn = pkt.bth.psn & PSN_MASK;
+        let psn = Psn::new(pkt.bth.psn);
         let start = op.is_start();
 
         // check_psn (UC): resync on FIRST/ONLY, doom the message otherwise.
@@ -768,18 +759,18 @@ impl UcQp {
                 }
                 self.drop_msg = false;
             } else if self.drop_msg {
-                self.epsn = psn_add(psn, 1);
+                self.epsn = psn.next();
                 self.stats.packets_discarded += 1;
                 return RxOutcome::Discarded;
             } else {
-                self.epsn = psn_add(psn, 1);
+                self.epsn = psn.next();
                 return self.drop_message(UcDropReason::PsnGap);
             }
         }
         // From here on the packet has taken its place in the PSN sequence; the next expected
         // PSN follows it whether or not the message survives (so that `psn_resyncs` counts
         // only PSNs missing on the wire).
-        self.epsn = psn_add(psn, 1);
+        self.epsn = psn.next();
 
         // check_op_seq (UC).
         match (self.inbound, start) {
@@ -831,7 +822,7 @@ impl UcQp {
                 let Some(reth) = pkt.reth else {
                     return self.drop_message(UcDropReason::BadLength);
                 };
-                if reth.dma_len > MAX_MSG_SIZE {
+                if reth.dma_len > IBTA_MAX_MSG_SIZE {
                     return self.drop_message(UcDropReason::BadLength);
                 }
                 if reth.dma_len != 0 {
@@ -1007,14 +998,6 @@ mod tests {
         .unwrap();
         qp.modify_to_rts(psn).unwrap();
         qp
-    }
-
-    #[test]
-    fn psn_arithmetic_wraps_at_24_bits() {
-        assert_eq!(psn_add(0xff_ffff, 1), 0);
-        assert_eq!(psn_diff(0, 0xff_ffff), 1);
-        assert_eq!(psn_diff(0xff_ffff, 0), -1);
-        assert_eq!(psn_diff(5, 3), 2);
     }
 
     #[test]

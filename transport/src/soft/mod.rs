@@ -7,5 +7,5 @@ pub mod icrc;
 pub mod link;
 pub mod memory;
 pub mod packet;
+pub mod psn;
 pub mod udp;
-pub(crate) mod wake;

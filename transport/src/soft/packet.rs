@@ -23,8 +23,8 @@ use std::fmt;
 
 use thiserror::Error;
 
-/// UDP destination port of RoCEv2, assigned by IANA ("roce", 4791; IBTA Annex A17 §A17.4.2).
-pub const ROCEV2_UDP_PORT: u16 = 4791;
+use crate::api::{PSN_MASK, QPN_MASK};
+
 /// Length of the Base Transport Header in bytes (IBTA Vol 1 §9.2).
 pub const BTH_LEN: usize = 12;
 /// Length of the RDMA Extended Transport Header in bytes (IBTA Vol 1 §9.3.3).
@@ -33,8 +33,6 @@ pub const RETH_LEN: usize = 16;
 pub const IMMDT_LEN: usize = 4;
 /// Length of the Invariant CRC trailer in bytes (IBTA Vol 1 §7.8.1, Annex A17 §A17.4.5).
 pub const ICRC_LEN: usize = 4;
-/// Largest valid PSN or QPN: both are 24-bit fields (IBTA Vol 1 §9.2).
-pub const MAX_24BIT: u32 = 0x00ff_ffff;
 /// The only transport header version defined by IBTA (BTH `TVer`, Vol 1 §9.2.1).
 pub const TRANSPORT_VERSION: u8 = 0;
 /// The default partition key (full membership), used by rxe for RoCE (IBTA Vol 1 §10.9.1).
@@ -422,7 +420,7 @@ impl<T: AsRef<[u8]>> Bth<T> {
 
     /// Destination QP number, 24 bits (bytes 5-7).
     pub fn dest_qpn(&self) -> u32 {
-        read_u32(self.b(), 4) & MAX_24BIT
+        read_u32(self.b(), 4) & QPN_MASK
     }
 
     /// AckReq bit (byte 8, bit 7).
@@ -432,7 +430,7 @@ impl<T: AsRef<[u8]>> Bth<T> {
 
     /// Packet sequence number, 24 bits (bytes 9-11).
     pub fn psn(&self) -> u32 {
-        read_u32(self.b(), 8) & MAX_24BIT
+        read_u32(self.b(), 8) & PSN_MASK
     }
 }
 
@@ -441,14 +439,14 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Bth<T> {
     /// masked to 24 bits.
     pub fn set_psn(&mut self, psn: u32) {
         let b = self.buffer.as_mut();
-        let word = (read_u32(b, 8) & !MAX_24BIT) | (psn & MAX_24BIT);
+        let word = (read_u32(b, 8) & !PSN_MASK) | (psn & PSN_MASK);
         write_slice(b, 8, &word.to_be_bytes());
     }
 
     /// Sets the destination QPN (bytes 5-7); the value is masked to 24 bits.
     pub fn set_dest_qpn(&mut self, qpn: u32) {
         let b = self.buffer.as_mut();
-        let word = (read_u32(b, 4) & !MAX_24BIT) | (qpn & MAX_24BIT);
+        let word = (read_u32(b, 4) & !QPN_MASK) | (qpn & QPN_MASK);
         write_slice(b, 4, &word.to_be_bytes());
     }
 }
@@ -506,14 +504,14 @@ impl BthRepr {
 
     /// The 12 wire bytes. Errors if `dest_qpn` or `psn` exceed 24 bits or `pad_count` > 3.
     pub fn to_bytes(&self) -> Result<[u8; BTH_LEN], PacketError> {
-        if self.dest_qpn > MAX_24BIT {
+        if self.dest_qpn > QPN_MASK {
             return Err(PacketError::FieldRange {
                 field: "dest_qpn",
                 value: u64::from(self.dest_qpn),
                 bits: 24,
             });
         }
-        if self.psn > MAX_24BIT {
+        if self.psn > PSN_MASK {
             return Err(PacketError::FieldRange {
                 field: "psn",
                 value: u64::from(self.psn),

@@ -37,7 +37,7 @@ use serde::Deserialize;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::link::{Datagram, Link, Readiness};
-use super::packet::ROCEV2_UDP_PORT;
+use crate::api::ROCE_V2_UDP_PORT;
 
 /// How [`UdpLink::recv`] waits for datagrams.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -77,7 +77,7 @@ pub struct UdpConfig {
 impl Default for UdpConfig {
     fn default() -> Self {
         UdpConfig {
-            bind: SocketAddr::from((Ipv4Addr::UNSPECIFIED, ROCEV2_UDP_PORT)),
+            bind: SocketAddr::from((Ipv4Addr::UNSPECIFIED, ROCE_V2_UDP_PORT)),
             recv_buffer_bytes: Some(8 << 20),
             send_buffer_bytes: Some(4 << 20),
             batch: 64,

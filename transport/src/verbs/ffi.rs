@@ -422,11 +422,11 @@ impl Context {
             event_type::CQ_ERR => {
                 // SAFETY: for CQ events the union holds the CQ pointer.
                 let cq = unsafe { ev.element.ptr }.cast::<sys::ibv_cq>();
-                // SAFETY: for CQ events the element is the CQ, alive until the event is acked
-                // (ibv_destroy_cq waits for acknowledged async events).
                 let cq_handle = if cq.is_null() {
                     0
                 } else {
+                    // SAFETY: for CQ events the element is the CQ, alive until the event is
+                    // acked (ibv_destroy_cq waits for acknowledged async events).
                     unsafe { (*cq).handle }
                 };
                 RawAsyncEvent::CqError { cq_handle }
@@ -441,10 +441,11 @@ impl Context {
             | event_type::QP_LAST_WQE_REACHED) => {
                 // SAFETY: for QP events the union holds the QP pointer.
                 let qp = unsafe { ev.element.ptr }.cast::<sys::ibv_qp>();
-                // SAFETY: for QP events the element is the QP, alive until the event is acked.
                 let qpn = if qp.is_null() {
                     0
                 } else {
+                    // SAFETY: for QP events the element is the QP, alive until the event is
+                    // acked.
                     unsafe { (*qp).qp_num }
                 };
                 RawAsyncEvent::Qp { event_type: t, qpn }
@@ -1137,10 +1138,11 @@ impl Qp {
         if ret == 0 {
             return Ok(());
         }
-        // SAFETY: `bad` points into `raw` (or is null): offset_from two pointers into one array.
         let posted = if bad.is_null() {
             0
         } else {
+            // SAFETY: `bad` is not null, so the provider set it to the rejected WR, which is in
+            // the chain at `base`: offset_from two pointers into one array.
             unsafe { bad.offset_from(base) }
         };
         Err((
@@ -1192,10 +1194,10 @@ impl Qp {
         if ret == 0 {
             return Ok(());
         }
-        // SAFETY: `bad` points into `raw` (or is null).
         let posted = if bad.is_null() {
             0
         } else {
+            // SAFETY: as in `post_send`: a non-null `bad` points into the chain at `base`.
             unsafe { bad.offset_from(base) }
         };
         Err((

@@ -1,0 +1,113 @@
+//! [`Device`]: an opened transport device (`struct ibv_context` + port) and the backend trait
+//! [`DeviceOps`] a transport implements for it. Opening one from configuration is
+//! [`crate::device`]'s job (`Device::open`), the only module that knows both transports.
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::cq::{CompChannelOps, CompletionChannel, CompletionQueue, CqOps};
+use super::error::{AllocPdError, CompChannelError, CreateCqError};
+use super::event::AsyncEvent;
+use super::pd::{PdOps, ProtectionDomain};
+use super::stats::DeviceStats;
+use super::types::{PortAttr, TransportKind};
+
+/// An opened transport device (`struct ibv_context` + port). Cheap to clone; `Send + Sync`.
+#[derive(Clone, Debug)]
+pub struct Device {
+    inner: Arc<dyn DeviceOps>,
+}
+
+impl Device {
+    /// Wraps a transport's device implementation.
+    pub fn from_backend(inner: Arc<dyn DeviceOps>) -> Self {
+        Self { inner }
+    }
+
+    /// The backend object (for transport implementations).
+    pub fn backend(&self) -> &Arc<dyn DeviceOps> {
+        &self.inner
+    }
+
+    /// Device name (`rxe0`, `mlx5_0`, or the soft device's configured name).
+    pub fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// Which transport this is.
+    pub fn kind(&self) -> TransportKind {
+        self.inner.kind()
+    }
+
+    /// Port attributes: GID, active MTU, maximum message size, UDP address.
+    pub fn port_attr(&self) -> PortAttr {
+        self.inner.port_attr()
+    }
+
+    /// Allocates a protection domain (`ibv_alloc_pd`).
+    ///
+    /// # Errors
+    /// [`AllocPdError`] when the device refuses.
+    pub fn alloc_pd(&self) -> Result<ProtectionDomain, AllocPdError> {
+        Ok(ProtectionDomain::from_backend(self.inner.alloc_pd()?))
+    }
+
+    /// Creates a completion queue holding up to `depth` completions (`ibv_create_cq`).
+    ///
+    /// A full CQ does not block the transport: the completion that does not fit is lost and the
+    /// QP that produced it moves to ERROR ([`AsyncEvent::CqError`] + [`AsyncEvent::QpFatal`]).
+    ///
+    /// # Errors
+    /// [`CreateCqError::InvalidDepth`] for 0 or above the device maximum.
+    pub fn create_cq(&self, depth: u32) -> Result<CompletionQueue, CreateCqError> {
+        Ok(CompletionQueue::from_backend(self.inner.create_cq(depth)?))
+    }
+
+    /// Creates a completion channel (`ibv_create_comp_channel`): a thread blocks on it until
+    /// one of the CQs it armed with [`CompletionChannel::req_notify`] receives a completion,
+    /// so a poller sleeps while there is nothing to do instead of spinning.
+    ///
+    /// # Errors
+    /// [`CompChannelError::Device`] when the OS refuses (out of file descriptors).
+    pub fn create_comp_channel(&self) -> Result<CompletionChannel, CompChannelError> {
+        Ok(CompletionChannel::from_backend(
+            self.inner.create_comp_channel()?,
+        ))
+    }
+
+    /// Takes the oldest pending asynchronous event, if any (non-blocking).
+    pub fn poll_async_event(&self) -> Option<AsyncEvent> {
+        self.inner.poll_async_event()
+    }
+
+    /// Device-wide counters (drops before a QP is known, packets in and out).
+    pub fn stats(&self) -> DeviceStats {
+        self.inner.stats()
+    }
+}
+
+impl From<Arc<dyn DeviceOps>> for Device {
+    fn from(inner: Arc<dyn DeviceOps>) -> Self {
+        Self { inner }
+    }
+}
+
+/// An opened device. See [`Device`].
+pub trait DeviceOps: Send + Sync + fmt::Debug {
+    /// See [`Device::name`].
+    fn name(&self) -> &str;
+    /// See [`Device::kind`].
+    fn kind(&self) -> TransportKind;
+    /// See [`Device::port_attr`].
+    fn port_attr(&self) -> PortAttr;
+    /// See [`Device::alloc_pd`].
+    fn alloc_pd(&self) -> Result<Arc<dyn PdOps>, AllocPdError>;
+    /// See [`Device::create_cq`].
+    fn create_cq(&self, depth: u32) -> Result<Arc<dyn CqOps>, CreateCqError>;
+    /// See [`Device::create_comp_channel`].
+    fn create_comp_channel(&self) -> Result<Arc<dyn CompChannelOps>, CompChannelError>;
+    /// See [`Device::poll_async_event`].
+    fn poll_async_event(&self) -> Option<AsyncEvent>;
+    /// See [`Device::stats`].
+    fn stats(&self) -> DeviceStats;
+}

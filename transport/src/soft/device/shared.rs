@@ -1,0 +1,246 @@
+//! The state every handle of one soft device shares ([`Shared`]): the link, the QPs by number
+//! ([`QpSlot`]: the engine plus the device's routing of it), the CQs' storage ([`CqInner`]),
+//! counters and asynchronous events. The rounds that move packets are in `progress.rs`.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::io;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use crate::api::{AsyncEvent, DropCounters, Mtu, UcDropReason, WorkCompletion};
+use crate::soft::engine::{CompletionSink, CqFull, UcQp};
+use crate::soft::fault::FaultStats;
+use crate::soft::link::{Datagram, Link};
+use crate::soft::memory::MrTable;
+use crate::sync::lock;
+use crate::wake::WakeFd;
+
+/// Most asynchronous events kept; later ones are discarded until the queue is read.
+pub(super) const MAX_EVENTS: usize = 4096;
+
+/// An IPv4-mapped IPv6 address as IPv4.
+pub(super) fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct CqInner {
+    pub(super) handle: u32,
+    pub(super) depth: usize,
+    pub(super) wcs: Mutex<VecDeque<WorkCompletion>>,
+    pub(super) overflowed: AtomicBool,
+    /// Armed by [`CompletionChannel::req_notify`](crate::api::CompletionChannel::req_notify):
+    /// the next completion signals `channel` and disarms.
+    pub(super) armed: AtomicBool,
+    /// The eventfd of the completion channel this CQ was last armed on.
+    pub(super) channel: Mutex<Option<Arc<WakeFd>>>,
+}
+
+impl CqInner {
+    pub(super) fn new(handle: u32, depth: usize) -> CqInner {
+        CqInner {
+            handle,
+            depth,
+            wcs: Mutex::new(VecDeque::new()),
+            overflowed: AtomicBool::new(false),
+            armed: AtomicBool::new(false),
+            channel: Mutex::new(None),
+        }
+    }
+
+    /// After a completion was pushed: signals the channel the CQ is armed on, once.
+    ///
+    /// Lost-wakeup freedom: the poller arms (`armed = true`) and then polls the CQ, taking
+    /// `wcs`; a push takes `wcs` and then reads `armed`. Whichever takes the lock second sees
+    /// the other's write: the poller finds the completion, or the push finds the CQ armed.
+    pub(super) fn notify(&self) {
+        if self.armed.load(Ordering::Acquire) && self.armed.swap(false, Ordering::AcqRel) {
+            if let Some(ch) = lock(&self.channel).as_ref() {
+                ch.wake();
+            }
+        }
+    }
+}
+
+/// A [`CompletionSink`] over a shared CQ (locks per completion, so a QP whose send and
+/// receive CQ are the same CQ never holds it twice).
+pub(super) struct CqSink<'a>(pub(super) &'a CqInner);
+
+impl CompletionSink for CqSink<'_> {
+    fn push(&mut self, wc: WorkCompletion) -> Result<(), CqFull> {
+        {
+            let mut q = lock(&self.0.wcs);
+            if q.len() >= self.0.depth {
+                self.0.overflowed.store(true, Ordering::Relaxed);
+                return Err(CqFull);
+            }
+            q.push_back(wc);
+        }
+        self.0.notify();
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct QpCore {
+    pub(super) engine: UcQp,
+    /// Where packets go (the peer's UDP address), from RTR.
+    pub(super) remote: Option<SocketAddr>,
+    /// Source address for sending and for the ICRC pseudo header.
+    pub(super) src: SocketAddr,
+    /// Explicit source for the link (`Datagram::local`) when bound to a wildcard address.
+    pub(super) src_override: Option<SocketAddr>,
+}
+
+#[derive(Debug)]
+pub(super) struct QpSlot {
+    pub(super) qpn: u32,
+    pub(super) sq_psn: u32,
+    pub(super) max_mtu: Mtu,
+    pub(super) core: Mutex<QpCore>,
+    pub(super) send_cq: Arc<CqInner>,
+    pub(super) recv_cq: Arc<CqInner>,
+}
+
+/// Link, transmit queue and buffers; one lock, held while talking to the link.
+pub(super) struct LinkState {
+    pub(super) link: Box<dyn Link>,
+    pub(super) tx: Vec<Datagram>,
+    pub(super) rx: Vec<Datagram>,
+    pub(super) spare: Vec<Vec<u8>>,
+    /// `link.recv_discarded()` already counted as `malformed`.
+    pub(super) discarded: u64,
+}
+
+impl fmt::Debug for LinkState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LinkState")
+            .field("local_addr", &self.link.local_addr())
+            .field("tx", &self.tx.len())
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    pub(super) packets_received: AtomicU64,
+    pub(super) packets_sent: AtomicU64,
+    pub(super) link_errors: AtomicU64,
+    pub(super) drops: Mutex<DropCounters>,
+}
+
+#[derive(Debug)]
+pub(super) struct Shared {
+    pub(super) name: String,
+    pub(super) mtu: Mtu,
+    pub(super) batch: usize,
+    pub(super) busy_poll: bool,
+    pub(super) wait: Duration,
+    pub(super) local: SocketAddr,
+    pub(super) advertised: SocketAddr,
+    pub(super) mrs: Arc<MrTable>,
+    pub(super) qps: RwLock<HashMap<u32, Arc<QpSlot>>>,
+    pub(super) next_qpn: Mutex<u32>,
+    pub(super) next_cq: AtomicU32,
+    /// Some QP may have send WRs to packetise: set after every `post_send` and `connect`
+    /// and when a transmit scan stopped at a full batch; cleared by the scan. Lets a
+    /// receive-only device (the collector) skip the scan of every QP in each round.
+    pub(super) tx_hint: AtomicBool,
+    /// Some QP may be in ERROR with WRs left to flush (a flush stopped at a full CQ, or a
+    /// send or post outside the receive path failed it); cleared by [`Shared::flush_failed`].
+    pub(super) flush_hint: AtomicBool,
+    pub(super) link: Mutex<LinkState>,
+    /// A duplicate of the link's [`Link::wait_fd`], to sleep on without holding `link`.
+    pub(super) link_fd: Option<Arc<OwnedFd>>,
+    /// Wakes the progress thread (thread mode only).
+    pub(super) wake: Option<Arc<WakeFd>>,
+    pub(super) counters: Counters,
+    pub(super) events: Mutex<VecDeque<AsyncEvent>>,
+    pub(super) fault_stats: Mutex<Option<Arc<FaultStats>>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // The progress thread may be asleep: it wakes, finds the device gone and stops.
+        self.wake_thread();
+    }
+}
+
+impl Shared {
+    pub(super) fn count_device_drop(&self, reason: UcDropReason) {
+        lock(&self.counters.drops).inc(reason);
+    }
+
+    pub(super) fn push_event(&self, ev: AsyncEvent) {
+        let mut q = lock(&self.events);
+        if q.len() < MAX_EVENTS {
+            q.push_back(ev);
+        }
+        tracing::warn!(device = %self.name, event = ?ev, "soft RDMA async event");
+    }
+
+    /// Raises events for a QP that failed or overflowed a CQ since the last check.
+    pub(super) fn note_events(&self, slot: &QpSlot, core: &mut QpCore) {
+        if let Some(cause) = core.engine.take_error_event() {
+            self.push_event(AsyncEvent::QpFatal {
+                qpn: slot.qpn,
+                cause,
+            });
+        }
+        if core.engine.take_cq_overflow() {
+            self.note_cq_overflow(slot);
+        }
+    }
+
+    pub(super) fn note_cq_overflow(&self, slot: &QpSlot) {
+        for cq in [&slot.send_cq, &slot.recv_cq] {
+            if cq.overflowed.swap(false, Ordering::Relaxed) {
+                self.push_event(AsyncEvent::CqError { cq: cq.handle });
+            }
+        }
+    }
+
+    /// The source address packets to `dest` leave from, and the explicit source to give the
+    /// link when it is bound to a wildcard address.
+    pub(super) fn source_for(
+        &self,
+        dest: SocketAddr,
+    ) -> io::Result<(SocketAddr, Option<SocketAddr>)> {
+        if !self.local.ip().is_unspecified() {
+            return Ok((self.local, None));
+        }
+        let dest = match (dest, self.local) {
+            (SocketAddr::V4(v4), SocketAddr::V6(_)) => {
+                SocketAddr::new(IpAddr::V6(v4.ip().to_ipv6_mapped()), v4.port())
+            }
+            (d, _) => d,
+        };
+        let probe = UdpSocket::bind(SocketAddr::new(self.local.ip(), 0))?;
+        probe.connect(dest)?;
+        let src = SocketAddr::new(probe.local_addr()?.ip(), self.local.port());
+        Ok((src, Some(src)))
+    }
+
+    pub(super) fn snapshot_qps(&self) -> Vec<Arc<QpSlot>> {
+        self.qps
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Wakes the progress thread if it sleeps (thread mode; a no-op in busy-poll mode).
+    pub(super) fn wake_thread(&self) {
+        if let Some(w) = &self.wake {
+            w.wake();
+        }
+    }
+}
