@@ -26,6 +26,7 @@
 //!
 //! The rules live in sans-IO state machines ([`pacing`], [`credits`], [`sender::core`])
 //! tested on virtual time; the IO around them ([`run`], [`datapath`], [`runners`]) is thin.
+#![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
 pub mod config;

@@ -19,6 +19,9 @@
 //! The binary (`src/main.rs`) parses flags, loads the configuration, installs logging and the
 //! signal handlers, and calls [`run`].
 
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
+
 pub mod config;
 pub mod control;
 pub mod daemon;

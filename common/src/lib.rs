@@ -16,6 +16,9 @@
 //! A daemon's `main` is: parse flags (clap), `config::load`, `logging::init`,
 //! `shutdown::on_signals`, then the library's `run(config, shutdown)`.
 
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
+
 pub mod config;
 pub mod control;
 pub mod http;

@@ -18,6 +18,7 @@
 //! [`control`] holds the control-channel messages and their framing; [`session`] the rules
 //! of the conversation (the handshake, heartbeats and the dead-peer rule) as state machines
 //! that both daemons drive.
+#![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
 pub mod borrowed;
