@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use uctel_agent::config::AgentConfig;
 use uctel_agent::run::Options;
 use uctel_agent::selfmetrics::SelfMetrics;
+use uctel_testkit::wait::Outcome;
 use uctel_testkit::{wait_for, RunningAgent, RunningCollector};
 
 /// One test at a time: each measures the whole process.
@@ -192,7 +193,7 @@ fn a_connected_agent_with_nothing_to_send_sleeps() {
         "the agent connected",
         Duration::from_secs(20),
         Duration::from_millis(20),
-        || stats.connected(),
+        || Outcome::into_result(stats.connected()),
     )
     .unwrap_or_else(|e| panic!("{e}"));
     // A deliberate pause, not a wait for a state: the first collections go out at start;

@@ -4,8 +4,9 @@
 //! the same runtime); [`until`] and [`eventually`] are the panicking forms the in-process
 //! tests use. All four run the same loop ([`Deadline`]).
 //!
-//! A probe returns `bool`, `Option<T>` or `Result<T, E: Display>` ([`Outcome`]): `false`,
-//! `None` or `Err` mean "not yet", and an `Err`'s text goes into the timeout message.
+//! A probe of the async forms returns `bool`, `Option<T>` or `Result<T, E: Display>`
+//! ([`Outcome`]); [`wait_for`]'s returns `Result<T, String>`. `false`, `None` or `Err` mean
+//! "not yet", and an `Err`'s text goes into the timeout message.
 
 use std::fmt::Display;
 use std::time::{Duration, Instant};
@@ -82,18 +83,20 @@ impl<'a> Deadline<'a> {
 }
 
 /// Polls `probe` every `every` (blocking the thread) until it is done or `timeout` passes.
+/// The probe says `Ok(value)` or `Err(why not yet)` (a `bool` or `Option` probe converts
+/// with [`Outcome::into_result`]).
 ///
 /// # Errors
 /// `what: not reached after <timeout>: <last answer>`.
-pub fn wait_for<O: Outcome>(
+pub fn wait_for<T>(
     what: &str,
     timeout: Duration,
     every: Duration,
-    mut probe: impl FnMut() -> O,
-) -> Result<O::Value, String> {
+    mut probe: impl FnMut() -> Result<T, String>,
+) -> Result<T, String> {
     let d = Deadline::start(what, timeout);
     loop {
-        if let Some(r) = d.judge(probe().into_result()) {
+        if let Some(r) = d.judge(probe()) {
             return r;
         }
         std::thread::sleep(every);
@@ -173,7 +176,7 @@ mod tests {
         let mut n = 0;
         let v = wait_for("three", Duration::from_secs(5), Duration::ZERO, || {
             n += 1;
-            (n >= 3).then_some(n)
+            (n >= 3).then_some(n).into_result()
         });
         assert_eq!(v, Ok(3));
     }
@@ -191,7 +194,10 @@ mod tests {
             e.starts_with("never: not reached after 30ms: still 7"),
             "{e}"
         );
-        let e = wait_for("flag", Duration::ZERO, Duration::ZERO, || false).unwrap_err();
+        let e = wait_for("flag", Duration::ZERO, Duration::ZERO, || {
+            false.into_result()
+        })
+        .unwrap_err();
         assert!(e.ends_with("condition not met"), "{e}");
     }
 
