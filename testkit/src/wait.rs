@@ -187,7 +187,7 @@ mod tests {
             "never",
             Duration::from_millis(30),
             Duration::from_millis(5),
-            || Err::<(), _>("still 7"),
+            || Err::<(), _>("still 7".to_owned()),
         )
         .unwrap_err();
         assert!(
