@@ -183,6 +183,9 @@ fn sigterm_ends_the_session_with_a_goodbye_and_exit_0() {
             }
         }
     }
+    // A deliberate pause, not a wait for a state: a few collections (0.2 s apart) go out
+    // before SIGTERM; this agent serves no /metrics to watch, and the checks below hold for
+    // any number of frames from two on.
     std::thread::sleep(Duration::from_millis(300));
     let pid = child.id().to_string();
     let killed = Command::new("kill").args(["-TERM", &pid]).status();

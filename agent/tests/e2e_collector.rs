@@ -7,12 +7,14 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use uctel_agent::config::AgentConfig;
-use uctel_agent::run::{run_with, Options};
 use uctel_agent::selfmetrics::SelfMetrics;
 use uctel_agent::stream::Stream;
+use uctel_testkit::exposition::{scrape, Scrape};
+use uctel_testkit::wait::until;
+use uctel_testkit::{RunningAgent, RunningCollector};
 
 fn example(name: &str) -> String {
     let p = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -61,28 +63,6 @@ fn hostname() -> String {
         .unwrap_or_default()
 }
 
-async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<(), String>) {
-    let until = Instant::now() + timeout;
-    loop {
-        match f() {
-            Ok(()) => return,
-            Err(e) if Instant::now() > until => panic!("timed out waiting for {what}: {e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-        }
-    }
-}
-
-fn scrape(addr: std::net::SocketAddr) -> String {
-    use std::io::{Read, Write};
-    let Ok(mut c) = std::net::TcpStream::connect(addr) else {
-        return String::new();
-    };
-    let _ = c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    let mut out = String::new();
-    let _ = c.read_to_string(&mut out);
-    out
-}
-
 /// Series names the collector must serve for this agent: node_exporter names and the
 /// agent's own counters.
 const WANTED: [&str; 6] = [
@@ -94,18 +74,15 @@ const WANTED: [&str; 6] = [
     "uctel_agent_frames_sent_total",
 ];
 
-/// Whether `text` has a sample of `name` labelled with this agent and its host.
-fn has_series(text: &str, name: &str, host: &str) -> bool {
-    let prefix = format!("{name}{{agent=\"demo-agent\"");
-    let instance = format!("instance=\"{host}\"");
-    text.lines()
-        .any(|l| l.starts_with(&prefix) && l.contains(&instance))
+/// Whether the scrape has a sample of `name` labelled with this agent and its host.
+fn has_series(s: &Scrape, name: &str, host: &str) -> bool {
+    s.has(name, &[("agent", "demo-agent"), ("instance", host)])
 }
 
 struct Outcome {
     stats: Arc<SelfMetrics>,
     ledger: Vec<(u32, uctel_collector::ingest::StreamLedger)>,
-    scraped: String,
+    scraped: Scrape,
     log_sink: String,
     lines: Vec<String>,
 }
@@ -113,34 +90,20 @@ struct Outcome {
 async fn run_pipeline(drop_ratio: f64, min_frames: u64) -> Outcome {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let sink = dir.path().join("received.jsonl");
-    let collector = uctel_collector::daemon::start(collector_config(&sink))
-        .await
-        .unwrap_or_else(|e| panic!("collector: {e}"));
+    let collector = RunningCollector::start(collector_config(&sink)).await;
     let log = dir.path().join("app.log");
     std::fs::write(&log, "").unwrap_or_else(|e| panic!("{e}"));
     let cfg = agent_config(collector.control_addr(), dir.path(), drop_ratio);
-    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
-    let (trigger, shutdown) = uctel_common::shutdown::channel();
-    let agent = tokio::spawn(run_with(
-        cfg,
-        Options {
-            stats: Some(stats.clone()),
-            metrics_listener: None,
-        },
-        shutdown,
-    ));
-    wait_until("the agent connected", Duration::from_secs(10), || {
-        if stats.connected() {
-            Ok(())
-        } else {
-            Err("not connected".into())
-        }
+    let agent = RunningAgent::start(cfg);
+    let stats = agent.stats.clone();
+    until("the agent connected", Duration::from_secs(10), || {
+        stats.connected()
     })
     .await;
     let lines: Vec<String> = (0..200).map(|i| format!("e2e log line {i}")).collect();
     std::fs::write(&log, lines.join("\n") + "\n").unwrap_or_else(|e| panic!("{e}"));
     let frames = |s: &SelfMetrics| Stream::ALL.iter().map(|x| s.frames_sent(*x)).sum::<u64>();
-    wait_until("frames sent", Duration::from_secs(20), || {
+    until("frames sent", Duration::from_secs(20), || {
         let n = frames(&stats);
         if n >= min_frames && stats.records_sent(Stream::Logs) >= 200 {
             Ok(())
@@ -156,45 +119,36 @@ async fn run_pipeline(drop_ratio: f64, min_frames: u64) -> Outcome {
     // (one collection spans several frames: wait for every name checked).
     let host = hostname();
     let metrics_addr = collector.metrics_addr();
-    let mut scraped = String::new();
-    wait_until(
+    let scraped = until(
         "host metrics on the collector's /metrics",
         Duration::from_secs(10),
         || {
-            scraped = scrape(metrics_addr);
-            match WANTED
-                .iter()
-                .find(|name| !has_series(&scraped, name, &host))
-            {
-                None => Ok(()),
+            let s = scrape(metrics_addr)?;
+            match WANTED.iter().find(|name| !has_series(&s, name, &host)) {
+                None => Ok(s),
                 Some(name) => Err(format!("no {name} with agent and instance labels")),
             }
         },
     )
     .await;
-    trigger.trigger();
-    tokio::time::timeout(Duration::from_secs(20), agent)
-        .await
-        .unwrap_or_else(|_| panic!("agent did not stop"))
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let summary = agent.stop().await;
+    assert_eq!(summary.sessions, 1, "{summary:?}");
     // The collector settles a connection's ledger when it processes the Goodbye.
-    let mut ledger = Vec::new();
-    wait_until(
+    let ledger = until(
         "the collector's ledger after goodbye",
         Duration::from_secs(10),
         || {
-            ledger = collector.ledger("demo-agent");
+            let ledger = collector.ledger("demo-agent");
             let accepted: u64 = ledger.iter().map(|(_, l)| l.accepted + l.lost).sum();
             if accepted >= frames(&stats) {
-                Ok(())
+                Ok(ledger)
             } else {
                 Err(format!("{ledger:?}"))
             }
         },
     )
     .await;
-    let _ = collector.stop().await;
+    collector.stop().await;
     let log_sink = std::fs::read_to_string(&sink).unwrap_or_default();
     Outcome {
         stats,

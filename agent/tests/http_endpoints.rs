@@ -6,12 +6,13 @@
 use std::io::Read;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use uctel_agent::config::AgentConfig;
-use uctel_agent::run::{run_with, Options};
+use uctel_agent::run::Options;
+use uctel_testkit::wait::until_async;
+use uctel_testkit::{RunningAgent, RunningCollector};
 
 fn example(name: &str) -> String {
     let p = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -49,43 +50,22 @@ fn agent_config(control: SocketAddr, dir: &Path) -> AgentConfig {
 
 /// One request with `extra` header lines: (status, head, body bytes).
 async fn request(addr: SocketAddr, path: &str, extra: &str) -> (u16, String, Vec<u8>) {
-    let mut s = TcpStream::connect(addr)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n");
-    s.write_all(req.as_bytes())
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
-        .await
-        .unwrap_or_else(|_| panic!("no answer to {path} within 10 s"))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let split = out
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map_or(out.len(), |i| i + 4);
-    let body = out.split_off(split);
-    let head = String::from_utf8_lossy(&out).into_owned();
-    let status = head.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
-    (status, head, body)
+    let r = uctel_testkit::http::request(addr, path, extra).await;
+    (r.status, r.head, r.body)
 }
 
 /// Polls `/-/ready` until it answers `want` (or panics after `timeout`); returns the body.
 async fn ready_becomes(addr: SocketAddr, want: u16, timeout: Duration) -> String {
-    let until = Instant::now() + timeout;
-    loop {
+    until_async(&format!("/-/ready answering {want}"), timeout, || async {
         let (code, _, body) = request(addr, "/-/ready", "").await;
         let body = String::from_utf8_lossy(&body).into_owned();
         if code == want {
-            return body;
+            Ok(body)
+        } else {
+            Err(format!("still {code} ({body:?})"))
         }
-        assert!(
-            Instant::now() < until,
-            "/-/ready still {code} ({body:?}) after {timeout:?}, expected {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -99,15 +79,13 @@ async fn ready_flips_when_the_collector_comes_up_and_goes_away() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let addr = metrics.local_addr().unwrap_or_else(|e| panic!("{e}"));
-    let (trigger, shutdown) = uctel_common::shutdown::channel();
-    let agent = tokio::spawn(run_with(
+    let agent = RunningAgent::start_with(
         agent_config(control, dir.path()),
         Options {
             stats: None,
             metrics_listener: Some(metrics),
         },
-        shutdown,
-    ));
+    );
 
     // No collector: alive but not ready, and it says why.
     let (code, _, body) = request(addr, "/-/ready", "").await;
@@ -149,24 +127,15 @@ async fn ready_flips_when_the_collector_comes_up_and_goes_away() {
     assert!(String::from_utf8_lossy(&plain).contains("# TYPE uctel_agent_connected gauge"));
 
     // The collector comes up: ready within a few reconnect attempts.
-    let collector = uctel_collector::daemon::start(collector_config(control, dir.path()))
-        .await
-        .unwrap_or_else(|e| panic!("collector: {e}"));
+    let collector = RunningCollector::start(collector_config(control, dir.path())).await;
     let body = ready_becomes(addr, 200, Duration::from_secs(20)).await;
     assert_eq!(body, "uctel-agent is ready.\n");
 
     // The collector goes away: not ready again.
-    collector
-        .stop()
-        .await
-        .unwrap_or_else(|e| panic!("collector stop: {e}"));
+    collector.stop().await;
     let body = ready_becomes(addr, 503, Duration::from_secs(30)).await;
     assert!(body.contains("not connected to the collector"), "{body}");
 
-    trigger.trigger();
-    tokio::time::timeout(Duration::from_secs(20), agent)
-        .await
-        .unwrap_or_else(|_| panic!("agent did not stop"))
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let summary = agent.stop().await;
+    assert_eq!(summary.sessions, 1, "{summary:?}");
 }

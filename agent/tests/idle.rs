@@ -16,8 +16,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use uctel_agent::config::AgentConfig;
-use uctel_agent::run::{run_with, Options};
+use uctel_agent::run::Options;
 use uctel_agent::selfmetrics::SelfMetrics;
+use uctel_testkit::wait::Outcome;
+use uctel_testkit::{wait_for, RunningAgent, RunningCollector};
 
 /// One test at a time: each measures the whole process.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -117,38 +119,23 @@ logs:
     uctel_common::config::from_str("collector.yaml", &text).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// Runs the agent on its own runtime until the returned trigger fires.
+/// Runs the agent on its own runtime (threads `agent-rt`), apart from the collector's.
 fn start_agent(
     config: AgentConfig,
     stats: Arc<SelfMetrics>,
-) -> (
-    uctel_common::shutdown::ShutdownTrigger,
-    std::thread::JoinHandle<()>,
-) {
-    let (trigger, shutdown) = uctel_common::shutdown::channel();
-    let thread = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("agent-rt")
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let options = Options {
-            stats: Some(stats),
-            metrics_listener: None,
-        };
-        rt.block_on(run_with(config, options, shutdown))
-            .unwrap_or_else(|e| panic!("agent: {e}"));
-    });
-    (trigger, thread)
-}
-
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let until = Instant::now() + Duration::from_secs(20);
-    while !f() {
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+) -> (tokio::runtime::Runtime, RunningAgent) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("agent-rt")
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let options = Options {
+        stats: Some(stats),
+        metrics_listener: None,
+    };
+    let agent = rt.block_on(async { RunningAgent::start_with(config, options) });
+    (rt, agent)
 }
 
 #[test]
@@ -161,10 +148,12 @@ fn an_agent_whose_collector_is_down_sleeps() {
         .map(|a| a.port())
         .unwrap_or_else(|e| panic!("{e}"));
     let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
-    let (trigger, agent) = start_agent(
+    let (agent_rt, agent) = start_agent(
         agent_config(&format!("127.0.0.1:{port}"), dir.path()),
         stats.clone(),
     );
+    // A deliberate pause, not a wait for a state: the start-up work (first collections,
+    // first refused attempts) passes before the idle window is measured.
     std::thread::sleep(Duration::from_millis(500));
     let share = agent_share();
     eprintln!(
@@ -172,8 +161,8 @@ fn an_agent_whose_collector_is_down_sleeps() {
         share * 100.0
     );
     assert!(!stats.connected());
-    trigger.trigger();
-    agent.join().unwrap_or_else(|_| panic!("agent panicked"));
+    let summary = agent_rt.block_on(agent.stop());
+    assert_eq!(summary.sessions, 0, "{summary:?}");
     assert!(
         share < MAX_IDLE_SHARE,
         "an agent retrying a dead collector used {:.2} % of a core (bound {:.0} %)",
@@ -192,18 +181,23 @@ fn a_connected_agent_with_nothing_to_send_sleeps() {
         .enable_all()
         .build()
         .unwrap_or_else(|e| panic!("{e}"));
-    let collector = collector_rt
-        .block_on(uctel_collector::daemon::start(collector_config(
-            &dir.path().join("logs.jsonl"),
-        )))
-        .unwrap_or_else(|e| panic!("collector: {e}"));
+    let collector = collector_rt.block_on(RunningCollector::start(collector_config(
+        &dir.path().join("logs.jsonl"),
+    )));
     let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
-    let (trigger, agent) = start_agent(
+    let (agent_rt, agent) = start_agent(
         agent_config(&collector.control_addr().to_string(), dir.path()),
         stats.clone(),
     );
-    wait_for("the agent connected", || stats.connected());
-    // The first collections go out at start; then nothing is due for 30 s.
+    wait_for(
+        "the agent connected",
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        || Outcome::into_result(stats.connected()),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    // A deliberate pause, not a wait for a state: the first collections go out at start;
+    // then nothing is due for 30 s, and the idle window starts after that burst.
     std::thread::sleep(Duration::from_secs(1));
     let share = agent_share();
     eprintln!(
@@ -211,9 +205,9 @@ fn a_connected_agent_with_nothing_to_send_sleeps() {
         share * 100.0
     );
     assert!(stats.connected(), "still connected");
-    trigger.trigger();
-    agent.join().unwrap_or_else(|_| panic!("agent panicked"));
-    let _ = collector_rt.block_on(collector.stop());
+    let summary = agent_rt.block_on(agent.stop());
+    assert_eq!(summary.sessions, 1, "{summary:?}");
+    collector_rt.block_on(collector.stop());
     assert!(
         share < MAX_IDLE_SHARE,
         "a connected agent with nothing to send used {:.2} % of a core (bound {:.0} %)",

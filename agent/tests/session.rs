@@ -5,15 +5,16 @@
 mod support;
 
 use std::path::Path;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use uctel_agent::config::AgentConfig;
-use uctel_agent::run::{run_with, Options};
+use uctel_agent::run::Options;
 use uctel_agent::selfmetrics::{DropReason, FaultAction, SelfMetrics};
 use uctel_agent::stream::Stream;
 use uctel_protocol::control::GoodbyeReason;
 use uctel_protocol::frame::{FrameFlags, Payload};
+use uctel_testkit::wait::until;
+use uctel_testkit::RunningAgent;
 use uctel_transport::api::WcOpcode;
 
 fn config(control: std::net::SocketAddr, dir: &Path, extra: &str) -> AgentConfig {
@@ -50,14 +51,6 @@ streams:
     AgentConfig::from_yaml("test.yaml", &text).unwrap_or_else(|e| panic!("{e}"))
 }
 
-async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let until = Instant::now() + timeout;
-    while !f() {
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 fn sent_frames(stats: &SelfMetrics) -> u64 {
     Stream::ALL.iter().map(|s| stats.frames_sent(*s)).sum()
 }
@@ -69,31 +62,18 @@ async fn session_delivers_both_streams_and_goodbye_accounts_exactly() {
     let log = dir.path().join("app.log");
     std::fs::write(&log, "").unwrap_or_else(|e| panic!("{e}"));
     let cfg = config(fake.addr, dir.path(), "");
-    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
-    let (trigger, shutdown) = uctel_common::shutdown::channel();
-    let agent = tokio::spawn(run_with(
-        cfg,
-        Options {
-            stats: Some(stats.clone()),
-            metrics_listener: None,
-        },
-        shutdown,
-    ));
-    wait_until("connected", Duration::from_secs(10), || stats.connected()).await;
+    let agent = RunningAgent::start(cfg);
+    let stats = agent.stats.clone();
+    until("connected", Duration::from_secs(10), || stats.connected()).await;
     let lines: Vec<String> = (0..50)
         .map(|i| format!("line {i} of the test log"))
         .collect();
     std::fs::write(&log, lines.join("\n") + "\n").unwrap_or_else(|e| panic!("{e}"));
-    wait_until("records on both streams", Duration::from_secs(10), || {
+    until("records on both streams", Duration::from_secs(10), || {
         stats.records_sent(Stream::Logs) >= 50 && stats.frames_sent(Stream::Metrics) >= 3
     })
     .await;
-    trigger.trigger();
-    let summary = tokio::time::timeout(Duration::from_secs(20), agent)
-        .await
-        .unwrap_or_else(|_| panic!("agent did not stop"))
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let summary = agent.stop().await;
     assert_eq!(summary.sessions, 1);
     let s = tokio::time::timeout(Duration::from_secs(10), fake.sessions.recv())
         .await
@@ -203,19 +183,11 @@ async fn refused_then_welcomed_with_a_new_epoch() {
     .await;
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let cfg = config(fake.addr, dir.path(), "");
-    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
-    let (trigger, shutdown) = uctel_common::shutdown::channel();
-    let agent = tokio::spawn(run_with(
-        cfg,
-        Options {
-            stats: Some(stats.clone()),
-            metrics_listener: None,
-        },
-        shutdown,
-    ));
-    wait_until("connected", Duration::from_secs(10), || stats.connected()).await;
-    trigger.trigger();
-    let _ = tokio::time::timeout(Duration::from_secs(20), agent).await;
+    let agent = RunningAgent::start(cfg);
+    let stats = agent.stats.clone();
+    until("connected", Duration::from_secs(10), || stats.connected()).await;
+    let summary = agent.stop().await;
+    assert_eq!(summary.sessions, 1);
     let first = fake
         .sessions
         .recv()
@@ -243,32 +215,19 @@ async fn collector_goodbye_leads_to_a_reconnect_with_a_new_epoch() {
     .await;
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let cfg = config(fake.addr, dir.path(), "");
-    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
-    let (trigger, shutdown) = uctel_common::shutdown::channel();
-    let agent = tokio::spawn(run_with(
-        cfg,
-        Options {
-            stats: Some(stats.clone()),
-            metrics_listener: None,
-        },
-        shutdown,
-    ));
-    wait_until("a reconnect", Duration::from_secs(15), || {
+    let agent = RunningAgent::start(cfg);
+    let stats = agent.stats.clone();
+    until("a reconnect", Duration::from_secs(15), || {
         stats.reconnects() >= 1 && stats.connected()
     })
     .await;
-    wait_until(
+    until(
         "frames on the new connection",
         Duration::from_secs(10),
         || sent_frames(&stats) >= 6,
     )
     .await;
-    trigger.trigger();
-    let summary = tokio::time::timeout(Duration::from_secs(20), agent)
-        .await
-        .unwrap_or_else(|_| panic!("agent did not stop"))
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let summary = agent.stop().await;
     assert_eq!(summary.sessions, 2);
     let first = fake
         .sessions
@@ -303,17 +262,9 @@ async fn without_reports_the_window_caps_frames_and_the_rest_is_dropped_no_credi
     .await;
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let cfg = config(fake.addr, dir.path(), "");
-    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
-    let (trigger, shutdown) = uctel_common::shutdown::channel();
-    let agent = tokio::spawn(run_with(
-        cfg,
-        Options {
-            stats: Some(stats.clone()),
-            metrics_listener: None,
-        },
-        shutdown,
-    ));
-    wait_until("no_credit drops", Duration::from_secs(10), || {
+    let agent = RunningAgent::start(cfg);
+    let stats = agent.stats.clone();
+    until("no_credit drops", Duration::from_secs(10), || {
         stats.frames_dropped(Stream::Metrics, DropReason::NoCredit) >= 3
     })
     .await;
@@ -322,8 +273,8 @@ async fn without_reports_the_window_caps_frames_and_the_rest_is_dropped_no_credi
         4,
         "never more than the window outstanding"
     );
-    trigger.trigger();
-    let _ = tokio::time::timeout(Duration::from_secs(20), agent).await;
+    let summary = agent.stop().await;
+    assert_eq!(summary.sessions, 1);
     let s = fake
         .sessions
         .recv()
@@ -342,22 +293,14 @@ async fn injected_loss_shows_as_gaps_and_sent_equals_received_plus_lost() {
         dir.path(),
         "transport:\n  soft:\n    fault:\n      drop_ratio: 0.3\n      seed: 42\n",
     );
-    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
-    let (trigger, shutdown) = uctel_common::shutdown::channel();
-    let agent = tokio::spawn(run_with(
-        cfg,
-        Options {
-            stats: Some(stats.clone()),
-            metrics_listener: None,
-        },
-        shutdown,
-    ));
-    wait_until("frames", Duration::from_secs(15), || {
+    let agent = RunningAgent::start(cfg);
+    let stats = agent.stats.clone();
+    until("frames", Duration::from_secs(15), || {
         sent_frames(&stats) >= 30
     })
     .await;
-    trigger.trigger();
-    let _ = tokio::time::timeout(Duration::from_secs(20), agent).await;
+    let summary = agent.stop().await;
+    assert_eq!(summary.sessions, 1);
     let s = fake
         .sessions
         .recv()
@@ -401,34 +344,21 @@ async fn fault_counters_add_up_over_reconnects() {
         dir.path(),
         "transport:\n  soft:\n    fault:\n      drop_ratio: 0.3\n      seed: 7\n",
     );
-    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
-    let (trigger, shutdown) = uctel_common::shutdown::channel();
-    let agent = tokio::spawn(run_with(
-        cfg,
-        Options {
-            stats: Some(stats.clone()),
-            metrics_listener: None,
-        },
-        shutdown,
-    ));
-    wait_until("a reconnect", Duration::from_secs(15), || {
+    let agent = RunningAgent::start(cfg);
+    let stats = agent.stats.clone();
+    until("a reconnect", Duration::from_secs(15), || {
         stats.reconnects() >= 1 && stats.connected()
     })
     .await;
     let first_session = stats.fault_packets(FaultAction::Dropped).unwrap_or(0)
         + stats.fault_packets(FaultAction::Passed).unwrap_or(0);
-    wait_until(
+    until(
         "frames on the new connection",
         Duration::from_secs(15),
         || sent_frames(&stats) >= first_session + 20,
     )
     .await;
-    trigger.trigger();
-    let summary = tokio::time::timeout(Duration::from_secs(20), agent)
-        .await
-        .unwrap_or_else(|_| panic!("agent did not stop"))
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let summary = agent.stop().await;
     assert_eq!(summary.sessions, 2);
     let _first = fake.sessions.recv().await;
     let second = fake
@@ -462,22 +392,14 @@ async fn send_data_path_when_the_collector_chooses_it() {
     .await;
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let cfg = config(fake.addr, dir.path(), "");
-    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
-    let (trigger, shutdown) = uctel_common::shutdown::channel();
-    let agent = tokio::spawn(run_with(
-        cfg,
-        Options {
-            stats: Some(stats.clone()),
-            metrics_listener: None,
-        },
-        shutdown,
-    ));
-    wait_until("frames", Duration::from_secs(10), || {
+    let agent = RunningAgent::start(cfg);
+    let stats = agent.stats.clone();
+    until("frames", Duration::from_secs(10), || {
         sent_frames(&stats) >= 5
     })
     .await;
-    trigger.trigger();
-    let _ = tokio::time::timeout(Duration::from_secs(20), agent).await;
+    let summary = agent.stop().await;
+    assert_eq!(summary.sessions, 1);
     let s = fake
         .sessions
         .recv()
@@ -499,17 +421,15 @@ async fn local_metrics_endpoint_serves_self_metrics() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
-    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
-    let (trigger, shutdown) = uctel_common::shutdown::channel();
-    let agent = tokio::spawn(run_with(
+    let agent = RunningAgent::start_with(
         cfg,
         Options {
-            stats: Some(stats.clone()),
+            stats: None,
             metrics_listener: Some(listener),
         },
-        shutdown,
-    ));
-    wait_until("connected", Duration::from_secs(10), || stats.connected()).await;
+    );
+    let stats = agent.stats.clone();
+    until("connected", Duration::from_secs(10), || stats.connected()).await;
     let body = tokio::task::spawn_blocking(move || {
         use std::io::{Read, Write};
         let mut c = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
@@ -521,8 +441,8 @@ async fn local_metrics_endpoint_serves_self_metrics() {
     })
     .await
     .unwrap_or_else(|e| panic!("{e}"));
-    trigger.trigger();
-    let _ = tokio::time::timeout(Duration::from_secs(20), agent).await;
+    let summary = agent.stop().await;
+    assert_eq!(summary.sessions, 1);
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
     assert!(body.contains("uctel_agent_connected 1"), "{body}");
     assert!(
@@ -558,23 +478,15 @@ async fn a_restart_neither_repeats_nor_loses_log_lines() {
                 .unwrap_or_else(|e| panic!("{e}"));
         }
         let cfg = config(fake.addr, dir.path(), "");
-        let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
-        let (trigger, shutdown) = uctel_common::shutdown::channel();
-        let agent = tokio::spawn(run_with(
-            cfg,
-            Options {
-                stats: Some(stats.clone()),
-                metrics_listener: None,
-            },
-            shutdown,
-        ));
+        let agent = RunningAgent::start(cfg);
+        let stats = agent.stats.clone();
         let want = if round == 0 { 40 } else { 25 };
-        wait_until("log lines sent", Duration::from_secs(10), || {
+        until("log lines sent", Duration::from_secs(10), || {
             stats.records_sent(Stream::Logs) >= want
         })
         .await;
-        trigger.trigger();
-        let _ = tokio::time::timeout(Duration::from_secs(20), agent).await;
+        let summary = agent.stop().await;
+        assert_eq!(summary.sessions, 1);
         let s = fake
             .sessions
             .recv()
@@ -611,22 +523,14 @@ async fn without_a_collector_samples_are_dropped_not_connected_and_log_lines_wai
     };
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let cfg = config(closed, dir.path(), "");
-    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
-    let (trigger, shutdown) = uctel_common::shutdown::channel();
-    let agent = tokio::spawn(run_with(
-        cfg,
-        Options {
-            stats: Some(stats.clone()),
-            metrics_listener: None,
-        },
-        shutdown,
-    ));
+    let agent = RunningAgent::start(cfg);
+    let stats = agent.stats.clone();
     let log = dir.path().join("app.log");
     let lines: Vec<String> = (0..30)
         .map(|i| format!("while the collector is away {i}"))
         .collect();
     std::fs::write(&log, lines.join("\n") + "\n").unwrap_or_else(|e| panic!("{e}"));
-    wait_until("not_connected drops", Duration::from_secs(10), || {
+    until("not_connected drops", Duration::from_secs(10), || {
         stats.records_dropped(Stream::Metrics, DropReason::NotConnected) > 100
     })
     .await;
@@ -635,18 +539,13 @@ async fn without_a_collector_samples_are_dropped_not_connected_and_log_lines_wai
     // Log lines are not dropped while disconnected: they wait, bounded, for a connection.
     assert_eq!(stats.records_dropped_all(Stream::Logs), 0);
     let mut fake = support::start_on(closed, support::FakeConfig::default()).await;
-    wait_until(
+    until(
         "log lines after the collector came",
         Duration::from_secs(10),
         || stats.records_sent(Stream::Logs) >= 30,
     )
     .await;
-    trigger.trigger();
-    let summary = tokio::time::timeout(Duration::from_secs(10), agent)
-        .await
-        .unwrap_or_else(|_| panic!("agent did not stop"))
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let summary = agent.stop_within(Duration::from_secs(10)).await;
     assert_eq!(summary.sessions, 1);
     let s = fake
         .sessions
@@ -681,22 +580,16 @@ async fn a_silent_collector_is_declared_dead_and_the_agent_reconnects() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let mut cfg = config(fake.addr, dir.path(), "");
     cfg.collector.heartbeat_timeout_seconds = 0.2;
-    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
-    let (trigger, shutdown) = uctel_common::shutdown::channel();
-    let agent = tokio::spawn(run_with(
-        cfg,
-        Options {
-            stats: Some(stats.clone()),
-            metrics_listener: None,
-        },
-        shutdown,
-    ));
-    wait_until("a reconnect", Duration::from_secs(10), || {
+    let agent = RunningAgent::start(cfg);
+    let stats = agent.stats.clone();
+    until("a reconnect", Duration::from_secs(10), || {
         stats.reconnects() >= 1
     })
     .await;
-    trigger.trigger();
-    let _ = tokio::time::timeout(Duration::from_secs(20), agent).await;
+    let summary = agent.stop().await;
+    // Every welcomed session counts, the first and each reconnect after it.
+    assert!(summary.sessions >= 2, "{summary:?}");
+    assert_eq!(summary.sessions, 1 + stats.reconnects(), "{summary:?}");
     let first = fake
         .sessions
         .recv()
@@ -724,22 +617,14 @@ async fn a_log_burst_beyond_the_credit_window_waits_instead_of_dropping() {
         .collect();
     std::fs::write(&log, lines.join("\n") + "\n").unwrap_or_else(|e| panic!("{e}"));
     let cfg = config(fake.addr, dir.path(), "");
-    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
-    let (trigger, shutdown) = uctel_common::shutdown::channel();
-    let agent = tokio::spawn(run_with(
-        cfg,
-        Options {
-            stats: Some(stats.clone()),
-            metrics_listener: None,
-        },
-        shutdown,
-    ));
-    wait_until("the whole burst", Duration::from_secs(30), || {
+    let agent = RunningAgent::start(cfg);
+    let stats = agent.stats.clone();
+    until("the whole burst", Duration::from_secs(30), || {
         stats.records_sent(Stream::Logs) >= 3000
     })
     .await;
-    trigger.trigger();
-    let _ = tokio::time::timeout(Duration::from_secs(20), agent).await;
+    let summary = agent.stop().await;
+    assert_eq!(summary.sessions, 1);
     assert_eq!(stats.records_dropped_all(Stream::Logs), 0);
     let s = fake
         .sessions
@@ -788,22 +673,14 @@ async fn shutdown_during_a_log_backlog_sends_it_or_counts_it() {
         .collect();
     std::fs::write(&log, lines.join("\n") + "\n").unwrap_or_else(|e| panic!("{e}"));
     let cfg = config(fake.addr, dir.path(), "");
-    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
-    let (trigger, shutdown) = uctel_common::shutdown::channel();
-    let agent = tokio::spawn(run_with(
-        cfg,
-        Options {
-            stats: Some(stats.clone()),
-            metrics_listener: None,
-        },
-        shutdown,
-    ));
-    wait_until("the backlog started", Duration::from_secs(10), || {
+    let agent = RunningAgent::start(cfg);
+    let stats = agent.stats.clone();
+    until("the backlog started", Duration::from_secs(10), || {
         stats.records_sent(Stream::Logs) >= 100
     })
     .await;
-    trigger.trigger();
-    let _ = tokio::time::timeout(Duration::from_secs(30), agent).await;
+    let summary = agent.stop_within(Duration::from_secs(30)).await;
+    assert_eq!(summary.sessions, 1);
     let s = fake
         .sessions
         .recv()
@@ -877,26 +754,13 @@ async fn a_restart_after_a_shutdown_during_a_log_backlog_delivers_every_line_exa
         ..support::FakeConfig::default()
     })
     .await;
-    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
-    let (trigger, shutdown) = uctel_common::shutdown::channel();
-    let agent = tokio::spawn(run_with(
-        config(slow.addr, dir.path(), ""),
-        Options {
-            stats: Some(stats.clone()),
-            metrics_listener: None,
-        },
-        shutdown,
-    ));
-    wait_until("the backlog started", Duration::from_secs(10), || {
+    let agent = RunningAgent::start(config(slow.addr, dir.path(), ""));
+    let stats = agent.stats.clone();
+    until("the backlog started", Duration::from_secs(10), || {
         stats.records_sent(Stream::Logs) >= 100
     })
     .await;
-    trigger.trigger();
-    tokio::time::timeout(Duration::from_secs(30), agent)
-        .await
-        .unwrap_or_else(|_| panic!("agent did not stop"))
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    agent.stop_within(Duration::from_secs(30)).await;
     let s1 = slow
         .sessions
         .recv()
@@ -911,29 +775,17 @@ async fn a_restart_after_a_shutdown_during_a_log_backlog_delivers_every_line_exa
 
     // Run 2: same state directory, a fast collector: the lines never sent come now, once.
     let mut fast = support::start(support::FakeConfig::default()).await;
-    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
-    let (trigger, shutdown) = uctel_common::shutdown::channel();
-    let agent = tokio::spawn(run_with(
-        config(fast.addr, dir.path(), ""),
-        Options {
-            stats: Some(stats.clone()),
-            metrics_listener: None,
-        },
-        shutdown,
-    ));
+    let agent = RunningAgent::start(config(fast.addr, dir.path(), ""));
+    let stats = agent.stats.clone();
     let rest = 20000 - first.len() as u64;
-    wait_until("the rest of the file", Duration::from_secs(30), || {
+    until("the rest of the file", Duration::from_secs(30), || {
         stats.records_sent(Stream::Logs) >= rest
     })
     .await;
-    // Anything more (a repeat) would arrive with the lines just counted.
+    // A deliberate pause, not a wait for a state: anything more (a repeat) would arrive with
+    // the lines just counted, and the check below is that nothing does.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    trigger.trigger();
-    tokio::time::timeout(Duration::from_secs(30), agent)
-        .await
-        .unwrap_or_else(|_| panic!("agent did not stop"))
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    agent.stop_within(Duration::from_secs(30)).await;
     let s2 = fast
         .sessions
         .recv()
@@ -965,22 +817,14 @@ async fn frames_are_capped_at_the_path_mtu() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let cfg = config(fake.addr, dir.path(), "");
     assert_eq!(cfg.max_frame_bytes, 4096);
-    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
-    let (trigger, shutdown) = uctel_common::shutdown::channel();
-    let agent = tokio::spawn(run_with(
-        cfg,
-        Options {
-            stats: Some(stats.clone()),
-            metrics_listener: None,
-        },
-        shutdown,
-    ));
-    wait_until("a few collections", Duration::from_secs(10), || {
+    let agent = RunningAgent::start(cfg);
+    let stats = agent.stats.clone();
+    until("a few collections", Duration::from_secs(10), || {
         stats.frames_sent(Stream::Metrics) >= 10
     })
     .await;
-    trigger.trigger();
-    let _ = tokio::time::timeout(Duration::from_secs(20), agent).await;
+    let summary = agent.stop().await;
+    assert_eq!(summary.sessions, 1);
     let s = fake
         .sessions
         .recv()

@@ -268,24 +268,16 @@ impl Drop for CollectorProcess {
     }
 }
 
-/// Scrapes `http://addr/metrics`.
+/// Scrapes `http://addr/metrics` and parses it with the tests' exposition parser.
 ///
 /// # Errors
-/// [`DaemonError::Scrape`].
+/// [`DaemonError::Scrape`]: the request failed, answered non-200, or the text does not
+/// parse.
 pub fn scrape(http: &ureq::Agent, addr: SocketAddr) -> Result<Scrape, DaemonError> {
-    let url = format!("http://{addr}/metrics");
-    let fail = |detail: String| DaemonError::Scrape {
-        url: url.clone(),
+    uctel_testkit::exposition::scrape_with(http, addr).map_err(|detail| DaemonError::Scrape {
+        url: format!("http://{addr}/metrics"),
         detail,
-    };
-    let mut resp = http.get(&url).call().map_err(|e| fail(e.to_string()))?;
-    let text = resp
-        .body_mut()
-        .with_config()
-        .limit(256 << 20)
-        .read_to_string()
-        .map_err(|e| fail(e.to_string()))?;
-    Ok(Scrape::parse(&text))
+    })
 }
 
 /// Stops a child: SIGTERM, up to 10 s, then SIGKILL. Idempotent.

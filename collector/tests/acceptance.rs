@@ -281,8 +281,18 @@ async fn garbage_datagrams_and_malformed_frames_are_counted_and_service_continue
     for step in 2..10 {
         agent.send(metrics.frame(step, 1)).await;
     }
-    let (status, body) = http_get(running.metrics_addr(), "/metrics").await;
-    assert_eq!(status, 200);
+    // The worker counts frames as it takes them: wait for the first count, not a race.
+    let addr = running.metrics_addr();
+    let body = uctel_testkit::wait::until_async(
+        "frames counted on /metrics",
+        support::DEADLINE,
+        || async {
+            let (status, body) = http_get(addr, "/metrics").await;
+            (status == 200 && body.contains("uctel_collector_frames_received_total"))
+                .then_some(body)
+        },
+    )
+    .await;
     assert!(body.contains("uctel_collector_frames_received_total"));
     let fin = vec![
         metrics.final_state(),

@@ -208,6 +208,9 @@ async fn agents_sharing_an_agent_id_are_refused_warned_and_told() {
     let mut old = TestAgent::connect(addr, AgentOptions::new("restarted"))
         .await
         .unwrap();
+    // A deliberate pause, not a wait for a state: the silence itself is what is tested. The
+    // collector exposes no "silent" state to wait on, and probing with a connection would
+    // be refused as a duplicate while the old one still counts as alive (3 s here).
     tokio::time::sleep(Duration::from_millis(3500)).await;
     let _new = TestAgent::connect(addr, AgentOptions::new("restarted"))
         .await

@@ -6,7 +6,8 @@
 //! Layout:
 //! - [`bins`]: finds (and, once per test binary, builds) the daemon binaries.
 //! - [`net`]: free loopback ports for listeners the tests configure.
-//! - [`exposition`]: a parser for the Prometheus text exposition format and a scrape helper.
+//! - [`exposition`]: the Prometheus text exposition parser and scrape helper of
+//!   `uctel-testkit` (the one the bench and every test use), re-exported.
 //! - [`daemon`]: a child process with its YAML config and log file, signalled like systemd
 //!   does (SIGTERM, SIGKILL), killed on drop so no test leaks a process.
 //! - [`configs`]: collector and agent configurations derived from the examples in `config/`.
@@ -20,48 +21,27 @@
 //!   Lines sink read back, the conservation law per agent and stream as a table, and the
 //!   OS-level faults (nft drop rule, network namespace, tmpfs).
 //!
-//! Every wait in this crate is bounded by a deadline and fails with what it last saw.
+//! Every wait in this crate is bounded by a deadline and fails with what it last saw: it is
+//! [`wait_for`], `uctel-testkit`'s one wait.
 
 pub mod bins;
 pub mod configs;
 pub mod daemon;
 pub mod dashboards;
-pub mod exposition;
 pub mod faults;
 pub mod net;
 pub mod pipeline;
 pub mod prometheus;
 
+pub use uctel_testkit::exposition;
+pub use uctel_testkit::wait_for;
+
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 /// The workspace root (the directory holding `config/`, `dashboards/`, `scripts/`).
 pub fn workspace_root() -> PathBuf {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     manifest.parent().map_or(manifest.clone(), PathBuf::from)
-}
-
-/// Polls `probe` every `every` until it returns `Ok(value)` or `timeout` passes; on timeout
-/// returns the last error, prefixed with `what`.
-///
-/// # Errors
-/// `what: <last error>` when the deadline passed.
-pub fn wait_for<T>(
-    what: &str,
-    timeout: Duration,
-    every: Duration,
-    mut probe: impl FnMut() -> Result<T, String>,
-) -> Result<T, String> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        match probe() {
-            Ok(v) => return Ok(v),
-            Err(e) if Instant::now() >= deadline => {
-                return Err(format!("{what}: not reached after {timeout:?}: {e}"))
-            }
-            Err(_) => std::thread::sleep(every),
-        }
-    }
 }
 
 /// Serialises the heavy end-to-end tests inside one test binary: the machine has few cores

@@ -1,7 +1,7 @@
 //! A real Prometheus server for the tests: the Debian package's `/usr/bin/prometheus` (or
 //! `$PROMETHEUS`), started with a temporary configuration and TSDB on a free loopback port,
 //! queried through its HTTP API (`/api/v1/query`), stopped with SIGTERM on drop. Also
-//! `promtool check metrics` for exposition lint.
+//! `promtool check metrics` for exposition lint (from `uctel-testkit`).
 //!
 //! Missing binaries are a test failure, not a skip: `.ci/run` installs the `prometheus`
 //! package.
@@ -30,74 +30,9 @@ pub fn prometheus_binary() -> PathBuf {
     p
 }
 
-/// The promtool binary: `$PROMTOOL` or `/usr/bin/promtool`.
-///
-/// # Panics
-/// If it does not exist.
-pub fn promtool_binary() -> PathBuf {
-    let p = std::env::var_os("PROMTOOL").map_or_else(|| "/usr/bin/promtool".into(), PathBuf::from);
-    assert!(
-        p.is_file(),
-        "{} not found: install Prometheus (Debian: apt-get install prometheus)",
-        p.display()
-    );
-    p
-}
-
-/// Runs `promtool check metrics` on an exposition text and returns its lint problems, one
-/// per line (`<metric> <problem>`), with the one accepted exception removed: node_exporter's
-/// own `camelCase` names (`node_memory_MemAvailable_bytes`), which DESIGN.md §7 keeps on
-/// purpose so node_exporter dashboards work (promtool flags them for node_exporter too).
-///
-/// `promtool check metrics` reads the exposition on stdin; exit 1 is a parse error, exit 3
-/// lint problems (missing HELP, counters without `_total`, non-base units, ...).
-///
-/// # Errors
-/// promtool could not run, or the text does not parse (with promtool's message), or a lint
-/// problem other than the exception above.
-pub fn promtool_check_metrics(text: &str) -> Result<(), String> {
-    use std::io::Write;
-    let mut child = Command::new(promtool_binary())
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("running promtool: {e}"))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(text.as_bytes())
-            .map_err(|e| format!("writing to promtool: {e}"))?;
-    }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("waiting for promtool: {e}"))?;
-    let mut report = String::from_utf8_lossy(&out.stdout).into_owned();
-    report.push_str(&String::from_utf8_lossy(&out.stderr));
-    match out.status.code() {
-        Some(0) => Ok(()),
-        Some(3) => {
-            let problems: Vec<&str> = report
-                .lines()
-                .filter(|l| !l.trim().is_empty())
-                .filter(|l| !(l.starts_with("node_") && l.contains("'camelCase'")))
-                .collect();
-            if problems.is_empty() {
-                Ok(())
-            } else {
-                Err(format!(
-                    "promtool check metrics: {} problem(s):\n{}",
-                    problems.len(),
-                    problems.join("\n")
-                ))
-            }
-        }
-        _ => Err(format!(
-            "promtool check metrics failed ({}):\n{report}",
-            out.status
-        )),
-    }
-}
+/// `promtool check metrics` on an exposition text: `uctel-testkit`'s one promtool check
+/// (node_exporter's `camelCase` names are the only accepted lint).
+pub use uctel_testkit::promtool::check_metrics as promtool_check_metrics;
 
 /// One scrape job.
 #[derive(Debug, Clone)]
@@ -162,7 +97,7 @@ impl Prometheus {
             "prometheus ready",
             Duration::from_secs(60),
             Duration::from_millis(200),
-            || crate::exposition::http_get(&format!("http://{addr}/-/ready")).map(|_| ()),
+            || uctel_testkit::http::get(&format!("http://{addr}/-/ready")).map(|_| ()),
         );
         if let Err(e) = ready {
             panic!("{e}\n{}", p.daemon.log_tail(30));
@@ -235,29 +170,5 @@ pub fn sample_value(v: &Value) -> Option<f64> {
         "+Inf" => Some(f64::INFINITY),
         "-Inf" => Some(f64::NEG_INFINITY),
         _ => s.parse().ok(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// promtool exits 3 for the camelCase lint on node_exporter names as for any other lint:
-    /// only the former is accepted; parse errors (exit 1) never are.
-    #[test]
-    fn promtool_check_accepts_only_node_camel_case_lint() {
-        let node = "# HELP node_memory_MemAvailable_bytes Memory.\n# TYPE node_memory_MemAvailable_bytes gauge\nnode_memory_MemAvailable_bytes{agent=\"a\"} 1\n";
-        assert_eq!(promtool_check_metrics(node), Ok(()));
-        let other = format!(
-            "{node}# HELP uctel_fooBar_total Camel.\n# TYPE uctel_fooBar_total counter\nuctel_fooBar_total 1\n"
-        );
-        let e = promtool_check_metrics(&other).unwrap_err();
-        assert!(
-            e.contains("uctel_fooBar_total") && !e.contains("node_memory"),
-            "{e}"
-        );
-        let counter = format!("{node}# HELP ops Ops.\n# TYPE ops counter\nops 1\n");
-        assert!(promtool_check_metrics(&counter).is_err());
-        assert!(promtool_check_metrics("garbage{\n").is_err());
     }
 }

@@ -74,6 +74,26 @@ fn wait_connected(p: &Pipeline, n: u64) -> Scrape {
     .unwrap_or_else(|e| panic!("{e}\n{}", p.collector.log_tail(40)))
 }
 
+/// Waits until the collector has ended `n` sessions of each agent in `ids` by Goodbye and
+/// returns that scrape. `sessions_ended_total{reason="goodbye"}` moves only after the
+/// session's tail loss is settled and its figures are final, so the scrape holds them.
+fn wait_goodbyes_settled(p: &Pipeline, ids: &[&str], n: u64) -> Scrape {
+    wait_for("the Goodbyes settled", UP, tick(), || {
+        let s = p.scrape()?;
+        for id in ids {
+            let ended = s.count(
+                "uctel_collector_sessions_ended_total",
+                &[("agent", id), ("reason", "goodbye")],
+            );
+            if ended < n {
+                return Err(format!("{id}: {ended} of {n} sessions ended by Goodbye"));
+            }
+        }
+        Ok(s)
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", p.collector.log_tail(40)))
+}
+
 /// The per-connection identities for one agent's single session whose Goodbye reported
 /// `sent` frames, with collector figures `c` (minus `base`, what earlier sessions left).
 fn assert_connection_exact(agent: &str, sent: u64, c: &CollectorFigures, base: &CollectorFigures) {
@@ -121,26 +141,34 @@ fn accounting_is_exact_per_agent_and_stream_after_goodbye() {
     for b in 0..20 {
         p.write_lines(clean, b * 1000, 1000);
         p.write_lines(lossy, b * 1000, 1000);
+        // Pacing, not a wait for a state: the lines come in bursts, as a busy log's do.
         std::thread::sleep(Duration::from_millis(200));
     }
     let read: Vec<AgentFigures> = [clean, lossy]
         .iter()
         .map(|i| wait_lines_read(&p, *i, LINES))
         .collect();
-    std::thread::sleep(Duration::from_secs(1));
+    // The agents' figures before SIGTERM, once the lossy agent exports its injector's drops.
     let before: Vec<AgentFigures> = p
         .agents
         .iter()
-        .map(|a| AgentFigures::read(&a.scrape().unwrap_or_else(|e| panic!("{e}"))))
+        .map(|a| {
+            wait_for(&format!("{} figures", a.id()), UP, tick(), || {
+                let f = AgentFigures::read(&a.scrape()?);
+                if a.options.drop_ratio > 0.0 && f.fault_dropped.is_none() {
+                    return Err("no uctel_agent_fault_packets_total yet".to_owned());
+                }
+                Ok(f)
+            })
+            .unwrap_or_else(|e| panic!("{e}"))
+        })
         .collect();
 
     for a in &mut p.agents {
         a.daemon.stop(STOP);
     }
     wait_connected(&p, 0);
-    // One report interval for the collector to settle the Goodbyes.
-    std::thread::sleep(Duration::from_millis(1500));
-    let s = p.scrape().unwrap_or_else(|e| panic!("{e}"));
+    let s = wait_goodbyes_settled(&p, &["clean", "lossy"], 1);
 
     let mut lines = Vec::new();
     for (i, a) in p.agents.iter().enumerate() {
@@ -248,8 +276,20 @@ fn agent_kill_and_restart_is_a_reset_not_a_loss() {
 
     p.agents[victim].daemon.kill(); // SIGKILL: no Goodbye, no flush
     wait_connected(&p, 1);
-    std::thread::sleep(Duration::from_secs(1));
-    let s1 = p.scrape().unwrap_or_else(|e| panic!("{e}"));
+    // The session that ended without Goodbye is settled once it is counted as such.
+    let s1 = wait_for("the killed session settled", UP, tick(), || {
+        let s = p.scrape()?;
+        let ended = s.count(
+            "uctel_collector_sessions_ended_total",
+            &[("agent", "victim"), ("reason", "no_goodbye")],
+        );
+        if ended == 1 {
+            Ok(s)
+        } else {
+            Err(format!("{ended} sessions of victim ended without Goodbye"))
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", p.collector.log_tail(40)));
     let c1 = CollectorFigures::read(&s1, "victim");
     assert_eq!(c1.lost_total(), 0, "SIGKILL counted as loss: {c1:?}");
     assert!(c1.received_total() > 0);
@@ -286,13 +326,11 @@ fn agent_kill_and_restart_is_a_reset_not_a_loss() {
     // kill is lost (a line may repeat if the kill came between send and checkpoint).
     p.write_lines(victim, 500, 300);
     wait_lines_read(&p, victim, 300);
-    std::thread::sleep(Duration::from_secs(1));
     for a in &mut p.agents {
         a.daemon.stop(STOP);
     }
     wait_connected(&p, 0);
-    std::thread::sleep(Duration::from_millis(1500));
-    let s3 = p.scrape().unwrap_or_else(|e| panic!("{e}"));
+    let s3 = wait_goodbyes_settled(&p, &["victim", "steady"], 1);
     let c3 = CollectorFigures::read(&s3, "victim");
     // The second process said goodbye once; its frames are exactly what the collector
     // counted after the kill.
@@ -346,15 +384,20 @@ fn collector_restart_agents_reconnect_and_counters_continue() {
 
     p.collector.stop(STOP);
     let down = Instant::now();
-    std::thread::sleep(Duration::from_secs(2));
     for a in &p.agents {
-        let s = a.scrape().unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(
-            s.count("uctel_agent_connected", &[]),
-            0,
-            "{} still says connected",
-            a.id()
-        );
+        wait_for(
+            &format!("{} to see the collector gone", a.id()),
+            UP,
+            tick(),
+            || {
+                let s = a.scrape()?;
+                match s.count("uctel_agent_connected", &[]) {
+                    0 => Ok(()),
+                    _ => Err(format!("{} still says connected", a.id())),
+                }
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
     }
     p.collector.restart();
     p.wait_collector_up(UP);
@@ -393,8 +436,7 @@ fn collector_restart_agents_reconnect_and_counters_continue() {
         a.daemon.stop(STOP);
     }
     wait_connected(&p, 0);
-    std::thread::sleep(Duration::from_millis(1500));
-    let s2 = p.scrape().unwrap_or_else(|e| panic!("{e}"));
+    let s2 = wait_goodbyes_settled(&p, &["a", "b"], 1);
     for a in &p.agents {
         let c = CollectorFigures::read(&s2, a.id());
         let g = goodbye_frames(&a.daemon.log());
@@ -454,8 +496,7 @@ fn fifty_agents_one_collector() {
         );
     }
     wait_connected(&p, 0);
-    std::thread::sleep(Duration::from_millis(2000));
-    let s = p.scrape().unwrap_or_else(|e| panic!("{e}"));
+    let s = wait_goodbyes_settled(&p, &id_refs, 1);
     let mut totals: BTreeMap<&str, u64> = BTreeMap::new();
     for (i, id) in id_refs.iter().enumerate() {
         let c = CollectorFigures::read(&s, id);
@@ -621,8 +662,26 @@ fn prometheus_evaluates_every_dashboard_query() {
         }
     })
     .unwrap_or_else(|e| panic!("{e}"));
-    // Two more scrapes of relayed agent counters after the restart.
-    std::thread::sleep(Duration::from_secs(3));
+    // Two more scrapes of relayed agent counters after the restart: samples of the relayed
+    // series within the seconds since the restart (whole seconds, rounded down, so every
+    // one counted is from after it).
+    let restarted = Instant::now();
+    wait_for("two scrapes of relayed counters after the restart", UP, tick(), || {
+        let since = restarted.elapsed().as_secs();
+        if since == 0 {
+            return Err("restart just now".to_owned());
+        }
+        let n = value(&format!(
+            "max(count_over_time(uctel_agent_frames_sent_total{{job=\"uctel-collector\",agent=\"prom-clean\"}}[{since}s]))"
+        ))
+        .unwrap_or(0.0);
+        if n >= 2.0 {
+            Ok(())
+        } else {
+            Err(format!("{n} scrapes in the last {since} s"))
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
     let relayed_resets = value(
         "max(resets(uctel_agent_frames_sent_total{job=\"uctel-collector\",agent=\"prom-clean\"}[5m]))",
     )

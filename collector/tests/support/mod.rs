@@ -1,7 +1,9 @@
-//! A minimal test agent for the collector's acceptance tests: a real soft RoCEv2 UC device
-//! over loopback UDP (optionally with the seeded fault injector), the protocol framer, and
-//! the control handshake of `uctel_common::control`. It can misbehave on purpose (ignore
-//! credits, send bad frames) where the tests need it.
+//! The collector's test double of an agent: a minimal test agent for the collector's
+//! acceptance tests, with a real soft RoCEv2 UC device over loopback UDP (optionally with the
+//! seeded fault injector), the protocol framer, and the control handshake of
+//! `uctel_common::control`. It can misbehave on purpose (ignore credits, send bad frames)
+//! where the tests need it. Also the collector configuration the tests start from, and the
+//! harness pieces of `uctel-testkit` they use, re-exported under their old names.
 
 #![allow(dead_code)]
 
@@ -29,8 +31,8 @@ use uctel_transport::soft::udp::UdpConfig;
 pub const TOKEN: &str = "test-token-0123456789";
 /// Send buffers of the test agent (frames in flight on its side).
 const SEND_SLOTS: u64 = 64;
-/// Bound on every wait loop.
-pub const DEADLINE: Duration = Duration::from_secs(60);
+/// Bound on every wait loop (the harness's one deadline).
+pub use uctel_testkit::wait::DEADLINE;
 
 /// A collector configuration on ephemeral loopback ports.
 pub fn collector_config(dir: &Path) -> uctel_collector::config::Config {
@@ -576,98 +578,7 @@ impl LogStream {
     }
 }
 
-/// Polls `f` until it returns `Some`, bounded by [`DEADLINE`].
-pub async fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// One sample value from a text exposition (`name{labels} value`), matching the series line
-/// prefix exactly.
-pub fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix(series)
-                .and_then(|rest| rest.strip_prefix(' '))
-        })
-        .and_then(|v| v.trim().parse().ok())
-}
-
-/// GET `path` from the metrics server; the body.
-pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = TcpStream::connect(addr).await.expect("connect metrics");
-    let req = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.expect("write");
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.expect("read");
-    let status = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
-}
-
-/// What `promtool check metrics` said about an exposition.
-#[derive(Debug)]
-pub struct Promtool {
-    /// Exit status code: 0 clean, 3 lint problems, 1 a parse error.
-    pub code: Option<i32>,
-    /// Its stdout and stderr.
-    pub report: String,
-}
-
-impl Promtool {
-    /// Lint lines other than the accepted exception: node_exporter's `camelCase` names
-    /// (`node_memory_MemAvailable_bytes`), kept on purpose so Node Exporter dashboards work
-    /// on uctel data (DESIGN.md §7); promtool flags them for node_exporter itself too.
-    pub fn problems(&self) -> Vec<&str> {
-        self.report
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .filter(|l| !(l.starts_with("node_") && l.contains("'camelCase'")))
-            .collect()
-    }
-
-    /// Ok when the text parsed and every lint line is the accepted exception.
-    pub fn check(&self) -> Result<(), String> {
-        match self.code {
-            Some(0) => Ok(()),
-            Some(3) if self.problems().is_empty() => Ok(()),
-            _ => Err(format!(
-                "promtool check metrics exited {:?}:\n{}",
-                self.code,
-                self.problems().join("\n")
-            )),
-        }
-    }
-}
-
-/// Runs `promtool check metrics` (Debian package `prometheus`; required) on `body`.
-pub fn promtool(body: &str) -> Promtool {
-    use std::io::Write;
-    let mut child = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("promtool must be installed (Debian package `prometheus`)");
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(body.as_bytes()).expect("write to promtool");
-    }
-    let out = child.wait_with_output().expect("promtool ran");
-    let mut report = String::from_utf8_lossy(&out.stdout).into_owned();
-    report.push_str(&String::from_utf8_lossy(&out.stderr));
-    Promtool {
-        code: out.status.code(),
-        report,
-    }
-}
+// The one wait, exposition parser, HTTP GET and promtool of the workspace (each test file
+// uses some of them).
+#[allow(unused_imports)]
+pub use uctel_testkit::{exposition::sample, http::http_get, promtool::promtool, wait::eventually};

@@ -1,5 +1,6 @@
-//! The Prometheus text exposition format (version 0.0.4): a strict parser for samples and a
-//! scrape helper.
+//! The Prometheus text exposition format (version 0.0.4): the one strict parser of samples
+//! that every test and the bench read `/metrics` with, lookups by name and labels, and the
+//! blocking scrape helper.
 //!
 //! Format reference: the Prometheus "Exposition formats" documentation — one sample per line,
 //! `name{label="value",...} value [timestamp]`, label values escaped with `\\`, `\"` and `\n`,
@@ -7,7 +8,6 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::time::Duration;
 
 /// One sample line.
 #[derive(Debug, Clone, PartialEq)]
@@ -156,6 +156,17 @@ pub struct Scrape {
 }
 
 impl Scrape {
+    /// Parses a whole exposition, keeping the text.
+    ///
+    /// # Errors
+    /// [`ParseError`] for the first malformed line.
+    pub fn parse(text: &str) -> Result<Scrape, ParseError> {
+        Ok(Scrape {
+            samples: parse(text)?,
+            text: text.to_owned(),
+        })
+    }
+
     /// Samples named `name` whose labels include every `(label, value)` of `matchers`.
     pub fn select<'a>(
         &'a self,
@@ -190,6 +201,33 @@ impl Scrape {
         self.select(name, matchers).next().is_some()
     }
 
+    /// Sums of the samples named `name`, grouped by the value of label `by` (samples without
+    /// it are skipped).
+    pub fn sum_by(&self, name: &str, by: &str) -> BTreeMap<String, f64> {
+        let mut out = BTreeMap::new();
+        for s in self.samples.iter().filter(|s| s.name == name) {
+            if let Some(v) = s.label(by) {
+                *out.entry(v.to_owned()).or_insert(0.0) += s.value;
+            }
+        }
+        out
+    }
+
+    /// The value of the one series `series` (`name` or `name{a="x",b="y"}`, written as in
+    /// the exposition): the sample with exactly that name and label set. `None` when there
+    /// is no such series.
+    ///
+    /// # Panics
+    /// If `series` is not a valid series selector (a bug in the test).
+    pub fn value(&self, series: &str) -> Option<f64> {
+        let (name, labels) = parse_series(series)
+            .unwrap_or_else(|| panic!("{series:?} is not a series (name{{label=\"value\",...}})"));
+        self.samples
+            .iter()
+            .find(|s| s.name == name && s.labels == labels)
+            .map(|s| s.value)
+    }
+
     /// Distinct values of `label` over samples named `name`.
     pub fn label_values(&self, name: &str, label: &str) -> Vec<String> {
         let mut v: Vec<String> = self
@@ -204,41 +242,44 @@ impl Scrape {
     }
 }
 
+/// `name{labels}` of a series selector written as in the exposition.
+fn parse_series(series: &str) -> Option<(&str, BTreeMap<String, String>)> {
+    let series = series.trim();
+    match series.split_once('{') {
+        None => Some((series, BTreeMap::new())),
+        Some((name, rest)) => {
+            let (labels, tail) = parse_labels(rest)?;
+            tail.trim().is_empty().then_some((name, labels))
+        }
+    }
+}
+
+/// The value of series `series` (as [`Scrape::value`]) in exposition `text`.
+///
+/// # Panics
+/// If `text` is not valid exposition text (the daemon under test wrote a malformed
+/// `/metrics`) or `series` is not a series selector.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    Scrape::parse(text)
+        .unwrap_or_else(|e| panic!("{e}\n--- exposition ---\n{text}"))
+        .value(series)
+}
+
 /// Fetches `http://<addr>/metrics` and parses it.
 ///
 /// # Errors
 /// The HTTP request failed, answered non-200, or the body does not parse.
 pub fn scrape(addr: SocketAddr) -> Result<Scrape, String> {
-    let text = http_get(&format!("http://{addr}/metrics"))?;
-    let samples = parse(&text).map_err(|e| e.to_string())?;
-    Ok(Scrape { samples, text })
+    scrape_with(&crate::http::client(), addr)
 }
 
-/// A GET with a short timeout, returning the body of a 200 answer.
+/// [`scrape`] through the HTTP client `http` (its own timeouts).
 ///
 /// # Errors
-/// Connection or HTTP errors and non-200 statuses, as text.
-pub fn http_get(url: &str) -> Result<String, String> {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(Duration::from_secs(10)))
-        .http_status_as_error(false)
-        .build()
-        .into();
-    let mut resp = agent
-        .get(url)
-        .call()
-        .map_err(|e| format!("GET {url}: {e}"))?;
-    let status = resp.status();
-    let body = resp
-        .body_mut()
-        .with_config()
-        .limit(64 * 1024 * 1024)
-        .read_to_string()
-        .map_err(|e| format!("GET {url}: reading body: {e}"))?;
-    if status != 200 {
-        return Err(format!("GET {url}: HTTP {status}: {body}"));
-    }
-    Ok(body)
+/// The HTTP request failed, answered non-200, or the body does not parse.
+pub fn scrape_with(http: &ureq::Agent, addr: SocketAddr) -> Result<Scrape, String> {
+    let text = crate::http::get_with(http, &format!("http://{addr}/metrics"))?;
+    Scrape::parse(&text).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -275,6 +316,33 @@ mod tests {
         ] {
             assert!(parse(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn series_values_match_the_whole_label_set() {
+        let text = "f{agent=\"a\",stream=\"1\"} 3\nf{agent=\"a\"} 4\ng 5\n";
+        let s = Scrape::parse(text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(s.value("f{agent=\"a\",stream=\"1\"}"), Some(3.0));
+        assert_eq!(s.value("f{stream=\"1\",agent=\"a\"}"), Some(3.0));
+        assert_eq!(s.value("f{agent=\"a\"}"), Some(4.0));
+        assert_eq!(s.value("f{agent=\"b\"}"), None);
+        assert_eq!(s.value("g"), Some(5.0));
+        assert_eq!(sample(text, "f"), None);
+        let by = s.sum_by("f", "agent");
+        assert_eq!(by.get("a"), Some(&7.0));
+    }
+
+    #[test]
+    fn label_values_with_escapes_and_braces() {
+        let s = Scrape::parse(
+            "weird{label=\"with \\\"quote\\\" and \\\\ slash, and } brace\"} 1.5e3\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            s.samples[0].label("label"),
+            Some(r#"with "quote" and \ slash, and } brace"#)
+        );
+        assert!((s.samples[0].value - 1500.0).abs() < f64::EPSILON);
     }
 
     #[test]
