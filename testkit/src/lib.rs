@@ -17,6 +17,8 @@
 //! `collector/src` are compiled as a second copy of their crate, so they must not use the
 //! fixtures (the types would not match); they have no need to.
 
+#![forbid(unsafe_code)]
+
 pub mod exposition;
 pub mod http;
 pub mod promtool;

@@ -24,6 +24,8 @@
 //! Every wait in this crate is bounded by a deadline and fails with what it last saw: it is
 //! [`wait_for`], `uctel-testkit`'s one wait.
 
+#![forbid(unsafe_code)]
+
 pub mod bins;
 pub mod configs;
 pub mod daemon;

@@ -17,12 +17,13 @@ use std::path::{Path, PathBuf};
 const MAX_CODE_LINES: usize = 900;
 
 /// The crates whose `src/` trees are checked.
-const CRATES: [&str; 8] = [
+const CRATES: [&str; 9] = [
     "protocol",
     "transport",
     "common",
     "agent",
     "collector",
+    "testkit",
     "tests",
     "bench",
     "xtask",
