@@ -12,6 +12,12 @@
 //! ([`frame::stamp_connection`]); the collector side checks and decodes them with
 //! [`frame::decode_frame`], which never panics on any input; a receiver on the hot path
 //! decodes metric payloads with [`borrowed::MetricBatchView`] (zero-copy `&str` views).
+//!
+//! # Sequences
+//!
+//! [`seq::Seq`] is the wrap-aware frame sequence (RFC 1982 serial-number comparison and
+//! distance, RFC 3550 A.1-style widening of the 32-bit immediate); [`tracker`] classifies
+//! each frame's sequence (in order, gap, late, duplicate, stale, reset) and counts loss.
 #![forbid(unsafe_code)]
 
 pub mod borrowed;
@@ -20,5 +26,8 @@ pub mod frame;
 pub mod framer;
 pub mod limits;
 pub mod payload;
+pub mod seq;
 pub mod stream;
 pub mod tracker;
+
+pub use seq::Seq;
