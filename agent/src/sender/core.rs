@@ -984,6 +984,48 @@ mod tests {
         assert_eq!(fin.streams[0].records, 40);
     }
 
+    /// The plain counters and the exported self-metrics are the same counts.
+    #[test]
+    fn plain_stats_match_the_exported_self_metrics() {
+        let t0 = Instant::now();
+        let sm = stats();
+        let mut core =
+            SenderCore::new(&config(2), 1, t0, sm.clone()).unwrap_or_else(|e| panic!("{e}"));
+        let mut plain =
+            SenderCore::new_unexported(&config(2), 1, t0).unwrap_or_else(|e| panic!("{e}"));
+        for c in [&mut core, &mut plain] {
+            for i in 0..5 {
+                c.push_log(&log(&format!("line {i}")), t0, 1);
+                c.flush(Stream::Logs);
+                c.push_metric(&metric(i), t0, 1);
+            }
+            c.push_log(&log(&"x".repeat(2000)), t0, 1);
+            let _ = drain(c, t0);
+            c.drop_pending(DropReason::Shutdown);
+        }
+        assert_eq!(core.stats(), plain.stats());
+        for s in Stream::ALL {
+            let st = core.stats().stream(s);
+            assert_eq!(st.frames_sent, sm.frames_sent(s));
+            assert_eq!(st.records_sent, sm.records_sent(s));
+            assert_eq!(st.records_truncated, sm.records_truncated(s));
+            assert_eq!(st.records_dropped_all(), sm.records_dropped_all(s));
+            for r in DropReason::ALL {
+                assert_eq!(st.frames_dropped(r), sm.frames_dropped(s, r), "{s} {r}");
+                assert_eq!(st.records_dropped(r), sm.records_dropped(s, r), "{s} {r}");
+            }
+        }
+        let logs = core.stats().stream(Stream::Logs);
+        assert_eq!(logs.records_truncated, 1);
+        assert!(logs.frames_dropped(DropReason::NoCredit) > 0);
+        assert!(
+            core.stats()
+                .stream(Stream::Metrics)
+                .records_dropped(DropReason::Shutdown)
+                > 0
+        );
+    }
+
     #[test]
     fn no_credit_drops_at_source_without_leaving_sequence_gaps() {
         let t0 = Instant::now();
