@@ -10,9 +10,11 @@
 //! A dropped frame takes no connection sequence: only frames that are actually posted get one,
 //! so the collector's gap tracker never mistakes a source drop for network loss.
 //!
-//! Sequence arithmetic is wrap-aware (serial-number arithmetic, RFC 1982 §3.2 in its practical
-//! two's-complement form) so the window stays correct across `u64::MAX → 0`, even though a
-//! 64-bit connection sequence that starts near 0 does not wrap in practice.
+//! Sequence arithmetic is wrap-aware ([`Seq`]: serial-number arithmetic, RFC 1982 §3.2 in its
+//! practical two's-complement form) so the window stays correct across `u64::MAX → 0`, even
+//! though a 64-bit connection sequence that starts near 0 does not wrap in practice.
+
+use uctel_protocol::seq::Seq;
 
 /// Why [`Credits::try_acquire`] found no credit: the window is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -43,10 +45,10 @@ pub struct Credits {
     /// Maximum frames outstanding.
     window: u64,
     /// The connection sequence the next posted frame gets.
-    next: u64,
+    next: Seq,
     /// The first connection sequence the collector has not reported consumed; every frame in
     /// `acked_next .. next` is outstanding.
-    acked_next: u64,
+    acked_next: Seq,
 }
 
 impl Credits {
@@ -58,8 +60,8 @@ impl Credits {
     pub fn new(first_seq: u64, window: u64) -> Self {
         Self {
             window,
-            next: first_seq,
-            acked_next: first_seq,
+            next: Seq::new(first_seq),
+            acked_next: Seq::new(first_seq),
         }
     }
 
@@ -70,12 +72,12 @@ impl Credits {
 
     /// The connection sequence the next acquired credit will carry.
     pub fn next_seq(&self) -> u64 {
-        self.next
+        self.next.get()
     }
 
     /// Frames posted and not yet reported consumed.
     pub fn outstanding(&self) -> u64 {
-        self.next.wrapping_sub(self.acked_next)
+        self.next.since(self.acked_next)
     }
 
     /// Credits left: frames that may be posted now.
@@ -94,8 +96,8 @@ impl Credits {
             });
         }
         let seq = self.next;
-        self.next = self.next.wrapping_add(1);
-        Ok(seq)
+        self.next = seq.next();
+        Ok(seq.get())
     }
 
     /// Gives back the credit of `seq` if it is the most recently acquired one (the frame
@@ -103,24 +105,21 @@ impl Credits {
     /// [`Credits::try_acquire`] returns `seq` again. Returns false, changing nothing, for any
     /// other sequence or when that frame was already reported consumed.
     pub fn release_last(&mut self, seq: u64) -> bool {
-        if self.outstanding() == 0 || self.next.wrapping_sub(1) != seq {
+        if self.outstanding() == 0 || self.next.prev() != Seq::new(seq) {
             return false;
         }
-        self.next = seq;
+        self.next = Seq::new(seq);
         true
     }
 
     /// Applies a collector report: every frame with connection sequence up to and including
     /// `consumed` has been consumed (read from its slot, or counted lost) by the collector.
     pub fn on_consumed(&mut self, consumed: u64) -> ReportOutcome {
-        let new_acked = consumed.wrapping_add(1);
-        // Signed distance from the current boundary, two's-complement serial compare.
-        #[allow(clippy::cast_possible_wrap)]
-        let forward = new_acked.wrapping_sub(self.acked_next) as i64;
-        if forward < 0 {
+        let new_acked = Seq::new(consumed).next();
+        // Serial compare with the current boundary; the midpoint counts as behind.
+        let Some(forward) = new_acked.forward_from(self.acked_next) else {
             return ReportOutcome::Stale;
-        }
-        let forward = forward.unsigned_abs();
+        };
         let outstanding = self.outstanding();
         if forward > outstanding {
             self.acked_next = self.next;

@@ -44,8 +44,14 @@
 //! agents) are never discarded, and nothing is discarded within one epoch (reordering there
 //! is the trackers' business). Per stream: records sent `= received + lost + dropped +
 //! replayed`.
+//!
+//! **Delivery.** Accepted records leave through a [`Delivery`]: in the collector
+//! [`Outputs`] (the [`SeriesStore`] and the [`LogSink`]), in tests any recording or null
+//! one. `ConnectionIngest` is generic over it (static dispatch: the collector's worker and
+//! the benches call the same monomorphic code as before the trait existed).
 
 use std::collections::{HashMap, VecDeque};
+use std::io;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -53,14 +59,15 @@ use uctel_protocol::borrowed::MetricBatchView;
 use uctel_protocol::control::{Goodbye, Heartbeat, Report, StreamFinal, StreamReport};
 use uctel_protocol::frame::{peek_conn_seq, Frame, FrameError, FrameKind};
 use uctel_protocol::limits::Limits;
-use uctel_protocol::payload::{self, PayloadError, RecordError};
+use uctel_protocol::payload::{self, LogRecord, PayloadError, RecordError};
+use uctel_protocol::seq::Seq;
 use uctel_protocol::stream::StreamName;
 use uctel_protocol::tracker::{
     CloseError, Observation, SequenceTracker, TrackerConfig, TrackerCounts,
 };
 
 use crate::logsink::{LogContext, LogSink};
-use crate::store::SeriesStore;
+use crate::store::{IngestOutcome, SeriesStore};
 use crate::telemetry::{AgentTelemetry, DropReason, StreamTelemetry};
 
 /// Most streams tracked per connection; frames of further streams are dropped
@@ -222,10 +229,59 @@ impl DeliveredInner {
     }
 }
 
+/// Where a connection's accepted records go (module docs, "Delivery").
+pub trait Delivery {
+    /// Store the samples of one decoded metrics frame of `agent` (hostname `instance`)
+    /// received at `now`; returns what was stored and what was rejected, by reason.
+    fn metrics(
+        &mut self,
+        agent: &str,
+        instance: &str,
+        batch: &MetricBatchView<'_>,
+        now: Instant,
+    ) -> IngestOutcome;
+
+    /// Write the log records of one frame; returns how many failed and the first error.
+    fn logs(&mut self, ctx: &LogContext<'_>, records: &[LogRecord]) -> (u64, Option<io::Error>);
+
+    /// Series currently stored for `agent` (the `series` gauge, set at each report).
+    fn series_count(&self, agent: &str) -> usize;
+}
+
+/// The collector's outputs: the series store behind `/metrics` and the log sink.
+#[derive(Debug, Clone)]
+pub struct Outputs {
+    /// The series store.
+    pub store: SeriesStore,
+    /// The log sink.
+    pub logs: Arc<LogSink>,
+}
+
+impl Delivery for Outputs {
+    #[inline]
+    fn metrics(
+        &mut self,
+        agent: &str,
+        instance: &str,
+        batch: &MetricBatchView<'_>,
+        now: Instant,
+    ) -> IngestOutcome {
+        self.store.ingest_views(agent, instance, batch, now)
+    }
+
+    #[inline]
+    fn logs(&mut self, ctx: &LogContext<'_>, records: &[LogRecord]) -> (u64, Option<io::Error>) {
+        self.logs.write_batch(ctx, records)
+    }
+
+    fn series_count(&self, agent: &str) -> usize {
+        self.store.series_count(agent)
+    }
+}
+
 /// `a` is after `b` in serial-number order (RFC 1982 practical form on 64 bits).
 fn is_after(a: u64, b: u64) -> bool {
-    let d = a.wrapping_sub(b);
-    d != 0 && d < 1 << 63
+    Seq::new(a).is_after(Seq::new(b))
 }
 
 /// Frames a `Goodbye` claims as lost beyond what `tracker` saw in `epoch`: the tail
@@ -234,7 +290,7 @@ fn is_after(a: u64, b: u64) -> bool {
 fn claimed_tail(tracker: &SequenceTracker, epoch: u64, final_seq: u64) -> Option<u64> {
     let counts = tracker.counts();
     if counts.epoch == Some(epoch) {
-        Some(final_seq.wrapping_sub(counts.highest)).filter(|t| *t < 1 << 63)
+        Seq::new(final_seq).forward_from(Seq::new(counts.highest))
     } else {
         Some(final_seq.saturating_add(1))
     }
@@ -451,16 +507,16 @@ enum PathKind {
     Send,
 }
 
-/// The per-connection ingest state: trackers, counters, delivery.
+/// The per-connection ingest state: trackers, counters, delivery (through `D`, the
+/// collector's [`Outputs`] unless said otherwise).
 #[derive(Debug)]
-pub struct ConnectionIngest {
+pub struct ConnectionIngest<D = Outputs> {
     agent: String,
     instance: String,
     epoch: u64,
     limits: Limits,
     tracker_config: TrackerConfig,
-    store: SeriesStore,
-    logs: Arc<LogSink>,
+    delivery: D,
     tel: AgentTelemetry,
     conn: SequenceTracker,
     streams: HashMap<u32, StreamState>,
@@ -483,8 +539,9 @@ pub struct ConnectionIngest {
     file_highs: HashMap<u64, u64>,
 }
 
-impl ConnectionIngest {
-    /// State for a new connection of `agent` (hostname `instance`) in `epoch`.
+impl ConnectionIngest<Outputs> {
+    /// State for a new connection of `agent` (hostname `instance`) in `epoch`, delivering
+    /// into `store` and `logs`.
     ///
     /// # Errors
     /// An invalid tracker configuration.
@@ -499,14 +556,49 @@ impl ConnectionIngest {
         logs: Arc<LogSink>,
         tel: AgentTelemetry,
     ) -> Result<ConnectionIngest, uctel_protocol::tracker::TrackerConfigError> {
+        ConnectionIngest::with_delivery(
+            agent,
+            instance,
+            epoch,
+            limits,
+            tracker_config,
+            Outputs { store, logs },
+            tel,
+        )
+    }
+}
+
+impl<D> ConnectionIngest<D> {
+    /// Folds this connection's highest delivered log offsets into [`DeliveredLogs`], once
+    /// (at the end of the connection; also on drop).
+    fn fold_delivered(&mut self) {
+        let highs = std::mem::take(&mut self.file_highs);
+        self.delivered.fold(&self.agent, self.epoch, &highs);
+    }
+}
+
+impl<D: Delivery> ConnectionIngest<D> {
+    /// State for a new connection of `agent` (hostname `instance`) in `epoch`, delivering
+    /// through `delivery`.
+    ///
+    /// # Errors
+    /// An invalid tracker configuration.
+    pub fn with_delivery(
+        agent: &str,
+        instance: &str,
+        epoch: u64,
+        limits: Limits,
+        tracker_config: TrackerConfig,
+        delivery: D,
+        tel: AgentTelemetry,
+    ) -> Result<ConnectionIngest<D>, uctel_protocol::tracker::TrackerConfigError> {
         Ok(ConnectionIngest {
             agent: agent.to_string(),
             instance: instance.to_string(),
             epoch,
             limits,
             tracker_config,
-            store,
-            logs,
+            delivery,
             tel,
             conn: SequenceTracker::new(tracker_config)?,
             streams: HashMap::new(),
@@ -529,11 +621,9 @@ impl ConnectionIngest {
         self.delivered = delivered;
     }
 
-    /// Folds this connection's highest delivered log offsets into [`DeliveredLogs`], once
-    /// (at the end of the connection; also on drop).
-    fn fold_delivered(&mut self) {
-        let highs = std::mem::take(&mut self.file_highs);
-        self.delivered.fold(&self.agent, self.epoch, &highs);
+    /// Where this connection delivers.
+    pub fn delivery(&self) -> &D {
+        &self.delivery
     }
 
     /// The epoch of the agent's previous connection, `None` for an agent not seen before.
@@ -730,8 +820,8 @@ impl ConnectionIngest {
                 let mut batch = std::mem::take(&mut self.metrics).recycle();
                 let delivered = batch.decode_into(body, &self.limits).map(|()| {
                     let out = self
-                        .store
-                        .ingest_views(&self.agent, &self.instance, &batch, now);
+                        .delivery
+                        .metrics(&self.agent, &self.instance, &batch, now);
                     for (rejection, n) in &out.rejected {
                         self.tel.drop_records(
                             rejection.drop_reason(),
@@ -771,7 +861,7 @@ impl ConnectionIngest {
                     stream_seq: header.stream_seq,
                     frame_timestamp_ns: header.timestamp_ns,
                 };
-                let (failed, err) = self.logs.write_batch(&ctx, &batch.records);
+                let (failed, err) = self.delivery.logs(&ctx, &batch.records);
                 if let Some(e) = err {
                     self.tel.drop_records(DropReason::LogSinkError, failed, &e);
                 }
@@ -824,7 +914,7 @@ impl ConnectionIngest {
     /// `loss_ratio` gauges, the connection-level loss counter and the agent's series gauge.
     pub fn report(&mut self) -> Report {
         self.update_conn_lost();
-        let series = self.store.series_count(&self.agent);
+        let series = self.delivery.series_count(&self.agent);
         self.tel
             .series
             .set(i64::try_from(series).unwrap_or(i64::MAX));
@@ -1052,7 +1142,7 @@ impl ConnectionIngest {
     }
 }
 
-impl Drop for ConnectionIngest {
+impl<D> Drop for ConnectionIngest<D> {
     /// A connection ended by any path (replaced, shutdown) still folds what it delivered.
     fn drop(&mut self) {
         self.fold_delivered();

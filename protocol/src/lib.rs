@@ -13,6 +13,12 @@
 //! [`frame::decode_frame`], which never panics on any input; a receiver on the hot path
 //! decodes metric payloads with [`borrowed::MetricBatchView`] (zero-copy `&str` views).
 //!
+//! # Sequences
+//!
+//! [`seq::Seq`] is the wrap-aware frame sequence (RFC 1982 serial-number comparison and
+//! distance, RFC 3550 A.1-style widening of the 32-bit immediate); [`tracker`] classifies
+//! each frame's sequence (in order, gap, late, duplicate, stale, reset) and counts loss.
+//!
 //! # Control
 //!
 //! [`control`] holds the control-channel messages and their framing; [`session`] the rules
@@ -27,6 +33,9 @@ pub mod frame;
 pub mod framer;
 pub mod limits;
 pub mod payload;
+pub mod seq;
 pub mod session;
 pub mod stream;
 pub mod tracker;
+
+pub use seq::Seq;

@@ -8,11 +8,12 @@
 //!   new epoch resets the tracker at once (no `MIN_SEQUENTIAL` probation, no `bad_seq`
 //!   two-packet restart heuristic); the reset is counted with [`ResetReason::EpochChange`],
 //!   never as loss.
-//! * **64-bit sequences.** Sequences are `u64` and compared as serial numbers (RFC 1982,
-//!   practical form: `a` is after `b` when `a.wrapping_sub(b)` is in `1..2^63`), so no input,
-//!   including values next to `u64::MAX`, can make the tracker panic. The 32-bit immediate of
-//!   an RDMA Write-with-immediate carries the low 32 bits of the connection sequence;
-//!   [`extend_u32`] widens it back to 64 bits (the role of RFC 3550's `cycles`).
+//! * **64-bit sequences.** Sequences are `u64` and compared as serial numbers with
+//!   [`Seq`] (RFC 1982, practical form: `a` is after `b` when `a − b` (mod 2^64) is in
+//!   `1..2^63`), so no input, including values next to `u64::MAX`, can make the tracker
+//!   panic. The 32-bit immediate of an RDMA Write-with-immediate carries the low 32 bits of
+//!   the connection sequence; [`Seq::extend`] ([`extend_u32`]) widens it back to 64 bits (the
+//!   role of RFC 3550's `cycles`).
 //! * **Loss is counted once, when it is certain, and never taken back.** RFC 3550 computes
 //!   `lost = expected − received` and lets late frames and duplicates move it both ways. Here
 //!   a sequence skipped by a forward jump is first *missing*: it may still arrive inside the
@@ -74,6 +75,8 @@
 
 use thiserror::Error;
 
+use crate::seq::{Seq, HALF};
+
 /// RFC 3550 A.1 `MAX_DROPOUT`: the default largest forward jump still counted as loss.
 pub const DEFAULT_MAX_DROPOUT: u64 = 3000;
 /// Default reorder window: how many of the most recent sequences (the highest included) are
@@ -81,10 +84,6 @@ pub const DEFAULT_MAX_DROPOUT: u64 = 3000;
 pub const DEFAULT_REORDER_WINDOW: u64 = 64;
 /// Largest accepted [`TrackerConfig::reorder_window`] (the bitmap costs `window / 8` bytes).
 pub const MAX_REORDER_WINDOW: u64 = 1 << 16;
-
-/// Half of the 64-bit sequence space: forward distances at or beyond this are "behind"
-/// (RFC 1982 practical form).
-const HALF: u64 = 1 << 63;
 
 /// Tracker tuning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -310,7 +309,9 @@ impl TrackerCounts {
     pub const fn segment_expected(&self) -> u64 {
         match self.epoch {
             None => 0,
-            Some(_) => self.highest.wrapping_sub(self.base).wrapping_add(1),
+            Some(_) => Seq::new(self.highest)
+                .since(Seq::new(self.base))
+                .wrapping_add(1),
         }
     }
 }
@@ -371,14 +372,13 @@ pub enum CloseError {
 /// Widen a 32-bit value to the 64-bit sequence nearest `highest` whose low 32 bits are `low`.
 ///
 /// The RDMA immediate (ImmDt, 32 bits) carries the low 32 bits of the connection sequence
-/// (DESIGN.md §4). The result is `highest + δ` (wrapping) where `δ` is `low − low32(highest)`
-/// read as a signed 32-bit value, so it lies in `highest − 2^31 ..= highest + 2^31 − 1`
-/// (RFC 1982 practical form: the midpoint counts as behind). Works across 2^32 boundaries in
-/// both directions and wraps at `u64::MAX`/0 like the rest of the tracker.
+/// (DESIGN.md §4). [`Seq::extend`] on plain values: the result lies in
+/// `highest − 2^31 ..= highest + 2^31 − 1` (RFC 1982 practical form: the midpoint counts as
+/// behind), across 2^32 boundaries in both directions, wrapping at `u64::MAX`/0 like the
+/// rest of the tracker.
 #[inline]
 pub const fn extend_u32(highest: u64, low: u32) -> u64 {
-    let delta = low.wrapping_sub(highest as u32) as i32;
-    highest.wrapping_add(delta as i64 as u64)
+    Seq::new(highest).extend(low).get()
 }
 
 /// Bitmap of the sequences seen within the reorder window: bit `seq mod capacity`.
@@ -437,17 +437,17 @@ impl SeenWindow {
         self.words.fill(0);
     }
 
-    /// Forget `from + 1 ..= to` (wrapping), `to − from` = `d` ≥ 1: their bits now stand for
-    /// new, not-yet-seen sequences.
+    /// Forget `from + 1 ..= from + d` (serial), `d` ≥ 1: their bits now stand for new,
+    /// not-yet-seen sequences.
     #[inline]
-    fn advance(&mut self, from: u64, d: u64) {
+    fn advance(&mut self, from: Seq, d: u64) {
         if d >= self.capacity() {
             self.clear_all();
         } else {
             let mut s = from;
             for _ in 0..d {
-                s = s.wrapping_add(1);
-                self.clear(s);
+                s = s.next();
+                self.clear(s.get());
             }
         }
     }
@@ -460,8 +460,8 @@ pub struct SequenceTracker {
     config: TrackerConfig,
     epoch: Option<u64>,
     retired_epoch: Option<u64>,
-    base: u64,
-    highest: u64,
+    base: Seq,
+    highest: Seq,
     seen: SeenWindow,
     /// Offsets from `base` below this are settled (received or lost); `≤ highest − base + 1`.
     settled: u64,
@@ -510,8 +510,8 @@ impl SequenceTracker {
             config,
             epoch: None,
             retired_epoch: None,
-            base: 0,
-            highest: 0,
+            base: Seq::ZERO,
+            highest: Seq::ZERO,
             seen: SeenWindow::new(config.reorder_window),
             settled: 0,
             closed: false,
@@ -540,7 +540,7 @@ impl SequenceTracker {
 
     /// The highest sequence of the current segment, `None` before the first frame.
     pub fn highest(&self) -> Option<u64> {
-        self.epoch.map(|_| self.highest)
+        self.epoch.map(|_| self.highest.get())
     }
 
     /// Widen a 32-bit immediate against this tracker's highest sequence ([`extend_u32`]);
@@ -548,7 +548,7 @@ impl SequenceTracker {
     /// sequence starts at 0 each epoch).
     pub fn extend(&self, low: u32) -> u64 {
         match self.epoch {
-            Some(_) => extend_u32(self.highest, low),
+            Some(_) => self.highest.extend(low).get(),
             None => u64::from(low),
         }
     }
@@ -562,7 +562,7 @@ impl SequenceTracker {
     /// Otherwise (an epoch already current, or a jump too large to believe) exactly
     /// [`observe`](Self::observe).
     pub fn observe_from(&mut self, epoch: u64, first: u64, seq: u64) -> Observation {
-        let lead = seq.wrapping_sub(first);
+        let lead = Seq::new(seq).since(Seq::new(first));
         let starts_epoch = self.epoch != Some(epoch) && self.retired_epoch != Some(epoch);
         if !starts_epoch || lead == 0 || lead >= HALF || lead > self.config.max_dropout {
             return self.observe(epoch, seq);
@@ -579,21 +579,19 @@ impl SequenceTracker {
             self.retired_epoch = previous;
         }
         self.epoch = Some(epoch);
-        self.base = first;
-        self.highest = first.wrapping_sub(1);
+        self.base = Seq::new(first);
+        self.highest = self.base.prev();
         self.seen.clear_all();
         self.settled = 0;
         self.closed = false;
         self.segment = SegmentCounts::default();
         // `highest − base + 1` is 0 now; the jump below adds `lead` missing and one received.
         let d = lead + 1;
-        let window_floor = lead
-            .wrapping_add(1)
-            .saturating_sub(self.config.reorder_window);
+        let window_floor = d.saturating_sub(self.config.reorder_window);
         self.segment.missing += d - 1;
         self.settle_below(window_floor);
         self.seen.set(seq);
-        self.highest = seq;
+        self.highest = Seq::new(seq);
         self.segment.received += 1;
         self.received = self.received.saturating_add(1);
         match previous {
@@ -629,22 +627,24 @@ impl SequenceTracker {
                 reason: StaleReason::Closed,
             };
         }
-        let d = seq.wrapping_sub(self.highest);
-        if d != 0 && d < HALF {
+        let s = Seq::new(seq);
+        if s.is_after(self.highest) {
             // Forward.
-            if d > self.config.max_dropout || seq.wrapping_sub(self.base) >= HALF {
+            let d = s.since(self.highest);
+            let Some(off) = s
+                .forward_from(self.base)
+                .filter(|_| d <= self.config.max_dropout)
+            else {
                 self.reset(ResetReason::Dropout, epoch, seq);
                 return Observation::Resync { skipped: d - 1 };
-            }
-            let window_floor = seq
-                .wrapping_sub(self.base)
-                .wrapping_add(1)
-                .saturating_sub(self.config.reorder_window);
+            };
+            // `off < 2^63`: no overflow.
+            let window_floor = (off + 1).saturating_sub(self.config.reorder_window);
             self.segment.missing += d - 1;
             self.settle_below(window_floor);
             self.seen.advance(self.highest, d);
             self.seen.set(seq);
-            self.highest = seq;
+            self.highest = s;
             self.segment.received += 1;
             self.received = self.received.saturating_add(1);
             if d == 1 {
@@ -654,8 +654,8 @@ impl SequenceTracker {
         }
 
         // Backward (or equal): b = highest − seq.
-        let b = self.highest.wrapping_sub(seq);
-        if b > self.highest.wrapping_sub(self.base) {
+        let b = self.highest.since(s);
+        if b > self.highest.since(self.base) {
             self.count_stale();
             return Observation::Stale {
                 reason: StaleReason::BeforeBase,
@@ -689,7 +689,7 @@ impl SequenceTracker {
     /// sequence and the observation.
     pub fn observe_u32(&mut self, epoch: u64, imm: u32) -> (u64, Observation) {
         let seq = if self.epoch == Some(epoch) {
-            extend_u32(self.highest, imm)
+            self.highest.extend(imm).get()
         } else {
             u64::from(imm)
         };
@@ -717,23 +717,23 @@ impl SequenceTracker {
         if self.closed {
             return Err(CloseError::AlreadyClosed { epoch });
         }
-        let tail = final_seq.wrapping_sub(self.highest);
-        if tail >= HALF {
+        let fin = Seq::new(final_seq);
+        let Some(tail) = fin.forward_from(self.highest) else {
             return Err(CloseError::BehindHighest {
                 final_seq,
-                highest: self.highest,
+                highest: self.highest.get(),
             });
-        }
-        if final_seq.wrapping_sub(self.base) >= HALF {
+        };
+        if fin.forward_from(self.base).is_none() {
             return Err(CloseError::TooFarAhead {
                 final_seq,
-                base: self.base,
+                base: self.base.get(),
             });
         }
         let before = self.lost;
         if tail > 0 {
             self.seen.advance(self.highest, tail);
-            self.highest = final_seq;
+            self.highest = fin;
             self.segment.lost = self.segment.lost.saturating_add(tail);
             self.lost = self.lost.saturating_add(tail);
         }
@@ -769,8 +769,9 @@ impl SequenceTracker {
         if self.epoch.is_none() || self.closed {
             return true;
         }
-        let off = seq.wrapping_sub(self.base);
-        off >= HALF || off < self.settled
+        Seq::new(seq)
+            .forward_from(self.base)
+            .is_none_or(|off| off < self.settled)
     }
 
     /// Count every missing frame of the current segment as lost and close it.
@@ -779,7 +780,7 @@ impl SequenceTracker {
         self.segment.missing = 0;
         self.segment.lost = self.segment.lost.saturating_add(missing);
         self.lost = self.lost.saturating_add(missing);
-        self.settled = self.highest.wrapping_sub(self.base).wrapping_add(1);
+        self.settled = self.highest.since(self.base).wrapping_add(1);
         self.closed = true;
     }
 
@@ -792,12 +793,12 @@ impl SequenceTracker {
         if floor <= self.settled {
             return;
         }
-        let old_top = self.highest.wrapping_sub(self.base); // offset of the old highest
+        let old_top = self.highest.since(self.base); // offset of the old highest
         let in_window_end = floor.min(old_top.wrapping_add(1));
         let mut newly = 0u64;
         let mut off = self.settled;
         while off < in_window_end {
-            if !self.seen.get(self.base.wrapping_add(off)) {
+            if !self.seen.get(self.base.add(off).get()) {
                 newly += 1;
             }
             off += 1;
@@ -814,8 +815,8 @@ impl SequenceTracker {
     pub fn counts(&self) -> TrackerCounts {
         TrackerCounts {
             epoch: self.epoch,
-            base: self.base,
-            highest: self.highest,
+            base: self.base.get(),
+            highest: self.highest.get(),
             received: self.received,
             lost: self.lost,
             missing: self.segment.missing,
@@ -862,7 +863,7 @@ impl SequenceTracker {
             None => 0,
             Some(_) => self
                 .expected_before
-                .saturating_add(self.highest.wrapping_sub(self.base).wrapping_add(1)),
+                .saturating_add(self.highest.since(self.base).wrapping_add(1)),
         }
     }
 
@@ -883,8 +884,8 @@ impl SequenceTracker {
 
     fn start_segment(&mut self, epoch: u64, seq: u64) {
         self.epoch = Some(epoch);
-        self.base = seq;
-        self.highest = seq;
+        self.base = Seq::new(seq);
+        self.highest = self.base;
         self.seen.clear_all();
         self.seen.set(seq);
         self.settled = 0;

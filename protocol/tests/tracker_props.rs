@@ -5,11 +5,13 @@
 //! than `max_dropout`) and epoch changes, then the arrival order is shuffled with a bounded
 //! displacement. After every arrival the tracker must agree with the model, keep
 //! `received + lost + missing == highest − base + 1` and never lower `lost`; after the
-//! sender's goodbye, `sent == received + lost`.
+//! sender's goodbye, `sent == received + lost`. [`Seq`]'s serial comparison and 32 → 64-bit
+//! extension are checked near the 2^32 and 2^64 wraps.
 
 use std::collections::BTreeSet;
 
 use proptest::prelude::*;
+use uctel_protocol::seq::Seq;
 use uctel_protocol::tracker::{
     extend_u32, Observation, SequenceTracker, StaleReason, TrackerConfig,
 };
@@ -410,6 +412,44 @@ proptest! {
     ) {
         let value = highest.wrapping_add(delta as u64);
         prop_assert_eq!(extend_u32(highest, value as u32), value);
+    }
+
+    /// `Seq` near the two wraps that matter (2^32, where the immediate's cycle count moves,
+    /// and 2^64, where the sequence itself wraps): comparison is antisymmetric and agrees with
+    /// the signed distance, addition moves forward, and extension recovers every value
+    /// within half the 32-bit space of its reference.
+    #[test]
+    fn seq_compares_and_extends_across_the_wraps(
+        base in prop_oneof![
+            Just(0u64),
+            Just(1u64 << 32),
+            Just(u64::MAX),
+            Just(1u64 << 63),
+            any::<u64>(),
+        ],
+        jitter in -(1i64 << 20)..(1i64 << 20),
+        delta in prop_oneof![-(1i64 << 31)..(1i64 << 31), -4i64..4],
+        step in 1u64..(1 << 62),
+    ) {
+        let r = Seq::new(base.wrapping_add(jitter as u64));
+        let v = r.add(delta as u64);
+        // Comparison and distance.
+        prop_assert_eq!(v.distance(r), delta);
+        prop_assert_eq!(v.is_after(r), delta > 0);
+        prop_assert_eq!(v.is_before(r), delta < 0);
+        prop_assert_eq!(r.is_after(v), v.is_before(r));
+        prop_assert_eq!(v.serial_cmp(r), Some(delta.cmp(&0)));
+        prop_assert_eq!(v.forward_from(r), u64::try_from(delta).ok());
+        prop_assert!(r.add(step).is_after(r));
+        prop_assert_eq!(r.add(step).since(r), step);
+        prop_assert_eq!(r.add(1 << 63).serial_cmp(r), None);
+        // 32 → 64-bit extension.
+        prop_assert_eq!(r.extend(v.low32()), v);
+        prop_assert_eq!(extend_u32(r.get(), v.low32()), v.get());
+        prop_assert_eq!(Seq::from_parts(v.cycles(), v.low32()), v);
+        // Exactly half the 32-bit space ahead reads as behind (RFC 1982 midpoint).
+        let far = r.add(1 << 31);
+        prop_assert_eq!(r.extend(far.low32()), r.sub(1 << 31));
     }
 
     #[test]

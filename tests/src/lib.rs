@@ -20,6 +20,9 @@
 //! - [`faults`]: the fault matrix's rows: seeded numbered log lines as the source, the JSON
 //!   Lines sink read back, the conservation law per agent and stream as a table, and the
 //!   OS-level faults (nft drop rule, network namespace, tmpfs).
+//! - [`pair`]: the agent's sans-IO sender and the collector's connection ingest wired back to
+//!   back through a seeded lossy link on a virtual clock, with the same accounting laws (no
+//!   binaries, no sockets).
 //!
 //! Every wait in this crate is bounded by a deadline and fails with what it last saw: it is
 //! [`wait_for`], `uctel-testkit`'s one wait.
@@ -32,6 +35,7 @@ pub mod daemon;
 pub mod dashboards;
 pub mod faults;
 pub mod net;
+pub mod pair;
 pub mod pipeline;
 pub mod prometheus;
 

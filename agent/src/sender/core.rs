@@ -31,6 +31,13 @@
 //!
 //! Nothing in here reads a clock or does IO: `now` (for pacing and deadlines) and `unix_ns`
 //! (for frame timestamps) are passed in.
+//!
+//! **Accounting.** The pipeline keeps its own plain counters ([`SenderStats`]: frames,
+//! records and bytes sent, frames and records dropped by [`DropReason`], records truncated,
+//! per stream, this epoch) and mirrors each count, as it happens, into the daemon's
+//! [`SelfMetrics`] given to [`SenderCore::new`] (the exported `uctel_agent_*` counters, the
+//! drop log). [`SenderCore::new_unexported`] keeps only the plain counters (tests driving the
+//! pipeline on a virtual clock).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -40,6 +47,7 @@ use uctel_protocol::frame::{self, FrameHeader};
 use uctel_protocol::framer::{BuiltFrame, Framer, FramerError, PushOutcome, Rejection};
 use uctel_protocol::limits::Limits;
 use uctel_protocol::payload::{LogRecord, Metric};
+use uctel_protocol::seq::Seq;
 
 use crate::config::DataPath;
 use crate::credits::{Credits, ReportOutcome};
@@ -127,6 +135,111 @@ pub struct FinalSequences {
     pub streams: [StreamTotals; 2],
 }
 
+/// Plain counters of one stream of a [`SenderCore`] (this epoch). Same terms as the agent's
+/// self-metrics (`frames_sent_total`, `records_sent_total`, `bytes_sent_total`,
+/// `frames_dropped_total{reason}`, `records_dropped_total{reason}`,
+/// `records_truncated_total`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamStats {
+    /// Frames posted ([`SenderCore::sent`]).
+    pub frames_sent: u64,
+    /// Records in those frames.
+    pub records_sent: u64,
+    /// Bytes (header + payload) of those frames.
+    pub bytes_sent: u64,
+    /// Records cut to fit a frame (sent, not dropped).
+    pub records_truncated: u64,
+    /// Frames dropped, by [`DropReason`] (in [`DropReason::ALL`] order).
+    frames_dropped: [u64; DropReason::ALL.len()],
+    /// Records dropped, by [`DropReason`] (in [`DropReason::ALL`] order).
+    records_dropped: [u64; DropReason::ALL.len()],
+}
+
+impl StreamStats {
+    /// Frames dropped for `reason`.
+    pub fn frames_dropped(&self, reason: DropReason) -> u64 {
+        self.frames_dropped[reason_slot(reason)]
+    }
+
+    /// Records dropped for `reason`.
+    pub fn records_dropped(&self, reason: DropReason) -> u64 {
+        self.records_dropped[reason_slot(reason)]
+    }
+
+    /// Frames dropped, every reason.
+    pub fn frames_dropped_all(&self) -> u64 {
+        self.frames_dropped.iter().sum()
+    }
+
+    /// Records dropped, every reason.
+    pub fn records_dropped_all(&self) -> u64 {
+        self.records_dropped.iter().sum()
+    }
+}
+
+/// Plain counters of a [`SenderCore`], per stream (indexed by [`Stream::index`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SenderStats {
+    /// Per stream, indexed by [`Stream::index`].
+    pub streams: [StreamStats; 2],
+}
+
+impl SenderStats {
+    /// The counters of `stream`.
+    pub fn stream(&self, stream: Stream) -> &StreamStats {
+        &self.streams[stream.index()]
+    }
+}
+
+/// Position of `reason` in [`DropReason::ALL`].
+fn reason_slot(reason: DropReason) -> usize {
+    match reason {
+        DropReason::NoCredit => 0,
+        DropReason::SendQueueFull => 1,
+        DropReason::Oversize => 2,
+        DropReason::Invalid => 3,
+        DropReason::SourceOverflow => 4,
+        DropReason::NotConnected => 5,
+        DropReason::TransportError => 6,
+        DropReason::Shutdown => 7,
+    }
+}
+
+/// The plain counters and where they are mirrored.
+#[derive(Debug)]
+struct Accounting {
+    stats: SenderStats,
+    export: Option<Arc<SelfMetrics>>,
+}
+
+impl Accounting {
+    fn sent(&mut self, stream: Stream, records: u64, bytes: u64) {
+        let st = &mut self.stats.streams[stream.index()];
+        st.frames_sent += 1;
+        st.records_sent += records;
+        st.bytes_sent += bytes;
+        if let Some(m) = &self.export {
+            m.frame_sent(stream, records, bytes);
+        }
+    }
+
+    fn dropped(&mut self, stream: Stream, reason: DropReason, frames: u64, records: u64) {
+        let st = &mut self.stats.streams[stream.index()];
+        st.frames_dropped[reason_slot(reason)] += frames;
+        st.records_dropped[reason_slot(reason)] += records;
+        if let Some(m) = &self.export {
+            m.dropped(stream, reason, frames, records);
+        }
+    }
+
+    fn truncated(&mut self, stream: Stream) {
+        self.stats.streams[stream.index()].records_truncated += 1;
+        if let Some(m) = &self.export {
+            m.truncated(stream);
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Pending {
     bytes: Vec<u8>,
@@ -162,7 +275,7 @@ struct StreamState {
     /// Push index of the oldest record dropped as `shutdown`: from there on nothing is
     /// settled.
     abandoned_from: Option<u64>,
-    next_stream_seq: u64,
+    next_stream_seq: Seq,
     totals: StreamTotals,
     /// Last time a frame of this stream was posted (or the epoch started).
     last_sent: Instant,
@@ -182,11 +295,11 @@ pub struct SenderCore {
     frames_posted: u64,
     last_conn_seq: Option<u64>,
     rr: usize,
-    stats: Arc<SelfMetrics>,
+    acct: Accounting,
 }
 
 impl SenderCore {
-    /// A pipeline for epoch `epoch` starting at `now`.
+    /// A pipeline for epoch `epoch` starting at `now`, mirroring its counts into `stats`.
     ///
     /// # Errors
     /// [`FramerError`] if `config.limits` allow no frame.
@@ -195,6 +308,28 @@ impl SenderCore {
         epoch: u64,
         now: Instant,
         stats: Arc<SelfMetrics>,
+    ) -> Result<SenderCore, FramerError> {
+        Self::build(config, epoch, now, Some(stats))
+    }
+
+    /// A pipeline that keeps only its plain counters ([`SenderCore::stats`]), exporting
+    /// nothing.
+    ///
+    /// # Errors
+    /// [`FramerError`] if `config.limits` allow no frame.
+    pub fn new_unexported(
+        config: &SenderConfig,
+        epoch: u64,
+        now: Instant,
+    ) -> Result<SenderCore, FramerError> {
+        Self::build(config, epoch, now, None)
+    }
+
+    fn build(
+        config: &SenderConfig,
+        epoch: u64,
+        now: Instant,
+        export: Option<Arc<SelfMetrics>>,
     ) -> Result<SenderCore, FramerError> {
         let state = |s: Stream| StreamState {
             stream: s,
@@ -206,7 +341,7 @@ impl SenderCore {
             pushed: 0,
             open_first: None,
             abandoned_from: None,
-            next_stream_seq: config.first_stream_seq,
+            next_stream_seq: Seq::new(config.first_stream_seq),
             totals: StreamTotals::default(),
             last_sent: now,
         };
@@ -232,8 +367,16 @@ impl SenderCore {
             frames_posted: 0,
             last_conn_seq: None,
             rr: 0,
-            stats,
+            acct: Accounting {
+                stats: SenderStats::default(),
+                export,
+            },
         })
+    }
+
+    /// The pipeline's counters so far (this epoch).
+    pub fn stats(&self) -> &SenderStats {
+        &self.acct.stats
     }
 
     /// The epoch stamped on every frame.
@@ -293,7 +436,7 @@ impl SenderCore {
             if let Some(cut) = cut_to_fit(r, *encoded_len, *max_payload_bytes) {
                 let outcome = self.logs_framer.push(&cut, unix_ns);
                 if !matches!(outcome, PushOutcome::Rejected(_)) {
-                    self.stats.truncated(Stream::Logs);
+                    self.acct.truncated(Stream::Logs);
                 }
                 self.after_push(Stream::Logs, outcome, now);
                 return;
@@ -322,7 +465,7 @@ impl SenderCore {
                     Rejection::Oversize { .. } => DropReason::Oversize,
                     Rejection::Invalid(_) => DropReason::Invalid,
                 };
-                self.stats.dropped(stream, reason, 0, 1);
+                self.acct.dropped(stream, reason, 0, 1);
             }
         }
     }
@@ -434,7 +577,7 @@ impl SenderCore {
             };
             if self.credits.available() == 0 {
                 self.streams[s].ready.pop_front();
-                self.stats
+                self.acct
                     .dropped(stream, DropReason::NoCredit, 1, u64::from(records));
                 continue;
             }
@@ -446,7 +589,7 @@ impl SenderCore {
                 }
                 Admit::Never => {
                     self.streams[s].ready.pop_front();
-                    self.stats
+                    self.acct
                         .dropped(stream, DropReason::Oversize, 1, u64::from(records));
                     continue;
                 }
@@ -460,7 +603,7 @@ impl SenderCore {
                 continue;
             };
             let st = &mut self.streams[s];
-            let stream_seq = st.next_stream_seq;
+            let stream_seq = st.next_stream_seq.get();
             let record_count = st.totals.records + u64::from(pending.records);
             match stamp(
                 pending.bytes,
@@ -470,7 +613,7 @@ impl SenderCore {
                 record_count,
             ) {
                 Ok(bytes) => {
-                    st.next_stream_seq = stream_seq.wrapping_add(1);
+                    st.next_stream_seq = st.next_stream_seq.next();
                     st.totals.frames += 1;
                     st.totals.records = record_count;
                     st.totals.last_stream_seq = Some(stream_seq);
@@ -491,7 +634,7 @@ impl SenderCore {
                 Err(_) => {
                     // Cannot happen for framer-built bytes; give the sequence back.
                     let _ = self.credits.release_last(conn_seq);
-                    self.stats
+                    self.acct
                         .dropped(stream, DropReason::Invalid, 1, u64::from(pending.records));
                 }
             }
@@ -499,9 +642,9 @@ impl SenderCore {
     }
 
     /// The frame returned by the last [`SenderCore::poll_transmit`] was posted: count it.
-    pub fn sent(&self, t: &Transmit) {
-        self.stats
-            .frame_sent(t.stream, u64::from(t.records), t.bytes.len() as u64);
+    pub fn sent(&mut self, t: &Transmit) {
+        self.acct
+            .sent(t.stream, u64::from(t.records), t.bytes.len() as u64);
     }
 
     /// The frame returned by the last [`SenderCore::poll_transmit`] could not be posted for a
@@ -514,17 +657,18 @@ impl SenderCore {
             return;
         }
         let st = &mut self.streams[t.stream.index()];
-        st.next_stream_seq = t.stream_seq;
+        st.next_stream_seq = Seq::new(t.stream_seq);
         st.totals.frames = st.totals.frames.saturating_sub(1);
         st.totals.records = st.totals.records.saturating_sub(u64::from(t.records));
-        st.totals.last_stream_seq = (st.totals.frames > 0).then(|| t.stream_seq.wrapping_sub(1));
+        st.totals.last_stream_seq =
+            (st.totals.frames > 0).then(|| Seq::new(t.stream_seq).prev().get());
         st.ready.push_front(Pending {
             bytes: t.bytes,
             records: t.records,
             first: t.first_record,
         });
         self.frames_posted = self.frames_posted.saturating_sub(1);
-        self.last_conn_seq = (self.frames_posted > 0).then(|| t.conn_seq.wrapping_sub(1));
+        self.last_conn_seq = (self.frames_posted > 0).then(|| Seq::new(t.conn_seq).prev().get());
     }
 
     /// The sink stays busy (the QP's send queue or send buffers are full): on every stream
@@ -539,7 +683,7 @@ impl SenderCore {
                 continue;
             }
             if let Some(p) = st.ready.pop_front() {
-                self.stats.dropped(
+                self.acct.dropped(
                     st.stream,
                     DropReason::SendQueueFull,
                     1,
@@ -553,8 +697,8 @@ impl SenderCore {
 
     /// The frame could not be posted and will not be retried (QP in error): count it as
     /// `transport_error`. Its sequences stay used: the collector will see it as lost.
-    pub fn post_failed(&self, t: &Transmit) {
-        self.stats.dropped(
+    pub fn post_failed(&mut self, t: &Transmit) {
+        self.acct.dropped(
             t.stream,
             DropReason::TransportError,
             1,
@@ -641,7 +785,7 @@ impl SenderCore {
             let frames = st.ready.len() as u64;
             let records: u64 = st.ready.drain(..).map(|p| u64::from(p.records)).sum();
             if frames > 0 {
-                self.stats.dropped(s, reason, frames, records);
+                self.acct.dropped(s, reason, frames, records);
             }
         }
     }
@@ -838,6 +982,48 @@ mod tests {
         let fin = core.final_sequences();
         assert_eq!(fin.last_conn_seq, Some(tx.len() as u64 - 1));
         assert_eq!(fin.streams[0].records, 40);
+    }
+
+    /// The plain counters and the exported self-metrics are the same counts.
+    #[test]
+    fn plain_stats_match_the_exported_self_metrics() {
+        let t0 = Instant::now();
+        let sm = stats();
+        let mut core =
+            SenderCore::new(&config(2), 1, t0, sm.clone()).unwrap_or_else(|e| panic!("{e}"));
+        let mut plain =
+            SenderCore::new_unexported(&config(2), 1, t0).unwrap_or_else(|e| panic!("{e}"));
+        for c in [&mut core, &mut plain] {
+            for i in 0..5 {
+                c.push_log(&log(&format!("line {i}")), t0, 1);
+                c.flush(Stream::Logs);
+                c.push_metric(&metric(i), t0, 1);
+            }
+            c.push_log(&log(&"x".repeat(2000)), t0, 1);
+            let _ = drain(c, t0);
+            c.drop_pending(DropReason::Shutdown);
+        }
+        assert_eq!(core.stats(), plain.stats());
+        for s in Stream::ALL {
+            let st = core.stats().stream(s);
+            assert_eq!(st.frames_sent, sm.frames_sent(s));
+            assert_eq!(st.records_sent, sm.records_sent(s));
+            assert_eq!(st.records_truncated, sm.records_truncated(s));
+            assert_eq!(st.records_dropped_all(), sm.records_dropped_all(s));
+            for r in DropReason::ALL {
+                assert_eq!(st.frames_dropped(r), sm.frames_dropped(s, r), "{s} {r}");
+                assert_eq!(st.records_dropped(r), sm.records_dropped(s, r), "{s} {r}");
+            }
+        }
+        let logs = core.stats().stream(Stream::Logs);
+        assert_eq!(logs.records_truncated, 1);
+        assert!(logs.frames_dropped(DropReason::NoCredit) > 0);
+        assert!(
+            core.stats()
+                .stream(Stream::Metrics)
+                .records_dropped(DropReason::Shutdown)
+                > 0
+        );
     }
 
     #[test]

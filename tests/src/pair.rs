@@ -1,0 +1,683 @@
+//! The whole data pipeline in one process, without sockets and without a clock: the agent's
+//! sans-IO [`SenderCore`] → an in-memory [`Link`] with seeded drop, duplicate and reorder →
+//! the collector's [`ConnectionIngest`] delivering into a [`Recording`], on a virtual clock
+//! (quinn-proto's test `Pair` is the model).
+//!
+//! A scenario is a list of [`Op`]s; [`Pair::run`] plays it, then closes the epoch the agent's
+//! way (`finish`, send what credit allows within a virtual shutdown grace, drop the rest as
+//! `shutdown`, `Goodbye` with the final sequences) and drains the link. Every drive loop is
+//! bounded: a pipeline that never quiesces fails with [`PairError::Hang`].
+//!
+//! The accounting terms are the product's own (DESIGN.md §5, the fault matrix's law in
+//! [`crate::faults`]): per stream, agent `frames_sent` = collector `accepted + lost +
+//! dropped_after_tracking` and agent `records_sent` = collector `records_received +
+//! records_lost + records_replayed` at quiescence; records pushed = `records_sent +
+//! records_dropped` (agent, every reason); on the connection, frames posted =
+//! `conn_received + conn_lost + dropped_before_tracking`. Before quiescence
+//! `accepted + lost + missing + dropped_after_tracking ≤ frames sent` and
+//! `records_received + records_lost ≤ records sent`, and no record is delivered twice.
+
+use std::collections::{BTreeSet, HashSet};
+use std::io;
+use std::time::{Duration, Instant};
+
+use uctel_agent::config::DataPath;
+use uctel_agent::selfmetrics::DropReason as AgentDropReason;
+use uctel_agent::sender::core::{Poll, SenderConfig, SenderCore, Transmit};
+use uctel_agent::stream::Stream;
+use uctel_collector::ingest::{ConnectionIngest, Delivery, StreamLedger};
+use uctel_collector::logsink::LogContext;
+use uctel_collector::store::IngestOutcome;
+use uctel_collector::telemetry::Telemetry;
+use uctel_protocol::borrowed::MetricBatchView;
+use uctel_protocol::control::{Goodbye, GoodbyeReason, StreamFinal};
+use uctel_protocol::frame::conn_seq_immediate;
+use uctel_protocol::limits::Limits;
+use uctel_protocol::payload::{Label, LogRecord, Metric, MetricType};
+use uctel_protocol::tracker::TrackerConfig;
+
+use crate::faults::Rng;
+
+/// The epoch of every pair.
+pub const EPOCH: u64 = 0x5eed_0000_0001;
+
+/// Most steps of any drive loop (a step delivers, polls and advances the clock once).
+pub const MAX_STEPS: usize = 100_000;
+
+/// One step of a scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Push `n` metric samples.
+    Metrics(u8),
+    /// Push `n` log records.
+    Logs(u8),
+    /// Close the open frame of the stream now.
+    Flush(Stream),
+    /// Advance the virtual clock by this many microseconds (deliveries and timers fire).
+    Advance(u32),
+    /// The collector sends a `Report`; the agent takes its credits.
+    Report,
+}
+
+/// Link faults, per mille of the frames posted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LinkFaults {
+    /// Frames lost on the wire.
+    pub drop: u32,
+    /// Frames delivered twice.
+    pub duplicate: u32,
+    /// Frames held back by up to `max_delay_us`, so later ones overtake them.
+    pub reorder: u32,
+    /// Longest extra delay of a reordered frame, microseconds.
+    pub max_delay_us: u32,
+}
+
+/// A scenario's settings.
+#[derive(Debug, Clone)]
+pub struct PairConfig {
+    /// Seed of the link's faults and of the `Goodbye`'s timing.
+    pub seed: u64,
+    /// Link faults.
+    pub faults: LinkFaults,
+    /// The agent's credit window (frames).
+    pub credit_window: u64,
+    /// Whether the logs stream waits for credit (`on_no_credit: wait`) instead of dropping.
+    pub logs_wait_for_credit: bool,
+    /// Largest frame, bytes.
+    pub max_frame_bytes: usize,
+    /// The tracker's reorder window (frames).
+    pub reorder_window: u64,
+}
+
+/// Why a scenario failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PairError {
+    /// A drive loop did not quiesce within [`MAX_STEPS`].
+    #[error("the pipeline did not quiesce within {MAX_STEPS} steps ({0})")]
+    Hang(&'static str),
+    /// An accounting law did not hold.
+    #[error("{0}")]
+    Law(String),
+    /// The pipeline could not be built.
+    #[error("setup: {0}")]
+    Setup(String),
+}
+
+/// What the collector delivered: one id per record (`stream:index`), and how many copies.
+#[derive(Debug, Default)]
+pub struct Recording {
+    /// Every record delivered, in order.
+    pub delivered: Vec<String>,
+    /// Ids delivered more than once.
+    pub duplicates: Vec<String>,
+    seen: HashSet<String>,
+}
+
+impl Recording {
+    fn take(&mut self, id: String) {
+        if !self.seen.insert(id.clone()) {
+            self.duplicates.push(id.clone());
+        }
+        self.delivered.push(id);
+    }
+}
+
+impl Delivery for Recording {
+    fn metrics(
+        &mut self,
+        _agent: &str,
+        _instance: &str,
+        batch: &MetricBatchView<'_>,
+        _now: Instant,
+    ) -> IngestOutcome {
+        for m in batch.iter() {
+            let id = m
+                .labels
+                .iter()
+                .find(|l| l.name == "id")
+                .map_or("metrics:?", |l| l.value);
+            self.take(id.to_owned());
+        }
+        IngestOutcome {
+            stored: batch.len() as u64,
+            rejected: Vec::new(),
+        }
+    }
+
+    fn logs(&mut self, _ctx: &LogContext<'_>, records: &[LogRecord]) -> (u64, Option<io::Error>) {
+        for r in records {
+            self.take(r.message.clone());
+        }
+        (0, None)
+    }
+
+    fn series_count(&self, _agent: &str) -> usize {
+        self.seen.len()
+    }
+}
+
+/// A frame on the wire.
+#[derive(Debug)]
+struct InFlight {
+    /// Virtual time of arrival.
+    at: Duration,
+    /// Tie-break: the order it was put on the wire.
+    order: u64,
+    stream: Stream,
+    data_path: DataPath,
+    conn_seq: u64,
+    bytes: Vec<u8>,
+}
+
+/// The in-memory wire: seeded drop, duplicate and reorder; delivers in arrival-time order.
+#[derive(Debug)]
+pub struct Link {
+    rng: Rng,
+    faults: LinkFaults,
+    in_flight: Vec<InFlight>,
+    order: u64,
+    /// Frames dropped on the wire.
+    pub dropped: u64,
+    /// Extra copies put on the wire.
+    pub duplicated: u64,
+}
+
+/// Fixed one-way latency of the link.
+const LATENCY: Duration = Duration::from_micros(100);
+
+impl Link {
+    fn new(seed: u64, faults: LinkFaults) -> Link {
+        Link {
+            rng: Rng::new(seed),
+            faults,
+            in_flight: Vec::new(),
+            order: 0,
+            dropped: 0,
+            duplicated: 0,
+        }
+    }
+
+    fn chance(&mut self, per_mille: u32) -> bool {
+        self.rng.range(0, 999) < u64::from(per_mille)
+    }
+
+    fn send(&mut self, t: &Transmit, now: Duration) {
+        if self.chance(self.faults.drop) {
+            self.dropped += 1;
+            return;
+        }
+        let copies = if self.chance(self.faults.duplicate) {
+            self.duplicated += 1;
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let mut at = now + LATENCY;
+            if self.chance(self.faults.reorder) {
+                at += Duration::from_micros(
+                    self.rng
+                        .range(1, u64::from(self.faults.max_delay_us.max(1))),
+                );
+            }
+            self.order += 1;
+            self.in_flight.push(InFlight {
+                at,
+                order: self.order,
+                stream: t.stream,
+                data_path: t.data_path,
+                conn_seq: t.conn_seq,
+                bytes: t.bytes.clone(),
+            });
+        }
+    }
+
+    /// The next frame due at or before `now`, earliest first.
+    fn pop_due(&mut self, now: Duration) -> Option<InFlight> {
+        let i = self
+            .in_flight
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.at <= now)
+            .min_by_key(|(_, f)| (f.at, f.order))
+            .map(|(i, _)| i)?;
+        Some(self.in_flight.swap_remove(i))
+    }
+
+    /// The arrival time of the next frame.
+    fn next_arrival(&self) -> Option<Duration> {
+        self.in_flight.iter().map(|f| f.at).min()
+    }
+}
+
+/// The figures at quiescence.
+#[derive(Debug, Clone)]
+pub struct PairOutcome {
+    /// Per stream (indexed by [`Stream::index`]): records pushed into the sender.
+    pub pushed: [u64; 2],
+    /// The collector's ledger per stream.
+    pub ledger: [StreamLedger; 2],
+    /// Frames posted on the connection.
+    pub frames_posted: u64,
+    /// Frames the link dropped.
+    pub link_dropped: u64,
+    /// Records delivered.
+    pub delivered: usize,
+}
+
+/// The agent's pipeline, the link and the collector's connection, on one virtual clock.
+#[derive(Debug)]
+pub struct Pair {
+    /// The agent's send pipeline.
+    pub core: SenderCore,
+    /// The collector's connection.
+    pub ingest: ConnectionIngest<Recording>,
+    /// The wire.
+    pub link: Link,
+    t0: Instant,
+    now: Duration,
+    pushed: [u64; 2],
+    rng: Rng,
+}
+
+impl Pair {
+    /// A connected pair.
+    ///
+    /// # Errors
+    /// [`PairError::Setup`] when the pipeline or the connection cannot be built.
+    pub fn new(cfg: &PairConfig) -> Result<Pair, PairError> {
+        let setup = |e: &dyn std::fmt::Display| PairError::Setup(e.to_string());
+        let limits = Limits {
+            max_frame_bytes: cfg.max_frame_bytes,
+            ..Limits::default()
+        };
+        let sender = SenderConfig {
+            limits: limits.clone(),
+            pacing: None,
+            credit_window: cfg.credit_window,
+            first_conn_seq: 0,
+            first_stream_seq: 0,
+            data_paths: [DataPath::WriteWithImm, DataPath::Send],
+            flush_after: [Duration::from_millis(2), Duration::from_millis(2)],
+            ready_frames: 8,
+            idle_heartbeat: Some(Duration::from_millis(5)),
+            wait_for_credit: [false, cfg.logs_wait_for_credit],
+        };
+        let t0 = Instant::now();
+        let core = SenderCore::new_unexported(&sender, EPOCH, t0).map_err(|e| setup(&e))?;
+        let telemetry = Telemetry::new().map_err(|e| setup(&e))?;
+        let ingest = ConnectionIngest::with_delivery(
+            "pair",
+            "pair-host",
+            EPOCH,
+            limits,
+            TrackerConfig {
+                reorder_window: cfg.reorder_window,
+                ..TrackerConfig::default()
+            },
+            Recording::default(),
+            telemetry.agent("pair"),
+        )
+        .map_err(|e| setup(&e))?;
+        Ok(Pair {
+            core,
+            ingest,
+            link: Link::new(cfg.seed, cfg.faults),
+            t0,
+            now: Duration::ZERO,
+            pushed: [0; 2],
+            rng: Rng::new(cfg.seed ^ 0x600d_b1e5),
+        })
+    }
+
+    fn instant(&self) -> Instant {
+        self.t0 + self.now
+    }
+
+    fn unix_ns(&self) -> u64 {
+        1_700_000_000_000_000_000 + u64::try_from(self.now.as_nanos()).unwrap_or(0)
+    }
+
+    fn push_metrics(&mut self, n: u8) {
+        let (now, ns) = (self.instant(), self.unix_ns());
+        for _ in 0..n {
+            let i = self.pushed[Stream::Metrics.index()];
+            self.pushed[Stream::Metrics.index()] += 1;
+            let m = Metric {
+                name: "node_pair_sample".into(),
+                help: String::new(),
+                r#type: MetricType::Gauge as i32,
+                labels: vec![Label {
+                    name: "id".into(),
+                    value: format!("metrics:{i}"),
+                }],
+                value: i as f64,
+                timestamp_ms: 0,
+                buckets: vec![],
+                count: 0,
+                sum: 0.0,
+            };
+            self.core.push_metric(&m, now, ns);
+        }
+    }
+
+    fn push_logs(&mut self, n: u8) {
+        let (now, ns) = (self.instant(), self.unix_ns());
+        for _ in 0..n {
+            let i = self.pushed[Stream::Logs.index()];
+            self.pushed[Stream::Logs.index()] += 1;
+            let r = LogRecord {
+                timestamp_ns: ns,
+                severity: 3,
+                source: "/var/log/pair".into(),
+                message: format!("logs:{i}"),
+                ..Default::default()
+            };
+            self.core.push_log(&r, now, ns);
+        }
+    }
+
+    /// Posts every frame the pipeline releases now; returns when it has to wait.
+    fn transmit(&mut self) -> Result<(), PairError> {
+        for _ in 0..MAX_STEPS {
+            match self.core.poll_transmit(self.instant(), self.unix_ns()) {
+                Poll::Transmit(t) => {
+                    self.core.sent(&t);
+                    self.link.send(&t, self.now);
+                }
+                Poll::Wait(_) => return Ok(()),
+            }
+        }
+        Err(PairError::Hang("poll_transmit never waited"))
+    }
+
+    /// Hands every frame due by now to the collector, checking the in-flight law after each.
+    fn deliver(&mut self) -> Result<(), PairError> {
+        for _ in 0..MAX_STEPS {
+            let Some(f) = self.link.pop_due(self.now) else {
+                return Ok(());
+            };
+            let now = self.instant();
+            let _ = match f.data_path {
+                DataPath::WriteWithImm => {
+                    let c = self.ingest.conn_seq_for_imm(conn_seq_immediate(f.conn_seq));
+                    self.ingest.on_slot(c, &f.bytes, now)
+                }
+                DataPath::Send => self.ingest.on_send(&f.bytes, now),
+            };
+            self.check_in_flight()?;
+        }
+        Err(PairError::Hang("the link never emptied"))
+    }
+
+    fn report(&mut self) {
+        let r = self.ingest.report();
+        let _ = self.core.on_report(&r);
+    }
+
+    /// Advance the virtual clock by `d`, delivering what arrives on the way in order.
+    fn advance(&mut self, d: Duration) -> Result<(), PairError> {
+        let until = self.now + d;
+        for _ in 0..MAX_STEPS {
+            match self.link.next_arrival().filter(|a| *a <= until) {
+                Some(a) => {
+                    self.now = self.now.max(a);
+                    self.deliver()?;
+                }
+                None => {
+                    self.now = until;
+                    self.deliver()?;
+                    return self.transmit();
+                }
+            }
+        }
+        Err(PairError::Hang("advance"))
+    }
+
+    /// One scenario step, then whatever the pipeline releases.
+    ///
+    /// # Errors
+    /// A hang or an in-flight law that did not hold.
+    pub fn step(&mut self, op: Op) -> Result<(), PairError> {
+        match op {
+            Op::Metrics(n) => self.push_metrics(n),
+            Op::Logs(n) => self.push_logs(n),
+            Op::Flush(s) => self.core.flush(s),
+            Op::Advance(us) => self.advance(Duration::from_micros(u64::from(us)))?,
+            Op::Report => self.report(),
+        }
+        self.transmit()?;
+        self.deliver()
+    }
+
+    /// Plays `ops`, closes the epoch as the agent does at shutdown, drains the link and
+    /// checks the laws at quiescence.
+    ///
+    /// # Errors
+    /// A hang, or the first law that did not hold.
+    pub fn run(&mut self, ops: &[Op]) -> Result<PairOutcome, PairError> {
+        for op in ops {
+            self.step(*op)?;
+        }
+        // Shutdown: close every stream, send what credit allows within a virtual grace
+        // (reports keep coming), then drop what is left as `shutdown`.
+        self.core.finish(self.unix_ns());
+        self.transmit()?;
+        let grace = self.now + Duration::from_millis(50);
+        let mut steps = 0;
+        while self.core.ready_frames() > 0 && self.now < grace {
+            steps += 1;
+            if steps > MAX_STEPS {
+                return Err(PairError::Hang("shutdown grace"));
+            }
+            self.advance(Duration::from_micros(500))?;
+            self.report();
+            self.transmit()?;
+        }
+        self.core.drop_pending(AgentDropReason::Shutdown);
+        // The Goodbye (control channel) may overtake frames still on the wire, but only
+        // frames of a connection and streams the collector has seen a frame of: a Goodbye
+        // that names a stream before any of its frames arrived counts all of them lost at
+        // once (`CloseError::EpochNotObserved`: leading loss), and then also counts the
+        // ones that still arrive as received: `received + lost > sent`.
+        let overtake = self.rng.range(0, 1) == 1;
+        let wait = Duration::from_micros(self.rng.range(0, 400));
+        if overtake && self.goodbye_may_overtake() {
+            self.advance(wait)?;
+        } else {
+            self.drain()?;
+        }
+        let fin = self.core.final_sequences();
+        let goodbye = Goodbye {
+            final_conn_seq: fin.last_conn_seq,
+            streams: Stream::ALL
+                .iter()
+                .map(|s| {
+                    let t = fin.streams[s.index()];
+                    StreamFinal {
+                        stream_id: s.id(),
+                        final_stream_seq: t.last_stream_seq,
+                        final_record_count: t.records,
+                    }
+                })
+                .collect(),
+            reason: GoodbyeReason::Shutdown as i32,
+            detail: "pair shutdown".into(),
+        };
+        let summary = self.ingest.close(&goodbye);
+        self.check_in_flight()?;
+        // Drain the wire: late frames of the closed epoch are stale.
+        self.drain()?;
+        self.check_in_flight()?;
+
+        let ledger = self.ledgers();
+        let stats = *self.core.stats();
+        let fin = self.core.final_sequences();
+        let mut bad = Vec::new();
+        for s in Stream::ALL {
+            let (l, st, t) = (ledger[s.index()], stats.stream(s), fin.streams[s.index()]);
+            let pushed = self.pushed[s.index()];
+            if st.frames_sent != t.frames || st.records_sent != t.records {
+                bad.push(format!(
+                    "{s}: stats sent {}/{} frames/records, final sequences {}/{}",
+                    st.frames_sent, st.records_sent, t.frames, t.records
+                ));
+            }
+            if pushed != st.records_sent + st.records_dropped_all() + self.core.pending_records(s) {
+                bad.push(format!(
+                    "{s}: records pushed {pushed} != sent {} + dropped {} + pending {}",
+                    st.records_sent,
+                    st.records_dropped_all(),
+                    self.core.pending_records(s)
+                ));
+            }
+            let frames = l.accepted + l.lost + l.dropped_after_tracking;
+            if st.frames_sent != frames || l.missing != 0 {
+                bad.push(format!(
+                    "{s}: frames sent {} != received {} + lost {} + dropped {} (missing {})",
+                    st.frames_sent, l.accepted, l.lost, l.dropped_after_tracking, l.missing
+                ));
+            }
+            let records = l.records_received + l.records_lost + l.records_replayed;
+            if st.records_sent != records {
+                bad.push(format!(
+                    "{s}: records sent {} != received {} + lost {} + replayed {}",
+                    st.records_sent, l.records_received, l.records_lost, l.records_replayed
+                ));
+            }
+        }
+        let conn = summary.conn_received + summary.conn_lost + summary.dropped_before_tracking;
+        if fin.frames != conn {
+            bad.push(format!(
+                "connection: frames posted {} != received {} + lost {} + dropped {}",
+                fin.frames,
+                summary.conn_received,
+                summary.conn_lost,
+                summary.dropped_before_tracking
+            ));
+        }
+        let rec = self.ingest.delivery();
+        let received: u64 = ledger.iter().map(|l| l.records_received).sum();
+        if rec.delivered.len() as u64 != received {
+            bad.push(format!(
+                "delivered {} records, the ledger says {received} received",
+                rec.delivered.len()
+            ));
+        }
+        let unknown: BTreeSet<&String> = rec
+            .delivered
+            .iter()
+            .filter(|id| !self.was_pushed(id))
+            .collect();
+        if !unknown.is_empty() {
+            bad.push(format!("delivered records never pushed: {unknown:?}"));
+        }
+        if !bad.is_empty() {
+            return Err(PairError::Law(format!(
+                "at quiescence: {}; ledger {ledger:?}; sender {stats:?}; link dropped {} duplicated {}",
+                bad.join("; "),
+                self.link.dropped,
+                self.link.duplicated
+            )));
+        }
+        Ok(PairOutcome {
+            pushed: self.pushed,
+            ledger,
+            frames_posted: fin.frames,
+            link_dropped: self.link.dropped,
+            delivered: rec.delivered.len(),
+        })
+    }
+
+    /// Delivers everything still on the wire.
+    fn drain(&mut self) -> Result<(), PairError> {
+        let mut steps = 0;
+        while let Some(a) = self.link.next_arrival() {
+            steps += 1;
+            if steps > MAX_STEPS {
+                return Err(PairError::Hang("draining the link"));
+            }
+            self.now = self.now.max(a);
+            self.deliver()?;
+        }
+        Ok(())
+    }
+
+    /// Whether every frame still on the wire is of a stream the collector has seen, on a
+    /// connection it has seen.
+    fn goodbye_may_overtake(&self) -> bool {
+        let ledger = self.ledgers();
+        let seen = |s: Stream| {
+            let l = ledger[s.index()];
+            l.accepted + l.dropped_after_tracking > 0
+        };
+        self.link.in_flight.is_empty()
+            || (self.ingest.consumed().is_some()
+                && self.link.in_flight.iter().all(|f| seen(f.stream)))
+    }
+
+    fn was_pushed(&self, id: &str) -> bool {
+        let Some((stream, i)) = id.split_once(':') else {
+            return false;
+        };
+        let Ok(i) = i.parse::<u64>() else {
+            return false;
+        };
+        match stream {
+            "metrics" => i < self.pushed[Stream::Metrics.index()],
+            "logs" => i < self.pushed[Stream::Logs.index()],
+            _ => false,
+        }
+    }
+
+    /// The collector's ledger per stream, indexed by [`Stream::index`].
+    pub fn ledgers(&self) -> [StreamLedger; 2] {
+        let mut out = [StreamLedger::default(); 2];
+        for (id, l) in self.ingest.ledger() {
+            if let Some(s) = Stream::from_id(id) {
+                out[s.index()] = l;
+            }
+        }
+        out
+    }
+
+    /// The laws that hold at every instant: per stream, `accepted + lost + missing +
+    /// dropped_after_tracking ≤ frames sent` and `records_received + records_lost ≤ records
+    /// sent`; no record delivered twice.
+    ///
+    /// # Errors
+    /// [`PairError::Law`] naming the first term that broke.
+    pub fn check_in_flight(&self) -> Result<(), PairError> {
+        let ledger = self.ledgers();
+        let stats = self.core.stats();
+        for s in Stream::ALL {
+            let (l, st) = (ledger[s.index()], stats.stream(s));
+            let seen = l.accepted + l.lost + l.missing + l.dropped_after_tracking;
+            if seen > st.frames_sent {
+                return Err(PairError::Law(format!(
+                    "t={:?} {s}: received {} + lost {} + missing {} + dropped {} > frames sent {}",
+                    self.now,
+                    l.accepted,
+                    l.lost,
+                    l.missing,
+                    l.dropped_after_tracking,
+                    st.frames_sent
+                )));
+            }
+            if l.records_received + l.records_lost > st.records_sent {
+                return Err(PairError::Law(format!(
+                    "t={:?} {s}: records received {} + lost {} > records sent {}",
+                    self.now, l.records_received, l.records_lost, st.records_sent
+                )));
+            }
+        }
+        let rec = self.ingest.delivery();
+        if !rec.duplicates.is_empty() {
+            return Err(PairError::Law(format!(
+                "t={:?}: records delivered twice: {:?}",
+                self.now, rec.duplicates
+            )));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,141 @@
+//! Property tests of the whole data pipeline ([`uctel_tests::pair`]): agent sender → seeded
+//! lossy, duplicating, reordering link → collector ingest, on a virtual clock. At quiescence
+//! after the `Goodbye`, per stream, frames and records sent `== received + lost + dropped`
+//! (the product's terms); at every step `received + lost (+ missing) ≤ sent`; no record is
+//! delivered twice. A scenario that does not quiesce within a bounded number of steps fails.
+
+use proptest::prelude::*;
+use uctel_agent::stream::Stream;
+use uctel_tests::pair::{LinkFaults, Op, Pair, PairConfig, PairError};
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (1u8..12).prop_map(Op::Metrics),
+        6 => (1u8..12).prop_map(Op::Logs),
+        2 => Just(Op::Flush(Stream::Metrics)),
+        2 => Just(Op::Flush(Stream::Logs)),
+        5 => (1u32..3000).prop_map(Op::Advance),
+        1 => (5_000u32..12_000).prop_map(Op::Advance),
+        3 => Just(Op::Report),
+    ]
+}
+
+fn faults() -> impl Strategy<Value = LinkFaults> {
+    (
+        prop_oneof![Just(0u32), 0u32..400],
+        prop_oneof![Just(0u32), 0u32..200],
+        prop_oneof![Just(0u32), 0u32..500],
+        1u32..3000,
+    )
+        .prop_map(|(drop, duplicate, reorder, max_delay_us)| LinkFaults {
+            drop,
+            duplicate,
+            reorder,
+            max_delay_us,
+        })
+}
+
+fn config() -> impl Strategy<Value = PairConfig> {
+    (
+        any::<u64>(),
+        faults(),
+        prop_oneof![2u64..8, 8u64..64],
+        any::<bool>(),
+        prop_oneof![Just(256usize), Just(512), Just(1400)],
+        prop_oneof![Just(64u64), 1u64..16],
+    )
+        .prop_map(
+            |(
+                seed,
+                faults,
+                credit_window,
+                logs_wait_for_credit,
+                max_frame_bytes,
+                reorder_window,
+            )| {
+                PairConfig {
+                    seed,
+                    faults,
+                    credit_window,
+                    logs_wait_for_credit,
+                    max_frame_bytes,
+                    reorder_window,
+                }
+            },
+        )
+}
+
+fn run(cfg: &PairConfig, ops: &[Op]) -> Result<(), TestCaseError> {
+    let mut pair = Pair::new(cfg).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    match pair.run(ops) {
+        Ok(_) => Ok(()),
+        Err(e @ (PairError::Law(_) | PairError::Hang(_) | PairError::Setup(_))) => {
+            Err(TestCaseError::fail(e.to_string()))
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1000))]
+
+    #[test]
+    fn sent_equals_received_plus_lost_plus_dropped_per_stream(
+        cfg in config(),
+        ops in prop::collection::vec(op(), 0..120),
+    ) {
+        run(&cfg, &ops)?;
+    }
+}
+
+/// A lossless link delivers every record exactly once and loses nothing.
+#[test]
+fn a_clean_link_delivers_everything() {
+    let cfg = PairConfig {
+        seed: 1,
+        faults: LinkFaults::default(),
+        credit_window: 1000,
+        logs_wait_for_credit: false,
+        max_frame_bytes: 512,
+        reorder_window: 64,
+    };
+    let mut pair = Pair::new(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    let ops = [
+        Op::Metrics(10),
+        Op::Logs(10),
+        Op::Advance(3000),
+        Op::Metrics(5),
+        Op::Report,
+    ];
+    let out = pair.run(&ops).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out.pushed, [15, 10]);
+    assert_eq!(out.delivered, 25);
+    for l in out.ledger {
+        assert_eq!((l.lost, l.records_lost, l.duplicate), (0, 0, 0), "{l:?}");
+    }
+}
+
+/// A link that drops, duplicates and reorders heavily: the laws still hold, and loss is seen.
+#[test]
+fn a_bad_link_loses_frames_and_the_books_still_balance() {
+    let cfg = PairConfig {
+        seed: 7,
+        faults: LinkFaults {
+            drop: 300,
+            duplicate: 200,
+            reorder: 400,
+            max_delay_us: 2000,
+        },
+        credit_window: 16,
+        logs_wait_for_credit: true,
+        max_frame_bytes: 256,
+        reorder_window: 8,
+    };
+    let mut pair = Pair::new(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    let mut ops = Vec::new();
+    for _ in 0..30 {
+        ops.extend([Op::Metrics(6), Op::Logs(6), Op::Advance(700), Op::Report]);
+    }
+    let out = pair.run(&ops).unwrap_or_else(|e| panic!("{e}"));
+    assert!(out.link_dropped > 0);
+    assert!(out.ledger.iter().map(|l| l.lost).sum::<u64>() > 0);
+}
