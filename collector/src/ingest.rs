@@ -1017,11 +1017,14 @@ impl<D: Delivery> ConnectionIngest<D> {
             believed
         });
         if let Some(final_conn) = final_conn {
-            match self.conn.close(self.epoch, final_conn) {
+            // Connection sequences start at 0 each epoch: a Goodbye that overtook every
+            // frame of the connection closes `0..=final` as lost, and frames that still
+            // arrive are stale.
+            match self.conn.close_from(self.epoch, 0, final_conn) {
                 Ok(_) | Err(CloseError::AlreadyClosed { .. }) => {}
                 Err(CloseError::EpochNotObserved { .. }) => {
-                    // Nothing of this connection arrived: the whole sequence 0..=final is
-                    // lost (connection sequences start at 0 each epoch).
+                    // The epoch was retired by a later one (not within one connection):
+                    // the whole sequence 0..=final is lost.
                     self.unseen_conn_lost = self
                         .unseen_conn_lost
                         .saturating_add(final_conn.saturating_add(1));
@@ -1071,7 +1074,8 @@ impl<D: Delivery> ConnectionIngest<D> {
                 Some(fin.final_record_count)
             };
             if let Some(final_seq) = fin.final_stream_seq {
-                match stream.tracker.close(self.epoch, final_seq) {
+                // Stream sequences start at 0 each epoch too (DESIGN.md §5).
+                match stream.tracker.close_from(self.epoch, 0, final_seq) {
                     Ok(_) | Err(CloseError::AlreadyClosed { .. }) => {}
                     Err(CloseError::EpochNotObserved { .. }) => {
                         let all = final_seq.saturating_add(1);

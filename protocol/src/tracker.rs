@@ -569,22 +569,7 @@ impl SequenceTracker {
         }
         // Open the segment at `first` with nothing received, then take `seq` as a forward
         // jump from `first − 1`: `first ..= seq − 1` are missing.
-        let previous = self.epoch;
-        if previous.is_some() {
-            if !self.closed {
-                self.finish_segment();
-            }
-            self.expected_before = self.expected();
-            self.resets.bump(ResetReason::EpochChange);
-            self.retired_epoch = previous;
-        }
-        self.epoch = Some(epoch);
-        self.base = Seq::new(first);
-        self.highest = self.base.prev();
-        self.seen.clear_all();
-        self.settled = 0;
-        self.closed = false;
-        self.segment = SegmentCounts::default();
+        let previous = self.open_empty_segment(epoch, first);
         // `highest − base + 1` is 0 now; the jump below adds `lead` missing and one received.
         let d = lead + 1;
         let window_floor = d.saturating_sub(self.config.reorder_window);
@@ -741,6 +726,41 @@ impl SequenceTracker {
         Ok(self.lost.saturating_sub(before))
     }
 
+    /// [`close`](Self::close) for a sequence space that starts at `first` in every epoch (as
+    /// [`observe_from`](Self::observe_from)), also when no frame of `epoch` has arrived:
+    /// the sender's `Goodbye` overtook all of its frames (it travels on the control
+    /// connection). The segment is then opened at `first` with nothing received and closed at
+    /// `final_seq`, so `first ..= final_seq` are counted lost, and frames of `epoch` that
+    /// still arrive are [`Stale`](Observation::Stale) ([`StaleReason::Closed`]), not counted
+    /// received on top of lost. With `epoch` current, exactly [`close`](Self::close).
+    ///
+    /// # Errors
+    /// As [`close`](Self::close); [`CloseError::EpochNotObserved`] only when `epoch` is the
+    /// epoch retired by the last epoch change (its frames are stale anyway), and
+    /// [`CloseError::TooFarAhead`] when `final_seq` is `2^63` or more past `first`.
+    pub fn close_from(
+        &mut self,
+        epoch: u64,
+        first: u64,
+        final_seq: u64,
+    ) -> Result<u64, CloseError> {
+        if self.epoch == Some(epoch) {
+            return self.close(epoch, final_seq);
+        }
+        if self.retired_epoch == Some(epoch) {
+            return Err(CloseError::EpochNotObserved { epoch });
+        }
+        let fin = Seq::new(final_seq);
+        if fin.since(Seq::new(first)) >= HALF {
+            return Err(CloseError::TooFarAhead {
+                final_seq,
+                base: first,
+            });
+        }
+        let _ = self.open_empty_segment(epoch, first);
+        self.close(epoch, final_seq)
+    }
+
     /// The sender of `epoch` is gone without naming its last sequence (no `Goodbye`): count
     /// the missing frames of the current segment as lost (a later frame arrived, so they were
     /// sent), close the segment, and return how many were counted. Frames sent after
@@ -880,6 +900,29 @@ impl SequenceTracker {
         self.expected_before = self.expected();
         self.resets.bump(reason);
         self.start_segment(epoch, seq);
+    }
+
+    /// Makes `epoch` current with a segment that starts at `first` and holds nothing yet
+    /// (`highest = first − 1`), closing and retiring the previous one as an epoch change
+    /// does. Returns the previous epoch.
+    fn open_empty_segment(&mut self, epoch: u64, first: u64) -> Option<u64> {
+        let previous = self.epoch;
+        if previous.is_some() {
+            if !self.closed {
+                self.finish_segment();
+            }
+            self.expected_before = self.expected();
+            self.resets.bump(ResetReason::EpochChange);
+            self.retired_epoch = previous;
+        }
+        self.epoch = Some(epoch);
+        self.base = Seq::new(first);
+        self.highest = self.base.prev();
+        self.seen.clear_all();
+        self.settled = 0;
+        self.closed = false;
+        self.segment = SegmentCounts::default();
+        previous
     }
 
     fn start_segment(&mut self, epoch: u64, seq: u64) {
@@ -1273,6 +1316,44 @@ mod tests {
         );
         let mut fresh = SequenceTracker::default();
         assert!(fresh.close(E, 1).is_err());
+    }
+
+    #[test]
+    fn close_from_counts_a_segment_nothing_of_which_arrived_and_makes_its_frames_stale() {
+        let mut t = SequenceTracker::default();
+        assert_eq!(t.close_from(E, 0, 4), Ok(5));
+        assert!(t.is_closed());
+        assert_eq!(
+            t.observe_from(E, 0, 2),
+            Observation::Stale {
+                reason: StaleReason::Closed
+            }
+        );
+        let c = t.counts();
+        assert_eq!((c.received, c.lost, c.stale), (0, 5, 1));
+        assert_eq!(c.expected, 5);
+        assert_invariants(&t);
+        assert_eq!(
+            t.close_from(E, 0, 4),
+            Err(CloseError::AlreadyClosed { epoch: E })
+        );
+        // A later epoch retires it; a second Goodbye of the retired one changes nothing.
+        let _ = t.observe_from(0xE2, 0, 0);
+        assert_eq!(
+            t.close_from(E, 0, 9),
+            Err(CloseError::EpochNotObserved { epoch: E })
+        );
+        assert_eq!(t.counts().lost, 5);
+        // With the epoch current it is `close`.
+        let mut u = SequenceTracker::default();
+        let _ = u.observe(E, 0);
+        assert_eq!(u.close_from(E, 0, 3), Ok(3));
+        let mut w = SequenceTracker::default();
+        assert!(matches!(
+            w.close_from(E, 0, HALF),
+            Err(CloseError::TooFarAhead { .. })
+        ));
+        assert_eq!(w.counts().lost, 0);
     }
 
     #[test]

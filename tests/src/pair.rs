@@ -163,7 +163,6 @@ struct InFlight {
     at: Duration,
     /// Tie-break: the order it was put on the wire.
     order: u64,
-    stream: Stream,
     data_path: DataPath,
     conn_seq: u64,
     bytes: Vec<u8>,
@@ -224,7 +223,6 @@ impl Link {
             self.in_flight.push(InFlight {
                 at,
                 order: self.order,
-                stream: t.stream,
                 data_path: t.data_path,
                 conn_seq: t.conn_seq,
                 bytes: t.bytes.clone(),
@@ -475,14 +473,12 @@ impl Pair {
             self.transmit()?;
         }
         self.core.drop_pending(AgentDropReason::Shutdown);
-        // The Goodbye (control channel) may overtake frames still on the wire, but only
-        // frames of a connection and streams the collector has seen a frame of: a Goodbye
-        // that names a stream before any of its frames arrived counts all of them lost at
-        // once (`CloseError::EpochNotObserved`: leading loss), and then also counts the
-        // ones that still arrive as received: `received + lost > sent`.
+        // The Goodbye (control channel) may overtake frames still on the wire, also every
+        // frame of a stream (or of the connection) the collector has not seen yet: those are
+        // counted lost at the Goodbye and stale when they arrive.
         let overtake = self.rng.range(0, 1) == 1;
         let wait = Duration::from_micros(self.rng.range(0, 400));
-        if overtake && self.goodbye_may_overtake() {
+        if overtake {
             self.advance(wait)?;
         } else {
             self.drain()?;
@@ -601,19 +597,6 @@ impl Pair {
             self.deliver()?;
         }
         Ok(())
-    }
-
-    /// Whether every frame still on the wire is of a stream the collector has seen, on a
-    /// connection it has seen.
-    fn goodbye_may_overtake(&self) -> bool {
-        let ledger = self.ledgers();
-        let seen = |s: Stream| {
-            let l = ledger[s.index()];
-            l.accepted + l.dropped_after_tracking > 0
-        };
-        self.link.in_flight.is_empty()
-            || (self.ingest.consumed().is_some()
-                && self.link.in_flight.iter().all(|f| seen(f.stream)))
     }
 
     fn was_pushed(&self, id: &str) -> bool {
