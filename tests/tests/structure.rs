@@ -395,3 +395,29 @@ fn the_checks_see_a_circle_and_a_long_file() {
         1
     );
 }
+
+#[test]
+fn the_transport_api_names_neither_transport() {
+    // `transport::api` is the leaf every backend implements; only `transport::device`
+    // chooses between `soft` and `verbs`.
+    let api = workspace().join("transport/src/api");
+    let mut files = Vec::new();
+    rust_files(&api, &mut files);
+    assert!(!files.is_empty(), "{} has no sources", api.display());
+    let mut named = Vec::new();
+    for f in files {
+        let code = code_of(&fs::read_to_string(&f).expect("read source"));
+        let at = module_path(&workspace().join("transport/src"), &f);
+        for p in named_paths(&code) {
+            let to = resolve(&at, &p);
+            if matches!(to.first().map(String::as_str), Some("soft" | "verbs")) {
+                named.push(format!("{}: {}", f.display(), to.join("::")));
+            }
+        }
+    }
+    assert!(
+        named.is_empty(),
+        "transport::api imports a backend:\n  {}",
+        named.join("\n  ")
+    );
+}
