@@ -141,6 +141,7 @@ fn main() -> ExitCode {
             Ok(())
         } else {
             uctel_agent::run::run(config, shutdown).await?;
+            tracing::info!("uctel-agent stopped");
             Ok(())
         }
     });

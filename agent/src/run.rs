@@ -87,7 +87,7 @@ pub enum RunError {
     #[error("self-metrics: {0}")]
     Metrics(String),
     /// The local `/metrics` listener could not be bound.
-    #[error("cannot listen on {addr} for /metrics: {source}")]
+    #[error("listen.metrics {addr}: cannot listen for /metrics: {source}")]
     Listen {
         /// The configured address.
         addr: std::net::SocketAddr,

@@ -185,7 +185,7 @@ fn startup_failures_no_restart_fixes_exit_2() {
         assert_eq!(errors.len(), 1, "printed once: {stderr}");
         assert!(
             errors[0].starts_with(&format!(
-                "uctel-agent: cannot listen on {metrics} for /metrics: "
+                "uctel-agent: listen.metrics {metrics}: cannot listen for /metrics: "
             )),
             "{stderr}"
         );

@@ -107,6 +107,7 @@ fn serve(config: uctel_collector::config::Config) -> anyhow::Result<()> {
             "uctel-collector running"
         );
         running.run_until(shutdown).await?;
+        tracing::info!("uctel-collector stopped: every session closed and accounted");
         Ok(())
     })
 }
