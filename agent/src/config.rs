@@ -81,7 +81,8 @@ pub struct AgentConfig {
     /// The data-path transport.
     #[serde(default)]
     pub transport: TransportSection,
-    /// The pre-shared token proving this agent to the collector (DESIGN.md §6).
+    /// The pre-shared token proving this agent to the collector (DESIGN.md §6) (required:
+    /// `token` or `token_file`).
     #[serde(default)]
     pub auth: AuthSection,
     /// What to collect.

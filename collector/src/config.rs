@@ -84,7 +84,8 @@ pub struct Config {
     /// Largest frame accepted (header included), bytes. Default 4096 (one packet at the largest
     /// RoCE path MTU, `uctel_protocol::limits::Limits::max_frame_bytes`).
     pub max_frame_bytes: MaxFrameBytes,
-    /// Agent authentication.
+    /// Agent authentication (required: list `agents`, set `shared`, or both; with neither, no
+    /// agent could connect and the configuration is refused).
     pub auth: AuthConfig,
     /// Control-plane timing.
     pub control: ControlConfig,

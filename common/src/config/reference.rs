@@ -181,7 +181,8 @@ impl Reference {
         let mut out = format!(
             "# {} configuration: every key at its default, described as in \
              docs/configuration.md.\n# Keys marked (required) have no default: the value \
-             shown is an example.\n",
+             shown is an example;\n# sections marked (required: ...) need what they name before \
+             --check-config accepts the file.\n",
             self.daemon
         );
         self.yaml_fields(&self.root, &mut Vec::new(), 0, false, false, &mut out);
