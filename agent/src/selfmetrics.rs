@@ -133,7 +133,8 @@ impl DropReason {
         }
     }
 
-    fn index(self) -> usize {
+    /// Position of the reason in [`DropReason::ALL`] (and in per-reason counter arrays).
+    pub(crate) fn index(self) -> usize {
         match self {
             DropReason::NoCredit => 0,
             DropReason::SendQueueFull => 1,

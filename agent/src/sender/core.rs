@@ -158,12 +158,12 @@ pub struct StreamStats {
 impl StreamStats {
     /// Frames dropped for `reason`.
     pub fn frames_dropped(&self, reason: DropReason) -> u64 {
-        self.frames_dropped[reason_slot(reason)]
+        self.frames_dropped[reason.index()]
     }
 
     /// Records dropped for `reason`.
     pub fn records_dropped(&self, reason: DropReason) -> u64 {
-        self.records_dropped[reason_slot(reason)]
+        self.records_dropped[reason.index()]
     }
 
     /// Frames dropped, every reason.
@@ -191,20 +191,6 @@ impl SenderStats {
     }
 }
 
-/// Position of `reason` in [`DropReason::ALL`].
-fn reason_slot(reason: DropReason) -> usize {
-    match reason {
-        DropReason::NoCredit => 0,
-        DropReason::SendQueueFull => 1,
-        DropReason::Oversize => 2,
-        DropReason::Invalid => 3,
-        DropReason::SourceOverflow => 4,
-        DropReason::NotConnected => 5,
-        DropReason::TransportError => 6,
-        DropReason::Shutdown => 7,
-    }
-}
-
 /// The plain counters and where they are mirrored.
 #[derive(Debug)]
 struct Accounting {
@@ -225,8 +211,8 @@ impl Accounting {
 
     fn dropped(&mut self, stream: Stream, reason: DropReason, frames: u64, records: u64) {
         let st = &mut self.stats.streams[stream.index()];
-        st.frames_dropped[reason_slot(reason)] += frames;
-        st.records_dropped[reason_slot(reason)] += records;
+        st.frames_dropped[reason.index()] += frames;
+        st.records_dropped[reason.index()] += records;
         if let Some(m) = &self.export {
             m.dropped(stream, reason, frames, records);
         }
