@@ -50,13 +50,18 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The text before the first `#[cfg(test)]`, with `//` comments (docs included) removed.
-fn code_of(text: &str) -> String {
-    let text = match text.find("#[cfg(test)]") {
+/// The text before the first `#[cfg(test)]` (the unit tests).
+fn before_tests(text: &str) -> &str {
+    match text.find("#[cfg(test)]") {
         Some(i) => &text[..i],
         None => text,
-    };
-    text.lines()
+    }
+}
+
+/// The text before the unit tests, with `//` comments (docs included) removed.
+fn code_of(text: &str) -> String {
+    before_tests(text)
+        .lines()
         .map(|l| match l.find("//") {
             // A `//` inside a string literal ("http://…") is rare in code and only ever
             // shortens a line, which cannot add an edge.
@@ -68,11 +73,8 @@ fn code_of(text: &str) -> String {
 }
 
 fn code_lines(text: &str) -> usize {
-    let text = match text.find("#[cfg(test)]") {
-        Some(i) => &text[..i],
-        None => text,
-    };
-    text.lines()
+    before_tests(text)
+        .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with("//"))
         .count()
