@@ -14,7 +14,7 @@ use std::time::{Instant, SystemTime};
 use uctel_protocol::payload::LogRecord;
 
 use super::checkpoint::{self, Loaded, RecordPos, ResumePoints, StateEntry};
-use super::lines::{push_record, LineSplitter, Stamp};
+use super::lines::{push_record, LineEnd, LineSplitter, Stamp};
 use super::rotation::{
     fnv1a64, match_checkpoint, reconcile, start_position, truncation_check, Change, FileId, Found,
     Resume, SavedEntry, TrackedView, Truncation,
@@ -693,16 +693,21 @@ impl LogTailer {
                 if budget.records == 0 {
                     return true;
                 }
-                let (id, generation, file_id) = (t.id, t.generation, t.file_id);
-                let source = t.source.clone();
+                let from = LineOrigin {
+                    source: &t.source,
+                    id: t.id,
+                    generation: t.generation,
+                    file_id: t.file_id,
+                    detect,
+                    max_line,
+                };
+                let mut emitted = Emitted {
+                    out: &mut *out,
+                    positions: &mut *unsettled,
+                    wall: &mut *wall,
+                };
                 t.splitter.flush(&mut |line, end, start| {
-                    let at = Stamp::new(file_id, (start, line.len(), end), max_line, wall());
-                    push_record(out, counts, &source, detect, max_line, line, end, at);
-                    unsettled.push_back(RecordPos {
-                        id,
-                        generation,
-                        start,
-                    });
+                    emitted.keep(counts, &from, line, end, start);
                 });
                 budget.records -= 1;
             }
@@ -797,6 +802,51 @@ struct Emitted<'a> {
     wall: &'a mut dyn FnMut() -> SystemTime,
 }
 
+/// The file a line comes from, and the rules its record is built with.
+struct LineOrigin<'a> {
+    source: &'a str,
+    id: FileId,
+    generation: u64,
+    file_id: u64,
+    detect: bool,
+    max_line: usize,
+}
+
+impl Emitted<'_> {
+    /// Keeps one line that a [`LineSplitter`] emitted (`line`, `end`, `start`): its record,
+    /// stamped with the wall clock now ([`push_record`]), and where it started.
+    fn keep(
+        &mut self,
+        counts: &mut LogSourceCounts,
+        from: &LineOrigin<'_>,
+        line: &[u8],
+        end: LineEnd,
+        start: u64,
+    ) {
+        let at = Stamp::new(
+            from.file_id,
+            (start, line.len(), end),
+            from.max_line,
+            (self.wall)(),
+        );
+        push_record(
+            self.out,
+            counts,
+            from.source,
+            from.detect,
+            from.max_line,
+            line,
+            end,
+            at,
+        );
+        self.positions.push_back(RecordPos {
+            id: from.id,
+            generation: from.generation,
+            start,
+        });
+    }
+}
+
 /// Reads one file within the budget. Returns whether data was left unread because of the
 /// budget.
 #[allow(clippy::too_many_arguments)]
@@ -813,11 +863,7 @@ fn service(
 ) -> bool {
     let max_line = config.max_line_bytes;
     let detect = config.detect_severity;
-    let Emitted {
-        out,
-        positions,
-        wall,
-    } = emitted;
+    let mut emitted = emitted;
     let id = t.id;
     let size = match t.file.metadata() {
         Ok(m) => m.len(),
@@ -850,16 +896,16 @@ fn service(
         }
         .emit(counts);
         if budget.records > 0 {
-            let source = t.source.clone();
-            let (generation, file_id) = (t.generation, t.file_id);
+            let from = LineOrigin {
+                source: &t.source,
+                id,
+                generation: t.generation,
+                file_id: t.file_id,
+                detect,
+                max_line,
+            };
             if t.splitter.flush(&mut |line, end, start| {
-                let at = Stamp::new(file_id, (start, line.len(), end), max_line, wall());
-                push_record(out, counts, &source, detect, max_line, line, end, at);
-                positions.push_back(RecordPos {
-                    id,
-                    generation,
-                    start,
-                });
+                emitted.keep(counts, &from, line, end, start);
             }) {
                 budget.records -= 1;
             }
@@ -871,7 +917,14 @@ fn service(
         // Other bytes at the same offsets: another file for the collector's deduplication.
         t.file_id = new_file_id();
     }
-    let (generation, file_id) = (t.generation, t.file_id);
+    let from = LineOrigin {
+        source: &t.source,
+        id,
+        generation: t.generation,
+        file_id: t.file_id,
+        detect,
+        max_line,
+    };
 
     let mut more = false;
     t.at_eof = false;
@@ -894,17 +947,10 @@ fn service(
             t.at_eof = true;
             break;
         }
-        let source = &t.source;
         let fed = t
             .splitter
             .feed(&chunk[..n], now, budget.records, &mut |line, end, start| {
-                let at = Stamp::new(file_id, (start, line.len(), end), max_line, wall());
-                push_record(out, counts, source, detect, max_line, line, end, at);
-                positions.push_back(RecordPos {
-                    id,
-                    generation,
-                    start,
-                });
+                emitted.keep(counts, &from, line, end, start);
             });
         t.read_offset += fed.consumed as u64;
         counts.bytes_read += fed.consumed as u64;
@@ -916,21 +962,14 @@ fn service(
             break;
         }
     }
-    if t.at_eof && budget.records > 0 {
-        let source = &t.source;
-        if t.splitter
+    if t.at_eof
+        && budget.records > 0
+        && t.splitter
             .flush_if_stale(now, config.partial_line_timeout, &mut |line, end, start| {
-                let at = Stamp::new(file_id, (start, line.len(), end), max_line, wall());
-                push_record(out, counts, source, detect, max_line, line, end, at);
-                positions.push_back(RecordPos {
-                    id,
-                    generation,
-                    start,
-                });
+                emitted.keep(counts, &from, line, end, start);
             })
-        {
-            budget.records -= 1;
-        }
+    {
+        budget.records -= 1;
     }
     // Fingerprint the first bytes once they exist (or extend a short fingerprint).
     let known = size.max(t.read_offset);
