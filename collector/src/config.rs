@@ -103,6 +103,8 @@ pub struct Config {
     pub reorder_window_frames: Count<100>,
     /// Where received log records go.
     pub logs: LogsConfig,
+    /// Outputs to other machines (Prometheus remote-write), beside `/metrics` and `logs`.
+    pub outputs: crate::outputs::config::OutputsConfig,
 }
 
 /// `listen:` section. Addresses are `IP:PORT`, `[IPv6]:PORT`, or `:PORT` for every IPv4
@@ -650,6 +652,7 @@ impl Validate for Config {
     }
 
     fn validate(&self, p: &mut Problems) {
+        self.outputs.validate(p);
         let frame = self.max_frame_bytes.0;
         let header = uctel_protocol::frame::HEADER_LEN as u32;
         if frame <= header {
@@ -825,7 +828,11 @@ auth:
 pub fn reference() -> Reference {
     Reference::new::<Config>(Sources {
         daemon: "uctel-collector",
-        rust: &[include_str!("config.rs"), uctel_common::config::SOURCE],
+        rust: &[
+            include_str!("config.rs"),
+            include_str!("outputs/config.rs"),
+            uctel_common::config::SOURCE,
+        ],
         minimal: REFERENCE_MINIMAL,
     })
 }

@@ -69,6 +69,9 @@ pub enum RunError {
     /// A token could not be resolved.
     #[error("auth: {0}")]
     Auth(String),
+    /// An output (`outputs.*`) could not be set up.
+    #[error("{0}")]
+    Output(#[from] crate::outputs::http::SetupError),
     /// The data-plane threads could not be started.
     #[error("cannot start the data-plane threads: {0}")]
     Threads(#[source] std::io::Error),
@@ -177,6 +180,15 @@ impl Running {
         }
         let plane = self.shared.plane.clone();
         let _ = tokio::task::spawn_blocking(move || plane.stop()).await;
+        // Samples the worker queued after the senders stopped are counted, not lost.
+        let unsent = self.shared.remote_write.close();
+        if unsent > 0 {
+            tracing::warn!(
+                samples = unsent,
+                "remote-write samples queued at shutdown were not sent; counted in \
+                 uctel_collector_remote_write_samples_dropped_total{{reason=\"shutdown\"}}"
+            );
+        }
         result
     }
 }
@@ -229,16 +241,24 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
     };
     let metrics_addr = local(&metrics_listener, "listen.metrics", config.listen.metrics)?;
     let control_addr = local(&control_listener, "listen.control", config.listen.control)?;
+    let (trigger, sd) = shutdown::channel();
+    let remote_write = crate::outputs::remote_write::start(
+        &config.outputs.remote_write,
+        telemetry.registry(),
+        config.staleness_seconds.duration(),
+        &sd,
+    )
+    .map_err(RunError::Output)?;
     let shared = Shared {
         config: Arc::new(config),
         telemetry,
         store,
         logs,
+        remote_write: remote_write.handle,
         plane,
         ledger: Ledger::default(),
         delivered: DeliveredLogs::default(),
     };
-    let (trigger, sd) = shutdown::channel();
     let render_telemetry = shared.telemetry.clone();
     let render: uctel_common::http::RenderFn = Arc::new(move || render_telemetry.render());
     // The transport device is open and the control listener bound before anything is
@@ -260,6 +280,7 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         sd.clone(),
     ))];
     tasks.push(tokio::spawn(expire_loop(shared.store.clone(), sd.clone())));
+    tasks.extend(remote_write.tasks);
     let control = crate::control::serve(control_listener, shared.clone(), auth, sd);
     tasks.push(tokio::spawn(async move {
         control.await;

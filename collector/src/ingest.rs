@@ -46,12 +46,11 @@
 //! replayed`.
 //!
 //! **Delivery.** Accepted records leave through a [`Delivery`]: in the collector
-//! [`Outputs`] (the [`SeriesStore`] and the [`LogSink`]), in tests any recording or null
-//! one. `ConnectionIngest` is generic over it (static dispatch: the collector's worker and
+//! [`Outputs`] (the [`SeriesStore`], the [`LogSink`] and the configured outputs, such as
+//! remote-write), in tests any recording or null one. `ConnectionIngest` is generic over it (static dispatch: the collector's worker and
 //! the benches call the same monomorphic code as before the trait existed).
 
 use std::collections::{HashMap, VecDeque};
-use std::io;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -59,7 +58,7 @@ use uctel_protocol::borrowed::MetricBatchView;
 use uctel_protocol::control::{Goodbye, Heartbeat, Report, StreamFinal, StreamReport};
 use uctel_protocol::frame::{peek_conn_seq, Frame, FrameError, FrameKind};
 use uctel_protocol::limits::Limits;
-use uctel_protocol::payload::{self, LogRecord, PayloadError, RecordError};
+use uctel_protocol::payload::{self, PayloadError, RecordError};
 use uctel_protocol::seq::Seq;
 use uctel_protocol::stream::StreamName;
 use uctel_protocol::tracker::{
@@ -67,7 +66,8 @@ use uctel_protocol::tracker::{
 };
 
 use crate::logsink::{LogContext, LogSink};
-use crate::store::{IngestOutcome, SeriesStore};
+pub use crate::outputs::{Delivery, Outputs};
+use crate::store::SeriesStore;
 use crate::telemetry::{AgentTelemetry, DropReason, StreamTelemetry};
 
 /// Most streams tracked per connection; frames of further streams are dropped
@@ -226,56 +226,6 @@ impl DeliveredInner {
         if let Some(a) = oldest.and_then(|id| self.agents.remove(&id)) {
             self.files = self.files.saturating_sub(a.files.len());
         }
-    }
-}
-
-/// Where a connection's accepted records go (module docs, "Delivery").
-pub trait Delivery {
-    /// Store the samples of one decoded metrics frame of `agent` (hostname `instance`)
-    /// received at `now`; returns what was stored and what was rejected, by reason.
-    fn metrics(
-        &mut self,
-        agent: &str,
-        instance: &str,
-        batch: &MetricBatchView<'_>,
-        now: Instant,
-    ) -> IngestOutcome;
-
-    /// Write the log records of one frame; returns how many failed and the first error.
-    fn logs(&mut self, ctx: &LogContext<'_>, records: &[LogRecord]) -> (u64, Option<io::Error>);
-
-    /// Series currently stored for `agent` (the `series` gauge, set at each report).
-    fn series_count(&self, agent: &str) -> usize;
-}
-
-/// The collector's outputs: the series store behind `/metrics` and the log sink.
-#[derive(Debug, Clone)]
-pub struct Outputs {
-    /// The series store.
-    pub store: SeriesStore,
-    /// The log sink.
-    pub logs: Arc<LogSink>,
-}
-
-impl Delivery for Outputs {
-    #[inline]
-    fn metrics(
-        &mut self,
-        agent: &str,
-        instance: &str,
-        batch: &MetricBatchView<'_>,
-        now: Instant,
-    ) -> IngestOutcome {
-        self.store.ingest_views(agent, instance, batch, now)
-    }
-
-    #[inline]
-    fn logs(&mut self, ctx: &LogContext<'_>, records: &[LogRecord]) -> (u64, Option<io::Error>) {
-        self.logs.write_batch(ctx, records)
-    }
-
-    fn series_count(&self, agent: &str) -> usize {
-        self.store.series_count(agent)
     }
 }
 
@@ -562,7 +512,7 @@ impl ConnectionIngest<Outputs> {
             epoch,
             limits,
             tracker_config,
-            Outputs { store, logs },
+            Outputs::new(store, logs),
             tel,
         )
     }
@@ -819,9 +769,13 @@ impl<D: Delivery> ConnectionIngest<D> {
             FrameKind::Metrics => {
                 let mut batch = std::mem::take(&mut self.metrics).recycle();
                 let delivered = batch.decode_into(body, &self.limits).map(|()| {
-                    let out = self
-                        .delivery
-                        .metrics(&self.agent, &self.instance, &batch, now);
+                    let out = self.delivery.metrics(
+                        &self.agent,
+                        &self.instance,
+                        header.timestamp_ns,
+                        &batch,
+                        now,
+                    );
                     for (rejection, n) in &out.rejected {
                         self.tel.drop_records(
                             rejection.drop_reason(),
@@ -958,6 +912,7 @@ impl<D: Delivery> ConnectionIngest<D> {
     pub fn close(&mut self, goodbye: &Goodbye) -> CloseSummary {
         self.settle_from(goodbye.final_conn_seq, &goodbye.streams, Source::Goodbye);
         self.fold_delivered();
+        self.delivery.agent_left(&self.agent);
         self.summary()
     }
 

@@ -9,6 +9,8 @@
 //!   a custom `prometheus` collector.
 //! - [`logsink`]: JSON Lines log sink with size-based rotation.
 //! - [`ingest`]: per-connection frame checks, sequence tracking and delivery (transport-free).
+//! - [`outputs`]: the [`outputs::Delivery`] seam and the outputs to other machines
+//!   (Prometheus remote-write).
 //! - [`dataplane`]: per-agent UC QP and ring, the completion-poller and worker threads and the
 //!   SPSC descriptor queue between them.
 //! - [`shared`]: the state every task shares ([`shared::Shared`]).
@@ -28,6 +30,7 @@ pub mod daemon;
 pub mod dataplane;
 pub mod ingest;
 pub mod logsink;
+pub mod outputs;
 pub mod shared;
 pub mod store;
 pub mod telemetry;

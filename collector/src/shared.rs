@@ -12,6 +12,7 @@ use crate::config::Config;
 use crate::dataplane::DataPlane;
 use crate::ingest::{DeliveredLogs, StreamLedger};
 use crate::logsink::LogSink;
+use crate::outputs::RemoteWrite;
 use crate::store::SeriesStore;
 use crate::telemetry::Telemetry;
 
@@ -29,6 +30,8 @@ pub struct Shared {
     pub store: SeriesStore,
     /// Received logs.
     pub logs: Arc<LogSink>,
+    /// The remote-write endpoints (empty unless configured).
+    pub remote_write: RemoteWrite,
     /// The receive data path (device, poller, worker).
     pub plane: Arc<DataPlane>,
     /// Per-stream accounting of finished connections.

@@ -195,7 +195,7 @@ fn is_renamed(name: &str) -> bool {
 
 /// The label set as exposed (without `agent`/`instance`, which are added at scrape time),
 /// sorted by name, with clashing names renamed.
-fn series_labels<M: MetricParts>(metric: &M) -> Vec<(String, String)> {
+pub(crate) fn series_labels<M: MetricParts>(metric: &M) -> Vec<(String, String)> {
     let names: Vec<&str> = metric.labels().iter().map(LabelParts::name).collect();
     let taken = |n: &str| names.contains(&n) || n == "agent" || n == "instance";
     let mut labels: Vec<(String, String)> = metric

@@ -127,6 +127,7 @@ impl Delivery for Recording {
         &mut self,
         _agent: &str,
         _instance: &str,
+        _frame_timestamp_ns: u64,
         batch: &MetricBatchView<'_>,
         _now: Instant,
     ) -> IngestOutcome {

@@ -27,6 +27,7 @@ use super::registry::{lock, Registry, SessionLink};
 use super::{refuse, send_within, sleep_until, GOODBYE_DRAIN};
 use crate::dataplane::{Geometry, Session};
 use crate::ingest::{ConnectionIngest, StreamLedger};
+use crate::outputs::Outputs;
 use crate::shared::Shared;
 use crate::telemetry::SessionEnd;
 
@@ -118,14 +119,18 @@ pub(super) async fn run_session(
         max_dropout: cfg.max_dropout_frames.0,
         reorder_window: cfg.reorder_window_frames.0,
     };
-    let mut ingest = match ConnectionIngest::new(
+    let outputs = Outputs {
+        store: shared.store.clone(),
+        logs: shared.logs.clone(),
+        remote_write: shared.remote_write.clone(),
+    };
+    let mut ingest = match ConnectionIngest::with_delivery(
         &agent,
         &hello.hostname,
         hello.epoch,
         limits,
         tracker,
-        shared.store.clone(),
-        shared.logs.clone(),
+        outputs,
         tel.clone(),
     ) {
         Ok(i) => i,

@@ -1,0 +1,113 @@
+//! Where accepted records go: the [`Delivery`] seam between ingest and the outputs, and
+//! the collector's [`Outputs`] behind it.
+//!
+//! Every accepted frame's records reach the series store (behind `/metrics`) and the log
+//! sink (JSON Lines) synchronously, on the worker thread. The outputs that talk to another
+//! machine are asynchronous: the worker only appends to their bounded queues (never blocks,
+//! never waits on the network) and their sender tasks on the collector's runtime batch,
+//! encode and send. Each such output delivers a record whole or counts it as dropped, by a
+//! reason from its closed set, so that per output
+//! `in = sent + dropped + failed + pending` at every scrape.
+//!
+//! - [`remote_write`]: the Prometheus remote-write 1.0 client (`outputs.remote_write`).
+//! - [`http`]: what the HTTP outputs share: the client, authentication, backoff with full
+//!   jitter, `Retry-After`.
+//! - [`config`]: the `outputs:` configuration section.
+
+pub mod config;
+pub mod http;
+pub mod remote_write;
+
+use std::io;
+use std::sync::Arc;
+use std::time::Instant;
+
+use uctel_protocol::borrowed::MetricBatchView;
+use uctel_protocol::payload::LogRecord;
+
+use crate::logsink::{LogContext, LogSink};
+use crate::store::{IngestOutcome, SeriesStore};
+
+pub use remote_write::RemoteWrite;
+
+/// Where a connection's accepted records go (`crate::ingest` module docs, "Delivery").
+pub trait Delivery {
+    /// Store the samples of one decoded metrics frame of `agent` (hostname `instance`)
+    /// received at `now`; `frame_timestamp_ns` is the frame header's `timestamp_ns` (when
+    /// the agent opened the frame, ns since the Unix epoch: the time of samples whose own
+    /// `timestamp_ms` is 0). Returns what the series store kept and what it rejected, by
+    /// reason (the asynchronous outputs count their own drops).
+    fn metrics(
+        &mut self,
+        agent: &str,
+        instance: &str,
+        frame_timestamp_ns: u64,
+        batch: &MetricBatchView<'_>,
+        now: Instant,
+    ) -> IngestOutcome;
+
+    /// Write the log records of one frame; returns how many failed and the first error.
+    fn logs(&mut self, ctx: &LogContext<'_>, records: &[LogRecord]) -> (u64, Option<io::Error>);
+
+    /// Series currently stored for `agent` (the `series` gauge, set at each report).
+    fn series_count(&self, agent: &str) -> usize;
+
+    /// `agent` said `Goodbye`: its series end now (remote-write sends their stale markers).
+    fn agent_left(&mut self, agent: &str) {
+        let _ = agent;
+    }
+}
+
+/// The collector's outputs: the series store behind `/metrics`, the log sink, and the
+/// configured asynchronous outputs.
+#[derive(Debug, Clone)]
+pub struct Outputs {
+    /// The series store.
+    pub store: SeriesStore,
+    /// The log sink.
+    pub logs: Arc<LogSink>,
+    /// The remote-write endpoints (none unless configured).
+    pub remote_write: RemoteWrite,
+}
+
+impl Outputs {
+    /// The store and the log sink only.
+    pub fn new(store: SeriesStore, logs: Arc<LogSink>) -> Outputs {
+        Outputs {
+            store,
+            logs,
+            remote_write: RemoteWrite::default(),
+        }
+    }
+}
+
+impl Delivery for Outputs {
+    #[inline]
+    fn metrics(
+        &mut self,
+        agent: &str,
+        instance: &str,
+        frame_timestamp_ns: u64,
+        batch: &MetricBatchView<'_>,
+        now: Instant,
+    ) -> IngestOutcome {
+        if !self.remote_write.is_empty() {
+            self.remote_write
+                .push(agent, instance, frame_timestamp_ns, batch);
+        }
+        self.store.ingest_views(agent, instance, batch, now)
+    }
+
+    #[inline]
+    fn logs(&mut self, ctx: &LogContext<'_>, records: &[LogRecord]) -> (u64, Option<io::Error>) {
+        self.logs.write_batch(ctx, records)
+    }
+
+    fn series_count(&self, agent: &str) -> usize {
+        self.store.series_count(agent)
+    }
+
+    fn agent_left(&mut self, agent: &str) {
+        self.remote_write.agent_left(agent);
+    }
+}

@@ -1,0 +1,237 @@
+//! Prometheus remote-write 1.0 output (`outputs.remote_write`): every accepted sample, with
+//! the agent's timestamp, to one or more receivers (Prometheus with
+//! `--web.enable-remote-write-receiver`, Mimir, Thanos Receive, Cortex, VictoriaMetrics).
+//!
+//! The protocol as <https://prometheus.io/docs/specs/remote_write_spec/> defines it: a
+//! protobuf `WriteRequest` ([`prompb`]) compressed with snappy's block format, `POST`ed with
+//! `Content-Encoding: snappy`, `Content-Type: application/x-protobuf`,
+//! `X-Prometheus-Remote-Write-Version: 0.1.0` and `User-Agent: uctel-collector/<version>`.
+//!
+//! Per endpoint: [`queue`] (series table, sharded bounded queues, the label and timestamp
+//! rules), [`sender`] (one task per shard: batching, retries, backoff) and [`metrics`]
+//! (`uctel_collector_remote_write_*`). The worker thread only appends to the queues; it
+//! never waits on the network.
+
+pub mod metrics;
+pub mod prompb;
+mod queue;
+mod sender;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use uctel_common::shutdown::Shutdown;
+use uctel_protocol::borrowed::MetricBatchView;
+
+use self::metrics::{Counters, Dropped, Families, LockedCollector};
+use self::queue::{Scratch, Shards};
+use self::sender::Target;
+use super::config::RemoteWriteConfig;
+use super::http::{self, SetupError};
+
+/// Longest a stopping collector waits for its remote-write senders.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// One configured endpoint.
+#[derive(Debug)]
+struct Endpoint {
+    shards: Arc<Shards>,
+}
+
+/// The remote-write endpoints, as the worker sees them (cheap to clone: each clone has its
+/// own scratch). Empty unless configured.
+#[derive(Debug, Default)]
+pub struct RemoteWrite {
+    endpoints: Arc<[Endpoint]>,
+    scratch: Scratch,
+}
+
+impl Clone for RemoteWrite {
+    fn clone(&self) -> Self {
+        RemoteWrite {
+            endpoints: self.endpoints.clone(),
+            scratch: Scratch::default(),
+        }
+    }
+}
+
+/// The running remote-write output: the worker-side handle and the sender tasks.
+#[derive(Debug)]
+pub struct Started {
+    /// The handle the outputs push through.
+    pub handle: RemoteWrite,
+    /// The sender and expiry tasks (they end after `shutdown` fires and the grace period).
+    pub tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl RemoteWrite {
+    /// True when no endpoint is configured.
+    pub fn is_empty(&self) -> bool {
+        self.endpoints.is_empty()
+    }
+
+    /// Queues every sample of `batch` for every endpoint (module docs of `queue`).
+    pub fn push(
+        &mut self,
+        agent: &str,
+        instance: &str,
+        frame_ns: u64,
+        batch: &MetricBatchView<'_>,
+    ) {
+        let now = Instant::now();
+        for e in self.endpoints.iter() {
+            e.shards
+                .push(agent, instance, frame_ns, batch, &mut self.scratch, now);
+        }
+    }
+
+    /// `agent` said `Goodbye`: stale markers for all its series.
+    pub fn agent_left(&self, agent: &str) {
+        let now = Instant::now();
+        let ms = unix_ms(SystemTime::now());
+        for e in self.endpoints.iter() {
+            e.shards.agent_left(agent, now, ms);
+        }
+    }
+
+    /// Counts everything still queued as dropped at shutdown (call after the senders and
+    /// the data plane stopped). Returns how many samples.
+    pub fn close(&self) -> usize {
+        self.endpoints
+            .iter()
+            .map(|e| e.shards.drop_all(Dropped::Shutdown))
+            .sum()
+    }
+
+    /// The counters of endpoint `i` (tests).
+    pub fn counters(&self, i: usize) -> Option<&Arc<Counters>> {
+        self.endpoints.get(i).map(|e| e.shards.counters())
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+fn unix_ms(t: SystemTime) -> i64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// Starts every configured endpoint: registers the self-metrics in `registry`, spawns one
+/// sender per shard and an expiry task (stale markers for series not updated for
+/// `staleness`) on the current tokio runtime.
+///
+/// # Errors
+/// [`SetupError`] for unreadable secret or CA files and invalid headers; a `prometheus`
+/// registration error as [`SetupError::Invalid`].
+pub fn start(
+    configs: &[RemoteWriteConfig],
+    registry: &prometheus::Registry,
+    staleness: Duration,
+    shutdown: &Shutdown,
+) -> Result<Started, SetupError> {
+    if configs.is_empty() {
+        return Ok(Started {
+            handle: RemoteWrite::default(),
+            tasks: Vec::new(),
+        });
+    }
+    let registration = |e: prometheus::Error| SetupError::Invalid {
+        key: "outputs.remote_write".into(),
+        message: format!("self-metrics: {e}"),
+    };
+    let families = Families::new().map_err(registration)?;
+    let registered = Arc::new(Mutex::new(Vec::new()));
+    registry
+        .register(Box::new(LockedCollector::new(
+            families.clone(),
+            registered.clone(),
+        )))
+        .map_err(registration)?;
+    let mut endpoints = Vec::new();
+    let mut tasks = Vec::new();
+    for (i, c) in configs.iter().enumerate() {
+        let prefix = format!("outputs.remote_write[{i}]");
+        let label = http::redact(&c.url);
+        let url = reqwest::Url::parse(&c.url).map_err(|e| SetupError::Invalid {
+            key: format!("{prefix}.url"),
+            message: e.to_string(),
+        })?;
+        let mut headers = http::header_map(
+            &prefix,
+            c.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        )?;
+        if let Some(t) = &c.tenant {
+            headers.extend(http::header_map(&prefix, [("X-Scope-OrgID", t.as_str())])?);
+        }
+        let auth = http::authorization(
+            &prefix,
+            c.basic_auth.as_ref(),
+            c.bearer_token_file.as_deref(),
+        )?;
+        let client = http::client(
+            &prefix,
+            c.timeout(),
+            &c.tls,
+            http::with_authorization(headers, auth),
+        )?;
+        let counters = Arc::new(families.endpoint(&label));
+        counters.shards.set(i64::from(c.shards));
+        let shards = Arc::new(Shards::new(
+            c.shards as usize,
+            c.queue_capacity_samples as usize,
+            c.max_samples_per_send as usize,
+            counters,
+        ));
+        let target = Arc::new(Target {
+            client,
+            url,
+            label: label.clone(),
+            deadline: c.batch_deadline(),
+            backoff: c.backoff(),
+            grace: SHUTDOWN_GRACE.min(c.timeout()),
+        });
+        for (si, shard) in shards.shards.iter().enumerate() {
+            tasks.push(tokio::spawn(sender::run(
+                target.clone(),
+                shard.clone(),
+                si,
+                shutdown.clone(),
+            )));
+        }
+        tasks.push(tokio::spawn(expire_loop(
+            shards.clone(),
+            staleness,
+            shutdown.clone(),
+        )));
+        registered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(shards.clone());
+        tracing::info!(url = %label, shards = c.shards, "remote-write output started");
+        endpoints.push(Endpoint { shards });
+    }
+    Ok(Started {
+        handle: RemoteWrite {
+            endpoints: endpoints.into(),
+            scratch: Scratch::default(),
+        },
+        tasks,
+    })
+}
+
+/// Ends series not updated for `staleness` (stale markers), every few seconds.
+async fn expire_loop(shards: Arc<Shards>, staleness: Duration, mut shutdown: Shutdown) {
+    let every = (staleness / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let now = Instant::now();
+                if let Some(before) = now.checked_sub(staleness) {
+                    shards.expire(before, now, unix_ms(SystemTime::now()));
+                }
+            }
+            _ = shutdown.wait() => return,
+        }
+    }
+}

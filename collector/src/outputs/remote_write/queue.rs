@@ -1,0 +1,573 @@
+//! One endpoint's shards: the series table (per-series last timestamp, its labels encoded
+//! once) and the bounded queue of samples waiting to be sent, under one lock per shard.
+//!
+//! Rules (remote-write spec 1.0 and what receivers enforce):
+//!
+//! * **Identity and shard.** A series is `(agent, instance, metric name, suffix, labels)`;
+//!   its hash picks the shard, so all its samples go through one queue, in order.
+//! * **Labels.** Sorted by name, `__name__` first among equals as the byte order gives;
+//!   `agent` and `instance` as on `/metrics`, the series' own labels of those names (and
+//!   `le`) renamed `exported_…` as the series store does. A label with an empty value is
+//!   left out (Prometheus treats it as absent; the spec forbids empty values).
+//! * **Timestamps are the agent's**: the sample's own `timestamp_ms`, else the frame's
+//!   `timestamp_ns` in ms. A sample not newer than the last one queued for its series
+//!   (a late frame inside the reorder window, a restarted agent's clock) is dropped and
+//!   counted `out_of_order`: Prometheus answers 400 to a request holding one and drops it
+//!   all.
+//! * **Invalid** (`invalid`): a label name starting with `__` (reserved), a value with the
+//!   stale marker's bits (it would read as a stale marker), a timestamp at or before the
+//!   Unix epoch.
+//! * **Bounded.** At most `capacity` samples wait per shard; a new one beyond that pushes
+//!   the oldest out (`queue_full`).
+//! * **Stale markers** ([`prompb::STALE_NAN_BITS`]) end a series: when its agent says
+//!   `Goodbye`, and when it has not been updated for the staleness period; the series is
+//!   then forgotten.
+//!
+//! Counters change only under the shard lock, so a scrape that holds every shard lock reads
+//! `in = sent + dropped + failed + pending` exactly.
+
+use std::collections::VecDeque;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use foldhash::fast::RandomState;
+use hashbrown::HashTable;
+use uctel_protocol::borrowed::MetricBatchView;
+use uctel_protocol::payload::{LabelParts, MetricParts, MetricType};
+
+use super::metrics::{Counters, Dropped};
+use super::prompb::{self, Sample};
+
+/// Which series of a metric record a sample belongs to (histograms are sent as the classic
+/// `_bucket{le}`, `_sum` and `_count` series).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Suffix {
+    /// The counter or gauge itself.
+    None,
+    /// `_bucket{le="<bound>"}` (the bound's bits; `+Inf` included).
+    Bucket(u64),
+    /// `_sum`.
+    Sum,
+    /// `_count`.
+    Count,
+}
+
+impl Suffix {
+    fn tag(self) -> u64 {
+        match self {
+            Suffix::None => 0,
+            Suffix::Bucket(b) => b,
+            Suffix::Sum => 1,
+            Suffix::Count => 2,
+        }
+    }
+}
+
+/// One series of the table.
+#[derive(Debug)]
+struct Series {
+    hash: u64,
+    agent: Arc<str>,
+    instance: Box<str>,
+    name: Box<str>,
+    suffix: Suffix,
+    /// The record's labels as sent, sorted.
+    labels: Box<[(Box<str>, Box<str>)]>,
+    /// The `TimeSeries.labels` fields, encoded.
+    wire: Arc<[u8]>,
+    /// Timestamp of the last sample queued, ms.
+    last_ms: i64,
+    /// When it was last updated (staleness).
+    seen: Instant,
+}
+
+/// One queued sample.
+#[derive(Debug, Clone)]
+pub(crate) struct Queued {
+    /// The series' encoded labels.
+    pub(crate) wire: Arc<[u8]>,
+    /// The sample.
+    pub(crate) sample: Sample,
+}
+
+/// What one shard holds.
+#[derive(Debug)]
+pub(crate) struct ShardState {
+    table: HashTable<Series>,
+    /// Samples waiting, oldest first.
+    pub(crate) queue: VecDeque<Queued>,
+    capacity: usize,
+    /// When the queue last went from empty to non-empty (the batch deadline runs from it).
+    pub(crate) oldest: Option<Instant>,
+    /// Samples taken by the sender and not yet settled.
+    pub(crate) in_flight: usize,
+    /// The endpoint's counters (changed only under this lock).
+    pub(crate) counters: Arc<Counters>,
+}
+
+/// A shard: its state and the sender's wake-up.
+#[derive(Debug)]
+pub(crate) struct Shard {
+    state: Mutex<ShardState>,
+    /// Woken when the queue gets its first sample or a full request.
+    pub(crate) wake: tokio::sync::Notify,
+    /// Samples per request.
+    pub(crate) max_per_send: usize,
+}
+
+impl Shard {
+    /// An empty shard holding at most `capacity` samples.
+    pub(crate) fn new(capacity: usize, max_per_send: usize, counters: Arc<Counters>) -> Shard {
+        Shard {
+            state: Mutex::new(ShardState {
+                table: HashTable::new(),
+                queue: VecDeque::new(),
+                capacity: capacity.max(1),
+                oldest: None,
+                in_flight: 0,
+                counters,
+            }),
+            wake: tokio::sync::Notify::new(),
+            max_per_send: max_per_send.max(1),
+        }
+    }
+
+    /// The state, locked (a poisoned lock is taken over: the state stays consistent
+    /// between statements).
+    pub(crate) fn lock(&self) -> MutexGuard<'_, ShardState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl ShardState {
+    /// Queues `sample` for `wire`, pushing the oldest out when full. Returns true when the
+    /// sender should be woken (first sample, or a full request waiting).
+    fn enqueue(
+        &mut self,
+        wire: Arc<[u8]>,
+        sample: Sample,
+        max_per_send: usize,
+        now: Instant,
+    ) -> bool {
+        if self.queue.len() >= self.capacity {
+            self.queue.pop_front();
+            self.counters.drop_queued(Dropped::QueueFull, 1);
+        }
+        self.queue.push_back(Queued { wire, sample });
+        self.counters.pending.inc();
+        if self.queue.len() == 1 {
+            self.oldest = Some(now);
+            return true;
+        }
+        self.queue.len() == max_per_send
+    }
+
+    /// Takes up to `max` samples for a request (they stay pending, in flight).
+    pub(crate) fn take(&mut self, max: usize, now: Instant) -> Vec<Queued> {
+        let n = self.queue.len().min(max);
+        let batch: Vec<Queued> = self.queue.drain(..n).collect();
+        self.in_flight += batch.len();
+        self.oldest = (!self.queue.is_empty()).then_some(now);
+        batch
+    }
+
+    /// Settles `n` in-flight samples as sent, with the newest timestamp among them.
+    pub(crate) fn settle_sent(&mut self, n: usize, newest_ms: i64) {
+        self.in_flight = self.in_flight.saturating_sub(n);
+        self.counters.sent(n as u64, newest_ms);
+    }
+
+    /// Settles `n` in-flight samples as failed for `reason`.
+    pub(crate) fn settle_failed(&mut self, n: usize, reason: super::metrics::Failed) {
+        self.in_flight = self.in_flight.saturating_sub(n);
+        self.counters.failed(reason, n as u64);
+    }
+
+    /// Drops everything still queued (`reason`), e.g. at shutdown.
+    pub(crate) fn drop_queue(&mut self, reason: Dropped) -> usize {
+        let n = self.queue.len();
+        self.queue.clear();
+        self.oldest = None;
+        self.counters.drop_queued(reason, n as u64);
+        n
+    }
+
+    /// Queues a stale marker for every series `remove` selects and forgets them. Returns
+    /// how many; true in the second field when the sender should be woken.
+    fn end_series(
+        &mut self,
+        mut remove: impl FnMut(&Series) -> bool,
+        now: Instant,
+        now_ms: i64,
+        max_per_send: usize,
+    ) -> (usize, bool) {
+        let mut ended = Vec::new();
+        self.table.retain(|s| {
+            if remove(s) {
+                ended.push((s.wire.clone(), s.last_ms));
+                false
+            } else {
+                true
+            }
+        });
+        let mut wake = false;
+        for (wire, last_ms) in &ended {
+            let sample = Sample {
+                value: prompb::stale_nan(),
+                timestamp: now_ms.max(last_ms.saturating_add(1)),
+            };
+            self.counters.samples_in.inc();
+            wake |= self.enqueue(wire.clone(), sample, max_per_send, now);
+        }
+        (ended.len(), wake)
+    }
+}
+
+/// A sample of a record, before its series is looked up.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pending {
+    hash: u64,
+    shard: u32,
+    record: u32,
+    suffix: Suffix,
+    value: f64,
+    ts_ms: i64,
+}
+
+/// Per-caller scratch of [`Shards::push`] (kept between frames: no allocation per frame
+/// once warm).
+#[derive(Debug, Default)]
+pub(crate) struct Scratch {
+    pending: Vec<Pending>,
+    sorted: Vec<Vec<(usize, usize)>>,
+}
+
+/// All shards of one endpoint.
+#[derive(Debug)]
+pub(crate) struct Shards {
+    pub(crate) shards: Box<[Arc<Shard>]>,
+    hasher: RandomState,
+    counters: Arc<Counters>,
+}
+
+/// Sorted `(name, value)` views of a record's labels (indices into `labels`).
+fn sorted_labels<M: MetricParts>(m: &M, out: &mut Vec<(usize, usize)>) {
+    out.clear();
+    out.extend((0..m.labels().len()).map(|i| (i, i)));
+    let labels = m.labels();
+    if !labels.is_sorted_by(|a, b| (a.name(), a.value()) <= (b.name(), b.value())) {
+        out.sort_unstable_by(|a, b| {
+            let (x, y) = (&labels[a.0], &labels[b.0]);
+            (x.name(), x.value()).cmp(&(y.name(), y.value()))
+        });
+    }
+}
+
+impl Shards {
+    /// `n` shards holding `capacity` samples in all.
+    pub(crate) fn new(
+        n: usize,
+        capacity: usize,
+        max_per_send: usize,
+        counters: Arc<Counters>,
+    ) -> Shards {
+        let n = n.max(1);
+        Shards {
+            shards: (0..n)
+                .map(|_| {
+                    Arc::new(Shard::new(
+                        capacity.div_ceil(n),
+                        max_per_send,
+                        counters.clone(),
+                    ))
+                })
+                .collect(),
+            hasher: RandomState::default(),
+            counters,
+        }
+    }
+
+    fn hash<M: MetricParts>(
+        &self,
+        agent: &str,
+        instance: &str,
+        m: &M,
+        order: &[(usize, usize)],
+        suffix: Suffix,
+    ) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        h.write(agent.as_bytes());
+        h.write_u8(0xff);
+        h.write(instance.as_bytes());
+        h.write_u8(0xff);
+        h.write(m.name().as_bytes());
+        h.write_u64(suffix.tag());
+        for &(i, _) in order {
+            let l = &m.labels()[i];
+            h.write(l.name().as_bytes());
+            h.write_u8(0xfe);
+            h.write(l.value().as_bytes());
+            h.write_u8(0xff);
+        }
+        h.finish()
+    }
+
+    /// Queues every sample of `batch` (agent `agent`, hostname `instance`, frame opened at
+    /// `frame_ns`): see the module rules.
+    pub(crate) fn push(
+        &self,
+        agent: &str,
+        instance: &str,
+        frame_ns: u64,
+        batch: &MetricBatchView<'_>,
+        scratch: &mut Scratch,
+        now: Instant,
+    ) {
+        let frame_ms = i64::try_from(frame_ns / 1_000_000).unwrap_or(i64::MAX);
+        let n_shards = self.shards.len() as u64;
+        scratch.pending.clear();
+        let mut order = Vec::new();
+        let mut invalid = 0u64;
+        for (ri, m) in batch.iter().enumerate() {
+            let ts_ms = if m.timestamp_ms != 0 {
+                m.timestamp_ms
+            } else {
+                frame_ms
+            };
+            let kind = MetricType::try_from(m.kind()).unwrap_or(MetricType::Unspecified);
+            let samples = match kind {
+                MetricType::Histogram => m.buckets().len() + 3,
+                MetricType::Unspecified => 0,
+                _ => 1,
+            };
+            let bad = ts_ms <= 0
+                || kind == MetricType::Unspecified
+                || m.labels().iter().any(|l| l.name().starts_with("__"));
+            if bad {
+                invalid += samples.max(1) as u64;
+                continue;
+            }
+            sorted_labels(&m, &mut order);
+            let mut add = |suffix: Suffix, value: f64| {
+                if value.to_bits() == prompb::STALE_NAN_BITS {
+                    invalid += 1;
+                    return;
+                }
+                let hash = self.hash(agent, instance, &m, &order, suffix);
+                scratch.pending.push(Pending {
+                    hash,
+                    shard: (hash % n_shards) as u32,
+                    record: ri as u32,
+                    suffix,
+                    value,
+                    ts_ms,
+                });
+            };
+            if kind == MetricType::Histogram {
+                for b in m
+                    .buckets()
+                    .iter()
+                    .filter(|b| b.upper_bound != f64::INFINITY)
+                {
+                    add(
+                        Suffix::Bucket(b.upper_bound.to_bits()),
+                        b.cumulative_count as f64,
+                    );
+                }
+                add(Suffix::Bucket(f64::INFINITY.to_bits()), m.count() as f64);
+                add(Suffix::Sum, m.sum());
+                add(Suffix::Count, m.count() as f64);
+            } else {
+                add(Suffix::None, m.value());
+            }
+        }
+        // Group by shard (stable: per-series order kept), one lock per shard.
+        scratch.sorted.resize_with(self.shards.len(), Vec::new);
+        for v in &mut scratch.sorted {
+            v.clear();
+        }
+        for (i, p) in scratch.pending.iter().enumerate() {
+            scratch.sorted[p.shard as usize].push((i, 0));
+        }
+        let mut agent_arc: Option<Arc<str>> = None;
+        for (si, idx) in scratch.sorted.iter().enumerate() {
+            if idx.is_empty() {
+                continue;
+            }
+            let shard = &self.shards[si];
+            let mut st = shard.lock();
+            let mut wake = false;
+            for &(pi, _) in idx {
+                let p = scratch.pending[pi];
+                let Some(m) = batch.get(p.record as usize) else {
+                    continue;
+                };
+                st.counters.samples_in.inc();
+                sorted_labels(&m, &mut order);
+                let found = st.table.find_mut(p.hash, |s| {
+                    same_series(s, agent, instance, &m, &order, p.suffix)
+                });
+                let wire = match found {
+                    Some(s) => {
+                        if p.ts_ms <= s.last_ms {
+                            st.counters.drop_queued(Dropped::OutOfOrder, 1);
+                            continue;
+                        }
+                        s.last_ms = p.ts_ms;
+                        s.seen = now;
+                        s.wire.clone()
+                    }
+                    None => {
+                        let agent = agent_arc.get_or_insert_with(|| Arc::from(agent)).clone();
+                        let series =
+                            new_series(p.hash, agent, instance, &m, &order, p.suffix, p.ts_ms, now);
+                        let wire = series.wire.clone();
+                        st.table.insert_unique(p.hash, series, |s| s.hash);
+                        wire
+                    }
+                };
+                wake |= st.enqueue(
+                    wire,
+                    Sample {
+                        value: p.value,
+                        timestamp: p.ts_ms,
+                    },
+                    shard.max_per_send,
+                    now,
+                );
+            }
+            drop(st);
+            if wake {
+                shard.wake.notify_one();
+            }
+        }
+        if invalid > 0 {
+            // Counted in and dropped together, under one shard's lock.
+            let st = self.shards[0].lock();
+            st.counters.samples_in.inc_by(invalid);
+            st.counters.drop_queued(Dropped::Invalid, invalid);
+        }
+    }
+
+    /// Ends every series of `agent` (stale markers). Returns how many.
+    pub(crate) fn agent_left(&self, agent: &str, now: Instant, now_ms: i64) -> usize {
+        self.end(|s| &*s.agent == agent, now, now_ms)
+    }
+
+    /// Ends every series not updated since `before` (stale markers). Returns how many.
+    pub(crate) fn expire(&self, before: Instant, now: Instant, now_ms: i64) -> usize {
+        self.end(|s| s.seen < before, now, now_ms)
+    }
+
+    fn end(&self, remove: impl Fn(&Series) -> bool, now: Instant, now_ms: i64) -> usize {
+        let mut total = 0;
+        for shard in self.shards.iter() {
+            let (n, wake) = shard
+                .lock()
+                .end_series(&remove, now, now_ms, shard.max_per_send);
+            total += n;
+            if wake {
+                shard.wake.notify_one();
+            }
+        }
+        total
+    }
+
+    /// Series currently known, over all shards.
+    pub(crate) fn series(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().table.len()).sum()
+    }
+
+    /// Drops whatever is still queued in every shard (after the senders stopped).
+    pub(crate) fn drop_all(&self, reason: Dropped) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().drop_queue(reason))
+            .sum()
+    }
+
+    /// The endpoint's counters.
+    pub(crate) fn counters(&self) -> &Arc<Counters> {
+        &self.counters
+    }
+}
+
+fn same_series<M: MetricParts>(
+    s: &Series,
+    agent: &str,
+    instance: &str,
+    m: &M,
+    order: &[(usize, usize)],
+    suffix: Suffix,
+) -> bool {
+    s.suffix == suffix
+        && &*s.name == m.name()
+        && &*s.agent == agent
+        && &*s.instance == instance
+        && s.labels.len() == order.len()
+        && s.labels.iter().zip(order).all(|((n, v), &(i, _))| {
+            let l = &m.labels()[i];
+            &**n == l.name() && &**v == l.value()
+        })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn new_series<M: MetricParts>(
+    hash: u64,
+    agent: Arc<str>,
+    instance: &str,
+    m: &M,
+    order: &[(usize, usize)],
+    suffix: Suffix,
+    ts_ms: i64,
+    now: Instant,
+) -> Series {
+    let labels: Box<[(Box<str>, Box<str>)]> = order
+        .iter()
+        .map(|&(i, _)| {
+            let l = &m.labels()[i];
+            (Box::from(l.name()), Box::from(l.value()))
+        })
+        .collect();
+    let name = match suffix {
+        Suffix::None => m.name().to_owned(),
+        Suffix::Bucket(_) => format!("{}_bucket", m.name()),
+        Suffix::Sum => format!("{}_sum", m.name()),
+        Suffix::Count => format!("{}_count", m.name()),
+    };
+    let mut all: Vec<(String, String)> = crate::store::series_labels(m);
+    all.push(("__name__".into(), name));
+    all.push(("agent".into(), agent.to_string()));
+    all.push(("instance".into(), instance.to_owned()));
+    if let Suffix::Bucket(bits) = suffix {
+        all.push(("le".into(), le_value(f64::from_bits(bits))));
+    }
+    all.retain(|(_, v)| !v.is_empty());
+    all.sort();
+    let wire = prompb::encode_labels(all.iter().map(|(n, v)| (n.as_str(), v.as_str())));
+    Series {
+        hash,
+        agent,
+        instance: Box::from(instance),
+        name: Box::from(m.name()),
+        suffix,
+        labels,
+        wire: Arc::from(wire),
+        last_ms: ts_ms,
+        seen: now,
+    }
+}
+
+/// The `le` label value of a bucket bound, as Prometheus' text format writes it (`+Inf`,
+/// shortest round-trip decimal otherwise).
+pub(crate) fn le_value(bound: f64) -> String {
+    if bound == f64::INFINITY {
+        "+Inf".to_owned()
+    } else if bound == f64::NEG_INFINITY {
+        "-Inf".to_owned()
+    } else {
+        let s = format!("{bound}");
+        s
+    }
+}

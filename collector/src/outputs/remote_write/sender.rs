@@ -1,0 +1,250 @@
+//! One shard's sender task: waits for a full request or the batch deadline, encodes,
+//! sends, and retries what may succeed later.
+//!
+//! Outcomes (remote-write spec 1.0, "Retries & Backoff"):
+//! * 2xx: sent.
+//! * 5xx, 429 and transport errors (connect, timeout, reset): the same request again after
+//!   a delay (exponential backoff with full jitter; a 429's or 503's `Retry-After` is
+//!   honoured, cut to the largest backoff). The shard sends nothing else meanwhile, so its
+//!   series stay in order; new samples wait in its bounded queue (full: oldest dropped).
+//! * Any other status (400, 401, 404, 413, …): failed for good (`rejected`), never retried;
+//!   the answer is logged (rate-limited).
+//!
+//! At shutdown the shard gets a grace period to send what is queued; a request still
+//! failing then is given up (`failed{reason="shutdown"}`), samples not sent
+//! `dropped{reason="shutdown"}`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use reqwest::header::{HeaderValue, CONTENT_ENCODING, CONTENT_TYPE};
+use reqwest::StatusCode;
+use uctel_common::shutdown::Shutdown;
+
+use super::metrics::{Dropped, Failed};
+use super::prompb::{self, Sample};
+use super::queue::{Queued, Shard};
+use crate::outputs::http::{self, Backoff};
+
+/// What every shard of an endpoint shares.
+#[derive(Debug)]
+pub(crate) struct Target {
+    /// The client (timeouts, TLS, default headers).
+    pub(crate) client: reqwest::Client,
+    /// The write URL.
+    pub(crate) url: reqwest::Url,
+    /// The URL without credentials (logs).
+    pub(crate) label: String,
+    /// Batch deadline.
+    pub(crate) deadline: Duration,
+    /// Backoff bounds.
+    pub(crate) backoff: (Duration, Duration),
+    /// Grace period at shutdown.
+    pub(crate) grace: Duration,
+}
+
+/// The protocol's version header value (spec 1.0).
+const VERSION: &str = "0.1.0";
+
+/// Logs at most one line per this period per shard and kind of failure.
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// A request's fate.
+enum Outcome {
+    Sent,
+    Retry(Option<Duration>, String),
+    Reject(String),
+}
+
+/// Runs shard `index` until `shutdown` fires and the grace period ends.
+pub(crate) async fn run(
+    target: Arc<Target>,
+    shard: Arc<Shard>,
+    index: usize,
+    mut shutdown: Shutdown,
+) {
+    let mut scratch = Vec::new();
+    let mut last_log: HashMap<&'static str, Instant> = HashMap::new();
+    let mut stop_at: Option<tokio::time::Instant> = None;
+    loop {
+        // Wait until a request is due (full, deadline) or the collector stops.
+        let batch = loop {
+            let now = Instant::now();
+            let (due, wait) = {
+                let mut st = shard.lock();
+                let full = st.queue.len() >= shard.max_per_send;
+                let deadline = st.oldest.map(|t| t + target.deadline);
+                if !st.queue.is_empty()
+                    && (full || stop_at.is_some() || deadline.is_some_and(|d| d <= now))
+                {
+                    (Some(st.take(shard.max_per_send, now)), None)
+                } else {
+                    (None, deadline)
+                }
+            };
+            if let Some(b) = due {
+                break b;
+            }
+            if stop_at.is_some() {
+                return; // Stopping and nothing queued.
+            }
+            let sleep = async {
+                match wait {
+                    Some(d) => tokio::time::sleep_until(d.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = shard.wake.notified() => {}
+                _ = sleep => {}
+                _ = shutdown.wait() => {
+                    stop_at = Some(tokio::time::Instant::now() + target.grace);
+                }
+            }
+        };
+        let n = batch.len();
+        let newest = batch.iter().map(|q| q.sample.timestamp).max().unwrap_or(0);
+        let body = match encode(&batch, &mut scratch) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(url = %target.label, error = %e, "remote-write request not encoded; its samples are counted failed");
+                shard.lock().settle_failed(n, Failed::Rejected);
+                continue;
+            }
+        };
+        let mut backoff = Backoff::new(target.backoff.0, target.backoff.1);
+        loop {
+            let started = Instant::now();
+            let outcome = send(&target, body.clone()).await;
+            let counters = shard.lock().counters.clone();
+            counters.duration.observe(started.elapsed().as_secs_f64());
+            match outcome {
+                Outcome::Sent => {
+                    shard.lock().settle_sent(n, newest);
+                    break;
+                }
+                Outcome::Reject(why) => {
+                    shard.lock().settle_failed(n, Failed::Rejected);
+                    if due_log(&mut last_log, "reject") {
+                        tracing::warn!(url = %target.label, shard = index, samples = n, answer = %why, "remote-write receiver rejected a request; its samples are dropped (not retried) and counted in samples_failed_total{{reason=\"rejected\"}}");
+                    }
+                    break;
+                }
+                Outcome::Retry(after, why) => {
+                    let delay = backoff.next_delay(after);
+                    if let Some(stop) = stop_at {
+                        if tokio::time::Instant::now() + delay >= stop {
+                            shard.lock().settle_failed(n, Failed::Shutdown);
+                            tracing::warn!(url = %target.label, shard = index, samples = n, error = %why, "remote-write request still failing at shutdown; its samples are counted in samples_failed_total{{reason=\"shutdown\"}}");
+                            break;
+                        }
+                    }
+                    {
+                        let st = shard.lock();
+                        st.counters.retried.inc_by(n as u64);
+                    }
+                    if due_log(&mut last_log, "retry") {
+                        tracing::warn!(url = %target.label, shard = index, samples = n, error = %why, retry_in_ms = delay.as_millis() as u64, "remote-write request failed; retrying");
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = shutdown.wait(), if stop_at.is_none() => {
+                            stop_at = Some(tokio::time::Instant::now() + target.grace);
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(stop) = stop_at {
+            if tokio::time::Instant::now() >= stop {
+                let dropped = shard.lock().drop_queue(Dropped::Shutdown);
+                if dropped > 0 {
+                    tracing::warn!(url = %target.label, shard = index, samples = dropped, "remote-write samples not sent before shutdown; counted in samples_dropped_total{{reason=\"shutdown\"}}");
+                }
+                return;
+            }
+        }
+    }
+}
+
+fn due_log(last: &mut HashMap<&'static str, Instant>, kind: &'static str) -> bool {
+    let now = Instant::now();
+    match last.get(kind) {
+        Some(t) if now.duration_since(*t) < LOG_EVERY => false,
+        _ => {
+            last.insert(kind, now);
+            true
+        }
+    }
+}
+
+/// The request body of `batch`: one `TimeSeries` per series, its samples in queue order.
+fn encode(batch: &[Queued], scratch: &mut Vec<u8>) -> Result<Vec<u8>, snap::Error> {
+    let mut index: HashMap<*const u8, usize> = HashMap::with_capacity(batch.len());
+    let mut series: Vec<(&[u8], Vec<Sample>)> = Vec::new();
+    for q in batch {
+        let key = q.wire.as_ptr();
+        let i = *index.entry(key).or_insert_with(|| {
+            series.push((&q.wire[..], Vec::new()));
+            series.len() - 1
+        });
+        series[i].1.push(q.sample);
+    }
+    prompb::encode_request(series.iter().map(|(l, s)| (*l, s.as_slice())), scratch)
+}
+
+async fn send(target: &Target, body: Vec<u8>) -> Outcome {
+    let result = target
+        .client
+        .post(target.url.clone())
+        .header(CONTENT_ENCODING, HeaderValue::from_static("snappy"))
+        .header(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/x-protobuf"),
+        )
+        .header(
+            "X-Prometheus-Remote-Write-Version",
+            HeaderValue::from_static(VERSION),
+        )
+        .body(body)
+        .send()
+        .await;
+    let response = match result {
+        Ok(r) => r,
+        Err(e) => return Outcome::Retry(None, describe(&e)),
+    };
+    let status = response.status();
+    if status.is_success() {
+        return Outcome::Sent;
+    }
+    let after = http::retry_after(response.headers(), SystemTime::now());
+    let text = response.text().await.unwrap_or_default();
+    let why = format!("{status}: {}", snippet(&text));
+    if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
+        Outcome::Retry(after, why)
+    } else {
+        Outcome::Reject(why)
+    }
+}
+
+/// The first line of an answer, at most 200 bytes.
+fn snippet(text: &str) -> &str {
+    let line = text.lines().next().unwrap_or("").trim();
+    match line.char_indices().nth(200) {
+        Some((i, _)) => &line[..i],
+        None => line,
+    }
+}
+
+/// A transport error with its causes.
+fn describe(e: &reqwest::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(c) = source {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        source = c.source();
+    }
+    s
+}
