@@ -571,3 +571,288 @@ pub(crate) fn le_value(bound: f64) -> String {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::metrics::{Failed, Families};
+    use super::*;
+    use uctel_protocol::limits::Limits;
+    use uctel_protocol::payload::{encode_metric_batch, Bucket, Label, Metric, MetricBatch};
+
+    fn gauge(name: &str, value: f64, ts: i64, labels: &[(&str, &str)]) -> Metric {
+        Metric {
+            name: name.into(),
+            r#type: MetricType::Gauge as i32,
+            labels: labels
+                .iter()
+                .map(|(n, v)| Label {
+                    name: (*n).into(),
+                    value: (*v).into(),
+                })
+                .collect(),
+            value,
+            timestamp_ms: ts,
+            ..Default::default()
+        }
+    }
+
+    fn shards(n: usize, capacity: usize) -> Shards {
+        let f = Families::new().unwrap();
+        Shards::new(n, capacity, 1000, Arc::new(f.endpoint("http://x/")))
+    }
+
+    fn push(s: &Shards, agent: &str, frame_ms: u64, metrics: Vec<Metric>) {
+        let payload = encode_metric_batch(&MetricBatch { metrics });
+        let batch = MetricBatchView::decode(&payload, &Limits::default()).unwrap();
+        s.push(
+            agent,
+            "host-1",
+            frame_ms * 1_000_000,
+            &batch,
+            &mut Scratch::default(),
+            Instant::now(),
+        );
+    }
+
+    /// Everything queued, decoded: (labels, value bits, timestamp) per sample.
+    fn drain(s: &Shards) -> Vec<(Vec<(String, String)>, u64, i64)> {
+        let mut out = Vec::new();
+        for shard in s.shards.iter() {
+            let mut st = shard.lock();
+            let batch = st.take(usize::MAX, Instant::now());
+            st.settle_sent(batch.len(), 0);
+            for q in batch {
+                let mut scratch = Vec::new();
+                let body = prompb::encode_request(
+                    [(&q.wire[..], std::slice::from_ref(&q.sample))],
+                    &mut scratch,
+                )
+                .unwrap();
+                let req = prompb::decode_request(&body).unwrap();
+                let ts = &req.timeseries[0];
+                out.push((
+                    ts.labels
+                        .iter()
+                        .map(|l| (l.name.clone(), l.value.clone()))
+                        .collect(),
+                    ts.samples[0].value.to_bits(),
+                    ts.samples[0].timestamp,
+                ));
+            }
+        }
+        out.sort_by(|a, b| (&a.0, a.2).cmp(&(&b.0, b.2)));
+        out
+    }
+
+    /// `in = sent + failed + dropped + pending`, read as a scrape would.
+    fn law(s: &Shards) -> (u64, u64) {
+        let c = s.counters();
+        let dropped: u64 = Dropped::ALL.iter().map(|r| c.dropped(*r)).sum();
+        let failed: u64 = Failed::ALL.iter().map(|r| c.failed_count(*r)).sum();
+        let pending = u64::try_from(c.pending.get()).unwrap();
+        (
+            c.samples_in.get(),
+            c.samples_sent() + dropped + failed + pending,
+        )
+    }
+
+    fn l(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(n, v)| ((*n).into(), (*v).into()))
+            .collect()
+    }
+
+    #[test]
+    fn labels_are_sorted_renamed_and_stamped_with_the_agents_time() {
+        let s = shards(3, 1000);
+        push(
+            &s,
+            "a-1",
+            1_700_000_000_000,
+            vec![
+                gauge(
+                    "temp",
+                    1.5,
+                    0,
+                    &[("zone", "z"), ("instance", "own"), ("empty", "")],
+                ),
+                gauge("temp", 2.5, 1_700_000_000_500, &[("zone", "y")]),
+            ],
+        );
+        let got = drain(&s);
+        assert_eq!(
+            got,
+            vec![
+                (
+                    l(&[
+                        ("__name__", "temp"),
+                        ("agent", "a-1"),
+                        ("exported_instance", "own"),
+                        ("instance", "host-1"),
+                        ("zone", "z")
+                    ]),
+                    1.5f64.to_bits(),
+                    1_700_000_000_000
+                ),
+                (
+                    l(&[
+                        ("__name__", "temp"),
+                        ("agent", "a-1"),
+                        ("instance", "host-1"),
+                        ("zone", "y")
+                    ]),
+                    2.5f64.to_bits(),
+                    1_700_000_000_500
+                ),
+            ]
+        );
+        assert_eq!(law(&s), (2, 2));
+    }
+
+    #[test]
+    fn histograms_become_bucket_sum_and_count_series() {
+        let s = shards(2, 1000);
+        let h = Metric {
+            name: "lat".into(),
+            r#type: MetricType::Histogram as i32,
+            buckets: vec![
+                Bucket {
+                    upper_bound: 0.5,
+                    cumulative_count: 2,
+                },
+                Bucket {
+                    upper_bound: f64::INFINITY,
+                    cumulative_count: 3,
+                },
+            ],
+            count: 3,
+            sum: 1.25,
+            ..Default::default()
+        };
+        push(&s, "a", 1000, vec![h]);
+        let got: Vec<(String, Option<String>, f64)> = drain(&s)
+            .into_iter()
+            .map(|(labels, v, ts)| {
+                assert_eq!(ts, 1000);
+                let get = |k: &str| labels.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+                (get("__name__").unwrap(), get("le"), f64::from_bits(v))
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("lat_bucket".into(), Some("+Inf".into()), 3.0),
+                ("lat_bucket".into(), Some("0.5".into()), 2.0),
+                ("lat_count".into(), None, 3.0),
+                ("lat_sum".into(), None, 1.25),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_sample_not_newer_than_the_last_queued_is_dropped_out_of_order() {
+        let s = shards(2, 1000);
+        push(&s, "a", 10, vec![gauge("g", 1.0, 0, &[])]);
+        push(&s, "a", 30, vec![gauge("g", 3.0, 0, &[])]);
+        push(&s, "a", 20, vec![gauge("g", 2.0, 0, &[])]); // late frame
+        push(&s, "a", 30, vec![gauge("g", 3.0, 0, &[])]); // same timestamp
+        push(&s, "b", 20, vec![gauge("g", 2.0, 0, &[])]); // another agent's series
+        assert_eq!(s.counters().dropped(Dropped::OutOfOrder), 2);
+        let ts: Vec<i64> = drain(&s).iter().map(|x| x.2).collect();
+        assert_eq!(ts, vec![10, 30, 20]);
+        assert_eq!(law(&s), (5, 5));
+    }
+
+    #[test]
+    fn a_full_queue_drops_the_oldest_and_counts_it() {
+        let s = shards(1, 3);
+        for t in 1..=5 {
+            push(&s, "a", t, vec![gauge("g", t as f64, 0, &[])]);
+        }
+        assert_eq!(s.counters().dropped(Dropped::QueueFull), 2);
+        assert_eq!(law(&s), (5, 5));
+        let ts: Vec<i64> = drain(&s).iter().map(|x| x.2).collect();
+        assert_eq!(ts, vec![3, 4, 5]);
+        assert_eq!(law(&s), (5, 5));
+    }
+
+    #[test]
+    fn what_remote_write_cannot_carry_is_dropped_invalid() {
+        let s = shards(2, 1000);
+        push(
+            &s,
+            "a",
+            0, // no frame timestamp: the sample has none either
+            vec![gauge("g", 1.0, 0, &[])],
+        );
+        push(
+            &s,
+            "a",
+            5,
+            vec![gauge("g", f64::from_bits(prompb::STALE_NAN_BITS), 0, &[])],
+        );
+        // (`__`-prefixed label names never get here: the protocol decoder refuses them.)
+        push(&s, "a", 5, vec![gauge("ok", f64::NAN, 0, &[])]);
+        assert_eq!(s.counters().dropped(Dropped::Invalid), 2);
+        assert_eq!(drain(&s).len(), 1, "an ordinary NaN is a value");
+        assert_eq!(law(&s), (3, 3));
+    }
+
+    #[test]
+    fn goodbye_and_staleness_send_stale_markers_after_the_last_sample() {
+        let s = shards(2, 1000);
+        push(
+            &s,
+            "a",
+            2_000,
+            vec![gauge("g", 1.0, 0, &[]), gauge("h", 1.0, 0, &[])],
+        );
+        push(&s, "b", 2_000, vec![gauge("g", 1.0, 0, &[])]);
+        drain(&s);
+        // The collector's clock is behind the agent's: the marker still follows the sample.
+        assert_eq!(s.agent_left("a", Instant::now(), 1_000), 2);
+        let got = drain(&s);
+        assert_eq!(got.len(), 2);
+        assert!(got
+            .iter()
+            .all(|x| x.1 == prompb::STALE_NAN_BITS && x.2 == 2_001));
+        assert!(got
+            .iter()
+            .all(|x| x.0.contains(&("agent".into(), "a".into()))));
+        assert_eq!(s.series(), 1);
+        let later = Instant::now() + std::time::Duration::from_secs(1);
+        assert_eq!(s.expire(later, later, 9_000), 1);
+        let got = drain(&s);
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].1, got[0].2), (prompb::STALE_NAN_BITS, 9_000));
+        assert_eq!(s.series(), 0);
+        assert_eq!(law(&s), (6, 6));
+    }
+
+    #[test]
+    fn one_series_always_lands_in_one_shard_in_order() {
+        let s = shards(8, 100_000);
+        for t in 1..=50u64 {
+            let ms: Vec<Metric> = (0..20)
+                .map(|i| gauge("g", t as f64, 0, &[("i", &i.to_string())]))
+                .collect();
+            push(&s, "a", t, ms);
+        }
+        for shard in s.shards.iter() {
+            let st = shard.lock();
+            let mut last: std::collections::HashMap<*const u8, i64> = Default::default();
+            for q in &st.queue {
+                let prev = last.insert(q.wire.as_ptr(), q.sample.timestamp);
+                assert!(prev.is_none_or(|p| p < q.sample.timestamp));
+            }
+        }
+        let used = s
+            .shards
+            .iter()
+            .filter(|sh| !sh.lock().queue.is_empty())
+            .count();
+        assert!(used > 1, "20 series over 8 shards used {used}");
+        assert_eq!(law(&s), (1000, 1000));
+    }
+}
