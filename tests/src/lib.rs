@@ -38,6 +38,7 @@ pub mod net;
 pub mod pair;
 pub mod pipeline;
 pub mod prometheus;
+pub mod victoria;
 
 pub use uctel_testkit::exposition;
 pub use uctel_testkit::wait_for;

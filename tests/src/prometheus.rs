@@ -58,11 +58,67 @@ impl Prometheus {
     /// # Panics
     /// If the binary is missing or it is not ready within 60 s.
     pub fn start(dir: &Path, jobs: &[Job]) -> Prometheus {
+        Prometheus::start_with(dir, jobs, &[])
+    }
+
+    /// A Prometheus that scrapes nothing and receives remote-write on `/api/v1/write`
+    /// (`--web.enable-remote-write-receiver`).
+    ///
+    /// # Panics
+    /// As [`Prometheus::start`].
+    pub fn receiver(dir: &Path) -> Prometheus {
+        Prometheus::start_with(dir, &[], &["--web.enable-remote-write-receiver"])
+    }
+
+    /// Its remote-write URL (when started as a [`Prometheus::receiver`]).
+    pub fn write_url(&self) -> String {
+        format!("http://{}/api/v1/write", self.addr)
+    }
+
+    /// Every raw sample of the series matching `selector` within the last hour (a range
+    /// query, so stale markers are left out, as Prometheus does).
+    ///
+    /// # Errors
+    /// As [`Prometheus::query`], or an answer that is not a matrix.
+    pub fn raw_samples(&self, selector: &str) -> Result<crate::victoria::RawSeries, String> {
+        let mut out = crate::victoria::RawSeries::new();
+        for s in self.query(&format!("{selector}[1h]"))? {
+            let mut labels: Vec<(String, String)> = s["metric"]
+                .as_object()
+                .ok_or_else(|| format!("no metric in {s}"))?
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+                .collect();
+            labels.sort();
+            let values = s["values"]
+                .as_array()
+                .ok_or_else(|| format!("no values in {s}"))?;
+            let samples = values
+                .iter()
+                .map(|p| {
+                    let t = p[0].as_f64().unwrap_or_default();
+                    let v = p[1].as_str().and_then(parse_value).unwrap_or(f64::NAN);
+                    ((t * 1000.0).round() as i64, v)
+                })
+                .collect();
+            out.insert(labels, samples);
+        }
+        Ok(out)
+    }
+
+    /// Starts Prometheus in `dir` scraping `jobs` every second, with `extra` flags.
+    ///
+    /// # Panics
+    /// If the binary is missing or it is not ready within 60 s.
+    pub fn start_with(dir: &Path, jobs: &[Job], extra: &[&str]) -> Prometheus {
         let binary = prometheus_binary();
         let addr = crate::net::free_addr();
         let mut cfg = String::from(
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\nscrape_configs:\n",
         );
+        if jobs.is_empty() {
+            cfg.push_str("  []\n");
+        }
         for j in jobs {
             let targets: Vec<String> = j.targets.iter().map(|t| format!("'{t}'")).collect();
             cfg.push_str(&format!(
@@ -86,6 +142,7 @@ impl Prometheus {
             .arg(format!("--web.listen-address={addr}"))
             .arg("--storage.tsdb.retention.time=1h")
             .arg("--log.level=warn")
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -164,7 +221,11 @@ impl Prometheus {
 
 /// The scalar value of one instant-vector element (`[ts, "value"]`).
 pub fn sample_value(v: &Value) -> Option<f64> {
-    let s = v.pointer("/value/1")?.as_str()?;
+    parse_value(v.pointer("/value/1")?.as_str()?)
+}
+
+/// A sample value as Prometheus' JSON API writes it (`"1.5"`, `"NaN"`, `"+Inf"`).
+pub fn parse_value(s: &str) -> Option<f64> {
     match s {
         "NaN" => Some(f64::NAN),
         "+Inf" => Some(f64::INFINITY),

@@ -7,6 +7,7 @@
 //! | `uctel_collector_remote_write_samples_total` | samples the receiver accepted (2xx) |
 //! | `uctel_collector_remote_write_samples_failed_total{reason}` | samples of requests that failed for good ([`Failed`]) |
 //! | `uctel_collector_remote_write_samples_dropped_total{reason}` | samples never sent ([`Dropped`]) |
+//! | `uctel_collector_remote_write_stale_markers_total` | stale markers queued (series ended: `Goodbye` or staleness), part of `samples_in` |
 //! | `uctel_collector_remote_write_samples_retried_total` | samples of requests sent again (each retry counts) |
 //! | `uctel_collector_remote_write_samples_pending` | samples queued or in flight |
 //! | `uctel_collector_remote_write_highest_sent_timestamp_seconds` | newest sample timestamp the receiver accepted |
@@ -94,6 +95,7 @@ pub struct Families {
     failed: IntCounterVec,
     dropped: IntCounterVec,
     retried: IntCounterVec,
+    stale: IntCounterVec,
     pending: IntGaugeVec,
     highest_sent: GaugeVec,
     duration: HistogramVec,
@@ -151,6 +153,14 @@ impl Families {
                 ),
                 url,
             )?,
+            stale: IntCounterVec::new(
+                opts(
+                    "stale_markers_total",
+                    "Stale markers queued for the endpoint (series ended by Goodbye or \
+                     staleness); also counted in samples_in_total.",
+                ),
+                url,
+            )?,
             pending: IntGaugeVec::new(
                 opts(
                     "samples_pending",
@@ -197,6 +207,7 @@ impl Families {
             failed: Failed::ALL.map(|r| self.failed.with_label_values(&[url, r.as_str()])),
             dropped: Dropped::ALL.map(|r| self.dropped.with_label_values(&[url, r.as_str()])),
             retried: self.retried.with_label_values(&[url]),
+            stale: self.stale.with_label_values(&[url]),
             pending: self.pending.with_label_values(&[url]),
             highest_sent: self.highest_sent.with_label_values(&[url]),
             duration: self.duration.with_label_values(&[url]),
@@ -205,8 +216,9 @@ impl Families {
         }
     }
 
-    fn collectors(&self) -> [&dyn Collector; 10] {
+    fn collectors(&self) -> [&dyn Collector; 11] {
         [
+            &self.stale,
             &self.samples_in,
             &self.samples,
             &self.failed,
@@ -231,6 +243,8 @@ pub struct Counters {
     dropped: [IntCounter; 4],
     /// `samples_retried_total`.
     pub retried: IntCounter,
+    /// `stale_markers_total`.
+    pub stale: IntCounter,
     /// `samples_pending`.
     pub pending: IntGauge,
     highest_sent: Gauge,

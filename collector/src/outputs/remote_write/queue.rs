@@ -218,6 +218,7 @@ impl ShardState {
                 timestamp: now_ms.max(last_ms.saturating_add(1)),
             };
             self.counters.samples_in.inc();
+            self.counters.stale.inc();
             wake |= self.enqueue(wire.clone(), sample, max_per_send, now);
         }
         (ended.len(), wake)
@@ -614,8 +615,11 @@ mod tests {
         );
     }
 
-    /// Everything queued, decoded: (labels, value bits, timestamp) per sample.
-    fn drain(s: &Shards) -> Vec<(Vec<(String, String)>, u64, i64)> {
+    /// (labels, value bits, timestamp) of one sample.
+    type Decoded = (Vec<(String, String)>, u64, i64);
+
+    /// Everything queued, decoded.
+    fn drain(s: &Shards) -> Vec<Decoded> {
         let mut out = Vec::new();
         for shard in s.shards.iter() {
             let mut st = shard.lock();

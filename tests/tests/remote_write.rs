@@ -1,0 +1,359 @@
+//! Remote-write end to end through the real binaries: two agents with 2 % injected UC loss →
+//! collector → a real Prometheus (`--web.enable-remote-write-receiver`) and a real
+//! VictoriaMetrics at once; and an outage of the receiver.
+//!
+//! What is checked, per endpoint, once the agents said `Goodbye` and nothing is pending:
+//! * the sum rule `samples_in = samples + Σ dropped + Σ failed` (pending 0), and nothing
+//!   failed (no request was refused: no out-of-order sample reached a receiver);
+//! * the receiver holds exactly `samples − stale_markers` samples (stale markers are not
+//!   returned by queries);
+//! * Prometheus and VictoriaMetrics hold the same series with the same samples, sample for
+//!   sample: timestamps (ms) equal, values equal (VictoriaMetrics to its 12 significant
+//!   digits);
+//! * every series carries `agent` and `instance` (and nothing naming the collector: the
+//!   label sets are the ones `/metrics` shows), its timestamps
+//!   increase and lie within the run, and its newest value is the one the collector's own
+//!   `/metrics` shows for the same series.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_yaml::{Mapping, Value};
+use uctel_tests::exposition::Scrape;
+use uctel_tests::pipeline::Pipeline;
+use uctel_tests::prometheus::Prometheus;
+use uctel_tests::victoria::{RawSeries, Victoria};
+
+const RW: &str = "uctel_collector_remote_write_";
+
+fn endpoint(url: &str, extra: &[(&str, Value)]) -> Value {
+    let mut m = Mapping::new();
+    m.insert("url".into(), url.into());
+    m.insert("batch_send_deadline_seconds".into(), 0.2.into());
+    m.insert("min_backoff_seconds".into(), 0.05.into());
+    m.insert("max_backoff_seconds".into(), 1.0.into());
+    for (k, v) in extra {
+        m.insert((*k).into(), v.clone());
+    }
+    Value::Mapping(m)
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The endpoint's figures from one scrape.
+#[derive(Debug, Default)]
+struct Figures {
+    samples_in: u64,
+    sent: u64,
+    dropped: BTreeMap<String, u64>,
+    failed: BTreeMap<String, u64>,
+    pending: u64,
+    stale: u64,
+    retried: u64,
+}
+
+impl Figures {
+    fn read(s: &Scrape, url: &str) -> Figures {
+        let by_reason = |name: &str| {
+            s.select(&format!("{RW}{name}"), &[("url", url)])
+                .map(|x| (x.label("reason").unwrap_or("?").to_owned(), x.value as u64))
+                .collect()
+        };
+        Figures {
+            samples_in: s.count(&format!("{RW}samples_in_total"), &[("url", url)]),
+            sent: s.count(&format!("{RW}samples_total"), &[("url", url)]),
+            dropped: by_reason("samples_dropped_total"),
+            failed: by_reason("samples_failed_total"),
+            pending: s.count(&format!("{RW}samples_pending"), &[("url", url)]),
+            stale: s.count(&format!("{RW}stale_markers_total"), &[("url", url)]),
+            retried: s.count(&format!("{RW}samples_retried_total"), &[("url", url)]),
+        }
+    }
+
+    fn dropped_total(&self) -> u64 {
+        self.dropped.values().sum()
+    }
+
+    fn failed_total(&self) -> u64 {
+        self.failed.values().sum()
+    }
+
+    fn check_sum(&self, url: &str) {
+        assert_eq!(
+            self.samples_in,
+            self.sent + self.dropped_total() + self.failed_total() + self.pending,
+            "sum rule for {url}: {self:?}"
+        );
+    }
+}
+
+/// Waits until both endpoints have nothing pending and `samples_in` stopped moving.
+fn settle(p: &Pipeline, urls: &[&str]) -> Scrape {
+    let mut last = Vec::new();
+    let mut out = None;
+    let r = uctel_tests::wait_for(
+        "remote-write queues drained",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || {
+            let s = p.scrape()?;
+            let figures: Vec<(u64, u64)> = urls
+                .iter()
+                .map(|u| {
+                    let f = Figures::read(&s, u);
+                    (f.samples_in, f.pending)
+                })
+                .collect();
+            let done = figures.iter().all(|f| f.1 == 0) && figures == last;
+            last = figures;
+            out = Some(s);
+            if done {
+                Ok(())
+            } else {
+                Err(format!("in/pending: {last:?}"))
+            }
+        },
+    );
+    if let Err(e) = r {
+        panic!("{e}\n{}", p.collector.log_tail(40));
+    }
+    out.unwrap_or_default()
+}
+
+/// Labels of a collector `/metrics` sample, `__name__` included, sorted.
+fn labels_of(s: &uctel_tests::exposition::Sample) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = s
+        .labels
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    v.push(("__name__".into(), s.name.clone()));
+    v.sort();
+    v
+}
+
+fn samples(r: &RawSeries) -> usize {
+    r.values().map(Vec::len).sum()
+}
+
+#[test]
+fn remote_write_into_prometheus_and_victoria_metrics_holds_what_the_collector_accepted() {
+    let receivers = tempfile::Builder::new()
+        .prefix("uctel-rw-")
+        .tempdir()
+        .unwrap();
+    let prom = Prometheus::receiver(receivers.path());
+    let vm = Victoria::start(receivers.path());
+    let (prom_url, vm_url) = (prom.write_url(), vm.write_url());
+    let mut p = Pipeline::start_with(|y, _| {
+        y.set(
+            "outputs.remote_write",
+            Value::Sequence(vec![endpoint(&prom_url, &[]), endpoint(&vm_url, &[])]),
+        );
+    });
+    let t0 = now_ms();
+    p.add_agent("rw-a", 0.02, 1.0);
+    p.add_agent("rw-b", 0.02, 1.0);
+    p.wait_flowing(2, &["rw-a", "rw-b"], &["metrics"], Duration::from_secs(60));
+    std::thread::sleep(Duration::from_secs(60));
+    for a in &mut p.agents {
+        a.daemon.stop(Duration::from_secs(30));
+    }
+    let s = settle(&p, &[&prom_url, &vm_url]);
+    let t1 = now_ms();
+
+    // UC loss was injected and counted.
+    let lost = s.count("uctel_collector_frames_lost_total", &[]);
+    assert!(lost > 0, "2 % injected loss, none counted");
+
+    let selector = r#"{agent=~"rw-.*"}"#;
+    let held_prom = prom.raw_samples(selector).unwrap();
+    let held_vm = vm.export(selector).unwrap();
+    for (url, held) in [(&prom_url, &held_prom), (&vm_url, &held_vm)] {
+        let f = Figures::read(&s, url);
+        f.check_sum(url);
+        assert_eq!(f.failed_total(), 0, "{url}: requests refused: {f:?}");
+        assert_eq!(f.dropped_total(), 0, "{url}: samples dropped: {f:?}");
+        assert!(f.stale > 0, "{url}: Goodbye sent no stale markers");
+        assert_eq!(
+            samples(held) as u64,
+            f.sent - f.stale,
+            "{url}: the receiver holds {} samples in {} series, the collector sent {} \
+             ({} stale markers)",
+            samples(held),
+            held.len(),
+            f.sent,
+            f.stale
+        );
+    }
+    assert!(
+        samples(&held_prom) > 10_000,
+        "{} samples",
+        samples(&held_prom)
+    );
+    // VictoriaMetrics keeps about 12 significant decimal digits of a float (its docs,
+    // "Limitations"); timestamps are exact.
+    let same = |a: f64, b: f64| {
+        a == b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-11 * a.abs().max(b.abs())
+    };
+    let agree = |k: &Vec<(String, String)>, v: &Vec<(i64, f64)>| {
+        held_vm.get(k).is_some_and(|w| {
+            w.len() == v.len() && w.iter().zip(v).all(|(x, y)| x.0 == y.0 && same(x.1, y.1))
+        })
+    };
+    let differ: Vec<_> = held_prom
+        .iter()
+        .filter(|(k, v)| !agree(k, v))
+        .take(2)
+        .map(|(k, v)| {
+            (
+                k,
+                v.iter().take(3).collect::<Vec<_>>(),
+                held_vm.get(k).map(|w| w.iter().take(3).collect::<Vec<_>>()),
+            )
+        })
+        .collect();
+    let only_vm: Vec<_> = held_vm
+        .keys()
+        .filter(|k| !held_prom.contains_key(*k))
+        .take(3)
+        .collect();
+    assert!(
+        differ.is_empty() && only_vm.is_empty(),
+        "Prometheus and VictoriaMetrics differ: {differ:?}; series only in VictoriaMetrics {only_vm:?}"
+    );
+
+    // Labels, timestamps, newest values.
+    let mut exposed = BTreeMap::new();
+    for x in s
+        .samples
+        .iter()
+        .filter(|x| x.label("agent").is_some_and(|a| a.starts_with("rw-")))
+    {
+        exposed.insert(labels_of(x), x.value);
+    }
+    let mut compared = 0;
+    for (labels, series) in &held_prom {
+        let names: Vec<&str> = labels.iter().map(|(n, _)| n.as_str()).collect();
+        assert!(
+            names.contains(&"agent") && names.contains(&"instance"),
+            "{labels:?}"
+        );
+        assert!(
+            series.windows(2).all(|w| w[0].0 < w[1].0),
+            "timestamps of {labels:?} do not increase"
+        );
+        assert!(
+            series.iter().all(|(t, _)| (t0 - 5_000..=t1).contains(t)),
+            "{labels:?}: a timestamp outside the run [{t0}, {t1}]: {series:?}"
+        );
+        if let Some(v) = exposed.get(labels) {
+            let newest = series.last().map(|x| x.1).unwrap_or(f64::NAN);
+            assert!(
+                newest == *v || (newest.is_nan() && v.is_nan()),
+                "{labels:?}: newest sample {newest} in the receiver, {v} on the collector's /metrics"
+            );
+            compared += 1;
+        }
+    }
+    assert!(
+        compared * 10 >= held_prom.len() * 9,
+        "only {compared} of {} series found on the collector's /metrics",
+        held_prom.len()
+    );
+}
+
+#[test]
+fn a_receiver_outage_is_survived_bounded_and_every_sample_accounted() {
+    let receivers = tempfile::Builder::new()
+        .prefix("uctel-rw-outage-")
+        .tempdir()
+        .unwrap();
+    let mut vm = Victoria::start(receivers.path());
+    let url = vm.write_url();
+    let capacity: u64 = 4_000;
+    let mut p = Pipeline::start_with(|y, _| {
+        y.set(
+            "outputs.remote_write",
+            Value::Sequence(vec![endpoint(
+                &url,
+                &[
+                    ("queue_capacity_samples", capacity.into()),
+                    ("shards", 2.into()),
+                    ("max_samples_per_send", 500.into()),
+                    ("timeout_seconds", 2.into()),
+                ],
+            )]),
+        );
+    });
+    p.add_agent("rw-o", 0.0, 0.5);
+    p.wait_flowing(1, &["rw-o"], &["metrics"], Duration::from_secs(60));
+    std::thread::sleep(Duration::from_secs(3));
+    vm.stop();
+    // 30 s without a receiver: the queue stays within its bound, the collector lives.
+    let mut highest_pending = 0;
+    for _ in 0..30 {
+        std::thread::sleep(Duration::from_secs(1));
+        let s = p
+            .scrape()
+            .unwrap_or_else(|e| panic!("collector down during the outage: {e}"));
+        let f = Figures::read(&s, &url);
+        f.check_sum(&url);
+        highest_pending = highest_pending.max(f.pending);
+    }
+    let during = Figures::read(&p.scrape().unwrap(), &url);
+    assert!(
+        during.retried > 0,
+        "nothing retried during the outage: {during:?}"
+    );
+    assert!(
+        during.dropped.get("queue_full").copied().unwrap_or(0) > 0,
+        "the queue never filled in 30 s: {during:?}"
+    );
+    // Queued (capacity) plus one request in flight per shard.
+    assert!(
+        highest_pending <= capacity + 2 * 500,
+        "pending reached {highest_pending}, bound {capacity} + in-flight"
+    );
+    vm.restart();
+    // It catches up: samples are sent again.
+    let r = uctel_tests::wait_for(
+        "remote-write catches up after the outage",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || {
+            let f = Figures::read(&p.scrape()?, &url);
+            if f.sent > during.sent && f.pending < 1_000 {
+                Ok(())
+            } else {
+                Err(format!("{f:?}"))
+            }
+        },
+    );
+    if let Err(e) = r {
+        panic!("{e}\n{}", p.collector.log_tail(30));
+    }
+    for a in &mut p.agents {
+        a.daemon.stop(Duration::from_secs(30));
+    }
+    let s = settle(&p, &[&url]);
+    let f = Figures::read(&s, &url);
+    f.check_sum(&url);
+    assert_eq!(f.failed_total(), 0, "{f:?}");
+    let held = vm.export(r#"{agent="rw-o"}"#).unwrap();
+    // Every sample is held by the receiver or counted as dropped (none failed).
+    assert_eq!(
+        samples(&held) as u64 + f.stale + f.dropped_total(),
+        f.samples_in,
+        "held {} + stale markers {} + dropped {:?} vs in {}",
+        samples(&held),
+        f.stale,
+        f.dropped,
+        f.samples_in
+    );
+    assert!(p.collector.is_running(), "the collector died");
+}
