@@ -70,13 +70,24 @@ impl Pipeline {
     /// # Panics
     /// If it does not come up within 30 s.
     pub fn start() -> Pipeline {
+        Pipeline::start_with(|_, _| {})
+    }
+
+    /// [`start`](Self::start) with `edit` applied to the collector's configuration (given
+    /// the run directory) before it starts.
+    ///
+    /// # Panics
+    /// As [`start`](Self::start).
+    pub fn start_with(edit: impl FnOnce(&mut crate::configs::Yaml, &Path)) -> Pipeline {
         let dir = tempfile::Builder::new()
             .prefix("uctel-e2e-")
             .tempdir()
             .unwrap_or_else(|e| panic!("tempdir: {e}"));
         let addrs = CollectorAddrs::free();
         let config = dir.path().join("collector.yaml");
-        crate::configs::collector(&addrs, dir.path()).write(&config);
+        let mut yaml = crate::configs::collector(&addrs, dir.path());
+        edit(&mut yaml, dir.path());
+        yaml.write(&config);
         let collector = Daemon::start(
             "collector",
             &crate::bins::path(crate::bins::COLLECTOR),
