@@ -784,6 +784,24 @@ mod tests {
     }
 
     #[test]
+    fn output_drops_are_record_level() {
+        for r in [
+            DropReason::LogSinkError,
+            DropReason::ClickHouseRejected,
+            DropReason::ClickHouseQueueFull,
+            DropReason::ClickHouseShutdown,
+        ] {
+            assert!(r.record_level() && !r.before_tracking(), "{r:?}");
+        }
+        let t = Telemetry::new().unwrap();
+        t.agent("web-1");
+        let text = String::from_utf8(t.render().unwrap()).unwrap();
+        assert!(text.contains(
+            "uctel_collector_records_dropped_total{agent=\"web-1\",reason=\"clickhouse_queue_full\"} 0"
+        ));
+    }
+
+    #[test]
     fn drop_event_counts_under_reason() {
         let t = Telemetry::new().unwrap();
         let a = t.agent("web-1");
