@@ -10,16 +10,13 @@
 //! | `uctel_collector_clickhouse_insert_duration_seconds` | duration of one `INSERT` request (histogram) |
 //!
 //! At every scrape `rows_in = rows_inserted + Σ rows_dropped + rows_pending`, exactly: the
-//! counters change only under the queue's lock and the scrape ([`LockedCollector`]) holds
+//! counters change only under the queue's lock and the scrape (`LockedCollector` of the parent module) holds
 //! it while it reads. Every dropped row is also counted for its agent in
 //! `uctel_collector_records_dropped_total{agent,reason}` ([`Dropped::drop_reason`]).
 
-use std::sync::Arc;
+use prometheus::core::Collector;
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts};
 
-use prometheus::core::{Collector, Desc};
-use prometheus::{proto, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts};
-
-use super::queue::Queue;
 use crate::telemetry::{DropReason, NAMESPACE};
 
 /// Why a row was given up. The `reason` label value is [`Dropped::as_str`].
@@ -130,7 +127,9 @@ impl Counters {
         })
     }
 
-    fn collectors(&self) -> [&dyn Collector; 6] {
+    /// The metric families, for the registered collector (`LockedCollector` of the
+    /// parent module).
+    pub(crate) fn collectors(&self) -> [&dyn Collector; 6] {
         [
             &self.rows_in,
             &self.inserted,
@@ -206,41 +205,5 @@ impl Snapshot {
     /// Rows dropped, every reason.
     pub fn dropped(&self) -> u64 {
         self.rejected + self.queue_full + self.shutdown
-    }
-}
-
-/// The collector registered for the output: holds the queue lock while the counters are
-/// read, so a scrape sees the figures of one instant.
-#[derive(Debug)]
-pub(crate) struct LockedCollector {
-    queue: Arc<Queue>,
-    descs: Vec<Desc>,
-}
-
-impl LockedCollector {
-    pub(crate) fn new(queue: Arc<Queue>) -> LockedCollector {
-        let descs = queue
-            .counters
-            .collectors()
-            .iter()
-            .flat_map(|c| c.desc().into_iter().cloned())
-            .collect();
-        LockedCollector { queue, descs }
-    }
-}
-
-impl Collector for LockedCollector {
-    fn desc(&self) -> Vec<&Desc> {
-        self.descs.iter().collect()
-    }
-
-    fn collect(&self) -> Vec<proto::MetricFamily> {
-        let _guard = self.queue.lock();
-        self.queue
-            .counters
-            .collectors()
-            .iter()
-            .flat_map(|c| c.collect())
-            .collect()
     }
 }

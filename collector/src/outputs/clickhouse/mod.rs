@@ -18,10 +18,12 @@ pub mod sender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use prometheus::core::{Collector, Desc};
+use prometheus::proto;
 use uctel_common::shutdown::Shutdown;
 use uctel_protocol::payload::LogRecord;
 
-use self::metrics::{Counters, Dropped, LockedCollector, Snapshot};
+use self::metrics::{Counters, Dropped, Snapshot};
 use self::queue::{Queue, Row};
 use self::sender::Target;
 use super::config::ClickHouseConfig;
@@ -203,6 +205,42 @@ fn basic(
     })?;
     h.set_sensitive(true);
     Ok(h)
+}
+
+/// The collector registered for the output: holds the queue lock while the counters are
+/// read, so a scrape sees the figures of one instant.
+#[derive(Debug)]
+pub(crate) struct LockedCollector {
+    queue: Arc<Queue>,
+    descs: Vec<Desc>,
+}
+
+impl LockedCollector {
+    pub(crate) fn new(queue: Arc<Queue>) -> LockedCollector {
+        let descs = queue
+            .counters
+            .collectors()
+            .iter()
+            .flat_map(|c| c.desc().into_iter().cloned())
+            .collect();
+        LockedCollector { queue, descs }
+    }
+}
+
+impl Collector for LockedCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<proto::MetricFamily> {
+        let _guard = self.queue.lock();
+        self.queue
+            .counters
+            .collectors()
+            .iter()
+            .flat_map(|c| c.collect())
+            .collect()
+    }
 }
 
 #[cfg(test)]
