@@ -189,6 +189,14 @@ impl Running {
                  uctel_collector_remote_write_samples_dropped_total{{reason=\"shutdown\"}}"
             );
         }
+        let unsent = self.shared.clickhouse.close();
+        if unsent > 0 {
+            tracing::warn!(
+                rows = unsent,
+                "ClickHouse rows queued at shutdown were not sent; counted in \
+                 uctel_collector_clickhouse_rows_dropped_total{{reason=\"shutdown\"}}"
+            );
+        }
         result
     }
 }
@@ -249,12 +257,16 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         &sd,
     )
     .map_err(RunError::Output)?;
+    let clickhouse =
+        crate::outputs::clickhouse::start(config.outputs.clickhouse.as_ref(), &telemetry, &sd)
+            .map_err(RunError::Output)?;
     let shared = Shared {
         config: Arc::new(config),
         telemetry,
         store,
         logs,
         remote_write: remote_write.handle,
+        clickhouse: clickhouse.handle,
         plane,
         ledger: Ledger::default(),
         delivered: DeliveredLogs::default(),
@@ -281,6 +293,7 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
     ))];
     tasks.push(tokio::spawn(expire_loop(shared.store.clone(), sd.clone())));
     tasks.extend(remote_write.tasks);
+    tasks.extend(clickhouse.tasks);
     let control = crate::control::serve(control_listener, shared.clone(), auth, sd);
     tasks.push(tokio::spawn(async move {
         control.await;

@@ -58,18 +58,59 @@ pub struct LogContext<'a> {
     pub frame_timestamp_ns: u64,
 }
 
-#[derive(Serialize)]
-struct Line<'a> {
-    ts: String,
-    ts_ns: u64,
-    agent: &'a str,
-    instance: &'a str,
-    stream: std::borrow::Cow<'static, str>,
-    stream_seq: u64,
-    severity: &'static str,
-    source: &'a str,
-    message: &'a str,
-    fields: serde_json::Map<String, serde_json::Value>,
+/// The fields of one log record as every log output writes them: the JSON Lines sink
+/// ([`encode_line`]) and the ClickHouse output (`crate::outputs::clickhouse`) build their
+/// rows from this one struct, so both carry the same values.
+#[derive(Debug, Serialize)]
+pub struct LogLine<'a> {
+    /// RFC 3339 UTC with nanoseconds ([`rfc3339_nanos`] of `ts_ns`).
+    pub ts: String,
+    /// The record's timestamp, ns since the Unix epoch (the frame's when it has none).
+    pub ts_ns: u64,
+    /// Agent id.
+    pub agent: &'a str,
+    /// Agent hostname.
+    pub instance: &'a str,
+    /// The stream's name (`uctel_protocol::stream::label`).
+    pub stream: std::borrow::Cow<'static, str>,
+    /// Stream sequence of the frame that carried the record.
+    pub stream_seq: u64,
+    /// Lower-case severity name ([`severity_name`]).
+    pub severity: &'static str,
+    /// Where the agent read it (a file path).
+    pub source: &'a str,
+    /// The message.
+    pub message: &'a str,
+    /// The record's fields by key (sorted by key; of a key given twice, the later value).
+    pub fields: serde_json::Map<String, serde_json::Value>,
+}
+
+impl<'a> LogLine<'a> {
+    /// The fields of `record`, carried by a frame from `ctx`.
+    pub fn new(ctx: &LogContext<'a>, record: &'a LogRecord) -> LogLine<'a> {
+        let ts_ns = if record.timestamp_ns == 0 {
+            ctx.frame_timestamp_ns
+        } else {
+            record.timestamp_ns
+        };
+        let fields = record
+            .fields
+            .iter()
+            .map(|f| (f.key.clone(), serde_json::Value::String(f.value.clone())))
+            .collect();
+        LogLine {
+            ts: rfc3339_nanos(ts_ns),
+            ts_ns,
+            agent: ctx.agent,
+            instance: ctx.instance,
+            stream: uctel_protocol::stream::label(ctx.stream),
+            stream_seq: ctx.stream_seq,
+            severity: severity_name(record.severity),
+            source: &record.source,
+            message: &record.message,
+            fields,
+        }
+    }
 }
 
 /// Lower-case severity name (`unspecified` for 0).
@@ -96,30 +137,8 @@ pub fn rfc3339_nanos(ns: u64) -> String {
 
 /// Encodes one record as a JSON line (with the trailing `\n`).
 pub fn encode_line(ctx: &LogContext<'_>, record: &LogRecord) -> Vec<u8> {
-    let ts_ns = if record.timestamp_ns == 0 {
-        ctx.frame_timestamp_ns
-    } else {
-        record.timestamp_ns
-    };
-    let fields = record
-        .fields
-        .iter()
-        .map(|f| (f.key.clone(), serde_json::Value::String(f.value.clone())))
-        .collect();
-    let line = Line {
-        ts: rfc3339_nanos(ts_ns),
-        ts_ns,
-        agent: ctx.agent,
-        instance: ctx.instance,
-        stream: uctel_protocol::stream::label(ctx.stream),
-        stream_seq: ctx.stream_seq,
-        severity: severity_name(record.severity),
-        source: &record.source,
-        message: &record.message,
-        fields,
-    };
     // Serializing strings and numbers into a Vec cannot fail; an empty line is never written.
-    let mut out = serde_json::to_vec(&line).unwrap_or_default();
+    let mut out = serde_json::to_vec(&LogLine::new(ctx, record)).unwrap_or_default();
     out.push(b'\n');
     out
 }

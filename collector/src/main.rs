@@ -37,12 +37,20 @@ struct Args {
     /// comments) and exit.
     #[arg(long, conflicts_with = "check_config")]
     print_default_config: bool,
+    /// Print the `CREATE TABLE` statement of the ClickHouse log output's table
+    /// (`outputs.clickhouse`; `clickhouse-client --multiquery` runs it) and exit.
+    #[arg(long, conflicts_with_all = ["check_config", "print_default_config"])]
+    print_clickhouse_schema: bool,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
     if args.print_default_config {
         print!("{}", uctel_collector::config::reference().default_yaml());
+        return ExitCode::SUCCESS;
+    }
+    if args.print_clickhouse_schema {
+        print!("{}", uctel_collector::outputs::clickhouse::SCHEMA);
         return ExitCode::SUCCESS;
     }
     // Everything that can be checked without starting, reported together.

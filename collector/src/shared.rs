@@ -12,7 +12,7 @@ use crate::config::Config;
 use crate::dataplane::DataPlane;
 use crate::ingest::{DeliveredLogs, StreamLedger};
 use crate::logsink::LogSink;
-use crate::outputs::RemoteWrite;
+use crate::outputs::{ClickHouse, RemoteWrite};
 use crate::store::SeriesStore;
 use crate::telemetry::Telemetry;
 
@@ -32,6 +32,8 @@ pub struct Shared {
     pub logs: Arc<LogSink>,
     /// The remote-write endpoints (empty unless configured).
     pub remote_write: RemoteWrite,
+    /// The ClickHouse log output (disabled unless configured).
+    pub clickhouse: ClickHouse,
     /// The receive data path (device, poller, worker).
     pub plane: Arc<DataPlane>,
     /// Per-stream accounting of finished connections.

@@ -22,6 +22,51 @@ fn check_config_accepts_the_example() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("configuration is valid"));
 }
 
+/// `--print-clickhouse-schema` prints `config/clickhouse/logs.sql` as shipped, and
+/// `--check-config` refuses what the ClickHouse output cannot use, naming each key.
+#[test]
+fn clickhouse_schema_is_printed_and_its_output_checked() {
+    let out = Command::new(BIN)
+        .arg("--print-clickhouse-schema")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let shipped = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../config/clickhouse/logs.sql"
+    ))
+    .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), shipped);
+    assert!(shipped.contains("ENGINE = MergeTree") && shipped.contains("ORDER BY (agent, ts)"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.yaml");
+    std::fs::write(
+        &config,
+        "outputs:\n  clickhouse:\n    url: ftp://x\n    table: \"logs; DROP\"\n    \
+         password_file: /nonexistent/pw\n    max_rows_per_insert: 0\n    \
+         max_backoff_seconds: 0\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .arg("--config")
+        .arg(&config)
+        .arg("--check-config")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for key in [
+        "outputs.clickhouse.url",
+        "outputs.clickhouse.table",
+        "outputs.clickhouse.password_file",
+        "outputs.clickhouse.max_rows_per_insert",
+        "outputs.clickhouse.max_backoff_seconds",
+    ] {
+        assert!(err.contains(key), "{key} not reported: {err}");
+    }
+}
+
 /// The configuration file can be given as `-c` or in `UCTEL_COLLECTOR_CONFIG`, as for the
 /// agent (`-c`, `UCTEL_AGENT_CONFIG`); `--config` wins over the variable.
 #[test]

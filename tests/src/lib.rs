@@ -30,6 +30,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bins;
+pub mod clickhouse;
 pub mod configs;
 pub mod daemon;
 pub mod dashboards;

@@ -73,10 +73,11 @@ impl Pipeline {
         Pipeline::start_with(|_, _| {})
     }
 
-    /// [`Pipeline::start`] with `edit` applied to the collector's configuration first.
+    /// [`start`](Self::start) with `edit` applied to the collector's configuration (given
+    /// the run directory) before it starts.
     ///
     /// # Panics
-    /// As [`Pipeline::start`].
+    /// As [`start`](Self::start).
     pub fn start_with(edit: impl FnOnce(&mut crate::configs::Yaml, &Path)) -> Pipeline {
         let dir = tempfile::Builder::new()
             .prefix("uctel-e2e-")

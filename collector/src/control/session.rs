@@ -123,6 +123,7 @@ pub(super) async fn run_session(
         store: shared.store.clone(),
         logs: shared.logs.clone(),
         remote_write: shared.remote_write.clone(),
+        clickhouse: shared.clickhouse.clone(),
     };
     let mut ingest = match ConnectionIngest::with_delivery(
         &agent,

@@ -8,6 +8,9 @@
 //!     - url: https://mimir.example.net/api/v1/push
 //!       tenant: team-a                              # X-Scope-OrgID
 //!       bearer_token_file: /etc/uctel/mimir.token
+//!   clickhouse:
+//!     url: http://127.0.0.1:8123                    # the HTTP interface
+//!     table: logs                                   # config/clickhouse/logs.sql
 //! ```
 
 use std::collections::BTreeMap;
@@ -25,6 +28,159 @@ pub struct OutputsConfig {
     /// VictoriaMetrics, Grafana Cloud), each sent every sample with the agent's timestamp.
     /// Default none.
     pub remote_write: Vec<RemoteWriteConfig>,
+    /// Every log record also into a ClickHouse table (one row per record, the JSON Lines
+    /// sink's fields; create the table with `uctel-collector --print-clickhouse-schema`).
+    /// Default none.
+    pub clickhouse: Option<ClickHouseConfig>,
+}
+
+/// `outputs.clickhouse`: log records into a ClickHouse table over its HTTP interface
+/// (`INSERT INTO <database>.<table> FORMAT JSONEachRow`).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClickHouseConfig {
+    /// `http://` or `https://` URL of the server's HTTP interface (required), e.g.
+    /// `http://127.0.0.1:8123`.
+    pub url: String,
+    /// Database of the table. Default none: the user's default database.
+    pub database: Option<String>,
+    /// The table (created beforehand: `--print-clickhouse-schema`). Default `logs`.
+    pub table: String,
+    /// User (HTTP basic authentication). Default none: ClickHouse's `default` user.
+    pub user: Option<String>,
+    /// File holding the user's password (trailing newline ignored), read at start; needs
+    /// `user`. Default none (an empty password).
+    pub password_file: Option<PathBuf>,
+    /// Most rows in one `INSERT`. Default 10000.
+    pub max_rows_per_insert: u32,
+    /// An `INSERT` is sent once its oldest row has waited this long, seconds. Default 1.
+    pub batch_send_deadline_seconds: f64,
+    /// Rows kept waiting in memory; when full, the oldest are dropped and counted
+    /// (`clickhouse_queue_full`). Default 100000.
+    pub queue_capacity_rows: u32,
+    /// Timeout of one request, seconds. Default 30.
+    pub timeout_seconds: f64,
+    /// First retry delay, seconds; it doubles at each retry of the same `INSERT` up to
+    /// `max_backoff_seconds`, every delay drawn uniformly below that bound. Default 0.1.
+    pub min_backoff_seconds: f64,
+    /// Largest retry delay, seconds. Default 10.
+    pub max_backoff_seconds: f64,
+    /// TLS settings of an `https://` URL.
+    pub tls: TlsConfig,
+}
+
+impl Default for ClickHouseConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            database: None,
+            table: "logs".into(),
+            user: None,
+            password_file: None,
+            max_rows_per_insert: 10_000,
+            batch_send_deadline_seconds: 1.0,
+            queue_capacity_rows: 100_000,
+            timeout_seconds: 30.0,
+            min_backoff_seconds: 0.1,
+            max_backoff_seconds: 10.0,
+            tls: TlsConfig::default(),
+        }
+    }
+}
+
+impl ClickHouseConfig {
+    /// The request timeout.
+    pub fn timeout(&self) -> Duration {
+        secs(self.timeout_seconds)
+    }
+
+    /// The batch deadline.
+    pub fn batch_deadline(&self) -> Duration {
+        secs(self.batch_send_deadline_seconds)
+    }
+
+    /// The backoff bounds `(min, max)`.
+    pub fn backoff(&self) -> (Duration, Duration) {
+        (
+            secs(self.min_backoff_seconds),
+            secs(self.max_backoff_seconds),
+        )
+    }
+
+    /// Pushes every problem of the section (keys under `outputs.clickhouse`).
+    pub fn validate(&self, p: &mut Problems) {
+        let key = "outputs.clickhouse";
+        check_url(p, &format!("{key}.url"), &self.url);
+        if let Some(db) = &self.database {
+            check_identifier(p, &format!("{key}.database"), db);
+        }
+        check_identifier(p, &format!("{key}.table"), &self.table);
+        if let Some(u) = &self.user {
+            if u.is_empty() || reqwest::header::HeaderValue::from_str(u).is_err() || u.contains(':')
+            {
+                p.push(
+                    format!("{key}.user"),
+                    "must be a non-empty name of visible ASCII without ':'",
+                );
+            }
+        }
+        if let Some(f) = &self.password_file {
+            if self.user.is_none() {
+                p.push(format!("{key}.password_file"), "needs `user`");
+            }
+            check_file(p, &format!("{key}.password_file"), f);
+        }
+        if !(1..=1_000_000).contains(&self.max_rows_per_insert) {
+            p.push(
+                format!("{key}.max_rows_per_insert"),
+                "must be from 1 to 1000000",
+            );
+        }
+        if self.queue_capacity_rows < self.max_rows_per_insert {
+            p.push(
+                format!("{key}.queue_capacity_rows"),
+                format!(
+                    "must hold at least one full INSERT (max_rows_per_insert = {})",
+                    self.max_rows_per_insert
+                ),
+            );
+        }
+        for (name, v) in [
+            ("timeout_seconds", self.timeout_seconds),
+            (
+                "batch_send_deadline_seconds",
+                self.batch_send_deadline_seconds,
+            ),
+            ("min_backoff_seconds", self.min_backoff_seconds),
+        ] {
+            check_seconds(p, &format!("{key}.{name}"), v, 0.001, 3600.0);
+        }
+        check_seconds(
+            p,
+            &format!("{key}.max_backoff_seconds"),
+            self.max_backoff_seconds,
+            self.min_backoff_seconds.max(0.001),
+            3600.0,
+        );
+        check_http(p, key, &self.tls, None, None);
+    }
+}
+
+/// Checks a ClickHouse database or table name for `key`: a plain identifier
+/// (`[A-Za-z_][A-Za-z0-9_]*`, at most 255 bytes), so it needs no quoting in the `INSERT`.
+pub fn check_identifier(p: &mut Problems, key: &str, name: &str) {
+    let mut chars = name.chars();
+    let ok = name.len() <= 255
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !ok {
+        p.push(
+            key,
+            format!("must be a plain identifier (letters, digits, '_'; not a digit first), got {name:?}"),
+        );
+    }
 }
 
 /// One `outputs.remote_write` endpoint.
@@ -307,6 +463,9 @@ impl OutputsConfig {
                 rw.basic_auth.as_ref(),
                 rw.bearer_token_file.as_deref(),
             );
+        }
+        if let Some(c) = &self.clickhouse {
+            c.validate(p);
         }
         let mut urls: Vec<&str> = self.remote_write.iter().map(|r| r.url.as_str()).collect();
         urls.sort_unstable();

@@ -10,10 +10,12 @@
 //! `in = sent + dropped + failed + pending` at every scrape.
 //!
 //! - [`remote_write`]: the Prometheus remote-write 1.0 client (`outputs.remote_write`).
+//! - [`clickhouse`]: log records into a ClickHouse table (`outputs.clickhouse`).
 //! - [`http`]: what the HTTP outputs share: the client, authentication, backoff with full
 //!   jitter, `Retry-After`.
 //! - [`config`]: the `outputs:` configuration section.
 
+pub mod clickhouse;
 pub mod config;
 pub mod http;
 pub mod remote_write;
@@ -28,6 +30,7 @@ use uctel_protocol::payload::LogRecord;
 use crate::logsink::{LogContext, LogSink};
 use crate::store::{IngestOutcome, SeriesStore};
 
+pub use clickhouse::ClickHouse;
 pub use remote_write::RemoteWrite;
 
 /// Where a connection's accepted records go (`crate::ingest` module docs, "Delivery").
@@ -68,6 +71,8 @@ pub struct Outputs {
     pub logs: Arc<LogSink>,
     /// The remote-write endpoints (none unless configured).
     pub remote_write: RemoteWrite,
+    /// The ClickHouse log output (disabled unless configured).
+    pub clickhouse: ClickHouse,
 }
 
 impl Outputs {
@@ -77,6 +82,7 @@ impl Outputs {
             store,
             logs,
             remote_write: RemoteWrite::default(),
+            clickhouse: ClickHouse::default(),
         }
     }
 }
@@ -100,6 +106,7 @@ impl Delivery for Outputs {
 
     #[inline]
     fn logs(&mut self, ctx: &LogContext<'_>, records: &[LogRecord]) -> (u64, Option<io::Error>) {
+        self.clickhouse.push(ctx, records);
         self.logs.write_batch(ctx, records)
     }
 

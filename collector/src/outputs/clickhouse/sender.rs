@@ -1,0 +1,362 @@
+//! The sender task: waits for a full `INSERT` or the batch deadline, sends it, and retries
+//! what may succeed later.
+//!
+//! Outcomes, decided by the `Code: N` of ClickHouse's answer first (an old server answers
+//! 500 for bad data, a newer one 400; the code says what happened either way), then by the
+//! HTTP status:
+//!
+//! * 2xx: inserted.
+//! * A code of [`REJECT_CODES`] (the data does not parse or fit the table, the table or
+//!   database does not exist, authentication or access failed): the rows are dropped
+//!   (`rejected`), never retried: the same rows would fail again and block every row behind
+//!   them.
+//! * A code of [`RETRY_CODES`] (overload, timeouts, too many parts), 5xx, 408, 429 and
+//!   transport errors (connect, reset, timeout): the same `INSERT` again after a delay
+//!   (exponential backoff with full jitter; `Retry-After` is honoured, cut to the largest
+//!   backoff). Nothing else is sent meanwhile; new rows wait in the bounded queue.
+//! * Any other status (4xx): rejected.
+//!
+//! A retry can insert rows twice: when the server applied an `INSERT` but its answer was
+//! lost (a reset, a timeout, a restart in between), the same rows are sent again. Only
+//! Replicated MergeTree tables deduplicate identical inserted blocks; a plain MergeTree
+//! keeps both copies (at least once).
+//!
+//! At shutdown the sender has a grace period to send what is queued; a request still
+//! failing then, and rows not sent, are dropped (`shutdown`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use reqwest::header::{HeaderValue, CONTENT_TYPE};
+use uctel_common::shutdown::Shutdown;
+
+use super::metrics::Dropped;
+use super::queue::{Queue, Row};
+use crate::outputs::http::{self, Backoff};
+
+/// ClickHouse error codes after which the same `INSERT` is never sent again (names from
+/// ClickHouse's `src/Common/ErrorCodes.cpp`).
+pub const REJECT_CODES: &[u32] = &[
+    6,   // CANNOT_PARSE_TEXT
+    16,  // NO_SUCH_COLUMN_IN_TABLE
+    25,  // CANNOT_PARSE_ESCAPE_SEQUENCE
+    26,  // CANNOT_PARSE_QUOTED_STRING
+    27,  // CANNOT_PARSE_INPUT_ASSERTION_FAILED
+    38,  // CANNOT_PARSE_DATE
+    41,  // CANNOT_PARSE_DATETIME
+    53,  // TYPE_MISMATCH
+    60,  // UNKNOWN_TABLE
+    62,  // SYNTAX_ERROR
+    69,  // ARGUMENT_OUT_OF_BOUND
+    70,  // CANNOT_CONVERT_TYPE
+    72,  // CANNOT_PARSE_NUMBER
+    73,  // UNKNOWN_FORMAT
+    81,  // UNKNOWN_DATABASE
+    117, // INCORRECT_DATA
+    130, // CANNOT_READ_ARRAY_FROM_TEXT
+    131, // TOO_LARGE_STRING_SIZE
+    190, // SIZES_OF_ARRAYS_DOESNT_MATCH
+    192, // UNKNOWN_USER
+    193, // WRONG_PASSWORD
+    194, // REQUIRED_PASSWORD
+    195, // IP_ADDRESS_NOT_ALLOWED
+    291, // DATABASE_ACCESS_DENIED
+    321, // VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE
+    349, // CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN
+    366, // SIZES_OF_NESTED_COLUMNS_ARE_INCONSISTENT
+    497, // ACCESS_DENIED
+    516, // AUTHENTICATION_FAILED
+];
+
+/// ClickHouse error codes after which the same `INSERT` is sent again, whatever the status.
+pub const RETRY_CODES: &[u32] = &[
+    159, // TIMEOUT_EXCEEDED
+    202, // TOO_MANY_SIMULTANEOUS_QUERIES
+    209, // SOCKET_TIMEOUT
+    210, // NETWORK_ERROR
+    241, // MEMORY_LIMIT_EXCEEDED
+    242, // TABLE_IS_READ_ONLY
+    252, // TOO_MANY_PARTS
+    319, // UNKNOWN_STATUS_OF_INSERT
+];
+
+/// Codes meaning the table or database is not there.
+const MISSING_TABLE_CODES: &[u32] = &[60, 81];
+
+/// What to do with an answer that is not a success.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Send the same `INSERT` again later.
+    Retry,
+    /// Drop its rows (`rejected`).
+    Reject,
+}
+
+/// The ClickHouse error code of an answer body (`Code: 27, e.displayText() = …` in old
+/// releases, `Code: 27. DB::Exception: …` in newer ones), if it has one.
+pub fn error_code(body: &str) -> Option<u32> {
+    let at = body.find("Code: ")?;
+    let digits: &str = &body[at + 6..];
+    let end = digits
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(digits.len());
+    digits[..end].parse().ok()
+}
+
+/// The verdict on a non-2xx answer with HTTP `status` and `body`.
+pub fn classify(status: u16, body: &str) -> Verdict {
+    match error_code(body) {
+        Some(c) if REJECT_CODES.contains(&c) => return Verdict::Reject,
+        Some(c) if RETRY_CODES.contains(&c) => return Verdict::Retry,
+        _ => {}
+    }
+    match status {
+        408 | 429 | 500..=599 => Verdict::Retry,
+        _ => Verdict::Reject,
+    }
+}
+
+/// What the sender needs.
+#[derive(Debug)]
+pub(crate) struct Target {
+    /// The client (timeouts, TLS, authentication).
+    pub(crate) client: reqwest::Client,
+    /// The URL with the `INSERT` query.
+    pub(crate) url: reqwest::Url,
+    /// The URL without credentials and query (logs).
+    pub(crate) label: String,
+    /// `database.table` (logs).
+    pub(crate) table: String,
+    /// Batch deadline.
+    pub(crate) deadline: Duration,
+    /// Backoff bounds.
+    pub(crate) backoff: (Duration, Duration),
+    /// Grace period at shutdown.
+    pub(crate) grace: Duration,
+}
+
+/// Logs at most one line per this period and kind of failure.
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// A request's fate.
+enum Outcome {
+    Inserted,
+    Retry(Option<Duration>, String),
+    Reject(Option<u32>, String),
+}
+
+/// Runs until `shutdown` fires and what is queued is sent or the grace period ends.
+pub(crate) async fn run(target: Arc<Target>, queue: Arc<Queue>, mut shutdown: Shutdown) {
+    let mut last_log: HashMap<&'static str, Instant> = HashMap::new();
+    let mut stop_at: Option<tokio::time::Instant> = None;
+    loop {
+        let batch = loop {
+            let wait = match queue.due(Instant::now(), target.deadline, stop_at.is_some()) {
+                Ok(batch) => break batch,
+                Err(wait) => wait,
+            };
+            if stop_at.is_some() {
+                return; // Stopping and nothing queued.
+            }
+            let sleep = async {
+                match wait {
+                    Some(d) => tokio::time::sleep_until(d.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = queue.wake.notified() => {}
+                _ = sleep => {}
+                _ = shutdown.wait() => {
+                    stop_at = Some(tokio::time::Instant::now() + target.grace);
+                }
+            }
+        };
+        let body = body(&batch);
+        let mut backoff = Backoff::new(target.backoff.0, target.backoff.1);
+        loop {
+            let started = Instant::now();
+            let outcome = send(&target, body.clone()).await;
+            queue.counters.observe(started.elapsed().as_secs_f64());
+            match outcome {
+                Outcome::Inserted => {
+                    queue.settle_inserted(&batch);
+                    break;
+                }
+                Outcome::Reject(code, why) => {
+                    queue.settle_dropped(&batch, Dropped::Rejected, &why);
+                    if due_log(&mut last_log, "reject") {
+                        if code.is_some_and(|c| MISSING_TABLE_CODES.contains(&c)) {
+                            tracing::error!(url = %target.label, table = %target.table, rows = batch.len(), answer = %why, "ClickHouse has no such table; its rows are dropped and counted (uctel_collector_clickhouse_rows_dropped_total{{reason=\"rejected\"}}): create it with config/clickhouse/logs.sql (uctel-collector --print-clickhouse-schema)");
+                        } else {
+                            tracing::warn!(url = %target.label, table = %target.table, rows = batch.len(), answer = %why, "ClickHouse refused an INSERT; its rows are dropped (not retried) and counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"rejected\"}}");
+                        }
+                    }
+                    break;
+                }
+                Outcome::Retry(after, why) => {
+                    let delay = backoff.next_delay(after);
+                    if let Some(stop) = stop_at {
+                        if tokio::time::Instant::now() + delay >= stop {
+                            queue.settle_dropped(&batch, Dropped::Shutdown, &why);
+                            tracing::warn!(url = %target.label, rows = batch.len(), error = %why, "ClickHouse INSERT still failing at shutdown; its rows are counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"shutdown\"}}");
+                            break;
+                        }
+                    }
+                    {
+                        let _st = queue.lock();
+                        queue.counters.retried(batch.len() as u64);
+                    }
+                    if due_log(&mut last_log, "retry") {
+                        tracing::warn!(url = %target.label, rows = batch.len(), error = %why, retry_in_ms = delay.as_millis() as u64, "ClickHouse INSERT failed; retrying");
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = shutdown.wait(), if stop_at.is_none() => {
+                            stop_at = Some(tokio::time::Instant::now() + target.grace);
+                        }
+                    }
+                }
+            }
+        }
+        if stop_at.is_some_and(|stop| tokio::time::Instant::now() >= stop) {
+            let n = queue.drop_queued(Dropped::Shutdown, "not sent before shutdown");
+            if n > 0 {
+                tracing::warn!(url = %target.label, rows = n, "ClickHouse rows not sent before shutdown; counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"shutdown\"}}");
+            }
+            return;
+        }
+    }
+}
+
+/// The `JSONEachRow` body of `batch`: one row per line.
+fn body(batch: &[Row]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(batch.iter().map(|r| r.json.len() + 1).sum());
+    for r in batch {
+        out.extend_from_slice(&r.json);
+        out.push(b'\n');
+    }
+    out
+}
+
+fn due_log(last: &mut HashMap<&'static str, Instant>, kind: &'static str) -> bool {
+    let now = Instant::now();
+    match last.get(kind) {
+        Some(t) if now.duration_since(*t) < LOG_EVERY => false,
+        _ => {
+            last.insert(kind, now);
+            true
+        }
+    }
+}
+
+async fn send(target: &Target, body: Vec<u8>) -> Outcome {
+    let result = target
+        .client
+        .post(target.url.clone())
+        .header(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/x-ndjson"),
+        )
+        .body(body)
+        .send()
+        .await;
+    let response = match result {
+        Ok(r) => r,
+        Err(e) => return Outcome::Retry(None, describe(&e)),
+    };
+    let status = response.status();
+    if status.is_success() {
+        return Outcome::Inserted;
+    }
+    let after = http::retry_after(response.headers(), SystemTime::now());
+    let text = match response.text().await {
+        Ok(t) => t,
+        // The status came but the body did not: retry only what a status alone allows.
+        Err(e) => format!("(answer body unreadable: {})", describe(&e)),
+    };
+    let why = format!("{status}: {}", snippet(&text));
+    match classify(status.as_u16(), &text) {
+        Verdict::Retry => Outcome::Retry(after, why),
+        Verdict::Reject => Outcome::Reject(error_code(&text), why),
+    }
+}
+
+/// The first line of an answer, at most 300 characters.
+fn snippet(text: &str) -> &str {
+    let line = text.lines().next().unwrap_or("").trim();
+    match line.char_indices().nth(300) {
+        Some((i, _)) => &line[..i],
+        None => line,
+    }
+}
+
+/// A transport error with its causes.
+fn describe(e: &reqwest::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(c) = source {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        source = c.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_codes_are_read_from_old_and_new_answers() {
+        assert_eq!(
+            error_code("Code: 27, e.displayText() = DB::Exception: Cannot parse input"),
+            Some(27)
+        );
+        assert_eq!(
+            error_code("Code: 117. DB::Exception: Unknown field"),
+            Some(117)
+        );
+        assert_eq!(error_code("Internal Server Error"), None);
+        assert_eq!(error_code("Code: x"), None);
+        assert_eq!(error_code("Code: 99999999999999999999"), None);
+        assert_eq!(error_code(""), None);
+    }
+
+    #[test]
+    fn bad_data_is_rejected_whatever_the_status_and_overload_retried() {
+        // ClickHouse 18.16 answers 500 for an unknown JSONEachRow field (code 117).
+        assert_eq!(
+            classify(
+                500,
+                "Code: 117, e.displayText() = DB::Exception: Unknown field"
+            ),
+            Verdict::Reject
+        );
+        assert_eq!(
+            classify(500, "Code: 27, e.displayText() = x"),
+            Verdict::Reject
+        );
+        assert_eq!(
+            classify(400, "Code: 41, e.displayText() = x"),
+            Verdict::Reject
+        );
+        assert_eq!(
+            classify(404, "Code: 60, e.displayText() = x"),
+            Verdict::Reject
+        );
+        assert_eq!(classify(500, "Code: 241, Memory limit"), Verdict::Retry);
+        assert_eq!(classify(400, "Code: 252, Too many parts"), Verdict::Retry);
+        assert_eq!(classify(500, "Code: 1001, std::exception"), Verdict::Retry);
+        assert_eq!(classify(503, ""), Verdict::Retry);
+        assert_eq!(classify(502, "Bad Gateway"), Verdict::Retry);
+        assert_eq!(classify(429, ""), Verdict::Retry);
+        assert_eq!(classify(408, ""), Verdict::Retry);
+        assert_eq!(classify(400, ""), Verdict::Reject);
+        assert_eq!(classify(401, ""), Verdict::Reject);
+        for c in REJECT_CODES {
+            assert!(!RETRY_CODES.contains(c), "{c} in both lists");
+        }
+    }
+}

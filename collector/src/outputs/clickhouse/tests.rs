@@ -1,0 +1,209 @@
+//! The sender against a local HTTP server answering canned responses.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::*;
+use crate::telemetry::DropReason;
+use uctel_protocol::payload::Severity;
+
+/// A server answering the `i`-th request with `answers[i]` (the last one from then on);
+/// it records each request's target and body.
+struct Canned {
+    url: String,
+    requests: Arc<AtomicUsize>,
+    seen: Arc<Mutex<Vec<(String, String)>>>,
+}
+
+fn canned(answers: &'static [(u16, &'static str)]) -> Canned {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    let requests = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (r, s) = (requests.clone(), seen.clone());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut request_line = String::new();
+            if reader.read_line(&mut request_line).is_err() {
+                continue;
+            }
+            let mut len = 0usize;
+            loop {
+                let mut h = String::new();
+                if reader.read_line(&mut h).is_err() || h == "\r\n" || h.is_empty() {
+                    break;
+                }
+                if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap_or(0);
+                }
+            }
+            let mut body = vec![0; len];
+            let _ = reader.read_exact(&mut body);
+            let i = r.fetch_add(1, Ordering::SeqCst);
+            s.lock().unwrap().push((
+                request_line.split(' ').nth(1).unwrap_or("").to_owned(),
+                String::from_utf8_lossy(&body).into_owned(),
+            ));
+            let (status, text) = answers[i.min(answers.len() - 1)];
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+                text.len()
+            );
+        }
+    });
+    Canned {
+        url,
+        requests,
+        seen,
+    }
+}
+
+fn config(url: &str) -> ClickHouseConfig {
+    ClickHouseConfig {
+        url: url.to_owned(),
+        database: Some("telemetry".into()),
+        batch_send_deadline_seconds: 0.01,
+        min_backoff_seconds: 0.01,
+        max_backoff_seconds: 0.05,
+        timeout_seconds: 5.0,
+        ..ClickHouseConfig::default()
+    }
+}
+
+fn records(n: usize) -> Vec<LogRecord> {
+    (0..n)
+        .map(|i| LogRecord {
+            timestamp_ns: 1_700_000_000_000_000_000 + i as u64,
+            severity: Severity::Info as i32,
+            source: "/var/log/app.log".into(),
+            message: format!("line {i}"),
+            ..Default::default()
+        })
+        .collect()
+}
+
+const CTX: LogContext<'static> = LogContext {
+    agent: "web-1",
+    instance: "web-1.example",
+    stream: 2,
+    stream_seq: 1,
+    frame_timestamp_ns: 0,
+};
+
+async fn settled(ch: &ClickHouse, rows: u64) -> Snapshot {
+    for _ in 0..500 {
+        let s = ch.snapshot().unwrap();
+        if s.pending == 0 && s.rows_in == rows {
+            return s;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("rows not settled: {:?}", ch.snapshot());
+}
+
+#[tokio::test]
+async fn bad_data_answered_500_is_dropped_and_counted_not_retried() {
+    let server = canned(&[(
+        500,
+        "Code: 27, e.displayText() = DB::Exception: Cannot parse input: expected { before: x",
+    )]);
+    let telemetry = Telemetry::new().unwrap();
+    let (trigger, sd) = uctel_common::shutdown::channel();
+    let started = start(Some(&config(&server.url)), &telemetry, &sd).unwrap();
+    started.handle.push(&CTX, &records(5));
+    let s = settled(&started.handle, 5).await;
+    assert_eq!((s.rejected, s.inserted, s.retried), (5, 0, 0));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        server.requests.load(Ordering::SeqCst),
+        1,
+        "retried a rejected INSERT"
+    );
+    assert_eq!(
+        telemetry
+            .agent("web-1")
+            .records_dropped(DropReason::ClickHouseRejected),
+        5
+    );
+    let (target, body) = server.seen.lock().unwrap()[0].clone();
+    assert!(
+        target.contains("query=INSERT+INTO+telemetry.logs+FORMAT+JSONEachRow"),
+        "{target}"
+    );
+    assert_eq!(body.lines().count(), 5);
+    let text = String::from_utf8(telemetry.render().unwrap()).unwrap();
+    assert!(text.contains("uctel_collector_clickhouse_rows_dropped_total{reason=\"rejected\"} 5"));
+    assert!(text.contains(
+        "uctel_collector_records_dropped_total{agent=\"web-1\",reason=\"clickhouse_rejected\"} 5"
+    ));
+    trigger.trigger();
+    for t in started.tasks {
+        t.await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn server_errors_without_a_bad_data_code_are_retried_until_inserted() {
+    let server = canned(&[
+        (
+            500,
+            "Code: 241, e.displayText() = DB::Exception: Memory limit exceeded",
+        ),
+        (503, "Service Unavailable"),
+        (200, ""),
+    ]);
+    let telemetry = Telemetry::new().unwrap();
+    let (trigger, sd) = uctel_common::shutdown::channel();
+    let started = start(Some(&config(&server.url)), &telemetry, &sd).unwrap();
+    started.handle.push(&CTX, &records(4));
+    let s = settled(&started.handle, 4).await;
+    assert_eq!((s.inserted, s.dropped(), s.retried), (4, 0, 8));
+    assert_eq!(server.requests.load(Ordering::SeqCst), 3);
+    let seen = server.seen.lock().unwrap().clone();
+    assert!(
+        seen.windows(2).all(|w| w[0].1 == w[1].1),
+        "a retry sends the same rows"
+    );
+    trigger.trigger();
+    for t in started.tasks {
+        t.await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_dead_server_at_shutdown_leaves_every_row_counted() {
+    // Nothing listens on the port: every attempt is a transport error.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut c = config(&format!("http://127.0.0.1:{port}/"));
+    c.timeout_seconds = 0.2;
+    let telemetry = Telemetry::new().unwrap();
+    let (trigger, sd) = uctel_common::shutdown::channel();
+    let started = start(Some(&c), &telemetry, &sd).unwrap();
+    started.handle.push(&CTX, &records(3));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    started.handle.push(&CTX, &records(2));
+    trigger.trigger();
+    for t in started.tasks {
+        t.await.unwrap();
+    }
+    started.handle.push(&CTX, &records(1)); // After the sender stopped.
+    started.handle.close();
+    let s = started.handle.snapshot().unwrap();
+    assert_eq!((s.rows_in, s.shutdown, s.inserted, s.pending), (6, 6, 0, 0));
+    assert!(s.retried > 0);
+    assert_eq!(
+        telemetry
+            .agent("web-1")
+            .records_dropped(DropReason::ClickHouseShutdown),
+        6
+    );
+}
