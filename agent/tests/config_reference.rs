@@ -74,9 +74,9 @@ fn the_module_doc_examples_are_valid_keys() {
     if let Err(e) = serde_yaml::from_str::<AgentConfig>(&agent) {
         panic!("agent/src/config.rs example: {e}\n{agent}");
     }
-    let collector = reference::module_yaml(include_str!("../../collector/src/config.rs"));
+    let collector = reference::module_yaml(include_str!("../../collector/src/config/mod.rs"));
     if let Err(e) = serde_yaml::from_str::<uctel_collector::config::Config>(&collector) {
-        panic!("collector/src/config.rs example: {e}\n{collector}");
+        panic!("collector/src/config/mod.rs example: {e}\n{collector}");
     }
 }
 

@@ -34,6 +34,10 @@ pub fn prometheus_binary() -> PathBuf {
 /// (node_exporter's `camelCase` names are the only accepted lint).
 pub use uctel_testkit::promtool::check_metrics as promtool_check_metrics;
 
+/// Sorted labels (`__name__` included) → samples `(timestamp ms, value)` in time order: raw
+/// samples read back from a receiver (Prometheus, VictoriaMetrics).
+pub type RawSeries = std::collections::BTreeMap<Vec<(String, String)>, Vec<(i64, f64)>>;
+
 /// One scrape job.
 #[derive(Debug, Clone)]
 pub struct Job {
@@ -80,8 +84,8 @@ impl Prometheus {
     ///
     /// # Errors
     /// As [`Prometheus::query`], or an answer that is not a matrix.
-    pub fn raw_samples(&self, selector: &str) -> Result<crate::victoria::RawSeries, String> {
-        let mut out = crate::victoria::RawSeries::new();
+    pub fn raw_samples(&self, selector: &str) -> Result<RawSeries, String> {
+        let mut out = RawSeries::new();
         for s in self.query(&format!("{selector}[1h]"))? {
             let mut labels: Vec<(String, String)> = s["metric"]
                 .as_object()

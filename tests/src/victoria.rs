@@ -6,7 +6,6 @@
 //!
 //! A missing binary is a test failure, not a skip: `.ci/run` installs `victoria-metrics`.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -16,8 +15,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-/// Sorted labels (`__name__` included) → samples `(timestamp ms, value)` in time order.
-pub type RawSeries = BTreeMap<Vec<(String, String)>, Vec<(i64, f64)>>;
+pub use crate::prometheus::RawSeries;
 
 /// A running (or stopped) VictoriaMetrics.
 #[derive(Debug)]

@@ -13,10 +13,9 @@
 //! - [`clickhouse`]: log records into a ClickHouse table (`outputs.clickhouse`).
 //! - [`http`]: what the HTTP outputs share: the client, authentication, backoff with full
 //!   jitter, `Retry-After`.
-//! - [`config`]: the `outputs:` configuration section.
+//! - [`config`]: the `outputs:` configuration section (`crate::config::outputs`).
 
 pub mod clickhouse;
-pub mod config;
 pub mod http;
 pub mod remote_write;
 
@@ -30,6 +29,7 @@ use uctel_protocol::payload::LogRecord;
 use crate::logsink::{LogContext, LogSink};
 use crate::store::{IngestOutcome, SeriesStore};
 
+pub use crate::config::outputs as config;
 pub use clickhouse::ClickHouse;
 pub use remote_write::RemoteWrite;
 

@@ -506,7 +506,7 @@ pub fn markdown(references: &[Reference]) -> String {
         "# Configuration reference\n\n\
          <!-- Generated from the config types by the test `config_reference` \
          (agent/tests/config_reference.rs); do not edit: change the doc comments in \
-         agent/src/config.rs, collector/src/config.rs or common/src/config.rs and run \
+         agent/src/config.rs, collector/src/config/ or common/src/config.rs and run \
          `UCTEL_BLESS=1 cargo test -p uctel-agent --test config_reference`. -->\n\n\
          Both daemons read one YAML file (`--config PATH`, `-c PATH`, or `UCTEL_AGENT_CONFIG` / \
          `UCTEL_COLLECTOR_CONFIG`). It is strict: an unknown key is an error naming the key \

@@ -17,17 +17,14 @@
 //!
 //! At every scrape `samples_in = samples + Σ samples_failed + Σ samples_dropped +
 //! samples_pending`, exactly: every counter changes only under a shard lock and the scrape
-//! ([`LockedCollector`]) holds all of them while it reads.
+//! (`remote_write::LockedCollector`) holds all of them while it reads.
 
-use std::sync::{Arc, Mutex};
-
-use prometheus::core::{Collector, Desc};
+use prometheus::core::Collector;
 use prometheus::{
-    proto, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
-    IntGauge, IntGaugeVec, Opts,
+    Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts,
 };
 
-use super::queue::Shards;
 use crate::telemetry::NAMESPACE;
 
 /// Why a sample was never sent. The `reason` label value is [`Dropped::as_str`].
@@ -110,7 +107,8 @@ fn opts(name: &str, help: &str) -> Opts {
 }
 
 impl Families {
-    /// Builds the families (not registered: [`LockedCollector`] is).
+    /// Builds the families (not registered themselves: the output registers one collector
+    /// that reads them under the shard locks).
     ///
     /// # Errors
     /// A `prometheus` error for an invalid descriptor (a bug).
@@ -216,7 +214,8 @@ impl Families {
         }
     }
 
-    fn collectors(&self) -> [&dyn Collector; 11] {
+    /// Every family, for registration and scrapes.
+    pub(crate) fn collectors(&self) -> [&dyn Collector; 11] {
         [
             &self.stale,
             &self.samples_in,
@@ -298,59 +297,5 @@ impl Counters {
     /// Samples failed for `reason` (for tests).
     pub fn failed_count(&self, reason: Failed) -> u64 {
         self.failed[Failed::ALL.iter().position(|r| *r == reason).unwrap_or(0)].get()
-    }
-}
-
-/// The collector registered for remote-write: it holds every shard lock of every endpoint
-/// while the families are read, so a scrape sees the counters of one instant.
-#[derive(Debug)]
-pub struct LockedCollector {
-    families: Families,
-    endpoints: Arc<Mutex<Vec<Arc<Shards>>>>,
-    descs: Vec<Desc>,
-}
-
-impl LockedCollector {
-    /// Wraps `families`; the endpoints are added as they start.
-    pub(crate) fn new(
-        families: Families,
-        endpoints: Arc<Mutex<Vec<Arc<Shards>>>>,
-    ) -> LockedCollector {
-        let descs = families
-            .collectors()
-            .iter()
-            .flat_map(|c| c.desc().into_iter().cloned())
-            .collect();
-        LockedCollector {
-            families,
-            endpoints,
-            descs,
-        }
-    }
-}
-
-impl Collector for LockedCollector {
-    fn desc(&self) -> Vec<&Desc> {
-        self.descs.iter().collect()
-    }
-
-    fn collect(&self) -> Vec<proto::MetricFamily> {
-        let endpoints = self
-            .endpoints
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        for e in &endpoints {
-            e.counters().series.set(e.series() as i64);
-        }
-        let _guards: Vec<_> = endpoints
-            .iter()
-            .flat_map(|e| e.shards.iter().map(|s| s.lock()))
-            .collect();
-        self.families
-            .collectors()
-            .iter()
-            .flat_map(|c| c.collect())
-            .collect()
     }
 }

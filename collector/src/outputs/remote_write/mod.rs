@@ -18,12 +18,15 @@ mod queue;
 mod sender;
 
 use std::sync::{Arc, Mutex};
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto;
 use std::time::{Duration, Instant, SystemTime};
 
 use uctel_common::shutdown::Shutdown;
 use uctel_protocol::borrowed::MetricBatchView;
 
-use self::metrics::{Counters, Dropped, Families, LockedCollector};
+use self::metrics::{Counters, Dropped, Families};
 use self::queue::{Scratch, Shards};
 use self::sender::Target;
 use super::config::RemoteWriteConfig;
@@ -233,5 +236,59 @@ async fn expire_loop(shards: Arc<Shards>, staleness: Duration, mut shutdown: Shu
             }
             _ = shutdown.wait() => return,
         }
+    }
+}
+
+/// The collector registered for remote-write: it holds every shard lock of every endpoint
+/// while the families are read, so a scrape sees the counters of one instant.
+#[derive(Debug)]
+pub struct LockedCollector {
+    families: Families,
+    endpoints: Arc<Mutex<Vec<Arc<Shards>>>>,
+    descs: Vec<Desc>,
+}
+
+impl LockedCollector {
+    /// Wraps `families`; the endpoints are added as they start.
+    pub(crate) fn new(
+        families: Families,
+        endpoints: Arc<Mutex<Vec<Arc<Shards>>>>,
+    ) -> LockedCollector {
+        let descs = families
+            .collectors()
+            .iter()
+            .flat_map(|c| c.desc().into_iter().cloned())
+            .collect();
+        LockedCollector {
+            families,
+            endpoints,
+            descs,
+        }
+    }
+}
+
+impl Collector for LockedCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<proto::MetricFamily> {
+        let endpoints = self
+            .endpoints
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for e in &endpoints {
+            e.counters().series.set(e.series() as i64);
+        }
+        let _guards: Vec<_> = endpoints
+            .iter()
+            .flat_map(|e| e.shards.iter().map(|s| s.lock()))
+            .collect();
+        self.families
+            .collectors()
+            .iter()
+            .flat_map(|c| c.collect())
+            .collect()
     }
 }

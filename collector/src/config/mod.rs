@@ -59,6 +59,8 @@
 //! ports); 4791 is the IANA RoCEv2 port. On one host (loopback demo) the agent's soft device
 //! binds its own UDP port, so only the collector uses 4791.
 
+pub mod outputs;
+
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -104,7 +106,7 @@ pub struct Config {
     /// Where received log records go.
     pub logs: LogsConfig,
     /// Outputs to other machines (Prometheus remote-write), beside `/metrics` and `logs`.
-    pub outputs: crate::outputs::config::OutputsConfig,
+    pub outputs: outputs::OutputsConfig,
 }
 
 /// `listen:` section. Addresses are `IP:PORT`, `[IPv6]:PORT`, or `:PORT` for every IPv4
@@ -829,8 +831,8 @@ pub fn reference() -> Reference {
     Reference::new::<Config>(Sources {
         daemon: "uctel-collector",
         rust: &[
-            include_str!("config.rs"),
-            include_str!("outputs/config.rs"),
+            include_str!("mod.rs"),
+            include_str!("outputs.rs"),
             uctel_common::config::SOURCE,
         ],
         minimal: REFERENCE_MINIMAL,
