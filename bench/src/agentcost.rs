@@ -291,6 +291,7 @@ pub fn run(cfg: &AgentCostConfig) -> Result<AgentCostResult, AgentCostError> {
             report_interval_seconds: 0.1,
             data_path: "auto",
             log_file: cfg.workdir.join("received-logs.jsonl"),
+            extra_yaml: String::new(),
         },
     )?;
     let yaml = format!(

@@ -119,6 +119,8 @@ pub struct CollectorSettings {
     pub data_path: &'static str,
     /// Log records go to this JSON Lines file.
     pub log_file: PathBuf,
+    /// More top-level YAML appended to the configuration (e.g. an `outputs:` section).
+    pub extra_yaml: String,
 }
 
 /// A collector child process.
@@ -164,7 +166,7 @@ impl CollectorProcess {
              max_frame_bytes: {slot_bytes}\n\
              auth:\n  shared:\n    token: {TOKEN}\n\
              control:\n  heartbeat_interval_seconds: 5\n  report_interval_seconds: {report}\n  dead_after_missed_heartbeats: 6\n  handshake_timeout_seconds: 30\n\
-             logs:\n  sink: file\n  file:\n    path: {log_file}\n    max_file_bytes: 67108864\n    max_files: 1\n",
+             logs:\n  sink: file\n  file:\n    path: {log_file}\n    max_file_bytes: 67108864\n    max_files: 1\n{extra}",
             slots = s.slots,
             slot_bytes = s.slot_bytes,
             margin = s.credit_margin_slots,
@@ -172,6 +174,7 @@ impl CollectorProcess {
             path = s.data_path,
             report = s.report_interval_seconds,
             log_file = s.log_file.display(),
+            extra = s.extra_yaml,
         );
         let config = dir.join("collector.yaml");
         fs::write(&config, yaml).map_err(io("writing collector.yaml"))?;
@@ -331,6 +334,7 @@ mod tests {
                 report_interval_seconds: 1.0,
                 data_path: "auto",
                 log_file: dir.path().join("logs.jsonl"),
+                extra_yaml: String::new(),
             },
         )
         .unwrap_err();

@@ -244,6 +244,7 @@ pub fn run(cfg: &IdleConfig) -> Result<IdleResult, IdleError> {
             report_interval_seconds: 1.0,
             data_path: "auto",
             log_file: cfg.workdir.join("received-logs.jsonl"),
+            extra_yaml: String::new(),
         },
     )?;
     let mut node = match &node_bin {

@@ -33,6 +33,7 @@ pub mod limit;
 pub mod loadgen;
 pub mod processing;
 pub mod promtext;
+pub mod remotewrite;
 pub mod report;
 pub mod softpath;
 pub mod stats;

@@ -62,6 +62,11 @@ pub struct LoadConfig {
     pub post_batch: usize,
     /// Handshakes run concurrently.
     pub connect_parallelism: usize,
+    /// `Some(gap)`: each agent sends at most one frame per `gap` (at least 1 ms), and frame
+    /// `c` is stamped `start + c × gap`, so every series of an agent gets strictly
+    /// increasing millisecond timestamps (the remote-write row). `None`: flat out, stamped
+    /// with the send time.
+    pub pace: Option<Duration>,
 }
 
 /// Why the generator could not start.
@@ -150,6 +155,7 @@ pub struct LoadGen {
     frame: Arc<FrameTemplate>,
     sq_depth: usize,
     post_batch: usize,
+    pace: Option<Duration>,
     finish: watch::Sender<bool>,
     control: Option<JoinHandle<Vec<String>>>,
     data_stop: Arc<AtomicBool>,
@@ -266,6 +272,7 @@ impl LoadGen {
             frame: cfg.frame.clone(),
             sq_depth: sq as usize,
             post_batch: cfg.post_batch.max(1),
+            pace: cfg.pace,
             finish,
             control: Some(control),
             data_stop: Arc::new(AtomicBool::new(false)),
@@ -297,9 +304,10 @@ impl LoadGen {
         let stop = self.data_stop.clone();
         let sq = self.sq_depth;
         let batch = self.post_batch;
+        let pace = self.pace;
         let h = std::thread::Builder::new()
             .name("gen-data".into())
-            .spawn(move || data_thread(&agents, &devices, &frame, sq, batch, &stop))
+            .spawn(move || data_thread(&agents, &devices, &frame, sq, batch, pace, &stop))
             .map_err(|e| LoadError::Setup(e.to_string()))?;
         self.data = Some(h);
         Ok(())
@@ -385,8 +393,17 @@ fn data_thread(
     frame: &FrameTemplate,
     sq: usize,
     post_batch: usize,
+    pace: Option<Duration>,
     stop: &AtomicBool,
 ) -> DataStats {
+    // Paced: frame c of every agent is due at `start + c × gap` and stamped with that time
+    // (whole milliseconds, so every series' timestamps strictly increase).
+    let gap_ns = pace.map(|g| {
+        u64::try_from(g.as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1_000_000)
+    });
+    let start_ns = now_ns() / 1_000_000 * 1_000_000;
     let mut stats = DataStats::default();
     let len = frame.len();
     let len32 = u32::try_from(len).unwrap_or(u32::MAX);
@@ -408,7 +425,11 @@ fn data_thread(
             let credit_end = a.credit.load(Ordering::Acquire) + u64::from(ring.window);
             let room_sq = (sq as u64).saturating_sub(next[i] - completed[i]);
             let room_credit = credit_end.saturating_sub(next[i]);
-            let n = room_sq.min(room_credit).min(post_batch as u64);
+            let mut n = room_sq.min(room_credit).min(post_batch as u64);
+            if let Some(gap) = gap_ns {
+                let due = (now.saturating_sub(start_ns) / gap + 1).saturating_sub(next[i]);
+                n = n.min(due);
+            }
             if n == 0 {
                 continue;
             }
@@ -418,7 +439,8 @@ fn data_thread(
                 let c = next[i] + k;
                 let slot = (c % sq as u64) as usize;
                 // The stream sequence equals the connection sequence: one stream per agent.
-                if frame.write(&mut scratch, a.epoch, c, c, now).is_err()
+                let stamp = gap_ns.map_or(now, |gap| start_ns + c * gap);
+                if frame.write(&mut scratch, a.epoch, c, c, stamp).is_err()
                     || a.src.write_at(slot * len, &scratch).is_err()
                 {
                     ok = false;

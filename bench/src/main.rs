@@ -13,6 +13,7 @@ use uctel_bench::agentcost::{self, AgentCostConfig};
 use uctel_bench::idle::{self, IdleConfig};
 use uctel_bench::limit::{self, LimitConfig};
 use uctel_bench::processing::{self, ProcessingConfig};
+use uctel_bench::remotewrite::{self, RemoteWriteRunConfig};
 use uctel_bench::report::{Machine, Perftest, Report};
 use uctel_bench::softpath::{self, SoftRunConfig};
 use uctel_bench::workload::{FrameTemplate, ROCE_WRITE_IMM_OVERHEAD};
@@ -32,6 +33,8 @@ enum Part {
     Agent,
     /// Idle CPU of both daemons beside node_exporter.
     Idle,
+    /// Remote-write into VictoriaMetrics: uctel-collector beside vmagent.
+    RemoteWrite,
 }
 
 /// Measures the uctel soft path, processing, scaling and agent cost against a recvmmsg
@@ -111,6 +114,22 @@ struct Args {
     /// `prometheus-node-exporter` (Debian) or `node_exporter` on PATH.
     #[arg(long, value_name = "PATH")]
     node_exporter_bin: Option<PathBuf>,
+    /// Remote-write: emulated agents (one frame of 11 series per agent per
+    /// `--rw-frame-interval-ms`).
+    #[arg(long, default_value_t = 20)]
+    rw_agents: usize,
+    /// Remote-write: milliseconds between two frames of one agent (at least 1).
+    #[arg(long, default_value_t = 2)]
+    rw_frame_interval_ms: u64,
+    /// Remote-write: the measured window of each side, seconds.
+    #[arg(long, default_value_t = 10.0)]
+    rw_duration_secs: f64,
+    /// Remote-write: the VictoriaMetrics receiver (Debian package `victoria-metrics`).
+    #[arg(long, value_name = "PATH", default_value = "/usr/bin/victoria-metrics")]
+    victoria_metrics_bin: PathBuf,
+    /// Remote-write: the vmagent measured beside the collector (same package).
+    #[arg(long, value_name = "PATH", default_value = "/usr/bin/vmagent")]
+    vmagent_bin: PathBuf,
     /// The collector binary; default `uctel-collector` next to this binary.
     #[arg(long, value_name = "PATH")]
     collector_bin: Option<PathBuf>,
@@ -196,6 +215,7 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         scaling: Vec::new(),
         agent: None,
         idle: None,
+        remote_write: None,
         perftest: Perftest {
             source: "not in this run: tests/rxe/run.sh verbs_send_bench prints BENCH verbs_vs_perftest_ratio (pass --rxe-log or --rxe)".into(),
             ..Perftest::default()
@@ -301,6 +321,27 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         }) {
             Ok(r) => report.idle = Some(r),
             Err(e) => report.failures.push(("idle".into(), e.to_string())),
+        }
+    }
+    if wants(Part::RemoteWrite) {
+        eprintln!(
+            "[remote-write] {} agents, a frame each per {} ms, 2 × {:.1} s",
+            args.rw_agents, args.rw_frame_interval_ms, args.rw_duration_secs
+        );
+        match remotewrite::run(&RemoteWriteRunConfig {
+            collector_bin: collector_bin.clone(),
+            victoria_bin: args.victoria_metrics_bin.clone(),
+            vmagent_bin: args.vmagent_bin.clone(),
+            workdir: workdir.join("remote-write"),
+            agents: args.rw_agents,
+            frame: frame.clone(),
+            gap: Duration::from_millis(args.rw_frame_interval_ms.max(1)),
+            slots: args.slots,
+            warmup: secs(args.warmup_secs.max(2.0)),
+            duration: secs(args.rw_duration_secs),
+        }) {
+            Ok(r) => report.remote_write = Some(r),
+            Err(e) => report.failures.push(("remote-write".into(), e.to_string())),
         }
     }
     if args.rxe {

@@ -7,6 +7,7 @@ use crate::agentcost::AgentCostResult;
 use crate::idle::IdleResult;
 use crate::limit::LimitResult;
 use crate::processing::ProcessingResult;
+use crate::remotewrite::RemoteWriteResult;
 use crate::softpath::SoftRunResult;
 use crate::stats::{Goal, Verdict};
 
@@ -23,6 +24,8 @@ pub const AGENT_RSS_BYTES: f64 = 20.0 * 1024.0 * 1024.0;
 /// Largest share of one core an idle collector or agent may use, percent (the issue's
 /// target: idle means asleep).
 pub const IDLE_CPU_PERCENT: f64 = 0.1;
+/// Remote-write: samples delivered per collector CPU-s ≥ this × vmagent's per vmagent CPU-s.
+pub const REMOTE_WRITE_VS_VMAGENT: f64 = 1.0;
 
 /// The machine the run was on.
 #[derive(Clone, Debug, Serialize)]
@@ -140,6 +143,8 @@ pub struct Report {
     pub agent: Option<AgentCostResult>,
     /// Idle cost of both daemons, with node_exporter beside them.
     pub idle: Option<IdleResult>,
+    /// Remote-write beside vmagent.
+    pub remote_write: Option<RemoteWriteResult>,
     /// VM-suite perftest comparison.
     pub perftest: Perftest,
     /// Targets with verdicts.
@@ -238,6 +243,24 @@ impl Report {
                     });
                 }
             }
+        }
+        if let Some(v) = self
+            .remote_write
+            .as_ref()
+            .and_then(|r| r.vmagent.as_ref().map(|v| (r, v)))
+        {
+            let (r, v) = v;
+            t.push(Target {
+                name: "remote-write vs vmagent, per core".into(),
+                rule: format!(
+                    "samples delivered per collector CPU-s ≥ {REMOTE_WRITE_VS_VMAGENT} × vmagent's per vmagent CPU-s"
+                ),
+                verdict: Verdict::check(
+                    ratio(r.uctel.samples_per_core_sec, v.samples_per_core_sec),
+                    REMOTE_WRITE_VS_VMAGENT,
+                    Goal::AtLeast,
+                ),
+            });
         }
         self.targets = t;
     }
@@ -379,6 +402,59 @@ impl Report {
                 i.loadavg.join("; "),
                 String::new(),
                 format!("node_exporter: {}", i.node_exporter),
+            ));
+        }
+        if let Some(r) = &self.remote_write {
+            let vs = r.vmagent.as_ref().map_or_else(
+                || {
+                    format!(
+                        "vmagent not run: {}",
+                        r.vmagent_error.clone().unwrap_or_default()
+                    )
+                },
+                |v| {
+                    format!(
+                        "{:.2}× vmagent ({} samples/s, {} per vmagent CPU-s)",
+                        ratio(r.uctel.samples_per_core_sec, v.samples_per_core_sec),
+                        si(v.samples_per_sec),
+                        si(v.samples_per_core_sec)
+                    )
+                },
+            );
+            rows.push(row(
+                format!(
+                    "remote-write into VictoriaMetrics: K = {}, {} series",
+                    r.agents, r.series
+                ),
+                format!(
+                    "{} samples/s; {} per collector CPU-s",
+                    si(r.uctel.samples_per_sec),
+                    si(r.uctel.samples_per_core_sec)
+                ),
+                vs,
+                format!("offered {} samples/s", si(r.offered_per_sec)),
+            ));
+            rows.push(row(
+                "  collector CPU by thread".into(),
+                format!("{:.2} cores", r.uctel.cpu.cores),
+                threads(&r.uctel.cpu),
+                r.vmagent.as_ref().map_or(String::new(), |v| {
+                    format!("vmagent {:.2} cores", v.cpu.cores)
+                }),
+            ));
+            let a = &r.accounting;
+            rows.push(row(
+                "  remote-write accounting (whole run)".into(),
+                format!(
+                    "in {} = sent {} + dropped {} + failed {} + pending {}",
+                    a.samples_in,
+                    a.sent,
+                    a.dropped.values().sum::<f64>(),
+                    a.failed.values().sum::<f64>(),
+                    a.pending
+                ),
+                format!("unaccounted {}", a.unaccounted),
+                format!("dropped: {}", reasons(&a.dropped)),
             ));
         }
         let p = &self.perftest;

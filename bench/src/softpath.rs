@@ -201,6 +201,7 @@ pub fn run(cfg: &SoftRunConfig) -> Result<SoftRunResult, SoftRunError> {
             report_interval_seconds: cfg.report_interval_seconds,
             data_path: "write_with_imm",
             log_file: cfg.workdir.join("logs.jsonl"),
+            extra_yaml: String::new(),
         },
     )?;
     std::thread::sleep(Duration::from_millis(300));
@@ -216,6 +217,7 @@ pub fn run(cfg: &SoftRunConfig) -> Result<SoftRunResult, SoftRunError> {
         sq_depth: cfg.sq_depth,
         post_batch: cfg.post_batch,
         connect_parallelism: 32,
+        pace: None,
     })?;
     // The collector counts an agent connected once its Welcome went out.
     let deadline = Instant::now() + Duration::from_secs(30);
