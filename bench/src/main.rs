@@ -121,6 +121,12 @@ struct Args {
     /// Remote-write: milliseconds between two frames of one agent (at least 1).
     #[arg(long, default_value_t = 2)]
     rw_frame_interval_ms: u64,
+    /// Remote-write: largest frame (the agent's and collector's default is 4096).
+    #[arg(long, default_value_t = 4096)]
+    rw_frame_bytes: usize,
+    /// Remote-write: skip the collector run without remote-write (the marginal cost).
+    #[arg(long)]
+    rw_no_baseline: bool,
     /// Remote-write: the measured window of each side, seconds.
     #[arg(long, default_value_t = 10.0)]
     rw_duration_secs: f64,
@@ -334,7 +340,8 @@ fn run(args: &Args) -> anyhow::Result<bool> {
             vmagent_bin: args.vmagent_bin.clone(),
             workdir: workdir.join("remote-write"),
             agents: args.rw_agents,
-            frame: frame.clone(),
+            frame: Arc::new(FrameTemplate::metrics(args.rw_frame_bytes)?),
+            baseline: !args.rw_no_baseline,
             gap: Duration::from_millis(args.rw_frame_interval_ms.max(1)),
             slots: args.slots,
             warmup: secs(args.warmup_secs.max(2.0)),

@@ -54,6 +54,9 @@ pub struct RemoteWriteRunConfig {
     pub gap: Duration,
     /// Ring slots per agent.
     pub slots: u32,
+    /// Also measure the collector with the same load and no remote-write (its marginal
+    /// cost per sample is the difference).
+    pub baseline: bool,
     /// Unmeasured start of each side.
     pub warmup: Duration,
     /// Measured window of each side.
@@ -101,6 +104,12 @@ pub struct RemoteWriteResult {
     pub offered_per_sec: f64,
     /// uctel-collector.
     pub uctel: Side,
+    /// The collector with the same load and no output: CPU only (`samples` is what it
+    /// would have sent: 0).
+    pub baseline: Option<CpuDelta>,
+    /// Samples delivered per CPU-s of the collector's extra CPU with remote-write on
+    /// (`uctel.cpu − baseline`).
+    pub marginal_samples_per_core_sec: Option<f64>,
     /// vmagent (absent when it could not be run; see `vmagent_error`).
     pub vmagent: Option<Side>,
     /// Why vmagent is absent.
@@ -223,7 +232,17 @@ pub fn run(cfg: &RemoteWriteRunConfig) -> Result<RemoteWriteResult, RemoteWriteE
     let series = cfg.agents * cfg.frame.records() as usize;
     let offered = cfg.agents as f64 * f64::from(cfg.frame.records()) / cfg.gap.as_secs_f64();
 
-    let (uctel, accounting) = run_uctel(cfg, &http, vm_addr, &write_url)?;
+    let baseline = if cfg.baseline {
+        Some(run_uctel(cfg, &http, vm_addr, None)?.0.cpu)
+    } else {
+        None
+    };
+    let (uctel, accounting) = run_uctel(cfg, &http, vm_addr, Some(&write_url))?;
+    let marginal = baseline.as_ref().and_then(|b| {
+        let extra = uctel.cpu.cpu_seconds / uctel.cpu.wall_seconds.max(1e-9)
+            - b.cpu_seconds / b.wall_seconds.max(1e-9);
+        (extra > 0.0).then(|| uctel.samples_per_sec / extra)
+    });
     let (vmagent, vmagent_error) = match run_vmagent(cfg, &http, vm_addr, &write_url) {
         Ok(s) => (Some(s), None),
         Err(e) => (None, Some(e.to_string())),
@@ -234,6 +253,8 @@ pub fn run(cfg: &RemoteWriteRunConfig) -> Result<RemoteWriteResult, RemoteWriteE
         series,
         offered_per_sec: offered,
         uctel,
+        baseline,
+        marginal_samples_per_core_sec: marginal,
         vmagent,
         vmagent_error,
         accounting,
@@ -244,9 +265,13 @@ fn run_uctel(
     cfg: &RemoteWriteRunConfig,
     http: &ureq::Agent,
     vm_addr: SocketAddr,
-    write_url: &str,
+    write_url: Option<&str>,
 ) -> Result<(Side, Accounting), RemoteWriteError> {
-    let dir = cfg.workdir.join("uctel");
+    let dir = cfg.workdir.join(if write_url.is_some() {
+        "uctel"
+    } else {
+        "uctel-baseline"
+    });
     std::fs::create_dir_all(&dir).map_err(setup("work directory"))?;
     let slot_bytes = u32::try_from(cfg.frame.len()).unwrap_or(u32::MAX);
     let collector = CollectorProcess::start(
@@ -255,12 +280,16 @@ fn run_uctel(
         &CollectorSettings {
             slots: cfg.slots,
             slot_bytes,
-            credit_margin_slots: 64,
+            credit_margin_slots: (cfg.slots / 16).clamp(1, 64),
             descriptor_queue: 8192,
-            report_interval_seconds: 0.01,
+            // A window of `slots − 64` frames per report covers the paced rate (the
+            // default 1024 slots against 500 frames/s at the default 2 ms).
+            report_interval_seconds: 0.5,
             data_path: "write_with_imm",
             log_file: dir.join("logs.jsonl"),
-            extra_yaml: format!("outputs:\n  remote_write:\n    - url: {write_url}\n"),
+            extra_yaml: write_url.map_or_else(String::new, |u| {
+                format!("outputs:\n  remote_write:\n    - url: {u}\n")
+            }),
         },
     )
     .map_err(setup("collector"))?;

@@ -434,6 +434,17 @@ impl Report {
                 vs,
                 format!("offered {} samples/s", si(r.offered_per_sec)),
             ));
+            if let Some(b) = &r.baseline {
+                rows.push(row(
+                    "  marginal: collector CPU with remote-write − without".into(),
+                    format!("{:.2} − {:.2} cores", r.uctel.cpu.cores, b.cores),
+                    r.marginal_samples_per_core_sec
+                        .map_or("no difference measured".into(), |m| {
+                            format!("{} samples per extra CPU-s", si(m))
+                        }),
+                    threads(b),
+                ));
+            }
             rows.push(row(
                 "  collector CPU by thread".into(),
                 format!("{:.2} cores", r.uctel.cpu.cores),

@@ -96,3 +96,33 @@ fn idle_daemons_are_measured_in_both_phases_and_sleep() {
         );
     }
 }
+
+#[test]
+fn remote_write_row_delivers_through_the_collector_and_vmagent_into_victoria_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = uctel_bench::remotewrite::run(&uctel_bench::remotewrite::RemoteWriteRunConfig {
+        collector_bin: bins::path(COLLECTOR),
+        victoria_bin: "/usr/bin/victoria-metrics".into(),
+        vmagent_bin: "/usr/bin/vmagent".into(),
+        workdir: dir.path().join("rw"),
+        agents: 2,
+        frame: Arc::new(FrameTemplate::metrics(1024).unwrap()),
+        gap: Duration::from_millis(5),
+        slots: 64,
+        baseline: false,
+        warmup: Duration::from_secs(2),
+        duration: Duration::from_secs(2),
+    })
+    .unwrap();
+    // VictoriaMetrics counts what it inserted; both relays got samples through.
+    assert!(r.uctel.samples > 0.0, "{r:?}");
+    assert!(r.uctel.cpu.cpu_seconds > 0.0, "{r:?}");
+    let v = r
+        .vmagent
+        .as_ref()
+        .unwrap_or_else(|| panic!("vmagent: {:?}", r.vmagent_error));
+    assert!(v.samples > 0.0, "{r:?}");
+    assert_eq!(r.accounting.unaccounted, 0.0, "{:?}", r.accounting);
+    assert_eq!(r.accounting.pending, 0.0, "{:?}", r.accounting);
+    assert!(r.accounting.sent > 0.0 && r.accounting.sent == r.accounting.samples_in);
+}

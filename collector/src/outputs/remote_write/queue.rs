@@ -141,8 +141,9 @@ impl Shard {
 }
 
 impl ShardState {
-    /// Queues `sample` for `wire`, pushing the oldest out when full. Returns true when the
-    /// sender should be woken (first sample, or a full request waiting).
+    /// Queues `sample` for `wire`, pushing the oldest out when full (counted). Returns true
+    /// when the sender should be woken (first sample, or a full request waiting). The caller
+    /// adds the samples it queued to `pending` before it releases the lock.
     fn enqueue(
         &mut self,
         wire: Arc<[u8]>,
@@ -155,7 +156,6 @@ impl ShardState {
             self.counters.drop_queued(Dropped::QueueFull, 1);
         }
         self.queue.push_back(Queued { wire, sample });
-        self.counters.pending.inc();
         if self.queue.len() == 1 {
             self.oldest = Some(now);
             return true;
@@ -217,10 +217,12 @@ impl ShardState {
                 value: prompb::stale_nan(),
                 timestamp: now_ms.max(last_ms.saturating_add(1)),
             };
-            self.counters.samples_in.inc();
-            self.counters.stale.inc();
             wake |= self.enqueue(wire.clone(), sample, max_per_send, now);
         }
+        let n = ended.len() as u64;
+        self.counters.samples_in.inc_by(n);
+        self.counters.stale.inc_by(n);
+        self.counters.pending.add(n as i64);
         (ended.len(), wake)
     }
 }
@@ -242,6 +244,9 @@ pub(crate) struct Pending {
 pub(crate) struct Scratch {
     pending: Vec<Pending>,
     sorted: Vec<Vec<(usize, usize)>>,
+    /// Every record's sorted label order, flat; `order_at[record]` is its `(start, len)`.
+    orders: Vec<(usize, usize)>,
+    order_at: Vec<(u32, u32)>,
 }
 
 /// All shards of one endpoint.
@@ -328,6 +333,9 @@ impl Shards {
         let frame_ms = i64::try_from(frame_ns / 1_000_000).unwrap_or(i64::MAX);
         let n_shards = self.shards.len() as u64;
         scratch.pending.clear();
+        scratch.orders.clear();
+        scratch.order_at.clear();
+        scratch.order_at.resize(batch.len(), (0, 0));
         let mut order = Vec::new();
         let mut invalid = 0u64;
         for (ri, m) in batch.iter().enumerate() {
@@ -350,6 +358,8 @@ impl Shards {
                 continue;
             }
             sorted_labels(&m, &mut order);
+            scratch.order_at[ri] = (scratch.orders.len() as u32, order.len() as u32);
+            scratch.orders.extend_from_slice(&order);
             let mut add = |suffix: Suffix, value: f64| {
                 if value.to_bits() == prompb::STALE_NAN_BITS {
                     invalid += 1;
@@ -399,20 +409,23 @@ impl Shards {
             let shard = &self.shards[si];
             let mut st = shard.lock();
             let mut wake = false;
+            // Counted once per shard, still under its lock (scrapes read consistent sums).
+            let (mut n_in, mut n_out_of_order) = (0u64, 0u64);
             for &(pi, _) in idx {
                 let p = scratch.pending[pi];
                 let Some(m) = batch.get(p.record as usize) else {
                     continue;
                 };
-                st.counters.samples_in.inc();
-                sorted_labels(&m, &mut order);
+                let (start, len) = scratch.order_at[p.record as usize];
+                let order = &scratch.orders[start as usize..(start + len) as usize];
+                n_in += 1;
                 let found = st.table.find_mut(p.hash, |s| {
-                    same_series(s, agent, instance, &m, &order, p.suffix)
+                    s.hash == p.hash && same_series(s, agent, instance, &m, order, p.suffix)
                 });
                 let wire = match found {
                     Some(s) => {
                         if p.ts_ms <= s.last_ms {
-                            st.counters.drop_queued(Dropped::OutOfOrder, 1);
+                            n_out_of_order += 1;
                             continue;
                         }
                         s.last_ms = p.ts_ms;
@@ -422,7 +435,7 @@ impl Shards {
                     None => {
                         let agent = agent_arc.get_or_insert_with(|| Arc::from(agent)).clone();
                         let series =
-                            new_series(p.hash, agent, instance, &m, &order, p.suffix, p.ts_ms, now);
+                            new_series(p.hash, agent, instance, &m, order, p.suffix, p.ts_ms, now);
                         let wire = series.wire.clone();
                         st.table.insert_unique(p.hash, series, |s| s.hash);
                         wire
@@ -437,6 +450,11 @@ impl Shards {
                     shard.max_per_send,
                     now,
                 );
+            }
+            st.counters.samples_in.inc_by(n_in);
+            st.counters.pending.add((n_in - n_out_of_order) as i64);
+            if n_out_of_order > 0 {
+                st.counters.drop_queued(Dropped::OutOfOrder, n_out_of_order);
             }
             drop(st);
             if wake {

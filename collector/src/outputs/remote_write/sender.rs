@@ -64,7 +64,7 @@ pub(crate) async fn run(
     index: usize,
     mut shutdown: Shutdown,
 ) {
-    let mut scratch = Vec::new();
+    let mut scratch = EncodeScratch::default();
     let mut last_log: HashMap<&'static str, Instant> = HashMap::new();
     let mut stop_at: Option<tokio::time::Instant> = None;
     loop {
@@ -106,7 +106,8 @@ pub(crate) async fn run(
         let n = batch.len();
         let newest = batch.iter().map(|q| q.sample.timestamp).max().unwrap_or(0);
         let body = match encode(&batch, &mut scratch) {
-            Ok(b) => b,
+            // Shared, so that a retry does not copy the request.
+            Ok(b) => bytes::Bytes::from(b),
             Err(e) => {
                 tracing::error!(url = %target.label, error = %e, "remote-write request not encoded; its samples are counted failed");
                 shard.lock().settle_failed(n, Failed::Rejected);
@@ -179,22 +180,63 @@ fn due_log(last: &mut HashMap<&'static str, Instant>, kind: &'static str) -> boo
     }
 }
 
-/// The request body of `batch`: one `TimeSeries` per series, its samples in queue order.
-fn encode(batch: &[Queued], scratch: &mut Vec<u8>) -> Result<Vec<u8>, snap::Error> {
-    let mut index: HashMap<*const u8, usize> = HashMap::with_capacity(batch.len());
-    let mut series: Vec<(&[u8], Vec<Sample>)> = Vec::new();
-    for q in batch {
-        let key = q.wire.as_ptr();
-        let i = *index.entry(key).or_insert_with(|| {
-            series.push((&q.wire[..], Vec::new()));
-            series.len() - 1
-        });
-        series[i].1.push(q.sample);
-    }
-    prompb::encode_request(series.iter().map(|(l, s)| (*l, s.as_slice())), scratch)
+/// Reused between requests of one shard.
+#[derive(Debug, Default)]
+struct EncodeScratch {
+    /// Series index by the address of its encoded labels.
+    index: HashMap<usize, u32, foldhash::fast::RandomState>,
+    /// Per series: its labels' position in the batch and its sample count, then its first
+    /// slot in `samples`.
+    series: Vec<(u32, u32)>,
+    /// Samples grouped by series, in queue order within each.
+    samples: Vec<Sample>,
+    /// The uncompressed body.
+    raw: Vec<u8>,
 }
 
-async fn send(target: &Target, body: Vec<u8>) -> Outcome {
+/// The request body of `batch`: one `TimeSeries` per series, its samples in queue order
+/// (grouped with a counting sort: no allocation per series).
+fn encode(batch: &[Queued], s: &mut EncodeScratch) -> Result<Vec<u8>, snap::Error> {
+    s.index.clear();
+    s.series.clear();
+    let mut of = Vec::with_capacity(batch.len());
+    for (i, q) in batch.iter().enumerate() {
+        let next = s.series.len() as u32;
+        let k = *s.index.entry(q.wire.as_ptr() as usize).or_insert(next);
+        if k == next {
+            s.series.push((i as u32, 0));
+        }
+        s.series[k as usize].1 += 1;
+        of.push(k);
+    }
+    // Counts → first slots.
+    let mut start = Vec::with_capacity(s.series.len());
+    let mut at = 0u32;
+    for (_, n) in &s.series {
+        start.push(at);
+        at += n;
+    }
+    s.samples.clear();
+    s.samples.resize(batch.len(), Sample::default());
+    let mut fill = start.clone();
+    for (q, k) in batch.iter().zip(&of) {
+        let slot = &mut fill[*k as usize];
+        s.samples[*slot as usize] = q.sample;
+        *slot += 1;
+    }
+    let samples = &s.samples;
+    prompb::encode_request(
+        s.series.iter().zip(&start).map(|(&(first, n), &st)| {
+            (
+                &batch[first as usize].wire[..],
+                &samples[st as usize..(st + n) as usize],
+            )
+        }),
+        &mut s.raw,
+    )
+}
+
+async fn send(target: &Target, body: bytes::Bytes) -> Outcome {
     let result = target
         .client
         .post(target.url.clone())
