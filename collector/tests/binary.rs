@@ -324,3 +324,42 @@ fn check_config_refuses_a_log_path_under_a_file() {
         "{err}"
     );
 }
+
+/// `--check-config` reports every bad `outputs.remote_write` key at once, with its index.
+#[test]
+fn check_config_reports_each_bad_remote_write_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.yaml");
+    std::fs::write(
+        &config,
+        "auth:\n  shared:\n    token: t\noutputs:\n  remote_write:\n    \
+         - url: ftp://x\n      shards: 0\n      headers:\n        User-Agent: me\n      \
+         bearer_token_file: /nonexistent/token\n    \
+         - url: http://127.0.0.1:9090/api/v1/write\n      max_samples_per_send: 5000\n      \
+         queue_capacity_samples: 100\n      tenant: \"\"\n      \
+         basic_auth:\n        username: u\n        password_file: /nonexistent/pw\n    \
+         - {}\n    - url: http://127.0.0.1:9090/api/v1/write\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .arg("--config")
+        .arg(&config)
+        .arg("--check-config")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for key in [
+        "outputs.remote_write[0].url",
+        "outputs.remote_write[0].shards",
+        "outputs.remote_write[0].headers.User-Agent",
+        "outputs.remote_write[0].bearer_token_file",
+        "outputs.remote_write[1].queue_capacity_samples",
+        "outputs.remote_write[1].tenant",
+        "outputs.remote_write[1].basic_auth.password_file",
+        "outputs.remote_write[2].url",
+        "http://127.0.0.1:9090/api/v1/write is listed twice",
+    ] {
+        assert!(err.contains(key), "{key} not reported: {err}");
+    }
+}

@@ -15,7 +15,8 @@
 //! - `fifty_agents_one_collector`: 50 agent processes against one collector, all connected,
 //!   accounting exact for each.
 //! - `prometheus_evaluates_every_dashboard_query`: a real Prometheus scrapes the collector
-//!   and agents; every panel query of every dashboard parses and returns data;
+//!   (remote-writing into a real VictoriaMetrics) and agents; every panel query of every
+//!   dashboard parses and returns data;
 //!   `promtool check metrics` accepts the collector's and an agent's `/metrics`; across a
 //!   collector restart Prometheus sees a reset of the collector's own counters and none in
 //!   the agents' counters the collector relays.
@@ -522,7 +523,21 @@ fn fifty_agents_one_collector() {
 #[test]
 fn prometheus_evaluates_every_dashboard_query() {
     let _g = exclusive();
-    let mut p = Pipeline::start();
+    // A real remote-write receiver, so the pipeline dashboard's remote-write row has data.
+    let receiver_dir = tempfile::Builder::new()
+        .prefix("uctel-e2e-vm-")
+        .tempdir()
+        .unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let vm = uctel_tests::victoria::Victoria::start(receiver_dir.path());
+    let url = vm.write_url();
+    let mut p = Pipeline::start_with(|y, _| {
+        let mut rw = serde_yaml::Mapping::new();
+        rw.insert("url".into(), url.as_str().into());
+        y.set(
+            "outputs.remote_write",
+            serde_yaml::Value::Sequence(vec![serde_yaml::Value::Mapping(rw)]),
+        );
+    });
     p.add_agent("prom-clean", 0.0, 1.0);
     p.add_agent("prom-lossy", 0.05, 1.0);
     p.wait_flowing(2, &["prom-clean", "prom-lossy"], &["metrics"], UP);
