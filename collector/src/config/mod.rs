@@ -815,7 +815,8 @@ pub fn load(path: &std::path::Path) -> Result<Config, uctel_common::config::Conf
     uctel_common::config::load(path)
 }
 
-/// The keys that have no default or are off by default, for the reference's defaults.
+/// The keys that have no default or are off by default, for the reference's defaults (a
+/// `remote_write` item, so that the reference shows its keys' defaults).
 const REFERENCE_MINIMAL: &str = "\
 auth:
   agents:
@@ -823,6 +824,9 @@ auth:
       token_file: /etc/uctel/web-1.token
   shared:
     token_env: UCTEL_SHARED_TOKEN
+outputs:
+  remote_write:
+    - url: http://127.0.0.1:9090/api/v1/write
 ";
 
 /// The configuration reference of the collector (`docs/configuration.md`,
