@@ -38,3 +38,58 @@ pub fn free_addr() -> SocketAddr {
     }
     panic!("no free loopback port found");
 }
+
+/// An HTTP/1.1 server on a free loopback port that answers every request with `status`
+/// (e.g. `"400 Bad Request"`) and a short body, after reading the request whole; it runs
+/// until the test process ends. Returns its address.
+///
+/// # Panics
+/// If no port can be bound.
+pub fn http_answering(status: &'static str) -> SocketAddr {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind a loopback port");
+    let addr = listener.local_addr().expect("local address");
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let Ok(read) = stream.try_clone() else { return };
+                let (mut reader, mut out) = (BufReader::new(read), stream);
+                loop {
+                    let mut len = 0usize;
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    loop {
+                        line.clear();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let h = line.trim_end();
+                        if h.is_empty() {
+                            break;
+                        }
+                        if let Some((n, v)) = h.split_once(':') {
+                            if n.eq_ignore_ascii_case("content-length") {
+                                len = v.trim().parse().unwrap_or(0);
+                            }
+                        }
+                    }
+                    let mut body = vec![0; len];
+                    if reader.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    let text = "refused by the test\n";
+                    let answer = format!(
+                        "HTTP/1.1 {status}\r\ncontent-length: {}\r\n\r\n{text}",
+                        text.len()
+                    );
+                    if out.write_all(answer.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}

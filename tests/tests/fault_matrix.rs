@@ -15,6 +15,10 @@
 //! - no daemon log says `panicked`; every `*_total` counter of every scrape of a process is
 //!   monotonic; peak RSS of each daemon below a generous bound; the collector still serves
 //!   `/metrics` after the fault (and each agent before its SIGTERM).
+//! - the outputs' sum rules on every collector scrape (`faults::output_sum_failures`):
+//!   per remote-write endpoint `samples_in = sent + dropped + failed + pending`, for
+//!   ClickHouse `rows_in = inserted + dropped + pending`; the output rows (receiver outage,
+//!   receiver refusing, ClickHouse restart) add what the receiver holds.
 //!
 //! Quiescence is the README's: each agent settles, gets SIGTERM and sends Goodbye (the
 //! collector then settles tail loss), the collector closes the sessions.
@@ -599,5 +603,209 @@ fn twin_agent_ids() {
         ),
     );
     row.quiesce();
+    row.verdict(Law::Exact);
+}
+
+/// A remote-write endpoint setting for a row (short deadline and backoff, small queue).
+fn remote_write(url: &str, capacity: u64) -> serde_yaml::Value {
+    let mut m = serde_yaml::Mapping::new();
+    m.insert("url".into(), url.into());
+    m.insert("batch_send_deadline_seconds".into(), 0.2.into());
+    m.insert("min_backoff_seconds".into(), 0.05.into());
+    m.insert("max_backoff_seconds".into(), 0.5.into());
+    m.insert("timeout_seconds".into(), 2.into());
+    m.insert("queue_capacity_samples".into(), capacity.into());
+    serde_yaml::Value::Sequence(vec![serde_yaml::Value::Mapping(m)])
+}
+
+/// Waits until the collector's remote-write output has nothing pending; returns the last
+/// scrape.
+fn remote_write_drained(row: &mut Row) -> uctel_tests::exposition::Scrape {
+    let mut last = None;
+    let _ = uctel_tests::wait_for(
+        "remote-write drained",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || {
+            let s = row.scrape_collector()?;
+            let pending = s.count("uctel_collector_remote_write_samples_pending", &[]);
+            last = Some(s);
+            (pending == 0)
+                .then_some(())
+                .ok_or(format!("{pending} pending"))
+        },
+    );
+    last.unwrap_or_default()
+}
+
+/// The remote-write receiver (a real VictoriaMetrics) stops for 8 s while lines and host
+/// metrics flow, then comes back: the records law holds, the output's sum rule holds at
+/// every scrape, what was not dropped reaches the receiver once the queue drains.
+#[test]
+fn remote_write_receiver_outage() {
+    let _g = exclusive();
+    let dir = tempfile::Builder::new()
+        .prefix("uctel-fm-vm-")
+        .tempdir()
+        .unwrap();
+    let mut vm = uctel_tests::victoria::Victoria::start(dir.path());
+    let url = vm.write_url();
+    let spec = CollectorSpec {
+        set: vec![("outputs.remote_write".into(), remote_write(&url, 10_000))],
+        ..CollectorSpec::default()
+    };
+    let mut row = Row::start("remote-write-outage", spec, None);
+    let a = row.add_agent(AgentSpec::new("a"));
+    row.wait_connected(1, &[a]);
+    row.write_bursts(a, 0, 1000, GAP);
+    vm.stop();
+    let down = std::time::Instant::now();
+    while down.elapsed() < Duration::from_secs(8) {
+        row.write(a, 0, 100);
+        std::thread::sleep(Duration::from_millis(500));
+        let _ = row.scrape_collector();
+    }
+    vm.restart();
+    row.write_bursts(a, 0, 1000, GAP);
+    row.wait_settled(a, 2600, SETTLE);
+    row.quiesce();
+    let s = remote_write_drained(&mut row);
+    let m = [("url", url.as_str())];
+    let count = |name: &str| s.count(&format!("uctel_collector_remote_write_{name}"), &m);
+    let (sent, stale, retried, failed) = (
+        count("samples_total"),
+        count("stale_markers_total"),
+        count("samples_retried_total"),
+        count("samples_failed_total"),
+    );
+    let held: u64 = vm
+        .export(&format!("{{agent=\"{}\"}}", row.agents[a].spec.id))
+        .map(|r| r.values().map(|v| v.len() as u64).sum())
+        .unwrap_or(0);
+    row.notes.push(format!(
+        "remote-write: sent {sent} (stale markers {stale}), retried {retried}, failed {failed}, \
+         dropped {}, held by the receiver {held}",
+        count("samples_dropped_total")
+    ));
+    row.expect(
+        retried > 0,
+        "requests were retried while the receiver was down",
+    );
+    row.expect(
+        failed == 0,
+        "no request failed for good (the receiver came back)",
+    );
+    row.expect(
+        held == sent - stale,
+        format!(
+            "the receiver holds {held} samples, the collector sent {sent} − {stale} stale markers"
+        ),
+    );
+    row.verdict(Law::Exact);
+}
+
+/// The remote-write receiver refuses every request (400): nothing is retried, every sample
+/// is counted failed, the records law is untouched.
+#[test]
+fn remote_write_receiver_refuses() {
+    let _g = exclusive();
+    let addr = uctel_tests::net::http_answering("400 Bad Request");
+    let url = format!("http://{addr}/api/v1/write");
+    let spec = CollectorSpec {
+        set: vec![("outputs.remote_write".into(), remote_write(&url, 100_000))],
+        ..CollectorSpec::default()
+    };
+    let mut row = Row::start("remote-write-refused", spec, None);
+    let a = row.add_agent(AgentSpec::new("a"));
+    row.wait_connected(1, &[a]);
+    row.write_bursts(a, 0, 1000, GAP);
+    row.wait_settled(a, 1000, SETTLE);
+    row.quiesce();
+    let s = remote_write_drained(&mut row);
+    let m = [("url", url.as_str())];
+    let input = s.count("uctel_collector_remote_write_samples_in_total", &m);
+    let rejected = s.count(
+        "uctel_collector_remote_write_samples_failed_total",
+        &[("url", url.as_str()), ("reason", "rejected")],
+    );
+    let dropped = s.count("uctel_collector_remote_write_samples_dropped_total", &m);
+    let retried = s.count("uctel_collector_remote_write_samples_retried_total", &m);
+    row.notes.push(format!(
+        "remote-write: in {input}, rejected {rejected}, dropped {dropped}, retried {retried}"
+    ));
+    row.expect(input > 0, "samples reached the output");
+    row.expect(retried == 0, "a 400 is never retried");
+    row.expect(
+        rejected + dropped == input,
+        "every sample is counted rejected (or dropped before sending)",
+    );
+    row.verdict(Law::Exact);
+}
+
+/// ClickHouse is stopped and started again while lines flow: every line the agent wrote is
+/// in the table (distinct) or counted dropped by the output; the records law holds for the
+/// JSON Lines sink beside it; the output's sum rule holds at every scrape.
+#[test]
+fn clickhouse_restart_while_lines_flow() {
+    let _g = exclusive();
+    let mut ch = uctel_tests::clickhouse::ClickHouse::start();
+    let schema =
+        std::fs::read_to_string(uctel_tests::workspace_root().join("config/clickhouse/logs.sql"))
+            .expect("config/clickhouse/logs.sql");
+    ch.query(&schema).unwrap_or_else(|e| panic!("{e}"));
+    let mut out = serde_yaml::Mapping::new();
+    out.insert("url".into(), ch.url().into());
+    out.insert("max_rows_per_insert".into(), 500.into());
+    out.insert("batch_send_deadline_seconds".into(), 0.2.into());
+    out.insert("min_backoff_seconds".into(), 0.05.into());
+    out.insert("max_backoff_seconds".into(), 0.5.into());
+    let spec = CollectorSpec {
+        set: vec![("outputs.clickhouse".into(), serde_yaml::Value::Mapping(out))],
+        ..CollectorSpec::default()
+    };
+    let mut row = Row::start("clickhouse-restart", spec, None);
+    let a = row.add_agent(AgentSpec::new("a"));
+    row.wait_connected(1, &[a]);
+    row.write_bursts(a, 0, 1500, GAP);
+    ch.stop();
+    row.write_bursts(a, 0, 1000, GAP);
+    let _ = row.scrape_collector();
+    ch.restart();
+    row.write_bursts(a, 0, 1000, GAP);
+    row.wait_settled(a, 3500, SETTLE);
+    row.quiesce();
+    let mut last = None;
+    let _ = uctel_tests::wait_for(
+        "clickhouse output drained",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || {
+            let s = row.scrape_collector()?;
+            let pending = s.count("uctel_collector_clickhouse_rows_pending", &[]);
+            last = Some(s);
+            (pending == 0)
+                .then_some(())
+                .ok_or(format!("{pending} pending"))
+        },
+    );
+    let s = last.unwrap_or_default();
+    let written = row.agents[a].written();
+    let id = row.agents[a].spec.id.clone();
+    let distinct: u64 = ch
+        .query(&format!(
+            "SELECT uniqExact(message) FROM logs WHERE agent = '{id}'"
+        ))
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0);
+    let dropped = s.count("uctel_collector_clickhouse_rows_dropped_total", &[]);
+    let retried = s.count("uctel_collector_clickhouse_rows_retried_total", &[]);
+    row.notes.push(format!(
+        "clickhouse: written {written}, distinct rows {distinct}, dropped {dropped}, retried {retried}"
+    ));
+    row.expect(
+        distinct + dropped == written,
+        format!("{written} lines written = {distinct} distinct rows + {dropped} dropped"),
+    );
     row.verdict(Law::Exact);
 }

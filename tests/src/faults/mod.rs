@@ -31,6 +31,7 @@ pub mod row;
 pub mod seed;
 pub mod sink;
 pub mod source;
+pub mod sums;
 
 pub use monotonic::*;
 pub use os::*;
@@ -38,3 +39,4 @@ pub use row::*;
 pub use seed::*;
 pub use sink::*;
 pub use source::*;
+pub use sums::*;

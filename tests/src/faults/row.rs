@@ -405,12 +405,18 @@ impl Row {
         }
     }
 
-    /// Scrapes the collector (recording the scrape).
+    /// Scrapes the collector (recording the scrape; the outputs' sum rules are checked on
+    /// every scrape, [`output_sum_failures`]).
     ///
     /// # Errors
     /// As [`scrape`].
     pub fn scrape_collector(&mut self) -> Result<Scrape, String> {
         let s = scrape(self.addrs.metrics)?;
+        for f in output_sum_failures(&s) {
+            if !self.failures.contains(&f) {
+                self.failures.push(f);
+            }
+        }
         if let Some(pid) = self.collector.pid() {
             self.mono.observe("collector", pid, "uctel_collector_", &s);
         }
