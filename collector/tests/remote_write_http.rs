@@ -283,3 +283,34 @@ fn a_dead_receiver_at_shutdown_leaves_every_sample_counted() {
     );
     assert!(c.retried.get() > 0);
 }
+
+#[test]
+fn credentials_from_files_and_custom_headers_are_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret-token\n").unwrap();
+    let password = dir.path().join("password");
+    std::fs::write(&password, "pa:ss\n").unwrap();
+
+    let bearer = Scripted::start(vec!["204 No Content"]);
+    let mut cfg = config(bearer.url());
+    cfg.bearer_token_file = Some(token);
+    cfg.headers.insert("X-Team".into(), "storage".into());
+    run(cfg, 1, Duration::from_secs(10));
+    let seen = bearer.seen();
+    assert_eq!(seen[0].header("authorization"), Some("Bearer s3cret-token"));
+    assert_eq!(seen[0].header("x-team"), Some("storage"));
+
+    let basic = Scripted::start(vec!["204 No Content"]);
+    let mut cfg = config(basic.url());
+    cfg.basic_auth = Some(uctel_collector::outputs::config::BasicAuthConfig {
+        username: "uctel".into(),
+        password_file: password,
+    });
+    run(cfg, 1, Duration::from_secs(10));
+    // base64("uctel:pa:ss")
+    assert_eq!(
+        basic.seen()[0].header("authorization"),
+        Some("Basic dWN0ZWw6cGE6c3M=")
+    );
+}

@@ -357,3 +357,138 @@ fn a_receiver_outage_is_survived_bounded_and_every_sample_accounted() {
     );
     assert!(p.collector.is_running(), "the collector died");
 }
+
+/// Kills the child on drop.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Remote-write over TLS to a real Prometheus serving HTTPS (`--web.config.file` with a
+/// self-signed certificate made by `openssl`): trusted through `tls.ca_file` it delivers;
+/// with the system roots only it is refused (unknown issuer: retried, never delivered);
+/// with `insecure_skip_verify` it delivers.
+#[test]
+fn remote_write_over_tls_checks_the_certificate() {
+    let dir = tempfile::Builder::new()
+        .prefix("uctel-rw-tls-")
+        .tempdir()
+        .unwrap();
+    let d = dir.path();
+    let (cert, key) = (d.join("cert.pem"), d.join("key.pem"));
+    let out = std::process::Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+        ])
+        .args(["-subj", "/CN=uctel-test"])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1"])
+        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl (Debian: apt-get install openssl)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let web = d.join("web.yml");
+    std::fs::write(
+        &web,
+        format!(
+            "tls_server_config:\n  cert_file: {}\n  key_file: {}\n",
+            cert.display(),
+            key.display()
+        ),
+    )
+    .unwrap();
+    let config = d.join("prometheus.yml");
+    std::fs::write(&config, "global: {}\nscrape_configs: []\n").unwrap();
+    let addr = uctel_tests::net::free_addr();
+    let log = std::fs::File::create(d.join("prometheus.log")).unwrap();
+    let _prom = Killed(
+        std::process::Command::new(uctel_tests::prometheus::prometheus_binary())
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!("--storage.tsdb.path={}", d.join("data").display()))
+            .arg(format!("--web.listen-address={addr}"))
+            .arg(format!("--web.config.file={}", web.display()))
+            .arg("--web.enable-remote-write-receiver")
+            .arg("--log.level=warn")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    uctel_tests::wait_for(
+        "prometheus listening",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || {
+            std::net::TcpStream::connect(addr)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        },
+    )
+    .unwrap();
+    let base = format!("https://{addr}/api/v1/write");
+    let (trusted, untrusted, insecure) = (
+        base.clone(),
+        format!("{base}?via=roots"),
+        format!("{base}?via=insecure"),
+    );
+    let ca = cert.display().to_string();
+    let mut p = Pipeline::start_with(|y, _| {
+        let mut tls = Mapping::new();
+        tls.insert("ca_file".into(), ca.as_str().into());
+        let mut skip = Mapping::new();
+        skip.insert("insecure_skip_verify".into(), true.into());
+        y.set(
+            "outputs.remote_write",
+            Value::Sequence(vec![
+                endpoint(&trusted, &[("tls", Value::Mapping(tls))]),
+                endpoint(&untrusted, &[]),
+                endpoint(&insecure, &[("tls", Value::Mapping(skip))]),
+            ]),
+        );
+    });
+    p.add_agent("rw-tls", 0.0, 1.0);
+    p.wait_flowing(1, &["rw-tls"], &["metrics"], Duration::from_secs(60));
+    let r = uctel_tests::wait_for(
+        "samples delivered over TLS",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || {
+            let s = p.scrape()?;
+            let (a, c) = (Figures::read(&s, &trusted), Figures::read(&s, &insecure));
+            if a.sent > 0 && c.sent > 0 {
+                Ok(())
+            } else {
+                Err(format!("trusted {a:?}, insecure {c:?}"))
+            }
+        },
+    );
+    if let Err(e) = r {
+        panic!("{e}\n{}", p.collector.log_tail(30));
+    }
+    let s = p.scrape().unwrap();
+    let refused = Figures::read(&s, &untrusted);
+    assert_eq!(
+        refused.sent, 0,
+        "a certificate of an unknown issuer was accepted: {refused:?}"
+    );
+    assert!(refused.retried > 0, "{refused:?}");
+    for url in [&trusted, &untrusted, &insecure] {
+        Figures::read(&s, url).check_sum(url);
+    }
+    assert!(
+        p.collector.log().contains("UnknownIssuer") || p.collector.log().contains("certificate"),
+        "the refusal is not explained in the collector's log:\n{}",
+        p.collector.log_tail(30)
+    );
+}
