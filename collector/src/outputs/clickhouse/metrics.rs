@@ -68,7 +68,7 @@ fn opts(name: &str, help: &str) -> Opts {
         .subsystem("clickhouse")
 }
 
-/// The output's counters (registered through [`LockedCollector`] only).
+/// The output's counters (registered through the output's locked collector only).
 #[derive(Debug)]
 pub struct Counters {
     rows_in: IntCounter,

@@ -4,7 +4,7 @@
 //!
 //! The table is [`SCHEMA`] (`config/clickhouse/logs.sql`, `--print-clickhouse-schema`):
 //! one column per field of the JSON Lines sink ([`row`]). The worker thread only appends
-//! rows to a bounded [`queue`]; one [`sender`] task batches them by count
+//! rows to a bounded `queue`; one `sender` task batches them by count
 //! (`max_rows_per_insert`) and deadline (`batch_send_deadline_seconds`), sends, and retries
 //! with backoff. Every row is inserted or counted dropped, by reason ([`metrics`]).
 //! Delivery is at least once: a retried `INSERT` that the server had applied inserts its

@@ -7,8 +7,8 @@
 //! `Content-Encoding: snappy`, `Content-Type: application/x-protobuf`,
 //! `X-Prometheus-Remote-Write-Version: 0.1.0` and `User-Agent: uctel-collector/<version>`.
 //!
-//! Per endpoint: [`queue`] (series table, sharded bounded queues, the label and timestamp
-//! rules), [`sender`] (one task per shard: batching, retries, backoff) and [`metrics`]
+//! Per endpoint: `queue` (series table, sharded bounded queues, the label and timestamp
+//! rules), `sender` (one task per shard: batching, retries, backoff) and [`metrics`]
 //! (`uctel_collector_remote_write_*`). The worker thread only appends to the queues; it
 //! never waits on the network.
 

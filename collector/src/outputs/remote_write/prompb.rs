@@ -43,7 +43,7 @@ pub struct Label {
 /// `prometheus.Sample` (1: value, 2: timestamp in ms since the Unix epoch).
 #[derive(Clone, Copy, PartialEq, Message)]
 pub struct Sample {
-    /// The value (the stale marker is [`STALE_NAN`]).
+    /// The value (the stale marker is [`stale_nan`]).
     #[prost(double, tag = "1")]
     pub value: f64,
     /// Milliseconds since the Unix epoch.
