@@ -254,6 +254,7 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         &config.outputs.remote_write,
         telemetry.registry(),
         config.staleness_seconds.duration(),
+        config.series_cap_per_agent.0,
         &sd,
     )
     .map_err(RunError::Output)?;

@@ -160,7 +160,7 @@ fn run(cfg: RemoteWriteConfig, n: usize, within: Duration) -> Arc<remote_write::
         let registry = prometheus::Registry::new();
         let (trigger, sd) = uctel_common::shutdown::channel();
         let started =
-            remote_write::start(&[cfg], &registry, Duration::from_secs(300), &sd).unwrap();
+            remote_write::start(&[cfg], &registry, Duration::from_secs(300), 100_000, &sd).unwrap();
         let mut handle = started.handle;
         let payload = batch(n, 1_700_000_000_000);
         let view = MetricBatchView::decode(&payload, &Limits::default()).unwrap();

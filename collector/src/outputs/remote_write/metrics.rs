@@ -40,6 +40,9 @@ pub enum Dropped {
     QueueFull,
     /// Still queued when the collector stopped.
     Shutdown,
+    /// A new series of an agent that has `series_cap_per_agent` series already (the
+    /// series store's bound, so remote-write memory is bounded the same way).
+    SeriesCap,
 }
 
 /// Why a request's samples were given up after sending.
@@ -53,11 +56,12 @@ pub enum Failed {
 
 impl Dropped {
     /// Every reason.
-    pub const ALL: [Dropped; 4] = [
+    pub const ALL: [Dropped; 5] = [
         Dropped::OutOfOrder,
         Dropped::Invalid,
         Dropped::QueueFull,
         Dropped::Shutdown,
+        Dropped::SeriesCap,
     ];
 
     /// The `reason` label value.
@@ -67,6 +71,7 @@ impl Dropped {
             Dropped::Invalid => "invalid",
             Dropped::QueueFull => "queue_full",
             Dropped::Shutdown => "shutdown",
+            Dropped::SeriesCap => "series_cap",
         }
     }
 }
@@ -239,7 +244,7 @@ pub struct Counters {
     pub samples_in: IntCounter,
     samples: IntCounter,
     failed: [IntCounter; 2],
-    dropped: [IntCounter; 4],
+    dropped: [IntCounter; 5],
     /// `samples_retried_total`.
     pub retried: IntCounter,
     /// `stale_markers_total`.
@@ -263,7 +268,7 @@ impl Counters {
         self.dropped[Dropped::ALL.iter().position(|r| *r == reason).unwrap_or(0)].inc_by(n);
         match reason {
             // Never queued: counted in `samples_in` without passing `pending`.
-            Dropped::OutOfOrder | Dropped::Invalid => {}
+            Dropped::OutOfOrder | Dropped::Invalid | Dropped::SeriesCap => {}
             Dropped::QueueFull | Dropped::Shutdown => self.pending.sub(n as i64),
         }
     }

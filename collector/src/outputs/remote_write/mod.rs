@@ -121,7 +121,8 @@ fn unix_ms(t: SystemTime) -> i64 {
 
 /// Starts every configured endpoint: registers the self-metrics in `registry`, spawns one
 /// sender per shard and an expiry task (stale markers for series not updated for
-/// `staleness`) on the current tokio runtime.
+/// `staleness`) on the current tokio runtime. Each endpoint knows at most
+/// `series_cap_per_agent` series per agent.
 ///
 /// # Errors
 /// [`SetupError`] for unreadable secret or CA files and invalid headers; a `prometheus`
@@ -130,6 +131,7 @@ pub fn start(
     configs: &[RemoteWriteConfig],
     registry: &prometheus::Registry,
     staleness: Duration,
+    series_cap_per_agent: usize,
     shutdown: &Shutdown,
 ) -> Result<Started, SetupError> {
     if configs.is_empty() {
@@ -183,6 +185,7 @@ pub fn start(
             c.shards as usize,
             c.queue_capacity_samples as usize,
             c.max_samples_per_send as usize,
+            series_cap_per_agent,
             counters,
         ));
         let target = Arc::new(Target {

@@ -18,7 +18,9 @@
 //!   stale marker's bits (it would read as a stale marker), a timestamp at or before the
 //!   Unix epoch.
 //! * **Bounded.** At most `capacity` samples wait per shard; a new one beyond that pushes
-//!   the oldest out (`queue_full`).
+//!   the oldest out (`queue_full`). At most `series_cap_per_agent` series per agent are
+//!   known (the series store's bound); a sample of a further new series is dropped
+//!   (`series_cap`) until some of the agent's series end.
 //! * **Stale markers** ([`prompb::STALE_NAN_BITS`]) end a series: when its agent says
 //!   `Goodbye`, and when it has not been updated for the staleness period; the series is
 //!   then forgotten.
@@ -26,8 +28,10 @@
 //! Counters change only under the shard lock, so a scrape that holds every shard lock reads
 //! `in = sent + dropped + failed + pending` exactly.
 
+use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -80,6 +84,8 @@ struct Series {
     last_ms: i64,
     /// When it was last updated (staleness).
     seen: Instant,
+    /// Its agent's series count (decremented when the series ends).
+    count: Arc<AtomicUsize>,
 }
 
 /// One queued sample.
@@ -205,6 +211,7 @@ impl ShardState {
         let mut ended = Vec::new();
         self.table.retain(|s| {
             if remove(s) {
+                s.count.fetch_sub(1, Ordering::Relaxed);
                 ended.push((s.wire.clone(), s.last_ms));
                 false
             } else {
@@ -255,6 +262,10 @@ pub(crate) struct Shards {
     pub(crate) shards: Box<[Arc<Shard>]>,
     hasher: RandomState,
     counters: Arc<Counters>,
+    /// Most series per agent (over all shards).
+    cap_per_agent: usize,
+    /// Series per agent (entries of agents with none left are removed when series end).
+    per_agent: Mutex<HashMap<Box<str>, Arc<AtomicUsize>>>,
 }
 
 /// Sorted `(name, value)` views of a record's labels (indices into `labels`).
@@ -271,11 +282,13 @@ fn sorted_labels<M: MetricParts>(m: &M, out: &mut Vec<(usize, usize)>) {
 }
 
 impl Shards {
-    /// `n` shards holding `capacity` samples in all.
+    /// `n` shards holding `capacity` samples in all, at most `cap_per_agent` series per
+    /// agent.
     pub(crate) fn new(
         n: usize,
         capacity: usize,
         max_per_send: usize,
+        cap_per_agent: usize,
         counters: Arc<Counters>,
     ) -> Shards {
         let n = n.max(1);
@@ -291,7 +304,20 @@ impl Shards {
                 .collect(),
             hasher: RandomState::default(),
             counters,
+            cap_per_agent,
+            per_agent: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The series count of `agent`.
+    fn agent_count(&self, agent: &str) -> Arc<AtomicUsize> {
+        let mut map = self.per_agent.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = map.get(agent) {
+            return c.clone();
+        }
+        let c = Arc::new(AtomicUsize::new(0));
+        map.insert(Box::from(agent), c.clone());
+        c
     }
 
     fn hash<M: MetricParts>(
@@ -402,6 +428,7 @@ impl Shards {
             scratch.sorted[p.shard as usize].push((i, 0));
         }
         let mut agent_arc: Option<Arc<str>> = None;
+        let mut agent_count: Option<Arc<AtomicUsize>> = None;
         for (si, idx) in scratch.sorted.iter().enumerate() {
             if idx.is_empty() {
                 continue;
@@ -410,7 +437,7 @@ impl Shards {
             let mut st = shard.lock();
             let mut wake = false;
             // Counted once per shard, still under its lock (scrapes read consistent sums).
-            let (mut n_in, mut n_out_of_order) = (0u64, 0u64);
+            let (mut n_in, mut n_out_of_order, mut n_series_cap) = (0u64, 0u64, 0u64);
             for &(pi, _) in idx {
                 let p = scratch.pending[pi];
                 let Some(m) = batch.get(p.record as usize) else {
@@ -433,9 +460,18 @@ impl Shards {
                         s.wire.clone()
                     }
                     None => {
+                        let count = agent_count
+                            .get_or_insert_with(|| self.agent_count(agent))
+                            .clone();
+                        if count.load(Ordering::Relaxed) >= self.cap_per_agent {
+                            n_series_cap += 1;
+                            continue;
+                        }
+                        count.fetch_add(1, Ordering::Relaxed);
                         let agent = agent_arc.get_or_insert_with(|| Arc::from(agent)).clone();
-                        let series =
-                            new_series(p.hash, agent, instance, &m, order, p.suffix, p.ts_ms, now);
+                        let series = new_series(
+                            p.hash, agent, count, instance, &m, order, p.suffix, p.ts_ms, now,
+                        );
                         let wire = series.wire.clone();
                         st.table.insert_unique(p.hash, series, |s| s.hash);
                         wire
@@ -452,9 +488,14 @@ impl Shards {
                 );
             }
             st.counters.samples_in.inc_by(n_in);
-            st.counters.pending.add((n_in - n_out_of_order) as i64);
+            st.counters
+                .pending
+                .add((n_in - n_out_of_order - n_series_cap) as i64);
             if n_out_of_order > 0 {
                 st.counters.drop_queued(Dropped::OutOfOrder, n_out_of_order);
+            }
+            if n_series_cap > 0 {
+                st.counters.drop_queued(Dropped::SeriesCap, n_series_cap);
             }
             drop(st);
             if wake {
@@ -489,6 +530,12 @@ impl Shards {
             if wake {
                 shard.wake.notify_one();
             }
+        }
+        if total > 0 {
+            self.per_agent
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|_, c| c.load(Ordering::Relaxed) > 0);
         }
         total
     }
@@ -535,6 +582,7 @@ fn same_series<M: MetricParts>(
 fn new_series<M: MetricParts>(
     hash: u64,
     agent: Arc<str>,
+    count: Arc<AtomicUsize>,
     instance: &str,
     m: &M,
     order: &[(usize, usize)],
@@ -575,6 +623,7 @@ fn new_series<M: MetricParts>(
         wire: Arc::from(wire),
         last_ms: ts_ms,
         seen: now,
+        count,
     }
 }
 
@@ -617,7 +666,13 @@ mod tests {
 
     fn shards(n: usize, capacity: usize) -> Shards {
         let f = Families::new().unwrap();
-        Shards::new(n, capacity, 1000, Arc::new(f.endpoint("http://x/")))
+        Shards::new(
+            n,
+            capacity,
+            1000,
+            100_000,
+            Arc::new(f.endpoint("http://x/")),
+        )
     }
 
     fn push(s: &Shards, agent: &str, frame_ms: u64, metrics: Vec<Metric>) {
@@ -850,6 +905,30 @@ mod tests {
         assert_eq!((got[0].1, got[0].2), (prompb::STALE_NAN_BITS, 9_000));
         assert_eq!(s.series(), 0);
         assert_eq!(law(&s), (6, 6));
+    }
+
+    #[test]
+    fn an_agent_gets_at_most_its_series_cap_until_series_end() {
+        let f = Families::new().unwrap();
+        let s = Shards::new(4, 1000, 1000, 2, Arc::new(f.endpoint("http://x/")));
+        let three = || {
+            vec![
+                gauge("x", 1.0, 0, &[]),
+                gauge("y", 1.0, 0, &[]),
+                gauge("z", 1.0, 0, &[]),
+            ]
+        };
+        push(&s, "a", 10, three());
+        push(&s, "b", 10, three()); // another agent has its own cap
+        assert_eq!(s.series(), 4);
+        assert_eq!(s.counters().dropped(Dropped::SeriesCap), 2);
+        push(&s, "a", 20, three()); // the two known series update, the third is refused
+        assert_eq!(s.counters().dropped(Dropped::SeriesCap), 3);
+        drain(&s);
+        s.agent_left("a", Instant::now(), 30);
+        push(&s, "a", 40, three());
+        assert_eq!(s.series(), 4, "a's series ended, so two new ones fit");
+        assert_eq!(law(&s), (3 + 3 + 3 + 2 + 3, 3 + 3 + 3 + 2 + 3));
     }
 
     #[test]
