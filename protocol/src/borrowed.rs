@@ -26,6 +26,8 @@
 //! and asks prost's decoder for the error, so the error value (with prost's field path) is
 //! exactly the owned decoder's.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use prost::encoding::WireType;
 
 use crate::limits::{Limit, Limits};
@@ -140,9 +142,20 @@ pub fn validate_metric_view(metric: &MetricView<'_>, limits: &Limits) -> Result<
     check_metric(metric, limits)
 }
 
+/// Names one record's fields other than its value: two records with the same id have the
+/// same name, help, type, labels and timestamp, and no histogram fields
+/// ([`MetricBatchView::iter_with_ids`]). Ids are unique in the process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RecordId(u64);
+
+/// The next [`RecordId`] (0 is none).
+static NEXT_RECORD_ID: AtomicU64 = AtomicU64::new(1);
+
 /// A metric as stored in the batch: labels and buckets as ranges of the shared vectors.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct Entry<'a> {
+    /// [`RecordId`] of a remembered record, 0 for none.
+    id: u64,
     name: &'a str,
     help: &'a str,
     r#type: i32,
@@ -176,6 +189,8 @@ type Span = (u32, u32);
 /// A record decoded and validated before, kept to decode the same record again cheaply.
 #[derive(Clone, Debug, Default)]
 struct Remembered {
+    /// [`RecordId`] (0 while nothing is remembered here).
+    id: u64,
     /// The record's body (the bytes of the `Metric` message).
     body: Vec<u8>,
     /// Where in `body` the 8 bytes of the last `value` field start, if it has one.
@@ -232,28 +247,29 @@ impl Memo {
     /// (see [`Memo`]); its labels are appended to `labels`.
     #[inline]
     fn recall<'a>(
-        &self,
+        &mut self,
         index: usize,
         body: &'a [u8],
         labels: &mut Vec<LabelView<'a>>,
     ) -> Option<Entry<'a>> {
-        let r = self.records.get(index)?;
+        let r = self.records.get_mut(index)?;
         if r.body.len() != body.len() {
             return None;
         }
-        // The identity part: everything before the value (in the order prost encodes,
-        // name, help, type and labels), then everything after it.
-        let (head, value, tail) = match r.value_at {
+        // The value's bytes are copied first (whatever they are, they parse as the value
+        // and nothing else), so one comparison covers the rest: name, help, type and
+        // labels (before the value, in the order prost encodes) and any field after it.
+        let (head, value) = match r.value_at {
             Some(at) => {
                 let at = at as usize;
                 let (head, rest) = body.split_at_checked(at)?;
-                let (value, tail) = rest.split_first_chunk::<8>()?;
-                (head, Some(value), tail)
+                let value = rest.first_chunk::<8>()?;
+                r.body.get_mut(at..at + 8)?.copy_from_slice(value);
+                (head, Some(value))
             }
-            None => (body, None, &[][..]),
+            None => (body, None),
         };
-        let remembered_tail = r.body.get(r.body.len() - tail.len()..)?;
-        if r.body.get(..head.len())? != head || remembered_tail != tail {
+        if r.body != body {
             return None;
         }
         // Strings of a record only lie in its head or its tail; the head is usually all
@@ -281,6 +297,7 @@ impl Memo {
             return None;
         };
         Some(Entry {
+            id: r.id,
             name,
             help,
             r#type: r.r#type,
@@ -294,7 +311,8 @@ impl Memo {
     }
 
     /// Remembers record `index` (body `body`, decoded as `entry` with `labels`, the value's
-    /// bytes at `value_at`), which passed validation.
+    /// bytes at `value_at`), which passed validation; returns its [`RecordId`] (0 when it
+    /// is not remembered).
     fn remember(
         &mut self,
         index: usize,
@@ -302,9 +320,9 @@ impl Memo {
         entry: &Entry<'_>,
         labels: &[LabelView<'_>],
         value_at: Option<u32>,
-    ) {
+    ) -> u64 {
         if entry.buckets.0 != entry.buckets.1 || entry.count != 0 || entry.sum.to_bits() != 0 {
-            return;
+            return 0;
         }
         let spans = (|| {
             let name = span_in(entry.name, body)?;
@@ -312,13 +330,13 @@ impl Memo {
             Some((name, help))
         })();
         let Some((name, help)) = spans else {
-            return;
+            return 0;
         };
         if self.records.len() <= index {
             self.records.resize_with(index + 1, Remembered::default);
         }
         let Some(r) = self.records.get_mut(index) else {
-            return;
+            return 0;
         };
         r.labels.clear();
         for l in labels {
@@ -326,10 +344,11 @@ impl Memo {
                 (Some(n), Some(v)) => r.labels.push((n, v)),
                 _ => {
                     // Not from this body (never seen): remember nothing here.
+                    r.id = 0;
                     r.body.clear();
                     r.labels.clear();
                     r.value_at = None;
-                    return;
+                    return 0;
                 }
             }
         }
@@ -340,6 +359,8 @@ impl Memo {
         r.help = help;
         r.r#type = entry.r#type;
         r.timestamp_ms = entry.timestamp_ms;
+        r.id = NEXT_RECORD_ID.fetch_add(1, Ordering::Relaxed);
+        r.id
     }
 }
 
@@ -614,7 +635,10 @@ impl<'a> MetricBatchView<'a> {
                     match check_metric(&self.view(&entry), limits) {
                         Ok(()) => {
                             let own = self.labels.get(labels..).unwrap_or_default();
-                            self.memo.remember(count, body, &entry, own, value_at);
+                            let id = self.memo.remember(count, body, &entry, own, value_at);
+                            if let Some(last) = self.metrics.last_mut() {
+                                last.id = id;
+                            }
                         }
                         Err(source) => {
                             first_error = Some(PayloadError::Record {
@@ -713,6 +737,18 @@ impl<'a> MetricBatchView<'a> {
     /// The records, in payload order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = MetricView<'_>> + '_ {
         self.metrics.iter().map(|e| self.view(e))
+    }
+
+    /// The records, in payload order, each with its [`RecordId`] where it has one (a
+    /// record without histogram fields that this batch decoded before, at the same position
+    /// of an earlier payload, or remembered now for the next payloads). A consumer may keep
+    /// what it derived from a record's fields other than the value under its id.
+    pub fn iter_with_ids(
+        &self,
+    ) -> impl ExactSizeIterator<Item = (MetricView<'_>, Option<RecordId>)> + '_ {
+        self.metrics
+            .iter()
+            .map(|e| (self.view(e), (e.id != 0).then_some(RecordId(e.id))))
     }
 
     /// The same batch as an owned [`MetricBatch`] (allocates).
@@ -864,6 +900,10 @@ mod tests {
         let view = MetricBatchView::decode(&first, &limits).unwrap();
         // Counters remembered, the histogram not.
         assert_eq!(view.memo.records.len(), 3);
+        let ids: Vec<Option<RecordId>> = view.iter_with_ids().map(|(_, id)| id).collect();
+        assert!(ids[..3].iter().all(Option::is_some), "{ids:?}");
+        assert_eq!(ids[3], None);
+        assert_ne!(ids[0], ids[1]);
         let second = payload(-2.5);
         let mut view = view.recycle();
         view.decode_into(&second, &limits).unwrap();
@@ -872,6 +912,8 @@ mod tests {
             decode_metric_batch(&second, &limits).unwrap()
         );
         assert_eq!(view.get(1).unwrap().value, -2.5);
+        let again: Vec<Option<RecordId>> = view.iter_with_ids().map(|(_, id)| id).collect();
+        assert_eq!(again, ids);
         // The second payload's counters came from the memo: a tampered entry shows.
         view.memo.records[2].r#type = MetricType::Gauge as i32;
         let mut view = view.recycle();
