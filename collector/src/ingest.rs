@@ -469,7 +469,9 @@ pub struct ConnectionIngest<D = Outputs> {
     delivery: D,
     tel: AgentTelemetry,
     conn: SequenceTracker,
-    streams: HashMap<u32, StreamState>,
+    /// Looked up two or three times per frame: foldhash (seeded per map) rather than
+    /// SipHash; at most [`MAX_STREAMS_PER_CONNECTION`] entries.
+    streams: HashMap<u32, StreamState, foldhash::fast::RandomState>,
     consumed: Option<u64>,
     dropped_before_tracking: u64,
     conn_lost_emitted: u64,
@@ -551,7 +553,7 @@ impl<D: Delivery> ConnectionIngest<D> {
             delivery,
             tel,
             conn: SequenceTracker::new(tracker_config)?,
-            streams: HashMap::new(),
+            streams: HashMap::default(),
             consumed: None,
             dropped_before_tracking: 0,
             conn_lost_emitted: 0,

@@ -39,7 +39,7 @@ use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto;
-use uctel_protocol::borrowed::MetricBatchView;
+use uctel_protocol::borrowed::{MetricBatchView, RecordId};
 use uctel_protocol::payload::{
     is_valid_label_name, is_valid_metric_name, Bucket, LabelParts, Metric, MetricParts, MetricType,
 };
@@ -149,6 +149,22 @@ struct AgentSeries {
     /// Series by [`series_hash`]; looked up with borrowed name and labels, so updating an
     /// existing series allocates nothing.
     series: HashTable<Series>,
+    /// Changes whenever a series is added to or removed from `series` (which may move the
+    /// others): a bucket index noted at one layout names the same series while the layout
+    /// is unchanged.
+    layout: u64,
+    /// By position in the agent's last batches: the series a record with a [`RecordId`] was
+    /// stored in, so that the same record (same name and labels) at the same position of a
+    /// later batch goes straight to its series.
+    recent: Vec<Option<Recent>>,
+}
+
+/// Where a record was stored ([`AgentSeries::recent`]).
+#[derive(Clone, Copy, Debug)]
+struct Recent {
+    id: RecordId,
+    layout: u64,
+    bucket: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -326,13 +342,21 @@ impl SeriesStore {
         metrics: &[Metric],
         now: Instant,
     ) -> IngestOutcome {
-        self.ingest_records(agent, instance, metrics.iter(), false, now)
+        self.ingest_records(
+            agent,
+            instance,
+            metrics.iter().map(|m| (m, None)),
+            false,
+            now,
+        )
     }
 
     /// As [`SeriesStore::ingest`], for a batch decoded with borrowed views (the collector's
     /// worker path): updating an existing series copies no string, and the name grammars are
     /// not checked again (a `MetricBatchView` only holds records that passed the protocol's
-    /// `validate_metric` rules, which include them).
+    /// `validate_metric` rules, which include them). A record with a [`RecordId`] that was
+    /// stored at the same position of the agent's previous batch is stored in the same
+    /// series without looking it up again.
     pub fn ingest_views(
         &self,
         agent: &str,
@@ -340,7 +364,7 @@ impl SeriesStore {
         batch: &MetricBatchView<'_>,
         now: Instant,
     ) -> IngestOutcome {
-        self.ingest_records(agent, instance, batch.iter(), true, now)
+        self.ingest_records(agent, instance, batch.iter_with_ids(), true, now)
     }
 
     /// `validated`: the records already passed the protocol's metric rules.
@@ -348,7 +372,7 @@ impl SeriesStore {
         &self,
         agent: &str,
         instance: &str,
-        metrics: impl Iterator<Item = M>,
+        metrics: impl Iterator<Item = (M, Option<RecordId>)>,
         validated: bool,
         now: Instant,
     ) -> IngestOutcome {
@@ -372,7 +396,7 @@ impl SeriesStore {
         // Sorted label views of a sample whose labels arrive unsorted (allocated once per
         // batch, and only if needed).
         let mut spare: Vec<Pair<'static>> = Vec::new();
-        for m in metrics {
+        for (position, (m, id)) in metrics.enumerate() {
             let Some(kind) = MetricType::try_from(m.kind())
                 .ok()
                 .filter(|k| *k != MetricType::Unspecified)
@@ -380,6 +404,26 @@ impl SeriesStore {
                 out.reject(SampleRejection::Invalid);
                 continue;
             };
+            // The same record as at this position before, the series unmoved: its series
+            // (found then by the same name and labels, so not a reserved name either).
+            let recent = id.and_then(|id| {
+                entry
+                    .recent
+                    .get(position)
+                    .copied()
+                    .flatten()
+                    .filter(|r| r.id == id && r.layout == entry.layout)
+            });
+            if let Some(series) = recent.and_then(|r| entry.series.get_bucket_mut(r.bucket)) {
+                if series.kind != kind {
+                    out.reject(SampleRejection::TypeConflict);
+                } else {
+                    store_value(&mut series.sample.value, kind, &m);
+                    series.sample.updated = now;
+                    out.stored += 1;
+                }
+                continue;
+            }
             let name = m.name();
             if !validated
                 && (!is_valid_metric_name(name)
@@ -411,7 +455,21 @@ impl SeriesStore {
                 result
             };
             match result {
-                Ok(()) => out.stored += 1,
+                Ok(bucket) => {
+                    out.stored += 1;
+                    if let Some(id) = id {
+                        if entry.recent.len() <= position {
+                            entry.recent.resize(position + 1, None);
+                        }
+                        if let Some(slot) = entry.recent.get_mut(position) {
+                            *slot = Some(Recent {
+                                id,
+                                layout: entry.layout,
+                                bucket,
+                            });
+                        }
+                    }
+                }
                 Err(r) => out.reject(r),
             }
         }
@@ -419,7 +477,7 @@ impl SeriesStore {
     }
 
     /// Updates the series `(m.name(), labels)` of `entry` in place, or creates it (series
-    /// cap, family claim).
+    /// cap, family claim); returns its bucket index in `entry.series`.
     #[allow(clippy::too_many_arguments)]
     fn upsert<M: MetricParts, L: LabelParts>(
         &self,
@@ -430,19 +488,22 @@ impl SeriesStore {
         kind: MetricType,
         labels: &[L],
         now: Instant,
-    ) -> Result<(), SampleRejection> {
+    ) -> Result<usize, SampleRejection> {
         let name = m.name();
         let hash = series_hash(hasher, name, labels);
         let stored = entry.series.len();
-        if let Some(series) = entry.series.find_mut(hash, |s| {
+        let found = entry.series.find_bucket_index(hash, |s| {
             s.hash == hash && same_series(&s.key, name, labels)
-        }) {
+        });
+        if let Some((bucket, series)) =
+            found.and_then(|b| Some((b, entry.series.get_bucket_mut(b)?)))
+        {
             if series.kind != kind {
                 return Err(SampleRejection::TypeConflict);
             }
             store_value(&mut series.sample.value, kind, m);
             series.sample.updated = now;
-            return Ok(());
+            return Ok(bucket);
         }
         if stored >= self.cap_per_agent {
             return Err(SampleRejection::SeriesCap);
@@ -457,7 +518,8 @@ impl SeriesStore {
         );
         let mut value = Value::Gauge(0.0);
         store_value(&mut value, kind, m);
-        entry.series.insert_unique(
+        entry.layout = entry.layout.wrapping_add(1);
+        let inserted = entry.series.insert_unique(
             hash,
             Series {
                 hash,
@@ -470,7 +532,7 @@ impl SeriesStore {
             },
             |s| s.hash,
         );
-        Ok(())
+        Ok(inserted.bucket_index())
     }
 
     /// Removes series not updated within the staleness period; returns how many.
@@ -481,6 +543,7 @@ impl SeriesStore {
         let staleness = self.staleness;
         for agent in inner.agents.values_mut() {
             let families = &mut inner.families;
+            let before = removed;
             agent.series.retain(|s| {
                 let keep = now.saturating_duration_since(s.sample.updated) < staleness;
                 if !keep {
@@ -489,6 +552,9 @@ impl SeriesStore {
                 }
                 keep
             });
+            if removed != before {
+                agent.layout = agent.layout.wrapping_add(1);
+            }
         }
         inner.agents.retain(|_, a| !a.series.is_empty());
         removed
@@ -890,6 +956,77 @@ mod tests {
             text.contains("req_seconds_count{agent=\"a\",instance=\"h\",path=\"/\"} 6"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn repeated_records_go_to_their_series_as_the_store_changes() {
+        use uctel_protocol::limits::Limits;
+        use uctel_protocol::payload::{encode_metric_batch, MetricBatch};
+        let s = SeriesStore::new(Duration::from_secs(10), 100);
+        let t0 = Instant::now();
+        let limits = Limits::default();
+        let mut reused: MetricBatchView<'static> = MetricBatchView::new();
+        let mut send = |metrics: Vec<Metric>, at: Instant| {
+            let payload = encode_metric_batch(&MetricBatch { metrics });
+            let mut view = std::mem::take(&mut reused).recycle();
+            view.decode_into(&payload, &limits).unwrap();
+            let out = s.ingest_views("a", "h", &view, at);
+            reused = view.recycle();
+            out
+        };
+        let g = |n: &str, v, l: &str| metric(n, MetricType::Gauge, v, &[("k", l)]);
+        let frame = |v: f64| vec![g("m", v, "x"), g("m", v + 1.0, "y")];
+        for i in 0..3 {
+            assert_eq!(send(frame(f64::from(i)), t0).stored, 2);
+        }
+        let text = render(&s);
+        assert!(
+            text.contains("m{agent=\"a\",instance=\"h\",k=\"x\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("m{agent=\"a\",instance=\"h\",k=\"y\"} 3"),
+            "{text}"
+        );
+        // New series (the table may move the others), then the same records again.
+        let mut more = frame(10.0);
+        more.extend((0..40).map(|i| g("n", 1.0, &i.to_string())));
+        assert_eq!(send(more, t0).stored, 42);
+        assert_eq!(send(frame(20.0), t0).stored, 2);
+        assert_eq!(send(frame(30.0), t0).stored, 2);
+        let text = render(&s);
+        assert!(
+            text.contains("m{agent=\"a\",instance=\"h\",k=\"x\"} 30"),
+            "{text}"
+        );
+        assert!(
+            text.contains("m{agent=\"a\",instance=\"h\",k=\"y\"} 31"),
+            "{text}"
+        );
+        assert_eq!(s.series_count("a"), 42);
+        // Everything expired: the same records make new series.
+        assert_eq!(s.expire(t0 + Duration::from_secs(11)), 42);
+        let later = t0 + Duration::from_secs(12);
+        assert_eq!(send(frame(40.0), later).stored, 2);
+        assert_eq!(send(frame(50.0), later).stored, 2);
+        assert_eq!(s.series_count("a"), 2);
+        let text = render(&s);
+        assert!(
+            text.contains("m{agent=\"a\",instance=\"h\",k=\"x\"} 50"),
+            "{text}"
+        );
+        // Some expired: the others keep their values.
+        assert_eq!(send(vec![g("o", 1.0, "z")], later).stored, 1);
+        assert_eq!(s.expire(later + Duration::from_secs(9)), 0);
+        assert_eq!(send(frame(60.0), later + Duration::from_secs(9)).stored, 2);
+        assert_eq!(s.expire(later + Duration::from_secs(11)), 1);
+        assert_eq!(send(frame(70.0), later + Duration::from_secs(11)).stored, 2);
+        let text = render(&s);
+        assert!(
+            text.contains("m{agent=\"a\",instance=\"h\",k=\"y\"} 71"),
+            "{text}"
+        );
+        assert!(!text.contains("o{"), "{text}");
     }
 
     #[test]

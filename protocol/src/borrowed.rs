@@ -17,11 +17,16 @@
 //! Layout: [`MetricBatchView`] owns three vectors (metrics, labels of all metrics, buckets
 //! of all metrics) of borrowed entries. A receiver keeps one per connection and moves it
 //! from one payload to the next with [`MetricBatchView::recycle`], so the steady state
-//! allocates nothing per frame.
+//! allocates nothing per frame. It also remembers the records it decoded, by position: a
+//! record that repeats one of the previous payload's byte for byte except for its `value`
+//! (an agent sends the same series in the same order every frame) is taken from there
+//! without being parsed and validated again.
 //!
 //! Malformed protobuf is the cold path: the parser only notes *that* the input is malformed
 //! and asks prost's decoder for the error, so the error value (with prost's field path) is
 //! exactly the owned decoder's.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use prost::encoding::WireType;
 
@@ -137,9 +142,20 @@ pub fn validate_metric_view(metric: &MetricView<'_>, limits: &Limits) -> Result<
     check_metric(metric, limits)
 }
 
+/// Names one record's fields other than its value: two records with the same id have the
+/// same name, help, type, labels and timestamp, and no histogram fields
+/// ([`MetricBatchView::iter_with_ids`]). Ids are unique in the process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RecordId(u64);
+
+/// The next [`RecordId`] (0 is none).
+static NEXT_RECORD_ID: AtomicU64 = AtomicU64::new(1);
+
 /// A metric as stored in the batch: labels and buckets as ranges of the shared vectors.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct Entry<'a> {
+    /// [`RecordId`] of a remembered record, 0 for none.
+    id: u64,
     name: &'a str,
     help: &'a str,
     r#type: i32,
@@ -163,6 +179,193 @@ pub struct MetricBatchView<'a> {
     metrics: Vec<Entry<'a>>,
     labels: Vec<LabelView<'a>>,
     buckets: Vec<Bucket>,
+    /// The records of earlier payloads, by position ([`Memo`]).
+    memo: Memo,
+}
+
+/// Byte range `(start, end)` inside a record's body.
+type Span = (u32, u32);
+
+/// A record decoded and validated before, kept to decode the same record again cheaply.
+#[derive(Clone, Debug, Default)]
+struct Remembered {
+    /// [`RecordId`] (0 while nothing is remembered here).
+    id: u64,
+    /// The record's body (the bytes of the `Metric` message).
+    body: Vec<u8>,
+    /// Where in `body` the 8 bytes of the last `value` field start, if it has one.
+    value_at: Option<u32>,
+    name: Span,
+    help: Span,
+    r#type: i32,
+    timestamp_ms: i64,
+    /// Name and value of each label, in order.
+    labels: Vec<(Span, Span)>,
+}
+
+/// The records of earlier payloads, by position in the payload, so that a record whose body
+/// is byte for byte the one remembered at its position, except for the 8 bytes of its
+/// `value`, is decoded without parsing and validating it again: an agent sends the same
+/// series in the same order frame after frame, and only their values change.
+///
+/// Parsing a body only depends on its bytes (a `value` is a fixed-width field: other bytes
+/// do not change what is read around it), and validation only on the fields other than
+/// `value` and on the limits, so such a record decodes to the remembered fields with the
+/// new value, and is valid (only records that passed validation under `limits` are kept,
+/// and none with histogram buckets). Memory held is bounded by the largest payload decoded
+/// plus a fixed size per record position.
+#[derive(Clone, Debug, Default)]
+struct Memo {
+    /// The limits the records were validated under.
+    limits: Option<Limits>,
+    records: Vec<Remembered>,
+}
+
+/// Where `part` (a sub-slice of `body`, or an empty string from anywhere) lies in `body`.
+fn span_in(part: &str, body: &[u8]) -> Option<Span> {
+    if part.is_empty() {
+        return Some((0, 0));
+    }
+    let start = (part.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+    let end = start.checked_add(part.len())?;
+    if end > body.len() {
+        return None;
+    }
+    Some((u32::try_from(start).ok()?, u32::try_from(end).ok()?))
+}
+
+impl Memo {
+    /// Forgets everything unless the records were validated under `limits`.
+    fn prepare(&mut self, limits: &Limits) {
+        if self.limits.as_ref() != Some(limits) {
+            self.records.clear();
+            self.limits = Some(limits.clone());
+        }
+    }
+
+    /// Record `index` of the payload, with body `body`, if it is the one remembered there
+    /// (see [`Memo`]); its labels are appended to `labels`.
+    #[inline]
+    fn recall<'a>(
+        &mut self,
+        index: usize,
+        body: &'a [u8],
+        labels: &mut Vec<LabelView<'a>>,
+    ) -> Option<Entry<'a>> {
+        let r = self.records.get_mut(index)?;
+        if r.body.len() != body.len() {
+            return None;
+        }
+        // The value's bytes are copied first (whatever they are, they parse as the value
+        // and nothing else), so one comparison covers the rest: name, help, type and
+        // labels (before the value, in the order prost encodes) and any field after it.
+        let (head, value) = match r.value_at {
+            Some(at) => {
+                let at = at as usize;
+                let (head, rest) = body.split_at_checked(at)?;
+                let value = rest.first_chunk::<8>()?;
+                r.body.get_mut(at..at + 8)?.copy_from_slice(value);
+                (head, Some(value))
+            }
+            None => (body, None),
+        };
+        if r.body != body {
+            return None;
+        }
+        // Strings of a record only lie in its head or its tail; the head is usually all
+        // ASCII (keys, short lengths, names), so one UTF-8 check covers all its strings.
+        let head_str = std::str::from_utf8(head).ok();
+        let text = |span: Span| -> Option<&'a str> {
+            let (start, end) = (span.0 as usize, span.1 as usize);
+            match head_str {
+                Some(h) if end <= h.len() => h.get(start..end),
+                _ => std::str::from_utf8(body.get(start..end)?).ok(),
+            }
+        };
+        let labels_start = labels.len();
+        for (name, value) in &r.labels {
+            match (text(*name), text(*value)) {
+                (Some(name), Some(value)) => labels.push(LabelView { name, value }),
+                _ => {
+                    labels.truncate(labels_start);
+                    return None;
+                }
+            }
+        }
+        let (Some(name), Some(help)) = (text(r.name), text(r.help)) else {
+            labels.truncate(labels_start);
+            return None;
+        };
+        Some(Entry {
+            id: r.id,
+            name,
+            help,
+            r#type: r.r#type,
+            labels: (index_u32(labels_start)?, index_u32(labels.len())?),
+            value: value.map_or(0.0, |v| f64::from_le_bytes(*v)),
+            timestamp_ms: r.timestamp_ms,
+            buckets: (0, 0),
+            count: 0,
+            sum: 0.0,
+        })
+    }
+
+    /// Remembers record `index` (body `body`, decoded as `entry` with `labels`, the value's
+    /// bytes at `value_at`), which passed validation; returns its [`RecordId`] (0 when it
+    /// is not remembered).
+    fn remember(
+        &mut self,
+        index: usize,
+        body: &[u8],
+        entry: &Entry<'_>,
+        labels: &[LabelView<'_>],
+        value_at: Option<u32>,
+    ) -> u64 {
+        if entry.buckets.0 != entry.buckets.1 || entry.count != 0 || entry.sum.to_bits() != 0 {
+            return 0;
+        }
+        let spans = (|| {
+            let name = span_in(entry.name, body)?;
+            let help = span_in(entry.help, body)?;
+            Some((name, help))
+        })();
+        let Some((name, help)) = spans else {
+            return 0;
+        };
+        if self.records.len() <= index {
+            self.records.resize_with(index + 1, Remembered::default);
+        }
+        let Some(r) = self.records.get_mut(index) else {
+            return 0;
+        };
+        r.labels.clear();
+        for l in labels {
+            match (span_in(l.name, body), span_in(l.value, body)) {
+                (Some(n), Some(v)) => r.labels.push((n, v)),
+                _ => {
+                    // Not from this body (never seen): remember nothing here.
+                    r.id = 0;
+                    r.body.clear();
+                    r.labels.clear();
+                    r.value_at = None;
+                    return 0;
+                }
+            }
+        }
+        r.body.clear();
+        r.body.extend_from_slice(body);
+        r.value_at = value_at;
+        r.name = name;
+        r.help = help;
+        r.r#type = entry.r#type;
+        r.timestamp_ms = entry.timestamp_ms;
+        r.id = NEXT_RECORD_ID.fetch_add(1, Ordering::Relaxed);
+        r.id
+    }
+}
+
+fn index_u32(n: usize) -> Option<u32> {
+    u32::try_from(n).ok()
 }
 
 /// The payload is not valid protobuf for `MetricBatch` (the error itself comes from prost).
@@ -355,6 +558,7 @@ impl<'a> MetricBatchView<'a> {
             metrics: recycle_vec(self.metrics),
             labels: recycle_vec(self.labels),
             buckets: recycle_vec(self.buckets),
+            memo: self.memo,
         }
     }
 
@@ -362,7 +566,8 @@ impl<'a> MetricBatchView<'a> {
     /// replacing what it held. The payload is bounded by `limits.max_frame_bytes` first;
     /// at most `limits.max_records_per_frame` records are kept (more are still parsed, so
     /// malformed input is reported as such, and then rejected as
-    /// [`PayloadError::Batch`]). Memory held is bounded by the payload's size.
+    /// [`PayloadError::Batch`]). Memory held is bounded by the payload's size (and, for the
+    /// records remembered from earlier payloads, by the largest payload's size).
     ///
     /// # Errors
     /// As [`crate::payload::decode_metric_batch`], with the same value for the same input:
@@ -405,6 +610,7 @@ impl<'a> MetricBatchView<'a> {
         limits: &Limits,
     ) -> Parsed<(usize, Option<PayloadError>)> {
         let keep = limits.max_records_per_frame;
+        self.memo.prepare(limits);
         let mut count = 0usize;
         let mut first_error = None;
         while !buf.is_empty() {
@@ -414,16 +620,32 @@ impl<'a> MetricBatchView<'a> {
                 continue;
             }
             let body = message(wire_type, &mut buf, RECURSION_LIMIT)?;
+            if count < keep {
+                if let Some(entry) = self.memo.recall(count, body, &mut self.labels) {
+                    self.metrics.push(entry);
+                    count += 1;
+                    continue;
+                }
+            }
             let (labels, buckets) = (self.labels.len(), self.buckets.len());
-            let entry = self.metric(body, RECURSION_LIMIT - 1)?;
+            let (entry, value_at) = self.metric(body, RECURSION_LIMIT - 1)?;
             if count < keep {
                 self.metrics.push(entry);
                 if first_error.is_none() {
-                    if let Err(source) = check_metric(&self.view(&entry), limits) {
-                        first_error = Some(PayloadError::Record {
-                            index: count,
-                            source,
-                        });
+                    match check_metric(&self.view(&entry), limits) {
+                        Ok(()) => {
+                            let own = self.labels.get(labels..).unwrap_or_default();
+                            let id = self.memo.remember(count, body, &entry, own, value_at);
+                            if let Some(last) = self.metrics.last_mut() {
+                                last.id = id;
+                            }
+                        }
+                        Err(source) => {
+                            first_error = Some(PayloadError::Record {
+                                index: count,
+                                source,
+                            });
+                        }
                     }
                 }
             } else {
@@ -436,10 +658,13 @@ impl<'a> MetricBatchView<'a> {
         Ok((count, first_error))
     }
 
-    /// One `Metric` message; `depth` is the recursion budget of its fields.
-    fn metric(&mut self, mut buf: &'a [u8], depth: u32) -> Parsed<Entry<'a>> {
+    /// One `Metric` message; `depth` is the recursion budget of its fields. Also returns
+    /// where the bytes of its last `value` field start.
+    fn metric(&mut self, mut buf: &'a [u8], depth: u32) -> Parsed<(Entry<'a>, Option<u32>)> {
         let labels_start = index(self.labels.len())?;
         let buckets_start = index(self.buckets.len())?;
+        let body_len = buf.len();
+        let mut value_at = None;
         let mut m = Entry::default();
         while !buf.is_empty() {
             let (tag, wire_type) = decode_key(&mut buf)?;
@@ -452,7 +677,11 @@ impl<'a> MetricBatchView<'a> {
                     let body = message(wire_type, &mut buf, depth)?;
                     self.labels.push(label(body, depth - 1)?);
                 }
-                5 => m.value = double(wire_type, &mut buf)?,
+                5 => {
+                    let at = index(body_len - buf.len())?;
+                    m.value = double(wire_type, &mut buf)?;
+                    value_at = Some(at);
+                }
                 6 => m.timestamp_ms = varint_field(wire_type, &mut buf)? as i64,
                 7 => {
                     let body = message(wire_type, &mut buf, depth)?;
@@ -465,7 +694,7 @@ impl<'a> MetricBatchView<'a> {
         }
         m.labels = (labels_start, index(self.labels.len())?);
         m.buckets = (buckets_start, index(self.buckets.len())?);
-        Ok(m)
+        Ok((m, value_at))
     }
 
     fn view(&self, e: &Entry<'a>) -> MetricView<'_> {
@@ -508,6 +737,18 @@ impl<'a> MetricBatchView<'a> {
     /// The records, in payload order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = MetricView<'_>> + '_ {
         self.metrics.iter().map(|e| self.view(e))
+    }
+
+    /// The records, in payload order, each with its [`RecordId`] where it has one (a
+    /// record without histogram fields that this batch decoded before, at the same position
+    /// of an earlier payload, or remembered now for the next payloads). A consumer may keep
+    /// what it derived from a record's fields other than the value under its id.
+    pub fn iter_with_ids(
+        &self,
+    ) -> impl ExactSizeIterator<Item = (MetricView<'_>, Option<RecordId>)> + '_ {
+        self.metrics
+            .iter()
+            .map(|e| (self.view(e), (e.id != 0).then_some(RecordId(e.id))))
     }
 
     /// The same batch as an owned [`MetricBatch`] (allocates).
@@ -644,6 +885,48 @@ mod tests {
         assert_eq!(next.to_batch().metrics, vec![histogram()]);
         view = next.recycle();
         assert!(view.metrics.capacity() >= metrics);
+    }
+
+    #[test]
+    fn a_repeated_record_is_recalled_with_its_new_value() {
+        let limits = Limits::default();
+        let payload = |v: f64| {
+            let mut metrics: Vec<Metric> = (0..3).map(cpu).collect();
+            metrics[1].value = v;
+            metrics.push(histogram());
+            encode_metric_batch(&MetricBatch { metrics })
+        };
+        let first = payload(1.0);
+        let view = MetricBatchView::decode(&first, &limits).unwrap();
+        // Counters remembered, the histogram not.
+        assert_eq!(view.memo.records.len(), 3);
+        let ids: Vec<Option<RecordId>> = view.iter_with_ids().map(|(_, id)| id).collect();
+        assert!(ids[..3].iter().all(Option::is_some), "{ids:?}");
+        assert_eq!(ids[3], None);
+        assert_ne!(ids[0], ids[1]);
+        let second = payload(-2.5);
+        let mut view = view.recycle();
+        view.decode_into(&second, &limits).unwrap();
+        assert_eq!(
+            view.to_batch(),
+            decode_metric_batch(&second, &limits).unwrap()
+        );
+        assert_eq!(view.get(1).unwrap().value, -2.5);
+        let again: Vec<Option<RecordId>> = view.iter_with_ids().map(|(_, id)| id).collect();
+        assert_eq!(again, ids);
+        // The second payload's counters came from the memo: a tampered entry shows.
+        view.memo.records[2].r#type = MetricType::Gauge as i32;
+        let mut view = view.recycle();
+        view.decode_into(&second, &limits).unwrap();
+        assert_eq!(view.get(2).unwrap().r#type, MetricType::Gauge as i32);
+        // Other limits: nothing is recalled.
+        let other = Limits {
+            max_labels: 8,
+            ..Limits::default()
+        };
+        let mut view = view.recycle();
+        view.decode_into(&second, &other).unwrap();
+        assert_eq!(view.get(2).unwrap().r#type, MetricType::Counter as i32);
     }
 
     #[test]
@@ -929,6 +1212,63 @@ mod tests {
             let bytes = encode_metric_batch(&MetricBatch { metrics });
             agree(&bytes, &Limits::default())?;
             agree(&damage(bytes, &edits), &limits)?;
+        }
+
+        /// One batch reused payload after payload, as a receiver does (records remembered
+        /// from earlier payloads): the same series with new values, then damaged or other
+        /// batches, under changing limits. Every payload decodes as the owned decoder
+        /// decodes it.
+        #[test]
+        fn a_reused_batch_agrees_payload_after_payload(
+            metrics in proptest::collection::vec(
+                prop_oneof![3 => arb_valid_metric(), 1 => arb_metric()], 0..6),
+            frames in proptest::collection::vec(
+                (
+                    proptest::collection::vec(any::<f64>(), 6),
+                    proptest::collection::vec((any::<usize>(), any::<u8>(), any::<u8>()), 0..3),
+                    0u8..8,
+                ),
+                1..6,
+            ),
+            limits in arb_limits(),
+        ) {
+            let mut reused: MetricBatchView<'static> = MetricBatchView::new();
+            for (values, edits, what) in &frames {
+                let mut batch = MetricBatch { metrics: metrics.clone() };
+                for (m, v) in batch.metrics.iter_mut().zip(values) {
+                    m.value = *v;
+                }
+                let mut bytes = encode_metric_batch(&batch);
+                let limits = match what {
+                    0 => {
+                        bytes = damage(bytes, edits);
+                        limits.clone()
+                    }
+                    1 => Limits::default(),
+                    2 => {
+                        batch.metrics.reverse();
+                        bytes = encode_metric_batch(&batch);
+                        limits.clone()
+                    }
+                    _ => limits.clone(),
+                };
+                let owned = decode_metric_batch(&bytes, &limits);
+                let mut view = std::mem::take(&mut reused).recycle();
+                let borrowed = view.decode_into(&bytes, &limits).map(|()| view.to_batch());
+                prop_assert_eq!(&borrowed, &owned, "payload {:02x?}", bytes);
+                if let Ok(b) = &borrowed {
+                    for (m, v) in b.metrics.iter().zip(view.iter()) {
+                        prop_assert_eq!(m.value.to_bits(), v.value.to_bits());
+                        prop_assert_eq!(m.sum.to_bits(), v.sum.to_bits());
+                    }
+                }
+                if let Ok(o) = &owned {
+                    for (m, v) in o.metrics.iter().zip(view.iter()) {
+                        prop_assert_eq!(m.value.to_bits(), v.value.to_bits());
+                    }
+                }
+                reused = view.recycle();
+            }
         }
 
         /// Varints and keys read as prost reads them: same value, same length, same failures.
