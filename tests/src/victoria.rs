@@ -176,6 +176,29 @@ impl Victoria {
         Ok(out)
     }
 
+    /// [`Victoria::export`] once it holds `samples` samples, or after `timeout` (what it
+    /// holds then): VictoriaMetrics makes what it just received searchable within a second
+    /// or two, so an export right after the last request may miss the newest samples.
+    ///
+    /// # Errors
+    /// As [`Victoria::export`].
+    pub fn export_settled(
+        &self,
+        selector: &str,
+        samples: u64,
+        timeout: Duration,
+    ) -> Result<RawSeries, String> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let r = self.export(selector)?;
+            let n: u64 = r.values().map(|v| v.len() as u64).sum();
+            if n == samples || std::time::Instant::now() >= deadline {
+                return Ok(r);
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
     /// Evaluates the PromQL `expr` now (`/api/v1/query`) and returns `data.result`.
     ///
     /// # Errors

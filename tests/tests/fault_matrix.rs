@@ -679,7 +679,11 @@ fn remote_write_receiver_outage() {
         count("samples_failed_total"),
     );
     let held: u64 = vm
-        .export(&format!("{{agent=\"{}\"}}", row.agents[a].spec.id))
+        .export_settled(
+            &format!("{{agent=\"{}\"}}", row.agents[a].spec.id),
+            sent - stale,
+            Duration::from_secs(20),
+        )
         .map(|r| r.values().map(|v| v.len() as u64).sum())
         .unwrap_or(0);
     row.notes.push(format!(

@@ -26,6 +26,9 @@ use uctel_tests::victoria::{RawSeries, Victoria};
 
 const RW: &str = "uctel_collector_remote_write_";
 
+/// How long VictoriaMetrics gets to make the last samples it received searchable.
+const SEARCHABLE: Duration = Duration::from_secs(20);
+
 fn endpoint(url: &str, extra: &[(&str, Value)]) -> Value {
     let mut m = Mapping::new();
     m.insert("url".into(), url.into());
@@ -172,7 +175,10 @@ fn remote_write_into_prometheus_and_victoria_metrics_holds_what_the_collector_ac
 
     let selector = r#"{agent=~"rw-.*"}"#;
     let held_prom = prom.raw_samples(selector).unwrap();
-    let held_vm = vm.export(selector).unwrap();
+    let vm_figures = Figures::read(&s, &vm_url);
+    let held_vm = vm
+        .export_settled(selector, vm_figures.sent - vm_figures.stale, SEARCHABLE)
+        .unwrap();
     for (url, held) in [(&prom_url, &held_prom), (&vm_url, &held_vm)] {
         let f = Figures::read(&s, url);
         f.check_sum(url);
@@ -344,7 +350,13 @@ fn a_receiver_outage_is_survived_bounded_and_every_sample_accounted() {
     let f = Figures::read(&s, &url);
     f.check_sum(&url);
     assert_eq!(f.failed_total(), 0, "{f:?}");
-    let held = vm.export(r#"{agent="rw-o"}"#).unwrap();
+    let held = vm
+        .export_settled(
+            r#"{agent="rw-o"}"#,
+            f.samples_in - f.stale - f.dropped_total(),
+            SEARCHABLE,
+        )
+        .unwrap();
     // Every sample is held by the receiver or counted as dropped (none failed).
     assert_eq!(
         samples(&held) as u64 + f.stale + f.dropped_total(),
