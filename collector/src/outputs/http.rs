@@ -241,6 +241,51 @@ pub fn retry_after(headers: &HeaderMap, now: std::time::SystemTime) -> Option<Du
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
+/// The first line of a server's answer, at most `max_chars` characters (for logs).
+pub fn snippet(text: &str, max_chars: usize) -> &str {
+    let line = text.lines().next().unwrap_or("").trim();
+    match line.char_indices().nth(max_chars) {
+        Some((i, _)) => &line[..i],
+        None => line,
+    }
+}
+
+/// A transport error with its causes, `: `-separated (for logs).
+pub fn describe(e: &reqwest::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(c) = source {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        source = c.source();
+    }
+    s
+}
+
+/// At most one log line per kind of failure per [`LogLimiter::EVERY`] (a sender's retries
+/// and rejections; the counters count every event).
+#[derive(Debug, Default)]
+pub struct LogLimiter {
+    last: std::collections::HashMap<&'static str, std::time::Instant>,
+}
+
+impl LogLimiter {
+    /// The period.
+    pub const EVERY: Duration = Duration::from_secs(10);
+
+    /// True when a line of `kind` may be logged now (and remembers it).
+    pub fn due(&mut self, kind: &'static str) -> bool {
+        let now = std::time::Instant::now();
+        match self.last.get(kind) {
+            Some(t) if now.duration_since(*t) < Self::EVERY => false,
+            _ => {
+                self.last.insert(kind, now);
+                true
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,7 +24,6 @@
 //! At shutdown the sender has a grace period to send what is queued; a request still
 //! failing then, and rows not sent, are dropped (`shutdown`).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -136,9 +135,6 @@ pub(crate) struct Target {
     pub(crate) grace: Duration,
 }
 
-/// Logs at most one line per this period and kind of failure.
-const LOG_EVERY: Duration = Duration::from_secs(10);
-
 /// A request's fate.
 enum Outcome {
     Inserted,
@@ -148,7 +144,7 @@ enum Outcome {
 
 /// Runs until `shutdown` fires and what is queued is sent or the grace period ends.
 pub(crate) async fn run(target: Arc<Target>, queue: Arc<Queue>, mut shutdown: Shutdown) {
-    let mut last_log: HashMap<&'static str, Instant> = HashMap::new();
+    let mut last_log = http::LogLimiter::default();
     let mut stop_at: Option<tokio::time::Instant> = None;
     loop {
         let batch = loop {
@@ -186,7 +182,7 @@ pub(crate) async fn run(target: Arc<Target>, queue: Arc<Queue>, mut shutdown: Sh
                 }
                 Outcome::Reject(code, why) => {
                     queue.settle_dropped(&batch, Dropped::Rejected, &why);
-                    if due_log(&mut last_log, "reject") {
+                    if last_log.due("reject") {
                         if code.is_some_and(|c| MISSING_TABLE_CODES.contains(&c)) {
                             tracing::error!(url = %target.label, table = %target.table, rows = batch.len(), answer = %why, "ClickHouse has no such table; its rows are dropped and counted (uctel_collector_clickhouse_rows_dropped_total{{reason=\"rejected\"}}): create it with config/clickhouse/logs.sql (uctel-collector --print-clickhouse-schema)");
                         } else {
@@ -208,7 +204,7 @@ pub(crate) async fn run(target: Arc<Target>, queue: Arc<Queue>, mut shutdown: Sh
                         let _st = queue.lock();
                         queue.counters.retried(batch.len() as u64);
                     }
-                    if due_log(&mut last_log, "retry") {
+                    if last_log.due("retry") {
                         tracing::warn!(url = %target.label, rows = batch.len(), error = %why, retry_in_ms = delay.as_millis() as u64, "ClickHouse INSERT failed; retrying");
                     }
                     tokio::select! {
@@ -240,17 +236,6 @@ fn body(batch: &[Row]) -> Vec<u8> {
     out
 }
 
-fn due_log(last: &mut HashMap<&'static str, Instant>, kind: &'static str) -> bool {
-    let now = Instant::now();
-    match last.get(kind) {
-        Some(t) if now.duration_since(*t) < LOG_EVERY => false,
-        _ => {
-            last.insert(kind, now);
-            true
-        }
-    }
-}
-
 async fn send(target: &Target, body: Vec<u8>) -> Outcome {
     let result = target
         .client
@@ -264,7 +249,7 @@ async fn send(target: &Target, body: Vec<u8>) -> Outcome {
         .await;
     let response = match result {
         Ok(r) => r,
-        Err(e) => return Outcome::Retry(None, describe(&e)),
+        Err(e) => return Outcome::Retry(None, http::describe(&e)),
     };
     let status = response.status();
     if status.is_success() {
@@ -274,34 +259,13 @@ async fn send(target: &Target, body: Vec<u8>) -> Outcome {
     let text = match response.text().await {
         Ok(t) => t,
         // The status came but the body did not: retry only what a status alone allows.
-        Err(e) => format!("(answer body unreadable: {})", describe(&e)),
+        Err(e) => format!("(answer body unreadable: {})", http::describe(&e)),
     };
-    let why = format!("{status}: {}", snippet(&text));
+    let why = format!("{status}: {}", http::snippet(&text, 300));
     match classify(status.as_u16(), &text) {
         Verdict::Retry => Outcome::Retry(after, why),
         Verdict::Reject => Outcome::Reject(error_code(&text), why),
     }
-}
-
-/// The first line of an answer, at most 300 characters.
-fn snippet(text: &str) -> &str {
-    let line = text.lines().next().unwrap_or("").trim();
-    match line.char_indices().nth(300) {
-        Some((i, _)) => &line[..i],
-        None => line,
-    }
-}
-
-/// A transport error with its causes.
-fn describe(e: &reqwest::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(c) = source {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        source = c.source();
-    }
-    s
 }
 
 #[cfg(test)]

@@ -47,9 +47,6 @@ pub(crate) struct Target {
 /// The protocol's version header value (spec 1.0).
 const VERSION: &str = "0.1.0";
 
-/// Logs at most one line per this period per shard and kind of failure.
-const LOG_EVERY: Duration = Duration::from_secs(10);
-
 /// A request's fate.
 enum Outcome {
     Sent,
@@ -65,7 +62,7 @@ pub(crate) async fn run(
     mut shutdown: Shutdown,
 ) {
     let mut scratch = EncodeScratch::default();
-    let mut last_log: HashMap<&'static str, Instant> = HashMap::new();
+    let mut last_log = http::LogLimiter::default();
     let mut stop_at: Option<tokio::time::Instant> = None;
     loop {
         // Wait until a request is due (full, deadline) or the collector stops.
@@ -127,7 +124,7 @@ pub(crate) async fn run(
                 }
                 Outcome::Reject(why) => {
                     shard.lock().settle_failed(n, Failed::Rejected);
-                    if due_log(&mut last_log, "reject") {
+                    if last_log.due("reject") {
                         tracing::warn!(url = %target.label, shard = index, samples = n, answer = %why, "remote-write receiver rejected a request; its samples are dropped (not retried) and counted in samples_failed_total{{reason=\"rejected\"}}");
                     }
                     break;
@@ -145,7 +142,7 @@ pub(crate) async fn run(
                         let st = shard.lock();
                         st.counters.retried.inc_by(n as u64);
                     }
-                    if due_log(&mut last_log, "retry") {
+                    if last_log.due("retry") {
                         tracing::warn!(url = %target.label, shard = index, samples = n, error = %why, retry_in_ms = delay.as_millis() as u64, "remote-write request failed; retrying");
                     }
                     tokio::select! {
@@ -165,17 +162,6 @@ pub(crate) async fn run(
                 }
                 return;
             }
-        }
-    }
-}
-
-fn due_log(last: &mut HashMap<&'static str, Instant>, kind: &'static str) -> bool {
-    let now = Instant::now();
-    match last.get(kind) {
-        Some(t) if now.duration_since(*t) < LOG_EVERY => false,
-        _ => {
-            last.insert(kind, now);
-            true
         }
     }
 }
@@ -254,7 +240,7 @@ async fn send(target: &Target, body: bytes::Bytes) -> Outcome {
         .await;
     let response = match result {
         Ok(r) => r,
-        Err(e) => return Outcome::Retry(None, describe(&e)),
+        Err(e) => return Outcome::Retry(None, http::describe(&e)),
     };
     let status = response.status();
     if status.is_success() {
@@ -262,31 +248,10 @@ async fn send(target: &Target, body: bytes::Bytes) -> Outcome {
     }
     let after = http::retry_after(response.headers(), SystemTime::now());
     let text = response.text().await.unwrap_or_default();
-    let why = format!("{status}: {}", snippet(&text));
+    let why = format!("{status}: {}", http::snippet(&text, 200));
     if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
         Outcome::Retry(after, why)
     } else {
         Outcome::Reject(why)
     }
-}
-
-/// The first line of an answer, at most 200 bytes.
-fn snippet(text: &str) -> &str {
-    let line = text.lines().next().unwrap_or("").trim();
-    match line.char_indices().nth(200) {
-        Some((i, _)) => &line[..i],
-        None => line,
-    }
-}
-
-/// A transport error with its causes.
-fn describe(e: &reqwest::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(c) = source {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        source = c.source();
-    }
-    s
 }
