@@ -177,36 +177,7 @@ impl Prometheus {
     /// HTTP failure or a Prometheus error answer (`status: error`, e.g. a parse error), with
     /// the error type and message.
     pub fn query(&self, expr: &str) -> Result<Vec<Value>, String> {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .timeout_global(Some(Duration::from_secs(20)))
-            .http_status_as_error(false)
-            .build()
-            .into();
-        let url = format!("http://{}/api/v1/query", self.addr);
-        let mut resp = agent
-            .get(&url)
-            .query("query", expr)
-            .call()
-            .map_err(|e| format!("query {expr:?}: {e}"))?;
-        let body = resp
-            .body_mut()
-            .read_to_string()
-            .map_err(|e| format!("query {expr:?}: {e}"))?;
-        let v: Value =
-            serde_json::from_str(&body).map_err(|e| format!("query {expr:?}: {e}: {body}"))?;
-        if v.get("status").and_then(Value::as_str) != Some("success") {
-            return Err(format!(
-                "query {expr:?}: {} {}",
-                v.get("errorType").and_then(Value::as_str).unwrap_or("?"),
-                v.get("error").and_then(Value::as_str).unwrap_or(&body)
-            ));
-        }
-        match v.pointer("/data/result") {
-            Some(Value::Array(a)) => Ok(a.clone()),
-            // A scalar or string result is one value.
-            Some(other) => Ok(vec![other.clone()]),
-            None => Err(format!("query {expr:?}: no data.result in {body}")),
-        }
+        instant_query(self.addr, expr)
     }
 
     /// The number of `up == 1` targets of `job`.
@@ -220,6 +191,45 @@ impl Prometheus {
     /// The end of Prometheus' log, for failure messages.
     pub fn log_tail(&self, n: usize) -> String {
         self.daemon.log_tail(n)
+    }
+}
+
+/// Evaluates the PromQL `expr` now through the Prometheus HTTP API at `addr`
+/// (`/api/v1/query`, which VictoriaMetrics serves too) and returns `data.result`.
+///
+/// # Errors
+/// HTTP failure or an error answer (`status: error`, e.g. a parse error), with the error
+/// type and message.
+pub fn instant_query(addr: SocketAddr, expr: &str) -> Result<Vec<Value>, String> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(20)))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let url = format!("http://{addr}/api/v1/query");
+    let mut resp = agent
+        .get(&url)
+        .query("query", expr)
+        .call()
+        .map_err(|e| format!("query {expr:?}: {e}"))?;
+    let body = resp
+        .body_mut()
+        .read_to_string()
+        .map_err(|e| format!("query {expr:?}: {e}"))?;
+    let v: Value =
+        serde_json::from_str(&body).map_err(|e| format!("query {expr:?}: {e}: {body}"))?;
+    if v.get("status").and_then(Value::as_str) != Some("success") {
+        return Err(format!(
+            "query {expr:?}: {} {}",
+            v.get("errorType").and_then(Value::as_str).unwrap_or("?"),
+            v.get("error").and_then(Value::as_str).unwrap_or(&body)
+        ));
+    }
+    match v.pointer("/data/result") {
+        Some(Value::Array(a)) => Ok(a.clone()),
+        // A scalar or string result is one value.
+        Some(other) => Ok(vec![other.clone()]),
+        None => Err(format!("query {expr:?}: no data.result in {body}")),
     }
 }
 

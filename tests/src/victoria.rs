@@ -204,30 +204,7 @@ impl Victoria {
     /// # Errors
     /// HTTP failure or an error answer.
     pub fn query(&self, expr: &str) -> Result<Vec<Value>, String> {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .timeout_global(Some(Duration::from_secs(20)))
-            .http_status_as_error(false)
-            .build()
-            .into();
-        let url = format!("http://{}/api/v1/query", self.addr);
-        let body = agent
-            .get(&url)
-            .query("query", expr)
-            .call()
-            .map_err(|e| format!("query {expr:?}: {e}"))?
-            .body_mut()
-            .read_to_string()
-            .map_err(|e| format!("query {expr:?}: {e}"))?;
-        let v: Value =
-            serde_json::from_str(&body).map_err(|e| format!("query {expr:?}: {e}: {body}"))?;
-        if v.get("status").and_then(Value::as_str) != Some("success") {
-            return Err(format!("query {expr:?}: {body}"));
-        }
-        match v.pointer("/data/result") {
-            Some(Value::Array(a)) => Ok(a.clone()),
-            Some(other) => Ok(vec![other.clone()]),
-            None => Err(format!("query {expr:?}: no data.result in {body}")),
-        }
+        crate::prometheus::instant_query(self.addr, expr)
     }
 
     /// The end of its log.
