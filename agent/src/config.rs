@@ -118,9 +118,26 @@ fn default_max_frame_bytes() -> usize {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CollectorSection {
-    /// `host:port` of the collector's control plane (TCP). The host may be a name; it is
-    /// resolved at every (re)connect.
-    pub control: String,
+    /// `host:port` of the collector's control plane (TCP), or a list of them: a pool of
+    /// collectors. A host may be a name; every address a name resolves to is a member of the
+    /// pool (re-resolved every `resolve_interval_seconds`). The agent ranks the members by
+    /// rendezvous hashing of its `agent_id`, connects to the first that welcomes it, walks
+    /// down the ranks when a collector is lost, refuses it (full) or drains, and returns to a
+    /// higher choice once it has been healthy for `return_after_seconds`.
+    pub control: ControlTargets,
+    /// Seconds between resolutions of the names in `control` (the resolver's own caching
+    /// applies too). New members join the ranking; the current connection stays.
+    #[serde(default = "default_resolve_interval")]
+    pub resolve_interval_seconds: f64,
+    /// Seconds a collector ranked above the current one must have answered every probe
+    /// before the agent moves back to it (so a restarted collector gets its agents back,
+    /// and a flapping one does not pull them back and forth).
+    #[serde(default = "default_return_after")]
+    pub return_after_seconds: f64,
+    /// Seconds between probes of the collectors ranked above the current one (a TCP
+    /// connection that sends nothing; none while connected to the first choice).
+    #[serde(default = "default_probe_interval")]
+    pub probe_interval_seconds: f64,
     /// Give up one connection attempt (TCP connect plus handshake) after this long.
     #[serde(default = "default_connect_timeout")]
     pub connect_timeout_seconds: f64,
@@ -145,6 +162,73 @@ pub struct CollectorSection {
 
 fn default_connect_timeout() -> f64 {
     5.0
+}
+fn default_resolve_interval() -> f64 {
+    30.0
+}
+fn default_return_after() -> f64 {
+    60.0
+}
+fn default_probe_interval() -> f64 {
+    5.0
+}
+
+/// `collector.control`: one `host:port`, or a list of them (a pool).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum ControlTargets {
+    /// One `host:port` (a name may still resolve to several addresses).
+    One(String),
+    /// A pool: several `host:port`.
+    Pool(Vec<String>),
+}
+
+impl ControlTargets {
+    /// Every `host:port`, in the configured order.
+    pub fn targets(&self) -> Vec<String> {
+        match self {
+            ControlTargets::One(t) => vec![t.clone()],
+            ControlTargets::Pool(v) => v.clone(),
+        }
+    }
+}
+
+impl std::fmt::Display for ControlTargets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.targets().join(", "))
+    }
+}
+
+impl From<&str> for ControlTargets {
+    fn from(s: &str) -> Self {
+        ControlTargets::One(s.to_owned())
+    }
+}
+
+impl<'de> Deserialize<'de> for ControlTargets {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = ControlTargets;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("host:port, or a list of host:port")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(ControlTargets::One(v.to_owned()))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut v = Vec::new();
+                while let Some(t) = seq.next_element::<String>()? {
+                    v.push(t);
+                }
+                Ok(ControlTargets::Pool(v))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 fn default_heartbeat_timeout() -> f64 {
     15.0
@@ -770,15 +854,48 @@ impl Validate for AgentConfig {
             );
         }
         let c = &self.collector;
-        if split_host_port(&c.control).is_none() {
+        let targets = c.control.targets();
+        if targets.is_empty() {
             p.push(
                 "collector.control",
-                format!(
-                    "must be host:port with a port in 1..=65535, got {:?}",
-                    c.control
-                ),
+                "the list is empty: name at least one host:port",
             );
         }
+        for (i, t) in targets.iter().enumerate() {
+            let key = match c.control {
+                ControlTargets::One(_) => "collector.control".to_owned(),
+                ControlTargets::Pool(_) => format!("collector.control[{i}]"),
+            };
+            if split_host_port(t).is_none() {
+                p.push(
+                    key,
+                    format!("must be host:port with a port in 1..=65535, got {t:?}"),
+                );
+            } else if targets[..i].contains(t) {
+                p.push(key, format!("{t:?} is listed twice"));
+            }
+        }
+        check_seconds(
+            p,
+            "collector.resolve_interval_seconds",
+            c.resolve_interval_seconds,
+            1.0,
+            86400.0,
+        );
+        check_seconds(
+            p,
+            "collector.return_after_seconds",
+            c.return_after_seconds,
+            0.0,
+            86400.0,
+        );
+        check_seconds(
+            p,
+            "collector.probe_interval_seconds",
+            c.probe_interval_seconds,
+            0.1,
+            3600.0,
+        );
         check_seconds(
             p,
             "collector.connect_timeout_seconds",
@@ -1361,6 +1478,50 @@ max_frame_bytes: 10
             token_file: Some(path),
         };
         assert_eq!(auth.read_token().ok(), Some(b"s3cret".to_vec()));
+    }
+
+    #[test]
+    fn control_takes_one_address_or_a_pool() {
+        let one = load(MINIMAL).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(one.collector.control.targets().len(), 1);
+        let pool = "agent_id: a1\ncollector:\n  control: [10.0.0.1:7400, 'c2.example:7400', '[fd00::3]:7400']\nauth:\n  token: t\n";
+        let c = load(pool).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            c.collector.control,
+            ControlTargets::Pool(vec![
+                "10.0.0.1:7400".into(),
+                "c2.example:7400".into(),
+                "[fd00::3]:7400".into()
+            ])
+        );
+        assert_eq!(c.collector.return_after_seconds, 60.0);
+        assert_eq!(c.collector.probe_interval_seconds, 5.0);
+        assert_eq!(c.collector.resolve_interval_seconds, 30.0);
+        let bad = "agent_id: a1\ncollector:\n  control: [10.0.0.1:7400, nohostport, 10.0.0.1:7400]\nauth:\n  token: t\n";
+        let err = load(bad)
+            .err()
+            .unwrap_or_else(|| panic!("expected problems"));
+        let keys: Vec<_> = err.problems.iter().map(|p| p.key_path.as_str()).collect();
+        assert_eq!(
+            keys,
+            ["collector.control[1]", "collector.control[2]"],
+            "{err}"
+        );
+        assert!(err.to_string().contains("listed twice"), "{err}");
+        let empty = "agent_id: a1\ncollector:\n  control: []\nauth:\n  token: t\n";
+        let err = load(empty)
+            .err()
+            .unwrap_or_else(|| panic!("expected a problem"));
+        assert!(err.to_string().contains("empty"), "{err}");
+        let wrong = "agent_id: a1\ncollector:\n  control: {a: 1}\nauth:\n  token: t\n";
+        let err = load(wrong)
+            .err()
+            .unwrap_or_else(|| panic!("expected a problem"));
+        assert!(
+            err.to_string()
+                .contains("host:port, or a list of host:port"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! config.rs      strict YAML configuration, every problem with line and key
 //! run.rs         the daemon: sources, local /metrics, session (one epoch) and reconnect loop
 //! control.rs     control channel client: Hello → Challenge → Proof → Welcome | Refuse
+//! pool.rs        the collector pool: rendezvous ranking, health probes, when to move
 //! datapath.rs    the UC QP, send buffers, WRITE_WITH_IMM into ring slots / SEND
 //! sender/core.rs sans-IO send pipeline: framing, pacing, credits, stamping, accounting
 //! sender/pump.rs moves records from the source queues in and frames out to a sink
@@ -35,6 +36,7 @@ pub mod credits;
 pub mod datapath;
 pub mod dryrun;
 pub mod pacing;
+pub mod pool;
 pub mod queue;
 pub mod run;
 pub mod runners;

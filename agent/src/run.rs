@@ -32,6 +32,7 @@
 //! `Goodbye`); `fault_dropped` (only with `transport.soft.fault`) counts the packets this
 //! session's fault injector dropped.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -47,6 +48,7 @@ use uctel_protocol::session::{Liveness, LivenessConfig, LivenessEvent};
 use crate::config::{faults_enabled, seconds, AgentConfig, DataPath, TokenError, TransportKind};
 use crate::control::{ControlConn, ControlError, HandshakeFailure};
 use crate::datapath::{DataPlane, DataPlaneError};
+use crate::pool::{self, Pool, PoolMetrics, SwitchReason};
 use crate::runners::{self, Queues};
 use crate::selfmetrics::{DropReason, FaultTally, SelfMetrics};
 use crate::sender::core::{FinalSequences, SenderConfig, SenderCore};
@@ -163,7 +165,7 @@ pub async fn run_with(
             tracing::info!(%addr, "serving self-metrics on /metrics");
         }
         let render = uctel_common::http::registry_render(stats.registry().clone());
-        let (connected, collector) = (stats.clone(), config.collector.control.clone());
+        let (connected, collector) = (stats.clone(), config.collector.control.to_string());
         let endpoints =
             uctel_common::http::Endpoints::new("uctel-agent", env!("CARGO_PKG_VERSION"), render)
                 .ready(Arc::new(move || {
@@ -207,6 +209,20 @@ enum SessionEnd {
     Shutdown,
     /// The collector said `Goodbye` or the connection died: reconnect.
     Lost(String),
+    /// The collector is draining (its `Goodbye` said so): the epoch ended cleanly; move to
+    /// the next collector of the pool at once.
+    Drain(String),
+    /// A collector ranked higher has been healthy for `return_after_seconds`: the epoch
+    /// ended cleanly; move to it.
+    Rebalance(SocketAddr),
+}
+
+/// One connection attempt: where, with which epoch, after how many sessions.
+#[derive(Debug, Clone, Copy)]
+struct Attempt {
+    addr: SocketAddr,
+    epoch: u64,
+    previous_sessions: u64,
 }
 
 /// Why a session failed before or during the handshake.
@@ -239,6 +255,93 @@ pub fn backoff(initial: Duration, max: Duration, attempt: u32, jitter: f64) -> D
     (floor + (ceiling - floor).mul_f64(jitter)).min(max)
 }
 
+/// The connection side of the agent across sessions: the collector pool, its metrics, and
+/// what the last session left for the next switch (`pool` module docs).
+struct Connector {
+    targets: Arc<[String]>,
+    pool: Arc<std::sync::Mutex<Pool>>,
+    metrics: PoolMetrics,
+    resolve_every: Duration,
+    /// The collector of the last `Welcome`.
+    last: Option<SocketAddr>,
+    /// Why the agent left `last`.
+    leaving: SwitchReason,
+    /// A collector ranked above the one that welcomed us refused us on this walk.
+    refused_on_walk: bool,
+}
+
+fn lock_pool(pool: &std::sync::Mutex<Pool>) -> std::sync::MutexGuard<'_, Pool> {
+    pool.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Connector {
+    fn new(config: &AgentConfig, metrics: PoolMetrics) -> Connector {
+        Connector {
+            targets: config.collector.control.targets().into(),
+            pool: Arc::new(std::sync::Mutex::new(Pool::new(&config.agent_id))),
+            metrics,
+            resolve_every: seconds(config.collector.resolve_interval_seconds),
+            last: None,
+            leaving: SwitchReason::Lost,
+            refused_on_walk: false,
+        }
+    }
+
+    /// Resolves the targets when due; the walk order. An error when no member is known.
+    async fn walk_order(&mut self) -> Result<Vec<SocketAddr>, SessionError> {
+        let due = lock_pool(&self.pool).resolution_due(self.resolve_every, Instant::now());
+        if !due {
+            return Ok(lock_pool(&self.pool).walk_order());
+        }
+        let (addrs, errors) = pool::resolve(&self.targets).await;
+        for (target, error) in &errors {
+            tracing::warn!(collector = %target, %error, "cannot resolve a collector address");
+        }
+        let mut pool = lock_pool(&self.pool);
+        pool.resolved(&addrs, Instant::now());
+        let order = pool.walk_order();
+        if order.is_empty() {
+            return Err(SessionError::Connect {
+                addr: self.targets.join(", "),
+                detail: errors
+                    .into_iter()
+                    .map(|(t, e)| format!("{t}: {e}"))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            });
+        }
+        Ok(order)
+    }
+
+    /// `addr` welcomed the agent: counts a switch when it is not the last collector.
+    fn welcomed(&mut self, addr: SocketAddr) {
+        lock_pool(&self.pool).connected(addr);
+        if let Some(last) = self.last.filter(|l| *l != addr) {
+            let reason = match self.leaving {
+                SwitchReason::Lost if self.refused_on_walk => SwitchReason::Refused,
+                r => r,
+            };
+            self.metrics.switched(reason);
+            tracing::info!(from = %last, to = %addr, reason = reason.as_str(), "moved to another collector of the pool");
+        }
+        self.metrics.set_current(Some(addr));
+        self.last = Some(addr);
+        self.leaving = SwitchReason::Lost;
+        self.refused_on_walk = false;
+    }
+}
+
+/// What to do after one walk of the pool.
+enum AfterWalk {
+    /// Stop: shutdown.
+    Shutdown,
+    /// Walk again at once (the agent moved on purpose: drain, rebalance).
+    Now,
+    /// Wait the reconnect backoff (`max`: the longest), then walk again.
+    Backoff { longest: bool },
+}
+
 async fn connection_loop(
     config: &AgentConfig,
     token: &[u8],
@@ -249,72 +352,138 @@ async fn connection_loop(
     let mut summary = RunSummary::default();
     let mut attempt: u32 = 0;
     let mut duplicate_warned = false;
-    let mut refused_duplicate = false;
     let initial = seconds(config.collector.reconnect_initial_seconds);
     let max = seconds(config.collector.reconnect_max_seconds);
+    let metrics = match PoolMetrics::register(stats.registry()) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot register the collector pool's self-metrics");
+            return summary;
+        }
+    };
+    let mut connector = Connector::new(config, metrics);
     while !shutdown.is_triggered() {
-        let epoch: u64 = rand::random();
-        let mut welcomed = false;
-        match session(
-            config,
-            token,
-            queues,
-            stats,
-            epoch,
-            &mut welcomed,
-            summary.sessions,
-            &shutdown,
-        )
-        .await
-        {
-            Ok((SessionEnd::Shutdown, fin)) => {
-                summary.sessions += 1;
-                summary.last_session = Some(fin);
+        let order = match connector.walk_order().await {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::warn!(error = %e, attempt, "connection to the collector failed");
+                Vec::new()
+            }
+        };
+        let mut after = AfterWalk::Backoff { longest: false };
+        let mut welcomed_once = false;
+        for addr in order {
+            if shutdown.is_triggered() {
+                after = AfterWalk::Shutdown;
                 break;
             }
-            Ok((SessionEnd::Lost(why), fin)) => {
+            let epoch: u64 = rand::random();
+            let mut welcomed = false;
+            let result = session(
+                config,
+                token,
+                queues,
+                stats,
+                Attempt {
+                    addr,
+                    epoch,
+                    previous_sessions: summary.sessions,
+                },
+                &mut welcomed,
+                &mut connector,
+                &shutdown,
+            )
+            .await;
+            stats.set_connected(false);
+            connector.metrics.set_current(None);
+            if welcomed {
                 summary.sessions += 1;
-                summary.last_session = Some(fin);
-                tracing::warn!(epoch = format_args!("{epoch:#x}"), reason = %why, "connection to the collector lost; reconnecting with a new epoch");
+                welcomed_once = true;
             }
-            Err(SessionError::Control(ControlError::Refused {
-                reason: RefuseReason::DuplicateAgentId,
-                detail,
-            })) => {
-                // Another agent with our id is connected: retry at the longest backoff, and
-                // say so once (then at debug level) rather than every attempt.
-                if !duplicate_warned {
-                    tracing::warn!(
-                        agent_id = %config.agent_id,
-                        detail = %detail,
-                        retry_every = ?max,
-                        "the collector refused this agent: another agent with the same agent_id \
-                         is connected; give each agent its own agent_id. Retrying at the longest \
-                         backoff; this is logged once"
-                    );
-                    duplicate_warned = true;
-                } else {
-                    tracing::debug!(detail = %detail, "refused again: duplicate agent_id");
+            let mut pool = lock_pool(&connector.pool);
+            match result {
+                Ok((end, fin)) => {
+                    summary.last_session = Some(fin);
+                    match end {
+                        SessionEnd::Shutdown => {
+                            after = AfterWalk::Shutdown;
+                        }
+                        SessionEnd::Lost(why) => {
+                            pool.failed(addr);
+                            connector.leaving = SwitchReason::Lost;
+                            tracing::warn!(epoch = format_args!("{epoch:#x}"), collector = %addr, reason = %why, "connection to the collector lost; reconnecting with a new epoch");
+                        }
+                        SessionEnd::Drain(why) => {
+                            pool.failed(addr);
+                            connector.leaving = SwitchReason::Drain;
+                            tracing::info!(epoch = format_args!("{epoch:#x}"), collector = %addr, detail = %why, "the collector is draining; moving to the next collector of the pool");
+                            after = AfterWalk::Now;
+                        }
+                        SessionEnd::Rebalance(to) => {
+                            connector.leaving = SwitchReason::Rebalance;
+                            tracing::info!(epoch = format_args!("{epoch:#x}"), from = %addr, to = %to, "a collector ranked higher is healthy again; moving back to it");
+                            after = AfterWalk::Now;
+                        }
+                    }
+                    break;
                 }
-                attempt = attempt.max(31);
-                refused_duplicate = true;
-            }
-            Err(e) => {
-                if welcomed {
-                    summary.sessions += 1;
+                Err(SessionError::Control(ControlError::Refused {
+                    reason: RefuseReason::DuplicateAgentId,
+                    detail,
+                })) => {
+                    // Another agent with our id is connected: retry at the longest backoff,
+                    // and say so once (then at debug level) rather than every attempt.
+                    if !duplicate_warned {
+                        tracing::warn!(
+                            agent_id = %config.agent_id,
+                            collector = %addr,
+                            detail = %detail,
+                            retry_every = ?max,
+                            "the collector refused this agent: another agent with the same agent_id \
+                             is connected; give each agent its own agent_id. Retrying at the longest \
+                             backoff; this is logged once"
+                        );
+                        duplicate_warned = true;
+                    } else {
+                        tracing::debug!(detail = %detail, "refused again: duplicate agent_id");
+                    }
+                    after = AfterWalk::Backoff { longest: true };
+                    break;
                 }
-                tracing::warn!(epoch = format_args!("{epoch:#x}"), error = %e, attempt, "connection to the collector failed");
+                Err(SessionError::Control(ControlError::Refused {
+                    reason: reason @ (RefuseReason::Busy | RefuseReason::Draining),
+                    detail,
+                })) => {
+                    // Full or draining: the next collector of the pool, at once.
+                    pool.failed(addr);
+                    connector.refused_on_walk = true;
+                    tracing::warn!(collector = %addr, reason = reason.label(), detail = %detail, "the collector refused this agent; trying the next collector of the pool");
+                }
+                Err(e) => {
+                    pool.failed(addr);
+                    if welcomed {
+                        connector.leaving = SwitchReason::Lost;
+                        break;
+                    }
+                    tracing::warn!(epoch = format_args!("{epoch:#x}"), collector = %addr, error = %e, attempt, "connection to the collector failed");
+                }
             }
         }
-        stats.set_connected(false);
-        if welcomed {
+        if welcomed_once {
             attempt = 0;
         }
-        // A duplicate agent_id waits the whole maximum: the other agent will not leave soon.
-        let wait = if std::mem::take(&mut refused_duplicate) {
-            max
-        } else {
-            backoff(initial, max, attempt, rand::random::<f64>())
+        let wait = match after {
+            AfterWalk::Shutdown => break,
+            AfterWalk::Now => continue,
+            // A duplicate agent_id waits the whole maximum: the other agent will not leave
+            // soon.
+            AfterWalk::Backoff { longest: true } => {
+                attempt = attempt.max(31);
+                max
+            }
+            AfterWalk::Backoff { longest: false } => {
+                backoff(initial, max, attempt, rand::random::<f64>())
+            }
         };
         attempt = attempt.saturating_add(1);
         let until = tokio::time::Instant::now() + wait;
@@ -501,6 +670,26 @@ fn heartbeat(sequence: u64, fin: &FinalSequences) -> Heartbeat {
     }
 }
 
+/// While connected to `current`: re-resolves the pool's names when due, then probes every
+/// member ranked above `current` (none at the first choice) and records the answers.
+async fn refresh_pool(
+    pool: Arc<std::sync::Mutex<Pool>>,
+    targets: Arc<[String]>,
+    resolve_every: Duration,
+    current: SocketAddr,
+    timeout: Duration,
+) {
+    if lock_pool(&pool).resolution_due(resolve_every, Instant::now()) {
+        let (addrs, _) = pool::resolve(&targets).await;
+        lock_pool(&pool).resolved(&addrs, Instant::now());
+    }
+    let above = lock_pool(&pool).above(current);
+    for addr in above {
+        let ok = pool::probe(addr, timeout).await;
+        lock_pool(&pool).probed(addr, ok, Instant::now());
+    }
+}
+
 /// Lets the posted sends reach the wire (their completions polled), for at most
 /// [`DRAIN_GRACE`]: before `Goodbye`, and so the fault injector has seen every frame.
 async fn drain_sends(plane: &mut DataPlane) {
@@ -517,14 +706,19 @@ async fn session(
     token: &[u8],
     queues: &Queues,
     stats: &Arc<SelfMetrics>,
-    epoch: u64,
+    attempt: Attempt,
     welcomed: &mut bool,
-    previous_sessions: u64,
+    connector: &mut Connector,
     shutdown: &Shutdown,
 ) -> Result<(SessionEnd, FinalSequences), SessionError> {
+    let Attempt {
+        addr: collector,
+        epoch,
+        previous_sessions,
+    } = attempt;
     let connect_timeout = seconds(config.collector.connect_timeout_seconds);
-    let addr = config.collector.control.clone();
-    let stream = tokio::time::timeout(connect_timeout, tokio::net::TcpStream::connect(&addr))
+    let addr = collector.to_string();
+    let stream = tokio::time::timeout(connect_timeout, tokio::net::TcpStream::connect(collector))
         .await
         .map_err(|_| SessionError::Connect {
             addr: addr.clone(),
@@ -562,6 +756,7 @@ async fn session(
     let sender_config = negotiated(config, &welcome, plane.endpoint().mtu)?;
     plane.connect(&welcome)?;
     *welcomed = true;
+    connector.welcomed(collector);
     let mut core = SenderCore::new(&sender_config, epoch, Instant::now(), stats.clone())
         .map_err(|e| SessionError::Welcome(e.to_string()))?;
     // This session's fault injector counts from zero; the tally keeps the agent's totals.
@@ -596,6 +791,13 @@ async fn session(
     );
     let dead_after = liveness.dead_after();
     let mut sd = shutdown.clone();
+    // Probes of the collectors ranked above this one (none at the first choice), and the
+    // periodic re-resolution of the pool's names, off the send path.
+    let probe_every = seconds(config.collector.probe_interval_seconds);
+    let return_after = seconds(config.collector.return_after_seconds);
+    let mut probe_tick = tokio::time::interval(probe_every);
+    probe_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut probes: Option<tokio::task::JoinHandle<()>> = None;
 
     let end = loop {
         if plane.reap() > 0 || plane.failed() {
@@ -636,6 +838,9 @@ async fn session(
                             }
                         }
                         Some(Body::Heartbeat(_)) => {}
+                        Some(Body::Goodbye(g)) if g.reason == GoodbyeReason::Drain as i32 => {
+                            break SessionEnd::Drain(g.detail);
+                        }
                         Some(Body::Goodbye(g)) => {
                             break SessionEnd::Lost(format!("the collector said goodbye: {}", g.detail));
                         }
@@ -661,12 +866,29 @@ async fn session(
                 }
                 None => {}
             },
+            _ = probe_tick.tick() => {
+                if let Some(to) = lock_pool(&connector.pool).return_to(collector, return_after, Instant::now()) {
+                    break SessionEnd::Rebalance(to);
+                }
+                if probes.as_ref().is_none_or(tokio::task::JoinHandle::is_finished) {
+                    probes = Some(tokio::spawn(refresh_pool(
+                        connector.pool.clone(),
+                        connector.targets.clone(),
+                        connector.resolve_every,
+                        collector,
+                        connect_timeout,
+                    )));
+                }
+            }
             () = sd.wait() => break SessionEnd::Shutdown,
         }
     };
+    if let Some(p) = probes {
+        p.abort();
+    }
 
     match end {
-        SessionEnd::Shutdown => {
+        SessionEnd::Shutdown | SessionEnd::Drain(_) | SessionEnd::Rebalance(_) => {
             // Last frames: first what the sources queued (log lines waiting for credit
             // included, as long as reports keep coming), then every stream's
             // LAST_OF_EPOCH frame, all within FINISH_GRACE.
@@ -708,13 +930,31 @@ async fn session(
                 let _ = pump::transmit(&mut core, &mut plane);
                 pump::settle(&core, queues);
             }
-            // What is left was not sent: counted as `shutdown`, not settled, so the log
-            // sources read those lines again after a restart.
-            core.drop_pending(DropReason::Shutdown);
+            let (reason, detail) = match &end {
+                SessionEnd::Drain(_) => (
+                    GoodbyeReason::Reconnect,
+                    "the collector is draining; moving to the next collector".to_owned(),
+                ),
+                SessionEnd::Rebalance(to) => (
+                    GoodbyeReason::Reconnect,
+                    format!("moving back to the collector at {to}"),
+                ),
+                _ => (GoodbyeReason::Shutdown, "agent shutting down".to_owned()),
+            };
+            if matches!(end, SessionEnd::Shutdown) {
+                // What is left was not sent: counted as `shutdown`, not settled, so the log
+                // sources read those lines again after a restart.
+                core.drop_pending(DropReason::Shutdown);
+            } else {
+                // Moving on: what could not be sent in time is dropped as when the
+                // connection is lost.
+                core.drop_pending(DropReason::NotConnected);
+                pump::settle(&core, queues);
+            }
             drain_sends(&mut plane).await;
             let session_faults = sync_faults(stats);
             let fin = core.final_sequences();
-            let bye = goodbye(&fin, GoodbyeReason::Shutdown, "agent shutting down");
+            let bye = goodbye(&fin, reason, &detail);
             let _ = tokio::time::timeout(CONTROL_SEND_TIMEOUT, async {
                 let _ = conn.send(bye).await;
                 conn.shutdown().await;
@@ -729,6 +969,8 @@ async fn session(
             );
             tracing::info!(
                 epoch = format_args!("{epoch:#x}"),
+                collector = %collector,
+                reason = match &end { SessionEnd::Drain(_) => "drain", SessionEnd::Rebalance(_) => "rebalance", _ => "shutdown" },
                 frames = fin.frames,
                 metrics_frames = m.frames,
                 metrics_records = m.records,
@@ -737,7 +979,7 @@ async fn session(
                 fault_dropped = session_faults.map(|c| c.dropped),
                 "goodbye sent"
             );
-            Ok((SessionEnd::Shutdown, fin))
+            Ok((end, fin))
         }
         SessionEnd::Lost(why) => {
             core.drop_pending(DropReason::NotConnected);

@@ -72,7 +72,8 @@ fn example_agent_matches_example_collector_on_loopback() {
         .and_then(serde_yaml::Value::as_str)
         .unwrap_or_else(|| panic!("collector.yaml has no listen.control"));
     assert_eq!(
-        agent.collector.control, control,
+        agent.collector.control,
+        control.into(),
         "agent collector.control vs collector listen.control"
     );
     let shared = get(&collector, &["auth", "shared", "token"]).and_then(serde_yaml::Value::as_str);

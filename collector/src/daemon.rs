@@ -97,6 +97,7 @@ pub struct Running {
     metrics_addr: SocketAddr,
     control_addr: SocketAddr,
     trigger: ShutdownTrigger,
+    drain: crate::control::Drain,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -157,12 +158,24 @@ impl Running {
         self.shared.plane.pause_worker(paused);
     }
 
-    /// Runs until `shutdown` fires, then stops every task and waits for them.
+    /// The drain (`crate::control` module docs): [`Drain::start`](crate::control::Drain::start)
+    /// begins it (what `SIGUSR1` and `POST /-/drain` do); [`Running::run_until`] returns once
+    /// it is over.
+    pub fn drain(&self) -> crate::control::Drain {
+        self.drain.clone()
+    }
+
+    /// Runs until `shutdown` fires or a drain is over, then stops every task and waits for
+    /// them.
     ///
     /// # Errors
     /// [`RunError::Task`] if a task panicked.
     pub async fn run_until(self, mut shutdown: Shutdown) -> Result<(), RunError> {
-        shutdown.wait().await;
+        let drain = self.drain.clone();
+        tokio::select! {
+            () = shutdown.wait() => {}
+            () = drain.done() => tracing::info!("drain complete; stopping"),
+        }
         self.stop().await
     }
 
@@ -271,22 +284,37 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         plane,
         ledger: Ledger::default(),
         delivered: DeliveredLogs::default(),
+        drain: shutdown::channel().0,
     };
+    let (drained, drain) = crate::control::drain_channel(shared.drain.clone());
     let render_telemetry = shared.telemetry.clone();
     let render: uctel_common::http::RenderFn = Arc::new(move || render_telemetry.render());
     // The transport device is open and the control listener bound before anything is
     // served; ready until the control plane stops serving (shutdown).
     let control_up = Arc::new(AtomicBool::new(true));
     let up = control_up.clone();
-    let endpoints =
+    let draining = shared.drain.subscribe();
+    let mut endpoints =
         uctel_common::http::Endpoints::new("uctel-collector", env!("CARGO_PKG_VERSION"), render)
             .ready(Arc::new(move || {
-                if up.load(Ordering::Acquire) {
+                if draining.is_triggered() {
+                    Err("draining: agents are moving to other collectors".into())
+                } else if up.load(Ordering::Acquire) {
                     Ok(())
                 } else {
                     Err("the control plane is not serving".into())
                 }
             }));
+    if shared.config.listen.enable_lifecycle {
+        let d = drain.clone();
+        endpoints = endpoints.lifecycle(Arc::new(move || {
+            tracing::info!("drain requested on POST /-/drain");
+            d.start();
+            "draining: new agents are refused and connected agents move to their next \
+             collector; the collector stops when none is left\n"
+                .to_owned()
+        }));
+    }
     let mut tasks = vec![tokio::spawn(uctel_common::http::serve(
         metrics_listener,
         endpoints,
@@ -295,7 +323,7 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
     tasks.push(tokio::spawn(expire_loop(shared.store.clone(), sd.clone())));
     tasks.extend(remote_write.tasks);
     tasks.extend(clickhouse.tasks);
-    let control = crate::control::serve(control_listener, shared.clone(), auth, sd);
+    let control = crate::control::serve(control_listener, shared.clone(), auth, sd, drained);
     tasks.push(tokio::spawn(async move {
         control.await;
         control_up.store(false, Ordering::Release);
@@ -305,6 +333,7 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         metrics_addr,
         control_addr,
         trigger,
+        drain,
         tasks,
     })
 }

@@ -1,6 +1,10 @@
 //! `uctel-collector`: parse flags, load the configuration, install logging and signal
 //! handlers, run the collector library.
 //!
+//! Signals: SIGTERM and SIGINT stop the collector (every session ends with a `Goodbye`);
+//! SIGUSR1 drains it (agents are told to move to their next collector of the pool, then the
+//! collector stops, exit status 0); SIGHUP is logged and ignored.
+//!
 //! Exit status: 0 success (and a valid configuration with `--check-config`); 2 an invalid
 //! configuration or command line, or a start-up failure no restart can fix (the systemd
 //! unit's `RestartPreventExitStatus=2`); 1 any other failure (restarting may help: an
@@ -114,6 +118,16 @@ fn serve(config: uctel_collector::config::Config) -> anyhow::Result<()> {
             metrics = %running.metrics_addr(),
             "uctel-collector running"
         );
+        // SIGUSR1 drains: agents move to their next collector, then the collector stops.
+        let drain = running.drain();
+        let mut usr1 =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())?;
+        tokio::spawn(async move {
+            while usr1.recv().await.is_some() {
+                tracing::info!("SIGUSR1 received, draining");
+                drain.start();
+            }
+        });
         running.run_until(shutdown).await?;
         tracing::info!("uctel-collector stopped: every session closed and accounted");
         Ok(())

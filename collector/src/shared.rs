@@ -40,4 +40,6 @@ pub struct Shared {
     pub ledger: Ledger,
     /// Log offsets each agent delivered in its earlier epochs (replays are discarded).
     pub delivered: DeliveredLogs,
+    /// Fires the drain (`SIGUSR1`, `POST /-/drain`); the control plane subscribes to it.
+    pub drain: uctel_common::shutdown::ShutdownTrigger,
 }

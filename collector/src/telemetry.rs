@@ -245,6 +245,8 @@ struct Families {
     loss_ratio: prometheus::GaugeVec,
     connection_frames_lost: IntCounterVec,
     agents_connected: IntGauge,
+    control_probes: prometheus::IntCounter,
+    draining: IntGauge,
     ring_slots_in_use: IntGaugeVec,
     qp_errors: IntCounterVec,
     handshakes_refused: IntCounterVec,
@@ -360,6 +362,16 @@ impl Telemetry {
             "Agents with a live control connection and data path.",
         ))?;
         registry.register(Box::new(agents_connected.clone()))?;
+        let control_probes = prometheus::IntCounter::with_opts(opts(
+            "control_probes_total",
+            "Control connections closed before their first byte: health probes of agents connected to another collector of the pool.",
+        ))?;
+        registry.register(Box::new(control_probes.clone()))?;
+        let draining = IntGauge::with_opts(opts(
+            "draining",
+            "1 while the collector drains (SIGUSR1 or POST /-/drain): new agents are refused, connected agents are told to move.",
+        ))?;
+        registry.register(Box::new(draining.clone()))?;
         let ring_slots_in_use = IntGaugeVec::new(
             opts(
                 "ring_slots_in_use",
@@ -425,6 +437,8 @@ impl Telemetry {
                 loss_ratio,
                 connection_frames_lost,
                 agents_connected,
+                control_probes,
+                draining,
                 ring_slots_in_use,
                 qp_errors,
                 handshakes_refused,
@@ -512,6 +526,16 @@ impl Telemetry {
     /// The agents-connected gauge.
     pub fn agents_connected(&self) -> &IntGauge {
         &self.inner.agents_connected
+    }
+
+    /// Counts a control probe (a connection closed before its first byte).
+    pub fn control_probe(&self) {
+        self.inner.control_probes.inc();
+    }
+
+    /// Sets `uctel_collector_draining`.
+    pub fn set_draining(&self, draining: bool) {
+        self.inner.draining.set(i64::from(draining));
     }
 
     /// Adds device-level transport drops (packets that matched no QP).

@@ -16,6 +16,10 @@
 //! - `/`: a small HTML page naming the daemon and its version and linking to the three above
 //!   (as node_exporter's landing page does). Links are relative, so the page works behind a
 //!   reverse proxy that mounts the port under a path prefix.
+//! - `POST /-/drain` (or `PUT`): the daemon's [`DrainFn`] (the collector's drain), 200 with
+//!   what it said; only when the daemon enabled it ([`Endpoints::lifecycle`]), else 403, as
+//!   Prometheus answers its lifecycle endpoints without `--web.enable-lifecycle`. `GET`
+//!   there is 405.
 //!
 //! Shutdown is graceful: the listener stops accepting, in-flight requests finish, and
 //! connections still open after [`GRACE_PERIOD`] are dropped.
@@ -120,14 +124,19 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 /// sentence, served with 503) otherwise. Called once per request; must be cheap.
 pub type ReadyFn = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
+/// Answers `POST /-/drain`: starts the daemon's drain and says what happens next (a short
+/// sentence, served with 200).
+pub type DrainFn = Arc<dyn Fn() -> String + Send + Sync>;
+
 /// What one metrics port serves: the daemon's name and version (for the index page and the
-/// health answers), its exposition, and its readiness.
+/// health answers), its exposition, its readiness, and its lifecycle endpoint if enabled.
 #[derive(Clone)]
 pub struct Endpoints {
     name: &'static str,
     version: &'static str,
     render: RenderFn,
     ready: ReadyFn,
+    drain: Option<DrainFn>,
 }
 
 impl std::fmt::Debug for Endpoints {
@@ -148,7 +157,15 @@ impl Endpoints {
             version,
             render,
             ready: Arc::new(|| Ok(())),
+            drain: None,
         }
+    }
+
+    /// Serves `POST /-/drain` with `drain` (without this call the endpoint answers 403).
+    #[must_use]
+    pub fn lifecycle(mut self, drain: DrainFn) -> Self {
+        self.drain = Some(drain);
+        self
     }
 
     /// `/-/ready` asks `ready`.
@@ -226,6 +243,19 @@ fn respond(req: &Request<Incoming>, endpoints: &Endpoints) -> Response<Full<Byte
         );
         r
     };
+    if req.uri().path() == "/-/drain" {
+        return match (req.method(), &endpoints.drain) {
+            (&Method::POST | &Method::PUT, Some(drain)) => text(StatusCode::OK, drain()),
+            (&Method::POST | &Method::PUT, None) => text(
+                StatusCode::FORBIDDEN,
+                "the lifecycle API is not enabled (listen.enable_lifecycle)\n".into(),
+            ),
+            _ => text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "/-/drain takes POST or PUT\n".into(),
+            ),
+        };
+    }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -446,6 +476,38 @@ mod tests {
         }
         // Registered twice is an error, not a panic or a duplicate family.
         assert!(register_process_metrics(&registry).is_err());
+    }
+
+    #[tokio::test]
+    async fn drain_is_403_unless_enabled_and_post_only() {
+        let registry = prometheus::Registry::new();
+        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (_t1, sd) = shutdown::channel();
+        tokio::spawn(serve(listener, endpoints(registry.clone()), sd));
+        let r = get(addr, "POST", "/-/drain").await;
+        assert!(r.starts_with("HTTP/1.1 403"), "{r}");
+        assert!(r.contains("listen.enable_lifecycle"), "{r}");
+
+        let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let seen = calls.clone();
+        let enabled = endpoints(registry).lifecycle(Arc::new(move || {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            "draining\n".to_owned()
+        }));
+        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (_t2, sd) = shutdown::channel();
+        tokio::spawn(serve(listener, enabled, sd));
+        let r = get(addr, "GET", "/-/drain").await;
+        assert!(r.starts_with("HTTP/1.1 405"), "{r}");
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 0);
+        let r = get(addr, "POST", "/-/drain").await;
+        assert!(
+            r.starts_with("HTTP/1.1 200") && r.ends_with("draining\n"),
+            "{r}"
+        );
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
     #[tokio::test]

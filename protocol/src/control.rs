@@ -233,11 +233,14 @@ pub enum RefuseReason {
     /// (instead of the two replacing each other for ever). The agent should log it once
     /// and retry at its longest backoff.
     DuplicateAgentId = 8,
+    /// The collector is draining (leaving its pool for an upgrade or a restart): it takes
+    /// no new agents. The agent tries the next collector of its pool at once.
+    Draining = 9,
 }
 
 impl RefuseReason {
     /// Every reason, in label order.
-    pub const ALL: [RefuseReason; 9] = [
+    pub const ALL: [RefuseReason; 10] = [
         RefuseReason::Unspecified,
         RefuseReason::UnknownAgent,
         RefuseReason::BadProof,
@@ -247,6 +250,7 @@ impl RefuseReason {
         RefuseReason::ProtocolError,
         RefuseReason::HandshakeTimeout,
         RefuseReason::DuplicateAgentId,
+        RefuseReason::Draining,
     ];
 
     /// The Prometheus label value, e.g. `bad_proof`.
@@ -261,6 +265,7 @@ impl RefuseReason {
             RefuseReason::ProtocolError => "protocol_error",
             RefuseReason::HandshakeTimeout => "handshake_timeout",
             RefuseReason::DuplicateAgentId => "duplicate_agent_id",
+            RefuseReason::Draining => "draining",
         }
     }
 }
@@ -367,6 +372,11 @@ pub enum GoodbyeReason {
     Reconnect = 2,
     /// A local error forces the connection down.
     Error = 3,
+    /// Collector → agent: the collector is draining. The agent ends the epoch as at
+    /// shutdown (its last frames, then its own `Goodbye` with the final sequences, so the
+    /// tail is exact) and connects to the next collector of its pool at once. The collector
+    /// keeps the session until that `Goodbye` or its drain timeout.
+    Drain = 4,
 }
 
 /// Either direction: the connection ends; from the agent it carries the final sequences so

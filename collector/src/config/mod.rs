@@ -120,6 +120,11 @@ pub struct ListenConfig {
     /// TCP address of the `/metrics` endpoint. Default `0.0.0.0:9470`. Port 0 picks one.
     #[serde(deserialize_with = "uctel_common::listen::deserialize")]
     pub metrics: SocketAddr,
+    /// Serve `POST /-/drain` on the metrics port (as Prometheus's `--web.enable-lifecycle`
+    /// guards its `/-/quit`): the request drains the collector, as `SIGUSR1` does. Off by
+    /// default, because anyone who can reach the port could then drain the collector;
+    /// without it the endpoint answers 403.
+    pub enable_lifecycle: bool,
 }
 
 impl Default for ListenConfig {
@@ -127,6 +132,7 @@ impl Default for ListenConfig {
         Self {
             control: SocketAddr::from(([0, 0, 0, 0], 7400)),
             metrics: SocketAddr::from(([0, 0, 0, 0], 9470)),
+            enable_lifecycle: false,
         }
     }
 }
@@ -499,6 +505,14 @@ pub struct ControlConfig {
     pub dead_after_missed_heartbeats: u32,
     /// Time allowed from TCP accept to `Welcome`. Default 5.
     pub handshake_timeout_seconds: f64,
+    /// Most agents connected at once. A further agent is refused at once with `busy`, and
+    /// an agent with a pool of collectors moves on to its next one. Default: no limit.
+    pub max_agents: Option<u32>,
+    /// Longest drain (`SIGUSR1` or `POST /-/drain`): the collector refuses new agents with
+    /// `draining`, tells every connected agent to move (each ends its epoch with a
+    /// `Goodbye` and connects to its next collector), and exits when the last one has left
+    /// or after this long, whichever comes first. Default 30.
+    pub drain_timeout_seconds: f64,
 }
 
 impl Default for ControlConfig {
@@ -508,6 +522,8 @@ impl Default for ControlConfig {
             report_interval_seconds: 1.0,
             dead_after_missed_heartbeats: 3,
             handshake_timeout_seconds: 5.0,
+            max_agents: None,
+            drain_timeout_seconds: 30.0,
         }
     }
 }
@@ -781,6 +797,13 @@ impl Validate for Config {
         if c.dead_after_missed_heartbeats == 0 {
             p.push("control.dead_after_missed_heartbeats", "must be at least 1");
         }
+        if c.max_agents == Some(0) {
+            p.push(
+                "control.max_agents",
+                "must be at least 1 (leave it out for no limit)",
+            );
+        }
+        check_seconds(p, "control.drain_timeout_seconds", c.drain_timeout_seconds);
         check_seconds(p, "staleness_seconds", self.staleness_seconds.0);
         if self.series_cap_per_agent.0 == 0 {
             p.push("series_cap_per_agent", "must be at least 1");

@@ -27,6 +27,21 @@
 //! `handshakes_refused_total{reason="duplicate_agent_id"}` and warned about once a minute
 //! per agent id.
 //!
+//! **Pool members.** A collector is usually one of a pool that agents rank by rendezvous
+//! hashing (the agent's `pool` module). Three things serve the pool:
+//!
+//! - `control.max_agents`: with that many agents connected, a new connection is refused at
+//!   once with `busy` (before its `Hello`), and the agent moves on to its next collector.
+//! - **Probes**: an agent connected elsewhere probes the collectors it prefers with a TCP
+//!   connection that sends nothing. One that closes before its first byte is counted in
+//!   `uctel_collector_control_probes_total`, not as a refused handshake.
+//! - **Drain** ([`Drain`]; `SIGUSR1`, or `POST /-/drain` with `listen.enable_lifecycle`):
+//!   `uctel_collector_draining` goes to 1, new connections are refused at once with
+//!   `draining`, and every session sends its agent `Goodbye{reason: drain}` and keeps
+//!   running until the agent's own `Goodbye` (its final sequences: the tail is exact). When
+//!   the last agent has left, or after `control.drain_timeout_seconds`, the drain is done
+//!   and the daemon stops (sessions still open then end as at shutdown).
+//!
 //! Layout:
 //! - `handshake`: the driver of the handshake machine and the collector's checks of a
 //!   `Hello`;
@@ -62,6 +77,14 @@ use registry::{Admission, SessionLink};
 use session::Live;
 
 pub use crate::shared::Ledger;
+
+/// A new pair of drain ends for [`serve`] and the daemon: the trigger `serve` fires when the
+/// drain is over, and the [`Drain`] handle that starts it (through `start`, which is
+/// `Shared::drain`) and waits for it.
+pub fn drain_channel(start: shutdown::ShutdownTrigger) -> (shutdown::ShutdownTrigger, Drain) {
+    let (done_trigger, done) = shutdown::channel();
+    (done_trigger, Drain { start, done })
+}
 pub use registry::{Registry, MAX_REMEMBERED_EPOCHS, REPLACED_WARN_EVERY};
 
 /// The identity the collector announces in `Challenge`.
@@ -120,9 +143,42 @@ struct Plane {
     registry: Arc<Registry>,
 }
 
+/// The drain's two ends: [`Drain::start`] fires it (idempotent), the control plane waits for
+/// it, and [`Drain::done`] completes when the drain is over (no agent left, or the timeout).
+#[derive(Debug, Clone)]
+pub struct Drain {
+    start: shutdown::ShutdownTrigger,
+    done: Shutdown,
+}
+
+impl Drain {
+    /// Starts the drain: from now on agents are refused and told to move. Idempotent.
+    pub fn start(&self) {
+        self.start.trigger();
+    }
+
+    /// Completes when the drain is over: every agent left, or `control.drain_timeout_seconds`
+    /// passed. Never completes without a drain.
+    pub async fn done(&self) {
+        self.done.wait_owned().await;
+    }
+}
+
 /// Accepts agent connections until `shutdown`, then ends every connection (sending
-/// `Goodbye`) and waits for them. `auth`: the tokens agents must prove.
-pub async fn serve(listener: TcpListener, shared: Shared, auth: Arc<Auth>, mut shutdown: Shutdown) {
+/// `Goodbye`) and waits for them. `auth`: the tokens agents must prove. `drained` fires
+/// when a drain (`shared.drain`) is over; serving goes on until `shutdown`.
+pub async fn serve(
+    listener: TcpListener,
+    shared: Shared,
+    auth: Arc<Auth>,
+    mut shutdown: Shutdown,
+    drained: shutdown::ShutdownTrigger,
+) {
+    let mut drain = shared.drain.subscribe();
+    let drain_timeout = seconds_or(
+        shared.config.control.drain_timeout_seconds,
+        Duration::from_secs(30),
+    );
     let plane = Plane {
         shared,
         auth,
@@ -130,13 +186,42 @@ pub async fn serve(listener: TcpListener, shared: Shared, auth: Arc<Auth>, mut s
     };
     let mut tasks = JoinSet::new();
     let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_HANDSHAKES));
+    // While draining: when it started, and a tick to see whether the last agent left.
+    let mut draining: Option<Instant> = None;
+    let mut drained = Some(drained);
+    let mut drain_check = tokio::time::interval(Duration::from_millis(100));
     loop {
         tokio::select! {
+            () = drain.wait(), if draining.is_none() => {
+                draining = Some(Instant::now());
+                plane.shared.telemetry.set_draining(true);
+                tracing::info!(
+                    agents = plane.registry.live(),
+                    timeout = ?drain_timeout,
+                    "draining: refusing new agents and telling connected agents to move to \
+                     their next collector; stopping when none is left"
+                );
+            }
+            _ = drain_check.tick(), if draining.is_some() && drained.is_some() => {
+                let left = plane.registry.live();
+                let started = draining.unwrap_or_else(Instant::now);
+                if left == 0 || started.elapsed() >= drain_timeout {
+                    if left == 0 {
+                        tracing::info!(took = ?started.elapsed(), "drained: every agent has left");
+                    } else {
+                        tracing::warn!(agents = left, timeout = ?drain_timeout, "drain timed out with agents still connected; stopping, their sessions end as at shutdown");
+                    }
+                    if let Some(d) = drained.take() {
+                        d.trigger();
+                    }
+                }
+            }
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
                     let slot = handshakes.clone().try_acquire_owned().ok();
-                    tasks.spawn(connection(stream, peer, plane.clone(), shutdown.clone(), slot));
+                    let admit = if draining.is_some() { Admit::Draining } else { Admit::Open };
+                    tasks.spawn(connection(stream, peer, plane.clone(), shutdown.clone(), slot, admit));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "control listener accept failed");
@@ -156,14 +241,22 @@ fn seconds_or(s: f64, default: Duration) -> Duration {
     Duration::try_from_secs_f64(s).unwrap_or(default)
 }
 
+/// Whether the control plane takes new agents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Admit {
+    Open,
+    Draining,
+}
+
 /// One control connection; `handshake_slot` is its place among the
 /// [`MAX_PENDING_HANDSHAKES`] (`None`: all taken, refused as `busy`).
 async fn connection(
-    stream: TcpStream,
+    mut stream: TcpStream,
     peer: SocketAddr,
     plane: Plane,
     global: Shutdown,
     handshake_slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    admit: Admit,
 ) {
     let Plane {
         shared,
@@ -171,6 +264,40 @@ async fn connection(
         registry,
     } = plane;
     let accepted_at = Instant::now();
+    // Full or draining: refused at once, before the `Hello`, so a probe hears it too.
+    let full = shared
+        .config
+        .control
+        .max_agents
+        .filter(|max| registry.live() >= *max as usize);
+    let at_once = match (admit, full) {
+        (Admit::Draining, _) => Some(Refusal::new(
+            RefuseReason::Draining,
+            "",
+            "this collector is draining; connect to the next collector of the pool",
+        )),
+        (Admit::Open, Some(max)) => Some(Refusal::new(
+            RefuseReason::Busy,
+            "",
+            format!("control.max_agents ({max}) agents are connected; connect to the next collector of the pool"),
+        )),
+        (Admit::Open, None) => None,
+    };
+    if let Some(r) = at_once {
+        let mut ch = ControlChannel::new(stream);
+        return refuse(&mut ch, &shared, peer, r).await;
+    }
+    // A probe closes before its first byte: counted, not a failed handshake.
+    let probe_wait = seconds_or(
+        shared.config.control.handshake_timeout_seconds,
+        Duration::from_secs(5),
+    );
+    if let Ok(Ok(0)) = tokio::time::timeout(probe_wait, stream.peek(&mut [0u8; 1])).await {
+        shared.telemetry.control_probe();
+        tracing::debug!(%peer, "control probe");
+        let _ = tokio::io::AsyncWriteExt::shutdown(&mut stream).await;
+        return;
+    }
     let local_ip = stream
         .local_addr()
         .map(|a| a.ip())

@@ -216,6 +216,11 @@ impl Registry {
     }
 
     /// Forgets `agent`'s session `id` (not a successor that replaced it).
+    /// Agents with a live session.
+    pub(super) fn live(&self) -> usize {
+        lock(&self.live).len()
+    }
+
     pub(super) fn remove(&self, agent: &str, id: u64) {
         let mut live = lock(&self.live);
         if live.get(agent).is_some_and(|s| s.id == id) {

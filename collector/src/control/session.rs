@@ -190,8 +190,25 @@ pub(super) async fn run_session(
     // the collector ended the session, `ending`).
     let mut vanished: Option<String> = None;
     let connected_at = Instant::now();
+    // A drain tells the agent once to move, then waits for its `Goodbye` like any other.
+    let mut drain = shared.drain.subscribe();
+    let mut told_to_move = false;
     let ending: Option<(GoodbyeReason, &'static str)> = loop {
         tokio::select! {
+            () = drain.wait(), if !told_to_move => {
+                told_to_move = true;
+                let bye = Goodbye {
+                    final_conn_seq: None,
+                    streams: Vec::new(),
+                    reason: GoodbyeReason::Drain as i32,
+                    detail: "the collector is draining; move to the next collector of the pool".into(),
+                };
+                if !send_within(ch, bye, dead_after, &agent).await {
+                    vanished = Some("the drain notice could not be sent".into());
+                    break None;
+                }
+                tracing::debug!(agent = %agent, "told the agent to move (drain)");
+            }
             msg = ch.recv() => match msg {
                 Ok(Some(m)) => {
                     liveness.on_receive(Instant::now());

@@ -1,0 +1,467 @@
+//! The collector pool: which collector the agent connects to, and when it moves.
+//!
+//! `collector.control` names one `host:port` or a list of them; every name is resolved (at
+//! start and every `collector.resolve_interval_seconds`), and every address it resolves to
+//! is a member of the pool. A single address that resolves to one IP is a pool of one and
+//! behaves as a plain address.
+//!
+//! **Ranking: rendezvous (highest-random-weight) hashing** (Thaler and Ravishankar, *Using
+//! name-based mappings to increase hit rates*, IEEE/ACM ToN 6(1), 1998). Each member's
+//! weight for this agent is the first 8 bytes, big-endian, of
+//! `SHA-256(agent_id ‖ 0x00 ‖ "ip:port")`; the agent prefers members by falling weight. Every
+//! agent ranks the pool on its own, with no coordination, and the ranks spread agents evenly
+//! over the members; when a member leaves, only its agents move (each to its own next
+//! choice), and when it comes back, only they return. SHA-256 keeps the weights the same on
+//! every host, build and version.
+//!
+//! **Walking the ranks.** A connection attempt walks the members in rank order, members
+//! known to be down (the last connection or probe failed) after the others, and stops at
+//! the first `Welcome`. A refusal (`busy`: the collector's `max_agents` is reached;
+//! `draining`) or a failed connection moves on to the next member at once; only when every
+//! member failed does the agent wait its reconnect backoff before walking again.
+//!
+//! **Returning.** While connected to a member that is not its first choice, the agent probes
+//! the members ranked above it every `collector.probe_interval_seconds`: a TCP connection
+//! that sends nothing, kept open [`PROBE_LISTEN`] to hear a `Refuse` (a full or draining
+//! collector answers at once), then closed (the collector counts it as a probe). A member
+//! that has answered every probe for `collector.return_after_seconds` is healthy again; the
+//! agent ends its epoch cleanly (its last frames, `Goodbye`) and moves back. One failed probe
+//! restarts the clock, so a flapping collector does not pull agents back and forth.
+//!
+//! Self-metrics: `uctel_agent_collector_switches_total{reason}` (a `Welcome` from another
+//! collector than the previous `Welcome`'s: `lost` the connection died or could not be made
+//! again, `refused` a collector ranked higher refused this agent on the way, `rebalance` back
+//! to a higher choice, `drain` the collector drained), and `uctel_agent_collector_info{address}`
+//! (1 for the collector of the current connection; absent while not connected).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use sha2::{Digest, Sha256};
+
+/// How long a probe listens for the collector's at-once `Refuse` before it closes.
+pub const PROBE_LISTEN: Duration = Duration::from_millis(200);
+
+/// Why the agent moved to another collector (`uctel_agent_collector_switches_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SwitchReason {
+    /// The connection died or could not be made again.
+    Lost,
+    /// A collector ranked higher refused this agent on the way.
+    Refused,
+    /// Back to a higher choice that is healthy again.
+    Rebalance,
+    /// The collector drained.
+    Drain,
+}
+
+impl SwitchReason {
+    /// Every reason, in label order.
+    pub const ALL: [SwitchReason; 4] = [
+        SwitchReason::Lost,
+        SwitchReason::Refused,
+        SwitchReason::Rebalance,
+        SwitchReason::Drain,
+    ];
+
+    /// The `reason` label value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            SwitchReason::Lost => "lost",
+            SwitchReason::Refused => "refused",
+            SwitchReason::Rebalance => "rebalance",
+            SwitchReason::Drain => "drain",
+        }
+    }
+}
+
+/// The rendezvous weight of `member` for `agent_id` (module docs): the first 8 bytes,
+/// big-endian, of `SHA-256(agent_id ‖ 0x00 ‖ member.to_string())`.
+pub fn weight(agent_id: &str, member: &SocketAddr) -> u64 {
+    let mut h = Sha256::new();
+    h.update(agent_id.as_bytes());
+    h.update([0u8]);
+    h.update(member.to_string().as_bytes());
+    let digest = h.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    u64::from_be_bytes(first)
+}
+
+/// One member's state.
+#[derive(Debug, Clone)]
+struct Member {
+    addr: SocketAddr,
+    weight: u64,
+    /// The last connection attempt or probe failed (and none succeeded since).
+    down: bool,
+    /// Since when every probe succeeded (`None`: the last one failed, or none ran).
+    healthy_since: Option<Instant>,
+}
+
+/// The pool's members and their health (sans-IO: the caller resolves, connects and probes,
+/// and reports what happened).
+#[derive(Debug)]
+pub struct Pool {
+    agent_id: String,
+    /// By falling weight (ties by address, so the order is total).
+    members: Vec<Member>,
+    /// When the names were last resolved to at least one address.
+    resolved_at: Option<Instant>,
+}
+
+impl Pool {
+    /// An empty pool for `agent_id`; [`Pool::set_members`] fills it.
+    pub fn new(agent_id: &str) -> Pool {
+        Pool {
+            agent_id: agent_id.to_owned(),
+            members: Vec::new(),
+            resolved_at: None,
+        }
+    }
+
+    /// Whether the names are due for resolution at `now` (never resolved, or `every` ago).
+    pub fn resolution_due(&self, every: Duration, now: Instant) -> bool {
+        self.resolved_at
+            .is_none_or(|t| now.saturating_duration_since(t) >= every)
+    }
+
+    /// A resolution at `now` found `addrs`: they become the members ([`Pool::set_members`]);
+    /// nothing changes when it found none (a resolver outage keeps the last known pool).
+    pub fn resolved(&mut self, addrs: &[SocketAddr], now: Instant) {
+        if !addrs.is_empty() {
+            self.set_members(addrs);
+            self.resolved_at = Some(now);
+        }
+    }
+
+    /// Replaces the members with `addrs` (a resolution's result), keeping the health of the
+    /// addresses that stay. Duplicates count once.
+    pub fn set_members(&mut self, addrs: &[SocketAddr]) {
+        let mut next: Vec<Member> = Vec::with_capacity(addrs.len());
+        for a in addrs {
+            if next.iter().any(|m| m.addr == *a) {
+                continue;
+            }
+            let kept = self.members.iter().find(|m| m.addr == *a).cloned();
+            next.push(kept.unwrap_or(Member {
+                addr: *a,
+                weight: weight(&self.agent_id, a),
+                down: false,
+                healthy_since: None,
+            }));
+        }
+        next.sort_by(|x, y| y.weight.cmp(&x.weight).then(x.addr.cmp(&y.addr)));
+        self.members = next;
+    }
+
+    /// The members in rank order (first choice first).
+    pub fn ranked(&self) -> Vec<SocketAddr> {
+        self.members.iter().map(|m| m.addr).collect()
+    }
+
+    /// The rank of `addr` (0: first choice), if it is a member.
+    pub fn rank(&self, addr: SocketAddr) -> Option<usize> {
+        self.members.iter().position(|m| m.addr == addr)
+    }
+
+    /// The order of one connection walk: members not known down in rank order, then the
+    /// ones known down in rank order.
+    pub fn walk_order(&self) -> Vec<SocketAddr> {
+        let up = self.members.iter().filter(|m| !m.down);
+        let down = self.members.iter().filter(|m| m.down);
+        up.chain(down).map(|m| m.addr).collect()
+    }
+
+    /// The members ranked above `current` (all of them when it is not a member): the ones a
+    /// connected agent probes.
+    pub fn above(&self, current: SocketAddr) -> Vec<SocketAddr> {
+        let end = self.rank(current).unwrap_or(self.members.len());
+        self.members[..end].iter().map(|m| m.addr).collect()
+    }
+
+    fn member(&mut self, addr: SocketAddr) -> Option<&mut Member> {
+        self.members.iter_mut().find(|m| m.addr == addr)
+    }
+
+    /// A connection to `addr` was welcomed.
+    pub fn connected(&mut self, addr: SocketAddr) {
+        if let Some(m) = self.member(addr) {
+            m.down = false;
+        }
+    }
+
+    /// A connection to `addr` failed, was refused, or ended (lost, drained): it is down
+    /// until a probe or a connection succeeds, and its health clock restarts.
+    pub fn failed(&mut self, addr: SocketAddr) {
+        if let Some(m) = self.member(addr) {
+            m.down = true;
+            m.healthy_since = None;
+        }
+    }
+
+    /// A probe of `addr` at `now` succeeded (`true`) or failed.
+    pub fn probed(&mut self, addr: SocketAddr, ok: bool, now: Instant) {
+        if let Some(m) = self.member(addr) {
+            if ok {
+                m.down = false;
+                m.healthy_since.get_or_insert(now);
+            } else {
+                m.down = true;
+                m.healthy_since = None;
+            }
+        }
+    }
+
+    /// The best member ranked above `current` that has been healthy for `return_after` at
+    /// `now`: where a connected agent should move back to.
+    pub fn return_to(
+        &self,
+        current: SocketAddr,
+        return_after: Duration,
+        now: Instant,
+    ) -> Option<SocketAddr> {
+        let end = self.rank(current)?;
+        self.members[..end]
+            .iter()
+            .find(|m| {
+                m.healthy_since
+                    .is_some_and(|t| now.saturating_duration_since(t) >= return_after)
+            })
+            .map(|m| m.addr)
+    }
+}
+
+/// The pool's self-metrics (module docs).
+#[derive(Debug, Clone)]
+pub struct PoolMetrics {
+    switches: IntCounterVec,
+    info: IntGaugeVec,
+}
+
+impl PoolMetrics {
+    /// Registers `uctel_agent_collector_switches_total{reason}` (every reason at 0) and
+    /// `uctel_agent_collector_info{address}` into `registry`.
+    ///
+    /// # Errors
+    /// The registry refused a name (registered twice).
+    pub fn register(registry: &Registry) -> prometheus::Result<PoolMetrics> {
+        let switches = IntCounterVec::new(
+            Opts::new(
+                "uctel_agent_collector_switches_total",
+                "Connections welcomed by another collector of the pool than the previous connection, by why the agent moved: lost, refused, rebalance, drain.",
+            ),
+            &["reason"],
+        )?;
+        for r in SwitchReason::ALL {
+            switches.with_label_values(&[r.as_str()]);
+        }
+        let info = IntGaugeVec::new(
+            Opts::new(
+                "uctel_agent_collector_info",
+                "1 for the control address of the collector the agent is connected to; absent while not connected.",
+            ),
+            &["address"],
+        )?;
+        registry.register(Box::new(switches.clone()))?;
+        registry.register(Box::new(info.clone()))?;
+        Ok(PoolMetrics { switches, info })
+    }
+
+    /// Counts a switch.
+    pub fn switched(&self, reason: SwitchReason) {
+        self.switches.with_label_values(&[reason.as_str()]).inc();
+    }
+
+    /// The switches counted for `reason`.
+    pub fn switches(&self, reason: SwitchReason) -> u64 {
+        self.switches.with_label_values(&[reason.as_str()]).get()
+    }
+
+    /// The current collector (`None`: not connected).
+    pub fn set_current(&self, addr: Option<SocketAddr>) {
+        self.info.reset();
+        if let Some(a) = addr {
+            self.info.with_label_values(&[&a.to_string()]).set(1);
+        }
+    }
+}
+
+/// Resolves every `host:port` of `targets` (the system resolver, as `getaddrinfo` answers,
+/// `/etc/hosts` included), in order, without duplicates. A target that does not resolve is
+/// returned in the error list with the resolver's message; the others still count.
+pub async fn resolve(targets: &[String]) -> (Vec<SocketAddr>, Vec<(String, String)>) {
+    let mut addrs = Vec::new();
+    let mut errors = Vec::new();
+    for t in targets {
+        match tokio::net::lookup_host(t.as_str()).await {
+            Ok(found) => {
+                let found: Vec<SocketAddr> = found.collect();
+                if found.is_empty() {
+                    errors.push((t.clone(), "resolved to no address".to_owned()));
+                }
+                for a in found {
+                    if !addrs.contains(&a) {
+                        addrs.push(a);
+                    }
+                }
+            }
+            Err(e) => errors.push((t.clone(), e.to_string())),
+        }
+    }
+    (addrs, errors)
+}
+
+/// Probes `addr` (module docs): connects within `timeout`, listens [`PROBE_LISTEN`] for a
+/// `Refuse`, and closes. True when the collector accepted and did not refuse.
+pub async fn probe(addr: SocketAddr, timeout: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let Ok(Ok(mut stream)) =
+        tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await
+    else {
+        return false;
+    };
+    let mut byte = [0u8; 1];
+    // Any byte is the start of a `Refuse` (the collector says nothing else first); a close
+    // is a collector that is going away. Silence is health.
+    tokio::time::timeout(PROBE_LISTEN, stream.read(&mut byte))
+        .await
+        .is_err()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(i: u8) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, i], 7400))
+    }
+
+    #[test]
+    fn weights_are_the_documented_sha256_prefix() {
+        // SHA-256("a1\0127.0.0.1:7400"), first 8 bytes, computed independently with
+        // `printf 'a1\0127.0.0.1:7400' | sha256sum`.
+        let w = weight("a1", &addr(1));
+        let mut h = Sha256::new();
+        h.update(b"a1\x00127.0.0.1:7400");
+        let d = h.finalize();
+        assert_eq!(w.to_be_bytes(), d[..8]);
+        assert_ne!(weight("a1", &addr(1)), weight("a2", &addr(1)));
+        assert_ne!(weight("a1", &addr(1)), weight("a1", &addr(2)));
+    }
+
+    #[test]
+    fn ranks_spread_agents_evenly_and_only_a_leaving_members_agents_move() {
+        let members = [addr(1), addr(2), addr(3)];
+        let mut first = [0usize; 3];
+        let mut pools = Vec::new();
+        for i in 0..3000 {
+            let mut p = Pool::new(&format!("host-{i}"));
+            p.set_members(&members);
+            let top = p.ranked()[0];
+            first[members.iter().position(|m| *m == top).unwrap()] += 1;
+            pools.push(p);
+        }
+        for n in first {
+            assert!((850..=1150).contains(&n), "uneven spread: {first:?}");
+        }
+        // Without member 2, agents whose first choice was 1 or 3 keep it.
+        for p in &mut pools {
+            let before = p.ranked();
+            p.set_members(&[addr(1), addr(3)]);
+            let after = p.ranked();
+            if before[0] != addr(2) {
+                assert_eq!(after[0], before[0]);
+            } else {
+                assert_eq!(after[0], before[1], "moves to its own second choice");
+            }
+        }
+    }
+
+    #[test]
+    fn walk_puts_members_known_down_last_and_set_members_keeps_health() {
+        let mut p = Pool::new("a1");
+        p.set_members(&[addr(1), addr(2), addr(3), addr(2)]);
+        let ranked = p.ranked();
+        assert_eq!(ranked.len(), 3);
+        assert_eq!(p.walk_order(), ranked);
+        p.failed(ranked[0]);
+        assert_eq!(p.walk_order(), vec![ranked[1], ranked[2], ranked[0]]);
+        p.set_members(&[addr(3), addr(1), addr(2)]);
+        assert_eq!(p.walk_order(), vec![ranked[1], ranked[2], ranked[0]]);
+        p.connected(ranked[0]);
+        assert_eq!(p.walk_order(), ranked);
+    }
+
+    #[test]
+    fn returns_only_after_the_first_choice_was_healthy_for_the_whole_delay() {
+        let mut p = Pool::new("a1");
+        p.set_members(&[addr(1), addr(2), addr(3)]);
+        let r = p.ranked();
+        let t0 = Instant::now();
+        let delay = Duration::from_secs(60);
+        assert_eq!(p.above(r[1]), vec![r[0]]);
+        assert!(p.above(r[0]).is_empty());
+        p.failed(r[0]);
+        assert_eq!(p.return_to(r[1], delay, t0), None);
+        p.probed(r[0], true, t0);
+        assert_eq!(p.return_to(r[1], delay, t0 + Duration::from_secs(59)), None);
+        // One failed probe restarts the clock.
+        p.probed(r[0], false, t0 + Duration::from_secs(30));
+        p.probed(r[0], true, t0 + Duration::from_secs(35));
+        assert_eq!(p.return_to(r[1], delay, t0 + Duration::from_secs(61)), None);
+        assert_eq!(
+            p.return_to(r[1], delay, t0 + Duration::from_secs(95)),
+            Some(r[0])
+        );
+        // Nothing ranks above the first choice; a member not in the pool returns nothing.
+        assert_eq!(p.return_to(r[0], delay, t0 + Duration::from_secs(95)), None);
+        assert_eq!(
+            p.return_to(addr(9), delay, t0 + Duration::from_secs(95)),
+            None
+        );
+    }
+
+    #[tokio::test]
+    async fn probe_tells_a_silent_listener_from_a_refusing_or_absent_one() {
+        use tokio::io::AsyncWriteExt;
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let silent_addr = silent.local_addr().unwrap();
+        let keep = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = silent.accept().await {
+                held.push(s);
+            }
+        });
+        assert!(probe(silent_addr, Duration::from_secs(1)).await);
+        let refusing = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let refusing_addr = refusing.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = refusing.accept().await {
+                let _ = s.write_all(&[0, 0, 0, 2, 0x2a, 0]).await;
+            }
+        });
+        assert!(!probe(refusing_addr, Duration::from_secs(1)).await);
+        let gone = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        assert!(!probe(gone, Duration::from_secs(1)).await);
+        keep.abort();
+    }
+
+    #[tokio::test]
+    async fn resolve_keeps_order_drops_duplicates_and_reports_bad_names() {
+        let targets = vec![
+            "127.0.0.2:7400".to_owned(),
+            "127.0.0.1:7400".to_owned(),
+            "127.0.0.2:7400".to_owned(),
+            "no-such-host.invalid:7400".to_owned(),
+        ];
+        let (addrs, errors) = resolve(&targets).await;
+        assert_eq!(addrs, vec![addr(2), addr(1)]);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].0, "no-such-host.invalid:7400");
+    }
+}
