@@ -193,12 +193,15 @@ async fn garbage_and_lying_length_prefixes_are_refused_as_protocol_errors() {
         raw_exchange(addr, &[0, 0, 0, 0], false).await,
         Some(RefuseReason::ProtocolError)
     );
-    // Connect and close at once.
-    assert_eq!(
-        raw_exchange(addr, &[], true).await,
-        Some(RefuseReason::ProtocolError)
+    // Connect and close at once: a pool member's health probe, closed without an answer and
+    // counted as a probe, not as a refused handshake.
+    assert_eq!(raw_exchange(addr, &[], true).await, None);
+    wait_refused(&running, RefuseReason::ProtocolError, 6.0).await;
+    let text = running.render_metrics().unwrap();
+    assert!(
+        text.contains("uctel_collector_control_probes_total 1"),
+        "{text}"
     );
-    wait_refused(&running, RefuseReason::ProtocolError, 7.0).await;
     // The daemon still serves a well-behaved agent.
     let agent = TestAgent::connect(addr, AgentOptions::new("good"))
         .await

@@ -38,6 +38,7 @@ pub mod faults;
 pub mod net;
 pub mod pair;
 pub mod pipeline;
+pub mod pool;
 pub mod prometheus;
 pub mod victoria;
 
