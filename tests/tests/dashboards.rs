@@ -171,3 +171,28 @@ fn host_dashboard_uses_node_exporter_names() {
         );
     }
 }
+
+/// The example scrape configuration for a collector pool (file_sd and DNS SD) is one
+/// Prometheus accepts, and its file_sd targets file parses.
+#[test]
+fn the_pool_scrape_config_passes_promtool_check_config() {
+    let dir = uctel_tests::workspace_root().join("config/prometheus");
+    let out = std::process::Command::new(uctel_testkit::promtool::binary())
+        .current_dir(&dir)
+        .args(["check", "config", "prometheus-pool.yml"])
+        .output()
+        .unwrap_or_else(|e| panic!("promtool: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("SUCCESS"), "{text}");
+    let sd: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("uctel-collectors.json"))
+            .unwrap_or_else(|e| panic!("uctel-collectors.json: {e}")),
+    )
+    .unwrap_or_else(|e| panic!("uctel-collectors.json: {e}"));
+    assert!(sd[0]["targets"].as_array().is_some_and(|t| t.len() == 3), "{sd}");
+}
