@@ -911,10 +911,17 @@ impl<D: Delivery> ConnectionIngest<D> {
     /// DESIGN.md §5), or a final record count above what the claimed frames can carry
     /// (`max_records_per_frame` each), is logged and not counted, so a lying or confused
     /// agent cannot push the loss counters by up to 2^64.
+    ///
+    /// Only a `Goodbye` with reason `shutdown` ends the agent's series in the outputs
+    /// (remote-write stale markers): with `reconnect` the agent goes on, on this collector
+    /// or another of its pool, under the same labels, and a stale marker would cut its series
+    /// in two. An agent that never comes back goes stale after `staleness_seconds`.
     pub fn close(&mut self, goodbye: &Goodbye) -> CloseSummary {
         self.settle_from(goodbye.final_conn_seq, &goodbye.streams, Source::Goodbye);
         self.fold_delivered();
-        self.delivery.agent_left(&self.agent);
+        if goodbye.reason == uctel_protocol::control::GoodbyeReason::Shutdown as i32 {
+            self.delivery.agent_left(&self.agent);
+        }
         self.summary()
     }
 

@@ -132,6 +132,19 @@ impl Victoria {
     /// # Errors
     /// HTTP failure or an answer that is not export JSON lines.
     pub fn export(&self, selector: &str) -> Result<RawSeries, String> {
+        self.export_values(selector, false)
+    }
+
+    /// The stale markers (NaN values) VictoriaMetrics holds for `selector`, per series.
+    ///
+    /// # Errors
+    /// As [`Victoria::export`].
+    pub fn stale_markers(&self, selector: &str) -> Result<RawSeries, String> {
+        self.export_values(selector, true)
+    }
+
+    /// `/api/v1/export` of `selector`: the numbers, or (`nan`) only the NaN values.
+    fn export_values(&self, selector: &str, nan: bool) -> Result<RawSeries, String> {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .timeout_global(Some(Duration::from_secs(60)))
             .build()
@@ -166,7 +179,7 @@ impl Victoria {
                     Value::String(s) => crate::prometheus::parse_value(s).unwrap_or(f64::NAN),
                     _ => f64::NAN,
                 };
-                if !x.is_nan() {
+                if x.is_nan() == nan {
                     samples.push((t.as_i64().unwrap_or_default(), x));
                 }
             }

@@ -194,5 +194,8 @@ fn the_pool_scrape_config_passes_promtool_check_config() {
             .unwrap_or_else(|e| panic!("uctel-collectors.json: {e}")),
     )
     .unwrap_or_else(|e| panic!("uctel-collectors.json: {e}"));
-    assert!(sd[0]["targets"].as_array().is_some_and(|t| t.len() == 3), "{sd}");
+    assert!(
+        sd[0]["targets"].as_array().is_some_and(|t| t.len() == 3),
+        "{sd}"
+    );
 }

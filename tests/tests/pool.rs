@@ -524,3 +524,107 @@ fn wait_placed_elsewhere(
     )
     .unwrap_or_else(|e| panic!("{e}"))
 }
+
+/// Remote-write across a move: an agent drained off one collector goes on through the
+/// next, and its series stay one series in the receiver: same labels, no duplicate
+/// timestamps, no stale marker at the move, no gap longer than the move.
+#[test]
+fn remote_written_series_stay_continuous_when_the_agent_moves() {
+    let _guard = uctel_tests::exclusive();
+    let receivers = tempfile::Builder::new()
+        .prefix("uctel-pool-rw-")
+        .tempdir()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let vm = uctel_tests::victoria::Victoria::start(receivers.path());
+    let url = vm.write_url();
+    let mut pool = CollectorPool::start(2, |y| {
+        let mut endpoint = serde_yaml::Mapping::new();
+        endpoint.insert("url".into(), url.clone().into());
+        endpoint.insert("batch_send_deadline_seconds".into(), 0.2.into());
+        y.set(
+            "outputs.remote_write",
+            serde_yaml::Value::Sequence(vec![serde_yaml::Value::Mapping(endpoint)]),
+        );
+    });
+    let members = pool.control_addrs();
+    let a = pool.add_agent("rw-mover", pool_agent_settings);
+    let home = wait_placed(&pool, Duration::from_secs(30))[a];
+    std::thread::sleep(Duration::from_secs(6));
+    let m = members.iter().position(|x| *x == home).unwrap_or(0);
+    let moved_at = std::time::SystemTime::now();
+    pool.members[m].daemon.signal(Signal::SIGUSR1);
+    assert!(pool.members[m]
+        .daemon
+        .wait_exit(Duration::from_secs(30))
+        .is_some_and(|s| s.success()));
+    let away = wait_placed(&pool, Duration::from_secs(10))[a];
+    assert_ne!(away, home);
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(pool.agents[a]
+        .daemon
+        .stop(Duration::from_secs(20))
+        .success());
+    std::thread::sleep(Duration::from_secs(2));
+
+    let selector = r#"node_load1{agent="rw-mover"}"#;
+    let held = uctel_tests::wait_for(
+        "node_load1 of rw-mover in VictoriaMetrics",
+        Duration::from_secs(20),
+        Duration::from_millis(500),
+        || {
+            let r = vm.export(selector)?;
+            if r.values().map(Vec::len).sum::<usize>() >= 5 {
+                Ok(r)
+            } else {
+                Err(format!(
+                    "{} samples",
+                    r.values().map(Vec::len).sum::<usize>()
+                ))
+            }
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", vm.log_tail()));
+    assert_eq!(
+        held.len(),
+        1,
+        "one series across both collectors: {:?}",
+        held.keys()
+    );
+    let samples = held.values().next().map(Vec::as_slice).unwrap_or_default();
+    let moved_ms = moved_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0);
+    assert!(
+        samples.first().is_some_and(|s| s.0 < moved_ms)
+            && samples.last().is_some_and(|s| s.0 > moved_ms),
+        "samples on both sides of the move"
+    );
+    let mut longest = 0;
+    for w in samples.windows(2) {
+        assert!(
+            w[1].0 > w[0].0,
+            "duplicate or out-of-order timestamps {w:?}"
+        );
+        longest = longest.max(w[1].0 - w[0].0);
+    }
+    println!(
+        "{} samples of node_load1 across the move, longest gap {longest} ms",
+        samples.len()
+    );
+    // Host metrics every 2 s: the move costs at most a collection or two.
+    assert!(longest <= 6_000, "gap of {longest} ms");
+    // The only stale marker is the one of the final shutdown, after the last sample.
+    let stale = vm.stale_markers(selector).unwrap_or_else(|e| panic!("{e}"));
+    let last = samples.last().map_or(0, |s| s.0);
+    let markers: usize = stale.values().map(Vec::len).sum();
+    assert_eq!(markers, 1, "one stale marker, the shutdown's: {stale:?}");
+    for (labels, marks) in &stale {
+        for (t, _) in marks {
+            assert!(
+                *t >= last,
+                "stale marker at {t} before the last sample {last}: {labels:?}"
+            );
+        }
+    }
+}
