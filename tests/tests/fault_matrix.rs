@@ -544,6 +544,47 @@ fn agent_restart_right_after_goodbye() {
     row.verdict(Law::Exact);
 }
 
+/// The collector drained (SIGUSR1) while lines flow: the agent ends its epoch with a
+/// Goodbye (its final sequences), the collector exits 0 on its own once the agent has left,
+/// the agent (a pool of one) keeps its lines while nothing is listening and sends them to
+/// the collector started again: every line accounted exactly.
+#[test]
+fn collector_drained_and_restarted() {
+    let _g = exclusive();
+    let mut row = Row::start("collector-drain", CollectorSpec::default(), None);
+    let a = row.add_agent(AgentSpec::new("a"));
+    row.wait_connected(1, &[a]);
+    row.write_bursts(a, 0, 1000, GAP);
+    row.wait_delivered(a, 0, 0..1000, SETTLE);
+    row.write(a, 0, 500);
+    let _ = row.scrape_collector();
+    row.collector.signal(Signal::SIGUSR1);
+    let drained = std::time::Instant::now();
+    let status = row.collector.wait_exit(Duration::from_secs(30));
+    row.notes.push(format!(
+        "collector drained and exited {:?} after SIGUSR1 ({status:?})",
+        drained.elapsed()
+    ));
+    row.expect(
+        status.is_some_and(|s| s.success()),
+        format!("the drained collector exited 0 on its own ({status:?})"),
+    );
+    row.expect(
+        row.agents[a]
+            .daemon
+            .log()
+            .contains("the collector is draining"),
+        "the agent logged the drain".to_owned(),
+    );
+    row.write_bursts(a, 0, 500, GAP);
+    row.restart_collector();
+    row.wait_connected(1, &[a]);
+    row.write_bursts(a, 0, 500, GAP);
+    row.wait_settled(a, 2500, SETTLE);
+    row.quiesce();
+    row.verdict(Law::Exact);
+}
+
 /// Two agents with the same `agent_id`: the collector refuses the second (or replaces the
 /// first and keeps it out, DESIGN.md §6), never a loop. Each twin's lines are delivered,
 /// counted, or still unread in its file (kept out); none twice.
