@@ -173,63 +173,7 @@ fn default_probe_interval() -> f64 {
     5.0
 }
 
-/// `collector.control`: one `host:port`, or a list of them (a pool).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(untagged)]
-pub enum ControlTargets {
-    /// One `host:port` (a name may still resolve to several addresses).
-    One(String),
-    /// A pool: several `host:port`.
-    Pool(Vec<String>),
-}
-
-impl ControlTargets {
-    /// Every `host:port`, in the configured order.
-    pub fn targets(&self) -> Vec<String> {
-        match self {
-            ControlTargets::One(t) => vec![t.clone()],
-            ControlTargets::Pool(v) => v.clone(),
-        }
-    }
-}
-
-impl std::fmt::Display for ControlTargets {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.targets().join(", "))
-    }
-}
-
-impl From<&str> for ControlTargets {
-    fn from(s: &str) -> Self {
-        ControlTargets::One(s.to_owned())
-    }
-}
-
-impl<'de> Deserialize<'de> for ControlTargets {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = ControlTargets;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("host:port, or a list of host:port")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(ControlTargets::One(v.to_owned()))
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<Self::Value, A::Error> {
-                let mut v = Vec::new();
-                while let Some(t) = seq.next_element::<String>()? {
-                    v.push(t);
-                }
-                Ok(ControlTargets::Pool(v))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
+pub use crate::pool::ControlTargets;
 fn default_heartbeat_timeout() -> f64 {
     15.0
 }
@@ -819,19 +763,7 @@ fn check_seconds(p: &mut Problems, key: &str, v: f64, min: f64, max: f64) {
     }
 }
 
-/// Splits `host:port` (`[v6]:port` for IPv6 literals). Returns `(host, port)`.
-pub fn split_host_port(s: &str) -> Option<(&str, u16)> {
-    let (host, port) = s.rsplit_once(':')?;
-    let host = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    if host.is_empty() || host.contains(char::is_whitespace) {
-        return None;
-    }
-    let port: u16 = port.parse().ok()?;
-    (port != 0).then_some((host, port))
-}
+pub use crate::pool::split_host_port;
 
 /// Whether `id` is a valid `agent_id`: 1–128 characters of `[A-Za-z0-9._-]`.
 pub fn valid_agent_id(id: &str) -> bool {
@@ -854,26 +786,8 @@ impl Validate for AgentConfig {
             );
         }
         let c = &self.collector;
-        let targets = c.control.targets();
-        if targets.is_empty() {
-            p.push(
-                "collector.control",
-                "the list is empty: name at least one host:port",
-            );
-        }
-        for (i, t) in targets.iter().enumerate() {
-            let key = match c.control {
-                ControlTargets::One(_) => "collector.control".to_owned(),
-                ControlTargets::Pool(_) => format!("collector.control[{i}]"),
-            };
-            if split_host_port(t).is_none() {
-                p.push(
-                    key,
-                    format!("must be host:port with a port in 1..=65535, got {t:?}"),
-                );
-            } else if targets[..i].contains(t) {
-                p.push(key, format!("{t:?} is listed twice"));
-            }
+        for (key, problem) in c.control.problems() {
+            p.push(key, problem);
         }
         check_seconds(
             p,

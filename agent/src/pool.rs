@@ -40,6 +40,108 @@ use std::time::{Duration, Instant};
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 use sha2::{Digest, Sha256};
 
+/// `collector.control`: one `host:port`, or a list of them (a pool).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(untagged)]
+pub enum ControlTargets {
+    /// One `host:port` (a name may still resolve to several addresses).
+    One(String),
+    /// A pool: several `host:port`.
+    Pool(Vec<String>),
+}
+
+impl ControlTargets {
+    /// Every `host:port`, in the configured order.
+    pub fn targets(&self) -> Vec<String> {
+        match self {
+            ControlTargets::One(t) => vec![t.clone()],
+            ControlTargets::Pool(v) => v.clone(),
+        }
+    }
+}
+
+impl ControlTargets {
+    /// What is wrong with the list, as `(key, problem)`: an empty list, an entry that is not
+    /// `host:port` with a port in 1..=65535, an entry listed twice.
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let targets = self.targets();
+        let mut out = Vec::new();
+        if targets.is_empty() {
+            out.push((
+                "collector.control".to_owned(),
+                "the list is empty: name at least one host:port".to_owned(),
+            ));
+        }
+        for (i, t) in targets.iter().enumerate() {
+            let key = match self {
+                ControlTargets::One(_) => "collector.control".to_owned(),
+                ControlTargets::Pool(_) => format!("collector.control[{i}]"),
+            };
+            if split_host_port(t).is_none() {
+                out.push((
+                    key,
+                    format!("must be host:port with a port in 1..=65535, got {t:?}"),
+                ));
+            } else if targets[..i].contains(t) {
+                out.push((key, format!("{t:?} is listed twice")));
+            }
+        }
+        out
+    }
+}
+
+impl std::fmt::Display for ControlTargets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.targets().join(", "))
+    }
+}
+
+impl From<&str> for ControlTargets {
+    fn from(s: &str) -> Self {
+        ControlTargets::One(s.to_owned())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ControlTargets {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = ControlTargets;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("host:port, or a list of host:port")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(ControlTargets::One(v.to_owned()))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut v = Vec::new();
+                while let Some(t) = seq.next_element::<String>()? {
+                    v.push(t);
+                }
+                Ok(ControlTargets::Pool(v))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Splits `host:port` (`[v6]:port` for IPv6 literals). Returns `(host, port)`.
+pub fn split_host_port(s: &str) -> Option<(&str, u16)> {
+    let (host, port) = s.rsplit_once(':')?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if host.is_empty() || host.contains(char::is_whitespace) {
+        return None;
+    }
+    let port: u16 = port.parse().ok()?;
+    (port != 0).then_some((host, port))
+}
+
 /// How long a probe listens for the collector's at-once `Refuse` before it closes.
 pub const PROBE_LISTEN: Duration = Duration::from_millis(200);
 
