@@ -50,6 +50,7 @@ use ringbuf::traits::{Consumer, Observer, Producer, Split};
 use ringbuf::HeapRb;
 use tokio::sync::{oneshot, Notify};
 use uctel_protocol::control::{DataPath, Goodbye, Heartbeat, Report};
+use uctel_protocol::seq::Seq;
 use uctel_transport::api::{
     AccessFlags, CompletionChannel, CompletionQueue, Device, DropCounters, MemoryRegion,
     QpEndpoint, QpState, QueuePair, RecvWr, Sge, UcDropReason, WcOpcode, WcStatus, WorkCompletion,
@@ -293,6 +294,8 @@ enum WorkerCmd {
     /// A larger descriptor queue: read it once the current one is finished.
     Queue(ringbuf::HeapCons<Descriptor>),
     Report(u32, oneshot::Sender<Option<Report>>),
+    /// The highest connection sequence consumed so far (no side effect).
+    Consumed(u32, oneshot::Sender<Option<u64>>),
     /// The agent's heartbeat (the sequences it had sent by then).
     Heartbeat(u32, Heartbeat),
     Close(u32, Option<Goodbye>, oneshot::Sender<Option<CloseSummary>>),
@@ -344,6 +347,7 @@ impl std::fmt::Debug for WorkerCmd {
             WorkerCmd::Register(..) => "Register",
             WorkerCmd::Queue(..) => "Queue",
             WorkerCmd::Report(..) => "Report",
+            WorkerCmd::Consumed(..) => "Consumed",
             WorkerCmd::Heartbeat(..) => "Heartbeat",
             WorkerCmd::Close(..) => "Close",
             WorkerCmd::Pause(..) => "Pause",
@@ -499,6 +503,31 @@ impl DataPlane {
         let (tx, rx) = oneshot::channel();
         self.to_worker(WorkerCmd::Report(id, tx)).ok()?;
         rx.await.ok().flatten()
+    }
+
+    /// Waits until the worker has consumed connection sequence `last` of session `id` (the
+    /// last frame an agent's `Goodbye` names; `None`: it sent none) or a later one, for at
+    /// most `within`. True when it did. On a loaded host the last UC frame, sent before the
+    /// `Goodbye` on the control connection, can still be in the receive path (socket,
+    /// completion queue, poller) when the `Goodbye` arrives; settling then would count it
+    /// lost.
+    pub async fn wait_consumed(&self, id: u32, last: Option<u64>, within: Duration) -> bool {
+        let Some(last) = last else { return true };
+        let deadline = Instant::now() + within;
+        loop {
+            let (tx, rx) = oneshot::channel();
+            if self.to_worker(WorkerCmd::Consumed(id, tx)).is_err() {
+                return false;
+            }
+            let consumed = rx.await.ok().flatten();
+            if consumed.is_some_and(|c| !Seq::new(last).is_after(Seq::new(c))) {
+                return true;
+            }
+            if Instant::now() >= deadline || self.stop.load(Ordering::Acquire) {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
     }
 
     /// Hands the agent's heartbeat to the worker (in order with the frames before it): the
@@ -981,6 +1010,9 @@ impl Worker {
                     ws.ingest.report()
                 });
                 let _ = reply.send(report);
+            }
+            WorkerCmd::Consumed(id, reply) => {
+                let _ = reply.send(self.sessions.get(&id).and_then(|ws| ws.ingest.consumed()));
             }
             WorkerCmd::Close(id, goodbye, reply) => {
                 self.drain();

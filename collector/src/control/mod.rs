@@ -94,6 +94,10 @@ pub const COLLECTOR_ID: &str = "uctel-collector";
 /// wire when the goodbye was sent) to complete before settling the tail.
 const GOODBYE_DRAIN: Duration = Duration::from_millis(50);
 
+/// Longest wait after an agent's `Goodbye` for the last frame it names
+/// (`DataPlane::wait_consumed`); only a frame really lost at the tail makes it wait this long.
+const GOODBYE_WAIT: Duration = Duration::from_millis(500);
+
 /// Most connections in the handshake at once (accepted, no `Welcome` yet). Each holds a task
 /// and a file descriptor for up to `handshake_timeout_seconds`; further connections are
 /// refused at once with `busy` (counted), so peers that open connections and say nothing
@@ -324,6 +328,18 @@ async fn connection(
     };
     drop(handshake_slot);
     let agent = accepted.hello.agent_id.clone();
+    // Checked again now that the agent is known: handshakes that passed the check at
+    // accept side by side must not take the collector past `max_agents`.
+    if let Some(max) = shared.config.control.max_agents {
+        if registry.live() >= max as usize && !registry.is_live(&agent) {
+            let r = Refusal::new(
+                RefuseReason::Busy,
+                &agent,
+                format!("control.max_agents ({max}) agents are connected; connect to the next collector of the pool"),
+            );
+            return refuse(&mut ch, &shared, peer, r).await;
+        }
+    }
     let (my_trigger, my_cancel) = shutdown::channel();
     let (done_tx, done_rx) = tokio::sync::watch::channel(false);
     let link = Arc::new(SessionLink::new());

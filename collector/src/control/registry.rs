@@ -221,6 +221,11 @@ impl Registry {
         lock(&self.live).len()
     }
 
+    /// Whether `agent` has a live session (a new connection of it replaces, not adds).
+    pub(super) fn is_live(&self, agent: &str) -> bool {
+        lock(&self.live).contains_key(agent)
+    }
+
     pub(super) fn remove(&self, agent: &str, id: u64) {
         let mut live = lock(&self.live);
         if live.get(agent).is_some_and(|s| s.id == id) {

@@ -24,7 +24,7 @@ use uctel_protocol::tracker::TrackerConfig;
 
 use super::handshake::{advertised_endpoint, agent_endpoint, collector_transport, Accepted};
 use super::registry::{lock, Registry, SessionLink};
-use super::{refuse, send_within, sleep_until, GOODBYE_DRAIN};
+use super::{refuse, send_within, sleep_until, GOODBYE_DRAIN, GOODBYE_WAIT};
 use crate::dataplane::{Geometry, Session};
 use crate::ingest::{ConnectionIngest, StreamLedger};
 use crate::outputs::Outputs;
@@ -204,7 +204,7 @@ pub(super) async fn run_session(
                     detail: "the collector is draining; move to the next collector of the pool".into(),
                 };
                 if !send_within(ch, bye, dead_after, &agent).await {
-                    vanished = Some("the drain notice could not be sent".into());
+                    vanished = Some("the control connection failed: the drain notice could not be sent".into());
                     break None;
                 }
                 tracing::debug!(agent = %agent, "told the agent to move (drain)");
@@ -245,7 +245,7 @@ pub(super) async fn run_session(
                 Some(LivenessEvent::SendHeartbeat { sequence }) => {
                     let beat = Heartbeat { sequence, timestamp_ns: now_ns(), ..Heartbeat::default() };
                     if !send_within(ch, beat, dead_after, &agent).await {
-                        vanished = Some("a heartbeat could not be sent".into());
+                        vanished = Some("the control connection failed: a heartbeat could not be sent".into());
                         break None;
                     }
                 }
@@ -254,7 +254,7 @@ pub(super) async fn run_session(
             _ = report_tick.tick() => {
                 if let Some(report) = shared.plane.report(id).await {
                     if !send_within(ch, report, dead_after, &agent).await {
-                        vanished = Some("a report could not be sent".into());
+                        vanished = Some("the control connection failed: a report could not be sent".into());
                         break None;
                     }
                 }
@@ -287,8 +287,18 @@ pub(super) async fn run_session(
         };
         let _ = send_within(ch, bye, dead_after, &agent).await;
     }
-    if goodbye.is_some() {
+    if let Some(g) = &goodbye {
+        // The frames already on the wire when the agent said goodbye: at least
+        // GOODBYE_DRAIN for stragglers, and until its last frame is consumed (at most
+        // GOODBYE_WAIT), so a busy receive path does not turn it into tail loss.
         tokio::time::sleep(GOODBYE_DRAIN).await;
+        if !shared
+            .plane
+            .wait_consumed(id, g.final_conn_seq, GOODBYE_WAIT)
+            .await
+        {
+            tracing::debug!(agent = %agent, "the agent's last frame did not arrive after its Goodbye; settling");
+        }
     }
     let summary = shared.plane.close(id, goodbye.clone()).await;
     shared.telemetry.agents_connected().dec();
