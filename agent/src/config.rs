@@ -33,6 +33,7 @@
 //!       severity: auto              # auto | none: detect each line's severity
 //!       max_line_bytes: 2048
 //!   state_directory: /var/lib/uctel-agent
+//!   textfile: { directory: /var/lib/prometheus/node-exporter, interval_seconds: 15 }
 //! pacing: { frames_per_second: 20000, bytes_per_second: 50000000 }
 //! streams:
 //!   metrics: { data_path: write_with_imm, on_no_credit: drop, queue_records: 65536 }
@@ -375,6 +376,10 @@ pub struct SourcesSection {
     /// The agent's own `uctel_agent_*` counters, shipped on the metrics stream.
     #[serde(default)]
     pub self_metrics: SelfMetricsSection,
+    /// Metrics from the `*.prom` files of a directory, read as node_exporter's textfile
+    /// collector reads them (`sources::textfile`). Off when absent.
+    #[serde(default)]
+    pub textfile: Option<crate::sources::textfile::TextfileSection>,
     /// Directory for the log sources' offset checkpoints (one JSON file per `logs` entry,
     /// named after a hash of its `path`), created at start when there are `logs`. A relative
     /// path is relative to the working directory. Default `/var/lib/uctel-agent` (the systemd
@@ -418,6 +423,7 @@ impl Default for SourcesSection {
             host_metrics: HostMetricsSection::default(),
             logs: Vec::new(),
             self_metrics: SelfMetricsSection::default(),
+            textfile: None,
             state_directory: default_state_directory(),
         }
     }
@@ -911,6 +917,15 @@ impl Validate for AgentConfig {
             0.1,
             86400.0,
         );
+        if let Some(t) = &self.sources.textfile {
+            check_seconds(
+                p,
+                "sources.textfile.interval_seconds",
+                t.interval_seconds,
+                0.1,
+                86400.0,
+            );
+        }
         for (i, l) in self.sources.logs.iter().enumerate() {
             let key = |k: &str| format!("sources.logs[{i}].{k}");
             for (k, pattern) in std::iter::once(("path".to_owned(), &l.path)).chain(
@@ -1200,7 +1215,11 @@ sources:
 pub fn reference() -> Reference {
     Reference::new::<AgentConfig>(Sources {
         daemon: "uctel-agent",
-        rust: &[include_str!("config.rs"), uctel_common::config::SOURCE],
+        rust: &[
+            include_str!("config.rs"),
+            include_str!("sources/textfile.rs"),
+            uctel_common::config::SOURCE,
+        ],
         minimal: REFERENCE_MINIMAL,
     })
 }

@@ -195,6 +195,15 @@ pub fn spawn_metric_sources(
             shutdown.clone(),
         ));
     }
+    if let Some(t) = &config.sources.textfile {
+        tasks.spawn(textfile_loop(
+            t.directory.clone(),
+            seconds(t.interval_seconds),
+            queues.metrics.clone(),
+            stats.clone(),
+            shutdown.clone(),
+        ));
+    }
     if config.sources.self_metrics.enabled {
         tasks.spawn(self_metrics_loop(
             seconds(config.sources.self_metrics.interval_seconds),
@@ -245,6 +254,45 @@ pub async fn host_metrics_loop(
         }
         for f in &collection.infiniband_skipped {
             stats.infiniband_file_skipped(f);
+        }
+        offer(&queue, collection.metrics, Stream::Metrics, &stats);
+    }
+}
+
+/// Runs the textfile source (`sources::textfile`) until shutdown: the directory read at
+/// start, then every `interval`, off the async threads. Each file skipped is counted in
+/// `uctel_agent_source_errors_total{source="textfile",reason}` at every read that skips it,
+/// and logged at `warn` once per file and reason (then at debug), so a broken cron job does
+/// not fill the log.
+pub async fn textfile_loop(
+    directory: std::path::PathBuf,
+    interval: Duration,
+    queue: RecordQueue<Metric>,
+    stats: Arc<SelfMetrics>,
+    mut shutdown: Shutdown,
+) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut warned = std::collections::HashSet::new();
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = shutdown.wait() => return,
+        }
+        let dir = directory.clone();
+        let Ok(collection) =
+            tokio::task::spawn_blocking(move || crate::sources::textfile::collect(&dir)).await
+        else {
+            tracing::error!("textfile collection panicked; the textfile source stops");
+            return;
+        };
+        for s in &collection.skipped {
+            stats.source_error("textfile", s.error.as_str());
+            if warned.insert((s.path.clone(), s.error)) {
+                tracing::warn!(path = %s.path.display(), reason = s.error.as_str(), detail = %s.detail, "textfile skipped (logged once per file and reason)");
+            } else {
+                tracing::debug!(path = %s.path.display(), reason = s.error.as_str(), "textfile skipped");
+            }
         }
         offer(&queue, collection.metrics, Stream::Metrics, &stats);
     }

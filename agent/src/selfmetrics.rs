@@ -30,9 +30,11 @@
 //! | `uctel_agent_source_errors_total` | counter | `source`, `reason` |
 //!
 //! `uctel_agent_source_errors_total{source,reason}` counts the inputs a source had to skip, at
-//! every collection that skipped them: today `source="infiniband"`, one per RDMA counter file
+//! every collection that skipped them: `source="infiniband"`, one per RDMA counter file
 //! that could not be read or parsed, `reason` from [`SkipReason`] (`not_available` for
-//! `N/A (no PMA)`, `read_error`, `parse_error`). Each distinct file and reason is also logged
+//! `N/A (no PMA)`, `read_error`, `parse_error`); `source="textfile"`, one per `*.prom` file
+//! skipped, `reason` from `sources::textfile::FileError` (`read_error`, `parse_error`,
+//! `timestamps`). Each distinct file and reason is also logged
 //! once at `warn` ([`SelfMetrics::infiniband_file_skipped`]).
 //!
 //! `uctel_agent_fault_packets_total{action}` counts what the soft transport's fault injector
@@ -464,6 +466,8 @@ pub struct SelfMetrics {
     drop_log: Mutex<DropLog>,
     /// `source_errors_total{source="infiniband",reason}`.
     infiniband_skipped: [IntCounter; SkipReason::ALL.len()],
+    /// `source_errors_total{source,reason}` for the other sources.
+    source_errors: IntCounterVec,
 }
 
 /// Registering the self-metrics failed (a name clash in the registry).
@@ -575,7 +579,7 @@ impl SelfMetrics {
         )?;
         let source_errors_v = counter_vec(
             "source_errors_total",
-            "Inputs a source skipped (an RDMA counter file that could not be read or parsed), at every collection that skipped them, by source and reason.",
+            "Inputs a source skipped (an RDMA counter file or a textfile that could not be read or parsed), at every collection that skipped them, by source and reason.",
             &["source", "reason"],
         )?;
         let per_stream_counter =
@@ -604,6 +608,7 @@ impl SelfMetrics {
             drop_log: Mutex::new(DropLog::new(DROP_LOG_EVERY)),
             infiniband_skipped: SkipReason::ALL
                 .map(|r| source_errors_v.with_label_values(&["infiniband", r.as_str()])),
+            source_errors: source_errors_v,
             registry,
         })
     }
@@ -738,6 +743,22 @@ impl SelfMetrics {
         self.infiniband_skipped
             .get(reason.index())
             .map_or(0, IntCounter::get)
+    }
+
+    /// Counts one input `source` skipped for `reason` in `source_errors_total` (the textfile
+    /// source: a file it could not read or parse). Both labels come from the source's own
+    /// closed sets.
+    pub fn source_error(&self, source: &str, reason: &str) {
+        self.source_errors
+            .with_label_values(&[source, reason])
+            .inc();
+    }
+
+    /// The `source_errors_total{source,reason}` count.
+    pub fn source_errors(&self, source: &str, reason: &str) -> u64 {
+        self.source_errors
+            .with_label_values(&[source, reason])
+            .get()
     }
 
     /// One record of `stream` was cut to fit a frame (not a drop: the record is sent).

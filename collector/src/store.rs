@@ -283,7 +283,7 @@ fn store_value<M: MetricParts>(slot: &mut Value, kind: MetricType, m: &M) {
     let finite = |b: &&Bucket| !(b.upper_bound.is_infinite() && b.upper_bound > 0.0);
     match kind {
         MetricType::Counter => *slot = Value::Counter(m.value()),
-        MetricType::Gauge => *slot = Value::Gauge(m.value()),
+        MetricType::Gauge | MetricType::Untyped => *slot = Value::Gauge(m.value()),
         _ => {
             if let Value::Histogram {
                 buckets,
@@ -1044,6 +1044,31 @@ mod tests {
             String::from_utf8(uctel_common::http::encode_registry(&registry).unwrap()).unwrap();
         assert!(
             text.contains("up_like{agent=\"a\",instance=\"h\"} 1"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn untyped_samples_are_exposed_as_gauges() {
+        // The prometheus crate's text encoder has no `untyped` (0.14 panics with
+        // `unimplemented!` on one), so an untyped sample is exposed as a gauge, which is how
+        // Prometheus stores and queries untyped samples anyway.
+        let s = SeriesStore::new(Duration::from_secs(60), 100);
+        s.ingest(
+            "a",
+            "h",
+            &[metric(
+                "cron_runs",
+                MetricType::Untyped,
+                12.0,
+                &[("job", "backup")],
+            )],
+            Instant::now(),
+        );
+        let text = render(&s);
+        assert!(text.contains("# TYPE cron_runs gauge"), "{text}");
+        assert!(
+            text.contains("cron_runs{agent=\"a\",instance=\"h\",job=\"backup\"} 12"),
             "{text}"
         );
     }

@@ -65,7 +65,7 @@ pub struct MetricView<'a> {
     pub name: &'a str,
     /// HELP text.
     pub help: &'a str,
-    /// [`crate::payload::MetricType`] value (validated: counter, gauge or histogram).
+    /// [`crate::payload::MetricType`] value (validated: counter, gauge, histogram or untyped).
     pub r#type: i32,
     /// Labels in payload order (validated: unique names).
     pub labels: &'a [LabelView<'a>],

@@ -28,6 +28,10 @@ pub enum MetricType {
     Gauge = 2,
     /// Cumulative buckets with `count` and `sum`.
     Histogram = 3,
+    /// A value of unknown kind, as the Prometheus text format's `untyped` (a sample with no
+    /// `# TYPE` line, from a scraped target or a textfile): stored, sent and exposed like a
+    /// gauge (which is how Prometheus stores and queries untyped samples).
+    Untyped = 4,
 }
 
 /// One cumulative histogram bucket: the number of observations `<= upper_bound`.
@@ -837,7 +841,7 @@ mod tests {
         let mut m = counter();
         m.help = "h".repeat(1025);
         assert_eq!(metric_err(m), limit(Limit::HelpLen, 1025, 1024));
-        for t in [0, 4, -1] {
+        for t in [0, 5, -1] {
             let mut m = counter();
             m.r#type = t;
             assert_eq!(metric_err(m), RecordError::BadMetricType { value: t });

@@ -22,7 +22,7 @@ pub(crate) fn gauge(
     sample(name.into(), help, MetricType::Gauge, labels, value)
 }
 
-fn sample(
+pub(crate) fn sample(
     name: String,
     help: &str,
     kind: MetricType,

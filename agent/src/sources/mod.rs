@@ -9,6 +9,7 @@
 //!   collector. [`host::HostMetrics`] runs it as one of its sub-collectors.
 //! - [`logs`]: a log file tailer: glob paths, create- and copytruncate-rotation, truncation,
 //!   partial last lines, long lines, invalid UTF-8 and an offset checkpoint file.
+//! - [`textfile`]: metrics from `*.prom` files, as node_exporter's textfile collector.
 //! - [`severity`]: a log line's severity from where the line states it (syslog `<PRI>`, JSON
 //!   `level`, `level=`, level words), a pure function.
 //!
@@ -22,5 +23,6 @@ pub mod host;
 pub mod logs;
 pub mod rdma;
 pub mod severity;
+pub mod textfile;
 
 mod metric;
