@@ -34,6 +34,10 @@
 //!       max_line_bytes: 2048
 //!   state_directory: /var/lib/uctel-agent
 //!   textfile: { directory: /var/lib/prometheus/node-exporter, interval_seconds: 15 }
+//!   scrape:
+//!     - url: http://127.0.0.1:9400/metrics   # dcgm-exporter
+//!       job: dcgm
+//!       metric_relabel: { keep: "DCGM_FI_.*" }
 //! pacing: { frames_per_second: 20000, bytes_per_second: 50000000 }
 //! streams:
 //!   metrics: { data_path: write_with_imm, on_no_credit: drop, queue_records: 65536 }
@@ -128,16 +132,16 @@ pub struct CollectorSection {
     pub control: ControlTargets,
     /// Seconds between resolutions of the names in `control` (the resolver's own caching
     /// applies too). New members join the ranking; the current connection stays.
-    #[serde(default = "default_resolve_interval")]
+    #[serde(default = "crate::pool::default_resolve_interval")]
     pub resolve_interval_seconds: f64,
     /// Seconds a collector ranked above the current one must have answered every probe
     /// before the agent moves back to it (so a restarted collector gets its agents back,
     /// and a flapping one does not pull them back and forth).
-    #[serde(default = "default_return_after")]
+    #[serde(default = "crate::pool::default_return_after")]
     pub return_after_seconds: f64,
     /// Seconds between probes of the collectors ranked above the current one (a TCP
     /// connection that sends nothing; none while connected to the first choice).
-    #[serde(default = "default_probe_interval")]
+    #[serde(default = "crate::pool::default_probe_interval")]
     pub probe_interval_seconds: f64,
     /// Give up one connection attempt (TCP connect plus handshake) after this long.
     #[serde(default = "default_connect_timeout")]
@@ -162,15 +166,6 @@ pub struct CollectorSection {
 }
 
 fn default_connect_timeout() -> f64 {
-    5.0
-}
-fn default_resolve_interval() -> f64 {
-    30.0
-}
-fn default_return_after() -> f64 {
-    60.0
-}
-fn default_probe_interval() -> f64 {
     5.0
 }
 
@@ -380,6 +375,10 @@ pub struct SourcesSection {
     /// collector reads them (`sources::textfile`). Off when absent.
     #[serde(default)]
     pub textfile: Option<crate::sources::textfile::TextfileSection>,
+    /// Local Prometheus endpoints to scrape, one entry per target (`sources::scrape`), e.g.
+    /// node_exporter, dcgm-exporter, an application's `/metrics`.
+    #[serde(default)]
+    pub scrape: Vec<crate::sources::scrape::ScrapeTarget>,
     /// Directory for the log sources' offset checkpoints (one JSON file per `logs` entry,
     /// named after a hash of its `path`), created at start when there are `logs`. A relative
     /// path is relative to the working directory. Default `/var/lib/uctel-agent` (the systemd
@@ -424,6 +423,7 @@ impl Default for SourcesSection {
             logs: Vec::new(),
             self_metrics: SelfMetricsSection::default(),
             textfile: None,
+            scrape: Vec::new(),
             state_directory: default_state_directory(),
         }
     }
@@ -917,14 +917,13 @@ impl Validate for AgentConfig {
             0.1,
             86400.0,
         );
-        if let Some(t) = &self.sources.textfile {
-            check_seconds(
-                p,
-                "sources.textfile.interval_seconds",
-                t.interval_seconds,
-                0.1,
-                86400.0,
-            );
+        for (i, t) in self.sources.scrape.iter().enumerate() {
+            for (key, problem) in crate::sources::scrape::problems(t) {
+                p.push(format!("sources.scrape[{i}].{key}"), problem);
+            }
+        }
+        for (key, problem) in self.sources.textfile.iter().flat_map(|t| t.problems()) {
+            p.push(format!("sources.textfile.{key}"), problem);
         }
         for (i, l) in self.sources.logs.iter().enumerate() {
             let key = |k: &str| format!("sources.logs[{i}].{k}");
@@ -1208,6 +1207,8 @@ collector:
 sources:
   logs:
     - path: /var/log/syslog*
+  scrape:
+    - url: http://127.0.0.1:9100/metrics
 ";
 
 /// The configuration reference of the agent (`docs/configuration.md`,
@@ -1218,6 +1219,7 @@ pub fn reference() -> Reference {
         rust: &[
             include_str!("config.rs"),
             include_str!("sources/textfile.rs"),
+            include_str!("sources/scrape.rs"),
             uctel_common::config::SOURCE,
         ],
         minimal: REFERENCE_MINIMAL,

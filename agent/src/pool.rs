@@ -142,6 +142,19 @@ pub fn split_host_port(s: &str) -> Option<(&str, u16)> {
     (port != 0).then_some((host, port))
 }
 
+/// `collector.resolve_interval_seconds` by default.
+pub(crate) fn default_resolve_interval() -> f64 {
+    30.0
+}
+/// `collector.return_after_seconds` by default.
+pub(crate) fn default_return_after() -> f64 {
+    60.0
+}
+/// `collector.probe_interval_seconds` by default.
+pub(crate) fn default_probe_interval() -> f64 {
+    5.0
+}
+
 /// How long a probe listens for the collector's at-once `Refuse` before it closes.
 pub const PROBE_LISTEN: Duration = Duration::from_millis(200);
 

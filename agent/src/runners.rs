@@ -195,6 +195,21 @@ pub fn spawn_metric_sources(
             shutdown.clone(),
         ));
     }
+    for t in &config.sources.scrape {
+        match crate::sources::scrape::Target::new(t.clone()) {
+            Ok(target) => {
+                tasks.spawn(scrape_loop(
+                    target,
+                    queues.metrics.clone(),
+                    stats.clone(),
+                    shutdown.clone(),
+                ));
+            }
+            Err(e) => {
+                tracing::error!(url = %t.url, error = %e, "cannot set up a scrape target; it is not scraped")
+            }
+        }
+    }
     if let Some(t) = &config.sources.textfile {
         tasks.spawn(textfile_loop(
             t.directory.clone(),
@@ -295,6 +310,42 @@ pub async fn textfile_loop(
             }
         }
         offer(&queue, collection.metrics, Stream::Metrics, &stats);
+    }
+}
+
+/// Scrapes one target (`sources::scrape`) until shutdown: first at a random offset within its
+/// interval, then every interval. A failed scrape is counted in
+/// `uctel_agent_source_errors_total{source="scrape",reason}` and logged once per reason.
+pub async fn scrape_loop(
+    target: crate::sources::scrape::Target,
+    queue: RecordQueue<Metric>,
+    stats: Arc<SelfMetrics>,
+    mut shutdown: Shutdown,
+) {
+    let interval = seconds(target.config().interval_seconds);
+    let offset = interval.mul_f64(rand::random::<f64>());
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + offset, interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut warned = std::collections::HashSet::new();
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = shutdown.wait() => return,
+        }
+        let scraped = tokio::select! {
+            s = target.scrape() => s,
+            () = shutdown.wait() => return,
+        };
+        if let Some((reason, detail)) = &scraped.error {
+            stats.source_error("scrape", reason.as_str());
+            let url = &target.config().url;
+            if warned.insert(*reason) {
+                tracing::warn!(%url, reason = reason.as_str(), %detail, "scrape failed (logged once per target and reason)");
+            } else {
+                tracing::debug!(%url, reason = reason.as_str(), %detail, "scrape failed");
+            }
+        }
+        offer(&queue, scraped.metrics, Stream::Metrics, &stats);
     }
 }
 

@@ -9,6 +9,8 @@
 //!   collector. [`host::HostMetrics`] runs it as one of its sub-collectors.
 //! - [`logs`]: a log file tailer: glob paths, create- and copytruncate-rotation, truncation,
 //!   partial last lines, long lines, invalid UTF-8 and an offset checkpoint file.
+//! - [`exposition`]: the Prometheus text format as records (textfile and scrape sources).
+//! - [`scrape`]: local Prometheus endpoints scraped like a Prometheus job.
 //! - [`textfile`]: metrics from `*.prom` files, as node_exporter's textfile collector.
 //! - [`severity`]: a log line's severity from where the line states it (syslog `<PRI>`, JSON
 //!   `level`, `level=`, level words), a pure function.
@@ -19,9 +21,11 @@
 //! cumulative values read from the kernel, gauges absolute. Every metric carries
 //! `timestamp_ms = 0` ("the frame's timestamp").
 
+pub mod exposition;
 pub mod host;
 pub mod logs;
 pub mod rdma;
+pub mod scrape;
 pub mod severity;
 pub mod textfile;
 

@@ -16,34 +16,21 @@
 //!   `node_textfile_scrape_error` 1 when any file (or the directory) failed, else 0;
 //! - a family without `# HELP` gets node_exporter's help text, `Metric read from <path>`.
 //!
-//! Types: counters, gauges and untyped samples keep their type (`untyped` travels as the
-//! protocol's untyped, which the collector exposes as a gauge); a histogram becomes one
-//! histogram record per label set (its `_bucket`, `_sum` and `_count`), unless a bucket count
-//! is not a whole number, when its series travel one by one as untyped samples; a summary's
-//! series (`{quantile}`, `_sum`, `_count`) travel one by one as untyped samples, because the
-//! protocol has no summary type. Either way the collector serves the same series with the
-//! same values as node_exporter.
-//!
-//! Parsing is `prom_text_format_parser`'s (MIT/Apache-2.0; text format with types, help,
-//! histogram and summary grouping and timestamps). Of the crates evaluated,
-//! `openmetrics-parser` is LGPL-3.0, `nom-openmetrics` drops timestamps, and
-//! `prometheus-parse` splits label values at every comma and merges a histogram's label sets.
+//! The text is turned into records by `sources::exposition` (types, histograms, summaries,
+//! escapes; the parser crate and why).
 
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
-use prom_text_format_parser::{Scrape, Type, ValueType};
 use serde::{Deserialize, Serialize};
-use uctel_protocol::payload::{Bucket, Label, Metric, MetricType};
+use uctel_protocol::payload::{Label, Metric};
 
-use super::metric::{gauge, sample};
+use super::exposition::{self, ExpositionError, Timestamps};
+use super::metric::gauge;
 
 /// Longest file read (larger files are skipped as `read_error`): a textfile is a few
 /// kilobytes; a runaway writer must not make the agent read gigabytes.
 pub const MAX_FILE_BYTES: u64 = 16 << 20;
-
-/// Longest help text kept (the protocol's limit; node_exporter has none).
-const MAX_HELP_BYTES: usize = 1024;
 
 /// `sources.textfile`: metrics from `*.prom` files, as node_exporter's textfile collector.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -59,6 +46,21 @@ pub struct TextfileSection {
 
 fn default_interval() -> f64 {
     15.0
+}
+
+impl TextfileSection {
+    /// What `--check-config` says about the section (key suffix, problem).
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let v = self.interval_seconds;
+        if v.is_finite() && (0.1..=86400.0).contains(&v) {
+            Vec::new()
+        } else {
+            vec![(
+                "interval_seconds",
+                format!("must be a number of seconds in [0.1, 86400], got {v}"),
+            )]
+        }
+    }
 }
 
 /// Why a file was skipped (`uctel_agent_source_errors_total{source="textfile",reason}`).
@@ -185,205 +187,16 @@ fn read_file(path: &Path) -> Result<(Vec<Metric>, f64), (FileError, String)> {
     Ok((metrics, mtime))
 }
 
-/// A float as the text format writes it (Go's `ParseFloat`: `NaN`, `+Inf`, `-Inf`, ...).
-fn number(s: &str) -> Option<f64> {
-    match s {
-        "+Inf" | "Inf" => Some(f64::INFINITY),
-        "-Inf" => Some(f64::NEG_INFINITY),
-        "NaN" => Some(f64::NAN),
-        _ => s.parse().ok(),
-    }
-}
-
 /// The samples of one file's text, `path` naming it in default help texts.
 ///
 /// # Errors
 /// [`FileError::Parse`] or [`FileError::Timestamps`] with the detail.
 pub fn parse(text: &str, path: &Path) -> Result<Vec<Metric>, (FileError, String)> {
-    let scrape = Scrape::parse(text).map_err(|e| (FileError::Parse, format!("{e:?}")))?;
-    let mut out = Vec::new();
-    for family in &scrape.metrics {
-        if family.samples.iter().any(|s| s.value.timestamp.is_some()) {
-            return Err((
-                FileError::Timestamps,
-                format!(
-                    "{} carries client-side timestamps; the whole file is skipped",
-                    family.name
-                ),
-            ));
-        }
-        let help = family.help_desc.as_deref().map_or_else(
-            || format!("Metric read from {}", path.display()),
-            |h| cut(&unescape(h), MAX_HELP_BYTES).to_owned(),
-        );
-        let mut samples = Vec::with_capacity(family.samples.len());
-        for s in &family.samples {
-            let value = number(&s.value.value)
-                .ok_or_else(|| (FileError::Parse, format!("bad value {:?}", *s.value.value)))?;
-            let labels: Vec<(String, String)> = s
-                .labels
-                .iter()
-                .map(|l| (l.key.clone(), unescape(&l.value)))
-                .collect();
-            samples.push((s.value.value_type, labels, value));
-        }
-        match family.kind {
-            Type::Counter => {
-                one_by_one(&mut out, &family.name, &help, MetricType::Counter, &samples)
-            }
-            Type::Gauge => one_by_one(&mut out, &family.name, &help, MetricType::Gauge, &samples),
-            Type::Histogram => histograms(&mut out, &family.name, &help, &samples),
-            Type::Summary | Type::Untyped => {
-                one_by_one(&mut out, &family.name, &help, MetricType::Untyped, &samples);
-            }
-        }
-    }
-    Ok(out)
-}
-
-type Parsed = (ValueType, Vec<(String, String)>, f64);
-
-/// A label value or help text with the text format's escapes undone (`\\`, `\"`, `\n`;
-/// the parser keeps them as written). Any other backslash stays as it is.
-fn unescape(s: &str) -> String {
-    if !s.contains('\\') {
-        return s.to_owned();
-    }
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c != '\\' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('\\') => out.push('\\'),
-            Some('"') => out.push('"'),
-            Some('n') => out.push('\n'),
-            Some(other) => {
-                out.push('\\');
-                out.push(other);
-            }
-            None => out.push('\\'),
-        }
-    }
-    out
-}
-
-fn cut(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
-/// The series name of a sample of family `name`: `_sum` and `_count` suffixed, buckets
-/// `_bucket` in a histogram.
-fn series_name(name: &str, kind: ValueType, bucket: bool) -> String {
-    match (kind, bucket) {
-        (ValueType::Sum, _) => format!("{name}_sum"),
-        (ValueType::Count, _) => format!("{name}_count"),
-        (ValueType::Sample, true) => format!("{name}_bucket"),
-        (ValueType::Sample, false) => name.to_owned(),
-    }
-}
-
-fn one_by_one(out: &mut Vec<Metric>, name: &str, help: &str, kind: MetricType, samples: &[Parsed]) {
-    for (vt, labels, value) in samples {
-        let is_bucket = labels.iter().any(|(k, _)| k == "le");
-        let series = series_name(name, *vt, is_bucket && kind == MetricType::Untyped);
-        let l: Vec<(&str, &str)> = labels
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        out.push(sample(series, help, kind, &l, *value));
-    }
-}
-
-/// A histogram family: one histogram record per label set (without `le`) when every count
-/// is a whole number, else its series one by one as untyped samples.
-fn histograms(out: &mut Vec<Metric>, name: &str, help: &str, samples: &[Parsed]) {
-    struct Group {
-        labels: Vec<(String, String)>,
-        buckets: Vec<(f64, f64)>,
-        sum: f64,
-        count: Option<f64>,
-    }
-    let mut groups: Vec<Group> = Vec::new();
-    for (vt, labels, value) in samples {
-        let le = labels
-            .iter()
-            .find(|(k, _)| k == "le")
-            .map(|(_, v)| v.as_str());
-        let rest: Vec<(String, String)> =
-            labels.iter().filter(|(k, _)| k != "le").cloned().collect();
-        let at = match groups.iter().position(|g| g.labels == rest) {
-            Some(i) => i,
-            None => {
-                groups.push(Group {
-                    labels: rest,
-                    buckets: Vec::new(),
-                    sum: 0.0,
-                    count: None,
-                });
-                groups.len() - 1
-            }
-        };
-        let g = &mut groups[at];
-        match (vt, le.and_then(number)) {
-            (ValueType::Sum, _) => g.sum = *value,
-            (ValueType::Count, _) => g.count = Some(*value),
-            (ValueType::Sample, Some(bound)) => g.buckets.push((bound, *value)),
-            // A bucket without a usable `le`: not a histogram this protocol can carry.
-            (ValueType::Sample, None) => {
-                return one_by_one(out, name, help, MetricType::Untyped, samples)
-            }
-        }
-    }
-    let whole = |v: f64| v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v < 2f64.powi(53);
-    let mut records = Vec::with_capacity(groups.len());
-    for mut g in groups {
-        g.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let inf = g.buckets.iter().find(|b| b.0 == f64::INFINITY).map(|b| b.1);
-        let Some(count) = g.count.or(inf) else {
-            return one_by_one(out, name, help, MetricType::Untyped, samples);
-        };
-        let finite: Vec<(f64, f64)> = g
-            .buckets
-            .iter()
-            .copied()
-            .filter(|b| b.0.is_finite())
-            .collect();
-        let monotonic = finite.windows(2).all(|w| w[0].1 <= w[1].1)
-            && finite.last().is_none_or(|b| b.1 <= count);
-        if !whole(count) || !finite.iter().all(|b| whole(b.1)) || !monotonic {
-            return one_by_one(out, name, help, MetricType::Untyped, samples);
-        }
-        let labels: Vec<(&str, &str)> = g
-            .labels
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        let mut m = sample(name.to_owned(), help, MetricType::Histogram, &labels, 0.0);
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        {
-            m.buckets = finite
-                .iter()
-                .map(|(bound, c)| Bucket {
-                    upper_bound: *bound,
-                    cumulative_count: *c as u64,
-                })
-                .collect();
-            m.count = count as u64;
-        }
-        m.sum = g.sum;
-        records.push(m);
-    }
-    out.extend(records);
+    let help = |_: &str| format!("Metric read from {}", path.display());
+    exposition::parse(text, &help, Timestamps::Refuse).map_err(|e| match e {
+        ExpositionError::Parse(d) => (FileError::Parse, d),
+        ExpositionError::Timestamps(d) => (FileError::Timestamps, d),
+    })
 }
 
 /// Labels of a record as `(name, value)` pairs (tests, comparisons).
@@ -397,6 +210,7 @@ pub fn label_pairs(labels: &[Label]) -> Vec<(&str, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use uctel_protocol::payload::MetricType;
 
     const FILE: &str = "\
 # HELP cron_last_success_seconds Last success.

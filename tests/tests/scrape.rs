@@ -1,0 +1,206 @@
+//! The scrape source against the real node_exporter (Debian's `prometheus-node-exporter`,
+//! its default collectors plus a textfile directory): what the collector serves for the
+//! agent's `job="node"` series is compared with direct scrapes of the same node_exporter,
+//! series by series (every series name and label set), and value by value where a value
+//! does not move on a live host: the `*_info` series and the textfile's series (a live
+//! host's counters and gauges move between any two scrapes, and a direct scrape counts its
+//! own connection). A target nobody listens on is `up 0` and counted.
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use uctel_tests::daemon::Daemon;
+use uctel_tests::exposition::{scrape, Scrape};
+use uctel_tests::pipeline::Pipeline;
+
+/// `name{labels}` → value of the samples of `s` that `keep` selects, without the labels in
+/// `strip`.
+fn series(
+    s: &Scrape,
+    strip: &[&str],
+    keep: impl Fn(&uctel_testkit::Sample) -> bool,
+) -> BTreeMap<String, f64> {
+    s.samples
+        .iter()
+        .filter(|smp| keep(smp))
+        .map(|smp| {
+            let labels: Vec<String> = smp
+                .labels
+                .iter()
+                .filter(|(k, _)| !strip.contains(&k.as_str()))
+                .map(|(k, v)| format!("{k}={v:?}"))
+                .collect();
+            (format!("{}{{{}}}", smp.name, labels.join(",")), smp.value)
+        })
+        .collect()
+}
+
+fn same(a: f64, b: f64) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
+
+#[test]
+fn the_scrape_source_serves_what_node_exporter_serves() {
+    let _guard = uctel_tests::exclusive();
+    let mut p = Pipeline::start();
+    let ne_addr = uctel_tests::net::free_addr();
+    let log = p.path().join("node-exporter.log");
+    let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
+    let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
+    let binary = std::path::Path::new("/usr/bin/prometheus-node-exporter");
+    assert!(
+        binary.is_file(),
+        "{} not found: install node_exporter (Debian: apt-get install prometheus-node-exporter)",
+        binary.display()
+    );
+    let textfile = p.path().join("textfile");
+    std::fs::create_dir(&textfile).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        textfile.join("fixed.prom"),
+        "# HELP fixed_value A value that does not move.\n# TYPE fixed_value gauge\n\
+         fixed_value{k=\"a\"} 1.25\nfixed_value{k=\"b\"} -3\nfixed_runs_total 42\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let child = Command::new(binary)
+        .arg(format!("--web.listen-address={ne_addr}"))
+        .arg(format!(
+            "--collector.textfile.directory={}",
+            textfile.display()
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err))
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting node_exporter: {e}"));
+    let _node_exporter = Daemon::adopt("node-exporter", binary, binary, &log, child);
+    uctel_tests::wait_for(
+        "node_exporter up",
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        || scrape(ne_addr).map(|_| ()),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let dead = uctel_tests::net::free_addr();
+    let targets = serde_yaml::from_str::<serde_yaml::Value>(&format!(
+        "- {{url: 'http://{ne_addr}/metrics', job: node, interval_seconds: 1, timeout_seconds: 1}}\n\
+         - {{url: 'http://{dead}/metrics', job: dead, interval_seconds: 1, timeout_seconds: 0.5}}\n"
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
+    p.add_agent_with("scraping-agent", 0.0, 1.0, |y| {
+        y.set("sources.host_metrics.enabled", false)
+            .set("sources.scrape", targets.clone());
+    });
+
+    let agent_job = |job: &'static str| {
+        move |smp: &uctel_testkit::Sample| {
+            smp.label("agent") == Some("scraping-agent") && smp.label("job") == Some(job)
+        }
+    };
+    // The agent's series arriving, then two direct scrapes around one of the collector,
+    // more than two scrape intervals apart: what the collector holds then was scraped
+    // between them, so a series whose value is the same in both has that value there too.
+    uctel_tests::wait_for(
+        "node_exporter's series at the collector",
+        Duration::from_secs(40),
+        Duration::from_millis(500),
+        || {
+            let c = p.scrape()?;
+            let at = series(&c, &["agent", "instance", "job"], agent_job("node"));
+            if at.get("up{}") == Some(&1.0) && at.len() > 200 {
+                Ok(())
+            } else {
+                Err(format!("{} series at the collector", at.len()))
+            }
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", p.collector.log_tail(20)));
+    let before = series(
+        &scrape(ne_addr).unwrap_or_else(|e| panic!("{e}")),
+        &[],
+        |_| true,
+    );
+    std::thread::sleep(Duration::from_millis(2500));
+    let c = p.scrape().unwrap_or_else(|e| panic!("{e}"));
+    let at_collector = series(&c, &["agent", "instance", "job"], agent_job("node"));
+    std::thread::sleep(Duration::from_millis(2500));
+    let after = series(
+        &scrape(ne_addr).unwrap_or_else(|e| panic!("{e}")),
+        &[],
+        |_| true,
+    );
+
+    let scrape_health = [
+        "up",
+        "scrape_duration_seconds",
+        "scrape_samples_scraped",
+        "scrape_samples_post_metric_relabeling",
+    ];
+    let fixed = |k: &str| {
+        let name = k.split('{').next().unwrap_or_default();
+        name.ends_with("_info") || name.starts_with("fixed_") || name.starts_with("node_textfile_")
+    };
+    let mut diff = Vec::new();
+    let mut compared = 0;
+    for (k, v) in &before {
+        if !after.contains_key(k) {
+            continue; // came and went between the direct scrapes
+        }
+        match at_collector.get(k) {
+            None => diff.push(format!("missing at the collector: {k}")),
+            Some(c) if fixed(k) => {
+                compared += 1;
+                if !same(*c, *v) || !same(*v, after[k]) {
+                    diff.push(format!(
+                        "{k}: node_exporter {v} then {}, collector {c}",
+                        after[k]
+                    ));
+                }
+            }
+            Some(_) => {}
+        }
+    }
+    for k in at_collector.keys() {
+        let name = k.split('{').next().unwrap_or_default();
+        if !before.contains_key(k) && !after.contains_key(k) && !scrape_health.contains(&name) {
+            diff.push(format!("only at the collector: {k}"));
+        }
+    }
+    println!(
+        "node_exporter: {} series; the collector holds {} for job=\"node\"; {compared} fixed values compared",
+        before.len(),
+        at_collector.len()
+    );
+    assert!(
+        diff.is_empty(),
+        "{} differences:\n{}",
+        diff.len(),
+        diff.join("\n")
+    );
+    assert!(
+        before.len() > 200 && compared >= 8,
+        "{} series, {compared} compared",
+        before.len()
+    );
+    let samples_scraped = at_collector
+        .get("scrape_samples_scraped{}")
+        .copied()
+        .unwrap_or(0.0);
+    assert!(
+        samples_scraped > 200.0,
+        "scrape_samples_scraped {samples_scraped}"
+    );
+
+    // The target nobody listens on: up 0 at the collector, counted at the agent.
+    let c = p.scrape().unwrap_or_else(|e| panic!("{e}"));
+    let dead_up = series(&c, &["agent", "instance", "job"], agent_job("dead"));
+    assert_eq!(dead_up.get("up{}"), Some(&0.0), "{dead_up:?}");
+    let a = p.agents[0].scrape().unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        a.count(
+            "uctel_agent_source_errors_total",
+            &[("source", "scrape"), ("reason", "down")]
+        ) >= 1
+    );
+    p.agents[0].daemon.stop(Duration::from_secs(20));
+}
