@@ -26,6 +26,11 @@ struct Cli {
         default_value = "/etc/uctel/agent.yaml"
     )]
     config: PathBuf,
+    /// Use this agent id instead of the configuration's `agent_id` (1 to 128 characters of
+    /// letters, digits, '.', '_', '-'): one configuration for a fleet, each host its own id
+    /// (a Kubernetes DaemonSet sets it from the node's name).
+    #[arg(long, value_name = "ID", env = "UCTEL_AGENT_ID")]
+    agent_id: Option<String>,
     /// Validate the configuration and the command line, print every problem with line and
     /// key (or what the agent will read and write), and exit (0 valid, 2 invalid).
     #[arg(long)]
@@ -93,13 +98,23 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     // Everything that can be checked without starting, reported together.
-    let Some((config, directives)) = uctel_common::config::check_startup(
+    let Some((mut config, directives)) = uctel_common::config::check_startup(
         "uctel-agent",
         AgentConfig::load(&cli.config),
         cli.log_level.as_deref(),
     ) else {
         return ExitCode::from(2);
     };
+    if let Some(id) = cli.agent_id {
+        if !uctel_agent::config::valid_agent_id(&id) {
+            eprintln!(
+                "uctel-agent: --agent-id (or UCTEL_AGENT_ID) {id:?}: must be 1 to 128 characters \
+                 of letters, digits, '.', '_' or '-'"
+            );
+            return ExitCode::from(2);
+        }
+        config.agent_id = id;
+    }
     if cli.check_config {
         println!("{}: configuration is valid", cli.config.display());
         println!("{}", config.effective_limits());

@@ -66,6 +66,28 @@ fn check_config_exits_0_for_the_example_and_2_with_every_problem() {
 }
 
 #[test]
+fn agent_id_from_the_environment_is_checked_like_the_configuration_key() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let cfg = write(
+        dir.path(),
+        "agent.yaml",
+        "agent_id: placeholder\ncollector:\n  control: 127.0.0.1:1\nauth:\n  token: t\nsources:\n  state_directory: null\n",
+    );
+    let out = agent()
+        .arg("--config")
+        .arg(&cfg)
+        .env("UCTEL_AGENT_ID", "bad id")
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("UCTEL_AGENT_ID") && stderr.contains("\"bad id\""),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn dry_run_once_prints_decodable_frames_of_host_metrics_and_logs() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     write(dir.path(), "app.log", "hello\nworld\n");

@@ -1,0 +1,288 @@
+//! The Kubernetes manifests in `config/kubernetes/` hang together: the agent DaemonSet sees
+//! the node (host network and PID namespace, `/proc`, `/sys` and `/` read-only, `IPC_LOCK`,
+//! its id from the node's name), its configuration reads those mounts and names the
+//! collectors' headless Service as its pool; the collector StatefulSet's ports, probes and
+//! drain match its configuration and the Service; and both embedded configurations pass the
+//! real daemons' `--check-config`.
+
+use std::path::Path;
+
+use serde_yaml::Value;
+
+/// Every YAML document of every `config/kubernetes/*.yaml` file, with its file name.
+fn documents() -> Vec<(String, Value)> {
+    let dir = uctel_tests::workspace_root().join("config/kubernetes");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap_or_else(|e| panic!("{e}")).path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    let mut out = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let name = f
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        // Documents are separated by `---` lines (no other multi-document syntax is used).
+        for doc in text.split("\n---\n") {
+            let v: Value = serde_yaml::from_str(doc).unwrap_or_else(|e| panic!("{name}: {e}"));
+            out.push((name.clone(), v));
+        }
+    }
+    out
+}
+
+fn find<'a>(docs: &'a [(String, Value)], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .map(|(_, v)| v)
+        .find(|v| v["kind"] == kind && v["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+fn container(workload: &Value) -> &Value {
+    &workload["spec"]["template"]["spec"]["containers"][0]
+}
+
+/// The mount of `container` at `path`, and the pod volume it mounts.
+fn mount<'a>(workload: &'a Value, path: &str) -> (&'a Value, &'a Value) {
+    let m = container(workload)["volumeMounts"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .find(|m| m["mountPath"] == path)
+        .unwrap_or_else(|| panic!("nothing mounted at {path}"));
+    let v = workload["spec"]["template"]["spec"]["volumes"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == m["name"])
+        .unwrap_or_else(|| panic!("no volume {:?}", m["name"]));
+    (m, v)
+}
+
+/// The daemon configuration embedded in ConfigMap `name` under `key`.
+fn embedded(docs: &[(String, Value)], name: &str, key: &str) -> Value {
+    let text = find(docs, "ConfigMap", name)["data"][key]
+        .as_str()
+        .unwrap_or_else(|| panic!("ConfigMap {name} has no {key}"));
+    serde_yaml::from_str(text).unwrap_or_else(|e| panic!("{name}/{key}: {e}"))
+}
+
+fn str_of(v: &Value) -> &str {
+    v.as_str().unwrap_or_else(|| panic!("not a string: {v:?}"))
+}
+
+#[test]
+fn the_agent_daemonset_sees_the_node_and_finds_the_collector_pool() {
+    let docs = documents();
+    let ds = find(&docs, "DaemonSet", "uctel-agent");
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["hostPID"], true);
+    assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet");
+    let c = container(ds);
+    assert!(
+        c["securityContext"]["capabilities"]["add"]
+            .as_sequence()
+            .is_some_and(|s| s.iter().any(|x| x == "IPC_LOCK")),
+        "IPC_LOCK"
+    );
+    let id = c["env"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == "UCTEL_AGENT_ID")
+        .unwrap_or_else(|| panic!("no UCTEL_AGENT_ID"));
+    assert_eq!(id["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
+
+    let config = embedded(&docs, "uctel-agent", "agent.yaml");
+    let h = &config["sources"]["host_metrics"];
+    for (key, host) in [
+        ("procfs_path", "/proc"),
+        ("sysfs_path", "/sys"),
+        ("rootfs_path", "/"),
+    ] {
+        let (m, v) = mount(ds, str_of(&h[key]));
+        assert_eq!(m["readOnly"], true, "{key} mounted read-only");
+        assert_eq!(v["hostPath"]["path"], host, "{key} is the node's {host}");
+    }
+    // The pool: the headless Service's DNS name and control port.
+    let svc = find(&docs, "Service", "uctel-collector");
+    assert_eq!(
+        svc["spec"]["clusterIP"], "None",
+        "headless: one address per collector"
+    );
+    let ns = str_of(&svc["metadata"]["namespace"]);
+    let control_port = svc["spec"]["ports"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == "control")
+        .map(|p| p["port"].as_u64().unwrap_or(0))
+        .unwrap_or(0);
+    assert_eq!(
+        config["collector"]["control"],
+        format!("uctel-collector.{ns}.svc.cluster.local:{control_port}").as_str()
+    );
+    // The arguments name the mounted configuration.
+    let args: Vec<&str> = c["args"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .map(str_of)
+        .collect();
+    let parent = Path::new(args[1])
+        .parent()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let (_, v) = mount(ds, &parent);
+    assert_eq!(v["configMap"]["name"], "uctel-agent");
+}
+
+#[test]
+fn the_collector_statefulset_matches_its_configuration_and_service_and_drains() {
+    let docs = documents();
+    let sts = find(&docs, "StatefulSet", "uctel-collector");
+    let config = embedded(&docs, "uctel-collector", "collector.yaml");
+    let port_of = |addr: &Value| {
+        str_of(addr)
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let c = container(sts);
+    let ports: Vec<(u64, &str)> = c["ports"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            (
+                p["containerPort"].as_u64().unwrap_or(0),
+                str_of(&p["protocol"]),
+            )
+        })
+        .collect();
+    let svc = find(&docs, "Service", "uctel-collector");
+    let svc_ports: Vec<(u64, &str)> = svc["spec"]["ports"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .map(|p| (p["port"].as_u64().unwrap_or(0), str_of(&p["protocol"])))
+        .collect();
+    for want in [
+        (port_of(&config["listen"]["control"]), "TCP"),
+        (port_of(&config["listen"]["metrics"]), "TCP"),
+        (port_of(&config["transport"]["soft"]["bind"]), "UDP"),
+    ] {
+        assert!(
+            ports.contains(&want),
+            "container ports {ports:?} lack {want:?}"
+        );
+        assert!(
+            svc_ports.contains(&want),
+            "Service ports {svc_ports:?} lack {want:?}"
+        );
+    }
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/-/ready");
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/-/healthy");
+    let pre_stop: Vec<&str> = c["lifecycle"]["preStop"]["exec"]["command"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .map(str_of)
+        .collect();
+    assert!(
+        pre_stop.concat().contains("kill -USR1 1"),
+        "preStop drains: {pre_stop:?}"
+    );
+    let grace = sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        .as_f64()
+        .unwrap_or(0.0);
+    let drain = config["control"]["drain_timeout_seconds"]
+        .as_f64()
+        .unwrap_or(30.0);
+    assert!(
+        grace > drain,
+        "grace {grace} s must outlast the drain {drain} s"
+    );
+    assert_eq!(sts["spec"]["serviceName"], "uctel-collector");
+    let kustomization = std::fs::read_to_string(
+        uctel_tests::workspace_root().join("config/kubernetes/kustomization.yaml"),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    for (file, _) in &documents() {
+        assert!(
+            kustomization.contains(file.as_str()) || file == "kustomization.yaml",
+            "{file}"
+        );
+    }
+}
+
+/// Writes `config` with its token file, log file and state paths moved into `dir`; the path
+/// of the file.
+fn localised(mut config: Value, dir: &Path, name: &str) -> std::path::PathBuf {
+    let token = dir.join("token");
+    std::fs::write(&token, "k8s-test-token\n").unwrap_or_else(|e| panic!("{e}"));
+    // Replaces the value at `keys` where the configuration has one; adds nothing.
+    let set = |v: &mut Value, keys: &[&str], value: String| {
+        let mut at = Some(v);
+        for k in keys {
+            at = at.and_then(|a| a.get_mut(*k));
+        }
+        if let Some(a) = at {
+            *a = Value::from(value);
+        }
+    };
+    let t = token.display().to_string();
+    set(&mut config, &["auth", "token_file"], t.clone());
+    set(&mut config, &["auth", "shared", "token_file"], t);
+    set(
+        &mut config,
+        &["logs", "file", "path"],
+        dir.join("logs.jsonl").display().to_string(),
+    );
+    set(
+        &mut config,
+        &["sources", "state_directory"],
+        dir.join("state").display().to_string(),
+    );
+    for (key, host) in [
+        ("procfs_path", "/proc"),
+        ("sysfs_path", "/sys"),
+        ("rootfs_path", "/"),
+    ] {
+        set(
+            &mut config,
+            &["sources", "host_metrics", key],
+            host.to_owned(),
+        );
+    }
+    let path = dir.join(name);
+    std::fs::write(&path, serde_yaml::to_string(&config).unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    path
+}
+
+#[test]
+fn the_embedded_configurations_pass_check_config() {
+    let docs = documents();
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    for (binary, map, key) in [
+        (uctel_tests::bins::AGENT, "uctel-agent", "agent.yaml"),
+        (
+            uctel_tests::bins::COLLECTOR,
+            "uctel-collector",
+            "collector.yaml",
+        ),
+    ] {
+        let path = localised(embedded(&docs, map, key), dir.path(), key);
+        let (code, out) =
+            uctel_tests::daemon::check_config(&uctel_tests::bins::path(binary), &path);
+        assert_eq!(
+            code, 0,
+            "{binary} --check-config on the {map} ConfigMap:\n{out}"
+        );
+    }
+}
