@@ -4,7 +4,10 @@
 //! series by series (every series name and label set), and value by value where a value
 //! does not move on a live host: the `*_info` series and the textfile's series (a live
 //! host's counters and gauges move between any two scrapes, and a direct scrape counts its
-//! own connection). A target nobody listens on is `up 0` and counted.
+//! own connection). The collector's own `/metrics` as a target: its `process_*` series arrive
+//! as they are served, and its `uctel_collector_*` series are refused by the collector
+//! (reserved names: an agent cannot pose as the collector) and counted. A target nobody
+//! listens on is `up 0` and counted.
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
@@ -84,7 +87,10 @@ fn the_scrape_source_serves_what_node_exporter_serves() {
     let dead = uctel_tests::net::free_addr();
     let targets = serde_yaml::from_str::<serde_yaml::Value>(&format!(
         "- {{url: 'http://{ne_addr}/metrics', job: node, interval_seconds: 1, timeout_seconds: 1}}\n\
-         - {{url: 'http://{dead}/metrics', job: dead, interval_seconds: 1, timeout_seconds: 0.5}}\n"
+         - {{url: 'http://{dead}/metrics', job: dead, interval_seconds: 1, timeout_seconds: 0.5}}\n\
+         - {{url: 'http://{collector}/metrics', job: collector, interval_seconds: 1, timeout_seconds: 1, \
+             metric_relabel: {{keep: 'process_.*|uctel_collector_agents_connected'}}}}\n",
+        collector = p.metrics_addr()
     ))
     .unwrap_or_else(|e| panic!("{e}"));
     p.add_agent_with("scraping-agent", 0.0, 1.0, |y| {
@@ -191,8 +197,32 @@ fn the_scrape_source_serves_what_node_exporter_serves() {
         "scrape_samples_scraped {samples_scraped}"
     );
 
-    // The target nobody listens on: up 0 at the collector, counted at the agent.
+    // The collector's own /metrics: its process_* families at the collector under
+    // job="collector" (identities; values move), its own uctel_collector_* refused.
     let c = p.scrape().unwrap_or_else(|e| panic!("{e}"));
+    let own = series(&c, &["agent", "instance", "job"], agent_job("collector"));
+    let direct = series(&c, &[], |smp| {
+        smp.name.starts_with("process_") && smp.label("agent").is_none()
+    });
+    for k in direct.keys() {
+        assert!(
+            own.contains_key(k),
+            "{k} of the collector's own /metrics missing: {own:?}"
+        );
+    }
+    assert!(
+        !own.keys().any(|k| k.starts_with("uctel_collector_")),
+        "{own:?}"
+    );
+    assert!(
+        c.count(
+            "uctel_collector_records_dropped_total",
+            &[("agent", "scraping-agent"), ("reason", "reserved_name")]
+        ) >= 1,
+        "reserved names refused and counted"
+    );
+
+    // The target nobody listens on: up 0 at the collector, counted at the agent.
     let dead_up = series(&c, &["agent", "instance", "job"], agent_job("dead"));
     assert_eq!(dead_up.get("up{}"), Some(&0.0), "{dead_up:?}");
     let a = p.agents[0].scrape().unwrap_or_else(|e| panic!("{e}"));
