@@ -585,6 +585,79 @@ fn collector_drained_and_restarted() {
     row.verdict(Law::Exact);
 }
 
+/// The agent's other sources failing while lines flow: a scrape target nobody listens on,
+/// one that accepts and never answers, one that answers garbage, and a textfile directory
+/// with a broken file. Each failure is counted (`up 0`, `source_errors_total`), and the log
+/// lines and the frames are accounted exactly, as if nothing failed.
+#[test]
+fn scrape_targets_and_textfiles_failing_while_lines_flow() {
+    let _g = exclusive();
+    let mut row = Row::start("sources-failing", CollectorSpec::default(), None);
+    let dead = uctel_tests::net::free_addr();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+    let garbage = uctel_tests::net::http_answering("200 OK");
+    let textfile = row.path().join("textfile");
+    std::fs::create_dir_all(&textfile).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(textfile.join("broken.prom"), "broken{ 1\n").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(textfile.join("ok.prom"), "ok_value 1\n").unwrap_or_else(|e| panic!("{e}"));
+    let target = |url: String, job: &str| {
+        let mut m = serde_yaml::Mapping::new();
+        m.insert("url".into(), url.into());
+        m.insert("job".into(), job.into());
+        m.insert("interval_seconds".into(), 0.5.into());
+        m.insert("timeout_seconds".into(), 0.4.into());
+        serde_yaml::Value::Mapping(m)
+    };
+    let targets = serde_yaml::Value::Sequence(vec![
+        target(format!("http://{dead}/metrics"), "dead"),
+        target(
+            format!(
+                "http://{}/metrics",
+                silent.local_addr().map_or_else(|e| panic!("{e}"), |a| a)
+            ),
+            "silent",
+        ),
+        target(format!("http://{garbage}/metrics"), "garbage"),
+    ]);
+    let a = row.add_agent(
+        AgentSpec::new("a")
+            .set("sources.scrape", targets)
+            .set("sources.textfile.directory", textfile.display().to_string())
+            .set("sources.textfile.interval_seconds", 0.5),
+    );
+    row.wait_connected(1, &[a]);
+    row.write_bursts(a, 0, 2000, GAP);
+    row.wait_settled(a, 2000, SETTLE);
+    let s = row.scrape_agent(a).unwrap_or_else(|e| panic!("{e}"));
+    for (reason, at_least) in [("down", 1), ("timeout", 1), ("parse_error", 1)] {
+        let n = s.count(
+            "uctel_agent_source_errors_total",
+            &[("source", "scrape"), ("reason", reason)],
+        );
+        row.expect(
+            n >= at_least,
+            format!("scrape failures counted as {reason}: {n}"),
+        );
+    }
+    let broken = s.count(
+        "uctel_agent_source_errors_total",
+        &[("source", "textfile"), ("reason", "parse_error")],
+    );
+    row.expect(broken >= 1, format!("broken textfile counted: {broken}"));
+    let c = row.scrape_collector().unwrap_or_else(|e| panic!("{e}"));
+    let ups: Vec<String> = c
+        .select("up", &[("agent", "a")])
+        .map(|smp| format!("{}={}", smp.label("job").unwrap_or("?"), smp.value))
+        .collect();
+    row.expect(
+        ups.len() == 3 && ups.iter().all(|u| u.ends_with("=0")),
+        format!("every failing target up 0 at the collector: {ups:?}"),
+    );
+    row.quiesce();
+    drop(silent);
+    row.verdict(Law::Exact);
+}
+
 /// Two agents with the same `agent_id`: the collector refuses the second (or replaces the
 /// first and keeps it out, DESIGN.md §6), never a loop. Each twin's lines are delivered,
 /// counted, or still unread in its file (kept out); none twice.

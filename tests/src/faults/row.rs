@@ -114,6 +114,8 @@ pub struct AgentSpec {
     pub in_netns: bool,
     /// `start_at` of the log source (default `end`, the production default).
     pub start_at: &'static str,
+    /// Other configuration keys (dotted path, value), set last.
+    pub config: Vec<(String, Value)>,
 }
 
 impl AgentSpec {
@@ -126,7 +128,14 @@ impl AgentSpec {
             fault: Vec::new(),
             in_netns: false,
             start_at: "end",
+            config: Vec::new(),
         }
+    }
+
+    /// Sets the configuration key `key` (dotted path) to `v`.
+    pub fn set(mut self, key: &str, v: impl Into<Value>) -> AgentSpec {
+        self.config.push((key.to_owned(), v.into()));
+        self
     }
 
     /// Sets `transport.soft.fault.<key>`.
@@ -357,6 +366,9 @@ impl Row {
             for (k, v) in &spec.fault {
                 y.set(&format!("transport.soft.fault.{k}"), v.clone());
             }
+        }
+        for (k, v) in &spec.config {
+            y.set(k, v.clone());
         }
         let config = dir.join(format!("{}.yaml", spec.name));
         y.write(&config);
