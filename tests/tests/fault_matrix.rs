@@ -613,7 +613,7 @@ fn scrape_targets_and_textfiles_failing_while_lines_flow() {
         target(
             format!(
                 "http://{}/metrics",
-                silent.local_addr().map_or_else(|e| panic!("{e}"), |a| a)
+                silent.local_addr().unwrap_or_else(|e| panic!("{e}"))
             ),
             "silent",
         ),
