@@ -81,8 +81,10 @@ fn untyped(name: String, help: &str, value: f64) -> Metric {
 pub fn filefd(proc: &Path, out: &mut Vec<Metric>) -> Result<(), NodeError> {
     let path = proc.join("sys/fs/file-nr");
     let text = read(&path)?;
+    // At least three numbers (node_exporter splits on tabs and needs three); the second is
+    // always 0 since Linux 2.6.
     let fields: Vec<&str> = text.split_whitespace().collect();
-    let [allocated, _, maximum] = fields[..] else {
+    let (Some(&allocated), Some(&maximum)) = (fields.first(), fields.get(2)) else {
         return Err(format_error(&path, "expected 3 numbers"));
     };
     for (name, value) in [("allocated", allocated), ("maximum", maximum)] {
@@ -156,8 +158,8 @@ pub fn vmstat(proc: &Path, out: &mut Vec<Metric>) -> Result<(), NodeError> {
     let path = proc.join("vmstat");
     let text = read(&path)?;
     for line in text.lines() {
-        let parts: Vec<&str> = line.split(' ').collect();
-        let [name, value] = parts[..] else {
+        let mut parts = line.split_whitespace();
+        let (Some(name), Some(value)) = (parts.next(), parts.next()) else {
             return Err(format_error(&path, format!("bad line {line:?}")));
         };
         let v: f64 = value
@@ -201,38 +203,36 @@ fn sockstat_file(
         s.parse::<i64>()
             .map_err(|_| format_error(path, format!("not an integer: {s:?}")))
     };
+    // As the procfs library: fields split on single spaces, a name and at least one pair.
     for line in text.lines() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let Some((&first, kvs)) = fields.split_first() else {
-            continue;
+        let fields: Vec<&str> = line.split(' ').collect();
+        let (Some((first, kvs)), true) = (fields.split_first(), fields.len() >= 3) else {
+            return Err(format_error(path, format!("malformed line {line:?}")));
         };
-        if first == "sockets:" {
-            let ["used", n] = kvs else {
-                return Err(format_error(path, format!("bad line {line:?}")));
-            };
-            let n = int(n)?;
+        if kvs.len() % 2 != 0 {
+            return Err(format_error(path, format!("odd field count in {line:?}")));
+        }
+        let proto = first.strip_suffix(':').unwrap_or(first);
+        let mut values: [Option<i64>; 6] = [None; 6];
+        let mut used = 0;
+        for pair in kvs.chunks(2) {
+            let v = int(pair[1])?;
+            if let Some(i) = SOCKSTAT_FIELDS.iter().position(|f| *f == pair[0]) {
+                values[i] = Some(v);
+            } else if pair[0] == "used" {
+                used = v;
+            }
+        }
+        if proto == "sockets" {
             if !v6 {
                 out.push(gauge(
                     "node_sockstat_sockets_used",
                     "Number of IPv4 sockets in use.",
                     &[],
-                    n as f64,
+                    used as f64,
                 ));
             }
             continue;
-        }
-        let Some(proto) = first.strip_suffix(':') else {
-            return Err(format_error(path, format!("bad line {line:?}")));
-        };
-        if kvs.len() % 2 != 0 {
-            return Err(format_error(path, format!("odd field count in {line:?}")));
-        }
-        let mut values: [Option<i64>; 6] = [None; 6];
-        for pair in kvs.chunks(2) {
-            let v = int(pair[1])?;
-            if let Some(i) = SOCKSTAT_FIELDS.iter().position(|f| *f == pair[0]) {
-                values[i] = Some(v);
-            }
         }
         // `inuse` is always exported (0 when absent), as the procfs library reads it.
         values[0] = Some(values[0].unwrap_or(0));
@@ -827,8 +827,13 @@ mod tests {
         let mut out = Vec::new();
         sockstat(v4.path(), 4096, &mut out).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(out.len(), 2);
-        let odd = tree(&[("net/sockstat", "TCP: inuse\n")]);
-        assert!(sockstat(odd.path(), 4096, &mut Vec::new()).is_err());
+        for bad in ["TCP: inuse\n", "TCP: inuse 1 tw\n", "TCP: inuse x\n"] {
+            let d = tree(&[("net/sockstat", bad)]);
+            assert!(
+                sockstat(d.path(), 4096, &mut Vec::new()).is_err(),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]
