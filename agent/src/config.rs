@@ -61,6 +61,7 @@ use uctel_common::config::{FaultSection, Problems, Validate};
 use uctel_transport::soft::fault::{FaultConfig, FaultConfigError};
 
 use crate::pacing::PacingLimits;
+use crate::sources::host::HostCollector;
 use crate::stream::Stream;
 
 /// Smallest `max_frame_bytes`: the 64-byte frame header plus a useful payload, and the
@@ -411,9 +412,13 @@ pub struct HostMetricsSection {
     /// sysfs root (`/sys`).
     #[serde(default = "default_sys")]
     pub sysfs_path: PathBuf,
-    /// Prefix joined to mount points before statvfs(2) (`/`).
+    /// Prefix joined to mount points before statvfs(2) (`/`); os-release is read under it too.
     #[serde(default = "default_rootfs")]
     pub rootfs_path: PathBuf,
+    /// node_exporter collectors not to run, by name (e.g. `[conntrack, vmstat]`): they emit no
+    /// series, not even `node_scrape_collector_success`. Default none.
+    #[serde(default)]
+    pub disabled_collectors: Vec<HostCollector>,
 }
 
 impl Default for SourcesSection {
@@ -453,6 +458,7 @@ impl Default for HostMetricsSection {
             procfs_path: default_proc(),
             sysfs_path: default_sys(),
             rootfs_path: default_rootfs(),
+            disabled_collectors: Vec::new(),
         }
     }
 }
@@ -1220,6 +1226,7 @@ pub fn reference() -> Reference {
             include_str!("config.rs"),
             include_str!("sources/textfile.rs"),
             include_str!("sources/scrape.rs"),
+            include_str!("sources/host.rs"),
             uctel_common::config::SOURCE,
         ],
         minimal: REFERENCE_MINIMAL,
@@ -1235,6 +1242,31 @@ mod tests {
 
     fn load(text: &str) -> Result<AgentConfig, uctel_common::config::ConfigError> {
         AgentConfig::from_yaml("agent.yaml", text)
+    }
+
+    #[test]
+    fn host_collectors_can_be_disabled_by_name() {
+        let text = format!(
+            "{MINIMAL}sources:\n  host_metrics:\n    disabled_collectors: [vmstat, conntrack]\n"
+        );
+        let c = load(&text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            c.sources.host_metrics.disabled_collectors,
+            [HostCollector::Vmstat, HostCollector::Conntrack]
+        );
+        assert_eq!(
+            crate::runners::host_config(&c).disabled,
+            [HostCollector::Vmstat, HostCollector::Conntrack]
+        );
+        assert!(load(MINIMAL)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .sources
+            .host_metrics
+            .disabled_collectors
+            .is_empty());
+        let bad =
+            format!("{MINIMAL}sources:\n  host_metrics:\n    disabled_collectors: [nosuch]\n");
+        assert!(load(&bad).is_err());
     }
 
     #[test]

@@ -81,6 +81,7 @@ pub fn frame_json(t: &Transmit, limits: &Limits) -> Value {
                             Ok(MetricType::Counter) => "counter",
                             Ok(MetricType::Gauge) => "gauge",
                             Ok(MetricType::Histogram) => "histogram",
+                            Ok(MetricType::Untyped) => "untyped",
                             _ => "unspecified",
                         };
                         let mut o = json!({"name": m.name, "type": ty, "labels": labels, "value": m.value});

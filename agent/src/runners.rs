@@ -378,6 +378,7 @@ pub fn host_config(config: &AgentConfig) -> HostMetricsConfig {
             rootfs: h.rootfs_path.clone(),
         },
         ticks_per_second: None,
+        disabled: h.disabled_collectors.clone(),
     }
 }
 

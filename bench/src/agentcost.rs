@@ -188,6 +188,7 @@ pub fn samples_per_collection(proc: &Path) -> usize {
             ..HostPaths::default()
         },
         ticks_per_second: Some(100),
+        disabled: Vec::new(),
     });
     h.collect().metrics.len()
 }

@@ -15,6 +15,24 @@
 //! | `filesystem` | `<proc>/1/mountinfo` (fallback `<proc>/self/mountinfo`) + statvfs(2) | `node_filesystem_{size,free,avail}_bytes`, `node_filesystem_files{,_free}`, `node_filesystem_readonly`, `node_filesystem_device_error`, all `{device,mountpoint,fstype}`; pseudo filesystems excluded with node_exporter's default mount-point and fs-type lists |
 //! | `time` | system clock | `node_time_seconds` |
 //! | `infiniband` | `<sys>/class/infiniband` | see [`crate::sources::rdma`] |
+//! | `filefd` | `<proc>/sys/fs/file-nr` | `node_filefd_allocated`, `node_filefd_maximum` |
+//! | `uname` | uname(2) | `node_uname_info{sysname,release,version,machine,nodename,domainname}` = 1 |
+//! | `entropy` | `<proc>/sys/kernel/random/{entropy_avail,poolsize}` | `node_entropy_available_bits`, `node_entropy_pool_size_bits` |
+//! | `vmstat` | `<proc>/vmstat` | `node_vmstat_<field>` (untyped) for fields matching node_exporter's default `^(oom_kill\|pgpg\|pswp\|pg.*fault).*` |
+//! | `sockstat` | `<proc>/net/sockstat`, `<proc>/net/sockstat6` (each skipped when absent) | `node_sockstat_sockets_used`, `node_sockstat_<PROTO>_<field>` (`inuse`, `orphan`, `tw`, `alloc`, `mem`, `memory`), `node_sockstat_<PROTO>_mem_bytes` (`mem` × page size) |
+//! | `netstat` | `<proc>/net/{netstat,snmp,snmp6}` (`snmp6` skipped when absent) | `node_netstat_<Proto>_<Field>` (untyped) for node_exporter 1.5's default field set |
+//! | `pressure` | `<proc>/pressure/{cpu,io,memory}` | `node_pressure_cpu_waiting_seconds_total`, `node_pressure_{io,memory}_{waiting,stalled}_seconds_total` (microseconds / 10⁶) |
+//! | `os` | `<rootfs>/etc/os-release` (fallback `<rootfs>/usr/lib/os-release`) | `node_os_info{build_id,id,id_like,…,version_id}` = 1, `node_os_version{id,id_like,name}` (major.minor of `VERSION_ID`) |
+//! | `conntrack` | `<proc>/sys/net/netfilter/nf_conntrack_{count,max}`, `<proc>/net/stat/nf_conntrack` | `node_nf_conntrack_entries`, `node_nf_conntrack_entries_limit`, `node_nf_conntrack_stat_*` (summed over CPUs) |
+//! | `softnet` | `<proc>/net/softnet_stat` | `node_softnet_{processed,dropped,times_squeezed}_total{cpu}` |
+//! | `schedstat` | `<proc>/schedstat` | `node_schedstat_{running_seconds,waiting_seconds,timeslices}_total{cpu}` (nanoseconds / 10⁹) |
+//!
+//! The collectors from `filefd` on are in [`crate::sources::node`]. A missing file of
+//! `pressure` (no PSI), `conntrack` (module not loaded), `schedstat` (kernel without
+//! `CONFIG_SCHEDSTATS`), `entropy`, `filefd`, `vmstat`, `netstat`, `os` or `softnet` fails that
+//! collector only (`node_scrape_collector_success` 0), like node_exporter. Collectors listed in
+//! [`HostMetricsConfig::disabled`] do not run and emit no series at all,
+//! `node_scrape_collector_*` included.
 //!
 //! Each run also emits node_exporter's own `node_scrape_collector_success{collector}` and
 //! `node_scrape_collector_duration_seconds{collector}` gauges.
@@ -42,7 +60,9 @@ use procfs::{FromRead, FromReadSI};
 use uctel_protocol::payload::Metric;
 
 use super::metric::{counter, gauge};
+use super::node::{self, NodeError};
 use super::rdma::{RdmaCounters, RdmaError, SkippedFile};
+use serde::{Deserialize, Serialize};
 
 /// Where the host's pseudo filesystems are mounted. Tests point these at fixture trees;
 /// containers point them at the host's `/proc`, `/sys` and `/` bind mounts (node_exporter's
@@ -75,10 +95,13 @@ pub struct HostMetricsConfig {
     /// Kernel clock ticks per second (`USER_HZ`) used to turn `/proc/stat` ticks into seconds;
     /// `None` asks the system (`sysconf(_SC_CLK_TCK)`, 100 on Linux).
     pub ticks_per_second: Option<u64>,
+    /// Sub-collectors that do not run.
+    pub disabled: Vec<HostCollector>,
 }
 
 /// One sub-collector of [`HostMetrics`], named like the node_exporter collector it mirrors.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum HostCollector {
     /// `node_cpu_seconds_total` per CPU and mode (`/proc/stat`).
     Cpu,
@@ -98,11 +121,33 @@ pub enum HostCollector {
     Time,
     /// `node_infiniband_*` per RDMA port (`/sys/class/infiniband`).
     Infiniband,
+    /// `node_filefd_*` (`/proc/sys/fs/file-nr`).
+    Filefd,
+    /// `node_uname_info` (uname(2)).
+    Uname,
+    /// `node_entropy_*` (`/proc/sys/kernel/random`).
+    Entropy,
+    /// `node_vmstat_*` (`/proc/vmstat`).
+    Vmstat,
+    /// `node_sockstat_*` (`/proc/net/sockstat`, `/proc/net/sockstat6`).
+    Sockstat,
+    /// `node_netstat_*` (`/proc/net/netstat`, `/proc/net/snmp`, `/proc/net/snmp6`).
+    Netstat,
+    /// `node_pressure_*` (`/proc/pressure`).
+    Pressure,
+    /// `node_os_info`, `node_os_version` (`/etc/os-release`).
+    Os,
+    /// `node_nf_conntrack_*` (`/proc/sys/net/netfilter`, `/proc/net/stat/nf_conntrack`).
+    Conntrack,
+    /// `node_softnet_*` per CPU (`/proc/net/softnet_stat`).
+    Softnet,
+    /// `node_schedstat_*` per CPU (`/proc/schedstat`).
+    Schedstat,
 }
 
 impl HostCollector {
     /// Every sub-collector, in the order they run.
-    pub const ALL: [HostCollector; 9] = [
+    pub const ALL: [HostCollector; 20] = [
         HostCollector::Cpu,
         HostCollector::Stat,
         HostCollector::Loadavg,
@@ -112,6 +157,17 @@ impl HostCollector {
         HostCollector::Filesystem,
         HostCollector::Time,
         HostCollector::Infiniband,
+        HostCollector::Filefd,
+        HostCollector::Uname,
+        HostCollector::Entropy,
+        HostCollector::Vmstat,
+        HostCollector::Sockstat,
+        HostCollector::Netstat,
+        HostCollector::Pressure,
+        HostCollector::Os,
+        HostCollector::Conntrack,
+        HostCollector::Softnet,
+        HostCollector::Schedstat,
     ];
 
     /// The node_exporter collector name, used as the `collector` label value.
@@ -126,6 +182,17 @@ impl HostCollector {
             HostCollector::Filesystem => "filesystem",
             HostCollector::Time => "time",
             HostCollector::Infiniband => "infiniband",
+            HostCollector::Filefd => "filefd",
+            HostCollector::Uname => "uname",
+            HostCollector::Entropy => "entropy",
+            HostCollector::Vmstat => "vmstat",
+            HostCollector::Sockstat => "sockstat",
+            HostCollector::Netstat => "netstat",
+            HostCollector::Pressure => "pressure",
+            HostCollector::Os => "os",
+            HostCollector::Conntrack => "conntrack",
+            HostCollector::Softnet => "softnet",
+            HostCollector::Schedstat => "schedstat",
         }
     }
 
@@ -172,6 +239,9 @@ pub enum HostError {
     /// The RDMA counter tree could not be walked.
     #[error(transparent)]
     Rdma(#[from] RdmaError),
+    /// One of the [`crate::sources::node`] collectors failed.
+    #[error(transparent)]
+    Node(#[from] NodeError),
 }
 
 /// A failed sub-collector and why.
@@ -204,6 +274,7 @@ pub struct HostCollection {
 pub struct HostMetrics {
     paths: HostPaths,
     ticks_per_second: u64,
+    disabled: Vec<HostCollector>,
     rdma: RdmaCounters,
     failures: [u64; HostCollector::ALL.len()],
     /// Samples of the previous collection: the next one reserves that many up front, so a big
@@ -223,6 +294,7 @@ impl HostMetrics {
         Self {
             paths: config.paths,
             ticks_per_second,
+            disabled: config.disabled,
             rdma,
             failures: [0; HostCollector::ALL.len()],
             last_len: 0,
@@ -242,7 +314,11 @@ impl HostMetrics {
         };
         let stat_path = self.paths.proc.join("stat");
         let stat_text = std::fs::read_to_string(&stat_path);
+        let proc = &self.paths.proc;
         for collector in HostCollector::ALL {
+            if self.disabled.contains(&collector) {
+                continue;
+            }
             let mark = out.metrics.len();
             let started = Instant::now();
             // Some inputs skipped, the rest collected: success 0, output kept.
@@ -273,6 +349,30 @@ impl HostMetrics {
                     }
                     Err(e) => Err(HostError::from(e)),
                 },
+                HostCollector::Filefd => node::filefd(proc, &mut out.metrics).map_err(From::from),
+                HostCollector::Uname => {
+                    node::uname(&mut out.metrics);
+                    Ok(())
+                }
+                HostCollector::Entropy => node::entropy(proc, &mut out.metrics).map_err(From::from),
+                HostCollector::Vmstat => node::vmstat(proc, &mut out.metrics).map_err(From::from),
+                HostCollector::Sockstat => {
+                    node::sockstat(proc, procfs::page_size(), &mut out.metrics).map_err(From::from)
+                }
+                HostCollector::Netstat => node::netstat(proc, &mut out.metrics).map_err(From::from),
+                HostCollector::Pressure => {
+                    node::pressure(proc, &mut out.metrics).map_err(From::from)
+                }
+                HostCollector::Os => {
+                    node::os(&self.paths.rootfs, &mut out.metrics).map_err(From::from)
+                }
+                HostCollector::Conntrack => {
+                    node::conntrack(proc, &mut out.metrics).map_err(From::from)
+                }
+                HostCollector::Softnet => node::softnet(proc, &mut out.metrics).map_err(From::from),
+                HostCollector::Schedstat => {
+                    node::schedstat(proc, &mut out.metrics).map_err(From::from)
+                }
             };
             let elapsed = started.elapsed();
             let ok = match result {
@@ -988,6 +1088,83 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_file_fails_only_its_collector_and_disabled_collectors_do_not_run() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let proc = dir.path().join("proc");
+        std::fs::create_dir_all(proc.join("sys/fs")).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(proc.join("sys/fs/file-nr"), "352\t0\t2466165\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let config = |disabled: Vec<HostCollector>| HostMetricsConfig {
+            paths: HostPaths {
+                proc: proc.clone(),
+                sys: dir.path().join("sys"),
+                rootfs: dir.path().to_path_buf(),
+            },
+            ticks_per_second: Some(100),
+            disabled,
+        };
+        let mut host = HostMetrics::new(config(Vec::new()));
+        let c = host.collect();
+        assert_eq!(scrape_success(&c.metrics, "filefd"), Some(1.0));
+        assert_eq!(scrape_success(&c.metrics, "uname"), Some(1.0));
+        for missing in [
+            "conntrack",
+            "pressure",
+            "schedstat",
+            "vmstat",
+            "os",
+            "softnet",
+        ] {
+            assert_eq!(scrape_success(&c.metrics, missing), Some(0.0), "{missing}");
+        }
+        assert!(c.metrics.iter().any(|m| m.name == "node_filefd_allocated"));
+        assert!(c
+            .metrics
+            .iter()
+            .all(|m| !m.name.starts_with("node_nf_conntrack")));
+        assert!(c
+            .errors
+            .iter()
+            .any(|e| e.collector == HostCollector::Conntrack
+                && matches!(e.error, HostError::Node(NodeError::Read { .. }))));
+        assert!(c
+            .errors
+            .iter()
+            .all(|e| e.collector != HostCollector::Filefd));
+        // sockstat without its files is empty, not a failure (node_exporter skips them).
+        assert_eq!(scrape_success(&c.metrics, "sockstat"), Some(1.0));
+        host.collect();
+        assert_eq!(host.failures(HostCollector::Conntrack), 2);
+        assert_eq!(host.failures(HostCollector::Filefd), 0);
+
+        let mut host = HostMetrics::new(config(vec![
+            HostCollector::Filefd,
+            HostCollector::Conntrack,
+        ]));
+        let c = host.collect();
+        assert_eq!(scrape_success(&c.metrics, "filefd"), None);
+        assert_eq!(scrape_success(&c.metrics, "conntrack"), None);
+        assert!(c.metrics.iter().all(|m| !m.name.starts_with("node_filefd")));
+        assert!(c
+            .errors
+            .iter()
+            .all(|e| e.collector != HostCollector::Conntrack));
+        assert_eq!(scrape_success(&c.metrics, "uname"), Some(1.0));
+    }
+
+    #[test]
+    fn collector_names_are_the_config_names() {
+        for c in HostCollector::ALL {
+            let yaml = serde_yaml::to_string(&c).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(yaml.trim(), c.as_str());
+            let back: HostCollector =
+                serde_yaml::from_str(c.as_str()).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(back, c);
+        }
+        assert!(serde_yaml::from_str::<HostCollector>("nosuch").is_err());
+    }
+
+    #[test]
     fn infiniband_scrape_fails_when_a_file_is_skipped_and_keeps_the_rest() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let counters = dir.path().join("class/infiniband/rxe0/ports/1/counters");
@@ -1003,6 +1180,7 @@ mod tests {
                 rootfs: dir.path().to_path_buf(),
             },
             ticks_per_second: Some(100),
+            disabled: Vec::new(),
         });
         let c = host.collect();
         assert_eq!(scrape_success(&c.metrics, "infiniband"), Some(1.0));

@@ -7,6 +7,9 @@
 //! - [`rdma`]: RDMA port counters (`counters/`, `counters_ext/`) and driver counters
 //!   (`hw_counters/`) from `<sysfs>/class/infiniband`, named like node_exporter's `infiniband`
 //!   collector. [`host::HostMetrics`] runs it as one of its sub-collectors.
+//! - [`node`]: the smaller node_exporter collectors (`filefd`, `uname`, `entropy`, `vmstat`,
+//!   `sockstat`, `netstat`, `pressure`, `os`, `conntrack`, `softnet`, `schedstat`) that
+//!   [`host::HostMetrics`] runs as sub-collectors.
 //! - [`logs`]: a log file tailer: glob paths, create- and copytruncate-rotation, truncation,
 //!   partial last lines, long lines, invalid UTF-8 and an offset checkpoint file.
 //! - [`exposition`]: the Prometheus text format as records (textfile and scrape sources).
@@ -24,6 +27,7 @@
 pub mod exposition;
 pub mod host;
 pub mod logs;
+pub mod node;
 pub mod rdma;
 pub mod scrape;
 pub mod severity;
