@@ -1,7 +1,8 @@
-//! `promtool check metrics`: Prometheus' own lint of an exposition, with the one accepted
-//! exception: node_exporter's `camelCase` names (`node_memory_MemAvailable_bytes`), which
-//! DESIGN.md §7 keeps on purpose so node_exporter dashboards work on uctel data (promtool
-//! flags them for node_exporter itself too).
+//! `promtool check metrics`: Prometheus' own lint of an exposition, with the accepted
+//! exceptions: node_exporter's own names that promtool flags in node_exporter's `/metrics`
+//! too, which DESIGN.md §7 keeps on purpose so node_exporter dashboards work on uctel data:
+//! the `camelCase` names (`node_memory_MemAvailable_bytes`) and `node_entropy_*_bits` ("use
+//! base unit bytes instead of bits").
 //!
 //! promtool reads the exposition on stdin; exit 0 is clean, 1 a parse error, 3 lint problems
 //! (missing HELP, counters without `_total`, non-base units, ...). A missing promtool is a
@@ -63,12 +64,19 @@ impl Promtool {
         })
     }
 
-    /// Lint lines other than the accepted exception.
+    /// Lint lines other than the accepted exceptions: node_exporter's own names, which
+    /// promtool flags in node_exporter's `/metrics` too and which uctel keeps so Node
+    /// Exporter dashboards work (`camelCase` meminfo names; `node_entropy_*_bits`, "use base
+    /// unit bytes instead of bits").
     pub fn problems(&self) -> Vec<&str> {
         self.report
             .lines()
             .filter(|l| !l.trim().is_empty())
             .filter(|l| !(l.starts_with("node_") && l.contains("'camelCase'")))
+            .filter(|l| {
+                !(l.starts_with("node_entropy_")
+                    && l.contains("use base unit \"bytes\" instead of \"bits\""))
+            })
             .collect()
     }
 
