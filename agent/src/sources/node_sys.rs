@@ -1,0 +1,688 @@
+//! node_exporter collectors that read device trees in `/sys` (and `/proc/net/arp`), run by
+//! [`crate::sources::host::HostMetrics`]: `arp`, `netclass`, `thermal_zone`, `edac` and `nvme`.
+//!
+//! Names, help strings, types and value decoding follow node_exporter 1.5's
+//! `collector/{arp,netclass,thermal_zone,edac,nvme}_linux.go` and the `sysfs` parsers of its
+//! `procfs` library. What is missing follows node_exporter too: no `/proc/net/arp`, no
+//! `/sys/class/net` or no `/sys/class/nvme` fails that collector (`node_scrape_collector_success`
+//! 0), while `thermal_zone` and `edac` find their devices by glob, so a machine without any is a
+//! success with no series.
+
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+
+use uctel_protocol::payload::Metric;
+
+use super::metric::{counter, gauge};
+use super::node::{format_error, read, NodeError};
+
+/// A sysfs attribute as the `procfs` library's `SysReadFile` returns it: trimmed.
+fn read_trimmed(path: &Path) -> Result<String, NodeError> {
+    Ok(read(path)?.trim().to_owned())
+}
+
+fn parse_int<T: std::str::FromStr>(path: &Path, text: &str) -> Result<T, NodeError> {
+    text.parse()
+        .map_err(|_| format_error(path, format!("not an integer: {text:?}")))
+}
+
+/// The entries of `dir` whose name starts with `prefix` followed by a digit (the glob
+/// `<prefix>[0-9]*`), sorted like Go's `filepath.Glob`; none when `dir` cannot be listed.
+fn glob_numbered(dir: &Path, prefix: &str) -> Vec<(String, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<(String, PathBuf)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let rest = name.strip_prefix(prefix)?;
+            rest.starts_with(|c: char| c.is_ascii_digit())
+                .then(|| (name.clone(), e.path()))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// The entry names of `dir`, sorted, skipping regular files when `skip_files` (as the
+/// `procfs` library lists `/sys/class/net`, where `bonding_masters` is a file).
+fn list_dir(dir: &Path, skip_files: bool) -> Result<Vec<String>, NodeError> {
+    let entries = std::fs::read_dir(dir).map_err(|source| NodeError::Read {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| NodeError::Read {
+            path: dir.to_owned(),
+            source,
+        })?;
+        if skip_files && entry.file_type().is_ok_and(|t| t.is_file()) {
+            continue;
+        }
+        if let Ok(name) = entry.file_name().into_string() {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// `arp`: `<proc>/net/arp` → `node_arp_entries{device}`, the entries of each device.
+pub fn arp(proc: &Path, out: &mut Vec<Metric>) -> Result<(), NodeError> {
+    let path = proc.join("net/arp");
+    let text = read(&path)?;
+    let mut counts: std::collections::BTreeMap<&str, u32> = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // The header starts with `IP address`; the device is the last column.
+        match (fields.first(), fields.last()) {
+            (Some(&"IP"), _) | (None, _) => {}
+            (Some(_), Some(device)) => *counts.entry(device).or_default() += 1,
+            (Some(_), None) => {}
+        }
+    }
+    for (device, n) in counts {
+        out.push(gauge(
+            "node_arp_entries",
+            "ARP entries by device",
+            &[("device", device)],
+            f64::from(n),
+        ));
+    }
+    Ok(())
+}
+
+/// One `/sys/class/net/<iface>` attribute: `None` when it does not exist or the driver refuses
+/// to read it (`EINVAL`, `EOPNOTSUPP`, as for `speed` and `carrier` of a virtual or down
+/// interface) or it may not be read, as the `procfs` library skips those.
+fn net_attr(dir: &Path, name: &str) -> Result<Option<String>, NodeError> {
+    const EINVAL: i32 = 22;
+    const EOPNOTSUPP: i32 = 95;
+    let path = dir.join(name);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(Some(text.trim().to_owned())),
+        Err(e)
+            if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::PermissionDenied)
+                || matches!(e.raw_os_error(), Some(EINVAL | EOPNOTSUPP)) =>
+        {
+            Ok(None)
+        }
+        Err(source) => Err(NodeError::Read { path, source }),
+    }
+}
+
+/// A numeric attribute: `0x` hexadecimal or decimal, as the `procfs` library reads them.
+fn net_int(dir: &Path, name: &str) -> Result<Option<i64>, NodeError> {
+    let Some(text) = net_attr(dir, name)? else {
+        return Ok(None);
+    };
+    let parsed = match text.strip_prefix("0x") {
+        Some(hex) => i64::from_str_radix(hex, 16).ok(),
+        None => text.parse().ok(),
+    };
+    match parsed {
+        Some(v) => Ok(Some(v)),
+        None => Err(format_error(
+            &dir.join(name),
+            format!("not an integer: {text:?}"),
+        )),
+    }
+}
+
+/// `netclass` series after `node_network_up` and `_info`: (series name, attribute file,
+/// counter), in node_exporter's order.
+const NETCLASS_FIELDS: [(&str, &str, bool); 17] = [
+    ("address_assign_type", "addr_assign_type", false),
+    ("carrier", "carrier", false),
+    ("carrier_changes_total", "carrier_changes", true),
+    ("carrier_up_changes_total", "carrier_up_count", true),
+    ("carrier_down_changes_total", "carrier_down_count", true),
+    ("device_id", "dev_id", false),
+    ("dormant", "dormant", false),
+    ("flags", "flags", false),
+    ("iface_id", "ifindex", false),
+    ("iface_link", "iflink", false),
+    ("iface_link_mode", "link_mode", false),
+    ("mtu_bytes", "mtu", false),
+    ("name_assign_type", "name_assign_type", false),
+    ("net_dev_group", "netdev_group", false),
+    ("speed_bytes", "speed", false),
+    ("transmit_queue_length", "tx_queue_len", false),
+    ("protocol_type", "type", false),
+];
+
+/// `netclass`: `<sys>/class/net/<iface>/*` → `node_network_up`, `node_network_info` and one
+/// `node_network_<property>` per readable attribute, for every interface (node_exporter's
+/// default `--collector.netclass.ignored-devices` is `^$`, which ignores none).
+/// `node_network_speed_bytes` is `speed` × 125000, -125000 where the driver reports -1.
+pub fn netclass(sys: &Path, out: &mut Vec<Metric>) -> Result<(), NodeError> {
+    let class = sys.join("class/net");
+    for device in list_dir(&class, true)? {
+        let dir = class.join(&device);
+        let text = |name: &str| net_attr(&dir, name).map(Option::unwrap_or_default);
+        let operstate = text("operstate")?;
+        let (address, broadcast) = (text("address")?, text("broadcast")?);
+        let (duplex, ifalias) = (text("duplex")?, text("ifalias")?);
+        let labels = [("device", device.as_str())];
+        out.push(gauge(
+            "node_network_up",
+            "Value is 1 if operstate is 'up', 0 otherwise.",
+            &labels,
+            if operstate == "up" { 1.0 } else { 0.0 },
+        ));
+        out.push(gauge(
+            "node_network_info",
+            "Non-numeric data from /sys/class/net/<iface>, value is always 1.",
+            &[
+                ("address", &address),
+                ("broadcast", &broadcast),
+                ("device", &device),
+                ("duplex", &duplex),
+                ("ifalias", &ifalias),
+                ("operstate", &operstate),
+            ],
+            1.0,
+        ));
+        for (name, file, is_counter) in &NETCLASS_FIELDS {
+            let Some(mut value) = net_int(&dir, file)? else {
+                continue;
+            };
+            if *name == "speed_bytes" {
+                value = value.wrapping_mul(1000 * 1000) / 8;
+            }
+            let (series, help) = (
+                format!("node_network_{name}"),
+                format!("Network device property: {name}"),
+            );
+            out.push(if *is_counter {
+                counter(series, &help, &labels, value as f64)
+            } else {
+                gauge(series, &help, &labels, value as f64)
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Whether a read failed with `ENODATA`, which a thermal zone whose sensor is not ready
+/// returns; the `procfs` library skips such zones.
+fn no_data(e: &NodeError) -> bool {
+    const ENODATA: i32 = 61;
+    matches!(e, NodeError::Read { source, .. } if source.raw_os_error() == Some(ENODATA))
+}
+
+/// `thermal_zone`: `<sys>/class/thermal/thermal_zone[0-9]*` → `node_thermal_zone_temp{type,zone}`
+/// (millidegrees / 1000) and `cooling_device[0-9]*` → `node_cooling_device_{cur,max}_state`.
+pub fn thermal_zone(sys: &Path, out: &mut Vec<Metric>) -> Result<(), NodeError> {
+    let dir = sys.join("class/thermal");
+    for (name, zone) in glob_numbered(&dir, "thermal_zone") {
+        let read_zone = || -> Result<(String, i64), NodeError> {
+            let kind = read_trimmed(&zone.join("type"))?;
+            read_trimmed(&zone.join("policy"))?;
+            let temp_path = zone.join("temp");
+            let temp = parse_int(&temp_path, &read_trimmed(&temp_path)?)?;
+            Ok((kind, temp))
+        };
+        let (kind, temp) = match read_zone() {
+            Ok(zone) => zone,
+            Err(e) if no_data(&e) => continue,
+            Err(e) => return Err(e),
+        };
+        let id = name.trim_start_matches("thermal_zone");
+        out.push(gauge(
+            "node_thermal_zone_temp",
+            "Zone temperature in Celsius",
+            &[("type", &kind), ("zone", id)],
+            temp as f64 / 1000.0,
+        ));
+    }
+    for (name, device) in glob_numbered(&dir, "cooling_device") {
+        let kind = read_trimmed(&device.join("type"))?;
+        let max_path = device.join("max_state");
+        let max: i64 = parse_int(&max_path, &read_trimmed(&max_path)?)?;
+        let cur_path = device.join("cur_state");
+        let cur: i64 = parse_int(&cur_path, &read_trimmed(&cur_path)?)?;
+        let id = name.trim_start_matches("cooling_device");
+        let labels = [("name", id), ("type", kind.as_str())];
+        out.push(gauge(
+            "node_cooling_device_cur_state",
+            "Current throttle state of the cooling device",
+            &labels,
+            cur as f64,
+        ));
+        out.push(gauge(
+            "node_cooling_device_max_state",
+            "Maximum throttle state of the cooling device",
+            &labels,
+            max as f64,
+        ));
+    }
+    Ok(())
+}
+
+fn read_count(path: &Path) -> Result<f64, NodeError> {
+    let n: u64 = parse_int(path, &read_trimmed(path)?)?;
+    Ok(n as f64)
+}
+
+/// The digits right after `prefix` in `name` (`mc12` → `12`).
+fn number_after<'a>(name: &'a str, prefix: &str) -> &'a str {
+    let rest = name.strip_prefix(prefix).unwrap_or_default();
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    &rest[..end]
+}
+
+/// `edac`: `<sys>/devices/system/edac/mc/mc[0-9]*` → `node_edac_{correctable,uncorrectable}_errors_total{controller}`
+/// and `node_edac_csrow_{correctable,uncorrectable}_errors_total{controller,csrow}`, the
+/// controller's `*_noinfo_count` as `csrow="unknown"`.
+pub fn edac(sys: &Path, out: &mut Vec<Metric>) -> Result<(), NodeError> {
+    const CE: &str = "node_edac_correctable_errors_total";
+    const UE: &str = "node_edac_uncorrectable_errors_total";
+    const ROW_CE: &str = "node_edac_csrow_correctable_errors_total";
+    const ROW_UE: &str = "node_edac_csrow_uncorrectable_errors_total";
+    const ROW_CE_HELP: &str = "Total correctable memory errors for this csrow.";
+    const ROW_UE_HELP: &str = "Total uncorrectable memory errors for this csrow.";
+    for (name, mc) in glob_numbered(&sys.join("devices/system/edac/mc"), "mc") {
+        let controller = number_after(&name, "mc");
+        let ctl = [("controller", controller)];
+        let unknown = [("controller", controller), ("csrow", "unknown")];
+        let ce = read_count(&mc.join("ce_count"))?;
+        out.push(counter(CE, "Total correctable memory errors.", &ctl, ce));
+        let ce_noinfo = read_count(&mc.join("ce_noinfo_count"))?;
+        out.push(counter(ROW_CE, ROW_CE_HELP, &unknown, ce_noinfo));
+        let ue = read_count(&mc.join("ue_count"))?;
+        out.push(counter(UE, "Total uncorrectable memory errors.", &ctl, ue));
+        let ue_noinfo = read_count(&mc.join("ue_noinfo_count"))?;
+        out.push(counter(ROW_UE, ROW_UE_HELP, &unknown, ue_noinfo));
+        for (row_name, row) in glob_numbered(&mc, "csrow") {
+            let labels = [
+                ("controller", controller),
+                ("csrow", number_after(&row_name, "csrow")),
+            ];
+            let ce = read_count(&row.join("ce_count"))?;
+            out.push(counter(ROW_CE, ROW_CE_HELP, &labels, ce));
+            let ue = read_count(&row.join("ue_count"))?;
+            out.push(counter(ROW_UE, ROW_UE_HELP, &labels, ue));
+        }
+    }
+    Ok(())
+}
+
+/// `nvme`: `<sys>/class/nvme/<device>/{firmware_rev,model,serial,state}` →
+/// `node_nvme_info{device,firmware_revision,model,serial,state}` = 1.
+pub fn nvme(sys: &Path, out: &mut Vec<Metric>) -> Result<(), NodeError> {
+    let class = sys.join("class/nvme");
+    for device in list_dir(&class, false)? {
+        let dir = class.join(&device);
+        let firmware = read_trimmed(&dir.join("firmware_rev"))?;
+        let model = read_trimmed(&dir.join("model"))?;
+        let serial = read_trimmed(&dir.join("serial"))?;
+        let state = read_trimmed(&dir.join("state"))?;
+        out.push(gauge(
+            "node_nvme_info",
+            "Non-numeric data from /sys/class/nvme/<device>, value is always 1.",
+            &[
+                ("device", &device),
+                ("firmware_revision", &firmware),
+                ("model", &model),
+                ("serial", &serial),
+                ("state", &state),
+            ],
+            1.0,
+        ));
+    }
+    Ok(())
+}
+
+/// Runs the collector of this module named `name` (a `HostCollector` name), reading `proc` and
+/// `sys`; any other name does nothing.
+pub(super) fn collect(
+    name: &str,
+    proc: &Path,
+    sys: &Path,
+    out: &mut Vec<Metric>,
+) -> Result<(), NodeError> {
+    match name {
+        "arp" => arp(proc, out),
+        "netclass" => netclass(sys, out),
+        "thermal_zone" => thermal_zone(sys, out),
+        "edac" => edac(sys, out),
+        "nvme" => nvme(sys, out),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uctel_protocol::payload::MetricType;
+
+    fn tree(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        for (rel, text) in files {
+            let path = dir.path().join(rel);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).unwrap_or_else(|e| panic!("{e}"));
+            }
+            std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
+        }
+        dir
+    }
+
+    /// `name{k="v",…} type value` lines of `m`, in order.
+    fn lines(m: &[Metric]) -> Vec<String> {
+        m.iter()
+            .map(|s| {
+                let labels: Vec<String> = s
+                    .labels
+                    .iter()
+                    .map(|l| format!("{}={:?}", l.name, l.value))
+                    .collect();
+                let ty = match MetricType::try_from(s.r#type) {
+                    Ok(MetricType::Counter) => "counter",
+                    Ok(MetricType::Gauge) => "gauge",
+                    _ => "other",
+                };
+                format!("{}{{{}}} {ty} {}", s.name, labels.join(","), s.value)
+            })
+            .collect()
+    }
+
+    fn help_of<'a>(m: &'a [Metric], name: &str) -> Option<&'a str> {
+        m.iter().find(|s| s.name == name).map(|s| s.help.as_str())
+    }
+
+    #[test]
+    fn arp_counts_entries_per_device() {
+        let d = tree(&[(
+            "net/arp",
+            "IP address       HW type     Flags       HW address            Mask     Device\n\
+             192.168.1.1      0x1         0x2         cc:aa:dd:ee:aa:bb     *        eth0\n\
+             192.168.1.2      0x1         0x2         bb:cc:dd:ee:ff:aa     *        eth0\n\
+             10.0.0.1         0x1         0x2         aa:bb:cc:dd:ee:ff     *        nope0\n\
+             \n",
+        )]);
+        let mut out = Vec::new();
+        arp(d.path(), &mut out).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            lines(&out),
+            [
+                "node_arp_entries{device=\"eth0\"} gauge 2",
+                "node_arp_entries{device=\"nope0\"} gauge 1",
+            ]
+        );
+        assert_eq!(
+            help_of(&out, "node_arp_entries"),
+            Some("ARP entries by device")
+        );
+        // A header only: no series; no file: a failure.
+        let empty = tree(&[(
+            "net/arp",
+            "IP address HW type Flags HW address Mask Device\n",
+        )]);
+        let mut out = Vec::new();
+        arp(empty.path(), &mut out).unwrap_or_else(|e| panic!("{e}"));
+        assert!(out.is_empty());
+        assert!(arp(tree(&[]).path(), &mut Vec::new()).is_err());
+    }
+
+    #[test]
+    fn netclass_reads_every_interface_and_skips_absent_attributes() {
+        let eth0 = [
+            ("addr_assign_type", "3\n"),
+            ("address", "01:01:01:01:01:01\n"),
+            ("broadcast", "ff:ff:ff:ff:ff:ff\n"),
+            ("carrier", "1\n"),
+            ("carrier_changes", "2\n"),
+            ("carrier_up_count", "1\n"),
+            ("carrier_down_count", "1\n"),
+            ("dev_id", "0x20\n"),
+            ("dormant", "1\n"),
+            ("duplex", "full\n"),
+            ("flags", "0x1303\n"),
+            ("ifalias", "\n"),
+            ("ifindex", "2\n"),
+            ("iflink", "2\n"),
+            ("link_mode", "1\n"),
+            ("mtu", "1500\n"),
+            ("name_assign_type", "2\n"),
+            ("netdev_group", "0\n"),
+            ("operstate", "up\n"),
+            ("speed", "1000\n"),
+            ("tx_queue_len", "1000\n"),
+            ("type", "1\n"),
+        ];
+        let mut files: Vec<(String, &str)> = eth0
+            .iter()
+            .map(|(f, v)| (format!("class/net/eth0/{f}"), *v))
+            .collect();
+        // A virtual interface: no speed, carrier, duplex or name_assign_type; speed -1.
+        for (f, v) in [
+            ("address", "00:00:00:00:00:00\n"),
+            ("operstate", "unknown\n"),
+            ("mtu", "65536\n"),
+            ("type", "772\n"),
+        ] {
+            files.push((format!("class/net/lo/{f}"), v));
+        }
+        files.push(("class/net/virt0/speed".to_owned(), "-1\n"));
+        files.push(("class/net/bonding_masters".to_owned(), "bond0\n"));
+        let refs: Vec<(&str, &str)> = files.iter().map(|(p, v)| (p.as_str(), *v)).collect();
+        let d = tree(&refs);
+        let mut out = Vec::new();
+        netclass(d.path(), &mut out).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            lines(&out),
+            [
+                "node_network_up{device=\"eth0\"} gauge 1",
+                "node_network_info{address=\"01:01:01:01:01:01\",broadcast=\"ff:ff:ff:ff:ff:ff\",\
+                 device=\"eth0\",duplex=\"full\",ifalias=\"\",operstate=\"up\"} gauge 1",
+                "node_network_address_assign_type{device=\"eth0\"} gauge 3",
+                "node_network_carrier{device=\"eth0\"} gauge 1",
+                "node_network_carrier_changes_total{device=\"eth0\"} counter 2",
+                "node_network_carrier_up_changes_total{device=\"eth0\"} counter 1",
+                "node_network_carrier_down_changes_total{device=\"eth0\"} counter 1",
+                "node_network_device_id{device=\"eth0\"} gauge 32",
+                "node_network_dormant{device=\"eth0\"} gauge 1",
+                "node_network_flags{device=\"eth0\"} gauge 4867",
+                "node_network_iface_id{device=\"eth0\"} gauge 2",
+                "node_network_iface_link{device=\"eth0\"} gauge 2",
+                "node_network_iface_link_mode{device=\"eth0\"} gauge 1",
+                "node_network_mtu_bytes{device=\"eth0\"} gauge 1500",
+                "node_network_name_assign_type{device=\"eth0\"} gauge 2",
+                "node_network_net_dev_group{device=\"eth0\"} gauge 0",
+                "node_network_speed_bytes{device=\"eth0\"} gauge 125000000",
+                "node_network_transmit_queue_length{device=\"eth0\"} gauge 1000",
+                "node_network_protocol_type{device=\"eth0\"} gauge 1",
+                "node_network_up{device=\"lo\"} gauge 0",
+                "node_network_info{address=\"00:00:00:00:00:00\",broadcast=\"\",device=\"lo\",\
+                 duplex=\"\",ifalias=\"\",operstate=\"unknown\"} gauge 1",
+                "node_network_mtu_bytes{device=\"lo\"} gauge 65536",
+                "node_network_protocol_type{device=\"lo\"} gauge 772",
+                "node_network_up{device=\"virt0\"} gauge 0",
+                "node_network_info{address=\"\",broadcast=\"\",device=\"virt0\",duplex=\"\",\
+                 ifalias=\"\",operstate=\"\"} gauge 1",
+                "node_network_speed_bytes{device=\"virt0\"} gauge -125000",
+            ]
+        );
+        assert_eq!(
+            help_of(&out, "node_network_info"),
+            Some("Non-numeric data from /sys/class/net/<iface>, value is always 1.")
+        );
+        assert_eq!(
+            help_of(&out, "node_network_up"),
+            Some("Value is 1 if operstate is 'up', 0 otherwise.")
+        );
+        assert_eq!(
+            help_of(&out, "node_network_speed_bytes"),
+            Some("Network device property: speed_bytes")
+        );
+        // No class/net: a failure; a number that is not one: a failure.
+        assert!(netclass(tree(&[]).path(), &mut Vec::new()).is_err());
+        let bad = tree(&[("class/net/eth0/mtu", "big\n")]);
+        assert!(netclass(bad.path(), &mut Vec::new()).is_err());
+    }
+
+    #[test]
+    fn netclass_skips_attributes_the_driver_refuses() {
+        // On Linux, /sys/class/net/lo/speed fails with EINVAL: no speed_bytes for lo.
+        let sys = Path::new("/sys");
+        if !sys.join("class/net/lo").exists() {
+            return;
+        }
+        let mut out = Vec::new();
+        netclass(sys, &mut out).unwrap_or_else(|e| panic!("{e}"));
+        let lo = |s: &&Metric| {
+            s.labels
+                .iter()
+                .any(|l| l.name == "device" && l.value == "lo")
+        };
+        assert!(out
+            .iter()
+            .filter(lo)
+            .any(|s| s.name == "node_network_mtu_bytes"));
+        if std::fs::read_to_string("/sys/class/net/lo/speed").is_err() {
+            assert!(!out
+                .iter()
+                .filter(lo)
+                .any(|s| s.name == "node_network_speed_bytes"));
+        }
+    }
+
+    #[test]
+    fn thermal_zone_reads_zones_and_cooling_devices() {
+        let d = tree(&[
+            ("class/thermal/thermal_zone0/type", "bcm2835_thermal\n"),
+            ("class/thermal/thermal_zone0/policy", "step_wise\n"),
+            ("class/thermal/thermal_zone0/temp", "49925\n"),
+            ("class/thermal/thermal_zone1/type", "acpitz\n"),
+            ("class/thermal/thermal_zone1/policy", "step_wise\n"),
+            ("class/thermal/thermal_zone1/temp", "-44000\n"),
+            ("class/thermal/thermal_zonex/temp", "1\n"),
+            ("class/thermal/cooling_device0/type", "Processor\n"),
+            ("class/thermal/cooling_device0/max_state", "50\n"),
+            ("class/thermal/cooling_device0/cur_state", "0\n"),
+            ("class/thermal/cooling_device1/type", "intel_powerclamp\n"),
+            ("class/thermal/cooling_device1/max_state", "27\n"),
+            ("class/thermal/cooling_device1/cur_state", "-1\n"),
+        ]);
+        let mut out = Vec::new();
+        thermal_zone(d.path(), &mut out).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            lines(&out),
+            [
+                "node_thermal_zone_temp{type=\"bcm2835_thermal\",zone=\"0\"} gauge 49.925",
+                "node_thermal_zone_temp{type=\"acpitz\",zone=\"1\"} gauge -44",
+                "node_cooling_device_cur_state{name=\"0\",type=\"Processor\"} gauge 0",
+                "node_cooling_device_max_state{name=\"0\",type=\"Processor\"} gauge 50",
+                "node_cooling_device_cur_state{name=\"1\",type=\"intel_powerclamp\"} gauge -1",
+                "node_cooling_device_max_state{name=\"1\",type=\"intel_powerclamp\"} gauge 27",
+            ]
+        );
+        assert_eq!(
+            help_of(&out, "node_thermal_zone_temp"),
+            Some("Zone temperature in Celsius")
+        );
+        assert_eq!(
+            help_of(&out, "node_cooling_device_max_state"),
+            Some("Maximum throttle state of the cooling device")
+        );
+        // No thermal class at all: a success with no series; a zone without policy: a failure.
+        let mut out = Vec::new();
+        thermal_zone(tree(&[]).path(), &mut out).unwrap_or_else(|e| panic!("{e}"));
+        assert!(out.is_empty());
+        let bad = tree(&[
+            ("class/thermal/thermal_zone0/type", "x\n"),
+            ("class/thermal/thermal_zone0/temp", "1\n"),
+        ]);
+        assert!(thermal_zone(bad.path(), &mut Vec::new()).is_err());
+    }
+
+    #[test]
+    fn edac_reads_controllers_and_csrows() {
+        let d = tree(&[
+            ("devices/system/edac/mc/mc0/ce_count", "1\n"),
+            ("devices/system/edac/mc/mc0/ce_noinfo_count", "2\n"),
+            ("devices/system/edac/mc/mc0/ue_count", "5\n"),
+            ("devices/system/edac/mc/mc0/ue_noinfo_count", "6\n"),
+            ("devices/system/edac/mc/mc0/csrow0/ce_count", "3\n"),
+            ("devices/system/edac/mc/mc0/csrow0/ue_count", "4\n"),
+            ("devices/system/edac/mc/mc0/csrow1/ce_count", "0\n"),
+            ("devices/system/edac/mc/mc0/csrow1/ue_count", "0\n"),
+            ("devices/system/edac/mc/power/x", "\n"),
+        ]);
+        let mut out = Vec::new();
+        edac(d.path(), &mut out).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            lines(&out),
+            [
+                "node_edac_correctable_errors_total{controller=\"0\"} counter 1",
+                "node_edac_csrow_correctable_errors_total{controller=\"0\",csrow=\"unknown\"} \
+                 counter 2",
+                "node_edac_uncorrectable_errors_total{controller=\"0\"} counter 5",
+                "node_edac_csrow_uncorrectable_errors_total{controller=\"0\",csrow=\"unknown\"} \
+                 counter 6",
+                "node_edac_csrow_correctable_errors_total{controller=\"0\",csrow=\"0\"} counter 3",
+                "node_edac_csrow_uncorrectable_errors_total{controller=\"0\",csrow=\"0\"} counter 4",
+                "node_edac_csrow_correctable_errors_total{controller=\"0\",csrow=\"1\"} counter 0",
+                "node_edac_csrow_uncorrectable_errors_total{controller=\"0\",csrow=\"1\"} counter 0",
+            ]
+        );
+        assert_eq!(
+            help_of(&out, "node_edac_correctable_errors_total"),
+            Some("Total correctable memory errors.")
+        );
+        assert_eq!(
+            help_of(&out, "node_edac_csrow_uncorrectable_errors_total"),
+            Some("Total uncorrectable memory errors for this csrow.")
+        );
+        let mut out = Vec::new();
+        edac(tree(&[]).path(), &mut out).unwrap_or_else(|e| panic!("{e}"));
+        assert!(out.is_empty());
+        let bad = tree(&[("devices/system/edac/mc/mc0/ce_count", "1\n")]);
+        assert!(edac(bad.path(), &mut Vec::new()).is_err());
+    }
+
+    #[test]
+    fn nvme_info_per_controller() {
+        let d = tree(&[
+            ("class/nvme/nvme0/firmware_rev", "1B2QEXP7\n"),
+            (
+                "class/nvme/nvme0/model",
+                "Samsung SSD 970 PRO 512GB               \n",
+            ),
+            ("class/nvme/nvme0/serial", "S680HF8N190894I     \n"),
+            ("class/nvme/nvme0/state", "live\n"),
+        ]);
+        let mut out = Vec::new();
+        nvme(d.path(), &mut out).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            lines(&out),
+            [
+                "node_nvme_info{device=\"nvme0\",firmware_revision=\"1B2QEXP7\",\
+              model=\"Samsung SSD 970 PRO 512GB\",serial=\"S680HF8N190894I\",state=\"live\"} \
+              gauge 1"
+            ]
+        );
+        assert_eq!(
+            help_of(&out, "node_nvme_info"),
+            Some("Non-numeric data from /sys/class/nvme/<device>, value is always 1.")
+        );
+        // No class/nvme: a failure, as node_exporter's "no data".
+        assert!(nvme(tree(&[]).path(), &mut Vec::new()).is_err());
+        let bad = tree(&[("class/nvme/nvme0/model", "x\n")]);
+        assert!(nvme(bad.path(), &mut Vec::new()).is_err());
+    }
+
+    #[test]
+    fn collect_dispatches_by_name() {
+        let d = tree(&[("net/arp", "IP address\n")]);
+        assert!(collect("arp", d.path(), d.path(), &mut Vec::new()).is_ok());
+        assert!(collect("nvme", d.path(), d.path(), &mut Vec::new()).is_err());
+        assert!(collect("cpu", d.path(), d.path(), &mut Vec::new()).is_ok());
+    }
+}
