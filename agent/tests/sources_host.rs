@@ -146,6 +146,11 @@ fn fixture(root: &Path) -> HostMetricsConfig {
         "IP address HW type Flags HW address Mask Device\n\
          10.0.0.1 0x1 0x2 02:00:00:00:00:01 * eth0\n",
     );
+    write(
+        &proc.join("mdstat"),
+        "Personalities : [raid1]\nmd0 : active raid1 sdb1[1] sda1[0]\n      \
+         248896 blocks [2/2] [UU]\n\nunused devices: <none>\n",
+    );
     write(&sys.join("class/net/eth0/operstate"), "up\n");
     write(&sys.join("class/net/eth0/mtu"), "1500\n");
     for (file, value) in [
@@ -379,6 +384,7 @@ fn fixture_tree_produces_node_exporter_series() {
         1500.0
     );
     assert!(has(m, "node_nvme_info", ("model", "M")));
+    assert_eq!(value(m, "node_md_blocks", &[("device", "md0")]), 248896.0);
     assert!(!m.iter().any(|s| s.name.starts_with("node_thermal_zone_")));
 
     // Every collector reports success; every sample uses the frame timestamp.

@@ -31,11 +31,12 @@
 //! | `thermal_zone` | `<sys>/class/thermal/{thermal_zone,cooling_device}[0-9]*` | `node_thermal_zone_temp{type,zone}` (millidegrees / 1000), `node_cooling_device_{cur,max}_state{name,type}` |
 //! | `edac` | `<sys>/devices/system/edac/mc/mc[0-9]*` | `node_edac_{correctable,uncorrectable}_errors_total{controller}`, `node_edac_csrow_{correctable,uncorrectable}_errors_total{controller,csrow}` (`csrow="unknown"`: the `*_noinfo_count`) |
 //! | `nvme` | `<sys>/class/nvme/<device>/{firmware_rev,model,serial,state}` | `node_nvme_info{device,firmware_revision,model,serial,state}` = 1 |
+//! | `mdadm` | `<proc>/mdstat` | `node_md_disks_required{device}`, `node_md_disks{device,state}` (`active`, `failed`, `spare`), `node_md_state{device,state}` (`active`, `inactive`, `recovering`, `resync`, `check`), `node_md_blocks{device}`, `node_md_blocks_synced{device}` |
 //!
 //! The collectors from `filefd` to `schedstat` are in [`crate::sources::node`], those from
 //! `arp` on in [`crate::sources::node_sys`]. A missing file of `pressure` (no PSI),
 //! `conntrack` (module not loaded), `schedstat` (kernel without `CONFIG_SCHEDSTATS`), `entropy`,
-//! `filefd`, `vmstat`, `netstat`, `os`, `softnet` or `arp`, or a missing `<sys>/class/net`
+//! `filefd`, `vmstat`, `netstat`, `os`, `softnet`, `arp` or `mdadm` (no md driver), or a missing `<sys>/class/net`
 //! (`netclass`) or `<sys>/class/nvme` (`nvme`), fails that collector only
 //! (`node_scrape_collector_success` 0), like node_exporter; `thermal_zone` and `edac` without
 //! devices succeed with no series, as node_exporter's do. Collectors listed in
@@ -162,11 +163,13 @@ pub enum HostCollector {
     Edac,
     /// `node_nvme_info` per controller (`/sys/class/nvme`).
     Nvme,
+    /// `node_md_*` per software RAID array (`/proc/mdstat`).
+    Mdadm,
 }
 
 impl HostCollector {
     /// Every sub-collector, in the order they run.
-    pub const ALL: [HostCollector; 25] = [
+    pub const ALL: [HostCollector; 26] = [
         HostCollector::Cpu,
         HostCollector::Stat,
         HostCollector::Loadavg,
@@ -192,6 +195,7 @@ impl HostCollector {
         HostCollector::ThermalZone,
         HostCollector::Edac,
         HostCollector::Nvme,
+        HostCollector::Mdadm,
     ];
 
     /// The node_exporter collector name, used as the `collector` label value.
@@ -213,6 +217,7 @@ const COLLECTOR_NAMES: [&str; HostCollector::ALL.len()] = [
     "cpu", "stat", "loadavg", "meminfo", "netdev", "diskstats", "filesystem", "time",
     "infiniband", "filefd", "uname", "entropy", "vmstat", "sockstat", "netstat", "pressure",
     "os", "conntrack", "softnet", "schedstat", "arp", "netclass", "thermal_zone", "edac", "nvme",
+    "mdadm",
 ];
 
 impl fmt::Display for HostCollector {
