@@ -152,6 +152,12 @@ fn fixture(root: &Path) -> HostMetricsConfig {
          248896 blocks [2/2] [UU]\n\nunused devices: <none>\n",
     );
     write(&sys.join("class/net/eth0/operstate"), "up\n");
+    write(&sys.join("class/net/bonding_masters"), "bond0\n");
+    write(&sys.join("class/net/bond0/bonding/slaves"), "eth0\n");
+    write(
+        &sys.join("class/net/bond0/lower_eth0/bonding_slave/mii_status"),
+        "up\n",
+    );
     write(&sys.join("class/net/eth0/mtu"), "1500\n");
     for (file, value) in [
         ("firmware_rev", "1.0"),
@@ -376,7 +382,7 @@ fn fixture_tree_produces_node_exporter_series() {
     );
     assert_eq!(value(m, "node_infiniband_out_of_buffer", &port), 17.0);
 
-    // arp, netclass and nvme (thermal_zone and edac find no devices: success, no series).
+    // arp, netclass, nvme, mdadm and bonding (thermal_zone and edac find no devices: success, no series).
     assert_eq!(value(m, "node_arp_entries", &[("device", "eth0")]), 1.0);
     assert_eq!(value(m, "node_network_up", &[("device", "eth0")]), 1.0);
     assert_eq!(
@@ -385,6 +391,7 @@ fn fixture_tree_produces_node_exporter_series() {
     );
     assert!(has(m, "node_nvme_info", ("model", "M")));
     assert_eq!(value(m, "node_md_blocks", &[("device", "md0")]), 248896.0);
+    assert_eq!(value(m, "node_bonding_active", &[("master", "bond0")]), 1.0);
     assert!(!m.iter().any(|s| s.name.starts_with("node_thermal_zone_")));
 
     // Every collector reports success; every sample uses the frame timestamp.

@@ -1,6 +1,6 @@
 //! The agent's node_exporter-style host collectors `filefd`, `uname`, `entropy`, `vmstat`,
 //! `sockstat`, `netstat`, `pressure`, `os`, `conntrack`, `softnet`, `schedstat`, `arp`, `netclass`,
-//! `thermal_zone`, `edac`, `nvme` and `mdadm` against the real
+//! `thermal_zone`, `edac`, `nvme`, `mdadm` and `bonding` against the real
 //! node_exporter (Debian's `prometheus-node-exporter` 1.5), one node_exporter per collector
 //! (`--collector.disable-defaults --collector.X`): for each collector, the series identities
 //! (name and labels but `agent` and `instance`) of its metric families at the collector must
@@ -19,7 +19,7 @@ use uctel_tests::exposition::{scrape, Scrape};
 use uctel_tests::pipeline::Pipeline;
 
 /// Each collector and the prefixes of its metric family names.
-const COLLECTORS: [(&str, &[&str]); 17] = [
+const COLLECTORS: [(&str, &[&str]); 18] = [
     ("filefd", &["node_filefd_"]),
     ("uname", &["node_uname_"]),
     ("entropy", &["node_entropy_"]),
@@ -40,6 +40,7 @@ const COLLECTORS: [(&str, &[&str]); 17] = [
     ("edac", &["node_edac_"]),
     ("nvme", &["node_nvme_"]),
     ("mdadm", &["node_md_"]),
+    ("bonding", &["node_bonding_"]),
 ];
 
 /// Whether the series or family `key` is one of `collector`'s, by `prefixes`. The agent also

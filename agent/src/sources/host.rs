@@ -32,12 +32,14 @@
 //! | `edac` | `<sys>/devices/system/edac/mc/mc[0-9]*` | `node_edac_{correctable,uncorrectable}_errors_total{controller}`, `node_edac_csrow_{correctable,uncorrectable}_errors_total{controller,csrow}` (`csrow="unknown"`: the `*_noinfo_count`) |
 //! | `nvme` | `<sys>/class/nvme/<device>/{firmware_rev,model,serial,state}` | `node_nvme_info{device,firmware_revision,model,serial,state}` = 1 |
 //! | `mdadm` | `<proc>/mdstat` | `node_md_disks_required{device}`, `node_md_disks{device,state}` (`active`, `failed`, `spare`), `node_md_state{device,state}` (`active`, `inactive`, `recovering`, `resync`, `check`), `node_md_blocks{device}`, `node_md_blocks_synced{device}` |
+//! | `bonding` | `<sys>/class/net/bonding_masters`, `<sys>/class/net/<master>/bonding/slaves`, `…/{lower,slave}_<slave>/bonding_slave/mii_status` | `node_bonding_slaves{master}`, `node_bonding_active{master}` (slaves whose MII status is `up`) |
 //!
 //! The collectors from `filefd` to `schedstat` are in [`crate::sources::node`], those from
 //! `arp` on in [`crate::sources::node_sys`]. A missing file of `pressure` (no PSI),
 //! `conntrack` (module not loaded), `schedstat` (kernel without `CONFIG_SCHEDSTATS`), `entropy`,
-//! `filefd`, `vmstat`, `netstat`, `os`, `softnet`, `arp` or `mdadm` (no md driver), or a missing `<sys>/class/net`
-//! (`netclass`) or `<sys>/class/nvme` (`nvme`), fails that collector only
+//! `filefd`, `vmstat`, `netstat`, `os`, `softnet`, `arp` or `mdadm` (no md driver), or a
+//! missing `<sys>/class/net` (`netclass`), `<sys>/class/nvme` (`nvme`) or
+//! `<sys>/class/net/bonding_masters` (`bonding`, no bonding driver), fails that collector only
 //! (`node_scrape_collector_success` 0), like node_exporter; `thermal_zone` and `edac` without
 //! devices succeed with no series, as node_exporter's do. Collectors listed in
 //! [`HostMetricsConfig::disabled`] do not run and emit no series at all,
@@ -165,11 +167,13 @@ pub enum HostCollector {
     Nvme,
     /// `node_md_*` per software RAID array (`/proc/mdstat`).
     Mdadm,
+    /// `node_bonding_{slaves,active}` per bonding master (`/sys/class/net/bonding_masters`).
+    Bonding,
 }
 
 impl HostCollector {
     /// Every sub-collector, in the order they run.
-    pub const ALL: [HostCollector; 26] = [
+    pub const ALL: [HostCollector; 27] = [
         HostCollector::Cpu,
         HostCollector::Stat,
         HostCollector::Loadavg,
@@ -196,6 +200,7 @@ impl HostCollector {
         HostCollector::Edac,
         HostCollector::Nvme,
         HostCollector::Mdadm,
+        HostCollector::Bonding,
     ];
 
     /// The node_exporter collector name, used as the `collector` label value.
@@ -217,7 +222,7 @@ const COLLECTOR_NAMES: [&str; HostCollector::ALL.len()] = [
     "cpu", "stat", "loadavg", "meminfo", "netdev", "diskstats", "filesystem", "time",
     "infiniband", "filefd", "uname", "entropy", "vmstat", "sockstat", "netstat", "pressure",
     "os", "conntrack", "softnet", "schedstat", "arp", "netclass", "thermal_zone", "edac", "nvme",
-    "mdadm",
+    "mdadm", "bonding",
 ];
 
 impl fmt::Display for HostCollector {

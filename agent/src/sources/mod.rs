@@ -11,7 +11,7 @@
 //!   `sockstat`, `netstat`, `pressure`, `os`, `conntrack`, `softnet`, `schedstat`) that
 //!   [`host::HostMetrics`] runs as sub-collectors.
 //! - [`node_sys`]: the node_exporter collectors over `/sys` device trees (`netclass`,
-//!   `thermal_zone`, `edac`, `nvme`), `/proc/net/arp` (`arp`) and `/proc/mdstat` (`mdadm`), also run by
+//!   `thermal_zone`, `edac`, `nvme`, `bonding`), `/proc/net/arp` (`arp`) and `/proc/mdstat` (`mdadm`), also run by
 //!   [`host::HostMetrics`].
 //! - [`logs`]: a log file tailer: glob paths, create- and copytruncate-rotation, truncation,
 //!   partial last lines, long lines, invalid UTF-8 and an offset checkpoint file.

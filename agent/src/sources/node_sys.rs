@@ -1,11 +1,12 @@
 //! node_exporter collectors that read device trees in `/sys` (and `/proc/net/arp`), run by
-//! [`crate::sources::host::HostMetrics`]: `arp`, `netclass`, `thermal_zone`, `edac`, `nvme` and
-//! `mdadm` (`/proc/mdstat`).
+//! [`crate::sources::host::HostMetrics`]: `arp`, `netclass`, `thermal_zone`, `edac`, `nvme`,
+//! `mdadm` (`/proc/mdstat`) and `bonding`.
 //!
 //! Names, help strings, types and value decoding follow node_exporter 1.5's
-//! `collector/{arp,netclass,thermal_zone,edac,nvme,mdadm}_linux.go` and the parsers of its
+//! `collector/{arp,netclass,thermal_zone,edac,nvme,mdadm,bonding}_linux.go` and the parsers of its
 //! `procfs` library. What is missing follows node_exporter too: no `/proc/net/arp`, no
-//! `/proc/mdstat`, no `/sys/class/net` or no `/sys/class/nvme` fails that collector (`node_scrape_collector_success`
+//! `/proc/mdstat`, no `/sys/class/net`, no `/sys/class/net/bonding_masters` or no
+//! `/sys/class/nvme` fails that collector (`node_scrape_collector_success`
 //! 0), while `thermal_zone` and `edac` find their devices by glob, so a machine without any is a
 //! success with no series.
 
@@ -518,6 +519,54 @@ pub fn mdadm(proc: &Path, out: &mut Vec<Metric>) -> Result<(), NodeError> {
     Ok(())
 }
 
+/// `bonding`: `<sys>/class/net/bonding_masters` and each master's `bonding/slaves` →
+/// `node_bonding_slaves{master}` and `node_bonding_active{master}` (slaves whose
+/// `lower_<slave>/bonding_slave/mii_status`, or on older kernels `slave_<slave>/…`, is `up`).
+pub fn bonding(sys: &Path, out: &mut Vec<Metric>) -> Result<(), NodeError> {
+    let class = sys.join("class/net");
+    let masters = read(&class.join("bonding_masters"))?;
+    let mut seen: Vec<&str> = Vec::new();
+    for master in masters.split_whitespace() {
+        if seen.contains(&master) {
+            continue;
+        }
+        seen.push(master);
+        let dir = class.join(master);
+        let slaves = read(&dir.join("bonding/slaves"))?;
+        let (mut configured, mut active) = (0u32, 0u32);
+        for slave in slaves.split_whitespace() {
+            let status = |prefix: &str| {
+                let path = dir.join(format!("{prefix}{slave}/bonding_slave/mii_status"));
+                read(&path)
+            };
+            let state = match status("lower_") {
+                Err(NodeError::Read { source, .. }) if source.kind() == ErrorKind::NotFound => {
+                    status("slave_")?
+                }
+                other => other?,
+            };
+            configured += 1;
+            if state.trim() == "up" {
+                active += 1;
+            }
+        }
+        let labels = [("master", master)];
+        out.push(gauge(
+            "node_bonding_slaves",
+            "Number of configured slaves per bonding interface.",
+            &labels,
+            f64::from(configured),
+        ));
+        out.push(gauge(
+            "node_bonding_active",
+            "Number of active slaves per bonding interface.",
+            &labels,
+            f64::from(active),
+        ));
+    }
+    Ok(())
+}
+
 /// Runs the collector of this module named `name` (a `HostCollector` name), reading `proc` and
 /// `sys`; any other name does nothing.
 pub(super) fn collect(
@@ -533,6 +582,7 @@ pub(super) fn collect(
         "edac" => edac(sys, out),
         "nvme" => nvme(sys, out),
         "mdadm" => mdadm(proc, out),
+        "bonding" => bonding(sys, out),
         _ => Ok(()),
     }
 }
@@ -1139,6 +1189,50 @@ unused devices: <none>
             let d = tree(&[("mdstat", bad)]);
             assert!(mdadm(d.path(), &mut Vec::new()).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn bonding_counts_configured_and_up_slaves() {
+        let d = tree(&[
+            ("class/net/bonding_masters", "bond0 dmz int\n"),
+            ("class/net/bond0/bonding/slaves", "eth0 eth4\n"),
+            (
+                "class/net/bond0/lower_eth0/bonding_slave/mii_status",
+                "up\n",
+            ),
+            (
+                "class/net/bond0/lower_eth4/bonding_slave/mii_status",
+                "down\n",
+            ),
+            ("class/net/dmz/bonding/slaves", "eth1 eth2\n"),
+            ("class/net/dmz/slave_eth1/bonding_slave/mii_status", "up\n"),
+            ("class/net/dmz/slave_eth2/bonding_slave/mii_status", "up\n"),
+            ("class/net/int/bonding/slaves", "\n"),
+        ]);
+        let mut out = Vec::new();
+        bonding(d.path(), &mut out).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            lines(&out),
+            [
+                "node_bonding_slaves{master=\"bond0\"} gauge 2",
+                "node_bonding_active{master=\"bond0\"} gauge 1",
+                "node_bonding_slaves{master=\"dmz\"} gauge 2",
+                "node_bonding_active{master=\"dmz\"} gauge 2",
+                "node_bonding_slaves{master=\"int\"} gauge 0",
+                "node_bonding_active{master=\"int\"} gauge 0",
+            ]
+        );
+        assert_eq!(
+            help_of(&out, "node_bonding_slaves"),
+            Some("Number of configured slaves per bonding interface.")
+        );
+        // No bonding module: a failure, as node_exporter's "no data"; a slave without status too.
+        assert!(bonding(tree(&[]).path(), &mut Vec::new()).is_err());
+        let bad = tree(&[
+            ("class/net/bonding_masters", "bond0\n"),
+            ("class/net/bond0/bonding/slaves", "eth0\n"),
+        ]);
+        assert!(bonding(bad.path(), &mut Vec::new()).is_err());
     }
 
     #[test]
