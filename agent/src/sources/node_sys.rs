@@ -81,11 +81,15 @@ pub fn arp(proc: &Path, out: &mut Vec<Metric>) -> Result<(), NodeError> {
     let mut counts: std::collections::BTreeMap<&str, u32> = std::collections::BTreeMap::new();
     for line in text.lines() {
         let fields: Vec<&str> = line.split_whitespace().collect();
+        // Every line, the header included, has at least six columns, as node_exporter needs.
+        if fields.len() < 6 {
+            return Err(format_error(&path, format!("unexpected ARP line {line:?}")));
+        }
         // The header starts with `IP address`; the device is the last column.
         match (fields.first(), fields.last()) {
-            (Some(&"IP"), _) | (None, _) => {}
-            (Some(_), Some(device)) => *counts.entry(device).or_default() += 1,
-            (Some(_), None) => {}
+            (Some(&"IP"), _) => {}
+            (_, Some(device)) => *counts.entry(device).or_default() += 1,
+            (_, None) => {}
         }
     }
     for (device, n) in counts {
@@ -118,22 +122,44 @@ fn net_attr(dir: &Path, name: &str) -> Result<Option<String>, NodeError> {
     }
 }
 
-/// A numeric attribute: `0x` hexadecimal or decimal, as the `procfs` library reads them.
-fn net_int(dir: &Path, name: &str) -> Result<Option<i64>, NodeError> {
-    let Some(text) = net_attr(dir, name)? else {
-        return Ok(None);
+/// An integer as Go's `strconv.ParseInt(text, 0, 64)` reads it: an optional sign, then a
+/// `0x`, `0o`, `0b` or `0` (octal) prefix or decimal, `_` allowed between digits.
+fn go_int(text: &str) -> Option<i64> {
+    let (negative, body) = match text.as_bytes().first() {
+        Some(b'-') => (true, &text[1..]),
+        Some(b'+') => (false, &text[1..]),
+        _ => (false, text),
     };
-    let parsed = match text.strip_prefix("0x") {
-        Some(hex) => i64::from_str_radix(hex, 16).ok(),
-        None => text.parse().ok(),
+    let lower = body.to_ascii_lowercase();
+    let (radix, digits, prefixed) = if let Some(d) = lower.strip_prefix("0x") {
+        (16, d, true)
+    } else if let Some(d) = lower.strip_prefix("0b") {
+        (2, d, true)
+    } else if let Some(d) = lower.strip_prefix("0o") {
+        (8, d, true)
+    } else if lower.len() > 1 && lower.starts_with('0') {
+        (8, &lower[1..], true)
+    } else {
+        (10, lower.as_str(), false)
     };
-    match parsed {
-        Some(v) => Ok(Some(v)),
-        None => Err(format_error(
-            &dir.join(name),
-            format!("not an integer: {text:?}"),
-        )),
+    let bad_underscore =
+        digits.ends_with('_') || digits.contains("__") || (!prefixed && digits.starts_with('_'));
+    let clean: String = digits.chars().filter(|c| *c != '_').collect();
+    if bad_underscore || clean.is_empty() || clean.starts_with(['+', '-']) {
+        return None;
     }
+    let magnitude = u64::from_str_radix(&clean, radix).ok()?;
+    if negative {
+        0i64.checked_sub_unsigned(magnitude)
+    } else {
+        i64::try_from(magnitude).ok()
+    }
+}
+
+/// A numeric attribute, read as the `procfs` library 1.5 uses does: [`go_int`], and 0 when
+/// the text is not such a number (or is out of range).
+fn net_int(dir: &Path, name: &str) -> Result<Option<i64>, NodeError> {
+    Ok(net_attr(dir, name)?.map(|text| go_int(&text).unwrap_or(0)))
 }
 
 /// `netclass` series after `node_network_up` and `_info`: (series name, attribute file,
@@ -634,8 +660,7 @@ mod tests {
             "IP address       HW type     Flags       HW address            Mask     Device\n\
              192.168.1.1      0x1         0x2         cc:aa:dd:ee:aa:bb     *        eth0\n\
              192.168.1.2      0x1         0x2         bb:cc:dd:ee:ff:aa     *        eth0\n\
-             10.0.0.1         0x1         0x2         aa:bb:cc:dd:ee:ff     *        nope0\n\
-             \n",
+             10.0.0.1         0x1         0x2         aa:bb:cc:dd:ee:ff     *        nope0\n",
         )]);
         let mut out = Vec::new();
         arp(d.path(), &mut out).unwrap_or_else(|e| panic!("{e}"));
@@ -659,6 +684,15 @@ mod tests {
         arp(empty.path(), &mut out).unwrap_or_else(|e| panic!("{e}"));
         assert!(out.is_empty());
         assert!(arp(tree(&[]).path(), &mut Vec::new()).is_err());
+        // Fewer than six columns anywhere (an empty line too): a failure, as node_exporter's.
+        for bad in [
+            "IP address HW type Flags HW address Mask Device\n1.2.3.4 0x1 0x2 aa eth0\n",
+            "IP address\n",
+            "IP address HW type Flags HW address Mask Device\n\n",
+        ] {
+            let d = tree(&[("net/arp", bad)]);
+            assert!(arp(d.path(), &mut Vec::new()).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
@@ -752,10 +786,36 @@ mod tests {
             help_of(&out, "node_network_speed_bytes"),
             Some("Network device property: speed_bytes")
         );
-        // No class/net: a failure; a number that is not one: a failure.
+        // No class/net: a failure.
         assert!(netclass(tree(&[]).path(), &mut Vec::new()).is_err());
-        let bad = tree(&[("class/net/eth0/mtu", "big\n")]);
-        assert!(netclass(bad.path(), &mut Vec::new()).is_err());
+        // Numbers as Go's ParseInt with base 0 reads them; what it rejects is 0 (checked
+        // against node_exporter 1.5).
+        for (text, want) in [
+            ("010", 8),
+            ("0x1003", 4099),
+            ("0X1f", 31),
+            ("0x_1f", 31),
+            ("0b11", 3),
+            ("0o17", 15),
+            ("0_7", 7),
+            ("1_000", 1000),
+            ("-0x10", -16),
+            ("+5", 5),
+            ("-9223372036854775808", i64::MIN),
+            ("x", 0),
+            ("08", 0),
+            ("1__0", 0),
+            ("0x", 0),
+            ("", 0),
+            ("99999999999999999999", 0),
+            ("-99999999999999999999", 0),
+        ] {
+            let d = tree(&[("class/net/eth0/mtu", &format!("{text}\n"))]);
+            let mut out = Vec::new();
+            netclass(d.path(), &mut out).unwrap_or_else(|e| panic!("{e}"));
+            let mtu = out.iter().find(|s| s.name == "node_network_mtu_bytes");
+            assert_eq!(mtu.map(|s| s.value), Some(want as f64), "{text:?}");
+        }
     }
 
     #[test]
@@ -1237,7 +1297,10 @@ unused devices: <none>
 
     #[test]
     fn collect_dispatches_by_name() {
-        let d = tree(&[("net/arp", "IP address\n")]);
+        let d = tree(&[(
+            "net/arp",
+            "IP address HW type Flags HW address Mask Device\n",
+        )]);
         assert!(collect("arp", d.path(), d.path(), &mut Vec::new()).is_ok());
         assert!(collect("nvme", d.path(), d.path(), &mut Vec::new()).is_err());
         assert!(collect("cpu", d.path(), d.path(), &mut Vec::new()).is_ok());
