@@ -105,8 +105,10 @@ pub fn arp(proc: &Path, out: &mut Vec<Metric>) -> Result<(), NodeError> {
 
 /// One `/sys/class/net/<iface>` attribute: `None` when it does not exist or the driver refuses
 /// to read it (`EINVAL`, `EOPNOTSUPP`, as for `speed` and `carrier` of a virtual or down
-/// interface) or it may not be read, as the `procfs` library skips those.
+/// interface) or it may not be read, as the `procfs` library skips those; and when it is not a
+/// file (the library reads only the directory's regular files).
 fn net_attr(dir: &Path, name: &str) -> Result<Option<String>, NodeError> {
+    const EISDIR: i32 = 21;
     const EINVAL: i32 = 22;
     const EOPNOTSUPP: i32 = 95;
     let path = dir.join(name);
@@ -114,7 +116,7 @@ fn net_attr(dir: &Path, name: &str) -> Result<Option<String>, NodeError> {
         Ok(text) => Ok(Some(text.trim().to_owned())),
         Err(e)
             if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::PermissionDenied)
-                || matches!(e.raw_os_error(), Some(EINVAL | EOPNOTSUPP)) =>
+                || matches!(e.raw_os_error(), Some(EISDIR | EINVAL | EOPNOTSUPP)) =>
         {
             Ok(None)
         }
@@ -786,8 +788,16 @@ mod tests {
             help_of(&out, "node_network_speed_bytes"),
             Some("Network device property: speed_bytes")
         );
-        // No class/net: a failure.
+        // No class/net: a failure; an attribute that is a directory: skipped.
         assert!(netclass(tree(&[]).path(), &mut Vec::new()).is_err());
+        let dir = tree(&[
+            ("class/net/eth0/mtu/x", "1\n"),
+            ("class/net/eth0/type", "1\n"),
+        ]);
+        let mut out = Vec::new();
+        netclass(dir.path(), &mut out).unwrap_or_else(|e| panic!("{e}"));
+        assert!(out.iter().all(|s| s.name != "node_network_mtu_bytes"));
+        assert!(out.iter().any(|s| s.name == "node_network_protocol_type"));
         // Numbers as Go's ParseInt with base 0 reads them; what it rejects is 0 (checked
         // against node_exporter 1.5).
         for (text, want) in [
