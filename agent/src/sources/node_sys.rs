@@ -248,6 +248,7 @@ fn no_data(e: &NodeError) -> bool {
 
 /// `thermal_zone`: `<sys>/class/thermal/thermal_zone[0-9]*` → `node_thermal_zone_temp{type,zone}`
 /// (millidegrees / 1000) and `cooling_device[0-9]*` → `node_cooling_device_{cur,max}_state`.
+/// A zone needs `type`, `policy` and `temp`; a zone whose sensor answers `ENODATA` is skipped.
 pub fn thermal_zone(sys: &Path, out: &mut Vec<Metric>) -> Result<(), NodeError> {
     let dir = sys.join("class/thermal");
     for (name, zone) in glob_numbered(&dir, "thermal_zone") {
@@ -256,6 +257,17 @@ pub fn thermal_zone(sys: &Path, out: &mut Vec<Metric>) -> Result<(), NodeError> 
             read_trimmed(&zone.join("policy"))?;
             let temp_path = zone.join("temp");
             let temp = parse_int(&temp_path, &read_trimmed(&temp_path)?)?;
+            // `passive` is optional, but when readable it must be an unsigned number.
+            let passive = zone.join("passive");
+            match read_trimmed(&passive) {
+                Ok(text) => parse_int::<u64>(&passive, &text).map(drop)?,
+                Err(NodeError::Read { source, .. })
+                    if matches!(
+                        source.kind(),
+                        ErrorKind::NotFound | ErrorKind::PermissionDenied
+                    ) => {}
+                Err(e) => return Err(e),
+            }
             Ok((kind, temp))
         };
         let (kind, temp) = match read_zone() {
@@ -901,6 +913,29 @@ mod tests {
             ("class/thermal/thermal_zone0/temp", "1\n"),
         ]);
         assert!(thermal_zone(bad.path(), &mut Vec::new()).is_err());
+        // `mode` is not read (a disabled zone is still reported); a `passive` that is not an
+        // unsigned number fails the collector, as node_exporter 1.5's does.
+        let zone = |passive: &str| {
+            tree(&[
+                ("class/thermal/thermal_zone0/type", "t\n"),
+                ("class/thermal/thermal_zone0/policy", "p\n"),
+                ("class/thermal/thermal_zone0/temp", "1000\n"),
+                ("class/thermal/thermal_zone0/mode", "disabled\n"),
+                ("class/thermal/thermal_zone0/passive", passive),
+            ])
+        };
+        let mut out = Vec::new();
+        thermal_zone(zone("0\n").path(), &mut out).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            lines(&out),
+            ["node_thermal_zone_temp{type=\"t\",zone=\"0\"} gauge 1"]
+        );
+        for bad in ["x\n", "-1\n"] {
+            assert!(
+                thermal_zone(zone(bad).path(), &mut Vec::new()).is_err(),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]
