@@ -141,6 +141,35 @@ fn fixture(root: &Path) -> HostMetricsConfig {
         &proc.join("schedstat"),
         "version 15\ncpu0 0 0 0 0 0 0 10 20 30\n",
     );
+    write(
+        &proc.join("net/arp"),
+        "IP address HW type Flags HW address Mask Device\n\
+         10.0.0.1 0x1 0x2 02:00:00:00:00:01 * eth0\n",
+    );
+    write(
+        &proc.join("mdstat"),
+        "Personalities : [raid1]\nmd0 : active raid1 sdb1[1] sda1[0]\n      \
+         248896 blocks [2/2] [UU]\n\nunused devices: <none>\n",
+    );
+    write(&sys.join("class/net/eth0/operstate"), "up\n");
+    write(&sys.join("class/net/bonding_masters"), "bond0\n");
+    write(&sys.join("class/net/bond0/bonding/slaves"), "eth0\n");
+    write(
+        &sys.join("class/net/bond0/lower_eth0/bonding_slave/mii_status"),
+        "up\n",
+    );
+    write(&sys.join("class/net/eth0/mtu"), "1500\n");
+    for (file, value) in [
+        ("firmware_rev", "1.0"),
+        ("model", "M"),
+        ("serial", "S"),
+        ("state", "live"),
+    ] {
+        write(
+            &sys.join("class/nvme/nvme0").join(file),
+            &format!("{value}\n"),
+        );
+    }
 
     let port = sys.join("class/infiniband/mlx5_0/ports/1");
     write(&sys.join("class/infiniband/mlx5_0/fw_ver"), "16.35.2000\n");
@@ -352,6 +381,18 @@ fn fixture_tree_produces_node_exporter_series() {
         4000.0
     );
     assert_eq!(value(m, "node_infiniband_out_of_buffer", &port), 17.0);
+
+    // arp, netclass, nvme, mdadm and bonding (thermal_zone and edac find no devices: success, no series).
+    assert_eq!(value(m, "node_arp_entries", &[("device", "eth0")]), 1.0);
+    assert_eq!(value(m, "node_network_up", &[("device", "eth0")]), 1.0);
+    assert_eq!(
+        value(m, "node_network_mtu_bytes", &[("device", "eth0")]),
+        1500.0
+    );
+    assert!(has(m, "node_nvme_info", ("model", "M")));
+    assert_eq!(value(m, "node_md_blocks", &[("device", "md0")]), 248896.0);
+    assert_eq!(value(m, "node_bonding_active", &[("master", "bond0")]), 1.0);
+    assert!(!m.iter().any(|s| s.name.starts_with("node_thermal_zone_")));
 
     // Every collector reports success; every sample uses the frame timestamp.
     for c in HostCollector::ALL

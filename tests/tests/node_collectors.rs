@@ -1,5 +1,6 @@
 //! The agent's node_exporter-style host collectors `filefd`, `uname`, `entropy`, `vmstat`,
-//! `sockstat`, `netstat`, `pressure`, `os`, `conntrack`, `softnet` and `schedstat` against the real
+//! `sockstat`, `netstat`, `pressure`, `os`, `conntrack`, `softnet`, `schedstat`, `arp`, `netclass`,
+//! `thermal_zone`, `edac`, `nvme`, `mdadm` and `bonding` against the real
 //! node_exporter (Debian's `prometheus-node-exporter` 1.5), one node_exporter per collector
 //! (`--collector.disable-defaults --collector.X`): for each collector, the series identities
 //! (name and labels but `agent` and `instance`) of its metric families at the collector must
@@ -17,20 +18,40 @@ use uctel_tests::daemon::Daemon;
 use uctel_tests::exposition::{scrape, Scrape};
 use uctel_tests::pipeline::Pipeline;
 
-/// Each collector and the prefix of its metric family names.
-const COLLECTORS: [(&str, &str); 11] = [
-    ("filefd", "node_filefd_"),
-    ("uname", "node_uname_"),
-    ("entropy", "node_entropy_"),
-    ("vmstat", "node_vmstat_"),
-    ("sockstat", "node_sockstat_"),
-    ("netstat", "node_netstat_"),
-    ("pressure", "node_pressure_"),
-    ("os", "node_os_"),
-    ("conntrack", "node_nf_conntrack_"),
-    ("softnet", "node_softnet_"),
-    ("schedstat", "node_schedstat_"),
+/// Each collector and the prefixes of its metric family names.
+const COLLECTORS: [(&str, &[&str]); 18] = [
+    ("filefd", &["node_filefd_"]),
+    ("uname", &["node_uname_"]),
+    ("entropy", &["node_entropy_"]),
+    ("vmstat", &["node_vmstat_"]),
+    ("sockstat", &["node_sockstat_"]),
+    ("netstat", &["node_netstat_"]),
+    ("pressure", &["node_pressure_"]),
+    ("os", &["node_os_"]),
+    ("conntrack", &["node_nf_conntrack_"]),
+    ("softnet", &["node_softnet_"]),
+    ("schedstat", &["node_schedstat_"]),
+    ("arp", &["node_arp_"]),
+    ("netclass", &["node_network_"]),
+    (
+        "thermal_zone",
+        &["node_thermal_zone_", "node_cooling_device_"],
+    ),
+    ("edac", &["node_edac_"]),
+    ("nvme", &["node_nvme_"]),
+    ("mdadm", &["node_md_"]),
+    ("bonding", &["node_bonding_"]),
 ];
+
+/// Whether the series or family `key` is one of `collector`'s, by `prefixes`. The agent also
+/// runs `netdev`, whose `node_network_{receive,transmit}_*_total` are not `netclass`'s.
+fn owned(collector: &str, prefixes: &[&str], key: &str) -> bool {
+    let name = key.split('{').next().unwrap_or_default();
+    let netdev = (name.starts_with("node_network_receive_")
+        || name.starts_with("node_network_transmit_"))
+        && name.ends_with("_total");
+    prefixes.iter().any(|p| name.starts_with(p)) && !(collector == "netclass" && netdev)
+}
 
 /// Series whose value does not move on a live host.
 fn fixed(key: &str) -> bool {
@@ -40,6 +61,12 @@ fn fixed(key: &str) -> bool {
         || name == "node_filefd_maximum"
         || name == "node_entropy_pool_size_bits"
         || name == "node_nf_conntrack_entries_limit"
+        || name == "node_network_up"
+        || name == "node_network_mtu_bytes"
+        || name == "node_network_flags"
+        || name == "node_network_iface_id"
+        || name == "node_network_protocol_type"
+        || name == "node_network_speed_bytes"
         || name == "node_scrape_collector_success"
 }
 
@@ -118,7 +145,7 @@ fn start_node_exporter(p: &Pipeline, collector: &str) -> (SocketAddr, Daemon) {
 fn the_host_collectors_serve_what_node_exporter_serves() {
     let _guard = uctel_tests::exclusive();
     let mut p = Pipeline::start();
-    let exporters: Vec<(&str, &str, SocketAddr, Daemon)> = COLLECTORS
+    let exporters: Vec<(&str, &[&str], SocketAddr, Daemon)> = COLLECTORS
         .iter()
         .map(|(c, prefix)| {
             let (addr, d) = start_node_exporter(&p, c);
@@ -162,9 +189,9 @@ fn the_host_collectors_serve_what_node_exporter_serves() {
     let at_collector = series(&collector, &["agent", "instance"], mine);
     let collector_families = families(&collector.text);
     let mut diff = Vec::new();
-    for (i, (name, prefix, _, _)) in exporters.iter().enumerate() {
+    for (i, (name, prefixes, _, _)) in exporters.iter().enumerate() {
         let success = format!("node_scrape_collector_success{{collector={name:?}}}");
-        let belongs = |k: &str| k.starts_with(prefix) || k == success;
+        let belongs = |k: &str| owned(name, prefixes, k) || k == success;
         let ne_before: BTreeMap<String, f64> = series(&before[i], &[], |_| true)
             .into_iter()
             .filter(|(k, _)| belongs(k))
@@ -194,7 +221,8 @@ fn the_host_collectors_serve_what_node_exporter_serves() {
             }
         }
         let ne_families = families(&before[i].text);
-        for (family, (help, ty)) in ne_families.iter().filter(|(f, _)| f.starts_with(prefix)) {
+        let mine = ne_families.iter().filter(|(f, _)| owned(name, prefixes, f));
+        for (family, (help, ty)) in mine {
             match collector_families.get(family) {
                 None => diff.push(format!("{name}: no family {family} at the collector")),
                 Some((our_help, our_ty)) => {

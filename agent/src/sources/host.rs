@@ -26,11 +26,22 @@
 //! | `conntrack` | `<proc>/sys/net/netfilter/nf_conntrack_{count,max}`, `<proc>/net/stat/nf_conntrack` | `node_nf_conntrack_entries`, `node_nf_conntrack_entries_limit`, `node_nf_conntrack_stat_*` (summed over CPUs) |
 //! | `softnet` | `<proc>/net/softnet_stat` | `node_softnet_{processed,dropped,times_squeezed}_total{cpu}` |
 //! | `schedstat` | `<proc>/schedstat` | `node_schedstat_{running_seconds,waiting_seconds,timeslices}_total{cpu}` (nanoseconds / 10⁹) |
+//! | `arp` | `<proc>/net/arp` | `node_arp_entries{device}` |
+//! | `netclass` | `<sys>/class/net/<iface>/*` (every interface) | `node_network_up{device}`, `node_network_info{address,broadcast,device,duplex,ifalias,operstate}` = 1, `node_network_<property>{device}` (`address_assign_type`, `carrier`, `carrier{,_up,_down}_changes_total`, `device_id`, `dormant`, `flags`, `iface_id`, `iface_link`, `iface_link_mode`, `mtu_bytes`, `name_assign_type`, `net_dev_group`, `speed_bytes` (Mb/s × 125000), `transmit_queue_length`, `protocol_type`); an attribute the driver refuses to read (`EINVAL`, `EOPNOTSUPP`) is left out |
+//! | `thermal_zone` | `<sys>/class/thermal/{thermal_zone,cooling_device}[0-9]*` | `node_thermal_zone_temp{type,zone}` (millidegrees / 1000), `node_cooling_device_{cur,max}_state{name,type}` |
+//! | `edac` | `<sys>/devices/system/edac/mc/mc[0-9]*` | `node_edac_{correctable,uncorrectable}_errors_total{controller}`, `node_edac_csrow_{correctable,uncorrectable}_errors_total{controller,csrow}` (`csrow="unknown"`: the `*_noinfo_count`) |
+//! | `nvme` | `<sys>/class/nvme/<device>/{firmware_rev,model,serial,state}` | `node_nvme_info{device,firmware_revision,model,serial,state}` = 1 |
+//! | `mdadm` | `<proc>/mdstat` | `node_md_disks_required{device}`, `node_md_disks{device,state}` (`active`, `failed`, `spare`), `node_md_state{device,state}` (`active`, `inactive`, `recovering`, `resync`, `check`), `node_md_blocks{device}`, `node_md_blocks_synced{device}` |
+//! | `bonding` | `<sys>/class/net/bonding_masters`, `<sys>/class/net/<master>/bonding/slaves`, `…/{lower,slave}_<slave>/bonding_slave/mii_status` | `node_bonding_slaves{master}`, `node_bonding_active{master}` (slaves whose MII status is `up`) |
 //!
-//! The collectors from `filefd` on are in [`crate::sources::node`]. A missing file of
-//! `pressure` (no PSI), `conntrack` (module not loaded), `schedstat` (kernel without
-//! `CONFIG_SCHEDSTATS`), `entropy`, `filefd`, `vmstat`, `netstat`, `os` or `softnet` fails that
-//! collector only (`node_scrape_collector_success` 0), like node_exporter. Collectors listed in
+//! The collectors from `filefd` to `schedstat` are in [`crate::sources::node`], those from
+//! `arp` on in [`crate::sources::node_sys`]. A missing file of `pressure` (no PSI),
+//! `conntrack` (module not loaded), `schedstat` (kernel without `CONFIG_SCHEDSTATS`), `entropy`,
+//! `filefd`, `vmstat`, `netstat`, `os`, `softnet`, `arp` or `mdadm` (no md driver), or a
+//! missing `<sys>/class/net` (`netclass`), `<sys>/class/nvme` (`nvme`) or
+//! `<sys>/class/net/bonding_masters` (`bonding`, no bonding driver), fails that collector only
+//! (`node_scrape_collector_success` 0), like node_exporter; `thermal_zone` and `edac` without
+//! devices succeed with no series, as node_exporter's do. Collectors listed in
 //! [`HostMetricsConfig::disabled`] do not run and emit no series at all,
 //! `node_scrape_collector_*` included.
 //!
@@ -61,6 +72,7 @@ use uctel_protocol::payload::Metric;
 
 use super::metric::{counter, gauge};
 use super::node::{self, NodeError};
+use super::node_sys;
 use super::rdma::{RdmaCounters, RdmaError, SkippedFile};
 use serde::{Deserialize, Serialize};
 
@@ -101,7 +113,7 @@ pub struct HostMetricsConfig {
 
 /// One sub-collector of [`HostMetrics`], named like the node_exporter collector it mirrors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum HostCollector {
     /// `node_cpu_seconds_total` per CPU and mode (`/proc/stat`).
     Cpu,
@@ -143,11 +155,25 @@ pub enum HostCollector {
     Softnet,
     /// `node_schedstat_*` per CPU (`/proc/schedstat`).
     Schedstat,
+    /// `node_arp_entries` per device (`/proc/net/arp`).
+    Arp,
+    /// `node_network_info`, `node_network_up` and device properties (`/sys/class/net`).
+    Netclass,
+    /// `node_thermal_zone_temp`, `node_cooling_device_*` (`/sys/class/thermal`).
+    ThermalZone,
+    /// `node_edac_*` per memory controller (`/sys/devices/system/edac/mc`).
+    Edac,
+    /// `node_nvme_info` per controller (`/sys/class/nvme`).
+    Nvme,
+    /// `node_md_*` per software RAID array (`/proc/mdstat`).
+    Mdadm,
+    /// `node_bonding_{slaves,active}` per bonding master (`/sys/class/net/bonding_masters`).
+    Bonding,
 }
 
 impl HostCollector {
     /// Every sub-collector, in the order they run.
-    pub const ALL: [HostCollector; 20] = [
+    pub const ALL: [HostCollector; 27] = [
         HostCollector::Cpu,
         HostCollector::Stat,
         HostCollector::Loadavg,
@@ -168,38 +194,36 @@ impl HostCollector {
         HostCollector::Conntrack,
         HostCollector::Softnet,
         HostCollector::Schedstat,
+        HostCollector::Arp,
+        HostCollector::Netclass,
+        HostCollector::ThermalZone,
+        HostCollector::Edac,
+        HostCollector::Nvme,
+        HostCollector::Mdadm,
+        HostCollector::Bonding,
     ];
 
     /// The node_exporter collector name, used as the `collector` label value.
     pub fn as_str(self) -> &'static str {
-        match self {
-            HostCollector::Cpu => "cpu",
-            HostCollector::Stat => "stat",
-            HostCollector::Loadavg => "loadavg",
-            HostCollector::Meminfo => "meminfo",
-            HostCollector::Netdev => "netdev",
-            HostCollector::Diskstats => "diskstats",
-            HostCollector::Filesystem => "filesystem",
-            HostCollector::Time => "time",
-            HostCollector::Infiniband => "infiniband",
-            HostCollector::Filefd => "filefd",
-            HostCollector::Uname => "uname",
-            HostCollector::Entropy => "entropy",
-            HostCollector::Vmstat => "vmstat",
-            HostCollector::Sockstat => "sockstat",
-            HostCollector::Netstat => "netstat",
-            HostCollector::Pressure => "pressure",
-            HostCollector::Os => "os",
-            HostCollector::Conntrack => "conntrack",
-            HostCollector::Softnet => "softnet",
-            HostCollector::Schedstat => "schedstat",
-        }
+        COLLECTOR_NAMES
+            .get(self.index())
+            .copied()
+            .unwrap_or_default()
     }
 
     fn index(self) -> usize {
         self as usize
     }
 }
+
+/// [`HostCollector::as_str`] of each variant, in declaration order.
+#[rustfmt::skip]
+const COLLECTOR_NAMES: [&str; HostCollector::ALL.len()] = [
+    "cpu", "stat", "loadavg", "meminfo", "netdev", "diskstats", "filesystem", "time",
+    "infiniband", "filefd", "uname", "entropy", "vmstat", "sockstat", "netstat", "pressure",
+    "os", "conntrack", "softnet", "schedstat", "arp", "netclass", "thermal_zone", "edac", "nvme",
+    "mdadm", "bonding",
+];
 
 impl fmt::Display for HostCollector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -373,6 +397,8 @@ impl HostMetrics {
                 HostCollector::Schedstat => {
                     node::schedstat(proc, &mut out.metrics).map_err(From::from)
                 }
+                c => node_sys::collect(c.as_str(), proc, &self.paths.sys, &mut out.metrics)
+                    .map_err(From::from),
             };
             let elapsed = started.elapsed();
             let ok = match result {
@@ -1075,6 +1101,16 @@ fn time(out: &mut Vec<Metric>) {
 mod tests {
     use super::*;
     use crate::sources::rdma::SkipReason;
+
+    #[test]
+    fn collector_names_are_the_serde_names() {
+        for c in HostCollector::ALL {
+            let json = serde_json::to_string(&c).unwrap_or_default();
+            assert_eq!(json, format!("\"{}\"", c.as_str()), "{c:?}");
+            assert_eq!(HostCollector::ALL[c.index()], c);
+        }
+        assert_eq!(HostCollector::ThermalZone.as_str(), "thermal_zone");
+    }
 
     fn scrape_success(m: &[Metric], collector: &str) -> Option<f64> {
         m.iter()

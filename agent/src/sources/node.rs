@@ -39,7 +39,7 @@ pub enum NodeError {
     },
 }
 
-fn read(path: &Path) -> Result<String, NodeError> {
+pub(super) fn read(path: &Path) -> Result<String, NodeError> {
     std::fs::read_to_string(path).map_err(|source| NodeError::Read {
         path: path.to_owned(),
         source,
@@ -58,7 +58,7 @@ fn read_optional(path: &Path) -> Result<Option<String>, NodeError> {
     }
 }
 
-fn format_error(path: &Path, reason: impl Into<String>) -> NodeError {
+pub(super) fn format_error(path: &Path, reason: impl Into<String>) -> NodeError {
     NodeError::Format {
         path: path.to_owned(),
         reason: reason.into(),
