@@ -36,6 +36,7 @@ pub mod daemon;
 pub mod dashboards;
 pub mod faults;
 pub mod net;
+pub mod node_exporter;
 pub mod pair;
 pub mod pipeline;
 pub mod pool;

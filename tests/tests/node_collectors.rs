@@ -11,11 +11,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use uctel_tests::daemon::Daemon;
 use uctel_tests::exposition::{scrape, Scrape};
+use uctel_tests::node_exporter::{self, same, series};
 use uctel_tests::pipeline::Pipeline;
 
 /// Each collector and the prefixes of its metric family names.
@@ -70,27 +70,6 @@ fn fixed(key: &str) -> bool {
         || name == "node_scrape_collector_success"
 }
 
-/// `name{labels}` → value of the samples of `s` that `keep` selects, without `strip` labels.
-fn series(
-    s: &Scrape,
-    strip: &[&str],
-    keep: impl Fn(&uctel_testkit::Sample) -> bool,
-) -> BTreeMap<String, f64> {
-    s.samples
-        .iter()
-        .filter(|smp| keep(smp))
-        .map(|smp| {
-            let labels: Vec<String> = smp
-                .labels
-                .iter()
-                .filter(|(k, _)| !strip.contains(&k.as_str()))
-                .map(|(k, v)| format!("{k}={v:?}"))
-                .collect();
-            (format!("{}{{{}}}", smp.name, labels.join(",")), smp.value)
-        })
-        .collect()
-}
-
 /// Family name → (`# HELP` text, `# TYPE`) of an exposition.
 fn families(text: &str) -> BTreeMap<String, (String, String)> {
     let mut out: BTreeMap<String, (String, String)> = BTreeMap::new();
@@ -106,39 +85,15 @@ fn families(text: &str) -> BTreeMap<String, (String, String)> {
     out
 }
 
-fn same(a: f64, b: f64) -> bool {
-    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
-}
-
 fn start_node_exporter(p: &Pipeline, collector: &str) -> (SocketAddr, Daemon) {
-    let addr = uctel_tests::net::free_addr();
-    let log = p.path().join(format!("node-exporter-{collector}.log"));
-    let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
-    let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
-    let binary = std::path::Path::new("/usr/bin/prometheus-node-exporter");
-    assert!(
-        binary.is_file(),
-        "{} not found: install node_exporter (Debian: apt-get install prometheus-node-exporter)",
-        binary.display()
-    );
-    let child = Command::new(binary)
-        .arg(format!("--web.listen-address={addr}"))
-        .arg("--collector.disable-defaults")
-        .arg(format!("--collector.{collector}"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(out))
-        .stderr(Stdio::from(err))
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting node_exporter: {e}"));
-    let daemon = Daemon::adopt("node-exporter", binary, binary, &log, child);
-    uctel_tests::wait_for(
-        "node_exporter up",
-        Duration::from_secs(20),
-        Duration::from_millis(100),
-        || scrape(addr).map(|_| ()),
+    node_exporter::start(
+        p.path(),
+        &format!("node-exporter-{collector}"),
+        &[
+            "--collector.disable-defaults".to_owned(),
+            format!("--collector.{collector}"),
+        ],
     )
-    .unwrap_or_else(|e| panic!("{e}"));
-    (addr, daemon)
 }
 
 #[test]

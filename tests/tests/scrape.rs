@@ -9,54 +9,16 @@
 //! (reserved names: an agent cannot pose as the collector) and counted. A target nobody
 //! listens on is `up 0` and counted.
 
-use std::collections::BTreeMap;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use uctel_tests::daemon::Daemon;
-use uctel_tests::exposition::{scrape, Scrape};
+use uctel_tests::exposition::scrape;
+use uctel_tests::node_exporter::{self, same, series};
 use uctel_tests::pipeline::Pipeline;
-
-/// `name{labels}` → value of the samples of `s` that `keep` selects, without the labels in
-/// `strip`.
-fn series(
-    s: &Scrape,
-    strip: &[&str],
-    keep: impl Fn(&uctel_testkit::Sample) -> bool,
-) -> BTreeMap<String, f64> {
-    s.samples
-        .iter()
-        .filter(|smp| keep(smp))
-        .map(|smp| {
-            let labels: Vec<String> = smp
-                .labels
-                .iter()
-                .filter(|(k, _)| !strip.contains(&k.as_str()))
-                .map(|(k, v)| format!("{k}={v:?}"))
-                .collect();
-            (format!("{}{{{}}}", smp.name, labels.join(",")), smp.value)
-        })
-        .collect()
-}
-
-fn same(a: f64, b: f64) -> bool {
-    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
-}
 
 #[test]
 fn the_scrape_source_serves_what_node_exporter_serves() {
     let _guard = uctel_tests::exclusive();
     let mut p = Pipeline::start();
-    let ne_addr = uctel_tests::net::free_addr();
-    let log = p.path().join("node-exporter.log");
-    let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
-    let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
-    let binary = std::path::Path::new("/usr/bin/prometheus-node-exporter");
-    assert!(
-        binary.is_file(),
-        "{} not found: install node_exporter (Debian: apt-get install prometheus-node-exporter)",
-        binary.display()
-    );
     let textfile = p.path().join("textfile");
     std::fs::create_dir(&textfile).unwrap_or_else(|e| panic!("{e}"));
     std::fs::write(
@@ -65,25 +27,14 @@ fn the_scrape_source_serves_what_node_exporter_serves() {
          fixed_value{k=\"a\"} 1.25\nfixed_value{k=\"b\"} -3\nfixed_runs_total 42\n",
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    let child = Command::new(binary)
-        .arg(format!("--web.listen-address={ne_addr}"))
-        .arg(format!(
+    let (ne_addr, _node_exporter) = node_exporter::start(
+        p.path(),
+        "node-exporter",
+        &[format!(
             "--collector.textfile.directory={}",
             textfile.display()
-        ))
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(out))
-        .stderr(Stdio::from(err))
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting node_exporter: {e}"));
-    let _node_exporter = Daemon::adopt("node-exporter", binary, binary, &log, child);
-    uctel_tests::wait_for(
-        "node_exporter up",
-        Duration::from_secs(20),
-        Duration::from_millis(100),
-        || scrape(ne_addr).map(|_| ()),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+        )],
+    );
     let dead = uctel_tests::net::free_addr();
     let targets = serde_yaml::from_str::<serde_yaml::Value>(&format!(
         "- {{url: 'http://{ne_addr}/metrics', job: node, interval_seconds: 1, timeout_seconds: 1}}\n\

@@ -4,10 +4,8 @@
 //! value (`node_textfile_mtime_seconds` and `node_textfile_scrape_error` included).
 
 use std::collections::BTreeMap;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use uctel_tests::daemon::Daemon;
 use uctel_tests::exposition::{scrape, Scrape};
 use uctel_tests::pipeline::Pipeline;
 
@@ -79,27 +77,15 @@ fn the_textfile_source_serves_what_node_exporter_serves() {
     });
 
     // node_exporter on the same directory, textfile collector only.
-    let addr = uctel_tests::net::free_addr();
-    let log = p.path().join("node-exporter.log");
-    let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
-    let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
-    let binary = std::path::Path::new("/usr/bin/prometheus-node-exporter");
-    assert!(
-        binary.is_file(),
-        "{} not found: install node_exporter (Debian: apt-get install prometheus-node-exporter)",
-        binary.display()
+    let (addr, _node_exporter) = uctel_tests::node_exporter::start(
+        p.path(),
+        "node-exporter",
+        &[
+            "--collector.disable-defaults".to_owned(),
+            "--collector.textfile".to_owned(),
+            format!("--collector.textfile.directory={textfile_dir}"),
+        ],
     );
-    let child = Command::new(binary)
-        .arg("--collector.disable-defaults")
-        .arg("--collector.textfile")
-        .arg(format!("--collector.textfile.directory={textfile_dir}"))
-        .arg(format!("--web.listen-address={addr}"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(out))
-        .stderr(Stdio::from(err))
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting node_exporter: {e}"));
-    let _node_exporter = Daemon::adopt("node-exporter", binary, binary, &log, child);
 
     let from_node_exporter = |s: &Scrape| {
         textfile_series(s, &[], |n| {

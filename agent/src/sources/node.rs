@@ -640,11 +640,11 @@ pub fn schedstat(proc: &Path, out: &mut Vec<Metric>) -> Result<(), NodeError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// A tempdir laid out like `/proc` with `files` (relative path, contents).
-    fn tree(files: &[(&str, &str)]) -> tempfile::TempDir {
+    pub(in crate::sources) fn tree(files: &[(&str, &str)]) -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         for (rel, text) in files {
             let path = dir.path().join(rel);
@@ -657,7 +657,7 @@ mod tests {
     }
 
     /// `name{k="v",…} type value` lines of `m`, in order.
-    fn lines(m: &[Metric]) -> Vec<String> {
+    pub(in crate::sources) fn lines(m: &[Metric]) -> Vec<String> {
         m.iter()
             .map(|s| {
                 let labels: Vec<String> = s
@@ -676,7 +676,7 @@ mod tests {
             .collect()
     }
 
-    fn help_of<'a>(m: &'a [Metric], name: &str) -> Option<&'a str> {
+    pub(in crate::sources) fn help_of<'a>(m: &'a [Metric], name: &str) -> Option<&'a str> {
         m.iter().find(|s| s.name == name).map(|s| s.help.as_str())
     }
 

@@ -630,42 +630,9 @@ pub(super) fn collect(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use uctel_protocol::payload::MetricType;
 
-    fn tree(files: &[(&str, &str)]) -> tempfile::TempDir {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        for (rel, text) in files {
-            let path = dir.path().join(rel);
-            if let Some(parent) = path.parent() {
-                std::fs::create_dir_all(parent).unwrap_or_else(|e| panic!("{e}"));
-            }
-            std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
-        }
-        dir
-    }
-
-    /// `name{k="v",…} type value` lines of `m`, in order.
-    fn lines(m: &[Metric]) -> Vec<String> {
-        m.iter()
-            .map(|s| {
-                let labels: Vec<String> = s
-                    .labels
-                    .iter()
-                    .map(|l| format!("{}={:?}", l.name, l.value))
-                    .collect();
-                let ty = match MetricType::try_from(s.r#type) {
-                    Ok(MetricType::Counter) => "counter",
-                    Ok(MetricType::Gauge) => "gauge",
-                    _ => "other",
-                };
-                format!("{}{{{}}} {ty} {}", s.name, labels.join(","), s.value)
-            })
-            .collect()
-    }
-
-    fn help_of<'a>(m: &'a [Metric], name: &str) -> Option<&'a str> {
-        m.iter().find(|s| s.name == name).map(|s| s.help.as_str())
-    }
+    // The fixture tree and the line rendering of the `node` collectors' tests.
+    use super::super::node::tests::{help_of, lines, tree};
 
     #[test]
     fn arp_counts_entries_per_device() {
