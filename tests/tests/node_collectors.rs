@@ -1,6 +1,7 @@
 //! The agent's node_exporter-style host collectors `filefd`, `uname`, `entropy`, `vmstat`,
 //! `sockstat`, `netstat`, `pressure`, `os`, `conntrack`, `softnet`, `schedstat`, `arp`, `netclass`,
-//! `thermal_zone`, `edac`, `nvme`, `mdadm` and `bonding` against the real
+//! `thermal_zone`, `edac`, `nvme`, `mdadm`, `bonding`, `time`, `timex`, `udp_queues` and
+//! `selinux` against the real
 //! node_exporter (Debian's `prometheus-node-exporter` 1.5), one node_exporter per collector
 //! (`--collector.disable-defaults --collector.X`): for each collector, the series identities
 //! (name and labels but `agent` and `instance`) of its metric families at the collector must
@@ -19,7 +20,7 @@ use uctel_tests::node_exporter::{self, same, series};
 use uctel_tests::pipeline::Pipeline;
 
 /// Each collector and the prefixes of its metric family names.
-const COLLECTORS: [(&str, &[&str]); 18] = [
+const COLLECTORS: [(&str, &[&str]); 22] = [
     ("filefd", &["node_filefd_"]),
     ("uname", &["node_uname_"]),
     ("entropy", &["node_entropy_"]),
@@ -41,6 +42,10 @@ const COLLECTORS: [(&str, &[&str]); 18] = [
     ("nvme", &["node_nvme_"]),
     ("mdadm", &["node_md_"]),
     ("bonding", &["node_bonding_"]),
+    ("time", &["node_time_"]),
+    ("timex", &["node_timex_"]),
+    ("udp_queues", &["node_udp_"]),
+    ("selinux", &["node_selinux_"]),
 ];
 
 /// Whether the series or family `key` is one of `collector`'s, by `prefixes`. The agent also
@@ -68,6 +73,11 @@ fn fixed(key: &str) -> bool {
         || name == "node_network_protocol_type"
         || name == "node_network_speed_bytes"
         || name == "node_scrape_collector_success"
+        || name == "node_time_zone_offset_seconds"
+        || name == "node_timex_tick_seconds"
+        || name == "node_timex_loop_time_constant"
+        || name == "node_timex_tai_offset_seconds"
+        || name == "node_selinux_enabled"
 }
 
 /// Family name → (`# HELP` text, `# TYPE`) of an exposition.

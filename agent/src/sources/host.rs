@@ -10,10 +10,10 @@
 //! | `stat` | `<proc>/stat` | `node_boot_time_seconds`, `node_context_switches_total`, `node_forks_total`, `node_intr_total`, `node_procs_running`, `node_procs_blocked` |
 //! | `loadavg` | `<proc>/loadavg` | `node_load1`, `node_load5`, `node_load15` |
 //! | `meminfo` | `<proc>/meminfo` | `node_memory_<Field>_bytes` for fields in kB (×1024), `node_memory_<Field>` for unitless fields (`HugePages_Total`, …); `Active(anon)` becomes `Active_anon` |
-//! | `netdev` | `<proc>/net/dev` | `node_network_{receive,transmit}_<field>_total{device}` for all 16 fields |
-//! | `diskstats` | `<proc>/diskstats` | `node_disk_*_total{device}`, `node_disk_io_now{device}`; sectors ×512 bytes, milliseconds /1000; partitions, `ram`, `loop`, `fd` excluded like node_exporter's default |
+//! | `netdev` | `<proc>/net/dev`, `<sys>/class/net/<device>/statistics/rx_nohandler` | `node_network_{receive,transmit}_<field>_total{device}` for all 16 fields, `node_network_receive_nohandler_total{device}` |
+//! | `diskstats` | `<proc>/diskstats` | `node_disk_*_total{device}`, `node_disk_io_now{device}`; sectors ×512 bytes, milliseconds /1000; partitions, `ram`, `loop`, `fd` excluded like node_exporter's default; `node_disk_info`, `node_disk_filesystem_info`, `node_disk_device_mapper_info`, `node_disk_ata_*` from udev's `<rootfs>/run/udev/data/b<major>:<minor>` (see [`crate::sources::node_udev`]) |
 //! | `filesystem` | `<proc>/1/mountinfo` (fallback `<proc>/self/mountinfo`) + statvfs(2) | `node_filesystem_{size,free,avail}_bytes`, `node_filesystem_files{,_free}`, `node_filesystem_readonly`, `node_filesystem_device_error`, all `{device,mountpoint,fstype}`; pseudo filesystems excluded with node_exporter's default mount-point and fs-type lists |
-//! | `time` | system clock | `node_time_seconds` |
+//! | `time` | system clock, localtime(3), `<sys>/devices/system/clocksource/clocksource[0-9]*` | `node_time_seconds`, `node_time_zone_offset_seconds{time_zone}`, `node_time_clocksource_{available,current}_info{clocksource,device}` |
 //! | `infiniband` | `<sys>/class/infiniband` | see [`crate::sources::rdma`] |
 //! | `filefd` | `<proc>/sys/fs/file-nr` | `node_filefd_allocated`, `node_filefd_maximum` |
 //! | `uname` | uname(2) | `node_uname_info{sysname,release,version,machine,nodename,domainname}` = 1 |
@@ -33,9 +33,13 @@
 //! | `nvme` | `<sys>/class/nvme/<device>/{firmware_rev,model,serial,state}` | `node_nvme_info{device,firmware_revision,model,serial,state}` = 1 |
 //! | `mdadm` | `<proc>/mdstat` | `node_md_disks_required{device}`, `node_md_disks{device,state}` (`active`, `failed`, `spare`), `node_md_state{device,state}` (`active`, `inactive`, `recovering`, `resync`, `check`), `node_md_blocks{device}`, `node_md_blocks_synced{device}` |
 //! | `bonding` | `<sys>/class/net/bonding_masters`, `<sys>/class/net/<master>/bonding/slaves`, `…/{lower,slave}_<slave>/bonding_slave/mii_status` | `node_bonding_slaves{master}`, `node_bonding_active{master}` (slaves whose MII status is `up`) |
+//! | `timex` | adjtimex(2), read only | `node_timex_*`: sync status, offset, frequency, errors, tick, PPS state (see [`crate::sources::node_time::timex_series`]) |
+//! | `udp_queues` | `<proc>/net/udp`, `<proc>/net/udp6` | `node_udp_queues{ip,queue}` (bytes queued, summed over sockets) |
+//! | `selinux` | `<sys>/fs/selinux/enforce`, `<rootfs>/etc/selinux/config` | `node_selinux_enabled`, and when enabled `node_selinux_{config,current}_mode` |
 //!
-//! The collectors from `filefd` to `schedstat` are in [`crate::sources::node`], those from
-//! `arp` on in [`crate::sources::node_sys`]. A missing file of `pressure` (no PSI),
+//! The collectors from `filefd` to `schedstat` and `selinux` are in [`crate::sources::node`],
+//! those from `arp` to `bonding` in [`crate::sources::node_sys`], `netdev` and `udp_queues` in
+//! [`crate::sources::node_netdev`], `time` and `timex` in [`crate::sources::node_time`]. A missing file of `pressure` (no PSI),
 //! `conntrack` (module not loaded), `schedstat` (kernel without `CONFIG_SCHEDSTATS`), `entropy`,
 //! `filefd`, `vmstat`, `netstat`, `os`, `softnet`, `arp` or `mdadm` (no md driver), or a
 //! missing `<sys>/class/net` (`netclass`), `<sys>/class/nvme` (`nvme`) or
@@ -65,15 +69,15 @@
 use std::fmt;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use procfs::{FromRead, FromReadSI};
 use uctel_protocol::payload::Metric;
 
 use super::metric::{counter, gauge};
 use super::node::{self, NodeError};
-use super::node_sys;
 use super::rdma::{RdmaCounters, RdmaError, SkippedFile};
+use super::{node_netdev, node_sys, node_time, node_udev};
 use serde::{Deserialize, Serialize};
 
 /// Where the host's pseudo filesystems are mounted. Tests point these at fixture trees;
@@ -129,7 +133,7 @@ pub enum HostCollector {
     Diskstats,
     /// `node_filesystem_*` per mount (`/proc/1/mountinfo`, statvfs(2)).
     Filesystem,
-    /// `node_time_seconds`.
+    /// `node_time_seconds`, `node_time_zone_offset_seconds`, `node_time_clocksource_*`.
     Time,
     /// `node_infiniband_*` per RDMA port (`/sys/class/infiniband`).
     Infiniband,
@@ -169,11 +173,17 @@ pub enum HostCollector {
     Mdadm,
     /// `node_bonding_{slaves,active}` per bonding master (`/sys/class/net/bonding_masters`).
     Bonding,
+    /// `node_timex_*`: the kernel clock's NTP state (adjtimex(2)).
+    Timex,
+    /// `node_udp_queues` (`/proc/net/udp`, `/proc/net/udp6`).
+    UdpQueues,
+    /// `node_selinux_*` (`/sys/fs/selinux`).
+    Selinux,
 }
 
 impl HostCollector {
     /// Every sub-collector, in the order they run.
-    pub const ALL: [HostCollector; 27] = [
+    pub const ALL: [HostCollector; 30] = [
         HostCollector::Cpu,
         HostCollector::Stat,
         HostCollector::Loadavg,
@@ -201,6 +211,9 @@ impl HostCollector {
         HostCollector::Nvme,
         HostCollector::Mdadm,
         HostCollector::Bonding,
+        HostCollector::Timex,
+        HostCollector::UdpQueues,
+        HostCollector::Selinux,
     ];
 
     /// The node_exporter collector name, used as the `collector` label value.
@@ -222,7 +235,7 @@ const COLLECTOR_NAMES: [&str; HostCollector::ALL.len()] = [
     "cpu", "stat", "loadavg", "meminfo", "netdev", "diskstats", "filesystem", "time",
     "infiniband", "filefd", "uname", "entropy", "vmstat", "sockstat", "netstat", "pressure",
     "os", "conntrack", "softnet", "schedstat", "arp", "netclass", "thermal_zone", "edac", "nvme",
-    "mdadm", "bonding",
+    "mdadm", "bonding", "timex", "udp_queues", "selinux",
 ];
 
 impl fmt::Display for HostCollector {
@@ -358,11 +371,20 @@ impl HostMetrics {
                 },
                 HostCollector::Loadavg => loadavg(&self.paths.proc, &mut out.metrics),
                 HostCollector::Meminfo => meminfo(&self.paths.proc, &mut out.metrics),
-                HostCollector::Netdev => netdev(&self.paths.proc, &mut out.metrics),
-                HostCollector::Diskstats => diskstats(&self.paths.proc, &mut out.metrics),
+                HostCollector::Netdev => {
+                    node_netdev::netdev(proc, &self.paths.sys, &mut out.metrics).map_err(From::from)
+                }
+                HostCollector::Diskstats => diskstats(&self.paths, &mut out.metrics),
                 HostCollector::Filesystem => filesystem(&self.paths, &mut out.metrics),
                 HostCollector::Time => {
-                    time(&mut out.metrics);
+                    node_time::time(&self.paths.sys, &mut out.metrics).map_err(From::from)
+                }
+                HostCollector::Timex => node_time::timex(&mut out.metrics).map_err(From::from),
+                HostCollector::UdpQueues => {
+                    node_netdev::udp_queues(proc, &mut out.metrics).map_err(From::from)
+                }
+                HostCollector::Selinux => {
+                    node::selinux(&self.paths.sys, &self.paths.rootfs, &mut out.metrics);
                     Ok(())
                 }
                 HostCollector::Infiniband => match self.rdma.collect_into(&mut out.metrics) {
@@ -694,109 +716,6 @@ fn parse_meminfo_line(line: &str) -> Option<(String, f64)> {
     }
 }
 
-/// `node_network_<field>_total` name and help of each `/proc/net/dev` field, in the order of
-/// the values in [`netdev`] (node_exporter's `netdev_linux.go` field names), spelled out so a
-/// collection formats no strings.
-const NETDEV_FIELDS: [(&str, &str); 16] = [
-    (
-        "node_network_receive_bytes_total",
-        "Network device statistic receive_bytes.",
-    ),
-    (
-        "node_network_receive_packets_total",
-        "Network device statistic receive_packets.",
-    ),
-    (
-        "node_network_receive_errs_total",
-        "Network device statistic receive_errs.",
-    ),
-    (
-        "node_network_receive_drop_total",
-        "Network device statistic receive_drop.",
-    ),
-    (
-        "node_network_receive_fifo_total",
-        "Network device statistic receive_fifo.",
-    ),
-    (
-        "node_network_receive_frame_total",
-        "Network device statistic receive_frame.",
-    ),
-    (
-        "node_network_receive_compressed_total",
-        "Network device statistic receive_compressed.",
-    ),
-    (
-        "node_network_receive_multicast_total",
-        "Network device statistic receive_multicast.",
-    ),
-    (
-        "node_network_transmit_bytes_total",
-        "Network device statistic transmit_bytes.",
-    ),
-    (
-        "node_network_transmit_packets_total",
-        "Network device statistic transmit_packets.",
-    ),
-    (
-        "node_network_transmit_errs_total",
-        "Network device statistic transmit_errs.",
-    ),
-    (
-        "node_network_transmit_drop_total",
-        "Network device statistic transmit_drop.",
-    ),
-    (
-        "node_network_transmit_fifo_total",
-        "Network device statistic transmit_fifo.",
-    ),
-    (
-        "node_network_transmit_colls_total",
-        "Network device statistic transmit_colls.",
-    ),
-    (
-        "node_network_transmit_carrier_total",
-        "Network device statistic transmit_carrier.",
-    ),
-    (
-        "node_network_transmit_compressed_total",
-        "Network device statistic transmit_compressed.",
-    ),
-];
-
-fn netdev(proc: &Path, out: &mut Vec<Metric>) -> Result<(), HostError> {
-    let path = proc.join("net").join("dev");
-    let devices =
-        procfs::net::InterfaceDeviceStatus::from_file(&path).map_err(parse_error(&path))?;
-    let mut devices: Vec<_> = devices.0.into_values().collect();
-    devices.sort_by(|a, b| a.name.cmp(&b.name));
-    for d in &devices {
-        let values: [u64; NETDEV_FIELDS.len()] = [
-            d.recv_bytes,
-            d.recv_packets,
-            d.recv_errs,
-            d.recv_drop,
-            d.recv_fifo,
-            d.recv_frame,
-            d.recv_compressed,
-            d.recv_multicast,
-            d.sent_bytes,
-            d.sent_packets,
-            d.sent_errs,
-            d.sent_drop,
-            d.sent_fifo,
-            d.sent_colls,
-            d.sent_carrier,
-            d.sent_compressed,
-        ];
-        let labels = [("device", d.name.as_str())];
-        for ((name, help), value) in NETDEV_FIELDS.iter().zip(values) {
-            out.push(counter(*name, help, &labels, value as f64));
-        }
-    }
-    Ok(())
-}
-
 /// node_exporter's default `--collector.diskstats.device-exclude`:
 /// `^(z?ram|loop|fd|(h|s|v|xv)d[a-z]|nvme\d+n\d+p)\d+$` — partitions and RAM/loop/floppy
 /// devices, so whole disks are not counted twice.
@@ -825,14 +744,17 @@ pub fn disk_device_ignored(name: &str) -> bool {
     false
 }
 
-fn diskstats(proc: &Path, out: &mut Vec<Metric>) -> Result<(), HostError> {
-    let path = proc.join("diskstats");
+fn diskstats(paths: &HostPaths, out: &mut Vec<Metric>) -> Result<(), HostError> {
+    let path = paths.proc.join("diskstats");
+    let udev_data = paths.rootfs.join("run/udev/data");
     let disks = procfs::DiskStats::from_file(&path).map_err(parse_error(&path))?;
     // Sectors are 512-byte units regardless of the device (Documentation/block/stat.rst);
     // times are milliseconds.
     const SECTOR: f64 = 512.0;
     const MS: f64 = 1.0 / 1000.0;
     for d in disks.0.iter().filter(|d| !disk_device_ignored(&d.name)) {
+        let props = node_udev::properties(&udev_data, d.major, d.minor);
+        node_udev::disk_series(&d.name, d.major, d.minor, &props, out);
         let dev = [("device", d.name.as_str())];
         let c = |name: &str, help: &str, v: f64| counter(name.to_owned(), help, &dev, v);
         out.push(c(
@@ -1084,19 +1006,6 @@ fn filesystem(paths: &HostPaths, out: &mut Vec<Metric>) -> Result<(), HostError>
     Ok(())
 }
 
-fn time(out: &mut Vec<Metric>) {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0);
-    out.push(gauge(
-        "node_time_seconds",
-        "System time in seconds since epoch (1970).",
-        &[],
-        now,
-    ));
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1253,33 +1162,6 @@ mod tests {
         let c = host.collect();
         assert_eq!(scrape_success(&c.metrics, "infiniband"), Some(0.0));
         assert_eq!(c.infiniband_skipped.first().map(|f| f.first), Some(false));
-    }
-
-    #[test]
-    fn netdev_names_and_help_follow_the_field_names() {
-        let fields = [
-            "receive_bytes",
-            "receive_packets",
-            "receive_errs",
-            "receive_drop",
-            "receive_fifo",
-            "receive_frame",
-            "receive_compressed",
-            "receive_multicast",
-            "transmit_bytes",
-            "transmit_packets",
-            "transmit_errs",
-            "transmit_drop",
-            "transmit_fifo",
-            "transmit_colls",
-            "transmit_carrier",
-            "transmit_compressed",
-        ];
-        assert_eq!(NETDEV_FIELDS.len(), fields.len());
-        for ((name, help), field) in NETDEV_FIELDS.iter().zip(fields) {
-            assert_eq!(*name, format!("node_network_{field}_total"));
-            assert_eq!(*help, format!("Network device statistic {field}."));
-        }
     }
 
     #[test]

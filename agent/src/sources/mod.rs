@@ -8,8 +8,11 @@
 //!   (`hw_counters/`) from `<sysfs>/class/infiniband`, named like node_exporter's `infiniband`
 //!   collector. [`host::HostMetrics`] runs it as one of its sub-collectors.
 //! - [`node`]: the smaller node_exporter collectors (`filefd`, `uname`, `entropy`, `vmstat`,
-//!   `sockstat`, `netstat`, `pressure`, `os`, `conntrack`, `softnet`, `schedstat`) that
-//!   [`host::HostMetrics`] runs as sub-collectors.
+//!   `sockstat`, `netstat`, `pressure`, `os`, `conntrack`, `softnet`, `schedstat`, `selinux`)
+//!   that [`host::HostMetrics`] runs as sub-collectors.
+//! - [`node_netdev`]: `netdev` (interface counters) and `udp_queues`; [`node_time`]: `time`
+//!   and `timex` (the kernel clock); [`node_udev`]: the udev properties of block devices that
+//!   `diskstats` exports (`node_disk_info`, …).
 //! - [`node_sys`]: the node_exporter collectors over `/sys` device trees (`netclass`,
 //!   `thermal_zone`, `edac`, `nvme`, `bonding`), `/proc/net/arp` (`arp`) and `/proc/mdstat` (`mdadm`), also run by
 //!   [`host::HostMetrics`].
@@ -31,7 +34,10 @@ pub mod exposition;
 pub mod host;
 pub mod logs;
 pub mod node;
+pub mod node_netdev;
 pub mod node_sys;
+pub mod node_time;
+pub mod node_udev;
 pub mod rdma;
 pub mod scrape;
 pub mod severity;

@@ -22,7 +22,7 @@ use super::metric::{counter, gauge};
 use super::node::{format_error, read, NodeError};
 
 /// A sysfs attribute as the `procfs` library's `SysReadFile` returns it: trimmed.
-fn read_trimmed(path: &Path) -> Result<String, NodeError> {
+pub(super) fn read_trimmed(path: &Path) -> Result<String, NodeError> {
     Ok(read(path)?.trim().to_owned())
 }
 
@@ -33,7 +33,7 @@ fn parse_int<T: std::str::FromStr>(path: &Path, text: &str) -> Result<T, NodeErr
 
 /// The entries of `dir` whose name starts with `prefix` followed by a digit (the glob
 /// `<prefix>[0-9]*`), sorted like Go's `filepath.Glob`; none when `dir` cannot be listed.
-fn glob_numbered(dir: &Path, prefix: &str) -> Vec<(String, PathBuf)> {
+pub(super) fn glob_numbered(dir: &Path, prefix: &str) -> Vec<(String, PathBuf)> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
