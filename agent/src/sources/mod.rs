@@ -19,6 +19,7 @@
 //! - [`logs`]: a log file tailer: glob paths, create- and copytruncate-rotation, truncation,
 //!   partial last lines, long lines, invalid UTF-8 and an offset checkpoint file.
 //! - [`exposition`]: the Prometheus text format as records (textfile and scrape sources).
+//! - [`openmetrics`]: OpenMetrics 1.0 text rewritten as the text format 0.0.4.
 //! - [`scrape`]: local Prometheus endpoints scraped like a Prometheus job.
 //! - [`textfile`]: metrics from `*.prom` files, as node_exporter's textfile collector.
 //! - [`severity`]: a log line's severity from where the line states it (syslog `<PRI>`, JSON
@@ -38,6 +39,7 @@ pub mod node_netdev;
 pub mod node_sys;
 pub mod node_time;
 pub mod node_udev;
+pub mod openmetrics;
 pub mod rdma;
 pub mod scrape;
 pub mod severity;

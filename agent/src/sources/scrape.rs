@@ -16,8 +16,11 @@
 //!   `down`, `timeout`, `http_status`, `parse_error`, `body_too_large`, `sample_limit`),
 //!   logged once per target and reason.
 //!
-//! Samples: the text format 0.0.4 (requested with `Accept`; an OpenMetrics answer has its
-//! `# EOF` and `# UNIT` lines removed first), turned into records by `sources::exposition`;
+//! Samples: OpenMetrics 1.0 or the text format 0.0.4, asked for with Prometheus's own
+//! `Accept` header (OpenMetrics preferred); an OpenMetrics answer (by its `Content-Type`) is
+//! rewritten as the text format by `sources::openmetrics`, then either is turned into records
+//! by `sources::exposition`. Parsing runs off the async workers (`block_in_place`), so a huge
+//! answer delays no other source;
 //! a sample keeps its own timestamp where the target gives one, the others get the scrape's
 //! start (milliseconds). Every series gets `job` and the target's `labels`; a scraped label
 //! with one of those names is renamed `exported_<name>` unless `honor_labels` (then the
@@ -35,13 +38,15 @@ use uctel_protocol::payload::{Label, Metric};
 
 use super::exposition::{self, Timestamps};
 use super::metric::gauge;
+use super::openmetrics;
 
 /// Longest answer read (larger ones fail the scrape as `body_too_large`).
 pub const MAX_BODY_BYTES: usize = 64 << 20;
 
-/// The `Accept` header: the text format 0.0.4 (what the parser reads), as Prometheus asks for
-/// it when it does not want OpenMetrics.
-pub const ACCEPT: &str = "text/plain;version=0.0.4;q=1,*/*;q=0.1";
+/// The `Accept` header, Prometheus 2's default (`scrape/scrape.go`, `scrapeAcceptHeader`):
+/// OpenMetrics 1.0.0, then 0.0.1, then the text format 0.0.4, then anything.
+pub const ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;\
+                          version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
 
 /// `sources.scrape[]`: one target, as one Prometheus `static_configs` target of a job.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -265,7 +270,7 @@ impl Target {
                 )),
             ),
             Ok(Err(e)) => (Vec::new(), 0, Some(e)),
-            Ok(Ok(text)) => match self.samples(&text, start_ms) {
+            Ok(Ok(text)) => match off_the_workers(|| self.samples(&text, start_ms)) {
                 Ok((kept, scraped)) => (kept, scraped, None),
                 Err((e, scraped)) => (Vec::new(), scraped, Some(e)),
             },
@@ -351,14 +356,12 @@ impl Target {
         }
         let text = String::from_utf8(body)
             .map_err(|e| (ScrapeError::ParseError, format!("not UTF-8: {e}")))?;
-        Ok(if open_metrics {
-            text.lines()
-                .filter(|l| *l != "# EOF" && !l.starts_with("# UNIT "))
-                .flat_map(|l| [l, "\n"])
-                .collect()
+        if open_metrics {
+            off_the_workers(|| openmetrics::to_text(&text))
+                .map_err(|e| (ScrapeError::ParseError, e.to_string()))
         } else {
-            text
-        })
+            Ok(text)
+        }
     }
 
     /// The target's records after `metric_relabel`, with target labels and timestamps, and
@@ -408,6 +411,17 @@ impl Target {
             ));
         }
         Ok((kept, scraped))
+    }
+}
+
+/// Runs CPU-bound `f` (parsing an answer of up to [`MAX_BODY_BYTES`]) without holding an
+/// async worker: `block_in_place` on a multi-threaded runtime, inline otherwise.
+fn off_the_workers<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
     }
 }
 
