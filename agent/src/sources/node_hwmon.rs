@@ -27,7 +27,9 @@
 //!   → `_watt` (microwatts / 10⁶), but `power*_accuracy` has no suffix (ratio, / 10⁶) and
 //!   `power*_average_interval{,_min,_max}` is `_seconds` (milliseconds × 0.001); `humidity` has
 //!   no suffix (/ 10⁶, as node_exporter does); `fan` `input`, `min`, `max`, `target` → `_rpm`.
-//!   `*_alarm` and `*_fault` are kept as read without a unit, `*_beep` becomes
+//!   `*_alarm` and `*_fault` are kept as read without a unit (only a property that is exactly
+//!   `alarm` or `fault`: `temp1_crit_alarm` is `node_hwmon_temp_crit_alarm_celsius`, × 0.001,
+//!   as node_exporter names it), `*_beep` becomes
 //!   `node_hwmon_<type>_beep_enabled`, `temp*_type` and every other property (`pwm1`,
 //!   `fan1_pulses`, `intrusion0_alarm`, …) are kept as read. The chip-wide files are
 //!   `node_hwmon_beep_enabled` (1 when `beep_enable` reads `1`, else 0),
