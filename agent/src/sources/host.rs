@@ -33,17 +33,20 @@
 //! | `nvme` | `<sys>/class/nvme/<device>/{firmware_rev,model,serial,state}` | `node_nvme_info{device,firmware_revision,model,serial,state}` = 1 |
 //! | `mdadm` | `<proc>/mdstat` | `node_md_disks_required{device}`, `node_md_disks{device,state}` (`active`, `failed`, `spare`), `node_md_state{device,state}` (`active`, `inactive`, `recovering`, `resync`, `check`), `node_md_blocks{device}`, `node_md_blocks_synced{device}` |
 //! | `bonding` | `<sys>/class/net/bonding_masters`, `<sys>/class/net/<master>/bonding/slaves`, `…/{lower,slave}_<slave>/bonding_slave/mii_status` | `node_bonding_slaves{master}`, `node_bonding_active{master}` (slaves whose MII status is `up`) |
+//! | `hwmon` | `<sys>/class/hwmon/*/{,device/}<type><n>_<property>` | `node_hwmon_temp_celsius{chip,sensor}` (millidegrees × 0.001), `node_hwmon_fan_rpm`, `node_hwmon_in_volts` (millivolts × 0.001), `node_hwmon_power_*_watt` (microwatts / 10⁶), `node_hwmon_energy_joule_total`, `node_hwmon_chip_names{chip,chip_name}`, `node_hwmon_sensor_label{chip,label,sensor}`, …; see [`crate::sources::node_hwmon`] |
 //! | `timex` | adjtimex(2), read only | `node_timex_*`: sync status, offset, frequency, errors, tick, PPS state (see [`crate::sources::node_time::timex_series`]) |
 //! | `udp_queues` | `<proc>/net/udp`, `<proc>/net/udp6` | `node_udp_queues{ip,queue}` (bytes queued, summed over sockets) |
 //! | `selinux` | `<sys>/fs/selinux/enforce`, `<rootfs>/etc/selinux/config` | `node_selinux_enabled`, and when enabled `node_selinux_{config,current}_mode` |
 //!
 //! The collectors from `filefd` to `schedstat` and `selinux` are in [`crate::sources::node`],
-//! those from `arp` to `bonding` in [`crate::sources::node_sys`], `netdev` and `udp_queues` in
-//! [`crate::sources::node_netdev`], `time` and `timex` in [`crate::sources::node_time`]. A missing file of `pressure` (no PSI),
+//! those from `arp` to `bonding` in [`crate::sources::node_sys`], `hwmon` in
+//! [`crate::sources::node_hwmon`], `netdev` and `udp_queues` in [`crate::sources::node_netdev`],
+//! `time` and `timex` in [`crate::sources::node_time`]. A missing file of `pressure` (no PSI),
 //! `conntrack` (module not loaded), `schedstat` (kernel without `CONFIG_SCHEDSTATS`), `entropy`,
 //! `filefd`, `vmstat`, `netstat`, `os`, `softnet`, `arp` or `mdadm` (no md driver), or a
-//! missing `<sys>/class/net` (`netclass`), `<sys>/class/nvme` (`nvme`) or
-//! `<sys>/class/net/bonding_masters` (`bonding`, no bonding driver), fails that collector only
+//! missing `<sys>/class/net` (`netclass`), `<sys>/class/nvme` (`nvme`),
+//! `<sys>/class/net/bonding_masters` (`bonding`, no bonding driver) or `<sys>/class/hwmon`
+//! (`hwmon`, no hardware monitoring chip), fails that collector only
 //! (`node_scrape_collector_success` 0), like node_exporter; `thermal_zone` and `edac` without
 //! devices succeed with no series, as node_exporter's do. Collectors listed in
 //! [`HostMetricsConfig::disabled`] do not run and emit no series at all,
@@ -173,6 +176,8 @@ pub enum HostCollector {
     Mdadm,
     /// `node_bonding_{slaves,active}` per bonding master (`/sys/class/net/bonding_masters`).
     Bonding,
+    /// `node_hwmon_*` per hardware monitoring chip and sensor (`/sys/class/hwmon`).
+    Hwmon,
     /// `node_timex_*`: the kernel clock's NTP state (adjtimex(2)).
     Timex,
     /// `node_udp_queues` (`/proc/net/udp`, `/proc/net/udp6`).
@@ -183,7 +188,7 @@ pub enum HostCollector {
 
 impl HostCollector {
     /// Every sub-collector, in the order they run.
-    pub const ALL: [HostCollector; 30] = [
+    pub const ALL: [HostCollector; 31] = [
         HostCollector::Cpu,
         HostCollector::Stat,
         HostCollector::Loadavg,
@@ -211,6 +216,7 @@ impl HostCollector {
         HostCollector::Nvme,
         HostCollector::Mdadm,
         HostCollector::Bonding,
+        HostCollector::Hwmon,
         HostCollector::Timex,
         HostCollector::UdpQueues,
         HostCollector::Selinux,
@@ -235,7 +241,7 @@ const COLLECTOR_NAMES: [&str; HostCollector::ALL.len()] = [
     "cpu", "stat", "loadavg", "meminfo", "netdev", "diskstats", "filesystem", "time",
     "infiniband", "filefd", "uname", "entropy", "vmstat", "sockstat", "netstat", "pressure",
     "os", "conntrack", "softnet", "schedstat", "arp", "netclass", "thermal_zone", "edac", "nvme",
-    "mdadm", "bonding", "timex", "udp_queues", "selinux",
+    "mdadm", "bonding", "hwmon", "timex", "udp_queues", "selinux",
 ];
 
 impl fmt::Display for HostCollector {
@@ -1019,6 +1025,7 @@ mod tests {
             assert_eq!(HostCollector::ALL[c.index()], c);
         }
         assert_eq!(HostCollector::ThermalZone.as_str(), "thermal_zone");
+        assert_eq!(HostCollector::Hwmon.as_str(), "hwmon");
     }
 
     fn scrape_success(m: &[Metric], collector: &str) -> Option<f64> {

@@ -16,6 +16,8 @@
 //! - [`node_sys`]: the node_exporter collectors over `/sys` device trees (`netclass`,
 //!   `thermal_zone`, `edac`, `nvme`, `bonding`), `/proc/net/arp` (`arp`) and `/proc/mdstat` (`mdadm`), also run by
 //!   [`host::HostMetrics`].
+//! - [`node_hwmon`]: node_exporter's `hwmon` collector over `/sys/class/hwmon` (temperatures,
+//!   fans, voltages, power), also run by [`host::HostMetrics`].
 //! - [`logs`]: a log file tailer: glob paths, create- and copytruncate-rotation, truncation,
 //!   partial last lines, long lines, invalid UTF-8 and an offset checkpoint file.
 //! - [`exposition`]: the Prometheus text format as records (textfile and scrape sources).
@@ -35,6 +37,7 @@ pub mod exposition;
 pub mod host;
 pub mod logs;
 pub mod node;
+pub mod node_hwmon;
 pub mod node_netdev;
 pub mod node_sys;
 pub mod node_time;

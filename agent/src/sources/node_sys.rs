@@ -623,6 +623,7 @@ pub(super) fn collect(
         "nvme" => nvme(sys, out),
         "mdadm" => mdadm(proc, out),
         "bonding" => bonding(sys, out),
+        "hwmon" => super::node_hwmon::hwmon(sys, out),
         _ => Ok(()),
     }
 }
