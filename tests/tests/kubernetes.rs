@@ -2,10 +2,13 @@
 //! the node (host network and PID namespace, `/proc`, `/sys` and `/` read-only, `IPC_LOCK`,
 //! its id from the node's name), its configuration reads those mounts and names the
 //! collectors' headless Service as its pool; the collector StatefulSet's ports, probes and
-//! drain match its configuration and the Service; and both embedded configurations pass the
-//! real daemons' `--check-config`.
+//! drain match its configuration and the Service; both embedded configurations pass the
+//! real daemons' `--check-config`; and every manifest passes kubernetes-validate's strict
+//! check against the Kubernetes OpenAPI schemas (`kustomization.yaml` excepted: it is
+//! kustomize's file, not a Kubernetes API object, and the tool has no schema for it).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use serde_yaml::Value;
 
@@ -284,5 +287,165 @@ fn the_embedded_configurations_pass_check_config() {
             code, 0,
             "{binary} --check-config on the {map} ConfigMap:\n{out}"
         );
+    }
+}
+
+/// kubernetes-validate (PyPI, [`VALIDATOR_VERSION`]), in the virtual environment
+/// `scripts/install-deps` makes: it checks resources against the Kubernetes OpenAPI schemas
+/// (as JSON schemas) it bundles for each Kubernetes release, offline.
+const VALIDATOR: &str = "/opt/uctel-test-tools/kubernetes-validate/bin/kubernetes-validate";
+
+/// The version of kubernetes-validate `scripts/install-deps` pins.
+const VALIDATOR_VERSION: &str = "1.37.0";
+
+/// The Kubernetes releases the manifests are checked against: the oldest and the newest
+/// whose schemas kubernetes-validate 1.37.0 bundles.
+const KUBERNETES_VERSIONS: [&str; 2] = ["1.25.0", "1.37.0"];
+
+/// The validator's path and version.
+///
+/// # Panics
+/// If it is missing, does not answer `--version`, or is not [`VALIDATOR_VERSION`].
+fn validator() -> (&'static Path, String) {
+    let binary = Path::new(VALIDATOR);
+    assert!(
+        binary.is_file(),
+        "{VALIDATOR} not found: install kubernetes-validate {VALIDATOR_VERSION} \
+         (scripts/install-deps makes its virtual environment: python3 -m venv \
+         /opt/uctel-test-tools/kubernetes-validate, then pip install \
+         kubernetes-validate=={VALIDATOR_VERSION} in it)"
+    );
+    let out = Command::new(binary)
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|e| panic!("running {VALIDATOR}: {e}"));
+    let version = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(
+        out.status.success() && !version.is_empty(),
+        "{VALIDATOR} --version: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        version, VALIDATOR_VERSION,
+        "{VALIDATOR}: scripts/install-deps installs {VALIDATOR_VERSION}"
+    );
+    (binary, version)
+}
+
+/// Runs the validator in strict mode (a property the schema does not name fails) on
+/// `files` against Kubernetes `version`; its exit code and output (stdout then stderr).
+fn validate(binary: &Path, version: &str, files: &[PathBuf]) -> (i32, String) {
+    let out = Command::new(binary)
+        .args(["--strict", "--kubernetes-version", version])
+        .args(files)
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", binary.display()));
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// The manifests of Kubernetes API objects: every `config/kubernetes/*.yaml` file but the
+/// kustomization.
+fn manifests() -> Vec<PathBuf> {
+    let dir = uctel_tests::workspace_root().join("config/kubernetes");
+    let mut files: Vec<PathBuf> = documents()
+        .into_iter()
+        .map(|(f, _)| f)
+        .filter(|f| f != "kustomization.yaml")
+        .map(|f| dir.join(f))
+        .collect();
+    files.dedup();
+    files
+}
+
+#[test]
+fn the_manifests_pass_the_kubernetes_openapi_schemas_strictly() {
+    let (binary, tool_version) = validator();
+    let files = manifests();
+    // `kind/name` of every object: each must be reported as passed, since the tool only
+    // warns (and exits 0) on a kind it has no schema for.
+    let objects: Vec<String> = documents()
+        .iter()
+        .filter(|(f, _)| f != "kustomization.yaml")
+        .map(|(_, v)| {
+            format!(
+                "{}/{}",
+                str_of(&v["kind"]).to_lowercase(),
+                str_of(&v["metadata"]["name"])
+            )
+        })
+        .collect();
+    assert!(objects.len() >= 6, "objects: {objects:?}");
+    for version in KUBERNETES_VERSIONS {
+        let (code, out) = validate(binary, version, &files);
+        println!("kubernetes-validate {tool_version}, strict, Kubernetes {version}:\n{out}");
+        assert_eq!(code, 0, "Kubernetes {version}:\n{out}");
+        for line in out.lines() {
+            assert!(
+                line.starts_with("INFO ") && line.contains(" passed for resource "),
+                "Kubernetes {version}: {line}"
+            );
+        }
+        for object in &objects {
+            assert!(
+                out.lines()
+                    .any(|l| l.contains(&format!(" passed for resource {object} "))),
+                "Kubernetes {version}: {object} not reported as passed:\n{out}"
+            );
+        }
+    }
+}
+
+/// A copy of the agent manifest in `dir` with the first `from` replaced by `to` (a text
+/// edit: a YAML round trip here would turn its octal `defaultMode: 0440` into a string).
+fn broken_agent(dir: &Path, name: &str, from: &str, to: &str) -> PathBuf {
+    let path = uctel_tests::workspace_root().join("config/kubernetes/uctel-agent.yaml");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}"));
+    assert!(text.contains(from), "uctel-agent.yaml has no {from:?}");
+    let out = dir.join(name);
+    std::fs::write(&out, text.replacen(from, to, 1)).unwrap_or_else(|e| panic!("{e}"));
+    out
+}
+
+#[test]
+fn the_validator_rejects_a_broken_manifest() {
+    let (binary, tool_version) = validator();
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let cases = [
+        (
+            broken_agent(
+                dir.path(),
+                "port-not-a-number.yaml",
+                "containerPort: 9471",
+                "containerPort: \"abc\"",
+            ),
+            "spec.template.spec.containers.0.ports.0.containerPort: 'abc' is not of type 'integer'",
+        ),
+        (
+            broken_agent(
+                dir.path(),
+                "unknown-field.yaml",
+                "hostNetwork: true",
+                "hostNetwrok: true",
+            ),
+            "'hostNetwrok' was unexpected",
+        ),
+    ];
+    for (file, want) in &cases {
+        for version in KUBERNETES_VERSIONS {
+            let (code, out) = validate(binary, version, std::slice::from_ref(file));
+            println!(
+                "kubernetes-validate {tool_version}, strict, Kubernetes {version}, {}:\n{out}",
+                file.display()
+            );
+            assert_ne!(code, 0, "{} accepted:\n{out}", file.display());
+            assert!(
+                out.contains("did not validate for resource daemonset/uctel-agent")
+                    && out.contains(want),
+                "{}: want {want:?}:\n{out}",
+                file.display()
+            );
+        }
     }
 }
