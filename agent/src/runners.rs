@@ -189,6 +189,7 @@ pub fn spawn_metric_sources(
     if config.sources.host_metrics.enabled {
         tasks.spawn(host_metrics_loop(
             host_config(config),
+            config.sources.textfile.is_none(),
             seconds(config.sources.host_metrics.interval_seconds),
             queues.metrics.clone(),
             stats.clone(),
@@ -232,9 +233,12 @@ pub fn spawn_metric_sources(
 /// Runs the host-metrics source until shutdown: one collection at start, then one per
 /// `interval`. Collection errors are logged (first failure of each sub-collector at `warn`)
 /// and visible as `node_scrape_collector_success{collector} 0`; RDMA files skipped are
-/// counted and logged by [`SelfMetrics::infiniband_file_skipped`].
+/// counted and logged by [`SelfMetrics::infiniband_file_skipped`]. Without a textfile source
+/// (`no_textfile`), each collection also carries `node_textfile_scrape_error 0`, as
+/// node_exporter's textfile collector reports it with no directory set (`textfile.go`).
 pub async fn host_metrics_loop(
     config: HostMetricsConfig,
+    no_textfile: bool,
     interval: Duration,
     queue: RecordQueue<Metric>,
     stats: Arc<SelfMetrics>,
@@ -270,7 +274,11 @@ pub async fn host_metrics_loop(
         for f in &collection.infiniband_skipped {
             stats.infiniband_file_skipped(f);
         }
-        offer(&queue, collection.metrics, Stream::Metrics, &stats);
+        let mut metrics = collection.metrics;
+        if no_textfile {
+            metrics.push(crate::sources::textfile::scrape_error(false));
+        }
+        offer(&queue, metrics, Stream::Metrics, &stats);
     }
 }
 

@@ -73,19 +73,70 @@ pub fn encode_registry(registry: &prometheus::Registry) -> Result<Vec<u8>, Strin
 /// Prometheus client library and exporter exposes them (`process_cpu_seconds_total`,
 /// `process_resident_memory_bytes`, `process_virtual_memory_bytes`, `process_open_fds`,
 /// `process_max_fds`, `process_start_time_seconds`, `process_threads`), read from
-/// `/proc/self` at each scrape by the `prometheus` crate's `ProcessCollector`. On systems
-/// without `/proc` nothing is registered.
+/// `/proc/self` at each scrape by the `prometheus` crate's `ProcessCollector`, and
+/// `process_virtual_memory_max_bytes` (the soft `Max address space` of `/proc/self/limits`,
+/// `unlimited` as 2⁶⁴ − 1, as client_golang's process collector reports it), which that
+/// collector lacks. On systems without `/proc` nothing is registered.
 ///
 /// # Errors
 /// A registration conflict (the families are already registered).
 pub fn register_process_metrics(registry: &prometheus::Registry) -> Result<(), prometheus::Error> {
     #[cfg(target_os = "linux")]
-    registry.register(Box::new(
-        prometheus::process_collector::ProcessCollector::for_self(),
-    ))?;
+    {
+        registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
+        registry.register(Box::new(AddressSpaceLimit::new()?))?;
+    }
     #[cfg(not(target_os = "linux"))]
     let _ = registry;
     Ok(())
+}
+
+/// `process_virtual_memory_max_bytes`, read from `/proc/self/limits` at each scrape.
+#[cfg(target_os = "linux")]
+struct AddressSpaceLimit {
+    desc: prometheus::core::Desc,
+}
+
+#[cfg(target_os = "linux")]
+impl AddressSpaceLimit {
+    fn new() -> Result<Self, prometheus::Error> {
+        let desc = prometheus::core::Desc::new(
+            "process_virtual_memory_max_bytes".to_owned(),
+            "Maximum amount of virtual memory available in bytes.".to_owned(),
+            Vec::new(),
+            std::collections::HashMap::new(),
+        )?;
+        Ok(Self { desc })
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl prometheus::core::Collector for AddressSpaceLimit {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        vec![&self.desc]
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        use procfs::process::LimitValue;
+        let Ok(limits) = procfs::process::Process::myself().and_then(|p| p.limits()) else {
+            return Vec::new();
+        };
+        #[allow(clippy::cast_precision_loss)]
+        let bytes = match limits.max_address_space.soft_limit {
+            LimitValue::Unlimited => u64::MAX as f64,
+            LimitValue::Value(v) => v as f64,
+        };
+        let Ok(gauge) = prometheus::Gauge::with_opts(prometheus::Opts::new(
+            self.desc.fq_name.clone(),
+            self.desc.help.clone(),
+        )) else {
+            return Vec::new();
+        };
+        gauge.set(bytes);
+        prometheus::core::Collector::collect(&gauge)
+    }
 }
 
 /// Registers `<namespace>_build_info{version="<version>"} 1`, the usual info metric (value

@@ -147,13 +147,18 @@ pub fn collect(dir: &Path) -> Collection {
             mtime,
         ));
     }
-    out.metrics.push(gauge(
+    out.metrics.push(scrape_error(!out.skipped.is_empty()));
+    out
+}
+
+/// `node_textfile_scrape_error`: 1 when a file (or the directory) failed, else 0.
+pub fn scrape_error(errored: bool) -> Metric {
+    gauge(
         "node_textfile_scrape_error",
         "1 if there was an error opening or reading a file, 0 otherwise",
         &[],
-        if out.skipped.is_empty() { 0.0 } else { 1.0 },
-    ));
-    out
+        if errored { 1.0 } else { 0.0 },
+    )
 }
 
 /// One file's samples and its mtime (whole seconds, as node_exporter), or why it was skipped.
