@@ -467,7 +467,7 @@ impl Default for HostMetricsSection {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SelfMetricsSection {
-    /// Ship `uctel_agent_*` through the pipeline. Default true.
+    /// Ship `uctel_agent_*` and the agent's `process_*` through the pipeline. Default true.
     #[serde(default = "default_true")]
     pub enabled: bool,
     /// Seconds between two snapshots. Default 10.

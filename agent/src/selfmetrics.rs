@@ -46,6 +46,12 @@
 //! [`SelfMetrics::enable_fault_metrics`] was called (the agent does so when the configuration
 //! turns fault injection on).
 //!
+//! The registry also holds the agent's own standard `process_*` series
+//! (`uctel_common::http::register_process_metrics`: CPU seconds, memory, file descriptors,
+//! start time, threads), served and shipped like the rest: at the collector they carry the
+//! host's `instance`, so a Node Exporter dashboard's exporter-process panels show the agent,
+//! the exporter of that host.
+//!
 //! The log sources add `uctel_agent_log_records_read_total`, `uctel_agent_log_bytes_read_total`,
 //! `uctel_agent_log_discarded_bytes_total`, `uctel_agent_log_truncated_unread_bytes_total`,
 //! `uctel_agent_log_checkpoint_errors_total`, `uctel_agent_log_files` and
@@ -510,6 +516,7 @@ impl SelfMetrics {
             name: name.to_owned(),
             source: e,
         };
+        uctel_common::http::register_process_metrics(r).map_err(|e| mk(e, "process"))?;
         let counter_vec = |name: &str, help: &str, labels: &[&str]| {
             IntCounterVec::new(opts(name, help), labels)
                 .map_err(|e| mk(e, name))
