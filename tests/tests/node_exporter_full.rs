@@ -13,15 +13,13 @@
 //!   variables (`job`, `nodename`, `node`, all `label_values(node_uname_info…)`) are resolved
 //!   through Prometheus' label-values API as Grafana does, for each side; then every panel
 //!   target is evaluated (instant query) with the variables of each side, and every
-//!   expression that returns data for node_exporter must return data for uctel, except those
-//!   that need series only the collectors in [`NOT_YET_BUILT`] produce. The count and every
-//!   failing expression with the series it needs are printed.
+//!   expression that returns data for node_exporter must return data for uctel. The count and
+//!   every failing expression with the series it needs are printed.
 //! * [`only_node_exporters_own_series_are_missing_from_the_agent`]: metric names and the label
 //!   names per metric of a direct scrape of node_exporter against the agent's host series at
 //!   the collector (its `agent`/`instance` labels removed, its own `uctel_agent_*` and
 //!   `process_*` left out); only node_exporter's own series
-//!   (`go_*`, `process_*`, `promhttp_*`, `node_exporter_build_info`) and [`NOT_YET_BUILT`]
-//!   may be missing, and every shared metric has the same label names. The diff is printed.
+//!   (`go_*`, `process_*`, `promhttp_*`, `node_exporter_build_info`) may be missing, and every shared metric has the same label names. The diff is printed.
 //!
 //! Both tests share one fixture (daemons and Prometheus) while they run at the same time, as
 //! `cargo test` runs them; the last one to finish stops it.
@@ -46,26 +44,6 @@ const AGENT: &str = "nefull-agent";
 const NODE_JOB: &str = "node";
 const UCTEL_JOB: &str = "uctel";
 
-/// Series node_exporter 1.5 exports by default that nothing in the agent produces yet: an
-/// entry ending in `_` is a name prefix, any other a whole metric name. A dashboard
-/// expression that fails for uctel only because it needs such series, and such a series
-/// missing from the agent's series set, are reported but not failed. Remove an entry when
-/// its collector lands (the tests print entries no longer needed).
-const NOT_YET_BUILT: &[&str] = &[
-    // hwmon collector (`hwmon_linux.go`): `node_hwmon_chip_names`, `node_hwmon_temp_*`, …
-    "node_hwmon_",
-    // node_exporter's textfile collector is on by default and emits
-    // `node_textfile_scrape_error 0` even without `--collector.textfile.directory`
-    // (`textfile.go`, `Update`: reading the empty default path fails, and that error is
-    // ignored for `path == ""`); the agent's textfile source is a separate source, off by
-    // default, so nothing in the agent emits it then.
-    "node_textfile_scrape_error",
-    // The exporter's own address-space limit (client_golang's process collector: RLIMIT_AS,
-    // `Max address space` of `/proc/self/limits`; `unlimited` is 2^64 - 1). The `prometheus`
-    // crate's `ProcessCollector`, which serves the agent's `process_*`, has no such series.
-    "process_virtual_memory_max_bytes",
-];
-
 /// node_exporter's own series (its Go runtime, process and HTTP handler, build info), which
 /// the agent's host collectors do not reproduce.
 fn exporters_own(name: &str) -> bool {
@@ -73,17 +51,6 @@ fn exporters_own(name: &str) -> bool {
         .iter()
         .any(|p| name.starts_with(p))
         || name == "node_exporter_build_info"
-}
-
-/// The [`NOT_YET_BUILT`] entry that covers `name`.
-fn not_yet_built(name: &str) -> Option<&'static str> {
-    NOT_YET_BUILT.iter().copied().find(|e| {
-        if e.ends_with('_') {
-            name.starts_with(e)
-        } else {
-            name == *e
-        }
-    })
 }
 
 /// The running parts both tests use.
@@ -337,9 +304,7 @@ fn every_panel_expression_with_node_exporter_data_has_uctel_data() {
     let mut with_ne_data = 0;
     let mut with_both = 0;
     let mut errors = Vec::new();
-    let mut allowed = Vec::new();
     let mut failing = Vec::new();
-    let mut used_entries = BTreeSet::new();
     for t in &all {
         let ne_expr = substitute(&t.expr, &ne_vars);
         let uc_expr = substitute(&t.expr, &uc_vars);
@@ -368,8 +333,7 @@ fn every_panel_expression_with_node_exporter_data_has_uctel_data() {
             .into_iter()
             .filter(|n| ne_names.contains(n) && !uc_names.contains(n))
             .collect();
-        let entries: Option<Vec<&str>> = needs.iter().map(|n| not_yet_built(n)).collect();
-        let line = format!(
+        failing.push(format!(
             "  [{}{} {}] {}\n      needs: {}",
             t.panel,
             if t.hidden { ", hidden" } else { "" },
@@ -380,31 +344,14 @@ fn every_panel_expression_with_node_exporter_data_has_uctel_data() {
             } else {
                 needs.join(", ")
             }
-        );
-        match entries {
-            Some(e) if !needs.is_empty() => {
-                used_entries.extend(e);
-                allowed.push(line);
-            }
-            _ => failing.push(line),
-        }
+        ));
     }
     println!(
         "{with_both} of {with_ne_data} expressions that return data for node_exporter return data for uctel \
          ({} panel targets in the dashboard)",
         all.len()
     );
-    println!(
-        "{} fail only for series not built yet (NOT_YET_BUILT):\n{}",
-        allowed.len(),
-        allowed.join("\n")
-    );
-    println!("{} fail otherwise:\n{}", failing.len(), failing.join("\n"));
-    let unused: Vec<&&str> = NOT_YET_BUILT
-        .iter()
-        .filter(|e| !used_entries.contains(**e))
-        .collect();
-    println!("NOT_YET_BUILT entries no dashboard expression needed: {unused:?}");
+    println!("{} fail:\n{}", failing.len(), failing.join("\n"));
     assert!(errors.is_empty(), "query errors:\n{}", errors.join("\n"));
     assert!(
         with_ne_data > 150,
@@ -461,16 +408,12 @@ fn only_node_exporters_own_series_are_missing_from_the_agent() {
             .join(" ")
     };
     let mut own = Vec::new();
-    let mut later = Vec::new();
     let mut missing = Vec::new();
     let mut labels_differ = Vec::new();
     for (name, sets) in &ne {
         match agent.get(name) {
             None if exporters_own(name) => own.push(name.clone()),
-            None => match not_yet_built(name) {
-                Some(e) => later.push(format!("{name} ({e})")),
-                None => missing.push(format!("{name} {}", show(sets))),
-            },
+            None => missing.push(format!("{name} {}", show(sets))),
             Some(a) if a != sets => {
                 labels_differ.push(format!(
                     "{name}: node_exporter {} agent {}",
@@ -495,11 +438,6 @@ fn only_node_exporters_own_series_are_missing_from_the_agent() {
         "only node_exporter, its own series ({}): {}",
         own.len(),
         own.join(" ")
-    );
-    println!(
-        "only node_exporter, NOT_YET_BUILT ({}):\n  {}",
-        later.len(),
-        later.join("\n  ")
     );
     println!(
         "only node_exporter, otherwise ({}):\n  {}",
@@ -536,14 +474,5 @@ fn metric_names_are_the_selected_identifiers() {
         .map(str::to_owned)
         .collect();
     assert_eq!(names, want);
-    assert_eq!(
-        not_yet_built("node_hwmon_temp_celsius"),
-        Some("node_hwmon_")
-    );
-    assert_eq!(
-        not_yet_built("node_textfile_scrape_error"),
-        Some("node_textfile_scrape_error")
-    );
-    assert_eq!(not_yet_built("node_textfile_scrape_error_x"), None);
     assert!(exporters_own("go_goroutines") && !exporters_own("node_load1"));
 }
