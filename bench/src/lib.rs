@@ -14,7 +14,9 @@
 //! 5. **agent cost** ([`agentcost`]) — CPU and RSS of the real `uctel-agent` at a given
 //!    sample and log-line rate;
 //! 6. **idle** ([`idle`]) — CPU of both daemons with nothing to do (no agent, collector down,
-//!    connected and quiet), side by side with a real node_exporter.
+//!    connected and quiet), side by side with a real node_exporter;
+//! 7. **node cost** ([`nodecost`]) — CPU per host collection of the real agent on this host
+//!    against CPU per scrape of a real node_exporter scraped as Prometheus does, same window.
 //!
 //! The targets are checked as ratios between figures of the same run ([`report`]); the
 //! report is printed as a table and written as JSON. `BENCHMARKS.md` at the repository root
@@ -31,6 +33,7 @@ pub mod daemon;
 pub mod idle;
 pub mod limit;
 pub mod loadgen;
+pub mod nodecost;
 pub mod processing;
 pub mod promtext;
 pub mod remotewrite;

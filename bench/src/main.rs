@@ -12,6 +12,7 @@ use clap::{Parser, ValueEnum};
 use uctel_bench::agentcost::{self, AgentCostConfig};
 use uctel_bench::idle::{self, IdleConfig};
 use uctel_bench::limit::{self, LimitConfig};
+use uctel_bench::nodecost::{self, NodeCostConfig};
 use uctel_bench::processing::{self, ProcessingConfig};
 use uctel_bench::remotewrite::{self, RemoteWriteRunConfig};
 use uctel_bench::report::{Machine, Perftest, Report};
@@ -35,6 +36,8 @@ enum Part {
     Idle,
     /// Remote-write into VictoriaMetrics: uctel-collector beside vmagent.
     RemoteWrite,
+    /// CPU per host collection of the agent against node_exporter's per scrape.
+    NodeCost,
 }
 
 /// Measures the uctel soft path, processing, scaling and agent cost against a recvmmsg
@@ -110,10 +113,24 @@ struct Args {
     /// Idle: unmeasured time after each phase started, seconds.
     #[arg(long, default_value_t = 3.0)]
     idle_warmup_secs: f64,
-    /// Idle: the node_exporter to measure beside the daemons; default
+    /// Idle and node cost: the node_exporter to measure beside the daemons; default
     /// `prometheus-node-exporter` (Debian) or `node_exporter` on PATH.
     #[arg(long, value_name = "PATH")]
     node_exporter_bin: Option<PathBuf>,
+    /// Node cost: seconds between two collections of the agent and two scrapes of
+    /// node_exporter (≥ 0.1).
+    #[arg(long, default_value_t = 1.0)]
+    node_interval_secs: f64,
+    /// Node cost: unmeasured time after the agent's first collection, seconds.
+    #[arg(long, default_value_t = 3.0)]
+    node_warmup_secs: f64,
+    /// Node cost: the measured window, seconds (a whole number of intervals).
+    #[arg(long, default_value_t = 20.0)]
+    node_duration_secs: f64,
+    /// Node cost: scrape node_exporter without `Accept-Encoding: gzip` (Prometheus asks for
+    /// gzip).
+    #[arg(long)]
+    node_no_gzip: bool,
     /// Remote-write: emulated agents (one frame of 11 series per agent per
     /// `--rw-frame-interval-ms`).
     #[arg(long, default_value_t = 20)]
@@ -222,6 +239,7 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         agent: None,
         idle: None,
         remote_write: None,
+        node_cost: None,
         perftest: Perftest {
             source: "not in this run: tests/rxe/run.sh verbs_send_bench prints BENCH verbs_vs_perftest_ratio (pass --rxe-log or --rxe)".into(),
             ..Perftest::default()
@@ -349,6 +367,25 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         }) {
             Ok(r) => report.remote_write = Some(r),
             Err(e) => report.failures.push(("remote-write".into(), e.to_string())),
+        }
+    }
+    if wants(Part::NodeCost) {
+        eprintln!(
+            "[node-cost] agent host collection vs node_exporter scrape every {:.1} s, {:.0} s",
+            args.node_interval_secs, args.node_duration_secs
+        );
+        match nodecost::run(&NodeCostConfig {
+            agent_bin: agent_bin.clone(),
+            collector_bin: collector_bin.clone(),
+            node_exporter_bin: args.node_exporter_bin.clone(),
+            workdir: workdir.join("node-cost"),
+            interval: secs(args.node_interval_secs.max(0.1)),
+            warmup: secs(args.node_warmup_secs),
+            duration: secs(args.node_duration_secs),
+            gzip: !args.node_no_gzip,
+        }) {
+            Ok(r) => report.node_cost = Some(r),
+            Err(e) => report.failures.push(("node cost".into(), e.to_string())),
         }
     }
     if args.rxe {

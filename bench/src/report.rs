@@ -6,6 +6,7 @@ use serde::Serialize;
 use crate::agentcost::AgentCostResult;
 use crate::idle::IdleResult;
 use crate::limit::LimitResult;
+use crate::nodecost::{NodeCostResult, NodeCostSide};
 use crate::processing::ProcessingResult;
 use crate::remotewrite::RemoteWriteResult;
 use crate::softpath::SoftRunResult;
@@ -26,6 +27,9 @@ pub const AGENT_RSS_BYTES: f64 = 20.0 * 1024.0 * 1024.0;
 pub const IDLE_CPU_PERCENT: f64 = 0.1;
 /// Remote-write: samples delivered per collector CPU-s ≥ this × vmagent's per vmagent CPU-s.
 pub const REMOTE_WRITE_VS_VMAGENT: f64 = 1.0;
+/// Node cost: agent CPU per host collection ≤ this × node_exporter's per scrape of the same
+/// collectors (issue #18).
+pub const NODE_COST_VS_NODE_EXPORTER: f64 = 0.3;
 
 /// The machine the run was on.
 #[derive(Clone, Debug, Serialize)]
@@ -145,6 +149,8 @@ pub struct Report {
     pub idle: Option<IdleResult>,
     /// Remote-write beside vmagent.
     pub remote_write: Option<RemoteWriteResult>,
+    /// Agent CPU per host collection beside node_exporter's per scrape.
+    pub node_cost: Option<NodeCostResult>,
     /// VM-suite perftest comparison.
     pub perftest: Perftest,
     /// Targets with verdicts.
@@ -259,6 +265,30 @@ impl Report {
                     ratio(r.uctel.samples_per_core_sec, v.samples_per_core_sec),
                     REMOTE_WRITE_VS_VMAGENT,
                     Goal::AtLeast,
+                ),
+            });
+        }
+        if let Some(n) = &self.node_cost {
+            t.push(Target {
+                name: "agent CPU per host collection vs node_exporter per scrape".into(),
+                rule: format!(
+                    "≤ {NODE_COST_VS_NODE_EXPORTER} × node_exporter's (the agent's collectors only)"
+                ),
+                verdict: Verdict::check(
+                    n.ratio_per_collection(true),
+                    NODE_COST_VS_NODE_EXPORTER,
+                    Goal::AtMost,
+                ),
+            });
+            t.push(Target {
+                name: "agent CPU per series vs node_exporter per series".into(),
+                rule: format!(
+                    "≤ {NODE_COST_VS_NODE_EXPORTER} × node_exporter's (the agent's collectors only)"
+                ),
+                verdict: Verdict::check(
+                    n.ratio_per_series(true),
+                    NODE_COST_VS_NODE_EXPORTER,
+                    Goal::AtMost,
                 ),
             });
         }
@@ -468,6 +498,44 @@ impl Report {
                 format!("dropped: {}", reasons(&a.dropped)),
             ));
         }
+        if let Some(n) = &self.node_cost {
+            rows.push(row(
+                format!(
+                    "node cost, {} collections every {:.1} s: {}",
+                    n.agent.collections, n.interval_seconds, n.agent.what
+                ),
+                node_cost_value(&n.agent, "collection"),
+                format!(
+                    "{} series stored at the collector, {:.1} frames per collection",
+                    n.agent_series_stored,
+                    n.agent.frames_per_collection(n.agent_frames)
+                ),
+                slowest(&n.agent),
+            ));
+            for (same, s) in [(false, &n.node_defaults), (true, &n.node_same_collectors)] {
+                rows.push(row(
+                    format!("  {}, scraped", s.what),
+                    node_cost_value(s, "scrape"),
+                    format!(
+                        "agent/node_exporter {:.2} per collection, {:.2} per series",
+                        n.ratio_per_collection(same),
+                        n.ratio_per_series(same)
+                    ),
+                    format!(
+                        "{} body, {:.1} ms wall per scrape; {}",
+                        bytes(s.bytes_per_collection),
+                        s.wall_us_per_collection / 1e3,
+                        slowest(s)
+                    ),
+                ));
+            }
+            rows.push(row(
+                "  node cost: scrape encoding, load average".into(),
+                n.encoding.clone(),
+                format!("load average {}", n.loadavg),
+                format!("node_exporter: {}", n.node_exporter),
+            ));
+        }
         let p = &self.perftest;
         rows.push(row(
             "Soft-RoCE VM: verbs sender vs perftest (UC Send 1 KiB)".into(),
@@ -573,6 +641,33 @@ fn idle_threads(c: &crate::cpu::CpuDelta) -> String {
         c.cpu_seconds * 1000.0,
         if threads.is_empty() { "" } else { ": " },
         threads.join(", ")
+    )
+}
+
+/// CPU per collection (schedstat, and ticks), series, per series.
+fn node_cost_value(s: &NodeCostSide, per: &str) -> String {
+    format!(
+        "{:.0} µs CPU per {per} (ticks: {:.0} µs), {:.0} series ({:.0}–{:.0}), {:.1} µs per series",
+        s.us_per_collection(),
+        s.cpu_us_per_collection,
+        s.series_per_collection,
+        s.series_min_max.0,
+        s.series_min_max.1,
+        s.ns_per_series() / 1e3
+    )
+}
+
+/// The slowest sub-collectors by their own `node_scrape_collector_duration_seconds`.
+fn slowest(s: &NodeCostSide) -> String {
+    let top: Vec<String> = s
+        .slowest_collectors
+        .iter()
+        .map(|(c, d)| format!("{c} {:.2}", d * 1e3))
+        .collect();
+    format!(
+        "collectors {:.1} ms wall in all; slowest (ms): {}",
+        s.collectors_seconds * 1e3,
+        top.join(", ")
     )
 }
 

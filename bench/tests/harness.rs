@@ -126,3 +126,39 @@ fn remote_write_row_delivers_through_the_collector_and_vmagent_into_victoria_met
     assert_eq!(r.accounting.pending, 0.0, "{:?}", r.accounting);
     assert!(r.accounting.sent > 0.0 && r.accounting.sent == r.accounting.samples_in);
 }
+
+#[test]
+fn node_cost_measures_the_agent_beside_node_exporter_over_the_same_collections() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = uctel_bench::nodecost::run(&uctel_bench::nodecost::NodeCostConfig {
+        agent_bin: bins::path(AGENT),
+        collector_bin: bins::path(COLLECTOR),
+        node_exporter_bin: None,
+        workdir: dir.path().join("node-cost"),
+        interval: Duration::from_millis(500),
+        warmup: Duration::from_millis(500),
+        duration: Duration::from_secs(2),
+        gzip: true,
+    })
+    .unwrap();
+    for s in [&r.agent, &r.node_defaults, &r.node_same_collectors] {
+        assert_eq!(s.collections, 4, "{r:?}");
+        // Every collection brought series: none missed, none doubled.
+        assert!(s.series_min_max.0 > 100.0, "{r:?}");
+        assert!(s.series_min_max.1 < 1.5 * s.series_min_max.0, "{r:?}");
+        assert!(s.us_per_collection() > 0.0, "{r:?}");
+        assert!(!s.slowest_collectors.is_empty(), "{r:?}");
+    }
+    // The collector holds what one collection brings.
+    assert!(
+        (r.agent_series_stored as f64 - r.agent.series_per_collection).abs() < 20.0,
+        "{r:?}"
+    );
+    assert!(r.node_defaults.bytes_per_collection > 0.0);
+    assert!(
+        r.encoding.contains("Content-Encoding: gzip"),
+        "{}",
+        r.encoding
+    );
+    assert!(r.ratio_per_collection(true).is_finite(), "{r:?}");
+}
