@@ -231,7 +231,10 @@ pub fn spawn_metric_sources(
 }
 
 /// Runs the host-metrics source until shutdown: one collection at start, then one per
-/// `interval`. Collection errors are logged (first failure of each sub-collector at `warn`)
+/// `interval` (a late collection delays the next by the same interval, as tokio's
+/// `MissedTickBehavior::Delay`). Collections run on a thread of their own, `host-metrics`,
+/// which sleeps between them: no async worker and no blocking-pool hand-off is woken per
+/// collection. Collection errors are logged (first failure of each sub-collector at `warn`)
 /// and visible as `node_scrape_collector_success{collector} 0`; RDMA files skipped are
 /// counted and logged by [`SelfMetrics::infiniband_file_skipped`]. Without a textfile source
 /// (`no_textfile`), each collection also carries `node_textfile_scrape_error 0`, as
@@ -244,26 +247,54 @@ pub async fn host_metrics_loop(
     stats: Arc<SelfMetrics>,
     mut shutdown: Shutdown,
 ) {
-    let mut host = Some(HostMetrics::new(config));
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut warned = std::collections::HashSet::new();
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            () = shutdown.wait() => return,
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let spawned = std::thread::Builder::new()
+        .name("host-metrics".to_owned())
+        .spawn(move || {
+            host_metrics_thread(config, no_textfile, interval, &queue, &stats, &stopped)
+        });
+    let thread = match spawned {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the host-metrics thread; host metrics stop");
+            return;
         }
-        let Some(mut h) = host.take() else { return };
-        let joined = tokio::task::spawn_blocking(move || {
-            let c = h.collect();
-            (h, c)
-        })
-        .await;
-        let Ok((h, collection)) = joined else {
+    };
+    shutdown.wait().await;
+    drop(stop);
+    if tokio::task::spawn_blocking(move || thread.join())
+        .await
+        .map_or(true, |joined| joined.is_err())
+    {
+        tracing::error!("the host-metrics thread ended abnormally");
+    }
+}
+
+/// The body of [`host_metrics_loop`]'s thread: collects until `stop` is dropped.
+fn host_metrics_thread(
+    config: HostMetricsConfig,
+    no_textfile: bool,
+    interval: Duration,
+    queue: &RecordQueue<Metric>,
+    stats: &SelfMetrics,
+    stop: &std::sync::mpsc::Receiver<()>,
+) {
+    use std::sync::mpsc::RecvTimeoutError;
+    let mut host = HostMetrics::new(config);
+    let mut warned = std::collections::HashSet::new();
+    let mut next = Instant::now();
+    loop {
+        let wait = next.saturating_duration_since(Instant::now());
+        match stop.recv_timeout(wait) {
+            Err(RecvTimeoutError::Timeout) => {}
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+        }
+        next = Instant::now().max(next) + interval;
+        let collected = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| host.collect()));
+        let Ok(collection) = collected else {
             tracing::error!("host metrics collection panicked; host metrics stop");
             return;
         };
-        host = Some(h);
         for e in &collection.errors {
             if warned.insert(e.collector) {
                 tracing::warn!(error = %e, "host metrics sub-collector failed (logged once per collector)");
@@ -278,7 +309,7 @@ pub async fn host_metrics_loop(
         if no_textfile {
             metrics.push(crate::sources::textfile::scrape_error(false));
         }
-        offer(&queue, metrics, Stream::Metrics, &stats);
+        offer(queue, metrics, Stream::Metrics, stats);
     }
 }
 

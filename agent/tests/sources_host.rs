@@ -171,6 +171,14 @@ fn fixture(root: &Path) -> HostMetricsConfig {
         );
     }
 
+    // `udp_queues` with no sockets, `hwmon` with no chips.
+    write(
+        &proc.join("net/udp"),
+        "   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  \
+         timeout inode ref pointer drops\n",
+    );
+    fs::create_dir_all(sys.join("class/hwmon")).expect("mkdir");
+
     let port = sys.join("class/infiniband/mlx5_0/ports/1");
     write(&sys.join("class/infiniband/mlx5_0/fw_ver"), "16.35.2000\n");
     write(&port.join("state"), "4: ACTIVE\n");

@@ -39,8 +39,23 @@ pub enum NodeError {
     },
 }
 
+/// A kernel file's text, read with plain read(2)s into a buffer sized for a sysfs page.
+/// `std::fs::read_to_string` would first ask statx(2) and lseek(2) for a size that pseudo
+/// files do not have (procfs and sysfs report 0 or 4096), two system calls per file of
+/// every collection.
+///
+/// # Errors
+/// Opening or reading fails, or the text is not UTF-8 (`InvalidData`).
+pub(super) fn read_text(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path)?;
+    let mut text = String::with_capacity(4096);
+    file.take(u64::MAX).read_to_string(&mut text)?;
+    Ok(text)
+}
+
 pub(super) fn read(path: &Path) -> Result<String, NodeError> {
-    std::fs::read_to_string(path).map_err(|source| NodeError::Read {
+    read_text(path).map_err(|source| NodeError::Read {
         path: path.to_owned(),
         source,
     })
@@ -48,7 +63,7 @@ pub(super) fn read(path: &Path) -> Result<String, NodeError> {
 
 /// The file, or `None` when it does not exist.
 fn read_optional(path: &Path) -> Result<Option<String>, NodeError> {
-    match std::fs::read_to_string(path) {
+    match read_text(path) {
         Ok(text) => Ok(Some(text)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(NodeError::Read {

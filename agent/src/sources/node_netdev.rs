@@ -12,7 +12,7 @@ use procfs::{FromRead, FromReadSI};
 use uctel_protocol::payload::Metric;
 
 use super::metric::{counter, gauge};
-use super::node::{format_error, NodeError};
+use super::node::{format_error, read_text, NodeError};
 
 /// `node_network_<field>_total` name and help of each `/proc/net/dev` field, in the order of
 /// the values in [`netdev`] (node_exporter's `netdev_linux.go` field names), spelled out so a
@@ -129,7 +129,7 @@ pub fn netdev(proc: &Path, sys: &Path, out: &mut Vec<Metric>) -> Result<(), Node
             .join("class/net")
             .join(&d.name)
             .join("statistics/rx_nohandler");
-        if let Some(n) = std::fs::read_to_string(nohandler)
+        if let Some(n) = read_text(&nohandler)
             .ok()
             .and_then(|t| t.trim().parse::<u64>().ok())
         {

@@ -19,7 +19,7 @@ use regex::Regex;
 use uctel_protocol::payload::Metric;
 
 use super::metric::{counter, gauge};
-use super::node::{format_error, read, NodeError};
+use super::node::{format_error, read, read_text, NodeError};
 
 /// A sysfs attribute as the `procfs` library's `SysReadFile` returns it: trimmed.
 pub(super) fn read_trimmed(path: &Path) -> Result<String, NodeError> {
@@ -112,7 +112,7 @@ fn net_attr(dir: &Path, name: &str) -> Result<Option<String>, NodeError> {
     const EINVAL: i32 = 22;
     const EOPNOTSUPP: i32 = 95;
     let path = dir.join(name);
-    match std::fs::read_to_string(&path) {
+    match read_text(&path) {
         Ok(text) => Ok(Some(text.trim().to_owned())),
         Err(e)
             if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::PermissionDenied)

@@ -12,13 +12,14 @@ use std::path::Path;
 use uctel_protocol::payload::Metric;
 
 use super::metric::gauge;
+use super::node::read_text;
 
 /// The `E:` properties of `<udev_data>/b<major>:<minor>`; empty when the file cannot be read
 /// (no udev on the host, or in a container without `/run/udev`), as node_exporter then
 /// exports the info series with empty labels.
 pub fn properties(udev_data: &Path, major: i32, minor: i32) -> HashMap<String, String> {
     let path = udev_data.join(format!("b{major}:{minor}"));
-    let Ok(text) = std::fs::read_to_string(path) else {
+    let Ok(text) = read_text(&path) else {
         return HashMap::new();
     };
     text.lines()
