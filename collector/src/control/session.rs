@@ -53,6 +53,27 @@ fn millis(d: Duration) -> u32 {
     u32::try_from(d.as_millis()).unwrap_or(u32::MAX).max(1)
 }
 
+/// Longest time spent reading what an agent sent before a send to it failed.
+const GOODBYE_LINGER: Duration = Duration::from_millis(200);
+
+/// The `Goodbye` among the messages still readable on `ch` (heartbeats before it are
+/// skipped), read for at most `limit`; `None` at the end of the stream, on an error, or when
+/// none came in time. A send that fails because the agent closed its end after its
+/// `Goodbye` must not turn a clean goodbye into a vanished agent.
+async fn unread_goodbye(ch: &mut ControlChannel<TcpStream>, limit: Duration) -> Option<Goodbye> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, ch.recv()).await {
+            Ok(Ok(Some(m))) => {
+                if let Some(Body::Goodbye(g)) = m.body {
+                    return Some(g);
+                }
+            }
+            _ => return None,
+        }
+    }
+}
+
 /// Runs the session of the agent `accepted` on `ch` (from `peer`, reaching us on
 /// `local_ip`) until it ends: the agent's `Goodbye`, a dead or broken connection, a QP in
 /// ERROR, a replacement (`live.cancel`) or the collector's shutdown (`global`).
@@ -193,6 +214,9 @@ pub(super) async fn run_session(
     // A drain tells the agent once to move, then waits for its `Goodbye` like any other.
     let mut drain = shared.drain.subscribe();
     let mut told_to_move = false;
+    // A send failed: the agent may have said goodbye and closed its end while a report or
+    // heartbeat was on its way, its `Goodbye` still unread in the socket.
+    let mut send_failed = false;
     let ending: Option<(GoodbyeReason, &'static str)> = loop {
         tokio::select! {
             () = drain.wait(), if !told_to_move => {
@@ -205,6 +229,7 @@ pub(super) async fn run_session(
                 };
                 if !send_within(ch, bye, dead_after, &agent).await {
                     vanished = Some("the control connection failed: the drain notice could not be sent".into());
+                    send_failed = true;
                     break None;
                 }
                 tracing::debug!(agent = %agent, "told the agent to move (drain)");
@@ -246,6 +271,7 @@ pub(super) async fn run_session(
                     let beat = Heartbeat { sequence, timestamp_ns: now_ns(), ..Heartbeat::default() };
                     if !send_within(ch, beat, dead_after, &agent).await {
                         vanished = Some("the control connection failed: a heartbeat could not be sent".into());
+                        send_failed = true;
                         break None;
                     }
                 }
@@ -255,6 +281,7 @@ pub(super) async fn run_session(
                 if let Some(report) = shared.plane.report(id).await {
                     if !send_within(ch, report, dead_after, &agent).await {
                         vanished = Some("the control connection failed: a report could not be sent".into());
+                        send_failed = true;
                         break None;
                     }
                 }
@@ -266,6 +293,12 @@ pub(super) async fn run_session(
             _ = global.wait() => break Some((GoodbyeReason::Shutdown, "collector shutting down")),
         }
     };
+    if send_failed {
+        if let Some(g) = unread_goodbye(ch, GOODBYE_LINGER).await {
+            goodbye = Some(g);
+            vanished = None;
+        }
+    }
     link.set_ending();
     let ended_by = match (&goodbye, &vanished, ending) {
         (Some(g), ..) => format!("the agent's Goodbye ({})", goodbye_reason(g)),
