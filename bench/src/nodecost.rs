@@ -137,7 +137,7 @@ impl NodeCostSide {
 
     /// [`NodeCostSide::us_per_collection`] per series, nanoseconds.
     pub fn ns_per_series(&self) -> f64 {
-        crate::report::ratio(self.us_per_collection() * 1e3, self.series_per_collection)
+        crate::stats::ratio(self.us_per_collection() * 1e3, self.series_per_collection)
     }
 
     /// `frames` over the window per collection.
@@ -182,7 +182,7 @@ impl NodeCostResult {
         } else {
             &self.node_defaults
         };
-        crate::report::ratio(self.agent.us_per_collection(), n.us_per_collection())
+        crate::stats::ratio(self.agent.us_per_collection(), n.us_per_collection())
     }
 
     /// Agent CPU per series / node_exporter's per series.
@@ -192,7 +192,7 @@ impl NodeCostResult {
         } else {
             &self.node_defaults
         };
-        crate::report::ratio(self.agent.ns_per_series(), n.ns_per_series())
+        crate::stats::ratio(self.agent.ns_per_series(), n.ns_per_series())
     }
 }
 
@@ -665,7 +665,7 @@ pub fn run(cfg: &NodeCostConfig) -> Result<NodeCostResult, NodeCostError> {
             series_min_max: (min, max),
             cpu_us_per_collection: cpu_us,
             sched_us_per_collection: cpu_ns.nanoseconds as f64 / 1e3 / n,
-            cpu_ns_per_series: crate::report::ratio(cpu_us * 1e3, mean),
+            cpu_ns_per_series: crate::stats::ratio(cpu_us * 1e3, mean),
             cpu,
             cpu_ns,
             bytes_per_collection: mean_min_max(bytes).0,

@@ -678,14 +678,7 @@ fn reasons(m: &std::collections::BTreeMap<String, f64>) -> String {
         .join(" ")
 }
 
-/// `a / b`, NaN when `b` is 0.
-pub fn ratio(a: f64, b: f64) -> f64 {
-    if b != 0.0 {
-        a / b
-    } else {
-        f64::NAN
-    }
-}
+pub use crate::stats::ratio;
 
 /// `1.23 M`, `456 k`, `789`.
 pub fn si(v: f64) -> String {

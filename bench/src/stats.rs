@@ -2,6 +2,15 @@
 
 use serde::Serialize;
 
+/// `a / b`, NaN when `b` is 0.
+pub fn ratio(a: f64, b: f64) -> f64 {
+    if b != 0.0 {
+        a / b
+    } else {
+        f64::NAN
+    }
+}
+
 /// `count / seconds`, or 0 when no time passed.
 pub fn rate(count: f64, seconds: f64) -> f64 {
     if seconds > 0.0 && seconds.is_finite() {
