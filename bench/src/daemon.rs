@@ -283,6 +283,65 @@ pub fn scrape(http: &ureq::Agent, addr: SocketAddr) -> Result<Scrape, DaemonErro
     })
 }
 
+/// A child process with its output file, stopped (SIGTERM, then SIGKILL) when dropped.
+#[derive(Debug)]
+pub struct Proc {
+    child: Child,
+    out: PathBuf,
+}
+
+impl Proc {
+    /// Starts `bin` with `args`, stdout and stderr into the file `out`.
+    ///
+    /// # Errors
+    /// [`DaemonError::Io`] when the file cannot be created or the binary cannot be started.
+    pub fn start<S: AsRef<std::ffi::OsStr>>(
+        bin: &Path,
+        args: &[S],
+        out: PathBuf,
+    ) -> Result<Proc, DaemonError> {
+        let file = fs::File::create(&out).map_err(io(format!("creating {}", out.display())))?;
+        let err = file
+            .try_clone()
+            .map_err(io("duplicating the output file"))?;
+        let child = Command::new(bin)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(err)
+            .spawn()
+            .map_err(io(format!("starting {}", bin.display())))?;
+        Ok(Proc { child, out })
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> i32 {
+        i32::try_from(self.child.id()).unwrap_or(i32::MAX)
+    }
+
+    /// `Ok` while it runs; [`DaemonError::Exited`] (naming `what` and its output file) once
+    /// it has exited.
+    ///
+    /// # Errors
+    /// As said.
+    pub fn check_alive(&mut self, what: &'static str) -> Result<(), DaemonError> {
+        match self.child.try_wait() {
+            Ok(Some(status)) => Err(DaemonError::Exited {
+                what,
+                status: status.to_string(),
+                log: self.out.display().to_string(),
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        stop_child(&mut self.child);
+    }
+}
+
 /// Stops a child: SIGTERM, up to 10 s, then SIGKILL. Idempotent.
 pub fn stop_child(child: &mut Child) {
     if let Ok(Some(_)) = child.try_wait() {

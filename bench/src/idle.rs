@@ -16,14 +16,13 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use crate::cpu::{delta, sample_process, CpuDelta, ProcessSample};
 use crate::daemon::{
-    free_tcp_port, io, stop_child, CollectorProcess, CollectorSettings, DaemonError, TOKEN,
+    free_tcp_port, io, CollectorProcess, CollectorSettings, DaemonError, Proc, TOKEN,
 };
 
 /// The node_exporter binaries looked for on `PATH` (Debian's package name first).
@@ -91,50 +90,6 @@ pub enum IdleError {
     /// The agent did not connect.
     #[error("the agent did not connect to the collector within {0:?}; see {1}")]
     NotConnected(Duration, String),
-}
-
-/// A child process stopped (SIGTERM, then SIGKILL) when dropped.
-struct Proc {
-    child: Child,
-    out: PathBuf,
-}
-
-impl Proc {
-    fn start(bin: &Path, args: &[&str], out: PathBuf) -> Result<Proc, DaemonError> {
-        let file = fs::File::create(&out).map_err(io(format!("creating {}", out.display())))?;
-        let err = file
-            .try_clone()
-            .map_err(io("duplicating the output file"))?;
-        let child = Command::new(bin)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(file)
-            .stderr(err)
-            .spawn()
-            .map_err(io(format!("starting {}", bin.display())))?;
-        Ok(Proc { child, out })
-    }
-
-    fn pid(&self) -> i32 {
-        i32::try_from(self.child.id()).unwrap_or(i32::MAX)
-    }
-
-    fn check_alive(&mut self, what: &'static str) -> Result<(), DaemonError> {
-        match self.child.try_wait() {
-            Ok(Some(status)) => Err(DaemonError::Exited {
-                what,
-                status: status.to_string(),
-                log: self.out.display().to_string(),
-            }),
-            _ => Ok(()),
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        stop_child(&mut self.child);
-    }
 }
 
 /// `name` on `PATH`, if there.

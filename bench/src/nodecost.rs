@@ -35,7 +35,6 @@ use std::fs;
 use std::io::Read as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -43,7 +42,7 @@ use uctel_agent::sources::host::HostCollector;
 
 use crate::cpu::{delta, sample_process, CpuDelta};
 use crate::daemon::{
-    free_tcp_port, io, stop_child, CollectorProcess, CollectorSettings, DaemonError, TOKEN,
+    free_tcp_port, io, CollectorProcess, CollectorSettings, DaemonError, Proc, TOKEN,
 };
 use crate::idle::NODE_EXPORTER_NAMES;
 use crate::promtext::{Sample, Scrape};
@@ -218,50 +217,6 @@ pub enum NodeCostError {
     /// The agent's collections did not arrive.
     #[error("no host collection of the agent arrived within {0:?} (its output: {1})")]
     NoCollection(Duration, String),
-}
-
-/// A child process stopped (SIGTERM, then SIGKILL) when dropped.
-struct Proc {
-    child: Child,
-    out: PathBuf,
-}
-
-impl Proc {
-    fn start(bin: &Path, args: &[String], out: PathBuf) -> Result<Proc, DaemonError> {
-        let file = fs::File::create(&out).map_err(io(format!("creating {}", out.display())))?;
-        let err = file
-            .try_clone()
-            .map_err(io("duplicating the output file"))?;
-        let child = Command::new(bin)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(file)
-            .stderr(err)
-            .spawn()
-            .map_err(io(format!("starting {}", bin.display())))?;
-        Ok(Proc { child, out })
-    }
-
-    fn pid(&self) -> i32 {
-        i32::try_from(self.child.id()).unwrap_or(i32::MAX)
-    }
-
-    fn check_alive(&mut self, what: &'static str) -> Result<(), DaemonError> {
-        match self.child.try_wait() {
-            Ok(Some(status)) => Err(DaemonError::Exited {
-                what,
-                status: status.to_string(),
-                log: self.out.display().to_string(),
-            }),
-            _ => Ok(()),
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        stop_child(&mut self.child);
-    }
 }
 
 /// Whether `name` is node_exporter's own runtime rather than a host series
