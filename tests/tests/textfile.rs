@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use uctel_tests::exposition::{scrape, Scrape};
+use uctel_tests::node_exporter;
 use uctel_tests::pipeline::Pipeline;
 
 /// A cron job's gauges, an untyped counter, label values with commas, quotes and
@@ -43,20 +44,7 @@ fn textfile_series(
     strip: &[&str],
     keep: impl Fn(&str) -> bool,
 ) -> BTreeMap<String, f64> {
-    let mut out = BTreeMap::new();
-    for smp in &s.samples {
-        if !keep(&smp.name) {
-            continue;
-        }
-        let labels: Vec<String> = smp
-            .labels
-            .iter()
-            .filter(|(k, _)| !strip.contains(&k.as_str()))
-            .map(|(k, v)| format!("{k}={v:?}"))
-            .collect();
-        out.insert(format!("{}{{{}}}", smp.name, labels.join(",")), smp.value);
-    }
-    out
+    node_exporter::series(s, strip, |smp| keep(&smp.name))
 }
 
 #[test]
