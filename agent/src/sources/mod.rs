@@ -23,6 +23,7 @@
 //! - [`exposition`]: the Prometheus text format as records (textfile and scrape sources).
 //! - [`openmetrics`]: OpenMetrics 1.0 text rewritten as the text format 0.0.4.
 //! - [`scrape`]: local Prometheus endpoints scraped like a Prometheus job.
+//! - [`sections`]: the `sources` part of the agent configuration.
 //! - [`textfile`]: metrics from `*.prom` files, as node_exporter's textfile collector.
 //! - [`severity`]: a log line's severity from where the line states it (syslog `<PRI>`, JSON
 //!   `level`, `level=`, level words), a pure function.
@@ -45,6 +46,7 @@ pub mod node_udev;
 pub mod openmetrics;
 pub mod rdma;
 pub mod scrape;
+pub mod sections;
 pub mod severity;
 pub mod textfile;
 

@@ -1,0 +1,214 @@
+//! The `sources` section of the agent's configuration (DESIGN.md §7, §9): which sources run
+//! and how. Re-exported by [`crate::config`], whose reference documentation includes the
+//! docs below.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::sources::host::HostCollector;
+
+/// `sources`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourcesSection {
+    /// Host metrics named like node_exporter, plus RDMA counters.
+    #[serde(default)]
+    pub host_metrics: HostMetricsSection,
+    /// Log files to tail.
+    #[serde(default)]
+    pub logs: Vec<LogSection>,
+    /// The agent's own `uctel_agent_*` counters, shipped on the metrics stream.
+    #[serde(default)]
+    pub self_metrics: SelfMetricsSection,
+    /// Metrics from the `*.prom` files of a directory, read as node_exporter's textfile
+    /// collector reads them (`sources::textfile`). Off when absent.
+    #[serde(default)]
+    pub textfile: Option<crate::sources::textfile::TextfileSection>,
+    /// Local Prometheus endpoints to scrape, one entry per target (`sources::scrape`), e.g.
+    /// node_exporter, dcgm-exporter, an application's `/metrics`.
+    #[serde(default)]
+    pub scrape: Vec<crate::sources::scrape::ScrapeTarget>,
+    /// Directory for the log sources' offset checkpoints (one JSON file per `logs` entry,
+    /// named after a hash of its `path`), created at start when there are `logs`. A relative
+    /// path is relative to the working directory. Default `/var/lib/uctel-agent` (the systemd
+    /// unit's `StateDirectory=`; another user needs a directory of its own, such as
+    /// `./uctel-agent-state`). `--check-config` checks that it can be created and written.
+    /// `null` disables checkpoints: a restart then starts over at `start_at`.
+    #[serde(default = "default_state_directory")]
+    pub state_directory: Option<PathBuf>,
+}
+
+#[allow(clippy::unnecessary_wraps)]
+fn default_state_directory() -> Option<PathBuf> {
+    Some(PathBuf::from("/var/lib/uctel-agent"))
+}
+
+/// `sources.host_metrics`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostMetricsSection {
+    /// Collect host metrics at all. Default true.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Seconds between two collections. Default 10 (node_exporter is typically scraped
+    /// every 10–15 s).
+    #[serde(default = "default_host_interval")]
+    pub interval_seconds: f64,
+    /// procfs root (`/proc`); point at a bind mount of the host's `/proc` in a container.
+    #[serde(default = "default_proc")]
+    pub procfs_path: PathBuf,
+    /// sysfs root (`/sys`).
+    #[serde(default = "default_sys")]
+    pub sysfs_path: PathBuf,
+    /// Prefix joined to mount points before statvfs(2) (`/`); os-release is read under it too.
+    #[serde(default = "default_rootfs")]
+    pub rootfs_path: PathBuf,
+    /// node_exporter collectors not to run, by name (e.g. `[conntrack, vmstat]`): they emit no
+    /// series, not even `node_scrape_collector_success`. Default none.
+    #[serde(default)]
+    pub disabled_collectors: Vec<HostCollector>,
+}
+
+impl Default for SourcesSection {
+    fn default() -> Self {
+        Self {
+            host_metrics: HostMetricsSection::default(),
+            logs: Vec::new(),
+            self_metrics: SelfMetricsSection::default(),
+            textfile: None,
+            scrape: Vec::new(),
+            state_directory: default_state_directory(),
+        }
+    }
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_host_interval() -> f64 {
+    10.0
+}
+fn default_proc() -> PathBuf {
+    PathBuf::from("/proc")
+}
+fn default_sys() -> PathBuf {
+    PathBuf::from("/sys")
+}
+fn default_rootfs() -> PathBuf {
+    PathBuf::from("/")
+}
+
+impl Default for HostMetricsSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval_seconds: default_host_interval(),
+            procfs_path: default_proc(),
+            sysfs_path: default_sys(),
+            rootfs_path: default_rootfs(),
+            disabled_collectors: Vec::new(),
+        }
+    }
+}
+
+/// `sources.self_metrics`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SelfMetricsSection {
+    /// Ship `uctel_agent_*` and the agent's `process_*` through the pipeline. Default true.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Seconds between two snapshots. Default 10.
+    #[serde(default = "default_host_interval")]
+    pub interval_seconds: f64,
+}
+
+impl Default for SelfMetricsSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval_seconds: default_host_interval(),
+        }
+    }
+}
+
+/// Where a log file found at the first scan of the first run (no checkpoint yet) is read
+/// from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartAt {
+    /// Only lines written after the agent found the file (like `tail -F`). Default.
+    #[default]
+    End,
+    /// The whole file.
+    Beginning,
+}
+
+/// How each line's severity is found (`sources.logs[].severity`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogSeverity {
+    /// Read from the line where it says so: a JSON object's `level`/`severity` field, a
+    /// syslog `<PRI>` prefix, a `level=`/`lvl=` key or an upper-case level word (`ERROR`,
+    /// `WARN`, …) near the start; `unspecified` otherwise. Default.
+    #[default]
+    Auto,
+    /// Not looked for: every record is `unspecified`.
+    #[serde(rename = "none")]
+    Off,
+}
+
+/// One entry of `sources.logs`: one tailer following the files its glob matches.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSection {
+    /// An absolute glob (`/var/log/app/*.log`); re-evaluated every `glob_interval_seconds`
+    /// so new files are picked up. With copytruncate rotation it must not match the copies.
+    pub path: String,
+    /// Globs of paths to skip even if `path` matches them (`/var/log/*.gz`).
+    #[serde(default)]
+    pub exclude: Vec<String>,
+    /// Where the files found at the first scan of the very first run are read from: `end`
+    /// (default) or `beginning`. It applies only while there is no checkpoint yet (first run,
+    /// or `state_directory: null`); after that every file the checkpoint does not know
+    /// (appeared later, or while the agent was down) is read from its beginning, as
+    /// opentelemetry-collector-contrib #12769 asks.
+    #[serde(default)]
+    pub start_at: StartAt,
+    /// `auto` (default): each record's severity is detected from its line (see
+    /// [`LogSeverity::Auto`]); `none`: every record is `unspecified`.
+    #[serde(default)]
+    pub severity: LogSeverity,
+    /// Lines longer than this many bytes are cut and the rest of the line is discarded
+    /// (counted). Must fit a frame with room for the record's encoding:
+    /// at most `max_frame_bytes − 576`. Default: 2048, or less when `max_frame_bytes` needs
+    /// it (see [`AgentConfig::max_line_bytes`]).
+    #[serde(default)]
+    pub max_line_bytes: Option<usize>,
+    /// A last line without a newline is shipped as is after this long. Default 1.
+    #[serde(default = "default_partial_line_timeout")]
+    pub partial_line_timeout_seconds: f64,
+    /// A rotated-away or deleted file stays open this long for late writers. Default 5.
+    #[serde(default = "default_rotate_wait")]
+    pub rotate_wait_seconds: f64,
+    /// Seconds between two glob evaluations. Default 1.
+    #[serde(default = "default_glob_interval")]
+    pub glob_interval_seconds: f64,
+    /// Seconds between two polls of the followed files. Default 0.25.
+    #[serde(default = "default_poll_interval")]
+    pub poll_interval_seconds: f64,
+}
+
+fn default_partial_line_timeout() -> f64 {
+    1.0
+}
+fn default_rotate_wait() -> f64 {
+    5.0
+}
+fn default_glob_interval() -> f64 {
+    1.0
+}
+fn default_poll_interval() -> f64 {
+    0.25
+}
