@@ -11,7 +11,7 @@
 //! |-------:|-----:|----------------|---------|
 //! | 0      | 4    | `magic`        | `b"UCTL"` ([`MAGIC`]) |
 //! | 4      | 1    | `version`      | `1` ([`VERSION`]); any other value is rejected |
-//! | 5      | 1    | `kind`         | [`FrameKind`]: 1 metrics, 2 logs, 3 heartbeat |
+//! | 5      | 1    | `kind`         | [`FrameKind`]: 1 metrics, 2 logs, 3 heartbeat, 4 samples |
 //! | 6      | 2    | `flags`        | [`FrameFlags`]; bit 0 `LAST_OF_EPOCH`, other bits must be 0 |
 //! | 8      | 4    | `stream_id`    | stream within the agent (one framer per stream) |
 //! | 12     | 4    | `payload_len`  | payload bytes following the header |
@@ -23,8 +23,9 @@
 //! | 56     | 4    | `crc32c`       | CRC32C (Castagnoli) of the 64 header bytes with this field zeroed, then the payload |
 //! | 60     | 4    | `reserved`     | must be 0 |
 //!
-//! The payload is `payload_len` bytes: a `MetricBatch` (kind 1) or `LogBatch` (kind 2) of
-//! `proto/uctel.proto`, empty for heartbeats (kind 3).
+//! The payload is `payload_len` bytes: a `MetricBatch` (kind 1), `LogBatch` (kind 2) or
+//! `SampleBatch` (kind 4) of `proto/uctel.proto`, empty for heartbeats (kind 3). On a
+//! samples stream `record_count` counts samples ([`crate::samples`]).
 //!
 //! A frame may sit at the start of a larger buffer (a ring slot or a receive buffer):
 //! `payload_len` decides where it ends and the bytes after it are ignored. For Write with
@@ -79,6 +80,8 @@ pub enum FrameKind {
     Logs = 2,
     /// Empty payload; keeps sequence tracking alive on an idle stream.
     Heartbeat = 3,
+    /// Payload is a `SampleBatch` ([`crate::samples`]): one record per sample.
+    Samples = 4,
 }
 
 impl FrameKind {
@@ -88,6 +91,7 @@ impl FrameKind {
             1 => Some(FrameKind::Metrics),
             2 => Some(FrameKind::Logs),
             3 => Some(FrameKind::Heartbeat),
+            4 => Some(FrameKind::Samples),
             _ => None,
         }
     }
@@ -98,6 +102,7 @@ impl FrameKind {
             FrameKind::Metrics => "metrics",
             FrameKind::Logs => "logs",
             FrameKind::Heartbeat => "heartbeat",
+            FrameKind::Samples => "samples",
         }
     }
 }
@@ -672,15 +677,21 @@ pub enum Payload {
     Logs(LogBatch),
     /// Kind 3 (empty payload).
     Heartbeat,
+    /// Kind 4.
+    Samples(crate::samples::SampleBatch),
 }
 
 impl Payload {
-    /// Number of records in the payload (0 for a heartbeat).
+    /// Number of records in the payload (0 for a heartbeat; a sample series counts one
+    /// per sample, [`crate::samples::SampleSeries::weight`]).
     pub fn record_count(&self) -> usize {
         match self {
             Payload::Metrics(b) => b.metrics.len(),
             Payload::Logs(b) => b.records.len(),
             Payload::Heartbeat => 0,
+            Payload::Samples(b) => {
+                usize::try_from(crate::samples::batch_weight(b)).unwrap_or(usize::MAX)
+            }
         }
     }
 }
@@ -750,6 +761,9 @@ pub fn decode_frame(buf: &[u8], limits: &Limits) -> Result<DecodedFrame, DecodeE
         FrameKind::Logs => payload::decode_log_batch(body, limits).map(Payload::Logs),
         FrameKind::Heartbeat if body.is_empty() => Ok(Payload::Heartbeat),
         FrameKind::Heartbeat => Err(PayloadError::HeartbeatPayload { len: body.len() }),
+        FrameKind::Samples => {
+            crate::samples::decode_sample_batch(body, limits).map(Payload::Samples)
+        }
     };
     match decoded {
         Ok(payload) => Ok(DecodedFrame { header, payload }),
@@ -906,7 +920,7 @@ mod tests {
         );
         check(&|b| b[4] = 2, FrameError::UnsupportedVersion { found: 2 });
         check(&|b| b[5] = 0, FrameError::UnknownKind { found: 0 });
-        check(&|b| b[5] = 4, FrameError::UnknownKind { found: 4 });
+        check(&|b| b[5] = 5, FrameError::UnknownKind { found: 5 });
         check(
             &|b| b[6..8].copy_from_slice(&[0x80, 0x01]),
             FrameError::UnknownFlags { bits: 0x8001 },

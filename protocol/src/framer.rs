@@ -1,7 +1,8 @@
 //! Sans-IO framer: packs the records of one stream into frames of at most `max_frame_bytes`.
 //!
 //! One [`Framer`] serves one stream (`stream_id`, and a kind fixed by the record type:
-//! [`Metric`] → metrics frames, [`LogRecord`] → logs frames). Records go in with
+//! [`Metric`] → metrics frames, [`LogRecord`] → logs frames, [`SampleSeries`] → samples
+//! frames). Records go in with
 //! [`Framer::push`]; a frame comes out when the next record no longer fits (returned by that
 //! push) or when the caller calls [`Framer::flush`]. No IO, no clock: the caller passes `now`.
 //!
@@ -20,7 +21,9 @@
 //! - **Nothing is dropped silently.** A record that cannot fit even alone, or that fails
 //!   validation, is returned as a [`Rejection`] with a reason; the caller counts it (reasons
 //!   `oversize`, `invalid`). [`FramerStats`] keeps running totals with the invariant
-//!   `records_in == records_framed + records_open + oversize + invalid`.
+//!   `records_in == records_framed + records_open + oversize + invalid`. Every count is in
+//!   [`Record::weight`]s (one per sample for a [`SampleSeries`]), as is the header's
+//!   cumulative `record_count`.
 //! - **Stream fields here, connection fields at send time.** The framer fills `kind`,
 //!   `stream_id`, `stream_seq` (+1 per frame from a starting value), `timestamp_ns` (the `now`
 //!   of the push that opened the frame), cumulative `record_count` and `payload_len`. It
@@ -35,6 +38,7 @@ use std::marker::PhantomData;
 use crate::frame::{self, FrameFlags, FrameHeader, FrameKind, HEADER_LEN};
 use crate::limits::Limits;
 use crate::payload::{validate_log_record, validate_metric, LogRecord, Metric, RecordError};
+use crate::samples::{validate_sample_series, SampleSeries};
 
 /// Payload field number of the records in both `MetricBatch` and `LogBatch`.
 const RECORDS_FIELD: u32 = 1;
@@ -43,12 +47,19 @@ mod sealed {
     pub trait Sealed {}
     impl Sealed for crate::payload::Metric {}
     impl Sealed for crate::payload::LogRecord {}
+    impl Sealed for crate::samples::SampleSeries {}
 }
 
-/// A record a [`Framer`] can pack: [`Metric`] or [`LogRecord`].
+/// A record a [`Framer`] can pack: [`Metric`], [`LogRecord`] or [`SampleSeries`].
 pub trait Record: prost::Message + sealed::Sealed {
     /// The frame kind whose payload holds this record type.
     const KIND: FrameKind;
+
+    /// How many records this one counts as in the stream's accounting: 1, except a
+    /// [`SampleSeries`], which counts one per sample ([`crate::samples`]).
+    fn weight(&self) -> u32 {
+        1
+    }
 
     /// The decoder's validation for this record type.
     ///
@@ -68,6 +79,16 @@ impl Record for LogRecord {
     const KIND: FrameKind = FrameKind::Logs;
     fn validate(&self, limits: &Limits) -> Result<(), RecordError> {
         validate_log_record(self, limits)
+    }
+}
+
+impl Record for SampleSeries {
+    const KIND: FrameKind = FrameKind::Samples;
+    fn weight(&self) -> u32 {
+        SampleSeries::weight(self)
+    }
+    fn validate(&self, limits: &Limits) -> Result<(), RecordError> {
+        validate_sample_series(self, limits)
     }
 }
 
@@ -118,7 +139,7 @@ impl BuiltFrame {
         self.stream_seq
     }
 
-    /// Records in this frame.
+    /// Records in this frame, each counted by its [`Record::weight`].
     pub fn records(&self) -> u32 {
         self.records
     }
@@ -234,6 +255,8 @@ struct OpenFrame {
     /// `HEADER_LEN` placeholder bytes, then the payload so far.
     buf: Vec<u8>,
     records: u32,
+    /// Sum of the records' [`Record::weight`].
+    weight: u32,
     timestamp_ns: u64,
 }
 
@@ -326,21 +349,23 @@ impl<R: Record> Framer<R> {
     /// Add `record` at time `now_ns` (ns since the Unix epoch). If it does not fit the open
     /// frame, that frame is closed and returned and the record opens a new one.
     pub fn push(&mut self, record: &R, now_ns: u64) -> PushOutcome {
-        self.stats.records_in += 1;
+        let weight = record.weight();
+        self.stats.records_in += u64::from(weight);
         let entry_len = prost::encoding::message::encoded_len(RECORDS_FIELD, record);
         if entry_len > self.max_payload {
-            self.stats.oversize += 1;
+            self.stats.oversize += u64::from(weight);
             return PushOutcome::Rejected(Rejection::Oversize {
                 encoded_len: entry_len,
                 max_payload_bytes: self.max_payload,
             });
         }
         if let Err(e) = record.validate(&self.limits) {
-            self.stats.invalid += 1;
+            self.stats.invalid += u64::from(weight);
             return PushOutcome::Rejected(Rejection::Invalid(e));
         }
         let fits = self.open.as_ref().is_some_and(|open| {
             open.records < self.max_records
+                && open.weight.checked_add(weight).is_some()
                 && open.buf.len() - HEADER_LEN + entry_len <= self.max_payload
         });
         let closed = if fits {
@@ -354,12 +379,14 @@ impl<R: Record> Framer<R> {
             OpenFrame {
                 buf,
                 records: 0,
+                weight: 0,
                 timestamp_ns: now_ns,
             }
         });
         prost::encoding::message::encode(RECORDS_FIELD, record, &mut open.buf);
         open.records += 1;
-        self.stats.records_open += 1;
+        open.weight += weight;
+        self.stats.records_open += u64::from(weight);
         match closed {
             Some(frame) => PushOutcome::Closed(frame),
             None => PushOutcome::Appended,
@@ -378,6 +405,7 @@ impl<R: Record> Framer<R> {
         let open = self.open.take().unwrap_or_else(|| OpenFrame {
             buf: vec![0; HEADER_LEN],
             records: 0,
+            weight: 0,
             timestamp_ns: now_ns,
         });
         self.close_frame(open, FrameFlags::LAST_OF_EPOCH)
@@ -462,8 +490,9 @@ impl<R: Record> Framer<R> {
     fn close_frame(&mut self, open: OpenFrame, flags: FrameFlags) -> BuiltFrame {
         let OpenFrame {
             mut buf,
-            records,
+            weight: records,
             timestamp_ns,
+            ..
         } = open;
         // The payload never exceeds `max_payload`, which `new` bounded by `u32::MAX`.
         let payload_len = u32::try_from(buf.len() - HEADER_LEN).unwrap_or(u32::MAX);
@@ -647,5 +676,37 @@ mod tests {
             Framer::<Metric>::new(1, 0, limits).unwrap_err(),
             FramerError::NoRecordsPerFrame
         );
+    }
+
+    #[test]
+    fn sample_series_count_one_record_per_sample() {
+        let series = |n: u64| crate::samples::SampleSeries {
+            name: "x_total".into(),
+            r#type: MetricType::Counter as i32,
+            start_us: 1_000_000,
+            offsets_us: (0..n).map(|i| i * 10_000).collect(),
+            values: (0..n).map(|i| i as f64).collect(),
+            ..Default::default()
+        };
+        let mut f = Framer::<crate::samples::SampleSeries>::new(3, 0, Limits::default()).unwrap();
+        let packed = f.pack([&series(20), &series(5)], 7);
+        assert!(packed.rejected.is_empty());
+        assert_eq!(packed.frames.len(), 1);
+        assert_eq!(packed.frames[0].records(), 25);
+        assert_eq!(packed.frames[0].record_count(), 25);
+        let bytes = packed.frames[0].clone().into_stamped(1, 0);
+        let d = decode_frame(&bytes, &Limits::default()).unwrap();
+        assert_eq!(d.header.kind, FrameKind::Samples);
+        assert_eq!(d.header.record_count, 25);
+        assert_eq!(d.payload.record_count(), 25);
+        // A refused series counts its samples too.
+        let mut bad = series(4);
+        bad.offsets_us.pop();
+        assert!(matches!(
+            f.push(&bad, 8),
+            PushOutcome::Rejected(Rejection::Invalid(_))
+        ));
+        let s = f.stats();
+        assert_eq!((s.records_in, s.records_framed, s.invalid), (29, 25, 4));
     }
 }

@@ -33,6 +33,7 @@ pub mod frame;
 pub mod framer;
 pub mod limits;
 pub mod payload;
+pub mod samples;
 pub mod seq;
 pub mod session;
 pub mod stream;

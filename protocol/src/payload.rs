@@ -236,6 +236,9 @@ pub enum RecordError {
         /// The enum value found.
         value: i32,
     },
+    /// The samples of a [`crate::samples::SampleSeries`] are malformed.
+    #[error(transparent)]
+    Samples(#[from] crate::samples::SamplesError),
 }
 
 /// Why a payload was rejected.

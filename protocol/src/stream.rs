@@ -16,8 +16,15 @@ pub const METRICS: u32 = 1;
 /// Stream id of log records (`kind = logs` frames).
 pub const LOGS: u32 = 2;
 
+/// Stream id of the agent's high-frequency counter samples (`kind = samples` frames).
+pub const FAST_COUNTERS: u32 = 3;
+
 /// Every well-known stream: `(stream id, name)`, in stream-id order.
-pub const WELL_KNOWN: [(u32, &str); 2] = [(METRICS, "metrics"), (LOGS, "logs")];
+pub const WELL_KNOWN: [(u32, &str); 3] = [
+    (METRICS, "metrics"),
+    (LOGS, "logs"),
+    (FAST_COUNTERS, "fast_counters"),
+];
 
 /// The name of a well-known stream id, `None` for any other id.
 pub fn well_known_name(id: u32) -> Option<&'static str> {
@@ -67,7 +74,7 @@ mod tests {
         assert_eq!(label(0), "0");
         assert_eq!(label(7), "7");
         assert_eq!(label(u32::MAX), u32::MAX.to_string());
-        for id in [0, METRICS, LOGS, 3, 1000, u32::MAX] {
+        for id in [0, METRICS, LOGS, FAST_COUNTERS, 4, 1000, u32::MAX] {
             assert_eq!(StreamName(id).to_string(), label(id));
             assert_eq!(id_from_name(&label(id)), Some(id));
         }

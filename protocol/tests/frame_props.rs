@@ -237,6 +237,7 @@ proptest! {
                     Payload::Metrics(b) => encode_metric_batch(b),
                     Payload::Logs(b) => encode_log_batch(b),
                     Payload::Heartbeat => Vec::new(),
+                    Payload::Samples(b) => uctel_protocol::samples::encode_sample_batch(b),
                 };
                 let again = decode_frame(&build_frame(&d.header, &body).unwrap(), &roomy()).unwrap();
                 prop_assert_eq!(again.payload, d.payload);
