@@ -438,12 +438,24 @@ pub struct StreamsSection {
     /// The logs stream.
     #[serde(default = "logs_stream")]
     pub logs: StreamSection,
+    /// The stream of `sources.fast_counters` samples: fresh or worthless, so `drop` by
+    /// default, with a queue of 4096 records (series of samples).
+    #[serde(default = "fast_counters_stream")]
+    pub fast_counters: StreamSection,
 }
 
 fn metrics_stream() -> StreamSection {
     StreamSection {
         on_no_credit: Some(OnNoCredit::Drop),
         queue_records: Some(65536),
+        ..StreamSection::default()
+    }
+}
+
+fn fast_counters_stream() -> StreamSection {
+    StreamSection {
+        on_no_credit: Some(OnNoCredit::Drop),
+        queue_records: Some(4096),
         ..StreamSection::default()
     }
 }
@@ -461,6 +473,7 @@ impl Default for StreamsSection {
         Self {
             metrics: metrics_stream(),
             logs: logs_stream(),
+            fast_counters: fast_counters_stream(),
         }
     }
 }
@@ -471,6 +484,7 @@ impl StreamsSection {
         match stream {
             Stream::Metrics => &self.metrics,
             Stream::Logs => &self.logs,
+            Stream::FastCounters => &self.fast_counters,
         }
     }
 
@@ -479,13 +493,14 @@ impl StreamsSection {
         self.get(stream).queue_records.unwrap_or(match stream {
             Stream::Metrics => 65536,
             Stream::Logs => 8192,
+            Stream::FastCounters => 4096,
         })
     }
 
     /// The out-of-credit behaviour of `stream`, defaults applied.
     pub fn on_no_credit(&self, stream: Stream) -> OnNoCredit {
         self.get(stream).on_no_credit.unwrap_or(match stream {
-            Stream::Metrics => OnNoCredit::Drop,
+            Stream::Metrics | Stream::FastCounters => OnNoCredit::Drop,
             Stream::Logs => OnNoCredit::Wait,
         })
     }
@@ -725,6 +740,9 @@ impl Validate for AgentConfig {
             for (key, problem) in crate::sources::scrape::problems(t) {
                 p.push(format!("sources.scrape[{i}].{key}"), problem);
             }
+        }
+        for (key, problem) in self.sources.fast_counters.iter().flat_map(|f| f.problems()) {
+            p.push(format!("sources.fast_counters.{key}"), problem);
         }
         for (key, problem) in self.sources.textfile.iter().flat_map(|t| t.problems()) {
             p.push(format!("sources.textfile.{key}"), problem);
@@ -1025,6 +1043,7 @@ pub fn reference() -> Reference {
             include_str!("sources/sections.rs"),
             include_str!("sources/textfile.rs"),
             include_str!("sources/scrape.rs"),
+            include_str!("sources/fast_counters.rs"),
             include_str!("sources/host.rs"),
             uctel_common::config::SOURCE,
         ],

@@ -109,6 +109,25 @@ pub fn frame_json(t: &Transmit, limits: &Limits) -> Value {
                     })
                     .collect(),
                 Payload::Heartbeat => Vec::new(),
+                Payload::Samples(b) => b
+                    .series
+                    .iter()
+                    .map(|s| {
+                        let labels: Map<String, Value> = s
+                            .labels
+                            .iter()
+                            .map(|l| (l.name.clone(), Value::String(l.value.clone())))
+                            .collect();
+                        let ty = if s.r#type == MetricType::Counter as i32 {
+                            "counter"
+                        } else {
+                            "gauge"
+                        };
+                        json!({"name": s.name, "type": ty, "labels": labels,
+                               "start_us": s.start_us, "offsets_us": s.offsets_us,
+                               "values": s.values})
+                    })
+                    .collect(),
             };
             let h = d.header;
             json!({
@@ -161,17 +180,12 @@ fn sender_config(config: &AgentConfig) -> SenderConfig {
         credit_window: 1 << 20,
         first_conn_seq: 0,
         first_stream_seq: 0,
-        data_paths: [
-            config.streams.metrics.data_path,
-            config.streams.logs.data_path,
-        ],
-        flush_after: [
-            Duration::from_millis(config.streams.metrics.flush_milliseconds),
-            Duration::from_millis(config.streams.logs.flush_milliseconds),
-        ],
+        data_paths: Stream::ALL.map(|s| config.streams.get(s).data_path),
+        flush_after: Stream::ALL
+            .map(|s| Duration::from_millis(config.streams.get(s).flush_milliseconds)),
         ready_frames: 256,
         idle_heartbeat: None,
-        wait_for_credit: [false, false],
+        wait_for_credit: [false; Stream::ALL.len()],
     }
 }
 

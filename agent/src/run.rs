@@ -623,10 +623,8 @@ fn negotiated(
         first_conn_seq: 0,
         first_stream_seq: 0,
         data_paths,
-        flush_after: [
-            Duration::from_millis(config.streams.metrics.flush_milliseconds),
-            Duration::from_millis(config.streams.logs.flush_milliseconds),
-        ],
+        flush_after: Stream::ALL
+            .map(|s| Duration::from_millis(config.streams.get(s).flush_milliseconds)),
         ready_frames: READY_FRAMES,
         idle_heartbeat: Some(heartbeat),
         wait_for_credit: Stream::ALL
@@ -963,9 +961,10 @@ async fn session(
             // The epoch's final figures, as in `Goodbye`, for operators and end-to-end tests:
             // `frames` on the connection, then frames and records per stream, and the packets
             // this session's fault injector dropped (only with fault injection).
-            let (m, l) = (
+            let (m, l, f) = (
                 fin.streams[Stream::Metrics.index()],
                 fin.streams[Stream::Logs.index()],
+                fin.streams[Stream::FastCounters.index()],
             );
             tracing::info!(
                 epoch = format_args!("{epoch:#x}"),
@@ -976,6 +975,8 @@ async fn session(
                 metrics_records = m.records,
                 logs_frames = l.frames,
                 logs_records = l.records,
+                fast_counters_frames = f.frames,
+                fast_counters_records = f.records,
                 fault_dropped = session_faults.map(|c| c.dropped),
                 "goodbye sent"
             );

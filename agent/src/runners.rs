@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
 use uctel_common::shutdown::Shutdown;
 use uctel_protocol::payload::{LogRecord, Metric};
+use uctel_protocol::samples::SampleSeries;
 
 use crate::config::{seconds, AgentConfig, LogSection, LogSeverity, StartAt};
 use crate::queue::RecordQueue;
@@ -151,6 +152,8 @@ pub struct Queues {
     pub metrics: RecordQueue<Metric>,
     /// Log records.
     pub logs: RecordQueue<LogRecord>,
+    /// Sample series of the `fast_counters` source (capacity in series, not samples).
+    pub fast_counters: RecordQueue<SampleSeries>,
     /// Hand-off accounting of the logs queue.
     pub logs_handoff: Arc<Handoff>,
 }
@@ -161,6 +164,7 @@ impl Queues {
         Self {
             metrics: RecordQueue::new(config.streams.queue_records(Stream::Metrics)),
             logs: RecordQueue::new(config.streams.queue_records(Stream::Logs)),
+            fast_counters: RecordQueue::new(config.streams.queue_records(Stream::FastCounters)),
             logs_handoff: Arc::new(Handoff::default()),
         }
     }
@@ -216,6 +220,14 @@ pub fn spawn_metric_sources(
             t.directory.clone(),
             seconds(t.interval_seconds),
             queues.metrics.clone(),
+            stats.clone(),
+            shutdown.clone(),
+        ));
+    }
+    if let Some(f) = &config.sources.fast_counters {
+        tasks.spawn(fast_counters_loop(
+            f.clone(),
+            queues.fast_counters.clone(),
             stats.clone(),
             shutdown.clone(),
         ));
@@ -311,6 +323,194 @@ fn host_metrics_thread(
         }
         offer(queue, metrics, Stream::Metrics, stats);
     }
+}
+
+/// The `fast_counters` source's own counters (on the agent's registry, so also shipped with
+/// the self-metrics).
+#[derive(Debug, Clone)]
+pub struct FastCounterMetrics {
+    /// `uctel_agent_fast_counter_samples_total`: samples taken (successful reads).
+    pub samples: IntCounter,
+    /// `uctel_agent_fast_counter_missed_rounds_total`: sampling instants skipped.
+    pub missed_rounds: IntCounter,
+    /// `uctel_agent_fast_counter_lateness_seconds`: sample time − scheduled time.
+    pub lateness: prometheus::Histogram,
+}
+
+impl FastCounterMetrics {
+    /// Registers the counters in `registry`.
+    ///
+    /// # Errors
+    /// A registration error (the names are already registered).
+    pub fn register(registry: &prometheus::Registry) -> Result<Self, prometheus::Error> {
+        let samples = IntCounter::with_opts(Opts::new(
+            "uctel_agent_fast_counter_samples_total",
+            "Samples taken by the fast_counters source (successful reads). Every one is \
+             received, lost or dropped with a reason on the fast_counters stream.",
+        ))?;
+        let missed_rounds = IntCounter::with_opts(Opts::new(
+            "uctel_agent_fast_counter_missed_rounds_total",
+            "Sampling instants of the fast_counters source skipped because the previous \
+             round ended after them (the host was too busy).",
+        ))?;
+        let lateness = prometheus::Histogram::with_opts(
+            prometheus::HistogramOpts::new(
+                "uctel_agent_fast_counter_lateness_seconds",
+                "How late each fast_counters sample was read: sample time minus scheduled \
+                 time.",
+            )
+            .buckets(vec![
+                0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002, 0.005,
+                0.01, 0.05,
+            ]),
+        )?;
+        registry.register(Box::new(samples.clone()))?;
+        registry.register(Box::new(missed_rounds.clone()))?;
+        registry.register(Box::new(lateness.clone()))?;
+        Ok(Self {
+            samples,
+            missed_rounds,
+            lateness,
+        })
+    }
+}
+
+/// Runs the `fast_counters` source (`sources::fast_counters`) until shutdown, on a thread
+/// of its own (`fast-counters`) that sleeps until each sampling instant: one read per
+/// counter per instant, a record per counter every `samples_per_record` samples, offered to
+/// the fast_counters queue. What the queue cannot take is counted as `source_overflow`, in
+/// samples. At shutdown the samples not yet shipped are offered as a last, shorter record.
+pub async fn fast_counters_loop(
+    section: crate::sources::fast_counters::FastCountersSection,
+    queue: RecordQueue<SampleSeries>,
+    stats: Arc<SelfMetrics>,
+    mut shutdown: Shutdown,
+) {
+    let specs = match section.resolve() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "fast_counters: invalid counter; the source does not run");
+            return;
+        }
+    };
+    let metrics = match FastCounterMetrics::register(stats.registry()) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::error!(error = %e, "fast_counters: cannot register its metrics; the source does not run");
+            return;
+        }
+    };
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let spawned = std::thread::Builder::new()
+        .name("fast-counters".to_owned())
+        .spawn(move || {
+            fast_counters_thread(&section, &specs, &queue, &stats, &metrics, &stopped);
+        });
+    let thread = match spawned {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the fast-counters thread; the source stops");
+            return;
+        }
+    };
+    shutdown.wait().await;
+    drop(stop);
+    if tokio::task::spawn_blocking(move || thread.join())
+        .await
+        .map_or(true, |joined| joined.is_err())
+    {
+        tracing::error!("the fast-counters thread ended abnormally");
+    }
+}
+
+/// The body of [`fast_counters_loop`]'s thread: samples until `stop` is dropped.
+pub fn fast_counters_thread(
+    section: &crate::sources::fast_counters::FastCountersSection,
+    specs: &[crate::sources::fast_counters::CounterSpec],
+    queue: &RecordQueue<SampleSeries>,
+    stats: &SelfMetrics,
+    metrics: &FastCounterMetrics,
+    stop: &std::sync::mpsc::Receiver<()>,
+) {
+    use crate::sources::fast_counters::{unix_us, Reader, Schedule, SeriesBuffer};
+    use std::sync::mpsc::RecvTimeoutError;
+    let mut readers: Vec<Reader> = specs.iter().map(|s| Reader::new(&s.origin)).collect();
+    let mut buffers = vec![SeriesBuffer::default(); specs.len()];
+    let mut warned = std::collections::HashSet::new();
+    let start = Instant::now();
+    let anchor = (start, i64::try_from(pump_unix_us()).unwrap_or(i64::MAX));
+    let mut schedule = Schedule::new(start, section.interval());
+    let per_record = section.samples_per_record.max(1);
+    tracing::info!(
+        counters = specs.len(),
+        interval_ms = section.interval_milliseconds,
+        samples_per_record = per_record,
+        "fast_counters: sampling"
+    );
+    let mut stopping = false;
+    while !stopping {
+        let wait = schedule
+            .next_instant()
+            .saturating_duration_since(Instant::now());
+        match stop.recv_timeout(wait) {
+            Err(RecvTimeoutError::Timeout) => {}
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => stopping = true,
+        }
+        let mut ready = Vec::new();
+        if !stopping {
+            let round = schedule.begin(Instant::now());
+            metrics.missed_rounds.inc_by(round.missed);
+            for (i, (spec, reader)) in specs.iter().zip(readers.iter_mut()).enumerate() {
+                let at = Instant::now();
+                match reader.read() {
+                    Ok(raw) => {
+                        let lateness = at.saturating_duration_since(round.scheduled);
+                        metrics.lateness.observe(lateness.as_secs_f64());
+                        metrics.samples.inc();
+                        let value = raw.saturating_mul(spec.scale) as f64;
+                        buffers[i].push(unix_us(anchor, at), value);
+                    }
+                    Err(e) => {
+                        stats.source_error("fast_counters", e.as_str());
+                        if warned.insert((i, e)) {
+                            tracing::warn!(counter = %spec.name, origin = ?spec.origin, reason = e.as_str(), "fast_counters: cannot read a counter; its samples are skipped until it reads again (logged once per counter and reason)");
+                        }
+                    }
+                }
+                if buffers[i].len() >= per_record {
+                    ready.extend(buffers[i].take(spec));
+                }
+            }
+        } else {
+            for (spec, buffer) in specs.iter().zip(buffers.iter_mut()) {
+                ready.extend(buffer.take(spec));
+            }
+        }
+        if !ready.is_empty() {
+            offer_samples(queue, ready, stats);
+        }
+    }
+}
+
+/// Offers sample series to the fast_counters queue; the samples of those that do not fit
+/// are counted as `source_overflow`.
+fn offer_samples(
+    queue: &RecordQueue<SampleSeries>,
+    mut ready: Vec<SampleSeries>,
+    stats: &SelfMetrics,
+) {
+    let weights: Vec<u64> = ready.iter().map(|s| u64::from(s.weight())).collect();
+    let rejected = queue.offer(std::mem::take(&mut ready));
+    let lost: u64 = weights[weights.len() - rejected..].iter().sum();
+    if lost > 0 {
+        stats.dropped(Stream::FastCounters, DropReason::SourceOverflow, 0, lost);
+    }
+    stats.set_queue_records(Stream::FastCounters, queue.len());
+}
+
+/// Microseconds since the Unix epoch, now.
+fn pump_unix_us() -> u64 {
+    crate::sender::pump::unix_ns() / 1000
 }
 
 /// Runs the textfile source (`sources::textfile`) until shutdown: the directory read at

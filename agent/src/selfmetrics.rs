@@ -192,6 +192,7 @@ impl std::fmt::Display for DropLine {
         let kind = match self.stream {
             Stream::Metrics => "metric",
             Stream::Logs => "log",
+            Stream::FastCounters => "counter sample",
         };
         write!(
             f,

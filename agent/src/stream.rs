@@ -2,7 +2,7 @@
 //!
 //! A stream is one sequence-numbered flow of frames of one kind on a connection
 //! (DESIGN.md §3 rule 4: every frame carries its stream id and stream sequence). The agent ships
-//! two: host and self metrics, and log lines. The names are the `stream` label values of the
+//! three: host and self metrics, log lines, and high-frequency counter samples. The names are the `stream` label values of the
 //! agent's and the collector's self-metrics.
 
 use serde::{Deserialize, Serialize};
@@ -15,25 +15,30 @@ pub enum Stream {
     Metrics,
     /// Log records (`kind = logs` frames, stream id 2).
     Logs,
+    /// High-frequency counter samples (`sources.fast_counters`; `kind = samples` frames,
+    /// stream id 3).
+    FastCounters,
 }
 
 impl Stream {
     /// Every stream, in stream-id order.
-    pub const ALL: [Stream; 2] = [Stream::Metrics, Stream::Logs];
+    pub const ALL: [Stream; 3] = [Stream::Metrics, Stream::Logs, Stream::FastCounters];
 
     /// The `stream` label value.
     pub fn as_str(self) -> &'static str {
         match self {
             Stream::Metrics => "metrics",
             Stream::Logs => "logs",
+            Stream::FastCounters => "fast_counters",
         }
     }
 
     /// The stream id written into the frame header.
     pub fn id(self) -> u32 {
         match self {
-            Stream::Metrics => 1,
-            Stream::Logs => 2,
+            Stream::Metrics => uctel_protocol::stream::METRICS,
+            Stream::Logs => uctel_protocol::stream::LOGS,
+            Stream::FastCounters => uctel_protocol::stream::FAST_COUNTERS,
         }
     }
 
@@ -47,6 +52,7 @@ impl Stream {
         match self {
             Stream::Metrics => 0,
             Stream::Logs => 1,
+            Stream::FastCounters => 2,
         }
     }
 }
@@ -68,6 +74,6 @@ mod tests {
             assert_eq!(s.index(), i);
         }
         assert_eq!(Stream::from_id(0), None);
-        assert_eq!(Stream::from_id(3), None);
+        assert_eq!(Stream::from_id(4), None);
     }
 }

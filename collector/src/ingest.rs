@@ -59,6 +59,7 @@ use uctel_protocol::control::{Goodbye, Heartbeat, Report, StreamFinal, StreamRep
 use uctel_protocol::frame::{peek_conn_seq, Frame, FrameError, FrameKind};
 use uctel_protocol::limits::Limits;
 use uctel_protocol::payload::{self, PayloadError, RecordError};
+use uctel_protocol::samples;
 use uctel_protocol::seq::Seq;
 use uctel_protocol::stream::StreamName;
 use uctel_protocol::tracker::{
@@ -822,6 +823,27 @@ impl<D: Delivery> ConnectionIngest<D> {
                     self.tel.drop_records(DropReason::LogSinkError, failed, &e);
                 }
                 (batch.records.len(), replayed)
+            }),
+            FrameKind::Samples => samples::decode_sample_batch(body, &self.limits).map(|batch| {
+                let out = self
+                    .delivery
+                    .samples(&self.agent, &self.instance, &batch, now);
+                for (rejection, n) in &out.rejected {
+                    self.tel.drop_records(
+                        rejection.drop_reason(),
+                        *n,
+                        &format_args!(
+                            "stream {} stream_seq {}: {} sample(s) not stored ({})",
+                            StreamName(header.stream_id),
+                            header.stream_seq,
+                            n,
+                            rejection.as_str()
+                        ),
+                    );
+                }
+                // A series counts one record per sample.
+                let n = usize::try_from(samples::batch_weight(&batch)).unwrap_or(usize::MAX);
+                (n, 0)
             }),
             FrameKind::Heartbeat if body.is_empty() => Ok((0, 0)),
             FrameKind::Heartbeat => Err(PayloadError::HeartbeatPayload { len: body.len() }),

@@ -92,10 +92,15 @@ pub struct IngestOutcome {
 
 impl IngestOutcome {
     fn reject(&mut self, reason: SampleRejection) {
+        self.reject_n(reason, 1);
+    }
+
+    /// Counts `n` samples not stored for `reason`.
+    pub fn reject_n(&mut self, reason: SampleRejection, n: u64) {
         if let Some(slot) = self.rejected.iter_mut().find(|(r, _)| *r == reason) {
-            slot.1 += 1;
+            slot.1 += n;
         } else {
-            self.rejected.push((reason, 1));
+            self.rejected.push((reason, n));
         }
     }
 

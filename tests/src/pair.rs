@@ -34,6 +34,7 @@ use uctel_protocol::control::{Goodbye, GoodbyeReason, StreamFinal};
 use uctel_protocol::frame::conn_seq_immediate;
 use uctel_protocol::limits::Limits;
 use uctel_protocol::payload::{Label, LogRecord, Metric, MetricType};
+use uctel_protocol::samples::SampleBatch;
 use uctel_protocol::tracker::TrackerConfig;
 
 use crate::faults::Rng;
@@ -141,6 +142,26 @@ impl Delivery for Recording {
         }
         IngestOutcome {
             stored: batch.len() as u64,
+            rejected: Vec::new(),
+        }
+    }
+
+    fn samples(
+        &mut self,
+        _agent: &str,
+        _instance: &str,
+        batch: &SampleBatch,
+        _now: Instant,
+    ) -> IngestOutcome {
+        let mut stored = 0;
+        for s in &batch.series {
+            for (t, _) in s.samples() {
+                self.take(format!("{}:{t}", s.name));
+                stored += 1;
+            }
+        }
+        IngestOutcome {
+            stored,
             rejected: Vec::new(),
         }
     }
@@ -296,11 +317,15 @@ impl Pair {
             credit_window: cfg.credit_window,
             first_conn_seq: 0,
             first_stream_seq: 0,
-            data_paths: [DataPath::WriteWithImm, DataPath::Send],
-            flush_after: [Duration::from_millis(2), Duration::from_millis(2)],
+            data_paths: [
+                DataPath::WriteWithImm,
+                DataPath::Send,
+                DataPath::WriteWithImm,
+            ],
+            flush_after: [Duration::from_millis(2); 3],
             ready_frames: 8,
             idle_heartbeat: Some(Duration::from_millis(5)),
-            wait_for_credit: [false, cfg.logs_wait_for_credit],
+            wait_for_credit: [false, cfg.logs_wait_for_credit, false],
         };
         let t0 = Instant::now();
         let core = SenderCore::new_unexported(&sender, EPOCH, t0).map_err(|e| setup(&e))?;

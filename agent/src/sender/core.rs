@@ -47,6 +47,7 @@ use uctel_protocol::frame::{self, FrameHeader};
 use uctel_protocol::framer::{BuiltFrame, Framer, FramerError, PushOutcome, Rejection};
 use uctel_protocol::limits::Limits;
 use uctel_protocol::payload::{LogRecord, Metric};
+use uctel_protocol::samples::SampleSeries;
 use uctel_protocol::seq::Seq;
 
 use crate::config::DataPath;
@@ -69,9 +70,9 @@ pub struct SenderConfig {
     /// Stream sequence of the first frame of each stream in this epoch.
     pub first_stream_seq: u64,
     /// Data path of each stream, indexed by [`Stream::index`].
-    pub data_paths: [DataPath; 2],
+    pub data_paths: [DataPath; STREAMS],
     /// A non-full frame is closed this long after its first record, per stream.
-    pub flush_after: [Duration; 2],
+    pub flush_after: [Duration; STREAMS],
     /// Closed frames waiting for pacing, per stream.
     pub ready_frames: usize,
     /// An idle stream sends a heartbeat frame after this long without a frame; `None`: never.
@@ -79,8 +80,11 @@ pub struct SenderConfig {
     /// Per stream, indexed by [`Stream::index`]: take no records while the frames already
     /// built would use up every credit (`on_no_credit: wait`) instead of framing and
     /// dropping (`drop`).
-    pub wait_for_credit: [bool; 2],
+    pub wait_for_credit: [bool; STREAMS],
 }
+
+/// The number of streams ([`Stream::ALL`]).
+pub const STREAMS: usize = Stream::ALL.len();
 
 /// A frame ready to post: stamped and sealed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,7 +136,7 @@ pub struct FinalSequences {
     /// Frames posted on the connection.
     pub frames: u64,
     /// Per stream, indexed by [`Stream::index`].
-    pub streams: [StreamTotals; 2],
+    pub streams: [StreamTotals; STREAMS],
 }
 
 /// Plain counters of one stream of a [`SenderCore`] (this epoch). Same terms as the agent's
@@ -181,7 +185,7 @@ impl StreamStats {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SenderStats {
     /// Per stream, indexed by [`Stream::index`].
-    pub streams: [StreamStats; 2],
+    pub streams: [StreamStats; STREAMS],
 }
 
 impl SenderStats {
@@ -254,7 +258,8 @@ struct StreamState {
     /// When the open frame got its first record.
     open_since: Option<Instant>,
     ready: VecDeque<Pending>,
-    /// Records pushed (every push call, refused records included): the next push index.
+    /// Records pushed (every push call, refused records included, each counted by its
+    /// weight: one per sample of a sample series): the next push index.
     pushed: u64,
     /// Push index of the open frame's first record.
     open_first: Option<u64>,
@@ -273,7 +278,8 @@ pub struct SenderCore {
     epoch: u64,
     metrics_framer: Framer<Metric>,
     logs_framer: Framer<LogRecord>,
-    streams: [StreamState; 2],
+    samples_framer: Framer<SampleSeries>,
+    streams: [StreamState; STREAMS],
     pacer: Pacer,
     credits: Credits,
     ready_frames: usize,
@@ -343,7 +349,12 @@ impl SenderCore {
                 config.first_stream_seq,
                 config.limits.clone(),
             )?,
-            streams: [state(Stream::Metrics), state(Stream::Logs)],
+            samples_framer: Framer::new(
+                Stream::FastCounters.id(),
+                config.first_stream_seq,
+                config.limits.clone(),
+            )?,
+            streams: Stream::ALL.map(state),
             pacer: config
                 .pacing
                 .map_or_else(Pacer::unlimited, |l| Pacer::new(l, now)),
@@ -386,7 +397,8 @@ impl SenderCore {
             return true;
         }
         let open = usize::from(self.metrics_framer.has_open_frame())
-            + usize::from(self.logs_framer.has_open_frame());
+            + usize::from(self.logs_framer.has_open_frame())
+            + usize::from(self.samples_framer.has_open_frame());
         let built = self.ready_frames() + open;
         // Leave a share of the window to the streams that drop, so a log burst does not
         // starve the metrics: 1/16 of the window, at least one frame, none in windows too
@@ -404,7 +416,13 @@ impl SenderCore {
     /// Adds one metric sample at `now` / `unix_ns` (frame timestamp, ns since the Unix epoch).
     pub fn push_metric(&mut self, m: &Metric, now: Instant, unix_ns: u64) {
         let outcome = self.metrics_framer.push(m, unix_ns);
-        self.after_push(Stream::Metrics, outcome, now);
+        self.after_push(Stream::Metrics, outcome, 1, now);
+    }
+
+    /// Adds one sample series (fast_counters stream); it counts one record per sample.
+    pub fn push_samples(&mut self, s: &SampleSeries, now: Instant, unix_ns: u64) {
+        let outcome = self.samples_framer.push(s, unix_ns);
+        self.after_push(Stream::FastCounters, outcome, s.weight(), now);
     }
 
     /// Adds one log record.
@@ -424,17 +442,18 @@ impl SenderCore {
                 if !matches!(outcome, PushOutcome::Rejected(_)) {
                     self.acct.truncated(Stream::Logs);
                 }
-                self.after_push(Stream::Logs, outcome, now);
+                self.after_push(Stream::Logs, outcome, 1, now);
                 return;
             }
         }
-        self.after_push(Stream::Logs, outcome, now);
+        self.after_push(Stream::Logs, outcome, 1, now);
     }
 
-    fn after_push(&mut self, stream: Stream, outcome: PushOutcome, now: Instant) {
+    /// Books one push of a record that counts as `weight` records.
+    fn after_push(&mut self, stream: Stream, outcome: PushOutcome, weight: u32, now: Instant) {
         let st = &mut self.streams[stream.index()];
         let index = st.pushed;
-        st.pushed += 1;
+        st.pushed += u64::from(weight);
         match outcome {
             PushOutcome::Appended => {
                 st.open_since.get_or_insert(now);
@@ -451,7 +470,7 @@ impl SenderCore {
                     Rejection::Oversize { .. } => DropReason::Oversize,
                     Rejection::Invalid(_) => DropReason::Invalid,
                 };
-                self.acct.dropped(stream, reason, 0, 1);
+                self.acct.dropped(stream, reason, 0, u64::from(weight));
             }
         }
     }
@@ -462,6 +481,7 @@ impl SenderCore {
         let frame = match stream {
             Stream::Metrics => self.metrics_framer.flush(),
             Stream::Logs => self.logs_framer.flush(),
+            Stream::FastCounters => self.samples_framer.flush(),
         };
         let st = &mut self.streams[stream.index()];
         st.open_since = None;
@@ -508,6 +528,7 @@ impl SenderCore {
                     let hb = match s {
                         Stream::Metrics => self.metrics_framer.heartbeat(unix_ns),
                         Stream::Logs => self.logs_framer.heartbeat(unix_ns),
+                        Stream::FastCounters => self.samples_framer.heartbeat(unix_ns),
                     };
                     let st = &mut self.streams[s.index()];
                     let first = st.pushed;
@@ -698,6 +719,7 @@ impl SenderCore {
         let frames = [
             self.metrics_framer.finish_epoch(unix_ns),
             self.logs_framer.finish_epoch(unix_ns),
+            self.samples_framer.finish_epoch(unix_ns),
         ];
         for (st, f) in self.streams.iter_mut().zip(frames) {
             let first = st.open_first.take().unwrap_or(st.pushed);
@@ -716,6 +738,7 @@ impl SenderCore {
         let open = match stream {
             Stream::Metrics => self.metrics_framer.stats().records_open,
             Stream::Logs => self.logs_framer.stats().records_open,
+            Stream::FastCounters => self.samples_framer.stats().records_open,
         };
         ready + open
     }
@@ -781,7 +804,7 @@ impl SenderCore {
         FinalSequences {
             last_conn_seq: self.last_conn_seq,
             frames: self.frames_posted,
-            streams: [self.streams[0].totals, self.streams[1].totals],
+            streams: self.streams.each_ref().map(|s| s.totals),
         }
     }
 }
@@ -850,11 +873,15 @@ mod tests {
             credit_window: window,
             first_conn_seq: 0,
             first_stream_seq: 0,
-            data_paths: [DataPath::WriteWithImm, DataPath::Send],
-            flush_after: [Duration::from_millis(200), Duration::from_millis(200)],
+            data_paths: [
+                DataPath::WriteWithImm,
+                DataPath::Send,
+                DataPath::WriteWithImm,
+            ],
+            flush_after: [Duration::from_millis(200); 3],
             ready_frames: 64,
             idle_heartbeat: None,
-            wait_for_credit: [false, false],
+            wait_for_credit: [false; 3],
         }
     }
 
@@ -1121,7 +1148,7 @@ mod tests {
         assert!(tx.is_empty());
         assert_eq!(wait, Some(t0 + Duration::from_secs(1)));
         let (tx, _) = drain(&mut core, t0 + Duration::from_secs(1));
-        assert_eq!(tx.len(), 2, "one per stream");
+        assert_eq!(tx.len(), Stream::ALL.len(), "one per stream");
         for t in &tx {
             let d = decode(t);
             assert_eq!(d.header.kind, FrameKind::Heartbeat);
@@ -1138,12 +1165,12 @@ mod tests {
         core.push_metric(&metric(1), t0, 1);
         core.finish(2);
         let (tx, _) = drain(&mut core, t0);
-        assert_eq!(tx.len(), 2);
+        assert_eq!(tx.len(), Stream::ALL.len());
         for t in &tx {
             assert!(decode(t).header.flags.contains(FrameFlags::LAST_OF_EPOCH));
         }
         let fin = core.final_sequences();
-        assert_eq!(fin.frames, 2);
+        assert_eq!(fin.frames, Stream::ALL.len() as u64);
         assert_eq!(fin.streams[Stream::Metrics.index()].records, 1);
         assert_eq!(fin.streams[Stream::Logs.index()].records, 0);
     }
@@ -1284,7 +1311,7 @@ mod tests {
         let t0 = Instant::now();
         let sm = stats();
         let mut cfg = config(4);
-        cfg.wait_for_credit = [false, true];
+        cfg.wait_for_credit = [false, true, false];
         let mut core = SenderCore::new(&cfg, 1, t0, sm.clone()).unwrap_or_else(|e| panic!("{e}"));
         let mut taken = 0;
         for i in 0..10 {
@@ -1329,7 +1356,7 @@ mod tests {
         let sm = stats();
         let mut cfg = config(100);
         cfg.ready_frames = 2;
-        cfg.wait_for_credit = [false, true];
+        cfg.wait_for_credit = [false, true, false];
         let mut core = SenderCore::new(&cfg, 1, t0, sm.clone()).unwrap_or_else(|e| panic!("{e}"));
         for i in 0..2 {
             core.push_metric(&metric(i), t0, 1);
@@ -1360,7 +1387,7 @@ mod tests {
     fn a_one_frame_window_still_lets_a_waiting_stream_through() {
         let t0 = Instant::now();
         let mut cfg = config(1);
-        cfg.wait_for_credit = [false, true];
+        cfg.wait_for_credit = [false, true, false];
         let mut core = SenderCore::new(&cfg, 1, t0, stats()).unwrap_or_else(|e| panic!("{e}"));
         assert!(core.wants_records(Stream::Logs));
         core.push_log(&log("only"), t0, 1);
@@ -1397,6 +1424,7 @@ mod proptests {
     enum Op {
         Metrics(usize),
         Log(usize),
+        Samples(usize),
         Flush(bool),
         Advance(u64),
         Report(u64),
@@ -1407,6 +1435,8 @@ mod proptests {
         prop_oneof![
             (1usize..60).prop_map(Op::Metrics),
             (0usize..3000).prop_map(Op::Log),
+            // Up to 200 samples: beyond about 90 a series no longer fits a 1024-byte frame.
+            (1usize..200).prop_map(Op::Samples),
             any::<bool>().prop_map(Op::Flush),
             (0u64..300).prop_map(Op::Advance),
             (0u64..8).prop_map(Op::Report),
@@ -1436,15 +1466,15 @@ mod proptests {
                 credit_window: 6,
                 first_conn_seq: u64::MAX - 10,
                 first_stream_seq: 0,
-                data_paths: [DataPath::WriteWithImm, DataPath::Send],
-                flush_after: [Duration::from_millis(30), Duration::from_millis(30)],
+                data_paths: [DataPath::WriteWithImm, DataPath::Send, DataPath::WriteWithImm],
+                flush_after: [Duration::from_millis(30); 3],
                 ready_frames: 8,
                 idle_heartbeat: Some(Duration::from_millis(500)),
-                wait_for_credit: [false, true],
+                wait_for_credit: [false, true, false],
             };
             let mut core = SenderCore::new(&cfg, 9, t0, stats.clone()).unwrap_or_else(|e| panic!("{e}"));
             let mut now = t0;
-            let mut pushed = [0u64; 2];
+            let mut pushed = [0u64; 3];
             let mut posted: Vec<Transmit> = Vec::new();
             let mut last: Option<Transmit> = None;
             for op in ops {
@@ -1467,6 +1497,18 @@ mod proptests {
                         };
                         core.push_log(&r, now, 1);
                         pushed[1] += 1;
+                    },
+                    Op::Samples(n) => if core.wants_records(Stream::FastCounters) {
+                        let s = SampleSeries {
+                            name: "node_infiniband_out_of_buffer".into(),
+                            r#type: MetricType::Counter as i32,
+                            start_us: 1_000_000,
+                            offsets_us: (0..n as u64).map(|i| i * 10_000).collect(),
+                            values: (0..n).map(|i| i as f64).collect(),
+                            ..SampleSeries::default()
+                        };
+                        core.push_samples(&s, now, 1);
+                        pushed[2] += n as u64;
                     },
                     Op::Flush(metrics) => core.flush(if metrics { Stream::Metrics } else { Stream::Logs }),
                     Op::Advance(ms) => now += Duration::from_millis(ms),

@@ -51,6 +51,15 @@ pub fn pull(core: &mut SenderCore, queues: &Queues, stats: &SelfMetrics) {
             core.push_metric(m, now, ns);
         }
     }
+    while core.wants_records(Stream::FastCounters) {
+        let batch = queues.fast_counters.take(PULL_BATCH);
+        if batch.is_empty() {
+            break;
+        }
+        for s in &batch {
+            core.push_samples(s, now, ns);
+        }
+    }
     // Logs one record at a time: with `on_no_credit: wait` the answer of `wants_records`
     // can change within a batch, and a record taken from the queue cannot be put back.
     let mut handed = 0u64;
@@ -66,6 +75,7 @@ pub fn pull(core: &mut SenderCore, queues: &Queues, stats: &SelfMetrics) {
     }
     stats.set_queue_records(Stream::Metrics, queues.metrics.len());
     stats.set_queue_records(Stream::Logs, queues.logs.len());
+    stats.set_queue_records(Stream::FastCounters, queues.fast_counters.len());
     stats.log_due_drops();
 }
 
@@ -90,8 +100,23 @@ pub fn discard_queued_metrics(queues: &Queues, stats: &SelfMetrics, reason: Drop
     if m > 0 {
         stats.dropped(Stream::Metrics, reason, 0, m);
     }
+    discard_queued_samples(queues, stats, reason);
     stats.set_queue_records(Stream::Metrics, 0);
     stats.log_due_drops();
+}
+
+/// Drops the queued sample series with `reason`, counting their samples.
+fn discard_queued_samples(queues: &Queues, stats: &SelfMetrics, reason: DropReason) {
+    let samples: u64 = queues
+        .fast_counters
+        .take_all()
+        .iter()
+        .map(|s| u64::from(s.weight()))
+        .sum();
+    if samples > 0 {
+        stats.dropped(Stream::FastCounters, reason, 0, samples);
+    }
+    stats.set_queue_records(Stream::FastCounters, 0);
 }
 
 /// Drops every queued record with `reason` (at shutdown). The log lines among them are not
@@ -107,6 +132,7 @@ pub fn discard_queued(queues: &Queues, stats: &SelfMetrics, reason: DropReason) 
     if l > 0 {
         stats.dropped(Stream::Logs, reason, 0, l);
     }
+    discard_queued_samples(queues, stats, reason);
     stats.set_queue_records(Stream::Metrics, 0);
     stats.set_queue_records(Stream::Logs, 0);
     stats.log_pending_drops();

@@ -18,6 +18,8 @@
 //!   [`host::HostMetrics`].
 //! - [`node_hwmon`]: node_exporter's `hwmon` collector over `/sys/class/hwmon` (temperatures,
 //!   fans, voltages, power), also run by [`host::HostMetrics`].
+//! - [`fast_counters`]: a short list of counters (sysfs files, ethtool statistics) sampled
+//!   every few milliseconds, many samples of one counter per record, on a stream of their own.
 //! - [`logs`]: a log file tailer: glob paths, create- and copytruncate-rotation, truncation,
 //!   partial last lines, long lines, invalid UTF-8 and an offset checkpoint file.
 //! - [`exposition`]: the Prometheus text format as records (textfile and scrape sources).
@@ -35,6 +37,7 @@
 //! `timestamp_ms = 0` ("the frame's timestamp").
 
 pub mod exposition;
+pub mod fast_counters;
 pub mod host;
 pub mod logs;
 pub mod node;

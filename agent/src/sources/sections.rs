@@ -29,6 +29,10 @@ pub struct SourcesSection {
     /// node_exporter, dcgm-exporter, an application's `/metrics`.
     #[serde(default)]
     pub scrape: Vec<crate::sources::scrape::ScrapeTarget>,
+    /// A few counters sampled every few milliseconds (`sources::fast_counters`), shipped
+    /// on the `fast_counters` stream. Off when absent.
+    #[serde(default)]
+    pub fast_counters: Option<crate::sources::fast_counters::FastCountersSection>,
     /// Directory for the log sources' offset checkpoints (one JSON file per `logs` entry,
     /// named after a hash of its `path`), created at start when there are `logs`. A relative
     /// path is relative to the working directory. Default `/var/lib/uctel-agent` (the systemd
@@ -78,6 +82,7 @@ impl Default for SourcesSection {
             self_metrics: SelfMetricsSection::default(),
             textfile: None,
             scrape: Vec::new(),
+            fast_counters: None,
             state_directory: default_state_directory(),
         }
     }

@@ -145,6 +145,8 @@ pub(super) async fn run_session(
         logs: shared.logs.clone(),
         remote_write: shared.remote_write.clone(),
         clickhouse: shared.clickhouse.clone(),
+        // Per connection: the rate windows of this agent's sample series.
+        fast: Default::default(),
     };
     let mut ingest = match ConnectionIngest::with_delivery(
         &agent,

@@ -11,20 +11,25 @@
 //!
 //! - [`remote_write`]: the Prometheus remote-write 1.0 client (`outputs.remote_write`).
 //! - [`clickhouse`]: log records into a ClickHouse table (`outputs.clickhouse`).
+//! - [`fast`]: the agents' high-frequency sample series: latest value and rate over the
+//!   last second for the store, every sample for remote-write.
 //! - [`http`]: what the HTTP outputs share: the client, authentication, backoff with full
 //!   jitter, `Retry-After`.
 //! - [`config`]: the `outputs:` configuration section (`crate::config::outputs`).
 
 pub mod clickhouse;
+pub mod fast;
 pub mod http;
 pub mod remote_write;
 
 use std::io;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use uctel_protocol::borrowed::MetricBatchView;
-use uctel_protocol::payload::LogRecord;
+use uctel_protocol::limits::Limits;
+use uctel_protocol::payload::{encode_metric_batch, LogRecord, MetricBatch};
+use uctel_protocol::samples::SampleBatch;
 
 use crate::logsink::{LogContext, LogSink};
 use crate::store::{IngestOutcome, SeriesStore};
@@ -46,6 +51,17 @@ pub trait Delivery {
         instance: &str,
         frame_timestamp_ns: u64,
         batch: &MetricBatchView<'_>,
+        now: Instant,
+    ) -> IngestOutcome;
+
+    /// Store the sample series of one decoded samples frame (`fast_counters` stream) of
+    /// `agent`. Returns what the store kept and rejected, counted in samples (the stream's
+    /// accounting unit).
+    fn samples(
+        &mut self,
+        agent: &str,
+        instance: &str,
+        batch: &SampleBatch,
         now: Instant,
     ) -> IngestOutcome;
 
@@ -73,6 +89,8 @@ pub struct Outputs {
     pub remote_write: RemoteWrite,
     /// The ClickHouse log output (disabled unless configured).
     pub clickhouse: ClickHouse,
+    /// Rate windows of the agents' sample series.
+    pub fast: Arc<Mutex<fast::FastSeries>>,
 }
 
 impl Outputs {
@@ -83,6 +101,7 @@ impl Outputs {
             logs,
             remote_write: RemoteWrite::default(),
             clickhouse: ClickHouse::default(),
+            fast: Arc::default(),
         }
     }
 }
@@ -104,6 +123,57 @@ impl Delivery for Outputs {
         self.store.ingest_views(agent, instance, batch, now)
     }
 
+    fn samples(
+        &mut self,
+        agent: &str,
+        instance: &str,
+        batch: &SampleBatch,
+        now: Instant,
+    ) -> IngestOutcome {
+        let mut out = IngestOutcome::default();
+        let mut remote = (!self.remote_write.is_empty()).then(Vec::new);
+        let mut derived = Vec::new();
+        {
+            let mut fast = self
+                .fast
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for s in &batch.series {
+                let o = fast.observe(agent, s, remote.as_mut());
+                let stored =
+                    self.store
+                        .ingest(agent, instance, std::slice::from_ref(&o.latest), now);
+                let weight = u64::from(s.weight());
+                if stored.rejected.is_empty() {
+                    out.stored += weight;
+                }
+                for (reason, _) in stored.rejected {
+                    out.reject_n(reason, weight);
+                }
+                derived.extend(o.rate);
+            }
+        }
+        // Derived series are not records: one the store refuses (its series cap) is
+        // simply not exposed.
+        let kept = self.store.ingest(agent, instance, &derived, now);
+        if !kept.rejected.is_empty() {
+            tracing::debug!(agent, rejected = ?kept.rejected, "rate series not stored");
+        }
+        if let Some(metrics) = remote.filter(|m| !m.is_empty()) {
+            let limits = Limits {
+                max_frame_bytes: usize::MAX / 2,
+                max_records_per_frame: metrics.len(),
+                ..Limits::default()
+            };
+            let bytes = encode_metric_batch(&MetricBatch { metrics });
+            // Built from validated series: decoding cannot fail.
+            if let Ok(view) = MetricBatchView::decode(&bytes, &limits) {
+                self.remote_write.push(agent, instance, 0, &view);
+            }
+        }
+        out
+    }
+
     #[inline]
     fn logs(&mut self, ctx: &LogContext<'_>, records: &[LogRecord]) -> (u64, Option<io::Error>) {
         self.clickhouse.push(ctx, records);
@@ -115,6 +185,10 @@ impl Delivery for Outputs {
     }
 
     fn agent_left(&mut self, agent: &str) {
+        self.fast
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .forget(agent);
         self.remote_write.agent_left(agent);
     }
 }
