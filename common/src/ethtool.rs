@@ -446,24 +446,31 @@ impl StatsReader {
             ));
         }
         let count = n as usize;
-        let mut strings = GuardedBuf::new(GSTRINGS_HEADER + count * ETH_GSTRING_LEN)?;
-        let b = strings.bytes_mut();
-        put_u32(b, 0, ETHTOOL_GSTRINGS);
-        put_u32(b, 4, ETH_SS_STATS);
-        put_u32(b, 8, n);
-        strings.ioctl(&socket, ifname, "ETHTOOL_GSTRINGS")?;
-        let b = strings.bytes();
-        let got = get_u32(b, 8);
-        if got != n {
-            return Err(changed(ifname, "ETHTOOL_GSTRINGS", n, got));
-        }
-        let names = b
-            .get(GSTRINGS_HEADER..GSTRINGS_HEADER + count * ETH_GSTRING_LEN)
-            .unwrap_or_default()
-            .chunks_exact(ETH_GSTRING_LEN)
-            .map(c_text)
-            .collect();
-        let buf = GuardedBuf::new(GSTATS_HEADER + count * 8)?;
+        let mmap_error = |e| error(ifname, "mmap", e);
+        // No request for an empty set: the kernel warns on one (`WARN_ON_ONCE` in
+        // `ethtool_get_strings`).
+        let names = if count == 0 {
+            Vec::new()
+        } else {
+            let mut strings =
+                GuardedBuf::new(GSTRINGS_HEADER + count * ETH_GSTRING_LEN).map_err(mmap_error)?;
+            let b = strings.bytes_mut();
+            put_u32(b, 0, ETHTOOL_GSTRINGS);
+            put_u32(b, 4, ETH_SS_STATS);
+            put_u32(b, 8, n);
+            strings.ioctl(&socket, ifname, "ETHTOOL_GSTRINGS")?;
+            let b = strings.bytes();
+            let got = get_u32(b, 8);
+            if got != n {
+                return Err(changed(ifname, "ETHTOOL_GSTRINGS", n, got));
+            }
+            b.get(GSTRINGS_HEADER..GSTRINGS_HEADER + count * ETH_GSTRING_LEN)
+                .unwrap_or_default()
+                .chunks_exact(ETH_GSTRING_LEN)
+                .map(c_text)
+                .collect()
+        };
+        let buf = GuardedBuf::new(GSTATS_HEADER + count * 8).map_err(mmap_error)?;
         Ok(StatsReader {
             ifname: ifname.to_owned(),
             socket,
@@ -492,6 +499,15 @@ impl StatsReader {
     /// left empty on error.
     pub fn read(&mut self, values: &mut Vec<u64>) -> io::Result<()> {
         values.clear();
+        if self.names.is_empty() {
+            // The kernel warns on an ETHTOOL_GSTATS of no statistics (`WARN_ON_ONCE` in
+            // `ethtool_get_stats`): only check that there are still none.
+            let now = self.socket.drvinfo(&self.ifname)?.n_stats;
+            return match now {
+                0 => Ok(()),
+                _ => Err(changed(&self.ifname, "ETHTOOL_GDRVINFO", 0, now)),
+            };
+        }
         let n = u32::try_from(self.names.len()).unwrap_or(u32::MAX);
         let b = self.buf.bytes_mut();
         put_u32(b, 0, ETHTOOL_GSTATS);
@@ -592,6 +608,18 @@ mod tests {
         let buf = GuardedBuf::new(13).expect("mmap");
         assert!(buf.bytes().len() >= 13);
         assert!(buf.bytes().iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn the_kernel_stops_at_the_guard_page() {
+        let buf = GuardedBuf::new(16).expect("mmap");
+        let len = buf.bytes().len();
+        let zero = std::fs::File::open("/dev/zero").expect("/dev/zero");
+        // SAFETY: the kernel is asked to write a page more than the buffer holds, into the
+        // guard page: it must stop there (a short read or EFAULT), which is what the ioctls
+        // rely on.
+        let n = unsafe { libc::read(zero.as_raw_fd(), buf.ptr.cast(), len + 4096) };
+        assert!(n <= len as isize, "wrote {n} bytes into {len}");
     }
 
     #[test]
