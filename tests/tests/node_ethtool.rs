@@ -13,6 +13,12 @@
 //! The second case filters with `metrics_include` (node_exporter's
 //! `--collector.ethtool.metrics-include`): its statistic series must be a non-empty strict
 //! subset of the first case's, and every one's raw name (in its help) must match.
+//!
+//! Two more agents: one without the section serves no ethtool series at all; one whose sysfs
+//! lists an interface that does not exist gets ENODEV for every request, serves only
+//! `node_scrape_collector_success{collector="ethtool"} 1` (as node_exporter, which only logs
+//! such errors) and counts each failed request in
+//! `uctel_agent_source_errors_total{source="ethtool",reason}`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -164,6 +170,18 @@ fn the_ethtool_collector_serves_what_node_exporter_serves() {
     }
     // An agent without the section: no ethtool series at all.
     p.add_agent("ethtool-off", 0.0, 1.0);
+    // An agent whose sysfs lists an interface that does not exist: every request fails with
+    // ENODEV, which is skipped and counted.
+    let ghost_sys = p.path().join("ghost-sys");
+    std::fs::create_dir_all(ghost_sys.join("class/net/uctghost0"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let ghost = p.add_agent_with("ethtool-ghost", 0.0, 1.0, |y| {
+        y.set(
+            "sources.host_metrics.sysfs_path",
+            ghost_sys.display().to_string(),
+        )
+        .set("sources.host_metrics.ethtool.device_include", "^uctghost0$");
+    });
     let peer = format!("node_ethtool_peer_ifindex{{device={:?}}}", veth.a);
     uctel_tests::wait_for(
         "the ethtool agents' series at the collector",
@@ -327,6 +345,30 @@ fn the_ethtool_collector_serves_what_node_exporter_serves() {
     .into_keys()
     .filter(|k| owned(k) || k.contains("collector=\"ethtool\""))
     .collect();
+    // The ghost interface's failures, counted by the agent at every collection.
+    let ghost_metrics = scrape(p.agents[ghost].options.metrics).unwrap_or_else(|e| panic!("{e}"));
+    let ghost_errors: BTreeMap<String, f64> = series(&ghost_metrics, &[], |s| {
+        s.name == "uctel_agent_source_errors_total" && s.label("source") == Some("ethtool")
+    });
+    println!("ethtool-ghost: {ghost_errors:?}");
+    for reason in ["link_info_error", "driver_info_error", "stats_error"] {
+        let k = format!("uctel_agent_source_errors_total{{reason={reason:?},source=\"ethtool\"}}");
+        if ghost_errors.get(&k).is_none_or(|v| *v < 1.0) {
+            diff.push(format!("ethtool-ghost: {k} not counted"));
+        }
+    }
+    let ghost_at: Vec<String> = series(&collector, &["agent", "instance"], |s| {
+        s.label("agent") == Some("ethtool-ghost")
+    })
+    .into_iter()
+    .filter(|(k, _)| owned(k))
+    .map(|(k, v)| format!("{k} {v}"))
+    .collect();
+    if ghost_at != [format!("{SUCCESS} 1")] {
+        diff.push(format!(
+            "ethtool-ghost serves {ghost_at:?}, want success 1 only"
+        ));
+    }
     println!("differences: {}", diff.len());
     for d in &diff {
         println!("  {d}");
