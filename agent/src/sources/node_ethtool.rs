@@ -128,7 +128,9 @@ impl EthtoolSection {
     /// Whether interface `device` is skipped (node_exporter 1.5.0 `collector/device_filter.go`
     /// `ignored`).
     pub fn ignored(&self, device: &str) -> bool {
-        let set = |p: &Option<Pattern>| p.as_ref().filter(|p| !p.as_str().is_empty()).cloned();
+        fn set(p: &Option<Pattern>) -> Option<&Pattern> {
+            p.as_ref().filter(|p| !p.as_str().is_empty())
+        }
         set(&self.device_exclude).is_some_and(|p| p.is_match(device))
             || set(&self.device_include).is_some_and(|p| !p.is_match(device))
     }
