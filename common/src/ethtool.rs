@@ -155,6 +155,10 @@ struct RawCmd {
     reserved: [u32; 2],
 }
 
+// The kernel's sizes of the two fixed-size answers.
+const _: () = assert!(std::mem::size_of::<RawDrvinfo>() == 196);
+const _: () = assert!(std::mem::size_of::<RawCmd>() == 44);
+
 /// `ethtool` link settings from the legacy `ETHTOOL_GSET` (`struct ethtool_cmd`): only the
 /// first 32 link-mode bits (`ETHTOOL_LINK_MODE_*_BIT` of `include/uapi/linux/ethtool.h`
 /// below 32), as node_exporter 1.5.0 reads them.
