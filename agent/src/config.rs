@@ -1045,6 +1045,7 @@ pub fn reference() -> Reference {
             include_str!("sources/scrape.rs"),
             include_str!("sources/fast_counters.rs"),
             include_str!("sources/host.rs"),
+            include_str!("sources/node_ethtool.rs"),
             uctel_common::config::SOURCE,
         ],
         minimal: REFERENCE_MINIMAL,

@@ -294,6 +294,7 @@ fn host_metrics_thread(
     use std::sync::mpsc::RecvTimeoutError;
     let mut host = HostMetrics::new(config);
     let mut warned = std::collections::HashSet::new();
+    let mut warned_ethtool = std::collections::HashSet::new();
     let mut next = Instant::now();
     loop {
         let wait = next.saturating_duration_since(Instant::now());
@@ -316,6 +317,15 @@ fn host_metrics_thread(
         }
         for f in &collection.infiniband_skipped {
             stats.infiniband_file_skipped(f);
+        }
+        for s in &collection.ethtool_skipped {
+            stats.source_error("ethtool", s.reason.as_str());
+            if warned_ethtool.insert((s.device.clone(), s.reason)) {
+                tracing::warn!(device = %s.device, reason = s.reason.as_str(), detail = %s.detail,
+                    "ethtool collector skipped (logged once per interface and reason)");
+            } else {
+                tracing::debug!(device = %s.device, detail = %s.detail, "ethtool collector skipped");
+            }
         }
         let mut metrics = collection.metrics;
         if no_textfile {
@@ -618,6 +628,7 @@ pub fn host_config(config: &AgentConfig) -> HostMetricsConfig {
         },
         ticks_per_second: None,
         disabled: h.disabled_collectors.clone(),
+        ethtool: h.ethtool.clone(),
     }
 }
 

@@ -34,7 +34,10 @@
 //! that could not be read or parsed, `reason` from [`SkipReason`] (`not_available` for
 //! `N/A (no PMA)`, `read_error`, `parse_error`); `source="textfile"`, one per `*.prom` file
 //! skipped, `reason` from `sources::textfile::FileError` (`read_error`, `parse_error`,
-//! `timestamps`). Each distinct file and reason is also logged
+//! `timestamps`); `source="ethtool"`, one per interface request that failed other than with
+//! `EOPNOTSUPP` and per statistic dropped for a clashing name, `reason` from
+//! `sources::node_ethtool::SkipReason` (`link_info_error`, `driver_info_error`,
+//! `stats_error`, `duplicate_name`). Each distinct file and reason is also logged
 //! once at `warn` ([`SelfMetrics::infiniband_file_skipped`]).
 //!
 //! `uctel_agent_fault_packets_total{action}` counts what the soft transport's fault injector

@@ -66,6 +66,42 @@ fn check_config_exits_0_for_the_example_and_2_with_every_problem() {
 }
 
 #[test]
+fn check_config_names_the_key_of_an_invalid_ethtool_regex() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let head = "agent_id: a\ncollector:\n  control: 127.0.0.1:7400\nauth:\n  token: t\n";
+    let check = |name: &str, ethtool: &str| {
+        let cfg = write(
+            dir.path(),
+            name,
+            &format!("{head}sources:\n  host_metrics:\n    ethtool:\n{ethtool}"),
+        );
+        let out = agent()
+            .arg("--config")
+            .arg(&cfg)
+            .arg("--check-config")
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = check(
+        "bad.yaml",
+        "      device_include: '('\n      metrics_include: '*'\n",
+    );
+    assert_eq!(code, Some(2), "{err}");
+    for want in [
+        "bad.yaml:9:23: sources.host_metrics.ethtool.device_include: invalid regex",
+        "bad.yaml:10:24: sources.host_metrics.ethtool.metrics_include: invalid regex",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in:\n{err}");
+    }
+    let (code, err) = check("good.yaml", "      device_exclude: '^lo$'\n");
+    assert_eq!(code, Some(0), "{err}");
+}
+
+#[test]
 fn agent_id_from_the_environment_is_checked_like_the_configuration_key() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let cfg = write(

@@ -189,6 +189,7 @@ pub fn samples_per_collection(proc: &Path) -> usize {
         },
         ticks_per_second: Some(100),
         disabled: Vec::new(),
+        ethtool: None,
     });
     h.collect().metrics.len()
 }

@@ -1,8 +1,9 @@
 //! The kernel clock, read where no safe interface exists: the NTP discipline state of
 //! adjtimex(2) and the local time zone of localtime_r(3).
 //!
-//! This is the crate's one module with `unsafe` code (the crate is `deny(unsafe_code)`, every
-//! other module `forbid`): two libc calls on stack values, each with its `// SAFETY:` note.
+//! This is one of the crate's two modules with `unsafe` code, with [`crate::ethtool`] (the
+//! crate is `deny(unsafe_code)`, every other module `forbid`): two libc calls on stack
+//! values, each with its `// SAFETY:` note.
 //! `rustix` and `nix` wrap neither call.
 
 use std::ffi::CStr;

@@ -11,8 +11,11 @@
 //! - [`control`]: the framed control channel over TCP and the agent side of the handshake
 //!   (`client_handshake`).
 //! - [`listen`]: listen addresses in config files (`IP:PORT`, `[IPv6]:PORT`, `:PORT`).
-//! - [`clock`]: the kernel clock's adjtimex(2) state and the local time zone, the crate's
-//!   one module with `unsafe` (two libc calls; every other module is `forbid(unsafe_code)`).
+//! - [`clock`]: the kernel clock's adjtimex(2) state and the local time zone (two libc
+//!   calls).
+//! - [`ethtool`]: a network interface's `ethtool -S` statistics, driver information and link
+//!   settings over the `SIOCETHTOOL` ioctl. It and [`clock`] are the crate's only modules with
+//!   `unsafe`; every other module is `forbid(unsafe_code)`.
 //! - [`version`]: the `--version` text (package version, git commit, enabled features).
 //!
 //! A daemon's `main` is: parse flags (clap), `config::load`, `logging::init`,
@@ -28,6 +31,8 @@ pub mod clock;
 pub mod config;
 #[forbid(unsafe_code)]
 pub mod control;
+#[allow(unsafe_code)]
+pub mod ethtool;
 #[forbid(unsafe_code)]
 pub mod http;
 #[forbid(unsafe_code)]

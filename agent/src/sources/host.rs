@@ -37,11 +37,13 @@
 //! | `timex` | adjtimex(2), read only | `node_timex_*`: sync status, offset, frequency, errors, tick, PPS state (see [`crate::sources::node_time::timex_series`]) |
 //! | `udp_queues` | `<proc>/net/udp`, `<proc>/net/udp6` | `node_udp_queues{ip,queue}` (bytes queued, summed over sockets) |
 //! | `selinux` | `<sys>/fs/selinux/enforce`, `<rootfs>/etc/selinux/config` | `node_selinux_enabled`, and when enabled `node_selinux_{config,current}_mode` |
+//! | `ethtool` (off unless [`HostMetricsConfig::ethtool`]) | `<sys>/class/net`, the `SIOCETHTOOL` ioctl | `node_ethtool_<stat>{device}` (untyped, `ethtool -S`), `node_ethtool_info{bus_info,device,driver,…}` = 1, `node_network_{supported,advertised}_speed_bytes`, `node_network_supported_port_info`, `node_network_autonegotiate*`, `node_network_{,asymmetric}pause_*`; see [`crate::sources::node_ethtool`] |
 //!
 //! The collectors from `filefd` to `schedstat` and `selinux` are in [`crate::sources::node`],
 //! those from `arp` to `bonding` in [`crate::sources::node_sys`], `hwmon` in
 //! [`crate::sources::node_hwmon`], `netdev` and `udp_queues` in [`crate::sources::node_netdev`],
-//! `time` and `timex` in [`crate::sources::node_time`]. A missing file of `pressure` (no PSI),
+//! `time` and `timex` in [`crate::sources::node_time`], `ethtool` in
+//! [`crate::sources::node_ethtool`]. A missing file of `pressure` (no PSI),
 //! `conntrack` (module not loaded), `schedstat` (kernel without `CONFIG_SCHEDSTATS`), `entropy`,
 //! `filefd`, `vmstat`, `netstat`, `os`, `softnet`, `arp` or `mdadm` (no md driver), or a
 //! missing `<sys>/class/net` (`netclass`), `<sys>/class/nvme` (`nvme`),
@@ -79,6 +81,7 @@ use uctel_protocol::payload::Metric;
 
 use super::metric::{counter, gauge};
 use super::node::{self, NodeError};
+use super::node_ethtool::{self, EthtoolSection, EthtoolSkip};
 use super::rdma::{RdmaCounters, RdmaError, SkippedFile};
 use super::{node_netdev, node_sys, node_time, node_udev};
 use serde::{Deserialize, Serialize};
@@ -116,6 +119,8 @@ pub struct HostMetricsConfig {
     pub ticks_per_second: Option<u64>,
     /// Sub-collectors that do not run.
     pub disabled: Vec<HostCollector>,
+    /// The `ethtool` sub-collector's filters; `None` (the default): it does not run.
+    pub ethtool: Option<EthtoolSection>,
 }
 
 /// One sub-collector of [`HostMetrics`], named like the node_exporter collector it mirrors.
@@ -184,11 +189,14 @@ pub enum HostCollector {
     UdpQueues,
     /// `node_selinux_*` (`/sys/fs/selinux`).
     Selinux,
+    /// `node_ethtool_*` and link settings per interface (the `SIOCETHTOOL` ioctl); runs only
+    /// when `sources.host_metrics.ethtool` is set.
+    Ethtool,
 }
 
 impl HostCollector {
     /// Every sub-collector, in the order they run.
-    pub const ALL: [HostCollector; 31] = [
+    pub const ALL: [HostCollector; 32] = [
         HostCollector::Cpu,
         HostCollector::Stat,
         HostCollector::Loadavg,
@@ -220,6 +228,7 @@ impl HostCollector {
         HostCollector::Timex,
         HostCollector::UdpQueues,
         HostCollector::Selinux,
+        HostCollector::Ethtool,
     ];
 
     /// The node_exporter collector name, used as the `collector` label value.
@@ -241,7 +250,7 @@ const COLLECTOR_NAMES: [&str; HostCollector::ALL.len()] = [
     "cpu", "stat", "loadavg", "meminfo", "netdev", "diskstats", "filesystem", "time",
     "infiniband", "filefd", "uname", "entropy", "vmstat", "sockstat", "netstat", "pressure",
     "os", "conntrack", "softnet", "schedstat", "arp", "netclass", "thermal_zone", "edac", "nvme",
-    "mdadm", "bonding", "hwmon", "timex", "udp_queues", "selinux",
+    "mdadm", "bonding", "hwmon", "timex", "udp_queues", "selinux", "ethtool",
 ];
 
 impl fmt::Display for HostCollector {
@@ -310,6 +319,9 @@ pub struct HostCollection {
     /// RDMA files the `infiniband` sub-collector skipped ([`RdmaCounters::collect_into`]);
     /// when there are any, its `node_scrape_collector_success` is 0.
     pub infiniband_skipped: Vec<SkippedFile>,
+    /// What the `ethtool` sub-collector skipped (interfaces whose requests failed other than
+    /// with `EOPNOTSUPP`, clashing statistic names); its success stays 1, as node_exporter's.
+    pub ethtool_skipped: Vec<EthtoolSkip>,
 }
 
 /// Collects host metrics; see the module documentation for the series produced.
@@ -318,6 +330,7 @@ pub struct HostMetrics {
     paths: HostPaths,
     ticks_per_second: u64,
     disabled: Vec<HostCollector>,
+    ethtool: Option<EthtoolSection>,
     rdma: RdmaCounters,
     failures: [u64; HostCollector::ALL.len()],
     /// Samples of the previous collection: the next one reserves that many up front, so a big
@@ -338,6 +351,7 @@ impl HostMetrics {
             paths: config.paths,
             ticks_per_second,
             disabled: config.disabled,
+            ethtool: config.ethtool,
             rdma,
             failures: [0; HostCollector::ALL.len()],
             last_len: 0,
@@ -354,12 +368,14 @@ impl HostMetrics {
             metrics: Vec::with_capacity(self.last_len),
             errors: Vec::new(),
             infiniband_skipped: Vec::new(),
+            ethtool_skipped: Vec::new(),
         };
         let stat_path = self.paths.proc.join("stat");
         let stat_text = std::fs::read_to_string(&stat_path);
         let proc = &self.paths.proc;
         for collector in HostCollector::ALL {
-            if self.disabled.contains(&collector) {
+            let off = collector == HostCollector::Ethtool && self.ethtool.is_none();
+            if off || self.disabled.contains(&collector) {
                 continue;
             }
             let mark = out.metrics.len();
@@ -389,6 +405,14 @@ impl HostMetrics {
                 HostCollector::UdpQueues => {
                     node_netdev::udp_queues(proc, &mut out.metrics).map_err(From::from)
                 }
+                HostCollector::Ethtool => match &self.ethtool {
+                    Some(section) => {
+                        let (sys, skipped) = (&self.paths.sys, &mut out.ethtool_skipped);
+                        node_ethtool::collect(section, sys, &mut out.metrics, skipped)
+                            .map_err(From::from)
+                    }
+                    None => Ok(()),
+                },
                 HostCollector::Selinux => {
                     node::selinux(&self.paths.sys, &self.paths.rootfs, &mut out.metrics);
                     Ok(())
@@ -1054,10 +1078,22 @@ mod tests {
             },
             ticks_per_second: Some(100),
             disabled,
+            ethtool: None,
         };
         let mut host = HostMetrics::new(config(Vec::new()));
         let c = host.collect();
         assert_eq!(scrape_success(&c.metrics, "filefd"), Some(1.0));
+        // `ethtool` is off without its section, as node_exporter's is by default.
+        assert_eq!(scrape_success(&c.metrics, "ethtool"), None);
+        let mut with_ethtool = config(Vec::new());
+        with_ethtool.ethtool = Some(Default::default());
+        let c2 = HostMetrics::new(with_ethtool).collect();
+        // On, but the tree has no `sys/class/net`: that collector fails.
+        assert_eq!(scrape_success(&c2.metrics, "ethtool"), Some(0.0));
+        assert!(c2
+            .errors
+            .iter()
+            .any(|e| e.collector == HostCollector::Ethtool));
         assert_eq!(scrape_success(&c.metrics, "uname"), Some(1.0));
         for missing in [
             "conntrack",
@@ -1133,6 +1169,7 @@ mod tests {
             },
             ticks_per_second: Some(100),
             disabled: Vec::new(),
+            ethtool: None,
         });
         let c = host.collect();
         assert_eq!(scrape_success(&c.metrics, "infiniband"), Some(1.0));

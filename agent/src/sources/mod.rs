@@ -16,6 +16,9 @@
 //! - [`node_sys`]: the node_exporter collectors over `/sys` device trees (`netclass`,
 //!   `thermal_zone`, `edac`, `nvme`, `bonding`), `/proc/net/arp` (`arp`) and `/proc/mdstat` (`mdadm`), also run by
 //!   [`host::HostMetrics`].
+//! - [`node_ethtool`]: node_exporter's `ethtool` collector (driver statistics, driver
+//!   information, link settings over `SIOCETHTOOL`), run by [`host::HostMetrics`] when
+//!   `sources.host_metrics.ethtool` is set.
 //! - [`node_hwmon`]: node_exporter's `hwmon` collector over `/sys/class/hwmon` (temperatures,
 //!   fans, voltages, power), also run by [`host::HostMetrics`].
 //! - [`fast_counters`]: a short list of counters (sysfs files, ethtool statistics) sampled
@@ -41,6 +44,7 @@ pub mod fast_counters;
 pub mod host;
 pub mod logs;
 pub mod node;
+pub mod node_ethtool;
 pub mod node_hwmon;
 pub mod node_netdev;
 pub mod node_sys;
