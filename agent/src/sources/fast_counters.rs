@@ -18,7 +18,7 @@
 //! | `<sys>/class/infiniband/<dev>/ports/<p>/counters/<file>` | as [`super::rdma::PORT_COUNTERS`] (`port_xmit_data` ×4 = bytes) | `device`, `port` |
 //! | `<sys>/class/infiniband/<dev>/ports/<p>/hw_counters/<file>` | `node_infiniband_<file>` | `device`, `port` |
 //! | `<sys>/class/net/<dev>/statistics/<file>` | `node_network_<receive\|transmit>_<x>_total`, as node_exporter's netdev collector names `/proc/net/dev` columns | `device` |
-//! | `ethtool: {device, stat}` | `node_ethtool_<stat>` (sanitized as node_exporter's ethtool collector) | `device` |
+//! | `ethtool: {device, stat}` | as the `ethtool` host collector names it ([`super::node_ethtool::series_identity`]: `rx_queue_0_packets` → `node_ethtool_received_queue_0_packets`) | `device` |
 //!
 //! Any other file needs a `name`. A file is opened once and re-read with `pread(2)` at
 //! offset 0 at every sample (sysfs regenerates an attribute's text on every read from
@@ -211,7 +211,7 @@ impl FastCounter {
     pub fn resolve(&self) -> Result<CounterSpec, String> {
         let (origin, derived) = match (&self.path, &self.ethtool) {
             (Some(p), None) => (Origin::File(p.clone()), derive_from_path(p)),
-            (None, Some(_)) => return Err("ethtool statistics are not supported yet".to_owned()),
+            (None, Some(e)) => (Origin::Ethtool(e.clone()), Some(derive_from_ethtool(e))),
             _ => return Err("needs exactly one of `path` and `ethtool`".to_owned()),
         };
         let (name, help, mut labels, scale) = match (&self.name, derived) {
@@ -338,12 +338,8 @@ fn derive_from_path(path: &Path) -> Option<Derived> {
 fn derive_from_ethtool(e: &EthtoolStat) -> Derived {
     let mut labels = BTreeMap::new();
     labels.insert("device".to_owned(), e.device.clone());
-    (
-        format!("node_ethtool_{}", sanitize_name_part(&e.stat)),
-        format!("Network interface {}", e.stat),
-        labels,
-        1,
-    )
+    let (name, help) = super::node_ethtool::series_identity(&e.stat);
+    (name, help, labels, 1)
 }
 
 /// The sampling instants `start + k × interval`, monotonic.
@@ -511,11 +507,63 @@ impl FileReader {
     }
 }
 
+/// Reads one `ethtool -S` statistic of one interface: the interface's statistics read
+/// with one `ETHTOOL_GSTATS` per sample ([`uctel_common::ethtool::StatsReader`], opened at
+/// the first read and again after a failed one, so a driver whose set changed is re-read).
+#[derive(Debug)]
+pub struct EthtoolReader {
+    stat: EthtoolStat,
+    open: Option<(uctel_common::ethtool::StatsReader, usize)>,
+    values: Vec<u64>,
+}
+
+impl EthtoolReader {
+    /// A reader of `stat`.
+    pub fn new(stat: EthtoolStat) -> EthtoolReader {
+        EthtoolReader {
+            stat,
+            open: None,
+            values: Vec::new(),
+        }
+    }
+
+    /// The current value.
+    ///
+    /// # Errors
+    /// [`ReadError::Read`]: the interface or its statistics cannot be read, or it has no
+    /// statistic of that name.
+    pub fn read(&mut self) -> Result<u64, ReadError> {
+        if self.open.is_none() {
+            let reader = uctel_common::ethtool::StatsReader::open(&self.stat.device)
+                .map_err(|_| ReadError::Read)?;
+            let index = reader
+                .names()
+                .iter()
+                .position(|n| *n == self.stat.stat)
+                .ok_or(ReadError::Read)?;
+            self.open = Some((reader, index));
+        }
+        let read = match self.open.as_mut() {
+            Some((reader, index)) => reader
+                .read(&mut self.values)
+                .ok()
+                .and_then(|()| self.values.get(*index).copied()),
+            None => None,
+        };
+        read.ok_or_else(|| {
+            self.open = None;
+            ReadError::Read
+        })
+    }
+}
+
 /// Reads one counter, whatever its [`Origin`].
 #[derive(Debug)]
 pub enum Reader {
     /// A file.
     File(FileReader),
+    /// An ethtool statistic.
+    Ethtool(EthtoolReader),
 }
 
 impl Reader {
@@ -523,17 +571,18 @@ impl Reader {
     pub fn new(origin: &Origin) -> Reader {
         match origin {
             Origin::File(p) => Reader::File(FileReader::new(p.clone())),
-            Origin::Ethtool(_) => unreachable!("rejected by FastCounter::resolve"),
+            Origin::Ethtool(e) => Reader::Ethtool(EthtoolReader::new(e.clone())),
         }
     }
 
     /// The current raw value.
     ///
     /// # Errors
-    /// See [`FileReader::read`].
+    /// See [`FileReader::read`] and [`EthtoolReader::read`].
     pub fn read(&mut self) -> Result<u64, ReadError> {
         match self {
             Reader::File(f) => f.read(),
+            Reader::Ethtool(e) => e.read(),
         }
     }
 }
@@ -602,7 +651,7 @@ mod tests {
             ..counter("/x")
         };
         let s = e.resolve().unwrap();
-        assert_eq!(s.name, "node_ethtool_rx_queue_0_packets");
+        assert_eq!(s.name, "node_ethtool_received_queue_0_packets");
         assert_eq!(s.origin, Origin::Ethtool(e.ethtool.clone().unwrap()));
     }
 

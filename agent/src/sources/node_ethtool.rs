@@ -302,6 +302,15 @@ const FIXED: [(&str, &str, &str); 14] = [
     ),
 ];
 
+/// The series name and help of raw statistic `stat`, as [`stat_series`] gives them (the
+/// fixed names of the seven `rx_`/`tx_` totals, else [`series_name`]).
+pub fn series_identity(stat: &str) -> (String, String) {
+    match fixed(stat) {
+        Some((name, help)) => (name.to_owned(), help.to_owned()),
+        None => (series_name(stat), format!("Network interface {stat}")),
+    }
+}
+
 fn fixed(key: &str) -> Option<(&'static str, &'static str)> {
     FIXED
         .iter()
