@@ -199,6 +199,21 @@ pub async fn run_with(
     }
     pump::discard_queued(&queues, &stats, DropReason::Shutdown);
     stats.set_connected(false);
+    let totals = |s: Stream| (stats.records_sent(s), stats.records_dropped_all(s));
+    let (m, l, f) = (
+        totals(Stream::Metrics),
+        totals(Stream::Logs),
+        totals(Stream::FastCounters),
+    );
+    tracing::info!(
+        metrics_records_sent = m.0,
+        metrics_records_dropped = m.1,
+        logs_records_sent = l.0,
+        logs_records_dropped = l.1,
+        fast_counters_records_sent = f.0,
+        fast_counters_records_dropped = f.1,
+        "stopped: records sent and dropped per stream over the whole run"
+    );
     Ok(summary)
 }
 

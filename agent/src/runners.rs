@@ -500,6 +500,11 @@ pub fn fast_counters_thread(
             offer_samples(queue, ready, stats);
         }
     }
+    tracing::info!(
+        samples_taken = metrics.samples.get(),
+        missed_rounds = metrics.missed_rounds.get(),
+        "fast_counters: stopped"
+    );
 }
 
 /// Offers sample series to the fast_counters queue; the samples of those that do not fit

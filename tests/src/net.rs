@@ -7,6 +7,7 @@
 
 use std::collections::HashSet;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::process::Command;
 use std::sync::Mutex;
 
 fn taken() -> &'static Mutex<HashSet<u16>> {
@@ -92,4 +93,45 @@ pub fn http_answering(status: &'static str) -> SocketAddr {
         }
     });
     addr
+}
+
+/// A veth pair (real interfaces with real ethtool statistics), deleted on drop (deleting one end deletes both).
+#[derive(Debug)]
+pub struct Veth {
+    /// One end.
+    pub a: String,
+    /// The other end.
+    pub b: String,
+}
+
+impl Veth {
+    /// Creates the pair `uctea<pid>`/`ucteb<pid>` (needs root), replacing one an earlier
+    /// killed run left.
+    ///
+    /// # Panics
+    /// If `ip link add` fails.
+    pub fn new() -> Veth {
+        let tag = std::process::id() % 100_000;
+        let (a, b) = (format!("uctea{tag}"), format!("ucteb{tag}"));
+        // A pair left by an earlier run that was killed.
+        let _ = Command::new("ip")
+            .args(["link", "del", &a])
+            .stderr(std::process::Stdio::null())
+            .status();
+        let status = Command::new("ip")
+            .args(["link", "add", &a, "type", "veth", "peer", "name", &b])
+            .status()
+            .unwrap_or_else(|e| panic!("ip link add: {e} (iproute2 is in scripts/install-deps)"));
+        assert!(
+            status.success(),
+            "ip link add {a} type veth peer name {b}: {status}"
+        );
+        Veth { a, b }
+    }
+}
+
+impl Drop for Veth {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "del", &self.a]).status();
+    }
 }

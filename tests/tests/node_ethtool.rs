@@ -22,46 +22,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::process::Command;
 use std::time::Duration;
 
 use uctel_tests::daemon::Daemon;
 use uctel_tests::exposition::{scrape, Scrape};
+use uctel_tests::net::Veth;
 use uctel_tests::node_exporter::{self, same, series};
 use uctel_tests::pipeline::Pipeline;
-
-/// A veth pair, deleted on drop (deleting one end deletes both).
-struct Veth {
-    a: String,
-    b: String,
-}
-
-impl Veth {
-    fn new() -> Veth {
-        let tag = std::process::id() % 100_000;
-        let (a, b) = (format!("uctea{tag}"), format!("ucteb{tag}"));
-        // A pair left by an earlier run that was killed.
-        let _ = Command::new("ip")
-            .args(["link", "del", &a])
-            .stderr(std::process::Stdio::null())
-            .status();
-        let status = Command::new("ip")
-            .args(["link", "add", &a, "type", "veth", "peer", "name", &b])
-            .status()
-            .unwrap_or_else(|e| panic!("ip link add: {e} (iproute2 is in scripts/install-deps)"));
-        assert!(
-            status.success(),
-            "ip link add {a} type veth peer name {b}: {status}"
-        );
-        Veth { a, b }
-    }
-}
-
-impl Drop for Veth {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["link", "del", &self.a]).status();
-    }
-}
 
 fn ifindex(dev: &str) -> f64 {
     let path = format!("/sys/class/net/{dev}/ifindex");
