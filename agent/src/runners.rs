@@ -305,6 +305,9 @@ fn host_metrics_thread(
         for f in &collection.infiniband_skipped {
             stats.infiniband_file_skipped(f);
         }
+        for e in &collection.infiniband_events {
+            stats.rdma().port_event(e);
+        }
         let mut metrics = collection.metrics;
         if no_textfile {
             metrics.push(crate::sources::textfile::scrape_error(false));

@@ -79,7 +79,7 @@ use uctel_protocol::payload::Metric;
 
 use super::metric::{counter, gauge};
 use super::node::{self, NodeError};
-use super::rdma::{RdmaCounters, RdmaError, SkippedFile};
+use super::rdma::{PortEvent, RdmaCounters, RdmaError, SkippedFile};
 use super::{node_netdev, node_sys, node_time, node_udev};
 use serde::{Deserialize, Serialize};
 
@@ -310,6 +310,9 @@ pub struct HostCollection {
     /// RDMA files the `infiniband` sub-collector skipped ([`RdmaCounters::collect_into`]);
     /// when there are any, its `node_scrape_collector_success` is 0.
     pub infiniband_skipped: Vec<SkippedFile>,
+    /// RDMA port state and GID changes since the previous collection
+    /// ([`super::rdma::RdmaScan::events`]).
+    pub infiniband_events: Vec<PortEvent>,
 }
 
 /// Collects host metrics; see the module documentation for the series produced.
@@ -354,6 +357,7 @@ impl HostMetrics {
             metrics: Vec::with_capacity(self.last_len),
             errors: Vec::new(),
             infiniband_skipped: Vec::new(),
+            infiniband_events: Vec::new(),
         };
         let stat_path = self.paths.proc.join("stat");
         let stat_text = std::fs::read_to_string(&stat_path);
@@ -397,6 +401,7 @@ impl HostMetrics {
                     Ok(scan) => {
                         partial = !scan.skipped.is_empty();
                         out.infiniband_skipped = scan.skipped;
+                        out.infiniband_events = scan.events;
                         Ok(())
                     }
                     Err(e) => Err(HostError::from(e)),
