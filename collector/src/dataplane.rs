@@ -871,7 +871,8 @@ impl Poller {
     /// Counts the device's async events and fails the connections they name
     /// ([`crate::rdma_events`]).
     fn fold_async_events(&self, sessions: &[Polled]) {
-        for ev in crate::rdma_events::drain(&self.device, &self.telemetry) {
+        let count = |device: &str, ev: &_| self.telemetry.rdma_async_event(device, ev);
+        for ev in crate::rdma_events::drain(&self.device, count) {
             for p in sessions {
                 let s = &p.session;
                 let cqs = [s.recv_cq.handle(), s.send_cq.handle()];

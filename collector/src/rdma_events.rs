@@ -12,8 +12,6 @@
 
 use uctel_transport::api::{AsyncEvent, Device};
 
-use crate::telemetry::Telemetry;
-
 /// Most events taken per call of [`drain`], so an event storm cannot stall the poller.
 pub const MAX_EVENTS_PER_FOLD: usize = 64;
 
@@ -41,15 +39,16 @@ pub fn ends_connection(ev: &AsyncEvent, qpn: u32, cqs: [u32; 2]) -> bool {
     }
 }
 
-/// Takes up to [`MAX_EVENTS_PER_FOLD`] pending events of `device` (non-blocking), counts and
-/// logs each in `telemetry`, and returns them.
-pub fn drain(device: &Device, telemetry: &Telemetry) -> Vec<AsyncEvent> {
+/// Takes up to [`MAX_EVENTS_PER_FOLD`] pending events of `device` (non-blocking), hands each
+/// to `count` with the device name (the poller counts and logs it with
+/// [`crate::telemetry::Telemetry::rdma_async_event`]), and returns them.
+pub fn drain(device: &Device, mut count: impl FnMut(&str, &AsyncEvent)) -> Vec<AsyncEvent> {
     let mut events = Vec::new();
     while events.len() < MAX_EVENTS_PER_FOLD {
         let Some(ev) = device.poll_async_event() else {
             break;
         };
-        telemetry.rdma_async_event(device.name(), &ev);
+        count(device.name(), &ev);
         events.push(ev);
     }
     events
@@ -58,6 +57,7 @@ pub fn drain(device: &Device, telemetry: &Telemetry) -> Vec<AsyncEvent> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::telemetry::Telemetry;
     use std::net::SocketAddr;
     use uctel_transport::api::{
         AccessFlags, QpErrorCause, QpInitAttr, QpState, RecvWr, SendWr, Sge,
@@ -171,8 +171,9 @@ mod tests {
         for event in EVENT_LABELS {
             assert_eq!(sample(&text(&tel), &series(event)).as_deref(), Some("0"));
         }
-        assert!(drain(&a, &tel).is_empty());
-        let events = drain(&b, &tel);
+        let count = |d: &str, ev: &AsyncEvent| tel.rdma_async_event(d, ev);
+        assert!(drain(&a, count).is_empty());
+        let events = drain(&b, count);
         assert_eq!(events.len(), 2, "{events:?}");
         let (qpn, cqs) = (qb.qp_num(), [rcb.handle(), scb.handle()]);
         assert!(
@@ -185,6 +186,6 @@ mod tests {
         let t = text(&tel);
         assert_eq!(sample(&t, &series("qp_fatal")).as_deref(), Some("1"), "{t}");
         assert_eq!(sample(&t, &series("cq_error")).as_deref(), Some("1"), "{t}");
-        assert!(drain(&b, &tel).is_empty(), "taken once");
+        assert!(drain(&b, count).is_empty(), "taken once");
     }
 }

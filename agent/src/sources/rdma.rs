@@ -17,12 +17,15 @@
 //! PortCounters: PortXmitData/PortRcvData "in units of 32-bit words"), so they are multiplied by
 //! 4 to give bytes, as node_exporter does.
 //!
-//! `hw_counters` are driver specific (mlx5: `out_of_buffer`, `packet_seq_err`, …; rxe:
-//! `rcvd_seq_err`, `duplicate_request`, …). node_exporter exports a fixed list of them as
-//! `node_infiniband_<name>` counters and only for `mlx5_*`/`irdma*` devices; this module exports
-//! every file of every device under the same naming rule (a superset: the names node_exporter
-//! knows come out identical). Like node_exporter, gauge-like entries such as `active_qps` or
-//! `lifespan` keep the counter type, so series are identical to node_exporter's.
+//! `hw_counters` are driver specific (mlx5: `out_of_buffer`, `packet_seq_err`, …, from the
+//! kernel's `drivers/infiniband/hw/mlx5/counters.c`; rxe: `rcvd_seq_err`, `duplicate_request`,
+//! …). node_exporter 1.5.0, the version uctel compares with, reads no `hw_counters` at all;
+//! this module exports every file of every device as `node_infiniband_<file>`, a counter
+//! (gauge-like entries such as `active_qps` or `lifespan` included). node_exporter added
+//! `hw_counters` in v1.11.0 under names of its own (`out_of_buffer` →
+//! `node_infiniband_out_of_buffer_drops_total`, `lifespan` → `node_infiniband_lifespan_seconds`,
+//! …), which these are not. `agent/tests/data/connectx-6-dx/` is a ConnectX-6 Dx tree with
+//! the mlx5 names.
 //!
 //! A missing `class/infiniband` directory (no RDMA devices) yields no series and no error. A
 //! port file (`state`, `phys_state`, `rate`, `counters*/`, `hw_counters/`) that cannot be read or
