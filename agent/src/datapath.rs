@@ -28,6 +28,7 @@ use uctel_transport::soft::fault::FaultStats;
 use uctel_transport::soft::udp::UdpConfig;
 
 use crate::config::{faults_enabled, AgentConfig, DataPath, TransportKind};
+use crate::rdma_events::{drain_async_events, AsyncEventKind, RdmaEventMetrics};
 use crate::sender::core::Transmit;
 use crate::sender::pump::{FrameSink, PostOutcome};
 
@@ -304,6 +305,13 @@ impl DataPlane {
     /// be rebuilt (DESIGN.md §2).
     pub fn failed(&self) -> bool {
         self.qp.state() == QpState::Error
+    }
+
+    /// Takes the device's pending async events (non-blocking), counts and logs them in
+    /// `metrics`; returns the kind of the first one that ends the session
+    /// ([`crate::rdma_events::drain_async_events`]).
+    pub fn poll_async_events(&self, metrics: &RdmaEventMetrics) -> Option<AsyncEventKind> {
+        drain_async_events(&self.device, metrics)
     }
 
     /// Send buffers free now.

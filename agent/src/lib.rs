@@ -18,6 +18,7 @@
 //! pacing.rs      sans-IO token buckets (frames/s, bytes/s)
 //! credits.rs     sans-IO credit window over the collector's consumed sequence
 //! queue.rs       bounded record queues between sources and sender (never block a source)
+//! rdma_events.rs uctel_agent_rdma_*: port state/GID changes, the device's async events
 //! runners.rs     source loops: host metrics, self-metrics, log tailers with checkpoints
 //! selfmetrics.rs uctel_agent_* counters, closed DropReason, export as records and /metrics
 //! stream.rs      the two streams (metrics, logs) and their ids
@@ -38,6 +39,7 @@ pub mod dryrun;
 pub mod pacing;
 pub mod pool;
 pub mod queue;
+pub mod rdma_events;
 pub mod run;
 pub mod runners;
 pub mod selfmetrics;

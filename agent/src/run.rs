@@ -813,6 +813,9 @@ async fn session(
     let mut probes: Option<tokio::task::JoinHandle<()>> = None;
 
     let end = loop {
+        if let Some(kind) = plane.poll_async_events(stats.rdma()) {
+            break SessionEnd::Lost(format!("RDMA async event {}", kind.as_str()));
+        }
         if plane.reap() > 0 || plane.failed() {
             break SessionEnd::Lost("the UC QP went to ERROR".into());
         }

@@ -327,6 +327,9 @@ fn host_metrics_thread(
                 tracing::debug!(device = %s.device, detail = %s.detail, "ethtool collector skipped");
             }
         }
+        for e in &collection.infiniband_events {
+            stats.rdma().port_event(e);
+        }
         let mut metrics = collection.metrics;
         if no_textfile {
             metrics.push(crate::sources::textfile::scrape_error(false));

@@ -28,6 +28,9 @@
 //! | `uctel_agent_records_truncated_total` | counter | `stream` |
 //! | `uctel_agent_fault_packets_total` | counter | `action` (only with fault injection) |
 //! | `uctel_agent_source_errors_total` | counter | `source`, `reason` |
+//! | `uctel_agent_rdma_port_state_changes_total` | counter | `device`, `port`, `to` |
+//! | `uctel_agent_rdma_gid_changes_total` | counter | `device`, `port` |
+//! | `uctel_agent_rdma_async_events_total` | counter | `event` |
 //!
 //! `uctel_agent_source_errors_total{source,reason}` counts the inputs a source had to skip, at
 //! every collection that skipped them: `source="infiniband"`, one per RDMA counter file
@@ -55,6 +58,8 @@
 //! host's `instance`, so a Node Exporter dashboard's exporter-process panels show the agent,
 //! the exporter of that host.
 //!
+//! The `uctel_agent_rdma_*` series are described in [`crate::rdma_events`].
+//!
 //! The log sources add `uctel_agent_log_records_read_total`, `uctel_agent_log_bytes_read_total`,
 //! `uctel_agent_log_discarded_bytes_total`, `uctel_agent_log_truncated_unread_bytes_total`,
 //! `uctel_agent_log_checkpoint_errors_total`, `uctel_agent_log_files` and
@@ -71,6 +76,7 @@ use prometheus::{
 use uctel_protocol::payload;
 use uctel_transport::soft::fault::{FaultCounts, FaultStats};
 
+use crate::rdma_events::RdmaEventMetrics;
 use crate::sources::rdma::{SkipReason, SkippedFile};
 use crate::stream::Stream;
 
@@ -478,6 +484,8 @@ pub struct SelfMetrics {
     infiniband_skipped: [IntCounter; SkipReason::ALL.len()],
     /// `source_errors_total{source,reason}` for the other sources.
     source_errors: IntCounterVec,
+    /// `rdma_*`: port events and async events.
+    rdma: RdmaEventMetrics,
 }
 
 /// Registering the self-metrics failed (a name clash in the registry).
@@ -593,6 +601,7 @@ impl SelfMetrics {
             "Inputs a source skipped (an RDMA counter file or a textfile that could not be read or parsed), at every collection that skipped them, by source and reason.",
             &["source", "reason"],
         )?;
+        let rdma = RdmaEventMetrics::register(r, PREFIX).map_err(|e| mk(e, "rdma_*"))?;
         let per_stream_counter =
             |v: &IntCounterVec| Stream::ALL.map(|s| v.with_label_values(&[s.as_str()]));
         let per_stream_reason = |v: &IntCounterVec| {
@@ -620,6 +629,7 @@ impl SelfMetrics {
             infiniband_skipped: SkipReason::ALL
                 .map(|r| source_errors_v.with_label_values(&["infiniband", r.as_str()])),
             source_errors: source_errors_v,
+            rdma,
             registry,
         })
     }
@@ -747,6 +757,11 @@ impl SelfMetrics {
                 "infiniband counter file skipped"
             );
         }
+    }
+
+    /// The RDMA event counters ([`crate::rdma_events`]).
+    pub fn rdma(&self) -> &RdmaEventMetrics {
+        &self.rdma
     }
 
     /// `source_errors_total{source="infiniband",reason}` so far.

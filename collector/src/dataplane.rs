@@ -20,7 +20,9 @@
 //! * Every 100 ms (every second while no completion arrived since the last time) the
 //!   poller folds the QP's silent-drop counters (UC responder rules) into
 //!   `frames_dropped_total{reason}` and checks the QP state: a QP in ERROR is counted
-//!   (`qp_errors_total`) and the control plane rebuilds the connection.
+//!   (`qp_errors_total`) and the control plane rebuilds the connection. The same fold takes
+//!   the device's async events ([`crate::rdma_events`]): a `qp_fatal` or `cq_error` naming a
+//!   connection's QP or CQ fails that connection at once.
 //!
 //! **Idle means asleep** (DESIGN.md §2). Both threads spin (polling, yielding the core) for
 //! at most [`SPIN_AFTER_WORK`] after their last work, then block: the poller arms every CQ on
@@ -682,6 +684,7 @@ impl Poller {
             if last_stats.elapsed() >= stats_every {
                 last_stats = Instant::now();
                 active = false;
+                self.fold_async_events(&sessions);
                 for p in &mut sessions {
                     self.fold_qp_stats(p);
                 }
@@ -862,6 +865,21 @@ impl Poller {
         p.qp_drops = now;
         if s.qp.state() == QpState::Error {
             s.mark_failed();
+        }
+    }
+
+    /// Counts the device's async events and fails the connections they name
+    /// ([`crate::rdma_events`]).
+    fn fold_async_events(&self, sessions: &[Polled]) {
+        let count = |device: &str, ev: &_| self.telemetry.rdma_async_event(device, ev);
+        for ev in crate::rdma_events::drain(&self.device, count) {
+            for p in sessions {
+                let s = &p.session;
+                let cqs = [s.recv_cq.handle(), s.send_cq.handle()];
+                if crate::rdma_events::ends_connection(&ev, s.qp.qp_num(), cqs) {
+                    s.mark_failed();
+                }
+            }
         }
     }
 

@@ -13,6 +13,8 @@
 //!   (Prometheus remote-write).
 //! - [`dataplane`]: per-agent UC QP and ring, the completion-poller and worker threads and the
 //!   SPSC descriptor queue between them.
+//! - [`rdma_events`]: the RDMA device's asynchronous events, counted, and the connections
+//!   they end.
 //! - [`shared`]: the state every task shares ([`shared::Shared`]).
 //! - [`control`]: the TCP control plane (handshake, heartbeats, reports, goodbye); the
 //!   session rules are `uctel_protocol::session`'s.
@@ -31,6 +33,7 @@ pub mod dataplane;
 pub mod ingest;
 pub mod logsink;
 pub mod outputs;
+pub mod rdma_events;
 pub mod shared;
 pub mod store;
 pub mod telemetry;

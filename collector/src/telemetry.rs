@@ -254,6 +254,10 @@ struct Families {
     transport_packets_dropped: IntCounterVec,
     records_received: IntCounterVec,
     store_series: IntGaugeVec,
+    /// `rdma_async_events_total{event}`, one handle per [`crate::rdma_events::EVENT_LABELS`].
+    rdma_async_events: [prometheus::IntCounter; 4],
+    /// Whether each event kind was logged at `warn` already.
+    rdma_async_logged: [std::sync::atomic::AtomicBool; 4],
 }
 
 fn opts(name: &str, help: &str) -> Opts {
@@ -380,6 +384,11 @@ impl Telemetry {
             &["agent"],
         )?;
         registry.register(Box::new(ring_slots_in_use.clone()))?;
+        let rdma_async_events = counter(
+            "rdma_async_events_total",
+            "Asynchronous events (ibv_get_async_event) of the collector's RDMA device, QPs and CQs, by event.",
+            &["event"],
+        )?;
         let qp_errors = counter(
             "qp_errors_total",
             "Times the agent's UC QP went to the ERROR state (the connection is rebuilt).",
@@ -446,6 +455,9 @@ impl Telemetry {
                 transport_packets_dropped,
                 records_received,
                 store_series,
+                rdma_async_events: crate::rdma_events::EVENT_LABELS
+                    .map(|e| rdma_async_events.with_label_values(&[e])),
+                rdma_async_logged: Default::default(),
             }),
             log_limiter: Arc::new(Mutex::new(HashMap::new())),
         })
@@ -545,6 +557,20 @@ impl Telemetry {
                 .transport_packets_dropped
                 .with_label_values(&[reason.as_str()])
                 .inc_by(n);
+        }
+    }
+
+    /// Counts one async event of `device` in `rdma_async_events_total{event}` and logs it, at
+    /// `warn` the first time its kind is met, at `debug` after ([`crate::rdma_events`]).
+    pub fn rdma_async_event(&self, device: &str, ev: &uctel_transport::api::AsyncEvent) {
+        let i = crate::rdma_events::event_index(ev);
+        let event = crate::rdma_events::EVENT_LABELS[i];
+        self.inner.rdma_async_events[i].inc();
+        let logged = &self.inner.rdma_async_logged[i];
+        if !logged.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(device, event, detail = ?ev, "RDMA async event (logged once per kind; uctel_collector_rdma_async_events_total counts them all)");
+        } else {
+            tracing::debug!(device, event, detail = ?ev, "RDMA async event");
         }
     }
 

@@ -82,7 +82,7 @@ use uctel_protocol::payload::Metric;
 use super::metric::{counter, gauge};
 use super::node::{self, NodeError};
 use super::node_ethtool::{self, EthtoolSection, EthtoolSkip};
-use super::rdma::{RdmaCounters, RdmaError, SkippedFile};
+use super::rdma::{PortEvent, RdmaCounters, RdmaError, SkippedFile};
 use super::{node_netdev, node_sys, node_time, node_udev};
 use serde::{Deserialize, Serialize};
 
@@ -322,6 +322,9 @@ pub struct HostCollection {
     /// What the `ethtool` sub-collector skipped (interfaces whose requests failed other than
     /// with `EOPNOTSUPP`, clashing statistic names); its success stays 1, as node_exporter's.
     pub ethtool_skipped: Vec<EthtoolSkip>,
+    /// RDMA port state and GID changes since the previous collection
+    /// ([`super::rdma::RdmaScan::events`]).
+    pub infiniband_events: Vec<PortEvent>,
 }
 
 /// Collects host metrics; see the module documentation for the series produced.
@@ -369,6 +372,7 @@ impl HostMetrics {
             errors: Vec::new(),
             infiniband_skipped: Vec::new(),
             ethtool_skipped: Vec::new(),
+            infiniband_events: Vec::new(),
         };
         let stat_path = self.paths.proc.join("stat");
         let stat_text = std::fs::read_to_string(&stat_path);
@@ -421,6 +425,7 @@ impl HostMetrics {
                     Ok(scan) => {
                         partial = !scan.skipped.is_empty();
                         out.infiniband_skipped = scan.skipped;
+                        out.infiniband_events = scan.events;
                         Ok(())
                     }
                     Err(e) => Err(HostError::from(e)),

@@ -17,12 +17,15 @@
 //! PortCounters: PortXmitData/PortRcvData "in units of 32-bit words"), so they are multiplied by
 //! 4 to give bytes, as node_exporter does.
 //!
-//! `hw_counters` are driver specific (mlx5: `out_of_buffer`, `packet_seq_err`, …; rxe:
-//! `rcvd_seq_err`, `duplicate_request`, …). node_exporter exports a fixed list of them as
-//! `node_infiniband_<name>` counters and only for `mlx5_*`/`irdma*` devices; this module exports
-//! every file of every device under the same naming rule (a superset: the names node_exporter
-//! knows come out identical). Like node_exporter, gauge-like entries such as `active_qps` or
-//! `lifespan` keep the counter type, so series are identical to node_exporter's.
+//! `hw_counters` are driver specific (mlx5: `out_of_buffer`, `packet_seq_err`, …, from the
+//! kernel's `drivers/infiniband/hw/mlx5/counters.c`; rxe: `rcvd_seq_err`, `duplicate_request`,
+//! …). node_exporter 1.5.0, the version uctel compares with, reads no `hw_counters` at all;
+//! this module exports every file of every device as `node_infiniband_<file>`, a counter
+//! (gauge-like entries such as `active_qps` or `lifespan` included). node_exporter added
+//! `hw_counters` in v1.11.0 under names of its own (`out_of_buffer` →
+//! `node_infiniband_out_of_buffer_drops_total`, `lifespan` → `node_infiniband_lifespan_seconds`,
+//! …), which these are not. `agent/tests/data/connectx-6-dx/` is a ConnectX-6 Dx tree with
+//! the mlx5 names.
 //!
 //! A missing `class/infiniband` directory (no RDMA devices) yields no series and no error. A
 //! port file (`state`, `phys_state`, `rate`, `counters*/`, `hw_counters/`) that cannot be read or
@@ -32,8 +35,29 @@
 //! that reason, so the caller can report every distinct problem once rather than at every
 //! collection (the agent: one `warn` line, `uctel_agent_source_errors_total{source="infiniband",
 //! reason}` at every collection, `node_scrape_collector_success{collector="infiniband"} 0`).
+//!
+//! # Port events
+//!
+//! Between collections an [`RdmaCounters`] remembers each port's `state` and its GID table
+//! (`ports/<p>/gids/<i>` with `gid_attrs/types/<i>` and `gid_attrs/ndevs/<i>`, kernel
+//! `drivers/infiniband/core/sysfs.c`: `state_show`, `show_port_gid`, `_show_port_gid_attr`) and
+//! lists what changed in [`RdmaScan::events`] ([`PortEvent`]): a state change (`4: ACTIVE` →
+//! `1: DOWN`), a GID entry added, removed or replaced (its GID, type or net device changed, as
+//! when an address is added to the netdev under a RoCE port). The first collection that sees a
+//! port is its baseline: no event. A port that is gone from a collection is forgotten (seen
+//! again, it is a new baseline). An empty GID entry reads as the zero GID (`::`); reading it may
+//! also fail with EINVAL or EAGAIN (kernels before 4.19, reserved entries): both mean "no entry",
+//! neither is a skipped file. A `gids/<i>` that is not an IPv6-style address is skipped as
+//! `parse_error`. A state that cannot be read leaves the remembered state as it was. Cost: one
+//! read per entry of the GID table at every collection (`gids/` has one file per entry of the
+//! port's table, 1024 on rxe, `RXE_PORT_GID_TBL_LEN` in `drivers/infiniband/sw/rxe/rxe_param.h`),
+//! two more per non-empty entry.
+//!
+//! These changes are counted by the agent as `uctel_agent_rdma_port_state_changes_total` and
+//! `uctel_agent_rdma_gid_changes_total` (see [`crate::rdma_events`] for why they are agent
+//! series and not `node_*` ones).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
@@ -214,6 +238,96 @@ pub struct RdmaScan {
     /// Files present but unreadable or unparsable, skipped (their series are left out), in
     /// scan order.
     pub skipped: Vec<SkippedFile>,
+    /// Port state and GID table changes since the previous collection, in scan order (none at
+    /// the first collection: it is the baseline).
+    pub events: Vec<PortEvent>,
+}
+
+/// A port `state` (sysfs `ports/<p>/state`, `"<id>: <NAME>"`; `enum ib_port_state` in
+/// `include/rdma/ib_verbs.h`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PortState(pub u32);
+
+impl PortState {
+    /// The kernel's name of the state, lower case (`state_show` in
+    /// `drivers/infiniband/core/sysfs.c`): `nop`, `down`, `init`, `armed`, `active`,
+    /// `active_defer`; `unknown` for any other id. A closed set: the `to` label of
+    /// `uctel_agent_rdma_port_state_changes_total`.
+    pub fn name(self) -> &'static str {
+        match self.0 {
+            0 => "nop",
+            1 => "down",
+            2 => "init",
+            3 => "armed",
+            4 => "active",
+            5 => "active_defer",
+            _ => "unknown",
+        }
+    }
+}
+
+/// One entry of a port's GID table.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct GidEntry {
+    /// `gids/<i>`: the GID, as the kernel prints it (`fe80:0000:…:0001`).
+    pub gid: String,
+    /// `gid_attrs/types/<i>` (`IB/RoCE v1`, `RoCE v2`); empty where absent or unreadable.
+    pub gid_type: String,
+    /// `gid_attrs/ndevs/<i>`: the net device (`eth0`); empty where absent or unreadable.
+    pub ndev: String,
+}
+
+/// What changed on a port between two collections.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PortChange {
+    /// `ports/<p>/state` changed.
+    State {
+        /// The state at the previous collection.
+        from: PortState,
+        /// The state now.
+        to: PortState,
+    },
+    /// GID table entry `index` was added (`from: None`), removed (`to: None`) or replaced.
+    Gid {
+        /// The entry's index (`gids/<index>`).
+        index: u32,
+        /// The entry at the previous collection.
+        from: Option<GidEntry>,
+        /// The entry now.
+        to: Option<GidEntry>,
+    },
+}
+
+impl PortChange {
+    /// `state` or `gid`: the kind of change, for logging once per kind and port.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PortChange::State { .. } => "state",
+            PortChange::Gid { .. } => "gid",
+        }
+    }
+}
+
+/// A change on one port, found by [`RdmaCounters::collect_into`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortEvent {
+    /// Device name (`mlx5_0`, `rxe0`).
+    pub device: String,
+    /// Port number as in sysfs (`1`).
+    pub port: String,
+    /// What changed.
+    pub change: PortChange,
+    /// Whether this is the first change of this [`PortChange::kind`] on this port that this
+    /// [`RdmaCounters`] reports (log it then; at most [`MAX_REMEMBERED`] are remembered).
+    pub first: bool,
+}
+
+/// What a collection read of one port, remembered for the next.
+#[derive(Debug, Clone, Default)]
+struct PortMemory {
+    state: Option<PortState>,
+    /// `None` when the port has no `gids/` directory.
+    gids: Option<BTreeMap<u32, GidEntry>>,
 }
 
 /// Reads RDMA port and hw counters; see the module documentation.
@@ -222,6 +336,10 @@ pub struct RdmaCounters {
     class_dir: PathBuf,
     /// `(path, reason)` of every problem met so far (at most [`MAX_REMEMBERED`]).
     seen: HashSet<(PathBuf, SkipReason)>,
+    /// `(device, port)` → what the last collection read.
+    ports: HashMap<(String, String), PortMemory>,
+    /// `(device, port, kind)` of every port event reported so far (at most [`MAX_REMEMBERED`]).
+    events_seen: HashSet<(String, String, &'static str)>,
 }
 
 impl RdmaCounters {
@@ -231,6 +349,8 @@ impl RdmaCounters {
         Self {
             class_dir: sys_root.join("class").join("infiniband"),
             seen: HashSet::new(),
+            ports: HashMap::new(),
+            events_seen: HashSet::new(),
         }
     }
 
@@ -241,15 +361,19 @@ impl RdmaCounters {
 
     /// Appends one sample per series to `out`. No RDMA devices → `Ok` with nothing appended.
     /// Files that cannot be read or parsed are skipped and listed in [`RdmaScan::skipped`],
-    /// each marked [`SkippedFile::first`] the first time it is met with that reason.
+    /// each marked [`SkippedFile::first`] the first time it is met with that reason. Port
+    /// state and GID changes since the previous collection are in [`RdmaScan::events`].
     ///
     /// # Errors
-    /// [`RdmaError`] when a directory that exists cannot be listed; nothing is appended then.
+    /// [`RdmaError`] when a directory that exists cannot be listed; nothing is appended then
+    /// and the remembered port states are kept for the next collection.
     pub fn collect_into(&mut self, out: &mut Vec<Metric>) -> Result<RdmaScan, RdmaError> {
         let mark = out.len();
-        let result = self.scan(out);
+        let mut seen_ports = Vec::new();
+        let result = self.scan(out, &mut seen_ports);
         match result {
             Ok(mut scan) => {
+                scan.events = self.compare(seen_ports);
                 scan.samples = out.len() - mark;
                 for f in &mut scan.skipped {
                     let key = (f.path.clone(), f.reason);
@@ -267,7 +391,50 @@ impl RdmaCounters {
         }
     }
 
-    fn scan(&self, out: &mut Vec<Metric>) -> Result<RdmaScan, RdmaError> {
+    /// Compares what this collection read of each port with the previous one, remembers it,
+    /// and forgets the ports that are gone.
+    fn compare(&mut self, now: Vec<((String, String), PortMemory)>) -> Vec<PortEvent> {
+        let mut events = Vec::new();
+        let mut next = HashMap::with_capacity(now.len());
+        for (key, mut mem) in now {
+            if let Some(before) = self.ports.get(&key) {
+                let mut push = |change: PortChange| {
+                    events.push(PortEvent {
+                        device: key.0.clone(),
+                        port: key.1.clone(),
+                        change,
+                        first: false,
+                    });
+                };
+                match (before.state, mem.state) {
+                    (Some(from), Some(to)) if from != to => push(PortChange::State { from, to }),
+                    (Some(from), None) => mem.state = Some(from),
+                    _ => {}
+                }
+                if let (Some(old), Some(new)) = (&before.gids, &mem.gids) {
+                    for change in gid_changes(old, new) {
+                        push(change);
+                    }
+                }
+            }
+            next.insert(key, mem);
+        }
+        self.ports = next;
+        for e in &mut events {
+            let key = (e.device.clone(), e.port.clone(), e.change.kind());
+            e.first = !self.events_seen.contains(&key) && self.events_seen.len() < MAX_REMEMBERED;
+            if e.first {
+                self.events_seen.insert(key);
+            }
+        }
+        events
+    }
+
+    fn scan(
+        &self,
+        out: &mut Vec<Metric>,
+        seen_ports: &mut Vec<((String, String), PortMemory)>,
+    ) -> Result<RdmaScan, RdmaError> {
         let mut scan = RdmaScan::default();
         let Some(devices) = list_dir(&self.class_dir)? else {
             return Ok(scan);
@@ -293,7 +460,8 @@ impl RdmaCounters {
             };
             for port in ports.iter().filter(|p| p.parse::<u32>().is_ok()) {
                 scan.ports += 1;
-                self.port(&device, port, &ports_dir.join(port), out, &mut scan)?;
+                let mem = self.port(&device, port, &ports_dir.join(port), out, &mut scan)?;
+                seen_ports.push(((device.clone(), port.clone()), mem));
             }
         }
         Ok(scan)
@@ -306,8 +474,9 @@ impl RdmaCounters {
         dir: &Path,
         out: &mut Vec<Metric>,
         scan: &mut RdmaScan,
-    ) -> Result<(), RdmaError> {
+    ) -> Result<PortMemory, RdmaError> {
         let labels = [("device", device), ("port", port)];
+        let mut mem = PortMemory::default();
         let states = [
             (
                 "state",
@@ -323,6 +492,9 @@ impl RdmaCounters {
         for (file, name, help) in states {
             if let Some(id) = read_value(&dir.join(file), parse_state_id, scan) {
                 out.push(gauge(name, help, &labels, id as f64));
+                if file == "state" {
+                    mem.state = Some(PortState(id));
+                }
             }
         }
         if let Some(rate) = read_value(&dir.join("rate"), parse_rate_bytes_per_second, scan) {
@@ -374,8 +546,73 @@ impl RdmaCounters {
                 }
             }
         }
-        Ok(())
+        mem.gids = read_gids(dir, scan)?;
+        Ok(mem)
     }
+}
+
+/// The non-empty entries of `<port>/gids/`, with their type and net device; `None` when the
+/// port has no `gids/` directory.
+fn read_gids(
+    port_dir: &Path,
+    scan: &mut RdmaScan,
+) -> Result<Option<BTreeMap<u32, GidEntry>>, RdmaError> {
+    let gids_dir = port_dir.join("gids");
+    let Some(files) = list_dir(&gids_dir)? else {
+        return Ok(None);
+    };
+    let attrs = port_dir.join("gid_attrs");
+    let mut table = BTreeMap::new();
+    for file in files {
+        let Ok(index) = file.parse::<u32>() else {
+            continue;
+        };
+        // An empty or reserved entry: the zero GID, or EINVAL/EAGAIN on older kernels.
+        let Ok(text) = std::fs::read_to_string(gids_dir.join(&file)) else {
+            continue;
+        };
+        let text = text.trim();
+        let Ok(addr) = text.parse::<std::net::Ipv6Addr>() else {
+            scan.skipped.push(SkippedFile {
+                path: gids_dir.join(&file),
+                reason: SkipReason::ParseError,
+                detail: text.chars().take(DETAIL_CHARS).collect(),
+                first: false,
+            });
+            continue;
+        };
+        if addr.is_unspecified() {
+            continue;
+        }
+        let attr = |sub: &str| read_trimmed(&attrs.join(sub).join(&file)).unwrap_or_default();
+        table.insert(
+            index,
+            GidEntry {
+                gid: text.to_owned(),
+                gid_type: attr("types"),
+                ndev: attr("ndevs"),
+            },
+        );
+    }
+    Ok(Some(table))
+}
+
+/// The entries added, removed or replaced from `old` to `new`, by index.
+fn gid_changes(old: &BTreeMap<u32, GidEntry>, new: &BTreeMap<u32, GidEntry>) -> Vec<PortChange> {
+    let mut indexes: Vec<u32> = old.keys().chain(new.keys()).copied().collect();
+    indexes.sort_unstable();
+    indexes.dedup();
+    indexes
+        .into_iter()
+        .filter_map(|index| {
+            let (from, to) = (old.get(&index), new.get(&index));
+            (from != to).then(|| PortChange::Gid {
+                index,
+                from: from.cloned(),
+                to: to.cloned(),
+            })
+        })
+        .collect()
 }
 
 /// Sorted entry names of `dir`; `None` when it does not exist.
@@ -571,6 +808,157 @@ mod tests {
             SkipReason::ReadError,
             false
         )));
+    }
+
+    const ZERO_GID: &str = "0000:0000:0000:0000:0000:0000:0000:0000";
+    const LINK_LOCAL: &str = "fe80:0000:0000:0000:0000:0000:0000:0001";
+    const V4_MAPPED: &str = "0000:0000:0000:0000:0000:ffff:0a4d:0001";
+
+    fn changes(scan: &RdmaScan) -> Vec<(String, PortChange, bool)> {
+        scan.events
+            .iter()
+            .map(|e| {
+                (
+                    format!("{}/{}", e.device, e.port),
+                    e.change.clone(),
+                    e.first,
+                )
+            })
+            .collect()
+    }
+
+    fn entry(gid: &str, gid_type: &str, ndev: &str) -> GidEntry {
+        GidEntry {
+            gid: gid.to_owned(),
+            gid_type: gid_type.to_owned(),
+            ndev: ndev.to_owned(),
+        }
+    }
+
+    #[test]
+    fn port_state_and_gid_changes_after_the_baseline() {
+        let sys = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let port = sys.path().join("class/infiniband/rxe0/ports/1");
+        write(&port.join("state"), "4: ACTIVE\n");
+        write(&port.join("gids/0"), &format!("{LINK_LOCAL}\n"));
+        write(&port.join("gid_attrs/types/0"), "RoCE v2\n");
+        write(&port.join("gid_attrs/ndevs/0"), "v0\n");
+        write(&port.join("gids/1"), &format!("{ZERO_GID}\n"));
+        let mut rdma = RdmaCounters::new(sys.path());
+        let mut collect = || {
+            rdma.collect_into(&mut Vec::new())
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+
+        let baseline = collect();
+        assert!(baseline.events.is_empty(), "{baseline:?}");
+        assert!(baseline.skipped.is_empty(), "{baseline:?}");
+        assert!(collect().events.is_empty(), "nothing changed");
+
+        // The port goes down, an address is added (GID 1), GID 0 changes type.
+        write(&port.join("state"), "1: DOWN\n");
+        write(&port.join("gids/1"), &format!("{V4_MAPPED}\n"));
+        write(&port.join("gid_attrs/types/1"), "RoCE v2\n");
+        write(&port.join("gid_attrs/ndevs/1"), "v0\n");
+        write(&port.join("gid_attrs/types/0"), "IB/RoCE v1\n");
+        let p = "rxe0/1".to_owned();
+        assert_eq!(
+            changes(&collect()),
+            vec![
+                (
+                    p.clone(),
+                    PortChange::State {
+                        from: PortState(4),
+                        to: PortState(1)
+                    },
+                    true
+                ),
+                (
+                    p.clone(),
+                    PortChange::Gid {
+                        index: 0,
+                        from: Some(entry(LINK_LOCAL, "RoCE v2", "v0")),
+                        to: Some(entry(LINK_LOCAL, "IB/RoCE v1", "v0")),
+                    },
+                    true
+                ),
+                (
+                    p.clone(),
+                    PortChange::Gid {
+                        index: 1,
+                        from: None,
+                        to: Some(entry(V4_MAPPED, "RoCE v2", "v0")),
+                    },
+                    false
+                ),
+            ]
+        );
+        assert!(collect().events.is_empty(), "the new state is remembered");
+
+        // Back up, the address removed (the kernel then reads the zero GID again): changes
+        // of kinds already reported on this port are not `first`.
+        write(&port.join("state"), "4: ACTIVE\n");
+        write(&port.join("gids/1"), &format!("{ZERO_GID}\n"));
+        assert_eq!(
+            changes(&collect()),
+            vec![
+                (
+                    p.clone(),
+                    PortChange::State {
+                        from: PortState(1),
+                        to: PortState(4)
+                    },
+                    false
+                ),
+                (
+                    p.clone(),
+                    PortChange::Gid {
+                        index: 1,
+                        from: Some(entry(V4_MAPPED, "RoCE v2", "v0")),
+                        to: None,
+                    },
+                    false
+                ),
+            ]
+        );
+
+        // An unreadable state keeps the remembered one; a GID that is no address is skipped.
+        write(&port.join("state"), "N/A\n");
+        write(&port.join("gids/1"), "garbage\n");
+        let odd = collect();
+        assert!(odd.events.is_empty(), "{odd:?}");
+        let reasons: Vec<SkipReason> = odd.skipped.iter().map(|f| f.reason).collect();
+        assert_eq!(
+            reasons,
+            [SkipReason::NotAvailable, SkipReason::ParseError],
+            "{odd:?}"
+        );
+        write(&port.join("state"), "4: ACTIVE\n");
+        write(&port.join("gids/1"), &format!("{ZERO_GID}\n"));
+        assert!(collect().events.is_empty());
+
+        // A port that disappears is forgotten: when it comes back it is a new baseline.
+        std::fs::rename(&port, sys.path().join("away")).unwrap_or_else(|e| panic!("{e}"));
+        assert!(collect().events.is_empty());
+        write(&port.join("state"), "1: DOWN\n");
+        assert!(collect().events.is_empty(), "baseline again");
+    }
+
+    #[test]
+    fn port_state_names_are_the_kernels() {
+        let names: Vec<&str> = (0..7).map(|i| PortState(i).name()).collect();
+        assert_eq!(
+            names,
+            [
+                "nop",
+                "down",
+                "init",
+                "armed",
+                "active",
+                "active_defer",
+                "unknown"
+            ]
+        );
     }
 
     #[test]

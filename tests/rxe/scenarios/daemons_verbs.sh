@@ -4,7 +4,47 @@
 # Send into its posted receive buffers. The agent ships host metrics and a log file; after
 # SIGTERM (Goodbye) the collector's /metrics must account for every frame (daemons_pipeline in
 # common.sh).
+#
+# Then, per data path, the RDMA series of this run: rxe0's real hw_counters shipped by the
+# agent's infiniband sub-collector (node_infiniband_<file>{device="rxe0",port="1"}, one per
+# file of ports/1/hw_counters), and the async-event counters of both daemons, every event at
+# zero on this clean link (agent /metrics, the agent's shipped self-metrics, collector
+# /metrics).
 . /scenarios/common.sh
+
+rdma_series() {
+  dp=$1
+  files=$(ls "$RXE_PORT_DIR/hw_counters" | wc -l)
+  shipped=0
+  for f in $(ls "$RXE_PORT_DIR/hw_counters"); do
+    n=$(prom_count "$D/c.prom" "node_infiniband_$f" agent=$AGENT_ID device=rxe0 port=1)
+    [ "$n" = 1 ] || fail "$dp: node_infiniband_$f{device=\"rxe0\",port=\"1\"} shipped $n times"
+    shipped=$((shipped + 1))
+  done
+  [ "$files" -gt 0 ] && [ "$shipped" = "$files" ] || fail "$dp: $shipped of $files rxe0 hw_counters shipped"
+  for f in rcvd_pkts sent_pkts; do
+    v=$(prom_sum "$D/c.prom" "node_infiniband_$f" agent=$AGENT_ID device=rxe0 port=1)
+    [ "$v" -gt 0 ] || fail "$dp: node_infiniband_$f{device=\"rxe0\"} is $v"
+  done
+  echo "--- RDMA series ($dp)"
+  grep -E '^node_infiniband_(rcvd_pkts|sent_pkts|state_id)\{' "$D/c.prom"
+  grep -E '^uctel_(agent|collector)_rdma_' "$D/a.prom" "$D/c.prom"
+  for where in "a.prom uctel_agent_rdma_async_events_total" \
+    "c.prom uctel_agent_rdma_async_events_total agent=$AGENT_ID" \
+    "c.prom uctel_collector_rdma_async_events_total"; do
+    # shellcheck disable=SC2086
+    set -- $where
+    file=$1
+    shift
+    n=$(prom_count "$D/$file" "$@")
+    s=$(prom_sum "$D/$file" "$@")
+    [ "$n" = 4 ] || fail "$dp: $* in $file: $n samples, want 4 (one per event)"
+    [ "$s" = 0 ] || fail "$dp: $* in $file: $s async events on a clean link"
+  done
+  detail "$dp: $shipped rxe0 hw_counters shipped (rcvd_pkts $(prom_sum "$D/c.prom" node_infiniband_rcvd_pkts agent=$AGENT_ID device=rxe0)), async events 0/0;"
+}
+
 for dp in write_with_imm send; do
   daemons_pipeline root verbs "$dp"
+  rdma_series "$dp"
 done
