@@ -16,7 +16,9 @@
 //! 6. **idle** ([`idle`]) — CPU of both daemons with nothing to do (no agent, collector down,
 //!    connected and quiet), side by side with a real node_exporter;
 //! 7. **node cost** ([`nodecost`]) — CPU per host collection of the real agent on this host
-//!    against CPU per scrape of a real node_exporter scraped as Prometheus does, same window.
+//!    against CPU per scrape of a real node_exporter scraped as Prometheus does, same window;
+//! 8. **fast cost** ([`fastcost`]) — CPU and sampling lateness of the agent's
+//!    `fast_counters` source (10 counters every 10 ms), against the same agent without it.
 //!
 //! The targets are checked as ratios between figures of the same run ([`report`]); the
 //! report is printed as a table and written as JSON. `BENCHMARKS.md` at the repository root
@@ -30,6 +32,7 @@
 pub mod agentcost;
 pub mod cpu;
 pub mod daemon;
+pub mod fastcost;
 pub mod idle;
 pub mod limit;
 pub mod loadgen;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use uctel_bench::agentcost::{self, AgentCostConfig};
+use uctel_bench::fastcost::{self, FastCostConfig};
 use uctel_bench::idle::{self, IdleConfig};
 use uctel_bench::limit::{self, LimitConfig};
 use uctel_bench::nodecost::{self, NodeCostConfig};
@@ -38,6 +39,8 @@ enum Part {
     RemoteWrite,
     /// CPU per host collection of the agent against node_exporter's per scrape.
     NodeCost,
+    /// CPU and lateness of the agent's fast_counters source.
+    FastCost,
 }
 
 /// Measures the uctel soft path, processing, scaling and agent cost against a recvmmsg
@@ -117,6 +120,18 @@ struct Args {
     /// `prometheus-node-exporter` (Debian) or `node_exporter` on PATH.
     #[arg(long, value_name = "PATH")]
     node_exporter_bin: Option<PathBuf>,
+    /// Fast cost: counters sampled (1 to 10 statistics files of `lo`).
+    #[arg(long, default_value_t = 10)]
+    fast_counters: usize,
+    /// Fast cost: sampling interval, milliseconds.
+    #[arg(long, default_value_t = 10)]
+    fast_interval_ms: u64,
+    /// Fast cost: unmeasured time before each window, seconds.
+    #[arg(long, default_value_t = 3.0)]
+    fast_warmup_secs: f64,
+    /// Fast cost: each measured window (with and without the source), seconds.
+    #[arg(long, default_value_t = 20.0)]
+    fast_duration_secs: f64,
     /// Node cost: seconds between two collections of the agent and two scrapes of
     /// node_exporter (≥ 0.1).
     #[arg(long, default_value_t = 1.0)]
@@ -240,6 +255,7 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         idle: None,
         remote_write: None,
         node_cost: None,
+        fast_cost: None,
         perftest: Perftest {
             source: "not in this run: tests/rxe/run.sh verbs_send_bench prints BENCH verbs_vs_perftest_ratio (pass --rxe-log or --rxe)".into(),
             ..Perftest::default()
@@ -386,6 +402,24 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         }) {
             Ok(r) => report.node_cost = Some(r),
             Err(e) => report.failures.push(("node cost".into(), e.to_string())),
+        }
+    }
+    if wants(Part::FastCost) {
+        eprintln!(
+            "[fast-cost] {} counters every {} ms, 2 × {:.0} s",
+            args.fast_counters, args.fast_interval_ms, args.fast_duration_secs
+        );
+        match fastcost::run(&FastCostConfig {
+            agent_bin: agent_bin.clone(),
+            collector_bin: collector_bin.clone(),
+            workdir: workdir.join("fast-cost"),
+            counters: args.fast_counters,
+            interval: Duration::from_millis(args.fast_interval_ms.max(1)),
+            warmup: secs(args.fast_warmup_secs),
+            duration: secs(args.fast_duration_secs),
+        }) {
+            Ok(r) => report.fast_cost = Some(r),
+            Err(e) => report.failures.push(("fast cost".into(), e.to_string())),
         }
     }
     if args.rxe {

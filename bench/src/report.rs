@@ -31,6 +31,11 @@ pub const REMOTE_WRITE_VS_VMAGENT: f64 = 1.0;
 /// collectors (issue #18).
 pub const NODE_COST_VS_NODE_EXPORTER: f64 = 0.3;
 
+/// Fast counters: agent CPU at most this percent of one core (10 counters at 10 ms).
+pub const FAST_CPU_PERCENT: f64 = 1.0;
+/// Fast counters: p99 lateness at most this many µs.
+pub const FAST_P99_LATENESS_US: f64 = 2000.0;
+
 /// The machine the run was on.
 #[derive(Clone, Debug, Serialize)]
 pub struct Machine {
@@ -151,6 +156,8 @@ pub struct Report {
     pub remote_write: Option<RemoteWriteResult>,
     /// Agent CPU per host collection beside node_exporter's per scrape.
     pub node_cost: Option<NodeCostResult>,
+    /// The fast_counters source's CPU and lateness.
+    pub fast_cost: Option<crate::fastcost::FastCostResult>,
     /// VM-suite perftest comparison.
     pub perftest: Perftest,
     /// Targets with verdicts.
@@ -290,6 +297,19 @@ impl Report {
                     NODE_COST_VS_NODE_EXPORTER,
                     Goal::AtMost,
                 ),
+            });
+        }
+        if let Some(f) = &self.fast_cost {
+            let what = format!("{} counters every {:.0} ms", f.counters, f.interval_ms);
+            t.push(Target {
+                name: format!("agent CPU, fast_counters ({what})"),
+                rule: format!("≤ {FAST_CPU_PERCENT} % of one core"),
+                verdict: Verdict::check(f.cpu_percent(), FAST_CPU_PERCENT, Goal::AtMost),
+            });
+            t.push(Target {
+                name: format!("fast_counters lateness p99 ({what})"),
+                rule: format!("≤ {FAST_P99_LATENESS_US} µs"),
+                verdict: Verdict::check(f.lateness(0.99), FAST_P99_LATENESS_US, Goal::AtMost),
             });
         }
         self.targets = t;
@@ -534,6 +554,33 @@ impl Report {
                 n.encoding.clone(),
                 format!("load average {}", n.loadavg),
                 format!("node_exporter: {}", n.node_exporter),
+            ));
+        }
+        if let Some(f) = &self.fast_cost {
+            rows.push(row(
+                format!(
+                    "fast counters, {} counters every {:.0} ms",
+                    f.counters, f.interval_ms
+                ),
+                format!(
+                    "{:.2} % of a core (without the source {:.2} %)",
+                    f.cpu_percent(),
+                    f.without_source.cores * 100.0
+                ),
+                format!(
+                    "lateness p50 {:.0} µs, p99 {:.0} µs, p99.9 {:.0} µs; {} missed rounds",
+                    f.lateness(0.5),
+                    f.lateness(0.99),
+                    f.lateness(0.999),
+                    f.missed_rounds
+                ),
+                format!(
+                    "samples in the window: taken {}, received {}, lost {}; {}",
+                    f.samples_taken,
+                    f.samples_received,
+                    f.samples_lost,
+                    threads(&f.with_source)
+                ),
             ));
         }
         let p = &self.perftest;
