@@ -65,8 +65,9 @@ pub struct FastCountersSection {
     #[serde(default = "default_interval_ms")]
     pub interval_milliseconds: u64,
     /// Samples of one counter packed into one record: a record leaves once it holds this
-    /// many (at the default 10 ms and 20 samples: every 200 ms), and at shutdown with what
-    /// it has. 1 to 4096. Default 20.
+    /// many (at the default 10 ms and 20 samples: every 200 ms). At shutdown what is held is
+    /// offered too (counted `shutdown` if the last frames have already left). 1 to 4096.
+    /// Default 20.
     #[serde(default = "default_samples_per_record")]
     pub samples_per_record: usize,
     /// The counters, at most 256. Each is a `path` or an `ethtool` statistic, with
