@@ -291,7 +291,7 @@ fn sigterm_ends_the_session_with_a_goodbye_and_exit_0() {
             .unwrap_or_else(|| panic!("no {k}= in {bye}"))
     };
     assert_eq!(field("frames"), n, "{bye}");
-    for (name, id) in [("metrics", 1u32), ("logs", 2u32)] {
+    for (name, id) in [("metrics", 1u32), ("logs", 2u32), ("fast_counters", 3u32)] {
         let frames = s
             .frames
             .iter()
@@ -301,7 +301,13 @@ fn sigterm_ends_the_session_with_a_goodbye_and_exit_0() {
         assert_eq!(field(&format!("{name}_records")), s.records(id), "{bye}");
     }
     assert_eq!(field("logs_records"), lines.len() as u64, "{bye}");
-    assert_eq!(field("metrics_frames") + field("logs_frames"), n, "{bye}");
+    assert_eq!(
+        field("metrics_frames") + field("logs_frames") + field("fast_counters_frames"),
+        n,
+        "{bye}"
+    );
+    // No fast_counters source: its stream carries only the epoch's last (empty) frame.
+    assert_eq!(field("fast_counters_records"), 0, "{bye}");
     assert!(!bye.contains("fault_dropped"), "no fault injection: {bye}");
 }
 

@@ -219,8 +219,10 @@ logs:
 YAML
 }
 
-# agent_config FILE KIND DATA_PATH [SOFT_BIND]: an agent shipping host metrics (every second),
-# its self-metrics and $D/input.log (from the beginning) to the collector at
+# agent_config FILE KIND DATA_PATH [SOFT_BIND]: an agent shipping host metrics (every second,
+# with the ethtool collector on v0, rxe0's netdev), its self-metrics, $D/input.log (from the
+# beginning) and fast counters (rxe0's rcvd_pkts and sent_pkts, v0's ethtool peer_ifindex,
+# every 10 ms) to the collector at
 # $COLLECTOR_CONTROL over transport KIND (verbs: rxe0 port 1, the GID of the control
 # connection's address; soft: UDP SOFT_BIND), both streams on DATA_PATH.
 agent_config() {
@@ -238,11 +240,18 @@ auth:
 sources:
   host_metrics:
     interval_seconds: 1
+    ethtool: { device_include: "^v0\$" }
   self_metrics:
     interval_seconds: 1
   logs:
     - path: $D/input.log
       start_at: beginning
+  fast_counters:
+    interval_milliseconds: 10
+    counters:
+      - path: $RXE_PORT_DIR/hw_counters/rcvd_pkts
+      - path: $RXE_PORT_DIR/hw_counters/sent_pkts
+      - ethtool: { device: v0, stat: peer_ifindex }
   state_directory: $D/agent-state
 streams:
   metrics:
@@ -433,8 +442,8 @@ daemons_pipeline() {
     fail "$dp: sent $sent != received $rx + lost $lost + dropped after tracking $after"
   [ "$sent" -eq $((rx + dropped + conn_lost)) ] ||
     fail "$dp: sent $sent != received $rx + dropped $dropped + connection lost $conn_lost"
-  # Both sides name the streams alike (stream="metrics", stream="logs").
-  for st in metrics logs; do
+  # Both sides name the streams alike (stream="metrics", "logs", "fast_counters").
+  for st in metrics logs fast_counters; do
     sf=$(log_field "$D/agent.log" 'goodbye sent' "${st}_frames")
     [ -n "$sf" ] || continue
     srx=$(p uctel_collector_frames_received_total agent=$AGENT_ID stream=$st)
