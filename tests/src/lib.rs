@@ -17,6 +17,8 @@
 //!   temporary configuration and TSDB, queried through its HTTP API; `promtool`.
 //! - [`dashboards`]: the Grafana dashboards in `dashboards/`, their panel queries with the
 //!   template variables substituted as Grafana would.
+//! - [`fabric`]: the ConnectX sysfs fixture, fast counters and mlx5 pause statistics for an
+//!   agent, so that the fabric dashboard's series exist.
 //! - [`faults`]: the fault matrix's rows: seeded numbered log lines as the source, the JSON
 //!   Lines sink read back, the conservation law per agent and stream as a table, and the
 //!   OS-level faults (nft drop rule, network namespace, tmpfs).
@@ -34,6 +36,7 @@ pub mod clickhouse;
 pub mod configs;
 pub mod daemon;
 pub mod dashboards;
+pub mod fabric;
 pub mod faults;
 pub mod net;
 pub mod node_exporter;

@@ -110,6 +110,8 @@ impl Veth {
     ///
     /// # Panics
     /// If `ip link add` fails.
+    // No `Default`: making a pair of network interfaces is not a default value.
+    #[allow(clippy::new_without_default)]
     pub fn new() -> Veth {
         let tag = std::process::id() % 100_000;
         let (a, b) = (format!("uctea{tag}"), format!("ucteb{tag}"));

@@ -2,24 +2,34 @@
 //! import as the README says (schemaVersion, a `datasource` variable of type `datasource`
 //! used by every panel and target, the `agent` variable from
 //! `label_values(uctel_collector_frames_received_total, agent)`, on the host dashboard
-//! `label_values(node_load1, agent)` so that it works on remote-written data alone), every panel has queries,
-//! ids and grid positions are sane, and every variable a query uses is defined.
+//! `label_values(node_load1, agent)` so that it works on remote-written data alone, on the
+//! fabric dashboard `label_values(node_infiniband_info, agent)`), every panel has queries,
+//! ids and grid positions are sane, and every variable a query uses is defined. The fabric
+//! dashboard's series names are the ones the agent makes: `hw_counters` files of the mlx5
+//! driver (the ConnectX fixture's), port counters of [`PORT_COUNTERS`], ethtool names derived
+//! by [`series_identity`] from mlx5's `ethtool -S` names.
 //! The queries themselves are evaluated against a real Prometheus in `e2e.rs`.
 
 use std::collections::HashSet;
 
 use serde_json::Value;
+use uctel_agent::sources::node_ethtool::series_identity;
+use uctel_agent::sources::rdma::PORT_COUNTERS;
 use uctel_tests::dashboards;
 
 #[test]
-fn there_are_the_two_dashboards() {
+fn there_are_the_three_dashboards() {
     let names: Vec<String> = dashboards::files()
         .iter()
         .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .collect();
     assert_eq!(
         names,
-        vec!["uctel-host-overview.json", "uctel-pipeline-health.json"]
+        vec![
+            "uctel-fabric.json",
+            "uctel-host-overview.json",
+            "uctel-pipeline-health.json"
+        ]
     );
 }
 
@@ -62,9 +72,11 @@ fn dashboards_are_importable() {
         // The pipeline dashboard lists agents the collector knows; the host dashboard those
         // with host metrics, a series that remote-write delivers too (no collector
         // self-metric is needed, so it works on a Mimir or VictoriaMetrics fed by
-        // remote-write alone).
+        // remote-write alone); the fabric dashboard those with an RDMA device.
         let want = if name.ends_with("uctel-host-overview.json") {
             "label_values(node_load1, agent)"
+        } else if name.ends_with("uctel-fabric.json") {
+            "label_values(node_infiniband_info, agent)"
         } else {
             "label_values(uctel_collector_frames_received_total, agent)"
         };
@@ -110,8 +122,15 @@ fn dashboards_are_importable() {
             }
         }
         for q in dashboards::queries(&path) {
+            // `$1` in a `label_replace` replacement is the regex's group, not a variable
+            // (Grafana leaves `$<name>` alone when no variable has that name, and no variable
+            // name is a number).
+            let left = q
+                .expr
+                .match_indices('$')
+                .any(|(i, _)| !q.expr[i + 1..].starts_with(|c: char| c.is_ascii_digit()));
             assert!(
-                !q.expr.contains('$') && !q.expr.contains("[["),
+                !left && !q.expr.contains("[["),
                 "{name}/{}: undefined variable left in {:?} (defined: {defined:?})",
                 q.panel,
                 q.expr
@@ -170,6 +189,150 @@ fn host_dashboard_uses_node_exporter_names() {
             q.raw
         );
     }
+}
+
+fn all_queries(file: &str) -> Vec<dashboards::PanelQuery> {
+    dashboards::queries(&uctel_tests::workspace_root().join("dashboards").join(file))
+}
+
+/// Every metric name a query selects: identifiers followed by `{` or `[`, and the names a
+/// `__name__=~"..."` matcher spells out (regex alternatives are not expanded).
+fn selected_names(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let bytes = expr.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i];
+        if c.is_ascii_alphabetic() || c == b'_' {
+            let start = i;
+            while i < bytes.len()
+                && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_' || bytes[i] == b':')
+            {
+                i += 1;
+            }
+            let quoted = start > 0 && bytes[start - 1] == b'"';
+            if !quoted && i < bytes.len() && bytes[i] == b'{' {
+                out.push(expr[start..i].to_owned());
+            }
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+#[test]
+fn selected_names_finds_the_selectors() {
+    assert_eq!(
+        selected_names(
+            "sum by (agent) (rate(node_a_total{x=\"y\"}[1m])) and on (agent) node_b{agent=~\".+\"}"
+        ),
+        vec!["node_a_total", "node_b"]
+    );
+}
+
+/// The fabric dashboard queries each counter the fabric panels are about, filters every
+/// query by `$agent` (and every `node_*` selector by `$instance`), and uses only names the
+/// agent exports: `node_infiniband_<file>` for a file of the ConnectX fixture's `hw_counters/`
+/// (mlx5 names, kernel `drivers/infiniband/hw/mlx5/counters.c`) or a [`PORT_COUNTERS`] name,
+/// and `node_ethtool_*` names that [`series_identity`] makes from mlx5's `ethtool -S` names
+/// (kernel `drivers/net/ethernet/mellanox/mlx5/core/en_stats.c`).
+#[test]
+fn fabric_dashboard_uses_the_agents_names() {
+    let queries = all_queries("uctel-fabric.json");
+    let all: String = queries
+        .iter()
+        .map(|q| q.raw.clone())
+        .collect::<Vec<_>>()
+        .join("\n");
+    for metric in [
+        "node_infiniband_np_ecn_marked_roce_packets",
+        "node_infiniband_np_cnp_sent",
+        "node_infiniband_rp_cnp_handled",
+        "node_infiniband_out_of_buffer",
+        "node_infiniband_out_of_sequence",
+        "node_infiniband_packet_seq_err",
+        "node_infiniband_local_ack_timeout_err",
+        "node_infiniband_roce_adp_retrans",
+        "node_ethtool_received_pause_ctrl_phy",
+        "node_ethtool_transmitted_pause_ctrl_phy",
+        "node_ethtool_(received|transmitted)_prio[0-7]_pause",
+        ":rate1s",
+        "uctel_collector_frames_lost_total",
+        "uctel_collector_records_lost_total",
+        "uctel_agent_rdma_port_state_changes_total",
+        "uctel_agent_rdma_gid_changes_total",
+        "uctel_agent_rdma_async_events_total",
+    ] {
+        assert!(all.contains(metric), "no panel queries {metric}");
+    }
+    for (raw, want) in [
+        ("rx_pause_ctrl_phy", "node_ethtool_received_pause_ctrl_phy"),
+        (
+            "tx_pause_ctrl_phy",
+            "node_ethtool_transmitted_pause_ctrl_phy",
+        ),
+        ("rx_prio3_pause", "node_ethtool_received_prio3_pause"),
+        ("tx_prio3_pause", "node_ethtool_transmitted_prio3_pause"),
+    ] {
+        assert_eq!(series_identity(raw).0, want, "{raw}");
+    }
+
+    let fixture = uctel_tests::workspace_root()
+        .join("agent/tests/data/connectx-6-dx/sys/class/infiniband/mlx5_0/ports/1/hw_counters");
+    let hw: HashSet<String> = std::fs::read_dir(&fixture)
+        .unwrap_or_else(|e| panic!("{}: {e}", fixture.display()))
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(hw.contains("out_of_buffer"), "{hw:?}");
+    let port: HashSet<&str> = PORT_COUNTERS.iter().map(|c| c.1).collect();
+    let gauges = [
+        "info",
+        "state_id",
+        "physical_state_id",
+        "rate_bytes_per_second",
+    ];
+    let ethtool = ["received_pause_ctrl_phy", "transmitted_pause_ctrl_phy"];
+    let mut checked = 0;
+    for q in &queries {
+        assert!(
+            q.raw.contains("agent=~\"$agent\""),
+            "{}: not filtered by $agent: {}",
+            q.panel,
+            q.raw
+        );
+        for name in selected_names(&q.raw) {
+            if let Some(file) = name.strip_prefix("node_infiniband_") {
+                assert!(
+                    hw.contains(file) || port.contains(file) || gauges.contains(&file),
+                    "{}: {name} is no series the agent makes from the mlx5 tree",
+                    q.panel
+                );
+                checked += 1;
+            } else if let Some(stat) = name.strip_prefix("node_ethtool_") {
+                assert!(ethtool.contains(&stat), "{}: {name}", q.panel);
+                checked += 1;
+            } else {
+                assert!(
+                    name.starts_with("uctel_"),
+                    "{}: unexpected selector {name}",
+                    q.panel
+                );
+            }
+        }
+        for sel in q.raw.split("node_").skip(1) {
+            let body = sel.split('}').next().unwrap_or("");
+            if body.contains("agent=~") {
+                assert!(
+                    body.contains("instance=~\"$instance\""),
+                    "{}: node_{body} not filtered by $instance",
+                    q.panel
+                );
+            }
+        }
+    }
+    assert!(checked >= 15, "only {checked} node_* selectors checked");
 }
 
 /// The example scrape configuration for a collector pool (file_sd and DNS SD) is one
