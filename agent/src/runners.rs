@@ -342,11 +342,11 @@ fn host_metrics_thread(
 /// the self-metrics).
 #[derive(Debug, Clone)]
 pub struct FastCounterMetrics {
-    /// `uctel_agent_fast_counter_samples_total`: samples taken (successful reads).
+    /// `uctel_agent_fast_samples_total`: samples taken (successful reads).
     pub samples: IntCounter,
-    /// `uctel_agent_fast_counter_missed_rounds_total`: sampling instants skipped.
+    /// `uctel_agent_fast_missed_rounds_total`: sampling instants skipped.
     pub missed_rounds: IntCounter,
-    /// `uctel_agent_fast_counter_lateness_seconds`: sample time − scheduled time.
+    /// `uctel_agent_fast_sample_lateness_seconds`: sample time − scheduled time.
     pub lateness: prometheus::Histogram,
 }
 
@@ -357,18 +357,18 @@ impl FastCounterMetrics {
     /// A registration error (the names are already registered).
     pub fn register(registry: &prometheus::Registry) -> Result<Self, prometheus::Error> {
         let samples = IntCounter::with_opts(Opts::new(
-            "uctel_agent_fast_counter_samples_total",
+            "uctel_agent_fast_samples_total",
             "Samples taken by the fast_counters source (successful reads). Every one is \
              received, lost or dropped with a reason on the fast_counters stream.",
         ))?;
         let missed_rounds = IntCounter::with_opts(Opts::new(
-            "uctel_agent_fast_counter_missed_rounds_total",
+            "uctel_agent_fast_missed_rounds_total",
             "Sampling instants of the fast_counters source skipped because the previous \
              round ended after them (the host was too busy).",
         ))?;
         let lateness = prometheus::Histogram::with_opts(
             prometheus::HistogramOpts::new(
-                "uctel_agent_fast_counter_lateness_seconds",
+                "uctel_agent_fast_sample_lateness_seconds",
                 "How late each fast_counters sample was read: sample time minus scheduled \
                  time.",
             )
@@ -528,7 +528,9 @@ fn offer_samples(
 
 /// Microseconds since the Unix epoch, now.
 fn pump_unix_us() -> u64 {
-    crate::sender::pump::unix_ns() / 1000
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 /// Runs the textfile source (`sources::textfile`) until shutdown: the directory read at

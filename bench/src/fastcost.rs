@@ -7,7 +7,7 @@
 //! * **CPU**: `utime + stime` of the agent process over the window (`/proc/<pid>/stat`),
 //!   as a share of one core, per thread too (the sampling thread is `fast-counters`).
 //! * **Lateness** (sample time − scheduled time): quantiles of the agent's own
-//!   `uctel_agent_fast_counter_lateness_seconds` histogram over the window, interpolated
+//!   `uctel_agent_fast_sample_lateness_seconds` histogram over the window, interpolated
 //!   within buckets as PromQL's `histogram_quantile` does; bucket bounds 10 µs … 50 ms.
 //! * **Accounting**: samples taken in the window against the samples the collector received
 //!   and counted lost on the `fast_counters` stream in the same window.
@@ -42,7 +42,7 @@ const LO_STATS: [&str; 10] = [
 /// Lateness quantiles reported.
 pub const QUANTILES: [f64; 3] = [0.5, 0.99, 0.999];
 /// Name of the lateness histogram.
-const LATENESS: &str = "uctel_agent_fast_counter_lateness_seconds";
+const LATENESS: &str = "uctel_agent_fast_sample_lateness_seconds";
 
 /// Settings of the fast-counters cost run.
 #[derive(Debug, Clone)]
@@ -299,10 +299,10 @@ pub fn run(cfg: &FastCostConfig) -> Result<FastCostResult, FastCostError> {
         interval_ms: cfg.interval.as_secs_f64() * 1e3,
         with_source: with.cpu,
         without_source: without.cpu,
-        samples_taken: diff("uctel_agent_fast_counter_samples_total", a0, a1, &[]),
+        samples_taken: diff("uctel_agent_fast_samples_total", a0, a1, &[]),
         samples_received: diff("uctel_collector_records_received_total", c0, c1, &stream),
         samples_lost: diff("uctel_collector_records_lost_total", c0, c1, &stream),
-        missed_rounds: diff("uctel_agent_fast_counter_missed_rounds_total", a0, a1, &[]),
+        missed_rounds: diff("uctel_agent_fast_missed_rounds_total", a0, a1, &[]),
         lateness_us: QUANTILES
             .iter()
             .map(|&q| (q, histogram_quantile(q, &deltas) * 1e6))

@@ -19,6 +19,11 @@ use std::fmt;
 /// the frame module that uses them both; `crate::frame::HEADER_LEN` is the same constant.
 pub const HEADER_LEN: usize = 64;
 
+/// The most samples one `crate::samples::SampleSeries` may carry (a 1 MiB frame holds at
+/// most about 100 000 nine-byte samples; a record this size is already far beyond any sane
+/// interval).
+pub const MAX_SAMPLES_PER_SERIES: usize = 65_536;
+
 /// Bounds checked when a payload is decoded (and honoured when one is built).
 ///
 /// All lengths are in bytes of UTF-8 (not characters); counts are numbers of items.

@@ -236,9 +236,50 @@ pub enum RecordError {
         /// The enum value found.
         value: i32,
     },
-    /// The samples of a [`crate::samples::SampleSeries`] are malformed.
+    /// The samples of a `crate::samples::SampleSeries` are malformed.
     #[error(transparent)]
-    Samples(#[from] crate::samples::SamplesError),
+    Samples(#[from] SamplesError),
+}
+
+/// What is wrong with the samples of a `crate::samples::SampleSeries` (its name, labels and
+/// type are checked by the metric rules, [`validate_metric`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SamplesError {
+    /// A type other than counter or gauge.
+    #[error("sample series of type {value}: only counter (1) and gauge (2) carry samples")]
+    BadType {
+        /// The enum value found.
+        value: i32,
+    },
+    /// No samples, or more than `crate::limits::MAX_SAMPLES_PER_SERIES`.
+    #[error(
+        "{found} samples, a series carries 1 to {}",
+        crate::limits::MAX_SAMPLES_PER_SERIES
+    )]
+    Count {
+        /// Samples found.
+        found: usize,
+    },
+    /// `offsets_us` and `values` differ in length.
+    #[error("{offsets} offsets for {values} values")]
+    LengthMismatch {
+        /// Offsets found.
+        offsets: usize,
+        /// Values found.
+        values: usize,
+    },
+    /// `start_us` is not after the Unix epoch.
+    #[error("start_us {start_us} is not after the Unix epoch")]
+    BadStart {
+        /// The value found.
+        start_us: i64,
+    },
+    /// An offset smaller than the one before it.
+    #[error("offset {index} goes back in time")]
+    OffsetDecreasing {
+        /// Index of the offending sample.
+        index: usize,
+    },
 }
 
 /// Why a payload was rejected.

@@ -16,14 +16,13 @@
 //! (sent = received + lost, DESIGN.md §5) holds for samples.
 
 use crate::limits::{Limit, Limits};
+pub use crate::payload::SamplesError;
 use crate::payload::{
     check_metric, Bucket, Label, Metric, MetricParts, MetricType, PayloadError, RecordError,
 };
 use prost::Message as _;
 
-/// The most samples one [`SampleSeries`] may carry (a 1 MiB frame holds at most about
-/// 100 000 nine-byte samples; a record this size is already far beyond any sane interval).
-pub const MAX_SAMPLES_PER_SERIES: usize = 65_536;
+pub use crate::limits::MAX_SAMPLES_PER_SERIES;
 
 /// Samples of one counter or gauge series. See the module docs.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -122,44 +121,6 @@ impl MetricParts for SampleSeries {
     fn sum(&self) -> f64 {
         0.0
     }
-}
-
-/// What is wrong with the samples of a [`SampleSeries`] (its name, labels and type are
-/// checked by the metric rules, [`crate::payload::validate_metric`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum SamplesError {
-    /// A type other than counter or gauge.
-    #[error("sample series of type {value}: only counter (1) and gauge (2) carry samples")]
-    BadType {
-        /// The enum value found.
-        value: i32,
-    },
-    /// No samples, or more than [`MAX_SAMPLES_PER_SERIES`].
-    #[error("{found} samples, a series carries 1 to {MAX_SAMPLES_PER_SERIES}")]
-    Count {
-        /// Samples found.
-        found: usize,
-    },
-    /// `offsets_us` and `values` differ in length.
-    #[error("{offsets} offsets for {values} values")]
-    LengthMismatch {
-        /// Offsets found.
-        offsets: usize,
-        /// Values found.
-        values: usize,
-    },
-    /// `start_us` is not after the Unix epoch.
-    #[error("start_us {start_us} is not after the Unix epoch")]
-    BadStart {
-        /// The value found.
-        start_us: i64,
-    },
-    /// An offset smaller than the one before it.
-    #[error("offset {index} goes back in time")]
-    OffsetDecreasing {
-        /// Index of the offending sample.
-        index: usize,
-    },
 }
 
 /// Check one sample series: the metric rules for its identity (name, help, labels) and

@@ -3,7 +3,7 @@
 //! copied into the run directory as the agent's `sources.host_metrics.sysfs_path` (its
 //! `infiniband` collector then serves `node_infiniband_*` for `mlx5_0` port 1), two of its
 //! `hw_counters` files and `lo`'s `rx_packets` sampled by `sources.fast_counters` (the
-//! collector then serves their `:rate1s`), the port's `state` file rewritten to take the
+//! collector then serves their `_per_second`), the port's `state` file rewritten to take the
 //! port down and up (`uctel_agent_rdma_port_state_changes_total`) and an address added to
 //! its GID table (`uctel_agent_rdma_gid_changes_total`).
 //!
@@ -173,58 +173,6 @@ impl Fabric {
             "the GID change served",
             "uctel_agent_rdma_gid_changes_total",
             &port,
-        );
-    }
-}
-
-/// `text` (a Prometheus text exposition) without the samples labelled `agent="<agent>"`, and
-/// without the `# HELP`/`# TYPE` lines of families left with no sample.
-///
-/// For linting the collector's exposition as it was before the fabric agent joined: that
-/// agent's `hw_counters` counters without `_total`, `:rate1s` gauges and
-/// `uctel_agent_fast_counter_*` names are flagged by `promtool check metrics`.
-pub fn exposition_without_agent(text: &str, agent: &str) -> String {
-    let label = format!("agent=\"{agent}\"");
-    let sample_name = |l: &str| -> String { l.split(['{', ' ']).next().unwrap_or("").to_owned() };
-    let kept: Vec<&str> = text
-        .lines()
-        .filter(|l| l.starts_with('#') || !l.contains(&label))
-        .collect();
-    let names: std::collections::HashSet<String> = kept
-        .iter()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .map(|l| sample_name(l))
-        .collect();
-    let has_samples = |family: &str| {
-        ["", "_total", "_created", "_bucket", "_sum", "_count"]
-            .iter()
-            .any(|s| names.contains(&format!("{family}{s}")))
-    };
-    let mut out = String::with_capacity(text.len());
-    for l in kept {
-        let family = l
-            .strip_prefix("# HELP ")
-            .or_else(|| l.strip_prefix("# TYPE "))
-            .and_then(|r| r.split(' ').next());
-        if family.is_some_and(|f| !has_samples(f)) {
-            continue;
-        }
-        out.push_str(l);
-        out.push('\n');
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn drops_one_agents_samples_and_its_empty_families() {
-        let text = "# HELP a_total A.\n# TYPE a_total counter\na_total{agent=\"x\"} 1\na_total{agent=\"y\"} 2\n# HELP b B.\n# TYPE b counter\nb{agent=\"y\"} 3\n# HELP h H.\n# TYPE h histogram\nh_bucket{agent=\"x\",le=\"+Inf\"} 1\nh_count{agent=\"x\"} 1\n";
-        assert_eq!(
-            exposition_without_agent(text, "y"),
-            "# HELP a_total A.\n# TYPE a_total counter\na_total{agent=\"x\"} 1\n# HELP h H.\n# TYPE h histogram\nh_bucket{agent=\"x\",le=\"+Inf\"} 1\nh_count{agent=\"x\"} 1\n"
         );
     }
 }

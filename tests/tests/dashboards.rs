@@ -257,7 +257,7 @@ fn fabric_dashboard_uses_the_agents_names() {
         "node_ethtool_received_pause_ctrl_phy",
         "node_ethtool_transmitted_pause_ctrl_phy",
         "node_ethtool_(received|transmitted)_prio[0-7]_pause",
-        ":rate1s",
+        "_per_second",
         "uctel_collector_frames_lost_total",
         "uctel_collector_records_lost_total",
         "uctel_agent_rdma_port_state_changes_total",

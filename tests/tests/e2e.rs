@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use uctel_tests::exposition::Scrape;
-use uctel_tests::fabric::{exposition_without_agent, Fabric};
+use uctel_tests::fabric::Fabric;
 use uctel_tests::pipeline::{
     connected_epochs, goodbye_figures, goodbye_frames, AgentFigures, CollectorFigures, Pipeline,
     STREAMS,
@@ -596,12 +596,9 @@ fn prometheus_evaluates_every_dashboard_query() {
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", prom.log_tail(20)));
 
-    // promtool lint of both exposition endpoints. The fabric agent's series are left out:
-    // promtool flags its `hw_counters` counters (no `_total`), the `:rate1s` gauges and the
-    // `uctel_agent_fast_counter_*` names, none of them covered by the accepted exceptions.
+    // promtool lint of both exposition endpoints, the fabric agent's series included.
     let cs = p.scrape().unwrap_or_else(|e| panic!("{e}"));
-    promtool_check_metrics(&exposition_without_agent(&cs.text, "prom-fabric"))
-        .unwrap_or_else(|e| panic!("collector /metrics: {e}"));
+    promtool_check_metrics(&cs.text).unwrap_or_else(|e| panic!("collector /metrics: {e}"));
     let as_ = p.agents[0].scrape().unwrap_or_else(|e| panic!("{e}"));
     promtool_check_metrics(&as_.text).unwrap_or_else(|e| panic!("agent /metrics: {e}"));
 

@@ -4,13 +4,13 @@
 //! packets dropped by the soft transport's fault injector.
 //!
 //! * **Exact accounting, in samples.** Samples taken (the agent's
-//!   `uctel_agent_fast_counter_samples_total`, logged at stop) = samples the agent sent +
+//!   `uctel_agent_fast_samples_total`, logged at stop) = samples the agent sent +
 //!   samples it dropped with a reason; samples sent = the collector's `records_received` +
 //!   `records_lost` on the `fast_counters` stream once the `Goodbye` is in. Both exactly,
 //!   with loss > 0 (the injector drops frames).
 //! * **What the collector serves**: the latest value under the name the normal collectors
 //!   use (`node_network_receive_packets_total{device="lo"}`, the ethtool collector's names)
-//!   and the rate over the last second (`…:rate1s`).
+//!   and the rate over the last second (`…_per_second`).
 //!
 //! Needs root (the veth pair); CI runs as root.
 
@@ -87,7 +87,7 @@ fn ten_counters_at_10_ms_for_60_s_are_accounted_for_sample_by_sample() {
         "no latest value of lo's rx_packets"
     );
     let rate = s
-        .select("node_network_receive_packets:rate1s", &lo)
+        .select("node_network_receive_packets_per_second", &lo)
         .map(|x| x.value)
         .next()
         .expect("no 1 s rate of lo's rx_packets");
@@ -101,14 +101,14 @@ fn ten_counters_at_10_ms_for_60_s_are_accounted_for_sample_by_sample() {
         veth.a
     );
     let a = p.agents[i].scrape().expect("agent scrape");
-    let late = a.sum("uctel_agent_fast_counter_lateness_seconds_count", &[]);
+    let late = a.sum("uctel_agent_fast_sample_lateness_seconds_count", &[]);
     let under_2ms = a.sum(
-        "uctel_agent_fast_counter_lateness_seconds_bucket",
+        "uctel_agent_fast_sample_lateness_seconds_bucket",
         &[("le", "0.002")],
     );
     println!(
         "lateness: {under_2ms} of {late} samples within 2 ms, {} missed rounds, rate1s(lo rx_packets) = {rate:.1}/s",
-        a.count("uctel_agent_fast_counter_missed_rounds_total", &[])
+        a.count("uctel_agent_fast_missed_rounds_total", &[])
     );
 
     p.agents[i].daemon.stop(Duration::from_secs(20));

@@ -28,12 +28,12 @@
 //! sample's time is the monotonic instant just before its read, converted to Unix time
 //! through one anchor taken at start (so sample times never go back when the wall clock is
 //! stepped). Lateness (`sample time − scheduled time`) is observed in
-//! `uctel_agent_fast_counter_lateness_seconds`. A round that finds its next instant already
+//! `uctel_agent_fast_sample_lateness_seconds`. A round that finds its next instant already
 //! past skips the instants missed (counted in
-//! `uctel_agent_fast_counter_missed_rounds_total`) rather than bursting to catch up.
+//! `uctel_agent_fast_missed_rounds_total`) rather than bursting to catch up.
 //!
 //! **Accounting.** A [`SampleSeries`] counts one record per sample in every accounting
-//! (`uctel_protocol::samples`), so `uctel_agent_fast_counter_samples_total` (samples taken)
+//! (`uctel_protocol::samples`), so `uctel_agent_fast_samples_total` (samples taken)
 //! = the collector's `records_received_total{stream="fast_counters"}` + its
 //! `records_lost_total` + the agent's `records_dropped_total{stream="fast_counters"}` over
 //! all reasons, exactly, once the epoch has ended with its `Goodbye`. A failed read takes no

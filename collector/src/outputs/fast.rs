@@ -3,8 +3,9 @@
 //!
 //! - the **latest value** goes to the series store (`/metrics`) under the series' own name;
 //! - a counter's **rate over the last second** goes to the store as the gauge
-//!   `<name without _total>:rate1s` (the recording-rule naming convention
-//!   `metric:operation`): `(v_newest − v_oldest) / (t_newest − t_oldest)` over the samples
+//!   `<name without _total>_per_second` (a gauge in the base unit per second, so not a
+//!   `:`-named recording-rule series, which `promtool check metrics` flags):
+//!   `(v_newest − v_oldest) / (t_newest − t_oldest)` over the samples
 //!   of the last second (the newest at most 1 s after the oldest). A counter that goes down
 //!   (a reset) starts its window again at the lower value, as `rate()` treats a reset;
 //! - **every sample with its own timestamp** goes to remote-write. Remote-write timestamps
@@ -25,7 +26,7 @@ pub const RATE_WINDOW_US: i64 = 1_000_000;
 /// Most series per agent with a rate window.
 pub const MAX_SERIES_PER_AGENT: usize = 4096;
 /// Suffix of the rate series.
-pub const RATE_SUFFIX: &str = ":rate1s";
+pub const RATE_SUFFIX: &str = "_per_second";
 
 /// One series' recent samples.
 #[derive(Debug, Default)]
@@ -194,7 +195,7 @@ mod tests {
         let o = f.observe("a", &series(t0, 10_000, &first), None);
         assert_eq!(o.latest.value, 495.0);
         let rate = o.rate.unwrap();
-        assert_eq!(rate.name, "node_infiniband_out_of_buffer:rate1s");
+        assert_eq!(rate.name, "node_infiniband_out_of_buffer_per_second");
         assert!((rate.value - 500.0).abs() < 1e-9, "{}", rate.value);
         // The next record: the window slides, still 500/s; then a burst of 1000 in 10 ms.
         let next: Vec<f64> = (100..120).map(|i| f64::from(i) * 5.0).collect();

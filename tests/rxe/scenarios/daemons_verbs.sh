@@ -31,13 +31,13 @@ rdma_series() {
   n=$(prom_count "$D/c.prom" node_ethtool_peer_ifindex agent=$AGENT_ID device=v0)
   [ "$n" = 1 ] || fail "$dp: node_ethtool_peer_ifindex{device=\"v0\"} shipped $n times"
   for f in rcvd_pkts sent_pkts; do
-    n=$(prom_count "$D/c.prom" "node_infiniband_$f:rate1s" agent=$AGENT_ID device=rxe0 port=1)
-    [ "$n" = 1 ] || fail "$dp: node_infiniband_$f:rate1s{device=\"rxe0\"} served $n times"
+    n=$(prom_count "$D/c.prom" "node_infiniband_$f_per_second" agent=$AGENT_ID device=rxe0 port=1)
+    [ "$n" = 1 ] || fail "$dp: node_infiniband_$f_per_second{device=\"rxe0\"} served $n times"
   done
   fs=$(prom_sum "$D/c.prom" uctel_collector_records_received_total agent=$AGENT_ID stream=fast_counters)
   [ "$fs" -gt 0 ] || fail "$dp: no fast_counters samples received"
   echo "--- RDMA series ($dp)"
-  grep -E '^node_infiniband_(rcvd_pkts|sent_pkts|state_id)(:rate1s)?\{' "$D/c.prom"
+  grep -E '^node_infiniband_(rcvd_pkts|sent_pkts|state_id)(_per_second)?\{' "$D/c.prom"
   grep -E '^node_ethtool_[a-z_]*\{.*device="v0"' "$D/c.prom" | head -5
   grep -E '^uctel_(agent|collector)_rdma_' "$D/a.prom" "$D/c.prom"
   for where in "a.prom uctel_agent_rdma_async_events_total" \
