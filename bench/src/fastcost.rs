@@ -271,7 +271,8 @@ pub fn run(cfg: &FastCostConfig) -> Result<FastCostResult, FastCostError> {
             slot_bytes: 4096,
             credit_margin_slots: 64,
             descriptor_queue: 8192,
-            report_interval_seconds: 0.2,
+            // The collector's default: one credit report per second.
+            report_interval_seconds: 1.0,
             data_path: "auto",
             log_file: cfg.workdir.join("received-logs.jsonl"),
             extra_yaml: String::new(),

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use uctel_agent::config::DataPath;
 use uctel_agent::selfmetrics::DropReason as AgentDropReason;
-use uctel_agent::sender::core::{Poll, SenderConfig, SenderCore, Transmit};
+use uctel_agent::sender::core::{Poll, SenderConfig, SenderCore, Transmit, STREAMS};
 use uctel_agent::stream::Stream;
 use uctel_collector::ingest::{ConnectionIngest, Delivery, StreamLedger};
 use uctel_collector::logsink::LogContext;
@@ -34,7 +34,7 @@ use uctel_protocol::control::{Goodbye, GoodbyeReason, StreamFinal};
 use uctel_protocol::frame::conn_seq_immediate;
 use uctel_protocol::limits::Limits;
 use uctel_protocol::payload::{Label, LogRecord, Metric, MetricType};
-use uctel_protocol::samples::SampleBatch;
+use uctel_protocol::samples::{SampleBatch, SampleSeries};
 use uctel_protocol::tracker::TrackerConfig;
 
 use crate::faults::Rng;
@@ -52,6 +52,8 @@ pub enum Op {
     Metrics(u8),
     /// Push `n` log records.
     Logs(u8),
+    /// Push one sample series of `n` samples (fast_counters stream; `n` records).
+    Samples(u8),
     /// Close the open frame of the stream now.
     Flush(Stream),
     /// Advance the virtual clock by this many microseconds (deliveries and timers fire).
@@ -155,8 +157,8 @@ impl Delivery for Recording {
     ) -> IngestOutcome {
         let mut stored = 0;
         for s in &batch.series {
-            for (t, _) in s.samples() {
-                self.take(format!("{}:{t}", s.name));
+            for (_, v) in s.samples() {
+                self.take(format!("fast_counters:{v}"));
                 stored += 1;
             }
         }
@@ -274,9 +276,9 @@ impl Link {
 #[derive(Debug, Clone)]
 pub struct PairOutcome {
     /// Per stream (indexed by [`Stream::index`]): records pushed into the sender.
-    pub pushed: [u64; 2],
+    pub pushed: [u64; STREAMS],
     /// The collector's ledger per stream.
-    pub ledger: [StreamLedger; 2],
+    pub ledger: [StreamLedger; STREAMS],
     /// Frames posted on the connection.
     pub frames_posted: u64,
     /// Frames the link dropped.
@@ -296,7 +298,7 @@ pub struct Pair {
     pub link: Link,
     t0: Instant,
     now: Duration,
-    pushed: [u64; 2],
+    pushed: [u64; STREAMS],
     rng: Rng,
 }
 
@@ -349,7 +351,7 @@ impl Pair {
             link: Link::new(cfg.seed, cfg.faults),
             t0,
             now: Duration::ZERO,
-            pushed: [0; 2],
+            pushed: [0; STREAMS],
             rng: Rng::new(cfg.seed ^ 0x600d_b1e5),
         })
     }
@@ -383,6 +385,24 @@ impl Pair {
             };
             self.core.push_metric(&m, now, ns);
         }
+    }
+
+    fn push_samples(&mut self, n: u8) {
+        let (now, ns) = (self.instant(), self.unix_ns());
+        let first = self.pushed[Stream::FastCounters.index()];
+        let n = u64::from(n.max(1));
+        self.pushed[Stream::FastCounters.index()] += n;
+        // Each sample's value is its index on the stream: the id the recording keeps.
+        let s = SampleSeries {
+            name: "node_pair_fast".into(),
+            help: String::new(),
+            r#type: MetricType::Counter as i32,
+            labels: Vec::new(),
+            start_us: i64::try_from(ns / 1000).unwrap_or(i64::MAX),
+            offsets_us: (0..n).map(|k| k * 10).collect(),
+            values: (first..first + n).map(|v| v as f64).collect(),
+        };
+        self.core.push_samples(&s, now, ns);
     }
 
     fn push_logs(&mut self, n: u8) {
@@ -466,6 +486,7 @@ impl Pair {
         match op {
             Op::Metrics(n) => self.push_metrics(n),
             Op::Logs(n) => self.push_logs(n),
+            Op::Samples(n) => self.push_samples(n),
             Op::Flush(s) => self.core.flush(s),
             Op::Advance(us) => self.advance(Duration::from_micros(u64::from(us)))?,
             Op::Report => self.report(),
@@ -635,13 +656,14 @@ impl Pair {
         match stream {
             "metrics" => i < self.pushed[Stream::Metrics.index()],
             "logs" => i < self.pushed[Stream::Logs.index()],
+            "fast_counters" => i < self.pushed[Stream::FastCounters.index()],
             _ => false,
         }
     }
 
     /// The collector's ledger per stream, indexed by [`Stream::index`].
-    pub fn ledgers(&self) -> [StreamLedger; 2] {
-        let mut out = [StreamLedger::default(); 2];
+    pub fn ledgers(&self) -> [StreamLedger; STREAMS] {
+        let mut out = [StreamLedger::default(); STREAMS];
         for (id, l) in self.ingest.ledger() {
             if let Some(s) = Stream::from_id(id) {
                 out[s.index()] = l;

@@ -107,7 +107,7 @@ fn ten_counters_at_10_ms_for_60_s_are_accounted_for_sample_by_sample() {
         &[("le", "0.002")],
     );
     println!(
-        "lateness: {under_2ms} of {late} samples within 2 ms, {} missed rounds, rate1s(lo rx_packets) = {rate:.1}/s",
+        "lateness: {under_2ms} of {late} samples within 2 ms, {} missed rounds, lo rx_packets_per_second = {rate:.1}/s",
         a.count("uctel_agent_fast_missed_rounds_total", &[])
     );
 
