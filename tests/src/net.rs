@@ -110,6 +110,8 @@ impl Veth {
     ///
     /// # Panics
     /// If `ip link add` fails.
+    // Not `Default`: it creates kernel interfaces, which no default value should.
+    #[allow(clippy::new_without_default)]
     pub fn new() -> Veth {
         let tag = std::process::id() % 100_000;
         let (a, b) = (format!("uctea{tag}"), format!("ucteb{tag}"));
