@@ -21,8 +21,11 @@ use crate::daemon::Daemon;
 use crate::exposition::{scrape, Scrape};
 
 /// The agent's streams by the name both sides use as their `stream` label
-/// (`uctel_protocol::stream::WELL_KNOWN`: stream id 1 is `metrics`, 2 is `logs`).
-pub const STREAMS: [&str; 2] = ["metrics", "logs"];
+/// (`uctel_protocol::stream::WELL_KNOWN`: stream id 1 is `metrics`, 2 is `logs`, 3 is
+/// `fast_counters`). Every connection carries all three, even without
+/// `sources.fast_counters` (heartbeats and the empty last frame of an epoch), and the
+/// agent's `goodbye sent` line has `<stream>_frames` and `<stream>_records` for each.
+pub const STREAMS: [&str; 3] = ["metrics", "logs", "fast_counters"];
 
 /// Collector drop reasons after which the frame's stream has already counted it (not lost).
 pub const AFTER_TRACKING: [&str; 2] = ["malformed_payload", "limit_exceeded"];

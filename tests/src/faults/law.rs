@@ -1,7 +1,8 @@
 //! The conservation law a row is judged by ([`Row::verdict`]): per agent and stream,
 //! `written = delivered + lost + dropped` (records) and `sent = received + lost + dropped`
-//! (frames), nothing delivered twice, no panic, bounded memory, `/metrics` still served. A
-//! failing row panics with the seed and a table of every term.
+//! (frames, for every stream of [`STREAMS`]), for an agent running `sources.fast_counters`
+//! the sample law of [`super::samples`], nothing delivered twice, no panic, bounded memory,
+//! `/metrics` still served. A failing row panics with the seed and a table of every term.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -48,6 +49,11 @@ impl Row {
         for id in &ids {
             self.records_law(id, law, &delivered, &mut out, &mut failures);
             self.frames_law(id, &collector_final, &mut out, &mut failures);
+        }
+        for i in 0..self.agents.len() {
+            if self.runs_fast_counters(i) {
+                self.samples_law(i, &mut out, &mut failures);
+            }
         }
         if delivered.mismatched_count > 0 {
             failures.push(format!(
@@ -461,6 +467,91 @@ impl Row {
         if exact && !streams_ok {
             failures.push(format!(
                 "agent {id}: frames sent {sent_total} != received+lost {seen_total} + dropped after tracking {after}"
+            ));
+        }
+    }
+
+    /// The sample law (`super::samples` module docs) for agent `i`, into the verdict's table and failures.
+    fn samples_law(&self, i: usize, out: &mut String, failures: &mut Vec<String>) {
+        let a = &self.agents[i];
+        let (name, id) = (a.spec.name.as_str(), a.spec.id.as_str());
+        let f = self.sample_figures(i);
+        let _ = writeln!(
+            out,
+            "  agent {name} ({id}), stream fast_counters, samples over the whole run ({} of {} lives stopped cleanly):",
+            f.stopped_lives,
+            a.lives.len()
+        );
+        let whole = f.stopped_lives == a.lives.len();
+        if !whole {
+            failures.push(format!(
+                "agent {name} fast_counters: {} of {} lives logged `fast_counters: stopped` (the source did not run or the agent did not stop cleanly)",
+                f.stopped_lives,
+                a.lives.len()
+            ));
+        }
+        let agent_ok = f.taken == f.sent + f.dropped;
+        let one_span = self.collector_lives.len() == 1
+            && self.frame_base.is_none()
+            && self.agents.iter().filter(|b| b.spec.id == id).count() == 1
+            && a.lives.len() == 1;
+        let collector_ok = f.sent == f.received + f.lost;
+        let mut t = Table::default();
+        t.row("samples taken (agent, samples_taken)", f.taken, "");
+        t.row("records sent (agent, whole run)", f.sent, "");
+        t.row("records dropped (agent, whole run)", f.dropped, "");
+        for (r, v) in &f.dropped_by_reason {
+            if *v > 0 {
+                t.row(
+                    &format!("  of which agent{{{r}}} by the last scrape"),
+                    *v,
+                    "",
+                );
+            }
+        }
+        let by_reason: u64 = f.dropped_by_reason.values().sum();
+        if f.dropped > by_reason {
+            t.row(
+                "  of which after the last scrape (shutdown)",
+                f.dropped - by_reason,
+                "",
+            );
+        }
+        t.row(
+            "sent + dropped",
+            f.sent + f.dropped,
+            if agent_ok { "ok" } else { "MISMATCH" },
+        );
+        t.row(
+            "received (collector records_received_total)",
+            f.received,
+            "",
+        );
+        t.row("lost (collector records_lost_total)", f.lost, "");
+        t.row(
+            "received + lost (= sent)",
+            f.received + f.lost,
+            match (one_span, collector_ok) {
+                (true, true) => "ok",
+                (true, false) => "MISMATCH",
+                (false, _) => "(spans differ: per epoch only)",
+            },
+        );
+        for (r, v) in &f.errors_by_reason {
+            t.row(&format!("source errors {{{r}}} by the last scrape"), *v, "");
+        }
+        t.row("missed rounds", f.missed_rounds, "");
+        out.push_str(&t.render());
+        if whole && !agent_ok {
+            failures.push(format!(
+                "agent {name} fast_counters: samples taken {} != sent {} + dropped {}",
+                f.taken, f.sent, f.dropped
+            ));
+        }
+        if whole && one_span && !collector_ok {
+            failures.push(format!(
+                "agent {name} fast_counters: samples sent {} != collector received {} + lost {}",
+                f.sent, f.received, f.lost
             ));
         }
     }

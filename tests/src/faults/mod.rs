@@ -19,6 +19,8 @@
 //!   UDP path, in that namespace or, where namespaces are not available, on loopback).
 //! - [`row`]: [`Row`], a collector and its agents configured from `config/*.yaml`, every
 //!   scrape recorded, quiesced the README's way (agent SIGTERM → Goodbye).
+//! - [`samples`]: [`SampleFigures`], an agent's whole-run `fast_counters` figures (samples
+//!   taken, sent, dropped by reason, read errors) with the collector's for its id.
 //! - [`law`]: [`Row::verdict`]: per agent and stream, `written = delivered + lost + dropped`
 //!   (records) and `sent = received + lost + dropped` (frames), nothing delivered twice, no
 //!   panic, bounded memory, `/metrics` still served. A failing row panics with the seed and a
@@ -28,6 +30,7 @@ pub mod law;
 pub mod monotonic;
 pub mod os;
 pub mod row;
+pub mod samples;
 pub mod seed;
 pub mod sink;
 pub mod source;
@@ -36,6 +39,7 @@ pub mod sums;
 pub use monotonic::*;
 pub use os::*;
 pub use row::*;
+pub use samples::*;
 pub use seed::*;
 pub use sink::*;
 pub use source::*;
