@@ -22,7 +22,8 @@
 //!
 //! Any other file needs a `name`. A file is opened once and re-read with `pread(2)` at
 //! offset 0 at every sample (sysfs regenerates an attribute's text on every read from
-//! offset 0); it must hold one unsigned integer.
+//! offset 0); it must hold one unsigned integer. A file removed while open is a read error
+//! (and is opened again at the next sample), not its last value.
 //!
 //! **Timing.** Sampling instants are `start + k × interval` on the monotonic clock; a
 //! sample's time is the monotonic instant just before its read, converted to Unix time
@@ -41,7 +42,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -497,7 +498,13 @@ impl FileReader {
         if self.file.is_none() {
             self.file = Some(File::open(&self.path).map_err(|_| ReadError::Read)?);
         }
-        let n = match self.file.as_ref().map(|f| f.read_at(&mut self.buf, 0)) {
+        // A removed file (no link left) would keep answering its last contents: it is
+        // gone, not a value (sysfs attributes of a removed device fail the read instead).
+        let read = self.file.as_ref().and_then(|f| {
+            let gone = f.metadata().map_or(true, |m| m.nlink() == 0);
+            (!gone).then(|| f.read_at(&mut self.buf, 0))
+        });
+        let n = match read {
             Some(Ok(n)) => n,
             _ => {
                 self.file = None;
@@ -751,7 +758,12 @@ mod tests {
         assert_eq!(r.read(), Ok(1_234_567_890_123));
         std::fs::write(&p, "N/A (no PMA)\n").unwrap();
         assert_eq!(r.read(), Err(ReadError::Parse));
+        std::fs::write(&p, "5\n").unwrap();
+        assert_eq!(r.read(), Ok(5));
+        // Removed while open: an error, not its last value.
         std::fs::remove_file(&p).unwrap();
+        assert_eq!(r.read(), Err(ReadError::Read));
+        assert_eq!(r.read(), Err(ReadError::Read));
         let mut gone = FileReader::new(p);
         assert_eq!(gone.read(), Err(ReadError::Read));
         assert_eq!(parse_u64(b" 7 \n"), Some(7));
