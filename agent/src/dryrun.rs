@@ -118,10 +118,10 @@ pub fn frame_json(t: &Transmit, limits: &Limits) -> Value {
                             .iter()
                             .map(|l| (l.name.clone(), Value::String(l.value.clone())))
                             .collect();
-                        let ty = if s.r#type == MetricType::Counter as i32 {
-                            "counter"
-                        } else {
-                            "gauge"
+                        let ty = match MetricType::try_from(s.r#type) {
+                            Ok(MetricType::Counter) => "counter",
+                            Ok(MetricType::Gauge) => "gauge",
+                            _ => "untyped",
                         };
                         json!({"name": s.name, "type": ty, "labels": labels,
                                "start_us": s.start_us, "offsets_us": s.offsets_us,

@@ -245,8 +245,10 @@ pub enum RecordError {
 /// type are checked by the metric rules, [`validate_metric`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SamplesError {
-    /// A type other than counter or gauge.
-    #[error("sample series of type {value}: only counter (1) and gauge (2) carry samples")]
+    /// A type other than counter, gauge or untyped.
+    #[error(
+        "sample series of type {value}: only counter (1), gauge (2) and untyped (4) carry samples"
+    )]
     BadType {
         /// The enum value found.
         value: i32,

@@ -33,7 +33,7 @@ pub struct SampleSeries {
     /// The `# HELP` text; may be empty.
     #[prost(string, tag = "2")]
     pub help: String,
-    /// A [`MetricType`] as its `i32`: counter or gauge only.
+    /// A [`MetricType`] as its `i32`: counter, gauge or untyped.
     #[prost(enumeration = "MetricType", tag = "3")]
     pub r#type: i32,
     /// The series' labels, without the `agent`/`instance` labels the collector adds.
@@ -131,7 +131,8 @@ impl MetricParts for SampleSeries {
 pub fn validate_sample_series(series: &SampleSeries, limits: &Limits) -> Result<(), RecordError> {
     check_metric(series, limits)?;
     let samples = |e| Err(RecordError::Samples(e));
-    if series.r#type != MetricType::Counter as i32 && series.r#type != MetricType::Gauge as i32 {
+    let kinds = [MetricType::Counter, MetricType::Gauge, MetricType::Untyped];
+    if !kinds.iter().any(|k| series.r#type == *k as i32) {
         return samples(SamplesError::BadType {
             value: series.r#type,
         });

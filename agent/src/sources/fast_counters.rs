@@ -100,9 +100,11 @@ pub struct FastCounter {
     /// Labels added to the derived ones (same name: this value wins).
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
-    /// `counter` (default) or `gauge`.
+    /// `counter`, `gauge` or `untyped`. Default `counter`, and `untyped` for an `ethtool`
+    /// statistic (the type the `ethtool` host collector gives it, as node_exporter does, so
+    /// the two can serve the same series).
     #[serde(default, rename = "type")]
-    pub kind: FastKind,
+    pub kind: Option<FastKind>,
 }
 
 /// `ethtool: { device, stat }`.
@@ -116,14 +118,16 @@ pub struct EthtoolStat {
 }
 
 /// The Prometheus type of a fast counter.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FastKind {
-    /// Cumulative. Default.
-    #[default]
+    /// Cumulative.
     Counter,
     /// A level.
     Gauge,
+    /// Of unknown kind (ethtool statistics, as node_exporter types them); the collector
+    /// treats it as a counter for its rate.
+    Untyped,
 }
 
 /// Where a counter's value comes from.
@@ -250,7 +254,10 @@ impl FastCounter {
         Ok(CounterSpec {
             name,
             help,
-            kind: self.kind,
+            kind: self.kind.unwrap_or(match origin {
+                Origin::File(_) => FastKind::Counter,
+                Origin::Ethtool(_) => FastKind::Untyped,
+            }),
             labels: labels
                 .into_iter()
                 .map(|(name, value)| Label { name, value })
@@ -438,6 +445,7 @@ impl SeriesBuffer {
             r#type: match spec.kind {
                 FastKind::Counter => MetricType::Counter as i32,
                 FastKind::Gauge => MetricType::Gauge as i32,
+                FastKind::Untyped => MetricType::Untyped as i32,
             },
             labels: spec.labels.clone(),
             start_us: self.start_us,
@@ -618,7 +626,7 @@ mod tests {
             ethtool: None,
             name: None,
             labels: BTreeMap::new(),
-            kind: FastKind::Counter,
+            kind: None,
         }
     }
 
@@ -660,6 +668,11 @@ mod tests {
         };
         let s = e.resolve().unwrap();
         assert_eq!(s.name, "node_ethtool_received_queue_0_packets");
+        assert_eq!(
+            s.kind,
+            FastKind::Untyped,
+            "as the ethtool collector types it"
+        );
         assert_eq!(s.origin, Origin::Ethtool(e.ethtool.clone().unwrap()));
     }
 
@@ -699,7 +712,7 @@ mod tests {
         c.name = Some("rxe_packets_total".into());
         c.labels.insert("port".into(), "p1".into());
         c.labels.insert("fabric".into(), "a".into());
-        c.kind = FastKind::Gauge;
+        c.kind = Some(FastKind::Gauge);
         let s = c.resolve().unwrap();
         assert_eq!(s.name, "rxe_packets_total");
         assert_eq!(

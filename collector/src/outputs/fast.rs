@@ -113,7 +113,8 @@ impl FastSeries {
         s: &SampleSeries,
         remote: Option<&mut Vec<Metric>>,
     ) -> Observed {
-        let counter = s.r#type == MetricType::Counter as i32;
+        // Untyped series (ethtool statistics) are counters in practice: they get a rate.
+        let counter = s.r#type != MetricType::Gauge as i32;
         let series = match self.agents.get_mut(agent) {
             Some(m) => m,
             None => self.agents.entry(agent.to_owned()).or_default(),
@@ -240,6 +241,13 @@ mod tests {
         let mut g = series(3_000_000_000, 10_000, &[1.0, 5.0]);
         g.r#type = MetricType::Gauge as i32;
         assert!(f.observe("a", &g, None).rate.is_none());
+        // Untyped (ethtool statistics): a counter in practice, with a rate.
+        let mut u = series(3_000_000_000, 10_000, &[1.0, 5.0]);
+        u.name = "node_ethtool_received_prio3_pause".into();
+        u.r#type = MetricType::Untyped as i32;
+        let r = f.observe("a", &u, None).rate.unwrap();
+        assert_eq!(r.name, "node_ethtool_received_prio3_pause_per_second");
+        assert!((r.value - 400.0).abs() < 1e-9, "{}", r.value);
     }
 
     #[test]

@@ -31,8 +31,8 @@ rdma_series() {
   n=$(prom_count "$D/c.prom" node_ethtool_peer_ifindex agent=$AGENT_ID device=v0)
   [ "$n" = 1 ] || fail "$dp: node_ethtool_peer_ifindex{device=\"v0\"} shipped $n times"
   for f in rcvd_pkts sent_pkts; do
-    n=$(prom_count "$D/c.prom" "node_infiniband_$f_per_second" agent=$AGENT_ID device=rxe0 port=1)
-    [ "$n" = 1 ] || fail "$dp: node_infiniband_$f_per_second{device=\"rxe0\"} served $n times"
+    n=$(prom_count "$D/c.prom" "node_infiniband_${f}_per_second" agent=$AGENT_ID device=rxe0 port=1)
+    [ "$n" = 1 ] || fail "$dp: node_infiniband_${f}_per_second{device=\"rxe0\"} served $n times"
   done
   fs=$(prom_sum "$D/c.prom" uctel_collector_records_received_total agent=$AGENT_ID stream=fast_counters)
   [ "$fs" -gt 0 ] || fail "$dp: no fast_counters samples received"
