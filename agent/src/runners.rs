@@ -473,13 +473,14 @@ pub fn fast_counters_thread(
         if !stopping {
             let round = schedule.begin(Instant::now());
             metrics.missed_rounds.inc_by(round.missed);
+            let mut taken = 0;
             for (i, (spec, reader)) in specs.iter().zip(readers.iter_mut()).enumerate() {
                 let at = Instant::now();
                 match reader.read() {
                     Ok(raw) => {
                         let lateness = at.saturating_duration_since(round.scheduled);
                         metrics.lateness.observe(lateness.as_secs_f64());
-                        metrics.samples.inc();
+                        taken += 1;
                         let value = raw.saturating_mul(spec.scale) as f64;
                         buffers[i].push(unix_us(anchor, at), value);
                     }
@@ -494,6 +495,7 @@ pub fn fast_counters_thread(
                     ready.extend(buffers[i].take(spec));
                 }
             }
+            metrics.samples.inc_by(taken);
         } else {
             for (spec, buffer) in specs.iter().zip(buffers.iter_mut()) {
                 ready.extend(buffer.take(spec));

@@ -478,8 +478,21 @@ impl ReadError {
 #[derive(Debug)]
 pub struct FileReader {
     path: PathBuf,
-    file: Option<File>,
+    /// The open file, and whether it is on sysfs or procfs.
+    file: Option<(File, bool)>,
     buf: [u8; 64],
+}
+
+/// `SYSFS_MAGIC` of Linux `include/uapi/linux/magic.h`.
+const SYSFS_MAGIC: u64 = 0x6265_6572;
+
+/// Whether `file` is on sysfs or procfs, whose attributes fail their read once their object
+/// is gone (a regular file keeps its contents after it is removed).
+fn on_pseudo_fs(file: &File) -> bool {
+    rustix::fs::fstatfs(file).is_ok_and(|s| {
+        let kind = s.f_type as u64;
+        kind == SYSFS_MAGIC || kind == rustix::fs::PROC_SUPER_MAGIC as u64
+    })
 }
 
 impl FileReader {
@@ -504,12 +517,15 @@ impl FileReader {
     /// [`ReadError::Parse`] (not one unsigned integer).
     pub fn read(&mut self) -> Result<u64, ReadError> {
         if self.file.is_none() {
-            self.file = Some(File::open(&self.path).map_err(|_| ReadError::Read)?);
+            let f = File::open(&self.path).map_err(|_| ReadError::Read)?;
+            let pseudo = on_pseudo_fs(&f);
+            self.file = Some((f, pseudo));
         }
-        // A removed file (no link left) would keep answering its last contents: it is
-        // gone, not a value (sysfs attributes of a removed device fail the read instead).
-        let read = self.file.as_ref().and_then(|f| {
-            let gone = f.metadata().map_or(true, |m| m.nlink() == 0);
+        // A removed regular file (no link left) would keep answering its last contents: it
+        // is gone, not a value. sysfs and procfs fail the read themselves, so they are not
+        // checked (one syscall less per sample).
+        let read = self.file.as_ref().and_then(|(f, pseudo)| {
+            let gone = !pseudo && f.metadata().map_or(true, |m| m.nlink() == 0);
             (!gone).then(|| f.read_at(&mut self.buf, 0))
         });
         let n = match read {
@@ -780,6 +796,14 @@ mod tests {
         let mut gone = FileReader::new(p);
         assert_eq!(gone.read(), Err(ReadError::Read));
         assert_eq!(parse_u64(b" 7 \n"), Some(7));
+        // procfs and sysfs are recognised (no removal check per read), a temp file is not.
+        assert!(on_pseudo_fs(&File::open("/proc/self/stat").unwrap()));
+        assert!(on_pseudo_fs(
+            &File::open("/sys/kernel/uevent_seqnum").unwrap()
+        ));
+        let tmp = dir.path().join("t");
+        std::fs::write(&tmp, "1").unwrap();
+        assert!(!on_pseudo_fs(&File::open(&tmp).unwrap()));
         assert_eq!(parse_u64(b"-1"), None);
     }
 
