@@ -504,3 +504,79 @@ fn remote_write_over_tls_checks_the_certificate() {
         p.collector.log_tail(30)
     );
 }
+
+/// The fast_counters stream into a real VictoriaMetrics: three counters of `lo` sampled
+/// every 10 ms for 10 s (host metrics off, so only the fast samples carry these series):
+/// every sample the collector received is held, each with its own timestamp (strictly
+/// increasing, about 10 ms apart), none refused or dropped.
+#[test]
+fn fast_counter_samples_reach_victoria_metrics_each_with_its_own_timestamp() {
+    let receivers = tempfile::Builder::new()
+        .prefix("uctel-rw-fast-")
+        .tempdir()
+        .unwrap();
+    let vm = Victoria::start(receivers.path());
+    let vm_url = vm.write_url();
+    let mut p = Pipeline::start_with(|y, _| {
+        y.set(
+            "outputs.remote_write",
+            Value::Sequence(vec![endpoint(&vm_url, &[])]),
+        );
+    });
+    let counters: Vec<Value> = ["rx_packets", "tx_packets", "rx_bytes"]
+        .iter()
+        .map(|s| {
+            let mut m = Mapping::new();
+            m.insert(
+                "path".into(),
+                format!("/sys/class/net/lo/statistics/{s}").into(),
+            );
+            Value::Mapping(m)
+        })
+        .collect();
+    p.add_agent_with("rw-fast", 0.0, 10.0, |y| {
+        y.set("sources.host_metrics.enabled", false)
+            .set("sources.fast_counters.interval_milliseconds", 10)
+            .set("sources.fast_counters.counters", Value::Sequence(counters));
+    });
+    p.wait_flowing(1, &["rw-fast"], &["fast_counters"], Duration::from_secs(60));
+    std::thread::sleep(Duration::from_secs(10));
+    p.agents[0].daemon.stop(Duration::from_secs(30));
+    let s = settle(&p, &[&vm_url]);
+    let f = Figures::read(&s, &vm_url);
+    f.check_sum(&vm_url);
+    assert_eq!(f.failed_total(), 0, "requests refused: {f:?}");
+    assert_eq!(f.dropped_total(), 0, "samples dropped: {f:?}");
+    let received = s.count(
+        "uctel_collector_records_received_total",
+        &[("agent", "rw-fast"), ("stream", "fast_counters")],
+    );
+    assert!(received > 2000, "only {received} samples received");
+    let selector = r#"{agent="rw-fast",device="lo",__name__=~"node_network_(receive|transmit)_(packets|bytes)_total"}"#;
+    let held = vm.export_settled(selector, received, SEARCHABLE).unwrap();
+    assert_eq!(held.len(), 3, "series held: {:?}", held.keys());
+    assert_eq!(
+        samples(&held) as u64,
+        received,
+        "VictoriaMetrics holds {} samples, the collector received {received}",
+        samples(&held)
+    );
+    for (labels, series) in &held {
+        let gaps: Vec<i64> = series.windows(2).map(|w| w[1].0 - w[0].0).collect();
+        assert!(
+            gaps.iter().all(|g| *g > 0),
+            "{labels:?}: timestamps not increasing"
+        );
+        let mut sorted = gaps.clone();
+        sorted.sort_unstable();
+        let median = sorted[sorted.len() / 2];
+        assert!(
+            (8..=12).contains(&median),
+            "{labels:?}: median gap {median} ms between samples, want about 10"
+        );
+        println!(
+            "{labels:?}: {} samples, median gap {median} ms",
+            series.len()
+        );
+    }
+}
