@@ -20,7 +20,12 @@
 //! | `<sys>/class/net/<dev>/statistics/<file>` | `node_network_<receive\|transmit>_<x>_total`, as node_exporter's netdev collector names `/proc/net/dev` columns | `device` |
 //! | `ethtool: {device, stat}` | as the `ethtool` host collector names it ([`super::node_ethtool::series_identity`]: `rx_queue_0_packets` → `node_ethtool_received_queue_0_packets`) | `device` |
 //!
-//! Any other file needs a `name`. A file is opened once and re-read with `pread(2)` at
+//! Any other file needs a `name`. A counter that a host collector also reads (the same name
+//! and labels) is one series at the collector (`/metrics` serves the latest of both), but
+//! reaches remote-write from both streams: the host collection's sample can then be older
+//! than a fast sample already sent, which Prometheus refuses as out of order (counted as
+//! failed by the remote-write output). With remote-write into Prometheus, give such a
+//! counter a `name` of its own. A file is opened once and re-read with `pread(2)` at
 //! offset 0 at every sample (sysfs regenerates an attribute's text on every read from
 //! offset 0); it must hold one unsigned integer. A file removed while open is a read error
 //! (and is opened again at the next sample), not its last value.
