@@ -4,7 +4,7 @@
 //!
 //! | series | type | labels |
 //! |---|---|---|
-//! | `uctel_agent_rdma_port_state_changes_total` | counter | `device`, `port`, `to` ([`PortState::name`]) |
+//! | `uctel_agent_rdma_port_state_changes_total` | counter | `device`, `port`, `to` ([`crate::sources::rdma::PortState::name`]) |
 //! | `uctel_agent_rdma_gid_changes_total` | counter | `device`, `port` |
 //! | `uctel_agent_rdma_async_events_total` | counter | `event` ([`AsyncEventKind`]) |
 //!

@@ -17,7 +17,7 @@
 //! The kernel writes as many entries as the driver has *now* (`ethtool_get_stats` and
 //! `ethtool_get_strings` take the count from the driver, not from the caller), so a driver
 //! whose count grew since it was read (channels added) writes past a buffer sized for the old
-//! count. Every variable-size answer therefore lands in a [`GuardedBuf`], an anonymous mapping
+//! count. Every variable-size answer therefore lands in a `GuardedBuf`, an anonymous mapping
 //! followed by an inaccessible page: extra entries go into the mapping's slack or fault in the
 //! kernel (`EFAULT`), never into other memory, and the count the kernel returns is checked.
 //!

@@ -193,7 +193,7 @@ pub struct LogSection {
     /// Lines longer than this many bytes are cut and the rest of the line is discarded
     /// (counted). Must fit a frame with room for the record's encoding:
     /// at most `max_frame_bytes − 576`. Default: 2048, or less when `max_frame_bytes` needs
-    /// it (see [`AgentConfig::max_line_bytes`]).
+    /// it (see [`crate::config::AgentConfig::max_line_bytes`]).
     #[serde(default)]
     pub max_line_bytes: Option<usize>,
     /// A last line without a newline is shipped as is after this long. Default 1.
