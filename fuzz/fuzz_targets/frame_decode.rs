@@ -63,6 +63,7 @@ fn rebuild(header: &FrameHeader, payload: &Payload) -> Vec<u8> {
         Payload::Metrics(b) => encode_metric_batch(b),
         Payload::Logs(b) => encode_log_batch(b),
         Payload::Heartbeat => Vec::new(),
+        Payload::Samples(b) => uctel_protocol::samples::encode_sample_batch(b),
     };
     build_frame(header, &body).expect("payload fits u32")
 }
