@@ -1183,7 +1183,7 @@ fn fast_counters_unreadable_counter() {
         .iter()
         .filter(|m| {
             m.name.starts_with("node_network_")
-                && m.name.ends_with(":rate1s")
+                && m.name.ends_with("_per_second")
                 && m.label("agent") == Some("a")
         })
         .map(|m| format!("{}{{device={}}}", m.name, m.label("device").unwrap_or("")))

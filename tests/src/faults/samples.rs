@@ -3,7 +3,7 @@
 //! accounting (`uctel_protocol::samples`), so over the whole run of an agent:
 //!
 //! - agent: samples taken (`fast_counters: stopped samples_taken=N`, i.e.
-//!   `uctel_agent_fast_counter_samples_total`) = `fast_counters_records_sent` +
+//!   `uctel_agent_fast_samples_total`) = `fast_counters_records_sent` +
 //!   `fast_counters_records_dropped` (the `stopped: records sent and dropped per stream over
 //!   the whole run` line: `uctel_agent_records_sent_total` and
 //!   `uctel_agent_records_dropped_total{stream="fast_counters"}`, every reason);
@@ -46,7 +46,7 @@ pub struct SampleFigures {
     /// Per reason: `uctel_agent_source_errors_total{source="fast_counters"}` at the last
     /// scrape of each life.
     pub errors_by_reason: BTreeMap<String, u64>,
-    /// `uctel_agent_fast_counter_samples_total` at the last scrape of each life.
+    /// `uctel_agent_fast_samples_total` at the last scrape of each life.
     pub taken_at_last_scrape: u64,
     /// Collector `records_received_total{agent, stream="fast_counters"}`, every life.
     pub received: u64,
@@ -114,7 +114,7 @@ impl Row {
                 &[("source", FAST_COUNTERS)],
                 &mut f.errors_by_reason,
             );
-            f.taken_at_last_scrape += s.count("uctel_agent_fast_counter_samples_total", &[]);
+            f.taken_at_last_scrape += s.count("uctel_agent_fast_samples_total", &[]);
         }
         let m = [("agent", a.spec.id.as_str()), ("stream", FAST_COUNTERS)];
         for life in &self.collector_lives {
