@@ -259,16 +259,28 @@ pub async fn host_metrics_loop(
     stats: Arc<SelfMetrics>,
     mut shutdown: Shutdown,
 ) {
+    run_thread("host-metrics", &mut shutdown, move |stopped| {
+        host_metrics_thread(config, no_textfile, interval, &queue, &stats, stopped);
+    })
+    .await;
+}
+
+/// Runs `body` on a thread named `name` until `shutdown`: the thread gets a receiver whose
+/// sender is dropped at shutdown (its sleeps are `recv_timeout`s on it), and is joined off
+/// the async workers. A thread that cannot start or ends in a panic is logged.
+async fn run_thread(
+    name: &'static str,
+    shutdown: &mut Shutdown,
+    body: impl FnOnce(&std::sync::mpsc::Receiver<()>) + Send + 'static,
+) {
     let (stop, stopped) = std::sync::mpsc::channel::<()>();
     let spawned = std::thread::Builder::new()
-        .name("host-metrics".to_owned())
-        .spawn(move || {
-            host_metrics_thread(config, no_textfile, interval, &queue, &stats, &stopped)
-        });
+        .name(name.to_owned())
+        .spawn(move || body(&stopped));
     let thread = match spawned {
         Ok(t) => t,
         Err(e) => {
-            tracing::error!(error = %e, "cannot start the host-metrics thread; host metrics stop");
+            tracing::error!(error = %e, thread = name, "cannot start the thread; its source stops");
             return;
         }
     };
@@ -278,7 +290,7 @@ pub async fn host_metrics_loop(
         .await
         .map_or(true, |joined| joined.is_err())
     {
-        tracing::error!("the host-metrics thread ended abnormally");
+        tracing::error!(thread = name, "the thread ended abnormally");
     }
 }
 
@@ -413,27 +425,10 @@ pub async fn fast_counters_loop(
             return;
         }
     };
-    let (stop, stopped) = std::sync::mpsc::channel::<()>();
-    let spawned = std::thread::Builder::new()
-        .name("fast-counters".to_owned())
-        .spawn(move || {
-            fast_counters_thread(&section, &specs, &queue, &stats, &metrics, &stopped);
-        });
-    let thread = match spawned {
-        Ok(t) => t,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the fast-counters thread; the source stops");
-            return;
-        }
-    };
-    shutdown.wait().await;
-    drop(stop);
-    if tokio::task::spawn_blocking(move || thread.join())
-        .await
-        .map_or(true, |joined| joined.is_err())
-    {
-        tracing::error!("the fast-counters thread ended abnormally");
-    }
+    run_thread("fast-counters", &mut shutdown, move |stopped| {
+        fast_counters_thread(&section, &specs, &queue, &stats, &metrics, stopped);
+    })
+    .await;
 }
 
 /// The body of [`fast_counters_loop`]'s thread: samples until `stop` is dropped.
