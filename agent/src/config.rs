@@ -166,6 +166,18 @@ pub struct CollectorSection {
     /// is `min(Welcome.credit_window, slots − credit_margin_slots)`. Default 0.
     #[serde(default)]
     pub credit_margin_slots: u32,
+    /// Frames per second this agent sends at most, sustained, all streams together (a host
+    /// collection is a burst of `series ÷ ~300` frames at 4 KiB; the default host metrics of
+    /// a small server are about 15 frames per collection). Sent in `Hello`: the collector
+    /// sizes this agent's ring from it (rate × its report interval × 2, within its
+    /// `ring.min_slots..=ring.slots`) and never lets the agent's credit want fall below
+    /// rate × report interval. Default 32.
+    #[serde(default = "default_expected_fps")]
+    pub expected_frames_per_second: u32,
+}
+
+fn default_expected_fps() -> u32 {
+    32
 }
 
 fn default_connect_timeout() -> f64 {

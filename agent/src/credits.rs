@@ -39,11 +39,29 @@ pub enum ReportOutcome {
     Ahead,
 }
 
+/// What a collector's credit grant did ([`Credits::on_grant`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrantOutcome {
+    /// Applied; `lowered` when the limit went down (the collector took a window back: it
+    /// counts the old limit as usable until the agent's next heartbeat says otherwise).
+    Applied {
+        /// The new limit is below the old one.
+        lowered: bool,
+    },
+    /// Not newer than the grant already applied; ignored.
+    Stale,
+}
+
 /// The credit state of one connection (one epoch).
 #[derive(Debug, Clone)]
 pub struct Credits {
     /// Maximum frames outstanding.
     window: u64,
+    /// The collector-wide budget's limit (DESIGN.md §4): frames with connection sequence
+    /// at or beyond it wait for a later grant. `None`: a collector without grants.
+    limit: Option<Seq>,
+    /// Sequence of the grant applied last.
+    grant: Option<u64>,
     /// The connection sequence the next posted frame gets.
     next: Seq,
     /// The first connection sequence the collector has not reported consumed; every frame in
@@ -60,9 +78,29 @@ impl Credits {
     pub fn new(first_seq: u64, window: u64) -> Self {
         Self {
             window,
+            limit: None,
+            grant: None,
             next: Seq::new(first_seq),
             acked_next: Seq::new(first_seq),
         }
+    }
+
+    /// Applies a grant of the collector's credit budget (`Welcome`, `Report`): from now on
+    /// no frame with connection sequence `≥ limit` is posted, whatever the window allows.
+    /// Grants apply in their sequence order; an older or repeated one is [`GrantOutcome::Stale`].
+    pub fn on_grant(&mut self, sequence: u64, limit: u64) -> GrantOutcome {
+        if self.grant.is_some_and(|g| sequence <= g) {
+            return GrantOutcome::Stale;
+        }
+        let lowered = self.limit.is_some_and(|old| Seq::new(limit).is_before(old));
+        self.grant = Some(sequence);
+        self.limit = Some(Seq::new(limit));
+        GrantOutcome::Applied { lowered }
+    }
+
+    /// Sequence of the grant applied last (for the agent's heartbeat).
+    pub fn grant_applied(&self) -> Option<u64> {
+        self.grant
     }
 
     /// The window size in frames.
@@ -82,14 +120,18 @@ impl Credits {
 
     /// Credits left: frames that may be posted now.
     pub fn available(&self) -> u64 {
-        self.window.saturating_sub(self.outstanding())
+        let by_window = self.window.saturating_sub(self.outstanding());
+        match self.limit {
+            None => by_window,
+            Some(limit) => by_window.min(limit.forward_from(self.next).unwrap_or(0)),
+        }
     }
 
     /// Takes one credit and returns the connection sequence of the frame to post, or
     /// [`NoCredit`] if the window is full (the caller drops the frame as `no_credit`).
     pub fn try_acquire(&mut self) -> Result<u64, NoCredit> {
         let outstanding = self.outstanding();
-        if outstanding >= self.window {
+        if self.available() == 0 {
             return Err(NoCredit {
                 outstanding,
                 window: self.window,
@@ -133,6 +175,31 @@ impl Credits {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_grant_limits_below_the_window_and_a_lower_one_takes_credit_back() {
+        let mut c = Credits::new(0, 8);
+        assert_eq!(c.on_grant(1, 2), GrantOutcome::Applied { lowered: false });
+        assert_eq!(c.try_acquire(), Ok(0));
+        assert_eq!(c.try_acquire(), Ok(1));
+        assert!(c.try_acquire().is_err(), "limit 2 reached");
+        assert_eq!(c.on_grant(2, 6), GrantOutcome::Applied { lowered: false });
+        assert_eq!(c.available(), 4);
+        assert_eq!(c.on_grant(2, 100), GrantOutcome::Stale);
+        assert_eq!(c.on_grant(3, 3), GrantOutcome::Applied { lowered: true });
+        assert_eq!(c.available(), 1);
+        assert_eq!(c.try_acquire(), Ok(2));
+        // A limit already passed leaves nothing, never a negative window.
+        assert_eq!(c.on_grant(4, 1), GrantOutcome::Applied { lowered: true });
+        assert_eq!(c.available(), 0);
+        assert_eq!(c.grant_applied(), Some(4));
+        // The window still caps what a generous limit allows.
+        assert_eq!(
+            c.on_grant(5, 1_000),
+            GrantOutcome::Applied { lowered: false }
+        );
+        assert_eq!(c.available(), 5);
+    }
 
     #[test]
     fn window_caps_outstanding_and_drops_excess() {

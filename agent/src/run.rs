@@ -674,12 +674,18 @@ fn goodbye(fin: &FinalSequences, reason: GoodbyeReason, detail: &str) -> control
 
 /// A heartbeat carrying the sequences posted so far, so a session that ends without a
 /// `Goodbye` has an unknown tail of at most one heartbeat interval (DESIGN.md §6).
-fn heartbeat(sequence: u64, fin: &FinalSequences) -> Heartbeat {
+///
+/// It also carries the credit grant applied last and the frames that found no credit since
+/// the previous heartbeat (DESIGN.md §4, collector-wide credit budget).
+fn heartbeat(sequence: u64, core: &mut SenderCore) -> Heartbeat {
+    let fin = core.final_sequences();
     Heartbeat {
         sequence,
         timestamp_ns: pump::unix_ns(),
         sent_conn_seq: fin.last_conn_seq,
-        sent_streams: stream_finals(fin),
+        sent_streams: stream_finals(&fin),
+        credit_grant_applied: core.grant_applied(),
+        frames_without_credit: Some(core.take_frames_without_credit()),
     }
 }
 
@@ -758,6 +764,7 @@ async fn session(
         transport: plane.transport() as i32,
         capabilities: capabilities(config),
         qp: Some(plane.endpoint()),
+        expected_frames_per_second: Some(config.collector.expected_frames_per_second.max(1)),
     };
     let welcome = conn
         .handshake(hello, token, connect_timeout)
@@ -772,6 +779,9 @@ async fn session(
     connector.welcomed(collector);
     let mut core = SenderCore::new(&sender_config, epoch, Instant::now(), stats.clone())
         .map_err(|e| SessionError::Welcome(e.to_string()))?;
+    if let Some(g) = welcome.credit_grant {
+        core.on_grant(g);
+    }
     // This session's fault injector counts from zero; the tally keeps the agent's totals.
     let mut faults = plane.fault_stats().map(FaultTally::new);
     let mut sync_faults = |stats: &SelfMetrics| faults.as_mut().map(|t| t.sync(stats));
@@ -812,6 +822,7 @@ async fn session(
     probe_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut probes: Option<tokio::task::JoinHandle<()>> = None;
 
+    let mut last_heartbeat = 0u64;
     let end = loop {
         if let Some(kind) = plane.poll_async_events(stats.rdma()) {
             break SessionEnd::Lost(format!("RDMA async event {}", kind.as_str()));
@@ -823,6 +834,21 @@ async fn session(
         let stop = pump::transmit(&mut core, &mut plane);
         pump::settle(&core, queues);
         sync_faults(stats);
+        if core.take_credit_heartbeat() {
+            // Out of credit with frames to send, or a window taken back: tell the
+            // collector now rather than at the next heartbeat (it answers with a report).
+            // The heartbeat counter is repeated: this is not a period of its own.
+            let hb = heartbeat(last_heartbeat, &mut core);
+            match tokio::time::timeout(CONTROL_SEND_TIMEOUT, conn.send(hb)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => break SessionEnd::Lost(e.to_string()),
+                Err(_) => {
+                    break SessionEnd::Lost(
+                        "the collector stopped reading the control connection".into(),
+                    )
+                }
+            }
+        }
         let mut deadline = match stop {
             Stop::Wait(at) => at,
             Stop::Busy => Some(Instant::now() + BUSY_RETRY),
@@ -873,7 +899,8 @@ async fn session(
                     break SessionEnd::Lost(format!("nothing heard from the collector for {dead_after:?}"));
                 }
                 Some(LivenessEvent::SendHeartbeat { sequence }) => {
-                    let hb = heartbeat(sequence, &core.final_sequences());
+                    last_heartbeat = sequence;
+                    let hb = heartbeat(sequence, &mut core);
                     match tokio::time::timeout(CONTROL_SEND_TIMEOUT, conn.send(hb)).await {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) => break SessionEnd::Lost(e.to_string()),

@@ -294,6 +294,8 @@ pub fn run(cfg: &AgentCostConfig) -> Result<AgentCostResult, AgentCostError> {
             data_path: "auto",
             log_file: cfg.workdir.join("received-logs.jsonl"),
             extra_yaml: String::new(),
+            recv_buffer_bytes: None,
+            min_slots: None,
         },
     )?;
     let yaml = format!(

@@ -121,6 +121,10 @@ pub struct CollectorSettings {
     pub log_file: PathBuf,
     /// More top-level YAML appended to the configuration (e.g. an `outputs:` section).
     pub extra_yaml: String,
+    /// `transport.soft.recv_buffer_bytes` (`None`: the collector's default).
+    pub recv_buffer_bytes: Option<usize>,
+    /// `ring.min_slots` (`None`: the collector's default).
+    pub min_slots: Option<u32>,
 }
 
 /// A collector child process.
@@ -161,8 +165,8 @@ impl CollectorProcess {
         let mtu = mtu_for(s.slot_bytes as usize);
         let yaml = format!(
             "listen:\n  control: {control}\n  metrics: {metrics}\n\
-             transport:\n  kind: soft\n  soft:\n    name: soft0\n    bind: {udp}\n    mtu_bytes: {mtu}\n    progress: thread\n\
-             ring:\n  slots: {slots}\n  slot_bytes: {slot_bytes}\n  credit_margin_slots: {margin}\n  descriptor_queue: {queue}\n  data_path: {path}\n\
+             transport:\n  kind: soft\n  soft:\n    name: soft0\n    bind: {udp}\n    mtu_bytes: {mtu}\n    progress: thread\n{rcvbuf}\
+             ring:\n  slots: {slots}\n{min_slots}  slot_bytes: {slot_bytes}\n  credit_margin_slots: {margin}\n  descriptor_queue: {queue}\n  data_path: {path}\n\
              max_frame_bytes: {slot_bytes}\n\
              auth:\n  shared:\n    token: {TOKEN}\n\
              control:\n  heartbeat_interval_seconds: 5\n  report_interval_seconds: {report}\n  dead_after_missed_heartbeats: 6\n  handshake_timeout_seconds: 30\n\
@@ -175,6 +179,12 @@ impl CollectorProcess {
             report = s.report_interval_seconds,
             log_file = s.log_file.display(),
             extra = s.extra_yaml,
+            rcvbuf = s
+                .recv_buffer_bytes
+                .map_or(String::new(), |b| format!("    recv_buffer_bytes: {b}\n")),
+            min_slots = s
+                .min_slots
+                .map_or(String::new(), |m| format!("  min_slots: {m}\n")),
         );
         let config = dir.join("collector.yaml");
         fs::write(&config, yaml).map_err(io("writing collector.yaml"))?;
@@ -394,6 +404,8 @@ mod tests {
                 data_path: "auto",
                 log_file: dir.path().join("logs.jsonl"),
                 extra_yaml: String::new(),
+                recv_buffer_bytes: None,
+                min_slots: None,
             },
         )
         .unwrap_err();

@@ -276,6 +276,8 @@ pub fn run(cfg: &FastCostConfig) -> Result<FastCostResult, FastCostError> {
             data_path: "auto",
             log_file: cfg.workdir.join("received-logs.jsonl"),
             extra_yaml: String::new(),
+            recv_buffer_bytes: None,
+            min_slots: None,
         },
     )?;
     let without = window(cfg, &collector, false)?;

@@ -200,6 +200,8 @@ pub fn run(cfg: &IdleConfig) -> Result<IdleResult, IdleError> {
             data_path: "auto",
             log_file: cfg.workdir.join("received-logs.jsonl"),
             extra_yaml: String::new(),
+            recv_buffer_bytes: None,
+            min_slots: None,
         },
     )?;
     let mut node = match &node_bin {

@@ -67,6 +67,13 @@ pub struct LoadConfig {
     /// increasing millisecond timestamps (the remote-write row). `None`: flat out, stamped
     /// with the send time.
     pub pace: Option<Duration>,
+    /// `Hello.expected_frames_per_second` of every agent (the collector sizes rings from
+    /// it); `None`: not announced, the collector's largest ring.
+    pub expected_fps: Option<u32>,
+    /// `Some(n)`: instead of sending flat out, `n` synchronized bursts: every agent posts its
+    /// whole credit (window and grant) in one pass of the data thread, then nothing until
+    /// every posted frame is reported consumed (or a second passed), then the next burst.
+    pub bursts: Option<u32>,
 }
 
 /// Why the generator could not start.
@@ -132,6 +139,43 @@ struct Agent {
     errors: AtomicU64,
     /// Reports received.
     reports: AtomicU64,
+    /// The collector-wide budget's limit (first connection sequence not yet granted);
+    /// `u64::MAX` until a grant arrives (a collector without grants).
+    limit: AtomicU64,
+    /// Sequence of the grant applied last (`u64::MAX`: none).
+    grant: AtomicU64,
+    /// The data thread found the limit reached since the last report.
+    starved: AtomicBool,
+    /// Wakes the control task to say so (an early heartbeat).
+    starved_wake: tokio::sync::Notify,
+    /// `Hello.expected_frames_per_second`.
+    expected_fps: Option<u32>,
+}
+
+impl Agent {
+    /// Applies a credit grant; true when it lowered the limit.
+    fn apply_grant(&self, g: Option<wire::CreditGrant>) -> bool {
+        let Some(g) = g else { return false };
+        let cur = self.grant.load(Ordering::Acquire);
+        if cur != u64::MAX && g.sequence <= cur {
+            return false;
+        }
+        let old = self.limit.swap(g.limit, Ordering::AcqRel);
+        self.grant.store(g.sequence, Ordering::Release);
+        g.limit < old && old != u64::MAX
+    }
+
+    fn heartbeat(&self, sequence: u64, starved: bool) -> Heartbeat {
+        let g = self.grant.load(Ordering::Acquire);
+        Heartbeat {
+            sequence,
+            timestamp_ns: now_ns(),
+            sent_conn_seq: self.next.load(Ordering::Acquire).checked_sub(1),
+            credit_grant_applied: (g != u64::MAX).then_some(g),
+            frames_without_credit: Some(u64::from(starved)),
+            ..Heartbeat::default()
+        }
+    }
 }
 
 /// Counters of the data thread.
@@ -143,7 +187,13 @@ pub struct DataStats {
     pub idle_rounds: u64,
     /// `post_send` refusals (send queue full).
     pub refused: u64,
+    /// Synchronized bursts started (burst mode).
+    pub bursts: u64,
 }
+
+/// Burst mode: quiet time after every frame of a burst was consumed, for the collector's
+/// reports to hand out the next grants before the next burst.
+const BURST_SETTLE: Duration = Duration::from_millis(300);
 
 /// A running generator.
 #[derive(Debug)]
@@ -156,6 +206,7 @@ pub struct LoadGen {
     sq_depth: usize,
     post_batch: usize,
     pace: Option<Duration>,
+    bursts: Option<u32>,
     finish: watch::Sender<bool>,
     control: Option<JoinHandle<Vec<String>>>,
     data_stop: Arc<AtomicBool>,
@@ -231,6 +282,11 @@ impl LoadGen {
                 completed: AtomicU64::new(0),
                 errors: AtomicU64::new(0),
                 reports: AtomicU64::new(0),
+                limit: AtomicU64::new(u64::MAX),
+                grant: AtomicU64::new(u64::MAX),
+                starved: AtomicBool::new(false),
+                starved_wake: tokio::sync::Notify::new(),
+                expected_fps: cfg.expected_fps,
             }));
         }
         let agents = Arc::new(agents);
@@ -273,6 +329,7 @@ impl LoadGen {
             sq_depth: sq as usize,
             post_batch: cfg.post_batch.max(1),
             pace: cfg.pace,
+            bursts: cfg.bursts,
             finish,
             control: Some(control),
             data_stop: Arc::new(AtomicBool::new(false)),
@@ -286,6 +343,14 @@ impl LoadGen {
             });
         }
         Ok(gen)
+    }
+
+    /// The ring slots the collector gave each agent, by agent id.
+    pub fn ring_slots(&self) -> std::collections::HashMap<String, u32> {
+        self.agents
+            .iter()
+            .filter_map(|a| a.ring.get().map(|r| (a.id.clone(), r.slots)))
+            .collect()
     }
 
     /// Agent ids, in order.
@@ -305,9 +370,23 @@ impl LoadGen {
         let sq = self.sq_depth;
         let batch = self.post_batch;
         let pace = self.pace;
+        let bursts = self.bursts;
         let h = std::thread::Builder::new()
             .name("gen-data".into())
-            .spawn(move || data_thread(&agents, &devices, &frame, sq, batch, pace, &stop))
+            .spawn(move || {
+                data_thread(
+                    &agents,
+                    &devices,
+                    &frame,
+                    Plan {
+                        sq,
+                        post_batch: batch,
+                        pace,
+                        bursts,
+                    },
+                    &stop,
+                )
+            })
             .map_err(|e| LoadError::Setup(e.to_string()))?;
         self.data = Some(h);
         Ok(())
@@ -387,15 +466,28 @@ impl Drop for LoadGen {
     }
 }
 
+/// How the data thread posts: send queue depth, WRs per agent per turn, pacing, bursts.
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    sq: usize,
+    post_batch: usize,
+    pace: Option<Duration>,
+    bursts: Option<u32>,
+}
+
 fn data_thread(
     agents: &[Arc<Agent>],
     devices: &[(Device, CompletionQueue)],
     frame: &FrameTemplate,
-    sq: usize,
-    post_batch: usize,
-    pace: Option<Duration>,
+    plan: Plan,
     stop: &AtomicBool,
 ) -> DataStats {
+    let Plan {
+        sq,
+        post_batch,
+        pace,
+        bursts,
+    } = plan;
     // Paced: frame c of every agent is due at `start + c × gap` and stamped with that time
     // (whole milliseconds, so every series' timestamps strictly increase).
     let gap_ns = pace.map(|g| {
@@ -417,15 +509,49 @@ fn data_thread(
     // Per-agent mirror of the atomics, owned by this thread.
     let mut next: Vec<u64> = vec![0; agents.len()];
     let mut completed: Vec<u64> = vec![0; agents.len()];
+    // Burst mode: post everything every agent may send in one pass, then wait until all of
+    // it is consumed and the grants have settled (BURST_SETTLE), then the next burst.
+    let mut bursts_left = bursts.unwrap_or(0);
+    let mut settled_since: Option<Instant> = Some(Instant::now());
     while !stop.load(Ordering::Acquire) {
         let now = now_ns();
         let mut posted_any = false;
+        let burst_now = match bursts {
+            None => true,
+            Some(_) => {
+                let all_consumed = agents
+                    .iter()
+                    .enumerate()
+                    .all(|(i, a)| a.credit.load(Ordering::Acquire) >= next[i]);
+                if !all_consumed {
+                    settled_since = None;
+                } else if settled_since.is_none() {
+                    settled_since = Some(Instant::now());
+                }
+                bursts_left > 0 && settled_since.is_some_and(|t| t.elapsed() >= BURST_SETTLE)
+            }
+        };
+        if bursts.is_some() && burst_now {
+            bursts_left -= 1;
+            settled_since = None;
+            stats.bursts += 1;
+        }
         for (i, a) in agents.iter().enumerate() {
+            if !burst_now {
+                break;
+            }
             let Some(ring) = a.ring.get() else { continue };
-            let credit_end = a.credit.load(Ordering::Acquire) + u64::from(ring.window);
+            let limit = a.limit.load(Ordering::Acquire);
+            let credit_end = (a.credit.load(Ordering::Acquire) + u64::from(ring.window)).min(limit);
             let room_sq = (sq as u64).saturating_sub(next[i] - completed[i]);
             let room_credit = credit_end.saturating_sub(next[i]);
-            let mut n = room_sq.min(room_credit).min(post_batch as u64);
+            if room_credit == 0 && limit <= next[i] && !a.starved.swap(true, Ordering::AcqRel) {
+                a.starved_wake.notify_one();
+            }
+            let mut n = room_sq.min(room_credit);
+            if bursts.is_none() {
+                n = n.min(post_batch as u64);
+            }
             if let Some(gap) = gap_ns {
                 let due = (now.saturating_sub(start_ns) / gap + 1).saturating_sub(next[i]);
                 n = n.min(due);
@@ -586,6 +712,7 @@ async fn connect_agent(
             mtu: ep.mtu,
             udp_addr: ep.udp_addr.map(|x| x.to_string()).unwrap_or_default(),
         }),
+        expected_frames_per_second: a.expected_fps,
     };
     let welcome = client_handshake(&mut ch, hello, token.as_bytes())
         .await
@@ -614,6 +741,7 @@ fn connect_qp(a: &Agent, w: &Welcome) -> Result<(), String> {
         slot_bytes: w.slot_bytes,
         window: w.credit_window.max(1),
     });
+    a.apply_grant(w.credit_grant);
     Ok(())
 }
 
@@ -631,8 +759,18 @@ async fn session(
             msg = ch.recv() => match msg {
                 Ok(Some(m)) => match m.body {
                     Some(Body::Report(r)) => {
-                        a.credit.fetch_max(r.consumed_conn_seq.saturating_add(1), Ordering::AcqRel);
+                        if r.conn_received > 0 {
+                            a.credit.fetch_max(r.consumed_conn_seq.saturating_add(1), Ordering::AcqRel);
+                        }
                         a.reports.fetch_add(1, Ordering::Relaxed);
+                        let lowered = a.apply_grant(r.credit_grant);
+                        a.starved.store(false, Ordering::Release);
+                        if lowered {
+                            // The collector counts the older limit until it hears this.
+                            ch.send(a.heartbeat(seq, false))
+                                .await
+                                .map_err(|e| format!("{}: heartbeat: {e}", a.id))?;
+                        }
                     }
                     Some(Body::Goodbye(g)) => {
                         return Err(format!("{}: collector said goodbye: {}", a.id, g.detail));
@@ -644,7 +782,12 @@ async fn session(
             },
             _ = hb.tick() => {
                 seq += 1;
-                ch.send(Heartbeat { sequence: seq, timestamp_ns: now_ns(), ..Heartbeat::default() })
+                ch.send(a.heartbeat(seq, a.starved.load(Ordering::Acquire)))
+                    .await
+                    .map_err(|e| format!("{}: heartbeat: {e}", a.id))?;
+            }
+            () = a.starved_wake.notified() => {
+                ch.send(a.heartbeat(seq, true))
                     .await
                     .map_err(|e| format!("{}: heartbeat: {e}", a.id))?;
             }

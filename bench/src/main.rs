@@ -31,6 +31,10 @@ enum Part {
     Processing,
     /// The soft path at each of `--scaling-agents`.
     Scaling,
+    /// Synchronized bursts at each of `--burst-agents`: every agent its whole credit at once.
+    Burst,
+    /// `--memory-agents` agents at the agents' default configuration: collector memory.
+    Memory,
     /// The real agent's CPU and RSS.
     Agent,
     /// Idle CPU of both daemons beside node_exporter.
@@ -64,8 +68,27 @@ struct Args {
     #[arg(long, default_value_t = 10)]
     agents: usize,
     /// Agent counts of the scaling runs.
-    #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000")]
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000,10000")]
     scaling_agents: Vec<usize>,
+    /// Agent counts of the synchronized-burst runs.
+    #[arg(long, value_delimiter = ',', default_value = "10,100,1000,10000")]
+    burst_agents: Vec<usize>,
+    /// Bursts per synchronized-burst run.
+    #[arg(long, default_value_t = 5)]
+    bursts: u32,
+    /// Agents of the memory run (default agent configuration: rings from
+    /// `--memory-expected-fps`).
+    #[arg(long, default_value_t = 10_000)]
+    memory_agents: usize,
+    /// `Hello.expected_frames_per_second` of the memory run's agents (the agent's default).
+    #[arg(long, default_value_t = 32)]
+    memory_expected_fps: u32,
+    /// Measured window of the memory run, seconds.
+    #[arg(long, default_value_t = 5.0)]
+    memory_duration_secs: f64,
+    /// The collector's `transport.soft.recv_buffer_bytes` (default: the collector's own).
+    #[arg(long)]
+    recv_buffer_bytes: Option<usize>,
     /// Measured window of each scaling run, seconds.
     #[arg(long, default_value_t = 3.0)]
     scaling_duration_secs: f64,
@@ -251,6 +274,8 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         soft: None,
         processing: None,
         scaling: Vec::new(),
+        bursts: Vec::new(),
+        memory: None,
         agent: None,
         idle: None,
         remote_write: None,
@@ -297,6 +322,10 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         qps_per_device: args.qps_per_device,
         sq_depth: args.sq_depth,
         post_batch: args.post_batch,
+        expected_fps: None,
+        bursts: None,
+        recv_buffer_bytes: args.recv_buffer_bytes,
+        min_slots: None,
     };
     if wants(Part::Soft) {
         eprintln!("[soft] K = {}, {:.1} s", args.agents, args.duration_secs);
@@ -325,6 +354,45 @@ fn run(args: &Args) -> anyhow::Result<bool> {
                     .failures
                     .push((format!("scaling K = {k}"), e.to_string())),
             }
+        }
+    }
+    if wants(Part::Burst) {
+        for &k in &args.burst_agents {
+            eprintln!("[burst] K = {k}, {} synchronized bursts", args.bursts);
+            let cfg = SoftRunConfig {
+                bursts: Some(args.bursts.max(1)),
+                // A whole window in one post.
+                sq_depth: args.sq_depth.max(args.slots as usize),
+                // Long enough for every burst: each waits for the previous one to be
+                // consumed and the grants to settle.
+                duration: secs(
+                    (0.5 + 2.0 * report_interval(args, k)) * f64::from(args.bursts.max(1)),
+                ),
+                ..soft_cfg(k, 0.0, "burst")
+            };
+            match softpath::run(&cfg) {
+                Ok(r) => report.bursts.push(r),
+                Err(e) => report
+                    .failures
+                    .push((format!("burst K = {k}"), e.to_string())),
+            }
+        }
+    }
+    if wants(Part::Memory) {
+        let k = args.memory_agents;
+        eprintln!(
+            "[memory] K = {k} at {} frames/s announced, {:.1} s",
+            args.memory_expected_fps, args.memory_duration_secs
+        );
+        let cfg = SoftRunConfig {
+            expected_fps: Some(args.memory_expected_fps),
+            ..soft_cfg(k, args.memory_duration_secs, "memory")
+        };
+        match softpath::run(&cfg) {
+            Ok(r) => report.memory = Some(r),
+            Err(e) => report
+                .failures
+                .push((format!("memory K = {k}"), e.to_string())),
         }
     }
     if wants(Part::Agent) {

@@ -462,6 +462,8 @@ pub fn run(cfg: &NodeCostConfig) -> Result<NodeCostResult, NodeCostError> {
             data_path: "auto",
             log_file: cfg.workdir.join("received-logs.jsonl"),
             extra_yaml: String::new(),
+            recv_buffer_bytes: None,
+            min_slots: None,
         },
     )?;
     let mut same_args = vec!["--collector.disable-defaults".to_owned()];

@@ -290,6 +290,8 @@ fn run_uctel(
             extra_yaml: write_url.map_or_else(String::new, |u| {
                 format!("outputs:\n  remote_write:\n    - url: {u}\n")
             }),
+            recv_buffer_bytes: None,
+            min_slots: None,
         },
     )
     .map_err(setup("collector"))?;
@@ -303,6 +305,8 @@ fn run_uctel(
         post_batch: 16,
         connect_parallelism: 32,
         pace: Some(cfg.gap),
+        expected_fps: None,
+        bursts: None,
     })
     .map_err(setup("load generator"))?;
     gen.start_sending().map_err(setup("load generator"))?;

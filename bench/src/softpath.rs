@@ -34,6 +34,22 @@ const LOST: &str = "uctel_collector_frames_lost_total";
 const DROPPED: &str = "uctel_collector_frames_dropped_total";
 const TRANSPORT_DROPPED: &str = "uctel_collector_transport_packets_dropped_total";
 const CONNECTED: &str = "uctel_collector_agents_connected";
+const BUDGET: &str = "uctel_collector_credit_budget_frames";
+
+/// The kernel's drop count of the UDP socket bound to `port` in process `pid`'s network
+/// namespace (`/proc/<pid>/net/udp`, last column; the socket's receive buffer was full).
+fn udp_drops(pid: i32, port: u16) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/net/udp")).ok()?;
+    let want = format!(":{port:04X}");
+    text.lines().skip(1).find_map(|line| {
+        let mut cols = line.split_whitespace();
+        let local = cols.nth(1)?;
+        if !local.ends_with(&want) {
+            return None;
+        }
+        line.split_whitespace().last()?.parse().ok()
+    })
+}
 
 /// Settings of one run.
 #[derive(Clone, Debug)]
@@ -64,6 +80,16 @@ pub struct SoftRunConfig {
     pub sq_depth: usize,
     /// Generator WRs per agent per turn.
     pub post_batch: usize,
+    /// `Hello.expected_frames_per_second` of the agents (`None`: not announced; the
+    /// collector gives each its largest ring, `slots`).
+    pub expected_fps: Option<u32>,
+    /// `Some(n)`: `n` synchronized bursts (every agent its whole credit at once) instead of
+    /// sending flat out.
+    pub bursts: Option<u32>,
+    /// The collector's `transport.soft.recv_buffer_bytes` (`None`: its default).
+    pub recv_buffer_bytes: Option<usize>,
+    /// The collector's `ring.min_slots` (`None`: its default).
+    pub min_slots: Option<u32>,
 }
 
 /// Whole-run frame accounting (after every agent's `Goodbye`).
@@ -100,8 +126,17 @@ pub struct SoftRunResult {
     pub frame_bytes: usize,
     /// Samples per frame.
     pub records_per_frame: u32,
-    /// Ring bytes per agent (`slots × slot_bytes`).
+    /// Ring bytes per agent (`slots × slot_bytes` of the largest ring the collector gave).
     pub ring_bytes: u64,
+    /// Ring slots the collector gave, smallest and largest over the agents.
+    pub ring_slots: (u32, u32),
+    /// The collector's credit budget in frames (`uctel_collector_credit_budget_frames`).
+    pub credit_budget_frames: f64,
+    /// Datagrams the kernel dropped at the collector's UDP socket over the whole run (the
+    /// `drops` column of `/proc/<pid>/net/udp`: receive buffer full).
+    pub socket_drops: Option<u64>,
+    /// Synchronized bursts sent (burst mode).
+    pub bursts: u64,
     /// Seconds the K handshakes took.
     pub connect_seconds: f64,
     /// Frames accepted in the window.
@@ -202,6 +237,8 @@ pub fn run(cfg: &SoftRunConfig) -> Result<SoftRunResult, SoftRunError> {
             data_path: "write_with_imm",
             log_file: cfg.workdir.join("logs.jsonl"),
             extra_yaml: String::new(),
+            recv_buffer_bytes: cfg.recv_buffer_bytes,
+            min_slots: cfg.min_slots,
         },
     )?;
     std::thread::sleep(Duration::from_millis(300));
@@ -218,6 +255,8 @@ pub fn run(cfg: &SoftRunConfig) -> Result<SoftRunResult, SoftRunError> {
         post_batch: cfg.post_batch,
         connect_parallelism: 32,
         pace: None,
+        expected_fps: cfg.expected_fps,
+        bursts: cfg.bursts,
     })?;
     // The collector counts an agent connected once its Welcome went out.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -249,11 +288,13 @@ pub fn run(cfg: &SoftRunConfig) -> Result<SoftRunResult, SoftRunError> {
     let s1 = collector.scrape()?;
     let window = t0.elapsed().as_secs_f64();
     let stats: DataStats = gen.stop_sending();
+    let ring_slots = gen.ring_slots();
 
     let drained = gen.wait_consumed(Duration::from_secs_f64(
         2.0 + 5.0 * cfg.report_interval_seconds,
     ));
     let sent_total: u64 = gen.sent().iter().sum();
+    let socket_drops = udp_drops(collector.pid(), collector.udp.port());
     let ids = gen.agent_ids();
     let control_errors = gen.finish();
     // The collector settles each agent's tail after a short drain once it has the goodbye.
@@ -304,16 +345,23 @@ pub fn run(cfg: &SoftRunConfig) -> Result<SoftRunResult, SoftRunError> {
         .map(|id| {
             let arrived = per_agent1.get(id).copied().unwrap_or(0.0)
                 + dropped_by_agent.get(id).copied().unwrap_or(0.0);
-            let bytes = (arrived as u64).min(u64::from(cfg.slots)) * u64::from(slot_bytes);
+            let slots = ring_slots.get(id).copied().unwrap_or(cfg.slots);
+            let bytes = (arrived as u64).min(u64::from(slots)) * u64::from(slot_bytes);
             bytes.div_ceil(4096) * 4096
         })
         .sum::<u64>() as f64
         / cfg.agents.max(1) as f64;
+    let min_slots = ring_slots.values().copied().min().unwrap_or(cfg.slots);
+    let max_slots = ring_slots.values().copied().max().unwrap_or(cfg.slots);
     Ok(SoftRunResult {
         agents: cfg.agents,
         frame_bytes: frame_len,
         records_per_frame: cfg.frame.records(),
-        ring_bytes: u64::from(cfg.slots) * u64::from(slot_bytes),
+        ring_bytes: u64::from(max_slots) * u64::from(slot_bytes),
+        ring_slots: (min_slots, max_slots),
+        credit_budget_frames: s1.sum(BUDGET, &[]),
+        socket_drops,
+        bursts: stats.bursts,
         connect_seconds,
         frames,
         samples,

@@ -115,6 +115,9 @@ impl Verdict {
             return "met".into();
         }
         if !self.fraction_of_bound.is_finite() {
+            if self.value.is_finite() && self.bound.is_finite() {
+                return format!("MISSED: {} (bound {})", self.value, self.bound);
+            }
             return "not measured".into();
         }
         match self.goal {

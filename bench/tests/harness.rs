@@ -9,6 +9,49 @@ use uctel_bench::softpath::{self, SoftRunConfig};
 use uctel_bench::workload::FrameTemplate;
 use uctel_tests::bins::{self, AGENT, COLLECTOR};
 
+/// Every agent sends its whole credit at the same instant into a collector whose UDP
+/// receive buffer holds far fewer frames than the agents' windows add up to (40 agents ×
+/// 56 frames against a 256 KiB buffer): the collector-wide credit budget keeps what may be in
+/// flight within what the buffer holds, so the kernel drops nothing.
+#[test]
+fn synchronized_bursts_into_a_small_receive_buffer_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let agents = 40;
+    let r = softpath::run(&SoftRunConfig {
+        collector_bin: bins::path(COLLECTOR),
+        workdir: dir.path().join("burst"),
+        agents,
+        frame: Arc::new(FrameTemplate::metrics(1024).unwrap()),
+        slots: 64,
+        credit_margin_slots: 8,
+        descriptor_queue: 8192,
+        report_interval_seconds: 0.05,
+        warmup: Duration::from_millis(100),
+        duration: Duration::from_secs(3),
+        qps_per_device: 32,
+        sq_depth: 64,
+        post_batch: 8,
+        expected_fps: None,
+        bursts: Some(4),
+        recv_buffer_bytes: Some(128 << 10),
+        min_slots: None,
+    })
+    .unwrap();
+    assert!(r.control_errors.is_empty(), "{:?}", r.control_errors);
+    let windows = agents as f64 * 56.0;
+    assert!(
+        r.credit_budget_frames > 0.0 && r.credit_budget_frames < windows / 4.0,
+        "the budget binds: {} frames against windows of {windows}",
+        r.credit_budget_frames
+    );
+    assert!(r.bursts >= 2, "bursts sent: {}", r.bursts);
+    assert!(r.accounting.sent > 0, "{:?}", r.accounting);
+    assert_eq!(r.socket_drops, Some(0), "{r:?}");
+    assert_eq!(r.accounting.lost, 0.0, "{:?}", r.accounting);
+    assert_eq!(r.accounting.unaccounted, 0.0, "{:?}", r.accounting);
+    assert!(r.accounting.drained, "{:?}", r.accounting);
+}
+
 #[test]
 fn soft_path_moves_frames_and_accounts_for_every_one() {
     let dir = tempfile::tempdir().unwrap();
@@ -27,6 +70,10 @@ fn soft_path_moves_frames_and_accounts_for_every_one() {
         qps_per_device: 32,
         sq_depth: 16,
         post_batch: 8,
+        expected_fps: None,
+        bursts: None,
+        recv_buffer_bytes: None,
+        min_slots: None,
     })
     .unwrap();
     assert_eq!(r.agents, agents);

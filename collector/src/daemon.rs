@@ -274,7 +274,17 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
     let clickhouse =
         crate::outputs::clickhouse::start(config.outputs.clickhouse.as_ref(), &telemetry, &sd)
             .map_err(RunError::Output)?;
+    let credits = Arc::new(crate::control::budget::CreditBudget::new(credit_budget(
+        &config,
+        plane.device(),
+    )));
+    telemetry
+        .registry()
+        .register(Box::new(crate::control::budget::BudgetCollector::new(
+            credits.clone(),
+        )))?;
     let shared = Shared {
+        credits,
         config: Arc::new(config),
         telemetry,
         store,
@@ -339,6 +349,46 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
 }
 
 /// Opens the configured transport device.
+/// The collector-wide credit budget in frames (`ring.credit_budget_frames`, DESIGN.md §4):
+/// as configured; else on the soft transport what the UDP socket's granted receive buffer
+/// holds of full-size packets (measured on a loopback socket of the same size); else no
+/// shared limit.
+fn credit_budget(config: &Config, device: &Device) -> u64 {
+    if let Some(frames) = config.ring.credit_budget_frames {
+        tracing::info!(frames, "credit budget as configured");
+        return frames;
+    }
+    let port = device.port_attr();
+    let Some(buffer) = port.recv_buffer_bytes else {
+        return u64::MAX / 4;
+    };
+    // A frame of max_frame_bytes in packets of the path MTU, each with the RoCEv2 headers
+    // of a WRITE_WITH_IMM (BTH 12 + RETH 16 + ImmDt 4) and the ICRC (4).
+    let mtu = port.active_mtu.max(256) as usize;
+    let frame = config.max_frame_bytes.0 as usize;
+    let packets_per_frame = frame.div_ceil(mtu).max(1) as u64;
+    let datagram = frame.min(mtu) + 36;
+    match uctel_transport::soft::capacity::receive_capacity(buffer, datagram) {
+        Ok(c) => {
+            let frames = (c.datagrams / packets_per_frame).max(1);
+            tracing::info!(
+                frames,
+                receive_buffer_bytes = buffer,
+                datagram_bytes = datagram,
+                datagrams = c.datagrams,
+                "credit budget: what the soft transport's receive buffer holds"
+            );
+            frames
+        }
+        Err(e) => {
+            // Without a measurement, the payload alone (an upper bound) halved.
+            let frames = ((buffer / datagram) as u64 / packets_per_frame / 2).max(1);
+            tracing::warn!(error = %e, frames, "could not measure the receive buffer; credit budget estimated");
+            frames
+        }
+    }
+}
+
 fn open_device(config: &Config) -> Result<Device, RunError> {
     let (kind, device_config) = match config.transport.kind {
         TransportKindConfig::Soft => ("soft", DeviceConfig::Soft(config.transport.soft.clone())),

@@ -922,6 +922,7 @@ impl<D: Delivery> ConnectionIngest<D> {
             conn_received: counts.received,
             conn_lost: counts.lost.saturating_add(self.unseen_conn_lost),
             conn_loss_fraction: conn.fraction_lost.clamp(0.0, 1.0),
+            credit_grant: None,
         }
     }
 
@@ -1671,6 +1672,7 @@ mod tests {
                 final_stream_seq: Some(5),
                 final_record_count: 12,
             }],
+            ..Default::default()
         });
         // A frame sent after the heartbeat arrived too: the heartbeat is behind, fine.
         let _ = r.ingest.on_send(&frame(7, 1, 7, 14), now());
@@ -1706,6 +1708,7 @@ mod tests {
                     final_record_count: 20,
                 },
             ],
+            ..Default::default()
         });
         let s = r.ingest.end_without_goodbye();
         assert_eq!((s.conn_received, s.conn_lost), (0, 10), "{s:?}");
@@ -1898,6 +1901,7 @@ mod tests {
             conn_received: u64::MAX,
             conn_lost: u64::MAX,
             conn_loss_fraction: 0.5,
+            ..Default::default()
         };
         let mut out = Vec::new();
         let encoded = uctel_protocol::control::encode_message(&report.into(), &mut out);

@@ -35,6 +35,7 @@ fn hello(agent_id: &str, epoch: u64) -> Hello {
             mtu: 4096,
             udp_addr: "127.0.0.1:9".into(),
         }),
+        ..Default::default()
     }
 }
 
@@ -539,6 +540,7 @@ async fn collector_messages_from_an_agent_end_the_connection() {
         heartbeat_interval_ms: 1,
         report_interval_ms: 1,
         data_path: DataPath::Send as i32,
+        ..Default::default()
     };
     let mut framed = Vec::new();
     wire::encode_message(&welcome.clone().into(), &mut framed).unwrap();

@@ -146,6 +146,12 @@ pub struct Hello {
     /// The agent's UC QP.
     #[prost(message, optional, tag = "7")]
     pub qp: Option<QpEndpoint>,
+    /// Frames per second the agent expects to send at most in a sustained way (all streams
+    /// together), from its configuration; the collector sizes this agent's ring from it
+    /// (rate × report interval, with a floor, DESIGN.md §4). `None`: the collector's largest
+    /// ring.
+    #[prost(uint32, optional, tag = "8")]
+    pub expected_frames_per_second: Option<u32>,
 }
 
 /// Collector → agent: prove you hold the token.
@@ -207,6 +213,27 @@ pub struct Welcome {
     /// The [`DataPath`] the collector chose among the agent's capabilities.
     #[prost(enumeration = "DataPath", tag = "10")]
     pub data_path: i32,
+    /// The first credit grant of a collector with a collector-wide credit budget
+    /// ([`CreditGrant`]): frames with connection sequence below `limit`
+    /// may be sent. `None`: credits are `credit_window` beyond the consumed sequence only.
+    #[prost(message, optional, tag = "11")]
+    pub credit_grant: Option<CreditGrant>,
+}
+
+/// Collector → agent, in `Welcome` and `Report`s: how far the agent may send (DESIGN.md §4,
+/// collector-wide credit budget). The agent sends a frame with connection sequence `c` only
+/// while `c < limit` (and within `credit_window` beyond the consumed sequence). A later grant
+/// replaces an earlier one, and may lower the limit (a window given back); the agent
+/// acknowledges the grant it applies in its next [`Heartbeat`] (`credit_grant_applied`), so
+/// the collector knows which limits it may still use.
+#[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
+pub struct CreditGrant {
+    /// Grant counter of this connection, +1 each time the limit changes.
+    #[prost(uint64, tag = "1")]
+    pub sequence: u64,
+    /// First connection sequence the agent may not send yet.
+    #[prost(uint64, tag = "2")]
+    pub limit: u64,
 }
 
 /// Why the collector refused an agent. A closed set: it labels the refusal counter.
@@ -300,6 +327,17 @@ pub struct Heartbeat {
     /// sent before this heartbeat (the fields of a `Goodbye`'s `StreamFinal`).
     #[prost(message, repeated, tag = "4")]
     pub sent_streams: Vec<StreamFinal>,
+    /// Agent → collector: the sequence of the last [`CreditGrant`] the agent applied; it no
+    /// longer sends under any earlier grant. `None` from a collector, or an agent without
+    /// grants.
+    #[prost(uint64, optional, tag = "5")]
+    pub credit_grant_applied: Option<u64>,
+    /// Agent → collector: frames that found no credit since the previous heartbeat (waiting
+    /// or dropped as `no_credit`) — the agent wants a larger window. An agent sends a
+    /// heartbeat early when it runs out of credit with frames to send, or applies a grant
+    /// that lowered its limit.
+    #[prost(uint64, optional, tag = "6")]
+    pub frames_without_credit: Option<u64>,
 }
 
 /// Delivery of one stream as the collector saw it (cumulative since the connection began).
@@ -344,6 +382,9 @@ pub struct Report {
     /// RFC 3550 A.3 loss fraction of the connection sequence in the last interval.
     #[prost(double, tag = "5")]
     pub conn_loss_fraction: f64,
+    /// A new credit grant ([`CreditGrant`]), when the limit changed since the last one.
+    #[prost(message, optional, tag = "6")]
+    pub credit_grant: Option<CreditGrant>,
 }
 
 /// The last state of one stream at goodbye.

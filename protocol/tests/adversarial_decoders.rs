@@ -38,6 +38,7 @@ fn hello() -> Hello {
             mtu: 1024,
             udp_addr: "127.0.0.1:4791".into(),
         }),
+        ..Default::default()
     }
 }
 

@@ -29,6 +29,7 @@ fn hello() -> Hello {
         transport: Transport::Soft as i32,
         capabilities: vec![DataPath::WriteWithImm as i32, DataPath::Send as i32],
         qp: Some(qp("10.0.0.7:4791")),
+        ..Default::default()
     }
 }
 
@@ -44,6 +45,7 @@ fn welcome() -> Welcome {
         heartbeat_interval_ms: 1000,
         report_interval_ms: 5000,
         data_path: DataPath::WriteWithImm as i32,
+        ..Default::default()
     }
 }
 
@@ -81,6 +83,7 @@ fn every_message() -> Vec<ControlMessage> {
                 final_stream_seq: Some(400),
                 final_record_count: 9_000,
             }],
+            ..Default::default()
         }
         .into(),
         Report {
@@ -102,6 +105,7 @@ fn every_message() -> Vec<ControlMessage> {
             conn_received: 200,
             conn_lost: 3,
             conn_loss_fraction: 1.0,
+            ..Default::default()
         }
         .into(),
         Goodbye {

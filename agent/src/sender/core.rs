@@ -51,7 +51,7 @@ use uctel_protocol::samples::SampleSeries;
 use uctel_protocol::seq::Seq;
 
 use crate::config::DataPath;
-use crate::credits::{Credits, ReportOutcome};
+use crate::credits::{Credits, GrantOutcome, ReportOutcome};
 use crate::pacing::{Admit, Pacer, PacingLimits};
 use crate::selfmetrics::{DropReason, SelfMetrics};
 use crate::stream::Stream;
@@ -282,6 +282,12 @@ pub struct SenderCore {
     streams: [StreamState; STREAMS],
     pacer: Pacer,
     credits: Credits,
+    /// Frames that found no credit since the last heartbeat (waiting or dropped).
+    without_credit: u64,
+    /// An early heartbeat is due (credit ran out, or a grant lowered the limit).
+    credit_heartbeat: bool,
+    /// An early heartbeat about running out of credit went since the last report.
+    asked_for_credit: bool,
     ready_frames: usize,
     idle_heartbeat: Option<Duration>,
     frames_posted: u64,
@@ -359,6 +365,9 @@ impl SenderCore {
                 .pacing
                 .map_or_else(Pacer::unlimited, |l| Pacer::new(l, now)),
             credits: Credits::new(config.first_conn_seq, config.credit_window),
+            without_credit: 0,
+            credit_heartbeat: false,
+            asked_for_credit: false,
             ready_frames: config.ready_frames.max(1),
             idle_heartbeat: config.idle_heartbeat,
             frames_posted: 0,
@@ -502,7 +511,46 @@ impl SenderCore {
     /// cannot be told apart from "frame 0 consumed": it is ignored (`None`), since taking it
     /// would count a lost frame 0 as consumed and shift the credit window by one.
     pub fn on_report(&mut self, report: &uctel_protocol::control::Report) -> Option<ReportOutcome> {
+        if let Some(g) = report.credit_grant {
+            self.on_grant(g);
+        }
+        self.asked_for_credit = false;
         (report.conn_received > 0).then(|| self.on_consumed(report.consumed_conn_seq))
+    }
+
+    /// Applies a grant of the collector's credit budget (DESIGN.md §4). A grant that lowers
+    /// the limit makes an early heartbeat due ([`SenderCore::take_credit_heartbeat`]): the
+    /// collector counts the older limit as usable until it hears the grant was applied.
+    pub fn on_grant(&mut self, grant: uctel_protocol::control::CreditGrant) -> GrantOutcome {
+        let outcome = self.credits.on_grant(grant.sequence, grant.limit);
+        if outcome == (GrantOutcome::Applied { lowered: true }) {
+            self.credit_heartbeat = true;
+        }
+        outcome
+    }
+
+    /// Sequence of the credit grant applied last, for heartbeats.
+    pub fn grant_applied(&self) -> Option<u64> {
+        self.credits.grant_applied()
+    }
+
+    /// Frames that found no credit since the previous call (for a heartbeat); resets.
+    pub fn take_frames_without_credit(&mut self) -> u64 {
+        std::mem::take(&mut self.without_credit)
+    }
+
+    /// Whether an early heartbeat is due (credit ran out with frames to send, at most once
+    /// per report; or a grant lowered the limit); resets.
+    pub fn take_credit_heartbeat(&mut self) -> bool {
+        std::mem::take(&mut self.credit_heartbeat)
+    }
+
+    fn starved(&mut self, frames: u64) {
+        self.without_credit = self.without_credit.saturating_add(frames);
+        if !self.asked_for_credit {
+            self.asked_for_credit = true;
+            self.credit_heartbeat = true;
+        }
     }
 
     /// Credits left.
@@ -575,6 +623,12 @@ impl SenderCore {
                     !st.ready.is_empty() && !held
                 })
             else {
+                if no_credit {
+                    let held: usize = self.streams.iter().map(|st| st.ready.len()).sum();
+                    if held > 0 && !self.asked_for_credit {
+                        self.starved(held as u64);
+                    }
+                }
                 return Poll::Wait(self.next_timer());
             };
             let stream = self.streams[s].stream;
@@ -586,6 +640,7 @@ impl SenderCore {
                 self.streams[s].ready.pop_front();
                 self.acct
                     .dropped(stream, DropReason::NoCredit, 1, u64::from(records));
+                self.starved(1);
                 continue;
             }
             match self.pacer.poll_admit(len, now) {

@@ -242,6 +242,7 @@ async fn serve(
         heartbeat_interval_ms: cfg.heartbeat_interval_ms,
         report_interval_ms: cfg.report_interval.as_millis() as u32,
         data_path: cfg.data_path as i32,
+        ..Default::default()
     };
     if conn.send(welcome).await.is_err() {
         return s;
@@ -397,6 +398,7 @@ async fn serve(
                             conn_received: s.frames.len() as u64,
                             conn_lost: (c + 1).saturating_sub(s.frames.len() as u64),
                             conn_loss_fraction: 0.0,
+                            ..Default::default()
                         }).await;
                     }
                 }

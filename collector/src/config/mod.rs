@@ -22,9 +22,11 @@
 //!     gid_index: 3                 # default: the RoCE v2 GID of local_ip
 //!     local_ip: 192.0.2.10
 //! ring:
-//!   slots: 1024                    # per agent connection
+//!   slots: 1024                    # largest ring; each agent's from its Hello rate
+//!   min_slots: 64                  # smallest ring
 //!   slot_bytes: 4096               # >= max_frame_bytes
 //!   credit_margin_slots: 64        # agent may have slots - margin frames outstanding
+//!   credit_budget_frames: 20000    # default: what the soft socket's receive buffer holds
 //!   send_buffers: 256              # receive WRs with buffers, for the Send data path
 //!   descriptor_queue: 8192         # poller -> worker queue room beyond the credit windows
 //!   data_path: auto                # auto | write_with_imm | send
@@ -332,14 +334,29 @@ impl Default for VerbsTransportConfig {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RingConfig {
-    /// Ring slots per agent connection (frame `c` goes to slot `c mod slots`, DESIGN.md §4).
-    /// Default 1024.
+    /// Ring slots of the largest ring (frame `c` goes to slot `c mod slots`, DESIGN.md §4).
+    /// Each agent's ring is sized from the rate it announces in `Hello`
+    /// (`collector.expected_frames_per_second` × `control.report_interval_seconds` × 2,
+    /// rounded up to a power of two) within `min_slots..=slots`; an agent that announces no
+    /// rate gets this many. Default 1024.
     pub slots: u32,
+    /// Ring slots of the smallest ring. Memory per agent at the defaults: 64 slots × 4 KiB
+    /// = 256 KiB of ring (pinned on verbs). Default 64.
+    pub min_slots: u32,
     /// Bytes per slot; at least `max_frame_bytes`. Default 4096.
     pub slot_bytes: u32,
-    /// Credit margin: the agent may have at most `slots - credit_margin_slots` frames
-    /// outstanding (DESIGN.md §4 credits). Default 64.
+    /// Credit margin: an agent may have at most `slots − margin` frames outstanding in its
+    /// ring of `slots` (DESIGN.md §4 credits), margin = the smaller of this and an eighth of
+    /// its ring. Default 64.
     pub credit_margin_slots: u32,
+    /// The collector-wide credit budget in frames (DESIGN.md §4): the frames all agents
+    /// together may have in flight or still send. Default: on the soft transport, what the
+    /// UDP socket's granted receive buffer holds (measured at start on a loopback socket of
+    /// the same size, for full-size packets), so even a burst of every agent's whole window
+    /// at the same instant cannot overflow it; on verbs, no shared limit (each connection's
+    /// receive queue and CQ are sized to its own window). Raise
+    /// `transport.soft.recv_buffer_bytes` (and `net.core.rmem_max`) to grow it.
+    pub credit_budget_frames: Option<u64>,
     /// Receive WRs with `max_frame_bytes` buffers kept posted for the Send data path.
     /// Default 256. On that path the credit window is at most this many frames.
     pub send_buffers: u32,
@@ -373,8 +390,10 @@ impl Default for RingConfig {
     fn default() -> Self {
         Self {
             slots: 1024,
+            min_slots: 64,
             slot_bytes: 4096,
             credit_margin_slots: 64,
+            credit_budget_frames: None,
             send_buffers: 256,
             descriptor_queue: 8192,
             data_path: DataPathConfig::Auto,
@@ -383,9 +402,31 @@ impl Default for RingConfig {
 }
 
 impl RingConfig {
-    /// The credit window handed to agents: `slots - credit_margin_slots`.
+    /// The credit window of the largest ring: `slots - credit_margin_slots`.
     pub fn credit_window(&self) -> u32 {
-        self.slots.saturating_sub(self.credit_margin_slots)
+        self.window_of(self.slots)
+    }
+
+    /// The credit window of a ring of `slots`: `slots − min(credit_margin_slots, slots / 8)`.
+    pub fn window_of(&self, slots: u32) -> u32 {
+        slots.saturating_sub(self.credit_margin_slots.min(slots / 8))
+    }
+
+    /// Slots of the ring of an agent announcing `frames_per_second` (`None`: the largest),
+    /// with reports every `report_interval_seconds`: twice the frames of one report
+    /// interval, rounded up to a power of two, within `min_slots..=slots`.
+    pub fn slots_for(&self, frames_per_second: Option<u32>, report_interval_seconds: f64) -> u32 {
+        let Some(rate) = frames_per_second else {
+            return self.slots;
+        };
+        let per_interval = (f64::from(rate) * report_interval_seconds.max(0.0) * 2.0).ceil();
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let need = if per_interval >= f64::from(self.slots) {
+            self.slots
+        } else {
+            (per_interval as u32).max(1).next_power_of_two()
+        };
+        need.clamp(self.min_slots.min(self.slots), self.slots)
     }
 }
 
@@ -739,6 +780,15 @@ impl Validate for Config {
                 "ring.slots",
                 "slots * slot_bytes must not exceed 2 GiB (the largest UC message region)",
             );
+        }
+        if r.min_slots < 2 || r.min_slots > r.slots {
+            p.push(
+                "ring.min_slots",
+                format!("must be in 2..=ring.slots ({})", r.slots),
+            );
+        }
+        if r.credit_budget_frames == Some(0) {
+            p.push("ring.credit_budget_frames", "must be at least 1 frame");
         }
         if r.credit_margin_slots >= r.slots {
             p.push(

@@ -283,6 +283,7 @@ mod tests {
                 mtu: 4096,
                 udp_addr: udp_addr.into(),
             }),
+            ..Default::default()
         }
     }
 

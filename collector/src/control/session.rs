@@ -22,6 +22,7 @@ use uctel_protocol::session::{Liveness, LivenessConfig, LivenessEvent, Refusal};
 use uctel_protocol::stream::StreamName;
 use uctel_protocol::tracker::TrackerConfig;
 
+use super::budget::ConnLimits;
 use super::handshake::{advertised_endpoint, agent_endpoint, collector_transport, Accepted};
 use super::registry::{lock, Registry, SessionLink};
 use super::{refuse, send_within, sleep_until, GOODBYE_DRAIN, GOODBYE_WAIT};
@@ -95,8 +96,13 @@ pub(super) async fn run_session(
     let hello = &accepted.hello;
     let agent = hello.agent_id.clone();
     let tel = shared.telemetry.agent(&agent);
+    // The ring from the rate the agent announced (DESIGN.md §4, rings sized for scale).
+    let slots = cfg.ring.slots_for(
+        hello.expected_frames_per_second,
+        cfg.control.report_interval_seconds,
+    );
     let geometry = Geometry {
-        slots: cfg.ring.slots,
+        slots,
         slot_bytes: cfg.ring.slot_bytes,
         max_frame_bytes: cfg.max_frame_bytes.0,
         send_buffers: cfg.ring.send_buffers,
@@ -104,8 +110,8 @@ pub(super) async fn run_session(
         // receive queue drops silently, DESIGN.md §4). The descriptor queue reserves this
         // window for the connection.
         credit_window: match accepted.data_path {
-            DataPath::Send => cfg.ring.credit_window().min(cfg.ring.send_buffers),
-            _ => cfg.ring.credit_window(),
+            DataPath::Send => cfg.ring.window_of(slots).min(cfg.ring.send_buffers),
+            _ => cfg.ring.window_of(slots),
         }
         .max(1),
     };
@@ -167,6 +173,20 @@ pub(super) async fn run_session(
         .unwrap_or(Duration::from_secs(5));
     let report_every = Duration::try_from_secs_f64(cfg.control.report_interval_seconds)
         .unwrap_or(Duration::from_secs(1));
+    // Its share of the collector-wide credit budget; its want never falls below the
+    // frames of one report interval at the rate it announced.
+    let floor = hello
+        .expected_frames_per_second
+        .map_or(u64::from(geometry.credit_window), |r| {
+            (f64::from(r) * report_every.as_secs_f64()).ceil() as u64
+        });
+    let first_grant = shared.credits.join(
+        id,
+        ConnLimits {
+            window_cap: u64::from(geometry.credit_window),
+            floor,
+        },
+    );
     let welcome = Welcome {
         qp: Some(advertised_endpoint(session.local_endpoint(), local_ip)),
         ring_addr: session.ring.addr(),
@@ -178,9 +198,11 @@ pub(super) async fn run_session(
         heartbeat_interval_ms: millis(heartbeat),
         report_interval_ms: millis(report_every),
         data_path: accepted.data_path as i32,
+        credit_grant: Some(first_grant),
     };
     if let Err(e) = ch.send(welcome).await {
         tracing::warn!(agent = %agent, error = %e, "sending Welcome failed");
+        shared.credits.leave(id);
         let _ = shared.plane.close(id, None).await;
         return;
     }
@@ -219,6 +241,7 @@ pub(super) async fn run_session(
     // A send failed: the agent may have said goodbye and closed its end while a report or
     // heartbeat was on its way, its `Goodbye` still unread in the socket.
     let mut send_failed = false;
+    let mut last_report = Instant::now();
     let ending: Option<(GoodbyeReason, &'static str)> = loop {
         tokio::select! {
             () = drain.wait(), if !told_to_move => {
@@ -241,7 +264,21 @@ pub(super) async fn run_session(
                     liveness.on_receive(Instant::now());
                     link.heard();
                     match m.body {
-                        Some(Body::Heartbeat(hb)) => shared.plane.heartbeat(id, hb),
+                        Some(Body::Heartbeat(hb)) => {
+                            let starved = hb.frames_without_credit.unwrap_or(0);
+                            shared.credits.on_heartbeat(id, hb.credit_grant_applied, hb.sent_conn_seq, starved);
+                            shared.plane.heartbeat(id, hb);
+                            // An agent out of credit gets its report (and grant) now rather
+                            // than at the next tick, at most twice per report interval.
+                            if starved > 0 && last_report.elapsed() >= report_every / 2 {
+                                last_report = Instant::now();
+                                if !send_report(ch, shared, id, dead_after, &agent).await {
+                                    vanished = Some("the control connection failed: a report could not be sent".into());
+                                    send_failed = true;
+                                    break None;
+                                }
+                            }
+                        }
                         Some(Body::Goodbye(g)) => {
                             goodbye = Some(g);
                             break None;
@@ -280,12 +317,11 @@ pub(super) async fn run_session(
                 None => {}
             },
             _ = report_tick.tick() => {
-                if let Some(report) = shared.plane.report(id).await {
-                    if !send_within(ch, report, dead_after, &agent).await {
-                        vanished = Some("the control connection failed: a report could not be sent".into());
-                        send_failed = true;
-                        break None;
-                    }
+                last_report = Instant::now();
+                if !send_report(ch, shared, id, dead_after, &agent).await {
+                    vanished = Some("the control connection failed: a report could not be sent".into());
+                    send_failed = true;
+                    break None;
                 }
             }
             _ = session.failed_notify.notified() => {
@@ -336,6 +372,7 @@ pub(super) async fn run_session(
         }
     }
     let summary = shared.plane.close(id, goodbye.clone()).await;
+    shared.credits.leave(id);
     shared.telemetry.agents_connected().dec();
     tel.session_ended(match (&goodbye, ending) {
         (Some(_), _) => SessionEnd::Goodbye,
@@ -387,6 +424,28 @@ pub(super) async fn run_session(
             );
         }
     }
+}
+
+/// Sends connection `id`'s report with a new credit grant when its limit changes
+/// (DESIGN.md §4); false when the send failed. No report (the connection is closing) is a
+/// success.
+async fn send_report(
+    ch: &mut ControlChannel<TcpStream>,
+    shared: &Shared,
+    id: u32,
+    within: Duration,
+    agent: &str,
+) -> bool {
+    let Some(mut report) = shared.plane.report(id).await else {
+        return true;
+    };
+    let consumed_next = if report.conn_received > 0 {
+        report.consumed_conn_seq.saturating_add(1)
+    } else {
+        0
+    };
+    report.credit_grant = shared.credits.grant(id, consumed_next);
+    send_within(ch, report, within, agent).await
 }
 
 /// An agent's `Goodbye` reason and detail for a log line: `shutdown`, `shutdown: stopping`.

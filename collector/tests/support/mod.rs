@@ -183,6 +183,7 @@ impl TestAgent {
                 mtu: ep.mtu,
                 udp_addr: ep.udp_addr.map(|a| a.to_string()).unwrap_or_default(),
             }),
+            ..Default::default()
         };
         let stream = TcpStream::connect(control).await.expect("connect control");
         let mut ch = ControlChannel::new(stream);

@@ -524,6 +524,7 @@ mod tests {
                 mtu: 1024,
                 udp_addr: "127.0.0.1:5000".into(),
             }),
+            ..Default::default()
         }
     }
 

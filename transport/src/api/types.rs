@@ -257,6 +257,10 @@ pub struct PortAttr {
     pub max_msg_size: u32,
     /// The UDP address the device receives RoCEv2 on (soft transport), `None` for verbs.
     pub udp_addr: Option<SocketAddr>,
+    /// The receive buffer of the device's UDP socket as the kernel granted it (`SO_RCVBUF`
+    /// from `getsockopt`, bytes): every inbound packet of every QP waits there until the
+    /// device reads it. `None` for verbs and for soft devices over other links.
+    pub recv_buffer_bytes: Option<usize>,
 }
 #[cfg(test)]
 mod tests {

@@ -1,5 +1,6 @@
 //! The soft transport: RoCEv2 UC in user space over UDP.
 
+pub mod capacity;
 pub mod device;
 pub mod engine;
 pub mod fault;

@@ -234,6 +234,7 @@ impl DeviceOps for VerbsDevice {
             active_mtu: self.shared.active_mtu.bytes(),
             max_msg_size: self.shared.max_msg_size,
             udp_addr: None,
+            recv_buffer_bytes: None,
         }
     }
 

@@ -138,7 +138,8 @@ impl SoftDevice {
             name: format!("{} ({})", config.name, config.udp.bind),
             source,
         })?;
-        match &config.faults {
+        let granted = link.recv_buffer_bytes();
+        let dev = match &config.faults {
             None => Self::with_link(config, Box::new(link)),
             Some(faults) => {
                 let injector = FaultInjector::new(link, faults.clone()).map_err(|e| {
@@ -152,7 +153,9 @@ impl SoftDevice {
                 *lock(&dev.shared.fault_stats) = Some(stats);
                 Ok(dev)
             }
-        }
+        }?;
+        *lock(&dev.shared.recv_buffer_bytes) = Some(granted);
+        Ok(dev)
     }
 
     /// Counters of the fault injector [`SoftDevice::open`] installed for `config.faults`.
@@ -213,6 +216,7 @@ impl SoftDevice {
             counters: Counters::default(),
             events: Mutex::new(VecDeque::new()),
             fault_stats: Mutex::new(None),
+            recv_buffer_bytes: Mutex::new(None),
         });
         if let (true, Some(wake)) = (thread, wake) {
             let weak = Arc::downgrade(&shared);
@@ -276,6 +280,7 @@ impl DeviceOps for SoftDevice {
             active_mtu: self.shared.mtu.bytes(),
             max_msg_size: SOFT_MAX_MSG_SIZE,
             udp_addr: Some(self.shared.advertised),
+            recv_buffer_bytes: *lock(&self.shared.recv_buffer_bytes),
         }
     }
 

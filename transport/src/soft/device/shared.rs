@@ -164,6 +164,8 @@ pub(super) struct Shared {
     pub(super) counters: Counters,
     pub(super) events: Mutex<VecDeque<AsyncEvent>>,
     pub(super) fault_stats: Mutex<Option<Arc<FaultStats>>>,
+    /// The UDP socket's granted receive buffer ([`crate::api::PortAttr::recv_buffer_bytes`]).
+    pub(super) recv_buffer_bytes: Mutex<Option<usize>>,
 }
 
 impl Drop for Shared {
