@@ -38,6 +38,17 @@ fn synchronized_bursts_into_a_small_receive_buffer_lose_nothing() {
     })
     .unwrap();
     assert!(r.control_errors.is_empty(), "{:?}", r.control_errors);
+    eprintln!(
+        "budget {} frames, {} bursts, sent {}, received {}, lost {}, kernel socket drops {:?}, \
+         connect {:.1} s",
+        r.credit_budget_frames,
+        r.bursts,
+        r.accounting.sent,
+        r.accounting.received,
+        r.accounting.lost,
+        r.socket_drops,
+        r.connect_seconds
+    );
     let windows = agents as f64 * 56.0;
     assert!(
         r.credit_budget_frames > 0.0 && r.credit_budget_frames < windows / 4.0,
