@@ -219,6 +219,13 @@ struct Memo {
     /// The limits the records were validated under.
     limits: Option<Limits>,
     records: Vec<Remembered>,
+    /// The last payload, while each of its records is the one remembered at its position
+    /// in `records` (empty otherwise): a payload equal to it except for the 8 bytes of each
+    /// record's `value` is these records again, with new values (the argument of [`Memo`]
+    /// applied to the payload: its outer keys and lengths are bytes like any other).
+    payload: Vec<u8>,
+    /// Where each record's body starts in `payload`, one per record.
+    bodies: Vec<u32>,
 }
 
 /// Where `part` (a sub-slice of `body`, or an empty string from anywhere) lies in `body`.
@@ -239,6 +246,8 @@ impl Memo {
     fn prepare(&mut self, limits: &Limits) {
         if self.limits.as_ref() != Some(limits) {
             self.records.clear();
+            self.payload.clear();
+            self.bodies.clear();
             self.limits = Some(limits.clone());
         }
     }
@@ -253,61 +262,80 @@ impl Memo {
         labels: &mut Vec<LabelView<'a>>,
     ) -> Option<Entry<'a>> {
         let r = self.records.get_mut(index)?;
-        if r.body.len() != body.len() {
+        if r.id == 0 || r.body.len() != body.len() {
             return None;
         }
         // The value's bytes are copied first (whatever they are, they parse as the value
         // and nothing else), so one comparison covers the rest: name, help, type and
         // labels (before the value, in the order prost encodes) and any field after it.
-        let (head, value) = match r.value_at {
-            Some(at) => {
-                let at = at as usize;
-                let (head, rest) = body.split_at_checked(at)?;
-                let value = rest.first_chunk::<8>()?;
-                r.body.get_mut(at..at + 8)?.copy_from_slice(value);
-                (head, Some(value))
-            }
-            None => (body, None),
-        };
+        if let Some(at) = r.value_at {
+            let at = at as usize;
+            let value = body.get(at..)?.first_chunk::<8>()?;
+            r.body.get_mut(at..at + 8)?.copy_from_slice(value);
+        }
         if r.body != body {
             return None;
         }
-        // Strings of a record only lie in its head or its tail; the head is usually all
-        // ASCII (keys, short lengths, names), so one UTF-8 check covers all its strings.
-        let head_str = std::str::from_utf8(head).ok();
-        let text = |span: Span| -> Option<&'a str> {
-            let (start, end) = (span.0 as usize, span.1 as usize);
-            match head_str {
-                Some(h) if end <= h.len() => h.get(start..end),
-                _ => std::str::from_utf8(body.get(start..end)?).ok(),
-            }
-        };
-        let labels_start = labels.len();
-        for (name, value) in &r.labels {
-            match (text(*name), text(*value)) {
-                (Some(name), Some(value)) => labels.push(LabelView { name, value }),
-                _ => {
-                    labels.truncate(labels_start);
-                    return None;
+        r.entry(body, labels)
+    }
+
+    /// The whole payload, if it is the last payload again (see [`Memo::payload`]): its
+    /// records are appended to `metrics` and their labels to `labels` (both empty before)
+    /// and true is returned. False (nothing appended) otherwise.
+    #[inline]
+    fn recall_payload<'a>(
+        &mut self,
+        payload: &'a [u8],
+        metrics: &mut Vec<Entry<'a>>,
+        labels: &mut Vec<LabelView<'a>>,
+    ) -> bool {
+        if self.bodies.is_empty() || self.payload.len() != payload.len() {
+            return false;
+        }
+        for (&start, r) in self.bodies.iter().zip(&self.records) {
+            if let Some(at) = r.value_at {
+                let at = start as usize + at as usize;
+                let copied = payload
+                    .get(at..)
+                    .and_then(|rest| rest.first_chunk::<8>())
+                    .zip(self.payload.get_mut(at..at + 8))
+                    .map(|(new, old)| old.copy_from_slice(new));
+                if copied.is_none() {
+                    return false;
                 }
             }
         }
-        let (Some(name), Some(help)) = (text(r.name), text(r.help)) else {
-            labels.truncate(labels_start);
-            return None;
-        };
-        Some(Entry {
-            id: r.id,
-            name,
-            help,
-            r#type: r.r#type,
-            labels: (index_u32(labels_start)?, index_u32(labels.len())?),
-            value: value.map_or(0.0, |v| f64::from_le_bytes(*v)),
-            timestamp_ms: r.timestamp_ms,
-            buckets: (0, 0),
-            count: 0,
-            sum: 0.0,
-        })
+        if self.payload != payload {
+            return false;
+        }
+        for (&start, r) in self.bodies.iter().zip(&self.records) {
+            let start = start as usize;
+            let entry = payload
+                .get(start..start + r.body.len())
+                .and_then(|body| r.entry(body, labels));
+            match entry {
+                Some(e) => metrics.push(e),
+                None => {
+                    metrics.clear();
+                    labels.clear();
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Notes `payload` as the last payload, its records' bodies starting at `bodies`, if
+    /// `whole` (each record is the one now remembered at its position); forgets the last
+    /// payload otherwise.
+    fn note_payload(&mut self, payload: &[u8], whole: bool) {
+        if whole && !self.bodies.is_empty() && self.bodies.len() <= self.records.len() {
+            self.payload.clear();
+            self.payload.extend_from_slice(payload);
+        } else {
+            self.payload.clear();
+            self.bodies.clear();
+        }
     }
 
     /// Remembers record `index` (body `body`, decoded as `entry` with `labels`, the value's
@@ -361,6 +389,63 @@ impl Memo {
         r.timestamp_ms = entry.timestamp_ms;
         r.id = NEXT_RECORD_ID.fetch_add(1, Ordering::Relaxed);
         r.id
+    }
+}
+
+impl Remembered {
+    /// The remembered record as an entry over `body` (equal to the remembered body except
+    /// for the value's 8 bytes), its labels appended to `labels`; `None` (nothing
+    /// appended) if a string is not valid UTF-8 in `body`, which the comparison with the
+    /// remembered body rules out.
+    #[inline]
+    fn entry<'a>(&self, body: &'a [u8], labels: &mut Vec<LabelView<'a>>) -> Option<Entry<'a>> {
+        // Strings of a record only lie in its head or its tail; the head is usually all
+        // ASCII (keys, short lengths, names), so one UTF-8 check covers all its strings.
+        let head = match self.value_at {
+            Some(at) => body.get(..at as usize)?,
+            None => body,
+        };
+        let head_str = std::str::from_utf8(head).ok();
+        let text = |span: Span| -> Option<&'a str> {
+            let (start, end) = (span.0 as usize, span.1 as usize);
+            match head_str {
+                Some(h) if end <= h.len() => h.get(start..end),
+                _ => std::str::from_utf8(body.get(start..end)?).ok(),
+            }
+        };
+        let value = match self.value_at {
+            Some(at) => f64::from_le_bytes(*body.get(at as usize..)?.first_chunk::<8>()?),
+            None => 0.0,
+        };
+        let labels_start = labels.len();
+        let first_label = index_u32(labels_start)?;
+        for (name, value) in &self.labels {
+            match (text(*name), text(*value)) {
+                (Some(name), Some(value)) => labels.push(LabelView { name, value }),
+                _ => {
+                    labels.truncate(labels_start);
+                    return None;
+                }
+            }
+        }
+        let (Some(name), Some(help), Some(end_label)) =
+            (text(self.name), text(self.help), index_u32(labels.len()))
+        else {
+            labels.truncate(labels_start);
+            return None;
+        };
+        Some(Entry {
+            id: self.id,
+            name,
+            help,
+            r#type: self.r#type,
+            labels: (first_label, end_label),
+            value,
+            timestamp_ms: self.timestamp_ms,
+            buckets: (0, 0),
+            count: 0,
+            sum: 0.0,
+        })
     }
 }
 
@@ -611,6 +696,16 @@ impl<'a> MetricBatchView<'a> {
     ) -> Parsed<(usize, Option<PayloadError>)> {
         let keep = limits.max_records_per_frame;
         self.memo.prepare(limits);
+        let payload = buf;
+        if self
+            .memo
+            .recall_payload(payload, &mut self.metrics, &mut self.labels)
+        {
+            return Ok((self.metrics.len(), None));
+        }
+        self.memo.note_payload(payload, false);
+        // Every record so far is kept and is the one remembered at its position.
+        let mut whole = true;
         let mut count = 0usize;
         let mut first_error = None;
         while !buf.is_empty() {
@@ -620,6 +715,16 @@ impl<'a> MetricBatchView<'a> {
                 continue;
             }
             let body = message(wire_type, &mut buf, RECURSION_LIMIT)?;
+            if whole {
+                match payload
+                    .len()
+                    .checked_sub(buf.len() + body.len())
+                    .map(index_u32)
+                {
+                    Some(Some(start)) if count < keep => self.memo.bodies.push(start),
+                    _ => whole = false,
+                }
+            }
             if count < keep {
                 if let Some(entry) = self.memo.recall(count, body, &mut self.labels) {
                     self.metrics.push(entry);
@@ -639,8 +744,10 @@ impl<'a> MetricBatchView<'a> {
                             if let Some(last) = self.metrics.last_mut() {
                                 last.id = id;
                             }
+                            whole &= id != 0;
                         }
                         Err(source) => {
+                            whole = false;
                             first_error = Some(PayloadError::Record {
                                 index: count,
                                 source,
@@ -655,6 +762,7 @@ impl<'a> MetricBatchView<'a> {
             }
             count += 1;
         }
+        self.memo.note_payload(payload, whole);
         Ok((count, first_error))
     }
 
@@ -927,6 +1035,71 @@ mod tests {
         let mut view = view.recycle();
         view.decode_into(&second, &other).unwrap();
         assert_eq!(view.get(2).unwrap().r#type, MetricType::Counter as i32);
+    }
+
+    /// A position where nothing is remembered (a histogram was there) recalls nothing,
+    /// not even an empty record.
+    #[test]
+    fn an_empty_record_is_not_recalled_from_an_unused_position() {
+        let limits = Limits::default();
+        let first = encode_metric_batch(&MetricBatch {
+            metrics: vec![cpu(0), histogram(), cpu(2)],
+        });
+        let view = MetricBatchView::decode(&first, &limits).unwrap();
+        assert_eq!(view.memo.records[1].id, 0);
+        let second = encode_metric_batch(&MetricBatch {
+            metrics: vec![cpu(0), Metric::default(), cpu(2)],
+        });
+        let mut view = view.recycle();
+        let borrowed = view.decode_into(&second, &limits);
+        assert!(borrowed.is_err());
+        assert_eq!(borrowed, decode_metric_batch(&second, &limits).map(drop));
+    }
+
+    #[test]
+    fn a_repeated_payload_is_recalled_whole() {
+        let limits = Limits::default();
+        let payload = |v: f64, name: &str| {
+            let mut metrics: Vec<Metric> = (0..4).map(cpu).collect();
+            metrics[1].value = v;
+            metrics[2].name = name.into();
+            encode_metric_batch(&MetricBatch { metrics })
+        };
+        let first = payload(1.0, "node_a");
+        let mut view = MetricBatchView::decode(&first, &limits).unwrap();
+        assert_eq!(view.memo.payload, first);
+        assert_eq!(view.memo.bodies.len(), 4);
+        let ids: Vec<Option<RecordId>> = view.iter_with_ids().map(|(_, id)| id).collect();
+        // The same records with other values: taken whole from the memo (a tampered
+        // record shows), with the same ids and the new values.
+        view.memo.records[3].r#type = MetricType::Gauge as i32;
+        let second = payload(-2.5, "node_a");
+        let mut next = view.recycle();
+        next.decode_into(&second, &limits).unwrap();
+        assert_eq!(next.get(1).unwrap().value, -2.5);
+        assert_eq!(next.get(3).unwrap().r#type, MetricType::Gauge as i32);
+        let again: Vec<Option<RecordId>> = next.iter_with_ids().map(|(_, id)| id).collect();
+        assert_eq!(again, ids);
+        // One byte changed outside the values (same length): parsed again, record by
+        // record, and remembered whole again.
+        next.memo.records[3].r#type = MetricType::Counter as i32;
+        let third = payload(7.0, "node_b");
+        let mut view = next.recycle();
+        view.decode_into(&third, &limits).unwrap();
+        assert_eq!(
+            view.to_batch(),
+            decode_metric_batch(&third, &limits).unwrap()
+        );
+        assert_eq!(view.memo.payload, third);
+        // A payload with an invalid record is not remembered whole.
+        let bad = payload(7.0, "node b");
+        let mut next = view.recycle();
+        assert!(next.decode_into(&bad, &limits).is_err());
+        assert!(next.memo.payload.is_empty() && next.memo.bodies.is_empty());
+        assert_eq!(
+            next.decode_into(&bad, &limits),
+            decode_metric_batch(&bad, &limits).map(drop)
+        );
     }
 
     #[test]

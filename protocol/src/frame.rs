@@ -270,12 +270,17 @@ fn write_bytes(buf: &mut [u8], offset: usize, bytes: &[u8]) {
 ///
 /// `header` shorter than [`HEADER_LEN`] is treated as zero-padded; bytes past it are ignored.
 pub fn frame_crc32c(header: &[u8], payload: &[u8]) -> u32 {
-    let head = header.get(..field::CRC32C).unwrap_or(header);
-    let tail = header.get(field::RESERVED..HEADER_LEN).unwrap_or(&[]);
-    let mut crc = crc32c::crc32c(head);
-    crc = crc32c::crc32c_append(crc, &[0u8; 4]);
-    crc = crc32c::crc32c_append(crc, tail);
-    crc32c::crc32c_append(crc, payload)
+    // The header is copied with its CRC field zeroed, so that it takes one pass of the
+    // crate's 8-bytes-at-a-time loop instead of three short ones.
+    let mut head = [0u8; HEADER_LEN];
+    let n = header.len().min(HEADER_LEN);
+    if let (Some(dst), Some(src)) = (head.get_mut(..n), header.get(..n)) {
+        dst.copy_from_slice(src);
+    }
+    if let Some(crc) = head.get_mut(field::CRC32C..field::RESERVED) {
+        crc.fill(0);
+    }
+    crc32c::crc32c_append(crc32c::crc32c(&head), payload)
 }
 
 /// The connection sequence of a frame at the start of `buf`, read without any check other
@@ -814,6 +819,28 @@ mod tests {
     fn crc32c_is_castagnoli() {
         // RFC 3720 §B.4 / the CRC catalogue check value of CRC-32C for "123456789".
         assert_eq!(crc32c::crc32c(b"123456789"), 0xE306_9283);
+    }
+
+    /// The frame CRC is CRC32C over the 64 header bytes with the CRC field zeroed, then the
+    /// payload: compared with the checksum of that byte string built out.
+    #[test]
+    fn frame_crc_covers_the_header_with_its_crc_zeroed_then_the_payload() {
+        let frame = build_frame(&header(), &metrics_payload()).unwrap();
+        for (header_bytes, payload) in [
+            (&frame[..HEADER_LEN], &frame[HEADER_LEN..]),
+            (&frame[..HEADER_LEN], &[][..]),
+            (&[0xa5u8; HEADER_LEN][..], &[0x5au8; 1000][..]),
+        ] {
+            let mut whole = header_bytes.to_vec();
+            whole[field::CRC32C..field::RESERVED].fill(0);
+            whole.extend_from_slice(payload);
+            assert_eq!(frame_crc32c(header_bytes, payload), crc32c::crc32c(&whole));
+        }
+        // A short header is zero-padded to 64 bytes.
+        let mut padded = [0u8; HEADER_LEN].to_vec();
+        padded[..3].copy_from_slice(b"UCT");
+        padded.push(7);
+        assert_eq!(frame_crc32c(b"UCT", &[7]), crc32c::crc32c(&padded));
     }
 
     #[test]
