@@ -13,7 +13,7 @@ pub struct FaultSection {
     /// Probability that a datagram is sent twice.
     pub duplicate_ratio: f64,
     /// Probability that a datagram is held back and released after 1 to `reorder_window`
-    /// later datagrams; needs `reorder_window` above 0.
+    /// later datagrams (after 20 ms when fewer follow); needs `reorder_window` above 0.
     pub reorder_ratio: f64,
     /// Most later datagrams a held-back datagram waits for; 0 turns reordering off.
     pub reorder_window: usize,

@@ -7,7 +7,9 @@
 //! 2. **corrupt** with probability `corrupt_ratio`: one uniformly chosen payload bit flipped;
 //! 3. **duplicate** with probability `duplicate_ratio`: the datagram goes out twice;
 //! 4. **reorder** with probability `reorder_ratio`: the datagram is held back and released
-//!    right after 1..=`reorder_window` (uniform) later datagrams;
+//!    right after 1..=`reorder_window` (uniform) later datagrams, or once it has been held
+//!    for [`MAX_REORDER_HOLD`] when fewer follow (a real path reorders, it does not keep a
+//!    packet forever: the last datagram before a pause still arrives, only late);
 //! 5. **delay** by `delay_ms` when non-zero: every datagram is held that long.
 //!
 //! All randomness comes from one `ChaCha8Rng` seeded with `seed`, so the same seed and the
@@ -210,11 +212,25 @@ impl FaultStats {
     }
 }
 
+/// Longest a datagram held back for reordering waits for later datagrams; then it is
+/// released anyway (at the next call into the injector at or after that time).
+pub const MAX_REORDER_HOLD: Duration = Duration::from_millis(20);
+
+/// A datagram held back for reordering.
+#[derive(Debug)]
+struct Held {
+    /// Later datagrams still to pass before it goes.
+    after: usize,
+    /// When it goes if fewer pass by then ([`MAX_REORDER_HOLD`] after it was held).
+    until: Instant,
+    datagram: Datagram,
+}
+
 /// The per-direction fault pipeline.
 #[derive(Debug, Default)]
 struct Pipeline {
-    /// Held for reordering: (later datagrams still to pass, datagram).
-    held: Vec<(usize, Datagram)>,
+    /// Held for reordering, in the order they were held.
+    held: Vec<Held>,
     /// Delayed: (release time, datagram), in release order.
     delayed: VecDeque<(Instant, Datagram)>,
     /// Ready to hand on.
@@ -319,7 +335,12 @@ impl<L: Link> FaultInjector<L> {
             if hold {
                 let after = self.rng.gen_range(1..=c.reorder_window);
                 FaultStats::bump(&stats.reordered);
-                self.pipe(dir_tx).held.push((after, d));
+                let until = now.checked_add(MAX_REORDER_HOLD).unwrap_or(now);
+                self.pipe(dir_tx).held.push(Held {
+                    after,
+                    until,
+                    datagram: d,
+                });
             } else {
                 self.emit(dir_tx, d, now);
                 self.release_held(dir_tx, now);
@@ -344,9 +365,9 @@ impl<L: Link> FaultInjector<L> {
             let Some(entry) = pipe.held.get_mut(i) else {
                 break;
             };
-            entry.0 = entry.0.saturating_sub(1);
-            if entry.0 == 0 {
-                due.push(pipe.held.remove(i).1);
+            entry.after = entry.after.saturating_sub(1);
+            if entry.after == 0 {
+                due.push(pipe.held.remove(i).datagram);
             } else {
                 i += 1;
             }
@@ -370,8 +391,22 @@ impl<L: Link> FaultInjector<L> {
         }
     }
 
-    /// Moves delayed datagrams whose time has come to the ready queues.
+    /// Releases held datagrams whose [`MAX_REORDER_HOLD`] is over (through the delay, as
+    /// any released datagram), then moves delayed datagrams whose time has come to the ready
+    /// queues.
     pub fn release_due(&mut self, now: Instant) {
+        for dir_tx in [true, false] {
+            let pipe = self.pipe(dir_tx);
+            if pipe.held.iter().any(|h| h.until <= now) {
+                let (due, kept): (Vec<Held>, Vec<Held>) = std::mem::take(&mut pipe.held)
+                    .into_iter()
+                    .partition(|h| h.until <= now);
+                pipe.held = kept;
+                for h in due {
+                    self.emit(dir_tx, h.datagram, now);
+                }
+            }
+        }
         for pipe in [&mut self.tx, &mut self.rx] {
             while pipe.delayed.front().is_some_and(|(at, _)| *at <= now) {
                 if let Some((_, d)) = pipe.delayed.pop_front() {
@@ -386,8 +421,8 @@ impl<L: Link> FaultInjector<L> {
     /// send backlog (inner link would block).
     pub fn flush(&mut self) -> io::Result<usize> {
         for pipe in [&mut self.tx, &mut self.rx] {
-            for (_, d) in pipe.held.drain(..) {
-                pipe.delayed.push_back((Instant::now(), d));
+            for h in pipe.held.drain(..) {
+                pipe.delayed.push_back((Instant::now(), h.datagram));
             }
             for (_, d) in pipe.delayed.drain(..) {
                 pipe.ready.push_back(d);
@@ -472,13 +507,14 @@ impl<L: Link> FaultInjector<L> {
         Ok(n)
     }
 
-    /// Earliest release time of a delayed datagram.
+    /// Earliest release time of a delayed or held datagram.
     fn next_release(&self) -> Option<Instant> {
-        [self.tx.delayed.front(), self.rx.delayed.front()]
+        let delayed = [self.tx.delayed.front(), self.rx.delayed.front()]
             .into_iter()
             .flatten()
-            .map(|(at, _)| *at)
-            .min()
+            .map(|(at, _)| *at);
+        let held = self.tx.held.iter().chain(&self.rx.held).map(|h| h.until);
+        delayed.chain(held).min()
     }
 }
 
@@ -671,6 +707,32 @@ mod tests {
         let s = f.stats().snapshot();
         assert!(s.reordered > 200 && s.reordered < 400, "{s:?}");
         assert_eq!(s.passed, 1000);
+    }
+
+    #[test]
+    fn a_held_datagram_with_no_followers_goes_after_the_hold_time() {
+        let (la, mut lb, b) = pair();
+        let config = FaultConfig {
+            reorder_ratio: 1.0,
+            reorder_window: 3,
+            seed: 5,
+            ..FaultConfig::default()
+        };
+        let mut f = FaultInjector::new(la, config).expect("valid");
+        let t0 = Instant::now();
+        f.send_at(&numbered(b, 1), t0).expect("send");
+        assert!(drain(&mut lb).is_empty());
+        assert_eq!(f.pending(), 1);
+        // What `readiness` reports to the owner as `Idle { until }` over a waitable link.
+        assert_eq!(f.next_release(), Some(t0 + MAX_REORDER_HOLD));
+        f.send_at(&[], t0 + MAX_REORDER_HOLD - Duration::from_millis(1))
+            .expect("tick");
+        assert!(drain(&mut lb).is_empty(), "released before its hold time");
+        f.send_at(&[], t0 + MAX_REORDER_HOLD).expect("tick");
+        assert_eq!(drain(&mut lb).len(), 1);
+        assert_eq!(f.pending(), 0);
+        let s = f.stats().snapshot();
+        assert_eq!((s.reordered, s.passed), (1, 1), "{s:?}");
     }
 
     #[test]
