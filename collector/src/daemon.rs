@@ -274,13 +274,13 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
     let clickhouse =
         crate::outputs::clickhouse::start(config.outputs.clickhouse.as_ref(), &telemetry, &sd)
             .map_err(RunError::Output)?;
-    let credits = Arc::new(crate::control::budget::CreditBudget::new(credit_budget(
+    let credits = Arc::new(crate::credits::CreditBudget::new(credit_budget(
         &config,
         plane.device(),
     )));
     telemetry
         .registry()
-        .register(Box::new(crate::control::budget::BudgetCollector::new(
+        .register(Box::new(crate::credits::BudgetCollector::new(
             credits.clone(),
         )))?;
     let shared = Shared {

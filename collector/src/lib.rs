@@ -16,6 +16,7 @@
 //! - [`rdma_events`]: the RDMA device's asynchronous events, counted, and the connections
 //!   they end.
 //! - [`shared`]: the state every task shares ([`shared::Shared`]).
+//! - [`credits`]: the collector-wide credit budget and the grants cut from it.
 //! - [`control`]: the TCP control plane (handshake, heartbeats, reports, goodbye); the
 //!   session rules are `uctel_protocol::session`'s.
 //! - [`daemon`]: [`start`]/[`run`] wiring it all, with ephemeral-port support for tests.
@@ -28,6 +29,7 @@
 
 pub mod config;
 pub mod control;
+pub mod credits;
 pub mod daemon;
 pub mod dataplane;
 pub mod ingest;

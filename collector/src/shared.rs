@@ -41,7 +41,7 @@ pub struct Shared {
     /// Log offsets each agent delivered in its earlier epochs (replays are discarded).
     pub delivered: DeliveredLogs,
     /// The collector-wide credit budget (DESIGN.md §4).
-    pub credits: Arc<crate::control::budget::CreditBudget>,
+    pub credits: Arc<crate::credits::CreditBudget>,
     /// Fires the drain (`SIGUSR1`, `POST /-/drain`); the control plane subscribes to it.
     pub drain: uctel_common::shutdown::ShutdownTrigger,
 }

@@ -509,13 +509,16 @@ impl SenderCore {
     /// Takes the credits of a collector `Report` (DESIGN.md §4). A report sent before any
     /// frame reached the collector says `consumed_conn_seq: 0` meaning "nothing yet", which
     /// cannot be told apart from "frame 0 consumed": it is ignored (`None`), since taking it
-    /// would count a lost frame 0 as consumed and shift the credit window by one.
+    /// would count a lost frame 0 as consumed and shift the credit window by one. A non-zero
+    /// consumed sequence with nothing received is taken: the collector gave back the credit
+    /// of frames lost on the wire (sent a heartbeat interval ago and never seen).
     pub fn on_report(&mut self, report: &uctel_protocol::control::Report) -> Option<ReportOutcome> {
         if let Some(g) = report.credit_grant {
             self.on_grant(g);
         }
         self.asked_for_credit = false;
-        (report.conn_received > 0).then(|| self.on_consumed(report.consumed_conn_seq))
+        (report.conn_received > 0 || report.consumed_conn_seq > 0)
+            .then(|| self.on_consumed(report.consumed_conn_seq))
     }
 
     /// Applies a grant of the collector's credit budget (DESIGN.md §4). A grant that lowers

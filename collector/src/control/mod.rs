@@ -54,7 +54,6 @@
 //! The rules of the conversation (handshake order and deadline, heartbeats, the dead-peer
 //! rule) are `uctel_protocol::session`'s sans-IO machines; the collector only drives them.
 
-pub mod budget;
 mod handshake;
 mod registry;
 mod session;

@@ -22,10 +22,10 @@ use uctel_protocol::session::{Liveness, LivenessConfig, LivenessEvent, Refusal};
 use uctel_protocol::stream::StreamName;
 use uctel_protocol::tracker::TrackerConfig;
 
-use super::budget::ConnLimits;
 use super::handshake::{advertised_endpoint, agent_endpoint, collector_transport, Accepted};
 use super::registry::{lock, Registry, SessionLink};
 use super::{refuse, send_within, sleep_until, GOODBYE_DRAIN, GOODBYE_WAIT};
+use crate::credits::{ConnLimits, SentTail};
 use crate::dataplane::{Geometry, Session};
 use crate::ingest::{ConnectionIngest, StreamLedger};
 use crate::outputs::Outputs;
@@ -242,6 +242,7 @@ pub(super) async fn run_session(
     // heartbeat was on its way, its `Goodbye` still unread in the socket.
     let mut send_failed = false;
     let mut last_report = Instant::now();
+    let mut sent_tail = SentTail::default();
     let ending: Option<(GoodbyeReason, &'static str)> = loop {
         tokio::select! {
             () = drain.wait(), if !told_to_move => {
@@ -267,12 +268,13 @@ pub(super) async fn run_session(
                         Some(Body::Heartbeat(hb)) => {
                             let starved = hb.frames_without_credit.unwrap_or(0);
                             shared.credits.on_heartbeat(id, hb.credit_grant_applied, hb.sent_conn_seq, starved);
+                            sent_tail.on_heartbeat(hb.sent_conn_seq, Instant::now());
                             shared.plane.heartbeat(id, hb);
                             // An agent out of credit gets its report (and grant) now rather
                             // than at the next tick, at most twice per report interval.
                             if starved > 0 && last_report.elapsed() >= report_every / 2 {
                                 last_report = Instant::now();
-                                if !send_report(ch, shared, id, dead_after, &agent).await {
+                                if !send_report(ch, shared, id, dead_after, &agent, sent_tail.gone(Instant::now())).await {
                                     vanished = Some("the control connection failed: a report could not be sent".into());
                                     send_failed = true;
                                     break None;
@@ -318,7 +320,7 @@ pub(super) async fn run_session(
             },
             _ = report_tick.tick() => {
                 last_report = Instant::now();
-                if !send_report(ch, shared, id, dead_after, &agent).await {
+                if !send_report(ch, shared, id, dead_after, &agent, sent_tail.gone(Instant::now())).await {
                     vanished = Some("the control connection failed: a report could not be sent".into());
                     send_failed = true;
                     break None;
@@ -428,18 +430,25 @@ pub(super) async fn run_session(
 
 /// Sends connection `id`'s report with a new credit grant when its limit changes
 /// (DESIGN.md §4); false when the send failed. No report (the connection is closing) is a
-/// success.
+/// success. `gone`: the highest connection sequence sent long enough ago that it will not
+/// arrive any more ([`SentTail`]); the report's consumed sequence is at least that, so frames
+/// lost on the wire give their credit back.
 async fn send_report(
     ch: &mut ControlChannel<TcpStream>,
     shared: &Shared,
     id: u32,
     within: Duration,
     agent: &str,
+    gone: Option<u64>,
 ) -> bool {
     let Some(mut report) = shared.plane.report(id).await else {
         return true;
     };
-    let consumed_next = if report.conn_received > 0 {
+    let consumed = (report.conn_received > 0).then_some(report.consumed_conn_seq);
+    if let Some(gone) = gone.filter(|&g| consumed.is_none_or(|c| g > c)) {
+        report.consumed_conn_seq = gone;
+    }
+    let consumed_next = if report.conn_received > 0 || gone.is_some() {
         report.consumed_conn_seq.saturating_add(1)
     } else {
         0

@@ -19,7 +19,11 @@
 //!   (`Heartbeat.credit_grant_applied`), it may still send under any earlier grant it has
 //!   not yet replaced, so its claim is the largest of those limits; the heartbeat's
 //!   `sent_conn_seq` covers the frames it sent under them.
-//! * Consumed frames (read from the ring, or counted lost) leave the claim.
+//! * Consumed frames (read from the ring, or counted lost) leave the claim. A frame the
+//!   agent's heartbeat said was sent and that has not been consumed [`GONE_AFTER`] later
+//!   never will be (UC does not retransmit): [`SentTail`] counts it as consumed for credits,
+//!   so a loss of a whole window (a black-holed path) cannot leave the agent without credit
+//!   for good. Its loss is still counted by the trackers, as any gap.
 //!
 //! **Sharing.** The budget is split max-min fair among the agents that want it: each agent
 //! is entitled to `min(its want, capacity / agents)` frames, and the budget owed to agents
@@ -38,6 +42,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use uctel_protocol::control::CreditGrant;
 
@@ -384,6 +389,57 @@ impl prometheus::core::Collector for BudgetCollector {
     }
 }
 
+/// How long after a heartbeat said a frame was sent the collector stops waiting for it when
+/// it gives credits back ([`SentTail`]). Frames take microseconds to milliseconds from the
+/// agent's post to the ring, and the worker reads them within its queue's latency; a second
+/// is far past both.
+pub const GONE_AFTER: Duration = Duration::from_secs(1);
+
+/// The frames an agent's heartbeats said were sent, by when (`Heartbeat.sent_conn_seq`):
+/// what the collector may count as consumed for credits once [`GONE_AFTER`] has passed.
+///
+/// Without it, frames lost on the wire never leave the agent's window (consumed is what
+/// reached the ring), and a loss of a whole window stops the connection for good.
+#[derive(Debug, Default)]
+pub struct SentTail {
+    /// (last connection sequence sent, when the heartbeat saying so arrived), oldest first;
+    /// sequences increasing.
+    heard: VecDeque<(u64, Instant)>,
+    /// Highest sequence whose [`GONE_AFTER`] has passed.
+    gone: Option<u64>,
+}
+
+impl SentTail {
+    /// Most heartbeats remembered (early heartbeats come at most twice per report interval;
+    /// only the newest one older than [`GONE_AFTER`] matters).
+    const KEPT: usize = 64;
+
+    /// A heartbeat arrived at `now` saying frames up to `sent` (inclusive) were sent.
+    pub fn on_heartbeat(&mut self, sent: Option<u64>, now: Instant) {
+        let Some(sent) = sent else { return };
+        if self.heard.back().is_some_and(|&(s, _)| s >= sent) {
+            return;
+        }
+        if self.heard.len() == Self::KEPT {
+            self.heard.pop_front();
+        }
+        self.heard.push_back((sent, now));
+    }
+
+    /// The highest connection sequence the agent sent at least [`GONE_AFTER`] before `now`
+    /// (`None` before any): no frame up to it is still on its way.
+    pub fn gone(&mut self, now: Instant) -> Option<u64> {
+        while let Some(&(seq, at)) = self.heard.front() {
+            if now.saturating_duration_since(at) < GONE_AFTER {
+                break;
+            }
+            self.gone = Some(self.gone.map_or(seq, |g| g.max(seq)));
+            self.heard.pop_front();
+        }
+        self.gone
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -554,5 +610,27 @@ mod tests {
                 prop_assert!(b.state().claimed <= cap);
             }
         }
+    }
+
+    #[test]
+    fn sent_frames_count_as_gone_only_after_the_grace() {
+        let t0 = Instant::now();
+        let mut tail = SentTail::default();
+        assert_eq!(tail.gone(t0), None);
+        tail.on_heartbeat(None, t0);
+        tail.on_heartbeat(Some(10), t0);
+        tail.on_heartbeat(Some(7), t0 + Duration::from_millis(100)); // not newer: ignored
+        tail.on_heartbeat(Some(20), t0 + Duration::from_millis(500));
+        assert_eq!(tail.gone(t0 + GONE_AFTER - Duration::from_millis(1)), None);
+        assert_eq!(tail.gone(t0 + GONE_AFTER), Some(10));
+        assert_eq!(
+            tail.gone(t0 + GONE_AFTER + Duration::from_millis(499)),
+            Some(10)
+        );
+        assert_eq!(
+            tail.gone(t0 + GONE_AFTER + Duration::from_millis(500)),
+            Some(20)
+        );
+        assert_eq!(tail.gone(t0 + GONE_AFTER * 10), Some(20), "never goes back");
     }
 }
