@@ -187,6 +187,14 @@ impl CreditBudget {
             g.owed -= old.owed;
         }
         self.refair(&mut g);
+        let fair = g.fair;
+        if let Some(c) = g.conns.get_mut(&id) {
+            if fair >= c.limits.window_cap {
+                // Room for every agent's whole window: nobody needs a smaller one.
+                c.want = c.limits.window_cap;
+                self.refair(&mut g);
+            }
+        }
         self.regrant(&mut g, id).unwrap_or(first)
     }
 
@@ -257,7 +265,14 @@ impl CreditBudget {
             want = want.max(window_now.max(1).saturating_mul(2));
         }
         c.starved = false;
-        c.want = want.min(c.limits.window_cap);
+        // While the fair share covers the whole window (few agents, or a budget without a
+        // shared limit, as on verbs), every agent keeps it: a host collection cut into many
+        // small frames must not find its window shrunk to its average rate.
+        c.want = if fair >= c.limits.window_cap {
+            c.limits.window_cap
+        } else {
+            want.min(c.limits.window_cap)
+        };
         let (dc, dow) = Self::settle(c, fair);
         g.claimed = g.claimed.wrapping_add(dc);
         g.owed = g.owed.wrapping_add(dow);
@@ -451,8 +466,21 @@ mod tests {
     };
 
     #[test]
-    fn one_agent_grows_to_its_ring_and_idles_down_to_its_floor() {
+    fn with_room_for_every_window_each_agent_keeps_its_whole_window() {
         let b = CreditBudget::new(10_000);
+        assert_eq!(b.join(1, L).limit, 960, "the whole window at once");
+        // Idle: still the whole window, the budget holds it.
+        for _ in 0..=PEAK_INTERVALS {
+            if let Some(g) = b.grant(1, 0) {
+                panic!("the window changed while idle: {g:?}");
+            }
+        }
+        assert_eq!(b.join(2, L).limit, 960, "two windows fit too");
+    }
+
+    #[test]
+    fn one_agent_grows_to_the_budget_and_idles_down_to_its_floor() {
+        let b = CreditBudget::new(500);
         let g0 = b.join(1, L);
         assert_eq!(g0.limit, 4, "the floor at first");
         let mut consumed = 0;
@@ -464,7 +492,7 @@ mod tests {
                 limit = g.limit;
             }
         }
-        assert_eq!(limit - consumed, 960, "grew to the ring's window");
+        assert_eq!(limit - consumed, 500, "grew to the whole budget");
         // Idle for longer than the peak memory.
         for _ in 0..=PEAK_INTERVALS {
             if let Some(g) = b.grant(1, consumed) {
