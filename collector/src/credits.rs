@@ -33,7 +33,8 @@
 //! the last [`PEAK_INTERVALS`] intervals, doubled again while it reports frames without
 //! credit, and at least the rate it announced at `Hello` × the report interval; never more
 //! than its ring allows. An idle agent's want decays to that floor: it gives the rest
-//! back. A joining agent waits for budget (its initial grant may be 0 frames) rather than
+//! back. While the fair share covers an agent's whole window (few agents, or a budget
+//! without a shared limit, as on verbs), its want is that window. A joining agent waits for budget (its initial grant may be 0 frames) rather than
 //! overflow the receive path; its frames without credit are counted at the agent
 //! (`no_credit`), never lost unseen.
 //!
