@@ -171,17 +171,13 @@ pub struct CollectorSection {
     /// a small server are about 15 frames per collection). Sent in `Hello`: the collector
     /// sizes this agent's ring from it (rate × its report interval × 2, within its
     /// `ring.min_slots..=ring.slots`) and never lets the agent's credit want fall below
-    /// rate × report interval. Credits come back with each report, so the agent sends at most
-    /// about the window per report interval: an agent that ships bursts of logs needs a rate
-    /// well above its host collections'. Default 512 (1,024 slots × 4 KiB = 4 MiB of ring at
-    /// the collector's defaults); 32 gives the smallest ring (64 slots, 256 KiB) for an agent
-    /// that only ships host metrics.
+    /// rate × report interval. Default 32.
     #[serde(default = "default_expected_fps")]
     pub expected_frames_per_second: u32,
 }
 
 fn default_expected_fps() -> u32 {
-    512
+    32
 }
 
 fn default_connect_timeout() -> f64 {

@@ -80,8 +80,7 @@ struct Args {
     /// `--memory-expected-fps`).
     #[arg(long, default_value_t = 10_000)]
     memory_agents: usize,
-    /// `Hello.expected_frames_per_second` of the memory run's agents (32: the smallest ring,
-    /// for agents that only ship host metrics; the agent's default is 512).
+    /// `Hello.expected_frames_per_second` of the memory run's agents (the agent's default).
     #[arg(long, default_value_t = 32)]
     memory_expected_fps: u32,
     /// Measured window of the memory run, seconds.

@@ -340,9 +340,9 @@ pub struct RingConfig {
     /// rounded up to a power of two) within `min_slots..=slots`; an agent that announces no
     /// rate gets this many. Default 1024.
     pub slots: u32,
-    /// Ring slots of the smallest ring (at most `slots`: a larger value means `slots`): an
-    /// agent announcing 32 frames/s gets 64 slots × 4 KiB = 256 KiB of ring (pinned on verbs),
-    /// one at the agent's default rate (512 frames/s) 1,024 slots = 4 MiB. Default 64.
+    /// Ring slots of the smallest ring (at most `slots`: a larger value means `slots`).
+    /// Memory per agent at the defaults: 64 slots × 4 KiB = 256 KiB of ring (pinned on
+    /// verbs). Default 64.
     pub min_slots: u32,
     /// Bytes per slot; at least `max_frame_bytes`. Default 4096.
     pub slot_bytes: u32,
