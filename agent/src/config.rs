@@ -171,7 +171,10 @@ pub struct CollectorSection {
     /// a small server are about 15 frames per collection). Sent in `Hello`: the collector
     /// sizes this agent's ring from it (rate × its report interval × 2, within its
     /// `ring.min_slots..=ring.slots`) and never lets the agent's credit want fall below
-    /// rate × report interval. Default 32.
+    /// rate × report interval. Credits come back with each report, so the agent sends about
+    /// its window per report interval at most: an agent with fast counters or log backlogs
+    /// should announce what it sends (512 gives the largest default ring, 1,024 slots).
+    /// Default 32.
     #[serde(default = "default_expected_fps")]
     pub expected_frames_per_second: u32,
 }

@@ -233,6 +233,9 @@ collector:
   control: $COLLECTOR_CONTROL
   reconnect_initial_seconds: 0.2
   reconnect_max_seconds: 2
+  # Fast counters every 10 ms and a 3,000-line log backlog: far above the default 32
+  # frames/s, so this agent announces what it sends (its ring and credits follow).
+  expected_frames_per_second: 512
 listen:
   metrics: $AGENT_METRICS
 auth:
