@@ -162,6 +162,8 @@ impl CreditBudget {
     /// and nobody else is owed, possibly 0 frames.
     pub fn join(&self, id: u32, limits: ConnLimits) -> CreditGrant {
         let mut g = self.lock();
+        // Connections once this one is in (a twin id replaces its predecessor).
+        let joined = (g.conns.len() as u64 + u64::from(!g.conns.contains_key(&id))).max(1);
         let limits = ConnLimits {
             window_cap: limits.window_cap.max(1),
             floor: limits.floor.clamp(1, limits.window_cap.max(1)),
@@ -179,7 +181,7 @@ impl CreditBudget {
             used: VecDeque::with_capacity(PEAK_INTERVALS),
             consumed_at_grant: 0,
             starved: false,
-            want: limits.floor,
+            want: want_within(limits.floor, limits, self.capacity / joined),
             claim: 0,
             owed: 0,
         };
@@ -188,14 +190,6 @@ impl CreditBudget {
             g.owed -= old.owed;
         }
         self.refair(&mut g);
-        let fair = g.fair;
-        if let Some(c) = g.conns.get_mut(&id) {
-            if fair >= c.limits.window_cap {
-                // Room for every agent's whole window: nobody needs a smaller one.
-                c.want = c.limits.window_cap;
-                self.refair(&mut g);
-            }
-        }
         self.regrant(&mut g, id).unwrap_or(first)
     }
 
@@ -266,14 +260,7 @@ impl CreditBudget {
             want = want.max(window_now.max(1).saturating_mul(2));
         }
         c.starved = false;
-        // While the fair share covers the whole window (few agents, or a budget without a
-        // shared limit, as on verbs), every agent keeps it: a host collection cut into many
-        // small frames must not find its window shrunk to its average rate.
-        c.want = if fair >= c.limits.window_cap {
-            c.limits.window_cap
-        } else {
-            want.min(c.limits.window_cap)
-        };
+        c.want = want_within(want, c.limits, fair);
         let (dc, dow) = Self::settle(c, fair);
         g.claimed = g.claimed.wrapping_add(dc);
         g.owed = g.owed.wrapping_add(dow);
@@ -402,6 +389,18 @@ impl prometheus::core::Collector for BudgetCollector {
         let mut out = self.capacity.collect();
         out.extend(self.claimed.collect());
         out
+    }
+}
+
+/// An agent's want within its limits: its whole window while the fair share covers it (few
+/// agents, or a budget without a shared limit, as on verbs) — a host collection cut into
+/// many small frames must not find its window shrunk to its average rate — else `want`, at
+/// most the window.
+fn want_within(want: u64, limits: ConnLimits, fair: u64) -> u64 {
+    if fair >= limits.window_cap {
+        limits.window_cap
+    } else {
+        want.min(limits.window_cap)
     }
 }
 

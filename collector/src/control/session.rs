@@ -444,15 +444,14 @@ async fn send_report(
     let Some(mut report) = shared.plane.report(id).await else {
         return true;
     };
-    let consumed = (report.conn_received > 0).then_some(report.consumed_conn_seq);
-    if let Some(gone) = gone.filter(|&g| consumed.is_none_or(|c| g > c)) {
-        report.consumed_conn_seq = gone;
+    // `None` (nothing received, nothing gone) sorts below any sequence.
+    let consumed = (report.conn_received > 0)
+        .then_some(report.consumed_conn_seq)
+        .max(gone);
+    if let Some(c) = consumed {
+        report.consumed_conn_seq = c;
     }
-    let consumed_next = if report.conn_received > 0 || gone.is_some() {
-        report.consumed_conn_seq.saturating_add(1)
-    } else {
-        0
-    };
+    let consumed_next = consumed.map_or(0, |c| c.saturating_add(1));
     report.credit_grant = shared.credits.grant(id, consumed_next);
     send_within(ch, report, within, agent).await
 }

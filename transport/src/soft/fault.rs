@@ -358,22 +358,23 @@ impl<L: Link> FaultInjector<L> {
 
     /// One datagram went by: count down the held ones and emit those that are due.
     fn release_held(&mut self, dir_tx: bool, now: Instant) {
-        let pipe = self.pipe(dir_tx);
-        let mut due = Vec::new();
-        let mut i = 0;
-        while i < pipe.held.len() {
-            let Some(entry) = pipe.held.get_mut(i) else {
-                break;
-            };
-            entry.after = entry.after.saturating_sub(1);
-            if entry.after == 0 {
-                due.push(pipe.held.remove(i).datagram);
-            } else {
-                i += 1;
-            }
+        for h in &mut self.pipe(dir_tx).held {
+            h.after = h.after.saturating_sub(1);
         }
-        for d in due {
-            self.emit(dir_tx, d, now);
+        self.emit_held(dir_tx, now, |h| h.after == 0);
+    }
+
+    /// Emits, in the order they were held, the held datagrams for which `due` is true.
+    fn emit_held(&mut self, dir_tx: bool, now: Instant, due: impl Fn(&Held) -> bool) {
+        let pipe = self.pipe(dir_tx);
+        if !pipe.held.iter().any(&due) {
+            return;
+        }
+        let (go, kept): (Vec<Held>, Vec<Held>) =
+            std::mem::take(&mut pipe.held).into_iter().partition(&due);
+        pipe.held = kept;
+        for h in go {
+            self.emit(dir_tx, h.datagram, now);
         }
     }
 
@@ -396,16 +397,7 @@ impl<L: Link> FaultInjector<L> {
     /// queues.
     pub fn release_due(&mut self, now: Instant) {
         for dir_tx in [true, false] {
-            let pipe = self.pipe(dir_tx);
-            if pipe.held.iter().any(|h| h.until <= now) {
-                let (due, kept): (Vec<Held>, Vec<Held>) = std::mem::take(&mut pipe.held)
-                    .into_iter()
-                    .partition(|h| h.until <= now);
-                pipe.held = kept;
-                for h in due {
-                    self.emit(dir_tx, h.datagram, now);
-                }
-            }
+            self.emit_held(dir_tx, now, |h| h.until <= now);
         }
         for pipe in [&mut self.tx, &mut self.rx] {
             while pipe.delayed.front().is_some_and(|(at, _)| *at <= now) {
