@@ -336,6 +336,42 @@ pub fn verify(buf: &[u8], src: SocketAddr, dst: SocketAddr) -> Result<(), IcrcEr
     check(buf, src, dst).map(|_| ())
 }
 
+/// Rewrites the ICRC carried in the last 4 bytes of `buf` (one UDP payload over IPv4, BTH ..
+/// ICRC, sealed for IPv4 Identification `from`) to the value for Identification `to`, without
+/// running the CRC over the packet again: the CRC is affine over GF(2), so the change is
+/// `L(from ⊕ to)` shifted through the bytes after the ID (see the module docs), which depends
+/// only on the length. Used for UDP GSO, where the kernel gives segment `i` the ID `i`
+/// (`net/ipv4/af_inet.c: inet_gso_segment()`; see `crate::soft::udp`).
+///
+/// Errors: [`IcrcError::Truncated`] when `buf` is shorter than BTH + ICRC.
+pub fn reseal_ipv4_id(buf: &mut [u8], from: u16, to: u16) -> Result<(), IcrcError> {
+    let min = BTH_LEN + ICRC_LEN;
+    let truncated = IcrcError::Truncated {
+        len: buf.len(),
+        min,
+    };
+    if buf.len() < min {
+        return Err(truncated);
+    }
+    let (Some(old), Some(start)) = (carried(buf), buf.len().checked_sub(ICRC_LEN)) else {
+        return Err(truncated);
+    };
+    let new = old ^ ipv4_id_delta(buf.len(), from ^ to);
+    if let Some(tail) = buf.get_mut(start..) {
+        tail.copy_from_slice(&new.to_le_bytes());
+    }
+    Ok(())
+}
+
+/// The change of the ICRC of a `len`-byte UDP payload over IPv4 when its Identification is
+/// XORed with `id_xor`.
+fn ipv4_id_delta(len: usize, id_xor: u16) -> u32 {
+    let input_len = MASKED_LRH_LEN + IPV4_HEADER_LEN + UDP_HEADER_LEN + len - ICRC_LEN;
+    let after_id = input_len - (IPV4_ID_OFFSET + 2);
+    let column = gf2::raw_update(0, &id_xor.to_be_bytes());
+    gf2::mul_mod_p(gf2::x_pow_8n(after_id as u64), column)
+}
+
 /// Solver for the 16 ID bits: an XOR basis of the columns `c_j` (CRC register difference
 /// right after the ID bytes when ID bit `j` flips), indexed by pivot bit.
 struct IdSolver {
@@ -474,6 +510,39 @@ mod gf2 {
         table
     };
 
+    /// `x^(8·2^k) mod P` for k = 0..64.
+    const POS_8_POW2: [u32; 64] = {
+        let mut table = [0u32; 64];
+        // x^8
+        let mut v = ONE;
+        let mut i = 0;
+        while i < 8 {
+            v = mul_x(v);
+            i += 1;
+        }
+        table[0] = v;
+        let mut k = 1;
+        while k < 64 {
+            table[k] = mul_mod_p(table[k - 1], table[k - 1]);
+            k += 1;
+        }
+        table
+    };
+
+    /// `x^(8n) mod P`: `n` zero bytes through the CRC register.
+    pub(super) fn x_pow_8n(mut n: u64) -> u32 {
+        let mut acc = ONE;
+        let mut k = 0;
+        while n != 0 {
+            if n & 1 != 0 {
+                acc = mul_mod_p(acc, POS_8_POW2[k & 63]);
+            }
+            n >>= 1;
+            k += 1;
+        }
+        acc
+    }
+
     /// `x^(−8n) mod P`: undoes `n` zero bytes through the CRC register.
     pub(super) fn x_pow_neg_8n(mut n: u64) -> u32 {
         let mut acc = ONE;
@@ -520,6 +589,34 @@ mod tests {
         let mut buf = Vec::new();
         repr.emit(&mut buf).expect("emit");
         buf
+    }
+
+    #[test]
+    fn reseal_ipv4_id_matches_sealing_with_that_id() {
+        let src = v4([10, 0, 0, 1], 4791);
+        let dst = v4([10, 0, 0, 2], 4791);
+        for len in [0usize, 1, 100, 1033, 4096] {
+            let mut a = sample(len);
+            seal(&mut a, src, dst).expect("seal");
+            for id in [1u16, 2, 63, 0x3a38, u16::MAX] {
+                let mut b = a.clone();
+                reseal_ipv4_id(&mut b, 0, id).expect("reseal");
+                let mut want = a.clone();
+                let ident = Ipv4Ident {
+                    id,
+                    dont_fragment: true,
+                };
+                seal_with(&mut want, src, dst, ident).expect("seal_with");
+                assert_eq!(b, want, "len {len} id {id}");
+                assert_eq!(check(&b, src, dst).expect("check").ipv4_id, Some(id));
+                reseal_ipv4_id(&mut b, id, 0).expect("back");
+                assert_eq!(b, a);
+            }
+        }
+        assert!(matches!(
+            reseal_ipv4_id(&mut [0u8; 15], 0, 1),
+            Err(IcrcError::Truncated { len: 15, .. })
+        ));
     }
 
     #[test]
