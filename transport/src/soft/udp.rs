@@ -22,6 +22,7 @@
 //! [`UdpSink`] is a bare `recvmmsg` loop that discards what it reads: the baseline for
 //! benchmarks (how many messages per second the kernel hands to user space at a given size).
 
+use std::collections::VecDeque;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
@@ -30,12 +31,13 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{
-    cmsg_space, recvmmsg, sendmmsg, setsockopt, sockopt, ControlMessage, ControlMessageOwned,
-    MsgFlags, MultiHeaders, SockaddrLike, SockaddrStorage,
+    cmsg_space, recvmmsg, sendmmsg, sendmsg, setsockopt, sockopt, ControlMessage,
+    ControlMessageOwned, MsgFlags, MultiHeaders, SockaddrLike, SockaddrStorage,
 };
 use serde::Deserialize;
 use socket2::{Domain, Protocol, Socket, Type};
 
+use super::icrc;
 use super::link::{Datagram, Link, Readiness};
 use crate::api::ROCE_V2_UDP_PORT;
 
@@ -72,6 +74,19 @@ pub struct UdpConfig {
     /// For an IPv6 wildcard bind: accept only IPv6 (`IPV6_V6ONLY`). Default false
     /// (dual-stack: IPv4 peers appear as `::ffff:a.b.c.d`).
     pub only_v6: bool,
+    /// UDP generic segmentation offload on send (`UDP_SEGMENT`, `include/uapi/linux/udp.h`;
+    /// the kernel splits in `net/ipv4/udp_offload.c: __udp_gso_segment()`, or the NIC does):
+    /// a run of consecutive datagrams to one peer from one source and of one length (the last
+    /// may be shorter) goes to the kernel in one `sendmsg` of at most 64 segments and 65,000
+    /// bytes. Default true. Probed at bind and switched off for the link when the kernel
+    /// refuses it; then every datagram goes through `sendmmsg` as with false.
+    pub gso: bool,
+    /// UDP generic receive offload (`UDP_GRO`, `include/uapi/linux/udp.h`; coalescing in
+    /// `net/ipv4/udp_offload.c: udp_gro_receive()`): the kernel may hand several datagrams of
+    /// one flow as one buffer, with the segment size in a `UDP_GRO` control message; the link
+    /// splits it back into the datagrams. Each receive slot is then 64 KiB (instead of
+    /// `max_datagram_bytes`). Default true; false when `setsockopt(UDP_GRO)` fails.
+    pub gro: bool,
 }
 
 impl Default for UdpConfig {
@@ -84,6 +99,8 @@ impl Default for UdpConfig {
             max_datagram_bytes: 9216,
             poll_mode: PollMode::Blocking,
             only_v6: false,
+            gso: true,
+            gro: true,
         }
     }
 }
@@ -151,6 +168,12 @@ pub struct UdpCounts {
     pub send_unreachable: u64,
     /// Drops by [`UdpDropReason::SendRejected`].
     pub send_rejected: u64,
+    /// `UDP_SEGMENT` sends the kernel accepted (one buffer of several datagrams each; they
+    /// count in `send_calls` and their datagrams in `sent` too).
+    pub gso_sends: u64,
+    /// Coalesced `UDP_GRO` buffers received and split into datagrams (their datagrams count
+    /// in `received`).
+    pub gro_buffers: u64,
 }
 
 impl UdpCounts {
@@ -177,6 +200,20 @@ impl UdpCounts {
 /// Most datagrams per system call.
 const MAX_BATCH: usize = 1024;
 
+/// Most datagrams in one `UDP_SEGMENT` send (the kernel's `UDP_MAX_SEGMENTS` is 64 in
+/// `include/linux/udp.h` up to Linux 6.8, 128 after).
+const GSO_MAX_SEGMENTS: usize = 64;
+
+/// Most payload bytes in one `UDP_SEGMENT` send: below the 65,535-byte IP length limit less
+/// the IPv6 and UDP headers.
+const GSO_MAX_BYTES: usize = 65_000;
+
+/// Receive slot with `UDP_GRO` on: the largest coalesced buffer (`gro_max_size`, 64 KiB).
+const GRO_SLOT_BYTES: usize = 1 << 16;
+
+/// Segment size the bind-time `UDP_SEGMENT` probe sets (then resets to 0).
+const GSO_PROBE_BYTES: libc::c_int = 1200;
+
 /// Fewest datagrams a `recvmmsg` of [`UdpLink`] asks for while the batch adapts (see
 /// `UdpLink::recv_slots`).
 const MIN_RECV_SLOTS: usize = 8;
@@ -202,6 +239,15 @@ pub struct UdpLink {
     counts: UdpCounts,
     recv_buffer_bytes: usize,
     send_buffer_bytes: usize,
+    /// `UDP_SEGMENT` in use: `config.gso`, the bind probe passed, no send refused it since.
+    gso: bool,
+    /// `UDP_GRO` in use: `config.gro` and the socket option was accepted.
+    gro: bool,
+    /// The buffer a `UDP_SEGMENT` send is assembled in, kept for its allocation.
+    gso_buf: Vec<u8>,
+    /// Datagrams split out of a coalesced buffer beyond what the caller asked for; handed
+    /// out first by the next `recv`.
+    pending: VecDeque<Datagram>,
 }
 
 /// Metadata of one received datagram, copied out of the `recvmmsg` results.
@@ -212,6 +258,8 @@ struct RecvMeta {
     peer: Option<SocketAddr>,
     local_ip: Option<IpAddr>,
     truncated: bool,
+    /// Segment size from a `UDP_GRO` control message: the buffer holds several datagrams.
+    segment: Option<usize>,
 }
 
 fn invalid(msg: String) -> io::Error {
@@ -296,6 +344,132 @@ fn classify_send_error(errno: Errno) -> Option<UdpDropReason> {
     }
 }
 
+/// Whether the kernel takes `UDP_SEGMENT` on this socket: sets the socket-wide segment size
+/// and resets it to 0 (no segmentation unless a send's control message asks). `Ok(false)`
+/// when the option is refused (kernels before 4.18, or no UDP GSO support); an error only
+/// when the reset fails after the set worked (the socket would segment every send).
+fn probe_gso(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    if setsockopt(&fd, sockopt::UdpGsoSegment, &GSO_PROBE_BYTES).is_err() {
+        return Ok(false);
+    }
+    setsockopt(&fd, sockopt::UdpGsoSegment, &0)?;
+    Ok(true)
+}
+
+/// An `IP_PKTINFO` / `IPV6_PKTINFO` source address for a send, or none.
+enum PktInfo {
+    None,
+    V4(libc::in_pktinfo),
+    V6(libc::in6_pktinfo),
+}
+
+impl PktInfo {
+    /// The control message choosing source `src` on a socket of family `v6` (an IPv4
+    /// source on a dual-stack socket as `::ffff:a.b.c.d`).
+    fn new(src: Option<IpAddr>, v6: bool) -> PktInfo {
+        match src {
+            None => PktInfo::None,
+            Some(IpAddr::V4(ip)) if !v6 => PktInfo::V4(libc::in_pktinfo {
+                ipi_ifindex: 0,
+                ipi_spec_dst: libc::in_addr {
+                    s_addr: u32::from(ip).to_be(),
+                },
+                ipi_addr: libc::in_addr { s_addr: 0 },
+            }),
+            Some(ip) => {
+                let ip6 = match ip {
+                    IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+                    IpAddr::V6(v6) => v6,
+                };
+                PktInfo::V6(libc::in6_pktinfo {
+                    ipi6_addr: libc::in6_addr {
+                        s6_addr: ip6.octets(),
+                    },
+                    ipi6_ifindex: 0,
+                })
+            }
+        }
+    }
+
+    fn cmsg(&self) -> Option<ControlMessage<'_>> {
+        match self {
+            PktInfo::None => None,
+            PktInfo::V4(info) => Some(ControlMessage::Ipv4PacketInfo(info)),
+            PktInfo::V6(info) => Some(ControlMessage::Ipv6PacketInfo(info)),
+        }
+    }
+
+    fn space(&self) -> usize {
+        match self {
+            PktInfo::None => 0,
+            PktInfo::V4(_) => cmsg_space::<libc::in_pktinfo>(),
+            PktInfo::V6(_) => cmsg_space::<libc::in6_pktinfo>(),
+        }
+    }
+}
+
+/// Whether a datagram to `peer` goes out over IPv4 (an IPv4-mapped IPv6 peer of a
+/// dual-stack socket does).
+fn is_ipv4(peer: SocketAddr) -> bool {
+    match peer {
+        SocketAddr::V4(_) => true,
+        SocketAddr::V6(v6) => v6.ip().to_ipv4_mapped().is_some(),
+    }
+}
+
+/// How many datagrams from the start of `rest` make one `UDP_SEGMENT` send: same peer, same
+/// length as the first (the last may be shorter, and ends the run), non-empty, at most
+/// [`GSO_MAX_SEGMENTS`] and [`GSO_MAX_BYTES`]. 1 means "send it alone"; 0 only for an empty
+/// `rest`. IPv4 runs need `ipv4_source`: the sender's address, to keep each segment's ICRC
+/// valid for the IPv4 ID the kernel gives it (see the module docs).
+fn gso_run(rest: &[Datagram], ipv4_source: bool) -> usize {
+    let Some(first) = rest.first() else {
+        return 0;
+    };
+    let segment = first.payload.len();
+    if segment == 0 || (!ipv4_source && is_ipv4(first.peer)) {
+        return 1;
+    }
+    let mut total = segment;
+    let mut n = 1;
+    for d in rest.iter().skip(1) {
+        let len = d.payload.len();
+        if n >= GSO_MAX_SEGMENTS
+            || d.peer != first.peer
+            || len == 0
+            || len > segment
+            || total + len > GSO_MAX_BYTES
+        {
+            break;
+        }
+        total += len;
+        n += 1;
+        if len < segment {
+            break;
+        }
+    }
+    n
+}
+
+/// Rewrites the ICRC of segment `index` of an IPv4 `UDP_SEGMENT` send for the IPv4 ID the
+/// kernel gives it (`index`; see the module docs), when `payload` is a RoCEv2 packet sealed
+/// for ID 0 on this path ([`icrc::seal`]). Anything else is left as it is.
+fn reseal_segment(payload: &mut [u8], src: SocketAddr, dst: SocketAddr, index: usize) {
+    let Ok(id) = u16::try_from(index) else {
+        return;
+    };
+    if id == 0 {
+        return;
+    }
+    let sealed = match (icrc::compute(payload, src, dst), icrc::carried(payload)) {
+        (Ok(computed), Some(carried)) => computed == carried,
+        _ => false,
+    };
+    if sealed {
+        let _ = icrc::reseal_ipv4_id(payload, 0, id);
+    }
+}
+
 /// Milliseconds for `poll(2)`, rounded up so a short remaining time still sleeps.
 fn poll_timeout(remaining: Option<Duration>) -> PollTimeout {
     match remaining {
@@ -325,7 +499,20 @@ impl UdpLink {
         }
         let (socket, recv_buffer_bytes, send_buffer_bytes) = open_socket(&config)?;
         let local = socket.local_addr()?;
-        let bufs = vec![vec![0u8; config.max_datagram_bytes]; config.batch];
+        let gso = config.gso && probe_gso(socket.as_fd())?;
+        if config.gso && !gso {
+            tracing::info!(%local, "UDP_SEGMENT refused by the kernel: sending without GSO");
+        }
+        let gro = config.gro && setsockopt(&socket.as_fd(), sockopt::UdpGroSegment, &true).is_ok();
+        if config.gro && !gro {
+            tracing::info!(%local, "UDP_GRO refused by the kernel: receiving without GRO");
+        }
+        let slot = if gro {
+            GRO_SLOT_BYTES.max(config.max_datagram_bytes)
+        } else {
+            config.max_datagram_bytes
+        };
+        let bufs = vec![vec![0u8; slot]; config.batch];
         Ok(UdpLink {
             socket,
             local,
@@ -337,7 +524,22 @@ impl UdpLink {
             counts: UdpCounts::default(),
             recv_buffer_bytes,
             send_buffer_bytes,
+            gso,
+            gro,
+            gso_buf: Vec::new(),
+            pending: VecDeque::new(),
         })
+    }
+
+    /// Whether sends use `UDP_SEGMENT` now: configured, accepted by the kernel at bind, and
+    /// not refused by a send since (then it stays off for the link's life).
+    pub fn gso_active(&self) -> bool {
+        self.gso
+    }
+
+    /// Whether the socket has `UDP_GRO` on (configured and accepted at bind).
+    pub fn gro_active(&self) -> bool {
+        self.gro
     }
 
     /// The configuration this link was bound with.
@@ -375,17 +577,29 @@ impl UdpLink {
 
     /// One non-blocking `recvmmsg`; appends to `out`.
     fn recv_once(&mut self, out: &mut Vec<Datagram>, max: usize) -> io::Result<usize> {
+        if !self.pending.is_empty() {
+            let k = max.min(self.pending.len());
+            out.extend(self.pending.drain(..k));
+            self.counts.received += k as u64;
+            return Ok(k);
+        }
         let n = max.min(self.bufs.len()).min(self.recv_slots);
         if n == 0 {
             return Ok(0);
         }
         let fd = self.socket.as_raw_fd();
+        let gro_space = if self.gro {
+            cmsg_space::<libc::c_int>()
+        } else {
+            0
+        };
         let mut headers = MultiHeaders::<SockaddrStorage>::preallocate(
             n,
             Some(vec![
                 0u8;
                 cmsg_space::<libc::in_pktinfo>()
                     + cmsg_space::<libc::in6_pktinfo>()
+                    + gro_space
             ]),
         );
         let mut metas = std::mem::take(&mut self.metas);
@@ -411,6 +625,7 @@ impl UdpLink {
             };
             for (index, msg) in results.enumerate() {
                 let mut local_ip = None;
+                let mut segment = None;
                 if let Ok(cmsgs) = msg.cmsgs() {
                     for cmsg in cmsgs {
                         match cmsg {
@@ -422,6 +637,9 @@ impl UdpLink {
                             ControlMessageOwned::Ipv6PacketInfo(info) => {
                                 local_ip = Some(IpAddr::V6(Ipv6Addr::from(info.ipi6_addr.s6_addr)));
                             }
+                            ControlMessageOwned::UdpGroSegments(size) => {
+                                segment = usize::try_from(size).ok().filter(|s| *s > 0);
+                            }
                             _ => {}
                         }
                     }
@@ -432,6 +650,7 @@ impl UdpLink {
                     peer: msg.address.as_ref().and_then(to_socket_addr),
                     local_ip,
                     truncated: msg.flags.contains(MsgFlags::MSG_TRUNC),
+                    segment,
                 });
             }
         }
@@ -461,9 +680,6 @@ impl UdpLink {
                 self.counts.count_drop(UdpDropReason::RecvTruncated);
                 continue;
             };
-            let mut payload = self.pool.pop().unwrap_or_default();
-            payload.clear();
-            payload.extend_from_slice(buf.get(..meta.len).unwrap_or_default());
             let local_ip = match meta.local_ip {
                 // A dual-stack socket reports IPv4 destinations both ways; keep the socket's
                 // family so `peer` and `local` agree.
@@ -472,21 +688,155 @@ impl UdpLink {
                 None => self.local.ip(),
             };
             let local = SocketAddr::new(local_ip, self.local.port());
-            out.push(Datagram {
-                peer,
-                local: Some(local),
-                payload,
-            });
-            delivered += 1;
+            let data = buf.get(..meta.len).unwrap_or_default();
+            // A coalesced `UDP_GRO` buffer: datagrams of `segment` bytes, the last maybe
+            // shorter (`net/ipv4/udp_offload.c: udp_gro_receive()`).
+            let segment = match meta.segment {
+                Some(segment) if segment < data.len() => {
+                    self.counts.gro_buffers += 1;
+                    segment
+                }
+                _ => data.len().max(1),
+            };
+            // `chunks` yields nothing for a zero-length datagram: deliver it once.
+            let parts = std::iter::once(data)
+                .filter(|d| d.is_empty())
+                .chain(data.chunks(segment));
+            for chunk in parts {
+                if chunk.len() > self.config.max_datagram_bytes {
+                    // What the kernel would have truncated without the larger GRO slots.
+                    self.counts.count_drop(UdpDropReason::RecvTruncated);
+                    continue;
+                }
+                let mut payload = self.pool.pop().unwrap_or_default();
+                payload.clear();
+                payload.extend_from_slice(chunk);
+                let d = Datagram {
+                    peer,
+                    local: Some(local),
+                    payload,
+                };
+                if delivered < max {
+                    out.push(d);
+                    delivered += 1;
+                } else {
+                    self.pending.push_back(d);
+                }
+            }
         }
         self.metas = metas;
         self.counts.received += delivered as u64;
         Ok(delivered)
     }
 
-    /// Sends `group` (all with the same source `src`) with `sendmmsg`; returns
+    /// Sends `group` (all with the same source `src`): runs that [`gso_run`] finds as one
+    /// `UDP_SEGMENT` send each while GSO is on, the rest with `sendmmsg`; returns
     /// `(datagrams taken, would_block)`.
     fn send_group(&mut self, group: &[Datagram], src: Option<IpAddr>) -> io::Result<(usize, bool)> {
+        // IPv4 segments are resealed for their IPv4 ID, which needs the source address: a
+        // wildcard-bound link without an explicit source sends IPv4 with `sendmmsg`.
+        let ipv4_source = src.is_some() || !self.local.ip().is_unspecified();
+        let mut taken = 0;
+        while taken < group.len() {
+            let rest = group.get(taken..).unwrap_or_default();
+            if !self.gso {
+                let (n, would_block) = self.send_mmsg(rest, src)?;
+                return Ok((taken + n, would_block));
+            }
+            let run = gso_run(rest, ipv4_source);
+            let (n, would_block) = if run >= 2 {
+                self.send_gso(rest.get(..run).unwrap_or_default(), src)?
+            } else {
+                // Datagrams that start no run, up to the next that does: one `sendmmsg`.
+                let singles = (1..rest.len())
+                    .find(|&i| gso_run(rest.get(i..).unwrap_or_default(), ipv4_source) >= 2)
+                    .unwrap_or(rest.len());
+                self.send_mmsg(rest.get(..singles).unwrap_or_default(), src)?
+            };
+            taken += n;
+            if would_block {
+                return Ok((taken, true));
+            }
+        }
+        Ok((taken, false))
+    }
+
+    /// Sends `run` (see [`gso_run`]: one peer, one source `src`, one segment size) as one
+    /// `sendmsg` with a `UDP_SEGMENT` control message. IPv4 segments after the first get
+    /// their ICRC rewritten for the IPv4 ID the kernel gives them (module docs), in the copy
+    /// only: `run` itself is not changed. A refusal that means the kernel cannot segment
+    /// (`EIO`, `EINVAL`, `ENOPROTOOPT`, `EOPNOTSUPP`) switches GSO off for the link and logs
+    /// once; after any refusal `run` goes again through `sendmmsg`, which sends or counts
+    /// every datagram. Returns `(datagrams taken, would_block)`.
+    fn send_gso(&mut self, run: &[Datagram], src: Option<IpAddr>) -> io::Result<(usize, bool)> {
+        let Some(first) = run.first() else {
+            return Ok((0, false));
+        };
+        let Ok(segment) = u16::try_from(first.payload.len()) else {
+            return self.send_mmsg(run, src);
+        };
+        let peer = first.peer;
+        let v6 = self.local.is_ipv6();
+        let source = SocketAddr::new(src.unwrap_or(self.local.ip()), self.local.port());
+        let ipv4 = is_ipv4(peer);
+        let mut buf = std::mem::take(&mut self.gso_buf);
+        buf.clear();
+        for (i, d) in run.iter().enumerate() {
+            let at = buf.len();
+            buf.extend_from_slice(&d.payload);
+            if ipv4 {
+                if let Some(copy) = buf.get_mut(at..) {
+                    reseal_segment(copy, source, peer, i);
+                }
+            }
+        }
+        let info = PktInfo::new(src, v6);
+        let mut cmsgs = vec![ControlMessage::UdpGsoSegments(&segment)];
+        cmsgs.extend(info.cmsg());
+        let addr = SockaddrStorage::from(for_family(peer, v6));
+        let fd = self.socket.as_raw_fd();
+        let result = loop {
+            match sendmsg(
+                fd,
+                &[IoSlice::new(&buf)],
+                &cmsgs,
+                MsgFlags::MSG_DONTWAIT,
+                Some(&addr),
+            ) {
+                Err(Errno::EINTR) => {}
+                r => break r,
+            }
+        };
+        drop(cmsgs);
+        self.gso_buf = buf;
+        match result {
+            Ok(_) => {
+                self.counts.send_calls += 1;
+                self.counts.gso_sends += 1;
+                self.counts.sent += run.len() as u64;
+                Ok((run.len(), false))
+            }
+            Err(Errno::EAGAIN) => Ok((0, true)),
+            Err(errno @ (Errno::EIO | Errno::EINVAL | Errno::ENOPROTOOPT | Errno::EOPNOTSUPP)) => {
+                self.gso = false;
+                tracing::warn!(
+                    local = %self.local,
+                    %peer,
+                    segment,
+                    segments = run.len(),
+                    error = %errno,
+                    "UDP_SEGMENT send refused: GSO off for this link, resending with sendmmsg"
+                );
+                self.send_mmsg(run, src)
+            }
+            // Per-datagram reasons (EMSGSIZE, no route): `sendmmsg` sorts and counts them.
+            Err(_) => self.send_mmsg(run, src),
+        }
+    }
+
+    /// Sends `group` (all with the same source `src`) with `sendmmsg`; returns
+    /// `(datagrams taken, would_block)`.
+    fn send_mmsg(&mut self, group: &[Datagram], src: Option<IpAddr>) -> io::Result<(usize, bool)> {
         let v6 = self.local.is_ipv6();
         let fd = self.socket.as_raw_fd();
         let mut taken = 0;
@@ -503,40 +853,9 @@ impl UdpLink {
                 .iter()
                 .map(|d| Some(SockaddrStorage::from(for_family(d.peer, v6))))
                 .collect();
-            let info4;
-            let info6;
-            let (cmsgs, cmsg_buf): (Vec<ControlMessage<'_>>, Option<Vec<u8>>) = match src {
-                None => (Vec::new(), None),
-                Some(IpAddr::V4(ip)) if !v6 => {
-                    info4 = libc::in_pktinfo {
-                        ipi_ifindex: 0,
-                        ipi_spec_dst: libc::in_addr {
-                            s_addr: u32::from(ip).to_be(),
-                        },
-                        ipi_addr: libc::in_addr { s_addr: 0 },
-                    };
-                    (
-                        vec![ControlMessage::Ipv4PacketInfo(&info4)],
-                        Some(vec![0u8; cmsg_space::<libc::in_pktinfo>()]),
-                    )
-                }
-                Some(ip) => {
-                    let ip6 = match ip {
-                        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-                        IpAddr::V6(v6) => v6,
-                    };
-                    info6 = libc::in6_pktinfo {
-                        ipi6_addr: libc::in6_addr {
-                            s6_addr: ip6.octets(),
-                        },
-                        ipi6_ifindex: 0,
-                    };
-                    (
-                        vec![ControlMessage::Ipv6PacketInfo(&info6)],
-                        Some(vec![0u8; cmsg_space::<libc::in6_pktinfo>()]),
-                    )
-                }
-            };
+            let info = PktInfo::new(src, v6);
+            let cmsgs: Vec<ControlMessage<'_>> = info.cmsg().into_iter().collect();
+            let cmsg_buf = (info.space() > 0).then(|| vec![0u8; info.space()]);
             let mut headers = MultiHeaders::<SockaddrStorage>::preallocate(chunk.len(), cmsg_buf);
             match sendmmsg(
                 fd,
@@ -605,9 +924,13 @@ impl Link for UdpLink {
         Some(self.socket.as_fd())
     }
 
-    /// [`Readiness::Idle`] (sleep on the socket). In [`PollMode::BusyPoll`] the link spins
+    /// [`Readiness::Now`] while datagrams split out of a coalesced `UDP_GRO` buffer wait;
+    /// otherwise [`Readiness::Idle`] (sleep on the socket). In [`PollMode::BusyPoll`] the link spins
     /// instead of sleeping: [`Readiness::Opaque`], so waits go through `recv`.
     fn readiness(&self) -> Readiness {
+        if !self.pending.is_empty() {
+            return Readiness::Now;
+        }
         match self.config.poll_mode {
             PollMode::Blocking => Readiness::Idle { until: None },
             PollMode::BusyPoll => Readiness::Opaque,
@@ -711,6 +1034,8 @@ impl UdpSink {
             max_datagram_bytes: max_datagram_bytes.clamp(1, 65_535),
             poll_mode: PollMode::Blocking,
             only_v6: false,
+            gso: false,
+            gro: false,
         };
         let (socket, _, _) = open_socket(&config)?;
         let bufs = vec![vec![0u8; config.max_datagram_bytes]; config.batch];
