@@ -205,6 +205,16 @@ pub struct SoftSection {
     /// With an IPv6 wildcard `bind`: accept IPv6 only (`IPV6_V6ONLY`). Default false
     /// (dual-stack).
     pub only_v6: bool,
+    /// UDP segmentation offload on send (`UDP_SEGMENT`, Linux `include/uapi/linux/udp.h`,
+    /// `net/ipv4/udp_offload.c`): runs of same-size datagrams to one peer go to the kernel
+    /// in one system call of up to 64 datagrams and 65,000 bytes. Default true; switched off
+    /// by itself where the kernel refuses it.
+    pub gso: bool,
+    /// UDP receive offload (`UDP_GRO`, Linux `include/uapi/linux/udp.h`,
+    /// `net/ipv4/udp_offload.c`): the kernel may hand several datagrams of one agent as one
+    /// buffer, split back into datagrams; each receive slot is then 64 KiB. Default true;
+    /// off where the kernel refuses it.
+    pub gro: bool,
     /// Device name in logs and metric labels.
     pub name: String,
     /// Fault injection on the collector's datagrams (tests and demos). Off by default.
@@ -260,6 +270,8 @@ impl From<&SoftConfig> for SoftSection {
                 udp::PollMode::BusyPoll => PollModeSection::BusyPoll,
             },
             only_v6: c.udp.only_v6,
+            gso: c.udp.gso,
+            gro: c.udp.gro,
             name: c.name.clone(),
             fault: FaultSection::from(&f),
         }
@@ -283,6 +295,8 @@ impl From<&SoftSection> for SoftConfig {
                     PollModeSection::BusyPoll => udp::PollMode::BusyPoll,
                 },
                 only_v6: s.only_v6,
+                gso: s.gso,
+                gro: s.gro,
             },
             advertise_addr: s.advertise_addr,
             mtu_bytes: s.mtu_bytes,
