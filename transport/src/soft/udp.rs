@@ -4,12 +4,42 @@
 //!   per system call; `IP_PKTINFO` / `IPV6_RECVPKTINFO` so [`Datagram::local`] tells the
 //!   destination address even when bound to a wildcard address (the ICRC covers it).
 //! - Send: `sendmmsg(2)` on an *unconnected* socket, consecutive datagrams with the same
-//!   source in one call; an explicit [`Datagram::local`] source IP is passed as an
-//!   `IP_PKTINFO` / `IPV6_PKTINFO` control message.
+//!   source in one call (or `UDP_SEGMENT`, below); an explicit [`Datagram::local`] source
+//!   IP is passed as an `IP_PKTINFO` / `IPV6_PKTINFO` control message.
 //! - `IP_MTU_DISCOVER = IP_PMTUDISC_DO` (and `IPV6_MTU_DISCOVER`): DF is set and nothing is
 //!   fragmented locally. With DF set on an unconnected socket Linux sends IPv4 ID 0
 //!   (`ip_select_ident_segs()`), which is what [`crate::soft::icrc::seal`] assumes. A datagram
 //!   larger than the path MTU fails with `EMSGSIZE` and is dropped and counted.
+//! - GSO ([`UdpConfig::gso`], `UDP_SEGMENT`, `include/uapi/linux/udp.h`): a run of
+//!   consecutive datagrams with the same source, the same destination and the same length
+//!   (the last may be shorter) is copied into one buffer and sent with one `sendmsg` whose
+//!   `UDP_SEGMENT` control message gives that length as the segment size, at most 64
+//!   segments and 65,000 bytes per call. The kernel (`net/ipv4/udp_offload.c:
+//!   __udp_gso_segment()`) or the NIC cuts it back into datagrams. Other datagrams go through
+//!   `sendmmsg` as before. The socket option is probed at bind; a send the kernel refuses
+//!   as unsupported (`EIO`, `EINVAL`, `ENOPROTOOPT`, `EOPNOTSUPP`) switches GSO off for the
+//!   link (logged once), and any refused GSO send is sent again through `sendmmsg`, which
+//!   sends or counts each datagram.
+//! - GSO and the IPv4 ID: the kernel gives the segments of one GSO send consecutive IPv4
+//!   IDs starting from the ID of the whole buffer, which is 0 here (`ip_select_ident_segs()`
+//!   as above): `inet_gso_segment()` in `net/ipv4/af_inet.c` writes `iph->id = htons(id++)`
+//!   for each segment unless `SKB_GSO_TCP_FIXEDID`, which only TCP sets. A NIC that
+//!   segments UDP itself (`NETIF_F_GSO_UDP_L4`) is expected to number them the same way as
+//!   the software path; that is not checked here on hardware. The ICRC covers the ID, so
+//!   segment `i` must be sealed for ID `i`: the link rewrites the ICRC of segment `i ≥ 1` with
+//!   [`crate::soft::icrc::reseal_ipv4_id`] in its copy, when the datagram verifies as sealed
+//!   for ID 0 on this path (payloads that are not sealed RoCEv2 packets are sent untouched).
+//!   Proven on the wire by `tests/udp_gso_capture.rs` (veth pair, software segmentation,
+//!   `AF_PACKET` capture: IDs 0, 1, 2, … and every ICRC valid for its captured ID). The
+//!   resealing needs the source address, so a wildcard-bound link sends IPv4 datagrams
+//!   without an explicit [`Datagram::local`] through `sendmmsg`; IPv6 has no ID.
+//! - GRO ([`UdpConfig::gro`], `UDP_GRO`): the kernel may coalesce datagrams of one flow
+//!   (`udp_gro_receive()` in `net/ipv4/udp_offload.c`; on loopback a GSO buffer reaches a
+//!   GRO socket whole) into one buffer and tells the segment size in a `UDP_GRO` control
+//!   message. Receive slots are 64 KiB then, and the link splits each such buffer into
+//!   datagrams, each handed out as `recvmmsg` would have handed it alone (same peer and
+//!   local address); datagrams beyond the caller's `max` wait for the next `recv`. If
+//!   `setsockopt(UDP_GRO)` fails the link receives as before.
 //! - Waiting: [`PollMode::Blocking`] sleeps in `poll(2)`; [`PollMode::BusyPoll`] spins on
 //!   non-blocking `recvmmsg` (lowest latency, burns a core).
 //! - Socket buffers (`SO_RCVBUF`/`SO_SNDBUF`) are enlarged; above `net.core.rmem_max` /
@@ -925,8 +955,8 @@ impl Link for UdpLink {
     }
 
     /// [`Readiness::Now`] while datagrams split out of a coalesced `UDP_GRO` buffer wait;
-    /// otherwise [`Readiness::Idle`] (sleep on the socket). In [`PollMode::BusyPoll`] the link spins
-    /// instead of sleeping: [`Readiness::Opaque`], so waits go through `recv`.
+    /// otherwise [`Readiness::Idle`] (sleep on the socket). In [`PollMode::BusyPoll`] the
+    /// link spins instead of sleeping: [`Readiness::Opaque`], so waits go through `recv`.
     fn readiness(&self) -> Readiness {
         if !self.pending.is_empty() {
             return Readiness::Now;
