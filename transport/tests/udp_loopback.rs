@@ -284,6 +284,33 @@ fn sink_counts_what_it_drains() {
 }
 
 #[test]
+fn gro_sink_counts_the_datagrams_of_coalesced_buffers() {
+    use std::time::Instant;
+    use uctel_transport::soft::udp::UdpSink;
+
+    let mut sink =
+        UdpSink::bind_gro("127.0.0.1:0".parse().expect("addr"), 8, 1 << 20).expect("bind sink");
+    let dst = sink.local_addr().expect("addr");
+    let mut a = link("127.0.0.1:0");
+    // Sent 32 at a time: 3 GSO sends of 32 × 1045 B and one of 3 × 1045 B + 100 B.
+    let mut batch: Vec<Datagram> = (0..99)
+        .map(|_| Datagram::to(dst, vec![0xab; 1045]))
+        .collect();
+    batch.push(Datagram::to(dst, vec![0xcd; 100]));
+    for chunk in batch.chunks(32) {
+        let mut sent = 0;
+        while sent < chunk.len() {
+            sent += a.send(&chunk[sent..]).expect("send");
+        }
+    }
+    assert_eq!(a.counts().gso_sends, 4, "{:?}", a.counts());
+    let stats = sink.drain(100, Instant::now() + WAIT).expect("drain");
+    assert_eq!(stats.messages, 100);
+    assert_eq!(stats.bytes, 99 * 1045 + 100);
+    assert_eq!(stats.gro_buffers, 4, "{stats:?}");
+}
+
+#[test]
 fn recycled_buffers_are_refilled_and_a_backlog_is_read_in_growing_batches() {
     let mut a = link("127.0.0.1:0");
     let mut b = link("127.0.0.1:0");
