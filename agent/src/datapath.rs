@@ -120,8 +120,10 @@ pub fn device_config(config: &AgentConfig, local_ip: IpAddr) -> DeviceConfig {
                 name: "uctel-agent".to_owned(),
                 udp: UdpConfig {
                     bind: soft.bind.unwrap_or_else(|| SocketAddr::new(local_ip, 0)),
-                    // The agent sends; a small receive buffer is plenty.
+                    // The agent sends; a small receive buffer is plenty, and no 64 KiB
+                    // UDP_GRO receive slots. Sends use UDP_SEGMENT (the default).
                     recv_buffer_bytes: Some(256 << 10),
+                    gro: false,
                     ..UdpConfig::default()
                 },
                 mtu_bytes: soft.mtu_bytes,

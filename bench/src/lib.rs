@@ -3,7 +3,7 @@
 //!
 //! 1. **limit** ([`limit`]) — a `recvmmsg` sink (the transport's `UdpSink`) fed by a
 //!    `sendmmsg` sender flat out on loopback: datagrams per second at the soft path's packet
-//!    size;
+//!    size; and the same with a `UDP_SEGMENT` sender and a `UDP_GRO` sink;
 //! 2. **soft path** ([`softpath`], [`loadgen`]) — `K` emulated agents (real soft RoCEv2 UC
 //!    QPs, real frames, RDMA WRITE_WITH_IMM into the rings, the real control handshake and
 //!    credits) into one real `uctel-collector` process: frames and samples accepted per second

@@ -3,6 +3,12 @@
 //! and receive buffer as the soft device's `UdpLink`) fed by a `sendmmsg` sender
 //! ([`UdpLink`]) running flat out. Datagrams carry as many bytes as one soft-path packet
 //! (frame + RoCEv2 WRITE_WITH_IMM headers and ICRC), so both paths move the same bytes.
+//!
+//! [`measure_gso`] is the same limit with the kernel's UDP offloads: the sender hands
+//! [`LimitConfig::gso_segments`] datagrams per `sendmsg` as one `UDP_SEGMENT` buffer, and the
+//! sink has `UDP_GRO` on and counts each coalesced buffer's datagrams
+//! ([`UdpSink::bind_gro`]). On loopback the GSO buffer reaches the GRO socket whole, so this
+//! row shows what the system-call and per-packet costs are without segmentation.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -24,6 +30,8 @@ pub struct LimitConfig {
     pub datagram_bytes: usize,
     /// Datagrams per `recvmmsg` / `sendmmsg` call (the soft device's batch).
     pub batch: usize,
+    /// Datagrams per `UDP_SEGMENT` send in [`measure_gso`] (1..=64).
+    pub gso_segments: usize,
     /// `SO_RCVBUF` request of the receiver (the soft device's default, 8 MiB).
     pub recv_buffer_bytes: usize,
     /// Unmeasured time before the window.
@@ -51,6 +59,10 @@ pub struct LimitResult {
     pub msgs_per_sec: f64,
     /// Received datagrams per receiver CPU second.
     pub msgs_per_core_sec: f64,
+    /// `UDP_SEGMENT` sends over the whole run, warmup included (0 for the plain limit).
+    pub gso_sends: u64,
+    /// Coalesced `UDP_GRO` buffers read in the window (0 for the plain limit).
+    pub gro_buffers: u64,
 }
 
 /// Why the limit could not be measured.
@@ -74,37 +86,78 @@ fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> LimitError {
 }
 
 /// Runs the limit measurement (two threads: sender and receiver, about
-/// `warmup + duration` long).
+/// `warmup + duration` long): `sendmmsg` of `batch` datagrams into a `recvmmsg` sink,
+/// neither with UDP offloads.
 ///
 /// # Errors
 /// [`LimitError`] for socket or thread failures.
 pub fn measure(cfg: &LimitConfig) -> Result<LimitResult, LimitError> {
     let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
-    let mut sink = UdpSink::bind(
+    let sink = UdpSink::bind(
         loopback,
         cfg.batch,
         cfg.datagram_bytes + 64,
         cfg.recv_buffer_bytes,
     )
     .map_err(io("binding the UdpSink"))?;
-    let dest = sink.local_addr().map_err(io("UdpSink address"))?;
-    let mut link = UdpLink::bind(UdpConfig {
+    let link = UdpLink::bind(UdpConfig {
         batch: cfg.batch,
+        gso: false,
+        gro: false,
         ..UdpConfig::bound_to(loopback)
     })
     .map_err(io("binding the sender UdpLink"))?;
+    run(cfg, sink, link, cfg.batch)
+}
+
+/// [`measure`] with `UDP_SEGMENT` sends of `gso_segments` datagrams each into a `UDP_GRO`
+/// sink that counts datagrams (segments), not buffers.
+///
+/// # Errors
+/// [`LimitError`] for socket or thread failures, and when the kernel has no UDP GSO or GRO
+/// (the row would measure something else).
+pub fn measure_gso(cfg: &LimitConfig) -> Result<LimitResult, LimitError> {
+    let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+    let sink = UdpSink::bind_gro(loopback, cfg.batch, cfg.recv_buffer_bytes)
+        .map_err(io("binding the UDP_GRO UdpSink"))?;
+    let link = UdpLink::bind(UdpConfig {
+        batch: cfg.batch,
+        gso: true,
+        gro: false,
+        ..UdpConfig::bound_to(loopback)
+    })
+    .map_err(io("binding the sender UdpLink"))?;
+    if !link.gso_active() {
+        return Err(LimitError::Io {
+            what: "UDP_SEGMENT",
+            source: std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "the kernel refused UDP_SEGMENT",
+            ),
+        });
+    }
+    run(cfg, sink, link, cfg.gso_segments.clamp(1, 64))
+}
+
+fn run(
+    cfg: &LimitConfig,
+    mut sink: UdpSink,
+    mut link: UdpLink,
+    per_send: usize,
+) -> Result<LimitResult, LimitError> {
+    let dest = sink.local_addr().map_err(io("UdpSink address"))?;
 
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicU64::new(0));
     let sender = {
         let stop = stop.clone();
         let sent = sent.clone();
-        let batch: Vec<Datagram> = (0..cfg.batch)
+        let batch: Vec<Datagram> = (0..per_send)
             .map(|i| Datagram::to(dest, vec![i as u8; cfg.datagram_bytes]))
             .collect();
         thread::Builder::new()
             .name("limit-send".into())
-            .spawn(move || -> Duration {
+            .spawn(move || -> (Duration, u64) {
                 let cpu0 = thread_cpu();
                 let mut errors = 0u32;
                 while !stop.load(Ordering::Relaxed) {
@@ -120,36 +173,44 @@ pub fn measure(cfg: &LimitConfig) -> Result<LimitResult, LimitError> {
                         }
                     }
                 }
-                thread_cpu().saturating_sub(cpu0)
+                (thread_cpu().saturating_sub(cpu0), link.counts().gso_sends)
             })
             .map_err(|e| LimitError::Thread(e.to_string()))?
     };
 
     // The receiver runs on this thread.
-    let drain_until = |sink: &mut UdpSink, until: Instant| -> Result<u64, LimitError> {
-        let mut n = 0;
+    let drain_until = |sink: &mut UdpSink, until: Instant| -> Result<(u64, u64), LimitError> {
+        let (mut n, mut gro) = (0, 0);
         while Instant::now() < until {
             let step = (Instant::now() + Duration::from_millis(20)).min(until);
-            n += sink.drain(u64::MAX, step).map_err(io("recvmmsg"))?.messages;
+            let stats = sink.drain(u64::MAX, step).map_err(io("recvmmsg"))?;
+            n += stats.messages;
+            gro += stats.gro_buffers;
         }
-        Ok(n)
+        Ok((n, gro))
     };
     let result = (|| {
         drain_until(&mut sink, Instant::now() + cfg.warmup)?;
         let t0 = Instant::now();
         let cpu0 = thread_cpu();
         let s0 = sent.load(Ordering::Relaxed);
-        let received = drain_until(&mut sink, t0 + cfg.duration)?;
+        let (received, gro_buffers) = drain_until(&mut sink, t0 + cfg.duration)?;
         let cpu1 = thread_cpu();
         let s1 = sent.load(Ordering::Relaxed);
         let seconds = t0.elapsed().as_secs_f64();
-        Ok((received, s1 - s0, seconds, (cpu1 - cpu0).as_secs_f64()))
+        Ok((
+            received,
+            s1 - s0,
+            seconds,
+            (cpu1 - cpu0).as_secs_f64(),
+            gro_buffers,
+        ))
     })();
     stop.store(true, Ordering::Relaxed);
-    let sender_cpu = sender
+    let (sender_cpu, gso_sends) = sender
         .join()
         .map_err(|_| LimitError::Thread("sender thread panicked".into()))?;
-    let (received, sent, seconds, receiver_cpu_seconds) = result?;
+    let (received, sent, seconds, receiver_cpu_seconds, gro_buffers) = result?;
     // The sender's CPU is over its whole life; scale it to the window.
     let total = cfg.warmup.as_secs_f64() + seconds;
     let sender_cpu_seconds = sender_cpu.as_secs_f64() * seconds / total.max(1e-9);
@@ -162,6 +223,8 @@ pub fn measure(cfg: &LimitConfig) -> Result<LimitResult, LimitError> {
         sender_cpu_seconds,
         msgs_per_sec: rate(received as f64, seconds),
         msgs_per_core_sec: rate(received as f64, receiver_cpu_seconds),
+        gso_sends,
+        gro_buffers,
     })
 }
 
@@ -169,18 +232,32 @@ pub fn measure(cfg: &LimitConfig) -> Result<LimitResult, LimitError> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_short_run_receives_datagrams() {
-        let r = measure(&LimitConfig {
+    fn short() -> LimitConfig {
+        LimitConfig {
             datagram_bytes: 256,
             batch: 16,
+            gso_segments: 32,
             recv_buffer_bytes: 1 << 20,
             warmup: Duration::from_millis(20),
             duration: Duration::from_millis(100),
-        })
-        .unwrap();
+        }
+    }
+
+    #[test]
+    fn a_short_run_receives_datagrams() {
+        let r = measure(&short()).unwrap();
         assert!(r.received > 0);
         assert!(r.sent >= r.received / 2, "{r:?}");
         assert!(r.msgs_per_sec > 0.0);
+        assert_eq!((r.gso_sends, r.gro_buffers), (0, 0), "{r:?}");
+    }
+
+    #[test]
+    fn a_short_gso_run_receives_coalesced_datagrams() {
+        let r = measure_gso(&short()).unwrap();
+        assert!(r.received > 0);
+        assert!(r.gso_sends > 0, "{r:?}");
+        assert!(r.gro_buffers > 0, "{r:?}");
+        assert!(r.received >= r.gro_buffers * 2, "{r:?}");
     }
 }

@@ -238,7 +238,9 @@ impl LoadGen {
             let soft = SoftDevice::open(&SoftConfig {
                 name: format!("gen{d}"),
                 udp: UdpConfig {
+                    // As the agent: sends with UDP_SEGMENT, no 64 KiB UDP_GRO slots.
                     recv_buffer_bytes: Some(256 << 10),
+                    gro: false,
                     ..UdpConfig::bound_to(SocketAddr::from(([127, 0, 0, 1], 0)))
                 },
                 mtu_bytes: mtu_for(frame_len),

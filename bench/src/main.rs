@@ -23,7 +23,7 @@ use uctel_bench::workload::{FrameTemplate, ROCE_WRITE_IMM_OVERHEAD};
 /// One part of the run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Part {
-    /// The recvmmsg limit.
+    /// The recvmmsg limit, plain and with UDP GSO/GRO.
     Limit,
     /// The soft path with `--agents` agents.
     Soft,
@@ -271,6 +271,7 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         wall_seconds: 0.0,
         machine: Machine::detect(),
         limit: None,
+        limit_gso: None,
         soft: None,
         processing: None,
         scaling: Vec::new(),
@@ -296,16 +297,26 @@ fn run(args: &Args) -> anyhow::Result<bool> {
     );
 
     if wants(Part::Limit) {
-        eprintln!("[limit] recvmmsg sink, {:.1} s", args.duration_secs);
-        match limit::measure(&LimitConfig {
+        let cfg = LimitConfig {
             datagram_bytes: frame.len() + ROCE_WRITE_IMM_OVERHEAD,
             batch: 64,
+            gso_segments: 32,
             recv_buffer_bytes: 8 << 20,
             warmup: secs(args.warmup_secs),
             duration: secs(args.duration_secs),
-        }) {
+        };
+        eprintln!("[limit] recvmmsg sink, {:.1} s", args.duration_secs);
+        match limit::measure(&cfg) {
             Ok(r) => report.limit = Some(r),
             Err(e) => report.failures.push(("limit".into(), e.to_string())),
+        }
+        eprintln!(
+            "[limit] UDP_SEGMENT × {} sender, UDP_GRO sink, {:.1} s",
+            cfg.gso_segments, args.duration_secs
+        );
+        match limit::measure_gso(&cfg) {
+            Ok(r) => report.limit_gso = Some(r),
+            Err(e) => report.failures.push(("limit_gso".into(), e.to_string())),
         }
     }
     let soft_cfg = |k: usize, duration: f64, tag: &str| SoftRunConfig {

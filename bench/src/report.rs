@@ -149,6 +149,9 @@ pub struct Report {
     pub machine: Machine,
     /// The UDP limit.
     pub limit: Option<LimitResult>,
+    /// The UDP limit with a `UDP_SEGMENT` sender and a `UDP_GRO` receiver (datagrams
+    /// counted, not buffers).
+    pub limit_gso: Option<LimitResult>,
     /// The headline soft-path run.
     pub soft: Option<SoftRunResult>,
     /// Processing only.
@@ -385,6 +388,21 @@ impl Report {
                 format!("{} msg per receiver CPU-s", si(l.msgs_per_core_sec)),
                 format!(
                     "sender offered {} msg/s",
+                    si(l.sent as f64 / l.seconds.max(1e-9))
+                ),
+            ));
+        }
+        if let Some(l) = &self.limit_gso {
+            let per_buffer = l.received as f64 / (l.gro_buffers.max(1) as f64);
+            rows.push(row(
+                format!(
+                    "UDP limit: UDP_SEGMENT sender, UDP_GRO sink, {} B datagrams",
+                    l.datagram_bytes
+                ),
+                format!("{} msg/s", si(l.msgs_per_sec)),
+                format!("{} msg per receiver CPU-s", si(l.msgs_per_core_sec)),
+                format!(
+                    "sender offered {} msg/s; {per_buffer:.1} datagrams per GRO buffer",
                     si(l.sent as f64 / l.seconds.max(1e-9))
                 ),
             ));

@@ -542,7 +542,8 @@ impl UdpLink {
         } else {
             config.max_datagram_bytes
         };
-        let bufs = vec![vec![0u8; slot]; config.batch];
+        // One zeroed allocation per slot (`vec![v; n]` would copy `v`, touching every page).
+        let bufs = (0..config.batch).map(|_| vec![0u8; slot]).collect();
         Ok(UdpLink {
             socket,
             local,
