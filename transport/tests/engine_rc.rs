@@ -831,7 +831,7 @@ fn run_faulty(p: &mut Pair, seed: u64, loss_pct: u32, dup_pct: u32, max_losses: 
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     /// Under any seeded pattern of drops, duplicates and reorders in both directions, with at
     /// most 3 losses between two ACKs that move the window (below `retry_cnt` = 7), every

@@ -730,7 +730,7 @@ impl RcQp {
         if self.rnr_until.is_some_and(|t| t <= now) {
             self.rnr_until = None;
         }
-        if !self.retrans_deadline.is_some_and(|t| t <= now) {
+        if self.retrans_deadline.is_none_or(|t| t > now) {
             return;
         }
         self.retrans_deadline = None;
