@@ -770,6 +770,73 @@ fn stale_and_ghost_responses_are_ignored() {
     assert_eq!(q.a.scq_all().len(), 1);
 }
 
+#[test]
+fn opcode_sequence_error_is_naked_invalid_request() {
+    let mut p = Pair::new(Params::default());
+    p.post_recv(1, 1024);
+    p.post(1, SendOpcode::Send, &pattern(600, 19));
+    p.pull();
+    // Turn the FIRST (PSN 100) into a MIDDLE: a MIDDLE with no message in progress.
+    let mut first = p.a2b.pop_front().expect("first");
+    first[0] = RcOpcode::SendMiddle.as_u8();
+    p.a2b.clear();
+    assert_eq!(
+        p.deliver(Dir::AtoB, &first),
+        RcRxOutcome::Dropped(UcDropReason::OpcodeSequence)
+    );
+    assert_eq!(p.b.qp.state(), QpState::Error);
+    p.run(|dir, pkt| {
+        if dir == Dir::BtoA {
+            assert_eq!(
+                pkt.aeth.expect("aeth").syndrome,
+                AethSyndrome::Nak(NakCode::InvalidRequest)
+            );
+            assert_eq!(pkt.bth.psn, 100);
+        }
+        Fate::Deliver
+    });
+    assert_eq!(p.a.qp.state(), QpState::Error);
+    let swcs = p.a.scq_all();
+    assert_eq!(swcs.len(), 1);
+    assert_eq!(swcs[0].status, WcStatus::RemoteInvalidRequestError);
+    p.flush();
+    assert_eq!(p.b.rcq_all()[0].status, WcStatus::WrFlushError);
+}
+
+#[test]
+fn send_longer_than_its_receive_buffer_fails_both_sides() {
+    let mut p = Pair::new(Params::default());
+    p.post_recv(1, 100);
+    p.post(1, SendOpcode::Send, &pattern(200, 20));
+    p.run_clean();
+    assert_eq!(p.b.qp.error_cause(), Some(QpErrorCause::MessageTooLong));
+    let rwcs = p.b.rcq_all();
+    assert_eq!(rwcs[0].status, WcStatus::LocalQpOperationError);
+    assert_eq!(p.b.qp.stats().qp.drops.get(UcDropReason::MessageTooLong), 1);
+    let swcs = p.a.scq_all();
+    assert_eq!(swcs[0].status, WcStatus::RemoteOperationError);
+    assert_eq!(p.a.qp.error_cause(), Some(QpErrorCause::RemoteNak));
+}
+
+#[test]
+fn packets_before_rtr_are_dropped_and_counted() {
+    let mut p = Pair::new(Params::default());
+    p.post(1, SendOpcode::Send, &pattern(4, 21));
+    p.pull();
+    let req = p.a2b.pop_front().expect("req");
+    let mut c = Side::new(0x33, rw_remote());
+    let repr = RcPacketRepr::parse(&req).expect("parse");
+    assert_eq!(
+        c.qp.receive(p.now, &repr, &c.mem, &mut c.scq, &mut c.rcq),
+        RcRxOutcome::Dropped(UcDropReason::QpNotReady)
+    );
+    let s = c.qp.stats();
+    assert_eq!(s.qp.packets_received, 1);
+    assert_eq!(s.qp.drops.get(UcDropReason::QpNotReady), 1);
+    let mut buf = Vec::new();
+    assert!(c.qp.poll_transmit(p.now, &c.mem, &mut buf).is_none());
+}
+
 /// One packet in flight in the property test.
 struct Flight {
     dir: Dir,
@@ -889,6 +956,14 @@ proptest! {
         prop_assert_eq!(p.b.qp.msn(), lens.len() as u32);
         prop_assert_eq!(p.b.qp.stats().qp.messages_completed, lens.len() as u64);
         prop_assert_eq!(p.a.qp.sq_len(), 0);
+        // Every inbound packet is accounted for once, on both sides.
+        for s in [p.a.qp.stats(), p.b.qp.stats()] {
+            prop_assert_eq!(
+                s.qp.packets_received,
+                s.requests_accounted() + s.responses_accounted() + s.qp.drops.total()
+            );
+        }
+        prop_assert_eq!(p.b.qp.stats().qp.drops.total(), 0);
     }
 }
 

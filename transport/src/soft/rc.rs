@@ -90,7 +90,7 @@ use std::time::{Duration, Instant};
 
 use crate::api::{
     AccessFlags, Mtu, QpErrorCause, QpState, QpStats, SendOpcode, UcDropReason, WcOpcode, WcStatus,
-    WorkCompletion, IBTA_MAX_MSG_SIZE, QPN_MASK,
+    WorkCompletion, IBTA_MAX_MSG_SIZE, PSN_MASK, QPN_MASK,
 };
 use crate::soft::engine::{
     CompletionSink, ModifyError, PostRefusal, RecvRefusal, RecvWqe, SendWqe,
@@ -195,13 +195,33 @@ pub struct RcStats {
     pub retry_exceeded: u64,
     /// Send WRs failed with [`WcStatus::RnrRetryExceededError`].
     pub rnr_retry_exceeded: u64,
+    /// Inbound requests with the expected PSN that were executed (data placed or scattered).
+    pub requests_executed: u64,
     /// Inbound requests with a PSN behind the expected one (re-ACKed, not executed).
     pub duplicates: u64,
     /// Inbound requests with a PSN ahead of the expected one (dropped; the first of each gap
     /// NAKed).
     pub out_of_sequence: u64,
+    /// Inbound requests answered with an RNR NAK (not executed).
+    pub requests_rnr: u64,
     /// Responses dropped because the response queue was full.
     pub responses_dropped: u64,
+}
+
+impl RcStats {
+    /// Inbound requests accounted for: executed, duplicate, out of sequence or RNR NAKed.
+    /// This plus [`RcStats::responses_accounted`] plus `qp.drops.total()` equals
+    /// `qp.packets_received` (tests check the sum), except that a request whose receive WC
+    /// found the CQ full counts both as executed and under `cq_overflow`.
+    pub fn requests_accounted(&self) -> u64 {
+        self.requests_executed + self.duplicates + self.out_of_sequence + self.requests_rnr
+    }
+
+    /// Inbound responses accounted for: ACKs that made progress, NAKs, RNR NAKs and stale
+    /// responses.
+    pub fn responses_accounted(&self) -> u64 {
+        self.acks_received + self.naks_received + self.rnr_naks_received + self.stale_responses
+    }
 }
 
 /// What happened to one inbound packet.
@@ -1142,10 +1162,19 @@ impl RcQp {
     /// Class C error (rxe `do_class_ac_error()`): NAK with the expected PSN, responder to
     /// ERROR.
     fn nak_error(&mut self, code: NakCode, reason: UcDropReason) -> RcRxOutcome {
+        self.nak_error_with(code, reason, QpErrorCause::RequestError)
+    }
+
+    fn nak_error_with(
+        &mut self,
+        code: NakCode,
+        reason: UcDropReason,
+        cause: QpErrorCause,
+    ) -> RcRxOutcome {
         self.stats.qp.drops.inc(reason);
         self.inbound = None;
         self.queue_response(AethSyndrome::Nak(code), self.epsn);
-        self.fail(QpErrorCause::RequestError);
+        self.fail(cause);
         RcRxOutcome::Dropped(reason)
     }
 
@@ -1195,7 +1224,7 @@ impl RcQp {
         if diff < 0 {
             // duplicate_request(): SEND and WRITE are acknowledged again, not re-executed.
             self.stats.duplicates += 1;
-            let prev = self.epsn + (crate::api::PSN_MASK);
+            let prev = self.epsn + PSN_MASK; // the expected PSN - 1, modulo 2^24
             self.ack(prev);
             return RcRxOutcome::Duplicate;
         }
@@ -1221,6 +1250,7 @@ impl RcQp {
         // without one, RNR NAK and wait for the retry (the PSN does not move).
         let needs_rwr = (op.is_send() && op.is_start()) || (op.is_write() && op.has_immdt());
         if needs_rwr && self.rq.is_empty() {
+            self.stats.requests_rnr += 1;
             self.queue_response(
                 AethSyndrome::RnrNak {
                     timer: self.min_rnr_timer,
@@ -1312,6 +1342,7 @@ impl RcQp {
             length,
         });
         self.epsn = psn.next();
+        self.stats.requests_executed += 1;
         if !op.is_end() {
             self.acknowledge(pkt, psn);
             return RcRxOutcome::Accepted;
@@ -1381,18 +1412,17 @@ impl RcQp {
                 if rcq.push(wc).is_err() {
                     self.cq_overflowed = true;
                 }
-                let out = self.nak_error(NakCode::RemoteOperationalError, reason);
-                self.error_cause = Some(if reason == UcDropReason::MessageTooLong {
+                let cause = if reason == UcDropReason::MessageTooLong {
                     QpErrorCause::MessageTooLong
                 } else {
                     QpErrorCause::BadReceiveWr
-                });
-                self.pending_event = self.error_cause;
-                return out;
+                };
+                return self.nak_error_with(NakCode::RemoteOperationalError, reason, cause);
             }
         }
         let received = received + len;
         self.epsn = psn.next();
+        self.stats.requests_executed += 1;
         if !op.is_end() {
             self.inbound = Some(Inbound::Send { received });
             self.acknowledge(pkt, psn);
