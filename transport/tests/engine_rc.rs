@@ -705,6 +705,37 @@ fn coalesced_ack_completes_every_wr_it_covers() {
 }
 
 #[test]
+fn acks_queued_back_to_back_coalesce_into_the_latest() {
+    let mut p = Pair::new(Params::default());
+    for i in 0..3 {
+        p.post_recv(i, 64);
+        p.post(i, SendOpcode::Send, &pattern(8, i as u8));
+    }
+    // Deliver all three requests before the responder is polled.
+    let mut reqs = Vec::new();
+    let mut buf = Vec::new();
+    while p.a.qp.poll_transmit(p.now, &p.a.mem, &mut buf).is_some() {
+        reqs.push(std::mem::take(&mut buf));
+    }
+    for r in &reqs {
+        assert_eq!(p.deliver(Dir::AtoB, r), RcRxOutcome::Completed);
+    }
+    assert_eq!(p.b.qp.pending_responses(), 1);
+    let info =
+        p.b.qp
+            .poll_transmit(p.now, &p.b.mem, &mut buf)
+            .expect("ack");
+    assert_eq!((info.psn, info.syndrome.is_some()), (102, true));
+    let aeth = RcPacketRepr::parse(&buf)
+        .expect("parse")
+        .aeth
+        .expect("aeth");
+    assert_eq!(aeth.msn, 3);
+    assert_eq!(p.deliver(Dir::BtoA, &buf), RcRxOutcome::Response);
+    assert_eq!(p.a.scq_all().len(), 3);
+}
+
+#[test]
 fn window_holds_at_most_max_unacked_psns_and_ack_req_every_66th_packet() {
     let mut p = Pair::new(Params::default());
     p.post_recv(1, 256 * 200);

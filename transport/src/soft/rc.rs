@@ -26,18 +26,23 @@
 //!   responses).
 //! * A NAK (PSN sequence error) with PSN `p` acknowledges everything before `p` and rewinds
 //!   the requester to `p` (go-back-N, IBTA 9.7.5.2.8, rxe `COMPST_ERROR_RETRY` →
-//!   `req_retry()`); a second NAK for the same `p` without progress in between is ignored (rxe
-//!   `started_retry`).
+//!   `req_retry()`); a second NAK for the same `p` without progress in between is ignored.
+//!   *Deviation from rxe:* rxe's `started_retry` ignores every sequence NAK while a retry is
+//!   under way, until a WQE completes; here only a repeat of the NAK already acted upon is
+//!   ignored, so a NAK for a later gap found during the retry is followed at once.
 //! * The retransmit timer (4.096 µs × 2^`timeout`, 0 = never, IBTA 9.7.6.1.3 / `ibv_modify_qp`
 //!   `IBV_QP_TIMEOUT`) is armed when a request is sent and none is pending, re-armed on every
 //!   ACK that makes progress while packets remain outstanding, and cleared when none does
 //!   (rxe `update_state()`, `rxe_completer()`). On expiry the requester rewinds to the oldest
 //!   unacknowledged PSN.
-//! * Timeouts and sequence NAKs share the retry budget `retry_cnt`; any ACK that makes progress
-//!   restores it. When it is spent, the oldest outstanding WR completes with
-//!   [`WcStatus::RetryExceededError`] and the QP moves to ERROR. *Deviation from rxe:* rxe
-//!   treats `retry_cnt == 7` as "retry forever" like `rnr_retry`; IBTA gives the infinite
-//!   value only to the RNR counter (9.7.5.2.8 vs 9.7.6.1.3), so here 7 means seven retries.
+//! * Timeouts and sequence NAKs share the retry budget `retry_cnt`. When it is spent, the oldest
+//!   outstanding WR completes with [`WcStatus::RetryExceededError`] and the QP moves to ERROR.
+//!   *Deviations from rxe:* rxe treats `retry_cnt == 7` as "retry forever" like `rnr_retry`;
+//!   IBTA gives the infinite value only to the RNR counter (9.7.5.2.8 vs 9.7.6.1.3), so here 7
+//!   means seven retries. rxe restores both budgets (`reset_retry_counters()`) when a response
+//!   passes a WQE's last PSN; here any response that acknowledges a new PSN restores them, so
+//!   that a message longer than the window, acknowledged every [`MAX_PKT_PER_ACK`] packets,
+//!   does not spend its budget across partial progress.
 //! * An RNR NAK with PSN `p` acknowledges everything before `p`, stops transmission for the RNR
 //!   timer of its syndrome (IBTA Table 45, [`rnr_timer_micros`]), then resends from `p` (rxe
 //!   `COMPST_RNR_RETRY`, `rnr_nak_timer()`). `rnr_retry` 7 retries forever; otherwise each RNR
@@ -945,7 +950,7 @@ impl RcQp {
             reth: None,
             aeth: Some(AethRepr {
                 syndrome: resp.syndrome,
-                msn: resp.msn & QPN_MASK,
+                msn: resp.msn & PSN_MASK,
             }),
             imm: None,
             payload: &[],
@@ -1007,8 +1012,8 @@ impl RcQp {
                 }
             }
         }
-        // Progress restores the retry budgets (rxe resets comp.retry_cnt / rnr_retry when an
-        // ACK completes work) and restarts the timer if packets remain outstanding.
+        // Progress restores the retry budgets (rxe reset_retry_counters() runs when a WQE
+        // completes; see the module docs) and restarts the timer if packets remain outstanding.
         self.retry_left = self.retry_cnt;
         self.rnr_retry_left = self.rnr_retry;
         self.nak_retry_psn = None;
@@ -1456,7 +1461,7 @@ impl RcQp {
         wc: Option<WorkCompletion>,
         rcq: &mut dyn CompletionSink,
     ) -> RcRxOutcome {
-        self.msn = (self.msn + 1) & QPN_MASK;
+        self.msn = (self.msn + 1) & PSN_MASK;
         if let Some(wc) = wc {
             if rcq.push(wc).is_err() {
                 // IBTA class G / rxe RESPST_ERR_CQ_OVERFLOW: the completion is lost and the QP
