@@ -1,4 +1,7 @@
-//! RoCEv2 UC packet headers: checked zero-copy views and owned reprs.
+//! RoCEv2 UC and RC packet headers: checked zero-copy views and owned reprs.
+//!
+//! One file because it is one concept: the BTH-based wire codec, whose UC and RC opcodes
+//! share the BTH, RETH and ImmDt layouts and the same parse checks.
 //!
 //! A RoCEv2 packet travels as the payload of one UDP datagram to port 4791 (IBTA Vol 1
 //! Annex A17 "RoCEv2", §A17.4). The UDP payload is laid out as

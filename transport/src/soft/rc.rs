@@ -1,5 +1,8 @@
 //! The sans-IO RoCEv2 Reliable Connection engine: one [`RcQp`] per queue pair.
 //!
+//! One file because it is one concept: one RC QP's state machine, whose requester and
+//! responder share its state, PSNs, timers and error transitions.
+//!
 //! No sockets, no threads, no clock of its own. The owner feeds inbound packets with
 //! [`RcQp::receive`], pulls outbound packets (requests and acknowledgements) with
 //! [`RcQp::poll_transmit`], asks when to wake with [`RcQp::poll_timeout`] and reports that the
