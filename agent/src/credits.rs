@@ -108,6 +108,19 @@ impl Credits {
         self.window
     }
 
+    /// Frames this connection may have outstanding under its current grant: the window, or
+    /// less where the collector-wide budget's limit is closer (`limit − first unconsumed
+    /// sequence`, 0 when the limit is already behind it). With many agents sharing one
+    /// budget this is what the agent can really use, often far below the ring's window.
+    pub fn granted_window(&self) -> u64 {
+        match self.limit {
+            None => self.window,
+            Some(limit) => self
+                .window
+                .min(limit.forward_from(self.acked_next).unwrap_or(0)),
+        }
+    }
+
     /// The connection sequence the next acquired credit will carry.
     pub fn next_seq(&self) -> u64 {
         self.next.get()
@@ -193,6 +206,9 @@ mod tests {
         assert_eq!(c.on_grant(4, 1), GrantOutcome::Applied { lowered: true });
         assert_eq!(c.available(), 0);
         assert_eq!(c.grant_applied(), Some(4));
+        // Nothing consumed yet (first unconsumed sequence 0): the grant's limit 1 allows one
+        // frame outstanding, whatever the window of 8 would allow.
+        assert_eq!(c.granted_window(), 1);
         // The window still caps what a generous limit allows.
         assert_eq!(
             c.on_grant(5, 1_000),

@@ -459,8 +459,14 @@ fn fifty_agents_one_collector() {
     let mut p = Pipeline::start();
     let started = Instant::now();
     let ids: Vec<String> = (0..N).map(|i| format!("fleet-{i:02}")).collect();
-    for id in &ids {
-        p.add_agent(id, 0.0, 5.0);
+    // Half the fleet announces 512 frames/s (960-frame ring windows): the budget grants
+    // each agent far less than its ring holds, and the logs must still go.
+    for (i, id) in ids.iter().enumerate() {
+        p.add_agent_with(id, 0.0, 5.0, |y| {
+            if i % 2 == 1 {
+                y.set("collector.expected_frames_per_second", 512);
+            }
+        });
     }
     let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
     p.wait_flowing(N, &id_refs, &["metrics"], Duration::from_secs(90));

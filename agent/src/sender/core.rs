@@ -396,7 +396,10 @@ impl SenderCore {
     ///
     /// A stream configured to wait for credit also says no while the frames already built
     /// (ready on any stream, plus open ones) would use up the credits, keeping 1/16 of the
-    /// window (at least one frame; none below 4 frames) for the streams that drop.
+    /// window it is granted (at least one frame; none below 4 frames) for the streams that
+    /// drop. The share is taken of [`Credits::granted_window`], not of the ring's window: a
+    /// budget shared by many agents may grant far less than the ring holds, and a reserve
+    /// sized from the ring would then exceed every grant and hold the stream for good.
     pub fn wants_records(&self, stream: Stream) -> bool {
         let st = &self.streams[stream.index()];
         if st.ready.len() >= self.ready_frames {
@@ -412,7 +415,7 @@ impl SenderCore {
         // Leave a share of the window to the streams that drop, so a log burst does not
         // starve the metrics: 1/16 of the window, at least one frame, none in windows too
         // small to share (below 4 frames).
-        let window = self.credits.window();
+        let window = self.credits.granted_window();
         let reserve = if window < 4 {
             0
         } else {
@@ -1453,6 +1456,35 @@ mod tests {
         assert!(!core.wants_records(Stream::Logs));
         let (tx, _) = drain(&mut core, t0);
         assert_eq!(tx.len(), 1);
+    }
+
+    #[test]
+    fn a_grant_below_the_window_sizes_the_reserve_of_a_waiting_stream() {
+        // A 960-frame ring window, of which the collector-wide budget grants 20 frames: the
+        // reserve for the dropping streams is 1/16 of the 20 (one frame), not 1/16 of 960
+        // (60 frames, more than any grant: the logs would never be taken).
+        let t0 = Instant::now();
+        let mut cfg = config(960);
+        cfg.ready_frames = 64;
+        cfg.wait_for_credit = [false, true, false];
+        let mut core = SenderCore::new(&cfg, 1, t0, stats()).unwrap_or_else(|e| panic!("{e}"));
+        let applied = core.on_grant(uctel_protocol::control::CreditGrant {
+            sequence: 1,
+            limit: 20,
+        });
+        assert_eq!(applied, GrantOutcome::Applied { lowered: false });
+        let mut taken = 0;
+        for i in 0..40 {
+            if core.wants_records(Stream::Logs) {
+                core.push_log(&log(&format!("{i}")), t0, 1);
+                core.flush(Stream::Logs);
+                taken += 1;
+            }
+        }
+        assert_eq!(taken, 19, "twenty credits, one kept for the metrics");
+        let (tx, _) = drain(&mut core, t0);
+        assert_eq!(tx.len(), 19);
+        assert!(tx.iter().all(|t| t.stream == Stream::Logs));
     }
 
     #[test]

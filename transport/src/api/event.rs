@@ -14,6 +14,18 @@ pub enum QpErrorCause {
     BadReceiveWr,
     /// A send WR's memory region became unusable (`IBV_WC_LOC_PROT_ERR`).
     LocalProtection,
+    /// RC requester: the retransmit timer or PSN sequence NAKs used up `retry_cnt`
+    /// (`IBV_WC_RETRY_EXC_ERR`; IBTA 9.7.6.1.3, rxe `rxe_comp.c` `COMPST_ERROR_RETRY`).
+    RetryExceeded,
+    /// RC requester: RNR NAKs used up `rnr_retry` (`IBV_WC_RNR_RETRY_EXC_ERR`; IBTA
+    /// 9.7.5.2.8, rxe `rxe_comp.c` `COMPST_RNR_RETRY`).
+    RnrRetryExceeded,
+    /// RC requester: the responder answered with an invalid request, remote access or remote
+    /// operational error NAK (IBTA 9.7.5.2.8).
+    RemoteNak,
+    /// RC responder: an inbound request failed a check that IBTA class C answers with a NAK
+    /// and an ERROR transition (9.7.5.2.8; rxe `do_class_ac_error`).
+    RequestError,
     /// Reported by an RDMA device, which gives no cause (verbs `IBV_EVENT_QP_FATAL`,
     /// `IBV_EVENT_QP_REQ_ERR`, `IBV_EVENT_QP_ACCESS_ERR`).
     Device,

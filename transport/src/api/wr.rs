@@ -191,6 +191,17 @@ pub enum WcStatus {
     LocalProtectionError,
     /// `IBV_WC_WR_FLUSH_ERR`: the QP is in ERROR; the WR was not executed.
     WrFlushError,
+    /// `IBV_WC_RETRY_EXC_ERR`: RC only; the transport retry counter was used up (timeouts or
+    /// PSN sequence NAKs). The QP is in ERROR afterwards.
+    RetryExceededError,
+    /// `IBV_WC_RNR_RETRY_EXC_ERR`: RC only; the RNR retry counter was used up.
+    RnrRetryExceededError,
+    /// `IBV_WC_REM_INV_REQ_ERR`: RC only; the responder NAKed the request as invalid.
+    RemoteInvalidRequestError,
+    /// `IBV_WC_REM_ACCESS_ERR`: RC only; the responder NAKed a remote access error.
+    RemoteAccessError,
+    /// `IBV_WC_REM_OP_ERR`: RC only; the responder NAKed a remote operational error.
+    RemoteOperationError,
     /// `IBV_WC_GENERAL_ERR`: anything else.
     GeneralError,
 }
@@ -204,6 +215,11 @@ impl WcStatus {
             Self::LocalQpOperationError => "local_qp_operation_error",
             Self::LocalProtectionError => "local_protection_error",
             Self::WrFlushError => "wr_flush_error",
+            Self::RetryExceededError => "retry_exceeded_error",
+            Self::RnrRetryExceededError => "rnr_retry_exceeded_error",
+            Self::RemoteInvalidRequestError => "remote_invalid_request_error",
+            Self::RemoteAccessError => "remote_access_error",
+            Self::RemoteOperationError => "remote_operation_error",
             Self::GeneralError => "general_error",
         }
     }

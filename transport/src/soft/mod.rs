@@ -1,4 +1,4 @@
-//! The soft transport: RoCEv2 UC in user space over UDP.
+//! The soft transport: RoCEv2 UC in user space over UDP, and a sans-IO RC engine ([`rc`]).
 
 pub mod capacity;
 pub mod device;
@@ -9,4 +9,5 @@ pub mod link;
 pub mod memory;
 pub mod packet;
 pub mod psn;
+pub mod rc;
 pub mod udp;

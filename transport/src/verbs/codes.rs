@@ -34,6 +34,11 @@ pub(super) mod wc_status {
     pub(in crate::verbs) const LOC_QP_OP_ERR: u32 = 2;
     pub(in crate::verbs) const LOC_PROT_ERR: u32 = 4;
     pub(in crate::verbs) const WR_FLUSH_ERR: u32 = 5;
+    pub(in crate::verbs) const REM_INV_REQ_ERR: u32 = 9;
+    pub(in crate::verbs) const REM_ACCESS_ERR: u32 = 10;
+    pub(in crate::verbs) const REM_OP_ERR: u32 = 11;
+    pub(in crate::verbs) const RETRY_EXC_ERR: u32 = 12;
+    pub(in crate::verbs) const RNR_RETRY_EXC_ERR: u32 = 13;
 }
 
 /// The IB MTU of an `enum ibv_mtu` value.
@@ -92,6 +97,11 @@ pub(super) fn wc_status(v: u32) -> WcStatus {
         wc_status::LOC_QP_OP_ERR => WcStatus::LocalQpOperationError,
         wc_status::LOC_PROT_ERR => WcStatus::LocalProtectionError,
         wc_status::WR_FLUSH_ERR => WcStatus::WrFlushError,
+        wc_status::REM_INV_REQ_ERR => WcStatus::RemoteInvalidRequestError,
+        wc_status::REM_ACCESS_ERR => WcStatus::RemoteAccessError,
+        wc_status::REM_OP_ERR => WcStatus::RemoteOperationError,
+        wc_status::RETRY_EXC_ERR => WcStatus::RetryExceededError,
+        wc_status::RNR_RETRY_EXC_ERR => WcStatus::RnrRetryExceededError,
         _ => WcStatus::GeneralError,
     }
 }
@@ -131,7 +141,9 @@ mod tests {
     fn completion_codes_map_to_the_api() {
         assert_eq!(wc_status(0), WcStatus::Success);
         assert_eq!(wc_status(5), WcStatus::WrFlushError);
-        assert_eq!(wc_status(12), WcStatus::GeneralError);
+        assert_eq!(wc_status(12), WcStatus::RetryExceededError);
+        assert_eq!(wc_status(13), WcStatus::RnrRetryExceededError);
+        assert_eq!(wc_status(7), WcStatus::GeneralError, "IBV_WC_BAD_RESP_ERR");
         assert_eq!(wc_opcode(129), WcOpcode::RecvRdmaWithImm);
         assert_eq!(wc_opcode(128), WcOpcode::Recv);
         assert_eq!(wc_opcode(1), WcOpcode::RdmaWrite);
