@@ -25,21 +25,32 @@
 //!   so a loss of a whole window (a black-holed path) cannot leave the agent without credit
 //!   for good. Its loss is still counted by the trackers, as any gap.
 //!
-//! **Sharing.** The budget is split max-min fair among the agents that want it: each agent
-//! is entitled to `min(its want, capacity / agents)` frames, and the budget owed to agents
-//! below their entitlement is kept for them, so a busy agent grows beyond its share only
-//! into room nobody else is owed, and shrinks back (at its next grant) when an agent joins
-//! or wakes up. An agent's want is twice the most it consumed in one report interval over
-//! the last [`PEAK_INTERVALS`] intervals, doubled again while it reports frames without
-//! credit, and at least the rate it announced at `Hello` × the report interval; never more
-//! than its ring allows. An idle agent's want decays to that floor: it gives the rest
-//! back. While the fair share covers an agent's whole window (few agents, or a budget
-//! without a shared limit, as on verbs), its want is that window. A joining agent waits for budget (its initial grant may be 0 frames) rather than
+//! **Sharing.** The budget is split max-min fair among the agents by a water level:
+//! each agent is entitled to `min(its want, level)` frames, where `level` is the largest
+//! with `Σ min(want, level) = capacity` (every want, when they all fit). Agents that want
+//! less than an equal share leave the rest to those that want more, in equal parts; an
+//! agent above its entitlement shrinks back at its next grant when an agent joins or wakes
+//! up. The level is a fraction of a frame as often as not (3,640 frames over 1,000 agents:
+//! 3.64), and more agents than frames is a case to serve (10,000 agents: 0.364): each grant
+//! carries the fraction over into the agent's *turns* (at most one frame), and a whole turn
+//! buys one frame beyond the whole part (deficit round robin), so over report intervals
+//! every busy agent gets `level` frames per interval, no agent taking another's because it
+//! asked first or got more early reports (fractions are carried once per interval).
+//!
+//! An agent's want is twice the most it consumed in one report interval over the last
+//! [`PEAK_INTERVALS`] intervals, at least twice the window it was last given while
+//! it reports frames without credit, and at least the rate it announced at `Hello` × the
+//! report interval; never more than its ring allows. An idle agent's want decays to that
+//! floor: it gives the rest back. While `capacity / agents` covers an agent's whole window
+//! (few agents, or a budget without a shared limit, as on verbs), its want is that window.
+//! A joining agent waits for budget (its initial grant may be 0 frames) rather than
 //! overflow the receive path; its frames without credit are counted at the agent
-//! (`no_credit`), never lost unseen.
+//! (`no_credit`), never lost unseen. Whatever the level, no grant takes the claims past
+//! `capacity`.
 //!
 //! Sans-IO and lock-protected: sessions call [`CreditBudget::grant`] when they build a
-//! report and [`CreditBudget::on_heartbeat`] for each heartbeat; nothing here waits.
+//! report at the report interval, [`CreditBudget::grant_early`] for one sent early, and
+//! [`CreditBudget::on_heartbeat`] for each heartbeat; nothing here waits.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -81,10 +92,16 @@ struct Claim {
     starved: bool,
     /// Current want in frames.
     want: u64,
+    /// The window of the latest grant: its limit − `consumed_next` when it was made.
+    window: u64,
     /// Current claim in frames (kept in the budget's sum).
     claim: u64,
-    /// What is owed to it: `min(want, fair) − claim`, saturating (kept in the budget's sum).
-    owed: u64,
+    /// Fractions of a frame its entitlement carried over from earlier report intervals, in
+    /// 1/2³² frame, at most one frame ("Sharing" in the module documentation).
+    turns: u64,
+    /// 1 while this report interval's window has a frame beyond the whole part, bought
+    /// with a turn; else 0.
+    extra: u64,
 }
 
 impl Claim {
@@ -103,11 +120,17 @@ struct Inner {
     conns: HashMap<u32, Claim>,
     /// Σ claim.
     claimed: u64,
-    /// Σ owed.
-    owed: u64,
-    /// `capacity / connections`.
+    /// `capacity / connections`, whole frames.
     fair: u64,
+    /// The water level in 1/2³² frame: Σ min(want, level) = capacity (`u64::MAX` when
+    /// every want fits); an agent is entitled to `min(want, level)`.
+    level: u64,
+    /// Joins, leaves and grants since `level` was computed.
+    grants_since_level: u64,
 }
+
+/// One frame in the fixed point of [`Claim::turns`] and [`Inner::level`].
+const TURN: u64 = 1 << 32;
 
 /// The budget of one collector; see the module documentation.
 #[derive(Debug)]
@@ -158,8 +181,8 @@ impl CreditBudget {
     }
 
     /// Adds connection `id` whose first frame carries connection sequence 0 and returns its
-    /// first grant (sequence 0, for `Welcome`): as much of its want as the budget has free
-    /// and nobody else is owed, possibly 0 frames.
+    /// first grant (sequence 0, for `Welcome`): as much of its entitlement as the budget has
+    /// free, possibly 0 frames.
     pub fn join(&self, id: u32, limits: ConnLimits) -> CreditGrant {
         let mut g = self.lock();
         // Connections once this one is in (a twin id replaces its predecessor).
@@ -182,15 +205,20 @@ impl CreditBudget {
             consumed_at_grant: 0,
             starved: false,
             want: want_within(limits.floor, limits, self.capacity / joined),
+            window: 0,
             claim: 0,
-            owed: 0,
+            turns: 0,
+            extra: 0,
         };
         if let Some(old) = g.conns.insert(id, claim) {
             g.claimed -= old.claim;
-            g.owed -= old.owed;
         }
         self.refair(&mut g);
-        self.regrant(&mut g, id).unwrap_or(first)
+        let level = g.level;
+        if let Some(c) = g.conns.get_mut(&id) {
+            c.turns = carry(c.turns, c.want, level);
+        }
+        self.regrant(&mut g, id, true).unwrap_or(first)
     }
 
     /// Removes connection `id` (its session ended): its whole claim returns to the budget.
@@ -198,7 +226,6 @@ impl CreditBudget {
         let mut g = self.lock();
         if let Some(old) = g.conns.remove(&id) {
             g.claimed -= old.claim;
-            g.owed -= old.owed;
             self.refair(&mut g);
         }
     }
@@ -215,7 +242,6 @@ impl CreditBudget {
         frames_without_credit: u64,
     ) {
         let mut g = self.lock();
-        let fair = g.fair;
         let Some(c) = g.conns.get_mut(&id) else {
             return;
         };
@@ -234,78 +260,148 @@ impl CreditBudget {
             c.sent_next = c.sent_next.max(s.saturating_add(1));
         }
         c.starved |= frames_without_credit > 0;
-        let (dc, dow) = Self::settle(c, fair);
+        let dc = Self::settle(c);
         g.claimed = g.claimed.wrapping_add(dc);
-        g.owed = g.owed.wrapping_add(dow);
     }
 
-    /// The report of connection `id` is being built: `consumed_next` is one past the last
-    /// connection sequence consumed (0: nothing yet). Returns a new grant when the limit
-    /// changes, `None` otherwise (or for an unknown id).
+    /// The report of connection `id` for its report interval is being built:
+    /// `consumed_next` is one past the last connection sequence consumed (0: nothing yet).
+    /// Returns a new grant when the limit changes, `None` otherwise (or for an unknown id).
+    /// Once per report interval: the fraction of a frame in the agent's entitlement is
+    /// carried over into its turns here.
     pub fn grant(&self, id: u32, consumed_next: u64) -> Option<CreditGrant> {
+        self.grant_at(id, consumed_next, true)
+    }
+
+    /// As [`CreditBudget::grant`], for a report sent early, between two report intervals
+    /// (an agent out of credit): it refills the window but carries no fraction over, so
+    /// an agent's turns come once per interval however many early reports it gets.
+    pub fn grant_early(&self, id: u32, consumed_next: u64) -> Option<CreditGrant> {
+        self.grant_at(id, consumed_next, false)
+    }
+
+    fn grant_at(&self, id: u32, consumed_next: u64, interval: bool) -> Option<CreditGrant> {
         let mut g = self.lock();
-        let fair = g.fair;
+        self.maybe_relevel(&mut g);
+        let (fair, level) = (g.fair, g.level);
+        // An equal share, rounded up: what an agent out of credit wants at least.
+        let share = self.capacity.div_ceil(g.conns.len().max(1) as u64).max(1);
         let c = g.conns.get_mut(&id)?;
         c.consumed_next = c.consumed_next.max(consumed_next);
-        let used = c.consumed_next.saturating_sub(c.consumed_at_grant);
-        c.consumed_at_grant = c.consumed_next;
-        if c.used.len() == PEAK_INTERVALS {
-            c.used.pop_front();
+        if interval {
+            let used = c.consumed_next.saturating_sub(c.consumed_at_grant);
+            c.consumed_at_grant = c.consumed_next;
+            if c.used.len() == PEAK_INTERVALS {
+                c.used.pop_front();
+            }
+            c.used.push_back(used);
         }
-        c.used.push_back(used);
         let peak = c.used.iter().copied().max().unwrap_or(0);
-        let window_now = c.latest.limit.saturating_sub(c.consumed_next);
         let mut want = peak.saturating_mul(2).max(c.limits.floor);
         if c.starved {
-            want = want.max(window_now.max(1).saturating_mul(2));
+            // Out of credit: twice the window it was last given (what is left of it now
+            // may be nothing, the agent having sent it all), and at least an equal share,
+            // so that agents held back by the others' windows raise the water level's
+            // demand on them rather than settle for what they got.
+            let window_now = c.latest.limit.saturating_sub(c.consumed_next);
+            want = want
+                .max(c.window.max(window_now).max(1).saturating_mul(2))
+                .max(share);
         }
         c.starved = false;
         c.want = want_within(want, c.limits, fair);
-        let (dc, dow) = Self::settle(c, fair);
+        if interval {
+            c.turns = carry(c.turns, c.want, level);
+        }
+        let dc = Self::settle(c);
         g.claimed = g.claimed.wrapping_add(dc);
-        g.owed = g.owed.wrapping_add(dow);
-        self.regrant(&mut g, id)
+        self.regrant(&mut g, id, interval)
     }
 
-    /// Recomputes the claim and owed of `c`; returns the deltas (two's complement) to add to
-    /// the sums.
-    fn settle(c: &mut Claim, fair: u64) -> (u64, u64) {
+    /// Recomputes the claim of `c`; returns the delta (two's complement) to add to the sum.
+    fn settle(c: &mut Claim) -> u64 {
         let claim = c.compute_claim();
-        let owed = c.want.min(fair).saturating_sub(claim);
-        let d = (claim.wrapping_sub(c.claim), owed.wrapping_sub(c.owed));
+        let d = claim.wrapping_sub(c.claim);
         c.claim = claim;
-        c.owed = owed;
         d
     }
 
-    /// New fair share after a join or leave; every owed amount follows.
+    /// New fair share after a join or leave; the water level follows.
     fn refair(&self, g: &mut Inner) {
         let n = g.conns.len().max(1) as u64;
         g.fair = self.capacity / n;
-        let fair = g.fair;
-        let mut owed = 0u64;
-        for c in g.conns.values_mut() {
-            c.owed = c.want.min(fair).saturating_sub(c.claim);
-            owed += c.owed;
-        }
-        g.owed = owed;
+        self.maybe_relevel(g);
     }
 
-    /// Sets the limit of `id` to what it wants, within what the budget allows, and returns
-    /// the grant if the limit changed.
-    fn regrant(&self, g: &mut Inner, id: u32) -> Option<CreditGrant> {
-        let fair = g.fair;
-        let (claimed, owed_all) = (g.claimed, g.owed);
+    /// Counts a join, leave or grant and computes the water level again after one per 16
+    /// connections (at once with up to 16): its cost, O(connections), spread over as many
+    /// events. In between, entitlements follow a level a few events old; the budget's
+    /// limit (Σ claim ≤ capacity) holds whatever the level.
+    fn maybe_relevel(&self, g: &mut Inner) {
+        g.grants_since_level += 1;
+        if g.grants_since_level >= (g.conns.len() as u64 / 16).max(1) {
+            self.relevel(g);
+        }
+    }
+
+    /// The water level of max-min sharing: the largest `level` (1/2³² frame) with
+    /// Σ min(want, level) ≤ capacity, by bisection over the wants (O(connections × 42)
+    /// for wants up to 1,024 frames).
+    fn relevel(&self, g: &mut Inner) {
+        g.grants_since_level = 0;
+        let cap = u128::from(self.capacity) << 32;
+        let filled = |level: u128| -> u128 {
+            g.conns
+                .values()
+                .map(|c| (u128::from(c.want) << 32).min(level))
+                .sum()
+        };
+        let top = g.conns.values().map(|c| c.want).max().unwrap_or(0);
+        if filled(u128::MAX) <= cap {
+            g.level = u64::MAX;
+            return;
+        }
+        // filled(lo) ≤ cap < filled(hi).
+        let (mut lo, mut hi) = (0u128, u128::from(top) << 32);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if filled(mid) <= cap {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        g.level = u64::try_from(lo).unwrap_or(u64::MAX);
+    }
+
+    /// Sets the limit of `id` to what it wants, within its entitlement and what the budget
+    /// has free, and returns the grant if the limit changed.
+    fn regrant(&self, g: &mut Inner, id: u32, interval: bool) -> Option<CreditGrant> {
+        let (claimed, level) = (g.claimed, g.level);
         let c = g.conns.get_mut(&id)?;
-        let others = claimed - c.claim;
-        let owed_others = owed_all - c.owed;
-        let hard = self.capacity.saturating_sub(others);
-        let entitled = c.want.min(fair);
-        let room = hard.min(entitled.max(hard.saturating_sub(owed_others)));
+        let hard = self.capacity.saturating_sub(claimed - c.claim);
+        // Entitled to min(want, level): its whole frames, and one more when the fractions
+        // carried over add up to a frame.
+        let whole = entitled(c.want, level) / TURN;
+        // This interval's extra frame: bought with a whole turn at the interval's report,
+        // kept by the early reports until the next.
+        if interval {
+            c.extra = u64::from(c.turns >= TURN);
+        }
+        let room = hard.min(whole + c.extra);
         // The new limit's own claim: the window beyond consumed, never more than room; the
         // frames already sent (sent_next) stay claimed whatever the limit.
         let window = c.want.min(room);
+        c.window = window;
         let limit = c.consumed_next.saturating_add(window);
+        if interval && c.extra > 0 {
+            if window > whole {
+                c.turns -= TURN;
+            } else {
+                // No room for it: the turn waits for the next interval.
+                c.extra = 0;
+            }
+        }
         if limit == c.latest.limit {
             return None;
         }
@@ -320,11 +416,22 @@ impl CreditBudget {
         }
         c.usable.push_back(next);
         c.latest = next;
-        let (dc, dow) = Self::settle(c, fair);
+        let dc = Self::settle(c);
         g.claimed = g.claimed.wrapping_add(dc);
-        g.owed = g.owed.wrapping_add(dow);
         Some(next)
     }
+}
+
+/// `min(want, level)` in 1/2³² frame.
+fn entitled(want: u64, level: u64) -> u64 {
+    want.saturating_mul(TURN).min(level)
+}
+
+/// `turns` after one more report interval at `level`: plus the fraction of a frame in the
+/// entitlement, at most one frame carried over.
+fn carry(turns: u64, want: u64, level: u64) -> u64 {
+    let frac = entitled(want, level) % TURN;
+    turns.saturating_add(frac).min(TURN)
 }
 
 /// `/metrics` view of a [`CreditBudget`], read at each scrape:
@@ -541,6 +648,104 @@ mod tests {
         // Agent 1 leaves: agent 2 may grow into the whole budget.
         b.leave(1);
         assert_eq!(b.grant(2, 50).map(|g| g.limit), Some(50 + 100));
+    }
+
+    /// Jain's fairness index of `xs`: (Σx)² / (n · Σx²), 1 when all are equal.
+    fn jain(xs: &[u64]) -> f64 {
+        let sum: f64 = xs.iter().map(|&x| x as f64).sum();
+        let sq: f64 = xs.iter().map(|&x| (x as f64) * (x as f64)).sum();
+        if sq == 0.0 {
+            return 0.0;
+        }
+        sum * sum / (xs.len() as f64 * sq)
+    }
+
+    /// Every agent of `agents` on a budget of `cap` frames always wants more: each report
+    /// interval it sends all it was granted, and the collector has consumed what it sent
+    /// the interval before (the rest is in flight); every other agent gets an early report
+    /// as well as its interval's; the reports are built in the same
+    /// order every interval (the order that lets the first
+    /// ones take everything if the budget does not share), and the agents join a few at a
+    /// time while the first ones are already busy. Returns the frames each agent delivered
+    /// over `rounds` intervals once all have joined; asserts at every step that the agents
+    /// never hold more than the budget.
+    fn busy_agents(agents: u32, cap: u64, rounds: usize) -> Vec<u64> {
+        let b = CreditBudget::new(cap);
+        let n = agents as usize;
+        let (mut limit, mut applied, mut consumed) = (vec![0u64; n], vec![0u64; n], vec![0u64; n]);
+        // What each agent had sent by the end of the interval before.
+        let mut sent_before = vec![0u64; n];
+        let mut delivered = vec![0u64; n];
+        let mut joined = 0usize;
+        let per_round = n.div_ceil(20);
+        for round in 0..20 + rounds {
+            for _ in 0..per_round.min(n - joined) {
+                limit[joined] = b.join(joined as u32, L).limit;
+                joined += 1;
+            }
+            for k in 0..joined {
+                let i = k as u32;
+                // It sends all it may; what it sent an interval ago has been consumed.
+                let sent = limit[k].max(sent_before[k]);
+                if round >= 20 {
+                    delivered[k] += sent_before[k] - consumed[k];
+                }
+                consumed[k] = sent_before[k];
+                sent_before[k] = sent;
+                b.on_heartbeat(i, Some(applied[k]), sent.checked_sub(1), 1);
+                if let Some(g) = b.grant(i, consumed[k]) {
+                    limit[k] = g.limit;
+                    applied[k] = g.sequence;
+                }
+                b.on_heartbeat(i, Some(applied[k]), sent.checked_sub(1), 1);
+                if k % 2 == 0 {
+                    // Half the agents run out of credit at a moment that gets them an early
+                    // report as well, every interval.
+                    if let Some(g) = b.grant_early(i, consumed[k]) {
+                        limit[k] = g.limit;
+                        applied[k] = g.sequence;
+                    }
+                    b.on_heartbeat(i, Some(applied[k]), sent.checked_sub(1), 1);
+                }
+                let held: u64 = (0..joined)
+                    .map(|j| limit[j].max(sent_before[j]) - consumed[j])
+                    .sum();
+                assert!(held <= cap, "agents hold {held} frames > budget {cap}");
+                assert!(b.state().claimed <= cap);
+            }
+        }
+        delivered
+    }
+
+    fn assert_fair(delivered: &[u64], cap: u64, rounds: usize) {
+        let total: u64 = delivered.iter().sum();
+        // A frame holds its credit for two intervals (sent in one, consumed in the next).
+        let offered = cap * rounds as u64 / 2;
+        assert!(
+            total >= offered * 8 / 10,
+            "the budget stays in use: {total} of {offered} frames in {rounds} intervals"
+        );
+        let (min, max) = (delivered.iter().min(), delivered.iter().max());
+        let j = jain(delivered);
+        assert!(
+            j >= 0.95,
+            "Jain {j:.3} (per agent min {min:?} max {max:?}, fair share {})",
+            offered / delivered.len() as u64
+        );
+    }
+
+    #[test]
+    fn more_agents_than_frames_take_turns_fairly() {
+        // 1,000 agents on 100 frames: a tenth of a frame per agent and interval.
+        assert_fair(&busy_agents(1_000, 100, 400), 100, 400);
+    }
+
+    #[test]
+    fn a_budget_not_divisible_by_the_agents_is_shared_fairly() {
+        // 100 agents on 364 frames: 3.64 frames each, the 64 left over taken in turns.
+        assert_fair(&busy_agents(100, 364, 200), 364, 200);
+        // Many frames each.
+        assert_fair(&busy_agents(10, 3_640, 100), 3_640, 100);
     }
 
     #[derive(Clone, Debug)]

@@ -274,7 +274,7 @@ pub(super) async fn run_session(
                             // than at the next tick, at most twice per report interval.
                             if starved > 0 && last_report.elapsed() >= report_every / 2 {
                                 last_report = Instant::now();
-                                if !send_report(ch, shared, id, dead_after, &agent, sent_tail.gone(Instant::now())).await {
+                                if !send_report(ch, shared, id, dead_after, &agent, sent_tail.gone(Instant::now()), Early::Yes).await {
                                     vanished = Some("the control connection failed: a report could not be sent".into());
                                     send_failed = true;
                                     break None;
@@ -320,7 +320,7 @@ pub(super) async fn run_session(
             },
             _ = report_tick.tick() => {
                 last_report = Instant::now();
-                if !send_report(ch, shared, id, dead_after, &agent, sent_tail.gone(Instant::now())).await {
+                if !send_report(ch, shared, id, dead_after, &agent, sent_tail.gone(Instant::now()), Early::No).await {
                     vanished = Some("the control connection failed: a report could not be sent".into());
                     send_failed = true;
                     break None;
@@ -428,11 +428,19 @@ pub(super) async fn run_session(
     }
 }
 
+/// Whether a report is sent at its report interval or early.
+#[derive(Clone, Copy, Debug)]
+enum Early {
+    No,
+    Yes,
+}
+
 /// Sends connection `id`'s report with a new credit grant when its limit changes
 /// (DESIGN.md §4); false when the send failed. No report (the connection is closing) is a
 /// success. `gone`: the highest connection sequence sent long enough ago that it will not
 /// arrive any more ([`SentTail`]); the report's consumed sequence is at least that, so frames
-/// lost on the wire give their credit back.
+/// lost on the wire give their credit back. `early`: sent between report intervals, for an
+/// agent out of credit ([`crate::credits::CreditBudget::grant_early`]).
 async fn send_report(
     ch: &mut ControlChannel<TcpStream>,
     shared: &Shared,
@@ -440,6 +448,7 @@ async fn send_report(
     within: Duration,
     agent: &str,
     gone: Option<u64>,
+    early: Early,
 ) -> bool {
     let Some(mut report) = shared.plane.report(id).await else {
         return true;
@@ -452,7 +461,10 @@ async fn send_report(
         report.consumed_conn_seq = c;
     }
     let consumed_next = consumed.map_or(0, |c| c.saturating_add(1));
-    report.credit_grant = shared.credits.grant(id, consumed_next);
+    report.credit_grant = match early {
+        Early::No => shared.credits.grant(id, consumed_next),
+        Early::Yes => shared.credits.grant_early(id, consumed_next),
+    };
     send_within(ch, report, within, agent).await
 }
 
