@@ -5,7 +5,7 @@
 //! CPU is `utime + stime` from procfs (10 ms ticks). With the collector down the process is
 //! the agent plus an idle test harness (`/proc/self/stat`). Connected, the collector runs in
 //! this process on its own runtime (threads `coll-rt`) and its data-plane threads
-//! (`uctel-poller`, `uctel-worker`, `uctel-soft0`): the agent's share is the process's CPU
+//! (`uctel-worker`, `uctel-soft0`): the agent's share is the process's CPU
 //! minus those threads' (a collector thread that exited would count as the agent's: the
 //! figure can only be too high). The tests run one at a time (a lock). The bound, 2 % of
 //! one core, is far above the 0.1 % target and far below what a loop waking every few
@@ -29,7 +29,7 @@ const WINDOW: Duration = Duration::from_secs(5);
 /// Largest share of one core an idle agent may use over [`WINDOW`].
 const MAX_IDLE_SHARE: f64 = 0.02;
 /// Thread names of the in-process collector.
-const COLLECTOR_THREADS: [&str; 4] = ["coll-rt", "uctel-poller", "uctel-worker", "uctel-soft0"];
+const COLLECTOR_THREADS: [&str; 3] = ["coll-rt", "uctel-worker", "uctel-soft0"];
 
 fn ticks_of(stat: &str) -> u64 {
     let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);

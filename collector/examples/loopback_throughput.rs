@@ -3,7 +3,7 @@
 //! the ring, credits honoured, no injected loss. Prints frames/s and samples/s.
 //!
 //! `cargo run --release -p uctel-collector --example loopback_throughput -- [frames] [samples_per_frame]`
-//! (`UCTEL_BUSY_POLL=1` makes the collector's completion poller drive its soft device instead
+//! (`UCTEL_BUSY_POLL=1` makes the collector's data-plane worker drive its soft device instead
 //! of a device thread).
 
 #[path = "../tests/support/mod.rs"]
@@ -28,7 +28,7 @@ async fn main() {
     config.ring.descriptor_queue = 8192;
     config.control.report_interval_seconds = 0.005;
     if std::env::var_os("UCTEL_BUSY_POLL").is_some() {
-        // The completion poller drives the soft device (no device thread).
+        // The data-plane worker drives the soft device (no device thread).
         config.transport.soft.progress = uctel_transport::soft::device::ProgressMode::BusyPoll;
     }
     let running = uctel_collector::start(config).await.expect("collector");

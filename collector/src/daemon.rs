@@ -152,7 +152,7 @@ impl Running {
     }
 
     /// Test hook: pause (true) or resume (false) the data-plane worker while the completion
-    /// poller keeps running, so an agent that ignores credits laps the ring. Not for
+    /// worker keeps polling, so an agent that ignores credits laps the ring. Not for
     /// production use.
     pub fn pause_worker(&self, paused: bool) {
         self.shared.plane.pause_worker(paused);

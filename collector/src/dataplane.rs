@@ -1,55 +1,58 @@
 //! The receive data path (DESIGN.md §4): per agent connection a UC QP with its own registered
-//! ring, one completion-poller thread and one worker thread for all connections, and a
-//! lock-free SPSC queue (`ringbuf`) of descriptors between them.
+//! ring, and one worker thread for all connections that polls their CQs and processes each
+//! completion where it finds it.
 //!
 //! ```text
-//!  NIC / soft device ──WC──► poller thread ──Descriptor──► SPSC (ringbuf) ──► worker thread
-//!   (ring slot written,        re-posts zero-length          full = counted      copies slot or
-//!    receive WR consumed)      receive WRs, counts           drop, never         buffer, validates,
-//!                              transport drops, QP errors    blocks the poller   tracks, stores
+//!  NIC / soft device ──WC──► worker thread: poll CQ, re-post zero-length receive WRs,
+//!   (ring slot written,       copy slot or buffer, validate, track, store; count
+//!    receive WR consumed)     transport drops, error completions, QP errors
 //! ```
 //!
+//! A frame crosses no thread between its completion and the store: a separate poller
+//! thread handing descriptors to the worker through a queue cost a hand-off per frame (a
+//! queue slot, two atomic counters and a gauge update on each side, a wake-up) and a core's
+//! share of spinning, and bought nothing, since the worker's processing is what bounds the
+//! rate (BENCHMARKS.md). The verbs design stays as rdma-core intends: one thread per CQ set,
+//! a completion channel to sleep on when idle.
+//!
 //! * **Write-with-immediate**: the receive queue holds zero-length receive WRs; each
-//!   completion carries the ImmDt (low 32 bits of the connection sequence); the poller
-//!   re-posts a WR at once; the worker copies slot `c mod slots` and checks it
-//!   ([`crate::ingest`]).
+//!   completion carries the ImmDt (low 32 bits of the connection sequence); the worker
+//!   re-posts a WR per completion after each poll and copies slot `c mod slots` and checks
+//!   it ([`crate::ingest`]).
 //! * **Send**: the receive queue holds `send_buffers` buffers of `max_frame_bytes`; the worker
 //!   copies the buffer and re-posts it.
 //! * The ring MR is registered LOCAL_WRITE | REMOTE_WRITE (never REMOTE_READ: the API cannot
 //!   express it) with its own rkey.
 //! * Every 100 ms (every second while no completion arrived since the last time) the
-//!   poller folds the QP's silent-drop counters (UC responder rules) into
+//!   worker folds the QP's silent-drop counters (UC responder rules) into
 //!   `frames_dropped_total{reason}` and checks the QP state: a QP in ERROR is counted
 //!   (`qp_errors_total`) and the control plane rebuilds the connection. The same fold takes
 //!   the device's async events ([`crate::rdma_events`]): a `qp_fatal` or `cq_error` naming a
 //!   connection's QP or CQ fails that connection at once.
+//! * Commands from the control plane (register, report, heartbeat, close) reach the worker
+//!   through a channel and wake it; it runs them between polls, so a report sees every
+//!   completion polled before it and a close polls the connection's CQs a last time.
 //!
-//! **Idle means asleep** (DESIGN.md §2). Both threads spin (polling, yielding the core) for
-//! at most [`SPIN_AFTER_WORK`] after their last work, then block: the poller arms every CQ on
-//! one [`CompletionChannel`] (`ibv_req_notify_cq`), polls them once more and sleeps in
-//! [`CompletionChannel::wait`] until a completion arrives, the session list changes or the
-//! next stats fold is due; the worker parks (`std::thread::park`) until the poller
-//! has queued descriptors or a command arrives (every sender unparks it). A collector with
-//! no traffic wakes only for the stats folds, once a second.
+//! **Idle means asleep** (DESIGN.md §2). The worker spins (polling, yielding the core) for at
+//! most [`SPIN_AFTER_WORK`] after its last work, then arms every CQ on one
+//! [`CompletionChannel`] (`ibv_req_notify_cq`), polls them once more and sleeps in
+//! [`CompletionChannel::wait`] until a completion arrives, a command is sent or the next
+//! stats fold is due. A collector with no traffic wakes only for the stats folds, once a
+//! second.
 //!
-//! **The descriptor queue cannot fill with frames sent within credits.** Each connection
-//! reserves room for its credit window (the frames its agent may have outstanding, DESIGN.md
-//! §4): the queue holds the sum of the windows of all registered connections plus
-//! `ring.descriptor_queue` shared descriptors, and grows when a connection registers (a new,
-//! larger ring buffer; the worker finishes the old one first, so order is kept). An agent
-//! within its credits has at most its window of frames not yet consumed, hence at most that
-//! many descriptors queued, so its descriptors always fit. Descriptors beyond a connection's
-//! window (an agent ignoring credits) take shared room; when none is left they are dropped
-//! and counted as `queue_full` for that agent, so one agent cannot take another's room.
+//! **Completions wait only for a paused worker** (a test hook that provokes ring overruns),
+//! and then never more than each connection's credit window (the frames its agent may have
+//! outstanding, DESIGN.md §4) plus `ring.descriptor_queue` shared ones: completions beyond
+//! a connection's window take shared room, and when none is left they are dropped and
+//! counted as `queue_full` for that agent, so an agent ignoring its credits cannot take
+//! another's room.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
-use ringbuf::traits::{Consumer, Observer, Producer, Split};
-use ringbuf::HeapRb;
 use tokio::sync::{oneshot, Notify};
 use uctel_protocol::control::{DataPath, Goodbye, Heartbeat, Report};
 use uctel_protocol::seq::Seq;
@@ -61,26 +64,24 @@ use uctel_transport::api::{
 use crate::ingest::{CloseSummary, ConnectionIngest};
 use crate::telemetry::{AgentTelemetry, DropReason, Telemetry};
 
-/// How often the poller folds transport counters and checks QP states.
+/// How often the worker folds transport counters and checks QP states.
 const STATS_EVERY: Duration = Duration::from_millis(100);
-/// How often the poller folds them while no completion arrived since the last fold (an idle
+/// How often the worker folds them while no completion arrived since the last fold (an idle
 /// collector wakes this often; silent drops without completions are counted this late).
 const IDLE_STATS_EVERY: Duration = Duration::from_secs(1);
 /// Completions polled per CQ per round.
 const POLL_BATCH: usize = 64;
-/// Descriptors popped per worker round.
-const WORK_BATCH: usize = 64;
-/// Growth of the descriptor queue beyond what it must hold (amortizes reallocation while
-/// many agents connect): at least a quarter of its capacity.
-const QUEUE_GROWTH_DIVISOR: usize = 4;
-/// How long the poller and the worker keep polling (yielding the core between rounds)
-/// after their last work before they block: a burst's next frames are taken without a
+/// Zero-length receive WRs re-posted for the Write-with-immediate completions of one poll.
+const ZERO_LENGTH_WRS: [RecvWr<'static>; POLL_BATCH] = [RecvWr {
+    wr_id: 0,
+    sge: None,
+}; POLL_BATCH];
+/// How long the worker keeps polling (yielding the core between rounds) after its last
+/// work before it blocks: a burst's next frames are taken without a
 /// wake-up, and an idle collector sleeps.
 pub const SPIN_AFTER_WORK: Duration = Duration::from_micros(50);
-/// The poller's idle sleep when the device gave it no completion channel (it then polls).
+/// The worker's idle sleep when the device gave it no completion channel (it then polls).
 const FALLBACK_SLEEP: Duration = Duration::from_millis(1);
-/// The worker's longest park: a safety net only, every sender unparks it.
-const WORKER_PARK: Duration = Duration::from_secs(1);
 
 /// Errors creating a connection's transport resources.
 #[derive(Debug, thiserror::Error)]
@@ -118,8 +119,7 @@ pub struct Geometry {
     pub credit_window: u32,
 }
 
-/// One agent connection's QP, CQs and memory, shared by the control task, the poller and the
-/// worker.
+/// One agent connection's QP, CQs and memory, shared by the control task and the worker.
 #[derive(Debug)]
 pub struct Session {
     /// Data-plane id (unique per collector run).
@@ -140,11 +140,6 @@ pub struct Session {
     tel: AgentTelemetry,
     /// Highest connection sequence the worker consumed, +1 (0 = none yet).
     consumed_plus_one: AtomicU64,
-    /// Frames the poller dropped (queue full, error completions, transport drops) that the
-    /// worker has not yet folded into the connection accounting.
-    poller_dropped: AtomicU64,
-    /// Descriptors queued and not yet processed.
-    in_flight: AtomicI64,
     /// Set when the QP went to ERROR; `failed_notify` wakes the control task.
     failed: AtomicBool,
     /// Wakes the control task on failure.
@@ -211,8 +206,6 @@ impl Session {
             bufs,
             tel,
             consumed_plus_one: AtomicU64::new(0),
-            poller_dropped: AtomicU64::new(0),
-            in_flight: AtomicI64::new(0),
             failed: AtomicBool::new(false),
             failed_notify: Notify::new(),
         };
@@ -273,8 +266,8 @@ impl Session {
     }
 }
 
-/// What the poller hands the worker: small and `Copy` (12 bytes: the queue holds one per
-/// frame of every connection's credit window).
+/// A completion the worker could not process at once (it is paused): small and `Copy` (12
+/// bytes; at most one per frame of every connection's credit window, plus the shared room).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Descriptor {
     /// Write-with-immediate completed: the ImmDt.
@@ -293,8 +286,6 @@ impl Descriptor {
 
 enum WorkerCmd {
     Register(Arc<Session>, Box<ConnectionIngest>),
-    /// A larger descriptor queue: read it once the current one is finished.
-    Queue(ringbuf::HeapCons<Descriptor>),
     Report(u32, oneshot::Sender<Option<Report>>),
     /// The highest connection sequence consumed so far (no side effect).
     Consumed(u32, oneshot::Sender<Option<u64>>),
@@ -304,50 +295,10 @@ enum WorkerCmd {
     Pause(bool),
 }
 
-#[derive(Default)]
-struct PollerList {
-    sessions: Vec<Arc<Session>>,
-    generation: u64,
-    /// Descriptors reserved: the credit windows of registered connections.
-    reserved: usize,
-    /// Shared descriptors on top of the reservations (`ring.descriptor_queue`).
-    shared: usize,
-    /// Capacity of the newest descriptor queue.
-    capacity: usize,
-    /// The producer of a larger queue, for the poller to switch to.
-    next_queue: Option<ringbuf::HeapProd<Descriptor>>,
-}
-
-/// The running poller and worker threads.
-#[derive(Debug)]
-pub struct DataPlane {
-    device: Device,
-    list: Arc<Mutex<PollerListDebug>>,
-    poller_seen: Arc<AtomicU64>,
-    worker_tx: mpsc::Sender<WorkerCmd>,
-    /// Unparked after every command and by the poller after queuing descriptors.
-    worker: Thread,
-    /// Where the poller sleeps; woken when the session list changes and at stop.
-    channel: Option<CompletionChannel>,
-    stop: Arc<AtomicBool>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
-    next_id: AtomicU64,
-}
-
-/// `PollerList` with a `Debug` that does not print sessions.
-struct PollerListDebug(PollerList);
-
-impl std::fmt::Debug for PollerListDebug {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} sessions", self.0.sessions.len())
-    }
-}
-
 impl std::fmt::Debug for WorkerCmd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             WorkerCmd::Register(..) => "Register",
-            WorkerCmd::Queue(..) => "Queue",
             WorkerCmd::Report(..) => "Report",
             WorkerCmd::Consumed(..) => "Consumed",
             WorkerCmd::Heartbeat(..) => "Heartbeat",
@@ -357,13 +308,27 @@ impl std::fmt::Debug for WorkerCmd {
     }
 }
 
+/// The running worker thread.
+#[derive(Debug)]
+pub struct DataPlane {
+    device: Device,
+    worker_tx: mpsc::Sender<WorkerCmd>,
+    /// Unparked after every command (its sleep without a completion channel).
+    worker: Thread,
+    /// Where the worker sleeps; woken after every command and at stop.
+    channel: Option<CompletionChannel>,
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    next_id: AtomicU64,
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl DataPlane {
-    /// Starts the poller and worker threads over `device`. `shared` is the number of
-    /// descriptors the queue holds on top of the credit windows of registered connections
+    /// Starts the worker thread over `device`. `shared` is the number of completions that
+    /// may wait for a paused worker on top of the credit windows of registered connections
     /// (`ring.descriptor_queue`; see the module docs).
     ///
     /// # Errors
@@ -373,72 +338,42 @@ impl DataPlane {
         shared: usize,
         telemetry: Telemetry,
     ) -> std::io::Result<DataPlane> {
-        let shared = shared.max(2);
-        let rb = HeapRb::<Descriptor>::new(shared);
-        let (prod, cons) = rb.split();
-        let list = Arc::new(Mutex::new(PollerListDebug(PollerList {
-            shared,
-            capacity: shared,
-            ..PollerList::default()
-        })));
-        let shared_used = Arc::new(AtomicU64::new(0));
-        let poller_seen = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let (worker_tx, worker_rx) = mpsc::channel();
         let channel = match device.create_comp_channel() {
             Ok(c) => Some(c),
             Err(e) => {
-                tracing::warn!(error = %e, "no completion channel: the poller polls every {FALLBACK_SLEEP:?} while idle");
+                tracing::warn!(error = %e, "no completion channel: the worker polls every {FALLBACK_SLEEP:?} while idle");
                 None
             }
         };
         let worker = Worker {
-            queues: Queues(std::collections::VecDeque::from([cons])),
-            shared_used: shared_used.clone(),
+            device: device.clone(),
             rx: worker_rx,
             sessions: HashMap::new(),
             stop: stop.clone(),
             paused: false,
             scratch: Vec::new(),
-        };
-        let t2 = std::thread::Builder::new()
-            .name("uctel-worker".into())
-            .spawn(move || worker.run())?;
-        let worker_thread = t2.thread().clone();
-        let poller = Poller {
-            device: device.clone(),
-            list: list.clone(),
-            seen: poller_seen.clone(),
-            stop: stop.clone(),
-            prod,
-            shared: shared as u64,
-            shared_used,
+            pending: Pending {
+                queue: VecDeque::new(),
+                shared: shared.max(2) as u64,
+                shared_used: 0,
+            },
             telemetry,
             device_drops: DropCounters::default(),
             channel: channel.clone(),
-            worker: worker_thread.clone(),
+            wcs: vec![WorkCompletion::default(); POLL_BATCH],
         };
-        let t1 = match std::thread::Builder::new()
-            .name("uctel-poller".into())
-            .spawn(move || poller.run())
-        {
-            Ok(t) => t,
-            Err(e) => {
-                stop.store(true, Ordering::Release);
-                worker_thread.unpark();
-                let _ = t2.join();
-                return Err(e);
-            }
-        };
+        let thread = std::thread::Builder::new()
+            .name("uctel-worker".into())
+            .spawn(move || worker.run())?;
         Ok(DataPlane {
             device,
-            list,
-            poller_seen,
             worker_tx,
-            worker: worker_thread,
+            worker: thread.thread().clone(),
             channel,
             stop,
-            threads: Mutex::new(vec![t1, t2]),
+            thread: Mutex::new(Some(thread)),
             next_id: AtomicU64::new(1),
         })
     }
@@ -448,18 +383,19 @@ impl DataPlane {
         &self.device
     }
 
-    /// Hands `cmd` to the worker and unparks it.
+    /// Hands `cmd` to the worker and wakes it.
     fn to_worker(&self, cmd: WorkerCmd) -> Result<(), mpsc::SendError<WorkerCmd>> {
         let sent = self.worker_tx.send(cmd);
-        self.worker.unpark();
+        self.wake();
         sent
     }
 
-    /// Wakes the poller from its completion-channel sleep (the session list changed).
-    fn wake_poller(&self) {
+    /// Wakes the worker from its completion-channel sleep (or its park without one).
+    fn wake(&self) {
         if let Some(c) = &self.channel {
             c.wake();
         }
+        self.worker.unpark();
     }
 
     /// A fresh session id.
@@ -467,37 +403,9 @@ impl DataPlane {
         self.next_id.fetch_add(1, Ordering::Relaxed) as u32
     }
 
-    /// Hands a connected session to the worker, then to the poller (in that order, so the
-    /// worker knows the session before its first descriptor), reserving its credit window in
-    /// the descriptor queue (a larger queue replaces the current one when needed).
+    /// Hands a connected session to the worker, which polls its CQs from then on.
     pub fn register(&self, session: Arc<Session>, ingest: ConnectionIngest) {
-        let window = session.geometry.credit_window as usize;
-        let _ = self.to_worker(WorkerCmd::Register(session.clone(), Box::new(ingest)));
-        let mut l = lock(&self.list);
-        l.0.reserved = l.0.reserved.saturating_add(window);
-        let needed = l.0.reserved.saturating_add(l.0.shared);
-        if needed > l.0.capacity {
-            let capacity = needed.max(
-                l.0.capacity
-                    .saturating_add(l.0.capacity / QUEUE_GROWTH_DIVISOR),
-            );
-            let (prod, cons) = HeapRb::<Descriptor>::new(capacity).split();
-            // The worker has the consumer before the poller can push (it takes the producer
-            // under this lock); a producer replaced before the poller took it is dropped
-            // unused, and the worker skips its empty queue.
-            let _ = self.to_worker(WorkerCmd::Queue(cons));
-            l.0.next_queue = Some(prod);
-            l.0.capacity = capacity;
-            tracing::debug!(
-                capacity,
-                reserved = l.0.reserved,
-                "descriptor queue grown for the credit windows of connected agents"
-            );
-        }
-        l.0.sessions.push(session);
-        l.0.generation += 1;
-        drop(l);
-        self.wake_poller();
+        let _ = self.to_worker(WorkerCmd::Register(session, Box::new(ingest)));
     }
 
     /// The `Report` for the agent (computed by the worker, which owns the trackers).
@@ -511,8 +419,7 @@ impl DataPlane {
     /// last frame an agent's `Goodbye` names; `None`: it sent none) or a later one, for at
     /// most `within`. True when it did. On a loaded host the last UC frame, sent before the
     /// `Goodbye` on the control connection, can still be in the receive path (socket,
-    /// completion queue, poller) when the `Goodbye` arrives; settling then would count it
-    /// lost.
+    /// completion queue) when the `Goodbye` arrives; settling then would count it lost.
     pub async fn wait_consumed(&self, id: u32, last: Option<u64>, within: Duration) -> bool {
         let Some(last) = last else { return true };
         let deadline = Instant::now() + within;
@@ -538,63 +445,27 @@ impl DataPlane {
         let _ = self.to_worker(WorkerCmd::Heartbeat(id, heartbeat));
     }
 
-    /// Removes a session: the poller polls its CQ a last time and forgets it, the worker
-    /// processes everything queued, settles tail loss from `goodbye` (if the agent said
-    /// goodbye; from its last heartbeat otherwise) and forgets it. Returns the connection's
-    /// accounting.
+    /// Removes a session: the worker polls its CQs a last time, processes every completion
+    /// still waiting, settles tail loss from `goodbye` (if the agent said goodbye; from its
+    /// last heartbeat otherwise) and forgets it. Returns the connection's accounting.
     pub async fn close(&self, id: u32, goodbye: Option<Goodbye>) -> Option<CloseSummary> {
-        let (target, window) = {
-            let mut l = lock(&self.list);
-            let window: usize =
-                l.0.sessions
-                    .iter()
-                    .filter(|s| s.id == id)
-                    .map(|s| s.geometry.credit_window as usize)
-                    .sum();
-            l.0.sessions.retain(|s| s.id != id);
-            l.0.generation += 1;
-            (l.0.generation, window)
-        };
-        self.wake_poller();
-        // The reservation is released once the worker has drained the queue (below).
-        let summary = self.close_session(id, goodbye, target).await;
-        let mut l = lock(&self.list);
-        l.0.reserved = l.0.reserved.saturating_sub(window);
-        summary
-    }
-
-    async fn close_session(
-        &self,
-        id: u32,
-        goodbye: Option<Goodbye>,
-        target: u64,
-    ) -> Option<CloseSummary> {
-        // Wait for the poller to take the new list (it polls removed sessions a last time).
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while self.poller_seen.load(Ordering::Acquire) < target && Instant::now() < deadline {
-            if self.stop.load(Ordering::Acquire) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
         let (tx, rx) = oneshot::channel();
         self.to_worker(WorkerCmd::Close(id, goodbye, tx)).ok()?;
         rx.await.ok().flatten()
     }
 
-    /// Test hook: pause (true) or resume (false) the worker, leaving the poller running, to
-    /// provoke ring overruns. Never needed in production.
+    /// Test hook: pause (true) or resume (false) the worker's processing; it keeps polling
+    /// the CQs and re-posting receive WRs, and the completions wait (`ring_slots_in_use`),
+    /// so an agent ignoring its credits laps the ring. Never needed in production.
     pub fn pause_worker(&self, paused: bool) {
         let _ = self.to_worker(WorkerCmd::Pause(paused));
     }
 
-    /// Stops both threads and waits for them.
+    /// Stops the worker and waits for it.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
-        self.wake_poller();
-        self.worker.unpark();
-        let threads = std::mem::take(&mut *lock(&self.threads));
-        for t in threads {
+        self.wake();
+        if let Some(t) = lock(&self.thread).take() {
             let _ = t.join();
         }
     }
@@ -606,75 +477,98 @@ impl Drop for DataPlane {
     }
 }
 
-struct Poller {
-    device: Device,
-    list: Arc<Mutex<PollerListDebug>>,
-    seen: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-    prod: ringbuf::HeapProd<Descriptor>,
-    /// Shared descriptors (beyond the credit windows) allowed in the queue.
+/// One connection as the worker holds it.
+struct WorkerSession {
+    session: Arc<Session>,
+    ingest: ConnectionIngest,
+    /// The QP's silent-drop counters at the last fold.
+    qp_drops: DropCounters,
+    /// Its completions waiting in [`Pending`].
+    pending: u64,
+}
+
+/// Completions waiting while the worker is paused, in the order they were polled.
+struct Pending {
+    queue: VecDeque<Descriptor>,
+    /// Completions allowed beyond the connections' credit windows.
     shared: u64,
-    /// Shared descriptors in use: Σ over connections of max(0, in flight − window).
-    shared_used: Arc<AtomicU64>,
+    /// Σ over connections of max(0, pending − window).
+    shared_used: u64,
+}
+
+impl Pending {
+    /// Queues `d` of `ws`; false (nothing queued) when it is beyond the connection's credit
+    /// window and the shared room is taken. Keeps `shared_used` at
+    /// Σ max(0, pending − window): each call moves one connection's `pending` by one and
+    /// `shared_used` by exactly the change of that connection's term.
+    fn push(&mut self, ws: &mut WorkerSession, d: Descriptor) -> bool {
+        let window = u64::from(ws.session.geometry.credit_window);
+        if !self.admit(&mut ws.pending, window) {
+            return false;
+        }
+        self.queue.push_back(d);
+        true
+    }
+
+    /// One completion of `ws` taken off the queue (see [`Pending::push`]).
+    fn popped(&mut self, ws: &mut WorkerSession) {
+        let window = u64::from(ws.session.geometry.credit_window);
+        self.release(&mut ws.pending, window);
+    }
+
+    /// One more waiting completion of a connection with `pending` waiting and credit
+    /// window `window`, if there is room for it.
+    fn admit(&mut self, pending: &mut u64, window: u64) -> bool {
+        if *pending >= window {
+            if self.shared_used >= self.shared {
+                return false;
+            }
+            self.shared_used += 1;
+        }
+        *pending += 1;
+        true
+    }
+
+    /// One waiting completion less (see [`Pending::admit`]).
+    fn release(&mut self, pending: &mut u64, window: u64) {
+        if *pending > window {
+            self.shared_used -= 1;
+        }
+        *pending = pending.saturating_sub(1);
+    }
+}
+
+struct Worker {
+    device: Device,
+    rx: mpsc::Receiver<WorkerCmd>,
+    sessions: HashMap<u32, WorkerSession>,
+    stop: Arc<AtomicBool>,
+    paused: bool,
+    scratch: Vec<u8>,
+    pending: Pending,
     telemetry: Telemetry,
     device_drops: DropCounters,
-    /// Where the poller sleeps when every CQ is empty (`None`: it polls every
+    /// Where the worker sleeps when every CQ is empty (`None`: it polls every
     /// [`FALLBACK_SLEEP`]).
     channel: Option<CompletionChannel>,
-    /// The worker, unparked after descriptors were queued.
-    worker: Thread,
+    wcs: Vec<WorkCompletion>,
 }
 
-struct Polled {
-    session: Arc<Session>,
-    qp_drops: DropCounters,
-}
-
-impl Poller {
+impl Worker {
     fn run(mut self) {
-        let mut sessions: Vec<Polled> = Vec::new();
-        let mut generation = 0u64;
-        let mut wcs = vec![WorkCompletion::default(); POLL_BATCH];
         let mut last_stats = Instant::now();
         let mut idle_since: Option<Instant> = None;
         let mut warned = false;
         // A completion arrived since the last stats fold.
         let mut active = false;
         while !self.stop.load(Ordering::Acquire) {
-            let (current, g) = {
-                let mut l = lock(&self.list);
-                if l.0.generation != generation {
-                    if let Some(prod) = l.0.next_queue.take() {
-                        // Dropping the old producer tells the worker that queue is finished.
-                        self.prod = prod;
-                    }
-                    (Some(l.0.sessions.clone()), l.0.generation)
-                } else {
-                    (None, generation)
-                }
-            };
-            if let Some(current) = current {
-                // Last poll of removed sessions, then forget them.
-                let (keep, removed): (Vec<Polled>, Vec<Polled>) = sessions
-                    .into_iter()
-                    .partition(|p| current.iter().any(|s| s.id == p.session.id));
-                for mut p in removed {
-                    while self.poll_one(&mut p, &mut wcs) > 0 {}
-                    self.fold_qp_stats(&mut p);
-                }
-                sessions = keep;
-                for s in current {
-                    if !sessions.iter().any(|p| p.session.id == s.id) {
-                        sessions.push(Polled {
-                            session: s,
-                            qp_drops: DropCounters::default(),
-                        });
-                    }
-                }
-                generation = g;
-                self.seen.store(generation, Ordering::Release);
+            while let Ok(cmd) = self.rx.try_recv() {
+                self.command(cmd);
             }
-            let got = self.poll_all(&mut sessions, &mut wcs);
+            if !self.paused {
+                self.drain_pending();
+            }
+            let got = self.poll_all();
             active |= got > 0;
             let stats_every = if active {
                 STATS_EVERY
@@ -684,11 +578,7 @@ impl Poller {
             if last_stats.elapsed() >= stats_every {
                 last_stats = Instant::now();
                 active = false;
-                self.fold_async_events(&sessions);
-                for p in &mut sessions {
-                    self.fold_qp_stats(p);
-                }
-                self.fold_device_stats();
+                self.fold_stats();
             }
             if got > 0 {
                 idle_since = None;
@@ -703,187 +593,91 @@ impl Poller {
             // A completion while asleep makes the next fold due after STATS_EVERY.
             let timeout = stats_every.saturating_sub(last_stats.elapsed());
             if !timeout.is_zero() {
-                self.sleep(&mut sessions, &mut wcs, timeout, &mut warned);
+                self.sleep(timeout, &mut warned);
             }
         }
     }
 
-    /// Polls every session's CQs once; unparks the worker when descriptors were queued.
-    fn poll_all(&mut self, sessions: &mut [Polled], wcs: &mut [WorkCompletion]) -> usize {
+    /// Polls every session's CQs once; returns the completions taken.
+    fn poll_all(&mut self) -> usize {
         let mut got = 0;
-        for p in sessions.iter_mut() {
-            got += self.poll_one(p, wcs);
-        }
-        if got > 0 {
-            self.worker.unpark();
+        let queue = self.paused || !self.pending.queue.is_empty();
+        for ws in self.sessions.values_mut() {
+            got += poll_one(
+                ws,
+                &mut self.wcs,
+                &mut self.pending,
+                &mut self.scratch,
+                queue,
+            );
         }
         got
     }
 
     /// Arms every CQ on the completion channel, polls them once more (a completion that
     /// arrived before its CQ was armed raises no notification), and sleeps until a
-    /// completion, a change of the session list, or `timeout`.
-    fn sleep(
-        &mut self,
-        sessions: &mut [Polled],
-        wcs: &mut [WorkCompletion],
-        timeout: Duration,
-        warned: &mut bool,
-    ) {
+    /// completion, a command, or `timeout`.
+    fn sleep(&mut self, timeout: Duration, warned: &mut bool) {
         let Some(channel) = self.channel.clone() else {
-            std::thread::sleep(FALLBACK_SLEEP.min(timeout));
+            std::thread::park_timeout(FALLBACK_SLEEP.min(timeout));
             return;
         };
         let mut failure = None;
-        for p in sessions.iter() {
-            for cq in [&p.session.recv_cq, &p.session.send_cq] {
+        for ws in self.sessions.values() {
+            for cq in [&ws.session.recv_cq, &ws.session.send_cq] {
                 if let Err(e) = channel.req_notify(cq) {
                     failure = Some(e);
                 }
             }
         }
-        if self.poll_all(sessions, wcs) > 0 {
+        if self.poll_all() > 0 {
             return;
         }
+        // A command sent after the loop's check wakes the channel, also before this wait
+        // (the wake-up is kept), so none is missed.
         let failure = match failure {
             Some(e) => Some(e),
             None => channel.wait(timeout).err(),
         };
         if let Some(e) = failure {
             if !*warned {
-                tracing::warn!(error = %e, "completion channel failed; the poller polls every {FALLBACK_SLEEP:?} while idle");
+                tracing::warn!(error = %e, "completion channel failed; the worker polls every {FALLBACK_SLEEP:?} while idle");
                 *warned = true;
             }
-            std::thread::sleep(FALLBACK_SLEEP.min(timeout));
+            std::thread::park_timeout(FALLBACK_SLEEP.min(timeout));
         }
     }
 
-    /// Polls one session's CQs once; returns the completions handled.
-    fn poll_one(&mut self, p: &mut Polled, wcs: &mut [WorkCompletion]) -> usize {
-        let s = p.session.clone();
-        // Send CQ: the collector posts no sends; drain it so it can never overflow.
-        let _ = s.send_cq.poll(wcs);
-        let n = s.recv_cq.poll(wcs);
-        let mut repost_zero = 0usize;
-        for wc in wcs.iter().take(n) {
-            if wc.status != WcStatus::Success {
-                if wc.status != WcStatus::WrFlushError {
-                    s.poller_dropped.fetch_add(1, Ordering::AcqRel);
-                    s.tel.drop_frames(
-                        DropReason::WcError,
-                        1,
-                        &format_args!("receive completion status {}", wc.status),
-                    );
-                }
-                if s.qp.state() == QpState::Error {
-                    s.mark_failed();
-                }
+    /// Processes every waiting completion, in order.
+    fn drain_pending(&mut self) {
+        while let Some(d) = self.pending.queue.pop_front() {
+            let Some(ws) = self.sessions.get_mut(&d.session()) else {
+                // A session leaves only after its completions were processed.
+                tracing::debug!(session = d.session(), "completion of an unknown session");
                 continue;
-            }
-            let desc = match wc.opcode {
-                WcOpcode::RecvRdmaWithImm => {
-                    repost_zero += 1;
-                    match wc.imm {
-                        Some(imm) => Descriptor::WriteImm { session: s.id, imm },
-                        None => {
-                            s.poller_dropped.fetch_add(1, Ordering::AcqRel);
-                            s.tel.drop_frames(
-                                DropReason::WcError,
-                                1,
-                                &"Write-with-immediate completion without immediate",
-                            );
-                            continue;
-                        }
-                    }
-                }
-                WcOpcode::Recv => Descriptor::Send {
-                    session: s.id,
-                    len: wc.byte_len,
-                    // Buffers are numbered below `send_buffers` (≤ 65 536); anything else
-                    // fails the worker's buffer read and is counted there.
-                    buf: u16::try_from(wc.wr_id).unwrap_or(u16::MAX),
-                },
-                WcOpcode::Send | WcOpcode::RdmaWrite => continue,
             };
-            // Within the connection's credit window the descriptor has reserved room; beyond
-            // it, it needs shared room.
-            let window = s.geometry.credit_window;
-            let beyond_window = acquire_slot(&s.in_flight, window, &self.shared_used);
-            let full = if beyond_window && self.shared_used.load(Ordering::Acquire) > self.shared {
-                Some("no shared room left for descriptors beyond the agent's credit window")
-            } else if self.prod.try_push(desc).is_err() {
-                Some("descriptor queue full")
-            } else {
-                None
-            };
-            if let Some(why) = full {
-                release_slot(&s.in_flight, window, &self.shared_used);
-                s.poller_dropped.fetch_add(1, Ordering::AcqRel);
-                s.tel.drop_frames(
-                    DropReason::QueueFull,
-                    1,
-                    &format_args!(
-                        "{why} (queue of {}, credit window {}, {} shared)",
-                        self.prod.capacity(),
-                        s.geometry.credit_window,
-                        self.shared
-                    ),
-                );
-                if let Descriptor::Send { buf, .. } = desc {
-                    let _ = s.post_buffer(u64::from(buf));
-                }
-            } else {
-                s.tel.ring_slots_in_use.inc();
-            }
-        }
-        if repost_zero > 0 {
-            let wrs: Vec<RecvWr<'_>> = (0..repost_zero).map(|_| RecvWr::zero_length(0)).collect();
-            if let Err(e) = s.qp.post_recv(&wrs) {
-                tracing::debug!(agent = %s.agent, error = %e, "re-posting receive WRs failed");
-            }
-        }
-        n
-    }
-
-    fn fold_qp_stats(&mut self, p: &mut Polled) {
-        let s = &p.session;
-        let now = s.qp.stats().drops;
-        for (reason, count) in now.iter() {
-            let before = p.qp_drops.get(reason);
-            if count > before {
-                let delta = count - before;
-                if reason != UcDropReason::QpError {
-                    s.poller_dropped.fetch_add(delta, Ordering::AcqRel);
-                }
-                s.tel.drop_frames(
-                    DropReason::Transport(reason),
-                    delta,
-                    &format_args!("UC responder on QP {:#x}", s.qp.qp_num()),
-                );
-            }
-        }
-        p.qp_drops = now;
-        if s.qp.state() == QpState::Error {
-            s.mark_failed();
+            self.pending.popped(ws);
+            ws.session.tel.ring_slots_in_use.dec();
+            process(ws, d, &mut self.scratch);
         }
     }
 
-    /// Counts the device's async events and fails the connections they name
-    /// ([`crate::rdma_events`]).
-    fn fold_async_events(&self, sessions: &[Polled]) {
+    /// Folds every QP's and the device's drop counters and the async events, and checks
+    /// QP states.
+    fn fold_stats(&mut self) {
         let count = |device: &str, ev: &_| self.telemetry.rdma_async_event(device, ev);
         for ev in crate::rdma_events::drain(&self.device, count) {
-            for p in sessions {
-                let s = &p.session;
+            for ws in self.sessions.values() {
+                let s = &ws.session;
                 let cqs = [s.recv_cq.handle(), s.send_cq.handle()];
                 if crate::rdma_events::ends_connection(&ev, s.qp.qp_num(), cqs) {
                     s.mark_failed();
                 }
             }
         }
-    }
-
-    fn fold_device_stats(&mut self) {
+        for ws in self.sessions.values_mut() {
+            fold_qp_stats(ws);
+        }
         let now = self.device.stats().drops;
         for (reason, count) in now.iter() {
             let before = self.device_drops.get(reason);
@@ -894,117 +688,6 @@ impl Poller {
         }
         self.device_drops = now;
     }
-}
-
-struct WorkerSession {
-    session: Arc<Session>,
-    ingest: ConnectionIngest,
-}
-
-/// One more descriptor in flight for `s`; true when it is beyond the connection's credit
-/// window (it then counts in `shared_used`). With [`release_slot`] this keeps
-/// `shared_used == Σ max(0, in_flight − window)`: each call moves `in_flight` by one and
-/// `shared_used` by exactly the change of that connection's term.
-fn acquire_slot(in_flight: &AtomicI64, window: u32, shared_used: &AtomicU64) -> bool {
-    let window = i64::from(window);
-    let before = in_flight.fetch_add(1, Ordering::AcqRel);
-    let beyond = before >= window;
-    if beyond {
-        shared_used.fetch_add(1, Ordering::AcqRel);
-    }
-    beyond
-}
-
-/// One descriptor of `s` less in flight (see [`acquire_slot`]).
-fn release_slot(in_flight: &AtomicI64, window: u32, shared_used: &AtomicU64) {
-    let window = i64::from(window);
-    let before = in_flight.fetch_sub(1, Ordering::AcqRel);
-    if before > window {
-        shared_used.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// The worker's side of the descriptor queue: the current consumer and, after a growth,
-/// the consumers of larger queues, read in order.
-struct Queues(std::collections::VecDeque<ringbuf::HeapCons<Descriptor>>);
-
-impl Queues {
-    /// Pops up to `out.len()` descriptors, in the order the poller pushed them.
-    fn pop_slice(&mut self, out: &mut [Descriptor]) -> usize {
-        loop {
-            let newer = self.0.len() > 1;
-            let Some(front) = self.0.front_mut() else {
-                return 0;
-            };
-            let n = front.pop_slice(out);
-            if n > 0 || !newer || front.write_is_held() {
-                return n;
-            }
-            // The poller moved on (it dropped this producer after its last push, which is
-            // visible now): take what is left, then go to the next queue.
-            let n = front.pop_slice(out);
-            if n > 0 {
-                return n;
-            }
-            self.0.pop_front();
-        }
-    }
-}
-
-struct Worker {
-    queues: Queues,
-    shared_used: Arc<AtomicU64>,
-    rx: mpsc::Receiver<WorkerCmd>,
-    sessions: HashMap<u32, WorkerSession>,
-    stop: Arc<AtomicBool>,
-    paused: bool,
-    scratch: Vec<u8>,
-}
-
-impl Worker {
-    fn run(mut self) {
-        let mut batch = [Descriptor::WriteImm { session: 0, imm: 0 }; WORK_BATCH];
-        let mut idle_since: Option<Instant> = None;
-        while !self.stop.load(Ordering::Acquire) {
-            while let Ok(cmd) = self.rx.try_recv() {
-                self.command(cmd);
-            }
-            if self.paused {
-                // Test hook: the resume command unparks.
-                std::thread::park_timeout(WORKER_PARK);
-                continue;
-            }
-            let n = self.queues.pop_slice(&mut batch);
-            if n > 0 {
-                for d in batch.iter().take(n) {
-                    self.process(*d);
-                }
-                idle_since = None;
-                continue;
-            }
-            let since = *idle_since.get_or_insert_with(Instant::now);
-            if since.elapsed() < SPIN_AFTER_WORK {
-                std::thread::yield_now();
-                continue;
-            }
-            // Descriptors queued or a command sent after the checks above unpark us, also
-            // before we get here (the unpark token is kept), so no wake-up is lost.
-            std::thread::park_timeout(WORKER_PARK);
-        }
-    }
-
-    fn drain(&mut self) {
-        let mut batch = [Descriptor::WriteImm { session: 0, imm: 0 }; WORK_BATCH];
-        loop {
-            let n = self.queues.pop_slice(&mut batch);
-            if n == 0 {
-                return;
-            }
-            for d in batch.iter().take(n) {
-                self.process(*d);
-            }
-        }
-    }
 
     fn command(&mut self, cmd: WorkerCmd) {
         match cmd {
@@ -1014,6 +697,8 @@ impl Worker {
                     WorkerSession {
                         session,
                         ingest: *ingest,
+                        qp_drops: DropCounters::default(),
+                        pending: 0,
                     },
                 );
             }
@@ -1023,19 +708,27 @@ impl Worker {
                 }
             }
             WorkerCmd::Report(id, reply) => {
-                let report = self.sessions.get_mut(&id).map(|ws| {
-                    fold_poller_drops(ws);
-                    ws.ingest.report()
-                });
+                let report = self.sessions.get_mut(&id).map(|ws| ws.ingest.report());
                 let _ = reply.send(report);
             }
             WorkerCmd::Consumed(id, reply) => {
                 let _ = reply.send(self.sessions.get(&id).and_then(|ws| ws.ingest.consumed()));
             }
             WorkerCmd::Close(id, goodbye, reply) => {
-                self.drain();
+                // Last poll of its CQs; what waits is processed, paused or not.
+                if let Some(ws) = self.sessions.get_mut(&id) {
+                    while poll_one(
+                        ws,
+                        &mut self.wcs,
+                        &mut self.pending,
+                        &mut self.scratch,
+                        true,
+                    ) > 0
+                    {}
+                }
+                self.drain_pending();
                 let summary = self.sessions.remove(&id).map(|mut ws| {
-                    fold_poller_drops(&mut ws);
+                    fold_qp_stats(&mut ws);
                     match goodbye {
                         Some(g) => ws.ingest.close(&g),
                         None => {
@@ -1046,77 +739,162 @@ impl Worker {
                 });
                 let _ = reply.send(summary);
             }
-            WorkerCmd::Queue(cons) => self.queues.0.push_back(cons),
             WorkerCmd::Pause(p) => self.paused = p,
-        }
-    }
-
-    fn process(&mut self, d: Descriptor) {
-        let now = Instant::now();
-        let Some(ws) = self.sessions.get_mut(&d.session()) else {
-            // The poller only queues descriptors of registered sessions and the worker forgets
-            // a session only after draining the queue, so this is unreachable in practice.
-            tracing::debug!(session = d.session(), "descriptor of an unknown session");
-            return;
-        };
-        release_slot(
-            &ws.session.in_flight,
-            ws.session.geometry.credit_window,
-            &self.shared_used,
-        );
-        ws.session.tel.ring_slots_in_use.dec();
-        fold_poller_drops(ws);
-        let g = ws.session.geometry;
-        match d {
-            Descriptor::WriteImm { imm, .. } => {
-                let conn_seq = ws.ingest.conn_seq_for_imm(imm);
-                let slot = conn_seq % u64::from(g.slots.max(1));
-                let len = g.slot_bytes as usize;
-                self.scratch.resize(len, 0);
-                if let Err(e) = ws
-                    .session
-                    .ring
-                    .read_at(slot as usize * len, &mut self.scratch[..len])
-                {
-                    ws.ingest
-                        .drop_before_tracking(DropReason::MalformedFrame, 1, &e);
-                } else {
-                    let _ = ws.ingest.on_slot(conn_seq, &self.scratch[..len], now);
-                }
-            }
-            Descriptor::Send { buf, len, .. } => {
-                let size = g.max_frame_bytes as usize;
-                let len = (len as usize).min(size);
-                self.scratch.resize(len, 0);
-                let read = ws
-                    .session
-                    .bufs
-                    .read_at(usize::from(buf) * size, &mut self.scratch[..len]);
-                if let Err(e) = ws.session.post_buffer(u64::from(buf)) {
-                    tracing::debug!(agent = %ws.session.agent, error = %e, "re-posting a receive buffer failed");
-                }
-                match read {
-                    Ok(()) => {
-                        let _ = ws.ingest.on_send(&self.scratch[..len], now);
-                    }
-                    Err(e) => ws
-                        .ingest
-                        .drop_before_tracking(DropReason::MalformedFrame, 1, &e),
-                }
-            }
-        }
-        if let Some(c) = ws.ingest.consumed() {
-            ws.session
-                .consumed_plus_one
-                .store(c.wrapping_add(1), Ordering::Release);
         }
     }
 }
 
-fn fold_poller_drops(ws: &mut WorkerSession) {
-    let n = ws.session.poller_dropped.swap(0, Ordering::AcqRel);
-    if n > 0 {
-        ws.ingest.note_dropped_before_tracking(n);
+/// Polls one session's CQs once and processes each completion where it is found, or
+/// queues it when `queue` (the worker is paused, or completions wait before it); returns
+/// the completions taken.
+fn poll_one(
+    ws: &mut WorkerSession,
+    wcs: &mut [WorkCompletion],
+    pending: &mut Pending,
+    scratch: &mut Vec<u8>,
+    queue: bool,
+) -> usize {
+    let s = ws.session.clone();
+    // Send CQ: the collector posts no sends; drain it so it can never overflow.
+    let _ = s.send_cq.poll(wcs);
+    let n = s.recv_cq.poll(wcs);
+    let mut repost_zero = 0u32;
+    for wc in wcs.iter().take(n) {
+        if wc.status != WcStatus::Success {
+            if wc.status != WcStatus::WrFlushError {
+                ws.ingest.drop_before_tracking(
+                    DropReason::WcError,
+                    1,
+                    &format_args!("receive completion status {}", wc.status),
+                );
+            }
+            if s.qp.state() == QpState::Error {
+                s.mark_failed();
+            }
+            continue;
+        }
+        let desc = match wc.opcode {
+            WcOpcode::RecvRdmaWithImm => {
+                repost_zero += 1;
+                match wc.imm {
+                    Some(imm) => Descriptor::WriteImm { session: s.id, imm },
+                    None => {
+                        ws.ingest.drop_before_tracking(
+                            DropReason::WcError,
+                            1,
+                            &"Write-with-immediate completion without immediate",
+                        );
+                        continue;
+                    }
+                }
+            }
+            WcOpcode::Recv => Descriptor::Send {
+                session: s.id,
+                len: wc.byte_len,
+                // Buffers are numbered below `send_buffers` (≤ 65 536); anything else
+                // fails the buffer read and is counted there.
+                buf: u16::try_from(wc.wr_id).unwrap_or(u16::MAX),
+            },
+            WcOpcode::Send | WcOpcode::RdmaWrite => continue,
+        };
+        if !queue {
+            process(ws, desc, scratch);
+        } else if pending.push(ws, desc) {
+            s.tel.ring_slots_in_use.inc();
+        } else {
+            ws.ingest.drop_before_tracking(
+                DropReason::QueueFull,
+                1,
+                &format_args!(
+                    "no shared room left for completions beyond the agent's credit window \
+                     while the worker is paused (credit window {}, {} shared)",
+                    s.geometry.credit_window, pending.shared
+                ),
+            );
+            if let Descriptor::Send { buf, .. } = desc {
+                let _ = s.post_buffer(u64::from(buf));
+            }
+        }
+    }
+    if repost_zero > 0 {
+        if let Err(e) = s.qp.post_recv(&ZERO_LENGTH_WRS[..repost_zero as usize]) {
+            tracing::debug!(agent = %s.agent, error = %e, "re-posting receive WRs failed");
+        }
+    }
+    n
+}
+
+fn fold_qp_stats(ws: &mut WorkerSession) {
+    let s = ws.session.clone();
+    let now = s.qp.stats().drops;
+    for (reason, count) in now.iter() {
+        let before = ws.qp_drops.get(reason);
+        if count > before {
+            let delta = count - before;
+            let detail = format_args!("UC responder on QP {:#x}", s.qp.qp_num());
+            if reason == UcDropReason::QpError {
+                // Not a frame of this connection's sequence: counted, not in its ledger.
+                s.tel
+                    .drop_frames(DropReason::Transport(reason), delta, &detail);
+            } else {
+                ws.ingest
+                    .drop_before_tracking(DropReason::Transport(reason), delta, &detail);
+            }
+        }
+    }
+    ws.qp_drops = now;
+    if s.qp.state() == QpState::Error {
+        s.mark_failed();
+    }
+}
+
+/// Processes completion `d` of `ws`: copies the ring slot or Send buffer, hands it to the
+/// ingest, re-posts the buffer, and publishes the credit point.
+fn process(ws: &mut WorkerSession, d: Descriptor, scratch: &mut Vec<u8>) {
+    let now = Instant::now();
+    let g = ws.session.geometry;
+    match d {
+        Descriptor::WriteImm { imm, .. } => {
+            let conn_seq = ws.ingest.conn_seq_for_imm(imm);
+            let slot = conn_seq % u64::from(g.slots.max(1));
+            let len = g.slot_bytes as usize;
+            scratch.resize(len, 0);
+            if let Err(e) = ws
+                .session
+                .ring
+                .read_at(slot as usize * len, &mut scratch[..len])
+            {
+                ws.ingest
+                    .drop_before_tracking(DropReason::MalformedFrame, 1, &e);
+            } else {
+                let _ = ws.ingest.on_slot(conn_seq, &scratch[..len], now);
+            }
+        }
+        Descriptor::Send { buf, len, .. } => {
+            let size = g.max_frame_bytes as usize;
+            let len = (len as usize).min(size);
+            scratch.resize(len, 0);
+            let read = ws
+                .session
+                .bufs
+                .read_at(usize::from(buf) * size, &mut scratch[..len]);
+            if let Err(e) = ws.session.post_buffer(u64::from(buf)) {
+                tracing::debug!(agent = %ws.session.agent, error = %e, "re-posting a receive buffer failed");
+            }
+            match read {
+                Ok(()) => {
+                    let _ = ws.ingest.on_send(&scratch[..len], now);
+                }
+                Err(e) => ws
+                    .ingest
+                    .drop_before_tracking(DropReason::MalformedFrame, 1, &e),
+            }
+        }
+    }
+    if let Some(c) = ws.ingest.consumed() {
+        ws.session
+            .consumed_plus_one
+            .store(c.wrapping_add(1), Ordering::Release);
     }
 }
 
@@ -1126,80 +904,36 @@ mod tests {
 
     #[test]
     fn a_descriptor_is_twelve_bytes() {
-        // The queue holds one per frame of every connection's credit window.
+        // At most one waits per frame of every connection's credit window.
         assert_eq!(std::mem::size_of::<Descriptor>(), 12);
     }
 
-    fn imm(i: u32) -> Descriptor {
-        Descriptor::WriteImm { session: 1, imm: i }
-    }
-
-    fn pop_all(q: &mut Queues) -> Vec<u32> {
-        let mut out = Vec::new();
-        let mut batch = [imm(0); 3];
-        loop {
-            let n = q.pop_slice(&mut batch);
-            if n == 0 {
-                return out;
-            }
-            for d in batch.iter().take(n) {
-                if let Descriptor::WriteImm { imm, .. } = d {
-                    out.push(*imm);
-                }
-            }
-        }
-    }
-
-    /// After a growth the worker reads the old queue to its end, skips a queue that was
-    /// replaced before it was used, then reads the new one: the poller's order is kept.
-    #[test]
-    fn grown_queues_are_read_in_push_order() {
-        let (mut p1, c1) = HeapRb::<Descriptor>::new(4).split();
-        let (p2, c2) = HeapRb::<Descriptor>::new(8).split();
-        let (mut p3, c3) = HeapRb::<Descriptor>::new(16).split();
-        let mut q = Queues(std::collections::VecDeque::from([c1]));
-        for i in 0..3 {
-            p1.try_push(imm(i)).unwrap();
-        }
-        q.0.push_back(c2);
-        q.0.push_back(c3);
-        drop(p2); // replaced before the poller took it
-        assert_eq!(pop_all(&mut q), vec![0, 1, 2]);
-        // The poller still holds the first producer: the worker waits on that queue.
-        p1.try_push(imm(3)).unwrap();
-        p3.try_push(imm(5)).unwrap();
-        assert_eq!(pop_all(&mut q), vec![3]);
-        p1.try_push(imm(4)).unwrap();
-        drop(p1);
-        assert_eq!(pop_all(&mut q), vec![4, 5]);
-        assert_eq!(q.0.len(), 1);
-        p3.try_push(imm(6)).unwrap();
-        assert_eq!(pop_all(&mut q), vec![6]);
-    }
-
     proptest::proptest! {
-        /// Any interleaving of descriptors queued and processed for two connections keeps
-        /// the shared count at Σ max(0, in flight − window), and a connection within its
-        /// window never touches it.
+        /// Any interleaving of completions queued and processed for two connections keeps
+        /// the shared count at Σ max(0, pending − window), a connection within its window
+        /// is never refused, and one beyond it is refused exactly when the shared room is
+        /// taken.
         #[test]
-        fn shared_room_counts_only_descriptors_beyond_the_window(
+        fn shared_room_counts_only_completions_beyond_the_window(
             ops in proptest::collection::vec((0usize..2, proptest::bool::ANY), 0..200),
         ) {
-            let windows = [3u32, 5];
-            let in_flight = [AtomicI64::new(0), AtomicI64::new(0)];
-            let shared = AtomicU64::new(0);
+            let windows = [3u64, 5];
+            let shared = 4u64;
+            let mut pending = Pending { queue: VecDeque::new(), shared, shared_used: 0 };
+            let mut count = [0u64; 2];
             for (c, add) in ops {
-                let before = in_flight[c].load(Ordering::Acquire);
+                let before = count[c];
+                let used = pending.shared_used;
                 if add {
-                    let beyond = acquire_slot(&in_flight[c], windows[c], &shared);
-                    proptest::prop_assert_eq!(beyond, before >= i64::from(windows[c]));
+                    let queued = pending.admit(&mut count[c], windows[c]);
+                    let expected = before < windows[c] || used < shared;
+                    proptest::prop_assert_eq!(queued, expected);
                 } else if before > 0 {
-                    release_slot(&in_flight[c], windows[c], &shared);
+                    pending.release(&mut count[c], windows[c]);
                 }
-                let expected: i64 = (0..2)
-                    .map(|i| (in_flight[i].load(Ordering::Acquire) - i64::from(windows[i])).max(0))
-                    .sum();
-                proptest::prop_assert_eq!(shared.load(Ordering::Acquire) as i64, expected);
+                let expected: u64 = (0..2).map(|i| count[i].saturating_sub(windows[i])).sum();
+                proptest::prop_assert_eq!(pending.shared_used, expected);
+                proptest::prop_assert!(pending.shared_used <= shared);
             }
         }
     }

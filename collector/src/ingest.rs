@@ -622,7 +622,7 @@ impl<D: Delivery> ConnectionIngest<D> {
     }
 
     /// Only counts `n` earlier drops in the connection accounting (they were already counted
-    /// in `frames_dropped_total` by the completion poller).
+    /// in `frames_dropped_total`).
     pub fn note_dropped_before_tracking(&mut self, n: u64) {
         self.dropped_before_tracking = self.dropped_before_tracking.saturating_add(n);
     }

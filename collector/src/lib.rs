@@ -11,7 +11,7 @@
 //! - [`ingest`]: per-connection frame checks, sequence tracking and delivery (transport-free).
 //! - [`outputs`]: the [`outputs::Delivery`] seam and the outputs to other machines
 //!   (Prometheus remote-write).
-//! - [`dataplane`]: per-agent UC QP and ring, the completion-poller and worker threads and the
+//! - [`dataplane`]: per-agent UC QP and ring, the worker thread that polls the CQs and the
 //!   SPSC descriptor queue between them.
 //! - [`rdma_events`]: the RDMA device's asynchronous events, counted, and the connections
 //!   they end.

@@ -3,7 +3,7 @@
 //! `device_fatal`, every one at zero from the start; each kind logged once at `warn`, later ones
 //! at `debug`), and which connections an event ends.
 //!
-//! The poller thread ([`crate::dataplane`]) takes the pending events at every stats fold
+//! The data-plane worker ([`crate::dataplane`]) takes the pending events at every stats fold
 //! (every 100 ms, every second while idle). `qp_fatal` names a QP and `cq_error` a CQ: the
 //! connection that owns it is marked failed at once (`qp_errors_total{agent}`, the control
 //! plane rebuilds it), without waiting for the QP-state check of the next fold.
@@ -12,7 +12,7 @@
 
 use uctel_transport::api::{AsyncEvent, Device};
 
-/// Most events taken per call of [`drain`], so an event storm cannot stall the poller.
+/// Most events taken per call of [`drain`], so an event storm cannot stall the worker.
 pub const MAX_EVENTS_PER_FOLD: usize = 64;
 
 /// The `event` label of `uctel_collector_rdma_async_events_total`, in a fixed order (the
@@ -40,7 +40,7 @@ pub fn ends_connection(ev: &AsyncEvent, qpn: u32, cqs: [u32; 2]) -> bool {
 }
 
 /// Takes up to [`MAX_EVENTS_PER_FOLD`] pending events of `device` (non-blocking), hands each
-/// to `count` with the device name (the poller counts and logs it with
+/// to `count` with the device name (the worker counts and logs it with
 /// [`crate::telemetry::Telemetry::rdma_async_event`]), and returns them.
 pub fn drain(device: &Device, mut count: impl FnMut(&str, &AsyncEvent)) -> Vec<AsyncEvent> {
     let mut events = Vec::new();

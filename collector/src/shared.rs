@@ -34,7 +34,7 @@ pub struct Shared {
     pub remote_write: RemoteWrite,
     /// The ClickHouse log output (disabled unless configured).
     pub clickhouse: ClickHouse,
-    /// The receive data path (device, poller, worker).
+    /// The receive data path (device, worker).
     pub plane: Arc<DataPlane>,
     /// Per-stream accounting of finished connections.
     pub ledger: Ledger,

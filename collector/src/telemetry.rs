@@ -80,7 +80,8 @@ pub enum DropReason {
     /// The frame or a payload item exceeds a configured limit (`max_frame_bytes`, label
     /// counts, string lengths; `uctel_protocol::limits`).
     LimitExceeded,
-    /// The completion poller → worker SPSC queue was full (the worker is behind).
+    /// No room was left for a completion waiting for the worker beyond its agent's credit
+    /// window (`ring.descriptor_queue`).
     QueueFull,
     /// The frame's epoch is not the epoch the agent announced for this connection.
     EpochMismatch,

@@ -135,7 +135,7 @@ async fn ring_overrun_while_worker_paused_is_counted_never_accepted() {
         agent.send(metrics.frame(step, 1)).await;
         if step % 8 == 7 {
             agent.flush().await;
-            // The RQ holds one WR per slot (16): wait until the poller has queued this chunk
+            // The RQ holds one WR per slot (16): wait until the worker has polled this chunk
             // (it re-posts the consumed WRs in the same round) before sending the next one.
             let queued = (step + 1) as f64;
             eventually("completions queued for the paused worker", || {

@@ -1,4 +1,4 @@
-//! The completion-poller → worker descriptor queue reserves every connection's credit window:
+//! Completions waiting for a paused data-plane worker have each connection's credit window:
 //! agents within their credits never lose a frame to `queue_full`, however small
 //! `ring.descriptor_queue` (the shared room on top) is and however long the worker stalls;
 //! an agent ignoring its credits uses the shared room and then loses only its own frames.

@@ -1,12 +1,11 @@
 //! Idle means asleep (DESIGN.md §2): an in-process collector with no agent, and with a
-//! connected agent that sends nothing, costs next to no CPU (the completion poller sleeps on
-//! its completion channel, the worker is parked, the soft device's thread sleeps on its
-//! socket), and a frame arriving after a long idle stretch is still taken at once.
+//! connected agent that sends nothing, costs next to no CPU (the data-plane worker sleeps on
+//! its completion channel, the soft device's thread sleeps on its socket), and a frame arriving after a long idle stretch is still taken at once.
 //!
 //! CPU is the process's `utime + stime` from `/proc/self/stat` (10 ms ticks): the tests of
 //! this binary run one at a time (a lock), so the figure is the collector's plus an idle
 //! test harness. The bound, 2 % of one core, is far above the 0.1 % target and far below the
-//! 12 % that a poller and a worker waking every 50 µs cost.
+//! 12 % that a worker waking every 50 µs costs.
 
 mod support;
 

@@ -28,7 +28,7 @@
 //!   credit_margin_slots: 64        # agent may have slots - margin frames outstanding
 //!   credit_budget_frames: 20000    # default: what the soft socket's receive buffer holds
 //!   send_buffers: 256              # receive WRs with buffers, for the Send data path
-//!   descriptor_queue: 8192         # poller -> worker queue room beyond the credit windows
+//!   descriptor_queue: 8192         # completions waiting beyond the credit windows
 //!   data_path: auto                # auto | write_with_imm | send
 //! max_frame_bytes: 4096
 //! auth:
@@ -228,7 +228,8 @@ pub enum ProgressSection {
     /// A background thread acts as the NIC (default): it sleeps while nothing arrives.
     #[default]
     Thread,
-    /// No thread: the completion poller drives the device; lowest latency, one core busy.
+    /// No thread: the data-plane worker drives the device as it polls; lowest latency, one
+    /// core busy.
     BusyPoll,
 }
 
@@ -375,12 +376,13 @@ pub struct RingConfig {
     /// Receive WRs with `max_frame_bytes` buffers kept posted for the Send data path.
     /// Default 256. On that path the credit window is at most this many frames.
     pub send_buffers: u32,
-    /// Shared room of the completion-poller → worker SPSC descriptor queue, in descriptors
-    /// (one per completed frame). The queue holds the credit windows of all connected agents
-    /// (reserved per connection, so frames sent within credits never find it full) plus this
-    /// many descriptors, which a connection uses only beyond its window (an agent ignoring
-    /// credits); when they are taken, such frames are dropped and counted as `queue_full`.
-    /// Memory: 12 bytes per descriptor. Default 8192.
+    /// Completions that may wait for the data-plane worker beyond the credit windows of
+    /// the connected agents, in completions (one per frame). The worker processes each
+    /// completion where it polls it; completions wait only while it is paused (a test
+    /// hook), each connection's window always has room, and only completions beyond it (an
+    /// agent ignoring credits) take this shared room; when it is taken, such frames are
+    /// dropped and counted as `queue_full`. Memory: 12 bytes per waiting completion.
+    /// Default 8192.
     pub descriptor_queue: u32,
     /// Which data path to ask agents for (DESIGN.md §4): `auto` (default: Write-with-immediate
     /// when the agent offers it, else Send), `write_with_imm` or `send` (agents that do not
