@@ -89,7 +89,7 @@ struct Args {
     /// The collector's `transport.soft.recv_buffer_bytes` (default: the collector's own).
     #[arg(long)]
     recv_buffer_bytes: Option<usize>,
-    /// Measured window of each scaling run, seconds.
+    /// Measured window of each scaling run, seconds (at least ten report intervals).
     #[arg(long, default_value_t = 3.0)]
     scaling_duration_secs: f64,
     /// CPU seconds spent in the processing-only ingest loop.
@@ -223,6 +223,9 @@ fn sibling(name: &str) -> PathBuf {
         .and_then(|p| p.parent().map(|d| d.join(name)))
         .unwrap_or_else(|| PathBuf::from(name))
 }
+
+/// Report intervals a scaling run's window covers at least.
+const SCALING_INTERVALS: f64 = 10.0;
 
 fn report_interval(args: &Args, agents: usize) -> f64 {
     let ms = args
@@ -358,8 +361,17 @@ fn run(args: &Args) -> anyhow::Result<bool> {
     }
     if wants(Part::Scaling) {
         for &k in &args.scaling_agents {
-            eprintln!("[scaling] K = {k}, {:.1} s", args.scaling_duration_secs);
-            match softpath::run(&soft_cfg(k, args.scaling_duration_secs, "scaling")) {
+            // Per-agent rates and their fairness need the window to cover several report
+            // intervals (credit comes back once per interval; at K = 10,000 each agent's
+            // share is a fraction of a frame per interval), and the warm-up a few.
+            let interval = report_interval(args, k);
+            let duration = args.scaling_duration_secs.max(SCALING_INTERVALS * interval);
+            eprintln!("[scaling] K = {k}, {duration:.1} s");
+            let cfg = SoftRunConfig {
+                warmup: secs(args.warmup_secs.max(2.0 * interval)),
+                ..soft_cfg(k, duration, "scaling")
+            };
+            match softpath::run(&cfg) {
                 Ok(r) => report.scaling.push(r),
                 Err(e) => report
                     .failures
