@@ -369,7 +369,67 @@ impl SeriesStore {
         batch: &MetricBatchView<'_>,
         now: Instant,
     ) -> IngestOutcome {
+        if let Some(out) = self.ingest_repeated(agent, instance, batch, now) {
+            return out;
+        }
         self.ingest_records(agent, instance, batch.iter_with_ids(), true, now)
+    }
+
+    /// A batch that repeats the previous payload with new values
+    /// ([`MetricBatchView::repeated`]), when every record of it goes to the series it went
+    /// to at the same position before (same [`RecordId`], series unmoved) and none is a
+    /// histogram: stored from ids and values alone, no view built, with the outcome
+    /// [`SeriesStore::ingest_records`] would give. `None` (nothing stored) otherwise.
+    fn ingest_repeated(
+        &self,
+        agent: &str,
+        instance: &str,
+        batch: &MetricBatchView<'_>,
+        now: Instant,
+    ) -> Option<IngestOutcome> {
+        let records = batch.repeated()?;
+        let mut guard = self.lock();
+        let entry = guard.agents.get_mut(agent)?;
+        let (layout, recent, series) = (entry.layout, &entry.recent, &entry.series);
+        let all_recent = records.len() <= recent.len()
+            && batch.repeated()?.zip(recent).all(|((id, kind, _), r)| {
+                kind != MetricType::Histogram as i32
+                    && r.is_some_and(|r| {
+                        r.id == id && r.layout == layout && series.get_bucket(r.bucket).is_some()
+                    })
+            });
+        if !all_recent {
+            return None;
+        }
+        if entry.instance != instance {
+            entry.instance = instance.to_string();
+        }
+        let mut out = IngestOutcome::default();
+        for ((_, kind, value), r) in records.zip(&entry.recent) {
+            let Some(kind) = MetricType::try_from(kind)
+                .ok()
+                .filter(|k| *k != MetricType::Unspecified)
+            else {
+                out.reject(SampleRejection::Invalid);
+                continue;
+            };
+            let Some(series) = r.and_then(|r| entry.series.get_bucket_mut(r.bucket)) else {
+                // Checked above; the series is where it was.
+                out.reject(SampleRejection::Invalid);
+                continue;
+            };
+            if series.kind != kind {
+                out.reject(SampleRejection::TypeConflict);
+                continue;
+            }
+            series.sample.value = match kind {
+                MetricType::Counter => Value::Counter(value),
+                _ => Value::Gauge(value),
+            };
+            series.sample.updated = now;
+            out.stored += 1;
+        }
+        Some(out)
     }
 
     /// `validated`: the records already passed the protocol's metric rules.
@@ -1032,6 +1092,91 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("o{"), "{text}");
+    }
+
+    proptest::proptest! {
+        /// Any sequence of batches (the same records again, a type conflict, new series
+        /// that move the others, expiry) leaves a store fed with borrowed views, whose
+        /// repeated payloads take the ids-and-values path, in the state of a store fed the
+        /// same batches owned, with the same outcome for every batch.
+        #[test]
+        fn repeated_payloads_store_what_owned_batches_store(
+            ops in proptest::collection::vec((0usize..4, proptest::bool::weighted(0.15)), 1..60),
+        ) {
+            use uctel_protocol::limits::Limits;
+            use uctel_protocol::payload::{encode_metric_batch, MetricBatch};
+            let fast = SeriesStore::new(Duration::from_secs(10), 100);
+            let owned = SeriesStore::new(Duration::from_secs(10), 100);
+            let limits = Limits::default();
+            let mut reused: MetricBatchView<'static> = MetricBatchView::new();
+            let mut at = Instant::now();
+            let mut repeats = 0usize;
+            for (step, (pick, expire)) in ops.into_iter().enumerate() {
+                let v = step as f64;
+                let g = |n: &str, v, l: &str| metric(n, MetricType::Gauge, v, &[("k", l)]);
+                let metrics = match pick {
+                    0 | 1 => vec![g("m", v, "x"), g("m", v + 1.0, "y")],
+                    // The same name as a counter: a type conflict with the gauge.
+                    2 => vec![
+                        metric("m", MetricType::Counter, v, &[("k", "x")]),
+                        metric("u", MetricType::Untyped, v, &[("k", "z")]),
+                    ],
+                    _ => {
+                        let mut m = vec![g("m", v, "x"), g("m", v + 1.0, "y")];
+                        m.extend((0..20).map(|i| g("n", v, &i.to_string())));
+                        m
+                    }
+                };
+                if expire {
+                    at += Duration::from_secs(11);
+                    proptest::prop_assert_eq!(fast.expire(at), owned.expire(at));
+                }
+                let payload = encode_metric_batch(&MetricBatch { metrics: metrics.clone() });
+                let mut view = std::mem::take(&mut reused).recycle();
+                view.decode_into(&payload, &limits).unwrap();
+                repeats += usize::from(view.repeated().is_some());
+                let a = fast.ingest_views("a", "h", &view, at);
+                reused = view.recycle();
+                let b = owned.ingest("a", "h", &metrics, at);
+                proptest::prop_assert_eq!(&a, &b);
+                // Series come out in hash order, seeded per store.
+                let lines = |s: &SeriesStore| {
+                    let mut l: Vec<String> = render(s).lines().map(str::to_owned).collect();
+                    l.sort_unstable();
+                    l
+                };
+                proptest::prop_assert_eq!(lines(&fast), lines(&owned));
+            }
+            // Consecutive picks of 0 and 1 are the same records: most runs repeat.
+            proptest::prop_assume!(repeats > 0);
+        }
+    }
+
+    #[test]
+    fn a_repeated_payload_is_stored_from_ids_and_values() {
+        use uctel_protocol::limits::Limits;
+        use uctel_protocol::payload::{encode_metric_batch, MetricBatch};
+        let s = SeriesStore::new(Duration::from_secs(10), 100);
+        let limits = Limits::default();
+        let g = |v| metric("m", MetricType::Gauge, v, &[("k", "x")]);
+        let mut reused: MetricBatchView<'static> = MetricBatchView::new();
+        for v in [1.0, 2.0, 3.0] {
+            let payload = encode_metric_batch(&MetricBatch {
+                metrics: vec![g(v)],
+            });
+            let mut view = std::mem::take(&mut reused).recycle();
+            view.decode_into(&payload, &limits).unwrap();
+            // The third payload repeats the second (both after the first remembered it).
+            assert_eq!(view.repeated().is_some(), v > 1.0, "payload {v}");
+            if v > 1.0 {
+                let out = s.ingest_repeated("a", "h", &view, Instant::now());
+                assert_eq!(out.map(|o| o.stored), Some(1));
+            } else {
+                assert_eq!(s.ingest_views("a", "h", &view, Instant::now()).stored, 1);
+            }
+            reused = view.recycle();
+        }
+        assert!(render(&s).contains("m{agent=\"a\",instance=\"h\",k=\"x\"} 3"));
     }
 
     #[test]

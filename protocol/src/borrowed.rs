@@ -20,12 +20,17 @@
 //! allocates nothing per frame. It also remembers the records it decoded, by position: a
 //! record that repeats one of the previous payload's byte for byte except for its `value`
 //! (an agent sends the same series in the same order every frame) is taken from there
-//! without being parsed and validated again.
+//! without being parsed and validated again. A payload that repeats the previous one
+//! whole (only the values changed) is not even turned into views until a consumer asks for
+//! them: [`MetricBatchView::repeated`] gives each record's id, type and value, which is all
+//! a consumer that keeps what it derived from each record by id needs (the collector's
+//! series store).
 //!
 //! Malformed protobuf is the cold path: the parser only notes *that* the input is malformed
 //! and asks prost's decoder for the error, so the error value (with prost's field path) is
 //! exactly the owned decoder's.
 
+use std::cell::OnceCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use prost::encoding::WireType;
@@ -181,6 +186,19 @@ pub struct MetricBatchView<'a> {
     buckets: Vec<Bucket>,
     /// The records of earlier payloads, by position ([`Memo`]).
     memo: Memo,
+    /// The payload, when it was the memo's last payload again with new values
+    /// ([`MetricBatchView::repeated`]): its records are the memo's, and `metrics` and
+    /// `labels` stay empty; views of them are built into `built` when first asked for.
+    repeat: Option<&'a [u8]>,
+    built: OnceCell<Built<'a>>,
+}
+
+/// The views of a repeated payload's records ([`MetricBatchView::repeat`]), built on first
+/// use.
+#[derive(Clone, Debug, Default)]
+struct Built<'a> {
+    metrics: Vec<Entry<'a>>,
+    labels: Vec<LabelView<'a>>,
 }
 
 /// Byte range `(start, end)` inside a record's body.
@@ -279,16 +297,10 @@ impl Memo {
         r.entry(body, labels)
     }
 
-    /// The whole payload, if it is the last payload again (see [`Memo::payload`]): its
-    /// records are appended to `metrics` and their labels to `labels` (both empty before)
-    /// and true is returned. False (nothing appended) otherwise.
+    /// True if `payload` is the last payload again (see [`Memo::payload`]) with new values;
+    /// the remembered payload then holds its values ([`Memo::repeated_values`]).
     #[inline]
-    fn recall_payload<'a>(
-        &mut self,
-        payload: &'a [u8],
-        metrics: &mut Vec<Entry<'a>>,
-        labels: &mut Vec<LabelView<'a>>,
-    ) -> bool {
+    fn recall_payload(&mut self, payload: &[u8]) -> bool {
         if self.bodies.is_empty() || self.payload.len() != payload.len() {
             return false;
         }
@@ -305,24 +317,47 @@ impl Memo {
                 }
             }
         }
-        if self.payload != payload {
-            return false;
-        }
+        self.payload == payload
+    }
+
+    /// The records of `payload`, which [`Memo::recall_payload`] found to be the last
+    /// payload again, appended to `metrics` and their labels to `labels`.
+    ///
+    /// Each record's strings are the bytes of the remembered record, which were valid
+    /// UTF-8 when it was remembered; a record whose view could not be built all the same
+    /// (unreachable) is kept with empty strings and no labels rather than dropped, so the
+    /// record count stays the one the payload was accepted with.
+    fn build_repeated<'a>(
+        &self,
+        payload: &'a [u8],
+        metrics: &mut Vec<Entry<'a>>,
+        labels: &mut Vec<LabelView<'a>>,
+    ) {
         for (&start, r) in self.bodies.iter().zip(&self.records) {
             let start = start as usize;
             let entry = payload
                 .get(start..start + r.body.len())
                 .and_then(|body| r.entry(body, labels));
-            match entry {
-                Some(e) => metrics.push(e),
-                None => {
-                    metrics.clear();
-                    labels.clear();
-                    return false;
-                }
-            }
+            metrics.push(entry.unwrap_or(Entry {
+                id: r.id,
+                r#type: r.r#type,
+                value: r.value_in(&self.payload, start),
+                timestamp_ms: r.timestamp_ms,
+                ..Entry::default()
+            }));
         }
-        true
+    }
+
+    /// Id, type and value of each record of a payload that [`Memo::recall_payload`] found
+    /// to be the last payload again (the remembered payload holds its values).
+    fn repeated_values(&self) -> impl ExactSizeIterator<Item = (RecordId, i32, f64)> + '_ {
+        self.bodies.iter().zip(&self.records).map(|(&start, r)| {
+            (
+                RecordId(r.id),
+                r.r#type,
+                r.value_in(&self.payload, start as usize),
+            )
+        })
     }
 
     /// Notes `payload` as the last payload, its records' bodies starting at `bodies`, if
@@ -393,6 +428,19 @@ impl Memo {
 }
 
 impl Remembered {
+    /// The value of this record in `payload`, whose body starts at `start` (0 without a
+    /// value field, as the parser reads it).
+    fn value_in(&self, payload: &[u8], start: usize) -> f64 {
+        self.value_at
+            .and_then(|at| {
+                payload
+                    .get(start + at as usize..)?
+                    .first_chunk::<8>()
+                    .copied()
+            })
+            .map_or(0.0, f64::from_le_bytes)
+    }
+
     /// The remembered record as an entry over `body` (equal to the remembered body except
     /// for the value's 8 bytes), its labels appended to `labels`; `None` (nothing
     /// appended) if a string is not valid UTF-8 in `body`, which the comparison with the
@@ -644,6 +692,8 @@ impl<'a> MetricBatchView<'a> {
             labels: recycle_vec(self.labels),
             buckets: recycle_vec(self.buckets),
             memo: self.memo,
+            repeat: None,
+            built: OnceCell::new(),
         }
     }
 
@@ -684,6 +734,16 @@ impl<'a> MetricBatchView<'a> {
     fn clear(&mut self) {
         self.metrics.clear();
         self.labels.clear();
+        self.repeat = None;
+        if let Some(built) = self.built.take() {
+            // Keep the larger allocations for the next payload's records.
+            if built.metrics.capacity() > self.metrics.capacity() {
+                self.metrics = recycle_vec(built.metrics);
+            }
+            if built.labels.capacity() > self.labels.capacity() {
+                self.labels = recycle_vec(built.labels);
+            }
+        }
         self.buckets.clear();
     }
 
@@ -697,11 +757,9 @@ impl<'a> MetricBatchView<'a> {
         let keep = limits.max_records_per_frame;
         self.memo.prepare(limits);
         let payload = buf;
-        if self
-            .memo
-            .recall_payload(payload, &mut self.metrics, &mut self.labels)
-        {
-            return Ok((self.metrics.len(), None));
+        if self.memo.recall_payload(payload) {
+            self.repeat = Some(payload);
+            return Ok((self.memo.bodies.len(), None));
         }
         self.memo.note_payload(payload, false);
         // Every record so far is kept and is the one remembered at its position.
@@ -737,7 +795,7 @@ impl<'a> MetricBatchView<'a> {
             if count < keep {
                 self.metrics.push(entry);
                 if first_error.is_none() {
-                    match check_metric(&self.view(&entry), limits) {
+                    match check_metric(&self.view(&entry, &self.labels), limits) {
                         Ok(()) => {
                             let own = self.labels.get(labels..).unwrap_or_default();
                             let id = self.memo.remember(count, body, &entry, own, value_at);
@@ -805,9 +863,28 @@ impl<'a> MetricBatchView<'a> {
         Ok((m, value_at))
     }
 
-    fn view(&self, e: &Entry<'a>) -> MetricView<'_> {
-        let labels = self
-            .labels
+    /// The records and their labels: the parsed ones, or those of a repeated payload
+    /// (built on first use).
+    fn entries(&self) -> (&[Entry<'a>], &[LabelView<'a>]) {
+        match self.repeat {
+            None => (&self.metrics, &self.labels),
+            Some(payload) => {
+                let built = self.built.get_or_init(|| {
+                    let mut b = Built {
+                        metrics: Vec::with_capacity(self.memo.bodies.len()),
+                        labels: Vec::new(),
+                    };
+                    self.memo
+                        .build_repeated(payload, &mut b.metrics, &mut b.labels);
+                    b
+                });
+                (&built.metrics, &built.labels)
+            }
+        }
+    }
+
+    fn view<'s>(&'s self, e: &'s Entry<'a>, labels: &'s [LabelView<'a>]) -> MetricView<'s> {
+        let labels = labels
             .get(e.labels.0 as usize..e.labels.1 as usize)
             .unwrap_or_default();
         let buckets = self
@@ -829,22 +906,37 @@ impl<'a> MetricBatchView<'a> {
 
     /// Records in the batch.
     pub fn len(&self) -> usize {
-        self.metrics.len()
+        match self.repeat {
+            None => self.metrics.len(),
+            Some(_) => self.memo.bodies.len(),
+        }
     }
 
     /// True when the batch holds no record.
     pub fn is_empty(&self) -> bool {
-        self.metrics.is_empty()
+        self.len() == 0
     }
 
     /// Record `i`, if any.
     pub fn get(&self, i: usize) -> Option<MetricView<'_>> {
-        self.metrics.get(i).map(|e| self.view(e))
+        let (metrics, labels) = self.entries();
+        metrics.get(i).map(|e| self.view(e, labels))
     }
 
     /// The records, in payload order.
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = MetricView<'_>> + '_ {
-        self.metrics.iter().map(|e| self.view(e))
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = MetricView<'_>> + use<'_, 'a> {
+        let (metrics, labels) = self.entries();
+        metrics.iter().map(move |e| self.view(e, labels))
+    }
+
+    /// When the payload was the previous payload again with only the 8 bytes of each
+    /// record's `value` changed (an agent sending the same series in the same order): each
+    /// record's [`RecordId`], type and value, in payload order, without building views of
+    /// its strings. `None` otherwise. A consumer that keeps what it derived from each
+    /// record under its id (as [`MetricBatchView::iter_with_ids`] allows) needs nothing
+    /// else; asking for views still works ([`MetricBatchView::iter`]) and builds them then.
+    pub fn repeated(&self) -> Option<impl ExactSizeIterator<Item = (RecordId, i32, f64)> + '_> {
+        self.repeat.map(|_| self.memo.repeated_values())
     }
 
     /// The records, in payload order, each with its [`RecordId`] where it has one (a
@@ -853,10 +945,11 @@ impl<'a> MetricBatchView<'a> {
     /// what it derived from a record's fields other than the value under its id.
     pub fn iter_with_ids(
         &self,
-    ) -> impl ExactSizeIterator<Item = (MetricView<'_>, Option<RecordId>)> + '_ {
-        self.metrics
+    ) -> impl ExactSizeIterator<Item = (MetricView<'_>, Option<RecordId>)> + use<'_, 'a> {
+        let (metrics, labels) = self.entries();
+        metrics
             .iter()
-            .map(|e| (self.view(e), (e.id != 0).then_some(RecordId(e.id))))
+            .map(move |e| (self.view(e, labels), (e.id != 0).then_some(RecordId(e.id))))
     }
 
     /// The same batch as an owned [`MetricBatch`] (allocates).
@@ -1078,14 +1171,28 @@ mod tests {
         next.decode_into(&second, &limits).unwrap();
         assert_eq!(next.get(1).unwrap().value, -2.5);
         assert_eq!(next.get(3).unwrap().r#type, MetricType::Gauge as i32);
+        // Ids, types and values without views, the same as the views'.
+        let repeated: Vec<(Option<RecordId>, i32, f64)> = next
+            .repeated()
+            .expect("a repeated payload")
+            .map(|(id, t, v)| (Some(id), t, v))
+            .collect();
+        assert_eq!(repeated.len(), 4);
+        assert_eq!(repeated[1].2, -2.5);
         let again: Vec<Option<RecordId>> = next.iter_with_ids().map(|(_, id)| id).collect();
         assert_eq!(again, ids);
+        let from_views: Vec<(Option<RecordId>, i32, f64)> = next
+            .iter_with_ids()
+            .map(|(m, id)| (id, m.r#type, m.value))
+            .collect();
+        assert_eq!(repeated, from_views);
         // One byte changed outside the values (same length): parsed again, record by
         // record, and remembered whole again.
         next.memo.records[3].r#type = MetricType::Counter as i32;
         let third = payload(7.0, "node_b");
         let mut view = next.recycle();
         view.decode_into(&third, &limits).unwrap();
+        assert!(view.repeated().is_none());
         assert_eq!(
             view.to_batch(),
             decode_metric_batch(&third, &limits).unwrap()
