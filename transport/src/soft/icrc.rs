@@ -329,7 +329,7 @@ pub fn check(buf: &[u8], src: SocketAddr, dst: SocketAddr) -> Result<IcrcMatch, 
     // Bytes of CRC input after the 2 ID bytes.
     let input_len = MASKED_LRH_LEN + IPV4_HEADER_LEN + UDP_HEADER_LEN + buf.len() - ICRC_LEN;
     let after_id = input_len - (IPV4_ID_OFFSET + 2);
-    let diff = gf2::mul_mod_p(gf2::x_pow_neg_8n(after_id as u64), received ^ computed);
+    let diff = gf2::mul_mod_p(shift_back(after_id as u64), received ^ computed);
     match ID_SOLVER.solve(diff) {
         Some(id) => Ok(IcrcMatch { ipv4_id: Some(id) }),
         None => Err(mismatch),
@@ -374,7 +374,42 @@ fn ipv4_id_delta(len: usize, id_xor: u16) -> u32 {
     let input_len = MASKED_LRH_LEN + IPV4_HEADER_LEN + UDP_HEADER_LEN + len - ICRC_LEN;
     let after_id = input_len - (IPV4_ID_OFFSET + 2);
     let column = gf2::raw_update(0, &id_xor.to_be_bytes());
-    gf2::mul_mod_p(gf2::x_pow_8n(after_id as u64), column)
+    gf2::mul_mod_p(shift_forward(after_id as u64), column)
+}
+
+thread_local! {
+    /// The last `(n, x^(8n) mod P)` of [`shift_forward`] and `(n, x^(−8n) mod P)` of
+    /// [`shift_back`] on this thread: a stream of packets has one or a few lengths, and the
+    /// exponentiation costs a few multiplications per set bit of `n`, each a 32-step loop.
+    static SHIFTS: std::cell::Cell<[(u64, u32); 2]> =
+        const { std::cell::Cell::new([(u64::MAX, 0); 2]) };
+}
+
+/// `x^(8n) mod P` ([`gf2::x_pow_8n`]), remembered for the last `n` of this thread.
+fn shift_forward(n: u64) -> u32 {
+    shift_cached(0, n, gf2::x_pow_8n)
+}
+
+/// `x^(−8n) mod P` ([`gf2::x_pow_neg_8n`]), remembered for the last `n` of this thread.
+fn shift_back(n: u64) -> u32 {
+    shift_cached(1, n, gf2::x_pow_neg_8n)
+}
+
+fn shift_cached(which: usize, n: u64, compute: fn(u64) -> u32) -> u32 {
+    SHIFTS.with(|cell| {
+        let mut c = cell.get();
+        match c.get(which) {
+            Some(&(last, v)) if last == n => v,
+            _ => {
+                let v = compute(n);
+                if let Some(slot) = c.get_mut(which) {
+                    *slot = (n, v);
+                }
+                cell.set(c);
+                v
+            }
+        }
+    })
 }
 
 /// Solver for the 16 ID bits: an XOR basis of the columns `c_j` (CRC register difference
@@ -594,6 +629,16 @@ mod tests {
         let mut buf = Vec::new();
         repr.emit(&mut buf).expect("emit");
         buf
+    }
+
+    #[test]
+    fn remembered_shifts_are_the_shifts_of_their_length() {
+        // Lengths alternating, repeating and changing: the remembered value is always the
+        // one of the length asked for.
+        for n in [1_092u64, 1_092, 60, 1_092, 0, 0, 9_000, 60, 60, 1_092] {
+            assert_eq!(shift_back(n), gf2::x_pow_neg_8n(n), "n={n}");
+            assert_eq!(shift_forward(n), gf2::x_pow_8n(n), "n={n}");
+        }
     }
 
     #[test]

@@ -256,7 +256,8 @@ pub struct UdpLink {
     config: UdpConfig,
     bufs: Vec<Vec<u8>>,
     /// Payload buffers given back with [`Link::recycle`], refilled by the next receive (at
-    /// most `batch` kept), so a steady receive loop allocates no payload.
+    /// most `batch` kept, `batch` × 64 with `UDP_GRO`), so a steady receive loop allocates
+    /// no payload.
     pool: Vec<Vec<u8>>,
     /// Per-call metadata of the last `recvmmsg`, kept to reuse its allocation.
     metas: Vec<RecvMeta>,
@@ -943,9 +944,16 @@ impl Link for UdpLink {
         self.counts.recv_truncated
     }
 
-    /// Keeps up to `batch` buffers for the next receives.
+    /// Keeps buffers for the next receives: up to `batch`, or with `UDP_GRO` as many as one
+    /// receive may split out of its coalesced buffers (`batch` × 64 segments), since those
+    /// beyond the datagrams delivered wait in the link and take buffers too.
     fn recycle(&mut self, payload: Vec<u8>) {
-        if self.pool.len() < self.config.batch {
+        let keep = if self.gro {
+            self.config.batch * GSO_MAX_SEGMENTS
+        } else {
+            self.config.batch
+        };
+        if self.pool.len() < keep {
             self.pool.push(payload);
         }
     }
