@@ -377,35 +377,38 @@ fn ipv4_id_delta(len: usize, id_xor: u16) -> u32 {
     gf2::mul_mod_p(shift_forward(after_id as u64), column)
 }
 
+/// Lengths remembered per direction by [`shift_forward`] and [`shift_back`].
+const SHIFT_CACHE: usize = 16;
+
 thread_local! {
-    /// The last `(n, x^(8n) mod P)` of [`shift_forward`] and `(n, x^(−8n) mod P)` of
-    /// [`shift_back`] on this thread: a stream of packets has one or a few lengths, and the
-    /// exponentiation costs a few multiplications per set bit of `n`, each a 32-step loop.
-    static SHIFTS: std::cell::Cell<[(u64, u32); 2]> =
-        const { std::cell::Cell::new([(u64::MAX, 0); 2]) };
+    /// `(n, x^(8n) mod P)` for [`shift_forward`] (first half) and `(n, x^(−8n) mod P)` for
+    /// [`shift_back`] (second half), direct-mapped by `n mod 16`: a stream of packets has
+    /// one or a few lengths, and the exponentiation costs a multiplication (a 32-step
+    /// loop) per set bit of `n`.
+    static SHIFTS: [std::cell::Cell<(u64, u32)>; 2 * SHIFT_CACHE] =
+        const { [const { std::cell::Cell::new((u64::MAX, 0)) }; 2 * SHIFT_CACHE] };
 }
 
-/// `x^(8n) mod P` ([`gf2::x_pow_8n`]), remembered for the last `n` of this thread.
+/// `x^(8n) mod P` ([`gf2::x_pow_8n`]), remembered per thread.
 fn shift_forward(n: u64) -> u32 {
     shift_cached(0, n, gf2::x_pow_8n)
 }
 
-/// `x^(−8n) mod P` ([`gf2::x_pow_neg_8n`]), remembered for the last `n` of this thread.
+/// `x^(−8n) mod P` ([`gf2::x_pow_neg_8n`]), remembered per thread.
 fn shift_back(n: u64) -> u32 {
-    shift_cached(1, n, gf2::x_pow_neg_8n)
+    shift_cached(SHIFT_CACHE, n, gf2::x_pow_neg_8n)
 }
 
-fn shift_cached(which: usize, n: u64, compute: fn(u64) -> u32) -> u32 {
-    SHIFTS.with(|cell| {
-        let mut c = cell.get();
-        match c.get(which) {
-            Some(&(last, v)) if last == n => v,
+fn shift_cached(base: usize, n: u64, compute: fn(u64) -> u32) -> u32 {
+    SHIFTS.with(|cells| {
+        let Some(cell) = cells.get(base + (n % SHIFT_CACHE as u64) as usize) else {
+            return compute(n);
+        };
+        match cell.get() {
+            (last, v) if last == n => v,
             _ => {
                 let v = compute(n);
-                if let Some(slot) = c.get_mut(which) {
-                    *slot = (n, v);
-                }
-                cell.set(c);
+                cell.set((n, v));
                 v
             }
         }
@@ -635,7 +638,10 @@ mod tests {
     fn remembered_shifts_are_the_shifts_of_their_length() {
         // Lengths alternating, repeating and changing: the remembered value is always the
         // one of the length asked for.
-        for n in [1_092u64, 1_092, 60, 1_092, 0, 0, 9_000, 60, 60, 1_092] {
+        // 1,108 shares 1,092's entry (n mod 16).
+        for n in [
+            1_092u64, 1_092, 60, 1_092, 1_108, 1_092, 0, 0, 9_000, 60, 60, 1_092,
+        ] {
             assert_eq!(shift_back(n), gf2::x_pow_neg_8n(n), "n={n}");
             assert_eq!(shift_forward(n), gf2::x_pow_8n(n), "n={n}");
         }
