@@ -948,12 +948,7 @@ impl Link for UdpLink {
     /// receive may split out of its coalesced buffers (`batch` × 64 segments), since those
     /// beyond the datagrams delivered wait in the link and take buffers too.
     fn recycle(&mut self, payload: Vec<u8>) {
-        let keep = if self.gro {
-            self.config.batch * GSO_MAX_SEGMENTS
-        } else {
-            self.config.batch
-        };
-        if self.pool.len() < keep {
+        if self.pool.len() < self.config.batch * if self.gro { GSO_MAX_SEGMENTS } else { 1 } {
             self.pool.push(payload);
         }
     }
