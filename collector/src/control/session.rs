@@ -242,6 +242,9 @@ pub(super) async fn run_session(
     // heartbeat was on its way, its `Goodbye` still unread in the socket.
     let mut send_failed = false;
     let mut last_report = Instant::now();
+    // An agent out of credit that asked sooner than half a report interval after its last
+    // report: when its early report is due.
+    let mut early_due: Option<tokio::time::Instant> = None;
     let mut sent_tail = SentTail::default();
     let ending: Option<(GoodbyeReason, &'static str)> = loop {
         tokio::select! {
@@ -271,8 +274,14 @@ pub(super) async fn run_session(
                             sent_tail.on_heartbeat(hb.sent_conn_seq, Instant::now());
                             shared.plane.heartbeat(id, hb);
                             // An agent out of credit gets its report (and grant) now rather
-                            // than at the next tick, at most twice per report interval.
-                            if starved > 0 && last_report.elapsed() >= report_every / 2 {
+                            // than at the next tick, at most twice per report interval: one
+                            // that asks sooner after a report gets it when half an interval
+                            // has passed, so how often an agent's credit comes back does not
+                            // depend on when its heartbeats happen to fall.
+                            if starved > 0 && last_report.elapsed() < report_every / 2 {
+                                early_due = Some(tokio::time::Instant::from_std(last_report + report_every / 2));
+                            } else if starved > 0 {
+                                early_due = None;
                                 last_report = Instant::now();
                                 if !send_report(ch, shared, id, dead_after, &agent, sent_tail.gone(Instant::now()), Early::Yes).await {
                                     vanished = Some("the control connection failed: a report could not be sent".into());
@@ -318,7 +327,18 @@ pub(super) async fn run_session(
                 }
                 None => {}
             },
+            () = tokio::time::sleep_until(early_due.unwrap_or_else(tokio::time::Instant::now)), if early_due.is_some() => {
+                early_due = None;
+                last_report = Instant::now();
+                if !send_report(ch, shared, id, dead_after, &agent, sent_tail.gone(Instant::now()), Early::Yes).await {
+                    vanished = Some("the control connection failed: a report could not be sent".into());
+                    send_failed = true;
+                    break None;
+                }
+            }
             _ = report_tick.tick() => {
+                // This report serves an agent waiting for an early one as well.
+                early_due = None;
                 last_report = Instant::now();
                 if !send_report(ch, shared, id, dead_after, &agent, sent_tail.gone(Instant::now()), Early::No).await {
                     vanished = Some("the control connection failed: a report could not be sent".into());
