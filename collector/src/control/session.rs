@@ -242,8 +242,8 @@ pub(super) async fn run_session(
     // heartbeat was on its way, its `Goodbye` still unread in the socket.
     let mut send_failed = false;
     let mut last_report = Instant::now();
-    // An agent out of credit that asked sooner than half a report interval after its last
-    // report: when its early report is due.
+    // The agent said it is out of credit: when its early report is due (half a report
+    // interval after the last report; at once if that has passed).
     let mut early_due: Option<tokio::time::Instant> = None;
     let mut sent_tail = SentTail::default();
     let ending: Option<(GoodbyeReason, &'static str)> = loop {
@@ -273,21 +273,13 @@ pub(super) async fn run_session(
                             shared.credits.on_heartbeat(id, hb.credit_grant_applied, hb.sent_conn_seq, starved);
                             sent_tail.on_heartbeat(hb.sent_conn_seq, Instant::now());
                             shared.plane.heartbeat(id, hb);
-                            // An agent out of credit gets its report (and grant) now rather
-                            // than at the next tick, at most twice per report interval: one
-                            // that asks sooner after a report gets it when half an interval
-                            // has passed, so how often an agent's credit comes back does not
-                            // depend on when its heartbeats happen to fall.
-                            if starved > 0 && last_report.elapsed() < report_every / 2 {
+                            // An agent out of credit gets its report (and grant) before the
+                            // next tick, at most twice per report interval: at once when half
+                            // an interval has passed since its last report, else when it has,
+                            // so how often an agent's credit comes back does not depend on
+                            // when its heartbeats happen to fall.
+                            if starved > 0 {
                                 early_due = Some(tokio::time::Instant::from_std(last_report + report_every / 2));
-                            } else if starved > 0 {
-                                early_due = None;
-                                last_report = Instant::now();
-                                if !send_report(ch, shared, id, dead_after, &agent, sent_tail.gone(Instant::now()), Early::Yes).await {
-                                    vanished = Some("the control connection failed: a report could not be sent".into());
-                                    send_failed = true;
-                                    break None;
-                                }
                             }
                         }
                         Some(Body::Goodbye(g)) => {
