@@ -18,8 +18,8 @@ use std::sync::Arc;
 use uctel_protocol::control::{self, Welcome};
 use uctel_protocol::frame::conn_seq_immediate;
 use uctel_transport::api::{
-    self, AccessFlags, CompletionQueue, Device, MemoryRegion, QpInitAttr, QpState, QueuePair,
-    SendWr, Sge, WcStatus, WorkCompletion,
+    self, AccessFlags, CompletionQueue, Device, MemoryRegion, QpInitAttr, QpState, QpType,
+    QueuePair, SendWr, Sge, WcStatus, WorkCompletion,
 };
 use uctel_transport::device::{DeviceConfig, VerbsConfig};
 
@@ -202,6 +202,7 @@ impl DataPlane {
             .map_err(|e| resource("receive CQ")(e.to_string()))?;
         let qp = pd
             .create_qp(&QpInitAttr {
+                qp_type: QpType::Uc,
                 send_cq: &send_cq,
                 recv_cq: &recv_cq,
                 max_send_wr: SEND_QUEUE_DEPTH,

@@ -237,7 +237,7 @@ pub fn drain_async_events(device: &Device, metrics: &RdmaEventMetrics) -> Option
 mod tests {
     use super::*;
     use std::net::SocketAddr;
-    use uctel_transport::api::{AccessFlags, QpInitAttr, QpState, RecvWr, SendWr, Sge};
+    use uctel_transport::api::{AccessFlags, QpInitAttr, QpState, QpType, RecvWr, SendWr, Sge};
     use uctel_transport::soft::device::{ProgressMode, SoftConfig, SoftDevice};
     use uctel_transport::soft::link::MemoryLink;
 
@@ -347,6 +347,7 @@ mod tests {
             let rcq = dev.create_cq(2).unwrap_or_else(|e| panic!("{e}"));
             let qp = pd
                 .create_qp(&QpInitAttr {
+                    qp_type: QpType::Uc,
                     send_cq: &scq,
                     recv_cq: &rcq,
                     max_send_wr: 16,

@@ -34,8 +34,8 @@ use uctel_protocol::control::{
 };
 use uctel_protocol::frame::conn_seq_immediate;
 use uctel_transport::api::{
-    AccessFlags, CompletionQueue, Device, MemoryRegion, QpEndpoint, QpInitAttr, QueuePair, SendWr,
-    Sge, WcStatus, WorkCompletion,
+    AccessFlags, CompletionQueue, Device, MemoryRegion, QpEndpoint, QpInitAttr, QpType, QueuePair,
+    SendWr, Sge, WcStatus, WorkCompletion,
 };
 use uctel_transport::soft::device::{ProgressMode, SoftConfig, SoftDevice};
 use uctel_transport::soft::udp::UdpConfig;
@@ -261,6 +261,7 @@ impl LoadGen {
             let (_, send_cq) = &devices[d];
             let qp = pds[d]
                 .create_qp(&QpInitAttr {
+                    qp_type: QpType::Uc,
                     send_cq,
                     recv_cq: &recv_cqs[d],
                     max_send_wr: sq,

@@ -58,7 +58,8 @@ use uctel_protocol::control::{DataPath, Goodbye, Heartbeat, Report};
 use uctel_protocol::seq::Seq;
 use uctel_transport::api::{
     AccessFlags, CompletionChannel, CompletionQueue, Device, DropCounters, MemoryRegion,
-    QpEndpoint, QpState, QueuePair, RecvWr, Sge, UcDropReason, WcOpcode, WcStatus, WorkCompletion,
+    QpEndpoint, QpState, QpType, QueuePair, RecvWr, Sge, UcDropReason, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 
 use crate::ingest::{CloseSummary, ConnectionIngest};
@@ -186,6 +187,7 @@ impl Session {
             .map_err(verb("reg_mr send buffers"))?;
         let qp = pd
             .create_qp(&uctel_transport::api::QpInitAttr {
+                qp_type: QpType::Uc,
                 send_cq: &send_cq,
                 recv_cq: &recv_cq,
                 max_send_wr: 16,

@@ -60,7 +60,7 @@ mod tests {
     use crate::telemetry::Telemetry;
     use std::net::SocketAddr;
     use uctel_transport::api::{
-        AccessFlags, QpErrorCause, QpInitAttr, QpState, RecvWr, SendWr, Sge,
+        AccessFlags, QpErrorCause, QpInitAttr, QpState, QpType, RecvWr, SendWr, Sge,
     };
     use uctel_transport::soft::device::{ProgressMode, SoftConfig, SoftDevice};
     use uctel_transport::soft::link::MemoryLink;
@@ -119,6 +119,7 @@ mod tests {
             let rcq = dev.create_cq(2).unwrap_or_else(|e| panic!("{e}"));
             let qp = pd
                 .create_qp(&QpInitAttr {
+                    qp_type: QpType::Uc,
                     send_cq: &scq,
                     recv_cq: &rcq,
                     max_send_wr: 16,

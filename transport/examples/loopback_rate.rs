@@ -24,7 +24,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use uctel_transport::api::{
-    gid_from_ip, AccessFlags, Device, QpEndpoint, QpInitAttr, RecvWr, SendWr, Sge, WorkCompletion,
+    gid_from_ip, AccessFlags, Device, QpEndpoint, QpInitAttr, QpType, RecvWr, SendWr, Sge,
+    WorkCompletion,
 };
 use uctel_transport::soft::device::{ProgressMode, SoftConfig, SoftDevice};
 use uctel_transport::soft::engine::{LocalSge, RtrAttr, SendWqe, UcQp, UcQpConfig, VecCq};
@@ -180,6 +181,7 @@ fn soft_rx(seconds: f64) -> Result<Rate, Error> {
     let pd = rx.dev.alloc_pd()?;
     let cq = rx.dev.create_cq(4096)?;
     let qp = rx.dev.alloc_pd()?.create_qp(&QpInitAttr {
+        qp_type: QpType::Uc,
         send_cq: &cq,
         recv_cq: &cq,
         max_send_wr: 16,
@@ -274,6 +276,7 @@ fn soft_e2e(seconds: f64) -> Result<Rate, Error> {
     let pd = rx.dev.alloc_pd()?;
     let cq = rx.dev.create_cq(4096)?;
     let qp = pd.create_qp(&QpInitAttr {
+        qp_type: QpType::Uc,
         send_cq: &cq,
         recv_cq: &cq,
         max_send_wr: 16,
@@ -292,6 +295,7 @@ fn soft_e2e(seconds: f64) -> Result<Rate, Error> {
     let tx_pd = tx.alloc_pd()?;
     let tx_cq = tx.create_cq(4096)?;
     let tx_qp = tx_pd.create_qp(&QpInitAttr {
+        qp_type: QpType::Uc,
         send_cq: &tx_cq,
         recv_cq: &tx_cq,
         max_send_wr: 1024,

@@ -53,8 +53,8 @@ use std::time::{Duration, Instant};
 
 use uctel_transport::api::{
     AccessFlags, AsyncEvent, CompletionQueue, Device, MemoryRegion, ProtectionDomain, QpEndpoint,
-    QpInitAttr, QpState, QueuePair, RecvWr, SendWr, Sge, TransportKind, WcOpcode, WcStatus,
-    WorkCompletion,
+    QpInitAttr, QpState, QpType, QueuePair, RecvWr, SendWr, Sge, TransportKind, WcOpcode,
+    WcStatus, WorkCompletion,
 };
 use uctel_transport::device::{DeviceConfig, VerbsConfig};
 use uctel_transport::soft::device::{SoftConfig, SoftDevice};
@@ -446,6 +446,7 @@ fn open(a: &Args) -> Result<Side> {
     let recv_cq = device.create_cq(RQ_DEPTH * 2).map_err(|e| e.to_string())?;
     let qp = pd
         .create_qp(&QpInitAttr {
+            qp_type: QpType::Uc,
             send_cq: &send_cq,
             recv_cq: &recv_cq,
             max_send_wr: SQ_DEPTH,
@@ -1296,6 +1297,7 @@ fn run_cq_overflow(a: &Args) -> Result<String> {
     let qp_rx = rx
         .pd
         .create_qp(&QpInitAttr {
+            qp_type: QpType::Uc,
             send_cq: &rx.send_cq,
             recv_cq: &small_cq,
             max_send_wr: SQ_DEPTH,

@@ -74,6 +74,7 @@
 //! let (apd, cpd) = (agent.alloc_pd()?, collector.alloc_pd()?);
 //! let (acq, ccq) = (agent.create_cq(64)?, collector.create_cq(64)?);
 //! let attr = |cq, access| QpInitAttr {
+//!     qp_type: QpType::Uc,
 //!     send_cq: cq, recv_cq: cq, max_send_wr: 32, max_recv_wr: 32, access, max_mtu: None,
 //! };
 //! let aqp = apd.create_qp(&attr(&acq, AccessFlags::LOCAL_WRITE))?;

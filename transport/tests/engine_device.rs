@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use uctel_transport::api::{
     AccessFlags, AsyncEvent, CompletionQueue, Device, MemoryRegion, Mtu, PostRecvErrorKind,
-    PostSendErrorKind, ProtectionDomain, QpErrorCause, QpInitAttr, QpState, QueuePair, RecvWr,
-    SendWr, Sge, UcDropReason, WcOpcode, WcStatus, WorkCompletion,
+    PostSendErrorKind, ProtectionDomain, QpErrorCause, QpInitAttr, QpState, QpType, QueuePair,
+    RecvWr, SendWr, Sge, UcDropReason, WcOpcode, WcStatus, WorkCompletion,
 };
 use uctel_transport::soft::device::{ProgressMode, SoftConfig, SoftDevice};
 use uctel_transport::soft::link::{Datagram, Link, MemoryLink};
@@ -90,6 +90,7 @@ impl Node {
         let rcq = dev.create_cq(cq_depth).expect("cq");
         let qp = pd
             .create_qp(&QpInitAttr {
+                qp_type: QpType::Uc,
                 send_cq: &scq,
                 recv_cq: &rcq,
                 max_send_wr: 64,
@@ -357,6 +358,7 @@ fn packets_for_unknown_qps_and_from_strangers_are_counted() {
     // b's QP believes its peer is 10.0.0.9: packets from 10.0.0.1 are refused.
     let qp2 =
         a.pd.create_qp(&QpInitAttr {
+            qp_type: QpType::Uc,
             send_cq: &a.scq,
             recv_cq: &a.rcq,
             max_send_wr: 4,
@@ -489,6 +491,7 @@ fn post_errors_name_the_failing_wr() {
     // post_send before connect is refused.
     let c =
         a.pd.create_qp(&QpInitAttr {
+            qp_type: QpType::Uc,
             send_cq: &a.scq,
             recv_cq: &a.rcq,
             max_send_wr: 4,

@@ -8,8 +8,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use uctel_transport::api::{
-    AccessFlags, CompletionQueue, Device, MemoryRegion, ProtectionDomain, QpInitAttr, QueuePair,
-    RecvWr, SendWr, Sge, WcOpcode, WorkCompletion,
+    AccessFlags, CompletionQueue, Device, MemoryRegion, ProtectionDomain, QpInitAttr, QpType,
+    QueuePair, RecvWr, SendWr, Sge, WcOpcode, WorkCompletion,
 };
 use uctel_transport::soft::device::{ProgressMode, SoftConfig, SoftDevice};
 use uctel_transport::soft::fault::{FaultConfig, FaultDirection};
@@ -67,6 +67,7 @@ fn end(soft: &SoftDevice) -> End {
     let rcq = dev.create_cq(64).expect("cq");
     let qp = pd
         .create_qp(&QpInitAttr {
+            qp_type: QpType::Uc,
             send_cq: &scq,
             recv_cq: &rcq,
             max_send_wr: 16,

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use uctel_transport::api::{
-    AccessFlags, Device, QpInitAttr, QpState, RecvWr, SendWr, Sge, UcDropReason, WcOpcode,
+    AccessFlags, Device, QpInitAttr, QpState, QpType, RecvWr, SendWr, Sge, UcDropReason, WcOpcode,
     WcStatus, WorkCompletion,
 };
 use uctel_transport::soft::device::{ProgressMode, SoftConfig, SoftDevice};
@@ -62,6 +62,7 @@ fn hundred_thousand_write_with_imm_frames_with_five_percent_loss_add_up() {
     let (tx_cq, rx_cq) = (tx.create_cq(1024).unwrap(), rx.create_cq(2048).unwrap());
     let tx_qp = tx_pd
         .create_qp(&QpInitAttr {
+            qp_type: QpType::Uc,
             send_cq: &tx_cq,
             recv_cq: &tx_cq,
             max_send_wr: 512,
@@ -72,6 +73,7 @@ fn hundred_thousand_write_with_imm_frames_with_five_percent_loss_add_up() {
         .unwrap();
     let rx_qp = rx_pd
         .create_qp(&QpInitAttr {
+            qp_type: QpType::Uc,
             send_cq: &rx_cq,
             recv_cq: &rx_cq,
             max_send_wr: 1,

@@ -19,7 +19,7 @@ use uctel_protocol::control::{
 use uctel_protocol::frame::{decode_frame, DecodedFrame};
 use uctel_protocol::limits::Limits;
 use uctel_transport::api::{
-    AccessFlags, Device, QpInitAttr, RecvWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, Device, QpInitAttr, QpType, RecvWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 use uctel_transport::device::DeviceConfig;
 use uctel_transport::soft::device::SoftConfig;
@@ -187,6 +187,7 @@ async fn serve(
     let cq = dev.create_cq(4096).unwrap_or_else(|e| panic!("{e}"));
     let qp = pd
         .create_qp(&QpInitAttr {
+            qp_type: QpType::Uc,
             send_cq: &cq,
             recv_cq: &cq,
             max_send_wr: 4,

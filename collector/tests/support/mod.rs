@@ -22,7 +22,7 @@ use uctel_protocol::limits::Limits;
 use uctel_protocol::payload::{Label, LogRecord, Metric, MetricType, Severity};
 use uctel_transport::api::{
     AccessFlags, CompletionQueue, Device, MemoryRegion, ProtectionDomain, QpEndpoint, QpInitAttr,
-    QueuePair, SendWr, Sge, WorkCompletion,
+    QpType, QueuePair, SendWr, Sge, WorkCompletion,
 };
 use uctel_transport::soft::device::{ProgressMode, SoftConfig, SoftDevice};
 use uctel_transport::soft::fault::FaultConfig;
@@ -159,6 +159,7 @@ impl TestAgent {
             .expect("mr");
         let qp = pd
             .create_qp(&QpInitAttr {
+                qp_type: QpType::Uc,
                 send_cq: &cq,
                 recv_cq: &cq,
                 max_send_wr: SEND_SLOTS as u32,

@@ -11,7 +11,7 @@
 //! | [`Device::alloc_pd`] | `ibv_alloc_pd` |
 //! | [`ProtectionDomain::reg_mr`] | allocate + `ibv_reg_mr` |
 //! | [`Device::create_cq`] | `ibv_create_cq` |
-//! | [`ProtectionDomain::create_qp`] | `ibv_create_qp(IBV_QPT_UC)` + `ibv_modify_qp(INIT)` |
+//! | [`ProtectionDomain::create_qp`] | `ibv_create_qp(IBV_QPT_UC / IBV_QPT_RC)` + `ibv_modify_qp(INIT)` |
 //! | [`QueuePair::connect`] | `ibv_modify_qp(RTR)` + `ibv_modify_qp(RTS)` |
 //! | [`QueuePair::post_send`] / [`QueuePair::post_recv`] | `ibv_post_send` / `ibv_post_recv` (WR lists) |
 //! | [`CompletionQueue::poll`] | `ibv_poll_cq` |
@@ -38,9 +38,10 @@
 //!
 //! # Rules that hold on every transport
 //!
-//! * UC only: SEND and RDMA WRITE, each optionally with a 32-bit immediate; no READ, no atomics,
-//!   no ACK/NAK, no retransmission. A send completion means "handed to the wire", never
-//!   "delivered".
+//! * UC (the default) and RC ([`QpType`]): SEND and RDMA WRITE, each optionally with a 32-bit
+//!   immediate; no READ, no atomics. On UC there is no ACK/NAK and no retransmission, and a
+//!   send completion means "handed to the wire", never "delivered"; on RC a send completion
+//!   means "acknowledged by the responder" (IBTA 9.7), and the requester retransmits.
 //! * A QP is created in INIT (so receive WRs can be posted before the peer starts sending) and
 //!   reaches RTS with [`QueuePair::connect`]. Any QP can fall into ERROR (for example when its
 //!   receive CQ overflows); that is observable with [`QueuePair::state`] and as an
@@ -96,8 +97,8 @@ pub use error::{
 pub use event::{AsyncEvent, QpErrorCause};
 pub use mr::MemoryRegion;
 pub use pd::ProtectionDomain;
-pub use qp::{QpInitAttr, QueuePair};
-pub use stats::{DeviceStats, DropCounters, QpStats, UcDropReason};
+pub use qp::{QpInitAttr, QpType, QueuePair, RcAttr};
+pub use stats::{DeviceStats, DropCounters, QpStats, RcCounters, UcDropReason};
 pub use types::{
     gid_from_ip, ip_from_gid, AccessFlags, Mtu, PortAttr, QpEndpoint, QpState, TransportKind,
     IBTA_MAX_MSG_SIZE, PSN_MASK, QPN_MASK, ROCE_V2_UDP_PORT,

@@ -1,5 +1,6 @@
-//! [`QueuePair`] (`struct ibv_qp`, UC only), its creation attributes [`QpInitAttr`] and its
-//! backend trait [`QpOps`].
+//! [`QueuePair`] (`struct ibv_qp`, UC or RC), its creation attributes [`QpInitAttr`] with
+//! the transport service [`QpType`] and the RC knobs [`RcAttr`], and its backend trait
+//! [`QpOps`].
 
 use std::fmt;
 use std::sync::Arc;
@@ -10,9 +11,92 @@ use super::stats::QpStats;
 use super::types::{AccessFlags, Mtu, QpEndpoint, QpState};
 use super::wr::{RecvWr, SendWr};
 
-/// Attributes of a new UC QP (`struct ibv_qp_init_attr` + the INIT access flags).
+/// The RC connection attributes (`ibv_modify_qp(3)` RTR and RTS masks of an `IBV_QPT_RC` QP),
+/// with the meaning IBTA gives them. Applied by [`QueuePair::connect`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RcAttr {
+    /// Local ACK timeout exponent: the requester retransmits when no ACK came within
+    /// 4.096 µs × 2^`timeout` (IBTA 9.7.6.1.3, `IBV_QP_TIMEOUT`); 0 disables the timer, 1..=31.
+    pub timeout: u8,
+    /// Retries after a timeout or a PSN sequence NAK before the WR fails with
+    /// `RetryExceededError` and the QP moves to ERROR, 0..=7 (`IBV_QP_RETRY_CNT`). The soft
+    /// transport reads 7 as seven retries (IBTA); rxe retries forever at 7.
+    pub retry_cnt: u8,
+    /// Retries after RNR NAKs, 0..=7, 7 = forever (IBTA 9.7.5.2.8, `IBV_QP_RNR_RETRY`).
+    pub rnr_retry: u8,
+    /// RNR NAK timer code this QP's responder announces (5 bits, IBTA Table 45,
+    /// `IBV_QP_MIN_RNR_TIMER`): how long the peer waits before resending.
+    pub min_rnr_timer: u8,
+    /// RDMA READ / atomic requests this QP may have outstanding as requester
+    /// (`IBV_QP_MAX_QP_RD_ATOMIC`). uctel issues none; verbs requires a value.
+    pub max_rd_atomic: u8,
+    /// RDMA READ / atomic requests accepted as responder (`IBV_QP_MAX_DEST_RD_ATOMIC`).
+    pub max_dest_rd_atomic: u8,
+}
+
+impl Default for RcAttr {
+    /// `timeout` 14 (≈ 67 ms), `retry_cnt` 7, `rnr_retry` 7 (forever), `min_rnr_timer` 12
+    /// (0.64 ms), one READ/atomic each way (what `ibv_rc_pingpong` and perftest use).
+    fn default() -> Self {
+        Self {
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+        }
+    }
+}
+
+impl RcAttr {
+    /// Checks the field ranges (IBTA bit widths).
+    ///
+    /// # Errors
+    /// A message naming the first field out of range.
+    pub fn validate(&self) -> Result<(), String> {
+        let fields = [
+            ("timeout", self.timeout, 31),
+            ("retry_cnt", self.retry_cnt, 7),
+            ("rnr_retry", self.rnr_retry, 7),
+            ("min_rnr_timer", self.min_rnr_timer, 31),
+        ];
+        for (name, value, max) in fields {
+            if value > max {
+                return Err(format!("{name} {value} is out of range 0..={max}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The transport service of a QP (`enum ibv_qp_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum QpType {
+    /// Unreliable Connection (`IBV_QPT_UC`): no ACK, no retransmission; a lost packet loses
+    /// its message, counted by the receiver's sequence tracking.
+    #[default]
+    Uc,
+    /// Reliable Connection (`IBV_QPT_RC`): ACKed, retransmitted by the requester (IBTA 9.7),
+    /// with these connection attributes.
+    Rc(RcAttr),
+}
+
+impl QpType {
+    /// `"uc"` or `"rc"`, for labels.
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            Self::Uc => "uc",
+            Self::Rc(_) => "rc",
+        }
+    }
+}
+
+/// Attributes of a new QP (`struct ibv_qp_init_attr` + the INIT access flags).
 #[derive(Clone, Copy, Debug)]
 pub struct QpInitAttr<'a> {
+    /// UC or RC (with its connection attributes).
+    pub qp_type: QpType,
     /// CQ receiving send completions.
     pub send_cq: &'a CompletionQueue,
     /// CQ receiving receive completions. Size it ≥ `max_recv_wr` and poll it fast: an overflow
@@ -29,7 +113,7 @@ pub struct QpInitAttr<'a> {
     pub max_mtu: Option<Mtu>,
 }
 
-/// A UC queue pair (`struct ibv_qp`). Cheap to clone (shared); `Send + Sync`; destroyed when the
+/// A UC or RC queue pair (`struct ibv_qp`). Cheap to clone (shared); `Send + Sync`; destroyed when the
 /// last clone is dropped.
 #[derive(Clone, Debug)]
 pub struct QueuePair {
@@ -52,6 +136,11 @@ impl QueuePair {
         self.inner.qp_num()
     }
 
+    /// UC or RC, as created.
+    pub fn qp_type(&self) -> QpType {
+        self.inner.qp_type()
+    }
+
     /// Current state. A QP that moved to ERROR on its own also raised an
     /// [`AsyncEvent::QpFatal`](super::AsyncEvent::QpFatal).
     pub fn state(&self) -> QpState {
@@ -66,7 +155,7 @@ impl QueuePair {
     /// Connects to `remote`: INIT → RTR (dest QPN = `remote.qpn`, expected PSN = `remote.psn`,
     /// path MTU = min of both MTUs, address from `remote.gid` / `remote.udp_addr`) → RTS (send
     /// PSN = this QP's [`QpEndpoint::psn`]). UC needs nothing else: no timeout, retry counts or
-    /// RD atomics (ibv_modify_qp(3) UC masks).
+    /// RD atomics (ibv_modify_qp(3) UC masks); an RC QP also applies its [`RcAttr`].
     ///
     /// # Errors
     /// [`ConnectError::InvalidState`] unless the QP is in INIT; [`ConnectError::InvalidEndpoint`]
@@ -87,8 +176,10 @@ impl QueuePair {
     ///
     /// Rules: the QP must be in RTS; each SGE must lie inside an MR of this device; the message
     /// must not exceed [`PortAttr::max_msg_size`]; at most `max_send_wr` WRs may be outstanding
-    /// (a WR stays outstanding until its last packet is on the wire). A signaled WR completes
-    /// in the send CQ with [`WcOpcode::Send`] or [`WcOpcode::RdmaWrite`] once on the wire.
+    /// (UC: until its last packet is on the wire; RC: until it is acknowledged). A signaled
+    /// WR completes in the send CQ with [`WcOpcode::Send`] or [`WcOpcode::RdmaWrite`] once on
+    /// the wire (UC) or acknowledged (RC); an RC WR whose retries ran out completes with
+    /// `RetryExceededError` / `RnrRetryExceededError` and the QP moves to ERROR.
     ///
     /// # Errors
     /// [`PostSendError`] naming the first rejected WR (`posted` WRs before it were accepted):
@@ -124,10 +215,12 @@ impl QueuePair {
     }
 }
 
-/// A UC queue pair. See [`QueuePair`].
+/// A UC or RC queue pair. See [`QueuePair`].
 pub trait QpOps: Send + Sync + fmt::Debug {
     /// See [`QueuePair::qp_num`].
     fn qp_num(&self) -> u32;
+    /// See [`QueuePair::qp_type`].
+    fn qp_type(&self) -> QpType;
     /// See [`QueuePair::state`].
     fn state(&self) -> QpState;
     /// See [`QueuePair::local_endpoint`].

@@ -14,9 +14,10 @@ use std::fmt;
 /// `sent = completed + dropped + lost on the wire` holds exactly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum UcDropReason {
-    /// The UDP payload is not a well-formed UC RoCEv2 packet (too short, wrong BTH version,
-    /// non-UC opcode, bad pad count, longer than the soft link's receive buffer). Device
-    /// level.
+    /// The UDP payload is not a well-formed RoCEv2 packet (too short, wrong BTH version, an
+    /// opcode that is neither UC nor a supported RC one, bad pad count, longer than the soft
+    /// link's receive buffer). Device level; also counted by a QP for a packet of the other
+    /// transport service (an RC opcode to a UC QP or the reverse; rxe `check_type_state`).
     Malformed,
     /// The ICRC does not match (IBTA annex A17; rxe `rxe_icrc_check`). Device level.
     BadIcrc,
@@ -198,6 +199,34 @@ pub struct QpStats {
     pub packets_discarded: u64,
     /// Dropped inbound messages by reason.
     pub drops: DropCounters,
+    /// RC only (all 0 on UC, and on the verbs transport, whose devices count these per port,
+    /// not per QP): retransmissions, timers and NAKs.
+    pub rc: RcCounters,
+}
+
+/// What an RC QP did to deliver (IBTA 9.7; rxe's `hw_counters` name the same events per
+/// port). All monotonic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct RcCounters {
+    /// Request packets sent again after a timeout, a sequence NAK or an RNR NAK.
+    pub packets_retransmitted: u64,
+    /// Retransmit timer expiries with packets outstanding (rxe `completer_retry_err`).
+    pub timeouts: u64,
+    /// NAKs sent as responder, all codes (PSN sequence error: rxe `out_of_seq_request`).
+    pub naks_sent: u64,
+    /// NAKs received as requester, all codes (rxe `rcvd_seq_err` for sequence NAKs).
+    pub naks_received: u64,
+    /// RNR NAKs sent (rxe `send_rnr_err`).
+    pub rnr_naks_sent: u64,
+    /// RNR NAKs received (rxe `rcvd_rnr_err`).
+    pub rnr_naks_received: u64,
+    /// Send WRs failed because `retry_cnt` ran out (rxe `retry_exceeded_err`).
+    pub retry_exceeded: u64,
+    /// Send WRs failed because `rnr_retry` ran out (rxe `retry_rnr_exceeded_err`).
+    pub rnr_retry_exceeded: u64,
+    /// Inbound duplicate requests, re-acknowledged and not executed (rxe
+    /// `duplicate_request`).
+    pub duplicates: u64,
 }
 
 /// Device-wide counters ([`Device::stats`](super::Device::stats)).

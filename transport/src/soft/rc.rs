@@ -97,8 +97,8 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::api::{
-    AccessFlags, Mtu, QpErrorCause, QpState, QpStats, SendOpcode, UcDropReason, WcOpcode, WcStatus,
-    WorkCompletion, IBTA_MAX_MSG_SIZE, PSN_MASK, QPN_MASK,
+    AccessFlags, Mtu, QpErrorCause, QpState, QpStats, RcCounters, SendOpcode, UcDropReason,
+    WcOpcode, WcStatus, WorkCompletion, IBTA_MAX_MSG_SIZE, PSN_MASK, QPN_MASK,
 };
 use crate::soft::engine::{
     CompletionSink, ModifyError, PostRefusal, RecvRefusal, RecvWqe, SendWqe,
@@ -217,6 +217,24 @@ pub struct RcStats {
 }
 
 impl RcStats {
+    /// The shared counters with [`QpStats::rc`] filled from these.
+    pub fn qp_stats(&self) -> QpStats {
+        QpStats {
+            rc: RcCounters {
+                packets_retransmitted: self.packets_retransmitted,
+                timeouts: self.timeouts,
+                naks_sent: self.naks_sent,
+                naks_received: self.naks_received,
+                rnr_naks_sent: self.rnr_naks_sent,
+                rnr_naks_received: self.rnr_naks_received,
+                retry_exceeded: self.retry_exceeded,
+                rnr_retry_exceeded: self.rnr_retry_exceeded,
+                duplicates: self.duplicates,
+            },
+            ..self.qp
+        }
+    }
+
     /// Inbound requests accounted for: executed, duplicate, out of sequence or RNR NAKed.
     /// This plus [`RcStats::responses_accounted`] plus `qp.drops.total()` equals
     /// `qp.packets_received` (tests check the sum), except that a request whose receive WC

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8};
 use std::sync::{Arc, Mutex};
 
 use crate::api::backend::{MrOps, PdOps, QpOps};
-use crate::api::{AccessFlags, CreateQpError, QpInitAttr, QpState, RegMrError, PSN_MASK};
+use crate::api::{AccessFlags, CreateQpError, QpInitAttr, QpState, QpType, RegMrError, PSN_MASK};
 use crate::sync::lock;
 
 use super::codes::{access_bits, state_code};
@@ -57,6 +57,11 @@ impl PdOps for VerbsPd {
             if depth == 0 || depth > max {
                 return Err(CreateQpError::InvalidDepth { queue, depth, max });
             }
+        }
+        if attr.qp_type != QpType::Uc {
+            return Err(CreateQpError::Device {
+                detail: "RC QPs are not supported on the verbs transport yet".into(),
+            });
         }
         let send_cq =
             verbs_cq(attr.send_cq, &self.dev).ok_or(CreateQpError::ForeignCq { which: "send" })?;

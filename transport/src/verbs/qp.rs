@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::api::backend::QpOps;
 use crate::api::{
     ip_from_gid, ConnectError, Mtu, PostRecvError, PostRecvErrorKind, PostSendError,
-    PostSendErrorKind, QpEndpoint, QpState, QpStats, RecvWr, SendOpcode, SendWr, PSN_MASK,
+    PostSendErrorKind, QpEndpoint, QpState, QpStats, QpType, RecvWr, SendOpcode, SendWr, PSN_MASK,
     QPN_MASK, ROCE_V2_UDP_PORT,
 };
 use crate::sync::lock;
@@ -203,6 +203,10 @@ impl QpOps for VerbsQp {
             }
             Err(_) => self.shared.cached_state(),
         }
+    }
+
+    fn qp_type(&self) -> QpType {
+        QpType::Uc
     }
 
     fn local_endpoint(&self) -> QpEndpoint {

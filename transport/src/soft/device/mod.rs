@@ -62,6 +62,7 @@
 //! shared.rs    Shared: link, QP slots, CQ storage, counters, async events
 //! progress.rs  rounds (transmit, receive path), the idle rule, the progress thread
 //! qp.rs        SoftQp: create, connect, post_send, post_recv
+//! service.rs   QpEngine: the UC or RC engine of a QP; parse by opcode transport bits
 //! cq.rs        SoftCq, SoftCompChannel
 //! mr.rs        SoftMrHandle
 //! pd.rs        SoftPd
@@ -103,6 +104,7 @@ mod mr;
 mod pd;
 mod progress;
 mod qp;
+mod service;
 mod shared;
 
 pub use config::{ProgressMode, SoftConfig, MAX_CQ_DEPTH, MAX_QP_WR, SOFT_MAX_MSG_SIZE};
@@ -200,6 +202,7 @@ impl SoftDevice {
             advertised,
             mrs: Arc::new(MrTable::new()),
             qps: RwLock::new(HashMap::new()),
+            rc_qps: RwLock::new(HashMap::new()),
             next_qpn: Mutex::new(0x11),
             next_cq: AtomicU32::new(1),
             tx_hint: AtomicBool::new(true),

@@ -6,17 +6,17 @@
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
-use std::sync::{PoisonError, Weak};
+use std::sync::{Arc, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use crate::api::UcDropReason;
 use crate::soft::icrc;
 use crate::soft::link::{Datagram, Readiness};
-use crate::soft::packet::PacketRepr;
 use crate::sync::lock;
 use crate::wake::{deadline_after, sleep_until, WakeFd};
 
-use super::shared::{canonical_ip, CqSink, LinkState, Shared};
+use super::service::ParsedPacket;
+use super::shared::{canonical_ip, CqSink, LinkState, QpSlot, Shared};
 
 /// Most packets pulled from one QP per round, for fairness between QPs.
 pub(super) const PER_QP_BURST: usize = 64;
@@ -50,6 +50,7 @@ impl Shared {
             return;
         }
         let slots = self.snapshot_qps();
+        let now = Instant::now();
         let mut progressed = true;
         while progressed && ls.tx.len() < self.batch {
             progressed = false;
@@ -66,11 +67,12 @@ impl Shared {
                 {
                     let mut buf = ls.spare.pop().unwrap_or_default();
                     let pulled = core.engine.poll_transmit(
+                        now,
                         self.mrs.as_ref(),
                         &mut buf,
                         &mut CqSink(&slot.send_cq),
                     );
-                    if pulled.is_none() {
+                    if !pulled {
                         ls.spare.push(buf);
                         break;
                     }
@@ -99,6 +101,38 @@ impl Shared {
             // Stopped at a full batch: some QP may have more to send.
             self.tx_hint.store(true, Ordering::Release);
         }
+    }
+
+    /// Runs the RC QPs' timers that are due (retransmit, end of an RNR wait) and returns the
+    /// earliest one still running. A timer that fired may have made a QP ready to send (a
+    /// rewind) or failed it (retry exceeded): the transmit and flush hints are set.
+    pub(super) fn run_timers(&self) -> Option<Instant> {
+        let slots: Vec<Arc<QpSlot>> = {
+            let rc = self.rc_qps.read().unwrap_or_else(PoisonError::into_inner);
+            if rc.is_empty() {
+                return None;
+            }
+            rc.values().cloned().collect()
+        };
+        let now = Instant::now();
+        let mut next: Option<Instant> = None;
+        for slot in slots {
+            let mut core = lock(&slot.core);
+            if core.engine.poll_timeout().is_some_and(|t| t <= now) {
+                core.engine.handle_timeout(now);
+                if core.engine.wants_transmit() {
+                    self.tx_hint.store(true, Ordering::Release);
+                }
+                if core.engine.needs_flush() {
+                    self.flush_hint.store(true, Ordering::Release);
+                }
+                self.note_events(&slot, &mut core);
+            }
+            if let Some(t) = core.engine.poll_timeout() {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        }
+        next
     }
 
     /// Sends queued packets and pulls more until the link would block or nothing is left.
@@ -167,19 +201,31 @@ impl Shared {
         if !retry && self.tx_hint.load(Ordering::Acquire) {
             return IdleWait::Now;
         }
+        drop(ls);
+        let timer = self.run_timers();
+        if self.tx_hint.load(Ordering::Acquire) {
+            // A timer fired and a QP has packets to resend.
+            return IdleWait::Now;
+        }
+        let earliest = |until: Option<Instant>| match (until, timer) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         match readiness {
             Readiness::Now => IdleWait::Now,
             Readiness::Opaque => IdleWait::InLink,
             Readiness::Idle { until } if retry => {
                 let soon = deadline_after(self.wait);
                 IdleWait::Sleep {
-                    until: match (until, soon) {
+                    until: earliest(match (until, soon) {
                         (Some(a), Some(b)) => Some(a.min(b)),
                         (a, b) => a.or(b),
-                    },
+                    }),
                 }
             }
-            Readiness::Idle { until } => IdleWait::Sleep { until },
+            Readiness::Idle { until } => IdleWait::Sleep {
+                until: earliest(until),
+            },
         }
     }
 
@@ -235,6 +281,7 @@ impl Shared {
     /// thread); otherwise it returns at once with `busy` (poll_cq in busy-poll mode).
     pub(super) fn progress(&self, wait: Option<Duration>, block_on_link: bool) -> ProgressReport {
         let mut report = ProgressReport::default();
+        self.run_timers();
         let mut rx = {
             let mut ls = match self.link.try_lock() {
                 Ok(ls) => ls,
@@ -305,7 +352,7 @@ impl Shared {
 
     /// The receive path for one datagram (see the module docs).
     pub(super) fn receive(&self, d: &Datagram) {
-        let Ok(pkt) = PacketRepr::parse(&d.payload) else {
+        let Ok(pkt) = ParsedPacket::parse(&d.payload) else {
             self.count_device_drop(UcDropReason::Malformed);
             return;
         };
@@ -316,7 +363,7 @@ impl Shared {
         }
         let slot = {
             let qps = self.qps.read().unwrap_or_else(PoisonError::into_inner);
-            qps.get(&pkt.bth.dest_qpn).cloned()
+            qps.get(&pkt.dest_qpn()).cloned()
         };
         let Some(slot) = slot else {
             self.count_device_drop(UcDropReason::UnknownQpn);
@@ -329,8 +376,17 @@ impl Shared {
                 return;
             }
         }
-        core.engine
-            .receive(&pkt, self.mrs.as_ref(), &mut CqSink(&slot.recv_cq));
+        core.engine.receive(
+            Instant::now(),
+            &pkt,
+            self.mrs.as_ref(),
+            &mut CqSink(&slot.send_cq),
+            &mut CqSink(&slot.recv_cq),
+        );
+        if core.engine.is_rc() && core.engine.wants_transmit() {
+            // An ACK to send, or requests to resend after a NAK.
+            self.tx_hint.store(true, Ordering::Release);
+        }
         if core.engine.needs_flush() {
             core.engine
                 .flush(&mut CqSink(&slot.send_cq), &mut CqSink(&slot.recv_cq));

@@ -1,6 +1,7 @@
-//! Soft UC QP handles ([`SoftQp`]): creation (a QPN, an engine in INIT, a random first PSN),
+//! Soft QP handles ([`SoftQp`]): creation (a QPN, an engine in INIT, a random first PSN),
 //! connect (RTR + RTS, the route to the peer), and posting WR lists with ibverbs `bad_wr`
-//! semantics; the engine ([`crate::soft::engine::UcQp`]) does the rest.
+//! semantics; the engine ([`crate::soft::engine::UcQp`] or [`crate::soft::rc::RcQp`]) does
+//! the rest.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -9,19 +10,18 @@ use crate::api::backend::QpOps;
 use crate::api::{
     gid_from_ip, AccessFlags, CompletionQueue, ConnectError, CreateQpError, Mtu, PostRecvError,
     PostRecvErrorKind, PostSendError, PostSendErrorKind, QpEndpoint, QpInitAttr, QpState, QpStats,
-    RecvWr, SendWr, Sge, PSN_MASK, QPN_MASK,
+    QpType, RecvWr, SendWr, Sge, PSN_MASK, QPN_MASK,
 };
-use crate::soft::engine::{
-    LocalSge, PostRefusal, RecvRefusal, RecvWqe, RtrAttr, SendWqe, UcQp, UcQpConfig,
-};
+use crate::soft::engine::{LocalSge, PostRefusal, RecvRefusal, RecvWqe, RtrAttr, SendWqe};
 use crate::sync::lock;
 
 use super::config::{MAX_QP_WR, SOFT_MAX_MSG_SIZE};
 use super::cq::SoftCq;
 use super::mr::SoftMrHandle;
+use super::service::QpEngine;
 use super::shared::{canonical_ip, CqSink, QpCore, QpSlot, Shared};
 
-/// A soft UC QP handle; destroys the QP when dropped.
+/// A soft UC or RC QP handle; destroys the QP when dropped.
 #[derive(Debug)]
 pub struct SoftQp {
     pub(super) slot: Arc<QpSlot>,
@@ -36,6 +36,12 @@ impl Drop for SoftQp {
             .write()
             .unwrap_or_else(PoisonError::into_inner);
         qps.remove(&self.slot.qpn);
+        drop(qps);
+        self.shared
+            .rc_qps
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.slot.qpn);
     }
 }
 
@@ -45,7 +51,7 @@ pub(super) fn soft_mr<'a>(shared: &Shared, sge: &Sge<'a>) -> Option<&'a SoftMrHa
 }
 
 impl SoftQp {
-    /// Creates a UC QP on `shared`'s device and moves it to INIT (`attr` as in
+    /// Creates a UC or RC QP on `shared`'s device and moves it to INIT (`attr` as in
     /// [`ProtectionDomain::create_qp`](crate::api::ProtectionDomain::create_qp)): checks the
     /// queue depths and that both CQs are this device's, takes the next free QPN (from 0x11,
     /// wrapping below 2^24) and a random first send PSN.
@@ -73,6 +79,10 @@ impl SoftQp {
                 .map(|c| Arc::clone(&c.inner))
                 .ok_or(CreateQpError::ForeignCq { which })
         };
+        if let QpType::Rc(rc) = &attr.qp_type {
+            rc.validate()
+                .map_err(|detail| CreateQpError::Device { detail })?;
+        }
         let send_cq = cq_of(attr.send_cq, "send")?;
         let recv_cq = cq_of(attr.recv_cq, "recv")?;
         let max_mtu = attr.max_mtu.map_or(shared.mtu, |m| m.min(shared.mtu));
@@ -94,11 +104,7 @@ impl SoftQp {
             }
             found.ok_or(CreateQpError::NoQpn)?
         };
-        let mut engine = UcQp::new(UcQpConfig {
-            qpn,
-            max_send_wr: attr.max_send_wr,
-            max_recv_wr: attr.max_recv_wr,
-        });
+        let mut engine = QpEngine::new(attr.qp_type, qpn, attr.max_send_wr, attr.max_recv_wr);
         engine
             .modify_to_init(attr.access)
             .map_err(|e| CreateQpError::Device {
@@ -118,6 +124,14 @@ impl SoftQp {
             recv_cq,
         });
         qps.insert(qpn, Arc::clone(&slot));
+        drop(qps);
+        if attr.qp_type != QpType::Uc {
+            shared
+                .rc_qps
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(qpn, Arc::clone(&slot));
+        }
         Ok(Arc::new(SoftQp {
             slot,
             shared: Arc::clone(shared),
@@ -128,6 +142,10 @@ impl SoftQp {
 impl QpOps for SoftQp {
     fn qp_num(&self) -> u32 {
         self.slot.qpn
+    }
+
+    fn qp_type(&self) -> QpType {
+        lock(&self.slot.core).engine.qp_type()
     }
 
     fn state(&self) -> QpState {
@@ -174,21 +192,20 @@ impl QpOps for SoftQp {
         if state != QpState::Init {
             return Err(ConnectError::InvalidState { qpn, state });
         }
-        let modify = |target: QpState, e: crate::soft::engine::ModifyError| ConnectError::Modify {
-            qpn,
-            target,
-            detail: e.to_string(),
-        };
         core.engine
-            .modify_to_rtr(RtrAttr {
-                dest_qpn: remote.qpn,
-                rq_psn: remote.psn,
-                path_mtu,
-            })
-            .map_err(|e| modify(QpState::Rtr, e))?;
-        core.engine
-            .modify_to_rts(self.slot.sq_psn)
-            .map_err(|e| modify(QpState::Rts, e))?;
+            .connect(
+                RtrAttr {
+                    dest_qpn: remote.qpn,
+                    rq_psn: remote.psn,
+                    path_mtu,
+                },
+                self.slot.sq_psn,
+            )
+            .map_err(|(target, e)| ConnectError::Modify {
+                qpn,
+                target,
+                detail: e.to_string(),
+            })?;
         core.remote = Some(dest);
         core.src = src;
         core.src_override = src_override;

@@ -12,12 +12,14 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use crate::api::{AsyncEvent, DropCounters, Mtu, UcDropReason, WorkCompletion};
-use crate::soft::engine::{CompletionSink, CqFull, UcQp};
+use crate::soft::engine::{CompletionSink, CqFull};
 use crate::soft::fault::FaultStats;
 use crate::soft::link::{Datagram, Link};
 use crate::soft::memory::MrTable;
 use crate::sync::lock;
 use crate::wake::WakeFd;
+
+use super::service::QpEngine;
 
 /// Most asynchronous events kept; later ones are discarded until the queue is read.
 pub(super) const MAX_EVENTS: usize = 4096;
@@ -90,7 +92,7 @@ impl CompletionSink for CqSink<'_> {
 
 #[derive(Debug)]
 pub(super) struct QpCore {
-    pub(super) engine: UcQp,
+    pub(super) engine: QpEngine,
     /// Where packets go (the peer's UDP address), from RTR.
     pub(super) remote: Option<SocketAddr>,
     /// Source address for sending and for the ICRC pseudo header.
@@ -147,6 +149,9 @@ pub(super) struct Shared {
     pub(super) advertised: SocketAddr,
     pub(super) mrs: Arc<MrTable>,
     pub(super) qps: RwLock<HashMap<u32, Arc<QpSlot>>>,
+    /// The RC QPs of `qps` (the ones with timers), so that a round runs their timers without
+    /// visiting every UC QP.
+    pub(super) rc_qps: RwLock<HashMap<u32, Arc<QpSlot>>>,
     pub(super) next_qpn: Mutex<u32>,
     pub(super) next_cq: AtomicU32,
     /// Some QP may have send WRs to packetise: set after every `post_send` and `connect`

@@ -1,0 +1,307 @@
+//! RC QPs on the soft device through the public API, over an in-memory link with the fault
+//! injector in between: every message exactly once and in order under loss in both
+//! directions (data and ACKs), retransmission counted, retry exhaustion as an error
+//! completion and a fatal QP event, and packets of the other service refused. Every wait is
+//! bounded; a hang fails the test.
+
+use std::time::{Duration, Instant};
+
+use uctel_transport::api::{
+    AccessFlags, AsyncEvent, CompletionQueue, Device, MemoryRegion, ProtectionDomain, QpErrorCause,
+    QpInitAttr, QpState, QpType, QueuePair, RcAttr, RecvWr, SendWr, Sge, UcDropReason, WcOpcode,
+    WcStatus, WorkCompletion,
+};
+use uctel_transport::soft::device::{ProgressMode, SoftConfig, SoftDevice};
+use uctel_transport::soft::fault::{FaultConfig, FaultDirection, FaultInjector};
+use uctel_transport::soft::link::{Link, MemoryLink};
+
+/// Longest any test waits for progress.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A short ACK timeout (4.096 µs × 2^10 ≈ 4 ms) so that tail losses recover quickly.
+fn fast_rc(retry_cnt: u8) -> RcAttr {
+    RcAttr {
+        timeout: 10,
+        retry_cnt,
+        ..RcAttr::default()
+    }
+}
+
+struct Node {
+    dev: Device,
+    pd: ProtectionDomain,
+    scq: CompletionQueue,
+    rcq: CompletionQueue,
+    qp: QueuePair,
+}
+
+impl Node {
+    fn new(link: Box<dyn Link>, qp_type: QpType) -> Node {
+        let cfg = SoftConfig {
+            progress: ProgressMode::Thread,
+            progress_wait_micros: 200,
+            ..SoftConfig::default()
+        };
+        let dev = Device::from(SoftDevice::with_link(&cfg, link).expect("device"));
+        let pd = dev.alloc_pd().expect("pd");
+        let scq = dev.create_cq(4096).expect("cq");
+        let rcq = dev.create_cq(4096).expect("cq");
+        let qp = pd
+            .create_qp(&QpInitAttr {
+                qp_type,
+                send_cq: &scq,
+                recv_cq: &rcq,
+                max_send_wr: 64,
+                max_recv_wr: 256,
+                access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+                max_mtu: None,
+            })
+            .expect("qp");
+        Node {
+            dev,
+            pd,
+            scq,
+            rcq,
+            qp,
+        }
+    }
+
+    fn reg(&self, len: usize) -> MemoryRegion {
+        self.pd
+            .reg_mr(len, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .expect("reg_mr")
+    }
+}
+
+fn lossy(link: MemoryLink, drop_ratio: f64, seed: u64) -> Box<dyn Link> {
+    Box::new(
+        FaultInjector::new(
+            link,
+            FaultConfig {
+                drop_ratio,
+                seed,
+                direction: FaultDirection::Both,
+                ..FaultConfig::default()
+            },
+        )
+        .expect("fault config"),
+    )
+}
+
+fn pair(drop_ratio: f64, seed: u64, a_type: QpType, b_type: QpType) -> (Node, Node) {
+    let (la, lb) = MemoryLink::pair(
+        "10.0.0.1:4791".parse().expect("addr"),
+        "10.0.0.2:4791".parse().expect("addr"),
+    );
+    let a = Node::new(lossy(la, drop_ratio, seed), a_type);
+    let b = Node::new(lossy(lb, drop_ratio, seed ^ 0x5a5a), b_type);
+    a.qp.connect(&b.qp.local_endpoint()).expect("connect a");
+    b.qp.connect(&a.qp.local_endpoint()).expect("connect b");
+    (a, b)
+}
+
+/// Message `seq`'s payload: the sequence, then a pattern derived from it.
+fn payload(seq: u64, len: usize) -> Vec<u8> {
+    let mut p = seq.to_le_bytes().to_vec();
+    p.extend((8..len).map(|i| (seq as usize).wrapping_mul(31).wrapping_add(i) as u8));
+    p
+}
+
+/// Sends `count` messages from `a` to `b` (Write-with-immediate into a ring at `b`, or Send
+/// into posted buffers) and checks that each arrives exactly once, in order, byte for byte,
+/// and that every send WR completes successfully.
+fn transfer(a: &Node, b: &Node, count: u64, len: usize, write: bool) {
+    let ring = b.reg(count as usize * len);
+    let bufs = b.reg(256 * len);
+    let src = a.reg(64 * len);
+    let mut posted_recv = 0u64;
+    let repost = |from: u64, to: u64| {
+        let wrs: Vec<RecvWr<'_>> = (from..to)
+            .map(|i| {
+                if write {
+                    RecvWr::zero_length(i)
+                } else {
+                    let off = (i % 256) as usize * len;
+                    RecvWr::new(i, Sge::new(&bufs, off, len as u32))
+                }
+            })
+            .collect();
+        b.qp.post_recv(&wrs).expect("post_recv");
+    };
+    repost(0, 256.min(count));
+    posted_recv += 256.min(count);
+
+    let (mut next, mut acked, mut received) = (0u64, 0u64, 0u64);
+    let mut wcs = [WorkCompletion::default(); 64];
+    let start = Instant::now();
+    while received < count || acked < count {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "stuck: sent {next}, acked {acked}, received {received} of {count}; \
+             sender {:?}, receiver {:?}",
+            a.qp.stats(),
+            b.qp.stats()
+        );
+        while next < count && next - acked < 64 {
+            let slot = (next % 64) as usize * len;
+            src.write_at(slot, &payload(next, len)).expect("write src");
+            let sge = Some(Sge::new(&src, slot, len as u32));
+            let wr = if write {
+                SendWr::write_with_imm(
+                    next,
+                    sge,
+                    ring.addr() + next * len as u64,
+                    ring.rkey(),
+                    next as u32,
+                )
+            } else {
+                SendWr::send(next, sge)
+            };
+            a.qp.post_send(&[wr]).expect("post_send");
+            next += 1;
+        }
+        let n = a.scq.poll(&mut wcs);
+        for wc in &wcs[..n] {
+            assert_eq!(wc.status, WcStatus::Success, "send {wc:?}");
+            assert_eq!(wc.wr_id, acked, "send completions in order");
+            acked += 1;
+        }
+        let n = b.rcq.poll(&mut wcs);
+        for wc in &wcs[..n] {
+            assert_eq!(wc.status, WcStatus::Success, "recv {wc:?}");
+            assert_eq!(wc.wr_id, received, "receive completions in order");
+            let mut got = vec![0u8; len];
+            if write {
+                assert_eq!(wc.opcode, WcOpcode::RecvRdmaWithImm);
+                assert_eq!(wc.imm, Some(received as u32), "exactly once, in order");
+                ring.read_at(received as usize * len, &mut got)
+                    .expect("ring");
+            } else {
+                assert_eq!(wc.opcode, WcOpcode::Recv);
+                assert_eq!(wc.byte_len as usize, len);
+                bufs.read_at((received % 256) as usize * len, &mut got)
+                    .expect("buf");
+            }
+            assert_eq!(got, payload(received, len), "message {received}");
+            received += 1;
+        }
+        if n > 0 && posted_recv < count {
+            let more = (count - posted_recv).min(n as u64);
+            repost(posted_recv, posted_recv + more);
+            posted_recv += more;
+        }
+        if n == 0 {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+    assert_eq!(a.qp.state(), QpState::Rts);
+    assert_eq!(b.qp.state(), QpState::Rts);
+}
+
+#[test]
+fn write_with_imm_under_loss_both_ways_arrives_exactly_once_in_order() {
+    let (a, b) = pair(0.05, 7, QpType::Rc(fast_rc(7)), QpType::Rc(fast_rc(7)));
+    transfer(&a, &b, 3000, 256, true);
+    let (sa, sb) = (a.qp.stats(), b.qp.stats());
+    assert!(sa.rc.packets_retransmitted > 0, "{sa:?}");
+    assert!(sa.rc.naks_received + sa.rc.timeouts > 0, "{sa:?}");
+    assert!(sb.rc.naks_sent > 0, "{sb:?}");
+    assert_eq!(sa.rc.retry_exceeded, 0);
+    // Nothing was dropped as data loss: UC's loss reasons stay empty on RC.
+    assert_eq!(sb.drops.get(UcDropReason::PsnGap), 0);
+    assert_eq!(sb.messages_completed, 3000);
+}
+
+#[test]
+fn multi_packet_sends_under_loss_arrive_exactly_once_in_order() {
+    let (a, b) = pair(0.03, 11, QpType::Rc(fast_rc(7)), QpType::Rc(fast_rc(7)));
+    // 3000 B at the default path MTU (1024): three packets per message.
+    transfer(&a, &b, 500, 3000, false);
+    assert!(a.qp.stats().rc.packets_retransmitted > 0);
+}
+
+#[test]
+fn a_lossless_link_needs_no_retransmission() {
+    let (a, b) = pair(
+        0.0,
+        1,
+        QpType::Rc(RcAttr::default()),
+        QpType::Rc(RcAttr::default()),
+    );
+    transfer(&a, &b, 1000, 128, true);
+    let sa = a.qp.stats();
+    assert_eq!(sa.rc.packets_retransmitted, 0, "{sa:?}");
+    assert_eq!(sa.rc.timeouts, 0);
+    assert_eq!(b.qp.stats().rc.naks_sent, 0);
+    assert_eq!(a.qp.qp_type(), QpType::Rc(RcAttr::default()));
+}
+
+#[test]
+fn a_silent_peer_exhausts_the_retries_and_fails_the_qp() {
+    // Everything is lost: no ACK ever comes back.
+    let (a, _b) = pair(1.0, 3, QpType::Rc(fast_rc(2)), QpType::Rc(fast_rc(2)));
+    let src = a.reg(64);
+    a.qp.post_send(&[SendWr::send(42, Some(Sge::new(&src, 0, 64)))])
+        .expect("post");
+    let mut wcs = [WorkCompletion::default(); 4];
+    let start = Instant::now();
+    let wc = loop {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "no completion: {:?}",
+            a.qp.stats()
+        );
+        if a.scq.poll(&mut wcs) > 0 {
+            break wcs[0];
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!((wc.wr_id, wc.status), (42, WcStatus::RetryExceededError));
+    assert_eq!(a.qp.state(), QpState::Error);
+    let stats = a.qp.stats();
+    // The first send and two retries, each ended by the timer.
+    assert_eq!(stats.rc.timeouts, 3, "{stats:?}");
+    assert_eq!(stats.rc.retry_exceeded, 1);
+    assert_eq!(stats.rc.packets_retransmitted, 2);
+    let qpn = a.qp.qp_num();
+    let events: Vec<AsyncEvent> = std::iter::from_fn(|| a.dev.poll_async_event()).collect();
+    assert!(
+        events.contains(&AsyncEvent::QpFatal {
+            qpn,
+            cause: QpErrorCause::RetryExceeded
+        }),
+        "{events:?}"
+    );
+}
+
+#[test]
+fn packets_of_the_other_service_are_refused() {
+    // A UC requester talking to an RC responder (a misconfigured peer): every UC packet is
+    // dropped by the RC QP as malformed, nothing is placed, nothing is ACKed.
+    let (a, b) = pair(0.0, 5, QpType::Uc, QpType::Rc(RcAttr::default()));
+    let ring = b.reg(4096);
+    let src = a.reg(64);
+    b.qp.post_recv(&[RecvWr::zero_length(0)])
+        .expect("post_recv");
+    for i in 0..10 {
+        a.qp.post_send(&[SendWr::write_with_imm(
+            i,
+            Some(Sge::new(&src, 0, 64)),
+            ring.addr(),
+            ring.rkey(),
+            i as u32,
+        )])
+        .expect("post");
+    }
+    let start = Instant::now();
+    while b.qp.stats().packets_received < 10 {
+        assert!(start.elapsed() < DEADLINE, "{:?}", b.qp.stats());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let sb = b.qp.stats();
+    assert_eq!(sb.drops.get(UcDropReason::Malformed), 10, "{sb:?}");
+    assert_eq!(sb.messages_completed, 0);
+    let mut wcs = [WorkCompletion::default(); 4];
+    assert_eq!(b.rcq.poll(&mut wcs), 0);
+    assert_eq!(a.qp.qp_type(), QpType::Uc);
+}
