@@ -14,6 +14,7 @@ use uctel_transport::api::{
 use uctel_transport::soft::device::{ProgressMode, SoftConfig, SoftDevice};
 use uctel_transport::soft::fault::{FaultConfig, FaultDirection, FaultInjector};
 use uctel_transport::soft::link::{Link, MemoryLink};
+use uctel_transport::soft::udp::{UdpConfig, UdpLink};
 
 /// Longest any test waits for progress.
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -304,4 +305,64 @@ fn packets_of_the_other_service_are_refused() {
     let mut wcs = [WorkCompletion::default(); 4];
     assert_eq!(b.rcq.poll(&mut wcs), 0);
     assert_eq!(a.qp.qp_type(), QpType::Uc);
+}
+
+/// A node on a real UDP socket on loopback (the progress thread sleeps on the socket).
+fn udp_node(drop_ratio: f64, seed: u64, qp_type: QpType) -> Node {
+    let udp = UdpLink::bind(UdpConfig {
+        bind: "127.0.0.1:0".parse().expect("addr"),
+        ..UdpConfig::default()
+    })
+    .expect("udp");
+    let link = FaultInjector::new(
+        udp,
+        FaultConfig {
+            drop_ratio,
+            seed,
+            direction: FaultDirection::Send,
+            ..FaultConfig::default()
+        },
+    )
+    .expect("fault config");
+    Node::new(Box::new(link), qp_type)
+}
+
+#[test]
+fn over_udp_a_post_that_arms_the_timer_wakes_the_sleeping_progress_thread() {
+    // The progress thread sleeps on its socket with no timer running; the post sends the
+    // packet itself and arms the retransmit timer. Every packet is lost, so only the timer
+    // can move the QP: to RetryExceeded after the first send and one retry.
+    let a = udp_node(1.0, 3, QpType::Rc(fast_rc(1)));
+    let b = udp_node(0.0, 4, QpType::Rc(fast_rc(1)));
+    a.qp.connect(&b.qp.local_endpoint()).expect("connect a");
+    b.qp.connect(&a.qp.local_endpoint()).expect("connect b");
+    // Let the progress thread go to sleep first.
+    std::thread::sleep(Duration::from_millis(50));
+    let src = a.reg(64);
+    a.qp.post_send(&[SendWr::send(9, Some(Sge::new(&src, 0, 64)))])
+        .expect("post");
+    let mut wcs = [WorkCompletion::default(); 4];
+    let start = Instant::now();
+    let wc = loop {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the timer never fired: {:?}",
+            a.qp.stats()
+        );
+        if a.scq.poll(&mut wcs) > 0 {
+            break wcs[0];
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!((wc.wr_id, wc.status), (9, WcStatus::RetryExceededError));
+    assert_eq!(a.qp.stats().rc.timeouts, 2);
+}
+
+#[test]
+fn over_udp_a_long_paced_lossy_stream_arrives_whole() {
+    let a = udp_node(0.01, 9, QpType::Rc(fast_rc(7)));
+    let b = udp_node(0.01, 10, QpType::Rc(fast_rc(7)));
+    a.qp.connect(&b.qp.local_endpoint()).expect("connect a");
+    b.qp.connect(&a.qp.local_endpoint()).expect("connect b");
+    transfer(&a, &b, 20_000, 1000, true);
 }

@@ -149,7 +149,7 @@ pub enum CreateQpError {
     #[error("no free QP number")]
     NoQpn,
     /// The device refused.
-    #[error("creating a UC QP: {detail}")]
+    #[error("creating a QP: {detail}")]
     Device {
         /// Detail.
         detail: String,

@@ -36,7 +36,7 @@ impl ProtectionDomain {
         Ok(MemoryRegion::from_backend(self.inner.reg_mr(len, access)?))
     }
 
-    /// Creates a UC QP and moves it to INIT with `attr.access` (so receive WRs can be posted
+    /// Creates a UC or RC QP ([`QpInitAttr::qp_type`]) and moves it to INIT with `attr.access` (so receive WRs can be posted
     /// before [`QueuePair::connect`]). Its initial send PSN is random (24 bits).
     ///
     /// # Errors

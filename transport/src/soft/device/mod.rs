@@ -220,6 +220,8 @@ impl SoftDevice {
             events: Mutex::new(VecDeque::new()),
             fault_stats: Mutex::new(None),
             recv_buffer_bytes: Mutex::new(None),
+            timer_epoch: std::time::Instant::now(),
+            planned_wake: std::sync::atomic::AtomicU64::new(0),
         });
         if let (true, Some(wake)) = (thread, wake) {
             let weak = Arc::downgrade(&shared);

@@ -94,6 +94,13 @@ impl Shared {
                 if core.engine.needs_flush() {
                     self.flush_hint.store(true, Ordering::Release);
                 }
+                if burst > 0 {
+                    if let Some(t) = core.engine.poll_timeout() {
+                        // Sent outside the progress thread (a post), the packet may have
+                        // armed a timer the sleeping thread does not know of.
+                        self.note_timer(t);
+                    }
+                }
                 self.note_events(slot, &mut core);
             }
         }
@@ -189,6 +196,16 @@ impl Shared {
     /// pending, a sleep on the link (bounded while the socket refuses packets or a flush
     /// waits for room in a CQ), or a wait inside the link's `recv`.
     pub(super) fn idle_wait(&self) -> IdleWait {
+        let wait = self.idle_wait_inner();
+        let planned = match wait {
+            IdleWait::Sleep { until } => until.map_or(u64::MAX, |t| self.timer_nanos(t).max(1)),
+            IdleWait::Now | IdleWait::InLink => 0,
+        };
+        self.planned_wake.store(planned, Ordering::Release);
+        wait
+    }
+
+    fn idle_wait_inner(&self) -> IdleWait {
         let Ok(ls) = self.link.try_lock() else {
             // Another thread is using the link (a post sending): look again after it.
             return IdleWait::Now;
@@ -202,6 +219,9 @@ impl Shared {
             return IdleWait::Now;
         }
         drop(ls);
+        // Announce the sleep before looking at the timers: a post that arms one after this
+        // wakes the thread (`Shared::note_timer`); one armed before is found by the scan.
+        self.planned_wake.store(u64::MAX, Ordering::Release);
         let timer = self.run_timers();
         if self.tx_hint.load(Ordering::Acquire) {
             // A timer fired and a QP has packets to resend.

@@ -9,7 +9,7 @@ use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::api::{AsyncEvent, DropCounters, Mtu, UcDropReason, WorkCompletion};
 use crate::soft::engine::{CompletionSink, CqFull};
@@ -171,6 +171,12 @@ pub(super) struct Shared {
     pub(super) fault_stats: Mutex<Option<Arc<FaultStats>>>,
     /// The UDP socket's granted receive buffer ([`crate::api::PortAttr::recv_buffer_bytes`]).
     pub(super) recv_buffer_bytes: Mutex<Option<usize>>,
+    /// Origin of [`Shared::planned_wake`].
+    pub(super) timer_epoch: Instant,
+    /// When the progress thread's sleep ends at the latest, nanoseconds after `timer_epoch`:
+    /// `u64::MAX` asleep without a deadline, 0 awake. A post that arms an RC timer earlier
+    /// than this wakes the thread, which then sleeps no longer than the timer.
+    pub(super) planned_wake: AtomicU64,
 }
 
 impl Drop for Shared {
@@ -242,6 +248,20 @@ impl Shared {
             .values()
             .cloned()
             .collect()
+    }
+
+    /// Nanoseconds from `timer_epoch` to `t` (0 before it).
+    pub(super) fn timer_nanos(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.timer_epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// An RC timer now runs until `t`: wakes the progress thread if it sleeps past it.
+    pub(super) fn note_timer(&self, t: Instant) {
+        let at = self.timer_nanos(t).max(1);
+        if at < self.planned_wake.load(Ordering::Acquire) {
+            self.planned_wake.store(0, Ordering::Release);
+            self.wake_thread();
+        }
     }
 
     /// Wakes the progress thread if it sleeps (thread mode; a no-op in busy-poll mode).
