@@ -42,6 +42,8 @@ ALL_SCENARIOS=(
   soft_to_rxe
   rxe_to_soft
   multi_packet_uc
+  rc_soft_to_rxe
+  rc_rxe_to_soft
   verbs_async_events
   verbs_send_bench
   daemons_verbs

@@ -1,7 +1,8 @@
-//! `rxe_uc`: UC traffic between two processes through the uctel transport API, for the
-//! Soft-RoCE VM suite (`tests/rxe/`). One process receives and checks, the other sends. Either
-//! side runs on the verbs transport (a kernel rxe device) or on the soft transport (RoCEv2 in
-//! user space over UDP), so the same program proves verbs ↔ verbs and soft ↔ kernel interop.
+//! `rxe_uc`: UC (or RC) traffic between two processes through the uctel transport API, for
+//! the Soft-RoCE VM suite (`tests/rxe/`). One process receives and checks, the other sends.
+//! Either side runs on the verbs transport (a kernel rxe device) or on the soft transport
+//! (RoCEv2 in user space over UDP), so the same program proves verbs ↔ verbs and soft ↔ kernel
+//! interop.
 //!
 //! ```text
 //! rxe_uc recv --listen IP:PORT [options]     create a QP, wait for the sender, check messages
@@ -13,6 +14,14 @@
 //!                                up again (the caller toggles the netdev): expects both events
 //!
 //! --transport verbs|soft   transport of this side (default verbs)
+//! --qp uc|rc               QP type (default uc); both sides must agree (sent in the endpoint
+//!                          exchange, a mismatch fails both). With rc the receiver requires
+//!                          every message exactly once and in order (a gap, a duplicate or a
+//!                          reordering fails), and a sender is done once every WR completed,
+//!                          which on RC means acknowledged
+//! --timeout N, --retry-cnt N, --rnr-retry N
+//!                          rc: ACK timeout exponent, retry counts (default: RcAttr::default(),
+//!                          timeout 14, retry_cnt 7, rnr_retry 7)
 //! --device NAME            verbs: RDMA device (default: the first)
 //! --local-ip IP            verbs: use the RoCE v2 GID of this address
 //! --bind IP:PORT           soft: UDP address to bind (RoCEv2 port 4791 to talk to rxe)
@@ -26,6 +35,10 @@
 //!                          … (counted by FIRST/ONLY packets): the sender drops it before its
 //!                          UDP socket, the receiver right after its socket, as a lossy wire
 //!                          would; the RESULT line counts them (`link_dropped=`)
+//! --drop-percent P         soft: lose P % of the datagrams at random in both directions,
+//!                          next to the UDP socket (the soft transport's fault injector), as
+//!                          a lossy wire would; the RESULT line counts them (`fault_dropped=`)
+//! --seed N                 seed of --drop-percent (default 1)
 //! --expect-lost FROM:EVERY recv: exactly messages FROM, FROM+EVERY, … (and a --hold range)
 //!                          must be missing; every other one must arrive whole
 //! --observe-loss           recv: report which messages were lost (`lost_seqs=`) without
@@ -34,15 +47,17 @@
 //! --timeout-ms MS          give up after this long without progress (default 10000)
 //! ```
 //!
-//! Endpoints travel over a TCP connection as text lines (QPN, PSN, GID, MTU, and for
-//! write-imm the receive ring's address and rkey). Every message carries its sequence number:
+//! Endpoints travel over a TCP connection as text lines (QPN, PSN, GID, MTU, the QP type, and
+//! for write-imm the receive ring's address and rkey). Every message carries its sequence number:
 //! in the immediate (send-imm, write-imm) and in its first 8 bytes; the rest of the payload is
 //! a pattern derived from the sequence, checked byte for byte by the receiver. Immediates,
 //! `byte_len` and byte totals are checked end to end; a gap in the sequence is a lost message.
 //!
 //! Output: `RESULT ok|fail <key=value…>` (exit status 0 or 1), and with `--bench` on the sender
 //! `BENCH <name> <rate> msg/s`. The receiver's line names the missing sequence numbers as
-//! ranges (`lost_seqs=10,50-51,90`) when any are missing.
+//! ranges (`lost_seqs=10,50-51,90`) when any are missing. On the soft transport with `--qp rc`
+//! both lines carry the QP's RC counters (`rc_packets_retransmitted=`, `rc_timeouts=`,
+//! `rc_naks_sent=`, `rc_naks_received=`, `rc_duplicates=`, …).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -53,11 +68,12 @@ use std::time::{Duration, Instant};
 
 use uctel_transport::api::{
     AccessFlags, AsyncEvent, CompletionQueue, Device, MemoryRegion, ProtectionDomain, QpEndpoint,
-    QpInitAttr, QpState, QpType, QueuePair, RecvWr, SendWr, Sge, TransportKind, WcOpcode,
-    WcStatus, WorkCompletion,
+    QpInitAttr, QpState, QpStats, QpType, QueuePair, RcAttr, RecvWr, SendWr, Sge, TransportKind,
+    WcOpcode, WcStatus, WorkCompletion,
 };
 use uctel_transport::device::{DeviceConfig, VerbsConfig};
 use uctel_transport::soft::device::{SoftConfig, SoftDevice};
+use uctel_transport::soft::fault::{FaultConfig, FaultDirection, FaultStats};
 use uctel_transport::soft::link::{Datagram, Link};
 use uctel_transport::soft::udp::{UdpConfig, UdpLink};
 
@@ -122,6 +138,23 @@ struct Args {
     observe_loss: bool,
     bench: bool,
     timeout: Duration,
+    /// `--qp rc`.
+    rc: bool,
+    /// `--timeout`, `--retry-cnt`, `--rnr-retry` over `RcAttr::default()`.
+    rc_attr: RcAttr,
+    rc_flags: bool,
+    drop_percent: Option<f64>,
+    seed: u64,
+}
+
+impl Args {
+    fn qp_type(&self) -> QpType {
+        if self.rc {
+            QpType::Rc(self.rc_attr)
+        } else {
+            QpType::Uc
+        }
+    }
 }
 
 /// Messages `from`, `from + every`, `from + 2 * every`, …
@@ -168,6 +201,11 @@ fn parse_args() -> Result<Args> {
         observe_loss: false,
         bench: false,
         timeout: Duration::from_secs(10),
+        rc: false,
+        rc_attr: RcAttr::default(),
+        rc_flags: false,
+        drop_percent: None,
+        seed: 1,
     };
     while let Some(flag) = it.next() {
         if flag == "--bench" {
@@ -198,6 +236,30 @@ fn parse_args() -> Result<Args> {
             "--timeout-ms" => a.timeout = Duration::from_millis(v.parse().map_err(|e| bad(&e))?),
             "--drop-middle" => a.drop_middle = Some(Every::parse(&v).map_err(|e| bad(&e))?),
             "--expect-lost" => a.expect_lost = Some(Every::parse(&v).map_err(|e| bad(&e))?),
+            "--qp" => {
+                a.rc = match v.as_str() {
+                    "uc" => false,
+                    "rc" => true,
+                    _ => return Err(bad(&"expected uc or rc")),
+                }
+            }
+            "--timeout" | "--retry-cnt" | "--rnr-retry" => {
+                let n: u8 = v.parse().map_err(|e| bad(&e))?;
+                match flag.as_str() {
+                    "--timeout" => a.rc_attr.timeout = n,
+                    "--retry-cnt" => a.rc_attr.retry_cnt = n,
+                    _ => a.rc_attr.rnr_retry = n,
+                }
+                a.rc_flags = true;
+            }
+            "--drop-percent" => {
+                let p: f64 = v.parse().map_err(|e| bad(&e))?;
+                if !(0.0..=100.0).contains(&p) {
+                    return Err(bad(&"expected a percentage 0..=100"));
+                }
+                a.drop_percent = Some(p);
+            }
+            "--seed" => a.seed = v.parse().map_err(|e| bad(&e))?,
             "--hold" => {
                 let (f, l) = v.split_once(':').ok_or_else(|| bad(&"expected FROM:LEN"))?;
                 a.hold = Some((
@@ -216,6 +278,23 @@ fn parse_args() -> Result<Args> {
     }
     if a.drop_middle.is_some() && a.transport != TransportKind::Soft {
         return Err("--drop-middle needs --transport soft".to_owned());
+    }
+    if a.drop_percent.is_some() && a.transport != TransportKind::Soft {
+        return Err("--drop-percent needs --transport soft".to_owned());
+    }
+    if a.drop_percent.is_some() && a.drop_middle.is_some() {
+        return Err("--drop-percent and --drop-middle exclude each other".to_owned());
+    }
+    if a.rc_flags && !a.rc {
+        return Err("--timeout, --retry-cnt and --rnr-retry need --qp rc".to_owned());
+    }
+    a.rc_attr
+        .validate()
+        .map_err(|e| format!("RC attributes: {e}"))?;
+    // RC delivers every message exactly once: there is nothing to lose on purpose, and a held
+    // receive range would only be RNR NAKed and retried.
+    if a.rc && (a.hold.is_some() || a.expect_lost.is_some() || a.observe_loss) {
+        return Err("--hold, --expect-lost and --observe-loss are UC only".to_owned());
     }
     Ok(a)
 }
@@ -258,6 +337,8 @@ struct Side {
     qp: QueuePair,
     /// Packets [`MiddleDrop`] dropped (`--drop-middle`).
     link_dropped: Option<Arc<AtomicU64>>,
+    /// The fault injector's counters (`--drop-percent`).
+    faults: Option<Arc<FaultStats>>,
 }
 
 /// `--drop-middle`: a [`Link`] around the soft device's UDP socket that loses the first MIDDLE
@@ -414,10 +495,19 @@ fn open(a: &Args) -> Result<Side> {
             if let Some(b) = a.bind {
                 c.udp.bind = b;
             }
+            // The soft device wraps its UDP link in the fault injector: each datagram is
+            // exposed to the drop once per direction it takes (data out, ACKs in, and so on).
+            c.faults = a.drop_percent.map(|p| FaultConfig {
+                drop_ratio: p / 100.0,
+                seed: a.seed,
+                direction: FaultDirection::Both,
+                ..FaultConfig::default()
+            });
             DeviceConfig::Soft(c)
         }
     };
     let mut link_dropped = None;
+    let mut faults = None;
     let device = match (&cfg, a.drop_middle) {
         (DeviceConfig::Soft(c), Some(which)) => {
             // SoftDevice::open, with MiddleDrop between the engine and the socket.
@@ -439,6 +529,11 @@ fn open(a: &Args) -> Result<Side> {
                 .map(Device::from)
                 .map_err(|e| format!("open: {e}"))?
         }
+        (DeviceConfig::Soft(c), None) if c.faults.is_some() => {
+            let soft = SoftDevice::open(c).map_err(|e| format!("open: {e}"))?;
+            faults = soft.fault_stats();
+            Device::from(soft)
+        }
         _ => Device::open(&cfg).map_err(|e| format!("open: {e}"))?,
     };
     let pd = device.alloc_pd().map_err(|e| e.to_string())?;
@@ -446,7 +541,7 @@ fn open(a: &Args) -> Result<Side> {
     let recv_cq = device.create_cq(RQ_DEPTH * 2).map_err(|e| e.to_string())?;
     let qp = pd
         .create_qp(&QpInitAttr {
-            qp_type: QpType::Uc,
+            qp_type: a.qp_type(),
             send_cq: &send_cq,
             recv_cq: &recv_cq,
             max_send_wr: SQ_DEPTH,
@@ -457,10 +552,11 @@ fn open(a: &Args) -> Result<Side> {
         .map_err(|e| e.to_string())?;
     let attr = device.port_attr();
     eprintln!(
-        "{} {}: device {} QPN {:#x} GID {} MTU {}",
+        "{} {}: device {} {} QPN {:#x} GID {} MTU {}",
         a.role,
         device.kind(),
         device.name(),
+        qp.qp_type().as_str(),
         qp.qp_num(),
         uctel_transport::api::ip_from_gid(attr.gid),
         attr.active_mtu
@@ -472,7 +568,56 @@ fn open(a: &Args) -> Result<Side> {
         recv_cq,
         qp,
         link_dropped,
+        faults,
     })
+}
+
+/// What the soft side adds to its RESULT line: the RC QP's counters (`--qp rc`) and the
+/// datagrams the fault injector dropped (`--drop-percent`).
+fn soft_extras(a: &Args, s: &Side, qs: &QpStats) -> String {
+    let mut out = String::new();
+    if a.transport == TransportKind::Soft && a.rc {
+        let rc = &qs.rc;
+        out.push_str(&format!(
+            " rc_packets_retransmitted={} rc_timeouts={} rc_naks_sent={} rc_naks_received={} \
+             rc_duplicates={} rc_rnr_naks_sent={} rc_rnr_naks_received={} rc_retry_exceeded={}",
+            rc.packets_retransmitted,
+            rc.timeouts,
+            rc.naks_sent,
+            rc.naks_received,
+            rc.duplicates,
+            rc.rnr_naks_sent,
+            rc.rnr_naks_received,
+            rc.retry_exceeded
+        ));
+    }
+    if let Some(f) = &s.faults {
+        let c = f.snapshot();
+        out.push_str(&format!(
+            " fault_inputs={} fault_dropped={} fault_passed={}",
+            f.inputs(),
+            c.dropped,
+            c.passed
+        ));
+    }
+    out
+}
+
+/// The `qp=uc|rc` word of HELLO and WELCOME, checked against this side's `--qp`.
+fn check_qp_word(a: &Args, words: &[String], peer: &str) -> Result<()> {
+    let mine = a.qp_type().as_str();
+    let theirs = words
+        .iter()
+        .find_map(|w| w.strip_prefix("qp="))
+        .unwrap_or("uc (not announced)");
+    if theirs != mine {
+        return Err(format!(
+            "QP type mismatch: this {} side has --qp {mine}, the {peer} --qp {theirs}; both \
+             sides must use the same --qp",
+            a.role
+        ));
+    }
+    Ok(())
 }
 
 /// Waits for completions on `cq`: the verbs completion channel when `block` (no spinning), a
@@ -649,10 +794,33 @@ struct RecvTally {
     errors: Vec<String>,
     /// Per sequence number below `--count`: it arrived.
     seen: Vec<bool>,
+    /// RC: every message exactly once and in order; anything else is an error.
+    strict: bool,
+    /// RC: messages that arrived out of place (gap, duplicate or reordering).
+    order_errors: u64,
 }
 
 impl RecvTally {
     fn record_seq(&mut self, seq: u64) {
+        if self.strict && seq != self.next_expected {
+            self.order_errors += 1;
+            let what = if seq > self.next_expected {
+                "a gap"
+            } else if self
+                .seen
+                .get(usize::try_from(seq).unwrap_or(usize::MAX))
+                .copied()
+                .unwrap_or(false)
+            {
+                "a duplicate"
+            } else {
+                "a reordering"
+            };
+            self.errors.push(format!(
+                "RC: message {seq} arrived where {} was due ({what})",
+                self.next_expected
+            ));
+        }
         if let Some(s) = usize::try_from(seq).ok().and_then(|i| self.seen.get_mut(i)) {
             *s = true;
         }
@@ -878,7 +1046,16 @@ fn run_recv(a: &Args) -> Result<String> {
     eprintln!("recv: control connection from {peer}");
     let mut ctl = Control::new(stream, a.timeout)?;
     let hello = ctl.expect("HELLO")?;
-    let words: Vec<&str> = hello.iter().skip(1).map(String::as_str).collect();
+    if let Err(e) = check_qp_word(a, &hello, "sender") {
+        let _ = ctl.send(&format!("REFUSE {e}"));
+        return Err(e);
+    }
+    let words: Vec<&str> = hello
+        .iter()
+        .skip(1)
+        .filter(|w| !w.starts_with("qp="))
+        .map(String::as_str)
+        .collect();
     let remote = decode_endpoint(&words)?;
     let (hold_from, hold_len) = a.hold.unwrap_or((a.count, 0));
     let mut r = Receiver {
@@ -896,6 +1073,7 @@ fn run_recv(a: &Args) -> Result<String> {
         next_wr_id: 0,
         tally: RecvTally {
             seen: vec![false; usize::try_from(a.count).map_err(|e| e.to_string())?],
+            strict: a.rc,
             ..RecvTally::default()
         },
         idle: Idle::default(),
@@ -903,12 +1081,13 @@ fn run_recv(a: &Args) -> Result<String> {
     r.post()?;
     s.qp.connect(&remote).map_err(|e| e.to_string())?;
     ctl.send(&format!(
-        "WELCOME {} {} {} {} {}",
+        "WELCOME {} {} {} {} {} qp={}",
         encode_endpoint(&s.qp.local_endpoint()),
         r.mr.addr(),
         r.mr.rkey(),
         RING_SLOTS,
-        slot
+        slot,
+        a.qp_type().as_str()
     ))?;
     let quiet = Duration::from_millis(if a.bench { 1000 } else { 500 });
     let (mut ctl, lines) = ctl.split();
@@ -939,9 +1118,10 @@ fn run_recv(a: &Args) -> Result<String> {
     let qs = s.qp.stats();
     let ds = s.device.stats();
     let mut summary = format!(
-        "role=recv transport={} op={} size={} count={} received={} lost={} gaps={} bytes={} \
+        "role=recv transport={} qp={} op={} size={} count={} received={} lost={} gaps={} bytes={} \
          imm_checked={} payload_checked={} qp_messages_completed={} dev_rx_packets={}",
         a.transport,
+        a.qp_type().as_str(),
         a.op.name(),
         a.size,
         a.count,
@@ -968,6 +1148,10 @@ fn run_recv(a: &Args) -> Result<String> {
     }
     if let Some(d) = &s.link_dropped {
         summary.push_str(&format!(" link_dropped={}", d.load(Ordering::Relaxed)));
+    }
+    summary.push_str(&soft_extras(a, &s, &qs));
+    if a.rc {
+        summary.push_str(&format!(" order_errors={}", t.order_errors));
     }
     let missing: Vec<u64> = (0..a.count)
         .filter(|q| !t.seen.get(*q as usize).copied().unwrap_or(false))
@@ -1004,6 +1188,12 @@ fn run_recv(a: &Args) -> Result<String> {
     }
     if a.bench && t.received + t.lost != a.count {
         return Err(format!("{summary}: received + lost != count"));
+    }
+    if a.rc && (t.received != a.count || t.lost != 0 || t.order_errors != 0) {
+        return Err(format!(
+            "{summary}: RC must deliver all {} messages exactly once, in order",
+            a.count
+        ));
     }
     if matches!(a.op, Op::SendImm | Op::WriteImm) && t.imm_checked != t.received {
         return Err(format!("{summary}: immediates missing"));
@@ -1061,6 +1251,35 @@ struct Sender<'a> {
 }
 
 impl<'a> Sender<'a> {
+    /// Reaps completions; when there were none, checks events and the progress deadline
+    /// (`--timeout-ms` without a completion) and waits on the CQ.
+    fn reap_or_wait(&mut self, last_progress: &mut Instant) -> Result<()> {
+        let before = self.retired;
+        if self.reap()? > 0 {
+            if self.retired > before {
+                *last_progress = Instant::now();
+            }
+            return Ok(());
+        }
+        if self.idle.tick(!self.a.bench) {
+            check_events(&self.s.device)?;
+            if last_progress.elapsed() > self.a.timeout {
+                return Err(format!(
+                    "no send completion for {:?}: {} of {} messages completed{}",
+                    self.a.timeout,
+                    self.retired,
+                    self.posted,
+                    if self.a.rc {
+                        " (RC: completed = acknowledged)"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+        }
+        wait_cq(&self.s.send_cq, self.a.transport, !self.a.bench)
+    }
+
     fn reap(&mut self) -> Result<usize> {
         let mut wcs = [WorkCompletion::default(); 32];
         let n = self.s.send_cq.poll(&mut wcs);
@@ -1081,14 +1300,12 @@ impl<'a> Sender<'a> {
         let mut seq = from;
         self.posted = self.posted.max(from);
         self.retired = self.retired.max(from);
+        let mut last_progress = Instant::now();
         while seq < to {
+            // A slot is rewritten only once its message completed (RC: was acknowledged, so
+            // no retransmission reads it any more).
             if seq - self.retired >= window {
-                if self.reap()? == 0 {
-                    if self.idle.tick(!self.a.bench) {
-                        check_events(&self.s.device)?;
-                    }
-                    wait_cq(&self.s.send_cq, self.a.transport, !self.a.bench)?;
-                }
+                self.reap_or_wait(&mut last_progress)?;
                 continue;
             }
             let slot_off = (seq % window) as usize * self.slot;
@@ -1130,26 +1347,14 @@ impl<'a> Sender<'a> {
                     seq += 1;
                     self.posted = seq;
                 }
-                Err(e) if e.is_full() => {
-                    if self.reap()? == 0 {
-                        wait_cq(&self.s.send_cq, self.a.transport, !self.a.bench)?;
-                    }
-                }
+                Err(e) if e.is_full() => self.reap_or_wait(&mut last_progress)?,
                 Err(e) => return Err(e.to_string()),
             }
         }
-        let deadline = Instant::now() + self.a.timeout;
+        // Done once every WR completed: on the wire (UC) or acknowledged (RC).
+        last_progress = Instant::now();
         while self.retired < to {
-            if self.reap()? == 0 && self.idle.tick(!self.a.bench) {
-                check_events(&self.s.device)?;
-                if Instant::now() > deadline {
-                    return Err(format!(
-                        "sends not completed: retired {} of {to}",
-                        self.retired
-                    ));
-                }
-                wait_cq(&self.s.send_cq, self.a.transport, !self.a.bench)?;
-            }
+            self.reap_or_wait(&mut last_progress)?;
         }
         Ok(())
     }
@@ -1176,10 +1381,18 @@ fn run_send(a: &Args) -> Result<String> {
     };
     let mut ctl = Control::new(stream, a.timeout)?;
     ctl.send(&format!(
-        "HELLO {}",
-        encode_endpoint(&s.qp.local_endpoint())
+        "HELLO {} qp={}",
+        encode_endpoint(&s.qp.local_endpoint()),
+        a.qp_type().as_str()
     ))?;
-    let w = ctl.expect("WELCOME")?;
+    let w = ctl.recv()?;
+    if w.first().map(String::as_str) == Some("REFUSE") {
+        return Err(format!("the receiver refused: {}", w[1..].join(" ")));
+    }
+    if w.first().map(String::as_str) != Some("WELCOME") {
+        return Err(format!("expected WELCOME, got {w:?}"));
+    }
+    check_qp_word(a, &w, "receiver")?;
     let words: Vec<&str> = w.iter().map(String::as_str).collect();
     let ep = words.get(1..6).ok_or("short WELCOME")?;
     let remote = decode_endpoint(ep)?;
@@ -1233,9 +1446,10 @@ fn run_send(a: &Args) -> Result<String> {
     let rate = sent as f64 / elapsed.as_secs_f64().max(1e-9);
     if a.bench {
         println!(
-            "BENCH {}_{}_uc_msg_rate {rate:.0} msg/s",
+            "BENCH {}_{}_{}_msg_rate {rate:.0} msg/s",
             a.transport,
-            a.op.name().replace('-', "_")
+            a.op.name().replace('-', "_"),
+            a.qp_type().as_str()
         );
     }
     if qs.messages_sent != sent && a.transport == TransportKind::Verbs {
@@ -1245,9 +1459,10 @@ fn run_send(a: &Args) -> Result<String> {
         ));
     }
     let mut summary = format!(
-        "role=send transport={} op={} size={} sent={sent} rate={rate:.0}msg/s qp_messages_sent={} \
-         qp_packets_sent={} dev_tx_packets={}",
+        "role=send transport={} qp={} op={} size={} sent={sent} rate={rate:.0}msg/s \
+         qp_messages_sent={} qp_packets_sent={} dev_tx_packets={}",
         a.transport,
+        a.qp_type().as_str(),
         a.op.name(),
         a.size,
         qs.messages_sent,
@@ -1257,6 +1472,7 @@ fn run_send(a: &Args) -> Result<String> {
     if let Some(d) = &s.link_dropped {
         summary.push_str(&format!(" link_dropped={}", d.load(Ordering::Relaxed)));
     }
+    summary.push_str(&soft_extras(a, &s, &qs));
     Ok(summary)
 }
 

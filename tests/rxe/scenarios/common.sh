@@ -82,6 +82,55 @@ uc_pair() {
   UC_SEND_RESULT=$(grep '^RESULT' /tmp/uc_send.log)
 }
 
+# hw_delta NAME: how much rxe0's hw_counter NAME moved during the last uc_pair.
+hw_delta() {
+  awk -v n="$1" 'NR == FNR { if ($1 == n) b = $2; next } $1 == n { d = $2 - b } END { print d + 0 }' \
+    /tmp/c_before /tmp/c_after
+}
+
+# rc_lossy LABEL SEND_SIDE SIZE COUNT PERCENT SEED
+#   RC Write-with-immediate between the soft transport (UDP 10.77.0.2:4791, ns2) and a QP on
+#   rxe0 (10.77.0.1), SEND_SIDE soft (soft -> rxe) or rxe (rxe -> soft), COUNT messages of
+#   SIZE bytes; the soft side loses PERCENT % of its datagrams at random in both directions
+#   (rxe_uc --drop-percent, seeded with SEED), data and ACKs/NAKs alike. rxe_uc's receiver
+#   fails unless every message arrives exactly once and in order. Prints rxe0's RC counters
+#   that the run moved (RC_* variables below) and sets SOFT_RESULT to the soft side's RESULT
+#   line (its QP's rc_* counters and fault_dropped=).
+rc_lossy() {
+  label=$1 side=$2 size=$3 n=$4 pct=$5 seed=$6
+  common="--qp rc --op write-imm --size $size --count $n --timeout-ms 30000"
+  if [ "$side" = soft ]; then
+    uc_pair "$label" root ns2 --listen 10.77.0.1:18600 --local-ip 10.77.0.1 $common -- \
+      --connect 10.77.0.1:18600 --transport soft --bind 10.77.0.2:4791 $common \
+      --drop-percent "$pct" --seed "$seed"
+    SOFT_RESULT=$UC_SEND_RESULT
+  else
+    uc_pair "$label" ns2 root --listen 10.77.0.2:18600 --transport soft --bind 10.77.0.2:4791 \
+      $common --drop-percent "$pct" --seed "$seed" -- \
+      --connect 10.77.0.2:18600 --local-ip 10.77.0.1 $common
+    SOFT_RESULT=$UC_RECV_RESULT
+  fi
+  r=$UC_RECV_RESULT
+  [ "$(field received "$r")" = "$n" ] && [ "$(field lost "$r")" = 0 ] &&
+    [ "$(field order_errors "$r")" = 0 ] ||
+    fail "$label: received $(field received "$r") of $n, lost $(field lost "$r"), out of order $(field order_errors "$r")"
+  RC_DUP=$(hw_delta duplicate_request)
+  RC_OOS=$(hw_delta out_of_seq_request)
+  RC_SEQ=$(hw_delta rcvd_seq_err)
+  RC_RETRY=$(hw_delta completer_retry_err)
+  RC_EXC=$(hw_delta retry_exceeded_err)
+  RC_RNR_SENT=$(hw_delta send_rnr_err)
+  RC_RNR_RCVD=$(hw_delta rcvd_rnr_err)
+  echo "rxe0 RC counters, $label: duplicate_request +$RC_DUP out_of_seq_request +$RC_OOS" \
+    "rcvd_seq_err +$RC_SEQ completer_retry_err +$RC_RETRY retry_exceeded_err +$RC_EXC" \
+    "send_rnr_err +$RC_RNR_SENT rcvd_rnr_err +$RC_RNR_RCVD sent_pkts +$(hw_delta sent_pkts)" \
+    "rcvd_pkts +$(hw_delta rcvd_pkts)"
+  echo "soft side, $label: $(echo "$SOFT_RESULT" | tr ' ' '\n' | grep -E '^(rc_|fault_)' | tr '\n' ' ')"
+  [ "$(field fault_dropped "$SOFT_RESULT")" -gt 0 ] ||
+    fail "$label: the soft side's fault injector dropped nothing"
+  [ "$RC_EXC" = 0 ] || fail "$label: rxe0 retry_exceeded_err +$RC_EXC"
+}
+
 # field NAME LINE: the value of NAME=value in LINE.
 field() { echo "$2" | tr ' ' '\n' | sed -n "s/^$1=//p" | head -n 1; }
 

@@ -41,6 +41,70 @@ pub(super) mod wc_status {
     pub(in crate::verbs) const RNR_RETRY_EXC_ERR: u32 = 13;
 }
 
+/// `enum ibv_qp_attr_mask` bits (verbs.h) and the masks of the state transitions this
+/// transport drives, as the table of ibv_modify_qp(3) requires them per QP type (IBTA Vol. 1
+/// §10.3 / §11.2.5, "Modify QP": required attributes per transition and service).
+pub(super) mod qp_mask {
+    use rdma_sys::ibv_qp_attr_mask as M;
+    pub(in crate::verbs) const STATE: u32 = M::IBV_QP_STATE.0;
+    pub(in crate::verbs) const ACCESS_FLAGS: u32 = M::IBV_QP_ACCESS_FLAGS.0;
+    pub(in crate::verbs) const PKEY_INDEX: u32 = M::IBV_QP_PKEY_INDEX.0;
+    pub(in crate::verbs) const PORT: u32 = M::IBV_QP_PORT.0;
+    pub(in crate::verbs) const AV: u32 = M::IBV_QP_AV.0;
+    pub(in crate::verbs) const PATH_MTU: u32 = M::IBV_QP_PATH_MTU.0;
+    pub(in crate::verbs) const TIMEOUT: u32 = M::IBV_QP_TIMEOUT.0;
+    pub(in crate::verbs) const RETRY_CNT: u32 = M::IBV_QP_RETRY_CNT.0;
+    pub(in crate::verbs) const RNR_RETRY: u32 = M::IBV_QP_RNR_RETRY.0;
+    pub(in crate::verbs) const RQ_PSN: u32 = M::IBV_QP_RQ_PSN.0;
+    pub(in crate::verbs) const MAX_QP_RD_ATOMIC: u32 = M::IBV_QP_MAX_QP_RD_ATOMIC.0;
+    pub(in crate::verbs) const MIN_RNR_TIMER: u32 = M::IBV_QP_MIN_RNR_TIMER.0;
+    pub(in crate::verbs) const SQ_PSN: u32 = M::IBV_QP_SQ_PSN.0;
+    pub(in crate::verbs) const MAX_DEST_RD_ATOMIC: u32 = M::IBV_QP_MAX_DEST_RD_ATOMIC.0;
+    pub(in crate::verbs) const DEST_QPN: u32 = M::IBV_QP_DEST_QPN.0;
+
+    /// RESET → INIT, UC and RC alike (ibv_modify_qp(3): RC needs no more in INIT; the
+    /// READ/atomic access bits would go into ACCESS_FLAGS, which uctel does not use).
+    pub(in crate::verbs) const INIT: u32 = STATE | PKEY_INDEX | PORT | ACCESS_FLAGS;
+    /// INIT → RTR for UC: 0x101181.
+    pub(in crate::verbs) const RTR: u32 = STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN;
+    /// RTR → RTS for UC: 0x10001.
+    pub(in crate::verbs) const RTS: u32 = STATE | SQ_PSN;
+    /// INIT → RTR for RC: the UC mask plus the responder's READ/atomic depth and the RNR NAK
+    /// timer it announces, 0x129181 (as `ibv_rc_pingpong` and perftest set it).
+    pub(in crate::verbs) const RTR_RC: u32 = RTR | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER;
+    /// RTR → RTS for RC: the UC mask plus the requester's ACK timeout, retry counts and
+    /// READ/atomic depth, 0x12e01.
+    pub(in crate::verbs) const RTS_RC: u32 =
+        RTS | TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_QP_RD_ATOMIC;
+
+    /// Names of the bits set in `mask`, for error messages (`STATE|AV|PATH_MTU|…`).
+    pub(in crate::verbs) fn names(mask: u32) -> String {
+        let all = [
+            (STATE, "STATE"),
+            (ACCESS_FLAGS, "ACCESS_FLAGS"),
+            (PKEY_INDEX, "PKEY_INDEX"),
+            (PORT, "PORT"),
+            (AV, "AV"),
+            (PATH_MTU, "PATH_MTU"),
+            (TIMEOUT, "TIMEOUT"),
+            (RETRY_CNT, "RETRY_CNT"),
+            (RNR_RETRY, "RNR_RETRY"),
+            (RQ_PSN, "RQ_PSN"),
+            (MAX_QP_RD_ATOMIC, "MAX_QP_RD_ATOMIC"),
+            (MIN_RNR_TIMER, "MIN_RNR_TIMER"),
+            (SQ_PSN, "SQ_PSN"),
+            (MAX_DEST_RD_ATOMIC, "MAX_DEST_RD_ATOMIC"),
+            (DEST_QPN, "DEST_QPN"),
+        ];
+        let v: Vec<&str> = all
+            .iter()
+            .filter(|(b, _)| mask & b != 0)
+            .map(|(_, n)| *n)
+            .collect();
+        v.join("|")
+    }
+}
+
 /// The IB MTU of an `enum ibv_mtu` value.
 pub(super) fn mtu_from_ibv(v: u32) -> Option<Mtu> {
     match v {
@@ -85,7 +149,8 @@ pub(super) fn state_from_code(c: u32) -> QpState {
         1 => QpState::Init,
         2 => QpState::Rtr,
         3 => QpState::Rts,
-        // SQD and SQE are not used by UC here; SQE is an error state of the send queue.
+        // SQD is never requested here; SQE (a UC send queue error, 5) reads as ERROR: the QP
+        // sends no more until it is rebuilt. RC goes to ERROR directly.
         _ => QpState::Error,
     }
 }
@@ -112,7 +177,8 @@ pub(super) fn wc_opcode(v: u32) -> WcOpcode {
         wc_opcode::RDMA_WRITE => WcOpcode::RdmaWrite,
         wc_opcode::RECV_RDMA_WITH_IMM => WcOpcode::RecvRdmaWithImm,
         wc_opcode::RECV => WcOpcode::Recv,
-        // Nothing else is produced by a UC QP; error completions leave the opcode undefined
+        // Nothing else is produced by a UC or RC QP that issues no READ or atomic; error
+        // completions leave the opcode undefined
         // (ibv_poll_cq(3)), where only wr_id, status and qp_num count.
         _ => WcOpcode::Recv,
     }
@@ -135,6 +201,26 @@ mod tests {
         }
         assert_eq!(mtu_from_ibv(0), None);
         assert_eq!(mtu_from_ibv(6), None);
+    }
+
+    #[test]
+    fn attribute_masks_match_the_ibv_modify_qp_table() {
+        // UC as perftest sets them: RTR 0x101181, RTS 0x10001.
+        assert_eq!(qp_mask::RTR, 0x10_1181);
+        assert_eq!(qp_mask::RTS, 0x1_0001);
+        assert_eq!(qp_mask::INIT, 0x1 | 0x10 | 0x20 | 0x8);
+        // RC as ibv_rc_pingpong and perftest set them: RTR 0x129181, RTS 0x12e01.
+        assert_eq!(qp_mask::RTR_RC, 0x12_9181);
+        assert_eq!(qp_mask::RTS_RC, 0x1_2e01);
+        assert_eq!(qp_mask::names(qp_mask::RTS), "STATE|SQ_PSN");
+        assert_eq!(
+            qp_mask::names(qp_mask::RTS_RC),
+            "STATE|TIMEOUT|RETRY_CNT|RNR_RETRY|MAX_QP_RD_ATOMIC|SQ_PSN"
+        );
+        assert_eq!(
+            qp_mask::names(qp_mask::RTR_RC),
+            "STATE|AV|PATH_MTU|RQ_PSN|MIN_RNR_TIMER|MAX_DEST_RD_ATOMIC|DEST_QPN"
+        );
     }
 
     #[test]

@@ -20,6 +20,9 @@ use std::time::Duration;
 
 use rdma_sys as sys;
 
+use super::codes::qp_mask;
+use crate::api::RcAttr;
+
 /// `struct ibv_async_event` with the event type as a plain integer. rdma-sys binds the type as
 /// a Rust enum, and a value the kernel adds later would be undefined behaviour there.
 #[repr(C)]
@@ -872,49 +875,7 @@ impl Drop for Cq {
 // Queue pair
 // ---------------------------------------------------------------------------------------------
 
-/// `enum ibv_qp_attr_mask` bits used for UC (verbs.h).
-pub(crate) mod qp_mask {
-    use super::sys::ibv_qp_attr_mask as M;
-    pub(crate) const STATE: u32 = M::IBV_QP_STATE.0;
-    pub(crate) const ACCESS_FLAGS: u32 = M::IBV_QP_ACCESS_FLAGS.0;
-    pub(crate) const PKEY_INDEX: u32 = M::IBV_QP_PKEY_INDEX.0;
-    pub(crate) const PORT: u32 = M::IBV_QP_PORT.0;
-    pub(crate) const AV: u32 = M::IBV_QP_AV.0;
-    pub(crate) const PATH_MTU: u32 = M::IBV_QP_PATH_MTU.0;
-    pub(crate) const RQ_PSN: u32 = M::IBV_QP_RQ_PSN.0;
-    pub(crate) const SQ_PSN: u32 = M::IBV_QP_SQ_PSN.0;
-    pub(crate) const DEST_QPN: u32 = M::IBV_QP_DEST_QPN.0;
-
-    /// RESET → INIT for UC (ibv_modify_qp(3) table).
-    pub(crate) const INIT: u32 = STATE | PKEY_INDEX | PORT | ACCESS_FLAGS;
-    /// INIT → RTR for UC: 0x101181.
-    pub(crate) const RTR: u32 = STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN;
-    /// RTR → RTS for UC: 0x10001.
-    pub(crate) const RTS: u32 = STATE | SQ_PSN;
-
-    /// Names of the bits set in `mask`, for error messages.
-    pub(crate) fn names(mask: u32) -> String {
-        let all = [
-            (STATE, "STATE"),
-            (ACCESS_FLAGS, "ACCESS_FLAGS"),
-            (PKEY_INDEX, "PKEY_INDEX"),
-            (PORT, "PORT"),
-            (AV, "AV"),
-            (PATH_MTU, "PATH_MTU"),
-            (RQ_PSN, "RQ_PSN"),
-            (SQ_PSN, "SQ_PSN"),
-            (DEST_QPN, "DEST_QPN"),
-        ];
-        let v: Vec<&str> = all
-            .iter()
-            .filter(|(b, _)| mask & b != 0)
-            .map(|(_, n)| *n)
-            .collect();
-        v.join("|")
-    }
-}
-
-/// The RTR address vector and path of a UC QP (RoCE: a GRH is always present).
+/// The RTR address vector and path of a QP (RoCE: a GRH is always present).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RtrAttr {
     pub(crate) port: u8,
@@ -925,9 +886,13 @@ pub(crate) struct RtrAttr {
     pub(crate) path_mtu: u32,
     pub(crate) dest_qpn: u32,
     pub(crate) rq_psn: u32,
+    /// RC: `max_dest_rd_atomic` and `min_rnr_timer` come from here ([`qp_mask::RTR_RC`]);
+    /// `None` for UC ([`qp_mask::RTR`]).
+    pub(crate) rc: Option<RcAttr>,
 }
 
-/// A UC queue pair (`ibv_create_qp` with `IBV_QPT_UC`), destroyed on drop.
+/// A UC or RC queue pair (`ibv_create_qp` with `IBV_QPT_UC` / `IBV_QPT_RC`), destroyed on
+/// drop.
 pub(crate) struct Qp {
     ptr: NonNull<sys::ibv_qp>,
     qpn: u32,
@@ -967,16 +932,18 @@ pub(crate) struct RecvWrRaw {
 pub(crate) const POST_BATCH: usize = 32;
 
 impl Qp {
-    /// `ibv_create_qp(pd, {send_cq, recv_cq, cap, IBV_QPT_UC, sq_sig_all = 0})`, one SGE per
-    /// WR, no inline data, no SRQ (ibv_create_qp(3): UC with an SRQ is not supported).
-    /// Returns the QP and the capacities granted by the provider `(max_send_wr, max_recv_wr)`.
+    /// `ibv_create_qp(pd, {send_cq, recv_cq, cap, IBV_QPT_UC or IBV_QPT_RC, sq_sig_all = 0})`,
+    /// one SGE per WR, no inline data, no SRQ (ibv_create_qp(3): UC with an SRQ is not
+    /// supported; RC keeps a per-QP receive queue too, like UC). Returns the QP and the
+    /// capacities granted by the provider `(max_send_wr, max_recv_wr)`.
     pub(crate) fn new(
         pd: &Arc<Pd>,
-        send_cq: &Arc<Cq>,
-        recv_cq: &Arc<Cq>,
+        cqs: (&Arc<Cq>, &Arc<Cq>),
         max_send_wr: u32,
         max_recv_wr: u32,
+        rc: bool,
     ) -> io::Result<(Self, u32, u32)> {
+        let (send_cq, recv_cq) = cqs;
         // SAFETY: ibv_qp_init_attr is plain old data; all-zero (null pointers) is valid.
         let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         init.send_cq = send_cq.raw();
@@ -987,7 +954,11 @@ impl Qp {
         init.cap.max_send_sge = 1;
         init.cap.max_recv_sge = 1;
         init.cap.max_inline_data = 0;
-        init.qp_type = sys::ibv_qp_type::IBV_QPT_UC;
+        init.qp_type = if rc {
+            sys::ibv_qp_type::IBV_QPT_RC
+        } else {
+            sys::ibv_qp_type::IBV_QPT_UC
+        };
         init.sq_sig_all = 0;
         // SAFETY: live PD and CQs of the same context; `init` is valid for the call and is
         // updated in place with the granted capacities.
@@ -1038,7 +1009,7 @@ impl Qp {
         self.modify(&mut a, qp_mask::INIT)
     }
 
-    /// INIT → RTR with [`qp_mask::RTR`].
+    /// INIT → RTR with [`qp_mask::RTR`] (UC) or [`qp_mask::RTR_RC`].
     pub(crate) fn modify_to_rtr(&self, r: &RtrAttr) -> io::Result<()> {
         let mut a = Self::zeroed_attr();
         a.qp_state = sys::ibv_qp_state::IBV_QPS_RTR;
@@ -1055,15 +1026,34 @@ impl Qp {
         a.ah_attr.sl = 0;
         a.ah_attr.src_path_bits = 0;
         a.ah_attr.port_num = r.port;
-        self.modify(&mut a, qp_mask::RTR)
+        let mask = match &r.rc {
+            None => qp_mask::RTR,
+            Some(rc) => {
+                a.max_dest_rd_atomic = rc.max_dest_rd_atomic;
+                a.min_rnr_timer = rc.min_rnr_timer;
+                qp_mask::RTR_RC
+            }
+        };
+        self.modify(&mut a, mask)
     }
 
-    /// RTR → RTS with [`qp_mask::RTS`].
-    pub(crate) fn modify_to_rts(&self, sq_psn: u32) -> io::Result<()> {
+    /// RTR → RTS with [`qp_mask::RTS`] (UC, `rc` = `None`) or [`qp_mask::RTS_RC`] (the
+    /// requester's ACK timeout, retry counts and READ/atomic depth from `rc`).
+    pub(crate) fn modify_to_rts(&self, sq_psn: u32, rc: Option<&RcAttr>) -> io::Result<()> {
         let mut a = Self::zeroed_attr();
         a.qp_state = sys::ibv_qp_state::IBV_QPS_RTS;
         a.sq_psn = sq_psn;
-        self.modify(&mut a, qp_mask::RTS)
+        let mask = match rc {
+            None => qp_mask::RTS,
+            Some(rc) => {
+                a.timeout = rc.timeout;
+                a.retry_cnt = rc.retry_cnt;
+                a.rnr_retry = rc.rnr_retry;
+                a.max_rd_atomic = rc.max_rd_atomic;
+                qp_mask::RTS_RC
+            }
+        };
+        self.modify(&mut a, mask)
     }
 
     /// Any state → ERROR (`IBV_QP_STATE` only).
@@ -1218,15 +1208,6 @@ impl Drop for Qp {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn uc_attribute_masks_match_ibv_modify_qp_table() {
-        // crates.md / perftest: RTR = 0x101181, RTS = 0x10001 for UC.
-        assert_eq!(qp_mask::RTR, 0x10_1181);
-        assert_eq!(qp_mask::RTS, 0x1_0001);
-        assert_eq!(qp_mask::INIT, 0x1 | 0x10 | 0x20 | 0x8);
-        assert_eq!(qp_mask::names(qp_mask::RTS), "STATE|SQ_PSN");
-    }
 
     #[test]
     fn struct_layouts_match_c() {

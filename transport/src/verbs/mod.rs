@@ -8,10 +8,15 @@
 //! * Device by name (`VerbsConfig::device`), port by number; RoCE v2 GID chosen by type
 //!   (`_ibv_query_gid_ex`, `IBV_GID_TYPE_ROCE_V2`) and by the configured local IP address
 //!   (preferring an IPv4-mapped GID when no address is given), or an explicit GID index.
-//! * UC QPs with a per-QP receive queue (no SRQ: ibv_create_qp(3) refuses UC with an SRQ), one
-//!   SGE per WR. RESET→INIT (`STATE|PKEY_INDEX|PORT|ACCESS_FLAGS`) at creation, INIT→RTR
-//!   (`STATE|AV|PATH_MTU|DEST_QPN|RQ_PSN`) and RTR→RTS (`STATE|SQ_PSN`) in `connect`; a GRH
-//!   is always present (RoCE).
+//! * UC and RC QPs (`IBV_QPT_UC`, `IBV_QPT_RC`) with a per-QP receive queue (no SRQ:
+//!   ibv_create_qp(3) refuses UC with an SRQ), one SGE per WR. RESET→INIT
+//!   (`STATE|PKEY_INDEX|PORT|ACCESS_FLAGS`, both types) at creation, INIT→RTR
+//!   (`STATE|AV|PATH_MTU|DEST_QPN|RQ_PSN`, RC adds `MAX_DEST_RD_ATOMIC|MIN_RNR_TIMER`) and
+//!   RTR→RTS (`STATE|SQ_PSN`, RC adds `TIMEOUT|RETRY_CNT|RNR_RETRY|MAX_QP_RD_ATOMIC`) in
+//!   `connect`, the RC values from the QP's [`RcAttr`](crate::api::RcAttr), checked at
+//!   creation; a GRH is always present (RoCE). RC delivery (ACK/NAK, retransmission, RNR) is
+//!   the device's; a WR whose retries ran out completes with `RetryExceededError` /
+//!   `RnrRetryExceededError` and the QP moves to ERROR.
 //! * Unsignaled sends: the send queue slot of an unsignaled WR is only known free once a later
 //!   signaled WR completes, so the transport signals one WR on its own at least every half send
 //!   queue and hides those completions from the caller. The caller still sees exactly the
@@ -35,8 +40,9 @@
 //!   50 s, found by the VM suite's CQ overflow scenario). MR handles do not keep QPs alive, so
 //!   this order is the caller's to keep (drop the `QueuePair` first).
 //!
-//! Counters: the device does not tell a UC responder's silent drops per QP, so
-//! [`QpStats::drops`] stays zero here; [`DeviceStats`] carries the port's packet counters from
+//! Counters: the device does not tell a UC responder's silent drops per QP, nor an RC QP's
+//! retransmissions, so [`QpStats::drops`] and `QpStats::rc` stay zero here (rxe counts RC
+//! events per port, `hw_counters/rcvd_seq_err`, `completer_retry_err`, …); [`DeviceStats`] carries the port's packet counters from
 //! sysfs (`hw_counters/sent_pkts`/`rcvd_pkts` on rxe, `counters/port_*_packets` elsewhere).
 //!
 //! # Layout
@@ -45,16 +51,17 @@
 //! config.rs   VerbsConfig (always compiled)
 //! ffi.rs      every libibverbs object as an owned RAII type (children hold their parents in
 //!             Arcs); the only file with `unsafe`, each block with a `// SAFETY:` note
-//! codes.rs    verbs.h enum values and their mapping to the API types
+//! codes.rs    verbs.h enum values (QP attribute masks included) and their mapping to the
+//!             API types
 //! shared.rs   DevShared and QpShared: what a device's objects share; the signaling plan
 //! device.rs   open, device_names, VerbsDevice (DeviceOps), async events, sysfs counters
-//! pd.rs       VerbsPd: reg_mr, create_qp (RESET -> INIT)
+//! pd.rs       VerbsPd: reg_mr, create_qp (UC or RC, RESET -> INIT)
 //! mr.rs       VerbsMr, SGE resolution
 //! qp.rs       VerbsQp: connect (INIT -> RTR -> RTS), post_send, post_recv
 //! cq.rs       VerbsCq, VerbsCompChannel, wait_for_completion
 //! ```
 //!
-//! The files depend on each other in one direction (`ffi`, `codes` ← `shared` ← `mr` ← `cq`,
+//! The files depend on each other in one direction (`codes` ← `ffi` ← `shared` ← `mr` ← `cq`,
 //! `qp` ← `pd` ← `device`).
 //!
 //! [`QpStats::drops`]: crate::api::QpStats::drops

@@ -1,4 +1,5 @@
-//! Protection domains ([`VerbsPd`]): registering memory and creating UC QPs (RESET → INIT).
+//! Protection domains ([`VerbsPd`]): registering memory and creating UC and RC QPs (RESET →
+//! INIT).
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicU8};
@@ -8,7 +9,7 @@ use crate::api::backend::{MrOps, PdOps, QpOps};
 use crate::api::{AccessFlags, CreateQpError, QpInitAttr, QpState, QpType, RegMrError, PSN_MASK};
 use crate::sync::lock;
 
-use super::codes::{access_bits, state_code};
+use super::codes::{access_bits, qp_mask, state_code};
 use super::cq::verbs_cq;
 use super::ffi;
 use super::mr::VerbsMr;
@@ -58,31 +59,41 @@ impl PdOps for VerbsPd {
                 return Err(CreateQpError::InvalidDepth { queue, depth, max });
             }
         }
-        if attr.qp_type != QpType::Uc {
-            return Err(CreateQpError::Device {
-                detail: "RC QPs are not supported on the verbs transport yet".into(),
-            });
-        }
+        // RC attributes are checked here, before the device sees them, as on the soft
+        // transport; they are applied in `connect` (RTR and RTS masks of an RC QP).
+        let rc = match &attr.qp_type {
+            QpType::Uc => false,
+            QpType::Rc(a) => {
+                a.validate().map_err(|e| CreateQpError::Device {
+                    detail: format!("RC attributes: {e}"),
+                })?;
+                true
+            }
+        };
         let send_cq =
             verbs_cq(attr.send_cq, &self.dev).ok_or(CreateQpError::ForeignCq { which: "send" })?;
         let recv_cq =
             verbs_cq(attr.recv_cq, &self.dev).ok_or(CreateQpError::ForeignCq { which: "recv" })?;
         let (qp, max_send_wr, max_recv_wr) = ffi::Qp::new(
             &self.pd,
-            &send_cq.cq,
-            &recv_cq.cq,
+            (&send_cq.cq, &recv_cq.cq),
             attr.max_send_wr,
             attr.max_recv_wr,
+            rc,
         )
         .map_err(|e| CreateQpError::Device {
-            detail: format!("ibv_create_qp(UC): {e}"),
+            detail: format!(
+                "ibv_create_qp({}): {e}",
+                if rc { "IBV_QPT_RC" } else { "IBV_QPT_UC" }
+            ),
         })?;
         let qpn = qp.qpn();
         qp.modify_to_init(self.dev.port, access_bits(attr.access))
             .map_err(|e| CreateQpError::Device {
                 detail: format!(
-                    "QP {qpn:#08x}: ibv_modify_qp(INIT, mask {}): {e}",
-                    ffi::qp_mask::names(ffi::qp_mask::INIT)
+                    "QP {qpn:#08x} ({}): ibv_modify_qp(INIT, mask {}): {e}",
+                    attr.qp_type.as_str(),
+                    qp_mask::names(qp_mask::INIT)
                 ),
             })?;
         let mtu = attr
@@ -90,6 +101,7 @@ impl PdOps for VerbsPd {
             .map_or(self.dev.active_mtu, |m| m.min(self.dev.active_mtu));
         let shared = Arc::new(QpShared {
             qp,
+            qp_type: attr.qp_type,
             dev: Arc::clone(&self.dev),
             pd: Arc::clone(&self.pd),
             psn: rand::random::<u32>() & PSN_MASK,

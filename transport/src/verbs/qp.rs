@@ -1,6 +1,14 @@
-//! UC queue pairs ([`VerbsQp`], the API's [`QpOps`]): connecting (INIT → RTR → RTS with the
-//! attributes ibv_modify_qp(3) names for UC), posting send and receive WR lists with ibverbs
-//! `bad_wr` semantics, and the signaling of unsignaled sends.
+//! UC and RC queue pairs ([`VerbsQp`], the API's [`QpOps`]): connecting (INIT → RTR → RTS
+//! with the attributes ibv_modify_qp(3) names for the QP's type; RC adds the responder's
+//! `max_dest_rd_atomic` and `min_rnr_timer` in RTR and the requester's `timeout`, `retry_cnt`,
+//! `rnr_retry` and `max_rd_atomic` in RTS, from [`RcAttr`]), posting send and receive WR lists
+//! with ibverbs `bad_wr` semantics, and the signaling of unsignaled sends.
+//!
+//! An RC QP's retransmission, ACKs and NAKs are the device's (IBTA 9.7): the transport only
+//! sees their outcome, a send completion once the WR is acknowledged, or
+//! `IBV_WC_RETRY_EXC_ERR` / `IBV_WC_RNR_RETRY_EXC_ERR` and the QP in ERROR when the retries
+//! ran out. The device counts retransmissions per port, not per QP (rxe: `hw_counters`), so
+//! [`QpStats::rc`](crate::api::QpStats::rc) stays zero here.
 
 use std::io;
 use std::sync::atomic::Ordering;
@@ -9,12 +17,12 @@ use std::sync::Arc;
 use crate::api::backend::QpOps;
 use crate::api::{
     ip_from_gid, ConnectError, Mtu, PostRecvError, PostRecvErrorKind, PostSendError,
-    PostSendErrorKind, QpEndpoint, QpState, QpStats, QpType, RecvWr, SendOpcode, SendWr, PSN_MASK,
-    QPN_MASK, ROCE_V2_UDP_PORT,
+    PostSendErrorKind, QpEndpoint, QpState, QpStats, QpType, RcAttr, RecvWr, SendOpcode, SendWr,
+    PSN_MASK, QPN_MASK, ROCE_V2_UDP_PORT,
 };
 use crate::sync::lock;
 
-use super::codes::{mtu_to_ibv, state_from_code, wr_opcode};
+use super::codes::{mtu_to_ibv, qp_mask, state_from_code, wr_opcode};
 use super::ffi::{self, RecvWrRaw, SendWrRaw};
 use super::mr::{resolve_sge, SgeProblem};
 use super::shared::{plan_signal, QpShared};
@@ -23,7 +31,7 @@ use super::shared::{plan_signal, QpShared};
 /// as well).
 pub(super) const HOP_LIMIT: u8 = 64;
 
-/// A UC queue pair ([`QpOps`]).
+/// A UC or RC queue pair ([`QpOps`]).
 #[derive(Debug)]
 pub(super) struct VerbsQp {
     pub(super) shared: Arc<QpShared>,
@@ -130,7 +138,7 @@ impl VerbsQp {
             .ok_or_else(|| bad(format!("MTU {} is not an IB MTU", remote.mtu)))?;
         if remote.qpn > QPN_MASK || remote.qpn == 0 {
             return Err(bad(format!(
-                "QPN {:#x} is not a 24-bit UC QP number",
+                "QPN {:#x} is not a 24-bit QP number",
                 remote.qpn
             )));
         }
@@ -147,6 +155,27 @@ impl VerbsQp {
             }
         }
         let path_mtu = remote_mtu.min(s.local_mtu);
+        let rc: Option<RcAttr> = match s.qp_type {
+            QpType::Uc => None,
+            QpType::Rc(a) => Some(a),
+        };
+        let (rtr_mask, rts_mask) = match rc {
+            None => (qp_mask::RTR, qp_mask::RTS),
+            Some(_) => (qp_mask::RTR_RC, qp_mask::RTS_RC),
+        };
+        // What the RC masks add, for error messages.
+        let (rtr_rc, rts_rc) = rc.map_or_else(Default::default, |a| {
+            (
+                format!(
+                    ", max_dest_rd_atomic {}, min_rnr_timer {}",
+                    a.max_dest_rd_atomic, a.min_rnr_timer
+                ),
+                format!(
+                    ", timeout {}, retry_cnt {}, rnr_retry {}, max_rd_atomic {}",
+                    a.timeout, a.retry_cnt, a.rnr_retry, a.max_rd_atomic
+                ),
+            )
+        });
         let rtr = ffi::RtrAttr {
             port: s.dev.port,
             dgid: remote.gid,
@@ -155,14 +184,16 @@ impl VerbsQp {
             path_mtu: mtu_to_ibv(path_mtu),
             dest_qpn: remote.qpn,
             rq_psn: remote.psn,
+            rc,
         };
         s.qp.modify_to_rtr(&rtr).map_err(|e| ConnectError::Modify {
             qpn,
             target: QpState::Rtr,
             detail: format!(
-                "ibv_modify_qp(mask {}; dgid {}, sgid_index {}, path_mtu {}, dest_qp_num {:#x}, \
-                 rq_psn {:#x}): {e}",
-                ffi::qp_mask::names(ffi::qp_mask::RTR),
+                "ibv_modify_qp({} QP, mask {}; dgid {}, sgid_index {}, path_mtu {}, dest_qp_num {:#x}, \
+                 rq_psn {:#x}{rtr_rc}): {e}",
+                s.qp_type.as_str(),
+                qp_mask::names(rtr_mask),
                 ip_from_gid(remote.gid),
                 s.dev.gid.index,
                 path_mtu.bytes(),
@@ -171,13 +202,14 @@ impl VerbsQp {
             ),
         })?;
         s.set_state(QpState::Rtr);
-        s.qp.modify_to_rts(s.psn)
+        s.qp.modify_to_rts(s.psn, rc.as_ref())
             .map_err(|e| ConnectError::Modify {
                 qpn,
                 target: QpState::Rts,
                 detail: format!(
-                    "ibv_modify_qp(mask {}; sq_psn {:#x}): {e} (the QP stays in RTR)",
-                    ffi::qp_mask::names(ffi::qp_mask::RTS),
+                    "ibv_modify_qp({} QP, mask {}; sq_psn {:#x}{rts_rc}): {e} (the QP stays in RTR)",
+                    s.qp_type.as_str(),
+                    qp_mask::names(rts_mask),
                     s.psn
                 ),
             })?;
@@ -206,7 +238,7 @@ impl QpOps for VerbsQp {
     }
 
     fn qp_type(&self) -> QpType {
-        QpType::Uc
+        self.shared.qp_type
     }
 
     fn local_endpoint(&self) -> QpEndpoint {

@@ -8,7 +8,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::api::{ip_from_gid, Mtu, QpState};
+use crate::api::{ip_from_gid, Mtu, QpState, QpType};
 use crate::sync::lock;
 
 use super::codes::{state_code, state_from_code};
@@ -101,6 +101,8 @@ pub(super) struct QpCounters {
 /// State shared by a QP handle and the CQs it uses.
 pub(super) struct QpShared {
     pub(super) qp: ffi::Qp,
+    /// UC or RC (with the RC attributes `connect` applies), as created.
+    pub(super) qp_type: QpType,
     pub(super) dev: Arc<DevShared>,
     pub(super) pd: Arc<ffi::Pd>,
     pub(super) psn: u32,
@@ -120,6 +122,7 @@ impl fmt::Debug for QpShared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("VerbsQp")
             .field("qpn", &format_args!("{:#08x}", self.qp.qpn()))
+            .field("type", &self.qp_type.as_str())
             .field("state", &self.cached_state())
             .field("psn", &self.psn)
             .field("mtu", &self.local_mtu)
