@@ -19,6 +19,9 @@
 //!    against CPU per scrape of a real node_exporter scraped as Prometheus does, same window;
 //! 8. **fast cost** ([`fastcost`]) — CPU and sampling lateness of the agent's
 //!    `fast_counters` source (10 counters every 10 ms), against the same agent without it.
+//! 9. **trade-off** ([`tradeoff`]) — the same paced frame stream over UC and over RC soft QPs
+//!    at 0 %, 0.1 %, 1 % and 5 % injected loss: delivered rate and fraction, latency p50/p99,
+//!    CPU per frame on each side, bytes on the wire per delivered frame.
 //!
 //! The targets are checked as ratios between figures of the same run ([`report`]); the
 //! report is printed as a table and written as JSON. `BENCHMARKS.md` at the repository root
@@ -43,4 +46,5 @@ pub mod remotewrite;
 pub mod report;
 pub mod softpath;
 pub mod stats;
+pub mod tradeoff;
 pub mod workload;

@@ -18,7 +18,9 @@ use uctel_bench::processing::{self, ProcessingConfig};
 use uctel_bench::remotewrite::{self, RemoteWriteRunConfig};
 use uctel_bench::report::{Machine, Perftest, Report};
 use uctel_bench::softpath::{self, SoftRunConfig};
+use uctel_bench::tradeoff::{self, TradeoffConfig};
 use uctel_bench::workload::{FrameTemplate, ROCE_WRITE_IMM_OVERHEAD};
+use uctel_transport::api::RcAttr;
 
 /// One part of the run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -45,6 +47,8 @@ enum Part {
     NodeCost,
     /// CPU and lateness of the agent's fast_counters source.
     FastCost,
+    /// The same frame stream over UC and RC at each of `--tradeoff-losses`.
+    Tradeoff,
 }
 
 /// Measures the uctel soft path, processing, scaling and agent cost against a recvmmsg
@@ -197,6 +201,18 @@ struct Args {
     /// The agent binary; default `uctel-agent` next to this binary.
     #[arg(long, value_name = "PATH")]
     agent_bin: Option<PathBuf>,
+    /// Trade-off: offered frames per second of each cell.
+    #[arg(long, default_value_t = 10_000)]
+    tradeoff_rate: u64,
+    /// Trade-off: sending time of each cell, seconds.
+    #[arg(long, default_value_t = 3.0)]
+    tradeoff_duration_secs: f64,
+    /// Trade-off: injected loss probabilities per datagram (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [0.0, 0.001, 0.01, 0.05])]
+    tradeoff_losses: Vec<f64>,
+    /// Trade-off: also draw the table as an SVG plot here.
+    #[arg(long, value_name = "PATH")]
+    tradeoff_plot: Option<PathBuf>,
     /// Run only these parts (comma-separated); default all.
     #[arg(long, value_enum, value_delimiter = ',')]
     only: Vec<Part>,
@@ -285,6 +301,7 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         remote_write: None,
         node_cost: None,
         fast_cost: None,
+        tradeoff: Vec::new(),
         perftest: Perftest {
             source: "not in this run: tests/rxe/run.sh verbs_send_bench prints BENCH verbs_vs_perftest_ratio (pass --rxe-log or --rxe)".into(),
             ..Perftest::default()
@@ -511,6 +528,29 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         }) {
             Ok(r) => report.fast_cost = Some(r),
             Err(e) => report.failures.push(("fast cost".into(), e.to_string())),
+        }
+    }
+    if wants(Part::Tradeoff) {
+        let cfg = TradeoffConfig {
+            frame_bytes: frame.len().min(1024),
+            rate_fps: args.tradeoff_rate.max(1),
+            duration: secs(args.tradeoff_duration_secs),
+            losses: args.tradeoff_losses.clone(),
+            rc: RcAttr::default(),
+            seed: 0x7ade_0ff5,
+        };
+        match tradeoff::run(&cfg) {
+            Ok(rows) => {
+                if let Some(path) = &args.tradeoff_plot {
+                    if let Err(e) = tradeoff::plot(&rows, path) {
+                        report
+                            .failures
+                            .push(("trade-off plot".into(), e.to_string()));
+                    }
+                }
+                report.tradeoff = rows;
+            }
+            Err(e) => report.failures.push(("trade-off".into(), format!("{e:#}"))),
         }
     }
     if args.rxe {

@@ -173,6 +173,8 @@ pub struct Report {
     pub node_cost: Option<NodeCostResult>,
     /// The fast_counters source's CPU and lateness.
     pub fast_cost: Option<crate::fastcost::FastCostResult>,
+    /// The reliability trade-off: UC and RC at each injected loss rate.
+    pub tradeoff: Vec<crate::tradeoff::TradeoffRow>,
     /// VM-suite perftest comparison.
     pub perftest: Perftest,
     /// Targets with verdicts.
@@ -724,6 +726,10 @@ impl Report {
             })
             .collect();
         out.push_str(&table(&["target", "rule", "measured", "verdict"], &trows));
+        if !self.tradeoff.is_empty() {
+            out.push('\n');
+            out.push_str(&crate::tradeoff::render(&self.tradeoff));
+        }
         for (what, e) in &self.failures {
             out.push_str(&format!("\nFAILED {what}: {e}"));
         }
@@ -861,38 +867,7 @@ pub fn bytes(v: f64) -> String {
     }
 }
 
-/// A Markdown-compatible pipe table.
-pub fn table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            widths[i] = widths[i].max(c.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let mut s = String::from("|");
-        for (i, c) in cells.iter().enumerate() {
-            let pad = widths[i] - c.chars().count();
-            s.push(' ');
-            s.push_str(c);
-            s.push_str(&" ".repeat(pad));
-            s.push_str(" |");
-        }
-        s.push('\n');
-        s
-    };
-    let mut out = line(header.to_vec());
-    out.push('|');
-    for w in &widths {
-        out.push_str(&"-".repeat(w + 2));
-        out.push('|');
-    }
-    out.push('\n');
-    for r in rows {
-        out.push_str(&line(r.iter().map(String::as_str).collect()));
-    }
-    out
-}
+pub use crate::stats::table;
 
 #[cfg(test)]
 mod tests {

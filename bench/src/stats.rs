@@ -130,6 +130,39 @@ impl Verdict {
     }
 }
 
+/// A Markdown-compatible pipe table.
+pub fn table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut s = String::from("|");
+        for (i, c) in cells.iter().enumerate() {
+            let pad = widths[i] - c.chars().count();
+            s.push(' ');
+            s.push_str(c);
+            s.push_str(&" ".repeat(pad));
+            s.push_str(" |");
+        }
+        s.push('\n');
+        s
+    };
+    let mut out = line(header.to_vec());
+    out.push('|');
+    for w in &widths {
+        out.push_str(&"-".repeat(w + 2));
+        out.push('|');
+    }
+    out.push('\n');
+    for r in rows {
+        out.push_str(&line(r.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
