@@ -4,6 +4,7 @@
 //! completion and a fatal QP event, and packets of the other service refused. Every wait is
 //! bounded; a hang fails the test.
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use uctel_transport::api::{
@@ -13,7 +14,7 @@ use uctel_transport::api::{
 };
 use uctel_transport::soft::device::{ProgressMode, SoftConfig, SoftDevice};
 use uctel_transport::soft::fault::{FaultConfig, FaultDirection, FaultInjector};
-use uctel_transport::soft::link::{Link, MemoryLink};
+use uctel_transport::soft::link::{Datagram, Link, MemoryLink};
 use uctel_transport::soft::udp::{UdpConfig, UdpLink};
 
 /// Longest any test waits for progress.
@@ -396,4 +397,107 @@ fn over_udp_a_long_paced_lossy_stream_arrives_whole() {
     a.qp.connect(&b.qp.local_endpoint()).expect("connect a");
     b.qp.connect(&a.qp.local_endpoint()).expect("connect b");
     transfer(&a, &b, 20_000, 1000, true);
+}
+
+/// One hostile datagram: (opcode, addressed to the QP or to another QPN, PSN offset from the
+/// expected one, AckReq, extension and payload bytes, corrupt the ICRC).
+type Hostile = (u8, bool, i32, bool, Vec<u8>, bool);
+
+/// The datagram `h` describes for the RC QP `qpn` expecting `epsn`: an opcode from the RC and
+/// UC sets or any byte, arbitrary extension and payload bytes, and a valid ICRC for `from` →
+/// `to` (so it reaches the QP) unless `h` says to corrupt it.
+fn hostile(h: &Hostile, qpn: u32, epsn: u32, from: SocketAddr, to: SocketAddr) -> Vec<u8> {
+    let (opcode, ours, dpsn, ack_req, tail, bad_icrc) = h;
+    let dest_qpn = if *ours { qpn } else { 0x4242 };
+    let psn = epsn.wrapping_add_signed(*dpsn);
+    let mut p = vec![*opcode, 0, 0xff, 0xff, 0];
+    p.extend_from_slice(&dest_qpn.to_be_bytes()[1..]);
+    p.push(if *ack_req { 0x80 } else { 0 });
+    p.extend_from_slice(&(psn & 0x00ff_ffff).to_be_bytes()[1..]);
+    p.extend_from_slice(tail);
+    let pad = (4 - p.len() % 4) % 4;
+    p[1] |= (pad as u8) << 4;
+    p.extend(std::iter::repeat_n(0, pad + 4));
+    uctel_transport::soft::icrc::seal(&mut p, from, to).expect("seal");
+    if *bad_icrc {
+        let last = p.len() - 1;
+        p[last] ^= 0x5a;
+    }
+    p
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// Whatever arrives, the device neither panics nor loses count: every datagram is a
+    /// device drop (malformed, bad ICRC, unknown QPN) or reaches the QP, and the QP's state
+    /// stays one that IBTA allows (RTS, or ERROR after a class C error).
+    #[test]
+    fn hostile_datagrams_to_an_rc_qp_are_counted_and_never_panic(
+        packets in proptest::collection::vec(
+            (
+                proptest::prop_oneof![0x00u8..=0x11, 0x20u8..=0x2b, proptest::num::u8::ANY],
+                proptest::bool::weighted(0.9),
+                -4i32..8,
+                proptest::bool::ANY,
+                proptest::collection::vec(proptest::num::u8::ANY, 0..80),
+                proptest::bool::weighted(0.05),
+            ),
+            1..120,
+        )
+    ) {
+        let me: SocketAddr = "10.0.0.1:4791".parse().expect("addr");
+        let (mut wire, lb) = MemoryLink::pair(me, "10.0.0.2:4791".parse().expect("addr"));
+        let b = Node::new(Box::new(lb), QpType::Rc(fast_rc(7)));
+        let peer_psn = 1000;
+        b.qp.connect(&uctel_transport::api::QpEndpoint {
+            gid: uctel_transport::api::gid_from_ip(me.ip()),
+            qpn: 0x99,
+            psn: peer_psn,
+            mtu: 1024,
+            udp_addr: Some(me),
+        })
+        .expect("connect");
+        let ring = b.reg(4096);
+        let wrs: Vec<RecvWr<'_>> = (0..64)
+            .map(|i| RecvWr::new(i, Sge::new(&ring, (i as usize % 16) * 256, 256)))
+            .collect();
+        b.qp.post_recv(&wrs).expect("post_recv");
+        let to = b.qp.local_endpoint().destination();
+        let batch: Vec<Datagram> = packets
+            .iter()
+            .map(|h| Datagram {
+                peer: to,
+                local: None,
+                payload: hostile(h, b.qp.qp_num(), peer_psn, me, to),
+            })
+            .collect();
+        wire.send(&batch).expect("send");
+        let n = batch.len() as u64;
+        // The device counts a batch as received before it processes it: wait for the
+        // processing, bounded.
+        let start = Instant::now();
+        let accounted = || b.dev.stats().drops.total() + b.qp.stats().packets_received;
+        while accounted() < n && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let device = b.dev.stats();
+        let qp = b.qp.stats();
+        proptest::prop_assert_eq!(device.packets_received, n);
+        proptest::prop_assert_eq!(
+            device.drops.total() + qp.packets_received,
+            n,
+            "{:?} {:?}",
+            device,
+            qp
+        );
+        let state = b.qp.state();
+        proptest::prop_assert!(matches!(state, QpState::Rts | QpState::Error), "{state:?}");
+        // Whatever it answered went to the peer's address, nowhere else.
+        let mut answers = Vec::new();
+        let _ = wire.recv(&mut answers, 1024, Some(Duration::from_millis(5)));
+        for a in &answers {
+            proptest::prop_assert_eq!(a.peer.ip(), to.ip());
+        }
+    }
 }
