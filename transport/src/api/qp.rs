@@ -141,8 +141,10 @@ impl QueuePair {
         self.inner.qp_type()
     }
 
-    /// Current state. A QP that moved to ERROR on its own also raised an
-    /// [`AsyncEvent::QpFatal`](super::AsyncEvent::QpFatal).
+    /// Current state. A soft QP that moved to ERROR on its own also raised an
+    /// [`AsyncEvent::QpFatal`](super::AsyncEvent::QpFatal); a verbs device may report an RC
+    /// QP's exhausted retries only by the error completion and this state (rxe's completer
+    /// moves the QP to ERROR without an event).
     pub fn state(&self) -> QpState {
         self.inner.state()
     }

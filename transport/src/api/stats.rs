@@ -210,7 +210,8 @@ pub struct QpStats {
 pub struct RcCounters {
     /// Request packets sent again after a timeout, a sequence NAK or an RNR NAK.
     pub packets_retransmitted: u64,
-    /// Retransmit timer expiries with packets outstanding (rxe `completer_retry_err`).
+    /// Retransmit timer expiries with packets outstanding (rxe counts these and
+    /// sequence-NAK retries together in `completer_retry_err`).
     pub timeouts: u64,
     /// NAKs sent as responder, all codes (PSN sequence error: rxe `out_of_seq_request`).
     pub naks_sent: u64,

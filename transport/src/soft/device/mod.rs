@@ -1,13 +1,16 @@
-//! The soft device: the "NIC" that runs [`UcQp`] engines over a datagram [`Link`].
+//! The soft device: the "NIC" that runs [`UcQp`] and [`RcQp`] engines over a datagram
+//! [`Link`].
 //!
 //! One device owns one link (a UDP socket in production, [`crate::soft::link::MemoryLink`] in
-//! tests, either optionally wrapped in the fault injector) and any number of UC QPs, CQs and
-//! MRs. All QPs share the link, as all rxe QPs share UDP port 4791; inbound packets are
+//! tests, either optionally wrapped in the fault injector) and any number of UC and RC QPs,
+//! CQs and MRs. All QPs share the link, as all rxe QPs share UDP port 4791; inbound packets are
 //! demultiplexed by BTH destination QPN.
 //!
 //! # Receive path (per datagram)
 //!
-//! 1. Parse BTH/RETH/ImmDt ([`PacketRepr::parse`]) — failure: `malformed` (device counter).
+//! 1. Parse BTH/RETH/ImmDt (AETH for RC ACKs) by the transport bits of the opcode
+//!    ([`PacketRepr::parse`] for UC, [`RcPacketRepr::parse`] for RC) — failure: `malformed`
+//!    (device counter).
 //!    A datagram the link discarded because it did not fit its receive buffer
 //!    ([`Link::recv_discarded`]) is counted here too.
 //! 2. Verify the ICRC over the pseudo IP/UDP header rebuilt from the datagram's addresses
@@ -16,7 +19,10 @@
 //! 3. Look up the destination QPN — unknown: `unknown_qpn`.
 //! 4. Check the source IP against the connected peer (rxe `check_addr`) — `address_mismatch`.
 //! 5. Hand the packet to the QP's engine, which places RDMA WRITE data into the target MR,
-//!    scatters SEND data into receive buffers and pushes WCs into the receive CQ.
+//!    scatters SEND data into receive buffers and pushes WCs into the receive CQ; an RC engine
+//!    also queues its ACK or NAK, and an inbound ACK completes send WRs into the send CQ. A
+//!    packet of the other service (an RC opcode to a UC QP or the reverse) is a QP-level
+//!    `malformed` drop (rxe `check_type_state`).
 //!
 //! # Send path
 //!
@@ -24,7 +30,16 @@
 //! sealed (ICRC) and handed to the link in batches (`sendmmsg` on UDP). If the link takes
 //! fewer datagrams than offered (socket buffer full) the rest wait in the device's transmit
 //! queue and no more are pulled until it drains, so a WR's SQ slot is held until its packets
-//! are with the device.
+//! are with the device (UC), or until they are acknowledged (RC).
+//!
+//! # RC timers
+//!
+//! Each round runs the RC QPs' due timers first (retransmit, end of an RNR wait; a QP whose
+//! retries ran out is flushed there, its `RetryExceededError` completion first), and an idle
+//! progress thread sleeps no longer than the earliest timer. A post that sends by itself and
+//! arms a timer earlier than the sleeping thread's deadline wakes the thread. In busy-poll
+//! mode timers, ACKs and retransmissions run only while the application polls (or waits on a
+//! completion channel, whose wait is bounded by its own timeout, not by the timers).
 //!
 //! # Progress modes ([`ProgressMode`])
 //!
@@ -75,6 +90,8 @@
 //! [`CompletionChannel::wait`]: crate::api::CompletionChannel::wait
 //! [`CompletionChannel::req_notify`]: crate::api::CompletionChannel::req_notify
 //! [`UcQp`]: crate::soft::engine::UcQp
+//! [`RcQp`]: crate::soft::rc::RcQp
+//! [`RcPacketRepr::parse`]: crate::soft::packet::RcPacketRepr::parse
 //! [`PacketRepr::parse`]: crate::soft::packet::PacketRepr::parse
 //! [`icrc::verify`]: crate::soft::icrc::verify
 //! [`Readiness::Opaque`]: crate::soft::link::Readiness::Opaque

@@ -112,7 +112,9 @@ impl Shared {
 
     /// Runs the RC QPs' timers that are due (retransmit, end of an RNR wait) and returns the
     /// earliest one still running. A timer that fired may have made a QP ready to send (a
-    /// rewind) or failed it (retry exceeded): the transmit and flush hints are set.
+    /// rewind: the transmit hint is set) or failed it (retry exceeded: its WRs are flushed
+    /// here, the `RetryExceededError` completion first, so a failure found just before the
+    /// thread sleeps is not left waiting for the next datagram).
     pub(super) fn run_timers(&self) -> Option<Instant> {
         let slots: Vec<Arc<QpSlot>> = {
             let rc = self.rc_qps.read().unwrap_or_else(PoisonError::into_inner);
@@ -131,7 +133,12 @@ impl Shared {
                     self.tx_hint.store(true, Ordering::Release);
                 }
                 if core.engine.needs_flush() {
-                    self.flush_hint.store(true, Ordering::Release);
+                    core.engine
+                        .flush(&mut CqSink(&slot.send_cq), &mut CqSink(&slot.recv_cq));
+                    if core.engine.needs_flush() {
+                        // A CQ is full: the flush is retried after a bounded wait.
+                        self.flush_hint.store(true, Ordering::Release);
+                    }
                 }
                 self.note_events(&slot, &mut core);
             }
@@ -227,6 +234,8 @@ impl Shared {
             // A timer fired and a QP has packets to resend.
             return IdleWait::Now;
         }
+        // A flush a timer could not finish (a full CQ) is retried after a bounded wait.
+        let retry = retry || self.flush_hint.load(Ordering::Acquire);
         let earliest = |until: Option<Instant>| match (until, timer) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -427,6 +436,9 @@ pub(super) fn progress_thread(
     name: &str,
 ) {
     while let Some(shared) = weak.upgrade() {
+        // Awake: a post that arms an RC timer now needs no wake (`Shared::note_timer`); the
+        // next idle wait looks at every timer before it sleeps.
+        shared.planned_wake.store(0, Ordering::Release);
         let errors = shared.counters.link_errors.load(Ordering::Relaxed);
         let report = shared.progress(Some(Duration::ZERO), true);
         if report.received > 0 || report.sent > 0 {
