@@ -8,7 +8,7 @@
 # retransmit timeout (completer_retry_err), and a sequence NAK also as rcvd_seq_err when it
 # acknowledges packets its completer had not seen ACKed yet (rxe_comp.c check_ack: NAK PSN
 # past comp.psn, so mostly for NAKs in the middle of a multi-packet message). rxe never gives
-# up (retry_exceeded_err +0; retry_cnt 7 is "retry forever" in rxe).
+# up here (retry_cnt 7 is "retry forever" in rxe; retry_exceeded_err is printed, not checked).
 . /scenarios/common.sh
 N=10000
 seed=11

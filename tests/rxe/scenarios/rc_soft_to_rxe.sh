@@ -6,8 +6,7 @@
 # LAST). IBTA 9.7: every message must arrive exactly once and in order (rxe_uc's receiver
 # fails on a gap, a duplicate or a reordering), so the soft requester must have retransmitted
 # (its QP's rc_packets_retransmitted), after rxe's PSN sequence NAKs (rxe0 out_of_seq_request,
-# one per NAK: rxe_resp.c check_psn) or its own ACK timeout; rxe0 must not have given up
-# (retry_exceeded_err).
+# one per NAK: rxe_resp.c check_psn) or its own ACK timeout.
 . /scenarios/common.sh
 N=10000
 seed=1

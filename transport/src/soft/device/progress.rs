@@ -132,14 +132,7 @@ impl Shared {
                 if core.engine.wants_transmit() {
                     self.tx_hint.store(true, Ordering::Release);
                 }
-                if core.engine.needs_flush() {
-                    core.engine
-                        .flush(&mut CqSink(&slot.send_cq), &mut CqSink(&slot.recv_cq));
-                    if core.engine.needs_flush() {
-                        // A CQ is full: the flush is retried after a bounded wait.
-                        self.flush_hint.store(true, Ordering::Release);
-                    }
-                }
+                self.flush_now(&slot, &mut core);
                 self.note_events(&slot, &mut core);
             }
             if let Some(t) = core.engine.poll_timeout() {
@@ -368,12 +361,7 @@ impl Shared {
         for slot in self.snapshot_qps() {
             let mut core = lock(&slot.core);
             if core.engine.needs_flush() {
-                core.engine
-                    .flush(&mut CqSink(&slot.send_cq), &mut CqSink(&slot.recv_cq));
-                if core.engine.needs_flush() {
-                    // A CQ is full: try again next round.
-                    self.flush_hint.store(true, Ordering::Release);
-                }
+                self.flush_now(&slot, &mut core);
                 self.note_events(&slot, &mut core);
             }
         }
@@ -416,13 +404,7 @@ impl Shared {
             // An ACK to send, or requests to resend after a NAK.
             self.tx_hint.store(true, Ordering::Release);
         }
-        if core.engine.needs_flush() {
-            core.engine
-                .flush(&mut CqSink(&slot.send_cq), &mut CqSink(&slot.recv_cq));
-            if core.engine.needs_flush() {
-                self.flush_hint.store(true, Ordering::Release);
-            }
-        }
+        self.flush_now(&slot, &mut core);
         self.note_events(&slot, &mut core);
     }
 }

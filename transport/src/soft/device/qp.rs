@@ -351,15 +351,7 @@ impl QpOps for SoftQp {
             }
             Ok(())
         })();
-        if core.engine.needs_flush() {
-            core.engine.flush(
-                &mut CqSink(&self.slot.send_cq),
-                &mut CqSink(&self.slot.recv_cq),
-            );
-            if core.engine.needs_flush() {
-                self.shared.flush_hint.store(true, Ordering::Release);
-            }
-        }
+        self.shared.flush_now(&self.slot, &mut core);
         drop(core);
         self.shared.note_cq_overflow(&self.slot);
         result

@@ -212,6 +212,18 @@ impl Shared {
         }
     }
 
+    /// Flushes a QP in ERROR into its CQs now; when a CQ is full, leaves the rest for a later
+    /// round (`flush_hint`).
+    pub(super) fn flush_now(&self, slot: &QpSlot, core: &mut QpCore) {
+        if core.engine.needs_flush() {
+            core.engine
+                .flush(&mut CqSink(&slot.send_cq), &mut CqSink(&slot.recv_cq));
+            if core.engine.needs_flush() {
+                self.flush_hint.store(true, Ordering::Release);
+            }
+        }
+    }
+
     pub(super) fn note_cq_overflow(&self, slot: &QpSlot) {
         for cq in [&slot.send_cq, &slot.recv_cq] {
             if cq.overflowed.swap(false, Ordering::Relaxed) {
