@@ -669,6 +669,7 @@ fn goodbye(fin: &FinalSequences, reason: GoodbyeReason, detail: &str) -> control
         streams: stream_finals(fin),
         reason: reason as i32,
         detail: detail.chars().take(control::MAX_DETAIL_BYTES).collect(),
+        rc_final_conn_seq: None,
     }
 }
 
@@ -686,6 +687,7 @@ fn heartbeat(sequence: u64, core: &mut SenderCore) -> Heartbeat {
         sent_streams: stream_finals(&fin),
         credit_grant_applied: core.grant_applied(),
         frames_without_credit: Some(core.take_frames_without_credit()),
+        rc_sent_conn_seq: None,
     }
 }
 
@@ -765,6 +767,7 @@ async fn session(
         capabilities: capabilities(config),
         qp: Some(plane.endpoint()),
         expected_frames_per_second: Some(config.collector.expected_frames_per_second.max(1)),
+        rc_lane: None,
     };
     let welcome = conn
         .handshake(hello, token, connect_timeout)

@@ -707,6 +707,7 @@ async fn connect_agent(
         hostname: format!("host-{}", a.id),
         epoch: a.epoch,
         transport: Transport::Soft as i32,
+        rc_lane: None,
         capabilities: vec![DataPath::WriteWithImm as i32],
         qp: Some(wire::QpEndpoint {
             gid: ep.gid.to_vec(),
@@ -805,6 +806,7 @@ async fn session(
     let last = sent.checked_sub(1);
     let goodbye = Goodbye {
         final_conn_seq: last,
+        rc_final_conn_seq: None,
         streams: vec![StreamFinal {
             stream_id: 1,
             final_stream_seq: last,

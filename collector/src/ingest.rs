@@ -923,6 +923,7 @@ impl<D: Delivery> ConnectionIngest<D> {
             conn_lost: counts.lost.saturating_add(self.unseen_conn_lost),
             conn_loss_fraction: conn.fraction_lost.clamp(0.0, 1.0),
             credit_grant: None,
+            rc_lane: None,
         }
     }
 

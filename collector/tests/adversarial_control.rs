@@ -701,6 +701,7 @@ async fn absurd_goodbye_sequences_do_not_poison_loss_counters() {
     //    arrived.
     let mut ch = authenticated(addr, "liar", 77).await;
     ch.send(Goodbye {
+        rc_final_conn_seq: None,
         final_conn_seq: Some(u64::MAX),
         streams: vec![StreamFinal {
             stream_id: 11,

@@ -47,6 +47,8 @@ pub const MAX_DETAIL_BYTES: usize = 1024;
 pub const PATH_MTUS: [u32; 5] = [256, 512, 1024, 2048, 4096];
 /// Largest QPN and PSN: both are 24-bit fields of the BTH (IBTA §9.2).
 pub const MAX_24_BIT: u32 = (1 << 24) - 1;
+/// Most streams one lane may name ([`RcLaneRequest::stream_ids`]).
+pub const MAX_LANE_STREAMS: usize = 64;
 
 /// Domain-separation label that opens the proof transcript.
 const PROOF_LABEL: &[u8] = b"uctel-control-v1/proof";
@@ -152,6 +154,65 @@ pub struct Hello {
     /// ring.
     #[prost(uint32, optional, tag = "8")]
     pub expected_frames_per_second: Option<u32>,
+    /// The agent's RC lane (DESIGN.md §8b), when some of its streams asked for
+    /// `reliability: rc`; `None`: every stream travels on the UC QP.
+    #[prost(message, optional, tag = "9")]
+    pub rc_lane: Option<RcLaneRequest>,
+}
+
+/// Agent → collector, in [`Hello`]: the second lane of a connection, over an RC QP
+/// (DESIGN.md §8b). A lane has its own connection sequence, ring, credit window and consumed
+/// point; a stream travels on exactly one lane.
+#[derive(Clone, PartialEq, Eq, prost::Message)]
+pub struct RcLaneRequest {
+    /// The agent's RC QP (same transport and address rules as [`Hello::qp`]).
+    #[prost(message, optional, tag = "1")]
+    pub qp: Option<QpEndpoint>,
+    /// Header stream ids of the streams this lane carries: at least one, distinct, at most
+    /// [`MAX_LANE_STREAMS`]. Every other stream travels on the UC QP.
+    #[prost(uint32, repeated, tag = "2")]
+    pub stream_ids: Vec<u32>,
+}
+
+/// Collector → agent, in [`Welcome`]: where the RC lane writes. Slot size, frame size and
+/// data path are the connection's ([`Welcome`]).
+#[derive(Clone, PartialEq, Eq, prost::Message)]
+pub struct RcLane {
+    /// The collector's RC QP.
+    #[prost(message, optional, tag = "1")]
+    pub qp: Option<QpEndpoint>,
+    /// Virtual address of the lane's ring (RETH VA of slot 0).
+    #[prost(uint64, tag = "2")]
+    pub ring_addr: u64,
+    /// rkey of the lane's ring MR (REMOTE_WRITE only).
+    #[prost(uint32, tag = "3")]
+    pub rkey: u32,
+    /// Slots in the lane's ring, ≥ 1.
+    #[prost(uint32, tag = "4")]
+    pub slots: u32,
+    /// Frames the lane may have outstanding beyond its consumed sequence, `1..=slots`. The
+    /// RC lane takes no share of the collector-wide budget: a datagram the collector's socket
+    /// drops is retransmitted, not lost, so its window is its ring.
+    #[prost(uint32, tag = "5")]
+    pub credit_window: u32,
+}
+
+/// Collector → agent, in [`Report`]: the RC lane's connection-sequence delivery.
+#[derive(Clone, Copy, PartialEq, prost::Message)]
+pub struct LaneReport {
+    /// Highest connection sequence of the lane consumed from its ring; `None` before the
+    /// first frame.
+    #[prost(uint64, optional, tag = "1")]
+    pub consumed_conn_seq: Option<u64>,
+    /// Frames received on the lane (cumulative).
+    #[prost(uint64, tag = "2")]
+    pub conn_received: u64,
+    /// Frames missing on the lane (cumulative): on RC a bug signal, never expected.
+    #[prost(uint64, tag = "3")]
+    pub conn_lost: u64,
+    /// RFC 3550 A.3 loss fraction of the lane in the last interval, `0.0..=1.0`.
+    #[prost(double, tag = "4")]
+    pub conn_loss_fraction: f64,
 }
 
 /// Collector → agent: prove you hold the token.
@@ -218,6 +279,9 @@ pub struct Welcome {
     /// may be sent. `None`: credits are `credit_window` beyond the consumed sequence only.
     #[prost(message, optional, tag = "11")]
     pub credit_grant: Option<CreditGrant>,
+    /// The RC lane, when the agent asked for one ([`Hello::rc_lane`]).
+    #[prost(message, optional, tag = "12")]
+    pub rc_lane: Option<RcLane>,
 }
 
 /// Collector → agent, in `Welcome` and `Report`s: how far the agent may send (DESIGN.md §4,
@@ -338,6 +402,11 @@ pub struct Heartbeat {
     /// that lowered its limit.
     #[prost(uint64, optional, tag = "6")]
     pub frames_without_credit: Option<u64>,
+    /// Agent → collector: the last connection sequence sent on the RC lane before this
+    /// heartbeat (as `sent_conn_seq` for the UC QP); `sent_streams` lists the streams of
+    /// both lanes.
+    #[prost(uint64, optional, tag = "7")]
+    pub rc_sent_conn_seq: Option<u64>,
 }
 
 /// Delivery of one stream as the collector saw it (cumulative since the connection began).
@@ -385,6 +454,10 @@ pub struct Report {
     /// A new credit grant ([`CreditGrant`]), when the limit changed since the last one.
     #[prost(message, optional, tag = "6")]
     pub credit_grant: Option<CreditGrant>,
+    /// The RC lane's delivery, on a connection with one; `streams` lists the streams of
+    /// both lanes. Its credit is `credit_window` beyond its consumed sequence.
+    #[prost(message, optional, tag = "7")]
+    pub rc_lane: Option<LaneReport>,
 }
 
 /// The last state of one stream at goodbye.
@@ -436,6 +509,10 @@ pub struct Goodbye {
     /// Human-readable detail, at most [`MAX_DETAIL_BYTES`] bytes.
     #[prost(string, tag = "4")]
     pub detail: String,
+    /// Agent → collector: last connection sequence sent on the RC lane; `None` when the
+    /// lane sent nothing (or there is none). `streams` lists the streams of both lanes.
+    #[prost(uint64, optional, tag = "5")]
+    pub rc_final_conn_seq: Option<u64>,
 }
 
 /// The envelope: every control-channel frame carries exactly one of these.
@@ -657,20 +734,58 @@ impl Hello {
         let Some(qp) = &self.qp else {
             return Err(invalid(M, "qp", "missing".into()));
         };
-        qp.validate(M)?;
-        match (transport, qp.udp_addr.is_empty()) {
-            (Transport::Soft, true) => Err(invalid(
+        check_agent_qp(qp, transport, "qp.udp_addr")?;
+        let Some(lane) = &self.rc_lane else {
+            return Ok(());
+        };
+        let Some(rc_qp) = &lane.qp else {
+            return Err(invalid(M, "rc_lane.qp", "missing".into()));
+        };
+        check_agent_qp(rc_qp, transport, "rc_lane.qp.udp_addr")?;
+        if lane.stream_ids.is_empty() || lane.stream_ids.len() > MAX_LANE_STREAMS {
+            return Err(invalid(
                 M,
-                "qp.udp_addr",
-                "the soft transport needs ip:port".into(),
-            )),
-            (Transport::Verbs, false) => Err(invalid(
-                M,
-                "qp.udp_addr",
-                "must be empty for the verbs transport".into(),
-            )),
-            _ => Ok(()),
+                "rc_lane.stream_ids",
+                format!(
+                    "{} streams, allowed 1..={MAX_LANE_STREAMS}",
+                    lane.stream_ids.len()
+                ),
+            ));
         }
+        let mut ids = lane.stream_ids.clone();
+        ids.sort_unstable();
+        if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+            return Err(invalid(
+                M,
+                "rc_lane.stream_ids",
+                format!("stream {} named twice", w[0]),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// An agent's QP endpoint in [`Hello`]: valid, with `udp_addr` set for the soft transport and
+/// empty for verbs (`udp_field` names the field in the error).
+fn check_agent_qp(
+    qp: &QpEndpoint,
+    transport: Transport,
+    udp_field: &'static str,
+) -> Result<(), InvalidMessage> {
+    const M: &str = "Hello";
+    qp.validate(M)?;
+    match (transport, qp.udp_addr.is_empty()) {
+        (Transport::Soft, true) => Err(invalid(
+            M,
+            udp_field,
+            "the soft transport needs ip:port".into(),
+        )),
+        (Transport::Verbs, false) => Err(invalid(
+            M,
+            udp_field,
+            "must be empty for the verbs transport".into(),
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -722,7 +837,25 @@ impl Welcome {
         if self.report_interval_ms == 0 {
             return Err(invalid(M, "report_interval_ms", "0 ms".into()));
         }
-        check_data_path(M, "data_path", self.data_path)
+        check_data_path(M, "data_path", self.data_path)?;
+        let Some(lane) = &self.rc_lane else {
+            return Ok(());
+        };
+        let Some(qp) = &lane.qp else {
+            return Err(invalid(M, "rc_lane.qp", "missing".into()));
+        };
+        qp.validate(M)?;
+        if lane.slots == 0 {
+            return Err(invalid(M, "rc_lane.slots", "0 slots".into()));
+        }
+        if lane.credit_window == 0 || lane.credit_window > lane.slots {
+            return Err(invalid(
+                M,
+                "rc_lane.credit_window",
+                format!("{} outside 1..={} (slots)", lane.credit_window, lane.slots),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -737,16 +870,17 @@ impl ControlMessage {
     /// * a body is present;
     /// * `Hello`: version ≠ 0, `agent_id` 1..=128 bytes, `hostname` ≤ 255 bytes, a known
     ///   transport, ≥ 1 known data path, a valid `qp` whose `udp_addr` is set for `soft` and
-    ///   empty for `verbs`;
+    ///   empty for `verbs`; an `rc_lane` has such a `qp` too and 1..=64 distinct stream ids;
     /// * `QpEndpoint`: 16-byte GID, 24-bit QPN and PSN, MTU in [`PATH_MTUS`], `udp_addr`
     ///   empty or `ip:port`;
     /// * `Challenge`: 32-byte nonce, `collector_id` ≤ 128 bytes; `Proof`: 32-byte HMAC;
     /// * `Welcome`: valid `qp`, `slots ≥ 1`, `max_frame_bytes ≥ 64` (frame header),
     ///   `slot_bytes ≥ max_frame_bytes`, `credit_window` in `1..=slots`, intervals ≥ 1 ms, a
-    ///   known data path;
+    ///   known data path; an `rc_lane` has a valid `qp`, `slots ≥ 1` and its window in
+    ///   `1..=slots`;
     /// * `Refuse`/`Goodbye`: `detail` ≤ 1024 bytes (unknown reasons are accepted for forward
     ///   compatibility and read as `Unspecified`);
-    /// * `Report`: loss fractions in `0.0..=1.0`.
+    /// * `Report`: loss fractions in `0.0..=1.0` (the RC lane's included).
     ///
     /// # Errors
     /// [`InvalidMessage`] naming the message and field.
@@ -772,6 +906,13 @@ impl ControlMessage {
             Body::Heartbeat(_) => Ok(()),
             Body::Report(m) => {
                 check_fraction("Report", "conn_loss_fraction", m.conn_loss_fraction)?;
+                if let Some(lane) = &m.rc_lane {
+                    check_fraction(
+                        "Report",
+                        "rc_lane.conn_loss_fraction",
+                        lane.conn_loss_fraction,
+                    )?;
+                }
                 m.streams.iter().try_for_each(|s| {
                     check_fraction("Report", "streams.loss_fraction", s.loss_fraction)
                 })

@@ -5,8 +5,8 @@ use proptest::prelude::*;
 use uctel_protocol::control::{
     decode_frame, encode_message, proof, random_nonce, verify_proof, Body, Challenge,
     ControlDecoder, ControlMessage, DataPath, DecodeError, EncodeError, Goodbye, GoodbyeReason,
-    Heartbeat, Hello, Proof, QpEndpoint, Refuse, RefuseReason, Report, StreamFinal, StreamReport,
-    Transport, Welcome, LENGTH_PREFIX_BYTES, MAX_CONTROL_MESSAGE_BYTES, NONCE_BYTES,
+    Heartbeat, Hello, LaneReport, Proof, QpEndpoint, RcLane, RcLaneRequest, Refuse, RefuseReason,
+    Report, StreamFinal, StreamReport, Transport, Welcome, LENGTH_PREFIX_BYTES, MAX_CONTROL_MESSAGE_BYTES, NONCE_BYTES,
     PROTOCOL_VERSION,
 };
 
@@ -33,6 +33,32 @@ fn hello() -> Hello {
     }
 }
 
+fn rc_hello() -> Hello {
+    Hello {
+        rc_lane: Some(RcLaneRequest {
+            qp: Some(QpEndpoint {
+                qpn: 0x12,
+                ..qp("10.0.0.7:4792")
+            }),
+            stream_ids: vec![2],
+        }),
+        ..hello()
+    }
+}
+
+fn rc_welcome() -> Welcome {
+    Welcome {
+        rc_lane: Some(RcLane {
+            qp: Some(qp("[fe80::1]:4793")),
+            ring_addr: 0x7f00_beef_0000,
+            rkey: 0x5678,
+            slots: 256,
+            credit_window: 256,
+        }),
+        ..welcome()
+    }
+}
+
 fn welcome() -> Welcome {
     Welcome {
         qp: Some(qp("[fe80::1]:4791")),
@@ -53,6 +79,25 @@ fn welcome() -> Welcome {
 fn every_message() -> Vec<ControlMessage> {
     vec![
         hello().into(),
+        rc_hello().into(),
+        rc_welcome().into(),
+        Heartbeat {
+            sequence: 44,
+            sent_conn_seq: Some(7),
+            rc_sent_conn_seq: Some(3),
+            ..Default::default()
+        }
+        .into(),
+        Report {
+            rc_lane: Some(LaneReport {
+                consumed_conn_seq: Some(9),
+                conn_received: 10,
+                conn_lost: 0,
+                conn_loss_fraction: 0.0,
+            }),
+            ..Default::default()
+        }
+        .into(),
         Challenge {
             nonce: (0..32).collect(),
             collector_id: "collector-1".into(),
@@ -109,6 +154,7 @@ fn every_message() -> Vec<ControlMessage> {
         }
         .into(),
         Goodbye {
+            rc_final_conn_seq: None,
             final_conn_seq: Some(0),
             streams: vec![
                 StreamFinal {
@@ -145,6 +191,10 @@ fn every_message_round_trips() {
         names,
         [
             "Hello",
+            "Hello",
+            "Welcome",
+            "Heartbeat",
+            "Report",
             "Challenge",
             "Proof",
             "Welcome",
@@ -630,6 +680,118 @@ fn validation_rejects_each_broken_rule() {
             .into(),
             "Goodbye",
             "detail",
+        ),
+        (
+            Hello {
+                rc_lane: Some(RcLaneRequest {
+                    qp: None,
+                    stream_ids: vec![2],
+                }),
+                ..hello()
+            }
+            .into(),
+            "Hello",
+            "rc_lane.qp",
+        ),
+        (
+            Hello {
+                rc_lane: Some(RcLaneRequest {
+                    qp: Some(qp("")),
+                    stream_ids: vec![2],
+                }),
+                ..hello()
+            }
+            .into(),
+            "Hello",
+            "rc_lane.qp.udp_addr",
+        ),
+        (
+            Hello {
+                rc_lane: Some(RcLaneRequest {
+                    qp: Some(QpEndpoint {
+                        qpn: 1 << 24,
+                        ..qp("10.0.0.7:4792")
+                    }),
+                    stream_ids: vec![2],
+                }),
+                ..hello()
+            }
+            .into(),
+            "Hello",
+            "qp.qpn",
+        ),
+        (
+            Hello {
+                rc_lane: Some(RcLaneRequest {
+                    qp: Some(qp("10.0.0.7:4792")),
+                    stream_ids: vec![],
+                }),
+                ..hello()
+            }
+            .into(),
+            "Hello",
+            "rc_lane.stream_ids",
+        ),
+        (
+            Hello {
+                rc_lane: Some(RcLaneRequest {
+                    qp: Some(qp("10.0.0.7:4792")),
+                    stream_ids: vec![2, 3, 2],
+                }),
+                ..hello()
+            }
+            .into(),
+            "Hello",
+            "rc_lane.stream_ids",
+        ),
+        (
+            Welcome {
+                rc_lane: Some(RcLane {
+                    qp: None,
+                    ..rc_welcome().rc_lane.unwrap_or_default()
+                }),
+                ..welcome()
+            }
+            .into(),
+            "Welcome",
+            "rc_lane.qp",
+        ),
+        (
+            Welcome {
+                rc_lane: Some(RcLane {
+                    slots: 0,
+                    credit_window: 0,
+                    ..rc_welcome().rc_lane.unwrap_or_default()
+                }),
+                ..welcome()
+            }
+            .into(),
+            "Welcome",
+            "rc_lane.slots",
+        ),
+        (
+            Welcome {
+                rc_lane: Some(RcLane {
+                    credit_window: 257,
+                    ..rc_welcome().rc_lane.unwrap_or_default()
+                }),
+                ..welcome()
+            }
+            .into(),
+            "Welcome",
+            "rc_lane.credit_window",
+        ),
+        (
+            Report {
+                rc_lane: Some(LaneReport {
+                    conn_loss_fraction: 1.5,
+                    ..LaneReport::default()
+                }),
+                ..Report::default()
+            }
+            .into(),
+            "Report",
+            "rc_lane.conn_loss_fraction",
         ),
     ];
     for (msg, message, field) in cases {

@@ -533,6 +533,7 @@ impl Pair {
         let fin = self.core.final_sequences();
         let goodbye = Goodbye {
             final_conn_seq: fin.last_conn_seq,
+            rc_final_conn_seq: None,
             streams: Stream::ALL
                 .iter()
                 .map(|s| {

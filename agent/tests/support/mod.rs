@@ -327,6 +327,7 @@ async fn serve(
                 s.we_said_goodbye = true;
                 let _ = conn
                     .send(Goodbye {
+                        rc_final_conn_seq: None,
                         final_conn_seq: None,
                         streams: vec![],
                         reason: control::GoodbyeReason::Shutdown as i32,

@@ -199,6 +199,7 @@ pub(super) async fn run_session(
         report_interval_ms: millis(report_every),
         data_path: accepted.data_path as i32,
         credit_grant: Some(first_grant),
+        rc_lane: None,
     };
     if let Err(e) = ch.send(welcome).await {
         tracing::warn!(agent = %agent, error = %e, "sending Welcome failed");
@@ -255,6 +256,7 @@ pub(super) async fn run_session(
                     streams: Vec::new(),
                     reason: GoodbyeReason::Drain as i32,
                     detail: "the collector is draining; move to the next collector of the pool".into(),
+                    rc_final_conn_seq: None,
                 };
                 if !send_within(ch, bye, dead_after, &agent).await {
                     vanished = Some("the control connection failed: the drain notice could not be sent".into());
@@ -369,6 +371,7 @@ pub(super) async fn run_session(
             streams: Vec::new(),
             reason: reason as i32,
             detail: cut_at_char(&detail, wire::MAX_DETAIL_BYTES).to_owned(),
+            rc_final_conn_seq: None,
         };
         let _ = send_within(ch, bye, dead_after, &agent).await;
     }

@@ -474,6 +474,7 @@ impl TestAgent {
         let final_conn_seq = self.next_conn_seq.checked_sub(1);
         self.ch
             .send(Goodbye {
+                rc_final_conn_seq: None,
                 final_conn_seq,
                 streams,
                 reason: GoodbyeReason::Shutdown as i32,
