@@ -230,6 +230,38 @@ pub struct RcCounters {
     pub duplicates: u64,
 }
 
+impl RcCounters {
+    /// Label values of the counters, in [`RcCounters::iter`] order (the `event` label of
+    /// the daemons' RC counter families).
+    pub const NAMES: [&'static str; 9] = [
+        "packets_retransmitted",
+        "timeouts",
+        "naks_sent",
+        "naks_received",
+        "rnr_naks_sent",
+        "rnr_naks_received",
+        "retry_exceeded",
+        "rnr_retry_exceeded",
+        "duplicates",
+    ];
+
+    /// Every counter with its label value ([`RcCounters::NAMES`]).
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
+        let values = [
+            self.packets_retransmitted,
+            self.timeouts,
+            self.naks_sent,
+            self.naks_received,
+            self.rnr_naks_sent,
+            self.rnr_naks_received,
+            self.retry_exceeded,
+            self.rnr_retry_exceeded,
+            self.duplicates,
+        ];
+        Self::NAMES.into_iter().zip(values)
+    }
+}
+
 /// Device-wide counters ([`Device::stats`](super::Device::stats)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct DeviceStats {
@@ -243,6 +275,28 @@ pub struct DeviceStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rc_counter_names_follow_the_fields() {
+        let c = RcCounters {
+            packets_retransmitted: 1,
+            timeouts: 2,
+            naks_sent: 3,
+            naks_received: 4,
+            rnr_naks_sent: 5,
+            rnr_naks_received: 6,
+            retry_exceeded: 7,
+            rnr_retry_exceeded: 8,
+            duplicates: 9,
+        };
+        let got: Vec<(&str, u64)> = c.iter().collect();
+        assert_eq!(got.len(), 9);
+        for (i, (name, value)) in got.iter().enumerate() {
+            assert_eq!(*name, RcCounters::NAMES[i]);
+            assert_eq!(*value, i as u64 + 1, "{name}");
+        }
+        assert_eq!(got[6], ("retry_exceeded", 7));
+    }
 
     #[test]
     fn drop_reason_names_are_unique_label_values() {
