@@ -23,6 +23,7 @@
 //!     device: mlx5_0
 //!     port: 1
 //!     gid_index: 3
+//!   rc: { timeout: 14, retry_cnt: 7, rnr_retry: 7 }   # the RC QP of `reliability: rc` streams
 //! auth:
 //!   token_file: /etc/uctel/agent.token   # or `token: ...`
 //! sources:
@@ -41,7 +42,7 @@
 //! pacing: { frames_per_second: 20000, bytes_per_second: 50000000 }
 //! streams:
 //!   metrics: { data_path: write_with_imm, on_no_credit: drop, queue_records: 65536 }
-//!   logs: { data_path: send, on_no_credit: wait, queue_records: 8192 }
+//!   logs: { data_path: send, on_no_credit: wait, queue_records: 8192, reliability: uc }
 //! max_frame_bytes: 4096
 //! ```
 //!
@@ -58,6 +59,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use uctel_common::config::reference::{Reference, Sources};
 use uctel_common::config::{FaultSection, Problems, Validate};
+use uctel_transport::api::RcAttr;
 use uctel_transport::soft::fault::{FaultConfig, FaultConfigError};
 
 use crate::pacing::PacingLimits;
@@ -232,6 +234,64 @@ pub struct TransportSection {
     /// Options of the verbs transport.
     #[serde(default)]
     pub verbs: VerbsSection,
+    /// Retransmission settings of the RC QP that carries the streams set to
+    /// `reliability: rc` (both transports; unused while every stream is `uc`).
+    #[serde(default)]
+    pub rc: RcSection,
+}
+
+/// `transport.rc`: the RC QP's connection attributes (IBTA 9.7; the same knobs as
+/// `ibv_modify_qp`, with rxe's behaviour on the soft transport).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RcSection {
+    /// Local ACK timeout exponent (IBTA 9.7.6.1.3, `IBV_QP_TIMEOUT`): a packet not
+    /// acknowledged within 4.096 µs × 2^`timeout` is sent again. 0 turns the timer off (a
+    /// lost packet is then only resent after a later packet draws a sequence NAK), 1..=31
+    /// otherwise. Default 14 (about 67 ms): at heavy loss the RC lane's goodput is bound by
+    /// this timer (BENCHMARKS.md "Reliability trade-off").
+    #[serde(default = "default_rc_timeout")]
+    pub timeout: u8,
+    /// Retries after a timeout or a sequence NAK before a frame fails with
+    /// `IBV_WC_RETRY_EXC_ERR` and the QP goes to ERROR, 0..=7 (`IBV_QP_RETRY_CNT`; the soft
+    /// transport reads 7 as seven retries, rxe retries for ever). The agent then ends the
+    /// session and reconnects with a new epoch; the frames in flight are lost with it.
+    /// Default 7.
+    #[serde(default = "default_rc_retry")]
+    pub retry_cnt: u8,
+    /// Retries after receiver-not-ready NAKs (the collector had no receive posted), 0..=7,
+    /// 7 = for ever (IBTA 9.7.5.2.8, `IBV_QP_RNR_RETRY`). Default 7.
+    #[serde(default = "default_rc_retry")]
+    pub rnr_retry: u8,
+}
+
+fn default_rc_timeout() -> u8 {
+    14
+}
+fn default_rc_retry() -> u8 {
+    7
+}
+
+impl Default for RcSection {
+    fn default() -> Self {
+        Self {
+            timeout: default_rc_timeout(),
+            retry_cnt: default_rc_retry(),
+            rnr_retry: default_rc_retry(),
+        }
+    }
+}
+
+impl RcSection {
+    /// The RC QP attributes: these three, the rest at [`RcAttr::default`].
+    pub fn attr(&self) -> RcAttr {
+        RcAttr {
+            timeout: self.timeout,
+            retry_cnt: self.retry_cnt,
+            rnr_retry: self.rnr_retry,
+            ..RcAttr::default()
+        }
+    }
 }
 
 /// `transport.soft`.
@@ -240,7 +300,9 @@ pub struct TransportSection {
 pub struct SoftSection {
     /// Local UDP address of the soft RoCEv2 endpoint, written like a listen address (`IP:PORT`,
     /// `[IPv6]:PORT`, `:PORT`). Default: an ephemeral port on the local address of the control
-    /// connection. Real RoCEv2 peers (rxe, NICs) send to UDP 4791.
+    /// connection. Real RoCEv2 peers (rxe, NICs) send to UDP 4791. The RC QP of streams set
+    /// to `reliability: rc` has a soft device of its own, on an ephemeral port of the same
+    /// address.
     #[serde(default, deserialize_with = "uctel_common::listen::deserialize_option")]
     pub bind: Option<SocketAddr>,
     /// Largest path MTU offered, bytes: 256, 512, 1024, 2048 or 4096 (default). The QP uses
@@ -519,6 +581,48 @@ impl StreamsSection {
             Stream::Logs => OnNoCredit::Wait,
         })
     }
+
+    /// The reliability class of `stream`.
+    pub fn reliability(&self, stream: Stream) -> Reliability {
+        self.get(stream).reliability
+    }
+
+    /// The streams set to `reliability: rc`, in stream order (empty: no RC lane).
+    pub fn rc_streams(&self) -> Vec<Stream> {
+        Stream::ALL
+            .into_iter()
+            .filter(|s| self.reliability(*s) == Reliability::Rc)
+            .collect()
+    }
+}
+
+/// How a stream's frames are delivered: the QP type of the lane it travels on (DESIGN.md
+/// §8b). A connection with at least one `rc` stream has two lanes, a UC QP and an RC QP,
+/// each with its own connection sequence, ring and credit window; a stream travels on
+/// exactly one of them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reliability {
+    /// Unreliable Connection: a lost frame is detected and counted (`frames_lost_total` at
+    /// the collector), never repaired. For data that is fresh or worthless. Default.
+    #[default]
+    Uc,
+    /// Reliable Connection: the NIC (or the soft transport, following rxe) acknowledges and
+    /// retransmits (IBTA 9.7), so nothing is lost while `transport.rc`'s retry limits hold;
+    /// the latency tail and the bytes on the wire grow with loss (BENCHMARKS.md "Reliability
+    /// trade-off": at 5 % loss everything arrives, at about a quarter of the offered rate
+    /// with the default `timeout`). For data that must not be lost (audit logs).
+    Rc,
+}
+
+impl Reliability {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reliability::Uc => "uc",
+            Reliability::Rc => "rc",
+        }
+    }
 }
 
 /// What a stream does when the credit window (DESIGN.md §4) is used up.
@@ -568,6 +672,11 @@ pub struct StreamSection {
     /// Default 200 ms.
     #[serde(default = "default_flush_ms")]
     pub flush_milliseconds: u64,
+    /// The lane the stream's frames travel on (DESIGN.md §8b). With a stream on `rc` the
+    /// connection has a second QP, with its own connection sequence, ring and credit window
+    /// at the collector (which must offer one; else the connection fails and is retried).
+    #[serde(default)]
+    pub reliability: Reliability,
 }
 
 fn default_data_path() -> DataPath {
@@ -584,6 +693,7 @@ impl Default for StreamSection {
             on_no_credit: None,
             queue_records: None,
             flush_milliseconds: default_flush_ms(),
+            reliability: Reliability::Uc,
         }
     }
 }
@@ -713,6 +823,11 @@ impl Validate for AgentConfig {
         }
         if self.transport.verbs.port == 0 {
             p.push("transport.verbs.port", "port numbers start at 1");
+        }
+        if let Err(e) = self.transport.rc.attr().validate() {
+            // "<field> <value> is out of range 0..=<max>"
+            let field = e.split(' ').next().unwrap_or_default();
+            p.push(format!("transport.rc.{field}"), e.clone());
         }
 
         match (&self.auth.token, &self.auth.token_file) {
@@ -1324,6 +1439,72 @@ max_frame_bytes: 10
                 .contains("host:port, or a list of host:port"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn reliability_is_uc_unless_a_stream_asks_for_rc() {
+        let c = load(MINIMAL).unwrap_or_else(|e| panic!("{e}"));
+        for s in Stream::ALL {
+            assert_eq!(c.streams.reliability(s), Reliability::Uc);
+        }
+        assert!(c.streams.rc_streams().is_empty());
+        assert_eq!(c.transport.rc, RcSection::default());
+        assert_eq!(c.transport.rc.attr(), RcAttr::default());
+
+        let text = format!(
+            "{MINIMAL}streams:\n  logs:\n    reliability: rc\n  fast_counters:\n    reliability: uc\n\
+             transport:\n  rc:\n    timeout: 18\n    retry_cnt: 3\n"
+        );
+        let c = load(&text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.streams.reliability(Stream::Logs), Reliability::Rc);
+        assert_eq!(c.streams.reliability(Stream::Metrics), Reliability::Uc);
+        assert_eq!(c.streams.rc_streams(), [Stream::Logs]);
+        let attr = c.transport.rc.attr();
+        assert_eq!((attr.timeout, attr.retry_cnt, attr.rnr_retry), (18, 3, 7));
+        assert_eq!(attr.min_rnr_timer, RcAttr::default().min_rnr_timer);
+        assert_eq!(Reliability::Rc.as_str(), "rc");
+
+        let bad = format!("{MINIMAL}streams:\n  metrics:\n    reliability: tcp\n");
+        let err = load(&bad)
+            .err()
+            .unwrap_or_else(|| panic!("expected a problem"));
+        assert!(
+            err.problems
+                .iter()
+                .any(|p| p.key_path.contains("reliability") && p.line == Some(8)),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn rc_settings_out_of_their_ibta_range_are_problems() {
+        let text = format!("{MINIMAL}transport:\n  rc:\n    retry_cnt: 8\n");
+        let err = load(&text)
+            .err()
+            .unwrap_or_else(|| panic!("expected a problem"));
+        assert!(
+            err.problems
+                .iter()
+                .any(|p| p.key_path == "transport.rc.retry_cnt"
+                    && p.line == Some(8)
+                    && p.message.contains("out of range 0..=7")),
+            "{err}"
+        );
+        let text = format!("{MINIMAL}transport:\n  rc:\n    timeout: 32\n");
+        let err = load(&text)
+            .err()
+            .unwrap_or_else(|| panic!("expected a problem"));
+        assert!(
+            err.problems
+                .iter()
+                .any(|p| p.key_path == "transport.rc.timeout"),
+            "{err}"
+        );
+        // Not a u8 at all: a type error at its line.
+        let text = format!("{MINIMAL}transport:\n  rc:\n    rnr_retry: 300\n");
+        assert!(load(&text).is_err());
+        let text = format!("{MINIMAL}transport:\n  rc:\n    min_rnr_timer: 1\n");
+        assert!(load(&text).is_err(), "unknown key accepted");
     }
 
     #[test]
