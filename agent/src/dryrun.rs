@@ -186,6 +186,7 @@ fn sender_config(config: &AgentConfig) -> SenderConfig {
         ready_frames: 256,
         idle_heartbeat: None,
         wait_for_credit: [false; Stream::ALL.len()],
+        carries: [true; Stream::ALL.len()],
     }
 }
 

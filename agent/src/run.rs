@@ -644,6 +644,7 @@ fn negotiated(
         idle_heartbeat: Some(heartbeat),
         wait_for_credit: Stream::ALL
             .map(|s| config.streams.on_no_credit(s) == crate::config::OnNoCredit::Wait),
+        carries: [true; Stream::ALL.len()],
     })
 }
 

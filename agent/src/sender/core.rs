@@ -81,6 +81,13 @@ pub struct SenderConfig {
     /// built would use up every credit (`on_no_credit: wait`) instead of framing and
     /// dropping (`drop`).
     pub wait_for_credit: [bool; STREAMS],
+    /// Per stream, indexed by [`Stream::index`]: whether this pipeline carries the stream.
+    /// A connection with an RC lane (DESIGN.md §8b) runs one pipeline per lane, each carrying
+    /// the streams of its lane; a stream not carried takes no records
+    /// ([`SenderCore::wants_records`]), sends no idle heartbeat nor `LAST_OF_EPOCH` frame, and
+    /// its totals in [`SenderCore::final_sequences`] stay zero (the caller takes them from the
+    /// pipeline that carries it). All true with one lane.
+    pub carries: [bool; STREAMS],
 }
 
 /// The number of streams ([`Stream::ALL`]).
@@ -252,6 +259,8 @@ impl Pending {
 #[derive(Debug)]
 struct StreamState {
     stream: Stream,
+    /// This pipeline carries the stream ([`SenderConfig::carries`]).
+    carried: bool,
     data_path: DataPath,
     wait_for_credit: bool,
     flush_after: Duration,
@@ -331,6 +340,7 @@ impl SenderCore {
     ) -> Result<SenderCore, FramerError> {
         let state = |s: Stream| StreamState {
             stream: s,
+            carried: config.carries[s.index()],
             data_path: config.data_paths[s.index()],
             wait_for_credit: config.wait_for_credit[s.index()],
             flush_after: config.flush_after[s.index()],
@@ -390,9 +400,15 @@ impl SenderCore {
         self.epoch
     }
 
+    /// Whether this pipeline carries `stream` ([`SenderConfig::carries`]).
+    pub fn carries(&self, stream: Stream) -> bool {
+        self.streams[stream.index()].carried
+    }
+
     /// Whether the caller should hand more records of `stream` to the pipeline now: false
     /// while the stream's ready queue is full (records then wait, bounded, in the source
-    /// queue).
+    /// queue), and always for a stream this pipeline does not carry
+    /// ([`SenderConfig::carries`]: its records are for the other lane's pipeline).
     ///
     /// A stream configured to wait for credit also says no while the frames already built
     /// (ready on any stream, plus open ones) would use up the credits, keeping 1/16 of the
@@ -402,7 +418,7 @@ impl SenderCore {
     /// sized from the ring would then exceed every grant and hold the stream for good.
     pub fn wants_records(&self, stream: Stream) -> bool {
         let st = &self.streams[stream.index()];
-        if st.ready.len() >= self.ready_frames {
+        if !st.carried || st.ready.len() >= self.ready_frames {
             return false;
         }
         if !st.wait_for_credit {
@@ -509,6 +525,15 @@ impl SenderCore {
         self.credits.on_consumed(consumed)
     }
 
+    /// Takes the RC lane's part of a collector `Report` (`Report.rc_lane`, DESIGN.md §8b)
+    /// for the pipeline of that lane: its consumed sequence (`None` before the lane's first
+    /// frame arrived; then nothing is applied). No credit grant applies to the RC lane: its
+    /// credit is its window beyond its consumed sequence.
+    pub fn on_lane_report(&mut self, consumed: Option<u64>) -> Option<ReportOutcome> {
+        self.asked_for_credit = false;
+        consumed.map(|c| self.on_consumed(c))
+    }
+
     /// Takes the credits of a collector `Report` (DESIGN.md §4). A report sent before any
     /// frame reached the collector says `consumed_conn_seq: 0` meaning "nothing yet", which
     /// cannot be told apart from "frame 0 consumed": it is ignored (`None`), since taking it
@@ -575,7 +600,8 @@ impl SenderCore {
             }
             if let Some(idle) = self.idle_heartbeat {
                 let st = &self.streams[s.index()];
-                let quiet = st.ready.is_empty()
+                let quiet = st.carried
+                    && st.ready.is_empty()
                     && st.open_since.is_none()
                     && now.saturating_duration_since(st.last_sent) >= idle;
                 if quiet {
@@ -604,7 +630,7 @@ impl SenderCore {
                 consider(t + st.flush_after);
             }
             if let Some(idle) = self.idle_heartbeat {
-                if st.ready.is_empty() && st.open_since.is_none() {
+                if st.carried && st.ready.is_empty() && st.open_since.is_none() {
                     consider(st.last_sent + idle);
                 }
             }
@@ -774,15 +800,18 @@ impl SenderCore {
         );
     }
 
-    /// Closes every stream for this epoch: the open frame, or an empty frame, goes out
-    /// flagged `LAST_OF_EPOCH` (DESIGN.md §3) after whatever is already queued.
+    /// Closes every stream this pipeline carries for this epoch: the open frame, or an empty
+    /// frame, goes out flagged `LAST_OF_EPOCH` (DESIGN.md §3) after whatever is already
+    /// queued.
     pub fn finish(&mut self, unix_ns: u64) {
+        let [m, l, f] = self.streams.each_ref().map(|st| st.carried);
         let frames = [
-            self.metrics_framer.finish_epoch(unix_ns),
-            self.logs_framer.finish_epoch(unix_ns),
-            self.samples_framer.finish_epoch(unix_ns),
+            m.then(|| self.metrics_framer.finish_epoch(unix_ns)),
+            l.then(|| self.logs_framer.finish_epoch(unix_ns)),
+            f.then(|| self.samples_framer.finish_epoch(unix_ns)),
         ];
         for (st, f) in self.streams.iter_mut().zip(frames) {
+            let Some(f) = f else { continue };
             let first = st.open_first.take().unwrap_or(st.pushed);
             st.ready.push_back(Pending::new(f, first));
             st.open_since = None;
@@ -943,6 +972,7 @@ mod tests {
             ready_frames: 64,
             idle_heartbeat: None,
             wait_for_credit: [false; 3],
+            carries: [true; 3],
         }
     }
 
@@ -1488,6 +1518,33 @@ mod tests {
     }
 
     #[test]
+    fn a_lane_report_returns_credit_only_with_a_consumed_sequence() {
+        let t0 = Instant::now();
+        let mut core =
+            SenderCore::new_unexported(&config(2), 1, t0).unwrap_or_else(|e| panic!("{e}"));
+        for i in 0..2 {
+            core.push_metric(&metric(i), t0, 1);
+            core.flush(Stream::Metrics);
+        }
+        let (sent, _) = drain(&mut core, t0);
+        assert_eq!(sent.len(), 2);
+        assert_eq!(core.credits_available(), 0);
+        // Before the lane's first frame arrived the report says nothing consumed.
+        assert_eq!(core.on_lane_report(None), None);
+        assert_eq!(core.credits_available(), 0);
+        assert_eq!(
+            core.on_lane_report(Some(0)),
+            Some(ReportOutcome::Advanced(1))
+        );
+        assert_eq!(core.credits_available(), 1);
+        assert_eq!(
+            core.on_lane_report(Some(1)),
+            Some(ReportOutcome::Advanced(1))
+        );
+        assert_eq!(core.credits_available(), 2);
+    }
+
+    #[test]
     fn ready_queue_bound_stops_intake() {
         let t0 = Instant::now();
         let mut cfg = config(8);
@@ -1543,10 +1600,30 @@ mod proptests {
         /// more than the window outstanding beyond the last report.
         #[test]
         fn accounting_and_sequences_hold(ops in proptest::collection::vec(op(), 1..120)) {
+            run_ops(ops, [true; 3])?;
+        }
+
+        /// The same for the pipeline of one lane (DESIGN.md §8b), carrying any subset of the
+        /// streams: it takes no record of the others, posts none of their frames (idle
+        /// heartbeats and `LAST_OF_EPOCH` included), and reports no totals for them.
+        #[test]
+        fn a_lane_carries_only_its_streams(
+            ops in proptest::collection::vec(op(), 1..120),
+            carries in any::<[bool; 3]>(),
+        ) {
+            run_ops(ops, carries)?;
+        }
+    }
+
+    fn run_ops(ops: Vec<Op>, carries: [bool; 3]) -> Result<(), TestCaseError> {
+        {
             let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
             let t0 = Instant::now();
             let cfg = SenderConfig {
-                limits: Limits { max_frame_bytes: 1024, ..Limits::default() },
+                limits: Limits {
+                    max_frame_bytes: 1024,
+                    ..Limits::default()
+                },
                 pacing: Some(PacingLimits {
                     frames_per_second: Some(200),
                     bytes_per_second: Some(100_000),
@@ -1556,51 +1633,76 @@ mod proptests {
                 credit_window: 6,
                 first_conn_seq: u64::MAX - 10,
                 first_stream_seq: 0,
-                data_paths: [DataPath::WriteWithImm, DataPath::Send, DataPath::WriteWithImm],
+                data_paths: [
+                    DataPath::WriteWithImm,
+                    DataPath::Send,
+                    DataPath::WriteWithImm,
+                ],
                 flush_after: [Duration::from_millis(30); 3],
                 ready_frames: 8,
                 idle_heartbeat: Some(Duration::from_millis(500)),
                 wait_for_credit: [false, true, false],
+                carries,
             };
-            let mut core = SenderCore::new(&cfg, 9, t0, stats.clone()).unwrap_or_else(|e| panic!("{e}"));
+            let mut core =
+                SenderCore::new(&cfg, 9, t0, stats.clone()).unwrap_or_else(|e| panic!("{e}"));
             let mut now = t0;
             let mut pushed = [0u64; 3];
             let mut posted: Vec<Transmit> = Vec::new();
             let mut last: Option<Transmit> = None;
             for op in ops {
                 match op {
-                    Op::Metrics(n) => for i in 0..n {
-                        if core.wants_records(Stream::Metrics) {
-                            let m = Metric {
-                                name: "node_x".into(), help: String::new(),
-                                r#type: MetricType::Gauge as i32, labels: vec![],
-                                value: i as f64, timestamp_ms: 0, buckets: vec![], count: 0, sum: 0.0,
-                            };
-                            core.push_metric(&m, now, 1);
-                            pushed[0] += 1;
+                    Op::Metrics(n) => {
+                        for i in 0..n {
+                            if core.wants_records(Stream::Metrics) {
+                                let m = Metric {
+                                    name: "node_x".into(),
+                                    help: String::new(),
+                                    r#type: MetricType::Gauge as i32,
+                                    labels: vec![],
+                                    value: i as f64,
+                                    timestamp_ms: 0,
+                                    buckets: vec![],
+                                    count: 0,
+                                    sum: 0.0,
+                                };
+                                core.push_metric(&m, now, 1);
+                                pushed[0] += 1;
+                            }
                         }
-                    },
-                    Op::Log(len) => if core.wants_records(Stream::Logs) {
-                        let r = LogRecord {
-                            timestamp_ns: 1, severity: Severity::Info as i32,
-                            source: "s".into(), message: "x".repeat(len), ..Default::default()
-                        };
-                        core.push_log(&r, now, 1);
-                        pushed[1] += 1;
-                    },
-                    Op::Samples(n) => if core.wants_records(Stream::FastCounters) {
-                        let s = SampleSeries {
-                            name: "node_infiniband_out_of_buffer".into(),
-                            r#type: MetricType::Counter as i32,
-                            start_us: 1_000_000,
-                            offsets_us: (0..n as u64).map(|i| i * 10_000).collect(),
-                            values: (0..n).map(|i| i as f64).collect(),
-                            ..SampleSeries::default()
-                        };
-                        core.push_samples(&s, now, 1);
-                        pushed[2] += n as u64;
-                    },
-                    Op::Flush(metrics) => core.flush(if metrics { Stream::Metrics } else { Stream::Logs }),
+                    }
+                    Op::Log(len) => {
+                        if core.wants_records(Stream::Logs) {
+                            let r = LogRecord {
+                                timestamp_ns: 1,
+                                severity: Severity::Info as i32,
+                                source: "s".into(),
+                                message: "x".repeat(len),
+                                ..Default::default()
+                            };
+                            core.push_log(&r, now, 1);
+                            pushed[1] += 1;
+                        }
+                    }
+                    Op::Samples(n) => {
+                        if core.wants_records(Stream::FastCounters) {
+                            let s = SampleSeries {
+                                name: "node_infiniband_out_of_buffer".into(),
+                                r#type: MetricType::Counter as i32,
+                                start_us: 1_000_000,
+                                offsets_us: (0..n as u64).map(|i| i * 10_000).collect(),
+                                values: (0..n).map(|i| i as f64).collect(),
+                                ..SampleSeries::default()
+                            };
+                            core.push_samples(&s, now, 1);
+                            pushed[2] += n as u64;
+                        }
+                    }
+                    Op::Flush(metrics) => core.flush(if metrics {
+                        Stream::Metrics
+                    } else {
+                        Stream::Logs
+                    }),
                     Op::Advance(ms) => now += Duration::from_millis(ms),
                     Op::Report(back) => {
                         if let Some(t) = posted.last() {
@@ -1661,10 +1763,22 @@ mod proptests {
                 prop_assert_eq!(
                     pushed[s.index()],
                     sent + stats.records_dropped_all(s) + core.pending_records(s),
-                    "stream {}", s
+                    "stream {}",
+                    s
                 );
                 prop_assert_eq!(core.final_sequences().streams[s.index()].records, sent);
+                if !carries[s.index()] {
+                    prop_assert!(mine.is_empty(), "stream {} not carried", s);
+                    prop_assert_eq!(pushed[s.index()], 0);
+                    prop_assert_eq!(
+                        core.final_sequences().streams[s.index()],
+                        StreamTotals::default()
+                    );
+                    prop_assert_eq!(core.unsettled_records(s), 0);
+                }
             }
+            prop_assert_eq!(core.final_sequences().frames, posted.len() as u64);
         }
+        Ok(())
     }
 }
