@@ -58,12 +58,12 @@ use uctel_protocol::control::{DataPath, Goodbye, Heartbeat, Report};
 use uctel_protocol::seq::Seq;
 use uctel_transport::api::{
     AccessFlags, CompletionChannel, CompletionQueue, Device, DropCounters, MemoryRegion,
-    QpEndpoint, QpState, QpType, QueuePair, RecvWr, Sge, UcDropReason, WcOpcode, WcStatus,
-    WorkCompletion,
+    QpEndpoint, QpState, QpType, QueuePair, RcAttr, RcCounters, RecvWr, Sge, UcDropReason,
+    WcOpcode, WcStatus, WorkCompletion,
 };
 
 use crate::ingest::{CloseSummary, ConnectionIngest};
-use crate::telemetry::{AgentTelemetry, DropReason, Telemetry};
+use crate::telemetry::{AgentTelemetry, DropReason, RcLaneTelemetry, Telemetry};
 
 /// How often the worker folds transport counters and checks QP states.
 const STATS_EVERY: Duration = Duration::from_millis(100);
@@ -131,8 +131,10 @@ pub struct Session {
     pub data_path: DataPath,
     /// Sizes.
     pub geometry: Geometry,
-    /// The UC QP.
+    /// The QP: UC, or RC for an agent's RC lane (DESIGN.md §8b).
     pub qp: QueuePair,
+    /// The RC lane's counters (`None` on a UC QP).
+    rc: Option<RcLaneTelemetry>,
     recv_cq: CompletionQueue,
     send_cq: CompletionQueue,
     /// The ring (REMOTE_WRITE) the agent writes frames into.
@@ -148,8 +150,11 @@ pub struct Session {
 }
 
 impl Session {
-    /// Creates the PD, CQs, ring MR, Send buffers and the UC QP, and fills the receive
+    /// Creates the PD, CQs, ring MR, Send buffers and the QP (UC; RC with `rc`'s attributes
+    /// for an agent's RC lane, whose counters `rc` also carries), and fills the receive
     /// queue for `data_path`. The QP is left in INIT; [`Session::connect`] moves it to RTS.
+    /// On RC a full receive queue is flow control, not loss: the responder answers RNR NAK
+    /// and the agent's QP retries (IBTA 9.7.5.2.8).
     ///
     /// # Errors
     /// [`ResourceError`] naming the verb that failed.
@@ -160,6 +165,7 @@ impl Session {
         data_path: DataPath,
         geometry: Geometry,
         tel: AgentTelemetry,
+        rc: Option<(RcAttr, RcLaneTelemetry)>,
     ) -> Result<Session, ResourceError> {
         let pd = device.alloc_pd().map_err(verb("alloc_pd"))?;
         let rq_depth = match data_path {
@@ -187,7 +193,9 @@ impl Session {
             .map_err(verb("reg_mr send buffers"))?;
         let qp = pd
             .create_qp(&uctel_transport::api::QpInitAttr {
-                qp_type: QpType::Uc,
+                qp_type: rc
+                    .as_ref()
+                    .map_or(QpType::Uc, |(attr, _)| QpType::Rc(*attr)),
                 send_cq: &send_cq,
                 recv_cq: &recv_cq,
                 max_send_wr: 16,
@@ -202,6 +210,7 @@ impl Session {
             data_path,
             geometry,
             qp,
+            rc: rc.map(|(_, t)| t),
             recv_cq,
             send_cq,
             ring,
@@ -485,6 +494,8 @@ struct WorkerSession {
     ingest: ConnectionIngest,
     /// The QP's silent-drop counters at the last fold.
     qp_drops: DropCounters,
+    /// Its RC counters at the last fold (RC lane only).
+    qp_rc: RcCounters,
     /// Its completions waiting in [`Pending`].
     pending: u64,
 }
@@ -700,6 +711,7 @@ impl Worker {
                         session,
                         ingest: *ingest,
                         qp_drops: DropCounters::default(),
+                        qp_rc: RcCounters::default(),
                         pending: 0,
                     },
                 );
@@ -828,7 +840,12 @@ fn poll_one(
 
 fn fold_qp_stats(ws: &mut WorkerSession) {
     let s = ws.session.clone();
-    let now = s.qp.stats().drops;
+    let stats = s.qp.stats();
+    if let Some(rc) = &s.rc {
+        rc.add(&ws.qp_rc, &stats.rc);
+        ws.qp_rc = stats.rc;
+    }
+    let now = stats.drops;
     for (reason, count) in now.iter() {
         let before = ws.qp_drops.get(reason);
         if count > before {

@@ -490,6 +490,9 @@ pub struct ConnectionIngest<D = Outputs> {
     /// This connection's highest delivered `end_offset` per `file_id`, folded into
     /// `delivered` when the connection ends.
     file_highs: HashMap<u64, u64>,
+    /// On an RC lane: `rc_gap_frames_total`, which every connection-sequence loss also
+    /// counts ([`ConnectionIngest::set_rc_lane`]).
+    rc_gaps: Option<prometheus::IntCounter>,
 }
 
 impl ConnectionIngest<Outputs> {
@@ -564,6 +567,7 @@ impl<D: Delivery> ConnectionIngest<D> {
             metrics: MetricBatchView::new(),
             delivered: DeliveredLogs::default(),
             file_highs: HashMap::new(),
+            rc_gaps: None,
         })
     }
 
@@ -585,6 +589,12 @@ impl<D: Delivery> ConnectionIngest<D> {
     /// (`connection_resets_total`, `stream_resets_total`), never loss (DESIGN.md §5).
     pub fn set_previous_epoch(&mut self, previous: Option<u64>) {
         self.previous_epoch = previous;
+    }
+
+    /// This ingest serves an RC lane (DESIGN.md §8b): every frame missing from its
+    /// connection sequence is also counted in `gaps` (`rc_gap_frames_total`), a bug signal.
+    pub fn set_rc_lane(&mut self, gaps: prometheus::IntCounter) {
+        self.rc_gaps = Some(gaps);
     }
 
     /// True when this connection started a new epoch of an agent seen before.
@@ -1129,6 +1139,9 @@ impl<D: Delivery> ConnectionIngest<D> {
             self.tel
                 .connection_frames_lost
                 .inc_by(lost - self.conn_lost_emitted);
+            if let Some(gaps) = &self.rc_gaps {
+                gaps.inc_by(lost - self.conn_lost_emitted);
+            }
             self.conn_lost_emitted = lost;
         }
     }

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use prometheus::core::{AtomicF64, AtomicI64, AtomicU64, GenericCounter, GenericGauge};
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
-use uctel_transport::api::UcDropReason;
+use uctel_transport::api::{RcCounters, UcDropReason};
 
 /// Prefix of every self-metric.
 pub const NAMESPACE: &str = "uctel_collector";
@@ -250,6 +250,8 @@ struct Families {
     draining: IntGauge,
     ring_slots_in_use: IntGaugeVec,
     qp_errors: IntCounterVec,
+    rc_qp_events: IntCounterVec,
+    rc_gap_frames: IntCounterVec,
     handshakes_refused: IntCounterVec,
     connections_replaced: IntCounterVec,
     transport_packets_dropped: IntCounterVec,
@@ -392,7 +394,17 @@ impl Telemetry {
         )?;
         let qp_errors = counter(
             "qp_errors_total",
-            "Times the agent's UC QP went to the ERROR state (the connection is rebuilt).",
+            "Times one of the agent's QPs (UC, or its RC lane's) went to the ERROR state (the connection is rebuilt).",
+            &["agent"],
+        )?;
+        let rc_qp_events = counter(
+            "rc_qp_events_total",
+            "What the collector's RC QP of the agent's RC lane did to deliver (soft transport; verbs devices count per port): packets_retransmitted, timeouts, naks_sent, naks_received, rnr_naks_sent, rnr_naks_received, retry_exceeded, rnr_retry_exceeded, duplicates (IBTA 9.7, rxe hw_counters).",
+            &["agent", "event"],
+        )?;
+        let rc_gap_frames = counter(
+            "rc_gap_frames_total",
+            "Frames missing from the connection sequence of the agent's RC lane (also in connection_frames_lost_total): RC retransmits, so any gap here is a bug signal, never expected.",
             &["agent"],
         )?;
         let handshakes_refused = counter(
@@ -451,6 +463,8 @@ impl Telemetry {
                 draining,
                 ring_slots_in_use,
                 qp_errors,
+                rc_qp_events,
+                rc_gap_frames,
                 handshakes_refused,
                 connections_replaced,
                 transport_packets_dropped,
@@ -504,6 +518,16 @@ impl Telemetry {
             ring_slots_in_use: f.ring_slots_in_use.with_label_values(&[agent]),
             qp_errors: f.qp_errors.with_label_values(&[agent]),
             series: f.store_series.with_label_values(&[agent]),
+        }
+    }
+
+    /// The RC-lane counters of `agent`, every label value created at zero (only agents
+    /// with an RC lane have these series).
+    pub fn rc_lane(&self, agent: &str) -> RcLaneTelemetry {
+        let f = &self.inner;
+        RcLaneTelemetry {
+            events: RcCounters::NAMES.map(|e| f.rc_qp_events.with_label_values(&[agent, e])),
+            gap_frames: f.rc_gap_frames.with_label_values(&[agent]),
         }
     }
 
@@ -628,6 +652,26 @@ pub struct AgentTelemetry {
     pub qp_errors: IntCounter,
     /// Series stored for the agent.
     pub series: IntGauge,
+}
+
+/// The counters of one agent's RC lane ([`Telemetry::rc_lane`]).
+#[derive(Clone, Debug)]
+pub struct RcLaneTelemetry {
+    /// `rc_qp_events_total{agent, event}`, in [`RcCounters::NAMES`] order.
+    pub events: [IntCounter; 9],
+    /// `rc_gap_frames_total{agent}`.
+    pub gap_frames: IntCounter,
+}
+
+impl RcLaneTelemetry {
+    /// Adds what the QP counted since `before` (`now`: its counters now).
+    pub fn add(&self, before: &RcCounters, now: &RcCounters) {
+        for ((c, (_, b)), (_, n)) in self.events.iter().zip(before.iter()).zip(now.iter()) {
+            if n > b {
+                c.inc_by(n - b);
+            }
+        }
+    }
 }
 
 /// How an agent session ended: the `reason` of `sessions_ended_total`. A closed set.

@@ -6,8 +6,8 @@ use uctel_protocol::control::{
     decode_frame, encode_message, proof, random_nonce, verify_proof, Body, Challenge,
     ControlDecoder, ControlMessage, DataPath, DecodeError, EncodeError, Goodbye, GoodbyeReason,
     Heartbeat, Hello, LaneReport, Proof, QpEndpoint, RcLane, RcLaneRequest, Refuse, RefuseReason,
-    Report, StreamFinal, StreamReport, Transport, Welcome, LENGTH_PREFIX_BYTES, MAX_CONTROL_MESSAGE_BYTES, NONCE_BYTES,
-    PROTOCOL_VERSION,
+    Report, StreamFinal, StreamReport, Transport, Welcome, LENGTH_PREFIX_BYTES,
+    MAX_CONTROL_MESSAGE_BYTES, NONCE_BYTES, PROTOCOL_VERSION,
 };
 
 fn qp(udp_addr: &str) -> QpEndpoint {

@@ -181,7 +181,16 @@ pub(super) fn agent_endpoint(
     peer: SocketAddr,
     collector: Transport,
 ) -> Option<QpEndpoint> {
-    let qp = hello.qp.as_ref()?;
+    agent_qp_endpoint(hello.qp.as_ref()?, peer, collector)
+}
+
+/// One QP endpoint of an agent's `Hello` (its UC QP or its RC lane's), resolved as
+/// [`agent_endpoint`] resolves the UC one.
+pub(super) fn agent_qp_endpoint(
+    qp: &wire::QpEndpoint,
+    peer: SocketAddr,
+    collector: Transport,
+) -> Option<QpEndpoint> {
     let udp_addr = qp.udp_socket_addr().map(|a| {
         if a.ip().is_unspecified() {
             SocketAddr::new(peer.ip(), a.port())

@@ -55,6 +55,7 @@
 //! rule) are `uctel_protocol::session`'s sans-IO machines; the collector only drives them.
 
 mod handshake;
+mod lane;
 mod registry;
 mod session;
 

@@ -22,7 +22,10 @@ use uctel_protocol::session::{Liveness, LivenessConfig, LivenessEvent, Refusal};
 use uctel_protocol::stream::StreamName;
 use uctel_protocol::tracker::TrackerConfig;
 
-use super::handshake::{advertised_endpoint, agent_endpoint, collector_transport, Accepted};
+use super::handshake::{
+    advertised_endpoint, agent_endpoint, agent_qp_endpoint, collector_transport, Accepted,
+};
+use super::lane::{merge_summary, RcLane};
 use super::registry::{lock, Registry, SessionLink};
 use super::{refuse, send_within, sleep_until, GOODBYE_DRAIN, GOODBYE_WAIT};
 use crate::credits::{ConnLimits, SentTail};
@@ -124,6 +127,24 @@ pub(super) async fn run_session(
         );
         return refuse(ch, shared, peer, r).await;
     };
+    let rc_remote = match &hello.rc_lane {
+        None => None,
+        Some(lane) => {
+            let Some(ep) = lane
+                .qp
+                .as_ref()
+                .and_then(|qp| agent_qp_endpoint(qp, peer, collector_transport(cfg)))
+            else {
+                let r = Refusal::new(
+                    RefuseReason::ProtocolError,
+                    &agent,
+                    "Hello's rc_lane carries no usable QP endpoint",
+                );
+                return refuse(ch, shared, peer, r).await;
+            };
+            Some((ep, lane.stream_ids.clone()))
+        }
+    };
     let id = shared.plane.next_session_id();
     let session = match Session::create(
         id,
@@ -132,6 +153,7 @@ pub(super) async fn run_session(
         accepted.data_path,
         geometry,
         tel.clone(),
+        None,
     )
     .and_then(|s| s.connect(&remote).map(|()| s))
     {
@@ -146,29 +168,62 @@ pub(super) async fn run_session(
         max_dropout: cfg.max_dropout_frames.0,
         reorder_window: cfg.reorder_window_frames.0,
     };
-    let outputs = Outputs {
-        store: shared.store.clone(),
-        logs: shared.logs.clone(),
-        remote_write: shared.remote_write.clone(),
-        clickhouse: shared.clickhouse.clone(),
-        // Per connection: the rate windows of this agent's sample series.
-        fast: Default::default(),
+    // One ingest per lane (DESIGN.md §8b): its own connection tracker and the trackers of
+    // its streams, delivering into the same outputs.
+    let previous_epoch = registry.swap_epoch(&agent, hello.epoch);
+    let new_ingest = || {
+        let outputs = Outputs {
+            store: shared.store.clone(),
+            logs: shared.logs.clone(),
+            remote_write: shared.remote_write.clone(),
+            clickhouse: shared.clickhouse.clone(),
+            // Per connection: the rate windows of this agent's sample series.
+            fast: Default::default(),
+        };
+        ConnectionIngest::with_delivery(
+            &agent,
+            &hello.hostname,
+            hello.epoch,
+            limits.clone(),
+            tracker,
+            outputs,
+            tel.clone(),
+        )
+        .map(|mut ingest| {
+            ingest.set_previous_epoch(previous_epoch);
+            ingest.share_delivered(shared.delivered.clone());
+            ingest
+        })
     };
-    let mut ingest = match ConnectionIngest::with_delivery(
-        &agent,
-        &hello.hostname,
-        hello.epoch,
-        limits,
-        tracker,
-        outputs,
-        tel.clone(),
-    ) {
-        Ok(i) => i,
-        Err(e) => return refuse(ch, shared, peer, fail(e.to_string())).await,
+    let (ingest, rc_ingest) = match (new_ingest(), rc_remote.as_ref().map(|_| new_ingest())) {
+        (Ok(i), None) => (i, None),
+        (Ok(i), Some(Ok(r))) => (i, Some(r)),
+        (Err(e), _) | (_, Some(Err(e))) => {
+            return refuse(ch, shared, peer, fail(e.to_string())).await
+        }
     };
-    ingest.set_previous_epoch(registry.swap_epoch(&agent, hello.epoch));
-    ingest.share_delivered(shared.delivered.clone());
     shared.plane.register(session.clone(), ingest);
+    let lane = match (rc_remote, rc_ingest) {
+        (Some((remote, streams)), Some(rc_ingest)) => {
+            match RcLane::open(
+                shared,
+                &agent,
+                &remote,
+                &streams,
+                accepted.data_path,
+                geometry,
+                rc_ingest,
+                tel.clone(),
+            ) {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    let _ = shared.plane.close(id, None).await;
+                    return refuse(ch, shared, peer, fail(format!("the RC lane: {e}"))).await;
+                }
+            }
+        }
+        _ => None,
+    };
     let heartbeat = Duration::try_from_secs_f64(cfg.control.heartbeat_interval_seconds)
         .unwrap_or(Duration::from_secs(5));
     let report_every = Duration::try_from_secs_f64(cfg.control.report_interval_seconds)
@@ -199,12 +254,15 @@ pub(super) async fn run_session(
         report_interval_ms: millis(report_every),
         data_path: accepted.data_path as i32,
         credit_grant: Some(first_grant),
-        rc_lane: None,
+        rc_lane: lane.as_ref().map(|l| l.welcome(local_ip)),
     };
     if let Err(e) = ch.send(welcome).await {
         tracing::warn!(agent = %agent, error = %e, "sending Welcome failed");
         shared.credits.leave(id);
         let _ = shared.plane.close(id, None).await;
+        if let Some(l) = &lane {
+            let _ = shared.plane.close(l.id, None).await;
+        }
         return;
     }
     shared.telemetry.agents_connected().inc();
@@ -215,6 +273,7 @@ pub(super) async fn run_session(
         epoch = format_args!("{:#x}", hello.epoch),
         data_path = ?accepted.data_path,
         qpn = session.qp.qp_num(),
+        rc_qpn = lane.as_ref().map(|l| l.session.qp.qp_num()),
         "agent connected"
     );
     // Heartbeats at the period announced in `Welcome`; the agent is dead after
@@ -274,6 +333,14 @@ pub(super) async fn run_session(
                             let starved = hb.frames_without_credit.unwrap_or(0);
                             shared.credits.on_heartbeat(id, hb.credit_grant_applied, hb.sent_conn_seq, starved);
                             sent_tail.on_heartbeat(hb.sent_conn_seq, Instant::now());
+                            let hb = match &lane {
+                                Some(l) => {
+                                    let (uc, rc) = l.split_heartbeat(hb);
+                                    shared.plane.heartbeat(l.id, rc);
+                                    uc
+                                }
+                                None => hb,
+                            };
                             shared.plane.heartbeat(id, hb);
                             // An agent out of credit gets its report (and grant) before the
                             // next tick, at most twice per report interval: at once when half
@@ -324,7 +391,7 @@ pub(super) async fn run_session(
             () = tokio::time::sleep_until(early_due.unwrap_or_else(tokio::time::Instant::now)), if early_due.is_some() => {
                 early_due = None;
                 last_report = Instant::now();
-                if !send_report(ch, shared, id, dead_after, &agent, sent_tail.gone(Instant::now()), Early::Yes).await {
+                if !send_report(ch, shared, id, dead_after, &agent, sent_tail.gone(Instant::now()), lane.as_ref(), Early::Yes).await {
                     vanished = Some("the control connection failed: a report could not be sent".into());
                     send_failed = true;
                     break None;
@@ -334,7 +401,7 @@ pub(super) async fn run_session(
                 // This report serves an agent waiting for an early one as well.
                 early_due = None;
                 last_report = Instant::now();
-                if !send_report(ch, shared, id, dead_after, &agent, sent_tail.gone(Instant::now()), Early::No).await {
+                if !send_report(ch, shared, id, dead_after, &agent, sent_tail.gone(Instant::now()), lane.as_ref(), Early::No).await {
                     vanished = Some("the control connection failed: a report could not be sent".into());
                     send_failed = true;
                     break None;
@@ -342,6 +409,9 @@ pub(super) async fn run_session(
             }
             _ = session.failed_notify.notified() => {
                 break Some((GoodbyeReason::Error, "QP went to the ERROR state; reconnect"));
+            }
+            () = rc_failed(lane.as_ref()) => {
+                break Some((GoodbyeReason::Error, "the RC lane's QP went to the ERROR state; reconnect"));
             }
             _ = cancel.wait() => break Some((GoodbyeReason::Reconnect, "replaced by a newer connection of this agent")),
             _ = global.wait() => break Some((GoodbyeReason::Shutdown, "collector shutting down")),
@@ -380,15 +450,34 @@ pub(super) async fn run_session(
         // GOODBYE_DRAIN for stragglers, and until its last frame is consumed (at most
         // GOODBYE_WAIT), so a busy receive path does not turn it into tail loss.
         tokio::time::sleep(GOODBYE_DRAIN).await;
-        if !shared
-            .plane
-            .wait_consumed(id, g.final_conn_seq, GOODBYE_WAIT)
-            .await
-        {
-            tracing::debug!(agent = %agent, "the agent's last frame did not arrive after its Goodbye; settling");
+        let rc_last = lane.as_ref().map(|l| (l.id, g.rc_final_conn_seq));
+        for (lane_id, last) in std::iter::once((id, g.final_conn_seq)).chain(rc_last) {
+            if !shared
+                .plane
+                .wait_consumed(lane_id, last, GOODBYE_WAIT)
+                .await
+            {
+                tracing::debug!(agent = %agent, "the agent's last frame did not arrive after its Goodbye; settling");
+            }
         }
     }
-    let summary = shared.plane.close(id, goodbye.clone()).await;
+    let summary = match &lane {
+        None => shared.plane.close(id, goodbye.clone()).await,
+        Some(l) => {
+            let (uc, rc) = match goodbye.clone().map(|g| l.split_goodbye(g)) {
+                Some((uc, rc)) => (Some(uc), Some(rc)),
+                None => (None, None),
+            };
+            let summary = shared.plane.close(id, uc).await;
+            let rc = shared.plane.close(l.id, rc).await;
+            summary.map(|mut s| {
+                if let Some(rc) = rc {
+                    merge_summary(&mut s, rc);
+                }
+                s
+            })
+        }
+    };
     shared.credits.leave(id);
     shared.telemetry.agents_connected().dec();
     tel.session_ended(match (&goodbye, ending) {
@@ -443,6 +532,14 @@ pub(super) async fn run_session(
     }
 }
 
+/// Resolves when the RC lane's QP went to ERROR; never without a lane.
+async fn rc_failed(lane: Option<&RcLane>) {
+    match lane {
+        Some(l) => l.session.failed_notify.notified().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Whether a report is sent at its report interval or early.
 #[derive(Clone, Copy, Debug)]
 enum Early {
@@ -456,6 +553,7 @@ enum Early {
 /// arrive any more ([`SentTail`]); the report's consumed sequence is at least that, so frames
 /// lost on the wire give their credit back. `early`: sent between report intervals, for an
 /// agent out of credit ([`crate::credits::CreditBudget::grant_early`]).
+#[allow(clippy::too_many_arguments)]
 async fn send_report(
     ch: &mut ControlChannel<TcpStream>,
     shared: &Shared,
@@ -463,11 +561,17 @@ async fn send_report(
     within: Duration,
     agent: &str,
     gone: Option<u64>,
+    lane: Option<&RcLane>,
     early: Early,
 ) -> bool {
     let Some(mut report) = shared.plane.report(id).await else {
         return true;
     };
+    if let Some(l) = lane {
+        if let Some(rc) = shared.plane.report(l.id).await {
+            RcLane::merge_report(&mut report, rc);
+        }
+    }
     // `None` (nothing received, nothing gone) sorts below any sequence.
     let consumed = (report.conn_received > 0)
         .then_some(report.consumed_conn_seq)

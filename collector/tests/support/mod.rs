@@ -22,7 +22,7 @@ use uctel_protocol::limits::Limits;
 use uctel_protocol::payload::{Label, LogRecord, Metric, MetricType, Severity};
 use uctel_transport::api::{
     AccessFlags, CompletionQueue, Device, MemoryRegion, ProtectionDomain, QpEndpoint, QpInitAttr,
-    QpType, QueuePair, SendWr, Sge, WorkCompletion,
+    QpType, QueuePair, RcAttr, SendWr, Sge, WorkCompletion,
 };
 use uctel_transport::soft::device::{ProgressMode, SoftConfig, SoftDevice};
 use uctel_transport::soft::fault::FaultConfig;
@@ -86,6 +86,8 @@ pub struct AgentOptions {
     pub faults: Option<FaultConfig>,
     /// Send without waiting for credits (to lap the ring on purpose).
     pub ignore_credits: bool,
+    /// Stream ids to put on an RC lane (DESIGN.md §8b); empty: no RC lane.
+    pub rc_streams: Vec<u32>,
 }
 
 impl AgentOptions {
@@ -97,6 +99,7 @@ impl AgentOptions {
             capabilities: vec![DataPath::WriteWithImm, DataPath::Send],
             faults: None,
             ignore_credits: false,
+            rc_streams: Vec::new(),
         }
     }
 }
@@ -119,6 +122,40 @@ pub struct TestAgent {
     last_heartbeat: Instant,
     hb_seq: u64,
     pub reports: u64,
+    /// The RC lane, when `AgentOptions::rc_streams` named streams.
+    pub rc: Option<RcLaneSender>,
+}
+
+/// The test agent's RC lane: an RC QP on the agent's soft device with its own CQ, send
+/// buffers, connection sequence and credits (`Welcome.rc_lane`, `Report.rc_lane`).
+pub struct RcLaneSender {
+    pub qp: QueuePair,
+    cq: CompletionQueue,
+    mr: MemoryRegion,
+    pub lane: wire::RcLane,
+    next_conn_seq: u64,
+    posted: u64,
+    completed: u64,
+    consumed: Option<u64>,
+}
+
+impl RcLaneSender {
+    /// Frames sent on the lane so far.
+    pub fn conn_frames_sent(&self) -> u64 {
+        self.next_conn_seq
+    }
+
+    fn poll(&mut self) {
+        self.completed += drain_cq(&self.cq);
+    }
+
+    fn has_credit(&self) -> bool {
+        let window = u64::from(self.lane.credit_window);
+        match self.consumed {
+            None => self.next_conn_seq < window,
+            Some(c) => self.next_conn_seq <= c + window,
+        }
+    }
 }
 
 fn drain_cq(cq: &CompletionQueue) -> u64 {
@@ -169,6 +206,36 @@ impl TestAgent {
             })
             .expect("qp");
         let ep: QpEndpoint = qp.local_endpoint();
+        // The RC lane's QP, CQ and send buffers (its own: RC completions come with ACKs).
+        let rc_parts = (!opts.rc_streams.is_empty()).then(|| {
+            let cq = device.create_cq(1024).expect("rc cq");
+            let mr = pd
+                .reg_mr(SEND_SLOTS as usize * 4096, AccessFlags::LOCAL_WRITE)
+                .expect("rc mr");
+            let qp = pd
+                .create_qp(&QpInitAttr {
+                    qp_type: QpType::Rc(RcAttr::default()),
+                    send_cq: &cq,
+                    recv_cq: &cq,
+                    max_send_wr: SEND_SLOTS as u32,
+                    max_recv_wr: 1,
+                    access: AccessFlags::LOCAL_WRITE,
+                    max_mtu: None,
+                })
+                .expect("rc qp");
+            (qp, cq, mr)
+        });
+        let wire_ep = |ep: QpEndpoint| wire::QpEndpoint {
+            gid: ep.gid.to_vec(),
+            qpn: ep.qpn,
+            psn: ep.psn,
+            mtu: ep.mtu,
+            udp_addr: ep.udp_addr.map(|a| a.to_string()).unwrap_or_default(),
+        };
+        let rc_lane = rc_parts.as_ref().map(|(qp, ..)| wire::RcLaneRequest {
+            qp: Some(wire_ep(qp.local_endpoint())),
+            stream_ids: opts.rc_streams.clone(),
+        });
         let epoch = rand::random::<u64>() | 1;
         let hello = Hello {
             protocol_version: opts.protocol_version,
@@ -177,27 +244,40 @@ impl TestAgent {
             epoch,
             transport: Transport::Soft as i32,
             capabilities: opts.capabilities.iter().map(|c| *c as i32).collect(),
-            qp: Some(wire::QpEndpoint {
-                gid: ep.gid.to_vec(),
-                qpn: ep.qpn,
-                psn: ep.psn,
-                mtu: ep.mtu,
-                udp_addr: ep.udp_addr.map(|a| a.to_string()).unwrap_or_default(),
-            }),
+            qp: Some(wire_ep(ep)),
+            rc_lane,
             ..Default::default()
         };
         let stream = TcpStream::connect(control).await.expect("connect control");
         let mut ch = ControlChannel::new(stream);
         let welcome = client_handshake(&mut ch, hello, opts.token.as_bytes()).await?;
-        let wq = welcome.qp.clone().expect("welcome qp");
-        let remote = QpEndpoint {
+        let remote = |wq: &wire::QpEndpoint| QpEndpoint {
             gid: wq.gid_array().expect("gid"),
             qpn: wq.qpn,
             psn: wq.psn,
             mtu: wq.mtu,
             udp_addr: wq.udp_socket_addr(),
         };
-        qp.connect(&remote).expect("connect QP to the collector");
+        qp.connect(&remote(welcome.qp.as_ref().expect("welcome qp")))
+            .expect("connect QP to the collector");
+        let rc = rc_parts.map(|(qp, cq, mr)| {
+            let lane = welcome
+                .rc_lane
+                .clone()
+                .expect("Welcome carries the RC lane");
+            qp.connect(&remote(lane.qp.as_ref().expect("rc lane qp")))
+                .expect("connect the RC QP to the collector");
+            RcLaneSender {
+                qp,
+                cq,
+                mr,
+                lane,
+                next_conn_seq: 0,
+                posted: 0,
+                completed: 0,
+                consumed: None,
+            }
+        });
         Ok(TestAgent {
             soft,
             device,
@@ -216,6 +296,7 @@ impl TestAgent {
             last_heartbeat: Instant::now(),
             hb_seq: 0,
             reports: 0,
+            rc,
         })
     }
 
@@ -255,6 +336,9 @@ impl TestAgent {
                         self.reports += 1;
                         if r.conn_received > 0 {
                             self.consumed = Some(r.consumed_conn_seq);
+                        }
+                        if let (Some(rc), Some(l)) = (self.rc.as_mut(), r.rc_lane) {
+                            rc.consumed = l.consumed_conn_seq.or(rc.consumed);
                         }
                     }
                 }
@@ -407,16 +491,77 @@ impl TestAgent {
         self.poll_send_cq();
     }
 
+    /// Stamps `frame` with the RC lane's next connection sequence and posts it there
+    /// (waiting for the lane's credit and a free send buffer). Panics without an RC lane.
+    pub async fn send_rc(&mut self, frame: BuiltFrame) {
+        let start = Instant::now();
+        loop {
+            let rc = self.rc.as_mut().expect("an RC lane");
+            rc.poll();
+            if rc.has_credit() && rc.posted - rc.completed < SEND_SLOTS {
+                break;
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "no RC credit within {DEADLINE:?}"
+            );
+            self.service_control(Duration::from_millis(2)).await;
+        }
+        let data_path = self.data_path();
+        let epoch = self.epoch;
+        let rc = self.rc.as_mut().expect("an RC lane");
+        let c = rc.next_conn_seq;
+        let bytes = frame.into_stamped(epoch, c);
+        let buf = (rc.posted % SEND_SLOTS) as usize * 4096;
+        rc.mr.write_at(buf, &bytes).expect("write send buffer");
+        let sge = Sge::new(&rc.mr, buf, bytes.len() as u32);
+        let l = &rc.lane;
+        let wr = match data_path {
+            DataPath::WriteWithImm => SendWr::write_with_imm(
+                c,
+                Some(sge),
+                l.ring_addr + (c % u64::from(l.slots)) * u64::from(self.welcome.slot_bytes),
+                l.rkey,
+                c as u32,
+            ),
+            _ => SendWr::send(c, Some(sge)),
+        };
+        loop {
+            match rc.qp.post_send(&[wr]) {
+                Ok(()) => break,
+                Err(e) if e.is_full() => {
+                    rc.completed += drain_cq(&rc.cq);
+                    assert!(start.elapsed() < DEADLINE, "RC send queue stuck");
+                    std::thread::yield_now();
+                }
+                Err(e) => panic!("post_send on the RC QP: {e}"),
+            }
+        }
+        rc.posted += 1;
+        rc.next_conn_seq += 1;
+        rc.poll();
+        if c % 64 == 0 {
+            self.service_control(Duration::ZERO).await;
+        }
+    }
+
     /// Marks `n` raw frames as consuming connection sequences (after `post_raw`).
     pub fn advance_conn_seq(&mut self, n: u64) {
         self.next_conn_seq += n;
     }
 
     /// Waits until every posted WR is on the wire.
+    /// On the RC lane that is every frame acknowledged (the busy-poll soft device runs the
+    /// retransmit timer while it is polled).
     pub async fn flush(&mut self) {
         let start = Instant::now();
-        while self.completed < self.posted {
+        let rc_pending =
+            |rc: &Option<RcLaneSender>| rc.as_ref().is_some_and(|r| r.completed < r.posted);
+        while self.completed < self.posted || rc_pending(&self.rc) {
             self.poll_send_cq();
+            if let Some(rc) = self.rc.as_mut() {
+                rc.poll();
+            }
             assert!(start.elapsed() < DEADLINE, "send completions missing");
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
@@ -474,7 +619,10 @@ impl TestAgent {
         let final_conn_seq = self.next_conn_seq.checked_sub(1);
         self.ch
             .send(Goodbye {
-                rc_final_conn_seq: None,
+                rc_final_conn_seq: self
+                    .rc
+                    .as_ref()
+                    .and_then(|r| r.next_conn_seq.checked_sub(1)),
                 final_conn_seq,
                 streams,
                 reason: GoodbyeReason::Shutdown as i32,
