@@ -1,6 +1,6 @@
-//! The agent's data plane on one connection: a UC QP on the configured transport, a
-//! registered send buffer pool, and the two ways a frame reaches the collector
-//! (DESIGN.md §4):
+//! The agent's data plane on one lane of a connection: a UC QP (or, for the streams set to
+//! `reliability: rc`, an RC QP: DESIGN.md §8b) on the configured transport, a registered send
+//! buffer pool, and the two ways a frame reaches the collector (DESIGN.md §4):
 //!
 //! - `write_with_imm`: RDMA WRITE_WITH_IMM of the frame with connection sequence `c` to
 //!   `ring_addr + (c mod slots) × slot_bytes` under the ring's rkey; the immediate is the low
@@ -8,7 +8,7 @@
 //! - `send`: a SEND of the frame into a receive buffer the collector posted.
 //!
 //! A send buffer is reused only after its send completion was polled (the transport may read
-//! it until then). No free buffer, or a full send queue, is a cheap [`PostOutcome::Busy`]; the
+//! it until then; on RC the completion comes with the collector's ACK). No free buffer, or a full send queue, is a cheap [`PostOutcome::Busy`]; the
 //! pipeline keeps the frame and tries again (UC never retransmits, but not having posted yet
 //! is not a retransmission).
 
@@ -19,7 +19,7 @@ use uctel_protocol::control::{self, Welcome};
 use uctel_protocol::frame::conn_seq_immediate;
 use uctel_transport::api::{
     self, AccessFlags, CompletionQueue, Device, MemoryRegion, QpInitAttr, QpState, QpType,
-    QueuePair, SendWr, Sge, WcStatus, WorkCompletion,
+    QueuePair, RcCounters, SendWr, Sge, WcStatus, WorkCompletion,
 };
 use uctel_transport::device::{DeviceConfig, VerbsConfig};
 
@@ -55,8 +55,21 @@ pub enum DataPlaneError {
         detail: String,
     },
     /// The collector's endpoint could not be used.
-    #[error("connecting the UC QP to the collector: {0}")]
-    Connect(String),
+    #[error("connecting the {qp} to the collector: {detail}")]
+    Connect {
+        /// `UC QP` or `RC QP`.
+        qp: &'static str,
+        /// What failed.
+        detail: String,
+    },
+}
+
+/// `"UC QP"` or `"RC QP"`, for errors and logs.
+pub fn qp_name(qp_type: &QpType) -> &'static str {
+    match qp_type {
+        QpType::Uc => "UC QP",
+        QpType::Rc(_) => "RC QP",
+    }
 }
 
 /// Where frames go on the collector.
@@ -83,6 +96,17 @@ impl RingTarget {
         }
     }
 
+    /// From the collector's `Welcome`, for the RC lane (`Welcome.rc_lane`): the lane's ring,
+    /// with the connection's slot size.
+    pub fn from_rc_lane(lane: &control::RcLane, slot_bytes: u32) -> Self {
+        Self {
+            addr: lane.ring_addr,
+            rkey: lane.rkey,
+            slots: lane.slots,
+            slot_bytes,
+        }
+    }
+
     /// The remote address of the slot of connection sequence `conn_seq`
     /// (`addr + (conn_seq mod slots) × slot_bytes`).
     pub fn slot_addr(&self, conn_seq: u64) -> u64 {
@@ -97,6 +121,8 @@ impl RingTarget {
 pub struct DataPlane {
     device: Device,
     qp: QueuePair,
+    /// `UC QP` or `RC QP`.
+    qp_name: &'static str,
     send_cq: CompletionQueue,
     // Kept alive with the QP: the agent receives nothing, but the QP needs a receive CQ.
     _recv_cq: CompletionQueue,
@@ -106,6 +132,8 @@ pub struct DataPlane {
     ring: Option<RingTarget>,
     wcs: Vec<WorkCompletion>,
     completion_errors: u64,
+    /// Status of the first completion that failed.
+    first_error: Option<WcStatus>,
     fault_stats: Option<Arc<FaultStats>>,
 }
 
@@ -113,13 +141,32 @@ pub struct DataPlane {
 /// address of the control connection; the soft device binds an ephemeral port on it unless
 /// `transport.soft.bind` says otherwise.
 pub fn device_config(config: &AgentConfig, local_ip: IpAddr) -> DeviceConfig {
+    lane_device_config(config, local_ip, &QpType::Uc)
+}
+
+/// [`device_config`] for the device of a lane's QP. The RC lane's soft device (a device of
+/// its own, with the same settings, fault injection included) binds an ephemeral port on the
+/// address of `transport.soft.bind` (the UC device holds that port) and runs its progress
+/// thread: an RC requester must take ACKs and run its retransmit timer (IBTA 9.7.6) while
+/// the sender waits.
+pub fn lane_device_config(
+    config: &AgentConfig,
+    local_ip: IpAddr,
+    qp_type: &QpType,
+) -> DeviceConfig {
+    let rc = matches!(qp_type, QpType::Rc(_));
     match config.transport.kind {
         TransportKind::Soft => {
             let soft = &config.transport.soft;
+            let bind = match soft.bind {
+                Some(b) if rc => SocketAddr::new(b.ip(), 0),
+                Some(b) => b,
+                None => SocketAddr::new(local_ip, 0),
+            };
             DeviceConfig::Soft(SoftConfig {
-                name: "uctel-agent".to_owned(),
+                name: if rc { "uctel-agent-rc" } else { "uctel-agent" }.to_owned(),
                 udp: UdpConfig {
-                    bind: soft.bind.unwrap_or_else(|| SocketAddr::new(local_ip, 0)),
+                    bind,
                     // The agent sends; a small receive buffer is plenty, and no 64 KiB
                     // UDP_GRO receive slots. Sends use UDP_SEGMENT (the default).
                     recv_buffer_bytes: Some(256 << 10),
@@ -127,10 +174,14 @@ pub fn device_config(config: &AgentConfig, local_ip: IpAddr) -> DeviceConfig {
                     ..UdpConfig::default()
                 },
                 mtu_bytes: soft.mtu_bytes,
-                // No progress thread: the agent only sends, `post_send` transmits at once,
-                // and the sender's completion polling (`reap`) drives the device. Saves a
-                // thread waking every `progress_wait_micros` on every host.
-                progress: ProgressMode::BusyPoll,
+                // UC: no progress thread: the agent only sends, `post_send` transmits at
+                // once, and the sender's completion polling (`reap`) drives the device. Saves
+                // a thread waking every `progress_wait_micros` on every host.
+                progress: if rc {
+                    ProgressMode::Thread
+                } else {
+                    ProgressMode::BusyPoll
+                },
                 faults: faults_enabled(&soft.fault).then(|| soft.fault.clone()),
                 ..SoftConfig::default()
             })
@@ -153,6 +204,7 @@ pub fn device_config(config: &AgentConfig, local_ip: IpAddr) -> DeviceConfig {
 fn open_device(
     config: &AgentConfig,
     local_ip: IpAddr,
+    qp_type: &QpType,
 ) -> Result<(Device, Option<Arc<FaultStats>>), DataPlaneError> {
     let kind = match config.transport.kind {
         TransportKind::Soft => "soft",
@@ -162,7 +214,7 @@ fn open_device(
         kind,
         detail: e.to_string(),
     };
-    match device_config(config, local_ip) {
+    match lane_device_config(config, local_ip, qp_type) {
         DeviceConfig::Soft(sc) => {
             if let Some(f) = &sc.faults {
                 tracing::warn!(fault = %f, "soft transport fault injection is ON (lab setting)");
@@ -180,8 +232,9 @@ fn resource(what: &'static str) -> impl Fn(String) -> DataPlaneError {
 }
 
 impl DataPlane {
-    /// Opens the device and creates the QP (in INIT), its CQs and a pool of
-    /// [`SEND_QUEUE_DEPTH`] send buffers of `max_frame_bytes` each.
+    /// Opens the device and creates the QP of type `qp_type` (in INIT: UC, or RC with its
+    /// retry attributes), its CQs and a pool of [`SEND_QUEUE_DEPTH`] send buffers of
+    /// `max_frame_bytes` each.
     ///
     /// # Errors
     /// [`DataPlaneError`] naming the object that could not be created.
@@ -189,8 +242,10 @@ impl DataPlane {
         config: &AgentConfig,
         local_ip: IpAddr,
         max_frame_bytes: usize,
+        qp_type: QpType,
     ) -> Result<DataPlane, DataPlaneError> {
-        let (device, fault_stats) = open_device(config, local_ip)?;
+        let qp_name = qp_name(&qp_type);
+        let (device, fault_stats) = open_device(config, local_ip, &qp_type)?;
         let pd = device
             .alloc_pd()
             .map_err(|e| resource("protection domain")(e.to_string()))?;
@@ -202,7 +257,7 @@ impl DataPlane {
             .map_err(|e| resource("receive CQ")(e.to_string()))?;
         let qp = pd
             .create_qp(&QpInitAttr {
-                qp_type: QpType::Uc,
+                qp_type,
                 send_cq: &send_cq,
                 recv_cq: &recv_cq,
                 max_send_wr: SEND_QUEUE_DEPTH,
@@ -210,7 +265,7 @@ impl DataPlane {
                 access: AccessFlags::NONE,
                 max_mtu: None,
             })
-            .map_err(|e| resource("UC QP")(e.to_string()))?;
+            .map_err(|e| resource(qp_name)(e.to_string()))?;
         let buf_bytes = max_frame_bytes.max(1);
         let mr = pd
             .reg_mr(
@@ -221,6 +276,7 @@ impl DataPlane {
         Ok(DataPlane {
             device,
             qp,
+            qp_name,
             send_cq,
             _recv_cq: recv_cq,
             mr,
@@ -229,6 +285,7 @@ impl DataPlane {
             ring: None,
             wcs: vec![WorkCompletion::default(); 64],
             completion_errors: 0,
+            first_error: None,
             fault_stats,
         })
     }
@@ -253,19 +310,53 @@ impl DataPlane {
         }
     }
 
+    /// `UC QP` or `RC QP`.
+    pub fn qp_name(&self) -> &'static str {
+        self.qp_name
+    }
+
     /// Connects the QP (INIT → RTR → RTS) to the collector's endpoint from `welcome` and
     /// remembers its ring.
     ///
     /// # Errors
     /// [`DataPlaneError::Connect`] for an unusable endpoint or a refused transition.
     pub fn connect(&mut self, welcome: &Welcome) -> Result<(), DataPlaneError> {
-        let qp = welcome
-            .qp
+        self.connect_to(welcome.qp.as_ref(), RingTarget::from_welcome(welcome))
+    }
+
+    /// Connects the RC lane's QP to the collector's RC QP from `Welcome.rc_lane` and
+    /// remembers the lane's ring (its slots; the slot size is the connection's).
+    ///
+    /// # Errors
+    /// [`DataPlaneError::Connect`] when `welcome` has no RC lane, for an unusable endpoint
+    /// or a refused transition.
+    pub fn connect_rc_lane(&mut self, welcome: &Welcome) -> Result<(), DataPlaneError> {
+        let lane = welcome
+            .rc_lane
             .as_ref()
-            .ok_or_else(|| DataPlaneError::Connect("Welcome has no QP endpoint".into()))?;
+            .ok_or_else(|| DataPlaneError::Connect {
+                qp: self.qp_name,
+                detail: "Welcome has no RC lane".into(),
+            })?;
+        self.connect_to(
+            lane.qp.as_ref(),
+            RingTarget::from_rc_lane(lane, welcome.slot_bytes),
+        )
+    }
+
+    fn connect_to(
+        &mut self,
+        qp: Option<&control::QpEndpoint>,
+        ring: RingTarget,
+    ) -> Result<(), DataPlaneError> {
+        let error = |detail: String| DataPlaneError::Connect {
+            qp: self.qp_name,
+            detail,
+        };
+        let qp = qp.ok_or_else(|| error("Welcome has no QP endpoint".into()))?;
         let gid = qp
             .gid_array()
-            .ok_or_else(|| DataPlaneError::Connect("GID is not 16 bytes".into()))?;
+            .ok_or_else(|| error("GID is not 16 bytes".into()))?;
         let remote = api::QpEndpoint {
             gid,
             qpn: qp.qpn,
@@ -273,10 +364,8 @@ impl DataPlane {
             mtu: qp.mtu,
             udp_addr: qp.udp_socket_addr(),
         };
-        self.qp
-            .connect(&remote)
-            .map_err(|e| DataPlaneError::Connect(e.to_string()))?;
-        self.ring = Some(RingTarget::from_welcome(welcome));
+        self.qp.connect(&remote).map_err(|e| error(e.to_string()))?;
+        self.ring = Some(ring);
         Ok(())
     }
 
@@ -294,6 +383,7 @@ impl DataPlane {
                 }
                 if wc.status != WcStatus::Success {
                     errors += 1;
+                    self.first_error.get_or_insert(wc.status);
                 }
             }
             if n < self.wcs.len() {
@@ -315,6 +405,19 @@ impl DataPlane {
     /// ([`crate::rdma_events::drain_async_events`]).
     pub fn poll_async_events(&self, metrics: &RdmaEventMetrics) -> Option<AsyncEventKind> {
         drain_async_events(&self.device, metrics)
+    }
+
+    /// The status of the first send completion that failed on this QP (e.g.
+    /// `retry_exceeded_error` when an RC QP's `retry_cnt` ran out), `None` while none did.
+    pub fn first_error(&self) -> Option<WcStatus> {
+        self.first_error
+    }
+
+    /// What the QP did to deliver, RC only: retransmissions, timeouts, NAKs, retry
+    /// exhaustion (this QP's counts since it was created; all zero on a UC QP and on the
+    /// verbs transport, whose devices count these per port).
+    pub fn rc_counters(&self) -> RcCounters {
+        self.qp.stats().rc
     }
 
     /// Send buffers free now.
@@ -389,6 +492,63 @@ impl FrameSink for DataPlane {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use uctel_transport::api::RcAttr;
+
+    fn config(extra: &str) -> AgentConfig {
+        let text =
+            format!("agent_id: a\ncollector:\n  control: 127.0.0.1:1\nauth:\n  token: t\n{extra}");
+        AgentConfig::from_yaml("t.yaml", &text).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn the_rc_lane_has_a_soft_device_of_its_own_with_the_same_faults() {
+        let c = config(
+            "transport:\n  soft:\n    bind: 127.0.0.1:4791\n    fault: { drop_ratio: 0.5, seed: 3 }\n",
+        );
+        let ip = "127.0.0.1".parse().unwrap_or_else(|e| panic!("{e}"));
+        let (DeviceConfig::Soft(uc), DeviceConfig::Soft(rc)) = (
+            device_config(&c, ip),
+            lane_device_config(&c, ip, &QpType::Rc(RcAttr::default())),
+        ) else {
+            panic!("soft transport expected");
+        };
+        assert_eq!(uc.udp.bind.port(), 4791);
+        assert_eq!(
+            rc.udp.bind,
+            "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}"))
+        );
+        assert_eq!(uc.progress, ProgressMode::BusyPoll);
+        assert_eq!(rc.progress, ProgressMode::Thread);
+        assert_eq!(uc.faults, rc.faults);
+        assert!(rc.faults.is_some());
+        assert_ne!(uc.name, rc.name);
+    }
+
+    #[test]
+    fn an_rc_plane_opens_an_rc_qp_with_an_endpoint() {
+        let c = config("");
+        let ip = "127.0.0.1".parse().unwrap_or_else(|e| panic!("{e}"));
+        let uc = DataPlane::open(&c, ip, 1024, QpType::Uc).unwrap_or_else(|e| panic!("{e}"));
+        let rc = DataPlane::open(&c, ip, 1024, QpType::Rc(RcAttr::default()))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((uc.qp_name(), rc.qp_name()), ("UC QP", "RC QP"));
+        let (u, r) = (uc.endpoint(), rc.endpoint());
+        assert_ne!(u.udp_addr, r.udp_addr, "a device, and a UDP port, per lane");
+        assert!(r.udp_addr.starts_with("127.0.0.1:"));
+        assert_eq!(rc.rc_counters(), RcCounters::default());
+        assert_eq!(rc.first_error(), None);
+        assert!(rc.idle() && !rc.failed());
+        // No RC lane in the Welcome: a clear error naming the RC QP.
+        let mut rc = rc;
+        let e = rc
+            .connect_rc_lane(&Welcome::default())
+            .err()
+            .unwrap_or_else(|| panic!("connected without an RC lane"));
+        assert_eq!(
+            e.to_string(),
+            "connecting the RC QP to the collector: Welcome has no RC lane"
+        );
+    }
 
     #[test]
     fn slot_address_is_conn_seq_mod_slots() {

@@ -44,6 +44,7 @@ use uctel_protocol::control::{
 };
 use uctel_protocol::limits::Limits;
 use uctel_protocol::session::{Liveness, LivenessConfig, LivenessEvent};
+use uctel_transport::api::QpType;
 
 use crate::config::{faults_enabled, seconds, AgentConfig, DataPath, TokenError, TransportKind};
 use crate::control::{ControlConn, ControlError, HandshakeFailure};
@@ -758,7 +759,7 @@ async fn session(
             detail: e.to_string(),
         })?
         .ip();
-    let mut plane = DataPlane::open(config, local_ip, config.max_frame_bytes)?;
+    let mut plane = DataPlane::open(config, local_ip, config.max_frame_bytes, QpType::Uc)?;
     let hello = Hello {
         protocol_version: PROTOCOL_VERSION,
         agent_id: config.agent_id.clone(),
