@@ -328,6 +328,7 @@ impl Pair {
             ready_frames: 8,
             idle_heartbeat: Some(Duration::from_millis(5)),
             wait_for_credit: [false, cfg.logs_wait_for_credit, false],
+            carries: [true; 3],
         };
         let t0 = Instant::now();
         let core = SenderCore::new_unexported(&sender, EPOCH, t0).map_err(|e| setup(&e))?;
