@@ -850,7 +850,11 @@ fn fold_qp_stats(ws: &mut WorkerSession) {
         let before = ws.qp_drops.get(reason);
         if count > before {
             let delta = count - before;
-            let detail = format_args!("UC responder on QP {:#x}", s.qp.qp_num());
+            let detail = format_args!(
+                "{} responder on QP {:#x}",
+                if s.rc.is_some() { "RC" } else { "UC" },
+                s.qp.qp_num()
+            );
             if reason == UcDropReason::QpError {
                 // Not a frame of this connection's sequence: counted, not in its ledger.
                 s.tel
