@@ -12,7 +12,8 @@
 //! run.rs         the daemon: sources, local /metrics, session (one epoch) and reconnect loop
 //! control.rs     control channel client: Hello → Challenge → Proof → Welcome | Refuse
 //! pool.rs        the collector pool: rendezvous ranking, health probes, when to move
-//! datapath.rs    the UC QP, send buffers, WRITE_WITH_IMM into ring slots / SEND
+//! datapath.rs    a lane's QP (UC, or RC), send buffers, WRITE_WITH_IMM into ring slots / SEND
+//! lane.rs        the RC lane of the streams set to `reliability: rc`: its QP and pipeline
 //! sender/core.rs sans-IO send pipeline: framing, pacing, credits, stamping, accounting
 //! sender/pump.rs moves records from the source queues in and frames out to a sink
 //! pacing.rs      sans-IO token buckets (frames/s, bytes/s)
@@ -36,6 +37,7 @@ pub mod control;
 pub mod credits;
 pub mod datapath;
 pub mod dryrun;
+pub mod lane;
 pub mod pacing;
 pub mod pool;
 pub mod queue;

@@ -14,7 +14,8 @@
 //! credits and posted; `Report`s return credits and set `delivery_ratio`; heartbeats go both
 //! ways. The session ends on shutdown (final frames, then `Goodbye` with the final
 //! sequences), on the collector's `Goodbye`, on a dead or broken control connection, or on a
-//! QP error. The connection loop then waits with exponential backoff and full jitter and
+//! QP error. Streams set to `reliability: rc` travel on a second lane, an RC QP with a
+//! pipeline of its own, driven in the same loop ([`crate::lane`]). The connection loop then waits with exponential backoff and full jitter and
 //! starts a new session with a new epoch. While there is no session, queued metric samples
 //! are dropped as `not_connected` (a sample is fresh or worthless); log lines wait in their
 //! bounded queue and, beyond it, in their files, because the tailers only read what the queue
@@ -24,13 +25,14 @@
 //! `key=value` fields that end-to-end tests read:
 //!
 //! ```text
-//! goodbye sent epoch=… frames=N metrics_frames=… metrics_records=… logs_frames=… logs_records=… [fault_dropped=…]
+//! goodbye sent epoch=… frames=N [rc_frames=M] metrics_frames=… metrics_records=… logs_frames=… logs_records=… [fault_dropped=…]
 //! ```
 //!
-//! `frames` counts the connection's frames (= `final_conn_seq + 1`); `*_frames` and
+//! `frames` counts the UC lane's frames (= `final_conn_seq + 1`), `rc_frames` the RC lane's
+//! (= `rc_final_conn_seq + 1`, only with an RC lane); `*_frames` and
 //! `*_records` are per stream (= `final_stream_seq + 1` and `final_record_count` of
 //! `Goodbye`); `fault_dropped` (only with `transport.soft.fault`) counts the packets this
-//! session's fault injector dropped.
+//! session's fault injectors dropped (both lanes').
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -39,8 +41,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use uctel_common::shutdown::Shutdown;
 use uctel_protocol::control::{
-    self, Body, GoodbyeReason, Heartbeat, Hello, RefuseReason, StreamFinal, Welcome,
-    PROTOCOL_VERSION,
+    self, Body, GoodbyeReason, Hello, RefuseReason, Welcome, PROTOCOL_VERSION,
 };
 use uctel_protocol::limits::Limits;
 use uctel_protocol::session::{Liveness, LivenessConfig, LivenessEvent};
@@ -49,6 +50,7 @@ use uctel_transport::api::QpType;
 use crate::config::{faults_enabled, seconds, AgentConfig, DataPath, TokenError, TransportKind};
 use crate::control::{ControlConn, ControlError, HandshakeFailure};
 use crate::datapath::{DataPlane, DataPlaneError};
+use crate::lane::{self, LaneError, RcLane};
 use crate::pool::{self, Pool, PoolMetrics, SwitchReason};
 use crate::runners::{self, Queues};
 use crate::selfmetrics::{DropReason, FaultTally, SelfMetrics};
@@ -147,6 +149,11 @@ pub async fn run_with(
     {
         stats
             .enable_fault_metrics()
+            .map_err(|e| RunError::Metrics(e.to_string()))?;
+    }
+    if !config.streams.rc_streams().is_empty() {
+        stats
+            .enable_rc_metrics()
             .map_err(|e| RunError::Metrics(e.to_string()))?;
     }
     let queues = Queues::new(&config);
@@ -254,6 +261,8 @@ enum SessionError {
     DataPlane(#[from] DataPlaneError),
     #[error("unusable Welcome: {0}")]
     Welcome(String),
+    #[error(transparent)]
+    Lane(#[from] LaneError),
 }
 
 /// Reconnect backoff with "full jitter" (AWS Architecture Blog, *Exponential Backoff And
@@ -645,52 +654,8 @@ fn negotiated(
         idle_heartbeat: Some(heartbeat),
         wait_for_credit: Stream::ALL
             .map(|s| config.streams.on_no_credit(s) == crate::config::OnNoCredit::Wait),
-        carries: [true; Stream::ALL.len()],
+        carries: lane::carries(config, crate::config::Reliability::Uc),
     })
-}
-
-/// Per stream, the last stream sequence and record count posted (for `Goodbye` and
-/// heartbeats).
-fn stream_finals(fin: &FinalSequences) -> Vec<StreamFinal> {
-    Stream::ALL
-        .iter()
-        .map(|s| {
-            let t = fin.streams[s.index()];
-            StreamFinal {
-                stream_id: s.id(),
-                final_stream_seq: t.last_stream_seq,
-                final_record_count: t.records,
-            }
-        })
-        .collect()
-}
-
-fn goodbye(fin: &FinalSequences, reason: GoodbyeReason, detail: &str) -> control::Goodbye {
-    control::Goodbye {
-        final_conn_seq: fin.last_conn_seq,
-        streams: stream_finals(fin),
-        reason: reason as i32,
-        detail: detail.chars().take(control::MAX_DETAIL_BYTES).collect(),
-        rc_final_conn_seq: None,
-    }
-}
-
-/// A heartbeat carrying the sequences posted so far, so a session that ends without a
-/// `Goodbye` has an unknown tail of at most one heartbeat interval (DESIGN.md §6).
-///
-/// It also carries the credit grant applied last and the frames that found no credit since
-/// the previous heartbeat (DESIGN.md §4, collector-wide credit budget).
-fn heartbeat(sequence: u64, core: &mut SenderCore) -> Heartbeat {
-    let fin = core.final_sequences();
-    Heartbeat {
-        sequence,
-        timestamp_ns: pump::unix_ns(),
-        sent_conn_seq: fin.last_conn_seq,
-        sent_streams: stream_finals(&fin),
-        credit_grant_applied: core.grant_applied(),
-        frames_without_credit: Some(core.take_frames_without_credit()),
-        rc_sent_conn_seq: None,
-    }
 }
 
 /// While connected to `current`: re-resolves the pool's names when due, then probes every
@@ -760,6 +725,7 @@ async fn session(
         })?
         .ip();
     let mut plane = DataPlane::open(config, local_ip, config.max_frame_bytes, QpType::Uc)?;
+    let rc_plane = lane::open_plane(config, local_ip)?;
     let hello = Hello {
         protocol_version: PROTOCOL_VERSION,
         agent_id: config.agent_id.clone(),
@@ -769,7 +735,7 @@ async fn session(
         capabilities: capabilities(config),
         qp: Some(plane.endpoint()),
         expected_frames_per_second: Some(config.collector.expected_frames_per_second.max(1)),
-        rc_lane: None,
+        rc_lane: rc_plane.as_ref().map(|p| lane::request(p, config)),
     };
     let welcome = conn
         .handshake(hello, token, connect_timeout)
@@ -780,6 +746,7 @@ async fn session(
         })?;
     let sender_config = negotiated(config, &welcome, plane.endpoint().mtu)?;
     plane.connect(&welcome)?;
+    let mut rc = RcLane::start(rc_plane, &welcome, &sender_config, config, epoch, stats)?;
     *welcomed = true;
     connector.welcomed(collector);
     let mut core = SenderCore::new(&sender_config, epoch, Instant::now(), stats.clone())
@@ -800,6 +767,8 @@ async fn session(
         slots = welcome.slots,
         credit_window = sender_config.credit_window,
         max_frame_bytes = sender_config.limits.max_frame_bytes,
+        rc_slots = welcome.rc_lane.as_ref().filter(|_| rc.is_some()).map(|l| l.slots),
+        rc_credit_window = rc.as_ref().map(|l| l.credit_window),
         "connected to the collector"
     );
 
@@ -835,15 +804,24 @@ async fn session(
         if plane.reap() > 0 || plane.failed() {
             break SessionEnd::Lost("the UC QP went to ERROR".into());
         }
+        if let Some(why) = rc.as_mut().and_then(|l| l.failure(stats)) {
+            break SessionEnd::Lost(why);
+        }
         pump::pull(&mut core, queues, stats);
         let stop = pump::transmit(&mut core, &mut plane);
         pump::settle(&core, queues);
         sync_faults(stats);
-        if core.take_credit_heartbeat() {
+        let rc_stop = rc.as_mut().map(|l| l.step(queues, stats));
+        if rc_stop == Some(Stop::Failed) {
+            stats.rc_lane_failed();
+            break SessionEnd::Lost("posting to the RC QP failed".into());
+        }
+        let rc_credit = rc.as_mut().is_some_and(|l| l.core.take_credit_heartbeat());
+        if core.take_credit_heartbeat() | rc_credit {
             // Out of credit with frames to send, or a window taken back: tell the
             // collector now rather than at the next heartbeat (it answers with a report).
             // The heartbeat counter is repeated: this is not a period of its own.
-            let hb = heartbeat(last_heartbeat, &mut core);
+            let hb = lane::heartbeat(last_heartbeat, &mut core, rc.as_ref().map(|l| &l.core));
             match tokio::time::timeout(CONTROL_SEND_TIMEOUT, conn.send(hb)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => break SessionEnd::Lost(e.to_string()),
@@ -854,12 +832,12 @@ async fn session(
                 }
             }
         }
-        let mut deadline = match stop {
+        let mut deadline = match lane::merge_stops(stop, rc_stop) {
             Stop::Wait(at) => at,
             Stop::Busy => Some(Instant::now() + BUSY_RETRY),
             Stop::Failed => break SessionEnd::Lost("posting to the UC QP failed".into()),
         };
-        if !plane.idle() {
+        if !plane.idle() || rc.as_ref().is_some_and(|l| !l.plane.idle()) {
             // Sends in flight: poll their completions soon (with a busy-poll soft device,
             // polling is also what moves packets the socket could not take at once).
             let soon = Instant::now() + BUSY_RETRY;
@@ -875,6 +853,9 @@ async fn session(
                     Ok(m) => match m.body {
                         Some(Body::Report(r)) => {
                             let _ = core.on_report(&r);
+                            if let Some(l) = rc.as_mut() {
+                                l.on_report(&r);
+                            }
                             for s in &r.streams {
                                 if let Some(stream) = Stream::from_id(s.stream_id) {
                                     let total = s.received.saturating_add(s.lost);
@@ -905,7 +886,7 @@ async fn session(
                 }
                 Some(LivenessEvent::SendHeartbeat { sequence }) => {
                     last_heartbeat = sequence;
-                    let hb = heartbeat(sequence, &mut core);
+                    let hb = lane::heartbeat(sequence, &mut core, rc.as_ref().map(|l| &l.core));
                     match tokio::time::timeout(CONTROL_SEND_TIMEOUT, conn.send(hb)).await {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) => break SessionEnd::Lost(e.to_string()),
@@ -944,16 +925,28 @@ async fn session(
             let mut finished = false;
             loop {
                 plane.reap();
+                if let Some(l) = rc.as_mut() {
+                    l.plane.reap();
+                }
                 if !finished {
                     pump::pull(&mut core, queues, stats);
+                    if let Some(l) = rc.as_mut() {
+                        pump::pull(&mut l.core, queues, stats);
+                    }
                     if queues.metrics.is_empty() && queues.logs.is_empty() {
                         core.finish(pump::unix_ns());
+                        if let Some(l) = rc.as_mut() {
+                            l.core.finish(pump::unix_ns());
+                        }
                         finished = true;
                     }
                 }
                 let stop = pump::transmit(&mut core, &mut plane);
                 pump::settle(&core, queues);
-                let done = finished && core.ready_frames() == 0;
+                let rc_stop = rc.as_mut().map(|l| l.transmit(queues, stats));
+                let stop = lane::merge_stops(stop, rc_stop);
+                let rc_ready = rc.as_ref().map_or(0, |l| l.core.ready_frames());
+                let done = finished && core.ready_frames() == 0 && rc_ready == 0;
                 if done || Instant::now() >= until || stop == Stop::Failed {
                     break;
                 }
@@ -966,7 +959,12 @@ async fn session(
                 tokio::select! {
                     () = tokio::time::sleep_until(wait.into()) => {}
                     msg = conn.recv() => match msg {
-                        Ok(m) => if let Some(Body::Report(r)) = m.body { let _ = core.on_report(&r); },
+                        Ok(m) => if let Some(Body::Report(r)) = m.body {
+                            let _ = core.on_report(&r);
+                            if let Some(l) = rc.as_mut() {
+                                l.on_report(&r);
+                            }
+                        },
                         Err(_) => break,
                     }
                 }
@@ -977,6 +975,10 @@ async fn session(
                 core.finish(pump::unix_ns());
                 let _ = pump::transmit(&mut core, &mut plane);
                 pump::settle(&core, queues);
+                if let Some(l) = rc.as_mut() {
+                    l.core.finish(pump::unix_ns());
+                    let _ = l.transmit(queues, stats);
+                }
             }
             let (reason, detail) = match &end {
                 SessionEnd::Drain(_) => (
@@ -993,16 +995,29 @@ async fn session(
                 // What is left was not sent: counted as `shutdown`, not settled, so the log
                 // sources read those lines again after a restart.
                 core.drop_pending(DropReason::Shutdown);
+                if let Some(l) = rc.as_mut() {
+                    l.drop_pending(DropReason::Shutdown, queues);
+                }
             } else {
                 // Moving on: what could not be sent in time is dropped as when the
                 // connection is lost.
                 core.drop_pending(DropReason::NotConnected);
                 pump::settle(&core, queues);
+                if let Some(l) = rc.as_mut() {
+                    l.drop_pending(DropReason::NotConnected, queues);
+                }
             }
             drain_sends(&mut plane).await;
-            let session_faults = sync_faults(stats);
-            let fin = core.final_sequences();
-            let bye = goodbye(&fin, reason, &detail);
+            let mut session_faults = sync_faults(stats);
+            if let Some(l) = rc.as_mut() {
+                drain_sends(&mut l.plane).await;
+                if let (Some(uc), Some(r)) = (session_faults.as_mut(), l.sync(stats)) {
+                    uc.dropped += r.dropped;
+                }
+            }
+            let fin = lane::merged(&core, rc.as_ref().map(|l| &l.core));
+            let rc_fin = rc.as_ref().map(|l| l.core.final_sequences());
+            let bye = lane::goodbye(&fin, rc_fin.and_then(|f| f.last_conn_seq), reason, &detail);
             let _ = tokio::time::timeout(CONTROL_SEND_TIMEOUT, async {
                 let _ = conn.send(bye).await;
                 conn.shutdown().await;
@@ -1021,6 +1036,7 @@ async fn session(
                 collector = %collector,
                 reason = match &end { SessionEnd::Drain(_) => "drain", SessionEnd::Rebalance(_) => "rebalance", _ => "shutdown" },
                 frames = fin.frames,
+                rc_frames = rc_fin.map(|f| f.frames),
                 metrics_frames = m.frames,
                 metrics_records = m.records,
                 logs_frames = l.frames,
@@ -1037,8 +1053,16 @@ async fn session(
             pump::settle(&core, queues);
             drain_sends(&mut plane).await;
             sync_faults(stats);
-            let fin = core.final_sequences();
-            let bye = goodbye(&fin, GoodbyeReason::Reconnect, &why);
+            if let Some(l) = rc.as_mut() {
+                l.drop_pending(DropReason::NotConnected, queues);
+                drain_sends(&mut l.plane).await;
+                l.sync(stats);
+            }
+            let fin = lane::merged(&core, rc.as_ref().map(|l| &l.core));
+            let rc_final = rc
+                .as_ref()
+                .and_then(|l| l.core.final_sequences().last_conn_seq);
+            let bye = lane::goodbye(&fin, rc_final, GoodbyeReason::Reconnect, &why);
             let _ = tokio::time::timeout(CONTROL_SEND_TIMEOUT, conn.send(bye)).await;
             Ok((SessionEnd::Lost(why), fin))
         }

@@ -27,6 +27,8 @@
 //! | `uctel_agent_queue_records` | gauge | `stream` |
 //! | `uctel_agent_records_truncated_total` | counter | `stream` |
 //! | `uctel_agent_fault_packets_total` | counter | `action` (only with fault injection) |
+//! | `uctel_agent_rc_qp_events_total` | counter | `event` (only with an RC lane) |
+//! | `uctel_agent_rc_lane_failures_total` | counter | (only with an RC lane) |
 //! | `uctel_agent_source_errors_total` | counter | `source`, `reason` |
 //! | `uctel_agent_rdma_port_state_changes_total` | counter | `device`, `port`, `to` |
 //! | `uctel_agent_rdma_gid_changes_total` | counter | `device`, `port` |
@@ -52,6 +54,19 @@
 //! [`SelfMetrics::enable_fault_metrics`] was called (the agent does so when the configuration
 //! turns fault injection on).
 //!
+//! `uctel_agent_rc_qp_events_total{event}` counts what the RC QP of the streams set to
+//! `reliability: rc` did to deliver (DESIGN.md §8b), summed over every session, `event` from
+//! `uctel_transport::api::RcCounters::NAMES`: `packets_retransmitted`, `timeouts`,
+//! `naks_sent`, `naks_received`, `rnr_naks_sent`, `rnr_naks_received`, `retry_exceeded`,
+//! `rnr_retry_exceeded`, `duplicates` (IBTA 9.7; rxe's `hw_counters` name the same events).
+//! Each session's QP counts from zero; `crate::lane::RcTally` keeps the running total. The
+//! verbs transport counts these per port, not per QP: there they stay 0 (read the device's
+//! `hw_counters`). `uctel_agent_rc_lane_failures_total` counts the sessions that ended
+//! because the RC QP failed (an error completion such as `retry_exceeded_error`, the QP in
+//! ERROR, or a fatal async event); the agent then reconnects with a new epoch. Both families
+//! exist, every `event` at zero, only once [`SelfMetrics::enable_rc_metrics`] was called (the
+//! agent does so when a stream is set to `reliability: rc`).
+//!
 //! The registry also holds the agent's own standard `process_*` series
 //! (`uctel_common::http::register_process_metrics`: CPU seconds, memory, file descriptors,
 //! start time, threads), served and shipped like the rest: at the collector they carry the
@@ -74,6 +89,7 @@ use prometheus::{
     Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 use uctel_protocol::payload;
+use uctel_transport::api::RcCounters;
 use uctel_transport::soft::fault::{FaultCounts, FaultStats};
 
 use crate::rdma_events::RdmaEventMetrics;
@@ -478,6 +494,9 @@ pub struct SelfMetrics {
     records_truncated: PerStream<IntCounter>,
     /// `fault_packets_total{action}`, registered by [`SelfMetrics::enable_fault_metrics`].
     fault_packets: OnceLock<[IntCounter; FaultAction::ALL.len()]>,
+    /// `rc_qp_events_total{event}` and `rc_lane_failures_total`, registered by
+    /// [`SelfMetrics::enable_rc_metrics`].
+    rc: OnceLock<RcMetrics>,
     /// Rate limit of the drop log lines.
     drop_log: Mutex<DropLog>,
     /// `source_errors_total{source="infiniband",reason}`.
@@ -486,6 +505,15 @@ pub struct SelfMetrics {
     source_errors: IntCounterVec,
     /// `rdma_*`: port events and async events.
     rdma: RdmaEventMetrics,
+}
+
+/// The RC lane's counters ([`SelfMetrics::enable_rc_metrics`]).
+#[derive(Debug)]
+struct RcMetrics {
+    /// `rc_qp_events_total{event}`, in [`RcCounters::NAMES`] order.
+    events: [IntCounter; RcCounters::NAMES.len()],
+    /// `rc_lane_failures_total`.
+    failures: IntCounter,
 }
 
 /// Registering the self-metrics failed (a name clash in the registry).
@@ -625,6 +653,7 @@ impl SelfMetrics {
             queue_records: Stream::ALL.map(|s| queue_v.with_label_values(&[s.as_str()])),
             records_truncated: per_stream_counter(&truncated_v),
             fault_packets: OnceLock::new(),
+            rc: OnceLock::new(),
             drop_log: Mutex::new(DropLog::new(DROP_LOG_EVERY)),
             infiniband_skipped: SkipReason::ALL
                 .map(|r| source_errors_v.with_label_values(&["infiniband", r.as_str()])),
@@ -669,6 +698,75 @@ impl SelfMetrics {
                 c[a.index()].inc_by(a.of(delta));
             }
         }
+    }
+
+    /// Registers `uctel_agent_rc_qp_events_total{event}` (every event of
+    /// [`RcCounters::NAMES`] at zero) and `uctel_agent_rc_lane_failures_total`. Idempotent.
+    ///
+    /// # Errors
+    /// [`RegisterError`] if another collector already took a name.
+    pub fn enable_rc_metrics(&self) -> Result<(), RegisterError> {
+        if self.rc.get().is_some() {
+            return Ok(());
+        }
+        let err = |name: &str| {
+            let name = name.to_owned();
+            move |source| RegisterError { name, source }
+        };
+        let events = "rc_qp_events_total";
+        let v = IntCounterVec::new(
+            opts(
+                events,
+                "What the RC QP of the streams set to reliability: rc did to deliver (retransmissions, timeouts, NAKs, retry exhaustion), over every session; 0 on the verbs transport, which counts these per port.",
+            ),
+            &["event"],
+        )
+        .map_err(err(events))?;
+        let failures = "rc_lane_failures_total";
+        let f = IntCounter::with_opts(opts(
+            failures,
+            "Sessions ended because the RC QP failed (an error completion such as retry_exceeded_error, the QP in ERROR, or a fatal async event).",
+        ))
+        .map_err(err(failures))?;
+        let m = RcMetrics {
+            events: RcCounters::NAMES.map(|n| v.with_label_values(&[n])),
+            failures: f.clone(),
+        };
+        // Only the first caller registers (a racing second one finds the cell set).
+        if self.rc.set(m).is_ok() {
+            register(&self.registry, events, v)?;
+            register(&self.registry, failures, f)?;
+        }
+        Ok(())
+    }
+
+    /// Adds `delta` (one session's RC QP growth) to `rc_qp_events_total` (a no-op unless
+    /// enabled).
+    pub fn add_rc_counts(&self, delta: &RcCounters) {
+        if let Some(m) = self.rc.get() {
+            for (c, (_, n)) in m.events.iter().zip(delta.iter()) {
+                c.inc_by(n);
+            }
+        }
+    }
+
+    /// Counts a session ended by a failed RC QP (a no-op unless enabled).
+    pub fn rc_lane_failed(&self) {
+        if let Some(m) = self.rc.get() {
+            m.failures.inc();
+        }
+    }
+
+    /// `rc_qp_events_total{event}` so far (`event` from [`RcCounters::NAMES`]); `None` unless
+    /// enabled or for an unknown event.
+    pub fn rc_qp_events(&self, event: &str) -> Option<u64> {
+        let i = RcCounters::NAMES.iter().position(|n| *n == event)?;
+        self.rc.get().map(|m| m.events[i].get())
+    }
+
+    /// `rc_lane_failures_total` so far; `None` unless enabled.
+    pub fn rc_lane_failures(&self) -> Option<u64> {
+        self.rc.get().map(|m| m.failures.get())
     }
 
     /// `fault_packets_total{action}` so far; `None` unless enabled.
@@ -1147,6 +1245,48 @@ mod tests {
             &[("action", "dropped")],
         );
         assert_eq!(m.map(|m| m.value), Some(3.0));
+    }
+
+    #[test]
+    fn rc_counters_are_absent_until_enabled_then_every_event_from_zero() {
+        let sm = SelfMetrics::new().unwrap_or_else(|e| panic!("{e}"));
+        let delta = RcCounters {
+            packets_retransmitted: 4,
+            retry_exceeded: 1,
+            ..RcCounters::default()
+        };
+        sm.add_rc_counts(&delta);
+        sm.rc_lane_failed();
+        assert_eq!(sm.rc_qp_events("timeouts"), None);
+        assert_eq!(sm.rc_lane_failures(), None);
+        assert!(!sm.encode_text().contains("uctel_agent_rc_"));
+
+        sm.enable_rc_metrics().unwrap_or_else(|e| panic!("{e}"));
+        sm.enable_rc_metrics().unwrap_or_else(|e| panic!("{e}"));
+        let text = sm.encode_text();
+        for n in RcCounters::NAMES {
+            let series = format!("uctel_agent_rc_qp_events_total{{event=\"{n}\"}} 0");
+            assert!(text.contains(&series), "{series} missing: {text}");
+        }
+        assert!(
+            text.contains("uctel_agent_rc_lane_failures_total 0"),
+            "{text}"
+        );
+        sm.add_rc_counts(&delta);
+        sm.add_rc_counts(&delta);
+        sm.rc_lane_failed();
+        assert_eq!(sm.rc_qp_events("packets_retransmitted"), Some(8));
+        assert_eq!(sm.rc_qp_events("retry_exceeded"), Some(2));
+        assert_eq!(sm.rc_qp_events("timeouts"), Some(0));
+        assert_eq!(sm.rc_qp_events("no_such_event"), None);
+        assert_eq!(sm.rc_lane_failures(), Some(1));
+        let recs = sm.to_records(0);
+        let m = find(
+            &recs,
+            "uctel_agent_rc_qp_events_total",
+            &[("event", "packets_retransmitted")],
+        );
+        assert_eq!(m.map(|m| m.value), Some(8.0));
     }
 
     #[test]

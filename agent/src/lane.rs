@@ -1,0 +1,492 @@
+//! The RC lane of a connection (DESIGN.md §8b): the streams set to `reliability: rc` travel
+//! on a second QP, of type RC, with a pipeline ([`SenderCore`]) of their own.
+//!
+//! ```text
+//!            ┌─ UC SenderCore (UC streams) ─► DataPlane (UC QP) ─► ring     (credits: budget)
+//!  queues ───┤
+//!            └─ RC SenderCore (RC streams) ─► DataPlane (RC QP) ─► RC ring  (credits: window)
+//! ```
+//!
+//! Each lane has its own connection sequence (both start at `SenderConfig::first_conn_seq`),
+//! ring, credit window and consumed point; a stream travels on exactly one lane, so its
+//! stream sequence, its record count and its log settlement come from one pipeline only. The
+//! RC lane takes no share of the collector-wide credit budget (no `CreditGrant` applies): its
+//! credit is `Welcome.rc_lane.credit_window` frames beyond the consumed sequence that
+//! `Report.rc_lane` returns. With no stream on `rc` there is no RC lane: no second QP, and
+//! `Hello.rc_lane` is `None`.
+//!
+//! The session (`crate::run`) opens the lane's [`DataPlane`] before `Hello`
+//! ([`open_plane`], [`request`]), starts it after `Welcome` ([`RcLane::start`]) and drives both
+//! pipelines in the same loop. A failed RC QP (an error completion such as
+//! `retry_exceeded_error` when `transport.rc.retry_cnt` runs out, the QP in ERROR, a fatal
+//! async event) ends the session as lost, like a failed UC QP: the agent reconnects with a
+//! new epoch. Heartbeats and `Goodbye` carry both lanes' sequences ([`heartbeat`],
+//! [`goodbye`]).
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use uctel_protocol::control::{
+    self, GoodbyeReason, Heartbeat, RcLaneRequest, Report, StreamFinal, Welcome,
+};
+use uctel_transport::api::{QpType, RcCounters};
+use uctel_transport::soft::fault::FaultCounts;
+
+use crate::config::{AgentConfig, Reliability};
+use crate::datapath::{DataPlane, DataPlaneError};
+use crate::runners::Queues;
+use crate::selfmetrics::{DropReason, FaultTally, SelfMetrics};
+use crate::sender::core::{FinalSequences, SenderConfig, SenderCore, STREAMS};
+use crate::sender::pump::{self, Stop};
+use crate::stream::Stream;
+
+/// Per stream, indexed by [`Stream::index`]: whether it travels on the lane of `reliability`
+/// ([`SenderConfig::carries`] of that lane's pipeline).
+pub fn carries(config: &AgentConfig, reliability: Reliability) -> [bool; STREAMS] {
+    Stream::ALL.map(|s| config.streams.reliability(s) == reliability)
+}
+
+/// Opens the RC lane's data plane (an RC QP with `transport.rc`'s attributes) when a stream
+/// is set to `reliability: rc`; `None` otherwise.
+///
+/// # Errors
+/// [`DataPlaneError`] naming the RC QP's object that could not be created.
+pub fn open_plane(
+    config: &AgentConfig,
+    local_ip: IpAddr,
+) -> Result<Option<DataPlane>, DataPlaneError> {
+    if config.streams.rc_streams().is_empty() {
+        return Ok(None);
+    }
+    let qp_type = QpType::Rc(config.transport.rc.attr());
+    DataPlane::open(config, local_ip, config.max_frame_bytes, qp_type).map(Some)
+}
+
+/// `Hello.rc_lane`: the RC QP's endpoint and the header stream ids of the RC streams.
+pub fn request(plane: &DataPlane, config: &AgentConfig) -> RcLaneRequest {
+    RcLaneRequest {
+        qp: Some(plane.endpoint()),
+        stream_ids: config.streams.rc_streams().iter().map(|s| s.id()).collect(),
+    }
+}
+
+/// Follows one RC QP's delivery counters ([`DataPlane::rc_counters`]) and adds their growth
+/// since the last [`RcTally::sync`] to the agent's `rc_qp_events_total`, so the exported
+/// counters stay cumulative when the next session's QP counts from zero.
+#[derive(Debug, Default)]
+pub struct RcTally {
+    seen: RcCounters,
+}
+
+impl RcTally {
+    /// Adds the growth from the last sync to `now` (the QP's counters) to `metrics`; returns
+    /// the growth.
+    pub fn sync(&mut self, now: RcCounters, metrics: &SelfMetrics) -> RcCounters {
+        let s = &self.seen;
+        let delta = RcCounters {
+            packets_retransmitted: now
+                .packets_retransmitted
+                .saturating_sub(s.packets_retransmitted),
+            timeouts: now.timeouts.saturating_sub(s.timeouts),
+            naks_sent: now.naks_sent.saturating_sub(s.naks_sent),
+            naks_received: now.naks_received.saturating_sub(s.naks_received),
+            rnr_naks_sent: now.rnr_naks_sent.saturating_sub(s.rnr_naks_sent),
+            rnr_naks_received: now.rnr_naks_received.saturating_sub(s.rnr_naks_received),
+            retry_exceeded: now.retry_exceeded.saturating_sub(s.retry_exceeded),
+            rnr_retry_exceeded: now.rnr_retry_exceeded.saturating_sub(s.rnr_retry_exceeded),
+            duplicates: now.duplicates.saturating_sub(s.duplicates),
+        };
+        metrics.add_rc_counts(&delta);
+        self.seen = now;
+        delta
+    }
+}
+
+/// The RC lane of one session: its QP and its pipeline.
+#[derive(Debug)]
+pub struct RcLane {
+    /// The RC QP, its CQs and send buffers.
+    pub plane: DataPlane,
+    /// The pipeline of the RC streams.
+    pub core: SenderCore,
+    /// The lane's credit window, frames ([`sender_config`]).
+    pub credit_window: u64,
+    tally: RcTally,
+    faults: Option<FaultTally>,
+}
+
+/// The lane's settings from `Welcome.rc_lane`, on top of the UC pipeline's `uc`: the
+/// lane's window (`credit_window`, and no more than `slots − collector.credit_margin_slots`),
+/// the RC streams, and frames no larger than the RC QP's path MTU unless
+/// `multi_packet_frames` (the UC rule, DESIGN.md §3).
+///
+/// # Errors
+/// A message for a window of 0.
+pub fn sender_config(
+    config: &AgentConfig,
+    uc: &SenderConfig,
+    lane: &control::RcLane,
+    local_mtu: u32,
+) -> Result<SenderConfig, String> {
+    let margin = config.collector.credit_margin_slots;
+    let window = lane.credit_window.min(lane.slots.saturating_sub(margin));
+    if window == 0 {
+        return Err(format!(
+            "RC lane credit window 0 (credit_window {}, slots {}, credit_margin_slots {margin})",
+            lane.credit_window, lane.slots
+        ));
+    }
+    let mut rc = uc.clone();
+    rc.credit_window = u64::from(window);
+    rc.carries = carries(config, Reliability::Rc);
+    if !config.multi_packet_frames {
+        let remote_mtu = lane.qp.as_ref().map_or(local_mtu, |q| q.mtu);
+        let path_mtu = local_mtu.min(remote_mtu).max(256) as usize;
+        if path_mtu < rc.limits.max_frame_bytes {
+            rc.limits.max_frame_bytes = path_mtu;
+            rc.pacing = Some(config.pacing_limits(path_mtu));
+        }
+    }
+    Ok(rc)
+}
+
+impl RcLane {
+    /// After `Welcome`: connects `plane` (from [`open_plane`]; `None`: no RC lane) to the
+    /// collector's RC QP and ring and builds the lane's pipeline for `epoch`, with the UC
+    /// pipeline's settings `uc` and the lane's own window ([`sender_config`]).
+    ///
+    /// # Errors
+    /// A `Welcome` without `rc_lane` (a collector that does not support it), an unusable
+    /// lane, or a refused connection of the RC QP.
+    pub fn start(
+        plane: Option<DataPlane>,
+        welcome: &Welcome,
+        uc: &SenderConfig,
+        config: &AgentConfig,
+        epoch: u64,
+        stats: &Arc<SelfMetrics>,
+    ) -> Result<Option<RcLane>, LaneError> {
+        let Some(mut plane) = plane else {
+            return Ok(None);
+        };
+        let Some(lane) = &welcome.rc_lane else {
+            let keys: Vec<String> = config
+                .streams
+                .rc_streams()
+                .iter()
+                .map(|s| format!("streams.{s}.reliability"))
+                .collect();
+            return Err(LaneError::NotOffered(keys.join(", ")));
+        };
+        let rc =
+            sender_config(config, uc, lane, plane.endpoint().mtu).map_err(LaneError::Welcome)?;
+        plane.connect_rc_lane(welcome)?;
+        let core = SenderCore::new(&rc, epoch, Instant::now(), stats.clone())
+            .map_err(|e| LaneError::Welcome(e.to_string()))?;
+        Ok(Some(RcLane {
+            credit_window: rc.credit_window,
+            faults: plane.fault_stats().map(FaultTally::new),
+            plane,
+            core,
+            tally: RcTally::default(),
+        }))
+    }
+
+    /// Why the RC QP can no longer deliver, if it cannot: a fatal async event, an error
+    /// completion (the QP is then in ERROR), or the QP in ERROR. Counts the failure
+    /// (`rc_lane_failures_total`). Reaps the send completions on the way.
+    pub fn failure(&mut self, stats: &SelfMetrics) -> Option<String> {
+        let why = if let Some(kind) = self.plane.poll_async_events(stats.rdma()) {
+            format!("RDMA async event {} on the RC QP", kind.as_str())
+        } else if self.plane.reap() > 0 || self.plane.failed() {
+            match self.plane.first_error() {
+                Some(status) => format!(
+                    "the RC QP went to ERROR ({status}{})",
+                    if status == uctel_transport::api::WcStatus::RetryExceededError {
+                        ": transport.rc.retry_cnt used up"
+                    } else {
+                        ""
+                    }
+                ),
+                None => "the RC QP went to ERROR (retry exceeded?)".to_owned(),
+            }
+        } else {
+            return None;
+        };
+        self.sync(stats);
+        stats.rc_lane_failed();
+        Some(why)
+    }
+
+    /// One step of the lane: records in, frames out to the RC QP, log settlement, counters.
+    pub fn step(&mut self, queues: &Queues, stats: &SelfMetrics) -> Stop {
+        pump::pull(&mut self.core, queues, stats);
+        let stop = pump::transmit(&mut self.core, &mut self.plane);
+        pump::settle(&self.core, queues);
+        self.sync(stats);
+        stop
+    }
+
+    /// Frames out and settlement only (no records taken), as at the end of an epoch.
+    pub fn transmit(&mut self, queues: &Queues, stats: &SelfMetrics) -> Stop {
+        let stop = pump::transmit(&mut self.core, &mut self.plane);
+        pump::settle(&self.core, queues);
+        self.sync(stats);
+        stop
+    }
+
+    /// Takes the lane's part of a collector `Report` (its consumed sequence).
+    pub fn on_report(&mut self, report: &Report) {
+        if let Some(lane) = &report.rc_lane {
+            let _ = self.core.on_lane_report(lane.consumed_conn_seq);
+        }
+    }
+
+    /// Drops what the pipeline still holds with `reason` and settles (unless `shutdown`:
+    /// those log lines are read again after a restart).
+    pub fn drop_pending(&mut self, reason: DropReason, queues: &Queues) {
+        self.core.drop_pending(reason);
+        if reason != DropReason::Shutdown {
+            pump::settle(&self.core, queues);
+        }
+    }
+
+    /// Adds the QP's counters (and its fault injector's) since the last sync to the agent's
+    /// totals; returns this session's fault counts, when fault injection is on.
+    pub fn sync(&mut self, stats: &SelfMetrics) -> Option<FaultCounts> {
+        self.tally.sync(self.plane.rc_counters(), stats);
+        self.faults.as_mut().map(|t| t.sync(stats))
+    }
+}
+
+/// Why the RC lane could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum LaneError {
+    /// The agent asked for an RC lane and the `Welcome` has none.
+    #[error("the collector offers no RC lane ({0}: rc needs a collector that supports it)")]
+    NotOffered(String),
+    /// The lane in `Welcome` is unusable.
+    #[error("{0}")]
+    Welcome(String),
+    /// The RC QP could not be connected.
+    #[error(transparent)]
+    DataPlane(#[from] DataPlaneError),
+}
+
+/// The merged final sequences of both lanes: the UC lane's connection sequence and frames,
+/// and each stream's totals from the pipeline that carries it.
+pub fn merged(uc: &SenderCore, rc: Option<&SenderCore>) -> FinalSequences {
+    let mut fin = uc.final_sequences();
+    if let Some(rc) = rc {
+        let r = rc.final_sequences();
+        for s in Stream::ALL {
+            if rc.carries(s) && !uc.carries(s) {
+                fin.streams[s.index()] = r.streams[s.index()];
+            }
+        }
+    }
+    fin
+}
+
+/// Per stream, the last stream sequence and record count posted (for `Goodbye` and
+/// heartbeats), both lanes' streams.
+fn stream_finals(fin: &FinalSequences) -> Vec<StreamFinal> {
+    Stream::ALL
+        .iter()
+        .map(|s| {
+            let t = fin.streams[s.index()];
+            StreamFinal {
+                stream_id: s.id(),
+                final_stream_seq: t.last_stream_seq,
+                final_record_count: t.records,
+            }
+        })
+        .collect()
+}
+
+/// The agent's `Goodbye`: `fin` from [`merged`], the RC lane's last connection sequence
+/// `rc_final` (`None`: no RC lane, or it sent nothing).
+pub fn goodbye(
+    fin: &FinalSequences,
+    rc_final: Option<u64>,
+    reason: GoodbyeReason,
+    detail: &str,
+) -> control::Goodbye {
+    control::Goodbye {
+        final_conn_seq: fin.last_conn_seq,
+        streams: stream_finals(fin),
+        reason: reason as i32,
+        detail: detail.chars().take(control::MAX_DETAIL_BYTES).collect(),
+        rc_final_conn_seq: rc_final,
+    }
+}
+
+/// A heartbeat carrying the sequences posted so far on both lanes, so a session that ends
+/// without a `Goodbye` has an unknown tail of at most one heartbeat interval (DESIGN.md §6).
+///
+/// It also carries the credit grant applied last and the frames that found no credit since
+/// the previous heartbeat (DESIGN.md §4, collector-wide credit budget): the UC lane's, the
+/// only one the budget covers.
+pub fn heartbeat(sequence: u64, core: &mut SenderCore, rc: Option<&SenderCore>) -> Heartbeat {
+    let fin = merged(core, rc);
+    Heartbeat {
+        sequence,
+        timestamp_ns: pump::unix_ns(),
+        sent_conn_seq: fin.last_conn_seq,
+        sent_streams: stream_finals(&fin),
+        credit_grant_applied: core.grant_applied(),
+        frames_without_credit: Some(core.take_frames_without_credit()),
+        rc_sent_conn_seq: rc.and_then(|r| r.final_sequences().last_conn_seq),
+    }
+}
+
+/// The stop of both lanes' [`pump::transmit`]: failed if one failed, busy if one is busy,
+/// else the earlier wait.
+pub fn merge_stops(uc: Stop, rc: Option<Stop>) -> Stop {
+    match (uc, rc) {
+        (s, None) => s,
+        (Stop::Failed, _) | (_, Some(Stop::Failed)) => Stop::Failed,
+        (Stop::Busy, _) | (_, Some(Stop::Busy)) => Stop::Busy,
+        (Stop::Wait(a), Some(Stop::Wait(b))) => Stop::Wait(match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn config(extra: &str) -> AgentConfig {
+        let text =
+            format!("agent_id: a\ncollector:\n  control: 127.0.0.1:1\nauth:\n  token: t\n{extra}");
+        AgentConfig::from_yaml("t.yaml", &text).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn no_rc_stream_no_rc_lane() {
+        let c = config("");
+        let ip = "127.0.0.1".parse().unwrap_or_else(|e| panic!("{e}"));
+        assert!(open_plane(&c, ip)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .is_none());
+        assert_eq!(carries(&c, Reliability::Uc), [true; 3]);
+        assert_eq!(carries(&c, Reliability::Rc), [false; 3]);
+    }
+
+    #[test]
+    fn the_lane_request_names_the_rc_streams_and_the_rc_qp() {
+        let c = config("streams:\n  logs:\n    reliability: rc\n");
+        let ip = "127.0.0.1".parse().unwrap_or_else(|e| panic!("{e}"));
+        let plane = open_plane(&c, ip)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("no RC plane"));
+        assert_eq!(plane.qp_name(), "RC QP");
+        let r = request(&plane, &c);
+        assert_eq!(r.stream_ids, [Stream::Logs.id()]);
+        assert_eq!(r.qp, Some(plane.endpoint()));
+        assert_eq!(carries(&c, Reliability::Rc), [false, true, false]);
+        assert_eq!(carries(&c, Reliability::Uc), [true, false, true]);
+    }
+
+    #[test]
+    fn stops_merge_to_the_most_urgent() {
+        let t = Instant::now();
+        let later = t + Duration::from_millis(5);
+        assert_eq!(merge_stops(Stop::Wait(None), None), Stop::Wait(None));
+        assert_eq!(
+            merge_stops(Stop::Wait(Some(t)), Some(Stop::Failed)),
+            Stop::Failed
+        );
+        assert_eq!(merge_stops(Stop::Failed, Some(Stop::Busy)), Stop::Failed);
+        assert_eq!(
+            merge_stops(Stop::Wait(Some(t)), Some(Stop::Busy)),
+            Stop::Busy
+        );
+        assert_eq!(
+            merge_stops(Stop::Wait(Some(later)), Some(Stop::Wait(Some(t)))),
+            Stop::Wait(Some(t))
+        );
+        assert_eq!(
+            merge_stops(Stop::Wait(None), Some(Stop::Wait(Some(later)))),
+            Stop::Wait(Some(later))
+        );
+        assert_eq!(
+            merge_stops(Stop::Wait(None), Some(Stop::Wait(None))),
+            Stop::Wait(None)
+        );
+    }
+
+    #[test]
+    fn the_rc_tally_adds_each_sessions_growth_once() {
+        let sm = SelfMetrics::new().unwrap_or_else(|e| panic!("{e}"));
+        sm.enable_rc_metrics().unwrap_or_else(|e| panic!("{e}"));
+        let mut t1 = RcTally::default();
+        let c = |retx, timeouts| RcCounters {
+            packets_retransmitted: retx,
+            timeouts,
+            ..RcCounters::default()
+        };
+        assert_eq!(t1.sync(c(3, 1), &sm), c(3, 1));
+        assert_eq!(t1.sync(c(3, 1), &sm), c(0, 0));
+        assert_eq!(t1.sync(c(5, 1), &sm), c(2, 0));
+        // The next session's QP counts from zero.
+        let mut t2 = RcTally::default();
+        t2.sync(c(4, 2), &sm);
+        assert_eq!(sm.rc_qp_events("packets_retransmitted"), Some(9));
+        assert_eq!(sm.rc_qp_events("timeouts"), Some(3));
+    }
+
+    #[test]
+    fn the_rc_lane_window_and_frames_come_from_its_welcome() {
+        let c = AgentConfig::from_yaml(
+            "t.yaml",
+            "agent_id: a\ncollector:\n  control: 127.0.0.1:1\n  credit_margin_slots: 8\nauth:\n  \
+             token: t\nstreams:\n  logs:\n    reliability: rc\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let uc = SenderConfig {
+            limits: uctel_protocol::limits::Limits {
+                max_frame_bytes: 4096,
+                ..uctel_protocol::limits::Limits::default()
+            },
+            pacing: None,
+            credit_window: 100,
+            first_conn_seq: 0,
+            first_stream_seq: 0,
+            data_paths: [crate::config::DataPath::WriteWithImm; 3],
+            flush_after: [Duration::from_millis(1); 3],
+            ready_frames: 8,
+            idle_heartbeat: None,
+            wait_for_credit: [false, true, false],
+            carries: carries(&c, Reliability::Uc),
+        };
+        let lane = control::RcLane {
+            qp: Some(control::QpEndpoint {
+                mtu: 1024,
+                ..control::QpEndpoint::default()
+            }),
+            slots: 64,
+            credit_window: 64,
+            ..control::RcLane::default()
+        };
+        let rc = sender_config(&c, &uc, &lane, 4096).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(rc.credit_window, 56, "64 slots less the margin of 8");
+        assert_eq!(rc.carries, [false, true, false]);
+        assert_eq!(rc.limits.max_frame_bytes, 1024, "the RC QP's path MTU");
+        assert_eq!(rc.first_conn_seq, uc.first_conn_seq);
+        let tiny = control::RcLane {
+            slots: 8,
+            credit_window: 8,
+            ..lane
+        };
+        let e = sender_config(&c, &uc, &tiny, 4096)
+            .err()
+            .unwrap_or_else(|| panic!("a window of 0 accepted"));
+        assert!(e.contains("credit window 0"), "{e}");
+    }
+}
