@@ -4,6 +4,11 @@
 //! decodes every frame that arrives, reports consumed sequences and records the `Goodbye`.
 //! It checks the wire rules the agent must follow (slot = conn_seq mod slots, immediate =
 //! low 32 bits of conn_seq, CRC, epoch) and counts violations instead of hiding them.
+//!
+//! When the agent's `Hello` asks for an RC lane (DESIGN.md §8b) and `offer_rc_lane` is set,
+//! it also creates an RC QP with a ring and receive buffers of its own, offers it in
+//! `Welcome.rc_lane`, keeps the lane's frames apart (`Session::rc_frames`) and reports the
+//! lane's consumed sequence in `Report.rc_lane`.
 
 #![allow(dead_code)]
 
@@ -14,12 +19,14 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use uctel_agent::control::ControlConn;
 use uctel_protocol::control::{
-    self, Body, Challenge, Goodbye, Hello, Refuse, RefuseReason, Report, StreamReport, Welcome,
+    self, Body, Challenge, Goodbye, Hello, LaneReport, Refuse, RefuseReason, Report, StreamReport,
+    Welcome,
 };
 use uctel_protocol::frame::{decode_frame, DecodedFrame};
 use uctel_protocol::limits::Limits;
 use uctel_transport::api::{
-    AccessFlags, Device, QpInitAttr, QpType, RecvWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, CompletionQueue, Device, MemoryRegion, QpInitAttr, QpType, QueuePair, RcAttr,
+    RecvWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 use uctel_transport::device::DeviceConfig;
 use uctel_transport::soft::device::SoftConfig;
@@ -46,6 +53,11 @@ pub struct FakeConfig {
     pub data_path: control::DataPath,
     /// Path MTU of the collector's QP, bytes.
     pub mtu_bytes: u32,
+    /// Offer an RC lane when the agent asks for one (a collector that supports it).
+    pub offer_rc_lane: bool,
+    /// Move the RC lane's QP to ERROR once this many frames arrived on it (the collector's
+    /// side of the lane dies: the agent's retransmissions go unanswered).
+    pub kill_rc_lane_after_frames: Option<u64>,
 }
 
 impl Default for FakeConfig {
@@ -63,6 +75,8 @@ impl Default for FakeConfig {
             goodbye_after_frames: None,
             data_path: control::DataPath::WriteWithImm,
             mtu_bytes: 4096,
+            offer_rc_lane: true,
+            kill_rc_lane_after_frames: None,
         }
     }
 }
@@ -73,6 +87,10 @@ pub struct Session {
     pub hello: Option<Hello>,
     pub refused: bool,
     pub frames: Vec<(WcOpcode, DecodedFrame)>,
+    /// Frames that arrived on the RC lane's QP.
+    pub rc_frames: Vec<(WcOpcode, DecodedFrame)>,
+    /// The RC lane offered in `Welcome`.
+    pub rc_offered: bool,
     /// Frames whose slot, immediate, CRC or epoch broke a rule.
     pub violations: Vec<String>,
     pub goodbye: Option<Goodbye>,
@@ -172,7 +190,8 @@ async fn serve(
         return s;
     }
 
-    // Data plane: soft device, ring, receive buffers, QP connected to the agent's.
+    // Data plane: soft device, ring, receive buffers, QP connected to the agent's; an RC
+    // lane likewise when asked for and offered.
     let dev = Device::open(&DeviceConfig::Soft(SoftConfig {
         name: "fake-collector".into(),
         udp: UdpConfig {
@@ -183,59 +202,24 @@ async fn serve(
         ..SoftConfig::default()
     }))
     .unwrap_or_else(|e| panic!("open: {e}"));
-    let pd = dev.alloc_pd().unwrap_or_else(|e| panic!("{e}"));
-    let cq = dev.create_cq(4096).unwrap_or_else(|e| panic!("{e}"));
-    let qp = pd
-        .create_qp(&QpInitAttr {
-            qp_type: QpType::Uc,
-            send_cq: &cq,
-            recv_cq: &cq,
-            max_send_wr: 4,
-            max_recv_wr: cfg.recv_buffers,
-            access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
-            max_mtu: None,
-        })
-        .unwrap_or_else(|e| panic!("{e}"));
-    let ring = pd
-        .reg_mr(
-            (cfg.slots * cfg.slot_bytes) as usize,
-            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    let bufs = pd
-        .reg_mr(
-            (cfg.recv_buffers * cfg.slot_bytes) as usize,
-            AccessFlags::LOCAL_WRITE,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    for i in 0..cfg.recv_buffers {
-        let sge = Sge::new(&bufs, (i * cfg.slot_bytes) as usize, cfg.slot_bytes);
-        qp.post_recv(&[RecvWr::new(u64::from(i), sge)])
-            .unwrap_or_else(|e| panic!("{e}"));
-    }
-    let Some(aqp) = hello.qp.as_ref() else {
+    let Some(mut uc) = Lane::new(&dev, cfg, QpType::Uc, hello.qp.as_ref()) else {
         return s;
     };
-    let remote = uctel_transport::api::QpEndpoint {
-        gid: aqp.gid_array().unwrap_or([0; 16]),
-        qpn: aqp.qpn,
-        psn: aqp.psn,
-        mtu: aqp.mtu,
-        udp_addr: aqp.udp_socket_addr(),
+    let mut rc = match &hello.rc_lane {
+        Some(l) if cfg.offer_rc_lane => {
+            let Some(lane) = Lane::new(&dev, cfg, QpType::Rc(RcAttr::default()), l.qp.as_ref())
+            else {
+                return s;
+            };
+            Some(lane)
+        }
+        _ => None,
     };
-    qp.connect(&remote)
-        .unwrap_or_else(|e| panic!("connect: {e}"));
-    let me = qp.local_endpoint();
+    s.rc_offered = rc.is_some();
     let welcome = Welcome {
-        qp: Some(control::QpEndpoint {
-            gid: me.gid.to_vec(),
-            qpn: me.qpn,
-            psn: me.psn,
-            mtu: me.mtu,
-            udp_addr: me.udp_addr.map(|a| a.to_string()).unwrap_or_default(),
-        }),
-        ring_addr: ring.addr(),
-        rkey: ring.rkey(),
+        qp: Some(uc.endpoint()),
+        ring_addr: uc.ring.addr(),
+        rkey: uc.ring.rkey(),
         slots: cfg.slots,
         slot_bytes: cfg.slot_bytes,
         max_frame_bytes: cfg.slot_bytes,
@@ -243,6 +227,13 @@ async fn serve(
         heartbeat_interval_ms: cfg.heartbeat_interval_ms,
         report_interval_ms: cfg.report_interval.as_millis() as u32,
         data_path: cfg.data_path as i32,
+        rc_lane: rc.as_ref().map(|l| control::RcLane {
+            qp: Some(l.endpoint()),
+            ring_addr: l.ring.addr(),
+            rkey: l.ring.rkey(),
+            slots: cfg.slots,
+            credit_window: cfg.credit_window,
+        }),
         ..Default::default()
     };
     if conn.send(welcome).await.is_err() {
@@ -254,76 +245,22 @@ async fn serve(
         ..Limits::default()
     };
     let epoch = hello.epoch;
-    let mut wcs = vec![WorkCompletion::default(); 256];
-    let mut consumed: Option<u64> = None;
     let mut report_tick = tokio::time::interval(cfg.report_interval);
-    let mut slot_buf = vec![0u8; cfg.slot_bytes as usize];
     loop {
-        // Drain completions.
-        loop {
-            let n = cq.poll(&mut wcs);
-            for wc in wcs.iter().take(n) {
-                if wc.status != WcStatus::Success {
-                    s.violations
-                        .push(format!("completion status {:?}", wc.status));
-                    continue;
-                }
-                let decoded = match wc.opcode {
-                    WcOpcode::RecvRdmaWithImm => {
-                        let imm = wc.imm.unwrap_or(0);
-                        let slot = u64::from(imm) % u64::from(cfg.slots);
-                        let off = (slot * u64::from(cfg.slot_bytes)) as usize;
-                        let _ = ring.read_at(off, &mut slot_buf);
-                        match decode_frame(&slot_buf, &limits) {
-                            Ok(f) => {
-                                if f.header.conn_seq as u32 != imm {
-                                    s.violations.push(format!(
-                                        "imm {imm} vs conn_seq {}",
-                                        f.header.conn_seq
-                                    ));
-                                }
-                                Some(f)
-                            }
-                            Err(e) => {
-                                s.violations.push(format!("slot {slot}: {e}"));
-                                None
-                            }
-                        }
-                    }
-                    WcOpcode::Recv => {
-                        let mut b = vec![0u8; wc.byte_len as usize];
-                        let off = (wc.wr_id as u32 * cfg.slot_bytes) as usize;
-                        let _ = bufs.read_at(off, &mut b);
-                        match decode_frame(&b, &limits) {
-                            Ok(f) => Some(f),
-                            Err(e) => {
-                                s.violations.push(format!("send buffer: {e}"));
-                                None
-                            }
-                        }
-                    }
-                    _ => None,
-                };
-                if let Some(f) = decoded {
-                    if f.header.epoch != epoch {
-                        s.violations
-                            .push(format!("epoch {} vs hello {epoch}", f.header.epoch));
-                    }
-                    consumed =
-                        Some(consumed.map_or(f.header.conn_seq, |c| c.max(f.header.conn_seq)));
-                    s.frames.push((wc.opcode, f));
-                }
-                // Repost the receive buffer.
-                let i = wc.wr_id as u32;
-                let sge = Sge::new(&bufs, (i * cfg.slot_bytes) as usize, cfg.slot_bytes);
-                let _ = qp.post_recv(&[RecvWr::new(wc.wr_id, sge)]);
-            }
-            if n < wcs.len() {
-                break;
+        uc.poll(cfg, &limits, epoch, &mut s.violations);
+        if let Some(l) = rc.as_mut() {
+            l.poll(cfg, &limits, epoch, &mut s.violations);
+            if cfg
+                .kill_rc_lane_after_frames
+                .is_some_and(|n| l.frames.len() as u64 >= n)
+            {
+                l.qp.modify_to_error();
             }
         }
         if let Some(limit) = goodbye_after {
-            if s.frames.len() as u64 >= limit && !s.we_said_goodbye {
+            if (uc.frames.len() + rc.as_ref().map_or(0, |l| l.frames.len())) as u64 >= limit
+                && !s.we_said_goodbye
+            {
                 s.we_said_goodbye = true;
                 let _ = conn
                     .send(Goodbye {
@@ -334,6 +271,8 @@ async fn serve(
                         detail: "fake collector going away".into(),
                     })
                     .await;
+                s.frames = uc.frames;
+                s.rc_frames = rc.map(|l| l.frames).unwrap_or_default();
                 return s;
             }
         }
@@ -344,47 +283,45 @@ async fn serve(
                     Some(Body::Goodbye(g)) => {
                         // Frames posted before the Goodbye may still be in flight: drain.
                         for _ in 0..200 {
-                            let n = cq.poll(&mut wcs);
-                            if n == 0 && g.final_conn_seq.is_none_or(|f| consumed.is_some_and(|c| c >= f)) {
+                            let n = uc.poll(cfg, &limits, epoch, &mut s.violations)
+                                + rc.as_mut().map_or(0, |l| l.poll(cfg, &limits, epoch, &mut s.violations));
+                            let uc_done = g.final_conn_seq.is_none_or(|f| uc.consumed.is_some_and(|c| c >= f));
+                            let rc_done = g.rc_final_conn_seq.is_none_or(|f| {
+                                rc.as_ref().is_some_and(|l| l.consumed.is_some_and(|c| c >= f))
+                            });
+                            if n == 0 && uc_done && rc_done {
                                 break;
-                            }
-                            for wc in wcs.iter().take(n) {
-                                if wc.status != WcStatus::Success { continue; }
-                                let f = match wc.opcode {
-                                    WcOpcode::RecvRdmaWithImm => {
-                                        let slot = u64::from(wc.imm.unwrap_or(0)) % u64::from(cfg.slots);
-                                        let _ = ring.read_at((slot * u64::from(cfg.slot_bytes)) as usize, &mut slot_buf);
-                                        decode_frame(&slot_buf, &limits).ok()
-                                    }
-                                    WcOpcode::Recv => {
-                                        let mut b = vec![0u8; wc.byte_len as usize];
-                                        let _ = bufs.read_at((wc.wr_id as u32 * cfg.slot_bytes) as usize, &mut b);
-                                        decode_frame(&b, &limits).ok()
-                                    }
-                                    _ => None,
-                                };
-                                if let Some(f) = f {
-                                    consumed = Some(consumed.map_or(f.header.conn_seq, |c| c.max(f.header.conn_seq)));
-                                    s.frames.push((wc.opcode, f));
-                                }
                             }
                             tokio::time::sleep(Duration::from_millis(5)).await;
                         }
                         s.goodbye = Some(g);
+                        s.frames = uc.frames;
+                        s.rc_frames = rc.map(|l| l.frames).unwrap_or_default();
                         return s;
                     }
                     _ => {}
                 },
-                Err(_) => return s,
+                Err(_) => {
+                    s.frames = uc.frames;
+                    s.rc_frames = rc.map(|l| l.frames).unwrap_or_default();
+                    return s;
+                }
             },
             _ = report_tick.tick() => {
                 if !cfg.silent {
-                    if let Some(c) = consumed {
+                    if let Some(c) = uc.consumed {
                         let mut streams = Vec::new();
-                        for id in [1u32, 2] {
-                            let mine: Vec<&DecodedFrame> = s.frames.iter().map(|(_, f)| f).filter(|f| f.header.stream_id == id).collect();
+                        for id in [1u32, 2, 3] {
+                            let mine: Vec<&DecodedFrame> = uc.frames.iter()
+                                .chain(rc.iter().flat_map(|l| l.frames.iter()))
+                                .map(|(_, f)| f)
+                                .filter(|f| f.header.stream_id == id)
+                                .collect();
                             let received = mine.len() as u64;
                             let highest = mine.iter().map(|f| f.header.stream_seq + 1).max().unwrap_or(0);
+                            if id == 3 && received == 0 {
+                                continue;
+                            }
                             streams.push(StreamReport {
                                 stream_id: id,
                                 received,
@@ -397,15 +334,182 @@ async fn serve(
                         let _ = conn.send(Report {
                             consumed_conn_seq: c,
                             streams,
-                            conn_received: s.frames.len() as u64,
-                            conn_lost: (c + 1).saturating_sub(s.frames.len() as u64),
+                            conn_received: uc.frames.len() as u64,
+                            conn_lost: (c + 1).saturating_sub(uc.frames.len() as u64),
                             conn_loss_fraction: 0.0,
+                            rc_lane: rc.as_ref().map(|l| LaneReport {
+                                consumed_conn_seq: l.consumed,
+                                conn_received: l.frames.len() as u64,
+                                conn_lost: l.consumed.map_or(0, |c| (c + 1).saturating_sub(l.frames.len() as u64)),
+                                conn_loss_fraction: 0.0,
+                            }),
                             ..Default::default()
                         }).await;
                     }
                 }
             }
             () = tokio::time::sleep(Duration::from_millis(1)) => {}
+        }
+    }
+}
+
+/// One lane of the fake collector: a QP connected to the agent's, its ring, receive buffers,
+/// and what arrived on it.
+struct Lane {
+    qp: QueuePair,
+    cq: CompletionQueue,
+    ring: MemoryRegion,
+    bufs: MemoryRegion,
+    consumed: Option<u64>,
+    frames: Vec<(WcOpcode, DecodedFrame)>,
+    wcs: Vec<WorkCompletion>,
+    slot_buf: Vec<u8>,
+}
+
+impl Lane {
+    fn new(
+        dev: &Device,
+        cfg: &FakeConfig,
+        qp_type: QpType,
+        agent: Option<&control::QpEndpoint>,
+    ) -> Option<Lane> {
+        let pd = dev.alloc_pd().unwrap_or_else(|e| panic!("{e}"));
+        let cq = dev.create_cq(4096).unwrap_or_else(|e| panic!("{e}"));
+        let qp = pd
+            .create_qp(&QpInitAttr {
+                qp_type,
+                send_cq: &cq,
+                recv_cq: &cq,
+                max_send_wr: 4,
+                max_recv_wr: cfg.recv_buffers,
+                access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+                max_mtu: None,
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+        let ring = pd
+            .reg_mr(
+                (cfg.slots * cfg.slot_bytes) as usize,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        let bufs = pd
+            .reg_mr(
+                (cfg.recv_buffers * cfg.slot_bytes) as usize,
+                AccessFlags::LOCAL_WRITE,
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        for i in 0..cfg.recv_buffers {
+            let sge = Sge::new(&bufs, (i * cfg.slot_bytes) as usize, cfg.slot_bytes);
+            qp.post_recv(&[RecvWr::new(u64::from(i), sge)])
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let aqp = agent?;
+        let remote = uctel_transport::api::QpEndpoint {
+            gid: aqp.gid_array().unwrap_or([0; 16]),
+            qpn: aqp.qpn,
+            psn: aqp.psn,
+            mtu: aqp.mtu,
+            udp_addr: aqp.udp_socket_addr(),
+        };
+        qp.connect(&remote)
+            .unwrap_or_else(|e| panic!("connect: {e}"));
+        Some(Lane {
+            qp,
+            cq,
+            ring,
+            bufs,
+            consumed: None,
+            frames: Vec::new(),
+            wcs: vec![WorkCompletion::default(); 256],
+            slot_buf: vec![0u8; cfg.slot_bytes as usize],
+        })
+    }
+
+    fn endpoint(&self) -> control::QpEndpoint {
+        let me = self.qp.local_endpoint();
+        control::QpEndpoint {
+            gid: me.gid.to_vec(),
+            qpn: me.qpn,
+            psn: me.psn,
+            mtu: me.mtu,
+            udp_addr: me.udp_addr.map(|a| a.to_string()).unwrap_or_default(),
+        }
+    }
+
+    /// Takes every completion: decodes the frame, checks the wire rules, reposts the
+    /// receive buffer. Returns the completions taken.
+    fn poll(
+        &mut self,
+        cfg: &FakeConfig,
+        limits: &Limits,
+        epoch: u64,
+        violations: &mut Vec<String>,
+    ) -> usize {
+        let mut total = 0;
+        loop {
+            let n = self.cq.poll(&mut self.wcs);
+            total += n;
+            for wc in self.wcs.iter().take(n) {
+                if wc.status != WcStatus::Success {
+                    violations.push(format!("completion status {:?}", wc.status));
+                    continue;
+                }
+                let decoded = match wc.opcode {
+                    WcOpcode::RecvRdmaWithImm => {
+                        let imm = wc.imm.unwrap_or(0);
+                        let slot = u64::from(imm) % u64::from(cfg.slots);
+                        let off = (slot * u64::from(cfg.slot_bytes)) as usize;
+                        let _ = self.ring.read_at(off, &mut self.slot_buf);
+                        match decode_frame(&self.slot_buf, limits) {
+                            Ok(f) => {
+                                if f.header.conn_seq as u32 != imm {
+                                    violations.push(format!(
+                                        "imm {imm} vs conn_seq {}",
+                                        f.header.conn_seq
+                                    ));
+                                }
+                                Some(f)
+                            }
+                            Err(e) => {
+                                violations.push(format!("slot {slot}: {e}"));
+                                None
+                            }
+                        }
+                    }
+                    WcOpcode::Recv => {
+                        let mut b = vec![0u8; wc.byte_len as usize];
+                        let off = (wc.wr_id as u32 * cfg.slot_bytes) as usize;
+                        let _ = self.bufs.read_at(off, &mut b);
+                        match decode_frame(&b, limits) {
+                            Ok(f) => Some(f),
+                            Err(e) => {
+                                violations.push(format!("send buffer: {e}"));
+                                None
+                            }
+                        }
+                    }
+                    _ => None,
+                };
+                if let Some(f) = decoded {
+                    if f.header.epoch != epoch {
+                        violations.push(format!("epoch {} vs hello {epoch}", f.header.epoch));
+                    }
+                    self.consumed = Some(
+                        self.consumed
+                            .map_or(f.header.conn_seq, |c| c.max(f.header.conn_seq)),
+                    );
+                    self.frames.push((wc.opcode, f));
+                }
+                // Repost the receive buffer.
+                if matches!(wc.opcode, WcOpcode::RecvRdmaWithImm | WcOpcode::Recv) {
+                    let i = wc.wr_id as u32;
+                    let sge = Sge::new(&self.bufs, (i * cfg.slot_bytes) as usize, cfg.slot_bytes);
+                    let _ = self.qp.post_recv(&[RecvWr::new(wc.wr_id, sge)]);
+                }
+            }
+            if n < self.wcs.len() {
+                return total;
+            }
         }
     }
 }
