@@ -15,11 +15,11 @@
 //! ways. The session ends on shutdown (final frames, then `Goodbye` with the final
 //! sequences), on the collector's `Goodbye`, on a dead or broken control connection, or on a
 //! QP error. Streams set to `reliability: rc` travel on a second lane, an RC QP with a
-//! pipeline of its own, driven in the same loop ([`crate::lane`]). The connection loop then waits with exponential backoff and full jitter and
-//! starts a new session with a new epoch. While there is no session, queued metric samples
-//! are dropped as `not_connected` (a sample is fresh or worthless); log lines wait in their
-//! bounded queue and, beyond it, in their files, because the tailers only read what the queue
-//! can hold.
+//! pipeline of its own, driven in the same loop ([`crate::lane`]). The connection loop then
+//! waits with exponential backoff and full jitter and starts a new session with a new epoch.
+//! While there is no session, queued metric samples are dropped as `not_connected` (a sample
+//! is fresh or worthless); log lines wait in their bounded queue and, beyond it, in their
+//! files, because the tailers only read what the queue can hold.
 //!
 //! A shutdown logs the epoch's final figures once `Goodbye` is written, one line with
 //! `key=value` fields that end-to-end tests read:
