@@ -28,11 +28,11 @@
 //! goodbye sent epoch=… frames=N [rc_frames=M] metrics_frames=… metrics_records=… logs_frames=… logs_records=… [fault_dropped=…]
 //! ```
 //!
-//! `frames` counts the UC lane's frames (= `final_conn_seq + 1`), `rc_frames` the RC lane's
-//! (= `rc_final_conn_seq + 1`, only with an RC lane); `*_frames` and
-//! `*_records` are per stream (= `final_stream_seq + 1` and `final_record_count` of
-//! `Goodbye`); `fault_dropped` (only with `transport.soft.fault`) counts the packets this
-//! session's fault injectors dropped (both lanes').
+//! `frames` counts the connection's frames, both lanes (= `final_conn_seq + 1`, plus
+//! `rc_final_conn_seq + 1` with an RC lane), `rc_frames` the RC lane's (only with one);
+//! `*_frames` and `*_records` are per stream (= `final_stream_seq + 1` and
+//! `final_record_count` of `Goodbye`); `fault_dropped` (only with `transport.soft.fault`)
+//! counts the packets this session's fault injectors dropped (both lanes').
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -1035,7 +1035,7 @@ async fn session(
                 epoch = format_args!("{epoch:#x}"),
                 collector = %collector,
                 reason = match &end { SessionEnd::Drain(_) => "drain", SessionEnd::Rebalance(_) => "rebalance", _ => "shutdown" },
-                frames = fin.frames,
+                frames = fin.frames + rc_fin.map_or(0, |f| f.frames),
                 rc_frames = rc_fin.map(|f| f.frames),
                 metrics_frames = m.frames,
                 metrics_records = m.records,
