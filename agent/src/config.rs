@@ -447,14 +447,18 @@ pub const DEFAULT_MAX_LINE_BYTES: usize = 2048;
 pub const LOG_RECORD_OVERHEAD_BYTES: usize = 576;
 
 /// `pacing`: caps on the send rate (token buckets, see [`crate::pacing`]). A frame that has
-/// to wait waits in the sender; what cannot wait is dropped and counted at the source.
+/// to wait waits in the sender; what cannot wait is dropped and counted at the source. With
+/// a stream set to `reliability: rc` each lane (UC QP, RC QP) paces on its own with these
+/// caps, so the connection may send up to twice them.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PacingSection {
-    /// Frames per second, all streams together. Default 20000.
+    /// Frames per second, all streams together. Default 20000. With a stream set to
+    /// `reliability: rc` the cap applies to each lane (UC QP, RC QP) on its own.
     #[serde(default = "default_fps")]
     pub frames_per_second: Option<u64>,
-    /// Frame bytes (header and payload) per second. Default 50 MB/s.
+    /// Frame bytes (header and payload) per second. Default 50 MB/s. Per lane, as
+    /// `frames_per_second`.
     #[serde(default = "default_bps")]
     pub bytes_per_second: Option<u64>,
     /// Depth of the buckets in milliseconds of rate. Default 100.
