@@ -69,7 +69,11 @@ fn conn_seqs<'a>(frames: impl Iterator<Item = &'a (WcOpcode, DecodedFrame)>) -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rc_streams_travel_on_their_own_lane_with_their_own_sequence() {
-    let mut fake = support::start(support::FakeConfig::default()).await;
+    let mut fake = support::start(support::FakeConfig {
+        heartbeat_interval_ms: 100,
+        ..support::FakeConfig::default()
+    })
+    .await;
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let log = dir.path().join("app.log");
     std::fs::write(&log, "").unwrap_or_else(|e| panic!("{e}"));
@@ -82,6 +86,8 @@ async fn rc_streams_travel_on_their_own_lane_with_their_own_sequence() {
         stats.records_sent(Stream::Logs) >= 50 && stats.frames_sent(Stream::Metrics) >= 3
     })
     .await;
+    // A few heartbeats after the lines went out.
+    tokio::time::sleep(Duration::from_millis(400)).await;
     // Every RC event is exported, at zero on a lossless loopback.
     for event in RcCounters::NAMES {
         assert!(stats.rc_qp_events(event).is_some(), "{event}");
@@ -135,6 +141,26 @@ async fn rc_streams_travel_on_their_own_lane_with_their_own_sequence() {
         uc.len() as u64 + rc.len() as u64,
         Stream::ALL.iter().map(|st| sent(*st)).sum::<u64>()
     );
+    // The last heartbeat named both lanes' sequences and the logs stream's progress (from
+    // the RC lane's pipeline).
+    let hb = s
+        .last_heartbeat
+        .clone()
+        .unwrap_or_else(|| panic!("no heartbeat"));
+    assert!(
+        hb.rc_sent_conn_seq.is_some_and(|c| c < rc.len() as u64),
+        "{hb:?}"
+    );
+    assert!(
+        hb.sent_conn_seq.is_some_and(|c| c < uc.len() as u64),
+        "{hb:?}"
+    );
+    let logs = hb
+        .sent_streams
+        .iter()
+        .find(|f| f.stream_id == Stream::Logs.id())
+        .unwrap_or_else(|| panic!("no logs stream in {hb:?}"));
+    assert_eq!(logs.final_record_count, 50, "{hb:?}");
     // Each stream's final state comes from the lane that carries it.
     for st in [Stream::Metrics, Stream::Logs] {
         let fin = g

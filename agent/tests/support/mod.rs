@@ -19,8 +19,8 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use uctel_agent::control::ControlConn;
 use uctel_protocol::control::{
-    self, Body, Challenge, Goodbye, Hello, LaneReport, Refuse, RefuseReason, Report, StreamReport,
-    Welcome,
+    self, Body, Challenge, Goodbye, Heartbeat, Hello, LaneReport, Refuse, RefuseReason, Report,
+    StreamReport, Welcome,
 };
 use uctel_protocol::frame::{decode_frame, DecodedFrame};
 use uctel_protocol::limits::Limits;
@@ -96,6 +96,8 @@ pub struct Session {
     pub goodbye: Option<Goodbye>,
     pub we_said_goodbye: bool,
     pub heartbeats: u64,
+    /// The last heartbeat the agent sent.
+    pub last_heartbeat: Option<Heartbeat>,
 }
 
 impl Session {
@@ -279,7 +281,10 @@ async fn serve(
         tokio::select! {
             msg = conn.recv() => match msg {
                 Ok(m) => match m.body {
-                    Some(Body::Heartbeat(_)) => s.heartbeats += 1,
+                    Some(Body::Heartbeat(h)) => {
+                        s.heartbeats += 1;
+                        s.last_heartbeat = Some(h);
+                    }
                     Some(Body::Goodbye(g)) => {
                         // Frames posted before the Goodbye may still be in flight: drain.
                         for _ in 0..200 {
