@@ -135,38 +135,30 @@ pub struct DataPlane {
     /// Status of the first completion that failed.
     first_error: Option<WcStatus>,
     fault_stats: Option<Arc<FaultStats>>,
+    /// The device is another plane's ([`DataPlane::open_beside`]), which takes its async
+    /// events.
+    shares_device: bool,
 }
 
 /// Maps the agent's transport settings to a device configuration. `local_ip` is the local
 /// address of the control connection; the soft device binds an ephemeral port on it unless
 /// `transport.soft.bind` says otherwise.
+///
+/// With a stream on `reliability: rc` the soft device runs its progress thread: an RC
+/// requester must take ACKs and run its retransmit timer (IBTA 9.7.6) while the sender
+/// waits. The RC lane's QP lives on the same soft device as the UC QP
+/// ([`DataPlane::open_beside`]): a verbs peer (rxe, a NIC) answers RC requests on UDP port
+/// 4791 of the requester's address, never on another port, so both QPs share the device's
+/// socket.
 pub fn device_config(config: &AgentConfig, local_ip: IpAddr) -> DeviceConfig {
-    lane_device_config(config, local_ip, &QpType::Uc)
-}
-
-/// [`device_config`] for the device of a lane's QP. The RC lane's soft device (a device of
-/// its own, with the same settings, fault injection included) binds an ephemeral port on the
-/// address of `transport.soft.bind` (the UC device holds that port) and runs its progress
-/// thread: an RC requester must take ACKs and run its retransmit timer (IBTA 9.7.6) while
-/// the sender waits.
-pub fn lane_device_config(
-    config: &AgentConfig,
-    local_ip: IpAddr,
-    qp_type: &QpType,
-) -> DeviceConfig {
-    let rc = matches!(qp_type, QpType::Rc(_));
+    let rc = !config.streams.rc_streams().is_empty();
     match config.transport.kind {
         TransportKind::Soft => {
             let soft = &config.transport.soft;
-            let bind = match soft.bind {
-                Some(b) if rc => SocketAddr::new(b.ip(), 0),
-                Some(b) => b,
-                None => SocketAddr::new(local_ip, 0),
-            };
             DeviceConfig::Soft(SoftConfig {
-                name: if rc { "uctel-agent-rc" } else { "uctel-agent" }.to_owned(),
+                name: "uctel-agent".to_owned(),
                 udp: UdpConfig {
-                    bind,
+                    bind: soft.bind.unwrap_or(SocketAddr::new(local_ip, 0)),
                     // The agent sends; a small receive buffer is plenty, and no 64 KiB
                     // UDP_GRO receive slots. Sends use UDP_SEGMENT (the default).
                     recv_buffer_bytes: Some(256 << 10),
@@ -174,7 +166,7 @@ pub fn lane_device_config(
                     ..UdpConfig::default()
                 },
                 mtu_bytes: soft.mtu_bytes,
-                // UC: no progress thread: the agent only sends, `post_send` transmits at
+                // UC only: no progress thread: the agent only sends, `post_send` transmits at
                 // once, and the sender's completion polling (`reap`) drives the device. Saves
                 // a thread waking every `progress_wait_micros` on every host.
                 progress: if rc {
@@ -204,7 +196,6 @@ pub fn lane_device_config(
 fn open_device(
     config: &AgentConfig,
     local_ip: IpAddr,
-    qp_type: &QpType,
 ) -> Result<(Device, Option<Arc<FaultStats>>), DataPlaneError> {
     let kind = match config.transport.kind {
         TransportKind::Soft => "soft",
@@ -214,7 +205,7 @@ fn open_device(
         kind,
         detail: e.to_string(),
     };
-    match lane_device_config(config, local_ip, qp_type) {
+    match device_config(config, local_ip) {
         DeviceConfig::Soft(sc) => {
             if let Some(f) = &sc.faults {
                 tracing::warn!(fault = %f, "soft transport fault injection is ON (lab setting)");
@@ -244,8 +235,34 @@ impl DataPlane {
         max_frame_bytes: usize,
         qp_type: QpType,
     ) -> Result<DataPlane, DataPlaneError> {
+        let (device, fault_stats) = open_device(config, local_ip)?;
+        DataPlane::build(device, fault_stats, false, max_frame_bytes, qp_type)
+    }
+
+    /// A second QP of type `qp_type` (the RC lane's) on this plane's device, with CQs and
+    /// send buffers of its own: on the soft transport both QPs then share the device's UDP
+    /// socket (the port a verbs peer answers RC requests on, [`device_config`]). The fault
+    /// injector and the device's async events stay with this plane (counted once); the new
+    /// plane sees its QP's failures by its completions and its state.
+    ///
+    /// # Errors
+    /// [`DataPlaneError`] naming the object that could not be created.
+    pub fn open_beside(
+        &self,
+        max_frame_bytes: usize,
+        qp_type: QpType,
+    ) -> Result<DataPlane, DataPlaneError> {
+        DataPlane::build(self.device.clone(), None, true, max_frame_bytes, qp_type)
+    }
+
+    fn build(
+        device: Device,
+        fault_stats: Option<Arc<FaultStats>>,
+        shares_device: bool,
+        max_frame_bytes: usize,
+        qp_type: QpType,
+    ) -> Result<DataPlane, DataPlaneError> {
         let qp_name = qp_name(&qp_type);
-        let (device, fault_stats) = open_device(config, local_ip, &qp_type)?;
         let pd = device
             .alloc_pd()
             .map_err(|e| resource("protection domain")(e.to_string()))?;
@@ -287,6 +304,7 @@ impl DataPlane {
             completion_errors: 0,
             first_error: None,
             fault_stats,
+            shares_device,
         })
     }
 
@@ -403,7 +421,11 @@ impl DataPlane {
     /// Takes the device's pending async events (non-blocking), counts and logs them in
     /// `metrics`; returns the kind of the first one that ends the session
     /// ([`crate::rdma_events::drain_async_events`]).
+    /// None on a plane that shares another's device ([`DataPlane::open_beside`]).
     pub fn poll_async_events(&self, metrics: &RdmaEventMetrics) -> Option<AsyncEventKind> {
+        if self.shares_device {
+            return None;
+        }
         drain_async_events(&self.device, metrics)
     }
 
@@ -501,40 +523,38 @@ mod tests {
     }
 
     #[test]
-    fn the_rc_lane_has_a_soft_device_of_its_own_with_the_same_faults() {
-        let c = config(
-            "transport:\n  soft:\n    bind: 127.0.0.1:4791\n    fault: { drop_ratio: 0.5, seed: 3 }\n",
-        );
+    fn an_rc_stream_gives_the_soft_device_a_progress_thread_on_the_same_port() {
+        let text = "transport:\n  soft:\n    bind: 127.0.0.1:4791\n    fault: { drop_ratio: 0.5, seed: 3 }\n";
         let ip = "127.0.0.1".parse().unwrap_or_else(|e| panic!("{e}"));
         let (DeviceConfig::Soft(uc), DeviceConfig::Soft(rc)) = (
-            device_config(&c, ip),
-            lane_device_config(&c, ip, &QpType::Rc(RcAttr::default())),
+            device_config(&config(text), ip),
+            device_config(
+                &config(&format!("{text}streams:\n  logs:\n    reliability: rc\n")),
+                ip,
+            ),
         ) else {
             panic!("soft transport expected");
         };
-        assert_eq!(uc.udp.bind.port(), 4791);
-        assert_eq!(
-            rc.udp.bind,
-            "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}"))
-        );
+        assert_eq!((uc.udp.bind.port(), rc.udp.bind.port()), (4791, 4791));
         assert_eq!(uc.progress, ProgressMode::BusyPoll);
         assert_eq!(rc.progress, ProgressMode::Thread);
         assert_eq!(uc.faults, rc.faults);
         assert!(rc.faults.is_some());
-        assert_ne!(uc.name, rc.name);
     }
 
     #[test]
-    fn an_rc_plane_opens_an_rc_qp_with_an_endpoint() {
-        let c = config("");
+    fn an_rc_plane_beside_the_uc_plane_shares_its_socket() {
+        let c = config("streams:\n  logs:\n    reliability: rc\n");
         let ip = "127.0.0.1".parse().unwrap_or_else(|e| panic!("{e}"));
         let uc = DataPlane::open(&c, ip, 1024, QpType::Uc).unwrap_or_else(|e| panic!("{e}"));
-        let rc = DataPlane::open(&c, ip, 1024, QpType::Rc(RcAttr::default()))
+        let rc = uc
+            .open_beside(1024, QpType::Rc(RcAttr::default()))
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!((uc.qp_name(), rc.qp_name()), ("UC QP", "RC QP"));
         let (u, r) = (uc.endpoint(), rc.endpoint());
-        assert_ne!(u.udp_addr, r.udp_addr, "a device, and a UDP port, per lane");
-        assert!(r.udp_addr.starts_with("127.0.0.1:"));
+        assert_eq!(u.udp_addr, r.udp_addr, "one device, one UDP port");
+        assert_ne!(u.qpn, r.qpn);
+        assert!(rc.fault_stats().is_none(), "the injector is counted once");
         assert_eq!(rc.rc_counters(), RcCounters::default());
         assert_eq!(rc.first_error(), None);
         assert!(rc.idle() && !rc.failed());

@@ -33,7 +33,7 @@ use uctel_protocol::control::{
 use uctel_transport::api::{QpType, RcCounters};
 use uctel_transport::soft::fault::FaultCounts;
 
-use crate::config::{AgentConfig, Reliability};
+use crate::config::{AgentConfig, Reliability, TransportKind};
 use crate::datapath::{DataPlane, DataPlaneError};
 use crate::runners::Queues;
 use crate::selfmetrics::{DropReason, FaultTally, SelfMetrics};
@@ -48,19 +48,27 @@ pub fn carries(config: &AgentConfig, reliability: Reliability) -> [bool; STREAMS
 }
 
 /// Opens the RC lane's data plane (an RC QP with `transport.rc`'s attributes) when a stream
-/// is set to `reliability: rc`; `None` otherwise.
+/// is set to `reliability: rc`; `None` otherwise. On the soft transport the RC QP lives on
+/// the UC plane's device `uc` ([`DataPlane::open_beside`]: a verbs peer answers on UDP port
+/// 4791 only); on verbs it gets a device context of its own, whose async events it takes.
 ///
 /// # Errors
 /// [`DataPlaneError`] naming the RC QP's object that could not be created.
 pub fn open_plane(
     config: &AgentConfig,
     local_ip: IpAddr,
+    uc: &DataPlane,
 ) -> Result<Option<DataPlane>, DataPlaneError> {
     if config.streams.rc_streams().is_empty() {
         return Ok(None);
     }
     let qp_type = QpType::Rc(config.transport.rc.attr());
-    DataPlane::open(config, local_ip, config.max_frame_bytes, qp_type).map(Some)
+    match config.transport.kind {
+        TransportKind::Soft => uc.open_beside(config.max_frame_bytes, qp_type).map(Some),
+        TransportKind::Verbs => {
+            DataPlane::open(config, local_ip, config.max_frame_bytes, qp_type).map(Some)
+        }
+    }
 }
 
 /// `Hello.rc_lane`: the RC QP's endpoint and the header stream ids of the RC streams.
@@ -371,7 +379,8 @@ mod tests {
     fn no_rc_stream_no_rc_lane() {
         let c = config("");
         let ip = "127.0.0.1".parse().unwrap_or_else(|e| panic!("{e}"));
-        assert!(open_plane(&c, ip)
+        let uc = DataPlane::open(&c, ip, 1024, QpType::Uc).unwrap_or_else(|e| panic!("{e}"));
+        assert!(open_plane(&c, ip, &uc)
             .unwrap_or_else(|e| panic!("{e}"))
             .is_none());
         assert_eq!(carries(&c, Reliability::Uc), [true; 3]);
@@ -382,7 +391,8 @@ mod tests {
     fn the_lane_request_names_the_rc_streams_and_the_rc_qp() {
         let c = config("streams:\n  logs:\n    reliability: rc\n");
         let ip = "127.0.0.1".parse().unwrap_or_else(|e| panic!("{e}"));
-        let plane = open_plane(&c, ip)
+        let uc = DataPlane::open(&c, ip, 1024, QpType::Uc).unwrap_or_else(|e| panic!("{e}"));
+        let plane = open_plane(&c, ip, &uc)
             .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|| panic!("no RC plane"));
         assert_eq!(plane.qp_name(), "RC QP");

@@ -725,7 +725,7 @@ async fn session(
         })?
         .ip();
     let mut plane = DataPlane::open(config, local_ip, config.max_frame_bytes, QpType::Uc)?;
-    let rc_plane = lane::open_plane(config, local_ip)?;
+    let rc_plane = lane::open_plane(config, local_ip, &plane)?;
     let hello = Hello {
         protocol_version: PROTOCOL_VERSION,
         agent_id: config.agent_id.clone(),
@@ -798,14 +798,18 @@ async fn session(
 
     let mut last_heartbeat = 0u64;
     let end = loop {
+        // The RC lane first: on the soft transport its QP shares the UC plane's device,
+        // whose async events the UC plane takes; the lane sees its own failure by its error
+        // completion (queued before the device's async event), so it is counted as the RC
+        // QP's.
+        if let Some(why) = rc.as_mut().and_then(|l| l.failure(stats)) {
+            break SessionEnd::Lost(why);
+        }
         if let Some(kind) = plane.poll_async_events(stats.rdma()) {
             break SessionEnd::Lost(format!("RDMA async event {}", kind.as_str()));
         }
         if plane.reap() > 0 || plane.failed() {
             break SessionEnd::Lost("the UC QP went to ERROR".into());
-        }
-        if let Some(why) = rc.as_mut().and_then(|l| l.failure(stats)) {
-            break SessionEnd::Lost(why);
         }
         pump::pull(&mut core, queues, stats);
         let stop = pump::transmit(&mut core, &mut plane);
