@@ -175,6 +175,52 @@ fn uc_corrupt() {
     row.verdict(Law::Exact);
 }
 
+/// The logs stream on RC (`streams.logs.reliability: rc`, DESIGN.md §8b), metrics on UC, 5 %
+/// of the agent's datagrams dropped both ways (data, and the RC acknowledgements coming
+/// back): no log frame or record lost, no gap on the RC lane, the UC streams' loss counted,
+/// the RC QP's retransmissions exported; everything exact.
+#[test]
+fn rc_logs_drop_5_percent_both_ways() {
+    let _g = exclusive();
+    let mut row = Row::start("rc-logs-drop-5pct", CollectorSpec::default(), None);
+    let spec = AgentSpec::new("a")
+        .set("streams.logs.reliability", "rc")
+        .fault("drop_ratio", 0.05)
+        .fault("direction", "both");
+    let a = row.add_agent(spec);
+    row.wait_connected(1, &[a]);
+    row.write_bursts(a, 0, 3000, GAP);
+    row.wait_settled(a, 3000, SETTLE);
+    let retransmitted = row.agent_last(a).count(
+        "uctel_agent_rc_qp_events_total",
+        &[("event", "packets_retransmitted")],
+    );
+    row.quiesce();
+    let c = row.collector_figures("a");
+    let gaps = row
+        .collector_last()
+        .count("uctel_collector_rc_gap_frames_total", &[("agent", "a")]);
+    row.expect(
+        c.lost["logs"] == 0 && c.records_lost["logs"] == 0 && gaps == 0,
+        format!(
+            "logs on RC: frames lost {}, records lost {}, rc_gap_frames {gaps} (want 0)",
+            c.lost["logs"], c.records_lost["logs"]
+        ),
+    );
+    row.expect(
+        c.lost["metrics"] + c.lost["fast_counters"] > 0,
+        format!(
+            "UC streams under 5 % loss: metrics lost {}, fast_counters lost {}",
+            c.lost["metrics"], c.lost["fast_counters"]
+        ),
+    );
+    row.expect(
+        retransmitted > 0,
+        format!("agent RC QP packets_retransmitted {retransmitted}"),
+    );
+    row.verdict(Law::Exact);
+}
+
 /// SIGKILL of the agent while lines flow, lines written while it is down, a restart with
 /// the same state directory: no line repeated, what is unaccounted is the killed session's
 /// unknowable tail.
