@@ -48,6 +48,7 @@ ALL_SCENARIOS=(
   verbs_send_bench
   daemons_verbs
   daemons_soft_to_verbs
+  daemons_rc
 )
 
 # Binaries of the project built with `--features verbs` and copied into the guest

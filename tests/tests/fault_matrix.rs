@@ -177,8 +177,8 @@ fn uc_corrupt() {
 
 /// The logs stream on RC (`streams.logs.reliability: rc`, DESIGN.md §8b), metrics on UC, 5 %
 /// of the agent's datagrams dropped both ways (data, and the RC acknowledgements coming
-/// back): no log frame or record lost, no gap on the RC lane, the UC streams' loss counted,
-/// the RC QP's retransmissions exported; everything exact.
+/// back): no log frame or record lost, no gap on the RC lane, what the UC streams lose
+/// counted, the RC QP's retransmissions exported; everything exact.
 #[test]
 fn rc_logs_drop_5_percent_both_ways() {
     let _g = exclusive();
@@ -207,13 +207,12 @@ fn rc_logs_drop_5_percent_both_ways() {
             c.lost["logs"], c.records_lost["logs"]
         ),
     );
-    row.expect(
-        c.lost["metrics"] + c.lost["fast_counters"] > 0,
-        format!(
-            "UC streams under 5 % loss: metrics lost {}, fast_counters lost {}",
-            c.lost["metrics"], c.lost["fast_counters"]
-        ),
-    );
+    // What the UC streams lose is counted (the law's identities); a few dozen UC frames at
+    // 5 % may lose none, so no count is required.
+    row.notes.push(format!(
+        "UC streams: metrics lost {}, fast_counters lost {}",
+        c.lost["metrics"], c.lost["fast_counters"]
+    ));
     row.expect(
         retransmitted > 0,
         format!("agent RC QP packets_retransmitted {retransmitted}"),
