@@ -114,7 +114,10 @@ async fn rc_streams_travel_on_their_own_lane_with_their_own_sequence() {
     let uc_qp = valid_endpoint(hello.qp.as_ref());
     // One soft device, one UDP port (a verbs peer answers RC requests on the requester's
     // port 4791 only), two QPs.
-    assert_eq!(rc_qp.udp_addr, uc_qp.udp_addr, "both QPs on the device's socket");
+    assert_eq!(
+        rc_qp.udp_addr, uc_qp.udp_addr,
+        "both QPs on the device's socket"
+    );
     assert_ne!(rc_qp.qpn, uc_qp.qpn);
     assert!(s.rc_offered);
 
