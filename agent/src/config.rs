@@ -448,8 +448,8 @@ pub const LOG_RECORD_OVERHEAD_BYTES: usize = 576;
 
 /// `pacing`: caps on the send rate (token buckets, see [`crate::pacing`]). A frame that has
 /// to wait waits in the sender; what cannot wait is dropped and counted at the source. With
-/// a stream set to `reliability: rc` each lane (UC QP, RC QP) paces on its own with these
-/// caps, so the connection may send up to twice them.
+/// a stream set to `reliability: rc` both lanes (UC QP, RC QP) draw on the same buckets:
+/// the caps hold for the connection, whichever lane a frame takes.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PacingSection {

@@ -13,6 +13,7 @@
 //! Tokens are kept as integers in units of "token × nanosecond" so a long run neither drifts nor
 //! loses fractions of a token.
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 const NANOS_PER_SECOND: u128 = 1_000_000_000;
@@ -194,6 +195,42 @@ impl Pacer {
             let _taken = b.try_take(len, now);
         }
         Admit::Now
+    }
+}
+
+/// The pacer of one pipeline: its own, or one shared by the pipelines of a connection's lanes
+/// (DESIGN.md §8b), so that `pacing`'s caps hold for the connection as a whole.
+#[derive(Debug)]
+pub enum PacerHandle {
+    /// This pipeline's alone.
+    Own(Pacer),
+    /// Shared with the other lane's pipeline (both run on the session's task; the lock is
+    /// never contended).
+    Shared(Arc<Mutex<Pacer>>),
+}
+
+impl PacerHandle {
+    /// [`Pacer::poll_admit`] on the pacer, shared or not.
+    pub fn poll_admit(&mut self, len: usize, now: Instant) -> Admit {
+        match self {
+            PacerHandle::Own(p) => p.poll_admit(len, now),
+            PacerHandle::Shared(p) => p
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .poll_admit(len, now),
+        }
+    }
+
+    /// Makes this pacer shareable (keeping its buckets) and returns a handle to it.
+    pub fn share(&mut self) -> Arc<Mutex<Pacer>> {
+        match self {
+            PacerHandle::Shared(p) => p.clone(),
+            PacerHandle::Own(p) => {
+                let shared = Arc::new(Mutex::new(p.clone()));
+                *self = PacerHandle::Shared(shared.clone());
+                shared
+            }
+        }
     }
 }
 

@@ -754,6 +754,10 @@ async fn session(
     if let Some(g) = welcome.credit_grant {
         core.on_grant(g);
     }
+    if let Some(l) = rc.as_mut() {
+        // One set of pacing caps for the connection, whichever lane a frame takes.
+        l.core.share_pacer_with(&mut core);
+    }
     // This session's fault injector counts from zero; the tally keeps the agent's totals.
     let mut faults = plane.fault_stats().map(FaultTally::new);
     let mut sync_faults = |stats: &SelfMetrics| faults.as_mut().map(|t| t.sync(stats));

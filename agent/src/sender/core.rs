@@ -52,7 +52,7 @@ use uctel_protocol::seq::Seq;
 
 use crate::config::DataPath;
 use crate::credits::{Credits, GrantOutcome, ReportOutcome};
-use crate::pacing::{Admit, Pacer, PacingLimits};
+use crate::pacing::{Admit, Pacer, PacerHandle, PacingLimits};
 use crate::selfmetrics::{DropReason, SelfMetrics};
 use crate::stream::Stream;
 
@@ -289,7 +289,7 @@ pub struct SenderCore {
     logs_framer: Framer<LogRecord>,
     samples_framer: Framer<SampleSeries>,
     streams: [StreamState; STREAMS],
-    pacer: Pacer,
+    pacer: PacerHandle,
     credits: Credits,
     /// Frames that found no credit since the last heartbeat (waiting or dropped).
     without_credit: u64,
@@ -371,9 +371,11 @@ impl SenderCore {
                 config.limits.clone(),
             )?,
             streams: Stream::ALL.map(state),
-            pacer: config
-                .pacing
-                .map_or_else(Pacer::unlimited, |l| Pacer::new(l, now)),
+            pacer: PacerHandle::Own(
+                config
+                    .pacing
+                    .map_or_else(Pacer::unlimited, |l| Pacer::new(l, now)),
+            ),
             credits: Credits::new(config.first_conn_seq, config.credit_window),
             without_credit: 0,
             credit_heartbeat: false,
@@ -563,6 +565,13 @@ impl SenderCore {
     /// Sequence of the credit grant applied last, for heartbeats.
     pub fn grant_applied(&self) -> Option<u64> {
         self.credits.grant_applied()
+    }
+
+    /// Paces with `other`'s pacer from now on: the two pipelines of a connection's lanes
+    /// (DESIGN.md §8b) share one set of `pacing` caps, so the connection never sends more
+    /// than they allow, whichever lane the frames take.
+    pub fn share_pacer_with(&mut self, other: &mut SenderCore) {
+        self.pacer = PacerHandle::Shared(other.pacer.share());
     }
 
     /// Frames that found no credit since the previous call (for a heartbeat); resets.
@@ -1195,6 +1204,44 @@ mod tests {
             0,
             "pacing never drops"
         );
+    }
+
+    #[test]
+    fn two_lanes_sharing_a_pacer_stay_within_its_caps_together() {
+        let t0 = Instant::now();
+        let mut cfg = config(1000);
+        cfg.pacing = Some(PacingLimits {
+            frames_per_second: Some(10),
+            bytes_per_second: None,
+            burst_millis: 100,
+            max_frame_bytes: 512,
+        });
+        let mut uc_cfg = cfg.clone();
+        uc_cfg.carries = [true, false, true];
+        let mut rc_cfg = cfg;
+        rc_cfg.carries = [false, true, false];
+        let mut uc = SenderCore::new(&uc_cfg, 1, t0, stats()).unwrap_or_else(|e| panic!("{e}"));
+        let mut rc = SenderCore::new(&rc_cfg, 1, t0, stats()).unwrap_or_else(|e| panic!("{e}"));
+        rc.share_pacer_with(&mut uc);
+        for i in 0..3 {
+            uc.push_metric(&metric(i), t0, 1);
+            uc.flush(Stream::Metrics);
+            rc.push_log(&log(&format!("{i}")), t0, 1);
+            rc.flush(Stream::Logs);
+        }
+        // One frame of burst at 10/s × 100 ms, for both lanes together.
+        let (a, _) = drain(&mut uc, t0);
+        let (b, wait) = drain(&mut rc, t0);
+        assert_eq!(
+            (a.len(), b.len()),
+            (1, 0),
+            "the RC lane waits for the shared bucket"
+        );
+        let at = wait.unwrap_or_else(|| panic!("expected a pacing wait"));
+        assert_eq!(at, t0 + Duration::from_millis(100));
+        let (b, _) = drain(&mut rc, at);
+        let (a, _) = drain(&mut uc, at);
+        assert_eq!((a.len(), b.len()), (0, 1));
     }
 
     #[test]
