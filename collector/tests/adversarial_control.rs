@@ -342,6 +342,63 @@ async fn absurd_hello_fields_are_refused_with_their_reason() {
             },
             RefuseReason::ProtocolError,
         ),
+        (
+            "RC lane without a QP",
+            Hello {
+                rc_lane: Some(wire::RcLaneRequest {
+                    qp: None,
+                    stream_ids: vec![2],
+                }),
+                ..hello("absurd", 1)
+            },
+            RefuseReason::ProtocolError,
+        ),
+        (
+            "RC lane without a stream",
+            Hello {
+                rc_lane: Some(wire::RcLaneRequest {
+                    qp: hello("absurd", 1).qp,
+                    stream_ids: vec![],
+                }),
+                ..hello("absurd", 1)
+            },
+            RefuseReason::ProtocolError,
+        ),
+        (
+            "RC lane naming a stream twice",
+            Hello {
+                rc_lane: Some(wire::RcLaneRequest {
+                    qp: hello("absurd", 1).qp,
+                    stream_ids: vec![2, 2],
+                }),
+                ..hello("absurd", 1)
+            },
+            RefuseReason::ProtocolError,
+        ),
+        (
+            "RC lane QP with an MTU of 1500",
+            Hello {
+                rc_lane: Some(wire::RcLaneRequest {
+                    qp: hello("absurd", 1)
+                        .qp
+                        .map(|qp| QpEndpoint { mtu: 1500, ..qp }),
+                    stream_ids: vec![2],
+                }),
+                ..hello("absurd", 1)
+            },
+            RefuseReason::ProtocolError,
+        ),
+        (
+            "RC lane of 65 streams",
+            Hello {
+                rc_lane: Some(wire::RcLaneRequest {
+                    qp: hello("absurd", 1).qp,
+                    stream_ids: (0..65).collect(),
+                }),
+                ..hello("absurd", 1)
+            },
+            RefuseReason::ProtocolError,
+        ),
     ];
     let mut expected = std::collections::HashMap::<RefuseReason, f64>::new();
     for (what, h, want) in cases {
