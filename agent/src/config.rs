@@ -507,6 +507,14 @@ impl DataPath {
             DataPath::Send => "send",
         }
     }
+
+    /// The control protocol's name for it.
+    pub fn wire(self) -> uctel_protocol::control::DataPath {
+        match self {
+            DataPath::WriteWithImm => uctel_protocol::control::DataPath::WriteWithImm,
+            DataPath::Send => uctel_protocol::control::DataPath::Send,
+        }
+    }
 }
 
 /// `streams`.
@@ -560,6 +568,18 @@ impl Default for StreamsSection {
 }
 
 impl StreamsSection {
+    /// The data paths the streams use, each once, in stream order: `Hello.capabilities`.
+    pub fn data_paths(&self) -> Vec<i32> {
+        let mut paths = Vec::new();
+        for s in Stream::ALL {
+            let d = self.get(s).data_path.wire() as i32;
+            if !paths.contains(&d) {
+                paths.push(d);
+            }
+        }
+        paths
+    }
+
     /// The section of `stream`.
     pub fn get(&self, stream: Stream) -> &StreamSection {
         match stream {

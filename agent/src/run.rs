@@ -535,25 +535,6 @@ fn hostname() -> String {
         .collect()
 }
 
-fn proto_data_path(d: DataPath) -> control::DataPath {
-    match d {
-        DataPath::WriteWithImm => control::DataPath::WriteWithImm,
-        DataPath::Send => control::DataPath::Send,
-    }
-}
-
-/// The data paths the streams use, in stream order, without duplicates.
-fn capabilities(config: &AgentConfig) -> Vec<i32> {
-    let mut caps = Vec::new();
-    for s in Stream::ALL {
-        let d = proto_data_path(config.streams.get(s).data_path) as i32;
-        if !caps.contains(&d) {
-            caps.push(d);
-        }
-    }
-    caps
-}
-
 /// The send pipeline settings agreed in `welcome`.
 ///
 /// Frames are capped at the path MTU (the smaller of both QPs' MTUs): a frame is one UC
@@ -732,7 +713,7 @@ async fn session(
         hostname: hostname(),
         epoch,
         transport: plane.transport() as i32,
-        capabilities: capabilities(config),
+        capabilities: config.streams.data_paths(),
         qp: Some(plane.endpoint()),
         expected_frames_per_second: Some(config.collector.expected_frames_per_second.max(1)),
         rc_lane: rc_plane.as_ref().map(|p| lane::request(p, config)),
