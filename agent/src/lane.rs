@@ -336,8 +336,9 @@ pub fn goodbye(
 /// It also carries the credit grant applied last and the frames that found no credit since
 /// the previous heartbeat (DESIGN.md §4, collector-wide credit budget): the UC lane's, the
 /// only one the budget covers.
-pub fn heartbeat(sequence: u64, core: &mut SenderCore, rc: Option<&SenderCore>) -> Heartbeat {
-    let fin = merged(core, rc);
+pub fn heartbeat(sequence: u64, core: &mut SenderCore, rc: Option<&mut SenderCore>) -> Heartbeat {
+    let fin = merged(core, rc.as_deref());
+    let rc_sent_conn_seq = rc.as_ref().and_then(|r| r.final_sequences().last_conn_seq);
     Heartbeat {
         sequence,
         timestamp_ns: pump::unix_ns(),
@@ -345,7 +346,8 @@ pub fn heartbeat(sequence: u64, core: &mut SenderCore, rc: Option<&SenderCore>) 
         sent_streams: stream_finals(&fin),
         credit_grant_applied: core.grant_applied(),
         frames_without_credit: Some(core.take_frames_without_credit()),
-        rc_sent_conn_seq: rc.and_then(|r| r.final_sequences().last_conn_seq),
+        rc_sent_conn_seq,
+        rc_frames_without_credit: rc.map(SenderCore::take_frames_without_credit),
     }
 }
 
@@ -498,5 +500,59 @@ mod tests {
             .err()
             .unwrap_or_else(|| panic!("a window of 0 accepted"));
         assert!(e.contains("credit window 0"), "{e}");
+    }
+
+    #[test]
+    fn a_heartbeat_tells_the_rc_lane_out_of_credit_apart() {
+        let c = config("streams:\n  logs:\n    reliability: rc\n");
+        let base = SenderConfig {
+            limits: uctel_protocol::limits::Limits::default(),
+            pacing: None,
+            credit_window: 1,
+            first_conn_seq: 0,
+            first_stream_seq: 0,
+            data_paths: [crate::config::DataPath::WriteWithImm; 3],
+            flush_after: [Duration::from_millis(1); 3],
+            ready_frames: 8,
+            idle_heartbeat: None,
+            wait_for_credit: [false; 3],
+            carries: carries(&c, Reliability::Uc),
+        };
+        let rc_config = SenderConfig {
+            carries: carries(&c, Reliability::Rc),
+            ..base.clone()
+        };
+        let t0 = Instant::now();
+        let mut uc = SenderCore::new_unexported(&base, 1, t0).unwrap_or_else(|e| panic!("{e}"));
+        let mut rc =
+            SenderCore::new_unexported(&rc_config, 1, t0).unwrap_or_else(|e| panic!("{e}"));
+        // Three log frames on the RC lane, a window of one: two find no credit.
+        for i in 0..3 {
+            let r = uctel_protocol::payload::LogRecord {
+                message: format!("line {i}"),
+                ..Default::default()
+            };
+            rc.push_log(&r, t0, 1);
+            rc.flush(Stream::Logs);
+        }
+        while let crate::sender::core::Poll::Transmit(t) = rc.poll_transmit(t0, 1) {
+            rc.sent(&t);
+        }
+        let hb = heartbeat(1, &mut uc, Some(&mut rc));
+        assert_eq!(
+            hb.frames_without_credit,
+            Some(0),
+            "the UC lane had its credit"
+        );
+        assert!(
+            hb.rc_frames_without_credit.is_some_and(|n| n > 0),
+            "{:?}",
+            hb.rc_frames_without_credit
+        );
+        assert_eq!(hb.rc_sent_conn_seq, Some(0));
+        // Taken: the next heartbeat starts from zero.
+        let hb = heartbeat(2, &mut uc, Some(&mut rc));
+        assert_eq!(hb.rc_frames_without_credit, Some(0));
+        assert_eq!(heartbeat(3, &mut uc, None).rc_frames_without_credit, None);
     }
 }

@@ -810,7 +810,7 @@ async fn session(
             // Out of credit with frames to send, or a window taken back: tell the
             // collector now rather than at the next heartbeat (it answers with a report).
             // The heartbeat counter is repeated: this is not a period of its own.
-            let hb = lane::heartbeat(last_heartbeat, &mut core, rc.as_ref().map(|l| &l.core));
+            let hb = lane::heartbeat(last_heartbeat, &mut core, rc.as_mut().map(|l| &mut l.core));
             match tokio::time::timeout(CONTROL_SEND_TIMEOUT, conn.send(hb)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => break SessionEnd::Lost(e.to_string()),
@@ -875,7 +875,7 @@ async fn session(
                 }
                 Some(LivenessEvent::SendHeartbeat { sequence }) => {
                     last_heartbeat = sequence;
-                    let hb = lane::heartbeat(sequence, &mut core, rc.as_ref().map(|l| &l.core));
+                    let hb = lane::heartbeat(sequence, &mut core, rc.as_mut().map(|l| &mut l.core));
                     match tokio::time::timeout(CONTROL_SEND_TIMEOUT, conn.send(hb)).await {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) => break SessionEnd::Lost(e.to_string()),

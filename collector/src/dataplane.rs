@@ -301,7 +301,7 @@ enum WorkerCmd {
     /// The highest connection sequence consumed so far (no side effect).
     Consumed(u32, oneshot::Sender<Option<u64>>),
     /// The agent's heartbeat (the sequences it had sent by then).
-    Heartbeat(u32, Heartbeat),
+    Heartbeat(u32, Box<Heartbeat>),
     Close(u32, Option<Goodbye>, oneshot::Sender<Option<CloseSummary>>),
     Pause(bool),
 }
@@ -453,7 +453,7 @@ impl DataPlane {
     /// Hands the agent's heartbeat to the worker (in order with the frames before it): the
     /// sequences it carries settle the session if it ends without a `Goodbye`.
     pub fn heartbeat(&self, id: u32, heartbeat: Heartbeat) {
-        let _ = self.to_worker(WorkerCmd::Heartbeat(id, heartbeat));
+        let _ = self.to_worker(WorkerCmd::Heartbeat(id, Box::new(heartbeat)));
     }
 
     /// Removes a session: the worker polls its CQs a last time, processes every completion

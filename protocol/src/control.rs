@@ -407,6 +407,11 @@ pub struct Heartbeat {
     /// both lanes.
     #[prost(uint64, optional, tag = "7")]
     pub rc_sent_conn_seq: Option<u64>,
+    /// Agent → collector: as `frames_without_credit`, for the RC lane's window (the
+    /// collector answers with an early report, as for the UC lane; the RC lane has no share
+    /// of the credit budget, so this never counts as budget want).
+    #[prost(uint64, optional, tag = "8")]
+    pub rc_frames_without_credit: Option<u64>,
 }
 
 /// Delivery of one stream as the collector saw it (cumulative since the connection began).

@@ -85,6 +85,7 @@ fn every_message() -> Vec<ControlMessage> {
             sequence: 44,
             sent_conn_seq: Some(7),
             rc_sent_conn_seq: Some(3),
+            rc_frames_without_credit: Some(2),
             ..Default::default()
         }
         .into(),

@@ -238,6 +238,7 @@ mod tests {
     fn heartbeats_and_goodbyes_split_by_stream() {
         let streams = [2u32];
         let hb = Heartbeat {
+            rc_frames_without_credit: None,
             sequence: 7,
             timestamp_ns: 99,
             sent_conn_seq: Some(100),

@@ -331,6 +331,9 @@ pub(super) async fn run_session(
                     match m.body {
                         Some(Body::Heartbeat(hb)) => {
                             let starved = hb.frames_without_credit.unwrap_or(0);
+                            // The RC lane out of credit wants its report early too; it has no
+                            // share of the budget, so this is not budget want.
+                            let rc_starved = hb.rc_frames_without_credit.unwrap_or(0);
                             shared.credits.on_heartbeat(id, hb.credit_grant_applied, hb.sent_conn_seq, starved);
                             sent_tail.on_heartbeat(hb.sent_conn_seq, Instant::now());
                             let hb = match &lane {
@@ -347,7 +350,7 @@ pub(super) async fn run_session(
                             // an interval has passed since its last report, else when it has,
                             // so how often an agent's credit comes back does not depend on
                             // when its heartbeats happen to fall.
-                            if starved > 0 {
+                            if starved > 0 || rc_starved > 0 {
                                 early_due = Some(tokio::time::Instant::from_std(last_report + report_every / 2));
                             }
                         }
