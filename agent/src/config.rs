@@ -301,8 +301,9 @@ pub struct SoftSection {
     /// Local UDP address of the soft RoCEv2 endpoint, written like a listen address (`IP:PORT`,
     /// `[IPv6]:PORT`, `:PORT`). Default: an ephemeral port on the local address of the control
     /// connection. Real RoCEv2 peers (rxe, NICs) send to UDP 4791. The RC QP of streams set
-    /// to `reliability: rc` has a soft device of its own, on an ephemeral port of the same
-    /// address.
+    /// to `reliability: rc` shares this device and port with the UC QP; its peer's
+    /// acknowledgements come back to this port, so against a verbs collector it must be
+    /// 4791 (such a collector refuses the RC lane otherwise).
     #[serde(default, deserialize_with = "uctel_common::listen::deserialize_option")]
     pub bind: Option<SocketAddr>,
     /// Largest path MTU offered, bytes: 256, 512, 1024, 2048 or 4096 (default). The QP uses
@@ -454,10 +455,10 @@ pub const LOG_RECORD_OVERHEAD_BYTES: usize = 576;
 #[serde(deny_unknown_fields)]
 pub struct PacingSection {
     /// Frames per second, all streams together. Default 20000. With a stream set to
-    /// `reliability: rc` the cap applies to each lane (UC QP, RC QP) on its own.
+    /// `reliability: rc` both lanes (UC QP, RC QP) draw on it together, taking turns.
     #[serde(default = "default_fps")]
     pub frames_per_second: Option<u64>,
-    /// Frame bytes (header and payload) per second. Default 50 MB/s. Per lane, as
+    /// Frame bytes (header and payload) per second. Default 50 MB/s. Both lanes together, as
     /// `frames_per_second`.
     #[serde(default = "default_bps")]
     pub bytes_per_second: Option<u64>,

@@ -69,6 +69,10 @@ const CONTROL_SEND_TIMEOUT: Duration = Duration::from_secs(2);
 const DRAIN_GRACE: Duration = Duration::from_millis(500);
 /// Retry interval while the QP's send queue or send buffers are full.
 const BUSY_RETRY: Duration = Duration::from_millis(1);
+/// How often completions are reaped while RC sends are in flight: they complete with their
+/// ACK (a round trip, or a retransmit timeout, later) and the device's progress thread runs
+/// the protocol, so the session only frees buffers and looks for a failed QP.
+const RC_REAP_EVERY: Duration = Duration::from_millis(10);
 /// Heartbeat periods of silence after which the collector is dead, unless
 /// `collector.heartbeat_timeout_seconds` is longer (the dead-peer rule,
 /// `uctel_protocol::session::liveness`).
@@ -782,6 +786,9 @@ async fn session(
     let mut probes: Option<tokio::task::JoinHandle<()>> = None;
 
     let mut last_heartbeat = 0u64;
+    // The lanes take turns going first: they draw on one pacer, and the first to ask takes
+    // the tokens.
+    let mut rc_first = false;
     let end = loop {
         // The RC lane first: on the soft transport its QP shares the UC plane's device,
         // whose async events the UC plane takes; the lane sees its own failure by its error
@@ -796,11 +803,18 @@ async fn session(
         if plane.reap() > 0 || plane.failed() {
             break SessionEnd::Lost("the UC QP went to ERROR".into());
         }
+        rc_first = rc.is_some() && !rc_first;
+        let mut rc_stop = None;
+        if rc_first {
+            rc_stop = rc.as_mut().map(|l| l.step(queues, stats));
+        }
         pump::pull(&mut core, queues, stats);
         let stop = pump::transmit(&mut core, &mut plane);
         pump::settle(&core, queues);
         sync_faults(stats);
-        let rc_stop = rc.as_mut().map(|l| l.step(queues, stats));
+        if !rc_first {
+            rc_stop = rc.as_mut().map(|l| l.step(queues, stats));
+        }
         if rc_stop == Some(Stop::Failed) {
             stats.rc_lane_failed();
             break SessionEnd::Lost("posting to the RC QP failed".into());
@@ -826,10 +840,17 @@ async fn session(
             Stop::Busy => Some(Instant::now() + BUSY_RETRY),
             Stop::Failed => break SessionEnd::Lost("posting to the UC QP failed".into()),
         };
-        if !plane.idle() || rc.as_ref().is_some_and(|l| !l.plane.idle()) {
+        let in_flight = if !plane.idle() {
             // Sends in flight: poll their completions soon (with a busy-poll soft device,
             // polling is also what moves packets the socket could not take at once).
-            let soon = Instant::now() + BUSY_RETRY;
+            Some(BUSY_RETRY)
+        } else {
+            rc.as_ref()
+                .is_some_and(|l| !l.plane.idle())
+                .then_some(RC_REAP_EVERY)
+        };
+        if let Some(after) = in_flight {
+            let soon = Instant::now() + after;
             deadline = Some(deadline.map_or(soon, |d| d.min(soon)));
         }
         tokio::select! {

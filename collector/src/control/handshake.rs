@@ -105,6 +105,9 @@ fn check_hello<'a>(
     ) {
         return Err((RefuseReason::TransportMismatch, detail));
     }
+    if let Some(detail) = rc_lane_refusal(collector_transport(checks.config), hello) {
+        return Err((RefuseReason::TransportMismatch, detail));
+    }
     let Some(data_path) = choose_data_path(checks.config, hello) else {
         return Err((
             RefuseReason::TransportMismatch,
@@ -170,6 +173,23 @@ fn transport_refusal(
             a.as_str()
         )),
     }
+}
+
+/// Why a soft agent's RC lane cannot work with a verbs collector, if it cannot: an RC
+/// responder answers (ACK, NAK) on UDP port 4791 of the requester's address, the only port
+/// an RDMA device sends RoCEv2 to, so the agent's RC QP must receive there (its
+/// `transport.soft.bind`); from any other port every request would go unacknowledged until
+/// the agent's QP ran out of retries.
+fn rc_lane_refusal(collector: Transport, hello: &Hello) -> Option<String> {
+    let lane = hello.rc_lane.as_ref()?;
+    let port = lane.qp.as_ref()?.udp_socket_addr()?.port();
+    (collector == Transport::Verbs && port != ROCE_V2_UDP_PORT).then(|| {
+        format!(
+            "this collector's RC QP (verbs) answers RC requests on UDP port {ROCE_V2_UDP_PORT} \
+             only; the agent's RC QP receives on port {port}: set transport.soft.bind to \
+             <address>:{ROCE_V2_UDP_PORT} on the agent"
+        )
+    })
 }
 
 /// The agent's endpoint for our QP; an unspecified IP (agent bound to a wildcard) is replaced
@@ -275,6 +295,35 @@ mod tests {
         );
         assert!(transport_refusal(Transport::Soft, None, Transport::Verbs).is_some());
         assert!(transport_refusal(Transport::Verbs, None, Transport::Unspecified).is_some());
+    }
+
+    #[test]
+    fn a_soft_rc_lane_off_port_4791_cannot_reach_a_verbs_collector() {
+        let lane = |udp: &str| Hello {
+            rc_lane: Some(wire::RcLaneRequest {
+                qp: Some(wire::QpEndpoint {
+                    udp_addr: udp.into(),
+                    ..wire::QpEndpoint::default()
+                }),
+                stream_ids: vec![2],
+            }),
+            ..Hello::default()
+        };
+        let why = rc_lane_refusal(Transport::Verbs, &lane("10.0.0.2:40000")).unwrap_or_default();
+        assert!(
+            why.contains("40000") && why.contains("transport.soft.bind"),
+            "{why}"
+        );
+        assert_eq!(
+            rc_lane_refusal(Transport::Verbs, &lane("10.0.0.2:4791")),
+            None
+        );
+        // A soft collector sends to the port the agent names; no lane, nothing to refuse.
+        assert_eq!(
+            rc_lane_refusal(Transport::Soft, &lane("10.0.0.2:40000")),
+            None
+        );
+        assert_eq!(rc_lane_refusal(Transport::Verbs, &Hello::default()), None);
     }
 
     fn soft_hello(udp_addr: &str, gid: [u8; 16]) -> Hello {
