@@ -493,6 +493,9 @@ pub struct ConnectionIngest<D = Outputs> {
     /// On an RC lane: `rc_gap_frames_total`, which every connection-sequence loss also
     /// counts ([`ConnectionIngest::set_rc_lane`]).
     rc_gaps: Option<prometheus::IntCounter>,
+    /// With an RC lane on the connection: its stream ids, and whether this ingest takes only
+    /// those (the RC lane's) or all others (the UC lane's); `None`: every stream.
+    lane_streams: Option<(Vec<u32>, bool)>,
 }
 
 impl ConnectionIngest<Outputs> {
@@ -568,6 +571,7 @@ impl<D: Delivery> ConnectionIngest<D> {
             delivered: DeliveredLogs::default(),
             file_highs: HashMap::new(),
             rc_gaps: None,
+            lane_streams: None,
         })
     }
 
@@ -595,6 +599,13 @@ impl<D: Delivery> ConnectionIngest<D> {
     /// connection sequence is also counted in `gaps` (`rc_gap_frames_total`), a bug signal.
     pub fn set_rc_lane(&mut self, gaps: prometheus::IntCounter) {
         self.rc_gaps = Some(gaps);
+    }
+
+    /// The connection has an RC lane carrying the streams `rc_streams`: this ingest (`only`
+    /// true: the RC lane's; false: the UC lane's) drops a frame of a stream that travels on
+    /// the other lane as `wrong_lane`, before tracking it.
+    pub fn set_lane_streams(&mut self, rc_streams: Vec<u32>, only: bool) {
+        self.lane_streams = Some((rc_streams, only));
     }
 
     /// True when this connection started a new epoch of an agent seen before.
@@ -693,6 +704,15 @@ impl<D: Delivery> ConnectionIngest<D> {
                 header.epoch, self.epoch
             );
             return self.drop(DropReason::EpochMismatch, &detail);
+        }
+        if let Some((rc_streams, only)) = &self.lane_streams {
+            if rc_streams.contains(&header.stream_id) != *only {
+                let detail = format_args!(
+                    "stream {} travels on the connection's other lane",
+                    StreamName(header.stream_id)
+                );
+                return self.drop(DropReason::WrongLane, &detail);
+            }
         }
         // Connection sequence.
         // Connection sequences start at 0 each epoch: a first frame at c > 0 leaves 0..c

@@ -85,6 +85,9 @@ pub enum DropReason {
     QueueFull,
     /// The frame's epoch is not the epoch the agent announced for this connection.
     EpochMismatch,
+    /// The frame's stream travels on the connection's other lane (`Hello.rc_lane` names the
+    /// streams on the RC QP, DESIGN.md §8b): a misbehaving agent.
+    WrongLane,
     /// A receive completion with an error status (e.g. message too long, flushed).
     WcError,
     /// A completion for a QP with no live agent session (teardown race).
@@ -112,7 +115,7 @@ pub enum DropReason {
 
 impl DropReason {
     /// Every collector-level reason (transport reasons come from [`UcDropReason::ALL`]).
-    pub const COLLECTOR: [DropReason; 18] = [
+    pub const COLLECTOR: [DropReason; 19] = [
         DropReason::RingOverrun,
         DropReason::ImmMismatch,
         DropReason::TornSlot,
@@ -122,6 +125,7 @@ impl DropReason {
         DropReason::LimitExceeded,
         DropReason::QueueFull,
         DropReason::EpochMismatch,
+        DropReason::WrongLane,
         DropReason::WcError,
         DropReason::NoSession,
         DropReason::SeriesCap,
@@ -152,6 +156,7 @@ impl DropReason {
             DropReason::LimitExceeded => "limit_exceeded",
             DropReason::QueueFull => "queue_full",
             DropReason::EpochMismatch => "epoch_mismatch",
+            DropReason::WrongLane => "wrong_lane",
             DropReason::WcError => "wc_error",
             DropReason::NoSession => "no_session",
             DropReason::SeriesCap => "series_cap",

@@ -177,3 +177,60 @@ async fn no_rc_lane_unless_asked() {
     agent.goodbye(Vec::new()).await;
     running.stop().await.unwrap();
 }
+
+/// A misbehaving agent that sends a stream on the lane it did not name it for: each such
+/// frame is dropped as `wrong_lane` before tracking, and the accounting still adds up (the
+/// stream counts the frames it never saw as lost on its own lane).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_on_the_wrong_lane_are_dropped_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = uctel_collector::start(collector_config(dir.path()))
+        .await
+        .unwrap();
+    let mut opts = AgentOptions::new("stray");
+    opts.capabilities = vec![DataPath::WriteWithImm];
+    opts.rc_streams = vec![2];
+    let mut agent = TestAgent::connect(running.control_addr(), opts)
+        .await
+        .unwrap();
+    let mut metrics = MetricStream::new(1);
+    let mut logs = LogStream::new(2);
+    // Right lanes for steps 0..10, then a logs frame on UC and a metrics frame on RC.
+    for step in 0..10 {
+        agent.send(metrics.frame(step, 1)).await;
+        agent.send_rc(logs.frame(step, 1)).await;
+    }
+    agent.send(logs.frame(10, 1)).await;
+    agent.send_rc(metrics.frame(10, 1)).await;
+    for step in 11..20 {
+        agent.send(metrics.frame(step, 1)).await;
+        agent.send_rc(logs.frame(step, 1)).await;
+    }
+    let finals = vec![metrics.final_state(), logs.final_state()];
+    agent.goodbye(finals).await;
+    let ledger = eventually("ledger after goodbye", || {
+        let l = running.ledger("stray");
+        (l.len() == 2).then_some(l)
+    })
+    .await;
+    let text = running.render_metrics().unwrap();
+    let wrong = counter(
+        &text,
+        "uctel_collector_frames_dropped_total{agent=\"stray\",reason=\"wrong_lane\"}",
+    );
+    assert_eq!(wrong, 2.0, "{text}");
+    for (stream, l) in &ledger {
+        // 20 frames per stream; the stray one never reached its stream's tracker.
+        assert_eq!((l.accepted, l.lost), (19, 1), "stream {stream}: {l:?}");
+    }
+    // The RC lane's tracker saw its connection sequence whole (the stray frame is explained
+    // by its drop): no RC gap.
+    assert_eq!(
+        counter(
+            &text,
+            "uctel_collector_rc_gap_frames_total{agent=\"stray\"}"
+        ),
+        0.0
+    );
+    running.stop().await.unwrap();
+}

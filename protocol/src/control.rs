@@ -671,38 +671,60 @@ fn check_data_path(
     }
 }
 
+/// Field names of a message's `qp` in validation errors.
+const QP_FIELDS: [&str; 5] = ["qp.gid", "qp.qpn", "qp.psn", "qp.mtu", "qp.udp_addr"];
+/// Field names of a message's `rc_lane.qp` in validation errors.
+const RC_QP_FIELDS: [&str; 5] = [
+    "rc_lane.qp.gid",
+    "rc_lane.qp.qpn",
+    "rc_lane.qp.psn",
+    "rc_lane.qp.mtu",
+    "rc_lane.qp.udp_addr",
+];
+
 impl QpEndpoint {
     /// Check GID length, 24-bit QPN and PSN, path MTU, and that `udp_addr` parses when set.
     ///
     /// # Errors
     /// [`InvalidMessage`] naming `message` and the field.
     pub fn validate(&self, message: &'static str) -> Result<(), InvalidMessage> {
-        check_exact(message, "qp.gid", &self.gid, GID_BYTES)?;
+        self.validate_fields(message, QP_FIELDS)
+    }
+
+    /// [`QpEndpoint::validate`] for an endpoint whose fields are named `fields` in errors
+    /// (gid, qpn, psn, mtu, udp_addr).
+    fn validate_fields(
+        &self,
+        message: &'static str,
+        fields: [&'static str; 5],
+    ) -> Result<(), InvalidMessage> {
+        let [gid, qpn, psn, mtu, udp_addr] = fields;
+        check_exact(message, gid, &self.gid, GID_BYTES)?;
         if self.qpn > MAX_24_BIT {
             return Err(invalid(
                 message,
-                "qp.qpn",
+                qpn,
                 format!("{:#x} exceeds 24 bits", self.qpn),
             ));
         }
         if self.psn > MAX_24_BIT {
             return Err(invalid(
                 message,
-                "qp.psn",
+                psn,
                 format!("{:#x} exceeds 24 bits", self.psn),
             ));
         }
         if !PATH_MTUS.contains(&self.mtu) {
             return Err(invalid(
                 message,
-                "qp.mtu",
+                mtu,
                 format!("{} is not one of {PATH_MTUS:?}", self.mtu),
             ));
         }
         if !self.udp_addr.is_empty() && self.udp_socket_addr().is_none() {
             return Err(invalid(
                 message,
-                "qp.udp_addr",
+                udp_addr,
                 format!("{:?} is not ip:port", self.udp_addr),
             ));
         }
@@ -739,14 +761,14 @@ impl Hello {
         let Some(qp) = &self.qp else {
             return Err(invalid(M, "qp", "missing".into()));
         };
-        check_agent_qp(qp, transport, "qp.udp_addr")?;
+        check_agent_qp(qp, transport, QP_FIELDS)?;
         let Some(lane) = &self.rc_lane else {
             return Ok(());
         };
         let Some(rc_qp) = &lane.qp else {
             return Err(invalid(M, "rc_lane.qp", "missing".into()));
         };
-        check_agent_qp(rc_qp, transport, "rc_lane.qp.udp_addr")?;
+        check_agent_qp(rc_qp, transport, RC_QP_FIELDS)?;
         if lane.stream_ids.is_empty() || lane.stream_ids.len() > MAX_LANE_STREAMS {
             return Err(invalid(
                 M,
@@ -771,14 +793,15 @@ impl Hello {
 }
 
 /// An agent's QP endpoint in [`Hello`]: valid, with `udp_addr` set for the soft transport and
-/// empty for verbs (`udp_field` names the field in the error).
+/// empty for verbs (`fields` name its fields in errors).
 fn check_agent_qp(
     qp: &QpEndpoint,
     transport: Transport,
-    udp_field: &'static str,
+    fields: [&'static str; 5],
 ) -> Result<(), InvalidMessage> {
     const M: &str = "Hello";
-    qp.validate(M)?;
+    qp.validate_fields(M, fields)?;
+    let udp_field = fields[4];
     match (transport, qp.udp_addr.is_empty()) {
         (Transport::Soft, true) => Err(invalid(
             M,
@@ -849,7 +872,7 @@ impl Welcome {
         let Some(qp) = &lane.qp else {
             return Err(invalid(M, "rc_lane.qp", "missing".into()));
         };
-        qp.validate(M)?;
+        qp.validate_fields(M, RC_QP_FIELDS)?;
         if lane.slots == 0 {
             return Err(invalid(M, "rc_lane.slots", "0 slots".into()));
         }

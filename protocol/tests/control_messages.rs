@@ -719,7 +719,7 @@ fn validation_rejects_each_broken_rule() {
             }
             .into(),
             "Hello",
-            "qp.qpn",
+            "rc_lane.qp.qpn",
         ),
         (
             Hello {
@@ -756,6 +756,21 @@ fn validation_rejects_each_broken_rule() {
             .into(),
             "Welcome",
             "rc_lane.qp",
+        ),
+        (
+            Welcome {
+                rc_lane: Some(RcLane {
+                    qp: Some(QpEndpoint {
+                        mtu: 1500,
+                        ..qp("[fe80::1]:4793")
+                    }),
+                    ..rc_welcome().rc_lane.unwrap_or_default()
+                }),
+                ..welcome()
+            }
+            .into(),
+            "Welcome",
+            "rc_lane.qp.mtu",
         ),
         (
             Welcome {

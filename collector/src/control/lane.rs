@@ -56,6 +56,7 @@ impl RcLane {
         let id = shared.plane.next_session_id();
         let rc = shared.telemetry.rc_lane(agent);
         ingest.set_rc_lane(rc.gap_frames.clone());
+        ingest.set_lane_streams(streams.to_vec(), true);
         let session = Session::create(
             id,
             agent,

@@ -197,7 +197,12 @@ pub(super) async fn run_session(
     };
     let (ingest, rc_ingest) = match (new_ingest(), rc_remote.as_ref().map(|_| new_ingest())) {
         (Ok(i), None) => (i, None),
-        (Ok(i), Some(Ok(r))) => (i, Some(r)),
+        (Ok(mut i), Some(Ok(r))) => {
+            if let Some((_, streams)) = &rc_remote {
+                i.set_lane_streams(streams.clone(), false);
+            }
+            (i, Some(r))
+        }
         (Err(e), _) | (_, Some(Err(e))) => {
             return refuse(ch, shared, peer, fail(e.to_string())).await
         }
