@@ -596,7 +596,7 @@ impl<D: Delivery> ConnectionIngest<D> {
     }
 
     /// This ingest serves an RC lane (DESIGN.md §8b): every frame missing from its
-    /// connection sequence is also counted in `gaps` (`rc_gap_frames_total`), a bug signal.
+    /// connection sequence is also counted in `gaps` (`rc_gap_frames_total`).
     pub fn set_rc_lane(&mut self, gaps: prometheus::IntCounter) {
         self.rc_gaps = Some(gaps);
     }

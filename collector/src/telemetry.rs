@@ -409,7 +409,7 @@ impl Telemetry {
         )?;
         let rc_gap_frames = counter(
             "rc_gap_frames_total",
-            "Frames missing from the connection sequence of the agent's RC lane (also in connection_frames_lost_total): RC retransmits, so any gap here is a bug signal, never expected.",
+            "Frames missing from the connection sequence of the agent's RC lane (also in connection_frames_lost_total). RC retransmits: frames go missing only when the lane ends with frames unacknowledged (its QP out of retries, a session cut short); any other gap is a bug.",
             &["agent"],
         )?;
         let handshakes_refused = counter(

@@ -207,7 +207,8 @@ pub struct LaneReport {
     /// Frames received on the lane (cumulative).
     #[prost(uint64, tag = "2")]
     pub conn_received: u64,
-    /// Frames missing on the lane (cumulative): on RC a bug signal, never expected.
+    /// Frames missing on the lane (cumulative): on RC only what a lane could not deliver
+    /// before its QP ran out of retries.
     #[prost(uint64, tag = "3")]
     pub conn_lost: u64,
     /// RFC 3550 A.3 loss fraction of the lane in the last interval, `0.0..=1.0`.
