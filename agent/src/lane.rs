@@ -91,20 +91,7 @@ impl RcTally {
     /// Adds the growth from the last sync to `now` (the QP's counters) to `metrics`; returns
     /// the growth.
     pub fn sync(&mut self, now: RcCounters, metrics: &SelfMetrics) -> RcCounters {
-        let s = &self.seen;
-        let delta = RcCounters {
-            packets_retransmitted: now
-                .packets_retransmitted
-                .saturating_sub(s.packets_retransmitted),
-            timeouts: now.timeouts.saturating_sub(s.timeouts),
-            naks_sent: now.naks_sent.saturating_sub(s.naks_sent),
-            naks_received: now.naks_received.saturating_sub(s.naks_received),
-            rnr_naks_sent: now.rnr_naks_sent.saturating_sub(s.rnr_naks_sent),
-            rnr_naks_received: now.rnr_naks_received.saturating_sub(s.rnr_naks_received),
-            retry_exceeded: now.retry_exceeded.saturating_sub(s.retry_exceeded),
-            rnr_retry_exceeded: now.rnr_retry_exceeded.saturating_sub(s.rnr_retry_exceeded),
-            duplicates: now.duplicates.saturating_sub(s.duplicates),
-        };
+        let delta = now.since(&self.seen);
         metrics.add_rc_counts(&delta);
         self.seen = now;
         delta

@@ -671,10 +671,8 @@ pub struct RcLaneTelemetry {
 impl RcLaneTelemetry {
     /// Adds what the QP counted since `before` (`now`: its counters now).
     pub fn add(&self, before: &RcCounters, now: &RcCounters) {
-        for ((c, (_, b)), (_, n)) in self.events.iter().zip(before.iter()).zip(now.iter()) {
-            if n > b {
-                c.inc_by(n - b);
-            }
+        for (c, (_, n)) in self.events.iter().zip(now.since(before).iter()) {
+            c.inc_by(n);
         }
     }
 }

@@ -245,6 +245,29 @@ impl RcCounters {
         "duplicates",
     ];
 
+    /// What each counter grew by since `earlier` (0 where it did not: a new QP counts from
+    /// zero).
+    #[must_use]
+    pub fn since(&self, earlier: &RcCounters) -> RcCounters {
+        RcCounters {
+            packets_retransmitted: self
+                .packets_retransmitted
+                .saturating_sub(earlier.packets_retransmitted),
+            timeouts: self.timeouts.saturating_sub(earlier.timeouts),
+            naks_sent: self.naks_sent.saturating_sub(earlier.naks_sent),
+            naks_received: self.naks_received.saturating_sub(earlier.naks_received),
+            rnr_naks_sent: self.rnr_naks_sent.saturating_sub(earlier.rnr_naks_sent),
+            rnr_naks_received: self
+                .rnr_naks_received
+                .saturating_sub(earlier.rnr_naks_received),
+            retry_exceeded: self.retry_exceeded.saturating_sub(earlier.retry_exceeded),
+            rnr_retry_exceeded: self
+                .rnr_retry_exceeded
+                .saturating_sub(earlier.rnr_retry_exceeded),
+            duplicates: self.duplicates.saturating_sub(earlier.duplicates),
+        }
+    }
+
     /// Every counter with its label value ([`RcCounters::NAMES`]).
     pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
         let values = [
@@ -296,6 +319,14 @@ mod tests {
             assert_eq!(*value, i as u64 + 1, "{name}");
         }
         assert_eq!(got[6], ("retry_exceeded", 7));
+        let later = RcCounters {
+            timeouts: 5,
+            duplicates: 1,
+            ..c
+        };
+        let grown = later.since(&c);
+        assert_eq!((grown.timeouts, grown.duplicates), (3, 0));
+        assert_eq!(grown.iter().map(|(_, v)| v).sum::<u64>(), 3);
     }
 
     #[test]
