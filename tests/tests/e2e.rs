@@ -547,7 +547,10 @@ fn prometheus_evaluates_every_dashboard_query() {
         );
     });
     p.add_agent("prom-clean", 0.0, 1.0);
-    p.add_agent("prom-lossy", 0.05, 1.0);
+    // Its logs on RC, so the RC lane panels have data (retransmissions under 5 % loss).
+    p.add_agent_with("prom-lossy", 0.05, 1.0, |y| {
+        y.set("streams.logs.reliability", "rc");
+    });
     let fabric = Fabric::new(p.path());
     p.add_agent_with("prom-fabric", 0.02, 1.0, |y| fabric.configure(y));
     p.wait_flowing(
