@@ -445,6 +445,31 @@ pub async fn probe(addr: SocketAddr, timeout: Duration) -> bool {
         .is_err()
 }
 
+/// While connected to `current`: re-resolves the pool's names when due (every
+/// `resolve_every`), then probes every member ranked above `current` (none at the first
+/// choice, [`probe`] within `timeout`) and records the answers.
+pub async fn refresh(
+    pool: std::sync::Arc<std::sync::Mutex<Pool>>,
+    targets: std::sync::Arc<[String]>,
+    resolve_every: Duration,
+    current: SocketAddr,
+    timeout: Duration,
+) {
+    let lock = || {
+        pool.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    };
+    if lock().resolution_due(resolve_every, Instant::now()) {
+        let (addrs, _) = resolve(&targets).await;
+        lock().resolved(&addrs, Instant::now());
+    }
+    let above = lock().above(current);
+    for addr in above {
+        let ok = probe(addr, timeout).await;
+        lock().probed(addr, ok, Instant::now());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -643,26 +643,6 @@ fn negotiated(
     })
 }
 
-/// While connected to `current`: re-resolves the pool's names when due, then probes every
-/// member ranked above `current` (none at the first choice) and records the answers.
-async fn refresh_pool(
-    pool: Arc<std::sync::Mutex<Pool>>,
-    targets: Arc<[String]>,
-    resolve_every: Duration,
-    current: SocketAddr,
-    timeout: Duration,
-) {
-    if lock_pool(&pool).resolution_due(resolve_every, Instant::now()) {
-        let (addrs, _) = pool::resolve(&targets).await;
-        lock_pool(&pool).resolved(&addrs, Instant::now());
-    }
-    let above = lock_pool(&pool).above(current);
-    for addr in above {
-        let ok = pool::probe(addr, timeout).await;
-        lock_pool(&pool).probed(addr, ok, Instant::now());
-    }
-}
-
 /// Lets the posted sends reach the wire (their completions polled), for at most
 /// [`DRAIN_GRACE`]: before `Goodbye`, and so the fault injector has seen every frame.
 async fn drain_sends(plane: &mut DataPlane) {
@@ -910,7 +890,7 @@ async fn session(
                     break SessionEnd::Rebalance(to);
                 }
                 if probes.as_ref().is_none_or(tokio::task::JoinHandle::is_finished) {
-                    probes = Some(tokio::spawn(refresh_pool(
+                    probes = Some(tokio::spawn(pool::refresh(
                         connector.pool.clone(),
                         connector.targets.clone(),
                         connector.resolve_every,
