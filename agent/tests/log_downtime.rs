@@ -11,14 +11,15 @@
 //! - A truncation, while running or while down, is counted (`file_truncated`) and logged once,
 //!   naming the path.
 
-use std::fmt::Write as _;
+mod support;
+
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use support::capture::Capture;
 use uctel_agent::sources::logs::{LogEvent, LogSourceConfig, LogTailer, StartAt};
 use uctel_protocol::payload::LogRecord;
 
@@ -259,46 +260,6 @@ fn checkpoint_entry_without_fingerprint_falls_back_to_dev_and_inode() {
     std::fs::write(&env.state, state).expect("write state");
     let mut t = env.tailer("app.log*", StartAt::Beginning);
     assert_eq!(env.drain(&mut t), vec!["two"]);
-}
-
-/// A subscriber that keeps the warn-level events of this crate as `message field=value ...`.
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<String>>>);
-
-impl Capture {
-    fn warnings(&self) -> Vec<String> {
-        self.0.lock().map(|v| v.clone()).unwrap_or_default()
-    }
-}
-
-impl tracing::Subscriber for Capture {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        struct Fields(String);
-        impl tracing::field::Visit for Fields {
-            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-                let _ = write!(self.0, " {}={value:?}", field.name());
-            }
-        }
-        let meta = event.metadata();
-        if *meta.level() != tracing::Level::WARN || !meta.target().starts_with("uctel_agent") {
-            return;
-        }
-        let mut fields = Fields(String::new());
-        event.record(&mut fields);
-        if let Ok(mut v) = self.0.lock() {
-            v.push(fields.0);
-        }
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
 }
 
 #[test]

@@ -6,11 +6,10 @@
 
 mod support;
 
-use std::fmt::Write as _;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use support::capture::Capture;
 use uctel_agent::config::AgentConfig;
 use uctel_agent::stream::Stream;
 use uctel_protocol::control::{GoodbyeReason, QpEndpoint};
@@ -269,47 +268,6 @@ async fn without_rc_streams_there_is_no_rc_lane() {
     assert!(s.rc_frames.is_empty());
     let g = s.goodbye.unwrap_or_else(|| panic!("no goodbye"));
     assert_eq!(g.rc_final_conn_seq, None);
-}
-
-/// A subscriber keeping this crate's warn-level events as ` field=value ...` lines. The
-/// test runs on one thread (the current-thread runtime), so every task logs through it.
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<String>>>);
-
-impl Capture {
-    fn warnings(&self) -> Vec<String> {
-        self.0.lock().map(|v| v.clone()).unwrap_or_default()
-    }
-}
-
-impl tracing::Subscriber for Capture {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        struct Fields(String);
-        impl tracing::field::Visit for Fields {
-            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-                let _ = write!(self.0, " {}={value:?}", field.name());
-            }
-        }
-        let meta = event.metadata();
-        if *meta.level() != tracing::Level::WARN || !meta.target().starts_with("uctel_agent") {
-            return;
-        }
-        let mut fields = Fields(String::new());
-        event.record(&mut fields);
-        if let Ok(mut v) = self.0.lock() {
-            v.push(fields.0);
-        }
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
 }
 
 #[tokio::test]

@@ -12,6 +12,8 @@
 
 #![allow(dead_code)]
 
+pub mod capture;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
