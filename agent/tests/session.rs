@@ -18,37 +18,19 @@ use uctel_testkit::RunningAgent;
 use uctel_transport::api::WcOpcode;
 
 fn config(control: std::net::SocketAddr, dir: &Path, extra: &str) -> AgentConfig {
-    let text = format!(
-        "\
-agent_id: test-agent
-collector:
-  control: {control}
-  reconnect_initial_seconds: 0.05
-  reconnect_max_seconds: 0.2
-auth:
-  token: test-token
-sources:
-  host_metrics:
-    interval_seconds: 0.2
-  self_metrics:
-    interval_seconds: 0.2
-  logs:
-    - path: {dir}/*.log
-      start_at: beginning
-      poll_interval_seconds: 0.02
-      glob_interval_seconds: 0.05
-  state_directory: {dir}/state
-streams:
-  metrics:
-    data_path: write_with_imm
-    flush_milliseconds: 20
-  logs:
-    data_path: send
-    flush_milliseconds: 20
-{extra}",
-        dir = dir.display()
-    );
-    AgentConfig::from_yaml("test.yaml", &text).unwrap_or_else(|e| panic!("{e}"))
+    support::agent_config(
+        control,
+        dir,
+        concat!(
+            "  metrics:\n",
+            "    data_path: write_with_imm\n",
+            "    flush_milliseconds: 20\n",
+            "  logs:\n",
+            "    data_path: send\n",
+            "    flush_milliseconds: 20\n",
+        ),
+        extra,
+    )
 }
 
 fn sent_frames(stats: &SelfMetrics) -> u64 {

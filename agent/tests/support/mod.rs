@@ -14,6 +14,44 @@
 
 pub mod capture;
 
+/// An agent configuration for the session tests, against the collector at `control`: host
+/// and self metrics every 0.2 s, the log files `dir/*.log` from the beginning, state in
+/// `dir/state`, fast reconnects, then `streams` (the body of the `streams:` section, keys
+/// indented by two spaces) and `extra` (more top-level YAML).
+pub fn agent_config(
+    control: SocketAddr,
+    dir: &std::path::Path,
+    streams: &str,
+    extra: &str,
+) -> uctel_agent::config::AgentConfig {
+    let text = format!(
+        "\
+agent_id: test-agent
+collector:
+  control: {control}
+  reconnect_initial_seconds: 0.05
+  reconnect_max_seconds: 0.2
+auth:
+  token: test-token
+sources:
+  host_metrics:
+    interval_seconds: 0.2
+  self_metrics:
+    interval_seconds: 0.2
+  logs:
+    - path: {dir}/*.log
+      start_at: beginning
+      poll_interval_seconds: 0.02
+      glob_interval_seconds: 0.05
+  state_directory: {dir}/state
+streams:
+{streams}{extra}",
+        dir = dir.display()
+    );
+    uctel_agent::config::AgentConfig::from_yaml("test.yaml", &text)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
