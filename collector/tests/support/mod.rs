@@ -170,6 +170,55 @@ fn drain_cq(cq: &CompletionQueue) -> u64 {
     }
 }
 
+/// Where a lane's frames go on the collector (`Welcome` or `Welcome.rc_lane`).
+#[derive(Clone, Copy)]
+struct Ring {
+    addr: u64,
+    rkey: u32,
+    slots: u32,
+    slot_bytes: u32,
+}
+
+/// Writes `bytes` into send buffer `posted mod SEND_SLOTS` of the lane's MR and posts it on
+/// its QP as the frame with connection sequence `c`: Write-with-immediate into slot
+/// `c mod slots` of `ring`, or a Send. Returns the completions drained while the send queue
+/// was full.
+fn post_frame(
+    (qp, cq, mr): (&QueuePair, &CompletionQueue, &MemoryRegion),
+    posted: u64,
+    data_path: DataPath,
+    ring: Ring,
+    c: u64,
+    bytes: &[u8],
+) -> u64 {
+    let buf = (posted % SEND_SLOTS) as usize * 4096;
+    mr.write_at(buf, bytes).expect("write send buffer");
+    let sge = Sge::new(mr, buf, bytes.len() as u32);
+    let wr = match data_path {
+        DataPath::WriteWithImm => SendWr::write_with_imm(
+            c,
+            Some(sge),
+            ring.addr + (c % u64::from(ring.slots)) * u64::from(ring.slot_bytes),
+            ring.rkey,
+            c as u32,
+        ),
+        _ => SendWr::send(c, Some(sge)),
+    };
+    let start = Instant::now();
+    let mut completed = 0;
+    loop {
+        match qp.post_send(&[wr]) {
+            Ok(()) => return completed,
+            Err(e) if e.is_full() => {
+                completed += drain_cq(cq);
+                assert!(start.elapsed() < DEADLINE, "send queue stuck");
+                std::thread::yield_now();
+            }
+            Err(e) => panic!("post_send: {e}"),
+        }
+    }
+}
+
 fn soft_device(faults: Option<FaultConfig>) -> SoftDevice {
     let config = SoftConfig {
         udp: UdpConfig::bound_to("127.0.0.1:0".parse().expect("addr")),
@@ -458,35 +507,22 @@ impl TestAgent {
     /// Posts raw bytes as the frame with connection sequence `c` (no stamping: tests use it
     /// for malformed frames). Does not advance the connection sequence.
     pub fn post_raw(&mut self, c: u64, bytes: &[u8]) {
-        let buf = (self.posted % SEND_SLOTS) as usize * 4096;
-        self.mr.write_at(buf, bytes).expect("write send buffer");
-        let sge = Sge::new(&self.mr, buf, bytes.len() as u32);
-        let wr = match self.data_path() {
-            DataPath::WriteWithImm => {
-                let w = &self.welcome;
-                let slot = c % u64::from(w.slots);
-                SendWr::write_with_imm(
-                    c,
-                    Some(sge),
-                    w.ring_addr + slot * u64::from(w.slot_bytes),
-                    w.rkey,
-                    c as u32,
-                )
-            }
-            _ => SendWr::send(c, Some(sge)),
+        let w = &self.welcome;
+        let ring = Ring {
+            addr: w.ring_addr,
+            rkey: w.rkey,
+            slots: w.slots,
+            slot_bytes: w.slot_bytes,
         };
-        let start = Instant::now();
-        loop {
-            match self.qp.post_send(&[wr]) {
-                Ok(()) => break,
-                Err(e) if e.is_full() => {
-                    self.completed += drain_cq(&self.cq);
-                    assert!(start.elapsed() < DEADLINE, "send queue stuck");
-                    std::thread::yield_now();
-                }
-                Err(e) => panic!("post_send: {e}"),
-            }
-        }
+        let data_path = self.data_path();
+        self.completed += post_frame(
+            (&self.qp, &self.cq, &self.mr),
+            self.posted,
+            data_path,
+            ring,
+            c,
+            bytes,
+        );
         self.posted += 1;
         self.poll_send_cq();
     }
@@ -512,31 +548,20 @@ impl TestAgent {
         let rc = self.rc.as_mut().expect("an RC lane");
         let c = rc.next_conn_seq;
         let bytes = frame.into_stamped(epoch, c);
-        let buf = (rc.posted % SEND_SLOTS) as usize * 4096;
-        rc.mr.write_at(buf, &bytes).expect("write send buffer");
-        let sge = Sge::new(&rc.mr, buf, bytes.len() as u32);
-        let l = &rc.lane;
-        let wr = match data_path {
-            DataPath::WriteWithImm => SendWr::write_with_imm(
-                c,
-                Some(sge),
-                l.ring_addr + (c % u64::from(l.slots)) * u64::from(self.welcome.slot_bytes),
-                l.rkey,
-                c as u32,
-            ),
-            _ => SendWr::send(c, Some(sge)),
+        let ring = Ring {
+            addr: rc.lane.ring_addr,
+            rkey: rc.lane.rkey,
+            slots: rc.lane.slots,
+            slot_bytes: self.welcome.slot_bytes,
         };
-        loop {
-            match rc.qp.post_send(&[wr]) {
-                Ok(()) => break,
-                Err(e) if e.is_full() => {
-                    rc.completed += drain_cq(&rc.cq);
-                    assert!(start.elapsed() < DEADLINE, "RC send queue stuck");
-                    std::thread::yield_now();
-                }
-                Err(e) => panic!("post_send on the RC QP: {e}"),
-            }
-        }
+        rc.completed += post_frame(
+            (&rc.qp, &rc.cq, &rc.mr),
+            rc.posted,
+            data_path,
+            ring,
+            c,
+            &bytes,
+        );
         rc.posted += 1;
         rc.next_conn_seq += 1;
         rc.poll();
