@@ -15,7 +15,9 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use uctel_protocol::control::{self as wire, DataPath, Goodbye, Heartbeat, LaneReport, Report};
+use uctel_protocol::control::{
+    self as wire, DataPath, Goodbye, Heartbeat, LaneReport, Report, StreamFinal,
+};
 use uctel_transport::api::{QpEndpoint, RcAttr};
 
 use super::handshake::advertised_endpoint;
@@ -113,15 +115,19 @@ impl RcLane {
     }
 }
 
+/// `streams` split into those in `rc_streams` (the RC lane's) and the others (the UC lane's).
+fn by_lane(rc_streams: &[u32], streams: &[StreamFinal]) -> (Vec<StreamFinal>, Vec<StreamFinal>) {
+    streams
+        .iter()
+        .cloned()
+        .partition(|s| rc_streams.contains(&s.stream_id))
+}
+
 /// A heartbeat naming both lanes, split into the UC lane's (its sequence, credit fields and
 /// the streams not in `rc_streams`) and the RC lane's (`rc_sent_conn_seq` as its sent
 /// sequence, the streams in `rc_streams`).
 fn split_heartbeat(rc_streams: &[u32], hb: Heartbeat) -> (Heartbeat, Heartbeat) {
-    let (rc, uc): (Vec<_>, Vec<_>) = hb
-        .sent_streams
-        .iter()
-        .cloned()
-        .partition(|s| rc_streams.contains(&s.stream_id));
+    let (rc, uc) = by_lane(rc_streams, &hb.sent_streams);
     let rc = Heartbeat {
         sequence: hb.sequence,
         timestamp_ns: hb.timestamp_ns,
@@ -140,11 +146,7 @@ fn split_heartbeat(rc_streams: &[u32], hb: Heartbeat) -> (Heartbeat, Heartbeat) 
 /// A `Goodbye` naming both lanes, split as [`split_heartbeat`] splits a heartbeat
 /// (`rc_final_conn_seq` becomes the RC lane's final sequence).
 fn split_goodbye(rc_streams: &[u32], g: Goodbye) -> (Goodbye, Goodbye) {
-    let (rc, uc): (Vec<_>, Vec<_>) = g
-        .streams
-        .iter()
-        .cloned()
-        .partition(|s| rc_streams.contains(&s.stream_id));
+    let (rc, uc) = by_lane(rc_streams, &g.streams);
     let rc = Goodbye {
         final_conn_seq: g.rc_final_conn_seq,
         streams: rc,
@@ -173,7 +175,7 @@ pub(super) fn merge_summary(summary: &mut CloseSummary, rc: CloseSummary) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use uctel_protocol::control::{StreamFinal, StreamReport};
+    use uctel_protocol::control::StreamReport;
 
     fn fin(stream_id: u32, seq: u64) -> StreamFinal {
         StreamFinal {
