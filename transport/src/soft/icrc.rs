@@ -65,6 +65,8 @@ use thiserror::Error;
 
 use super::packet::{BTH_LEN, ICRC_LEN};
 
+mod cache;
+
 /// IPv4 header length assumed in the pseudo header (no options).
 const IPV4_HEADER_LEN: usize = 20;
 /// IPv6 fixed header length.
@@ -247,7 +249,18 @@ pub fn compute_with(
     dst: SocketAddr,
     ident: Ipv4Ident,
 ) -> Result<u32, IcrcError> {
-    let prefix = prefix(buf.len(), src, dst, ident)?;
+    compute_flow(buf, src, dst, ident).map(|(icrc, _)| icrc)
+}
+
+/// [`compute_with`], and whether the packet went over IPv4.
+fn compute_flow(
+    buf: &[u8],
+    src: SocketAddr,
+    dst: SocketAddr,
+    ident: Ipv4Ident,
+) -> Result<(u32, bool), IcrcError> {
+    // Checks the length first: BTH + ICRC at least.
+    let (mut hasher, v4) = cache::prefix_state(buf.len(), src, dst, ident)?;
     let body_end = buf.len() - ICRC_LEN;
     let (bth, rest) = match (buf.get(..BTH_LEN), buf.get(BTH_LEN..body_end)) {
         (Some(bth), Some(rest)) => (bth, rest),
@@ -261,11 +274,9 @@ pub fn compute_with(
     let mut masked_bth = [0u8; BTH_LEN];
     masked_bth.copy_from_slice(bth);
     masked_bth[4] = 0xff; // FECN, BECN, resv6a
-    let mut hasher = crc32fast::Hasher::new();
-    hasher.update(prefix.bytes.get(..prefix.len).unwrap_or_default());
     hasher.update(&masked_bth);
     hasher.update(rest);
-    Ok(hasher.finalize())
+    Ok((hasher.finalize(), v4))
 }
 
 /// [`compute_with`] for what a socket sends: IPv4 ID 0 and DF set.
@@ -309,31 +320,38 @@ pub fn seal(buf: &mut [u8], src: SocketAddr, dst: SocketAddr) -> Result<(), Icrc
 /// ICRC match (DF set assumed; see the module docs) and reports it. Errors with
 /// [`IcrcError::Mismatch`] otherwise.
 pub fn check(buf: &[u8], src: SocketAddr, dst: SocketAddr) -> Result<IcrcMatch, IcrcError> {
-    let computed = compute(buf, src, dst)?;
+    let (computed, v4) = compute_flow(buf, src, dst, Ipv4Ident::UNCONNECTED_DF)?;
     let received = carried(buf).unwrap_or(!computed);
-    let mismatch = IcrcError::Mismatch {
-        received,
-        computed,
-        src,
-        dst,
-    };
-    let v4 = matches!(addrs(src, dst)?, Addrs::V4(..));
     if received == computed {
         return Ok(IcrcMatch {
             ipv4_id: v4.then_some(0),
         });
     }
-    if !v4 {
-        return Err(mismatch);
-    }
-    // Bytes of CRC input after the 2 ID bytes.
-    let input_len = MASKED_LRH_LEN + IPV4_HEADER_LEN + UDP_HEADER_LEN + buf.len() - ICRC_LEN;
-    let after_id = input_len - (IPV4_ID_OFFSET + 2);
-    let diff = gf2::mul_mod_p(shift_back(after_id as u64), received ^ computed);
-    match ID_SOLVER.solve(diff) {
+    let diff = received ^ computed;
+    let id = if v4 {
+        cache::ipv4_id(buf.len(), diff, || solve_general(buf.len(), diff))
+    } else {
+        None
+    };
+    match id {
         Some(id) => Ok(IcrcMatch { ipv4_id: Some(id) }),
-        None => Err(mismatch),
+        None => Err(IcrcError::Mismatch {
+            received,
+            computed,
+            src,
+            dst,
+        }),
     }
+}
+
+/// The IPv4 ID that makes the ICRC of a `len`-byte packet differ by `diff` from its value
+/// for ID 0, if any: `diff` shifted back to right after the ID bytes, then eliminated over
+/// the 16 ID columns (see the module docs).
+fn solve_general(len: usize, diff: u32) -> Option<u16> {
+    // Bytes of CRC input after the 2 ID bytes.
+    let input_len = MASKED_LRH_LEN + IPV4_HEADER_LEN + UDP_HEADER_LEN + len - ICRC_LEN;
+    let after_id = input_len - (IPV4_ID_OFFSET + 2);
+    ID_SOLVER.solve(gf2::mul_mod_p(shift_back(after_id as u64), diff))
 }
 
 /// [`check`] without the details: `Ok(())` when the ICRC holds.
