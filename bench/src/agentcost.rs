@@ -295,6 +295,7 @@ pub fn run(cfg: &AgentCostConfig) -> Result<AgentCostResult, AgentCostError> {
             log_file: cfg.workdir.join("received-logs.jsonl"),
             extra_yaml: String::new(),
             recv_buffer_bytes: None,
+            progress: None,
             min_slots: None,
         },
     )?;

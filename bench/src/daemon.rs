@@ -125,6 +125,8 @@ pub struct CollectorSettings {
     pub recv_buffer_bytes: Option<usize>,
     /// `ring.min_slots` (`None`: the collector's default).
     pub min_slots: Option<u32>,
+    /// `transport.soft.progress` (`None`: the collector's default).
+    pub progress: Option<&'static str>,
 }
 
 /// A collector child process.
@@ -165,7 +167,7 @@ impl CollectorProcess {
         let mtu = mtu_for(s.slot_bytes as usize);
         let yaml = format!(
             "listen:\n  control: {control}\n  metrics: {metrics}\n\
-             transport:\n  kind: soft\n  soft:\n    name: soft0\n    bind: {udp}\n    mtu_bytes: {mtu}\n    progress: thread\n{rcvbuf}\
+             transport:\n  kind: soft\n  soft:\n    name: soft0\n    bind: {udp}\n    mtu_bytes: {mtu}\n{progress}{rcvbuf}\
              ring:\n  slots: {slots}\n{min_slots}  slot_bytes: {slot_bytes}\n  credit_margin_slots: {margin}\n  descriptor_queue: {queue}\n  data_path: {path}\n\
              max_frame_bytes: {slot_bytes}\n\
              auth:\n  shared:\n    token: {TOKEN}\n\
@@ -182,6 +184,9 @@ impl CollectorProcess {
             rcvbuf = s
                 .recv_buffer_bytes
                 .map_or(String::new(), |b| format!("    recv_buffer_bytes: {b}\n")),
+            progress = s
+                .progress
+                .map_or(String::new(), |p| format!("    progress: {p}\n")),
             min_slots = s
                 .min_slots
                 .map_or(String::new(), |m| format!("  min_slots: {m}\n")),
@@ -405,6 +410,7 @@ mod tests {
                 log_file: dir.path().join("logs.jsonl"),
                 extra_yaml: String::new(),
                 recv_buffer_bytes: None,
+                progress: None,
                 min_slots: None,
             },
         )

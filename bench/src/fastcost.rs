@@ -277,6 +277,7 @@ pub fn run(cfg: &FastCostConfig) -> Result<FastCostResult, FastCostError> {
             log_file: cfg.workdir.join("received-logs.jsonl"),
             extra_yaml: String::new(),
             recv_buffer_bytes: None,
+            progress: None,
             min_slots: None,
         },
     )?;

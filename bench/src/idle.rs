@@ -201,6 +201,7 @@ pub fn run(cfg: &IdleConfig) -> Result<IdleResult, IdleError> {
             log_file: cfg.workdir.join("received-logs.jsonl"),
             extra_yaml: String::new(),
             recv_buffer_bytes: None,
+            progress: None,
             min_slots: None,
         },
     )?;

@@ -463,6 +463,7 @@ pub fn run(cfg: &NodeCostConfig) -> Result<NodeCostResult, NodeCostError> {
             log_file: cfg.workdir.join("received-logs.jsonl"),
             extra_yaml: String::new(),
             recv_buffer_bytes: None,
+            progress: None,
             min_slots: None,
         },
     )?;

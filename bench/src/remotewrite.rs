@@ -291,6 +291,7 @@ fn run_uctel(
                 format!("outputs:\n  remote_write:\n    - url: {u}\n")
             }),
             recv_buffer_bytes: None,
+            progress: None,
             min_slots: None,
         },
     )

@@ -90,6 +90,8 @@ pub struct SoftRunConfig {
     pub recv_buffer_bytes: Option<usize>,
     /// The collector's `ring.min_slots` (`None`: its default).
     pub min_slots: Option<u32>,
+    /// The collector's `transport.soft.progress` (`None`: its default).
+    pub progress: Option<&'static str>,
 }
 
 /// Whole-run frame accounting (after every agent's `Goodbye`).
@@ -239,6 +241,7 @@ pub fn run(cfg: &SoftRunConfig) -> Result<SoftRunResult, SoftRunError> {
             extra_yaml: String::new(),
             recv_buffer_bytes: cfg.recv_buffer_bytes,
             min_slots: cfg.min_slots,
+            progress: cfg.progress,
         },
     )?;
     std::thread::sleep(Duration::from_millis(300));

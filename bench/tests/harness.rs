@@ -35,6 +35,7 @@ fn synchronized_bursts_into_a_small_receive_buffer_lose_nothing() {
         bursts: Some(4),
         recv_buffer_bytes: Some(128 << 10),
         min_slots: None,
+        progress: None,
     })
     .unwrap();
     assert!(r.control_errors.is_empty(), "{:?}", r.control_errors);
@@ -85,6 +86,7 @@ fn soft_path_moves_frames_and_accounts_for_every_one() {
         bursts: None,
         recv_buffer_bytes: None,
         min_slots: None,
+        progress: None,
     })
     .unwrap();
     assert_eq!(r.agents, agents);

@@ -8,6 +8,14 @@
 //!    receive WR consumed)     transport drops, error completions, QP errors
 //! ```
 //!
+//! On the soft transport with `progress: worker` (the default) the worker also runs the device:
+//! each round starts with one [`Device::drive`] (receive a batch from the socket, ICRC, UC
+//! responder, ring writes, CQ pushes) before the polls, so a frame goes from the socket to
+//! the store without leaving the thread, and its ring slot is still in the core's cache when
+//! the worker copies it (with a device thread the copy took the cache misses of a slot just
+//! written on the other core; BENCHMARKS.md). Idle, the completion channel's wait sleeps on
+//! the socket.
+//!
 //! A frame crosses no thread between its completion and the store: a separate poller
 //! thread handing descriptors to the worker through a queue cost a hand-off per frame (a
 //! queue slot, two atomic counters and a gauge update on each side, a wake-up) and a core's
@@ -611,9 +619,10 @@ impl Worker {
         }
     }
 
-    /// Polls every session's CQs once; returns the completions taken.
+    /// Drives a `driven` soft device once (a no-op on other devices), then polls every
+    /// session's CQs once; returns the packets moved plus the completions taken.
     fn poll_all(&mut self) -> usize {
-        let mut got = 0;
+        let mut got = self.device.drive();
         let queue = self.paused || !self.pending.queue.is_empty();
         for ws in self.sessions.values_mut() {
             got += poll_one(
@@ -671,7 +680,7 @@ impl Worker {
             };
             self.pending.popped(ws);
             ws.session.tel.ring_slots_in_use.dec();
-            process(ws, d, &mut self.scratch);
+            process(ws, d, &mut self.scratch, Instant::now());
         }
     }
 
@@ -772,6 +781,11 @@ fn poll_one(
     // Send CQ: the collector posts no sends; drain it so it can never overflow.
     let _ = s.send_cq.poll(wcs);
     let n = s.recv_cq.poll(wcs);
+    if n == 0 {
+        return 0;
+    }
+    // One clock read per poll: each completion of it was there by now.
+    let now = Instant::now();
     let mut repost_zero = 0u32;
     for wc in wcs.iter().take(n) {
         if wc.status != WcStatus::Success {
@@ -812,7 +826,7 @@ fn poll_one(
             WcOpcode::Send | WcOpcode::RdmaWrite => continue,
         };
         if !queue {
-            process(ws, desc, scratch);
+            process(ws, desc, scratch, now);
         } else if pending.push(ws, desc) {
             s.tel.ring_slots_in_use.inc();
         } else {
@@ -871,10 +885,9 @@ fn fold_qp_stats(ws: &mut WorkerSession) {
     }
 }
 
-/// Processes completion `d` of `ws`: copies the ring slot or Send buffer, hands it to the
-/// ingest, re-posts the buffer, and publishes the credit point.
-fn process(ws: &mut WorkerSession, d: Descriptor, scratch: &mut Vec<u8>) {
-    let now = Instant::now();
+/// Processes completion `d` of `ws`, taken off its CQ by `now`: copies the ring slot or Send
+/// buffer, hands it to the ingest, re-posts the buffer, and publishes the credit point.
+fn process(ws: &mut WorkerSession, d: Descriptor, scratch: &mut Vec<u8>, now: Instant) {
     let g = ws.session.geometry;
     match d {
         Descriptor::WriteImm { imm, .. } => {

@@ -145,7 +145,11 @@ fn an_idle_thread_mode_device_sleeps() {
 
 #[test]
 fn a_completion_wakes_a_sleeping_channel_promptly() {
-    for progress in [ProgressMode::Thread, ProgressMode::BusyPoll] {
+    for progress in [
+        ProgressMode::Thread,
+        ProgressMode::BusyPoll,
+        ProgressMode::Driven,
+    ] {
         let rx_dev = soft("wake-rx", progress);
         let tx_dev = soft("wake-tx", ProgressMode::BusyPoll);
         let rx = end(&rx_dev);
@@ -186,6 +190,42 @@ fn a_completion_wakes_a_sleeping_channel_promptly() {
 }
 
 #[test]
+fn a_driven_device_moves_packets_only_when_driven() {
+    let rx_dev = soft("driven-rx", ProgressMode::Driven);
+    let tx_dev = soft("driven-tx", ProgressMode::BusyPoll);
+    let rx = end(&rx_dev);
+    let tx = end(&tx_dev);
+    let (ring, buf) = pair(&rx, &tx);
+    assert_eq!(rx.dev.drive(), 0, "nothing sent yet");
+    assert_eq!(
+        tx.dev.drive(),
+        0,
+        "a busy-poll device is not driven by `drive`"
+    );
+    let mut wcs = [WorkCompletion::default(); 4];
+    for i in 0..3u32 {
+        write_imm(&tx, &buf, &ring, i);
+        // The datagram waits in the socket: polling the CQ does not receive it.
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(rx.rcq.poll(&mut wcs), 0, "poll_cq alone does not drive");
+        let until = Instant::now() + Duration::from_secs(5);
+        let mut moved = 0;
+        while moved == 0 && Instant::now() < until {
+            moved = rx.dev.drive();
+        }
+        assert_eq!(moved, 1, "one packet received by one round");
+        assert_eq!(rx.rcq.poll(&mut wcs), 1, "its completion is on the CQ");
+        assert_eq!(wcs[0].opcode, WcOpcode::RecvRdmaWithImm);
+        assert_eq!(wcs[0].imm, Some(i));
+        let mut slot = [0u8; 5];
+        ring.read_at(0, &mut slot).expect("ring");
+        assert_eq!(&slot, b"frame");
+        let _ = tx.scq.poll(&mut wcs);
+    }
+    assert_eq!(rx_dev.tx_backlog(), 0);
+}
+
+#[test]
 fn a_delayed_datagram_is_released_on_time_by_a_sleeping_thread() {
     // The receiver's fault injector holds every datagram 30 ms: nothing on the socket wakes
     // the thread when it is due, its deadline does.
@@ -213,7 +253,11 @@ fn a_delayed_datagram_is_released_on_time_by_a_sleeping_thread() {
 
 #[test]
 fn wake_ends_a_wait_and_a_quiet_wait_times_out() {
-    for progress in [ProgressMode::Thread, ProgressMode::BusyPoll] {
+    for progress in [
+        ProgressMode::Thread,
+        ProgressMode::BusyPoll,
+        ProgressMode::Driven,
+    ] {
         let dev = soft("wake-only", progress);
         let e = end(&dev);
         let channel = e.dev.create_comp_channel().expect("channel");

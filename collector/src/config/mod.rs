@@ -12,7 +12,7 @@
 //!     bind: 0.0.0.0:4791           # UDP socket of the soft RoCEv2 device (RoCEv2 port)
 //!     advertise_addr: 192.0.2.10:4791  # what agents send to when bind is a wildcard
 //!     mtu_bytes: 4096
-//!     recv_buffer_bytes: 8388608
+//!     recv_buffer_bytes: 33554432   # sets the credit budget
 //!     send_buffer_bytes: 4194304
 //!     fault:                       # optional fault injection (tests, demos)
 //!       drop_ratio: 0.01
@@ -153,7 +153,7 @@ pub enum TransportKindConfig {
 }
 
 /// `transport:` section. Only the section named by `kind` is used.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TransportConfig {
     /// `soft` (default) or `verbs`.
@@ -167,6 +167,17 @@ pub struct TransportConfig {
     pub soft: SoftConfig,
     /// Verbs transport settings.
     pub verbs: VerbsTransportConfig,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        TransportConfig {
+            kind: TransportKindConfig::default(),
+            // The collector's own defaults (`progress: worker`), not the device's.
+            soft: SoftConfig::from(&SoftSection::default()),
+            verbs: VerbsTransportConfig::default(),
+        }
+    }
 }
 
 /// `transport.soft:` section: the soft RoCEv2 device (`uctel_transport::soft::device::SoftConfig`
@@ -192,8 +203,11 @@ pub struct SoftSection {
     pub progress_wait_microseconds: u64,
     /// Most datagrams sent or received per system call, 1 to 1024.
     pub batch: usize,
-    /// Receive buffer (`SO_RCVBUF`) requested for the socket; `null` keeps the system's
-    /// default. Datagrams that find it full are lost (counted as frames lost).
+    /// Receive buffer (`SO_RCVBUF`, `SO_RCVBUFFORCE` where allowed, else capped at
+    /// `net.core.rmem_max`) requested for the socket; `null` keeps the system's default.
+    /// Default 32 MiB: it sets the credit budget (`ring.credit_budget_frames`, measured at
+    /// start: about 29,000 datagrams of 1 KiB on a 6.x kernel, 29 ms at a million frames per
+    /// second). Datagrams that find it full are lost (counted as frames lost).
     pub recv_buffer_bytes: Option<usize>,
     /// Send buffer (`SO_SNDBUF`) requested for the socket; `null` keeps the system's default.
     pub send_buffer_bytes: Option<usize>,
@@ -225,12 +239,18 @@ pub struct SoftSection {
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum ProgressSection {
-    /// A background thread acts as the NIC (default): it sleeps while nothing arrives.
-    #[default]
+    /// A background thread acts as the NIC: it sleeps while nothing arrives; the worker
+    /// takes each completion from it (a hand-off between cores per frame).
     Thread,
-    /// No thread: the data-plane worker drives the device as it polls; lowest latency, one
-    /// core busy.
+    /// No thread: the data-plane worker drives the device as it polls each CQ; lowest
+    /// latency, one core busy.
     BusyPoll,
+    /// No thread: the data-plane worker drives the device once per round, then processes
+    /// what it received where it polls the CQs — one thread from the socket to the store,
+    /// no hand-off between cores; it sleeps on the socket when idle. The default: about
+    /// half the CPU per frame of `thread` (BENCHMARKS.md).
+    #[default]
+    Worker,
 }
 
 /// `transport.soft.poll_mode`.
@@ -244,9 +264,16 @@ pub enum PollModeSection {
     BusyPoll,
 }
 
+/// The collector's default `transport.soft.recv_buffer_bytes`: the credit budget.
+pub const DEFAULT_RECV_BUFFER_BYTES: usize = 32 << 20;
+
 impl Default for SoftSection {
     fn default() -> Self {
-        SoftSection::from(&SoftConfig::default())
+        SoftSection {
+            progress: ProgressSection::default(),
+            recv_buffer_bytes: Some(DEFAULT_RECV_BUFFER_BYTES),
+            ..SoftSection::from(&SoftConfig::default())
+        }
     }
 }
 
@@ -260,6 +287,7 @@ impl From<&SoftConfig> for SoftSection {
             progress: match c.progress {
                 device::ProgressMode::Thread => ProgressSection::Thread,
                 device::ProgressMode::BusyPoll => ProgressSection::BusyPoll,
+                device::ProgressMode::Driven => ProgressSection::Worker,
             },
             progress_wait_microseconds: c.progress_wait_micros,
             batch: c.batch,
@@ -304,6 +332,7 @@ impl From<&SoftSection> for SoftConfig {
             progress: match s.progress {
                 ProgressSection::Thread => device::ProgressMode::Thread,
                 ProgressSection::BusyPoll => device::ProgressMode::BusyPoll,
+                ProgressSection::Worker => device::ProgressMode::Driven,
             },
             progress_wait_micros: s.progress_wait_microseconds,
             batch: s.batch,
@@ -1091,10 +1120,15 @@ auth:
             ],
             "{err}"
         );
-        // Defaults survive the mapping to the transport's configuration.
+        // Defaults survive the mapping to the transport's configuration; the collector's
+        // own default drives the device from the worker.
+        let soft = Config::default().transport.soft;
+        assert_eq!(soft, SoftConfig::from(&SoftSection::default()));
+        assert_eq!(soft.progress, device::ProgressMode::Driven);
         assert_eq!(
-            Config::default().transport.soft,
-            SoftConfig::from(&SoftSection::from(&SoftConfig::default()))
+            SoftSection::from(&soft),
+            SoftSection::default(),
+            "the mapping round-trips"
         );
     }
 

@@ -84,6 +84,15 @@ impl Device {
     pub fn stats(&self) -> DeviceStats {
         self.inner.stats()
     }
+
+    /// Runs one progress round of a soft device in `driven` mode without blocking (send
+    /// what is queued, receive one batch, process it: ring writes, CQ pushes, flushes of QPs
+    /// in ERROR); returns the packets received plus sent. `0` and nothing done on every
+    /// other device: verbs hardware and thread-mode soft devices progress by themselves,
+    /// busy-poll soft devices in `poll_cq`.
+    pub fn drive(&self) -> usize {
+        self.inner.drive()
+    }
 }
 
 impl From<Arc<dyn DeviceOps>> for Device {
@@ -110,4 +119,8 @@ pub trait DeviceOps: Send + Sync + fmt::Debug {
     fn poll_async_event(&self) -> Option<AsyncEvent>;
     /// See [`Device::stats`].
     fn stats(&self) -> DeviceStats;
+    /// See [`Device::drive`].
+    fn drive(&self) -> usize {
+        0
+    }
 }

@@ -31,6 +31,10 @@ pub enum ProgressMode {
     Thread,
     /// No thread: `poll_cq` drives the device.
     BusyPoll,
+    /// No thread: the owner drives the device once per round of its own loop with
+    /// [`crate::api::Device::drive`]; `poll_cq` only reads the CQ (one receive per round
+    /// however many CQs are polled).
+    Driven,
 }
 
 /// Configuration of a soft device (the `transport.soft` section of agent and collector YAML).

@@ -18,6 +18,7 @@ use super::shared::{CqInner, Shared};
 pub struct SoftCq {
     pub(super) inner: Arc<CqInner>,
     pub(super) device: Weak<Shared>,
+    /// `busy_poll` mode: every poll first drives the device.
     pub(super) busy_poll: bool,
 }
 

@@ -339,8 +339,11 @@ impl Shared {
         self.counters
             .packets_received
             .fetch_add(rx.len() as u64, Ordering::Relaxed);
+        // One clock read for the round: every datagram of one receive arrived by now (a
+        // clock read per packet was 3 % of a busy receive thread).
+        let now = Instant::now();
         for d in &rx {
-            self.receive(d);
+            self.receive(d, now);
         }
         self.flush_failed();
         if let Ok(mut ls) = self.link.try_lock() {
@@ -367,8 +370,8 @@ impl Shared {
         }
     }
 
-    /// The receive path for one datagram (see the module docs).
-    pub(super) fn receive(&self, d: &Datagram) {
+    /// The receive path for one datagram (see the module docs), received by `now`.
+    pub(super) fn receive(&self, d: &Datagram, now: Instant) {
         let Ok(pkt) = ParsedPacket::parse(&d.payload) else {
             self.count_device_drop(UcDropReason::Malformed);
             return;
@@ -394,7 +397,7 @@ impl Shared {
             }
         }
         core.engine.receive(
-            Instant::now(),
+            now,
             &pkt,
             self.mrs.as_ref(),
             &mut CqSink(&slot.send_cq),

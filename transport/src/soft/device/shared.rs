@@ -143,7 +143,11 @@ pub(super) struct Shared {
     pub(super) name: String,
     pub(super) mtu: Mtu,
     pub(super) batch: usize,
+    /// No progress thread (`busy_poll` or `driven`): `post_send` sends at once and a
+    /// completion channel's `wait` drives the device.
     pub(super) busy_poll: bool,
+    /// `driven`: [`crate::api::Device::drive`] runs a round; `poll_cq` does not.
+    pub(super) driven: bool,
     pub(super) wait: Duration,
     pub(super) local: SocketAddr,
     pub(super) advertised: SocketAddr,
