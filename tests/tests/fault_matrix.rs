@@ -118,6 +118,61 @@ fn uc_drop_20_percent() {
     row.verdict(Law::Exact);
 }
 
+/// A row whose collector has `set` (dotted keys) and whose agent drops 5 % of its datagrams.
+fn collector_row(name: &str, set: Vec<(String, serde_yaml::Value)>) -> Row {
+    let spec = CollectorSpec {
+        set,
+        ..CollectorSpec::default()
+    };
+    let mut row = Row::start(name, spec, None);
+    let a = row.add_agent(AgentSpec::new("a").fault("drop_ratio", 0.05));
+    row.wait_connected(1, &[a]);
+    row.write_bursts(a, 0, 3000, GAP);
+    row.wait_settled(a, 3000, SETTLE);
+    row.quiesce();
+    row
+}
+
+/// The collector's soft device on a thread of its own (`transport.soft.progress: thread`;
+/// the default is the worker running it): the same exact accounting through the hand-off
+/// from the device thread to the worker.
+#[test]
+fn uc_drop_5_percent_collector_device_thread() {
+    let _g = exclusive();
+    let set = vec![("transport.soft.progress".into(), "thread".into())];
+    let mut row = collector_row("drop-5pct-device-thread", set);
+    let (lost, injected) = lost_and_injected(&row);
+    row.expect(
+        injected > 0 && lost == injected,
+        format!("frames lost {lost} == injector drops {injected} > 0"),
+    );
+    row.verdict(Law::Exact);
+}
+
+/// Drops at both ends: the agent's injector drops 5 % of what it sends, the collector's
+/// (inside the worker's receive round, `progress: worker`) 5 % of what it receives. Every
+/// frame dropped at either end is counted lost, no more.
+#[test]
+fn uc_drop_5_percent_at_both_ends() {
+    let _g = exclusive();
+    let set = vec![
+        ("transport.soft.progress".into(), "worker".into()),
+        ("transport.soft.fault.drop_ratio".into(), 0.05.into()),
+        ("transport.soft.fault.direction".into(), "recv".into()),
+        ("transport.soft.fault.seed".into(), 11.into()),
+    ];
+    let mut row = collector_row("drop-5pct-both-ends", set);
+    let (lost, injected) = lost_and_injected(&row);
+    row.expect(
+        injected > 0 && lost > injected,
+        format!(
+            "frames lost {lost} > the agent's injector drops {injected} > 0 (the collector's \
+             injector dropped the rest)"
+        ),
+    );
+    row.verdict(Law::Exact);
+}
+
 #[test]
 fn uc_duplicate() {
     let _g = exclusive();
