@@ -89,6 +89,10 @@ const ZERO_LENGTH_WRS: [RecvWr<'static>; POLL_BATCH] = [RecvWr {
 /// work before it blocks: a burst's next frames are taken without a
 /// wake-up, and an idle collector sleeps.
 pub const SPIN_AFTER_WORK: Duration = Duration::from_micros(50);
+/// A `driven` soft device receives again after this many sessions' CQs were polled: with
+/// 10,000 agents one round of polls takes milliseconds, and a receive per round let the
+/// socket overflow (BENCHMARKS.md).
+const DRIVE_EVERY_SESSIONS: usize = 64;
 /// The worker's idle sleep when the device gave it no completion channel (it then polls).
 const FALLBACK_SLEEP: Duration = Duration::from_millis(1);
 
@@ -619,12 +623,16 @@ impl Worker {
         }
     }
 
-    /// Drives a `driven` soft device once (a no-op on other devices), then polls every
-    /// session's CQs once; returns the packets moved plus the completions taken.
+    /// Drives a `driven` soft device (a no-op on other devices) before every
+    /// [`DRIVE_EVERY_SESSIONS`] sessions and polls every session's CQs once; returns the
+    /// packets moved plus the completions taken.
     fn poll_all(&mut self) -> usize {
         let mut got = self.device.drive();
         let queue = self.paused || !self.pending.queue.is_empty();
-        for ws in self.sessions.values_mut() {
+        for (i, ws) in self.sessions.values_mut().enumerate() {
+            if i > 0 && i % DRIVE_EVERY_SESSIONS == 0 {
+                got += self.device.drive();
+            }
             got += poll_one(
                 ws,
                 &mut self.wcs,
