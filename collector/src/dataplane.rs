@@ -746,7 +746,9 @@ impl Worker {
                 let _ = reply.send(self.sessions.get(&id).and_then(|ws| ws.ingest.consumed()));
             }
             WorkerCmd::Close(id, goodbye, reply) => {
-                // Last poll of its CQs; what waits is processed, paused or not.
+                // Last poll of its CQs; what waits is processed, paused or not. A driven
+                // device first takes what waits in the socket.
+                let _ = self.device.drive();
                 if let Some(ws) = self.sessions.get_mut(&id) {
                     while poll_one(
                         ws,

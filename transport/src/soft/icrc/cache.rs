@@ -10,8 +10,11 @@
 //!   linear (see the parent module), so it and its inverse are tabulated by byte: the ID
 //!   of a difference is four lookups and its proof two more, where the general solver
 //!   multiplies by `x^(−8n)` and eliminates over 32 pivots bit by bit. Tables are built for
-//!   a length the second time it misses, so a stream of one length (every segment of a GSO
-//!   send carries a new ID) pays once and lengths that never repeat never pay the build.
+//!   a length the second time in a row it misses on its way, so a stream of one length
+//!   (every segment of a GSO send carries a new ID) pays once and lengths that never repeat
+//!   never pay the build; a way's tables are replaced at most once per [`REBUILD_AFTER`]
+//!   solves on it, so lengths that take turns cost at most a build (a few µs) per 64
+//!   packets on top of the general solver.
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
@@ -22,6 +25,8 @@ use super::{addrs, ipv4_id_delta, prefix, Addrs, IcrcError, Ipv4Ident};
 const PREFIX_WAYS: usize = 8;
 /// Packet lengths with ID tables per thread (direct-mapped); 6 KiB each.
 const ID_WAYS: usize = 4;
+/// Solves on a way before its tables may be replaced by another length's.
+const REBUILD_AFTER: u32 = 64;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct FlowKey {
@@ -51,6 +56,8 @@ struct IdTables {
 
 impl IdTables {
     fn build(len: usize) -> Box<IdTables> {
+        #[cfg(test)]
+        BUILDS.with(|b| b.set(b.get() + 1));
         let mut t = Box::new(IdTables {
             len,
             fwd: [[0; 256]; 2],
@@ -114,14 +121,22 @@ impl IdTables {
 #[derive(Default)]
 struct IdWay {
     tables: Option<Box<IdTables>>,
-    /// The length of this way's last miss without tables.
+    /// The length of this way's last miss.
     missed: Option<usize>,
+    /// Solves on this way since its tables were built.
+    solves: u32,
 }
 
 thread_local! {
     static PREFIXES: RefCell<[Option<PrefixState>; PREFIX_WAYS]> =
         const { RefCell::new([const { None }; PREFIX_WAYS]) };
     static ID_TABLES: RefCell<[IdWay; ID_WAYS]> = RefCell::new(Default::default());
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tables built on this thread.
+    static BUILDS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// The CRC state after the prefix of a `len`-byte packet from `src` to `dst` with `ident`,
@@ -173,14 +188,17 @@ pub(super) fn ipv4_id(len: usize, diff: u32, general: impl FnOnce() -> Option<u1
         let Some(way) = ways.get_mut(len % ID_WAYS) else {
             return general();
         };
+        way.solves = way.solves.saturating_add(1);
         if let Some(t) = way.tables.as_ref().filter(|t| t.len == len) {
             return t.solve(diff);
         }
-        if way.missed == Some(len) {
+        let may_build = way.tables.is_none() || way.solves >= REBUILD_AFTER;
+        if way.missed == Some(len) && may_build {
             let t = IdTables::build(len);
             let id = t.solve(diff);
             way.tables = Some(t);
             way.missed = None;
+            way.solves = 0;
             return id;
         }
         way.missed = Some(len);
@@ -252,6 +270,28 @@ mod tests {
             assert_eq!(id, Some(9));
         }
         assert_eq!(calls, 6);
+        // Two lengths on one way taking turns in pairs: a build at most once per
+        // REBUILD_AFTER solves, the general solver in between.
+        let (a, b) = (2000, 2000 + ID_WAYS);
+        let before = BUILDS.with(std::cell::Cell::get);
+        let packets = 64 * REBUILD_AFTER as usize;
+        for i in 0..packets {
+            let len = if (i / 2) % 2 == 0 { a } else { b };
+            let d = ipv4_id_delta(len, 3);
+            assert_eq!(
+                ipv4_id(len, d, || super::super::solve_general(len, d)),
+                Some(3)
+            );
+        }
+        let builds = BUILDS.with(std::cell::Cell::get) - before;
+        assert!(
+            builds <= (packets / REBUILD_AFTER as usize) as u64 + 1,
+            "{builds} builds for {packets} packets"
+        );
+        assert!(
+            builds >= 2,
+            "both lengths got tables in turn ({builds} builds)"
+        );
     }
 
     #[test]
