@@ -22,7 +22,6 @@ use uctel_bench::tradeoff::{self, TradeoffConfig};
 use uctel_bench::workload::{FrameTemplate, ROCE_WRITE_IMM_OVERHEAD};
 use uctel_transport::api::RcAttr;
 
-/// One part of the run.
 /// The collector's `transport.soft.progress`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Progress {
@@ -41,6 +40,7 @@ impl Progress {
     }
 }
 
+/// One part of the run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Part {
     /// The recvmmsg limit, plain and with UDP GSO/GRO.
@@ -132,7 +132,7 @@ struct Args {
     #[arg(long, default_value_t = 8192)]
     descriptor_queue: u32,
     /// Collector report (credit) interval in ms; default max(10, 0.2 × K), at most 1000 (with
-    /// the collector's default 32 MiB receive buffer the budget lasts 14 ms at 1 M frames/s).
+    /// the collector's default 32 MiB receive buffer the budget lasts 29 ms at 1 M frames/s).
     #[arg(long)]
     report_interval_ms: Option<f64>,
     /// Generator QPs per soft device (per UDP socket).

@@ -31,7 +31,8 @@
 //!   copies the buffer and re-posts it.
 //! * The ring MR is registered LOCAL_WRITE | REMOTE_WRITE (never REMOTE_READ: the API cannot
 //!   express it) with its own rkey.
-//! * Every 100 ms (every second while no completion arrived since the last time) the
+//! * Every 100 ms (every second while no completion, and on a driven device no packet,
+//!   arrived since the last time) the
 //!   worker folds the QP's silent-drop counters (UC responder rules) into
 //!   `frames_dropped_total{reason}` and checks the QP state: a QP in ERROR is counted
 //!   (`qp_errors_total`) and the control plane rebuilds the connection. The same fold takes
@@ -93,6 +94,10 @@ pub const SPIN_AFTER_WORK: Duration = Duration::from_micros(50);
 /// 10,000 agents one round of polls takes milliseconds, and a receive per round let the
 /// socket overflow (BENCHMARKS.md).
 const DRIVE_EVERY_SESSIONS: usize = 64;
+/// Most receive rounds of a driven device when a session closes (a round takes up to
+/// `transport.soft.batch` datagrams, 64 by default: 4,096 rounds hold more than the credit
+/// budget of a 32 MiB socket buffer).
+const CLOSE_DRIVES: usize = 4096;
 /// The worker's idle sleep when the device gave it no completion channel (it then polls).
 const FALLBACK_SLEEP: Duration = Duration::from_millis(1);
 
@@ -747,17 +752,22 @@ impl Worker {
             }
             WorkerCmd::Close(id, goodbye, reply) => {
                 // Last poll of its CQs; what waits is processed, paused or not. A driven
-                // device first takes what waits in the socket.
-                let _ = self.device.drive();
-                if let Some(ws) = self.sessions.get_mut(&id) {
-                    while poll_one(
-                        ws,
-                        &mut self.wcs,
-                        &mut self.pending,
-                        &mut self.scratch,
-                        true,
-                    ) > 0
-                    {}
+                // device first takes what waits in the socket, a batch per round, until the
+                // socket is empty (or CLOSE_DRIVES rounds: more than the credit budget).
+                for _ in 0..CLOSE_DRIVES {
+                    if let Some(ws) = self.sessions.get_mut(&id) {
+                        while poll_one(
+                            ws,
+                            &mut self.wcs,
+                            &mut self.pending,
+                            &mut self.scratch,
+                            true,
+                        ) > 0
+                        {}
+                    }
+                    if self.device.drive() == 0 {
+                        break;
+                    }
                 }
                 self.drain_pending();
                 let summary = self.sessions.remove(&id).map(|mut ws| {

@@ -66,7 +66,8 @@ impl CompletionQueue {
 /// Verbs: each CQ has its own `ibv_comp_channel`; `wait` sleeps in `poll(2)` on the channels
 /// of the armed CQs and an eventfd, and takes and acknowledges their events. Soft: an armed
 /// CQ signals the channel's eventfd when the device pushes a completion into it; on a device
-/// in `busy_poll` mode `wait` also drives the device (it sleeps on the UDP socket).
+/// in `busy_poll` or `driven` mode `wait` also drives the device (it sleeps on the UDP
+/// socket).
 #[derive(Clone, Debug)]
 pub struct CompletionChannel {
     inner: Arc<dyn CompChannelOps>,

@@ -57,7 +57,7 @@ impl CqOps for SoftCq {
 }
 
 /// A soft completion channel: an eventfd the device signals for armed CQs (see the module
-/// docs). On a `busy_poll` device its `wait` drives the device while it waits.
+/// docs). On a `busy_poll` or `driven` device its `wait` drives the device while it waits.
 #[derive(Debug)]
 pub struct SoftCompChannel {
     pub(super) wake: Arc<WakeFd>,

@@ -38,8 +38,9 @@
 //! retries ran out is flushed there, its `RetryExceededError` completion first), and an idle
 //! progress thread sleeps no longer than the earliest timer. A post that sends by itself and
 //! arms a timer earlier than the sleeping thread's deadline wakes the thread. In busy-poll
-//! mode timers, ACKs and retransmissions run only while the application polls (or waits on a
-//! completion channel, whose wait is bounded by its own timeout, not by the timers).
+//! and driven mode timers, ACKs and retransmissions run only while the application polls
+//! (busy-poll) or drives (driven), or waits on a completion channel, whose wait is bounded
+//! by its own timeout, not by the timers.
 //!
 //! # Progress modes ([`ProgressMode`])
 //!
@@ -73,7 +74,7 @@
 //! the device signals the eventfd when it pushes the next completion into an armed CQ (once
 //! per arming, so a busy CQ costs one atomic load per completion and no system call).
 //!
-//! Both modes are `Send + Sync`: any thread may post, poll or connect.
+//! All modes are `Send + Sync`: any thread may post, poll, drive or connect.
 //!
 //! # Layout
 //!

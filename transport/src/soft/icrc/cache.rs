@@ -3,8 +3,8 @@
 //!
 //! * **Prefix state.** The masked LRH, the pseudo IP header and the UDP header depend only on
 //!   the addresses, the length and the IPv4 ID/DF: the CRC state after them is kept for the
-//!   last flows seen (direct-mapped by source port and length), so a packet runs the CRC
-//!   over its BTH and payload only. The 40 to 56 prefix bytes went through crc32fast's
+//!   last flows seen (direct-mapped by source address, port and length), so a packet runs the CRC
+//!   over its BTH and payload only. The 36 to 56 prefix bytes went through crc32fast's
 //!   byte-table path on every packet before.
 //! * **IPv4 ID tables.** For one packet length the map from IPv4 ID to ICRC difference is
 //!   linear (see the parent module), so it and its inverse are tabulated by byte: the ID
@@ -23,7 +23,7 @@ use super::{addrs, ipv4_id_delta, prefix, Addrs, IcrcError, Ipv4Ident};
 
 /// Flows remembered per thread (direct-mapped).
 const PREFIX_WAYS: usize = 8;
-/// Packet lengths with ID tables per thread (direct-mapped); 6 KiB each.
+/// Packet lengths with ID tables per thread (direct-mapped); 4 KiB each.
 const ID_WAYS: usize = 4;
 /// Solves on a way before its tables may be replaced by another length's.
 const REBUILD_AFTER: u32 = 64;
@@ -153,7 +153,7 @@ pub(super) fn prefix_state(
         len,
         ident,
     };
-    let way = (usize::from(src.port()) ^ len) % PREFIX_WAYS;
+    let way = flow_way(src, len);
     let hit = PREFIXES.with(|p| {
         p.borrow()
             .get(way)
@@ -178,6 +178,19 @@ pub(super) fn prefix_state(
         }
     });
     Ok((hasher, v4))
+}
+
+/// The prefix cache's way of a flow: its source address, port and length mixed.
+fn flow_way(src: SocketAddr, len: usize) -> usize {
+    let ip = match src.ip() {
+        std::net::IpAddr::V4(v4) => u32::from(v4),
+        std::net::IpAddr::V6(v6) => {
+            let o = v6.octets();
+            u32::from_be_bytes([o[12], o[13], o[14], o[15]])
+        }
+    };
+    let mixed = (ip ^ u32::from(src.port()).rotate_left(8) ^ len as u32).wrapping_mul(0x9e37_79b1);
+    (mixed >> 29) as usize % PREFIX_WAYS
 }
 
 /// The IPv4 ID that makes a `len`-byte packet's ICRC differ by `diff` from its value for ID
