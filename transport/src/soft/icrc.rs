@@ -348,10 +348,14 @@ pub fn check(buf: &[u8], src: SocketAddr, dst: SocketAddr) -> Result<IcrcMatch, 
 /// for ID 0, if any: `diff` shifted back to right after the ID bytes, then eliminated over
 /// the 16 ID columns (see the module docs).
 fn solve_general(len: usize, diff: u32) -> Option<u16> {
-    // Bytes of CRC input after the 2 ID bytes.
+    ID_SOLVER.solve(gf2::mul_mod_p(shift_back(bytes_after_ipv4_id(len)), diff))
+}
+
+/// Bytes of ICRC input after the 2 IPv4 ID bytes, for a `len`-byte UDP payload over IPv4
+/// (`len` ≥ BTH + ICRC).
+fn bytes_after_ipv4_id(len: usize) -> u64 {
     let input_len = MASKED_LRH_LEN + IPV4_HEADER_LEN + UDP_HEADER_LEN + len - ICRC_LEN;
-    let after_id = input_len - (IPV4_ID_OFFSET + 2);
-    ID_SOLVER.solve(gf2::mul_mod_p(shift_back(after_id as u64), diff))
+    (input_len - (IPV4_ID_OFFSET + 2)) as u64
 }
 
 /// [`check`] without the details: `Ok(())` when the ICRC holds.
@@ -389,10 +393,8 @@ pub fn reseal_ipv4_id(buf: &mut [u8], from: u16, to: u16) -> Result<(), IcrcErro
 /// The change of the ICRC of a `len`-byte UDP payload over IPv4 when its Identification is
 /// XORed with `id_xor`.
 fn ipv4_id_delta(len: usize, id_xor: u16) -> u32 {
-    let input_len = MASKED_LRH_LEN + IPV4_HEADER_LEN + UDP_HEADER_LEN + len - ICRC_LEN;
-    let after_id = input_len - (IPV4_ID_OFFSET + 2);
     let column = gf2::raw_update(0, &id_xor.to_be_bytes());
-    gf2::mul_mod_p(shift_forward(after_id as u64), column)
+    gf2::mul_mod_p(shift_forward(bytes_after_ipv4_id(len)), column)
 }
 
 /// Lengths remembered per direction by [`shift_forward`] and [`shift_back`].
