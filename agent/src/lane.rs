@@ -440,6 +440,23 @@ mod tests {
         assert_eq!(sm.rc_qp_events("timeouts"), Some(3));
     }
 
+    /// The UC lane's sender configuration of `c` with `credit_window`.
+    fn uc_config(c: &AgentConfig, credit_window: u64) -> SenderConfig {
+        SenderConfig {
+            limits: uctel_protocol::limits::Limits::default(),
+            pacing: None,
+            credit_window,
+            first_conn_seq: 0,
+            first_stream_seq: 0,
+            data_paths: [crate::config::DataPath::WriteWithImm; 3],
+            flush_after: [Duration::from_millis(1); 3],
+            ready_frames: 8,
+            idle_heartbeat: None,
+            wait_for_credit: [false; 3],
+            carries: carries(c, Reliability::Uc),
+        }
+    }
+
     #[test]
     fn the_rc_lane_window_and_frames_come_from_its_welcome() {
         let c = AgentConfig::from_yaml(
@@ -453,16 +470,8 @@ mod tests {
                 max_frame_bytes: 4096,
                 ..uctel_protocol::limits::Limits::default()
             },
-            pacing: None,
-            credit_window: 100,
-            first_conn_seq: 0,
-            first_stream_seq: 0,
-            data_paths: [crate::config::DataPath::WriteWithImm; 3],
-            flush_after: [Duration::from_millis(1); 3],
-            ready_frames: 8,
-            idle_heartbeat: None,
             wait_for_credit: [false, true, false],
-            carries: carries(&c, Reliability::Uc),
+            ..uc_config(&c, 100)
         };
         let lane = control::RcLane {
             qp: Some(control::QpEndpoint {
@@ -492,19 +501,7 @@ mod tests {
     #[test]
     fn a_heartbeat_tells_the_rc_lane_out_of_credit_apart() {
         let c = config("streams:\n  logs:\n    reliability: rc\n");
-        let base = SenderConfig {
-            limits: uctel_protocol::limits::Limits::default(),
-            pacing: None,
-            credit_window: 1,
-            first_conn_seq: 0,
-            first_stream_seq: 0,
-            data_paths: [crate::config::DataPath::WriteWithImm; 3],
-            flush_after: [Duration::from_millis(1); 3],
-            ready_frames: 8,
-            idle_heartbeat: None,
-            wait_for_credit: [false; 3],
-            carries: carries(&c, Reliability::Uc),
-        };
+        let base = uc_config(&c, 1);
         let rc_config = SenderConfig {
             carries: carries(&c, Reliability::Rc),
             ..base.clone()
