@@ -43,6 +43,7 @@
 //! verbs/            the libibverbs transport (feature `verbs`); ffi.rs holds all its unsafe
 //! wake.rs           eventfd waker and poll(2) sleep, shared by both transports
 //! sync.rs           the poison-tolerant lock both transports use
+//! prefetch.rs       prefetch-for-write hint the soft RDMA WRITE placement uses
 //! ```
 //!
 //! Imports between these modules go one way: `api` ← `soft`, `verbs` ← `device`, with `wake`
@@ -52,9 +53,9 @@
 //!
 //! The workspace denies `unsafe_code`; this crate also warns on `missing_docs`,
 //! `unreachable_pub` and `clippy::undocumented_unsafe_blocks` (clippy runs with `-D
-//! warnings`). Every module but `verbs::ffi` is `forbid(unsafe_code)`, so an `unsafe` block
-//! can only ever be added there, next to the other libibverbs calls, with a `// SAFETY:`
-//! note.
+//! warnings`). Every module but `verbs::ffi` and `prefetch` is `forbid(unsafe_code)`, so an
+//! `unsafe` block can only ever be added there, next to the other libibverbs calls, with a
+//! `// SAFETY:` note; `prefetch` holds one, a CPU prefetch hint (no memory is accessed).
 //!
 //! # Example
 //!
@@ -109,6 +110,7 @@
 pub mod api;
 #[forbid(unsafe_code)]
 pub mod device;
+mod prefetch;
 #[forbid(unsafe_code)]
 pub mod soft;
 #[forbid(unsafe_code)]
