@@ -43,7 +43,7 @@
 //!   completion polled before it and a close polls the connection's CQs a last time.
 //!
 //! **Idle means asleep** (DESIGN.md §2). The worker spins (polling, yielding the core) for at
-//! most [`SPIN_AFTER_WORK`] after its last work, then arms every CQ on one
+//! most [`SPIN_AFTER_WORK`] after its last work (not at all on a driven soft device), then arms every CQ on one
 //! [`CompletionChannel`] (`ibv_req_notify_cq`), polls them once more and sleeps in
 //! [`CompletionChannel::wait`] until a completion arrives, a command is sent or the next
 //! stats fold is due. A collector with no traffic wakes only for the stats folds, once a
@@ -88,7 +88,11 @@ const ZERO_LENGTH_WRS: [RecvWr<'static>; POLL_BATCH] = [RecvWr {
 }; POLL_BATCH];
 /// How long the worker keeps polling (yielding the core between rounds) after its last
 /// work before it blocks: a burst's next frames are taken without a
-/// wake-up, and an idle collector sleeps.
+/// wake-up, and an idle collector sleeps. Not on a driven soft device: there an empty
+/// round costs a `recvmmsg` that finds nothing and a `sched_yield`, and spinning took about
+/// a fifth of the worker's CPU at a million frames per second (7.7 frames per receive
+/// instead of 61, BENCHMARKS.md), so the worker sleeps after its first empty round and the
+/// device's socket wakes it.
 pub const SPIN_AFTER_WORK: Duration = Duration::from_micros(50);
 /// A `driven` soft device receives again after this many sessions' CQs were polled: with
 /// 10,000 agents one round of polls takes milliseconds, and a receive per round let the
@@ -591,6 +595,11 @@ impl Worker {
         let mut warned = false;
         // A completion arrived since the last stats fold.
         let mut active = false;
+        let spin = if self.device.is_driven() {
+            Duration::ZERO
+        } else {
+            SPIN_AFTER_WORK
+        };
         while !self.stop.load(Ordering::Acquire) {
             while let Ok(cmd) = self.rx.try_recv() {
                 self.command(cmd);
@@ -616,7 +625,7 @@ impl Worker {
             }
             // Nothing this round: keep polling for a while after the last work, then sleep.
             let since = *idle_since.get_or_insert_with(Instant::now);
-            if since.elapsed() < SPIN_AFTER_WORK {
+            if since.elapsed() < spin {
                 std::thread::yield_now();
                 continue;
             }

@@ -196,6 +196,8 @@ fn a_driven_device_moves_packets_only_when_driven() {
     let rx = end(&rx_dev);
     let tx = end(&tx_dev);
     let (ring, buf) = pair(&rx, &tx);
+    assert!(rx.dev.is_driven(), "a driven-mode soft device says so");
+    assert!(!tx.dev.is_driven(), "a busy-poll one does not");
     assert_eq!(rx.dev.drive(), 0, "nothing sent yet");
     assert_eq!(
         tx.dev.drive(),

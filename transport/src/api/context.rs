@@ -93,6 +93,14 @@ impl Device {
     pub fn drive(&self) -> usize {
         self.inner.drive()
     }
+
+    /// Whether this device moves packets only in [`Device::drive`] (a soft device in
+    /// `driven` mode). Such a device's empty poll costs a receive system call, so its
+    /// poller should sleep on the completion channel (which wakes on the device's socket)
+    /// rather than spin.
+    pub fn is_driven(&self) -> bool {
+        self.inner.is_driven()
+    }
 }
 
 impl From<Arc<dyn DeviceOps>> for Device {
@@ -122,5 +130,9 @@ pub trait DeviceOps: Send + Sync + fmt::Debug {
     /// See [`Device::drive`].
     fn drive(&self) -> usize {
         0
+    }
+    /// See [`Device::is_driven`].
+    fn is_driven(&self) -> bool {
+        false
     }
 }

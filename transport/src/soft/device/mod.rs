@@ -366,6 +366,10 @@ impl DeviceOps for SoftDevice {
         let r = self.shared.progress(Some(Duration::ZERO), false);
         r.received + r.sent
     }
+
+    fn is_driven(&self) -> bool {
+        self.shared.driven
+    }
 }
 
 #[cfg(test)]
