@@ -444,6 +444,66 @@ fn gso_sender_to_gro_receiver_delivers_every_datagram_in_order() {
     assert_eq!(c.counts().gro_buffers, 1, "{:?}", c.counts());
 }
 
+/// Views (`recv_each`) and copies (`recv`) take turns on one link, with maxima smaller than
+/// a coalesced buffer: together they hand out every datagram once, identical and in order.
+fn views_and_copies_take_turns(gro: bool) {
+    let mut a = link_with("127.0.0.1:0", true, true);
+    let mut b = link_with("127.0.0.1:0", true, gro);
+    let dst = b.local_addr();
+    let batch: Vec<Datagram> = mixed_batch(dst, dst)
+        .into_iter()
+        .map(|mut d| {
+            d.peer = dst;
+            d
+        })
+        .collect();
+    send_all(&mut a, &batch);
+    let mut got: Vec<Datagram> = Vec::new();
+    let mut turn = 0;
+    while got.len() < batch.len() {
+        let n = if turn % 2 == 0 {
+            b.recv_each(3, Some(WAIT), &mut |v| {
+                got.push(Datagram {
+                    peer: v.peer,
+                    local: v.local,
+                    payload: v.payload.to_vec(),
+                });
+            })
+        } else {
+            b.recv(&mut got, 5, Some(WAIT))
+        }
+        .expect("recv");
+        assert!(
+            n > 0 && n <= 5,
+            "turn {turn}: {n} after {} datagrams",
+            got.len()
+        );
+        turn += 1;
+    }
+    assert_eq!(got.len(), batch.len());
+    for (i, (g, w)) in got.iter().zip(&batch).enumerate() {
+        assert_eq!(g.payload, w.payload, "datagram {i}");
+        assert_eq!(g.peer, a.local_addr(), "datagram {i}");
+        assert_eq!(g.local, Some(dst), "datagram {i}");
+    }
+    assert_eq!(b.counts().received, batch.len() as u64);
+    let nothing = b.recv_each(64, Some(Duration::ZERO), &mut |v| panic!("extra {v:?}"));
+    assert_eq!(nothing.expect("recv"), 0);
+    if gro {
+        assert!(b.counts().gro_buffers > 0, "{:?}", b.counts());
+    }
+}
+
+#[test]
+fn views_and_copies_share_one_cursor_over_coalesced_buffers() {
+    views_and_copies_take_turns(true);
+}
+
+#[test]
+fn views_and_copies_share_one_cursor_over_single_datagrams() {
+    views_and_copies_take_turns(false);
+}
+
 #[test]
 fn gso_sender_to_receiver_without_gro() {
     let mut a = link_with("127.0.0.1:0", true, false);

@@ -36,6 +36,28 @@ impl Datagram {
     }
 }
 
+/// A received datagram borrowed from a link's receive buffers ([`Link::recv_each`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DatagramView<'a> {
+    /// Remote end: the source.
+    pub peer: SocketAddr,
+    /// Local end: the address the datagram was received on (see [`Datagram::local`]).
+    pub local: Option<SocketAddr>,
+    /// The UDP payload.
+    pub payload: &'a [u8],
+}
+
+impl Datagram {
+    /// This datagram as a [`DatagramView`].
+    pub fn view(&self) -> DatagramView<'_> {
+        DatagramView {
+            peer: self.peer,
+            local: self.local,
+            payload: &self.payload,
+        }
+    }
+}
+
 /// Whether a [`Link`] has something to receive, for a thread that sleeps without holding it
 /// ([`Link::readiness`]). The soft device's progress thread sleeps on [`Link::wait_fd`]
 /// without holding the link, so other threads can send meanwhile and nothing wakes it while
@@ -73,6 +95,26 @@ pub trait Link: Send {
         max: usize,
         timeout: Option<Duration>,
     ) -> io::Result<usize>;
+
+    /// Receives like [`Link::recv`] but hands each datagram to `each` as a view instead of
+    /// appending an owned copy; returns how many. A link that keeps its receive buffers
+    /// hands out views into them, so a receive path that only reads each datagram once
+    /// copies nothing (`UdpLink`). Default: [`Link::recv`] into a scratch vector, each
+    /// payload given back with [`Link::recycle`] after `each` saw it.
+    fn recv_each(
+        &mut self,
+        max: usize,
+        timeout: Option<Duration>,
+        each: &mut dyn FnMut(DatagramView<'_>),
+    ) -> io::Result<usize> {
+        let mut got = Vec::new();
+        let n = self.recv(&mut got, max, timeout)?;
+        for d in got {
+            each(d.view());
+            self.recycle(d.payload);
+        }
+        Ok(n)
+    }
 
     /// Datagrams this link received and discarded instead of handing them out (a UDP
     /// datagram longer than the receive buffer, `MSG_TRUNC`), cumulative since the link was
@@ -119,6 +161,15 @@ impl<L: Link + ?Sized> Link for Box<L> {
         timeout: Option<Duration>,
     ) -> io::Result<usize> {
         (**self).recv(out, max, timeout)
+    }
+
+    fn recv_each(
+        &mut self,
+        max: usize,
+        timeout: Option<Duration>,
+        each: &mut dyn FnMut(DatagramView<'_>),
+    ) -> io::Result<usize> {
+        (**self).recv_each(max, timeout, each)
     }
 
     fn recv_discarded(&self) -> u64 {

@@ -52,7 +52,6 @@
 //! [`UdpSink`] is a bare `recvmmsg` loop that discards what it reads: the baseline for
 //! benchmarks (how many messages per second the kernel hands to user space at a given size).
 
-use std::collections::VecDeque;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
@@ -68,7 +67,7 @@ use serde::Deserialize;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::icrc;
-use super::link::{Datagram, Link, Readiness};
+use super::link::{Datagram, DatagramView, Link, Readiness};
 use crate::api::ROCE_V2_UDP_PORT;
 
 /// How [`UdpLink::recv`] waits for datagrams.
@@ -276,9 +275,30 @@ pub struct UdpLink {
     gro: bool,
     /// The buffer a `UDP_SEGMENT` send is assembled in, kept for its allocation.
     gso_buf: Vec<u8>,
-    /// Datagrams split out of a coalesced buffer beyond what the caller asked for; handed
-    /// out first by the next `recv`.
-    pending: VecDeque<Datagram>,
+    /// The next datagram of the last `recvmmsg` to hand out: datagrams split out of a
+    /// coalesced buffer beyond what the caller asked for wait in the receive buffers and
+    /// are handed out first by the next `recv`.
+    cursor: RecvCursor,
+}
+
+/// Where [`UdpLink`]'s next datagram starts in its receive buffers.
+#[derive(Clone, Copy, Debug, Default)]
+struct RecvCursor {
+    /// Index into `metas`.
+    meta: usize,
+    /// Byte offset into that buffer.
+    offset: usize,
+    /// The buffer's checks (truncation, source, GRO count) were done.
+    checked: bool,
+}
+
+impl RecvCursor {
+    fn next_meta(&mut self) {
+        *self = RecvCursor {
+            meta: self.meta + 1,
+            ..RecvCursor::default()
+        };
+    }
 }
 
 /// Metadata of one received datagram, copied out of the `recvmmsg` results.
@@ -559,7 +579,7 @@ impl UdpLink {
             gso,
             gro,
             gso_buf: Vec::new(),
-            pending: VecDeque::new(),
+            cursor: RecvCursor::default(),
         })
     }
 
@@ -607,17 +627,14 @@ impl UdpLink {
         Ok(SocketAddr::new(probe.local_addr()?.ip(), self.local.port()))
     }
 
-    /// One non-blocking `recvmmsg`; appends to `out`.
-    fn recv_once(&mut self, out: &mut Vec<Datagram>, max: usize) -> io::Result<usize> {
-        if !self.pending.is_empty() {
-            let k = max.min(self.pending.len());
-            out.extend(self.pending.drain(..k));
-            self.counts.received += k as u64;
-            return Ok(k);
-        }
+    /// One non-blocking `recvmmsg` into the receive buffers, replacing the last call's
+    /// metadata and resetting the cursor; nothing read when the socket is empty.
+    fn read_batch(&mut self, max: usize) -> io::Result<()> {
         let n = max.min(self.bufs.len()).min(self.recv_slots);
+        self.metas.clear();
+        self.cursor = RecvCursor::default();
         if n == 0 {
-            return Ok(0);
+            return Ok(());
         }
         let fd = self.socket.as_raw_fd();
         let gro_space = if self.gro {
@@ -635,7 +652,6 @@ impl UdpLink {
             ]),
         );
         let mut metas = std::mem::take(&mut self.metas);
-        metas.clear();
         {
             let mut iovs: Vec<[IoSliceMut<'_>; 1]> = self
                 .bufs
@@ -652,7 +668,7 @@ impl UdpLink {
             ) {
                 Ok(results) => results,
                 // Nothing waiting, or interrupted: the caller's wait loop tries again.
-                Err(Errno::EAGAIN) | Err(Errno::EINTR) => return Ok(0),
+                Err(Errno::EAGAIN) | Err(Errno::EINTR) => return Ok(()),
                 Err(e) => return Err(e.into()),
             };
             for (index, msg) in results.enumerate() {
@@ -700,18 +716,71 @@ impl UdpLink {
                 n.max(MIN_RECV_SLOTS.min(full))
             };
         }
+        self.metas = metas;
+        Ok(())
+    }
+
+    /// Whether datagrams of the last `recvmmsg` wait to be handed out.
+    fn has_unread(&self) -> bool {
+        self.cursor.meta < self.metas.len()
+    }
+
+    /// Hands up to `max` datagrams to `each` as views into the receive buffers, from the
+    /// cursor on; reads the socket once first when nothing waits. A coalesced `UDP_GRO`
+    /// buffer holds datagrams of its `segment` size, the last maybe shorter
+    /// (`net/ipv4/udp_offload.c: udp_gro_receive()`); datagrams beyond `max` wait in the
+    /// buffers for the next call.
+    fn recv_once_each(
+        &mut self,
+        max: usize,
+        each: &mut dyn FnMut(DatagramView<'_>),
+    ) -> io::Result<usize> {
+        if !self.has_unread() {
+            self.read_batch(max)?;
+        }
         let mut delivered = 0;
-        for meta in metas.drain(..) {
-            if meta.truncated {
+        while delivered < max {
+            let Some(meta) = self.metas.get(self.cursor.meta) else {
+                break;
+            };
+            if self.cursor.offset == 0 && !self.cursor.checked {
+                self.cursor.checked = true;
+                if meta.truncated || meta.peer.is_none() {
+                    // A UDP socket always reports the source; a datagram without one is
+                    // counted like a truncated one rather than trusted.
+                    self.counts.count_drop(UdpDropReason::RecvTruncated);
+                    self.cursor.next_meta();
+                    continue;
+                }
+                if meta.segment.is_some_and(|s| s < meta.len) {
+                    self.counts.gro_buffers += 1;
+                }
+            }
+            let (Some(peer), Some(buf)) = (meta.peer, self.bufs.get(meta.index)) else {
+                self.counts.count_drop(UdpDropReason::RecvTruncated);
+                self.cursor.next_meta();
+                continue;
+            };
+            let data = buf.get(..meta.len).unwrap_or_default();
+            let segment = match meta.segment {
+                Some(segment) if segment < data.len() => segment,
+                _ => data.len().max(1),
+            };
+            let start = self.cursor.offset.min(data.len());
+            let chunk = data
+                .get(start..start.saturating_add(segment).min(data.len()))
+                .unwrap_or_default();
+            // A zero-length datagram is handed out once, like any other.
+            if start + chunk.len() >= data.len() {
+                self.cursor.next_meta();
+            } else {
+                self.cursor.offset = start + chunk.len();
+            }
+            if chunk.len() > self.config.max_datagram_bytes {
+                // What the kernel would have truncated without the larger GRO slots.
                 self.counts.count_drop(UdpDropReason::RecvTruncated);
                 continue;
             }
-            let (Some(peer), Some(buf)) = (meta.peer, self.bufs.get(meta.index)) else {
-                // A UDP socket always reports the source; count it like a rejected datagram
-                // rather than trust it.
-                self.counts.count_drop(UdpDropReason::RecvTruncated);
-                continue;
-            };
             let local_ip = match meta.local_ip {
                 // A dual-stack socket reports IPv4 destinations both ways; keep the socket's
                 // family so `peer` and `local` agree.
@@ -719,46 +788,53 @@ impl UdpLink {
                 Some(ip) => ip,
                 None => self.local.ip(),
             };
-            let local = SocketAddr::new(local_ip, self.local.port());
-            let data = buf.get(..meta.len).unwrap_or_default();
-            // A coalesced `UDP_GRO` buffer: datagrams of `segment` bytes, the last maybe
-            // shorter (`net/ipv4/udp_offload.c: udp_gro_receive()`).
-            let segment = match meta.segment {
-                Some(segment) if segment < data.len() => {
-                    self.counts.gro_buffers += 1;
-                    segment
+            each(DatagramView {
+                peer,
+                local: Some(SocketAddr::new(local_ip, self.local.port())),
+                payload: chunk,
+            });
+            delivered += 1;
+        }
+        self.counts.received += delivered as u64;
+        Ok(delivered)
+    }
+
+    /// Receives like [`Link::recv`], handing each datagram to `each`: the wait loop of
+    /// `recv` and `recv_each`.
+    fn recv_loop(
+        &mut self,
+        max: usize,
+        timeout: Option<Duration>,
+        each: &mut dyn FnMut(DatagramView<'_>),
+    ) -> io::Result<usize> {
+        // Read the clock only once the socket was found empty: a loaded receiver never waits.
+        let mut start = None;
+        loop {
+            let n = self.recv_once_each(max, each)?;
+            if n > 0 || max == 0 {
+                return Ok(n);
+            }
+            let remaining = match timeout {
+                Some(t) => {
+                    let elapsed = start.get_or_insert_with(Instant::now).elapsed();
+                    if elapsed >= t {
+                        return Ok(0);
+                    }
+                    Some(t - elapsed)
                 }
-                _ => data.len().max(1),
+                None => None,
             };
-            // `chunks` yields nothing for a zero-length datagram: deliver it once.
-            let parts = std::iter::once(data)
-                .filter(|d| d.is_empty())
-                .chain(data.chunks(segment));
-            for chunk in parts {
-                if chunk.len() > self.config.max_datagram_bytes {
-                    // What the kernel would have truncated without the larger GRO slots.
-                    self.counts.count_drop(UdpDropReason::RecvTruncated);
-                    continue;
-                }
-                let mut payload = self.pool.pop().unwrap_or_default();
-                payload.clear();
-                payload.extend_from_slice(chunk);
-                let d = Datagram {
-                    peer,
-                    local: Some(local),
-                    payload,
-                };
-                if delivered < max {
-                    out.push(d);
-                    delivered += 1;
-                } else {
-                    self.pending.push_back(d);
+            match self.config.poll_mode {
+                PollMode::BusyPoll => std::hint::spin_loop(),
+                PollMode::Blocking => {
+                    let mut fds = [PollFd::new(self.socket.as_fd(), PollFlags::POLLIN)];
+                    match poll(&mut fds, poll_timeout(remaining)) {
+                        Ok(_) | Err(Errno::EINTR) => {}
+                        Err(e) => return Err(e.into()),
+                    }
                 }
             }
         }
-        self.metas = metas;
-        self.counts.received += delivered as u64;
-        Ok(delivered)
     }
 
     /// Sends `group` (all with the same source `src`): runs that [`gso_run`] finds as one
@@ -962,7 +1038,7 @@ impl Link for UdpLink {
     /// otherwise [`Readiness::Idle`] (sleep on the socket). In [`PollMode::BusyPoll`] the
     /// link spins instead of sleeping: [`Readiness::Opaque`], so waits go through `recv`.
     fn readiness(&self) -> Readiness {
-        if !self.pending.is_empty() {
+        if self.has_unread() {
             return Readiness::Now;
         }
         match self.config.poll_mode {
@@ -1001,34 +1077,30 @@ impl Link for UdpLink {
         max: usize,
         timeout: Option<Duration>,
     ) -> io::Result<usize> {
-        // Read the clock only once the socket was found empty: a loaded receiver never waits.
-        let mut start = None;
-        loop {
-            let n = self.recv_once(out, max)?;
-            if n > 0 || max == 0 {
-                return Ok(n);
-            }
-            let remaining = match timeout {
-                Some(t) => {
-                    let elapsed = start.get_or_insert_with(Instant::now).elapsed();
-                    if elapsed >= t {
-                        return Ok(0);
-                    }
-                    Some(t - elapsed)
-                }
-                None => None,
-            };
-            match self.config.poll_mode {
-                PollMode::BusyPoll => std::hint::spin_loop(),
-                PollMode::Blocking => {
-                    let mut fds = [PollFd::new(self.socket.as_fd(), PollFlags::POLLIN)];
-                    match poll(&mut fds, poll_timeout(remaining)) {
-                        Ok(_) | Err(Errno::EINTR) => {}
-                        Err(e) => return Err(e.into()),
-                    }
-                }
-            }
-        }
+        let mut pool = std::mem::take(&mut self.pool);
+        let got = self.recv_loop(max, timeout, &mut |v| {
+            let mut payload = pool.pop().unwrap_or_default();
+            payload.clear();
+            payload.extend_from_slice(v.payload);
+            out.push(Datagram {
+                peer: v.peer,
+                local: v.local,
+                payload,
+            });
+        });
+        self.pool = pool;
+        got
+    }
+
+    /// Views into the receive buffers: a datagram is not copied out of its `UDP_GRO`
+    /// buffer (that copy was 4 % of a busy collector's CPU, BENCHMARKS.md).
+    fn recv_each(
+        &mut self,
+        max: usize,
+        timeout: Option<Duration>,
+        each: &mut dyn FnMut(DatagramView<'_>),
+    ) -> io::Result<usize> {
+        self.recv_loop(max, timeout, each)
     }
 }
 

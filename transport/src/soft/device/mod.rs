@@ -235,7 +235,6 @@ impl SoftDevice {
             link: Mutex::new(LinkState {
                 link,
                 tx: Vec::with_capacity(config.batch),
-                rx: Vec::with_capacity(config.batch),
                 spare: Vec::new(),
                 discarded: 0,
             }),

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::api::UcDropReason;
 use crate::soft::icrc;
-use crate::soft::link::{Datagram, Readiness};
+use crate::soft::link::{Datagram, DatagramView, Readiness};
 use crate::sync::lock;
 use crate::wake::{deadline_after, sleep_until, WakeFd};
 
@@ -304,27 +304,40 @@ impl Shared {
     pub(super) fn progress(&self, wait: Option<Duration>, block_on_link: bool) -> ProgressReport {
         let mut report = ProgressReport::default();
         self.run_timers();
-        let mut rx = {
-            let mut ls = match self.link.try_lock() {
-                Ok(ls) => ls,
-                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) if block_on_link => lock(&self.link),
-                Err(std::sync::TryLockError::WouldBlock) => {
-                    report.busy = true;
-                    return report;
-                }
-            };
-            report.sent = self.pump_tx(&mut ls);
-            let mut rx = std::mem::take(&mut ls.rx);
-            let batch = self.batch;
-            let received = ls.link.recv(&mut rx, batch, wait);
-            // Datagrams the link discarded (longer than its buffer) are not RoCEv2 packets.
-            let discarded = ls.link.recv_discarded();
-            if discarded > ls.discarded {
-                lock(&self.counters.drops).add(UcDropReason::Malformed, discarded - ls.discarded);
-                ls.discarded = discarded;
+        let mut ls = match self.link.try_lock() {
+            Ok(ls) => ls,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) if block_on_link => lock(&self.link),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                report.busy = true;
+                return report;
             }
-            if let Err(e) = received {
+        };
+        report.sent = self.pump_tx(&mut ls);
+        // Each datagram is processed where the link received it (a view into its receive
+        // buffers, copied only into the ring or receive buffer it is for), with the link
+        // held: a thread posting a send meanwhile finds it busy and leaves the send to the
+        // pump at the end of this round. One clock read for the round, at its first
+        // datagram: every datagram of one receive arrived by then (a clock read per packet
+        // was 3 % of a busy receive thread).
+        let mut now = None;
+        let received = ls.link.recv_each(self.batch, wait, &mut |d| {
+            self.receive(d, *now.get_or_insert_with(Instant::now));
+        });
+        // Datagrams the link discarded (longer than its buffer) are not RoCEv2 packets.
+        let discarded = ls.link.recv_discarded();
+        if discarded > ls.discarded {
+            lock(&self.counters.drops).add(UcDropReason::Malformed, discarded - ls.discarded);
+            ls.discarded = discarded;
+        }
+        match received {
+            Ok(n) => {
+                report.received = n;
+                self.counters
+                    .packets_received
+                    .fetch_add(n as u64, Ordering::Relaxed);
+            }
+            Err(e) => {
                 self.counters.link_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(device = %self.name, error = %e, "link recv failed");
                 drop(ls);
@@ -332,28 +345,12 @@ impl Shared {
                 if let Some(w) = wait.filter(|w| !w.is_zero()) {
                     std::thread::sleep(w);
                 }
+                self.flush_failed();
+                return report;
             }
-            rx
-        };
-        report.received = rx.len();
-        self.counters
-            .packets_received
-            .fetch_add(rx.len() as u64, Ordering::Relaxed);
-        // One clock read for the round: every datagram of one receive arrived by now (a
-        // clock read per packet was 3 % of a busy receive thread).
-        let now = Instant::now();
-        for d in &rx {
-            self.receive(d, now);
         }
         self.flush_failed();
-        if let Ok(mut ls) = self.link.try_lock() {
-            // The payload buffers go back to the link for its next receive.
-            for d in rx.drain(..) {
-                ls.link.recycle(d.payload);
-            }
-            ls.rx = rx;
-            report.sent += self.pump_tx(&mut ls);
-        }
+        report.sent += self.pump_tx(&mut ls);
         report
     }
 
@@ -371,13 +368,13 @@ impl Shared {
     }
 
     /// The receive path for one datagram (see the module docs), received by `now`.
-    pub(super) fn receive(&self, d: &Datagram, now: Instant) {
-        let Ok(pkt) = ParsedPacket::parse(&d.payload) else {
+    pub(super) fn receive(&self, d: DatagramView<'_>, now: Instant) {
+        let Ok(pkt) = ParsedPacket::parse(d.payload) else {
             self.count_device_drop(UcDropReason::Malformed);
             return;
         };
         let dst = d.local.unwrap_or(self.local);
-        if icrc::verify(&d.payload, d.peer, dst).is_err() {
+        if icrc::verify(d.payload, d.peer, dst).is_err() {
             self.count_device_drop(UcDropReason::BadIcrc);
             return;
         }

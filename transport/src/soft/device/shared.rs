@@ -115,7 +115,6 @@ pub(super) struct QpSlot {
 pub(super) struct LinkState {
     pub(super) link: Box<dyn Link>,
     pub(super) tx: Vec<Datagram>,
-    pub(super) rx: Vec<Datagram>,
     pub(super) spare: Vec<Vec<u8>>,
     /// `link.recv_discarded()` already counted as `malformed`.
     pub(super) discarded: u64,
