@@ -38,7 +38,7 @@
 //!   device/         the soft "NIC": SoftConfig, shared state, progress rounds (QPN demux,
 //!                   ICRC check, receive path), QP/CQ/MR/PD handles, progress modes
 //!   link.rs         the datagram Link trait and the in-memory MemoryLink
-//!   udp.rs          UdpLink (recvmmsg / sendmmsg) and the UdpSink baseline
+//!   udp/            UdpLink (recvmmsg / sendmmsg, GSO / GRO); sink.rs: the UdpSink baseline
 //!   fault.rs        seeded FaultInjector (drop, corrupt, duplicate, reorder, delay)
 //! verbs/            the libibverbs transport (feature `verbs`); ffi.rs holds all its unsafe
 //! wake.rs           eventfd waker and poll(2) sleep, shared by both transports
