@@ -248,8 +248,10 @@ pub enum ProgressSection {
     BusyPoll,
     /// No thread: the data-plane worker drives the device once per round, then processes
     /// what it received where it polls the CQs — one thread from the socket to the store,
-    /// no hand-off between cores; it sleeps on the socket when idle. The default: about
-    /// 16 % less CPU per frame than `thread` in the same build at 10 agents (BENCHMARKS.md).
+    /// no hand-off between cores. It never spins on an empty socket and sleeps on it when
+    /// idle; under a steady stream a round that found only a few packets pauses 50 µs so
+    /// the socket gathers a batch (frames wait up to about 0.1 ms longer). The default:
+    /// less CPU per frame than `thread` in the same build at 10 agents (BENCHMARKS.md).
     /// RC lanes' acknowledgements go out while the worker runs, so a worker stalled for
     /// longer than the agents' RC retry budget (`transport.rc`) ends their RC sessions.
     #[default]
