@@ -90,7 +90,7 @@ const ZERO_LENGTH_WRS: [RecvWr<'static>; POLL_BATCH] = [RecvWr {
 /// work before it blocks: a burst's next frames are taken without a
 /// wake-up, and an idle collector sleeps. Not on a driven soft device: there an empty
 /// round costs a `recvmmsg` that finds nothing and a `sched_yield`, and spinning took about
-/// a fifth of the worker's CPU at a million frames per second (7.7 frames per receive
+/// a fifth of the worker's CPU at a million frames per second (7.3 frames per receive
 /// instead of 61, BENCHMARKS.md), so the worker sleeps after its first empty round and the
 /// device's socket wakes it.
 pub const SPIN_AFTER_WORK: Duration = Duration::from_micros(50);

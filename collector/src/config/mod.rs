@@ -251,7 +251,8 @@ pub enum ProgressSection {
     /// no hand-off between cores. It never spins on an empty socket and sleeps on it when
     /// idle; under a steady stream a round that found only a few packets pauses 50 µs so
     /// the socket gathers a batch (frames wait up to about 0.1 ms longer). The default:
-    /// less CPU per frame than `thread` in the same build at 10 agents (BENCHMARKS.md).
+    /// 13–37 % more frames per collector CPU-second than `thread` in the same build at 10
+    /// agents (BENCHMARKS.md).
     /// RC lanes' acknowledgements go out while the worker runs, so a worker stalled for
     /// longer than the agents' RC retry budget (`transport.rc`) ends their RC sessions.
     #[default]
