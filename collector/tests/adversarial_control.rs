@@ -852,10 +852,17 @@ async fn many_lossy_streams_keep_reports_within_the_message_limit() {
     agent.advance_conn_seq(2 * u64::from(streams));
     agent.flush().await;
     eventually("every frame completed at the collector", || {
-        let text = running.render_metrics().ok()?;
-        (sample(&text, "uctel_collector_ring_slots_in_use{agent=\"wide\"}")?
-            >= 2.0 * f64::from(streams))
-        .then_some(())
+        let text = running.render_metrics().map_err(|e| e.to_string())?;
+        let waiting = sample(&text, "uctel_collector_ring_slots_in_use{agent=\"wide\"}");
+        if waiting.is_some_and(|w| w >= 2.0 * f64::from(streams)) {
+            return Ok(());
+        }
+        // What a timeout needs to be understood: how far it got and what was dropped.
+        let drops: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("uctel_collector_") && l.contains("dropped"))
+            .collect();
+        Err(format!("{waiting:?} of {} waiting; {drops:?}", 2 * streams))
     })
     .await;
     running.pause_worker(false);
