@@ -8,6 +8,10 @@
 //!
 //! # Receive path (per datagram)
 //!
+//! A round receives a batch with [`Link::recv_each`] and runs these steps on each datagram
+//! as a view into the link's receive buffers, while it holds the link (a post that finds the
+//! link busy leaves its packets to the pump at the end of the round):
+//!
 //! 1. Parse BTH/RETH/ImmDt (AETH for RC ACKs) by the transport bits of the opcode
 //!    ([`PacketRepr::parse`] for UC, [`RcPacketRepr::parse`] for RC) — failure: `malformed`
 //!    (device counter).
