@@ -152,8 +152,8 @@ impl Running {
     }
 
     /// Test hook: pause (true) or resume (false) the data-plane worker while the completion
-    /// worker keeps polling, so an agent that ignores credits laps the ring. Not for
-    /// production use.
+    /// worker keeps polling, so an agent that ignores credits laps the ring. Returns once
+    /// the worker has applied it. Not for production use.
     pub fn pause_worker(&self, paused: bool) {
         self.shared.plane.pause_worker(paused);
     }

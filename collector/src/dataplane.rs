@@ -94,6 +94,9 @@ const ZERO_LENGTH_WRS: [RecvWr<'static>; POLL_BATCH] = [RecvWr {
 /// instead of 61, BENCHMARKS.md), so the worker sleeps after its first empty round and the
 /// device's socket wakes it.
 pub const SPIN_AFTER_WORK: Duration = Duration::from_micros(50);
+/// Longest wait of [`DataPlane::pause_worker`] for the worker to apply a pause (it does
+/// between rounds, within milliseconds).
+const PAUSE_APPLIED_WITHIN: Duration = Duration::from_secs(10);
 /// A round of a driven soft device that received packets, but fewer than this, after a
 /// round that received some too, is followed by a [`COALESCE_WAIT`] pause.
 const COALESCE_BELOW_PACKETS: usize = 32;
@@ -343,7 +346,8 @@ enum WorkerCmd {
     /// The agent's heartbeat (the sequences it had sent by then).
     Heartbeat(u32, Box<Heartbeat>),
     Close(u32, Option<Goodbye>, oneshot::Sender<Option<CloseSummary>>),
-    Pause(bool),
+    /// Pause or resume, and say so once applied.
+    Pause(bool, std::sync::mpsc::Sender<()>),
 }
 
 impl std::fmt::Debug for WorkerCmd {
@@ -508,9 +512,14 @@ impl DataPlane {
 
     /// Test hook: pause (true) or resume (false) the worker's processing; it keeps polling
     /// the CQs and re-posting receive WRs, and the completions wait (`ring_slots_in_use`),
-    /// so an agent ignoring its credits laps the ring. Never needed in production.
+    /// so an agent ignoring its credits laps the ring. Never needed in production. Returns
+    /// once the worker has applied it (at most after [`PAUSE_APPLIED_WITHIN`]), so frames
+    /// sent afterwards find it paused; frames received before are processed as usual.
     pub fn pause_worker(&self, paused: bool) {
-        let _ = self.to_worker(WorkerCmd::Pause(paused));
+        let (tx, rx) = std::sync::mpsc::channel();
+        if self.to_worker(WorkerCmd::Pause(paused, tx)).is_ok() {
+            let _ = rx.recv_timeout(PAUSE_APPLIED_WITHIN);
+        }
     }
 
     /// Stops the worker and waits for it.
@@ -823,7 +832,10 @@ impl Worker {
                 });
                 let _ = reply.send(summary);
             }
-            WorkerCmd::Pause(p) => self.paused = p,
+            WorkerCmd::Pause(p, applied) => {
+                self.paused = p;
+                let _ = applied.send(());
+            }
         }
     }
 }
