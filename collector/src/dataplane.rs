@@ -43,8 +43,9 @@
 //!   completion polled before it and a close polls the connection's CQs a last time.
 //!
 //! **Idle means asleep** (DESIGN.md §2). The worker spins (polling, yielding the core) for at
-//! most [`SPIN_AFTER_WORK`] after its last work (not at all on a driven soft device), then arms every CQ on one
-//! [`CompletionChannel`] (`ibv_req_notify_cq`), polls them once more and sleeps in
+//! most [`SPIN_AFTER_WORK`] after its last work (not at all on a driven soft device, whose
+//! rounds under a steady stream are paced by `COALESCE_WAIT` instead), then arms every CQ
+//! on one [`CompletionChannel`] (`ibv_req_notify_cq`), polls them once more and sleeps in
 //! [`CompletionChannel::wait`] until a completion arrives, a command is sent or the next
 //! stats fold is due. A collector with no traffic wakes only for the stats folds, once a
 //! second.
@@ -513,7 +514,7 @@ impl DataPlane {
     /// Test hook: pause (true) or resume (false) the worker's processing; it keeps polling
     /// the CQs and re-posting receive WRs, and the completions wait (`ring_slots_in_use`),
     /// so an agent ignoring its credits laps the ring. Never needed in production. Returns
-    /// once the worker has applied it (at most after [`PAUSE_APPLIED_WITHIN`]), so frames
+    /// once the worker has applied it (at most after `PAUSE_APPLIED_WITHIN`, 10 s), so frames
     /// sent afterwards find it paused; frames received before are processed as usual.
     pub fn pause_worker(&self, paused: bool) {
         let (tx, rx) = std::sync::mpsc::channel();
