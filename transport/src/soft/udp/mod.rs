@@ -293,29 +293,32 @@ struct RecvCursor {
     meta: usize,
     /// Byte offset into that buffer.
     offset: usize,
-    /// The buffer's checks (truncation, source, GRO count) were done.
-    checked: bool,
 }
 
 impl RecvCursor {
-    fn next_meta(&mut self) {
+    /// On to the start of the next buffer.
+    fn next_buffer(&mut self) {
         *self = RecvCursor {
             meta: self.meta + 1,
-            ..RecvCursor::default()
+            offset: 0,
         };
     }
 }
 
-/// Metadata of one received datagram, copied out of the `recvmmsg` results.
+/// A received buffer that passed the checks (not truncated, a source reported), with what
+/// every datagram in it shares, settled once when the `recvmmsg` results are read.
 #[derive(Debug)]
 struct RecvMeta {
+    /// Index into the receive buffers.
     index: usize,
     len: usize,
-    peer: Option<SocketAddr>,
-    local_ip: Option<IpAddr>,
-    truncated: bool,
-    /// Segment size from a `UDP_GRO` control message: the buffer holds several datagrams.
-    segment: Option<usize>,
+    peer: SocketAddr,
+    /// The destination, in the socket's family.
+    local: SocketAddr,
+    /// Length of each datagram in the buffer (the last may be shorter): the `UDP_GRO`
+    /// segment size of a coalesced buffer, else the whole length (at least 1, so that a
+    /// zero-length datagram is handed out once).
+    segment: usize,
 }
 
 fn invalid(msg: String) -> io::Error {
@@ -657,6 +660,8 @@ impl UdpLink {
             ]),
         );
         let mut metas = std::mem::take(&mut self.metas);
+        // Buffers the call returned, whether they pass the checks or not.
+        let mut received = 0;
         {
             let mut iovs: Vec<[IoSliceMut<'_>; 1]> = self
                 .bufs
@@ -677,6 +682,7 @@ impl UdpLink {
                 Err(e) => return Err(e.into()),
             };
             for (index, msg) in results.enumerate() {
+                received += 1;
                 let mut local_ip = None;
                 let mut segment = None;
                 if let Ok(cmsgs) = msg.cmsgs() {
@@ -697,25 +703,45 @@ impl UdpLink {
                         }
                     }
                 }
+                let peer = msg.address.as_ref().and_then(to_socket_addr);
+                let Some(peer) = peer.filter(|_| !msg.flags.contains(MsgFlags::MSG_TRUNC)) else {
+                    // A UDP socket always reports the source; a datagram without one is
+                    // counted like a truncated one rather than trusted.
+                    self.counts.count_drop(UdpDropReason::RecvTruncated);
+                    continue;
+                };
+                let local_ip = match local_ip {
+                    // A dual-stack socket reports IPv4 destinations both ways; keep the
+                    // socket's family so `peer` and `local` agree.
+                    Some(IpAddr::V4(v4)) if self.local.is_ipv6() => IpAddr::V6(v4.to_ipv6_mapped()),
+                    Some(ip) => ip,
+                    None => self.local.ip(),
+                };
+                let segment = match segment {
+                    Some(segment) if segment < msg.bytes => {
+                        self.counts.gro_buffers += 1;
+                        segment
+                    }
+                    _ => msg.bytes.max(1),
+                };
                 metas.push(RecvMeta {
                     index,
                     len: msg.bytes,
-                    peer: msg.address.as_ref().and_then(to_socket_addr),
-                    local_ip,
-                    truncated: msg.flags.contains(MsgFlags::MSG_TRUNC),
+                    peer,
+                    local: SocketAddr::new(local_ip, self.local.port()),
                     segment,
                 });
             }
         }
-        if !metas.is_empty() {
+        if received > 0 {
             self.counts.recv_calls += 1;
         }
         // Adapt only when the slots, not the caller's `max`, bounded this call.
-        if !metas.is_empty() && n == self.recv_slots {
+        if received > 0 && n == self.recv_slots {
             let full = self.bufs.len().max(1);
-            self.recv_slots = if metas.len() >= n {
+            self.recv_slots = if received >= n {
                 (n * 2).min(full)
-            } else if metas.len() * 2 < n {
+            } else if received * 2 < n {
                 (n / 2).clamp(MIN_RECV_SLOTS.min(full), full)
             } else {
                 n.max(MIN_RECV_SLOTS.min(full))
@@ -748,54 +774,29 @@ impl UdpLink {
             let Some(meta) = self.metas.get(self.cursor.meta) else {
                 break;
             };
-            if self.cursor.offset == 0 && !self.cursor.checked {
-                self.cursor.checked = true;
-                if meta.truncated || meta.peer.is_none() {
-                    // A UDP socket always reports the source; a datagram without one is
-                    // counted like a truncated one rather than trusted.
-                    self.counts.count_drop(UdpDropReason::RecvTruncated);
-                    self.cursor.next_meta();
-                    continue;
-                }
-                if meta.segment.is_some_and(|s| s < meta.len) {
-                    self.counts.gro_buffers += 1;
-                }
-            }
-            let (Some(peer), Some(buf)) = (meta.peer, self.bufs.get(meta.index)) else {
+            let Some(data) = self.bufs.get(meta.index).and_then(|b| b.get(..meta.len)) else {
+                // Never: `recvmmsg` filled these buffers with these lengths.
                 self.counts.count_drop(UdpDropReason::RecvTruncated);
-                self.cursor.next_meta();
+                self.cursor.next_buffer();
                 continue;
             };
-            let data = buf.get(..meta.len).unwrap_or_default();
-            let segment = match meta.segment {
-                Some(segment) if segment < data.len() => segment,
-                _ => data.len().max(1),
-            };
             let start = self.cursor.offset.min(data.len());
-            let chunk = data
-                .get(start..start.saturating_add(segment).min(data.len()))
-                .unwrap_or_default();
+            let end = start.saturating_add(meta.segment).min(data.len());
+            let chunk = data.get(start..end).unwrap_or_default();
             // A zero-length datagram is handed out once, like any other.
-            if start + chunk.len() >= data.len() {
-                self.cursor.next_meta();
+            if end >= data.len() {
+                self.cursor.next_buffer();
             } else {
-                self.cursor.offset = start + chunk.len();
+                self.cursor.offset = end;
             }
             if chunk.len() > self.config.max_datagram_bytes {
                 // What the kernel would have truncated without the larger GRO slots.
                 self.counts.count_drop(UdpDropReason::RecvTruncated);
                 continue;
             }
-            let local_ip = match meta.local_ip {
-                // A dual-stack socket reports IPv4 destinations both ways; keep the socket's
-                // family so `peer` and `local` agree.
-                Some(IpAddr::V4(v4)) if self.local.is_ipv6() => IpAddr::V6(v4.to_ipv6_mapped()),
-                Some(ip) => ip,
-                None => self.local.ip(),
-            };
             each(DatagramView {
-                peer,
-                local: Some(SocketAddr::new(local_ip, self.local.port())),
+                peer: meta.peer,
+                local: Some(meta.local),
                 payload: chunk,
             });
             delivered += 1;
