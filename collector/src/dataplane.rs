@@ -111,6 +111,21 @@ const COALESCE_BELOW_PACKETS: usize = 32;
 /// waiting meanwhile (about 100 at a million per second) are a small part of the credit
 /// budget the socket buffer is sized for.
 const COALESCE_WAIT: Duration = Duration::from_micros(50);
+/// What one [`Worker::poll_all`] moved.
+#[derive(Clone, Copy, Debug)]
+struct Round {
+    /// Packets a driven soft device received and sent (0 on other devices).
+    packets: usize,
+    /// Completions taken from the CQs.
+    completions: usize,
+}
+
+impl Round {
+    fn moved_anything(self) -> bool {
+        self.packets + self.completions > 0
+    }
+}
+
 /// Whether a round of a driven device that received `packets`, after a round that received
 /// some (`receiving`), is followed by a [`COALESCE_WAIT`] pause.
 fn pause_after(packets: usize, receiving: bool) -> bool {
@@ -417,7 +432,6 @@ impl DataPlane {
             },
             telemetry,
             device_drops: DropCounters::default(),
-            round_packets: 0,
             channel: channel.clone(),
             wcs: vec![WorkCompletion::default(); POLL_BATCH],
         };
@@ -612,8 +626,6 @@ struct Worker {
     pending: Pending,
     telemetry: Telemetry,
     device_drops: DropCounters,
-    /// Packets a driven device received in this round's `drive`s.
-    round_packets: usize,
     /// Where the worker sleeps when every CQ is empty (`None`: it polls every
     /// [`FALLBACK_SLEEP`]).
     channel: Option<CompletionChannel>,
@@ -641,8 +653,8 @@ impl Worker {
             if !self.paused {
                 self.drain_pending();
             }
-            let got = self.poll_all();
-            active |= got > 0;
+            let round = self.poll_all();
+            active |= round.moved_anything();
             let stats_every = if active {
                 STATS_EVERY
             } else {
@@ -653,12 +665,11 @@ impl Worker {
                 active = false;
                 self.fold_stats();
             }
-            let packets = std::mem::take(&mut self.round_packets);
-            if pause_after(packets, receiving) {
+            if pause_after(round.packets, receiving) {
                 std::thread::sleep(COALESCE_WAIT);
             }
-            receiving = packets > 0;
-            if got > 0 {
+            receiving = round.packets > 0;
+            if round.moved_anything() {
                 idle_since = None;
                 continue;
             }
@@ -678,18 +689,18 @@ impl Worker {
 
     /// Drives a `driven` soft device (a no-op on other devices) before every
     /// [`DRIVE_EVERY_SESSIONS`] sessions and polls every session's CQs once; returns the
-    /// packets moved plus the completions taken.
-    fn poll_all(&mut self) -> usize {
-        let mut got = self.device.drive();
-        self.round_packets += got;
+    /// packets the device moved and the completions taken.
+    fn poll_all(&mut self) -> Round {
+        let mut round = Round {
+            packets: self.device.drive(),
+            completions: 0,
+        };
         let queue = self.paused || !self.pending.queue.is_empty();
         for (i, ws) in self.sessions.values_mut().enumerate() {
             if i > 0 && i % DRIVE_EVERY_SESSIONS == 0 {
-                let d = self.device.drive();
-                self.round_packets += d;
-                got += d;
+                round.packets += self.device.drive();
             }
-            got += poll_one(
+            round.completions += poll_one(
                 ws,
                 &mut self.wcs,
                 &mut self.pending,
@@ -697,7 +708,7 @@ impl Worker {
                 queue,
             );
         }
-        got
+        round
     }
 
     /// Arms every CQ on the completion channel, polls them once more (a completion that
@@ -716,7 +727,7 @@ impl Worker {
                 }
             }
         }
-        if self.poll_all() > 0 {
+        if self.poll_all().moved_anything() {
             return;
         }
         // A command sent after the loop's check wakes the channel, also before this wait
