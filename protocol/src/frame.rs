@@ -270,8 +270,8 @@ fn write_bytes(buf: &mut [u8], offset: usize, bytes: &[u8]) {
 ///
 /// `header` shorter than [`HEADER_LEN`] is treated as zero-padded; bytes past it are ignored.
 pub fn frame_crc32c(header: &[u8], payload: &[u8]) -> u32 {
-    // The header is copied with its CRC field zeroed, so that it takes one pass of the
-    // crate's 8-bytes-at-a-time loop instead of three short ones.
+    // The header is copied with its CRC field zeroed, so that it takes one pass instead of
+    // three short ones.
     let mut head = [0u8; HEADER_LEN];
     let n = header.len().min(HEADER_LEN);
     if let (Some(dst), Some(src)) = (head.get_mut(..n), header.get(..n)) {
@@ -280,7 +280,11 @@ pub fn frame_crc32c(header: &[u8], payload: &[u8]) -> u32 {
     if let Some(crc) = head.get_mut(field::CRC32C..field::RESERVED) {
         crc.fill(0);
     }
-    crc32c::crc32c_append(crc32c::crc32c(&head), payload)
+    let mut crc = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+    crc.update(&head);
+    crc.update(payload);
+    // A 32-bit CRC's value fits its 32 bits.
+    crc.finalize() as u32
 }
 
 /// The connection sequence of a frame at the start of `buf`, read without any check other
