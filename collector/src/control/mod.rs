@@ -54,6 +54,7 @@
 //! The rules of the conversation (handshake order and deadline, heartbeats, the dead-peer
 //! rule) are `uctel_protocol::session`'s sans-IO machines; the collector only drives them.
 
+mod cadence;
 mod handshake;
 mod lane;
 mod registry;

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use uctel_common::shutdown::ShutdownTrigger;
 
+use super::cadence::ReportClock;
 use crate::telemetry::Telemetry;
 
 /// At most one warning about connections of one agent id replacing each other per this
@@ -122,6 +123,8 @@ pub struct Registry {
     epochs: Mutex<HashMap<String, (u64, u64)>>,
     /// Agent id → when a replacement of a live connection was last logged.
     replaced_warned: Mutex<HashMap<String, Instant>>,
+    /// The grid that sessions' report ticks are laid on.
+    pub(super) reports: ReportClock,
 }
 
 impl Registry {

@@ -293,8 +293,16 @@ pub(super) async fn run_session(
         Instant::now(),
     );
     let dead_after = liveness.dead_after();
-    let mut report_tick = tokio::time::interval(report_every);
-    report_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // On the group's phase of the collector-wide grid (`cadence`); a late tick is skipped
+    // rather than moving the session off the grid.
+    let first_report = registry
+        .reports
+        .first_tick(id, report_every, Instant::now());
+    let mut report_tick = tokio::time::interval_at(
+        tokio::time::Instant::from_std(first_report),
+        report_every.max(Duration::from_millis(1)),
+    );
+    report_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut goodbye: Option<Goodbye> = None;
     // Why the agent is gone when it left without a `Goodbye` (`None`: it said goodbye, or
     // the collector ended the session, `ending`).
