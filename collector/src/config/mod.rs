@@ -592,7 +592,8 @@ pub struct ControlConfig {
     /// Heartbeat period in both directions. Default 5.
     pub heartbeat_interval_seconds: f64,
     /// Period of `Report`s to the agent (received, lost, consumed sequence = credits).
-    /// Default 1; lower means credits return faster.
+    /// Default 1; lower means credits return faster. Sessions report in groups of 64 on one
+    /// phase of the interval (one wake-up serves a group), the groups spread over it.
     pub report_interval_seconds: f64,
     /// The connection is torn down after this many heartbeat periods of silence. Default 3.
     pub dead_after_missed_heartbeats: u32,
