@@ -118,7 +118,6 @@ impl IdTables {
     }
 }
 
-#[derive(Default)]
 struct IdWay {
     tables: Option<Box<IdTables>>,
     /// The length of this way's last miss.
@@ -127,10 +126,19 @@ struct IdWay {
     solves: u32,
 }
 
+impl IdWay {
+    const EMPTY: IdWay = IdWay {
+        tables: None,
+        missed: None,
+        solves: 0,
+    };
+}
+
 thread_local! {
     static PREFIXES: RefCell<[Option<PrefixState>; PREFIX_WAYS]> =
         const { RefCell::new([const { None }; PREFIX_WAYS]) };
-    static ID_TABLES: RefCell<[IdWay; ID_WAYS]> = RefCell::new(Default::default());
+    // Both const-initialized: an access is no lazy-initialization check.
+    static ID_TABLES: RefCell<[IdWay; ID_WAYS]> = const { RefCell::new([IdWay::EMPTY; ID_WAYS]) };
 }
 
 #[cfg(test)]
