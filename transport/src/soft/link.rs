@@ -34,6 +34,15 @@ impl Datagram {
             payload,
         }
     }
+
+    /// This datagram as a [`DatagramView`].
+    pub fn view(&self) -> DatagramView<'_> {
+        DatagramView {
+            peer: self.peer,
+            local: self.local,
+            payload: &self.payload,
+        }
+    }
 }
 
 /// A received datagram borrowed from a link's receive buffers ([`Link::recv_each`]).
@@ -45,17 +54,6 @@ pub struct DatagramView<'a> {
     pub local: Option<SocketAddr>,
     /// The UDP payload.
     pub payload: &'a [u8],
-}
-
-impl Datagram {
-    /// This datagram as a [`DatagramView`].
-    pub fn view(&self) -> DatagramView<'_> {
-        DatagramView {
-            peer: self.peer,
-            local: self.local,
-            payload: &self.payload,
-        }
-    }
 }
 
 /// Whether a [`Link`] has something to receive, for a thread that sleeps without holding it
