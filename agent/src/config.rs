@@ -41,7 +41,7 @@
 //!       metric_relabel: { keep: "DCGM_FI_.*" }
 //! pacing: { frames_per_second: 20000, bytes_per_second: 50000000 }
 //! streams:
-//!   metrics: { data_path: write_with_imm, on_no_credit: drop, queue_records: 65536 }
+//!   metrics: { data_path: write_with_imm, on_no_credit: wait, queue_records: 65536 }
 //!   logs: { data_path: send, on_no_credit: wait, queue_records: 8192, reliability: uc }
 //! max_frame_bytes: 4096
 //! ```
@@ -176,7 +176,11 @@ pub struct CollectorSection {
     /// rate × report interval. Credits come back with each report, so the agent sends about
     /// its window per report interval at most: an agent with fast counters or log backlogs
     /// should announce what it sends (512 gives the largest default ring, 1,024 slots).
-    /// Default 32.
+    /// This is the first guess: the agent measures the frames it needs per report interval
+    /// (frames that waited for credit count double) and announces the larger of this and
+    /// the peak of its last session at each reconnect, so its ring grows to the bursts its
+    /// collections make. Until then the tail of a burst larger than the window waits for
+    /// the next grant (`streams.metrics.on_no_credit: wait`). Default 32.
     #[serde(default = "default_expected_fps")]
     pub expected_frames_per_second: u32,
 }
@@ -536,7 +540,7 @@ pub struct StreamsSection {
 
 fn metrics_stream() -> StreamSection {
     StreamSection {
-        on_no_credit: Some(OnNoCredit::Drop),
+        on_no_credit: Some(OnNoCredit::Wait),
         queue_records: Some(65536),
         ..StreamSection::default()
     }
@@ -602,8 +606,8 @@ impl StreamsSection {
     /// The out-of-credit behaviour of `stream`, defaults applied.
     pub fn on_no_credit(&self, stream: Stream) -> OnNoCredit {
         self.get(stream).on_no_credit.unwrap_or(match stream {
-            Stream::Metrics | Stream::FastCounters => OnNoCredit::Drop,
-            Stream::Logs => OnNoCredit::Wait,
+            Stream::FastCounters => OnNoCredit::Drop,
+            Stream::Metrics | Stream::Logs => OnNoCredit::Wait,
         })
     }
 
@@ -655,13 +659,17 @@ impl Reliability {
 #[serde(rename_all = "snake_case")]
 pub enum OnNoCredit {
     /// Keep framing; a frame that finds no credit is dropped at the source and counted
-    /// (`no_credit`). For state that is fresh or worthless: metrics (default for
-    /// `streams.metrics`).
+    /// (`no_credit`). For samples that are fresh or worthless within milliseconds (default
+    /// for `streams.fast_counters`).
     Drop,
     /// Take no more records while the frames already built would use up every credit; the
     /// records wait in the bounded source queue, and log lines beyond it in their files
-    /// (the tailer reads only what the queue holds). Nothing blocks and nothing queues
-    /// without bound; what overflows the queue is counted (`source_overflow`). Default for
+    /// (the tailer reads only what the queue holds), until the collector's next grant (an
+    /// agent out of credit asks for it at once, and gets it within half a report
+    /// interval). Nothing blocks and nothing queues without bound; what overflows the queue
+    /// is counted (`source_overflow`). Samples keep the time they were collected at. Default
+    /// for `streams.metrics` (a host collection is a burst that may be larger than the
+    /// window: its tail waits a fraction of a second instead of being dropped) and
     /// `streams.logs`.
     Wait,
 }
@@ -683,8 +691,8 @@ pub struct StreamSection {
     /// `write_with_imm` (default) or `send`.
     #[serde(default = "default_data_path")]
     pub data_path: DataPath,
-    /// `drop` or `wait` when out of credits; default `drop` for metrics, `wait` for logs
-    /// (see [`OnNoCredit`]).
+    /// `drop` or `wait` when out of credits; default `wait` for metrics and logs, `drop`
+    /// for fast counters (see [`OnNoCredit`]).
     #[serde(default)]
     pub on_no_credit: Option<OnNoCredit>,
     /// Capacity of the bounded queue between the sources and the sender, in records. A

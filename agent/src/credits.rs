@@ -185,9 +185,118 @@ impl Credits {
     }
 }
 
+/// The frames per second this agent needs, measured between the collector's reports, for
+/// the next `Hello.expected_frames_per_second` (DESIGN.md §4: rings are sized per agent from
+/// what it asks for at `Hello`).
+///
+/// The configured rate is a guess made before the agent ever ran; the pipeline knows what
+/// its collections cost. Each report closes a measurement: the frames posted since the
+/// previous one, over the longer of the time since then and the report interval (an early
+/// report half an interval later does not double the rate), doubled when frames found no
+/// credit meanwhile (the demand was larger than what was sent). The agent announces the
+/// largest of its configured rate, the peak of the previous session and the peak of this
+/// one, so after a reconnect (a collector restart, a pool move) its ring fits the bursts it
+/// makes; the peak of a session before the previous one no longer counts.
+///
+/// Sans-IO: the caller passes `now` and the frames posted so far in the session.
+#[derive(Debug, Clone, Default)]
+pub struct DemandMeter {
+    /// When the running measurement started, and the frames posted by then.
+    since: Option<(std::time::Instant, u64)>,
+    /// Frames found no credit during the running measurement.
+    starved: bool,
+    /// The peak of this session, frames per second.
+    current: u32,
+    /// The peak of the previous session, frames per second.
+    previous: u32,
+}
+
+impl DemandMeter {
+    /// A new session starts at `now`; nothing posted yet.
+    pub fn start_session(&mut self, now: std::time::Instant) {
+        // A session that ended before its first measurement leaves the older peak.
+        let last = std::mem::take(&mut self.current);
+        if last > 0 {
+            self.previous = last;
+        }
+        self.since = Some((now, 0));
+        self.starved = false;
+    }
+
+    /// Frames found no credit (the pipeline asked for an early report).
+    pub fn starved(&mut self) {
+        self.starved = true;
+    }
+
+    /// A report arrived at `now`, `sent` frames posted in this session so far, the collector
+    /// reporting every `interval`.
+    pub fn on_report(&mut self, now: std::time::Instant, sent: u64, interval: std::time::Duration) {
+        let Some((at, base)) = self.since else {
+            self.since = Some((now, sent));
+            return;
+        };
+        let elapsed = now.saturating_duration_since(at).max(interval);
+        let mut frames = sent.saturating_sub(base);
+        if self.starved {
+            frames = frames.saturating_mul(2);
+        }
+        if elapsed > std::time::Duration::ZERO {
+            #[allow(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                clippy::cast_precision_loss
+            )]
+            let fps = (frames as f64 / elapsed.as_secs_f64())
+                .ceil()
+                .min(f64::from(u32::MAX)) as u32;
+            self.current = self.current.max(fps);
+        }
+        self.since = Some((now, sent));
+        self.starved = false;
+    }
+
+    /// The rate to announce in `Hello`: the largest of `configured` and the measured peaks,
+    /// frames per second.
+    pub fn announce(&self, configured: u32) -> u32 {
+        configured.max(self.current).max(self.previous).max(1)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn demand_meter_announces_the_measured_burst_after_a_reconnect() {
+        use std::time::{Duration, Instant};
+        let second = Duration::from_secs(1);
+        let t0 = Instant::now();
+        let mut m = DemandMeter::default();
+        m.start_session(t0);
+        assert_eq!(m.announce(32), 32, "nothing measured yet");
+        // A collection of 60 frames in the first interval.
+        m.on_report(t0 + second, 60, second);
+        assert_eq!(m.announce(32), 60);
+        // Quiet intervals do not lower the peak.
+        m.on_report(t0 + 2 * second, 60, second);
+        assert_eq!(m.announce(32), 60);
+        // 56 frames, then out of credit, then an early report half an interval later: the
+        // demand is counted over a whole interval and doubled.
+        m.starved();
+        m.on_report(t0 + Duration::from_millis(2500), 116, second);
+        assert_eq!(m.announce(32), 112);
+        // The next session announces the previous session's peak from its start...
+        m.start_session(t0 + 3 * second);
+        assert_eq!(m.announce(32), 112);
+        // ...and a session that ended before any report keeps it.
+        m.start_session(t0 + 4 * second);
+        assert_eq!(m.announce(32), 112);
+        m.on_report(t0 + 5 * second, 10, second);
+        m.start_session(t0 + 6 * second);
+        // The 112 was two sessions ago; the last session measured 10.
+        assert_eq!(m.announce(32), 32);
+        assert_eq!(m.announce(8), 10);
+    }
 
     #[test]
     fn a_grant_limits_below_the_window_and_a_lower_one_takes_credit_back() {

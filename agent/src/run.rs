@@ -49,6 +49,7 @@ use uctel_transport::api::QpType;
 
 use crate::config::{faults_enabled, seconds, AgentConfig, DataPath, TokenError, TransportKind};
 use crate::control::{ControlConn, ControlError, HandshakeFailure};
+use crate::credits::DemandMeter;
 use crate::datapath::{DataPlane, DataPlaneError};
 use crate::lane::{self, LaneError, RcLane};
 use crate::pool::{self, Pool, PoolMetrics, SwitchReason};
@@ -297,6 +298,8 @@ struct Connector {
     leaving: SwitchReason,
     /// A collector ranked above the one that welcomed us refused us on this walk.
     refused_on_walk: bool,
+    /// The frames per second the sessions needed: `Hello.expected_frames_per_second`.
+    demand: DemandMeter,
 }
 
 fn lock_pool(pool: &std::sync::Mutex<Pool>) -> std::sync::MutexGuard<'_, Pool> {
@@ -314,6 +317,7 @@ impl Connector {
             last: None,
             leaving: SwitchReason::Lost,
             refused_on_walk: false,
+            demand: DemandMeter::default(),
         }
     }
 
@@ -539,6 +543,14 @@ fn hostname() -> String {
         .collect()
 }
 
+/// Frames `core` posted in its session, every stream.
+fn frames_sent(core: &SenderCore) -> u64 {
+    Stream::ALL
+        .iter()
+        .map(|s| core.stats().stream(*s).frames_sent)
+        .sum()
+}
+
 /// The send pipeline settings agreed in `welcome`.
 ///
 /// Frames are capped at the path MTU (the smaller of both QPs' MTUs): a frame is one UC
@@ -699,7 +711,11 @@ async fn session(
         transport: plane.transport() as i32,
         capabilities: config.streams.data_paths(),
         qp: Some(plane.endpoint()),
-        expected_frames_per_second: Some(config.collector.expected_frames_per_second.max(1)),
+        expected_frames_per_second: Some(
+            connector
+                .demand
+                .announce(config.collector.expected_frames_per_second),
+        ),
         rc_lane: rc_plane.as_ref().map(|p| lane::request(p, config)),
     };
     let welcome = conn
@@ -714,6 +730,8 @@ async fn session(
     let mut rc = RcLane::start(rc_plane, &welcome, &sender_config, config, epoch, stats)?;
     *welcomed = true;
     connector.welcomed(collector);
+    connector.demand.start_session(Instant::now());
+    let report_interval = Duration::from_millis(u64::from(welcome.report_interval_ms));
     let mut core = SenderCore::new(&sender_config, epoch, Instant::now(), stats.clone())
         .map_err(|e| SessionError::Welcome(e.to_string()))?;
     if let Some(g) = welcome.credit_grant {
@@ -738,6 +756,7 @@ async fn session(
         max_frame_bytes = sender_config.limits.max_frame_bytes,
         rc_slots = welcome.rc_lane.as_ref().filter(|_| rc.is_some()).map(|l| l.slots),
         rc_credit_window = rc.as_ref().map(|l| l.credit_window),
+        announced_frames_per_second = connector.demand.announce(config.collector.expected_frames_per_second),
         "connected to the collector"
     );
 
@@ -800,7 +819,11 @@ async fn session(
             break SessionEnd::Lost("posting to the RC QP failed".into());
         }
         let rc_credit = rc.as_mut().is_some_and(|l| l.core.take_credit_heartbeat());
-        if core.take_credit_heartbeat() | rc_credit {
+        let uc_credit = core.take_credit_heartbeat();
+        if uc_credit {
+            connector.demand.starved();
+        }
+        if uc_credit | rc_credit {
             // Out of credit with frames to send, or a window taken back: tell the
             // collector now rather than at the next heartbeat (it answers with a report).
             // The heartbeat counter is repeated: this is not a period of its own.
@@ -843,6 +866,7 @@ async fn session(
                     Ok(m) => match m.body {
                         Some(Body::Report(r)) => {
                             let _ = core.on_report(&r);
+                            connector.demand.on_report(Instant::now(), frames_sent(&core), report_interval);
                             if let Some(l) = rc.as_mut() {
                                 l.on_report(&r);
                             }

@@ -243,7 +243,9 @@ async fn without_reports_the_window_caps_frames_and_the_rest_is_dropped_no_credi
     })
     .await;
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let cfg = config(fake.addr, dir.path(), "");
+    let mut cfg = config(fake.addr, dir.path(), "");
+    // Metrics wait for credit by default; this is the stream that drops instead.
+    cfg.streams.metrics.on_no_credit = Some(uctel_agent::config::OnNoCredit::Drop);
     let agent = RunningAgent::start(cfg);
     let stats = agent.stats.clone();
     until("no_credit drops", Duration::from_secs(10), || {
@@ -264,6 +266,49 @@ async fn without_reports_the_window_caps_frames_and_the_rest_is_dropped_no_credi
         .unwrap_or_else(|| panic!("no session"));
     assert_eq!(s.frames.len(), 4);
     assert_eq!(s.goodbye.and_then(|g| g.final_conn_seq), Some(3));
+}
+
+/// A host collection larger than the credit window, at the defaults: its tail waits for the
+/// next grant instead of being dropped (`streams.metrics.on_no_credit` defaults to `wait`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_a_collection_larger_than_the_window_waits_for_credit_and_nothing_drops() {
+    let mut fake = support::start(support::FakeConfig {
+        credit_window: 4,
+        report_interval: Duration::from_millis(200),
+        mtu_bytes: 1024,
+        ..support::FakeConfig::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let cfg = config(fake.addr, dir.path(), "");
+    assert_eq!(
+        cfg.streams.on_no_credit(Stream::Metrics),
+        uctel_agent::config::OnNoCredit::Wait
+    );
+    let agent = RunningAgent::start(cfg);
+    let stats = agent.stats.clone();
+    // Three windows' worth: the collection went out over several grants.
+    until(
+        "a collection larger than the window sent",
+        Duration::from_secs(20),
+        || stats.frames_sent(Stream::Metrics) >= 12,
+    )
+    .await;
+    // Before the stop (which counts what still waits as `shutdown`): nothing dropped.
+    let dropped: Vec<(DropReason, u64)> = DropReason::ALL
+        .iter()
+        .map(|r| (*r, stats.records_dropped(Stream::Metrics, *r)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    assert!(dropped.is_empty(), "metric records dropped: {dropped:?}");
+    let summary = agent.stop().await;
+    assert_eq!(summary.sessions, 1);
+    let s = fake
+        .sessions
+        .recv()
+        .await
+        .unwrap_or_else(|| panic!("no session"));
+    assert!(s.violations.is_empty(), "{:?}", s.violations);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

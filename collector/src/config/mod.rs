@@ -192,8 +192,12 @@ pub struct SoftSection {
     pub bind: SocketAddr,
     /// Address agents send to when `bind` is a wildcard address; default the bind address.
     pub advertise_addr: Option<SocketAddr>,
-    /// Largest path MTU offered: 256, 512, 1024 (default; rxe's MTU on a 1500-byte netdev),
-    /// 2048 or 4096. The QP uses the smaller of both sides'.
+    /// Largest path MTU offered: 256, 512, 1024, 2048 or 4096 (default, as the agent's).
+    /// The QP uses the smaller of both sides'. The soft transport's packets are UDP
+    /// datagrams, which IP fragments on a 1500-byte link: set 1024 (rxe's MTU on a
+    /// 1500-byte netdev, and a RoCE NIC's there) where fragments are unwelcome; the agents'
+    /// frames then hold a quarter as much, and their rings follow (the agent announces the
+    /// frame rate it measured).
     pub mtu_bytes: u32,
     /// How the device makes progress.
     pub progress: ProgressSection,
@@ -270,6 +274,11 @@ pub enum PollModeSection {
     BusyPoll,
 }
 
+/// The collector's default `transport.soft.mtu_bytes`: the agent's default too, so a
+/// default pair frames a host collection in 4 KiB packets (RoCEv2 over the soft transport is
+/// UDP, which IP fragments where a link's MTU is smaller).
+pub const DEFAULT_MTU_BYTES: u32 = 4096;
+
 /// The collector's default `transport.soft.recv_buffer_bytes`: the credit budget.
 pub const DEFAULT_RECV_BUFFER_BYTES: usize = 32 << 20;
 
@@ -278,6 +287,7 @@ impl Default for SoftSection {
         SoftSection {
             progress: ProgressSection::default(),
             recv_buffer_bytes: Some(DEFAULT_RECV_BUFFER_BYTES),
+            mtu_bytes: DEFAULT_MTU_BYTES,
             ..SoftSection::from(&SoftConfig::default())
         }
     }
