@@ -22,7 +22,9 @@
 //! - **Never blocks, never queues unboundedly.** The ready queue holds at most
 //!   `ready_frames` frames per stream; the caller stops pulling records from the source queues
 //!   when [`SenderCore::wants_records`] is false, so the overflow is counted where records
-//!   wait (`source_overflow`). A frame finding no credit is dropped.
+//!   wait (`source_overflow`). A frame finding no credit is dropped, except on a stream that
+//!   waits for credit, and except an idle heartbeat (no records), which waits for credit on
+//!   every stream.
 //! - **Every record is accounted.** Per stream, records pushed = records sent + records
 //!   dropped (by reason) + records pending ([`SenderCore::pending_records`]).
 //! - **Fair between streams.** Ready frames are taken round-robin across streams.
@@ -654,13 +656,16 @@ impl SenderCore {
         self.timers(now, unix_ns);
         loop {
             // Without credit, a stream that waits for credit keeps its frames (bounded by
-            // `ready_frames`) until a report; the others drop theirs at the source.
+            // `ready_frames`) until a report; the others drop theirs at the source. A frame
+            // without records (an idle stream's heartbeat, at most one per idle period)
+            // waits on every stream: dropping it would count a frame and lose nothing.
             let no_credit = self.credits.available() == 0;
             let Some(s) = (0..Stream::ALL.len())
                 .map(|i| (self.rr + i) % Stream::ALL.len())
                 .find(|&i| {
                     let st = &self.streams[i];
-                    let held = no_credit && st.wait_for_credit;
+                    let empty = st.ready.front().is_some_and(|p| p.records == 0);
+                    let held = no_credit && (st.wait_for_credit || empty);
                     !st.ready.is_empty() && !held
                 })
             else {
@@ -1174,6 +1179,38 @@ mod tests {
             6
         );
         assert_eq!(core.pending_records(Stream::Logs), 0);
+    }
+
+    #[test]
+    fn an_idle_heartbeat_without_credit_waits_instead_of_counting_a_dropped_frame() {
+        let t0 = Instant::now();
+        let sm = stats();
+        let mut cfg = config(1);
+        cfg.idle_heartbeat = Some(Duration::from_millis(100));
+        cfg.carries = [false, true, false];
+        let mut core = SenderCore::new(&cfg, 1, t0, sm.clone()).unwrap_or_else(|e| panic!("{e}"));
+        core.push_log(&log("takes the one credit"), t0, 1);
+        core.flush(Stream::Logs);
+        let (tx, _) = drain(&mut core, t0);
+        assert_eq!(tx.len(), 1);
+        // Idle past the heartbeat period, out of credit: the heartbeat is held, once.
+        let later = t0 + Duration::from_millis(150);
+        let (tx, _) = drain(&mut core, later);
+        assert!(tx.is_empty());
+        let (tx, _) = drain(&mut core, later + Duration::from_millis(150));
+        assert!(tx.is_empty());
+        assert_eq!(sm.frames_dropped(Stream::Logs, DropReason::NoCredit), 0);
+        assert_eq!(
+            core.ready_frames(),
+            1,
+            "one heartbeat held, not one per period"
+        );
+        // Credit back: it goes out, next in sequence.
+        assert_eq!(core.on_consumed(0), ReportOutcome::Advanced(1));
+        let (tx, _) = drain(&mut core, later + Duration::from_millis(200));
+        assert_eq!(tx.len(), 1);
+        assert_eq!(tx[0].records, 0);
+        assert_eq!(decode(&tx[0]).header.conn_seq, 1);
     }
 
     #[test]
