@@ -7,7 +7,10 @@
 //! * ClickHouse restarted (SIGTERM, start again) mid-run: every line is in the table or
 //!   counted dropped by the collector; duplicates only from retried `INSERT`s.
 //!
-//! One server for both phases (starting takes seconds); they run in one test, in turn.
+//! * Rows ClickHouse refuses (a value longer than its `FixedString` column) are dropped
+//!   and logged one by one; the other rows of their `INSERT`s are inserted.
+//!
+//! One server for the three phases (starting takes seconds); they run in one test, in turn.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -234,6 +237,76 @@ fn log_lines_land_in_clickhouse_once_with_the_json_lines_fields_and_survive_a_re
     assert!(
         total - table.len() as u64 <= retried,
         "duplicates beyond what retries explain"
+    );
+    stop(p);
+
+    // Phase 3: rows ClickHouse refuses (a message longer than its FixedString column) cost
+    // only themselves: the other rows of their INSERTs are inserted.
+    let narrow = "logs_narrow";
+    ch.query(&format!(
+        "CREATE TABLE {narrow} (ts DateTime, ts_ns UInt64, agent String, instance String, \
+         stream String, stream_seq UInt64, severity String, source String, \
+         message FixedString(32), fields Nested(key String, value String)) \
+         ENGINE = MergeTree PARTITION BY toYYYYMM(ts) ORDER BY (agent, ts)"
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
+    let p = pipeline(&ch, narrow, &["ch-n"]);
+    let (good, bad) = (3000usize, [17usize, 1500, 2999]);
+    let mut text = String::new();
+    for k in 0..good {
+        if bad.contains(&k) {
+            text.push_str(&format!(
+                "line {k} is longer than the thirty-two bytes the column allows\n"
+            ));
+        } else {
+            text.push_str(&format!("short line {k}\n"));
+        }
+    }
+    {
+        use std::io::Write;
+        let path = &p.agents[0].options.log_file;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        f.write_all(text.as_bytes())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    }
+    wait_for("every line settled", UP, tick(), || {
+        let s = p.scrape()?;
+        let rows_in = s.sum("uctel_collector_clickhouse_rows_in_total", &[]) as u64;
+        let pending = s.sum("uctel_collector_clickhouse_rows_pending", &[]) as u64;
+        (rows_in == good as u64 && pending == 0)
+            .then_some(())
+            .ok_or(format!("{rows_in} in, {pending} pending"))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", p.collector.log_tail(30), ch.log_tail()));
+    let s = p.scrape().expect("scrape");
+    let refused = s.sum(
+        "uctel_collector_clickhouse_rows_dropped_total",
+        &[("reason", "rejected")],
+    ) as u64;
+    let inserted = s.sum("uctel_collector_clickhouse_rows_inserted_total", &[]) as u64;
+    let stored = count(&ch, narrow);
+    println!(
+        "narrow column: {good} lines, {inserted} inserted, {stored} stored, {refused} refused"
+    );
+    assert_eq!(refused, bad.len() as u64, "rows refused");
+    assert_eq!(inserted, (good - bad.len()) as u64, "rows inserted");
+    assert_eq!(stored, inserted, "rows in the table");
+    let log = p.collector.log_tail(400);
+    let logged: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("ClickHouse refused a row") && l.contains("agent ch-n"))
+        .collect();
+    assert_eq!(
+        logged.len(),
+        bad.len(),
+        "one log line per refused row:\n{log}"
+    );
+    assert!(
+        logged.iter().all(|l| l.contains("stream_seq")),
+        "{logged:?}"
     );
     stop(p);
     ch.stop();

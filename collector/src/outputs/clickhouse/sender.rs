@@ -16,6 +16,16 @@
 //!   backoff). Nothing else is sent meanwhile; new rows wait in the bounded queue.
 //! * Any other status (4xx): rejected.
 //!
+//! **One refused row costs only itself.** ClickHouse applies an `INSERT` whole or not at
+//! all, so one row that does not fit the table (a value too long for a `FixedString`, a
+//! number out of range: the codes of [`ROW_CODES`], or a 4xx without a code) refuses the
+//! rows beside it too. Such an `INSERT` is split and its parts sent again: around the row
+//! the answer names (`(at row N)`, which ClickHouse writes for parse errors), else in
+//! halves, as often as it takes (about 2·log2(n) requests for one bad row among n), so
+//! the good rows are inserted and each refused row is dropped (`rejected`) alone and
+//! logged with its agent, source and `stream_seq`. A refusal that concerns the whole
+//! request (no such table, authentication, syntax) drops the whole `INSERT` at once.
+//!
 //! A retry can insert rows twice: when the server applied an `INSERT` but its answer was
 //! lost (a reset, a timeout, a restart in between), the same rows are sent again. Only
 //! Replicated MergeTree tables deduplicate identical inserted blocks; a plain MergeTree
@@ -83,6 +93,45 @@ pub const RETRY_CODES: &[u32] = &[
 /// Codes meaning the table or database is not there.
 const MISSING_TABLE_CODES: &[u32] = &[60, 81];
 
+/// Codes of [`REJECT_CODES`] that may concern some rows only (a value that does not parse or
+/// fit its column): the rest of the `INSERT` is sent again without them.
+pub const ROW_CODES: &[u32] = &[
+    6, 25, 26, 27, 38, 41, 53, 69, 70, 72, 117, 130, 131, 190, 321, 349, 366,
+];
+
+/// The 1-based row of the `INSERT` a refusal names (`(at row 1001)`, written by ClickHouse
+/// for parse errors since long before 18.16), if it names one.
+pub fn named_row(body: &str) -> Option<usize> {
+    let at = body.find("at row ")?;
+    let digits = &body[at + 7..];
+    let end = digits
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(digits.len());
+    digits[..end].parse().ok().filter(|n| *n > 0)
+}
+
+/// The parts to send again of the rows `range` of a batch, refused as a whole for one of
+/// them: the rows before the named row (1-based within `range`), the named row alone, the
+/// rows after it; without a usable name, two halves. Empty parts are left out; each part is
+/// shorter than `range` (so splitting ends), in the order to send them.
+pub fn split(range: std::ops::Range<usize>, named: Option<usize>) -> Vec<std::ops::Range<usize>> {
+    let len = range.end.saturating_sub(range.start);
+    if len < 2 {
+        return vec![range];
+    }
+    let parts = match named.filter(|n| (1..=len).contains(n)) {
+        Some(n) => {
+            let at = range.start + n - 1;
+            vec![range.start..at, at..at + 1, at + 1..range.end]
+        }
+        None => {
+            let mid = range.start + len / 2;
+            vec![range.start..mid, mid..range.end]
+        }
+    };
+    parts.into_iter().filter(|r| !r.is_empty()).collect()
+}
+
 /// What to do with an answer that is not a success.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
@@ -139,7 +188,42 @@ pub(crate) struct Target {
 enum Outcome {
     Inserted,
     Retry(Option<Duration>, String),
-    Reject(Option<u32>, String),
+    Reject(Refusal),
+}
+
+/// A refused `INSERT`.
+struct Refusal {
+    /// ClickHouse's error code, if the answer has one.
+    code: Option<u32>,
+    /// The HTTP status.
+    status: u16,
+    /// The 1-based row the answer names.
+    row: Option<usize>,
+    /// Status and answer, for logs.
+    why: String,
+}
+
+impl Refusal {
+    /// Whether the refusal may concern some rows only: a code of [`ROW_CODES`], or a
+    /// 4xx without a code other than the request-wide 401, 403, 404 and 413.
+    fn by_row(&self) -> bool {
+        match self.code {
+            Some(c) => ROW_CODES.contains(&c),
+            None => !matches!(self.status, 401 | 403 | 404 | 413),
+        }
+    }
+}
+
+/// Agent, source and `stream_seq` of a row, for the log line of a refused row.
+fn describe_row(row: &Row) -> String {
+    let v: serde_json::Value = serde_json::from_slice(&row.json).unwrap_or_default();
+    format!(
+        "agent {}, source {}, stream_seq {}",
+        row.agent,
+        v.get("source").and_then(|s| s.as_str()).unwrap_or("?"),
+        v.get("stream_seq")
+            .map_or_else(|| "?".to_owned(), ToString::to_string)
+    )
 }
 
 /// Runs until `shutdown` fires and what is queued is sent or the grace period ends.
@@ -169,52 +253,75 @@ pub(crate) async fn run(target: Arc<Target>, queue: Arc<Queue>, mut shutdown: Sh
                 }
             }
         };
-        let body = body(&batch);
-        let mut backoff = Backoff::new(target.backoff.0, target.backoff.1);
-        loop {
-            let started = Instant::now();
-            let outcome = send(&target, body.clone()).await;
-            queue.counters.observe(started.elapsed().as_secs_f64());
-            match outcome {
-                Outcome::Inserted => {
-                    queue.settle_inserted(&batch);
-                    break;
-                }
-                Outcome::Reject(code, why) => {
-                    queue.settle_dropped(&batch, Dropped::Rejected, &why);
-                    if last_log.due("reject") {
-                        if code.is_some_and(|c| MISSING_TABLE_CODES.contains(&c)) {
-                            tracing::error!(url = %target.label, table = %target.table, rows = batch.len(), answer = %why, "ClickHouse has no such table; its rows are dropped and counted (uctel_collector_clickhouse_rows_dropped_total{{reason=\"rejected\"}}): create it with config/clickhouse/logs.sql (uctel-collector --print-clickhouse-schema)");
-                        } else {
-                            tracing::warn!(url = %target.label, table = %target.table, rows = batch.len(), answer = %why, "ClickHouse refused an INSERT; its rows are dropped (not retried) and counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"rejected\"}}");
+        // The parts of the batch still to send, the next one last (a refused part is split
+        // and its parts pushed back: module documentation).
+        let mut parts = vec![0..batch.len()];
+        let mut isolated = 0usize;
+        while let Some(range) = parts.pop() {
+            let part = &batch[range.clone()];
+            let body = body(part);
+            let mut backoff = Backoff::new(target.backoff.0, target.backoff.1);
+            loop {
+                let started = Instant::now();
+                let outcome = send(&target, body.clone()).await;
+                queue.counters.observe(started.elapsed().as_secs_f64());
+                match outcome {
+                    Outcome::Inserted => {
+                        queue.settle_inserted(part);
+                        break;
+                    }
+                    Outcome::Reject(r) if r.by_row() && part.len() > 1 => {
+                        // Send the rows again without the one that does not fit.
+                        let mut again = split(range.clone(), r.row);
+                        again.reverse();
+                        parts.extend(again);
+                        break;
+                    }
+                    Outcome::Reject(r) if r.by_row() => {
+                        queue.settle_dropped(part, Dropped::Rejected, &r.why);
+                        isolated += 1;
+                        tracing::warn!(url = %target.label, table = %target.table, row = %describe_row(&part[0]), answer = %r.why, "ClickHouse refused a row; it is dropped (not retried) and counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"rejected\"}}, the other rows of its INSERT are sent without it");
+                        break;
+                    }
+                    Outcome::Reject(r) => {
+                        queue.settle_dropped(part, Dropped::Rejected, &r.why);
+                        if last_log.due("reject") {
+                            if r.code.is_some_and(|c| MISSING_TABLE_CODES.contains(&c)) {
+                                tracing::error!(url = %target.label, table = %target.table, rows = part.len(), answer = %r.why, "ClickHouse has no such table; its rows are dropped and counted (uctel_collector_clickhouse_rows_dropped_total{{reason=\"rejected\"}}): create it with config/clickhouse/logs.sql (uctel-collector --print-clickhouse-schema)");
+                            } else {
+                                tracing::warn!(url = %target.label, table = %target.table, rows = part.len(), answer = %r.why, "ClickHouse refused an INSERT; its rows are dropped (not retried) and counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"rejected\"}}");
+                            }
                         }
+                        break;
                     }
-                    break;
-                }
-                Outcome::Retry(after, why) => {
-                    let delay = backoff.next_delay(after);
-                    if let Some(stop) = stop_at {
-                        if tokio::time::Instant::now() + delay >= stop {
-                            queue.settle_dropped(&batch, Dropped::Shutdown, &why);
-                            tracing::warn!(url = %target.label, rows = batch.len(), error = %why, "ClickHouse INSERT still failing at shutdown; its rows are counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"shutdown\"}}");
-                            break;
+                    Outcome::Retry(after, why) => {
+                        let delay = backoff.next_delay(after);
+                        if let Some(stop) = stop_at {
+                            if tokio::time::Instant::now() + delay >= stop {
+                                queue.settle_dropped(part, Dropped::Shutdown, &why);
+                                tracing::warn!(url = %target.label, rows = part.len(), error = %why, "ClickHouse INSERT still failing at shutdown; its rows are counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"shutdown\"}}");
+                                break;
+                            }
                         }
-                    }
-                    {
-                        let _st = queue.lock();
-                        queue.counters.retried(batch.len() as u64);
-                    }
-                    if last_log.due("retry") {
-                        tracing::warn!(url = %target.label, rows = batch.len(), error = %why, retry_in_ms = delay.as_millis() as u64, "ClickHouse INSERT failed; retrying");
-                    }
-                    tokio::select! {
-                        _ = tokio::time::sleep(delay) => {}
-                        _ = shutdown.wait(), if stop_at.is_none() => {
-                            stop_at = Some(tokio::time::Instant::now() + target.grace);
+                        {
+                            let _st = queue.lock();
+                            queue.counters.retried(part.len() as u64);
+                        }
+                        if last_log.due("retry") {
+                            tracing::warn!(url = %target.label, rows = part.len(), error = %why, retry_in_ms = delay.as_millis() as u64, "ClickHouse INSERT failed; retrying");
+                        }
+                        tokio::select! {
+                            _ = tokio::time::sleep(delay) => {}
+                            _ = shutdown.wait(), if stop_at.is_none() => {
+                                stop_at = Some(tokio::time::Instant::now() + target.grace);
+                            }
                         }
                     }
                 }
             }
+        }
+        if isolated > 0 {
+            tracing::warn!(url = %target.label, table = %target.table, rows = batch.len(), refused = isolated, inserted = batch.len() - isolated, "an INSERT had rows ClickHouse refused: those were dropped, the rest inserted");
         }
         if stop_at.is_some_and(|stop| tokio::time::Instant::now() >= stop) {
             let n = queue.drop_queued(Dropped::Shutdown, "not sent before shutdown");
@@ -264,13 +371,60 @@ async fn send(target: &Target, body: Vec<u8>) -> Outcome {
     let why = format!("{status}: {}", http::snippet(&text, 300));
     match classify(status.as_u16(), &text) {
         Verdict::Retry => Outcome::Retry(after, why),
-        Verdict::Reject => Outcome::Reject(error_code(&text), why),
+        Verdict::Reject => Outcome::Reject(Refusal {
+            code: error_code(&text),
+            status: status.as_u16(),
+            row: named_row(&text),
+            why,
+        }),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_part_splits_around_the_named_row_or_in_halves_and_always_shrinks() {
+        assert_eq!(
+            named_row("Code: 131, e.displayText() = DB::Exception: Too large value for FixedString(16): (at row 1001)"),
+            Some(1001)
+        );
+        assert_eq!(
+            named_row("Code: 27. DB::Exception: Cannot parse input (at row 0)"),
+            None
+        );
+        assert_eq!(named_row("Code: 27"), None);
+        assert_eq!(split(0..1001, Some(1001)), vec![0..1000, 1000..1001]);
+        assert_eq!(split(10..20, Some(1)), vec![10..11, 11..20]);
+        assert_eq!(split(10..20, Some(5)), vec![10..14, 14..15, 15..20]);
+        assert_eq!(split(10..20, Some(11)), vec![10..15, 15..20]);
+        assert_eq!(split(10..20, None), vec![10..15, 15..20]);
+        assert_eq!(split(10..11, None), vec![10..11]);
+        // One bad row among n: every part shrinks, and the requests stay near 2·log2(n).
+        for n in [2usize, 3, 1000, 1001, 4096] {
+            for bad in [0, n / 3, n - 1] {
+                let mut parts = vec![0..n];
+                let (mut requests, mut inserted, mut refused) = (0, 0, 0);
+                while let Some(r) = parts.pop() {
+                    requests += 1;
+                    if !r.contains(&bad) {
+                        inserted += r.len();
+                    } else if r.len() == 1 {
+                        refused += 1;
+                    } else {
+                        let mut again = split(r.clone(), None);
+                        assert!(again.iter().all(|p| p.len() < r.len()));
+                        again.reverse();
+                        parts.extend(again);
+                    }
+                }
+                assert_eq!((inserted, refused), (n - 1, 1), "n {n}, bad {bad}");
+                let bound = 2 * (usize::BITS - n.leading_zeros()) as usize + 1;
+                assert!(requests <= bound, "n {n}: {requests} requests > {bound}");
+            }
+        }
+    }
 
     #[test]
     fn error_codes_are_read_from_old_and_new_answers() {

@@ -119,11 +119,23 @@ async fn bad_data_answered_500_is_dropped_and_counted_not_retried() {
     let s = settled(&started.handle, 5).await;
     assert_eq!((s.rejected, s.inserted, s.retried), (5, 0, 0));
     tokio::time::sleep(Duration::from_millis(200)).await;
+    // Every row refused: the INSERT is split until each row was refused alone (2·5 − 1
+    // requests), and no request is ever sent twice.
     assert_eq!(
         server.requests.load(Ordering::SeqCst),
-        1,
-        "retried a rejected INSERT"
+        9,
+        "the parts of a refused INSERT"
     );
+    let bodies: Vec<String> = server
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, b)| b.clone())
+        .collect();
+    let distinct: std::collections::BTreeSet<&String> = bodies.iter().collect();
+    assert_eq!(distinct.len(), bodies.len(), "a refused part sent twice");
+    assert_eq!(bodies.iter().filter(|b| b.lines().count() == 1).count(), 5);
     assert_eq!(
         telemetry
             .agent("web-1")
