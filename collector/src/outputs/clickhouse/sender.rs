@@ -117,7 +117,7 @@ pub fn named_row(body: &str) -> Option<usize> {
 pub fn split(range: std::ops::Range<usize>, named: Option<usize>) -> Vec<std::ops::Range<usize>> {
     let len = range.end.saturating_sub(range.start);
     if len < 2 {
-        return vec![range];
+        return std::iter::once(range).collect();
     }
     let parts = match named.filter(|n| (1..=len).contains(n)) {
         Some(n) => {
@@ -255,7 +255,8 @@ pub(crate) async fn run(target: Arc<Target>, queue: Arc<Queue>, mut shutdown: Sh
         };
         // The parts of the batch still to send, the next one last (a refused part is split
         // and its parts pushed back: module documentation).
-        let mut parts = vec![0..batch.len()];
+        let mut parts: Vec<std::ops::Range<usize>> = Vec::new();
+        parts.push(0..batch.len());
         let mut isolated = 0usize;
         while let Some(range) = parts.pop() {
             let part = &batch[range.clone()];
@@ -404,7 +405,7 @@ mod tests {
         // One bad row among n: every part shrinks, and the requests stay near 2·log2(n).
         for n in [2usize, 3, 1000, 1001, 4096] {
             for bad in [0, n / 3, n - 1] {
-                let mut parts = vec![0..n];
+                let mut parts: Vec<std::ops::Range<usize>> = std::iter::once(0..n).collect();
                 let (mut requests, mut inserted, mut refused) = (0, 0, 0);
                 while let Some(r) = parts.pop() {
                     requests += 1;
