@@ -103,7 +103,21 @@ fn serve(stream: TcpStream, log: &Mutex<Vec<Seen>>, script: &[&str]) {
             });
             log.len()
         };
-        let answer = script[(n - 1).min(script.len() - 1)];
+        let mut answer = script[(n - 1).min(script.len() - 1)];
+        // `refuse cpu=V`: 400 for a request with a series labelled cpu="V", else 204.
+        if let Some(v) = answer.strip_prefix("refuse cpu=") {
+            let body = &log.lock().unwrap()[n - 1].body;
+            let req = prompb::decode_request(body).unwrap();
+            let refused = req
+                .timeseries
+                .iter()
+                .any(|t| t.labels.iter().any(|l| l.name == "cpu" && l.value == v));
+            answer = if refused {
+                "400 Bad Request"
+            } else {
+                "204 No Content"
+            };
+        }
         let (status, extra) = answer.split_once('|').unwrap_or((answer, ""));
         let text = "answer of the scripted server\n";
         let response = format!(
@@ -220,10 +234,42 @@ fn a_400_is_not_retried_and_its_samples_are_counted_failed() {
     let server = Scripted::start(vec!["400 Bad Request"]);
     let c = run(config(server.url()), 5, Duration::from_secs(10));
     std::thread::sleep(Duration::from_millis(300)); // a retry would have come by now
-    assert_eq!(server.seen().len(), 1);
+                                                    // Split until each sample was refused alone (2·5 − 1 requests), none sent twice.
+    let seen = server.seen();
+    assert_eq!(seen.len(), 9);
+    let bodies: std::collections::BTreeSet<&Vec<u8>> = seen.iter().map(|s| &s.body).collect();
+    assert_eq!(bodies.len(), seen.len(), "a refused request sent again");
     assert_eq!(c.failed_count(Failed::Rejected), 5);
     assert_eq!(c.retried.get(), 0);
     assert_eq!(c.samples_sent(), 0);
+}
+
+#[test]
+fn a_400_for_one_series_costs_only_its_samples() {
+    let server = Scripted::start(vec!["refuse cpu=3"]);
+    let c = run(config(server.url()), 8, Duration::from_secs(10));
+    assert_eq!(c.failed_count(Failed::Rejected), 1, "the refused series");
+    assert_eq!(c.samples_sent(), 7, "the other series of the request");
+    assert_eq!(c.retried.get(), 0);
+    // 8 samples, one refused: at most 2·log2(8) + 1 requests.
+    let seen = server.seen();
+    assert!(seen.len() <= 7, "{} requests", seen.len());
+    let mut sent = std::collections::BTreeSet::new();
+    for r in &seen {
+        for t in prompb::decode_request(&r.body).unwrap().timeseries {
+            let cpu = t
+                .labels
+                .iter()
+                .find(|l| l.name == "cpu")
+                .unwrap()
+                .value
+                .clone();
+            if cpu != "3" {
+                sent.insert(cpu);
+            }
+        }
+    }
+    assert_eq!(sent.len(), 7);
 }
 
 #[test]

@@ -286,6 +286,29 @@ impl LogLimiter {
     }
 }
 
+/// The parts to send again of the items `range` of a batch (rows of an `INSERT`, samples of
+/// a remote-write request), refused as a whole for one of them: the items before the named
+/// item (1-based within `range`), the named item alone, the items after it; without a
+/// usable name, two halves. Empty parts are left out; each part is
+/// shorter than `range` (so splitting ends), in the order to send them.
+pub fn split(range: std::ops::Range<usize>, named: Option<usize>) -> Vec<std::ops::Range<usize>> {
+    let len = range.end.saturating_sub(range.start);
+    if len < 2 {
+        return std::iter::once(range).collect();
+    }
+    let parts = match named.filter(|n| (1..=len).contains(n)) {
+        Some(n) => {
+            let at = range.start + n - 1;
+            vec![range.start..at, at..at + 1, at + 1..range.end]
+        }
+        None => {
+            let mid = range.start + len / 2;
+            vec![range.start..mid, mid..range.end]
+        }
+    };
+    parts.into_iter().filter(|r| !r.is_empty()).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

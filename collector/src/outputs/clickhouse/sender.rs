@@ -42,7 +42,7 @@ use uctel_common::shutdown::Shutdown;
 
 use super::metrics::Dropped;
 use super::queue::{Queue, Row};
-use crate::outputs::http::{self, Backoff};
+use crate::outputs::http::{self, split, Backoff};
 
 /// ClickHouse error codes after which the same `INSERT` is never sent again (names from
 /// ClickHouse's `src/Common/ErrorCodes.cpp`).
@@ -108,28 +108,6 @@ pub fn named_row(body: &str) -> Option<usize> {
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(digits.len());
     digits[..end].parse().ok().filter(|n| *n > 0)
-}
-
-/// The parts to send again of the rows `range` of a batch, refused as a whole for one of
-/// them: the rows before the named row (1-based within `range`), the named row alone, the
-/// rows after it; without a usable name, two halves. Empty parts are left out; each part is
-/// shorter than `range` (so splitting ends), in the order to send them.
-pub fn split(range: std::ops::Range<usize>, named: Option<usize>) -> Vec<std::ops::Range<usize>> {
-    let len = range.end.saturating_sub(range.start);
-    if len < 2 {
-        return std::iter::once(range).collect();
-    }
-    let parts = match named.filter(|n| (1..=len).contains(n)) {
-        Some(n) => {
-            let at = range.start + n - 1;
-            vec![range.start..at, at..at + 1, at + 1..range.end]
-        }
-        None => {
-            let mid = range.start + len / 2;
-            vec![range.start..mid, mid..range.end]
-        }
-    };
-    parts.into_iter().filter(|r| !r.is_empty()).collect()
 }
 
 /// What to do with an answer that is not a success.

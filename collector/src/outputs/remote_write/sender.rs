@@ -7,7 +7,13 @@
 //!   a delay (exponential backoff with full jitter; a 429's or 503's `Retry-After` is
 //!   honoured, cut to the largest backoff). The shard sends nothing else meanwhile, so its
 //!   series stay in order; new samples wait in its bounded queue (full: oldest dropped).
-//! * Any other status (400, 401, 404, 413, …): failed for good (`rejected`), never retried;
+//! * 400: the receiver refused some samples (Prometheus answers 400 for one sample out of
+//!   order or out of bounds and appends none of the request). The request is split in
+//!   halves and the halves sent in order, as often as it takes, so each refused sample is
+//!   failed alone (`rejected`) and the other series of the request are written: one
+//!   agent's late samples never cost another agent's. At most `MAX_SPLIT_REQUESTS` (128)
+//!   requests per batch; parts still refused after that fail whole.
+//! * Any other status (401, 404, 413, …): failed for good (`rejected`), never retried;
 //!   the answer is logged (rate-limited).
 //!
 //! At shutdown the shard gets a grace period to send what is queued; a request still
@@ -25,7 +31,7 @@ use uctel_common::shutdown::Shutdown;
 use super::metrics::{Dropped, Failed};
 use super::prompb::{self, Sample};
 use super::queue::{Queued, Shard};
-use crate::outputs::http::{self, Backoff};
+use crate::outputs::http::{self, split, Backoff};
 
 /// What every shard of an endpoint shares.
 #[derive(Debug)]
@@ -47,11 +53,17 @@ pub(crate) struct Target {
 /// The protocol's version header value (spec 1.0).
 const VERSION: &str = "0.1.0";
 
+/// Most requests one batch may take while its refused samples are isolated (a 400 that
+/// concerns many samples, e.g. a whole agent's samples out of order, then fails its parts
+/// whole rather than stalling the shard).
+pub(crate) const MAX_SPLIT_REQUESTS: usize = 128;
+
 /// A request's fate.
 enum Outcome {
     Sent,
     Retry(Option<Duration>, String),
-    Reject(String),
+    /// Refused: the HTTP status, the answer.
+    Reject(StatusCode, String),
 }
 
 /// Runs shard `index` until `shutdown` fires and the grace period ends.
@@ -100,59 +112,32 @@ pub(crate) async fn run(
                 }
             }
         };
-        let n = batch.len();
-        let newest = batch.iter().map(|q| q.sample.timestamp).max().unwrap_or(0);
-        let body = match encode(&batch, &mut scratch) {
-            // Shared, so that a retry does not copy the request.
-            Ok(b) => bytes::Bytes::from(b),
-            Err(e) => {
-                tracing::error!(url = %target.label, error = %e, "remote-write request not encoded; its samples are counted failed");
-                shard.lock().settle_failed(n, Failed::Rejected);
-                continue;
-            }
-        };
-        let mut backoff = Backoff::new(target.backoff.0, target.backoff.1);
-        loop {
-            let started = Instant::now();
-            let outcome = send(&target, body.clone()).await;
-            let counters = shard.lock().counters.clone();
-            counters.duration.observe(started.elapsed().as_secs_f64());
-            match outcome {
-                Outcome::Sent => {
-                    shard.lock().settle_sent(n, newest);
-                    break;
+        // The parts of the batch still to send, the next one last (a part refused with 400
+        // is split and its halves pushed back: module documentation).
+        let mut parts: Vec<std::ops::Range<usize>> = Vec::new();
+        parts.push(0..batch.len());
+        let (mut requests, mut isolated) = (0usize, 0usize);
+        while let Some(range) = parts.pop() {
+            let part = &batch[range.clone()];
+            requests += 1;
+            send_part(&target, &shard, index, part, &mut scratch, &mut last_log, &mut shutdown, &mut stop_at, &mut |refused: &str| {
+                if part.len() > 1 && requests < MAX_SPLIT_REQUESTS {
+                    let mut again = split(range.clone(), None);
+                    again.reverse();
+                    parts.extend(again);
+                    true
+                } else {
+                    if part.len() == 1 {
+                        isolated += 1;
+                        tracing::warn!(url = %target.label, shard = index, answer = %refused, "remote-write receiver refused a sample; it is failed alone (samples_failed_total{{reason=\"rejected\"}}), the rest of its request is sent without it");
+                    }
+                    false
                 }
-                Outcome::Reject(why) => {
-                    shard.lock().settle_failed(n, Failed::Rejected);
-                    if last_log.due("reject") {
-                        tracing::warn!(url = %target.label, shard = index, samples = n, answer = %why, "remote-write receiver rejected a request; its samples are dropped (not retried) and counted in samples_failed_total{{reason=\"rejected\"}}");
-                    }
-                    break;
-                }
-                Outcome::Retry(after, why) => {
-                    let delay = backoff.next_delay(after);
-                    if let Some(stop) = stop_at {
-                        if tokio::time::Instant::now() + delay >= stop {
-                            shard.lock().settle_failed(n, Failed::Shutdown);
-                            tracing::warn!(url = %target.label, shard = index, samples = n, error = %why, "remote-write request still failing at shutdown; its samples are counted in samples_failed_total{{reason=\"shutdown\"}}");
-                            break;
-                        }
-                    }
-                    {
-                        let st = shard.lock();
-                        st.counters.retried.inc_by(n as u64);
-                    }
-                    if last_log.due("retry") {
-                        tracing::warn!(url = %target.label, shard = index, samples = n, error = %why, retry_in_ms = delay.as_millis() as u64, "remote-write request failed; retrying");
-                    }
-                    tokio::select! {
-                        _ = tokio::time::sleep(delay) => {}
-                        _ = shutdown.wait(), if stop_at.is_none() => {
-                            stop_at = Some(tokio::time::Instant::now() + target.grace);
-                        }
-                    }
-                }
-            }
+            })
+            .await;
+        }
+        if isolated > 0 {
+            tracing::warn!(url = %target.label, shard = index, samples = batch.len(), refused = isolated, requests, "a remote-write request had samples the receiver refused: those failed, the rest was sent");
         }
         if let Some(stop) = stop_at {
             if tokio::time::Instant::now() >= stop {
@@ -161,6 +146,80 @@ pub(crate) async fn run(
                     tracing::warn!(url = %target.label, shard = index, samples = dropped, "remote-write samples not sent before shutdown; counted in samples_dropped_total{{reason=\"shutdown\"}}");
                 }
                 return;
+            }
+        }
+    }
+}
+
+/// Sends `part` until it is sent, failed or given up at shutdown, and settles it. A 400
+/// asks `split_refused` (with the answer) whether the part is split and sent again in
+/// parts (then it is not settled here).
+#[allow(clippy::too_many_arguments)]
+async fn send_part(
+    target: &Target,
+    shard: &Shard,
+    index: usize,
+    part: &[Queued],
+    scratch: &mut EncodeScratch,
+    last_log: &mut http::LogLimiter,
+    shutdown: &mut Shutdown,
+    stop_at: &mut Option<tokio::time::Instant>,
+    split_refused: &mut (dyn FnMut(&str) -> bool + Send),
+) {
+    let n = part.len();
+    let newest = part.iter().map(|q| q.sample.timestamp).max().unwrap_or(0);
+    let body = match encode(part, scratch) {
+        // Shared, so that a retry does not copy the request.
+        Ok(b) => bytes::Bytes::from(b),
+        Err(e) => {
+            tracing::error!(url = %target.label, error = %e, "remote-write request not encoded; its samples are counted failed");
+            shard.lock().settle_failed(n, Failed::Rejected);
+            return;
+        }
+    };
+    let mut backoff = Backoff::new(target.backoff.0, target.backoff.1);
+    loop {
+        let started = Instant::now();
+        let outcome = send(target, body.clone()).await;
+        let counters = shard.lock().counters.clone();
+        counters.duration.observe(started.elapsed().as_secs_f64());
+        match outcome {
+            Outcome::Sent => {
+                shard.lock().settle_sent(n, newest);
+                return;
+            }
+            Outcome::Reject(status, why) => {
+                if status == StatusCode::BAD_REQUEST && split_refused(&why) {
+                    return;
+                }
+                shard.lock().settle_failed(n, Failed::Rejected);
+                if n > 1 && last_log.due("reject") {
+                    tracing::warn!(url = %target.label, shard = index, samples = n, answer = %why, "remote-write receiver rejected a request; its samples are dropped (not retried) and counted in samples_failed_total{{reason=\"rejected\"}}");
+                }
+                return;
+            }
+            Outcome::Retry(after, why) => {
+                let delay = backoff.next_delay(after);
+                if let Some(stop) = *stop_at {
+                    if tokio::time::Instant::now() + delay >= stop {
+                        shard.lock().settle_failed(n, Failed::Shutdown);
+                        tracing::warn!(url = %target.label, shard = index, samples = n, error = %why, "remote-write request still failing at shutdown; its samples are counted in samples_failed_total{{reason=\"shutdown\"}}");
+                        return;
+                    }
+                }
+                {
+                    let st = shard.lock();
+                    st.counters.retried.inc_by(n as u64);
+                }
+                if last_log.due("retry") {
+                    tracing::warn!(url = %target.label, shard = index, samples = n, error = %why, retry_in_ms = delay.as_millis() as u64, "remote-write request failed; retrying");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown.wait(), if stop_at.is_none() => {
+                        *stop_at = Some(tokio::time::Instant::now() + target.grace);
+                    }
+                }
             }
         }
     }
@@ -252,6 +311,6 @@ async fn send(target: &Target, body: bytes::Bytes) -> Outcome {
     if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
         Outcome::Retry(after, why)
     } else {
-        Outcome::Reject(why)
+        Outcome::Reject(status, why)
     }
 }
