@@ -325,6 +325,35 @@ fn a_receiver_outage_is_survived_bounded_and_every_sample_accounted() {
         highest_pending <= capacity + 2 * 500,
         "pending reached {highest_pending}, bound {capacity} + in-flight"
     );
+    // The log says what was given up, with counts: at most one line per reason every 10 s
+    // for the endpoint (not one per shard), and one retry line per 10 s.
+    let log = p.collector.log();
+    let given_up: Vec<u64> = log
+        .lines()
+        .filter(|l| l.contains("remote-write output:") && l.contains("given up (queue_full)"))
+        .filter_map(|l| {
+            let after = l.split("remote-write output: ").nth(1)?;
+            after.split(' ').next()?.parse().ok()
+        })
+        .collect();
+    assert!(
+        !given_up.is_empty() && given_up.len() <= 4,
+        "{} queue_full lines in 30 s: {given_up:?}\n{}",
+        given_up.len(),
+        p.collector.log_tail(40)
+    );
+    assert!(
+        given_up.iter().sum::<u64>() <= during.dropped.get("queue_full").copied().unwrap_or(0),
+        "the lines count more than the counter: {given_up:?} vs {during:?}"
+    );
+    let retry_lines = log
+        .lines()
+        .filter(|l| l.contains("remote-write request failed; retrying"))
+        .count();
+    assert!(
+        (1..=4).contains(&retry_lines),
+        "{retry_lines} retry lines in 30 s with 2 shards"
+    );
     vm.restart();
     // It catches up: samples are sent again.
     let r = uctel_tests::wait_for(
@@ -343,6 +372,19 @@ fn a_receiver_outage_is_survived_bounded_and_every_sample_accounted() {
     if let Err(e) = r {
         panic!("{e}\n{}", p.collector.log_tail(30));
     }
+    uctel_tests::wait_for(
+        "the recovered line",
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        || {
+            p.collector
+                .log()
+                .contains("remote-write output recovered after")
+                .then_some(())
+                .ok_or_else(|| p.collector.log_tail(20))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     for a in &mut p.agents {
         a.daemon.stop(Duration::from_secs(30));
     }
@@ -368,6 +410,14 @@ fn a_receiver_outage_is_survived_bounded_and_every_sample_accounted() {
         f.samples_in
     );
     assert!(p.collector.is_running(), "the collector died");
+    p.collector.stop(Duration::from_secs(30));
+    let stopped = p
+        .collector
+        .log()
+        .lines()
+        .filter(|l| l.contains("remote-write output stopped:"))
+        .count();
+    assert_eq!(stopped, 1, "{}", p.collector.log_tail(10));
 }
 
 /// Kills the child on drop.

@@ -21,6 +21,7 @@ pub mod clickhouse;
 pub mod fast;
 pub mod http;
 pub mod remote_write;
+pub mod report;
 
 use std::io;
 use std::sync::{Arc, Mutex};

@@ -176,11 +176,39 @@ pub fn start(
         backoff: c.backoff(),
         grace: SHUTDOWN_GRACE.min(c.timeout()),
     });
-    let tasks = vec![tokio::spawn(sender::run(
-        target,
-        queue.clone(),
-        shutdown.clone(),
-    ))];
+    let report = {
+        let q = queue.clone();
+        move || {
+            let s = q.counters.snapshot();
+            crate::outputs::report::Tally {
+                delivered: s.inserted,
+                retried: s.retried,
+                pending: u64::try_from(s.pending).unwrap_or(0),
+                given_up: Dropped::ALL
+                    .iter()
+                    .map(|r| {
+                        let n = match r {
+                            Dropped::Rejected => s.rejected,
+                            Dropped::QueueFull => s.queue_full,
+                            Dropped::Shutdown => s.shutdown,
+                        };
+                        (r.as_str(), n)
+                    })
+                    .collect(),
+            }
+        }
+    };
+    let tasks = vec![
+        tokio::spawn(crate::outputs::report::run(
+            "ClickHouse",
+            label.clone(),
+            "rows",
+            report,
+            target.grace,
+            shutdown.clone(),
+        )),
+        tokio::spawn(sender::run(target, queue.clone(), shutdown.clone())),
+    ];
     tracing::info!(url = %label, table = %table_name(c), "ClickHouse log output started");
     Ok(Started {
         handle: ClickHouse { queue: Some(queue) },

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant, SystemTime};
 use uctel_common::shutdown::Shutdown;
 use uctel_protocol::borrowed::MetricBatchView;
 
-use self::metrics::{Counters, Dropped, Families};
+use self::metrics::{Counters, Dropped, Failed, Families};
 use self::queue::{Scratch, Shards};
 use self::sender::Target;
 use super::config::RemoteWriteConfig;
@@ -195,7 +195,16 @@ pub fn start(
             deadline: c.batch_deadline(),
             backoff: c.backoff(),
             grace: SHUTDOWN_GRACE.min(c.timeout()),
+            log: std::sync::Mutex::default(),
         });
+        tasks.push(tokio::spawn(crate::outputs::report::run(
+            "remote-write",
+            label.clone(),
+            "samples",
+            tally(shards.counters().clone()),
+            target.grace,
+            shutdown.clone(),
+        )));
         for (si, shard) in shards.shards.iter().enumerate() {
             tasks.push(tokio::spawn(sender::run(
                 target.clone(),
@@ -293,5 +302,25 @@ impl Collector for LockedCollector {
             .iter()
             .flat_map(|c| c.collect())
             .collect()
+    }
+}
+
+/// How an endpoint's counters read for the output log (`outputs::report`).
+fn tally(c: Arc<Counters>) -> impl Fn() -> crate::outputs::report::Tally + Send {
+    move || crate::outputs::report::Tally {
+        delivered: c.samples_sent(),
+        retried: c.retried.get(),
+        pending: u64::try_from(c.pending.get()).unwrap_or(0),
+        given_up: Dropped::ALL
+            .iter()
+            .map(|r| (r.as_str(), c.dropped(*r)))
+            .chain(Failed::ALL.iter().map(|r| {
+                let label = match r {
+                    Failed::Rejected => "rejected",
+                    Failed::Shutdown => "failed at shutdown",
+                };
+                (label, c.failed_count(*r))
+            }))
+            .collect(),
     }
 }

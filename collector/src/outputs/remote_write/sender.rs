@@ -48,6 +48,19 @@ pub(crate) struct Target {
     pub(crate) backoff: (Duration, Duration),
     /// Grace period at shutdown.
     pub(crate) grace: Duration,
+    /// The endpoint's log limiter, shared by its shards: one line per kind every 10 s for
+    /// the endpoint, not one per shard.
+    pub(crate) log: std::sync::Mutex<http::LogLimiter>,
+}
+
+impl Target {
+    /// Whether a line of `kind` may be logged for this endpoint now.
+    fn log_due(&self, kind: &'static str) -> bool {
+        self.log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .due(kind)
+    }
 }
 
 /// The protocol's version header value (spec 1.0).
@@ -74,7 +87,6 @@ pub(crate) async fn run(
     mut shutdown: Shutdown,
 ) {
     let mut scratch = EncodeScratch::default();
-    let mut last_log = http::LogLimiter::default();
     let mut stop_at: Option<tokio::time::Instant> = None;
     loop {
         // Wait until a request is due (full, deadline) or the collector stops.
@@ -120,7 +132,7 @@ pub(crate) async fn run(
         while let Some(range) = parts.pop() {
             let part = &batch[range.clone()];
             requests += 1;
-            send_part(&target, &shard, index, part, &mut scratch, &mut last_log, &mut shutdown, &mut stop_at, &mut |refused: &str| {
+            send_part(&target, &shard, index, part, &mut scratch, &mut shutdown, &mut stop_at, &mut |refused: &str| {
                 if part.len() > 1 && requests < MAX_SPLIT_REQUESTS {
                     let mut again = split(range.clone(), None);
                     again.reverse();
@@ -161,7 +173,6 @@ async fn send_part(
     index: usize,
     part: &[Queued],
     scratch: &mut EncodeScratch,
-    last_log: &mut http::LogLimiter,
     shutdown: &mut Shutdown,
     stop_at: &mut Option<tokio::time::Instant>,
     split_refused: &mut (dyn FnMut(&str) -> bool + Send),
@@ -193,7 +204,7 @@ async fn send_part(
                     return;
                 }
                 shard.lock().settle_failed(n, Failed::Rejected);
-                if n > 1 && last_log.due("reject") {
+                if n > 1 && target.log_due("reject") {
                     tracing::warn!(url = %target.label, shard = index, samples = n, answer = %why, "remote-write receiver rejected a request; its samples are dropped (not retried) and counted in samples_failed_total{{reason=\"rejected\"}}");
                 }
                 return;
@@ -211,7 +222,7 @@ async fn send_part(
                     let st = shard.lock();
                     st.counters.retried.inc_by(n as u64);
                 }
-                if last_log.due("retry") {
+                if target.log_due("retry") {
                     tracing::warn!(url = %target.label, shard = index, samples = n, error = %why, retry_in_ms = delay.as_millis() as u64, "remote-write request failed; retrying");
                 }
                 tokio::select! {
