@@ -91,11 +91,22 @@ impl From<RunError> for Fatal {
     }
 }
 
+/// Prints `text` on stdout: exit 0, also when the reader closed the pipe early
+/// (`--check-config | head`); 1 on any other write error.
+fn print_then(text: &str) -> ExitCode {
+    match uctel_common::stdout::print(text) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("uctel-agent: cannot write to stdout: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if cli.print_default_config {
-        print!("{}", uctel_agent::config::reference().default_yaml());
-        return ExitCode::SUCCESS;
+        return print_then(&uctel_agent::config::reference().default_yaml());
     }
     // Everything that can be checked without starting, reported together.
     let Some((mut config, directives)) = uctel_common::config::check_startup(
@@ -116,10 +127,12 @@ fn main() -> ExitCode {
         config.agent_id = id;
     }
     if cli.check_config {
-        println!("{}: configuration is valid", cli.config.display());
-        println!("{}", config.effective_limits());
-        println!("{}", config.reads_and_writes());
-        return ExitCode::SUCCESS;
+        return print_then(&format!(
+            "{}: configuration is valid\n{}\n{}\n",
+            cli.config.display(),
+            config.effective_limits(),
+            config.reads_and_writes()
+        ));
     }
     if let Err(e) = uctel_common::logging::init(Some(&directives)) {
         eprintln!("uctel-agent: {e}");

@@ -328,3 +328,29 @@ fn strip_ansi(s: &str) -> String {
     }
     out
 }
+
+/// `uctel-agent --check-config | head` and `--print-default-config | head`: a reader that
+/// closed the pipe before the output is written is no panic (exit 101, "failed printing to
+/// stdout"): the exit status is that of the check. The pipe's read end is closed before the
+/// agent starts, so every write fails with EPIPE.
+#[test]
+fn output_into_a_closed_pipe_is_no_panic() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/agent.yaml");
+    let example = example.to_str().unwrap_or_else(|| panic!("path"));
+    for args in [
+        &["--config", example, "--check-config"][..],
+        &["--print-default-config"][..],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap_or_else(|e| panic!("{e}"));
+        drop(reader);
+        let out = agent()
+            .args(args)
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
