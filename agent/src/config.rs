@@ -1692,4 +1692,25 @@ sources:
         assert!(!valid_agent_id("a\"b"));
         assert!(!valid_agent_id(&"x".repeat(129)));
     }
+
+    /// A scrape target with `interval_seconds: 1` and no `timeout_seconds` is valid (its
+    /// timeout is the interval, as in Prometheus); a timeout longer than the interval that
+    /// the file sets is still refused.
+    #[test]
+    fn a_scrape_target_with_a_short_interval_needs_no_timeout() {
+        let ok = format!(
+            "{MINIMAL}sources:\n  scrape:\n    - url: http://127.0.0.1:9100/metrics\n      interval_seconds: 1\n"
+        );
+        if let Err(e) = load(&ok) {
+            panic!("{e}");
+        }
+        let bad = format!("{ok}      timeout_seconds: 2\n");
+        let e = load(&bad).err().unwrap_or_else(|| panic!("accepted"));
+        assert!(
+            e.problems
+                .iter()
+                .any(|p| p.key_path == "sources.scrape[0].timeout_seconds"),
+            "{e}"
+        );
+    }
 }
