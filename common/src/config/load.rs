@@ -22,8 +22,21 @@ pub const MAX_ROUNDS: usize = 128;
 /// Reads and loads `path`. Errors: unreadable file (one problem without a line), YAML syntax,
 /// deserialization and [`Validate`] problems, all reported together.
 pub fn load<T: DeserializeOwned + Validate>(path: &Path) -> Result<T, ConfigError> {
+    load_with(path, |_| {})
+}
+
+/// [`load`] with `prepare` applied to the value that deserialized, before the [`Validate`]
+/// checks: what the command line gives instead of a key (`--agent-id`) is then checked as the
+/// file's own value would be.
+///
+/// # Errors
+/// As [`load`].
+pub fn load_with<T: DeserializeOwned + Validate>(
+    path: &Path,
+    prepare: impl FnOnce(&mut T),
+) -> Result<T, ConfigError> {
     match std::fs::read_to_string(path) {
-        Ok(text) => from_str(path, &text),
+        Ok(text) => from_str_with(path, &text, prepare),
         Err(e) => Err(ConfigError {
             file: path.to_path_buf(),
             problems: vec![Problem {
@@ -41,6 +54,18 @@ pub fn load<T: DeserializeOwned + Validate>(path: &Path) -> Result<T, ConfigErro
 pub fn from_str<T: DeserializeOwned + Validate>(
     file: impl AsRef<Path>,
     text: &str,
+) -> Result<T, ConfigError> {
+    from_str_with(file, text, |_| {})
+}
+
+/// [`from_str`] with `prepare` applied before the [`Validate`] checks (see [`load_with`]).
+///
+/// # Errors
+/// As [`from_str`].
+pub fn from_str_with<T: DeserializeOwned + Validate>(
+    file: impl AsRef<Path>,
+    text: &str,
+    prepare: impl FnOnce(&mut T),
 ) -> Result<T, ConfigError> {
     let file = file.as_ref().to_path_buf();
     let fail = |problems: Vec<Problem>| ConfigError {
@@ -141,7 +166,8 @@ pub fn from_str<T: DeserializeOwned + Validate>(
         }
     }
     match parsed {
-        Some(t) => {
+        Some(mut t) => {
+            prepare(&mut t);
             // The semantic checks run on what deserialized, the keys with problems at their
             // defaults; what they say about those keys (or sections around or inside them)
             // follows from problems already reported.
