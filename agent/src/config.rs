@@ -84,7 +84,6 @@ pub struct AgentConfig {
     /// of `[A-Za-z0-9._-]`. Required, here or on the command line: `--agent-id` (or the
     /// environment variable `UCTEL_AGENT_ID`) takes the place of this key, so one file can
     /// serve a fleet. `change-me`, the packaged file's placeholder, is refused.
-    #[serde(default)]
     pub agent_id: String,
     /// Where the collector is.
     pub collector: CollectorSection,
@@ -762,13 +761,7 @@ impl Validate for AgentConfig {
     }
 
     fn validate(&self, p: &mut Problems) {
-        if self.agent_id.is_empty() {
-            p.push(
-                "agent_id",
-                "required: set agent_id in this file, or pass --agent-id (or the environment \
-                 variable UCTEL_AGENT_ID)",
-            );
-        } else if self.agent_id == AGENT_ID_PLACEHOLDER {
+        if self.agent_id == AGENT_ID_PLACEHOLDER {
             p.push(
                 "agent_id",
                 format!(
@@ -1083,10 +1076,20 @@ impl AgentConfig {
         path: &Path,
         agent_id: Option<&str>,
     ) -> Result<AgentConfig, uctel_common::config::ConfigError> {
-        uctel_common::config::load_with(path, |c: &mut AgentConfig| {
-            if let Some(id) = agent_id {
-                id.clone_into(&mut c.agent_id);
+        uctel_common::config::load_with(path, |doc: &mut serde_yaml::Value| {
+            if let (Some(id), serde_yaml::Value::Mapping(m)) = (agent_id, doc) {
+                m.insert("agent_id".into(), id.into());
             }
+        })
+        .map_err(|mut e| {
+            for p in &mut e.problems {
+                if p.key_path == "agent_id" && p.message == "required, but missing" {
+                    p.message = "required: set agent_id in this file, or pass --agent-id (or \
+                                 the environment variable UCTEL_AGENT_ID)"
+                        .to_owned();
+                }
+            }
+            e
         })
     }
 
