@@ -81,7 +81,9 @@ pub const MAX_FRAME_BYTES: usize = 65536;
 pub struct AgentConfig {
     /// This agent's identity: the `agent` label the collector attaches to everything it
     /// receives from it, and the id the collector's auth table knows it by. 1–128 characters
-    /// of `[A-Za-z0-9._-]`.
+    /// of `[A-Za-z0-9._-]`. Required, here or on the command line: `--agent-id` (or the
+    /// environment variable `UCTEL_AGENT_ID`) takes the place of this key, so one file can
+    /// serve a fleet. `change-me`, the packaged file's placeholder, is refused.
     pub agent_id: String,
     /// Where the collector is.
     pub collector: CollectorSection,
@@ -748,6 +750,11 @@ fn check_seconds(p: &mut Problems, key: &str, v: f64, min: f64, max: f64) {
 
 pub use crate::pool::split_host_port;
 
+/// The `agent_id` of the packaged `/etc/uctel/agent.yaml`, refused until the operator sets
+/// one (or passes `--agent-id` / `UCTEL_AGENT_ID`): a fleet of agents all named `change-me`
+/// would be one agent to the collector.
+pub const AGENT_ID_PLACEHOLDER: &str = "change-me";
+
 /// Whether `id` is a valid `agent_id`: 1–128 characters of `[A-Za-z0-9._-]`.
 pub fn valid_agent_id(id: &str) -> bool {
     (1..=128).contains(&id.len())
@@ -762,11 +769,34 @@ impl Validate for AgentConfig {
     }
 
     fn validate(&self, p: &mut Problems) {
-        if !valid_agent_id(&self.agent_id) {
+        if self.agent_id == AGENT_ID_PLACEHOLDER {
+            p.push(
+                "agent_id",
+                format!(
+                    "{AGENT_ID_PLACEHOLDER} is the packaged placeholder: set agent_id to a name \
+                     unique to this host, or pass --agent-id (or the environment variable \
+                     UCTEL_AGENT_ID)"
+                ),
+            );
+        } else if !valid_agent_id(&self.agent_id) {
             p.push(
                 "agent_id",
                 "must be 1 to 128 characters of letters, digits, '.', '_' or '-'",
             );
+        }
+        for (key, addr) in [
+            ("listen.metrics", self.listen.metrics),
+            (
+                "transport.soft.bind",
+                self.transport
+                    .soft
+                    .bind
+                    .filter(|_| self.transport.kind == TransportKind::Soft),
+            ),
+        ] {
+            if let Some(why) = addr.and_then(uctel_common::listen::not_local) {
+                p.push(key, why);
+            }
         }
         let c = &self.collector;
         for (key, problem) in c.control.problems() {
@@ -1042,6 +1072,33 @@ impl AgentConfig {
     /// [`uctel_common::config::ConfigError`] listing each problem with line and key.
     pub fn load(path: &Path) -> Result<AgentConfig, uctel_common::config::ConfigError> {
         uctel_common::config::load(path)
+    }
+
+    /// [`AgentConfig::load`] with `agent_id`, when given (`--agent-id`, `UCTEL_AGENT_ID`), in
+    /// the place of the file's `agent_id`, before the checks: the file may then leave the
+    /// key out or hold the placeholder.
+    ///
+    /// # Errors
+    /// As [`AgentConfig::load`].
+    pub fn load_with_agent_id(
+        path: &Path,
+        agent_id: Option<&str>,
+    ) -> Result<AgentConfig, uctel_common::config::ConfigError> {
+        uctel_common::config::load_with(path, |doc: &mut serde_yaml::Value| {
+            if let (Some(id), serde_yaml::Value::Mapping(m)) = (agent_id, doc) {
+                m.insert("agent_id".into(), id.into());
+            }
+        })
+        .map_err(|mut e| {
+            for p in &mut e.problems {
+                if p.key_path == "agent_id" && p.message == "required, but missing" {
+                    p.message = "required: set agent_id in this file, or pass --agent-id (or \
+                                 the environment variable UCTEL_AGENT_ID)"
+                        .to_owned();
+                }
+            }
+            e
+        })
     }
 
     /// Loads and validates configuration text; `name` names it in problems.
@@ -1699,5 +1756,26 @@ sources:
         assert!(!valid_agent_id("a b"));
         assert!(!valid_agent_id("a\"b"));
         assert!(!valid_agent_id(&"x".repeat(129)));
+    }
+
+    /// A scrape target with `interval_seconds: 1` and no `timeout_seconds` is valid (its
+    /// timeout is the interval, as in Prometheus); a timeout longer than the interval that
+    /// the file sets is still refused.
+    #[test]
+    fn a_scrape_target_with_a_short_interval_needs_no_timeout() {
+        let ok = format!(
+            "{MINIMAL}sources:\n  scrape:\n    - url: http://127.0.0.1:9100/metrics\n      interval_seconds: 1\n"
+        );
+        if let Err(e) = load(&ok) {
+            panic!("{e}");
+        }
+        let bad = format!("{ok}      timeout_seconds: 2\n");
+        let e = load(&bad).err().unwrap_or_else(|| panic!("accepted"));
+        assert!(
+            e.problems
+                .iter()
+                .any(|p| p.key_path == "sources.scrape[0].timeout_seconds"),
+            "{e}"
+        );
     }
 }

@@ -453,6 +453,13 @@ impl DataPlane {
         self.fault_stats.clone()
     }
 
+    /// Sends at once what the device still holds, a soft device's fault injector
+    /// included ([`Device::flush_link`]): for a session that ends, after its last send
+    /// completed and before the injector's figures are read.
+    pub fn flush_link(&self) {
+        self.device.flush_link();
+    }
+
     /// Whether every posted send has completed.
     pub fn idle(&self) -> bool {
         self.free.len() == SEND_QUEUE_DEPTH as usize

@@ -22,6 +22,7 @@
 //! rdma_events.rs uctel_agent_rdma_*: port state/GID changes, the device's async events
 //! runners.rs     source loops: host metrics, self-metrics, log tailers with checkpoints
 //! selfmetrics.rs uctel_agent_* counters, closed DropReason, export as records and /metrics
+//! service_user.rs --check-config as root: what the unit's user can read and write
 //! stream.rs      the two streams (metrics, logs) and their ids
 //! dryrun.rs      --dry-run: frames decoded to JSON lines on stdout
 //! sources/       host metrics (node_exporter names), RDMA counters, log tailer
@@ -46,5 +47,6 @@ pub mod run;
 pub mod runners;
 pub mod selfmetrics;
 pub mod sender;
+pub mod service_user;
 pub mod sources;
 pub mod stream;

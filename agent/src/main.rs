@@ -35,6 +35,11 @@ struct Cli {
     /// key (or what the agent will read and write), and exit (0 valid, 2 invalid).
     #[arg(long)]
     check_config: bool,
+    /// With --check-config as root: the user the service runs as (the systemd unit's
+    /// `User=`). The configuration file, token file and state directory are also checked for
+    /// that user, from their owners and modes, since root reads every file.
+    #[arg(long, value_name = "USER", default_value = uctel_agent::service_user::SERVICE_USER)]
+    service_user: String,
     /// Log filter (`info`, `debug`, `warn,uctel_agent=debug`); overrides RUST_LOG.
     #[arg(long)]
     log_level: Option<String>,
@@ -91,35 +96,105 @@ impl From<RunError> for Fatal {
     }
 }
 
+/// Prints `text` on stdout: exit 0, also when the reader closed the pipe early
+/// (`--check-config | head`); 1 on any other write error.
+fn print_then(text: &str) -> ExitCode {
+    match uctel_common::stdout::print(text) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("uctel-agent: cannot write to stdout: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `--check-config` as root for a service that runs as `--service-user`: what that user
+/// cannot read or write is printed on stderr like the file's problems (`Err`, exit 2);
+/// otherwise the notes to print after "valid" (each line ending in a newline).
+fn service_user_findings(cli: &Cli, config: &AgentConfig) -> Result<String, ExitCode> {
+    use uctel_agent::service_user::{check, Accounts};
+    if !rustix::process::geteuid().is_root() {
+        return Ok(String::new());
+    }
+    let accounts = Accounts::system();
+    let Some(account) = accounts.user(&cli.service_user) else {
+        return Ok(format!(
+            "note: checked as root, and there is no user {:?} here (the service's User=): pass \
+             --service-user USER to check the files as the user the service runs as\n",
+            cli.service_user
+        ));
+    };
+    if account.uid == 0 {
+        return Ok(String::new());
+    }
+    let found = check(&accounts, &account, &cli.config, config);
+    if !found.problems.is_empty() {
+        let file = cli.config.display();
+        for (key, text) in &found.problems {
+            if key.is_empty() {
+                eprintln!("{file}: {text}");
+            } else {
+                eprintln!("{file}: {key}: {text}");
+            }
+        }
+        let n = found.problems.len();
+        eprintln!(
+            "{file}: invalid for the service user {} ({n} problem{}; checked as root, which \
+             reads every file)",
+            account.name,
+            if n == 1 { "" } else { "s" }
+        );
+        return Err(ExitCode::from(2));
+    }
+    let mut notes = format!(
+        "checked as root, and for the service user {}: it can read the configuration{}\n",
+        account.name,
+        if config.auth.token_file.is_some() {
+            " and the token file"
+        } else {
+            ""
+        }
+    );
+    for n in &found.notes {
+        notes.push_str(&format!("note: {n}\n"));
+    }
+    Ok(notes)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if cli.print_default_config {
-        print!("{}", uctel_agent::config::reference().default_yaml());
-        return ExitCode::SUCCESS;
+        return print_then(&uctel_agent::config::reference().default_yaml());
     }
-    // Everything that can be checked without starting, reported together.
-    let Some((mut config, directives)) = uctel_common::config::check_startup(
-        "uctel-agent",
-        AgentConfig::load(&cli.config),
-        cli.log_level.as_deref(),
-    ) else {
-        return ExitCode::from(2);
-    };
-    if let Some(id) = cli.agent_id {
-        if !uctel_agent::config::valid_agent_id(&id) {
+    if let Some(id) = &cli.agent_id {
+        if !uctel_agent::config::valid_agent_id(id) {
             eprintln!(
                 "uctel-agent: --agent-id (or UCTEL_AGENT_ID) {id:?}: must be 1 to 128 characters \
                  of letters, digits, '.', '_' or '-'"
             );
             return ExitCode::from(2);
         }
-        config.agent_id = id;
     }
+    // Everything that can be checked without starting, reported together; the id from the
+    // command line or the environment takes the place of the file's `agent_id`.
+    let Some((config, directives)) = uctel_common::config::check_startup(
+        "uctel-agent",
+        AgentConfig::load_with_agent_id(&cli.config, cli.agent_id.as_deref()),
+        cli.log_level.as_deref(),
+    ) else {
+        return ExitCode::from(2);
+    };
     if cli.check_config {
-        println!("{}: configuration is valid", cli.config.display());
-        println!("{}", config.effective_limits());
-        println!("{}", config.reads_and_writes());
-        return ExitCode::SUCCESS;
+        let notes = match service_user_findings(&cli, &config) {
+            Ok(notes) => notes,
+            Err(status) => return status,
+        };
+        return print_then(&format!(
+            "{}: configuration is valid\n{}\n{}\n{notes}",
+            cli.config.display(),
+            config.effective_limits(),
+            config.reads_and_writes()
+        ));
     }
     if let Err(e) = uctel_common::logging::init(Some(&directives)) {
         eprintln!("uctel-agent: {e}");

@@ -1022,9 +1022,14 @@ async fn session(
                 }
             }
             drain_sends(&mut plane).await;
-            let mut session_faults = sync_faults(stats);
             if let Some(l) = rc.as_mut() {
                 drain_sends(&mut l.plane).await;
+            }
+            // What a fault injector still holds back (reorder, delay) goes out now or is
+            // counted as its drop, before its figures go into the `goodbye sent` line.
+            plane.flush_link();
+            let mut session_faults = sync_faults(stats);
+            if let Some(l) = rc.as_mut() {
                 if let (Some(uc), Some(r)) = (session_faults.as_mut(), l.sync(stats)) {
                     uc.dropped += r.dropped;
                 }
@@ -1066,10 +1071,13 @@ async fn session(
             core.drop_pending(DropReason::NotConnected);
             pump::settle(&core, queues);
             drain_sends(&mut plane).await;
-            sync_faults(stats);
             if let Some(l) = rc.as_mut() {
                 l.drop_pending(DropReason::NotConnected, queues);
                 drain_sends(&mut l.plane).await;
+            }
+            plane.flush_link();
+            sync_faults(stats);
+            if let Some(l) = rc.as_mut() {
                 l.sync(stats);
             }
             let fin = lane::merged(&core, rc.as_ref().map(|l| &l.core));

@@ -328,3 +328,171 @@ fn strip_ansi(s: &str) -> String {
     }
     out
 }
+
+/// `uctel-agent --check-config | head` and `--print-default-config | head`: a reader that
+/// closed the pipe before the output is written is no panic (exit 101, "failed printing to
+/// stdout"): the exit status is that of the check. The pipe's read end is closed before the
+/// agent starts, so every write fails with EPIPE.
+#[test]
+fn output_into_a_closed_pipe_is_no_panic() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/agent.yaml");
+    let example = example.to_str().unwrap_or_else(|| panic!("path"));
+    for args in [
+        &["--config", example, "--check-config"][..],
+        &["--print-default-config"][..],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap_or_else(|e| panic!("{e}"));
+        drop(reader);
+        let out = agent()
+            .args(args)
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// A minimal valid configuration, without `agent_id`, whose token is inline.
+const NO_ID: &str = "collector:\n  control: 127.0.0.1:7400\nauth:\n  token: t\n";
+
+fn check(config: &Path, env_id: Option<&str>, args: &[&str]) -> (Option<i32>, String) {
+    let mut c = agent();
+    c.arg("--config")
+        .arg(config)
+        .arg("--check-config")
+        .args(args)
+        .env_remove("UCTEL_AGENT_ID");
+    if let Some(id) = env_id {
+        c.env("UCTEL_AGENT_ID", id);
+    }
+    let out = c.output().unwrap_or_else(|e| panic!("{e}"));
+    (
+        out.status.code(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// `agent_id` may come from `--agent-id` or `UCTEL_AGENT_ID` alone (before, the file had to
+/// have one even then: "agent_id: required, but missing"); the packaged placeholder
+/// `change-me` is refused (before, it passed), unless the flag or the environment gives the
+/// id, which wins over the file.
+#[test]
+fn check_config_takes_the_id_from_the_flag_or_environment_and_refuses_the_placeholder() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let no_id = write(dir.path(), "no-id.yaml", NO_ID);
+    let (code, out) = check(&no_id, Some("host-a"), &[]);
+    assert_eq!(code, Some(0), "{out}");
+    let (code, out) = check(&no_id, None, &["--agent-id", "host-a"]);
+    assert_eq!(code, Some(0), "{out}");
+    let (code, out) = check(&no_id, None, &[]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.contains("agent_id: required: set agent_id in this file, or pass --agent-id"),
+        "{out}"
+    );
+
+    let placeholder = write(
+        dir.path(),
+        "placeholder.yaml",
+        &format!("agent_id: change-me\n{NO_ID}"),
+    );
+    let (code, out) = check(&placeholder, None, &[]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.contains("placeholder.yaml:1:11: agent_id: change-me is the packaged placeholder")
+            && out.contains("UCTEL_AGENT_ID"),
+        "{out}"
+    );
+    let (code, out) = check(&placeholder, Some("host-a"), &[]);
+    assert_eq!(code, Some(0), "{out}");
+}
+
+/// A listen address that no local interface has (192.0.2.1, TEST-NET-1) is refused with
+/// its key and line; before, it passed and the agent failed at start.
+#[test]
+fn check_config_refuses_a_listen_address_of_no_local_interface() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let remote = write(
+        dir.path(),
+        "remote.yaml",
+        &format!("agent_id: a\n{NO_ID}listen:\n  metrics: 192.0.2.1:9471\n"),
+    );
+    let (code, out) = check(&remote, None, &[]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.contains("remote.yaml:7:12: listen.metrics: 192.0.2.1 is not an address of this host"),
+        "{out}"
+    );
+    let local = write(
+        dir.path(),
+        "local.yaml",
+        &format!("agent_id: a\n{NO_ID}listen:\n  metrics: 127.0.0.1:9471\n"),
+    );
+    let (code, out) = check(&local, None, &[]);
+    assert_eq!(code, Some(0), "{out}");
+}
+
+/// As root, `--check-config` also checks the files for the user the service runs as
+/// (`--service-user`, default the unit's `uctel`): a token file only root can read is
+/// refused, naming the user, the path, owner, group and mode; readable by that user, it
+/// passes. Before, root's check passed and the service failed under its user. Runs as root
+/// only (skipped with a note otherwise), as the user `nobody`.
+#[test]
+fn check_config_as_root_checks_the_files_for_the_service_user() {
+    use std::os::unix::fs::PermissionsExt;
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    let root = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m));
+    if root.ok() != Some(0) || !passwd.lines().any(|l| l.starts_with("nobody:")) {
+        eprintln!("skipped: needs root and a user nobody");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let mode = |p: &Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m))
+            .unwrap_or_else(|e| panic!("{e}"));
+    };
+    mode(dir.path(), 0o755);
+    let token = write(dir.path(), "agent.token", "secret\n");
+    mode(&token, 0o600);
+    let config = write(
+        dir.path(),
+        "agent.yaml",
+        &format!(
+            "agent_id: a\ncollector:\n  control: 127.0.0.1:7400\nauth:\n  token_file: {}\n",
+            token.display()
+        ),
+    );
+    let (code, out) = check(&config, None, &["--service-user", "nobody"]);
+    assert_eq!(code, Some(2), "{out}");
+    let want = format!(
+        "agent.yaml: auth.token_file: the service user nobody (uid 65534, groups nogroup) cannot \
+         read {}: owner root, group root, mode 0600",
+        token.display()
+    );
+    assert!(out.contains(&want), "missing {want:?} in:\n{out}");
+    assert!(
+        out.contains("invalid for the service user nobody (1 problem"),
+        "{out}"
+    );
+
+    mode(&token, 0o644);
+    let (code, out) = check(&config, None, &["--service-user", "nobody"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains(
+            "for the service user nobody: it can read the configuration and the token file"
+        ),
+        "{out}"
+    );
+    // root itself: nothing more to check.
+    mode(&token, 0o600);
+    let (code, out) = check(&config, None, &["--service-user", "root"]);
+    assert_eq!(code, Some(0), "{out}");
+}

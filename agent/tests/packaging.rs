@@ -41,8 +41,20 @@ fn packaged_config_loads_and_matches_the_unit_and_the_postinst() {
         text.replace(token_path, &token.display().to_string()),
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    let config = AgentConfig::load(&copy)
+    // As shipped, its `agent_id: change-me` is refused, and only that; the id given on the
+    // command line (or in UCTEL_AGENT_ID) takes its place.
+    let refused = AgentConfig::load(&copy)
+        .err()
+        .unwrap_or_else(|| panic!("packaging/agent.yaml loads with agent_id: change-me"));
+    let keys: Vec<&str> = refused
+        .problems
+        .iter()
+        .map(|p| p.key_path.as_str())
+        .collect();
+    assert_eq!(keys, ["agent_id"], "{refused}");
+    let config = AgentConfig::load_with_agent_id(&copy, Some("host-a"))
         .unwrap_or_else(|e| panic!("packaging/agent.yaml does not load:\n{e}"));
+    assert_eq!(config.agent_id, "host-a");
     assert_eq!(
         config.sources.state_directory.as_deref(),
         Some(Path::new("/var/lib/uctel-agent"))
@@ -205,4 +217,56 @@ fn version_names_the_commit_and_the_features() {
         known,
         "{commit} is not a commit of this repository ({line})"
     );
+}
+
+/// `uctel-agent --check-config` on the packaged file as shipped (what a fresh install's
+/// `ExecStartPre=` runs): exit 2, saying to set `agent_id` or pass `--agent-id` /
+/// `UCTEL_AGENT_ID`; with `UCTEL_AGENT_ID` (or `--agent-id`) it is valid, and the file's
+/// placeholder is not used. Before, `agent_id: change-me` passed, and every fresh host
+/// connected as `change-me`.
+#[test]
+fn the_packaged_placeholder_id_is_refused_until_one_is_given() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let token = dir.path().join("agent.token");
+    std::fs::write(&token, "0123456789abcdef\n").unwrap_or_else(|e| panic!("{e}"));
+    let copy = dir.path().join("agent.yaml");
+    std::fs::write(
+        &copy,
+        read("packaging/agent.yaml")
+            .replace("/etc/uctel/agent.token", &token.display().to_string())
+            .replace(
+                "/var/lib/uctel-agent",
+                &dir.path().join("state").display().to_string(),
+            ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let run = |env: Option<&str>, args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_uctel-agent"));
+        // The service user's view is another test's (where a user uctel exists, it would
+        // be checked here too).
+        c.arg("--config")
+            .arg(&copy)
+            .args(["--check-config", "--service-user", "root"])
+            .args(args);
+        c.env_remove("UCTEL_AGENT_ID");
+        if let Some(id) = env {
+            c.env("UCTEL_AGENT_ID", id);
+        }
+        let out = c.output().unwrap_or_else(|e| panic!("{e}"));
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
+    let (code, text) = run(None, &[]);
+    assert_eq!(code, Some(2), "{text}");
+    for want in ["agent_id: change-me", "--agent-id", "UCTEL_AGENT_ID"] {
+        assert!(text.contains(want), "missing {want:?} in:\n{text}");
+    }
+    let (code, text) = run(Some("host-a"), &[]);
+    assert_eq!(code, Some(0), "{text}");
+    let (code, text) = run(None, &["--agent-id", "host-b"]);
+    assert_eq!(code, Some(0), "{text}");
 }

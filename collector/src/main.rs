@@ -50,12 +50,10 @@ struct Args {
 fn main() -> ExitCode {
     let args = Args::parse();
     if args.print_default_config {
-        print!("{}", uctel_collector::config::reference().default_yaml());
-        return ExitCode::SUCCESS;
+        return print_then(&uctel_collector::config::reference().default_yaml());
     }
     if args.print_clickhouse_schema {
-        print!("{}", uctel_collector::outputs::clickhouse::SCHEMA);
-        return ExitCode::SUCCESS;
+        return print_then(uctel_collector::outputs::clickhouse::SCHEMA);
     }
     // Everything that can be checked without starting, reported together.
     let Some((config, directives)) = uctel_common::config::check_startup(
@@ -66,8 +64,10 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     if args.check_config {
-        println!("{}: configuration is valid", args.config.display());
-        return ExitCode::SUCCESS;
+        return print_then(&format!(
+            "{}: configuration is valid\n",
+            args.config.display()
+        ));
     }
     if let Err(e) = uctel_common::logging::init(Some(&directives)) {
         eprintln!("uctel-collector: {e}");
@@ -81,6 +81,18 @@ fn main() -> ExitCode {
             eprintln!("uctel-collector: {e}");
             let permanent = e.downcast_ref::<RunError>().is_some_and(permanent);
             ExitCode::from(if permanent { 2 } else { 1 })
+        }
+    }
+}
+
+/// Prints `text` on stdout: exit 0, also when the reader closed the pipe early
+/// (`--check-config | head`); 1 on any other write error.
+fn print_then(text: &str) -> ExitCode {
+    match uctel_common::stdout::print(text) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("uctel-collector: cannot write to stdout: {e}");
+            ExitCode::FAILURE
         }
     }
 }

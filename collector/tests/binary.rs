@@ -363,3 +363,29 @@ fn check_config_reports_each_bad_remote_write_key() {
         assert!(err.contains(key), "{key} not reported: {err}");
     }
 }
+
+/// `uctel-collector --check-config | head` and `--print-default-config | head`: a reader that
+/// closed the pipe before the output is written is no panic (exit 101, "failed printing to
+/// stdout"): the exit status is that of the check. The pipe's read end is closed before the
+/// collector starts, so every write fails with EPIPE.
+#[test]
+fn output_into_a_closed_pipe_is_no_panic() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/collector.yaml");
+    for args in [
+        &["--config", example, "--check-config"][..],
+        &["--print-default-config"][..],
+        &["--print-clickhouse-schema"][..],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(BIN)
+            .args(args)
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}

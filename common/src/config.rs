@@ -88,7 +88,7 @@ mod words;
 pub use error::{check_startup, ConfigError, Problem};
 pub use fault::{FaultDirection, FaultSection, RENAMED_SOFT_KEYS};
 pub use files::{check_directory, check_writable_file};
-pub use load::{from_str, load, MAX_ROUNDS};
+pub use load::{from_str, from_str_with, load, load_with, MAX_ROUNDS};
 pub use validate::{Problems, Validate};
 
 /// The text of the module that defines [`FaultSection`], for [`reference`](mod@reference): its doc comments

@@ -17,6 +17,7 @@
 //!   settings over the `SIOCETHTOOL` ioctl. It and [`clock`] are the crate's only modules with
 //!   `unsafe`; every other module is `forbid(unsafe_code)`.
 //! - [`version`]: the `--version` text (package version, git commit, enabled features).
+//! - [`stdout`]: one-shot output that a closed pipe (`| head`) does not turn into a panic.
 //!
 //! A daemon's `main` is: parse flags (clap), `config::load`, `logging::init`,
 //! `shutdown::on_signals`, then the library's `run(config, shutdown)`.
@@ -41,5 +42,7 @@ pub mod listen;
 pub mod logging;
 #[forbid(unsafe_code)]
 pub mod shutdown;
+#[forbid(unsafe_code)]
+pub mod stdout;
 #[forbid(unsafe_code)]
 pub mod version;

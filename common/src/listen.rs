@@ -77,9 +77,45 @@ pub fn deserialize_option<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Sock
         .transpose()
 }
 
+/// Whether `addr`'s IP is one this host can listen on: the unspecified address (every
+/// interface), or an address some local interface has. Checked by binding a UDP socket to it
+/// on port 0 (nothing is sent; the socket is closed at once), so another process holding the
+/// port does not matter. `None` when it can be bound (or fails for another reason, which
+/// binding the real port reports); otherwise why not, in words.
+pub fn not_local(addr: SocketAddr) -> Option<String> {
+    if addr.ip().is_unspecified() {
+        return None;
+    }
+    let mut probe = addr;
+    probe.set_port(0);
+    match std::net::UdpSocket::bind(probe) {
+        Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable => Some(format!(
+            "{} is not an address of this host (no local interface has it); use one of its \
+             addresses, 127.0.0.1 for this host only, or 0.0.0.0 for every interface",
+            addr.ip()
+        )),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn addresses_of_no_local_interface_are_not_local() {
+        for local in ["127.0.0.1:9471", "0.0.0.0:1", "[::]:1", "127.0.0.2:0"] {
+            let addr: SocketAddr = local.parse().unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(not_local(addr), None, "{local}");
+        }
+        // TEST-NET-1 (RFC 5737): documentation only, on no interface.
+        let remote: SocketAddr = "192.0.2.1:9471".parse().unwrap_or_else(|e| panic!("{e}"));
+        let why = not_local(remote).unwrap_or_else(|| panic!("192.0.2.1 taken for local"));
+        assert!(
+            why.contains("192.0.2.1 is not an address of this host"),
+            "{why}"
+        );
+    }
 
     #[test]
     fn accepted_forms() {

@@ -21,6 +21,9 @@
 //!   `promtool check metrics` accepts the collector's and an agent's `/metrics`; across a
 //!   collector restart Prometheus sees a reset of the collector's own counters and none in
 //!   the agents' counters the collector relays.
+//! - `frames_held_for_reordering_when_the_agent_stops_are_sent_or_counted`: frames the
+//!   agent's fault injector holds back when it stops go out before `Goodbye` (or count as
+//!   `fault_dropped`): lost frames = `fault_dropped`.
 //!
 //! The tests run one at a time ([`uctel_tests::exclusive`]): each runs several daemons.
 
@@ -824,5 +827,44 @@ fn prometheus_evaluates_every_dashboard_query() {
     for a in &mut p.agents {
         a.daemon.stop(STOP);
     }
+    p.collector.stop(STOP);
+}
+
+/// An agent whose fault injector holds every packet back for reordering (ratio 1, window
+/// 1000: each goes out once 20 ms have passed, at the next call into the link) stops with
+/// SIGTERM right after its final frames: those are sent before `Goodbye` (or counted as the
+/// injector's drops), so the collector's lost frames equal the `fault_dropped` of the
+/// `goodbye sent` line. They were kept inside the injector and dropped with it, uncounted:
+/// the collector counted them lost against `fault_dropped=0`.
+#[test]
+fn frames_held_for_reordering_when_the_agent_stops_are_sent_or_counted() {
+    let _g = exclusive();
+    let mut p = Pipeline::start();
+    let i = p.add_agent_with("held", 0.0, 0.5, |y| {
+        y.set("transport.soft.fault.reorder_ratio", 1.0)
+            .set("transport.soft.fault.reorder_window", 1000)
+            .set("transport.soft.fault.seed", 7);
+    });
+    p.wait_flowing(1, &["held"], &["metrics"], UP);
+    p.write_lines(i, 0, 200);
+    wait_lines_read(&p, i, 200);
+    p.agents[i].daemon.stop(STOP);
+    wait_connected(&p, 0);
+    let s = wait_goodbyes_settled(&p, &["held"], 1);
+    let c = CollectorFigures::read(&s, "held");
+    let sent = single_goodbye(&p, i);
+    assert_connection_exact("held", sent, &c, &CollectorFigures::default());
+    let bye = goodbye_figures(&p.agents[i].daemon.log());
+    let injected = bye
+        .get("fault_dropped")
+        .copied()
+        .unwrap_or_else(|| panic!("no fault_dropped in `goodbye sent`: {bye:?}"));
+    assert_eq!(
+        c.lost_total(),
+        injected,
+        "frames lost ({:?}) != packets the fault injector dropped; goodbye {bye:?}",
+        c.lost
+    );
+    assert_eq!(c.records_received["logs"] + c.records_lost["logs"], 200);
     p.collector.stop(STOP);
 }

@@ -948,6 +948,42 @@ pub fn fs_type_ignored(fs_type: &str) -> bool {
     FS_TYPES_EXCLUDED.contains(&fs_type)
 }
 
+/// A `/proc/*/mountinfo` field (mount point, mount source) as the kernel wrote it, decoded:
+/// the kernel escapes space, tab, newline and backslash as `\040`, `\011`, `\012` and
+/// `\134` (`show_mountinfo` in `fs/proc_namespace.c`, `mangle()` with `" \t\n\\"`), and
+/// node_exporter (through prometheus/procfs) reports the decoded path. The `procfs` crate
+/// returns the field as written. Any other backslash is kept as it is.
+pub fn mountinfo_unescape(field: &str) -> std::borrow::Cow<'_, str> {
+    if !field.contains('\\') {
+        return std::borrow::Cow::Borrowed(field);
+    }
+    let mut out = String::with_capacity(field.len());
+    let mut rest = field;
+    while let Some(at) = rest.find('\\') {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        let decoded = match tail.get(..4) {
+            Some("\\040") => Some(' '),
+            Some("\\011") => Some('\t'),
+            Some("\\012") => Some('\n'),
+            Some("\\134") => Some('\\'),
+            _ => None,
+        };
+        match decoded {
+            Some(c) => {
+                out.push(c);
+                rest = &tail[4..];
+            }
+            None => {
+                out.push('\\');
+                rest = &tail[1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    std::borrow::Cow::Owned(out)
+}
+
 fn filesystem(paths: &HostPaths, out: &mut Vec<Metric>) -> Result<(), HostError> {
     let primary = paths.proc.join("1").join("mountinfo");
     let mounts = match procfs::process::MountInfos::from_file(&primary) {
@@ -960,11 +996,14 @@ fn filesystem(paths: &HostPaths, out: &mut Vec<Metric>) -> Result<(), HostError>
     // Later mounts over the same mount point hide earlier ones; statvfs sees the top one.
     let mut seen: Vec<(String, String, String)> = Vec::new();
     for m in mounts.0.iter() {
-        let mount_point = m.mount_point.to_string_lossy().into_owned();
+        let mount_point = mountinfo_unescape(&m.mount_point.to_string_lossy()).into_owned();
         if fs_type_ignored(&m.fs_type) || mount_point_ignored(&mount_point) {
             continue;
         }
-        let device = m.mount_source.clone().unwrap_or_else(|| "none".to_owned());
+        let device = m
+            .mount_source
+            .as_deref()
+            .map_or_else(|| "none".to_owned(), |s| mountinfo_unescape(s).into_owned());
         seen.retain(|(_, mp, _)| *mp != mount_point);
         seen.push((device, mount_point, m.fs_type.clone()));
     }
@@ -1045,6 +1084,19 @@ fn filesystem(paths: &HostPaths, out: &mut Vec<Metric>) -> Result<(), HostError>
 mod tests {
     use super::*;
     use crate::sources::rdma::SkipReason;
+
+    /// The four escapes of the kernel's `mangle()` decode; other backslashes stay.
+    #[test]
+    fn mountinfo_escapes_decode_as_node_exporter_decodes_them() {
+        assert_eq!(mountinfo_unescape("/mnt/plain"), "/mnt/plain");
+        assert_eq!(
+            mountinfo_unescape("/mnt/a\\040b\\011c\\012d\\134e"),
+            "/mnt/a b\tc\nd\\e"
+        );
+        assert_eq!(mountinfo_unescape("/x\\134040"), "/x\\040");
+        assert_eq!(mountinfo_unescape("/x\\041\\"), "/x\\041\\");
+        assert_eq!(mountinfo_unescape("\\04"), "\\04");
+    }
 
     #[test]
     fn collector_names_are_the_serde_names() {

@@ -61,9 +61,11 @@ pub struct ScrapeTarget {
     /// Seconds between two scrapes. Default 15.
     #[serde(default = "default_interval")]
     pub interval_seconds: f64,
-    /// Seconds a scrape may take, the whole answer read. Default 10; at most the interval.
-    #[serde(default = "default_timeout")]
-    pub timeout_seconds: f64,
+    /// Seconds a scrape may take, the whole answer read; at most the interval. Default 10,
+    /// or the interval when that is shorter (Prometheus's rule for a job without
+    /// `scrape_timeout`: the global 10 s, lowered to `scrape_interval`).
+    #[serde(default)]
+    pub timeout_seconds: Option<f64>,
     /// Keep the target's own values of labels that clash with `job` and `labels` (else they
     /// are renamed `exported_<name>`). Default false.
     #[serde(default)]
@@ -99,8 +101,19 @@ fn default_job() -> String {
 fn default_interval() -> f64 {
     15.0
 }
-fn default_timeout() -> f64 {
-    10.0
+/// The timeout of a target without `timeout_seconds`, unless its interval is shorter
+/// (Prometheus's global `scrape_timeout` default).
+pub const DEFAULT_TIMEOUT_SECONDS: f64 = 10.0;
+
+impl ScrapeTarget {
+    /// Seconds one scrape may take: `timeout_seconds`, or [`DEFAULT_TIMEOUT_SECONDS`]
+    /// lowered to `interval_seconds` (Prometheus `config.go`: a job without
+    /// `scrape_timeout` whose `scrape_interval` is shorter than the global timeout gets
+    /// the interval as its timeout).
+    pub fn effective_timeout_seconds(&self) -> f64 {
+        self.timeout_seconds
+            .unwrap_or_else(|| DEFAULT_TIMEOUT_SECONDS.min(self.interval_seconds))
+    }
 }
 
 /// Why a scrape failed (`uctel_agent_source_errors_total{source="scrape",reason}`).
@@ -169,14 +182,13 @@ pub fn problems(t: &ScrapeTarget) -> Vec<(&'static str, String)> {
             ),
         ));
     }
-    if !seconds(t.timeout_seconds) || t.timeout_seconds > t.interval_seconds {
-        out.push((
-            "timeout_seconds",
-            format!(
-                "must be a number of seconds up to interval_seconds, got {}",
-                t.timeout_seconds
-            ),
-        ));
+    if let Some(timeout) = t.timeout_seconds {
+        if !seconds(timeout) || timeout > t.interval_seconds {
+            out.push((
+                "timeout_seconds",
+                format!("must be a number of seconds up to interval_seconds, got {timeout}"),
+            ));
+        }
     }
     for (key, pattern) in [
         ("metric_relabel.keep", &t.metric_relabel.keep),
@@ -257,7 +269,7 @@ impl Target {
         let start_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        let timeout = Duration::try_from_secs_f64(self.config.timeout_seconds)
+        let timeout = Duration::try_from_secs_f64(self.config.effective_timeout_seconds())
             .unwrap_or(Duration::from_secs(10));
         let body = tokio::time::timeout(timeout, self.fetch()).await;
         let (samples, scraped, error) = match body {
@@ -539,6 +551,27 @@ go_goroutines 7
                 "labels"
             ]
         );
+    }
+
+    /// `interval_seconds: 1` without `timeout_seconds` is valid and times out after the
+    /// interval, as Prometheus does for a job with `scrape_interval: 1s` and no
+    /// `scrape_timeout`; a longer interval keeps the 10 s default.
+    #[test]
+    fn a_short_interval_without_a_timeout_takes_the_interval_as_timeout() {
+        let short: ScrapeTarget =
+            serde_yaml::from_str("url: http://127.0.0.1:9100/metrics\ninterval_seconds: 1\n")
+                .unwrap();
+        assert_eq!(problems(&short), []);
+        assert_eq!(short.effective_timeout_seconds(), 1.0);
+        let long: ScrapeTarget =
+            serde_yaml::from_str("url: http://127.0.0.1:9100/metrics\ninterval_seconds: 30\n")
+                .unwrap();
+        assert_eq!(long.effective_timeout_seconds(), 10.0);
+        let set: ScrapeTarget = serde_yaml::from_str(
+            "url: http://127.0.0.1:9100/metrics\ninterval_seconds: 1\ntimeout_seconds: 0.5\n",
+        )
+        .unwrap();
+        assert_eq!(set.effective_timeout_seconds(), 0.5);
     }
 
     #[tokio::test]

@@ -22,8 +22,22 @@ pub const MAX_ROUNDS: usize = 128;
 /// Reads and loads `path`. Errors: unreadable file (one problem without a line), YAML syntax,
 /// deserialization and [`Validate`] problems, all reported together.
 pub fn load<T: DeserializeOwned + Validate>(path: &Path) -> Result<T, ConfigError> {
+    load_with(path, |_| {})
+}
+
+/// [`load`] with `prepare` applied to the parsed YAML document before it is deserialized
+/// and checked: a value the command line gives in the place of a key (`--agent-id`) is then
+/// deserialized and checked as the file's own would be, and a key it supplies is no longer
+/// missing.
+///
+/// # Errors
+/// As [`load`].
+pub fn load_with<T: DeserializeOwned + Validate>(
+    path: &Path,
+    prepare: impl FnOnce(&mut Value),
+) -> Result<T, ConfigError> {
     match std::fs::read_to_string(path) {
-        Ok(text) => from_str(path, &text),
+        Ok(text) => from_str_with(path, &text, prepare),
         Err(e) => Err(ConfigError {
             file: path.to_path_buf(),
             problems: vec![Problem {
@@ -41,6 +55,18 @@ pub fn load<T: DeserializeOwned + Validate>(path: &Path) -> Result<T, ConfigErro
 pub fn from_str<T: DeserializeOwned + Validate>(
     file: impl AsRef<Path>,
     text: &str,
+) -> Result<T, ConfigError> {
+    from_str_with(file, text, |_| {})
+}
+
+/// [`from_str`] with `prepare` applied to the parsed document first (see [`load_with`]).
+///
+/// # Errors
+/// As [`from_str`].
+pub fn from_str_with<T: DeserializeOwned + Validate>(
+    file: impl AsRef<Path>,
+    text: &str,
+    prepare: impl FnOnce(&mut Value),
 ) -> Result<T, ConfigError> {
     let file = file.as_ref().to_path_buf();
     let fail = |problems: Vec<Problem>| ConfigError {
@@ -65,6 +91,7 @@ pub fn from_str<T: DeserializeOwned + Validate>(
         Ok(v) => v,
         Err(e) => return Err(fail(vec![yaml_problem(e)])),
     };
+    prepare(&mut value);
     let index = LocationIndex::build(text);
     let mut rounds = Rounds::default();
     let mut problems = Vec::new();
@@ -844,5 +871,28 @@ agents:
         }
         let p = problems(&text);
         assert!(!p.is_empty() && p.len() <= MAX_ROUNDS);
+    }
+
+    /// What `prepare` puts in the document (a command-line value in the place of a key) is
+    /// deserialized as if the file had it: a required key it supplies is not missing, and
+    /// the file's other problems are still reported.
+    #[test]
+    fn prepare_supplies_a_key_before_deserialization() {
+        let set = |doc: &mut Value| {
+            if let Value::Mapping(m) = doc {
+                m.insert("a".into(), 1.into());
+            }
+        };
+        let ab: Ab = from_str_with("x.yaml", "b: 2\n", set).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((ab.a, ab.b), (1, 2));
+        let e = from_str::<Ab>("x.yaml", "b: 2\n")
+            .err()
+            .unwrap_or_else(|| panic!("a is required"));
+        assert_eq!(e.problems[0].message, "required, but missing");
+        let e = from_str_with::<Ab>("x.yaml", "b: nope\n", set)
+            .err()
+            .unwrap_or_else(|| panic!("b: nope accepted"));
+        assert_eq!(e.problems.len(), 1, "{e}");
+        assert_eq!(e.problems[0].key_path, "b");
     }
 }

@@ -101,6 +101,15 @@ impl Device {
     pub fn is_driven(&self) -> bool {
         self.inner.is_driven()
     }
+
+    /// For a device about to stop: sends at once every packet it still holds (its send
+    /// queue, and what a soft device's fault injector holds back to reorder or delay); what
+    /// the network will not take now is counted as the injector's drops
+    /// ([`crate::soft::link::Link::flush_held`]). Call it after the last send completed and
+    /// before reading the injector's figures, so they add up. Nothing on other devices.
+    pub fn flush_link(&self) {
+        self.inner.flush_link();
+    }
 }
 
 impl From<Arc<dyn DeviceOps>> for Device {
@@ -135,4 +144,6 @@ pub trait DeviceOps: Send + Sync + fmt::Debug {
     fn is_driven(&self) -> bool {
         false
     }
+    /// See [`Device::flush_link`].
+    fn flush_link(&self) {}
 }

@@ -141,6 +141,18 @@ pub trait Link: Send {
     fn readiness(&self) -> Readiness {
         Readiness::Opaque
     }
+
+    /// Hands on at once every datagram the link holds back on purpose (a fault injector's
+    /// reorder and delay queues), for a device that stops: what was sent before the stop
+    /// reaches the network or is counted by the link as dropped, never left inside it
+    /// uncounted. Datagrams the network will not take now (the link would block) are
+    /// discarded and counted as the link's drops. Default: nothing is held.
+    ///
+    /// # Errors
+    /// A failure of the link itself (what it held is then counted as dropped).
+    fn flush_held(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 impl<L: Link + ?Sized> Link for Box<L> {
@@ -184,6 +196,10 @@ impl<L: Link + ?Sized> Link for Box<L> {
 
     fn readiness(&self) -> Readiness {
         (**self).readiness()
+    }
+
+    fn flush_held(&mut self) -> io::Result<()> {
+        (**self).flush_held()
     }
 }
 

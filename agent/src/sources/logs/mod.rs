@@ -133,13 +133,17 @@
 //!    same banner from being taken for a copy (which would skip its first bytes). Among several
 //!    such files, the one at the saved path wins, then the first in path order.
 //!
-//! **Short files.** A fingerprint names a file's content only when it covers [`HEAD_BYTES`]
-//! bytes: a file shorter than that when it was checkpointed is identified by `(dev, inode)`
-//! only, so a copy of it made while the agent was down is read again from its beginning (at
-//! most `HEAD_BYTES − 1` bytes repeated), rather than risk skipping a different file that merely
-//! starts with the same few bytes. Unlike Vector, such files are read at once, not ignored until
-//! they grow. The same holds for entries of older versions (a 64-byte head, no `before_*`) and
-//! of files closed before the checkpoint (no `before_*`).
+//! **Short files.** A fingerprint names a file's content on its own only when it covers
+//! [`HEAD_BYTES`] bytes. The entry of a file shorter than that when it was checkpointed (every
+//! byte read is then in both fingerprints) is recognised in a copy only when its own inode is
+//! found truncated (step 2: the copytruncate signature), by a file whose first bytes are every
+//! byte read from it: `cp app.log app.log.1; : > app.log` of a 20-line file while the agent was
+//! down resumes the copy at the saved offset instead of sending the 20 lines again. When its
+//! inode is gone instead (rotated out of the glob, removed), a file that merely starts with
+//! the same few bytes is read from its beginning (at most `HEAD_BYTES − 1` bytes repeated)
+//! rather than risk skipping a different file. Unlike Vector, short files are read at once, not
+//! ignored until they grow. Entries of older versions (a 64-byte head, no `before_*`) and of
+//! files closed before the checkpoint (no `before_*`) are identified by `(dev, inode)` only.
 //!
 //! A file at a path the state file knows under another inode was rotated in while the agent was
 //! down and is read from its beginning ([`LogEvent::RotationCreate`]). Lines still unread in a
@@ -171,9 +175,10 @@ pub use rotation::{truncation_check, FileId, Truncation};
 pub use tailer::LogTailer;
 
 /// How many leading bytes of a file are kept as its fingerprint: truncation detection while
-/// running, checkpoint validation at start, and — only when the file has at least this many
-/// bytes — recognising a copy of a checkpointed file under another inode (the size Vector's
-/// checksum fingerprinter used by default). The checkpoint stores the FNV-1a 64 hash of the
+/// running, checkpoint validation at start, and recognising a copy of a checkpointed file
+/// under another inode (for a file shorter than this only when its own inode was found
+/// truncated; module documentation, "Short files") (the size Vector's checksum
+/// fingerprinter used by default). The checkpoint stores the FNV-1a 64 hash of the
 /// first `min(size, HEAD_BYTES)` bytes and their count.
 pub const HEAD_BYTES: usize = 256;
 

@@ -150,6 +150,19 @@ impl Saved {
     fn names_content(&self) -> bool {
         self.head_len == HEAD_BYTES && self.before.is_some()
     }
+
+    /// Whether this is a short file's entry whose fingerprints cover every byte read
+    /// (`0 < offset ≤ head_len < HEAD_BYTES`, the bytes before the offset known): its
+    /// content can be recognised in a copy only when its own inode was found truncated
+    /// (the copytruncate signature), see `match_checkpoint`.
+    fn names_short_content(&self) -> bool {
+        self.head_len < HEAD_BYTES
+            && self.offset > 0
+            && self.offset <= self.head_len as u64
+            && self
+                .before
+                .is_some_and(|(len, _)| len as u64 == self.offset)
+    }
 }
 
 /// One entry of the state file loaded at start.
@@ -194,8 +207,10 @@ pub(super) enum Resume {
 /// `(dev, inode)` with a matching fingerprint; an entry whose inode no longer holds its content
 /// may then be claimed by one file of another inode not in the checkpoint, at least as long as
 /// the saved offset, whose first [`HEAD_BYTES`] bytes and whose bytes just before the saved
-/// offset match (a copy; at the saved path first, then in path order). Each entry resumes at
-/// most one file.
+/// offset match (a copy; at the saved path first, then in path order). The entry of a file
+/// shorter than [`HEAD_BYTES`] when checkpointed is claimed that way only when its own inode
+/// was found truncated (copytruncate while the agent was down), by a file whose first bytes
+/// are every byte read from it. Each entry resumes at most one file.
 ///
 /// `hash_at(i, at, len)`: FNV-1a 64 of the `len` bytes of `found[i]` at offset `at`, `None` when
 /// they cannot all be read (no match).
@@ -205,6 +220,8 @@ pub(super) fn match_checkpoint(
     hash_at: &mut dyn FnMut(usize, u64, usize) -> Option<u64>,
 ) -> Vec<Resume> {
     let mut claimed = vec![false; entries.len()];
+    // Entries whose own inode was found with other content or shorter than the offset.
+    let mut truncated = vec![false; entries.len()];
     let mut out = vec![Resume::Unknown; found.len()];
     for (f, decision) in found.iter().zip(out.iter_mut()) {
         let Some(k) = entries
@@ -227,13 +244,17 @@ pub(super) fn match_checkpoint(
             };
         } else {
             // Not claimed: the content may live on in a copy.
+            if let Some(t) = truncated.get_mut(k) {
+                *t = true;
+            }
             *decision = Resume::Truncated {
                 saved_offset: e.pos.offset,
             };
         }
     }
-    for (e, c) in entries.iter().zip(claimed.iter_mut()) {
-        let Some((before_len, before_hash)) = e.pos.before.filter(|_| e.pos.names_content()) else {
+    for ((e, c), was_truncated) in entries.iter().zip(claimed.iter_mut()).zip(&truncated) {
+        let recognisable = e.pos.names_content() || (*was_truncated && e.pos.names_short_content());
+        let Some((before_len, before_hash)) = e.pos.before.filter(|_| recognisable) else {
             continue;
         };
         if *c {
@@ -610,11 +631,33 @@ mod tests {
 
     #[test]
     fn short_and_missing_fingerprints_match_on_inode_only() {
-        // A file of 60 bytes when checkpointed: its copy is not recognised (read again, at
-        // most HEAD_BYTES - 1 bytes repeated) rather than risk skipping another file.
+        // A file of 60 bytes when checkpointed, copied while down (cp app.log app.log.1; :
+        // > app.log): its inode holds other bytes now, and the copy starts with every byte
+        // read: resumed at the saved offset, nothing read twice.
         let short = numbered(1, 60);
         let entries = [entry(1, "/l/app.log", &short, 60)];
-        let disk = [(1, "/l/app.log", Vec::new()), (2, "/l/app.log.1", short)];
+        let grown = numbered(1, 84);
+        let disk = [
+            (1, "/l/app.log", numbered(36, 24)),
+            (2, "/l/app.log.1", grown),
+        ];
+        assert_eq!(
+            decide(&entries, &disk),
+            vec![
+                Resume::Truncated { saved_offset: 60 },
+                resume_at(60, Some("/l/app.log"))
+            ]
+        );
+        // Its inode gone (rotated out of the glob, or removed): a new file that starts with
+        // the same few bytes is not taken for it (read from 0 rather than risk skipping
+        // another file's first lines).
+        let disk = [(2, "/l/app.log", short.clone())];
+        assert_eq!(decide(&entries, &disk), vec![Resume::Unknown]);
+        // Other bytes in the copy: not a copy.
+        let disk = [
+            (1, "/l/app.log", Vec::new()),
+            (2, "/l/app.log.1", numbered(2, 60)),
+        ];
         assert_eq!(
             decide(&entries, &disk),
             vec![Resume::Truncated { saved_offset: 60 }, Resume::Unknown]

@@ -373,6 +373,18 @@ impl DeviceOps for SoftDevice {
     fn is_driven(&self) -> bool {
         self.shared.driven
     }
+
+    fn flush_link(&self) {
+        let mut ls = lock(&self.shared.link);
+        self.shared.pump_tx(&mut ls);
+        if let Err(e) = ls.link.flush_held() {
+            self.shared
+                .counters
+                .link_errors
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(device = %self.shared.name, error = %e, "link flush failed");
+        }
+    }
 }
 
 #[cfg(test)]
