@@ -297,6 +297,9 @@ struct Unsettled {
     record_count: u64,
     /// Records accounted for by it: delivered or replayed (0 when its payload was dropped).
     records: u64,
+    /// Its payload was decoded: `records` are all of its own records, so the stream's
+    /// cumulative count before it is `record_count − records`.
+    decoded: bool,
 }
 
 /// Connection-level summary returned by [`ConnectionIngest::close`].
@@ -377,12 +380,14 @@ impl StreamState {
         }
     }
 
-    /// Remember a tracked frame until its sequence is settled.
-    fn track(&mut self, stream_seq: u64, record_count: u64, records: u64) {
+    /// Remember a tracked frame until its sequence is settled (`decoded`: its payload was
+    /// decoded and `records` are all of its records).
+    fn track(&mut self, stream_seq: u64, record_count: u64, records: u64, decoded: bool) {
         let entry = Unsettled {
             stream_seq,
             record_count,
             records,
+            decoded,
         };
         // Frames arrive nearly in order: find the place from the back.
         let mut at = self.unsettled.len();
@@ -398,6 +403,12 @@ impl StreamState {
     }
 
     /// Move settled frames (all of them with `all`) into the settled record counts.
+    ///
+    /// When the first frame not settled yet directly follows the settled ones and was
+    /// decoded, the records of every frame before it are known as well (its cumulative
+    /// count less its own records), so the records of lost frames just before it count now,
+    /// not once that frame leaves the reorder window: a gap settled by the reorder time on
+    /// a slow stream shows in `records_lost_total` at once.
     fn settle_records(&mut self, all: bool) {
         while let Some(front) = self.unsettled.front().copied() {
             if !all && !self.tracker.is_settled(front.stream_seq) {
@@ -406,6 +417,12 @@ impl StreamState {
             self.unsettled.pop_front();
             self.settled_records = self.settled_records.saturating_add(front.records);
             self.settled_record_count = self.settled_record_count.max(front.record_count);
+        }
+        if let Some(next) = self.unsettled.front() {
+            if next.decoded && self.tracker.is_settled(next.stream_seq.wrapping_sub(1)) {
+                let before = next.record_count.saturating_sub(next.records);
+                self.settled_record_count = self.settled_record_count.max(before);
+            }
         }
     }
 
@@ -717,7 +734,9 @@ impl<D: Delivery> ConnectionIngest<D> {
         // Connection sequence.
         // Connection sequences start at 0 each epoch: a first frame at c > 0 leaves 0..c
         // missing (they may still arrive out of order).
-        let conn_obs = self.conn.observe_from(self.epoch, 0, header.conn_seq);
+        let conn_obs = self
+            .conn
+            .observe_from_at(self.epoch, 0, header.conn_seq, now);
         match conn_obs {
             Observation::First if self.epoch_changed() => self.tel.connection_resets_epoch.inc(),
             Observation::Resync { .. } => self.tel.connection_resets_dropout.inc(),
@@ -763,7 +782,7 @@ impl<D: Delivery> ConnectionIngest<D> {
         // 0..s missing, lost once they leave the window (or the session ends).
         let obs = stream
             .tracker
-            .observe_from(self.epoch, 0, header.stream_seq);
+            .observe_from_at(self.epoch, 0, header.stream_seq, now);
         if obs.reset_reason().is_some() {
             // The old segment is settled as a whole.
             stream.settle_records(true);
@@ -894,6 +913,7 @@ impl<D: Delivery> ConnectionIngest<D> {
                     header.stream_seq,
                     header.record_count,
                     n.saturating_add(replayed),
+                    true,
                 );
                 stream.sync();
                 FrameOutcome::Accepted {
@@ -910,7 +930,7 @@ impl<D: Delivery> ConnectionIngest<D> {
                     _ => DropReason::MalformedPayload,
                 };
                 stream.dropped_after_tracking += 1;
-                stream.track(header.stream_seq, header.record_count, 0);
+                stream.track(header.stream_seq, header.record_count, 0, false);
                 stream.sync();
                 self.tel.drop_frames(reason, 1, &e);
                 FrameOutcome::Dropped(reason)
@@ -918,8 +938,38 @@ impl<D: Delivery> ConnectionIngest<D> {
         }
     }
 
+    /// The reorder window in time (`reorder_window_seconds`, RFC 8985 §6.2): counts as lost
+    /// every missing frame, of the connection and of each stream, after which a later frame
+    /// arrived at least the reorder time before `now`, brings `frames_lost_total`,
+    /// `records_lost_total` and `frames_missing` up to date, and then the connection's
+    /// loss. Called by the worker at its stats fold (every 0.1 s while frames are missing),
+    /// after it folded the transport's drops ([`ConnectionIngest::drop_before_tracking`]),
+    /// so a gap is counted even when no further frame arrives.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let _ = self.conn.handle_timeout(now);
+        for stream in self.streams.values_mut() {
+            if stream.tracker.handle_timeout(now) > 0 {
+                stream.sync();
+            }
+        }
+        self.update_conn_lost();
+    }
+
+    /// When [`ConnectionIngest::handle_timeout`] next has work: the earliest reorder-time
+    /// deadline of the connection's and its streams' missing frames; `None` when no frame
+    /// is missing.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.streams
+            .values()
+            .filter_map(|s| s.tracker.poll_timeout())
+            .chain(self.conn.poll_timeout())
+            .min()
+    }
+
     /// RFC 3550 A.3 interval statistics for the `Report` to the agent; also sets the
     /// `loss_ratio` gauges, the connection-level loss counter and the agent's series gauge.
+    /// The caller folds the transport's drops first (as for
+    /// [`ConnectionIngest::handle_timeout`]).
     pub fn report(&mut self) -> Report {
         self.update_conn_lost();
         let series = self.delivery.series_count(&self.agent);
@@ -1631,11 +1681,11 @@ mod tests {
             1
         );
         assert_eq!(exported(&r, "uctel_collector_frames_missing", "metrics"), 0);
-        // Its records are known from the cumulative count of the next frame, 2, once that
-        // one is settled too.
+        // Its records are known at once from the next frame, 2: its cumulative count less
+        // its own record (2 is received, not settled yet).
         assert_eq!(
             exported(&r, "uctel_collector_records_lost_total", "metrics"),
-            0
+            1
         );
         let _ = r.ingest.on_send(&frame(66, 1, 66, 67), now());
         assert_eq!(
@@ -2096,5 +2146,59 @@ mod tests {
             }
             proptest::prop_assert_eq!(summary.conn_received + summary.conn_lost, sent);
         }
+    }
+
+    /// One frame a second: the frame after a gap arrives, and no frame after that. The
+    /// missing frame (connection and stream) is lost once the later frame is a second old,
+    /// at the worker's sweep (`handle_timeout`), with its record; not after 100 frames. When
+    /// it still arrives it is stale, counted once.
+    #[test]
+    fn a_gap_on_a_slow_stream_is_lost_after_the_reorder_time() {
+        let mut r = rig();
+        let t0 = now();
+        let sec = Duration::from_secs(1);
+        assert!(matches!(
+            r.ingest.on_send(&frame(0, 1, 0, 1), t0),
+            FrameOutcome::Accepted { .. }
+        ));
+        let _ = r.ingest.on_send(&frame(2, 1, 2, 3), t0 + sec);
+        assert_eq!(r.ingest.poll_timeout(), Some(t0 + 2 * sec));
+        r.ingest.handle_timeout(t0 + sec + sec / 2);
+        let t = r.telemetry.agent("a1").stream(1);
+        assert_eq!((t.frames_lost.get(), t.records_lost.get()), (0, 0));
+        assert_eq!(t.frames_missing.get(), 1);
+        r.ingest.handle_timeout(t0 + 2 * sec);
+        assert_eq!((t.frames_lost.get(), t.records_lost.get()), (1, 1));
+        assert_eq!(t.frames_missing.get(), 0);
+        assert_eq!(r.ingest.poll_timeout(), None);
+        assert_eq!(r.ingest.report().conn_lost, 1);
+        let conn = r.telemetry.agent("a1").connection_frames_lost;
+        assert_eq!(conn.get(), 1);
+        // It arrives after all: stale, neither received nor taken back.
+        assert_eq!(
+            r.ingest.on_send(&frame(1, 1, 1, 2), t0 + 3 * sec),
+            FrameOutcome::Stale
+        );
+        assert_eq!((t.frames_lost.get(), t.records_lost.get()), (1, 1));
+        assert_eq!(t.frames_received.get(), 2);
+        let s = r.ingest.close(&Goodbye {
+            final_conn_seq: Some(2),
+            streams: vec![StreamFinal {
+                stream_id: 1,
+                final_stream_seq: Some(2),
+                final_record_count: 3,
+            }],
+            ..Default::default()
+        });
+        let l = s.streams[0].1;
+        assert_eq!(
+            (l.accepted, l.lost, l.records_received, l.records_lost),
+            (2, 1, 2, 1)
+        );
+        assert_eq!((s.conn_received, s.conn_lost), (2, 1));
+        assert_eq!(
+            (t.frames_lost.get(), t.records_lost.get(), conn.get()),
+            (1, 1, 1)
+        );
     }
 }
