@@ -816,7 +816,12 @@ impl Worker {
                 }
             }
             WorkerCmd::Report(id, reply) => {
-                let report = self.sessions.get_mut(&id).map(|ws| ws.ingest.report());
+                // The QP's drops first: the connection's loss counts only gaps no drop
+                // explains (`ConnectionIngest::handle_timeout`).
+                let report = self.sessions.get_mut(&id).map(|ws| {
+                    fold_qp_stats(ws);
+                    ws.ingest.report()
+                });
                 let _ = reply.send(report);
             }
             WorkerCmd::Consumed(id, reply) => {

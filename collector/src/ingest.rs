@@ -754,7 +754,9 @@ impl<D: Delivery> ConnectionIngest<D> {
         if self.consumed.is_none_or(|c| is_after(header.conn_seq, c)) {
             self.consumed = Some(header.conn_seq);
         }
-        self.update_conn_lost();
+        // The connection's loss is brought up to date only where the transport's drops are
+        // folded first (`handle_timeout`, `report`, the end of the session): see
+        // `update_conn_lost`.
         // Stream sequence.
         if !self.streams.contains_key(&header.stream_id) {
             if self.streams.len() >= MAX_STREAMS_PER_CONNECTION {
@@ -1198,6 +1200,15 @@ impl<D: Delivery> ConnectionIngest<D> {
         v
     }
 
+    /// Brings `connection_frames_lost_total` up to the connection-sequence gaps that no
+    /// counted drop explains: `lost + unseen − dropped_before_tracking`, a high-water mark
+    /// (the counter only grows). A frame the UC responder dropped (`psn_gap`, `cut_short`,
+    /// `no_receive_wr`: IBTA 9.7.5 class D/D1 drops, counted by the QP) is both a drop and a
+    /// gap, and the QP's counters reach `dropped_before_tracking` only when the worker folds
+    /// them; the responder counts such a drop before it completes any later message, so
+    /// every gap the tracker counted lost by then has its drop folded as long as this runs
+    /// only right after a fold. Run earlier (at each frame), a gap counted before its drop
+    /// was folded raised the mark for good and the per-connection sum overshot.
     fn update_conn_lost(&mut self) {
         let lost = self
             .conn
@@ -2199,6 +2210,72 @@ mod tests {
         assert_eq!(
             (t.frames_lost.get(), t.records_lost.get(), conn.get()),
             (1, 1, 1)
+        );
+    }
+
+    /// A frame the UC responder dropped (`psn_gap`: a packet of a multi-packet frame lost)
+    /// is also a gap in the connection sequence. The connection tracker settles the gap
+    /// (here through a frame window of 4) before the worker folds the QP's drop counters;
+    /// the connection's loss must then not count it: once the drop is folded, the gap is
+    /// explained, and `connection_frames_lost_total`, a counter, could not take it back.
+    #[test]
+    fn a_gap_explained_by_a_transport_drop_folded_later_is_not_connection_loss() {
+        let telemetry = Telemetry::new().unwrap();
+        let logs = Arc::new(
+            LogSink::open(&LogsConfig {
+                sink: LogSinkKind::Stdout,
+                ..Default::default()
+            })
+            .unwrap(),
+        );
+        let tracker = TrackerConfig {
+            reorder_window: 4,
+            ..TrackerConfig::default()
+        };
+        let mut ingest = ConnectionIngest::new(
+            "a1",
+            "host-a1",
+            EPOCH,
+            Limits::default(),
+            tracker,
+            SeriesStore::new(Duration::from_secs(60), 1000),
+            logs,
+            telemetry.agent("a1"),
+        )
+        .unwrap();
+        let t0 = now();
+        // Connection sequence 1 (stream 1, stream sequence 1) was doomed by a lost packet.
+        let _ = ingest.on_send(&frame(0, 1, 0, 1), t0);
+        for c in 2..=6 {
+            let _ = ingest.on_send(&frame(c, 1, c, c + 1), t0);
+        }
+        let conn = telemetry.agent("a1").connection_frames_lost;
+        assert_eq!(ingest.ledger()[0].1.lost, 1, "the stream lost it");
+        // The worker's fold: the QP's drop first, then the sweep and the report.
+        ingest.drop_before_tracking(
+            DropReason::Transport(uctel_transport::api::UcDropReason::PsnGap),
+            1,
+            &"UC responder",
+        );
+        ingest.handle_timeout(t0);
+        let _ = ingest.report();
+        assert_eq!(
+            conn.get(),
+            0,
+            "the gap is the psn_gap drop, not connection loss"
+        );
+        // A gap no drop explains is connection loss.
+        let _ = ingest.on_send(&frame(8, 1, 8, 9), t0);
+        for c in 9..=12 {
+            let _ = ingest.on_send(&frame(c, 1, c, c + 1), t0);
+        }
+        ingest.handle_timeout(t0);
+        assert_eq!(conn.get(), 1);
+        let s = ingest.summary();
+        // sent 13 = received 11 + dropped 1 + connection lost 1.
+        assert_eq!(
+            (s.conn_received, s.dropped_before_tracking, conn.get()),
+            (11, 1, 1)
         );
     }
 }

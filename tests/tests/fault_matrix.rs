@@ -1372,3 +1372,45 @@ const LOW_RATE_SECONDS: u64 = 30;
 /// the next frame of its stream (about 1 s) + the reorder window (1 s) + the collector's
 /// sweep (0.1 s) + the scrape period (1 s).
 const LOW_RATE_BOUND: Duration = Duration::from_millis(3500);
+
+/// Multi-packet frames (`multi_packet_frames`, path MTU 1024, frames up to 4096 bytes) with
+/// 5 % of the agent's packets dropped: a lost packet dooms its frame, which the collector's
+/// UC responder drops (`psn_gap`, `cut_short`) and its connection tracker sees as a gap. The
+/// per-connection sum `sent = received + dropped + connection lost` holds exactly: the
+/// connection's loss counts only the gaps no drop explains, and it must not count a gap
+/// before the responder's drop of that frame is folded in (a counter cannot take it back).
+/// A frame window of 4 (`reorder_window_frames`) settles gaps within milliseconds, well
+/// before the worker's next fold of the QP's drop counters (every 0.1 s).
+#[test]
+fn multi_packet_frames_drop_5_percent() {
+    let _g = exclusive();
+    let spec = CollectorSpec {
+        set: vec![("reorder_window_frames".into(), 4.into())],
+        ..CollectorSpec::default()
+    };
+    let mut row = Row::start("multi-packet-drop-5pct", spec, None);
+    let spec = AgentSpec::new("a")
+        .set("multi_packet_frames", true)
+        .set("transport.soft.mtu_bytes", 1024)
+        .set("max_frame_bytes", 4096)
+        .fault("drop_ratio", 0.05);
+    let a = row.add_agent(spec);
+    row.wait_connected(1, &[a]);
+    row.write_bursts(a, 0, 3000, GAP);
+    row.wait_settled(a, 3000, SETTLE);
+    row.quiesce();
+    let c = row.collector_figures("a");
+    let doomed = c.dropped.get("psn_gap").copied().unwrap_or(0)
+        + c.dropped.get("cut_short").copied().unwrap_or(0);
+    let conn_lost = row.collector_last().count(
+        "uctel_collector_connection_frames_lost_total",
+        &[("agent", "a")],
+    );
+    row.expect(
+        doomed > 0,
+        format!(
+            "frames doomed by a lost packet and dropped by the UC responder (psn_gap + cut_short) {doomed} > 0; connection frames lost {conn_lost}"
+        ),
+    );
+    row.verdict(Law::Exact);
+}
