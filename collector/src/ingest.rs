@@ -1117,9 +1117,13 @@ impl<D: Delivery> ConnectionIngest<D> {
                 implausible("stream sequence", &StreamName(fin.stream_id), claimed);
                 continue;
             }
-            if !self.streams.contains_key(&fin.stream_id)
-                && self.streams.len() >= MAX_STREAMS_PER_CONNECTION
-            {
+            let known = self.streams.contains_key(&fin.stream_id);
+            if !known && fin.final_stream_seq.is_none() && fin.final_record_count == 0 {
+                // A stream the agent sent nothing on (not configured there): nothing to
+                // settle, and no series of it to show.
+                continue;
+            }
+            if !known && self.streams.len() >= MAX_STREAMS_PER_CONNECTION {
                 continue;
             }
             let Ok(tracker) = SequenceTracker::new(self.tracker_config) else {
@@ -2277,5 +2281,41 @@ mod tests {
             (s.conn_received, s.dropped_before_tracking, conn.get()),
             (11, 1, 1)
         );
+    }
+
+    /// The agent names every stream in its heartbeats and `Goodbye`, also one it sent
+    /// nothing on (no sequence, no record: `fast_counters` without the source configured).
+    /// Such a stream gets no state and no series: only streams that carry something show.
+    #[test]
+    fn a_stream_the_agent_sent_nothing_on_shows_no_series() {
+        let mut r = rig();
+        let _ = r.ingest.on_send(&frame(0, 1, 0, 1), now());
+        let fast = uctel_protocol::stream::FAST_COUNTERS;
+        let silent = StreamFinal {
+            stream_id: fast,
+            final_stream_seq: None,
+            final_record_count: 0,
+        };
+        r.ingest.on_heartbeat(&Heartbeat {
+            sent_conn_seq: Some(0),
+            sent_streams: vec![silent.clone()],
+            ..Default::default()
+        });
+        let s = r.ingest.close(&Goodbye {
+            final_conn_seq: Some(0),
+            streams: vec![
+                StreamFinal {
+                    stream_id: 1,
+                    final_stream_seq: Some(0),
+                    final_record_count: 1,
+                },
+                silent,
+            ],
+            ..Default::default()
+        });
+        let ids: Vec<u32> = s.streams.iter().map(|(id, _)| *id).collect();
+        assert_eq!(ids, [1]);
+        let text = String::from_utf8(r.telemetry.render().unwrap()).unwrap();
+        assert!(!text.contains("stream=\"fast_counters\""), "{text}");
     }
 }
