@@ -13,10 +13,11 @@
 //!    `crc_mismatch` on Send), size (`limit_exceeded`), epoch (`epoch_mismatch`).
 //! 3. *Connection tracker* (connection sequence) and *stream tracker* (stream sequence):
 //!    frames skipped by a gap are missing until they arrive late (accepted) or leave the
-//!    reorder window (then lost, counted once, never taken back); duplicates and stale frames
-//!    (already settled) are discarded and counted apart. A stream's first frame with stream
-//!    sequence `s > 0` means frames `0..s` were lost (agents start every stream at stream
-//!    sequence 0 in each epoch).
+//!    reorder window, in frames or in time (`reorder_window_seconds`, settled at every frame
+//!    and at the worker's sweep, [`ConnectionIngest::handle_timeout`]; then lost, counted
+//!    once, never taken back); duplicates and stale frames (already settled) are discarded
+//!    and counted apart. A stream's first frame with stream sequence `s > 0` means frames
+//!    `0..s` were lost (agents start every stream at stream sequence 0 in each epoch).
 //! 4. *Payload*: decoded with the configured limits (`malformed_payload`, `limit_exceeded`,
 //!    after tracking: such frames count as received by the tracker and dropped), then stored
 //!    (series store, log sink; record-level drops counted).
