@@ -1306,7 +1306,8 @@ fn fast_counters_unreadable_counter() {
 /// [`LOW_RATE_BOUND`] ago (the next frame of its stream follows within about a second, the
 /// reorder window is 1 s, the collector sweeps every 0.1 s) must be in the collector's
 /// `frames_lost_total` already, not 100 frames (minutes at this rate) later; the records of
-/// the lost frames are in `records_lost_total` by then too. Then the exact law.
+/// the lost frames are in `records_lost_total` by then too. Then the exact law, and no
+/// series of the `fast_counters` stream, which the agent does not have configured.
 #[test]
 fn low_rate_stream_loss_counted_within_the_time_bound() {
     let _g = exclusive();
@@ -1362,6 +1363,19 @@ fn low_rate_stream_loss_counted_within_the_time_bound() {
     row.expect(
         lost == injected,
         format!("frames lost {lost} == injector drops {injected}"),
+    );
+    // The agent has no fast counters configured: that stream carries nothing (no idle
+    // heartbeats whose loss would show), so the collector has no series of it.
+    let fast = [("agent", "a"), ("stream", "fast_counters")];
+    let s = row.collector_last();
+    row.expect(
+        !s.has("uctel_collector_frames_received_total", &fast)
+            && !s.has("uctel_collector_frames_lost_total", &fast),
+        format!(
+            "no fast_counters series without the source (frames received {}, lost {})",
+            s.count("uctel_collector_frames_received_total", &fast),
+            s.count("uctel_collector_frames_lost_total", &fast)
+        ),
     );
     row.verdict(Law::Exact);
 }
