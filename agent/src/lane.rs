@@ -42,9 +42,15 @@ use crate::sender::pump::{self, Stop};
 use crate::stream::Stream;
 
 /// Per stream, indexed by [`Stream::index`]: whether it travels on the lane of `reliability`
-/// ([`SenderConfig::carries`] of that lane's pipeline).
+/// ([`SenderConfig::carries`] of that lane's pipeline). The `fast_counters` stream travels on
+/// no lane unless `sources.fast_counters` is configured: no idle heartbeats, no last frame
+/// of the epoch, so a collector shows no frames (nor their loss) of a stream that carries
+/// nothing.
 pub fn carries(config: &AgentConfig, reliability: Reliability) -> [bool; STREAMS] {
-    Stream::ALL.map(|s| config.streams.reliability(s) == reliability)
+    Stream::ALL.map(|s| {
+        config.streams.reliability(s) == reliability
+            && (s != Stream::FastCounters || config.sources.fast_counters.is_some())
+    })
 }
 
 /// Opens the RC lane's data plane (an RC QP with `transport.rc`'s attributes) when a stream
@@ -372,8 +378,13 @@ mod tests {
         assert!(open_plane(&c, ip, &uc)
             .unwrap_or_else(|e| panic!("{e}"))
             .is_none());
-        assert_eq!(carries(&c, Reliability::Uc), [true; 3]);
+        // No `sources.fast_counters`: its stream travels on no lane.
+        assert_eq!(carries(&c, Reliability::Uc), [true, true, false]);
         assert_eq!(carries(&c, Reliability::Rc), [false; 3]);
+        let c = config(
+            "sources:\n  fast_counters:\n    counters:\n      - path: /sys/class/net/lo/statistics/rx_packets\n",
+        );
+        assert_eq!(carries(&c, Reliability::Uc), [true; 3]);
     }
 
     #[test]
@@ -389,7 +400,7 @@ mod tests {
         assert_eq!(r.stream_ids, [Stream::Logs.id()]);
         assert_eq!(r.qp, Some(plane.endpoint()));
         assert_eq!(carries(&c, Reliability::Rc), [false, true, false]);
-        assert_eq!(carries(&c, Reliability::Uc), [true, false, true]);
+        assert_eq!(carries(&c, Reliability::Uc), [true, false, false]);
     }
 
     #[test]

@@ -306,8 +306,10 @@ fn sigterm_ends_the_session_with_a_goodbye_and_exit_0() {
         n,
         "{bye}"
     );
-    // No fast_counters source: its stream carries only the epoch's last (empty) frame.
+    // No fast_counters source: its stream carries nothing, not even heartbeats or the
+    // epoch's last (empty) frame, so the collector shows no frames of it.
     assert_eq!(field("fast_counters_records"), 0, "{bye}");
+    assert_eq!(field("fast_counters_frames"), 0, "{bye}");
     assert!(!bye.contains("fault_dropped"), "no fault injection: {bye}");
 }
 

@@ -32,12 +32,15 @@
 //! * The ring MR is registered LOCAL_WRITE | REMOTE_WRITE (never REMOTE_READ: the API cannot
 //!   express it) with its own rkey.
 //! * Every 100 ms (every second while no completion, and on a driven device no packet,
-//!   arrived since the last time) the
+//!   arrived since the last time, and no frame is missing) the
 //!   worker folds the QP's silent-drop counters (UC responder rules) into
 //!   `frames_dropped_total{reason}` and checks the QP state: a QP in ERROR is counted
 //!   (`qp_errors_total`) and the control plane rebuilds the connection. The same fold takes
 //!   the device's async events ([`crate::rdma_events`]): a `qp_fatal` or `cq_error` naming a
-//!   connection's QP or CQ fails that connection at once.
+//!   connection's QP or CQ fails that connection at once. Then it counts as lost the
+//!   missing frames whose reorder time ran out (`reorder_window_seconds`,
+//!   [`ConnectionIngest::handle_timeout`]), so a gap on a slow stream is counted within
+//!   that time plus 0.1 s even when no further frame arrives.
 //! * Commands from the control plane (register, report, heartbeat, close) reach the worker
 //!   through a channel and wake it; it runs them between polls, so a report sees every
 //!   completion polled before it and a close polls the connection's CQs a last time.
@@ -47,8 +50,8 @@
 //! rounds under a steady stream are paced by `COALESCE_WAIT` instead), then arms every CQ
 //! on one [`CompletionChannel`] (`ibv_req_notify_cq`), polls them once more and sleeps in
 //! [`CompletionChannel::wait`] until a completion arrives, a command is sent or the next
-//! stats fold is due. A collector with no traffic wakes only for the stats folds, once a
-//! second.
+//! stats fold is due. A collector with no traffic (and no frame missing) wakes only for the
+//! stats folds, once a second.
 //!
 //! **Completions wait only for a paused worker** (a test hook that provokes ring overruns),
 //! and then never more than each connection's credit window (the frames its agent may have
@@ -662,8 +665,9 @@ impl Worker {
             };
             if last_stats.elapsed() >= stats_every {
                 last_stats = Instant::now();
-                active = false;
-                self.fold_stats();
+                // Frames still missing keep the folds at STATS_EVERY: their reorder time
+                // runs out without any further completion.
+                active = self.fold_stats(last_stats);
             }
             if pause_after(round.packets, receiving) {
                 std::thread::sleep(COALESCE_WAIT);
@@ -759,9 +763,11 @@ impl Worker {
         }
     }
 
-    /// Folds every QP's and the device's drop counters and the async events, and checks
-    /// QP states.
-    fn fold_stats(&mut self) {
+    /// Folds every QP's and the device's drop counters and the async events, checks QP
+    /// states, then settles each connection's missing frames whose reorder time ran out by
+    /// `now` ([`ConnectionIngest::handle_timeout`], after the drops: see there). Returns
+    /// whether a frame is still missing somewhere (a reorder-time deadline is pending).
+    fn fold_stats(&mut self, now: Instant) -> bool {
         let count = |device: &str, ev: &_| self.telemetry.rdma_async_event(device, ev);
         for ev in crate::rdma_events::drain(&self.device, count) {
             for ws in self.sessions.values() {
@@ -772,18 +778,22 @@ impl Worker {
                 }
             }
         }
+        let mut pending = false;
         for ws in self.sessions.values_mut() {
             fold_qp_stats(ws);
+            ws.ingest.handle_timeout(now);
+            pending |= ws.ingest.poll_timeout().is_some();
         }
-        let now = self.device.stats().drops;
-        for (reason, count) in now.iter() {
+        let drops = self.device.stats().drops;
+        for (reason, count) in drops.iter() {
             let before = self.device_drops.get(reason);
             if count > before {
                 self.telemetry
                     .transport_packets_dropped(reason, count - before);
             }
         }
-        self.device_drops = now;
+        self.device_drops = drops;
+        pending
     }
 
     fn command(&mut self, cmd: WorkerCmd) {
@@ -806,7 +816,12 @@ impl Worker {
                 }
             }
             WorkerCmd::Report(id, reply) => {
-                let report = self.sessions.get_mut(&id).map(|ws| ws.ingest.report());
+                // The QP's drops first: the connection's loss counts only gaps no drop
+                // explains (`ConnectionIngest::handle_timeout`).
+                let report = self.sessions.get_mut(&id).map(|ws| {
+                    fold_qp_stats(ws);
+                    ws.ingest.report()
+                });
                 let _ = reply.send(report);
             }
             WorkerCmd::Consumed(id, reply) => {

@@ -13,10 +13,11 @@
 //!    `crc_mismatch` on Send), size (`limit_exceeded`), epoch (`epoch_mismatch`).
 //! 3. *Connection tracker* (connection sequence) and *stream tracker* (stream sequence):
 //!    frames skipped by a gap are missing until they arrive late (accepted) or leave the
-//!    reorder window (then lost, counted once, never taken back); duplicates and stale frames
-//!    (already settled) are discarded and counted apart. A stream's first frame with stream
-//!    sequence `s > 0` means frames `0..s` were lost (agents start every stream at stream
-//!    sequence 0 in each epoch).
+//!    reorder window, in frames or in time (`reorder_window_seconds`, settled at every frame
+//!    and at the worker's sweep, [`ConnectionIngest::handle_timeout`]; then lost, counted
+//!    once, never taken back); duplicates and stale frames (already settled) are discarded
+//!    and counted apart. A stream's first frame with stream sequence `s > 0` means frames
+//!    `0..s` were lost (agents start every stream at stream sequence 0 in each epoch).
 //! 4. *Payload*: decoded with the configured limits (`malformed_payload`, `limit_exceeded`,
 //!    after tracking: such frames count as received by the tracker and dropped), then stored
 //!    (series store, log sink; record-level drops counted).
@@ -51,7 +52,7 @@
 //! the benches call the same monomorphic code as before the trait existed).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use uctel_protocol::borrowed::MetricBatchView;
@@ -78,157 +79,9 @@ use crate::telemetry::{AgentTelemetry, DropReason, StreamTelemetry};
 /// report could not be sent and the connection would end at every report interval.
 pub const MAX_STREAMS_PER_CONNECTION: usize = 1024;
 
-/// Most files per agent whose delivered log offsets [`DeliveredLogs`] remembers (and a
-/// connection tracks); past it the files updated longest ago are forgotten (their lines are
-/// then not recognised as replays).
-pub const MAX_REPLAY_FILES_PER_AGENT: usize = 4096;
+mod replay;
 
-/// Most agent ids [`DeliveredLogs`] remembers (the control plane's registry remembers as
-/// many epochs); when full, the agent folded longest ago is forgotten.
-pub const MAX_REPLAY_AGENTS: usize = 65_536;
-
-/// Most files [`DeliveredLogs`] remembers over all agents (about 48 bytes each); when
-/// exceeded, the agents folded longest ago are forgotten.
-pub const MAX_REPLAY_FILES: usize = 1 << 20;
-
-/// The highest log `end_offset` delivered per agent id and `file_id` in the agent's ended
-/// connections (earlier epochs), shared by every connection of the collector (see the module
-/// documentation, "Replayed log records"). Cheap to clone (one `Arc`).
-#[derive(Clone, Debug, Default)]
-pub struct DeliveredLogs {
-    inner: Arc<Mutex<DeliveredInner>>,
-}
-
-#[derive(Debug, Default)]
-struct DeliveredInner {
-    agents: HashMap<String, AgentFiles>,
-    files: usize,
-    tick: u64,
-}
-
-#[derive(Debug, Default)]
-struct AgentFiles {
-    /// `file_id` → highest end offset delivered, the epoch that delivered it, when updated.
-    files: HashMap<u64, FileMark>,
-    /// When last folded into.
-    tick: u64,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct FileMark {
-    end_offset: u64,
-    epoch: u64,
-    tick: u64,
-}
-
-impl DeliveredLogs {
-    fn lock(&self) -> std::sync::MutexGuard<'_, DeliveredInner> {
-        self.inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Removes from `records` those `agent` already delivered in an epoch other than
-    /// `epoch` (a `file_id` ≠ 0 and an `end_offset` at or below that epoch's highest);
-    /// returns how many.
-    fn discard_replays(
-        &self,
-        agent: &str,
-        epoch: u64,
-        records: &mut Vec<payload::LogRecord>,
-    ) -> u64 {
-        if records.iter().all(|r| r.file_id == 0) {
-            return 0;
-        }
-        let inner = self.lock();
-        let Some(files) = inner.agents.get(agent) else {
-            return 0;
-        };
-        let before = records.len();
-        records.retain(|r| {
-            r.file_id == 0
-                || files
-                    .files
-                    .get(&r.file_id)
-                    .is_none_or(|m| m.epoch == epoch || r.end_offset > m.end_offset)
-        });
-        (before - records.len()) as u64
-    }
-
-    /// Folds the highest end offsets one connection of `agent` in `epoch` delivered
-    /// (`file_id` → offset) into what its later epochs compare with.
-    fn fold(&self, agent: &str, epoch: u64, highs: &HashMap<u64, u64>) {
-        if highs.is_empty() {
-            return;
-        }
-        let mut guard = self.lock();
-        let inner = &mut *guard;
-        inner.tick += 1;
-        let tick = inner.tick;
-        if !inner.agents.contains_key(agent) && inner.agents.len() >= MAX_REPLAY_AGENTS {
-            inner.forget_oldest_agent();
-        }
-        let a = inner.agents.entry(agent.to_owned()).or_default();
-        let had = a.files.len();
-        a.tick = tick;
-        for (&file_id, &end_offset) in highs {
-            let m = a.files.entry(file_id).or_insert(FileMark {
-                end_offset,
-                epoch,
-                tick,
-            });
-            if end_offset >= m.end_offset {
-                *m = FileMark {
-                    end_offset,
-                    epoch,
-                    tick,
-                };
-            }
-        }
-        if a.files.len() > MAX_REPLAY_FILES_PER_AGENT {
-            let mut ticks: Vec<u64> = a.files.values().map(|m| m.tick).collect();
-            ticks.sort_unstable();
-            let excess = a.files.len() - MAX_REPLAY_FILES_PER_AGENT;
-            let cut = ticks.get(excess).copied().unwrap_or(u64::MAX);
-            a.files.retain(|_, m| m.tick >= cut);
-            // Ties at the cut: drop arbitrary ones of them down to the bound.
-            let over = a.files.len().saturating_sub(MAX_REPLAY_FILES_PER_AGENT);
-            let drop: Vec<u64> = a
-                .files
-                .iter()
-                .filter(|(_, m)| m.tick == cut)
-                .map(|(id, _)| *id)
-                .take(over)
-                .collect();
-            for id in drop {
-                a.files.remove(&id);
-            }
-        }
-        let now = a.files.len();
-        inner.files = inner.files.saturating_sub(had).saturating_add(now);
-        while inner.files > MAX_REPLAY_FILES && inner.agents.len() > 1 {
-            inner.forget_oldest_agent();
-        }
-    }
-
-    /// Files remembered for `agent` (tests).
-    pub fn files_of(&self, agent: &str) -> usize {
-        self.lock().agents.get(agent).map_or(0, |a| a.files.len())
-    }
-}
-
-impl DeliveredInner {
-    fn forget_oldest_agent(&mut self) {
-        let oldest = self
-            .agents
-            .iter()
-            .min_by_key(|(_, a)| a.tick)
-            .map(|(id, _)| id.clone());
-        if let Some(a) = oldest.and_then(|id| self.agents.remove(&id)) {
-            self.files = self.files.saturating_sub(a.files.len());
-        }
-    }
-}
+pub use replay::{DeliveredLogs, MAX_REPLAY_AGENTS, MAX_REPLAY_FILES, MAX_REPLAY_FILES_PER_AGENT};
 
 /// `a` is after `b` in serial-number order (RFC 1982 practical form on 64 bits).
 fn is_after(a: u64, b: u64) -> bool {
@@ -297,6 +150,9 @@ struct Unsettled {
     record_count: u64,
     /// Records accounted for by it: delivered or replayed (0 when its payload was dropped).
     records: u64,
+    /// Its payload was decoded: `records` are all of its own records, so the stream's
+    /// cumulative count before it is `record_count − records`.
+    decoded: bool,
 }
 
 /// Connection-level summary returned by [`ConnectionIngest::close`].
@@ -377,12 +233,14 @@ impl StreamState {
         }
     }
 
-    /// Remember a tracked frame until its sequence is settled.
-    fn track(&mut self, stream_seq: u64, record_count: u64, records: u64) {
+    /// Remember a tracked frame until its sequence is settled (`decoded`: its payload was
+    /// decoded and `records` are all of its records).
+    fn track(&mut self, stream_seq: u64, record_count: u64, records: u64, decoded: bool) {
         let entry = Unsettled {
             stream_seq,
             record_count,
             records,
+            decoded,
         };
         // Frames arrive nearly in order: find the place from the back.
         let mut at = self.unsettled.len();
@@ -398,6 +256,12 @@ impl StreamState {
     }
 
     /// Move settled frames (all of them with `all`) into the settled record counts.
+    ///
+    /// When the first frame not settled yet directly follows the settled ones and was
+    /// decoded, the records of every frame before it are known as well (its cumulative
+    /// count less its own records), so the records of lost frames just before it count now,
+    /// not once that frame leaves the reorder window: a gap settled by the reorder time on
+    /// a slow stream shows in `records_lost_total` at once.
     fn settle_records(&mut self, all: bool) {
         while let Some(front) = self.unsettled.front().copied() {
             if !all && !self.tracker.is_settled(front.stream_seq) {
@@ -406,6 +270,11 @@ impl StreamState {
             self.unsettled.pop_front();
             self.settled_records = self.settled_records.saturating_add(front.records);
             self.settled_record_count = self.settled_record_count.max(front.record_count);
+        }
+        let next = self.unsettled.front().filter(|n| n.decoded);
+        if let Some(n) = next.filter(|n| self.tracker.is_settled(n.stream_seq.wrapping_sub(1))) {
+            let before = n.record_count.saturating_sub(n.records);
+            self.settled_record_count = self.settled_record_count.max(before);
         }
     }
 
@@ -717,7 +586,9 @@ impl<D: Delivery> ConnectionIngest<D> {
         // Connection sequence.
         // Connection sequences start at 0 each epoch: a first frame at c > 0 leaves 0..c
         // missing (they may still arrive out of order).
-        let conn_obs = self.conn.observe_from(self.epoch, 0, header.conn_seq);
+        let conn_obs = self
+            .conn
+            .observe_from_at(self.epoch, 0, header.conn_seq, now);
         match conn_obs {
             Observation::First if self.epoch_changed() => self.tel.connection_resets_epoch.inc(),
             Observation::Resync { .. } => self.tel.connection_resets_dropout.inc(),
@@ -735,7 +606,9 @@ impl<D: Delivery> ConnectionIngest<D> {
         if self.consumed.is_none_or(|c| is_after(header.conn_seq, c)) {
             self.consumed = Some(header.conn_seq);
         }
-        self.update_conn_lost();
+        // The connection's loss is brought up to date only where the transport's drops are
+        // folded first (`handle_timeout`, `report`, the end of the session): see
+        // `update_conn_lost`.
         // Stream sequence.
         if !self.streams.contains_key(&header.stream_id) {
             if self.streams.len() >= MAX_STREAMS_PER_CONNECTION {
@@ -763,7 +636,7 @@ impl<D: Delivery> ConnectionIngest<D> {
         // 0..s missing, lost once they leave the window (or the session ends).
         let obs = stream
             .tracker
-            .observe_from(self.epoch, 0, header.stream_seq);
+            .observe_from_at(self.epoch, 0, header.stream_seq, now);
         if obs.reset_reason().is_some() {
             // The old segment is settled as a whole.
             stream.settle_records(true);
@@ -894,6 +767,7 @@ impl<D: Delivery> ConnectionIngest<D> {
                     header.stream_seq,
                     header.record_count,
                     n.saturating_add(replayed),
+                    true,
                 );
                 stream.sync();
                 FrameOutcome::Accepted {
@@ -910,7 +784,7 @@ impl<D: Delivery> ConnectionIngest<D> {
                     _ => DropReason::MalformedPayload,
                 };
                 stream.dropped_after_tracking += 1;
-                stream.track(header.stream_seq, header.record_count, 0);
+                stream.track(header.stream_seq, header.record_count, 0, false);
                 stream.sync();
                 self.tel.drop_frames(reason, 1, &e);
                 FrameOutcome::Dropped(reason)
@@ -918,8 +792,38 @@ impl<D: Delivery> ConnectionIngest<D> {
         }
     }
 
+    /// The reorder window in time (`reorder_window_seconds`, RFC 8985 §6.2): counts as lost
+    /// every missing frame, of the connection and of each stream, after which a later frame
+    /// arrived at least the reorder time before `now`, brings `frames_lost_total`,
+    /// `records_lost_total` and `frames_missing` up to date, and then the connection's
+    /// loss. Called by the worker at its stats fold (every 0.1 s while frames are missing),
+    /// after it folded the transport's drops ([`ConnectionIngest::drop_before_tracking`]),
+    /// so a gap is counted even when no further frame arrives.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let _ = self.conn.handle_timeout(now);
+        for stream in self.streams.values_mut() {
+            if stream.tracker.handle_timeout(now) > 0 {
+                stream.sync();
+            }
+        }
+        self.update_conn_lost();
+    }
+
+    /// When [`ConnectionIngest::handle_timeout`] next has work: the earliest reorder-time
+    /// deadline of the connection's and its streams' missing frames; `None` when no frame
+    /// is missing.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.streams
+            .values()
+            .filter_map(|s| s.tracker.poll_timeout())
+            .chain(self.conn.poll_timeout())
+            .min()
+    }
+
     /// RFC 3550 A.3 interval statistics for the `Report` to the agent; also sets the
     /// `loss_ratio` gauges, the connection-level loss counter and the agent's series gauge.
+    /// The caller folds the transport's drops first (as for
+    /// [`ConnectionIngest::handle_timeout`]).
     pub fn report(&mut self) -> Report {
         self.update_conn_lost();
         let series = self.delivery.series_count(&self.agent);
@@ -1065,9 +969,11 @@ impl<D: Delivery> ConnectionIngest<D> {
                 implausible("stream sequence", &StreamName(fin.stream_id), claimed);
                 continue;
             }
-            if !self.streams.contains_key(&fin.stream_id)
-                && self.streams.len() >= MAX_STREAMS_PER_CONNECTION
-            {
+            // A stream the agent sent nothing on (not configured there) has nothing to
+            // settle and gets no state, so no series of it shows.
+            let silent = fin.final_stream_seq.is_none() && fin.final_record_count == 0;
+            let full = self.streams.len() >= MAX_STREAMS_PER_CONNECTION;
+            if !self.streams.contains_key(&fin.stream_id) && (silent || full) {
                 continue;
             }
             let Ok(tracker) = SequenceTracker::new(self.tracker_config) else {
@@ -1148,6 +1054,15 @@ impl<D: Delivery> ConnectionIngest<D> {
         v
     }
 
+    /// Brings `connection_frames_lost_total` up to the connection-sequence gaps that no
+    /// counted drop explains: `lost + unseen − dropped_before_tracking`, a high-water mark
+    /// (the counter only grows). A frame the UC responder dropped (`psn_gap`, `cut_short`,
+    /// `no_receive_wr`: IBTA 9.7.5 class D/D1 drops, counted by the QP) is both a drop and a
+    /// gap, and the QP's counters reach `dropped_before_tracking` only when the worker folds
+    /// them; the responder counts such a drop before it completes any later message, so
+    /// every gap the tracker counted lost by then has its drop folded as long as this runs
+    /// only right after a fold. Run earlier (at each frame), a gap counted before its drop
+    /// was folded raised the mark for good and the per-connection sum overshot.
     fn update_conn_lost(&mut self) {
         let lost = self
             .conn
@@ -1631,11 +1546,11 @@ mod tests {
             1
         );
         assert_eq!(exported(&r, "uctel_collector_frames_missing", "metrics"), 0);
-        // Its records are known from the cumulative count of the next frame, 2, once that
-        // one is settled too.
+        // Its records are known at once from the next frame, 2: its cumulative count less
+        // its own record (2 is received, not settled yet).
         assert_eq!(
             exported(&r, "uctel_collector_records_lost_total", "metrics"),
-            0
+            1
         );
         let _ = r.ingest.on_send(&frame(66, 1, 66, 67), now());
         assert_eq!(
@@ -2096,5 +2011,161 @@ mod tests {
             }
             proptest::prop_assert_eq!(summary.conn_received + summary.conn_lost, sent);
         }
+    }
+
+    /// One frame a second: the frame after a gap arrives, and no frame after that. The
+    /// missing frame (connection and stream) is lost once the later frame is a second old,
+    /// at the worker's sweep (`handle_timeout`), with its record; not after 100 frames. When
+    /// it still arrives it is stale, counted once.
+    #[test]
+    fn a_gap_on_a_slow_stream_is_lost_after_the_reorder_time() {
+        let mut r = rig();
+        let t0 = now();
+        let sec = Duration::from_secs(1);
+        assert!(matches!(
+            r.ingest.on_send(&frame(0, 1, 0, 1), t0),
+            FrameOutcome::Accepted { .. }
+        ));
+        let _ = r.ingest.on_send(&frame(2, 1, 2, 3), t0 + sec);
+        assert_eq!(r.ingest.poll_timeout(), Some(t0 + 2 * sec));
+        r.ingest.handle_timeout(t0 + sec + sec / 2);
+        let t = r.telemetry.agent("a1").stream(1);
+        assert_eq!((t.frames_lost.get(), t.records_lost.get()), (0, 0));
+        assert_eq!(t.frames_missing.get(), 1);
+        r.ingest.handle_timeout(t0 + 2 * sec);
+        assert_eq!((t.frames_lost.get(), t.records_lost.get()), (1, 1));
+        assert_eq!(t.frames_missing.get(), 0);
+        assert_eq!(r.ingest.poll_timeout(), None);
+        assert_eq!(r.ingest.report().conn_lost, 1);
+        let conn = r.telemetry.agent("a1").connection_frames_lost;
+        assert_eq!(conn.get(), 1);
+        // It arrives after all: stale, neither received nor taken back.
+        assert_eq!(
+            r.ingest.on_send(&frame(1, 1, 1, 2), t0 + 3 * sec),
+            FrameOutcome::Stale
+        );
+        assert_eq!((t.frames_lost.get(), t.records_lost.get()), (1, 1));
+        assert_eq!(t.frames_received.get(), 2);
+        let s = r.ingest.close(&Goodbye {
+            final_conn_seq: Some(2),
+            streams: vec![StreamFinal {
+                stream_id: 1,
+                final_stream_seq: Some(2),
+                final_record_count: 3,
+            }],
+            ..Default::default()
+        });
+        let l = s.streams[0].1;
+        assert_eq!(
+            (l.accepted, l.lost, l.records_received, l.records_lost),
+            (2, 1, 2, 1)
+        );
+        assert_eq!((s.conn_received, s.conn_lost), (2, 1));
+        assert_eq!(
+            (t.frames_lost.get(), t.records_lost.get(), conn.get()),
+            (1, 1, 1)
+        );
+    }
+
+    /// A frame the UC responder dropped (`psn_gap`: a packet of a multi-packet frame lost)
+    /// is also a gap in the connection sequence. The connection tracker settles the gap
+    /// (here through a frame window of 4) before the worker folds the QP's drop counters;
+    /// the connection's loss must then not count it: once the drop is folded, the gap is
+    /// explained, and `connection_frames_lost_total`, a counter, could not take it back.
+    #[test]
+    fn a_gap_explained_by_a_transport_drop_folded_later_is_not_connection_loss() {
+        let telemetry = Telemetry::new().unwrap();
+        let logs = Arc::new(
+            LogSink::open(&LogsConfig {
+                sink: LogSinkKind::Stdout,
+                ..Default::default()
+            })
+            .unwrap(),
+        );
+        let tracker = TrackerConfig {
+            reorder_window: 4,
+            ..TrackerConfig::default()
+        };
+        let mut ingest = ConnectionIngest::new(
+            "a1",
+            "host-a1",
+            EPOCH,
+            Limits::default(),
+            tracker,
+            SeriesStore::new(Duration::from_secs(60), 1000),
+            logs,
+            telemetry.agent("a1"),
+        )
+        .unwrap();
+        let t0 = now();
+        // Connection sequence 1 (stream 1, stream sequence 1) was doomed by a lost packet.
+        let _ = ingest.on_send(&frame(0, 1, 0, 1), t0);
+        for c in 2..=6 {
+            let _ = ingest.on_send(&frame(c, 1, c, c + 1), t0);
+        }
+        let conn = telemetry.agent("a1").connection_frames_lost;
+        assert_eq!(ingest.ledger()[0].1.lost, 1, "the stream lost it");
+        // The worker's fold: the QP's drop first, then the sweep and the report.
+        ingest.drop_before_tracking(
+            DropReason::Transport(uctel_transport::api::UcDropReason::PsnGap),
+            1,
+            &"UC responder",
+        );
+        ingest.handle_timeout(t0);
+        let _ = ingest.report();
+        assert_eq!(
+            conn.get(),
+            0,
+            "the gap is the psn_gap drop, not connection loss"
+        );
+        // A gap no drop explains is connection loss.
+        let _ = ingest.on_send(&frame(8, 1, 8, 9), t0);
+        for c in 9..=12 {
+            let _ = ingest.on_send(&frame(c, 1, c, c + 1), t0);
+        }
+        ingest.handle_timeout(t0);
+        assert_eq!(conn.get(), 1);
+        let s = ingest.summary();
+        // sent 13 = received 11 + dropped 1 + connection lost 1.
+        assert_eq!(
+            (s.conn_received, s.dropped_before_tracking, conn.get()),
+            (11, 1, 1)
+        );
+    }
+
+    /// The agent names every stream in its heartbeats and `Goodbye`, also one it sent
+    /// nothing on (no sequence, no record: `fast_counters` without the source configured).
+    /// Such a stream gets no state and no series: only streams that carry something show.
+    #[test]
+    fn a_stream_the_agent_sent_nothing_on_shows_no_series() {
+        let mut r = rig();
+        let _ = r.ingest.on_send(&frame(0, 1, 0, 1), now());
+        let fast = uctel_protocol::stream::FAST_COUNTERS;
+        let silent = StreamFinal {
+            stream_id: fast,
+            final_stream_seq: None,
+            final_record_count: 0,
+        };
+        r.ingest.on_heartbeat(&Heartbeat {
+            sent_conn_seq: Some(0),
+            sent_streams: vec![silent.clone()],
+            ..Default::default()
+        });
+        let s = r.ingest.close(&Goodbye {
+            final_conn_seq: Some(0),
+            streams: vec![
+                StreamFinal {
+                    stream_id: 1,
+                    final_stream_seq: Some(0),
+                    final_record_count: 1,
+                },
+                silent,
+            ],
+            ..Default::default()
+        });
+        let ids: Vec<u32> = s.streams.iter().map(|(id, _)| *id).collect();
+        assert_eq!(ids, [1]);
+        let text = String::from_utf8(r.telemetry.render().unwrap()).unwrap();
+        assert!(!text.contains("stream=\"fast_counters\""), "{text}");
     }
 }

@@ -12,7 +12,9 @@
 //!   new in the stream's sequence).
 //! * `frames_lost_total{agent,stream}`: frames of the stream's sequence that never arrived,
 //!   counted once and only when certain: when a skipped sequence leaves the reorder window
-//!   unseen, at the first frame for a leading gap, and at the end of the session for what is
+//!   unseen (`reorder_window_frames` later frames arrived, or the first of them is
+//!   `reorder_window_seconds` old, whichever comes first; the worker checks the time every
+//!   0.1 s), at the first frame for a leading gap, and at the end of the session for what is
 //!   still missing (and the tail the agent's `Goodbye` or last heartbeat names). Until then a
 //!   skipped frame is *missing* (`frames_missing{agent,stream}`, a gauge below the reorder
 //!   window): it may still arrive, as a late frame (`frames_late_total`, accepted and counted
@@ -295,7 +297,7 @@ impl Telemetry {
         )?;
         let frames_lost = counter(
             "frames_lost_total",
-            "Frames of the stream sequence that never arrived: counted once, when a skipped frame leaves the reorder window unseen or the session ends (tail from Goodbye or the last heartbeat); never taken back.",
+            "Frames of the stream sequence that never arrived: counted once, when a skipped frame leaves the reorder window unseen (reorder_window_frames later frames, or reorder_window_seconds after the first of them) or the session ends (tail from Goodbye or the last heartbeat); never taken back.",
             &["agent", "stream"],
         )?;
         let records_lost = counter(
@@ -336,7 +338,7 @@ impl Telemetry {
         let frames_missing = IntGaugeVec::new(
             opts(
                 "frames_missing",
-                "Frames skipped by a gap that may still arrive (inside the reorder window); counted lost once they leave it or the session ends.",
+                "Frames skipped by a gap that may still arrive (inside the reorder window, in frames and in time); counted lost once they leave it or the session ends.",
             ),
             &["agent", "stream"],
         )?;

@@ -18,8 +18,9 @@
 //!   `lost = expected − received` and lets late frames and duplicates move it both ways. Here
 //!   a sequence skipped by a forward jump is first *missing*: it may still arrive inside the
 //!   reorder window (a *late* frame, counted as received and in `late`). It becomes *lost*
-//!   only when it falls out of the window unseen (the window's lower edge passes it), or when
-//!   the segment is closed ([`SequenceTracker::close`], the sender's `Goodbye`, or
+//!   only when it falls out of the window unseen (the window's lower edge passes it), when a
+//!   later frame arrived at least the reorder *time* ago (below), or when the segment is
+//!   closed ([`SequenceTracker::close`], the sender's `Goodbye`, or
 //!   [`SequenceTracker::settle`] when the sender vanished). `lost` therefore only grows, and
 //!   at every instant `received + lost ≤ sent`; a frame seen twice is a *duplicate* that
 //!   moves nothing. A frame that arrives after its sequence was settled is *stale*: it was
@@ -44,12 +45,32 @@
 //! | [`InOrder`](Observation::InOrder) | `d == 1` | +1 | | | | | | highest = `seq` |
 //! | [`Gap`](Observation::Gap) | `1 < d ≤ max_dropout` | +1 | | | | | | highest = `seq` |
 //! | [`Resync`](Observation::Resync) | `d > max_dropout`, or the segment would span `2^63` or more | +1 | | | | | `dropout` +1 | both = `seq` |
-//! | [`Late`](Observation::Late) | `1 ≤ b < reorder_window`, `seq ≥ base`, not yet seen | +1 | | +1 | | | | |
+//! | [`Late`](Observation::Late) | `1 ≤ b < reorder_window`, `seq ≥ base`, not yet seen, not yet lost by time | +1 | | +1 | | | | |
 //! | [`Duplicate`](Observation::Duplicate) | `0 ≤ b < reorder_window`, `seq ≥ base`, already seen | | | | +1 | | | |
-//! | [`Stale`](Observation::Stale) | `b ≥ reorder_window`, or `seq < base`, or the segment was closed, or the epoch was retired by the last epoch change | | | | | +1 | | |
+//! | [`Stale`](Observation::Stale) | `b ≥ reorder_window`, or `seq < base`, or counted lost by the reorder time, or the segment was closed, or the epoch was retired by the last epoch change | | | | | +1 | | |
 //!
 //! Whenever `highest` moves forward, every sequence that leaves the window (`b` becomes
 //! `≥ reorder_window`) without having been seen moves from *missing* to `lost`.
+//!
+//! # The reorder window in time
+//!
+//! A window counted in frames alone is minutes long on a slow stream (100 frames at one frame
+//! a second). So the window is also bounded in time, after RFC 8985 (RACK-TLP) §6.2, whose
+//! reordering window `RACK.reo_wnd` is a time: with [`TrackerConfig::reorder_time`] set, a
+//! missing sequence is lost once a later sequence arrived at least `reorder_time` ago,
+//! whichever of the two windows ends first. The tracker reads no clock: the instant of each
+//! arrival is passed in ([`SequenceTracker::observe_at`], [`SequenceTracker::observe_from_at`]),
+//! and the caller drives [`SequenceTracker::handle_timeout`] at
+//! [`SequenceTracker::poll_timeout`] (or on any periodic tick), so a gap is counted even when
+//! no further frame arrives. Frames observed without an instant ([`SequenceTracker::observe`])
+//! follow the frame window only.
+//!
+//! The instant at which a later sequence first arrived never decreases along the missing
+//! sequences (every frame after `m'` is after `m < m'` too), so the sequences lost by time
+//! are always a prefix of the missing ones: the settled prefix (`is_settled`) just moves
+//! further. A missing frame that still arrives after it was counted lost this way is
+//! [`Stale`](Observation::Stale) ([`StaleReason::ReorderTime`]), exactly as one behind the
+//! frame window: counted once, never taken back, never received on top of lost.
 //! [`SequenceTracker::close`] (the sender's last sequence, from its `Goodbye`) moves `highest`
 //! to `final_seq` and counts every missing sequence and the tail `final_seq − highest` as
 //! lost; the segment is then closed and later frames of it are stale.
@@ -73,6 +94,9 @@
 //!
 //! `received` counts distinct frames, so it never includes duplicates or stale frames.
 
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
 use thiserror::Error;
 
 use crate::seq::{Seq, HALF};
@@ -84,6 +108,10 @@ pub const DEFAULT_MAX_DROPOUT: u64 = 3000;
 pub const DEFAULT_REORDER_WINDOW: u64 = 64;
 /// Largest accepted [`TrackerConfig::reorder_window`] (the bitmap costs `window / 8` bytes).
 pub const MAX_REORDER_WINDOW: u64 = 1 << 16;
+/// Default [`TrackerConfig::reorder_time`]: 1 s, RFC 6298's floor for TCP's retransmission
+/// timeout, far beyond the reordering a UDP path or a NIC causes (microseconds to
+/// milliseconds) and short enough for a loss alert at one frame a second.
+pub const DEFAULT_REORDER_TIME: Duration = Duration::from_secs(1);
 
 /// Tracker tuning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +125,12 @@ pub struct TrackerConfig {
     /// `MAX_MISORDER`, but the window also remembers which sequences arrived).
     /// Must be in `1..=MAX_REORDER_WINDOW`.
     pub reorder_window: u64,
+    /// The reorder window in time (RFC 8985 §6.2 `RACK.reo_wnd`): a missing sequence is lost
+    /// once a later sequence arrived at least this long ago, even while it is still inside
+    /// `reorder_window` frames (module docs, "The reorder window in time"). Applies to frames
+    /// observed with their arrival instant ([`SequenceTracker::observe_at`]); `None`: the
+    /// window is counted in frames only. Default [`DEFAULT_REORDER_TIME`].
+    pub reorder_time: Option<Duration>,
 }
 
 impl Default for TrackerConfig {
@@ -104,6 +138,7 @@ impl Default for TrackerConfig {
         Self {
             max_dropout: DEFAULT_MAX_DROPOUT,
             reorder_window: DEFAULT_REORDER_WINDOW,
+            reorder_time: Some(DEFAULT_REORDER_TIME),
         }
     }
 }
@@ -165,6 +200,9 @@ pub enum StaleReason {
     /// Of a segment already closed by [`SequenceTracker::close`] or
     /// [`SequenceTracker::settle`]: its every sequence is already counted.
     Closed,
+    /// Inside the frame window, but counted lost already: a later frame had arrived at least
+    /// [`TrackerConfig::reorder_time`] before it.
+    ReorderTime,
 }
 
 /// What one observed frame was. Everything but [`Duplicate`](Observation::Duplicate) and
@@ -260,7 +298,8 @@ impl ResetCounts {
 pub struct SegmentCounts {
     /// Distinct frames received, late ones included.
     pub received: u64,
-    /// Frames that left the reorder window unseen, or were missing at close: final.
+    /// Frames that left the reorder window (in frames or in time) unseen, or were missing at
+    /// close: final.
     pub lost: u64,
     /// Frames skipped by a gap that may still arrive (inside the reorder window).
     pub missing: u64,
@@ -453,8 +492,18 @@ impl SeenWindow {
     }
 }
 
+/// A gap waiting for the reorder time: offsets below `end` (from `base`) that are missing had
+/// a later frame arrive by `at`.
+#[derive(Debug, Clone, Copy)]
+struct TimedGap {
+    end: u64,
+    at: Instant,
+}
+
 /// Loss, late, duplicate and stale accounting for one sequence space (module docs give every
-/// rule). Sans-IO: feed it `(epoch, seq)` pairs with [`observe`](Self::observe).
+/// rule). Sans-IO: feed it `(epoch, seq)` pairs with [`observe`](Self::observe), or with
+/// their arrival instant with [`observe_at`](Self::observe_at) and drive
+/// [`handle_timeout`](Self::handle_timeout) for the reorder window in time.
 #[derive(Debug, Clone)]
 pub struct SequenceTracker {
     config: TrackerConfig,
@@ -467,6 +516,12 @@ pub struct SequenceTracker {
     settled: u64,
     /// The current segment was closed: every sequence of it is settled.
     closed: bool,
+    /// Gaps of the current segment still to be settled by time, oldest first: the offset
+    /// (from `base`) of the frame that revealed the gap and when it arrived. Every missing
+    /// offset below `end` had a later frame arrive by `at`. Offsets strictly increase and
+    /// each is above `settled` (entries at or below it are removed), so at most
+    /// `reorder_window` entries.
+    gaps: VecDeque<TimedGap>,
     segment: SegmentCounts,
     received: u64,
     lost: u64,
@@ -491,7 +546,8 @@ impl SequenceTracker {
     ///
     /// # Errors
     /// [`TrackerConfigError`] when `max_dropout` is 0 or `reorder_window` is outside
-    /// `1..=MAX_REORDER_WINDOW`.
+    /// `1..=MAX_REORDER_WINDOW`. Any `reorder_time` is accepted (zero: a gap is lost at the
+    /// first [`handle_timeout`](Self::handle_timeout) after it is seen).
     pub fn new(config: TrackerConfig) -> Result<Self, TrackerConfigError> {
         if config.max_dropout == 0 {
             return Err(TrackerConfigError::ZeroMaxDropout);
@@ -515,6 +571,7 @@ impl SequenceTracker {
             seen: SeenWindow::new(config.reorder_window),
             settled: 0,
             closed: false,
+            gaps: VecDeque::new(),
             segment: SegmentCounts::default(),
             received: 0,
             lost: 0,
@@ -562,10 +619,36 @@ impl SequenceTracker {
     /// Otherwise (an epoch already current, or a jump too large to believe) exactly
     /// [`observe`](Self::observe).
     pub fn observe_from(&mut self, epoch: u64, first: u64, seq: u64) -> Observation {
+        self.observe_from_inner(epoch, first, seq, None)
+    }
+
+    /// [`observe_from`](Self::observe_from) for a frame that arrived at `now`: first
+    /// [`handle_timeout(now)`](Self::handle_timeout), then the frame is classified, and a gap
+    /// it reveals (the leading one included) is lost once `now` is
+    /// [`TrackerConfig::reorder_time`] old, if it has not left the frame window before.
+    /// `now` must not go backwards between calls (an earlier instant only delays the loss).
+    pub fn observe_from_at(
+        &mut self,
+        epoch: u64,
+        first: u64,
+        seq: u64,
+        now: Instant,
+    ) -> Observation {
+        self.handle_timeout(now);
+        self.observe_from_inner(epoch, first, seq, Some(now))
+    }
+
+    fn observe_from_inner(
+        &mut self,
+        epoch: u64,
+        first: u64,
+        seq: u64,
+        now: Option<Instant>,
+    ) -> Observation {
         let lead = Seq::new(seq).since(Seq::new(first));
         let starts_epoch = self.epoch != Some(epoch) && self.retired_epoch != Some(epoch);
         if !starts_epoch || lead == 0 || lead >= HALF || lead > self.config.max_dropout {
-            return self.observe(epoch, seq);
+            return self.observe_inner(epoch, seq, now);
         }
         // Open the segment at `first` with nothing received, then take `seq` as a forward
         // jump from `first − 1`: `first ..= seq − 1` are missing.
@@ -575,6 +658,7 @@ impl SequenceTracker {
         let window_floor = d.saturating_sub(self.config.reorder_window);
         self.segment.missing += d - 1;
         self.settle_below(window_floor);
+        self.push_gap(lead, now);
         self.seen.set(seq);
         self.highest = Seq::new(seq);
         self.segment.received += 1;
@@ -586,8 +670,24 @@ impl SequenceTracker {
     }
 
     /// Classify one frame of `epoch` with sequence `seq` and update the counters (rules in
-    /// the module docs). Never panics.
+    /// the module docs). Never panics. A gap it reveals is settled by the frame window only;
+    /// [`observe_at`](Self::observe_at) also bounds it in time.
     pub fn observe(&mut self, epoch: u64, seq: u64) -> Observation {
+        self.observe_inner(epoch, seq, None)
+    }
+
+    /// [`observe`](Self::observe) for a frame that arrived at `now`: first
+    /// [`handle_timeout(now)`](Self::handle_timeout) (missing frames whose reorder time ran
+    /// out are lost, so one of them arriving now is stale), then the frame is classified; a
+    /// gap it reveals is lost once `now` is [`TrackerConfig::reorder_time`] old, if it has not
+    /// left the frame window before. `now` must not go backwards between calls (an earlier
+    /// instant only delays the loss). Never panics.
+    pub fn observe_at(&mut self, epoch: u64, seq: u64, now: Instant) -> Observation {
+        self.handle_timeout(now);
+        self.observe_inner(epoch, seq, Some(now))
+    }
+
+    fn observe_inner(&mut self, epoch: u64, seq: u64, now: Option<Instant>) -> Observation {
         let Some(current) = self.epoch else {
             self.start_segment(epoch, seq);
             return Observation::First;
@@ -627,6 +727,9 @@ impl SequenceTracker {
             let window_floor = (off + 1).saturating_sub(self.config.reorder_window);
             self.segment.missing += d - 1;
             self.settle_below(window_floor);
+            if d > 1 {
+                self.push_gap(off, now);
+            }
             self.seen.advance(self.highest, d);
             self.seen.set(seq);
             self.highest = s;
@@ -657,8 +760,16 @@ impl SequenceTracker {
             self.duplicate = self.duplicate.saturating_add(1);
             return Observation::Duplicate;
         }
-        // Inside the segment, inside the window (so not settled: the settled offsets are all
-        // `≥ reorder_window` behind `highest`), never seen: a missing frame arrived.
+        // `b ≤ highest − base`: the offset from `base` does not underflow.
+        if self.highest.since(self.base) - b < self.settled {
+            // Inside the frame window, never seen, but counted lost by the reorder time.
+            self.count_stale();
+            return Observation::Stale {
+                reason: StaleReason::ReorderTime,
+            };
+        }
+        // Inside the segment, inside the window, not settled, never seen: a missing frame
+        // arrived.
         self.seen.set(seq);
         self.segment.received += 1;
         self.segment.missing = self.segment.missing.saturating_sub(1);
@@ -777,6 +888,40 @@ impl SequenceTracker {
         self.lost.saturating_sub(before)
     }
 
+    /// The reorder window in time: counts as lost every missing frame of the current segment
+    /// after which a later frame arrived at least [`TrackerConfig::reorder_time`] before
+    /// `now` (RFC 8985 §6.2, with the arrival instants passed to
+    /// [`observe_at`](Self::observe_at) and [`observe_from_at`](Self::observe_from_at)), and
+    /// returns how many. Call it at [`poll_timeout`](Self::poll_timeout), or on any periodic
+    /// tick; calling it early or often changes nothing. Frames counted lost this way that
+    /// still arrive are [`Stale`](Observation::Stale) ([`StaleReason::ReorderTime`]). 0
+    /// without a `reorder_time`, before the first frame and once the segment is closed.
+    pub fn handle_timeout(&mut self, now: Instant) -> u64 {
+        let Some(reorder_time) = self.config.reorder_time else {
+            return 0;
+        };
+        let before = self.lost;
+        while let Some(gap) = self.gaps.front().copied() {
+            if now.saturating_duration_since(gap.at) < reorder_time {
+                break;
+            }
+            // `gap.end ≤ highest − base`: the bitmap holds every offset below it that is
+            // not settled yet (they are inside the frame window).
+            self.gaps.pop_front();
+            self.settle_below(gap.end);
+        }
+        self.lost.saturating_sub(before)
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) next has work: the instant the oldest
+    /// gap still missing frames reaches [`TrackerConfig::reorder_time`]; `None` when nothing
+    /// waits for it (no gap, no `reorder_time`, or the segment is closed).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let reorder_time = self.config.reorder_time?;
+        let gap = self.gaps.front()?;
+        Some(gap.at.checked_add(reorder_time).unwrap_or(gap.at))
+    }
+
     /// Whether the current segment was closed ([`close`](Self::close), [`settle`](Self::settle)).
     pub fn is_closed(&self) -> bool {
         self.closed
@@ -802,13 +947,26 @@ impl SequenceTracker {
         self.lost = self.lost.saturating_add(missing);
         self.settled = self.highest.since(self.base).wrapping_add(1);
         self.closed = true;
+        self.gaps.clear();
     }
 
-    /// The window's lower edge moves to offset `floor` (from `base`) while `highest` moves
-    /// forward (the jump's skipped frames already added to `missing`): every offset in `settled..floor` not seen is lost. Offsets up to the
-    /// old `highest` are looked up in the bitmap (which still holds them: they are inside
-    /// the old window, the bitmap is at least as large); offsets beyond it were skipped by
-    /// this jump and are lost unseen.
+    /// Remembers, for the reorder time, that the frames missing below offset `end` had a
+    /// later frame arrive at `now` (nothing without an instant, or when they are all settled
+    /// already).
+    fn push_gap(&mut self, end: u64, now: Option<Instant>) {
+        if let Some(at) = now {
+            if self.config.reorder_time.is_some() && end > self.settled {
+                self.gaps.push_back(TimedGap { end, at });
+            }
+        }
+    }
+
+    /// The window's lower edge moves to offset `floor` (from `base`), while `highest` moves
+    /// forward (the jump's skipped frames already added to `missing`) or because the reorder
+    /// time of a gap ran out (`floor ≤ highest − base`): every offset in `settled..floor` not
+    /// seen is lost. Offsets up to the old `highest` are looked up in the bitmap (which still
+    /// holds them: they are inside the old window, the bitmap is at least as large); offsets
+    /// beyond it were skipped by this jump and are lost unseen.
     fn settle_below(&mut self, floor: u64) {
         if floor <= self.settled {
             return;
@@ -826,6 +984,9 @@ impl SequenceTracker {
         // Offsets in `old_top + 1 .. floor`: skipped by this jump, already past the window.
         newly = newly.saturating_add(floor.saturating_sub(old_top.wrapping_add(1)));
         self.settled = floor;
+        while self.gaps.front().is_some_and(|g| g.end <= floor) {
+            self.gaps.pop_front();
+        }
         self.segment.missing = self.segment.missing.saturating_sub(newly);
         self.segment.lost = self.segment.lost.saturating_add(newly);
         self.lost = self.lost.saturating_add(newly);
@@ -921,6 +1082,7 @@ impl SequenceTracker {
         self.seen.clear_all();
         self.settled = 0;
         self.closed = false;
+        self.gaps.clear();
         self.segment = SegmentCounts::default();
         previous
     }
@@ -933,6 +1095,7 @@ impl SequenceTracker {
         self.seen.set(seq);
         self.settled = 0;
         self.closed = false;
+        self.gaps.clear();
         self.segment = SegmentCounts {
             received: 1,
             ..SegmentCounts::default()
@@ -943,6 +1106,8 @@ impl SequenceTracker {
 
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, Instant};
+
     use super::*;
 
     const E: u64 = 0xE1;
@@ -951,6 +1116,7 @@ mod tests {
         match SequenceTracker::new(TrackerConfig {
             max_dropout,
             reorder_window,
+            ..TrackerConfig::default()
         }) {
             Ok(t) => t,
             Err(e) => panic!("valid config refused: {e}"),
@@ -984,6 +1150,7 @@ mod tests {
             SequenceTracker::new(TrackerConfig {
                 max_dropout,
                 reorder_window,
+                reorder_time: None,
             })
             .err()
         };
@@ -1172,6 +1339,157 @@ mod tests {
         let mut t = tracker(5, 64);
         assert_eq!(t.observe_from(E, 0, 100), Observation::First);
         assert_eq!((t.counts().base, t.counts().missing), (100, 0));
+    }
+
+    const SEC: Duration = Duration::from_secs(1);
+
+    /// One frame a second with a window of 100 frames: the frame-only window would count the
+    /// missing frame lost only 100 frames (100 s) later; the reorder time counts it once the
+    /// frame after it is one second old, and a sweep does so with no further frame.
+    #[test]
+    fn a_gap_at_one_frame_a_second_is_lost_after_the_reorder_time() {
+        let mut t = tracker(3000, 100);
+        let t0 = Instant::now();
+        assert_eq!(t.observe_at(E, 0, t0), Observation::First);
+        assert_eq!(
+            t.observe_at(E, 2, t0 + SEC),
+            Observation::Gap { missing: 1 }
+        );
+        assert_eq!(t.poll_timeout(), Some(t0 + 2 * SEC));
+        assert_eq!(t.handle_timeout(t0 + SEC + SEC / 2), 0, "only 0.5 s old");
+        assert_eq!((t.counts().lost, t.counts().missing), (0, 1));
+        assert!(!t.is_settled(1));
+        assert_eq!(t.handle_timeout(t0 + 2 * SEC), 1);
+        let c = t.counts();
+        assert_eq!((c.received, c.lost, c.missing), (2, 1, 0));
+        assert!(t.is_settled(1));
+        assert_eq!(t.poll_timeout(), None);
+        assert_invariants(&t);
+        // Counted lost once: arriving now it is stale, neither received nor taken back.
+        assert_eq!(
+            t.observe_at(E, 1, t0 + 3 * SEC),
+            Observation::Stale {
+                reason: StaleReason::ReorderTime
+            }
+        );
+        let c = t.counts();
+        assert_eq!((c.received, c.lost, c.stale, c.late), (2, 1, 1, 0));
+        assert_invariants(&t);
+        // A received frame inside the frame window is still a duplicate.
+        assert_eq!(t.observe_at(E, 0, t0 + 3 * SEC), Observation::Duplicate);
+        assert_eq!(t.close(E, 2), Ok(0));
+        let c = t.counts();
+        assert_eq!(c.segment.received + c.segment.lost, 3);
+    }
+
+    /// A frame that arrives within the reorder time is late, not lost; the next frame's own
+    /// sweep (no explicit `handle_timeout`) settles the other missing frame.
+    #[test]
+    fn a_late_frame_within_the_reorder_time_is_received() {
+        let mut t = tracker(3000, 100);
+        let t0 = Instant::now();
+        let _ = t.observe_at(E, 0, t0);
+        assert_eq!(t.observe_at(E, 3, t0), Observation::Gap { missing: 2 });
+        assert_eq!(t.observe_at(E, 1, t0 + SEC / 2), Observation::Late);
+        assert_eq!(t.counts().missing, 1);
+        // 1.2 s later frame 4 arrives: the sweep first counts 2 lost, then 4 is in order.
+        assert_eq!(t.observe_at(E, 4, t0 + SEC + SEC / 5), Observation::InOrder);
+        let c = t.counts();
+        assert_eq!((c.received, c.lost, c.missing, c.late), (4, 1, 0, 1));
+        assert_invariants(&t);
+    }
+
+    /// Gaps revealed at different instants are settled each at its own time, in order; the
+    /// later gap's frame can still arrive late after the earlier gap was counted.
+    #[test]
+    fn each_gap_is_settled_at_its_own_time() {
+        let mut t = tracker(3000, 100);
+        let t0 = Instant::now();
+        let _ = t.observe_at(E, 0, t0);
+        let _ = t.observe_at(E, 2, t0); // 1 missing since t0
+        let _ = t.observe_at(E, 5, t0 + SEC / 2); // 3, 4 missing since t0 + 0.5 s
+        assert_eq!(t.handle_timeout(t0 + SEC), 1);
+        assert_eq!(t.poll_timeout(), Some(t0 + SEC + SEC / 2));
+        assert_eq!(t.observe_at(E, 3, t0 + SEC), Observation::Late);
+        assert_eq!(
+            t.observe_at(E, 1, t0 + SEC),
+            Observation::Stale {
+                reason: StaleReason::ReorderTime
+            }
+        );
+        assert_eq!(t.handle_timeout(t0 + 2 * SEC), 1);
+        let c = t.counts();
+        assert_eq!(
+            (c.received, c.lost, c.missing, c.late, c.stale),
+            (4, 2, 0, 1, 1)
+        );
+        assert_invariants(&t);
+        // Nothing waits any more; sweeping again changes nothing.
+        assert_eq!(t.poll_timeout(), None);
+        assert_eq!(t.handle_timeout(t0 + 10 * SEC), 0);
+    }
+
+    /// The frame window still applies within the reorder time (whichever ends first), and a
+    /// gap it settled leaves nothing for the timer.
+    #[test]
+    fn the_frame_window_settles_first_at_high_rates() {
+        let mut t = tracker(3000, 4);
+        let t0 = Instant::now();
+        let _ = t.observe_at(E, 0, t0);
+        let _ = t.observe_at(E, 2, t0);
+        for s in 3..=5 {
+            let _ = t.observe_at(E, s, t0);
+        }
+        assert_eq!((t.counts().lost, t.counts().missing), (1, 0));
+        assert_eq!(t.poll_timeout(), None);
+        assert_invariants(&t);
+    }
+
+    /// Without an instant (`observe`) or without `reorder_time`, only the frame window counts.
+    #[test]
+    fn no_reorder_time_means_the_frame_window_only() {
+        let t0 = Instant::now();
+        let mut t = SequenceTracker::new(TrackerConfig {
+            reorder_time: None,
+            ..TrackerConfig::default()
+        })
+        .unwrap_or_default();
+        let _ = t.observe_at(E, 0, t0);
+        let _ = t.observe_at(E, 2, t0);
+        assert_eq!(t.poll_timeout(), None);
+        assert_eq!(t.handle_timeout(t0 + 1000 * SEC), 0);
+        assert_eq!(t.observe_at(E, 1, t0 + 1000 * SEC), Observation::Late);
+        let mut u = SequenceTracker::default();
+        let _ = u.observe(E, 0);
+        let _ = u.observe(E, 2);
+        assert_eq!(u.handle_timeout(t0 + 1000 * SEC), 0);
+        assert_eq!(u.counts().missing, 1);
+    }
+
+    /// A stream whose first frame is not its sequence 0: the leading gap is bounded in time
+    /// too; a reset or a close drops what waited for the timer.
+    #[test]
+    fn the_leading_gap_is_bounded_in_time_and_resets_forget_timers() {
+        let mut t = tracker(3000, 100);
+        let t0 = Instant::now();
+        assert_eq!(t.observe_from_at(E, 0, 3, t0), Observation::First);
+        assert_eq!(t.counts().missing, 3);
+        assert_eq!(t.handle_timeout(t0 + SEC), 3);
+        assert_invariants(&t);
+        let _ = t.observe_at(E, 6, t0 + SEC);
+        assert!(t.poll_timeout().is_some());
+        assert_eq!(
+            t.observe_from_at(0xE2, 0, 0, t0 + SEC),
+            Observation::EpochReset { previous_epoch: E }
+        );
+        // The old segment's missing frames were counted at the reset; no timer is left.
+        assert_eq!(t.counts().lost, 5);
+        assert_eq!(t.poll_timeout(), None);
+        let _ = t.observe_at(0xE2, 2, t0 + SEC);
+        assert_eq!(t.settle(0xE2), 1);
+        assert_eq!(t.poll_timeout(), None);
+        assert_eq!(t.handle_timeout(t0 + 9 * SEC), 0);
+        assert_invariants(&t);
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! extension are checked near the 2^32 and 2^64 wraps.
 
 use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use uctel_protocol::seq::Seq;
@@ -299,7 +300,7 @@ proptest! {
         window in 1u64..150,
     ) {
         let sim = simulate(&ops, &starts, first_epoch, &displacement);
-        let mut t = SequenceTracker::new(TrackerConfig { max_dropout, reorder_window: window })
+        let mut t = SequenceTracker::new(TrackerConfig { max_dropout, reorder_window: window, ..TrackerConfig::default() })
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         let mut m = Model { max_dropout, window, ..Model::default() };
         let mut reported_expected = 0u64;
@@ -388,7 +389,7 @@ proptest! {
         let ops: Vec<SendOp> = ops.into_iter().filter(|o| !matches!(o, SendOp::NewEpoch)).collect();
         let start = (1u64 << 32) - below;
         let sim = simulate(&ops, &[start], 7, &displacement);
-        let cfg = TrackerConfig { max_dropout: 3000, reorder_window: window };
+        let cfg = TrackerConfig { max_dropout: 3000, reorder_window: window, ..TrackerConfig::default() };
         let mut by_imm = SequenceTracker::new(cfg).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let mut by_seq = SequenceTracker::new(cfg).map_err(|e| TestCaseError::fail(e.to_string()))?;
         // The first immediate is taken as is, so the connection starts below 2^32.
@@ -461,7 +462,7 @@ proptest! {
     ) {
         // Sequences are random or near the previous one; epochs come from a tiny set so
         // retired epochs and returns to old ones happen.
-        let mut t = SequenceTracker::new(TrackerConfig { max_dropout, reorder_window: window })
+        let mut t = SequenceTracker::new(TrackerConfig { max_dropout, reorder_window: window, ..TrackerConfig::default() })
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         let mut prev = 0u64;
         for (epoch, random, step, near) in frames {
@@ -484,6 +485,151 @@ proptest! {
                 let c = t.counts();
                 prop_assert_eq!(close.wrapping_sub(c.base) + 1, c.segment.received + c.segment.lost);
             }
+        }
+    }
+}
+
+/// Reference model of the reorder window in time (one epoch, a frame window wider than the
+/// run, so only time settles): a missing sequence is lost once the first frame after it is
+/// `reorder_time` old.
+#[derive(Debug, Default)]
+struct TimedModel {
+    highest: Option<u64>,
+    received: BTreeSet<u64>,
+    lost: BTreeSet<u64>,
+    /// Missing sequence → when a later frame first arrived.
+    revealed: std::collections::BTreeMap<u64, Duration>,
+}
+
+impl TimedModel {
+    fn sweep(&mut self, now: Duration, reorder_time: Duration) {
+        let due: Vec<u64> = self
+            .revealed
+            .iter()
+            .filter(|(_, at)| now.saturating_sub(**at) >= reorder_time)
+            .map(|(s, _)| *s)
+            .collect();
+        for s in due {
+            self.revealed.remove(&s);
+            self.lost.insert(s);
+        }
+    }
+
+    fn observe(&mut self, seq: u64, now: Duration, reorder_time: Duration) -> Observation {
+        self.sweep(now, reorder_time);
+        match self.highest {
+            Some(h) if seq <= h => {
+                if self.received.contains(&seq) {
+                    Observation::Duplicate
+                } else if self.lost.contains(&seq) {
+                    Observation::Stale {
+                        reason: StaleReason::ReorderTime,
+                    }
+                } else {
+                    self.revealed.remove(&seq);
+                    self.received.insert(seq);
+                    Observation::Late
+                }
+            }
+            _ => {
+                let from = self.highest.map_or(0, |h| h + 1);
+                for m in from..seq {
+                    self.revealed.insert(m, now);
+                }
+                self.received.insert(seq);
+                let first = self.highest.is_none();
+                self.highest = Some(seq);
+                match (first, seq - from) {
+                    (true, _) => Observation::First,
+                    (false, 0) => Observation::InOrder,
+                    (false, missing) => Observation::Gap { missing },
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Frames dropped, duplicated and reordered, arriving at random instants with sweeps in
+    /// between: each frame is classified as the time model says (late inside the reorder
+    /// time, stale once counted lost), the counters agree with it, nothing overdue is left
+    /// after a sweep, and after the goodbye `sent == received + lost`.
+    #[test]
+    fn the_reorder_time_counts_each_missing_frame_once(
+        sends in prop::collection::vec((0u8..10, 0u64..700, any::<bool>()), 1..160),
+        displacement in 0usize..6,
+        order_seed in any::<u64>(),
+        reorder_ms in 1u64..2000,
+    ) {
+        let reorder_time = Duration::from_millis(reorder_ms);
+        let mut t = SequenceTracker::new(TrackerConfig {
+            max_dropout: 3000,
+            reorder_window: 1024,
+            reorder_time: Some(reorder_time),
+        })
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        // (seq, gap before it in ms, sweep before it); 0 = dropped, 1 = duplicated.
+        let mut wire: Vec<(u64, u64, bool)> = Vec::new();
+        for (i, (fate, dt, sweep)) in sends.iter().enumerate() {
+            let seq = i as u64;
+            match fate {
+                0 => {}
+                1 => {
+                    wire.push((seq, *dt, *sweep));
+                    wire.push((seq, 0, false));
+                }
+                _ => wire.push((seq, *dt, *sweep)),
+            }
+        }
+        // Bounded reordering: swap neighbours a few places apart.
+        let mut x = order_seed | 1;
+        for i in 0..wire.len() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let j = (i + (x as usize) % (displacement + 1)).min(wire.len() - 1);
+            wire.swap(i, j);
+        }
+        let t0 = Instant::now();
+        let mut m = TimedModel::default();
+        let mut now = Duration::ZERO;
+        let mut lost_before = 0;
+        for (seq, dt, sweep) in wire {
+            now += Duration::from_millis(dt);
+            if sweep {
+                let before = t.counts().lost;
+                let newly = t.handle_timeout(t0 + now);
+                m.sweep(now, reorder_time);
+                prop_assert_eq!(t.counts().lost - before, newly);
+                prop_assert!(t.poll_timeout().is_none_or(|d| d > t0 + now));
+            }
+            let want = m.observe(seq, now, reorder_time);
+            prop_assert_eq!(t.observe_from_at(7, 0, seq, t0 + now), want, "seq {} at {:?}", seq, now);
+            let c = t.counts();
+            prop_assert_eq!(c.received, m.received.len() as u64);
+            prop_assert_eq!(c.lost, m.lost.len() as u64);
+            prop_assert_eq!(c.missing, m.revealed.len() as u64);
+            prop_assert_eq!(c.received + c.lost + c.missing, c.expected);
+            prop_assert!(c.lost >= lost_before);
+            lost_before = c.lost;
+            // A timer is pending whenever a frame is missing, and never later than the
+            // oldest missing frame's deadline.
+            let oldest = m.revealed.values().min().map(|at| t0 + *at + reorder_time);
+            match (t.poll_timeout(), oldest) {
+                (None, Some(_)) => prop_assert!(false, "missing frames but no timer"),
+                (Some(p), Some(o)) => prop_assert!(p <= o),
+                _ => {}
+            }
+        }
+        let last = sends.len() as u64 - 1;
+        if let Some(h) = m.highest {
+            prop_assert!(t.close(7, last).is_ok());
+            let c = t.counts();
+            prop_assert_eq!(c.segment.received + c.segment.lost, last + 1);
+            prop_assert_eq!(c.received, m.received.len() as u64);
+            prop_assert!(h <= last);
         }
     }
 }

@@ -22,9 +22,9 @@ use crate::exposition::{scrape, Scrape};
 
 /// The agent's streams by the name both sides use as their `stream` label
 /// (`uctel_protocol::stream::WELL_KNOWN`: stream id 1 is `metrics`, 2 is `logs`, 3 is
-/// `fast_counters`). Every connection carries all three, even without
-/// `sources.fast_counters` (heartbeats and the empty last frame of an epoch), and the
-/// agent's `goodbye sent` line has `<stream>_frames` and `<stream>_records` for each.
+/// `fast_counters`). A connection carries `fast_counters` only with `sources.fast_counters`
+/// configured (no frame at all otherwise, so the collector shows none); the agent's
+/// `goodbye sent` line has `<stream>_frames` and `<stream>_records` for each of the three.
 pub const STREAMS: [&str; 3] = ["metrics", "logs", "fast_counters"];
 
 /// Collector drop reasons after which the frame's stream has already counted it (not lost).

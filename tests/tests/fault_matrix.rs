@@ -1299,3 +1299,132 @@ fn fast_counters_unreadable_counter() {
     );
     row.verdict(Law::Exact);
 }
+
+/// A low-rate stream with a lost frame (counted within the time bound): one log line a
+/// second and host metrics every second, 10 % of the agent's packets dropped, for 30 s.
+/// Each second both daemons are scraped; every frame the injector dropped more than
+/// [`LOW_RATE_BOUND`] ago (the next frame of its stream follows within about a second, the
+/// reorder window is 1 s, the collector sweeps every 0.1 s) must be in the collector's
+/// `frames_lost_total` already, not 100 frames (minutes at this rate) later; the records of
+/// the lost frames are in `records_lost_total` by then too. Then the exact law, and no
+/// series of the `fast_counters` stream, which the agent does not have configured.
+#[test]
+fn low_rate_stream_loss_counted_within_the_time_bound() {
+    let _g = exclusive();
+    let mut row = Row::start("low-rate-loss", CollectorSpec::default(), None);
+    let a = row.add_agent(AgentSpec::new("a").fault("drop_ratio", 0.1));
+    row.wait_connected(1, &[a]);
+    let started = std::time::Instant::now();
+    // (seconds since start, packets the injector dropped, frames lost, records lost)
+    let mut samples: Vec<(f64, u64, u64, u64)> = Vec::new();
+    let mut late: Vec<String> = Vec::new();
+    for _ in 0..LOW_RATE_SECONDS {
+        row.write(a, 0, 1);
+        std::thread::sleep(Duration::from_secs(1));
+        let (Ok(ag), Ok(col)) = (row.scrape_agent(a), row.scrape_collector()) else {
+            continue;
+        };
+        let injected = ag.count("uctel_agent_fault_packets_total", &[("action", "dropped")]);
+        let lost = col.count("uctel_collector_frames_lost_total", &[("agent", "a")]);
+        let records = col.count("uctel_collector_records_lost_total", &[("agent", "a")]);
+        let t = started.elapsed().as_secs_f64();
+        // Every drop injected by the sample at least LOW_RATE_BOUND old is counted by now.
+        let due = samples
+            .iter()
+            .rev()
+            .find(|s| s.0 <= t - LOW_RATE_BOUND.as_secs_f64())
+            .map_or(0, |s| s.1);
+        if lost < due {
+            late.push(format!(
+                "at {t:.1} s: frames lost {lost} < {due} packets dropped {LOW_RATE_BOUND:?} earlier"
+            ));
+        }
+        samples.push((t, injected, lost, records));
+    }
+    let last = samples.last().copied().unwrap_or_default();
+    row.notes.push(format!(
+        "after {:.1} s: injector dropped {}, collector frames lost {}, records lost {}",
+        last.0, last.1, last.2, last.3
+    ));
+    row.expect(
+        last.1 > 0 && late.is_empty(),
+        format!(
+            "{} drop(s) injected at ~1 frame/s per stream, each counted lost within {LOW_RATE_BOUND:?}: {late:?}",
+            last.1
+        ),
+    );
+    row.expect(
+        samples.iter().any(|s| s.3 > 0),
+        "records of the lost frames counted in records_lost_total before the Goodbye",
+    );
+    row.wait_settled(a, LOW_RATE_SECONDS, SETTLE);
+    row.quiesce();
+    let (lost, injected) = lost_and_injected(&row);
+    row.expect(
+        lost == injected,
+        format!("frames lost {lost} == injector drops {injected}"),
+    );
+    // The agent has no fast counters configured: that stream carries nothing (no idle
+    // heartbeats whose loss would show), so the collector has no series of it.
+    let fast = [("agent", "a"), ("stream", "fast_counters")];
+    let s = row.collector_last();
+    row.expect(
+        !s.has("uctel_collector_frames_received_total", &fast)
+            && !s.has("uctel_collector_frames_lost_total", &fast),
+        format!(
+            "no fast_counters series without the source (frames received {}, lost {})",
+            s.count("uctel_collector_frames_received_total", &fast),
+            s.count("uctel_collector_frames_lost_total", &fast)
+        ),
+    );
+    row.verdict(Law::Exact);
+}
+
+/// How long the low-rate row runs, one line a second.
+const LOW_RATE_SECONDS: u64 = 30;
+/// The bound on how late a lost frame of the low-rate row may be counted, from the drop:
+/// the next frame of its stream (about 1 s) + the reorder window (1 s) + the collector's
+/// sweep (0.1 s) + the scrape period (1 s).
+const LOW_RATE_BOUND: Duration = Duration::from_millis(3500);
+
+/// Multi-packet frames (`multi_packet_frames`, path MTU 1024, frames up to 4096 bytes) with
+/// 5 % of the agent's packets dropped: a lost packet dooms its frame, which the collector's
+/// UC responder drops (`psn_gap`, `cut_short`) and its connection tracker sees as a gap. The
+/// per-connection sum `sent = received + dropped + connection lost` holds exactly: the
+/// connection's loss counts only the gaps no drop explains, and it must not count a gap
+/// before the responder's drop of that frame is folded in (a counter cannot take it back).
+/// A frame window of 4 (`reorder_window_frames`) settles gaps within milliseconds, well
+/// before the worker's next fold of the QP's drop counters (every 0.1 s).
+#[test]
+fn multi_packet_frames_drop_5_percent() {
+    let _g = exclusive();
+    let spec = CollectorSpec {
+        set: vec![("reorder_window_frames".into(), 4.into())],
+        ..CollectorSpec::default()
+    };
+    let mut row = Row::start("multi-packet-drop-5pct", spec, None);
+    let spec = AgentSpec::new("a")
+        .set("multi_packet_frames", true)
+        .set("transport.soft.mtu_bytes", 1024)
+        .set("max_frame_bytes", 4096)
+        .fault("drop_ratio", 0.05);
+    let a = row.add_agent(spec);
+    row.wait_connected(1, &[a]);
+    row.write_bursts(a, 0, 3000, GAP);
+    row.wait_settled(a, 3000, SETTLE);
+    row.quiesce();
+    let c = row.collector_figures("a");
+    let doomed = c.dropped.get("psn_gap").copied().unwrap_or(0)
+        + c.dropped.get("cut_short").copied().unwrap_or(0);
+    let conn_lost = row.collector_last().count(
+        "uctel_collector_connection_frames_lost_total",
+        &[("agent", "a")],
+    );
+    row.expect(
+        doomed > 0,
+        format!(
+            "frames doomed by a lost packet and dropped by the UC responder (psn_gap + cut_short) {doomed} > 0; connection frames lost {conn_lost}"
+        ),
+    );
+    row.verdict(Law::Exact);
+}

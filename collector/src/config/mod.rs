@@ -46,6 +46,7 @@
 //! series_cap_per_agent: 100000
 //! max_dropout_frames: 3000
 //! reorder_window_frames: 100
+//! reorder_window_seconds: 1
 //! logs:
 //!   sink: file                     # file | stdout
 //!   file:
@@ -103,8 +104,18 @@ pub struct Config {
     /// `MAX_DROPOUT`, default 3000).
     pub max_dropout_frames: Count<3000>,
     /// A backward step at most this large is a late frame; larger is stale (RFC 3550 A.1
-    /// `MAX_MISORDER`, default 100).
+    /// `MAX_MISORDER`, default 100). A missing frame is counted lost once this many later
+    /// frames arrived, or `reorder_window_seconds` after the first later frame, whichever
+    /// comes first.
     pub reorder_window_frames: Count<100>,
+    /// The reorder window in time (RFC 8985 RACK's `reo_wnd`): a missing frame is counted
+    /// lost once a later frame of its sequence arrived at least this long ago, even while
+    /// fewer than `reorder_window_frames` later frames arrived, so loss on a slow stream
+    /// shows in `frames_lost_total` within about this time plus 0.1 s (the collector's
+    /// sweep) instead of after 100 frames. A frame that arrives after that is stale
+    /// (`frames_stale_total`), not received. Default 1 s, far above the reordering of a
+    /// network path or a NIC.
+    pub reorder_window_seconds: Seconds<1>,
     /// Where received log records go.
     pub logs: LogsConfig,
     /// Outputs to other machines (Prometheus remote-write), beside `/metrics` and `logs`.
@@ -921,6 +932,7 @@ impl Validate for Config {
         if self.max_dropout_frames.0 == 0 {
             p.push("max_dropout_frames", "must be at least 1");
         }
+        check_seconds(p, "reorder_window_seconds", self.reorder_window_seconds.0);
         if self.logs.sink == LogSinkKind::File {
             let f = &self.logs.file;
             if f.path.as_os_str().is_empty() {

@@ -167,6 +167,7 @@ pub(super) async fn run_session(
     let tracker = TrackerConfig {
         max_dropout: cfg.max_dropout_frames.0,
         reorder_window: cfg.reorder_window_frames.0,
+        reorder_time: Some(cfg.reorder_window_seconds.duration()),
     };
     // One ingest per lane (DESIGN.md §8b): its own connection tracker and the trackers of
     // its streams, delivering into the same outputs.
