@@ -343,6 +343,9 @@ pub(super) async fn run_session(
                     link.heard();
                     match m.body {
                         Some(Body::Heartbeat(hb)) => {
+                            if let Some(c) = &hb.agent_counters {
+                                tel.agent_counters(c);
+                            }
                             let starved = hb.frames_without_credit.unwrap_or(0);
                             // The RC lane out of credit wants its report early too; it has no
                             // share of the budget, so this is not budget want.
