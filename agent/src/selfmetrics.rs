@@ -11,6 +11,12 @@
 //! - shipped through the pipeline like any other metric: [`SelfMetrics::to_records`] turns a
 //!   `gather()` of the registry into [`payload::Metric`] records for the `metrics` stream.
 //!
+//! The send and drop counters (`frames_sent`, `records_sent`, `frames_dropped`,
+//! `records_dropped`) also go to the collector in every heartbeat on the control connection
+//! ([`SelfMetrics::agent_counters`]): the `metrics` stream is what a `no_credit` drop
+//! discards, so its copy would freeze exactly while the agent drops. The collector exports
+//! them as `uctel_collector_agent_*_total`.
+//!
 //! Other agent parts (the log source, for one) register their own collectors into
 //! [`SelfMetrics::registry`], and they are exported the same two ways.
 //!

@@ -36,6 +36,23 @@
 //!   received; `records_received_total` counts only the records delivered. So per stream,
 //!   agent records sent `= records_received + records_lost + records_dropped +
 //!   records_replayed`.
+//! * `agent_frames_sent_total{agent,stream}`, `agent_records_sent_total{agent,stream}`,
+//!   `agent_frames_dropped_total{agent,stream,reason}`,
+//!   `agent_records_dropped_total{agent,stream,reason}`: the agent's own
+//!   `uctel_agent_{frames,records}_{sent,dropped}_total`, carried by its heartbeats on the
+//!   control connection (`Heartbeat.agent_counters`), so the drops they count cannot starve
+//!   them (the copy in the agent's self-metrics travels in the `metrics` frames a
+//!   `no_credit` drop discards). `reason` is the agent's (`no_credit`, `send_queue_full`,
+//!   `oversize`, `invalid`, `source_overflow`, `not_connected`, `transport_error`,
+//!   `shutdown`; `unspecified` for a reason this collector does not know). Visible within
+//!   one heartbeat interval (an agent out of credit heartbeats at once); monotonic for the
+//!   collector's lifetime across reconnects and agent restarts ([`crate::agent_counters`]):
+//!   while the agent process has not restarted they equal its own counters as of its last
+//!   heartbeat, and the agent's last heartbeat before its `Goodbye` carries its final
+//!   figures. After an agent moves to another collector of a pool, that collector's series
+//!   start at the agent's lifetime figures: sum `rate()`/`increase()` over collectors, not
+//!   raw values. Per stream, agent records produced
+//!   `= agent_records_sent + Σ agent_records_dropped`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
