@@ -1542,6 +1542,17 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(e.contains("agent_counters"), "{e:?}");
+        // Received from a peer that does not validate: refused by the decoder.
+        let body = big.encode_to_vec();
+        let mut framed = u32::try_from(body.len())
+            .unwrap_or(0)
+            .to_be_bytes()
+            .to_vec();
+        framed.extend(&body);
+        assert!(matches!(
+            decode_frame(&framed),
+            Err(DecodeError::Invalid(_))
+        ));
         assert_eq!(AgentDropReason::NoCredit.label(), "no_credit");
     }
 
