@@ -1,8 +1,10 @@
 //! The conservation law a row is judged by ([`Row::verdict`]): per agent and stream,
 //! `written = delivered + lost + dropped` (records) and `sent = received + lost + dropped`
 //! (frames, for every stream of [`STREAMS`]), for an agent running `sources.fast_counters`
-//! the sample law of [`super::samples`], nothing delivered twice, no panic, bounded memory,
-//! `/metrics` still served. A failing row panics with the seed and a table of every term.
+//! the sample law of [`super::samples`], the collector's copy of the agent's drop counters
+//! (`uctel_collector_agent_*_dropped_total`, from its heartbeats) at least the agent's own,
+//! nothing delivered twice, no panic, bounded memory, `/metrics` still served. A failing row
+//! panics with the seed and a table of every term.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
