@@ -1421,10 +1421,12 @@ fn agent_collection_larger_than_its_window() {
     let mut compared = false;
     while !compared && std::time::Instant::now() < deadline {
         let Ok(before) = row.scrape_agent(a) else {
+            std::thread::sleep(Duration::from_millis(100));
             continue;
         };
         std::thread::sleep(heartbeat + slack);
         let (Ok(c), Ok(after)) = (row.scrape_collector(), row.scrape_agent(a)) else {
+            std::thread::sleep(Duration::from_millis(100));
             continue;
         };
         let agent_before = drops_by_stream_and_reason(&before, "uctel_agent", None);
