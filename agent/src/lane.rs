@@ -341,6 +341,22 @@ pub fn heartbeat(sequence: u64, core: &mut SenderCore, rc: Option<&mut SenderCor
         frames_without_credit: Some(core.take_frames_without_credit()),
         rc_sent_conn_seq,
         rc_frames_without_credit: rc.map(SenderCore::take_frames_without_credit),
+        agent_counters: None,
+    }
+}
+
+/// [`heartbeat`] with the agent's send and drop counters (`agent_counters`, from
+/// [`SelfMetrics::agent_counters`]): they reach the collector on the control connection,
+/// which the drops they count cannot starve.
+pub fn heartbeat_with_counters(
+    sequence: u64,
+    core: &mut SenderCore,
+    rc: Option<&mut SenderCore>,
+    stats: &SelfMetrics,
+) -> Heartbeat {
+    Heartbeat {
+        agent_counters: Some(stats.agent_counters()),
+        ..heartbeat(sequence, core, rc)
     }
 }
 

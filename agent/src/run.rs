@@ -827,7 +827,12 @@ async fn session(
             // Out of credit with frames to send, or a window taken back: tell the
             // collector now rather than at the next heartbeat (it answers with a report).
             // The heartbeat counter is repeated: this is not a period of its own.
-            let hb = lane::heartbeat(last_heartbeat, &mut core, rc.as_mut().map(|l| &mut l.core));
+            let hb = lane::heartbeat_with_counters(
+                last_heartbeat,
+                &mut core,
+                rc.as_mut().map(|l| &mut l.core),
+                stats,
+            );
             match tokio::time::timeout(CONTROL_SEND_TIMEOUT, conn.send(hb)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => break SessionEnd::Lost(e.to_string()),
@@ -900,7 +905,7 @@ async fn session(
                 }
                 Some(LivenessEvent::SendHeartbeat { sequence }) => {
                     last_heartbeat = sequence;
-                    let hb = lane::heartbeat(sequence, &mut core, rc.as_mut().map(|l| &mut l.core));
+                    let hb = lane::heartbeat_with_counters(sequence, &mut core, rc.as_mut().map(|l| &mut l.core), stats);
                     match tokio::time::timeout(CONTROL_SEND_TIMEOUT, conn.send(hb)).await {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) => break SessionEnd::Lost(e.to_string()),
@@ -1037,7 +1042,16 @@ async fn session(
             let fin = lane::merged(&core, rc.as_ref().map(|l| &l.core));
             let rc_fin = rc.as_ref().map(|l| l.core.final_sequences());
             let bye = lane::goodbye(&fin, rc_fin.and_then(|f| f.last_conn_seq), reason, &detail);
+            // A last heartbeat first: the counters with this epoch's final drops (`shutdown`
+            // included) reach the collector before the connection closes.
+            let hb = lane::heartbeat_with_counters(
+                last_heartbeat,
+                &mut core,
+                rc.as_mut().map(|l| &mut l.core),
+                stats,
+            );
             let _ = tokio::time::timeout(CONTROL_SEND_TIMEOUT, async {
+                let _ = conn.send(hb).await;
                 let _ = conn.send(bye).await;
                 conn.shutdown().await;
             })

@@ -11,6 +11,12 @@
 //! - shipped through the pipeline like any other metric: [`SelfMetrics::to_records`] turns a
 //!   `gather()` of the registry into [`payload::Metric`] records for the `metrics` stream.
 //!
+//! The send and drop counters (`frames_sent`, `records_sent`, `frames_dropped`,
+//! `records_dropped`) also go to the collector in every heartbeat on the control connection
+//! ([`SelfMetrics::agent_counters`]): the `metrics` stream is what a `no_credit` drop
+//! discards, so its copy would freeze exactly while the agent drops. The collector exports
+//! them as `uctel_collector_agent_*_total`.
+//!
 //! Other agent parts (the log source, for one) register their own collectors into
 //! [`SelfMetrics::registry`], and they are exported the same two ways.
 //!
@@ -88,7 +94,7 @@ use prometheus::proto::MetricType as PromType;
 use prometheus::{
     Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
-use uctel_protocol::payload;
+use uctel_protocol::{control, payload};
 use uctel_transport::api::RcCounters;
 use uctel_transport::soft::fault::{FaultCounts, FaultStats};
 
@@ -177,6 +183,22 @@ impl DropReason {
             DropReason::NotConnected => 5,
             DropReason::TransportError => 6,
             DropReason::Shutdown => 7,
+        }
+    }
+}
+
+impl DropReason {
+    /// The reason as the control protocol names it in `Heartbeat.agent_counters`.
+    pub fn wire(self) -> control::AgentDropReason {
+        match self {
+            DropReason::NoCredit => control::AgentDropReason::NoCredit,
+            DropReason::SendQueueFull => control::AgentDropReason::SendQueueFull,
+            DropReason::Oversize => control::AgentDropReason::Oversize,
+            DropReason::Invalid => control::AgentDropReason::Invalid,
+            DropReason::SourceOverflow => control::AgentDropReason::SourceOverflow,
+            DropReason::NotConnected => control::AgentDropReason::NotConnected,
+            DropReason::TransportError => control::AgentDropReason::TransportError,
+            DropReason::Shutdown => control::AgentDropReason::Shutdown,
         }
     }
 }
@@ -505,6 +527,9 @@ pub struct SelfMetrics {
     source_errors: IntCounterVec,
     /// `rdma_*`: port events and async events.
     rdma: RdmaEventMetrics,
+    /// Random, chosen when these counters were created at zero: it names their lifetime in
+    /// the heartbeats' `agent_counters` ([`SelfMetrics::agent_counters`]).
+    counters_epoch: u64,
 }
 
 /// The RC lane's counters ([`SelfMetrics::enable_rc_metrics`]).
@@ -660,7 +685,40 @@ impl SelfMetrics {
             source_errors: source_errors_v,
             rdma,
             registry,
+            counters_epoch: rand::random(),
         })
+    }
+
+    /// The send and drop counters for the control protocol (`Heartbeat.agent_counters`):
+    /// per stream the frames and records sent, per stream and reason the frames and
+    /// records dropped (every pair, zeros included), cumulative since these counters were
+    /// created, under their random `counters_epoch`. The values of
+    /// `uctel_agent_{frames,records}_{sent,dropped}_total`.
+    pub fn agent_counters(&self) -> control::AgentCounters {
+        control::AgentCounters {
+            counters_epoch: self.counters_epoch,
+            sent: Stream::ALL
+                .iter()
+                .map(|s| control::AgentStreamSent {
+                    stream_id: s.id(),
+                    frames: self.frames_sent(*s),
+                    records: self.records_sent(*s),
+                })
+                .collect(),
+            dropped: Stream::ALL
+                .iter()
+                .flat_map(|s| {
+                    DropReason::ALL
+                        .iter()
+                        .map(move |r| control::AgentStreamDropped {
+                            stream_id: s.id(),
+                            reason: r.wire() as i32,
+                            frames: self.frames_dropped(*s, *r),
+                            records: self.records_dropped(*s, *r),
+                        })
+                })
+                .collect(),
+        }
     }
 
     /// Registers `uctel_agent_fault_packets_total{action}`, every action at zero. Idempotent.
@@ -1111,6 +1169,35 @@ mod tests {
         }
         assert!(find(&recs, "uctel_agent_connected", &[]).is_some());
         assert!(find(&recs, "uctel_agent_reconnects_total", &[]).is_some());
+    }
+
+    #[test]
+    fn agent_counters_carry_the_exported_counters() {
+        let sm = SelfMetrics::new().unwrap_or_else(|e| panic!("{e}"));
+        sm.frame_sent(Stream::Metrics, 40, 1000);
+        sm.dropped(Stream::Metrics, DropReason::NoCredit, 3, 120);
+        sm.dropped(Stream::Logs, DropReason::Shutdown, 0, 7);
+        let c = sm.agent_counters();
+        assert_eq!(c, sm.agent_counters(), "one epoch per set of counters");
+        assert_eq!(c.dropped.len(), Stream::ALL.len() * DropReason::ALL.len());
+        let drop = |stream: Stream, reason: DropReason| {
+            c.dropped
+                .iter()
+                .find(|d| d.stream_id == stream.id() && d.reason == reason.wire() as i32)
+                .map(|d| (d.frames, d.records))
+        };
+        assert_eq!(drop(Stream::Metrics, DropReason::NoCredit), Some((3, 120)));
+        assert_eq!(drop(Stream::Logs, DropReason::Shutdown), Some((0, 7)));
+        assert_eq!(drop(Stream::Logs, DropReason::NoCredit), Some((0, 0)));
+        let sent = c.sent.iter().find(|s| s.stream_id == Stream::Metrics.id());
+        assert_eq!(sent.map(|s| (s.frames, s.records)), Some((1, 40)));
+        // The wire names are the agent's label values.
+        for r in DropReason::ALL {
+            assert_eq!(r.wire().label(), r.as_str());
+        }
+        // Another agent process (another set of counters) has another epoch.
+        let other = SelfMetrics::new().unwrap_or_else(|e| panic!("{e}"));
+        assert_ne!(other.agent_counters().counters_epoch, c.counters_epoch);
     }
 
     #[test]

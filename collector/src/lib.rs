@@ -5,6 +5,8 @@
 //! Layout:
 //! - [`config`]: the YAML configuration (strict, all problems at once).
 //! - [`telemetry`]: `uctel_collector_*` self-metrics and the closed [`telemetry::DropReason`].
+//! - [`agent_counters`]: the agents' own send and drop counters from their heartbeats,
+//!   turned into the collector's monotonic `uctel_collector_agent_*` series.
 //! - [`store`]: latest sample per series per agent, staleness, cardinality cap, exposed through
 //!   a custom `prometheus` collector.
 //! - [`logsink`]: JSON Lines log sink with size-based rotation.
@@ -27,6 +29,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod agent_counters;
 pub mod config;
 pub mod control;
 pub mod credits;

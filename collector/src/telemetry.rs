@@ -38,6 +38,23 @@
 //!   received; `records_received_total` counts only the records delivered. So per stream,
 //!   agent records sent `= records_received + records_lost + records_dropped +
 //!   records_replayed`.
+//! * `agent_frames_sent_total{agent,stream}`, `agent_records_sent_total{agent,stream}`,
+//!   `agent_frames_dropped_total{agent,stream,reason}`,
+//!   `agent_records_dropped_total{agent,stream,reason}`: the agent's own
+//!   `uctel_agent_{frames,records}_{sent,dropped}_total`, carried by its heartbeats on the
+//!   control connection (`Heartbeat.agent_counters`), so the drops they count cannot starve
+//!   them (the copy in the agent's self-metrics travels in the `metrics` frames a
+//!   `no_credit` drop discards). `reason` is the agent's (`no_credit`, `send_queue_full`,
+//!   `oversize`, `invalid`, `source_overflow`, `not_connected`, `transport_error`,
+//!   `shutdown`; `unspecified` for a reason this collector does not know). Visible within
+//!   one heartbeat interval (an agent out of credit heartbeats at once); monotonic for the
+//!   collector's lifetime across reconnects and agent restarts ([`crate::agent_counters`]):
+//!   while the agent process has not restarted they equal its own counters as of its last
+//!   heartbeat, and the agent's last heartbeat before its `Goodbye` carries its final
+//!   figures. After an agent moves to another collector of a pool, that collector's series
+//!   start at the agent's lifetime figures: sum `rate()`/`increase()` over collectors, not
+//!   raw values. Per stream, agent records produced
+//!   `= agent_records_sent + Σ agent_records_dropped`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -221,6 +238,9 @@ impl DropReason {
 pub const DROP_REASONS: usize = DropReason::COLLECTOR.len() + UcDropReason::COUNT;
 
 pub use uctel_protocol::control::RefuseReason;
+use uctel_protocol::control::{AgentCounters, AgentDropReason};
+
+use crate::agent_counters::{CounterBaseline, CounterKey};
 use uctel_protocol::tracker::ResetReason;
 
 type IntCounter = GenericCounter<AtomicU64>;
@@ -232,6 +252,9 @@ type Gauge = GenericGauge<AtomicF64>;
 pub struct Telemetry {
     inner: Arc<Families>,
     log_limiter: Arc<Mutex<HashMap<(String, &'static str), Instant>>>,
+    /// Per agent id, the last figures of its `Heartbeat.agent_counters`
+    /// ([`crate::agent_counters`]). Agent ids here are authenticated.
+    agent_counters: Arc<Mutex<HashMap<String, CounterBaseline>>>,
 }
 
 #[derive(Debug)]
@@ -268,6 +291,14 @@ struct Families {
     rdma_async_events: [prometheus::IntCounter; 4],
     /// Whether each event kind was logged at `warn` already.
     rdma_async_logged: [std::sync::atomic::AtomicBool; 4],
+    /// `agent_frames_sent_total{agent,stream}` ([`crate::agent_counters`]).
+    agent_frames_sent: IntCounterVec,
+    /// `agent_records_sent_total{agent,stream}`.
+    agent_records_sent: IntCounterVec,
+    /// `agent_frames_dropped_total{agent,stream,reason}`.
+    agent_frames_dropped: IntCounterVec,
+    /// `agent_records_dropped_total{agent,stream,reason}`.
+    agent_records_dropped: IntCounterVec,
 }
 
 fn opts(name: &str, help: &str) -> Opts {
@@ -442,6 +473,26 @@ impl Telemetry {
             &["agent"],
         )?;
         registry.register(Box::new(store_series.clone()))?;
+        let agent_frames_sent = counter(
+            "agent_frames_sent_total",
+            "Frames the agent posted to its transport, per stream: the agent's uctel_agent_frames_sent_total, carried by its heartbeats on the control connection (cumulative since the agent started; an agent restart adds on top).",
+            &["agent", "stream"],
+        )?;
+        let agent_records_sent = counter(
+            "agent_records_sent_total",
+            "Records in the frames the agent posted, per stream: the agent's uctel_agent_records_sent_total, carried by its heartbeats.",
+            &["agent", "stream"],
+        )?;
+        let agent_frames_dropped = counter(
+            "agent_frames_dropped_total",
+            "Frames the agent dropped before posting them, per stream and reason: the agent's uctel_agent_frames_dropped_total, carried by its heartbeats on the control connection, which its drops cannot starve.",
+            &["agent", "stream", "reason"],
+        )?;
+        let agent_records_dropped = counter(
+            "agent_records_dropped_total",
+            "Records the agent dropped before posting them, per stream and reason (no_credit, source_overflow, not_connected, ...): the agent's uctel_agent_records_dropped_total, carried by its heartbeats on the control connection, which its drops cannot starve; visible within one heartbeat interval.",
+            &["agent", "stream", "reason"],
+        )?;
         for r in RefuseReason::ALL {
             if r != RefuseReason::Unspecified {
                 handshakes_refused.with_label_values(&[r.label()]);
@@ -480,8 +531,13 @@ impl Telemetry {
                 rdma_async_events: crate::rdma_events::EVENT_LABELS
                     .map(|e| rdma_async_events.with_label_values(&[e])),
                 rdma_async_logged: Default::default(),
+                agent_frames_sent,
+                agent_records_sent,
+                agent_frames_dropped,
+                agent_records_dropped,
             }),
             log_limiter: Arc::new(Mutex::new(HashMap::new())),
+            agent_counters: Arc::new(Mutex::new(HashMap::new())),
         })
     }
 
@@ -813,6 +869,58 @@ impl AgentTelemetry {
         }
     }
 
+    /// Adds what the agent's own counters in a heartbeat (`Heartbeat.agent_counters`) grew
+    /// since its previous heartbeat of the same counter epoch to
+    /// `agent_{frames,records}_{sent,dropped}_total` ([`crate::agent_counters`]); every
+    /// counter the message names gets its series, at zero if it never grew.
+    pub fn agent_counters(&self, counters: &AgentCounters) {
+        let increases = {
+            let mut map = self
+                .telemetry
+                .agent_counters
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            map.entry(self.agent.clone())
+                .or_default()
+                .increases(counters)
+        };
+        let f = &self.telemetry.inner;
+        for (key, n) in increases {
+            let agent = self.agent.as_str();
+            let c =
+                match key {
+                    CounterKey::FramesSent(s) => f
+                        .agent_frames_sent
+                        .with_label_values(&[agent, &uctel_protocol::stream::label(s)]),
+                    CounterKey::RecordsSent(s) => f
+                        .agent_records_sent
+                        .with_label_values(&[agent, &uctel_protocol::stream::label(s)]),
+                    CounterKey::FramesDropped(s, r) => f.agent_frames_dropped.with_label_values(&[
+                        agent,
+                        &uctel_protocol::stream::label(s),
+                        r.label(),
+                    ]),
+                    CounterKey::RecordsDropped(s, r) => f
+                        .agent_records_dropped
+                        .with_label_values(&[agent, &uctel_protocol::stream::label(s), r.label()]),
+                };
+            c.inc_by(n);
+        }
+    }
+
+    /// Current value of `agent_records_dropped_total{stream,reason}` for this agent.
+    pub fn agent_records_dropped(&self, stream_id: u32, reason: AgentDropReason) -> u64 {
+        self.telemetry
+            .inner
+            .agent_records_dropped
+            .with_label_values(&[
+                self.agent.as_str(),
+                &uctel_protocol::stream::label(stream_id),
+                reason.label(),
+            ])
+            .get()
+    }
+
     /// Current value of `frames_dropped_total{reason}` for this agent (tests, reports).
     pub fn frames_dropped(&self, reason: DropReason) -> u64 {
         self.telemetry
@@ -927,6 +1035,59 @@ mod tests {
             "uctel_collector_frames_dropped_total{agent=\"web-1\",reason=\"ring_overrun\"} 0"
         ));
         assert!(text.contains("uctel_collector_handshakes_refused_total{reason=\"bad_proof\"} 0"));
+    }
+
+    #[test]
+    fn agent_counters_become_collector_series() {
+        use uctel_protocol::control::{AgentStreamDropped, AgentStreamSent};
+        let t = Telemetry::new().unwrap();
+        let msg = |epoch, records| AgentCounters {
+            counters_epoch: epoch,
+            sent: vec![AgentStreamSent {
+                stream_id: uctel_protocol::stream::METRICS,
+                frames: 2,
+                records: 80,
+            }],
+            dropped: vec![
+                AgentStreamDropped {
+                    stream_id: uctel_protocol::stream::METRICS,
+                    reason: AgentDropReason::NoCredit as i32,
+                    frames: 1,
+                    records,
+                },
+                AgentStreamDropped {
+                    stream_id: uctel_protocol::stream::LOGS,
+                    reason: AgentDropReason::Shutdown as i32,
+                    frames: 0,
+                    records: 0,
+                },
+            ],
+        };
+        let a = t.agent("web-1");
+        a.agent_counters(&msg(5, 40));
+        a.agent_counters(&msg(5, 55));
+        // A new session of the same agent process: the handles of the new session share
+        // the baseline.
+        t.agent("web-1").agent_counters(&msg(5, 60));
+        assert_eq!(
+            a.agent_records_dropped(uctel_protocol::stream::METRICS, AgentDropReason::NoCredit),
+            60
+        );
+        // The agent restarted: its counters start again, the collector's go on.
+        a.agent_counters(&msg(6, 4));
+        let text = String::from_utf8(t.render().unwrap()).unwrap();
+        assert!(text.contains(
+            "uctel_collector_agent_records_dropped_total{agent=\"web-1\",reason=\"no_credit\",stream=\"metrics\"} 64"
+        ), "{text}");
+        assert!(text.contains(
+            "uctel_collector_agent_records_dropped_total{agent=\"web-1\",reason=\"shutdown\",stream=\"logs\"} 0"
+        ));
+        assert!(text.contains(
+            "uctel_collector_agent_records_sent_total{agent=\"web-1\",stream=\"metrics\"} 160"
+        ));
+        assert!(text.contains(
+            "uctel_collector_agent_frames_dropped_total{agent=\"web-1\",reason=\"no_credit\",stream=\"metrics\"} 2"
+        ));
     }
 
     #[test]

@@ -985,3 +985,90 @@ async fn pending_handshakes_are_bounded() {
     agent.goodbye(Vec::new()).await;
     running.stop().await.unwrap();
 }
+
+/// `Heartbeat.agent_counters` with `records` no_credit drops of the metrics stream under
+/// counter epoch `counters_epoch` (and `n_extra` more entries, for the size bound).
+fn counters_heartbeat(
+    sequence: u64,
+    counters_epoch: u64,
+    records: u64,
+    n_extra: usize,
+) -> Heartbeat {
+    let drop = |records| wire::AgentStreamDropped {
+        stream_id: uctel_protocol::stream::METRICS,
+        reason: wire::AgentDropReason::NoCredit as i32,
+        frames: 1,
+        records,
+    };
+    let mut dropped = vec![drop(records)];
+    dropped.extend((0..n_extra).map(|_| drop(0)));
+    Heartbeat {
+        sequence,
+        timestamp_ns: 1,
+        agent_counters: Some(wire::AgentCounters {
+            counters_epoch,
+            sent: vec![wire::AgentStreamSent {
+                stream_id: uctel_protocol::stream::METRICS,
+                frames: sequence,
+                records: 10 * sequence,
+            }],
+            dropped,
+        }),
+        ..Heartbeat::default()
+    }
+}
+
+const NO_CREDIT_OF_COUNTED: &str = "uctel_collector_agent_records_dropped_total{agent=\"counted\",reason=\"no_credit\",stream=\"metrics\"}";
+
+async fn no_credit_shows(running: &uctel_collector::Running, want: f64) {
+    eventually(&format!("{NO_CREDIT_OF_COUNTED} == {want}"), || {
+        let text = running.render_metrics().ok()?;
+        (sample(&text, NO_CREDIT_OF_COUNTED) == Some(want)).then_some(())
+    })
+    .await;
+}
+
+/// The agent's drop counters from its heartbeats stay one monotonic collector counter:
+/// sessions of one agent process (one counter epoch, new connection epochs) continue it, an
+/// agent restart (a new counter epoch) adds on top, a figure going back adds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_counters_stay_monotonic_across_reconnects_and_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = uctel_collector::start(collector_config(dir.path()))
+        .await
+        .unwrap();
+    let addr = running.control_addr();
+    // First session of the process with counter epoch 77.
+    let mut ch = authenticated(addr, "counted", 1).await;
+    ch.send(counters_heartbeat(1, 77, 40, 0)).await.unwrap();
+    ch.send(counters_heartbeat(2, 77, 55, 0)).await.unwrap();
+    no_credit_shows(&running, 55.0).await;
+    ch.send(Goodbye::default()).await.unwrap();
+    agents_connected(&running, 0.0).await;
+    // A reconnect of the same process (new connection epoch, same counters): +5, not +60.
+    let mut ch = authenticated(addr, "counted", 2).await;
+    ch.send(counters_heartbeat(3, 77, 60, 0)).await.unwrap();
+    no_credit_shows(&running, 60.0).await;
+    ch.send(Goodbye::default()).await.unwrap();
+    agents_connected(&running, 0.0).await;
+    // The agent restarted: counter epoch 78 counts from zero again; the collector adds on.
+    let mut ch = authenticated(addr, "counted", 3).await;
+    ch.send(counters_heartbeat(1, 78, 5, 0)).await.unwrap();
+    no_credit_shows(&running, 65.0).await;
+    // A figure going back in its own epoch adds nothing, and is not counted twice later.
+    ch.send(counters_heartbeat(2, 78, 3, 0)).await.unwrap();
+    ch.send(counters_heartbeat(3, 78, 9, 0)).await.unwrap();
+    no_credit_shows(&running, 69.0).await;
+    let text = running.render_metrics().unwrap();
+    assert_eq!(
+        sample(
+            &text,
+            "uctel_collector_agent_records_sent_total{agent=\"counted\",stream=\"metrics\"}"
+        ),
+        Some(60.0),
+        "records sent: epoch 77's last figure 30, then epoch 78's 30"
+    );
+    ch.send(Goodbye::default()).await.unwrap();
+    agents_connected(&running, 0.0).await;
+    running.stop().await.unwrap();
+}

@@ -413,6 +413,127 @@ pub struct Heartbeat {
     /// of the credit budget, so this never counts as budget want).
     #[prost(uint64, optional, tag = "8")]
     pub rc_frames_without_credit: Option<u64>,
+    /// Agent → collector: the agent's own send and drop counters ([`AgentCounters`]),
+    /// cumulative since the agent process started. They travel here, on the control
+    /// connection, and not only in the agent's self-metrics on the `metrics` stream, so a
+    /// drop can never hide the count of itself: a `no_credit` drop starves the data path,
+    /// never the control connection. `None` from a collector or an older agent.
+    #[prost(message, optional, tag = "9")]
+    pub agent_counters: Option<AgentCounters>,
+}
+
+/// Why the agent dropped frames or records before posting them: the `reason` label of the
+/// agent's `uctel_agent_records_dropped_total` and of the collector's
+/// `uctel_collector_agent_records_dropped_total`. A closed set, the agent's own reasons.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
+#[repr(i32)]
+pub enum AgentDropReason {
+    /// Not set (or a value from a newer version).
+    Unspecified = 0,
+    /// The credit window was full (DESIGN.md §4).
+    NoCredit = 1,
+    /// The transport's send queue stayed full while the stream's frame queue was full too.
+    SendQueueFull = 2,
+    /// A single record larger than the largest frame.
+    Oversize = 3,
+    /// A record the frame codec would reject.
+    Invalid = 4,
+    /// The bounded queue between a source and the sender was full.
+    SourceOverflow = 5,
+    /// No connection to the collector.
+    NotConnected = 6,
+    /// The transport refused or failed the post.
+    TransportError = 7,
+    /// Still queued when the agent shut down.
+    Shutdown = 8,
+}
+
+impl AgentDropReason {
+    /// Every reason but `Unspecified`, in wire order.
+    pub const ALL: [AgentDropReason; 8] = [
+        AgentDropReason::NoCredit,
+        AgentDropReason::SendQueueFull,
+        AgentDropReason::Oversize,
+        AgentDropReason::Invalid,
+        AgentDropReason::SourceOverflow,
+        AgentDropReason::NotConnected,
+        AgentDropReason::TransportError,
+        AgentDropReason::Shutdown,
+    ];
+
+    /// The Prometheus label value, the agent's spelling: `no_credit`, `source_overflow`, …
+    pub const fn label(self) -> &'static str {
+        match self {
+            AgentDropReason::Unspecified => "unspecified",
+            AgentDropReason::NoCredit => "no_credit",
+            AgentDropReason::SendQueueFull => "send_queue_full",
+            AgentDropReason::Oversize => "oversize",
+            AgentDropReason::Invalid => "invalid",
+            AgentDropReason::SourceOverflow => "source_overflow",
+            AgentDropReason::NotConnected => "not_connected",
+            AgentDropReason::TransportError => "transport_error",
+            AgentDropReason::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// Most entries of [`AgentCounters::sent`] plus [`AgentCounters::dropped`] in one message.
+pub const MAX_AGENT_COUNTER_ENTRIES: usize = 1024;
+
+/// Agent → collector, in [`Heartbeat`]s: the agent's own counters, so the
+/// collector can export them as its own series (`uctel_collector_agent_*`) on a path the
+/// agent's drops cannot starve.
+///
+/// Every figure is **cumulative since the agent process started** (the values of the
+/// agent's `uctel_agent_*_total` counters), not per epoch nor per connection: a
+/// reconnect (new epoch, new session) does not restart them, a lost or late message only
+/// delays them, and the collector turns them into monotonic counters of its own by adding
+/// the increase since the last message with the same [`AgentCounters::counters_epoch`]. A
+/// new `counters_epoch` (the agent restarted) means the figures count from zero again.
+#[derive(Clone, PartialEq, Eq, prost::Message)]
+pub struct AgentCounters {
+    /// Random per agent process start (not per connection: the connection's epoch is
+    /// [`Hello::epoch`]); the counters below count from zero when it changes.
+    #[prost(uint64, tag = "1")]
+    pub counters_epoch: u64,
+    /// Per stream: frames and records posted to the transport.
+    #[prost(message, repeated, tag = "2")]
+    pub sent: Vec<AgentStreamSent>,
+    /// Per stream and reason: frames and records dropped before posting. Entries at zero
+    /// may be left out.
+    #[prost(message, repeated, tag = "3")]
+    pub dropped: Vec<AgentStreamDropped>,
+}
+
+/// One stream's posted frames and records ([`AgentCounters::sent`]), cumulative.
+#[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
+pub struct AgentStreamSent {
+    /// Stream id of the frame header.
+    #[prost(uint32, tag = "1")]
+    pub stream_id: u32,
+    /// Frames posted.
+    #[prost(uint64, tag = "2")]
+    pub frames: u64,
+    /// Records in the frames posted.
+    #[prost(uint64, tag = "3")]
+    pub records: u64,
+}
+
+/// One stream's drops for one reason ([`AgentCounters::dropped`]), cumulative.
+#[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
+pub struct AgentStreamDropped {
+    /// Stream id of the frame header.
+    #[prost(uint32, tag = "1")]
+    pub stream_id: u32,
+    /// [`AgentDropReason`]; unknown values read as `Unspecified` through `reason()`.
+    #[prost(enumeration = "AgentDropReason", tag = "2")]
+    pub reason: i32,
+    /// Frames dropped (0 for records dropped before they were framed).
+    #[prost(uint64, tag = "3")]
+    pub frames: u64,
+    /// Records dropped.
+    #[prost(uint64, tag = "4")]
+    pub records: u64,
 }
 
 /// Delivery of one stream as the collector saw it (cumulative since the connection began).
@@ -909,7 +1030,8 @@ impl ControlMessage {
     ///   `1..=slots`;
     /// * `Refuse`/`Goodbye`: `detail` ≤ 1024 bytes (unknown reasons are accepted for forward
     ///   compatibility and read as `Unspecified`);
-    /// * `Report`: loss fractions in `0.0..=1.0` (the RC lane's included).
+    /// * `Report`: loss fractions in `0.0..=1.0` (the RC lane's included);
+    /// * `Heartbeat`: at most [`MAX_AGENT_COUNTER_ENTRIES`] entries in `agent_counters`.
     ///
     /// # Errors
     /// [`InvalidMessage`] naming the message and field.
@@ -932,7 +1054,7 @@ impl ControlMessage {
             Body::Proof(m) => check_exact("Proof", "hmac", &m.hmac, PROOF_BYTES),
             Body::Welcome(m) => m.validate(),
             Body::Refuse(m) => check_len("Refuse", "detail", &m.detail, 0, MAX_DETAIL_BYTES),
-            Body::Heartbeat(_) => Ok(()),
+            Body::Heartbeat(m) => check_agent_counters("Heartbeat", m.agent_counters.as_ref()),
             Body::Report(m) => {
                 check_fraction("Report", "conn_loss_fraction", m.conn_loss_fraction)?;
                 if let Some(lane) = &m.rc_lane {
@@ -949,6 +1071,26 @@ impl ControlMessage {
             Body::Goodbye(m) => check_len("Goodbye", "detail", &m.detail, 0, MAX_DETAIL_BYTES),
         }
     }
+}
+
+/// At most [`MAX_AGENT_COUNTER_ENTRIES`] entries in `counters` (unknown reasons are
+/// accepted for forward compatibility and read as `Unspecified`).
+fn check_agent_counters(
+    msg: &'static str,
+    counters: Option<&AgentCounters>,
+) -> Result<(), InvalidMessage> {
+    let Some(c) = counters else {
+        return Ok(());
+    };
+    let n = c.sent.len().saturating_add(c.dropped.len());
+    if n > MAX_AGENT_COUNTER_ENTRIES {
+        return Err(invalid(
+            msg,
+            "agent_counters",
+            format!("{n} entries, more than {MAX_AGENT_COUNTER_ENTRIES}"),
+        ));
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1343,6 +1485,75 @@ mod tests {
             hmac_of(&block_key, b"x"),
             hex(&reference.finalize().into_bytes())
         );
+    }
+
+    #[test]
+    fn heartbeat_agent_counters_round_trip_and_are_bounded() {
+        let counters = |n: usize| AgentCounters {
+            counters_epoch: 0xfeed,
+            sent: vec![AgentStreamSent {
+                stream_id: 1,
+                frames: 10,
+                records: 400,
+            }],
+            dropped: (0..n)
+                .map(|i| AgentStreamDropped {
+                    stream_id: 1,
+                    reason: AgentDropReason::ALL[i % AgentDropReason::ALL.len()] as i32,
+                    frames: 3,
+                    records: 120,
+                })
+                .collect(),
+        };
+        let hb = Heartbeat {
+            sequence: 4,
+            agent_counters: Some(counters(8)),
+            ..Heartbeat::default()
+        };
+        let m: ControlMessage = hb.clone().into();
+        assert!(m.validate().is_ok());
+        let bytes = m.encode_to_vec();
+        let back = match ControlMessage::decode(bytes.as_slice()) {
+            Ok(b) => b,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(back.body, Some(Body::Heartbeat(hb)));
+        // A heartbeat of an older agent (no counters) decodes with none.
+        let old = Heartbeat {
+            sequence: 1,
+            ..Heartbeat::default()
+        };
+        let back = ControlMessage::decode(ControlMessage::from(old).encode_to_vec().as_slice());
+        assert!(matches!(
+            back.map(|m| m.body),
+            Ok(Some(Body::Heartbeat(Heartbeat {
+                agent_counters: None,
+                ..
+            })))
+        ));
+        let big: ControlMessage = Heartbeat {
+            agent_counters: Some(counters(MAX_AGENT_COUNTER_ENTRIES)),
+            ..Heartbeat::default()
+        }
+        .into();
+        let e = big
+            .validate()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("agent_counters"), "{e:?}");
+        // Received from a peer that does not validate: refused by the decoder.
+        let body = big.encode_to_vec();
+        let mut framed = u32::try_from(body.len())
+            .unwrap_or(0)
+            .to_be_bytes()
+            .to_vec();
+        framed.extend(&body);
+        assert!(matches!(
+            decode_frame(&framed),
+            Err(DecodeError::Invalid(_))
+        ));
+        assert_eq!(AgentDropReason::NoCredit.label(), "no_credit");
     }
 
     #[test]

@@ -157,9 +157,24 @@ fn pipeline_dashboard_covers_the_loss_accounting() {
         "uctel_collector_qp_errors_total",
         "uctel_collector_agents_connected",
         "uctel_collector_stream_resets_total",
-        "uctel_agent_frames_dropped_total",
+        "uctel_collector_agent_frames_dropped_total",
+        "uctel_collector_agent_records_dropped_total",
+        "uctel_collector_agent_frames_sent_total",
     ] {
         assert!(all.contains(metric), "no panel queries {metric}");
+    }
+    // The agents' drop and send counters as the collector exports them from heartbeats, not
+    // the copy shipped in the agents' metrics frames (the frames a no_credit drop discards:
+    // that copy freezes while the agent drops).
+    for stale in [
+        "uctel_agent_frames_dropped_total",
+        "uctel_agent_records_dropped_total",
+        "uctel_agent_frames_sent_total",
+    ] {
+        assert!(
+            !all.contains(stale),
+            "a panel queries {stale}, the copy that travels in the frames being dropped"
+        );
     }
 }
 

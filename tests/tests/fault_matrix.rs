@@ -1428,3 +1428,164 @@ fn multi_packet_frames_drop_5_percent() {
     );
     row.verdict(Law::Exact);
 }
+
+/// Heartbeat period of the row below, seconds: the collector's drop series must show a drop
+/// within this long of the agent counting it.
+const SMALL_WINDOW_HEARTBEAT_SECONDS: u64 = 1;
+
+/// Per `(kind, stream, reason)` the nonzero drops in `s` of `family`
+/// (`uctel_agent_{kind}_dropped_total` on an agent's own `/metrics`,
+/// `uctel_collector_agent_{kind}_dropped_total` with `agent="a"` on the collector's).
+fn drops_by_stream_and_reason(
+    s: &uctel_tests::exposition::Scrape,
+    family: &str,
+    agent: Option<&str>,
+) -> std::collections::BTreeMap<(String, String, String), u64> {
+    let mut out = std::collections::BTreeMap::new();
+    let matchers: Vec<(&str, &str)> = agent.map(|a| ("agent", a)).into_iter().collect();
+    for kind in ["frames", "records"] {
+        let name = format!("{family}_{kind}_dropped_total");
+        for smp in s.select(&name, &matchers) {
+            let (Some(stream), Some(reason)) = (smp.label("stream"), smp.label("reason")) else {
+                continue;
+            };
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let v = smp.value.max(0.0).round() as u64;
+            if v > 0 {
+                *out.entry((kind.to_owned(), stream.to_owned(), reason.to_owned()))
+                    .or_default() += v;
+            }
+        }
+    }
+    out
+}
+
+/// An agent whose collection is larger than its window: the collector gives it a ring of 8
+/// slots (a credit window of 7 frames) while each host-metrics collection needs more frames
+/// than that, so every collection drops frames at the agent as `no_credit` — the frames that
+/// would carry the agent's own drop counters among them. The drops are visible at the
+/// collector within one heartbeat interval anyway, in
+/// `uctel_collector_agent_records_dropped_total{agent,stream,reason}` (the agent's
+/// heartbeats carry its counters on the control connection), and that series equals the
+/// agent's own `uctel_agent_records_dropped_total` (frames too, every stream and reason)
+/// once the agent's counters stand still for a heartbeat; the law exact.
+#[test]
+fn agent_collection_larger_than_its_window() {
+    let _g = exclusive();
+    let heartbeat = Duration::from_secs(SMALL_WINDOW_HEARTBEAT_SECONDS);
+    let collector = CollectorSpec {
+        set: vec![
+            ("ring.slots".into(), 8.into()),
+            ("ring.min_slots".into(), 8.into()),
+            ("ring.credit_margin_slots".into(), 1.into()),
+            (
+                "control.heartbeat_interval_seconds".into(),
+                SMALL_WINDOW_HEARTBEAT_SECONDS.into(),
+            ),
+        ],
+        ..CollectorSpec::default()
+    };
+    let mut row = Row::start("small-window", collector, None);
+    // Host metrics every 4 s: bursts of frames larger than the window, with quiet
+    // stretches between them in which the counters stand still.
+    let a = row.add_agent(AgentSpec::new("a").set("sources.host_metrics.interval_seconds", 4));
+    row.wait_connected(1, &[a]);
+    row.write_bursts(a, 0, 300, GAP);
+
+    // 1. Visible within one heartbeat: the first no_credit drops the agent counts reach the
+    //    collector's series within a heartbeat interval (plus the scrapes' own time).
+    let slack = Duration::from_millis(500);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut seen: Option<(u64, Duration)> = None;
+    while seen.is_none() && std::time::Instant::now() < deadline {
+        let agent_drops = row
+            .scrape_agent(a)
+            .map(|s| {
+                s.count(
+                    "uctel_agent_records_dropped_total",
+                    &[("stream", "metrics"), ("reason", "no_credit")],
+                )
+            })
+            .unwrap_or(0);
+        if agent_drops == 0 {
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
+        let t0 = std::time::Instant::now();
+        let mut shown = 0;
+        let mut stale_copy = 0;
+        while t0.elapsed() <= heartbeat * 3 && shown < agent_drops {
+            if let Ok(c) = row.scrape_collector() {
+                let m = [
+                    ("agent", "a"),
+                    ("stream", "metrics"),
+                    ("reason", "no_credit"),
+                ];
+                shown = c.count("uctel_collector_agent_records_dropped_total", &m);
+                stale_copy = c.count("uctel_agent_records_dropped_total", &m);
+            }
+            if shown < agent_drops {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        let took = t0.elapsed();
+        row.notes.push(format!(
+            "agent counted {agent_drops} no_credit metrics records; collector series showed {shown} after {took:.2?} (the agent's own series as shipped on its metrics stream: {stale_copy})"
+        ));
+        seen = Some((shown, took));
+        row.expect(
+            shown >= agent_drops && took <= heartbeat + slack,
+            format!(
+                "uctel_collector_agent_records_dropped_total{{stream=metrics,reason=no_credit}} {shown} >= the agent's {agent_drops} within one heartbeat ({heartbeat:?} + {slack:?} for the scrapes), took {took:.2?}"
+            ),
+        );
+    }
+    if seen.is_none() {
+        row.expect(false, "the agent dropped no_credit records within 30 s");
+    }
+
+    // 2. Equal while the agent's counters stand still for a heartbeat: agent scrape, a
+    //    heartbeat and a half, collector scrape, agent scrape again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    let mut compared = false;
+    while !compared && std::time::Instant::now() < deadline {
+        let Ok(before) = row.scrape_agent(a) else {
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        };
+        std::thread::sleep(heartbeat + slack);
+        let (Ok(c), Ok(after)) = (row.scrape_collector(), row.scrape_agent(a)) else {
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        };
+        let agent_before = drops_by_stream_and_reason(&before, "uctel_agent", None);
+        let agent_after = drops_by_stream_and_reason(&after, "uctel_agent", None);
+        if agent_before != agent_after {
+            continue;
+        }
+        let at_collector = drops_by_stream_and_reason(&c, "uctel_collector_agent", Some("a"));
+        compared = true;
+        row.expect(
+            at_collector == agent_after
+                && agent_after
+                    .get(&(
+                        "records".to_owned(),
+                        "metrics".to_owned(),
+                        "no_credit".to_owned(),
+                    ))
+                    .is_some_and(|v| *v > 0),
+            format!(
+                "collector's uctel_collector_agent_*_dropped_total {at_collector:?} == the agent's uctel_agent_*_dropped_total {agent_after:?} (no_credit metrics records > 0)"
+            ),
+        );
+    }
+    if !compared {
+        row.expect(
+            false,
+            "the agent's drop counters stood still for a heartbeat within 40 s",
+        );
+    }
+    row.wait_settled(a, 300, SETTLE);
+    row.quiesce();
+    row.verdict(Law::Exact);
+}

@@ -249,6 +249,7 @@ mod tests {
             sent_streams: vec![fin(1, 100), fin(2, 30), fin(3, 4)],
             credit_grant_applied: Some(3),
             frames_without_credit: Some(1),
+            agent_counters: None,
         };
         let (uc, rc) = split_heartbeat(&streams, hb);
         assert_eq!(uc.sent_conn_seq, Some(100));

@@ -33,7 +33,7 @@ use crate::dataplane::{Geometry, Session};
 use crate::ingest::{ConnectionIngest, StreamLedger};
 use crate::outputs::Outputs;
 use crate::shared::Shared;
-use crate::telemetry::SessionEnd;
+use crate::telemetry::{AgentTelemetry, SessionEnd};
 
 /// What a session needs from its [`Registry`] entry.
 #[derive(Debug)]
@@ -61,18 +61,26 @@ fn millis(d: Duration) -> u32 {
 const GOODBYE_LINGER: Duration = Duration::from_millis(200);
 
 /// The `Goodbye` among the messages still readable on `ch` (heartbeats before it are
-/// skipped), read for at most `limit`; `None` at the end of the stream, on an error, or when
-/// none came in time. A send that fails because the agent closed its end after its
-/// `Goodbye` must not turn a clean goodbye into a vanished agent.
-async fn unread_goodbye(ch: &mut ControlChannel<TcpStream>, limit: Duration) -> Option<Goodbye> {
+/// skipped, but the agent counters they carry are counted in `tel`), read for at most
+/// `limit`; `None` at the end of the stream, on an error, or when none came in time. A send
+/// that fails because the agent closed its end after its `Goodbye` must not turn a clean
+/// goodbye into a vanished agent.
+async fn unread_goodbye(
+    ch: &mut ControlChannel<TcpStream>,
+    limit: Duration,
+    tel: &AgentTelemetry,
+) -> Option<Goodbye> {
     let deadline = tokio::time::Instant::now() + limit;
     loop {
         match tokio::time::timeout_at(deadline, ch.recv()).await {
-            Ok(Ok(Some(m))) => {
-                if let Some(Body::Goodbye(g)) = m.body {
-                    return Some(g);
-                }
-            }
+            Ok(Ok(Some(m))) => match m.body {
+                Some(Body::Goodbye(g)) => return Some(g),
+                Some(Body::Heartbeat(Heartbeat {
+                    agent_counters: Some(c),
+                    ..
+                })) => tel.agent_counters(&c),
+                _ => {}
+            },
             _ => return None,
         }
     }
@@ -344,6 +352,9 @@ pub(super) async fn run_session(
                     link.heard();
                     match m.body {
                         Some(Body::Heartbeat(hb)) => {
+                            if let Some(c) = &hb.agent_counters {
+                                tel.agent_counters(c);
+                            }
                             let starved = hb.frames_without_credit.unwrap_or(0);
                             // The RC lane out of credit wants its report early too; it has no
                             // share of the budget, so this is not budget want.
@@ -435,7 +446,7 @@ pub(super) async fn run_session(
         }
     };
     if send_failed {
-        if let Some(g) = unread_goodbye(ch, GOODBYE_LINGER).await {
+        if let Some(g) = unread_goodbye(ch, GOODBYE_LINGER, &tel).await {
             goodbye = Some(g);
             vanished = None;
         }

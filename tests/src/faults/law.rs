@@ -1,8 +1,10 @@
 //! The conservation law a row is judged by ([`Row::verdict`]): per agent and stream,
 //! `written = delivered + lost + dropped` (records) and `sent = received + lost + dropped`
 //! (frames, for every stream of [`STREAMS`]), for an agent running `sources.fast_counters`
-//! the sample law of [`super::samples`], nothing delivered twice, no panic, bounded memory,
-//! `/metrics` still served. A failing row panics with the seed and a table of every term.
+//! the sample law of [`super::samples`], the collector's copy of the agent's drop counters
+//! (`uctel_collector_agent_*_dropped_total`, from its heartbeats) at least the agent's own,
+//! nothing delivered twice, no panic, bounded memory, `/metrics` still served. A failing row
+//! panics with the seed and a table of every term.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -49,6 +51,7 @@ impl Row {
         for id in &ids {
             self.records_law(id, law, &delivered, &mut out, &mut failures);
             self.frames_law(id, &collector_final, &mut out, &mut failures);
+            self.agent_counters_law(id, &collector_final, &mut out, &mut failures);
         }
         for i in 0..self.agents.len() {
             if self.runs_fast_counters(i) {
@@ -303,6 +306,80 @@ impl Row {
                     );
                 }
             }
+        }
+    }
+
+    /// The agent's drops as the collector exports them from its heartbeats
+    /// (`uctel_collector_agent_{frames,records}_dropped_total{agent,stream,reason}`): for an
+    /// agent id with one agent process and one collector process whose every session ended
+    /// with a Goodbye (the agent sends its counters in a last heartbeat before it), per
+    /// stream and reason at least the agent's own `uctel_agent_*_dropped_total` at its last
+    /// scrape (the agent may still drop after it, as `shutdown`). Other rows print the
+    /// figures only.
+    fn agent_counters_law(
+        &self,
+        id: &str,
+        collector: &Scrape,
+        out: &mut String,
+        failures: &mut Vec<String>,
+    ) {
+        let agents: Vec<&RowAgent> = self.agents.iter().filter(|a| a.spec.id == id).collect();
+        let [agent] = agents.as_slice() else {
+            return;
+        };
+        let Some(last) = agent.lives.last().and_then(|l| l.last.as_ref()) else {
+            return;
+        };
+        let ended = |reason: &str| {
+            collector.count(
+                "uctel_collector_sessions_ended_total",
+                &[("agent", id), ("reason", reason)],
+            )
+        };
+        let goodbyes = ended("goodbye");
+        let other = ended("no_goodbye") + ended("replaced") + ended("shutdown");
+        let judged =
+            agent.lives.len() == 1 && self.collector_lives.len() == 1 && goodbyes > 0 && other == 0;
+        let mut short = Vec::new();
+        let (mut at_agent, mut at_collector) = (0, 0);
+        for kind in ["frames", "records"] {
+            let name = format!("uctel_agent_{kind}_dropped_total");
+            for smp in last.select(&name, &[]) {
+                let (Some(stream), Some(reason)) = (smp.label("stream"), smp.label("reason"))
+                else {
+                    continue;
+                };
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                let a = smp.value.max(0.0).round() as u64;
+                let c = collector.count(
+                    &format!("uctel_collector_agent_{kind}_dropped_total"),
+                    &[("agent", id), ("stream", stream), ("reason", reason)],
+                );
+                if kind == "records" {
+                    at_agent += a;
+                    at_collector += c;
+                }
+                if c < a {
+                    short.push(format!(
+                        "{kind} {stream}/{reason}: collector {c} < agent {a}"
+                    ));
+                }
+            }
+        }
+        let verdict = match (judged, short.is_empty()) {
+            (false, _) => "not judged (restarts or sessions without Goodbye)",
+            (true, true) => "ok",
+            (true, false) => "MISMATCH",
+        };
+        let _ = writeln!(
+            out,
+            "  agent {id} drops at the collector (heartbeats): records {at_collector} >= agent's last scrape {at_agent}: {verdict}"
+        );
+        if judged && !short.is_empty() {
+            failures.push(format!(
+                "agent {id}: the collector's uctel_collector_agent_*_dropped_total is below the agent's own counters: {}",
+                short.join("; ")
+            ));
         }
     }
 
