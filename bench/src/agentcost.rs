@@ -32,6 +32,15 @@ use crate::cpu::{delta, sample_process, CpuDelta};
 use crate::daemon::{io, stop_child, CollectorProcess, CollectorSettings, DaemonError, TOKEN};
 use crate::stats::rate;
 
+/// `collector.expected_frames_per_second` of the measured agent: a collection of 10 k
+/// samples is about 250 frames at 4 KiB, sent at once, and credits come back every 0.1 s (the
+/// collector's report interval here); announcing this rate gets the largest ring (1,024
+/// slots), whose window holds a whole collection, so each collection arrives as one burst
+/// (the window below is cut between bursts) and nothing waits for credit. With the default
+/// announcement (32) the collection's tail waits for the next grants, nothing is dropped,
+/// but the collection trickles in over the whole interval.
+const EXPECTED_FRAMES_PER_SECOND: u32 = 4096;
+
 /// Settings.
 #[derive(Clone, Debug)]
 pub struct AgentCostConfig {
@@ -301,12 +310,13 @@ pub fn run(cfg: &AgentCostConfig) -> Result<AgentCostResult, AgentCostError> {
     )?;
     let yaml = format!(
         "agent_id: bench-agent\n\
-         collector:\n  control: {control}\n\
+         collector:\n  control: {control}\n  expected_frames_per_second: {announce}\n\
          transport:\n  kind: soft\n  soft:\n    mtu_bytes: 4096\n\
          auth:\n  token: {TOKEN}\n\
          sources:\n  host_metrics:\n    interval_seconds: {interval}\n    procfs_path: {proc}\n  self_metrics:\n    interval_seconds: 10\n  logs:\n    - path: {log}\n      start_at: beginning\n  state_directory: {state}\n\
          max_frame_bytes: 4096\n",
         control = collector.control,
+        announce = EXPECTED_FRAMES_PER_SECOND,
         interval = cfg.interval_seconds,
         proc = proc.display(),
         log = log_path.display(),
