@@ -491,6 +491,8 @@ pub struct SelfMetrics {
     reconnects: IntCounter,
     connected: IntGauge,
     queue_records: PerStream<IntGauge>,
+    /// `buffer_records{stream="metrics"}`.
+    buffer_records: IntGauge,
     records_truncated: PerStream<IntCounter>,
     /// `fault_packets_total{action}`, registered by [`SelfMetrics::enable_fault_metrics`].
     fault_packets: OnceLock<[IntCounter; FaultAction::ALL.len()]>,
@@ -618,6 +620,17 @@ impl SelfMetrics {
         )
         .map_err(|e| mk(e, "queue_records"))
         .and_then(|c| register(r, "queue_records", c))?;
+        let buffer_v = IntGaugeVec::new(
+            opts(
+                "buffer_records",
+                "Metric samples held while the agent has no connection to a collector \
+                 (streams.metrics.buffer_while_disconnected_records), sent first after the \
+                 next Welcome.",
+            ),
+            &["stream"],
+        )
+        .map_err(|e| mk(e, "buffer_records"))
+        .and_then(|c| register(r, "buffer_records", c))?;
 
         let truncated_v = counter_vec(
             "records_truncated_total",
@@ -651,6 +664,7 @@ impl SelfMetrics {
             reconnects,
             connected,
             queue_records: Stream::ALL.map(|s| queue_v.with_label_values(&[s.as_str()])),
+            buffer_records: buffer_v.with_label_values(&[Stream::Metrics.as_str()]),
             records_truncated: per_stream_counter(&truncated_v),
             fault_packets: OnceLock::new(),
             rc: OnceLock::new(),
@@ -919,6 +933,12 @@ impl SelfMetrics {
     /// Sets the number of records queued between the sources and the sender for `stream`.
     pub fn set_queue_records(&self, stream: Stream, records: usize) {
         self.queue_records[stream.index()].set(i64::try_from(records).unwrap_or(i64::MAX));
+    }
+
+    /// Sets `buffer_records{stream="metrics"}`: samples held while disconnected.
+    pub fn set_buffer_records(&self, records: usize) {
+        self.buffer_records
+            .set(i64::try_from(records).unwrap_or(i64::MAX));
     }
 
     /// Frames sent on `stream` so far.
