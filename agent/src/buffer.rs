@@ -2,8 +2,9 @@
 //! (a collector restart, a pool move, a drain), sent first after the next `Welcome`.
 //!
 //! ```text
-//!  sources ─► metrics queue ─┬─ connected ──────────────────────────────► SenderCore
-//!                            └─ no session ─► DisconnectedBuffer ─(Welcome)─┘ first
+//!  sources ─► metrics queue ─┬─ connected, caught up ──────────────────────► SenderCore
+//!                            └─ no session, catching up ─► DisconnectedBuffer ─┘ first,
+//!                                                                  as credits allow
 //!  session lost / moving on: samples still in the pipeline ─► front of the buffer
 //! ```
 //!
@@ -21,14 +22,17 @@
 //!   taken from the queue as soon as the source offered it, or from the frame it was
 //!   pushed into (its push time) when it comes back from the pipeline. A frame built after
 //!   the reconnect would otherwise stamp it with the send time.
-//! - **In collection order.** The sender takes the buffer before the queue and takes
-//!   nothing from the queue while the buffer holds samples ([`crate::sender::pump::pull`]),
-//!   so per series the samples go out oldest first and the buffered ones before every
-//!   newer collection: a receiver that wants samples in order per series (Prometheus
-//!   remote-write) gets them in order.
+//! - **In collection order, as credits allow.** After the next `Welcome` the sender takes
+//!   the buffer first, as the credits allow (a backlog is never dropped as `no_credit`), and
+//!   until it has caught up (the buffer empty, every credit back) the samples the sources
+//!   collect meanwhile join the buffer's tail, stamped as they arrive
+//!   ([`crate::sender::pump::pull`]). Per series the samples go out oldest first, the
+//!   buffered ones before every newer collection, each with its own time: a receiver that
+//!   wants samples in order per series (Prometheus remote-write) gets them in order.
 //!
 //! A `Mutex<VecDeque>` as in [`crate::queue`]: one producer at a time (the connection loop
-//! between sessions, the session when it ends) and one consumer (the session).
+//! between sessions, the session when it ends or while it catches up) and one consumer (the
+//! session).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};

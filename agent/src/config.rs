@@ -711,7 +711,8 @@ pub struct StreamSection {
     /// (`records_dropped_total{stream="metrics",reason="not_connected"}`): the newest state
     /// of every series is what an operator wants, and what is kept stays in collection
     /// order. The buffered samples are sent as credits allow, never dropped for lack of
-    /// credit. 0 turns buffering off (samples collected while disconnected are dropped as
+    /// credit; until they are through (and every credit is back), newer collections join
+    /// the buffer's tail. 0 turns buffering off (samples collected while disconnected are dropped as
     /// `not_connected`). Default 65536 (about 10 MiB, as `queue_records`). Log lines need
     /// no such buffer (they wait in their files) and `fast_counters` samples are fresh or
     /// worthless: the key is refused on those streams.

@@ -222,6 +222,7 @@ pub async fn run_with(
         totals(Stream::FastCounters),
     );
     tracing::info!(
+        metrics_records_collected = stats.metrics_records_collected(),
         metrics_records_sent = m.0,
         metrics_records_dropped = m.1,
         logs_records_sent = l.0,

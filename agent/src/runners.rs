@@ -178,9 +178,13 @@ impl Queues {
     }
 }
 
-/// Offers `records` to `queue`, counting what does not fit as `source_overflow`.
+/// Offers `records` to `queue`, counting what does not fit as `source_overflow` (and, on the
+/// metrics stream, every record offered in `records_collected_total`).
 fn offer<T>(queue: &RecordQueue<T>, records: Vec<T>, stream: Stream, stats: &SelfMetrics) -> u64 {
     let n = records.len() as u64;
+    if stream == Stream::Metrics {
+        stats.metrics_collected(n);
+    }
     let rejected = queue.offer(records) as u64;
     if rejected > 0 {
         stats.dropped(stream, DropReason::SourceOverflow, 0, rejected);

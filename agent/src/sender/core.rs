@@ -306,6 +306,9 @@ pub struct SenderCore {
     idle_heartbeat: Option<Duration>,
     /// The frame limits the framers check records against (to decode taken-back frames).
     limits: Limits,
+    /// The metrics stream is catching up on samples held while disconnected
+    /// ([`SenderCore::set_metrics_catching_up`]).
+    metrics_catching_up: bool,
     frames_posted: u64,
     last_conn_seq: Option<u64>,
     rr: usize,
@@ -390,6 +393,7 @@ impl SenderCore {
             ready_frames: config.ready_frames.max(1),
             idle_heartbeat: config.idle_heartbeat,
             limits: config.limits.clone(),
+            metrics_catching_up: false,
             frames_posted: 0,
             last_conn_seq: None,
             rr: 0,
@@ -459,6 +463,28 @@ impl SenderCore {
         };
         let available = usize::try_from(self.credits.available()).unwrap_or(usize::MAX);
         available > built.saturating_add(reserve)
+    }
+
+    /// Whether the metrics stream is catching up on the samples held while disconnected:
+    /// from the first buffered sample taken on this connection until the buffer is empty
+    /// with the credits back ([`SenderCore::credits_recovered`]). Meanwhile newer samples
+    /// join the buffer and wait for credit as the buffered ones do
+    /// ([`crate::sender::pump::pull`]), rather than being framed into a window the backlog
+    /// used up and dropped as `no_credit`.
+    pub fn metrics_catching_up(&self) -> bool {
+        self.metrics_catching_up
+    }
+
+    /// Starts or ends the catch-up of [`SenderCore::metrics_catching_up`].
+    pub fn set_metrics_catching_up(&mut self, on: bool) {
+        self.metrics_catching_up = on;
+    }
+
+    /// Whether the whole granted window is free again (every frame sent was reported
+    /// consumed): the end of a catch-up, so the next collection finds the window a
+    /// collection finds in the steady state.
+    pub fn credits_recovered(&self) -> bool {
+        self.credits.available() >= self.credits.granted_window()
     }
 
     /// Adds one metric sample at `now` / `unix_ns` (frame timestamp, ns since the Unix epoch).

@@ -45,19 +45,41 @@ pub trait FrameSink {
 /// checkpoint. Also logs the drop summaries that are due ([`SelfMetrics::log_due_drops`]).
 ///
 /// Metric samples held while disconnected ([`crate::buffer`]) go first, and only as
-/// credits allow ([`SenderCore::credit_room`]); nothing is taken from the metrics queue
-/// until the buffer is empty, so per series the samples leave in collection order.
+/// credits allow ([`SenderCore::credit_room`]): they are a backlog to deliver, never dropped
+/// as `no_credit`. Until the catch-up is over ([`SenderCore::metrics_catching_up`]: the
+/// buffer empty and every credit back) the samples the sources queue meanwhile join the
+/// buffer's tail, stamped with the current time as they arrive, rather than being framed
+/// into a window the backlog used up (and dropped as `no_credit`) or queued behind it
+/// unstamped (several collections would then leave with one frame's timestamp). So per
+/// series the samples leave in collection order, each with its collection time.
 pub fn pull(core: &mut SenderCore, queues: &Queues, stats: &SelfMetrics) {
     let now = Instant::now();
     let ns = unix_ns();
     let buffer = &queues.metrics_buffer;
-    while !buffer.is_empty() && core.wants_records(Stream::Metrics) && core.credit_room() {
-        // Small batches: the credit rule is checked between them.
-        for m in &buffer.take(BUFFER_BATCH) {
-            core.push_metric(m, now, ns);
+    if core.carries(Stream::Metrics) {
+        if !buffer.is_empty() {
+            core.set_metrics_catching_up(true);
+        }
+        if core.metrics_catching_up() {
+            let queued = queues.metrics.take_all();
+            if !queued.is_empty() {
+                let dropped = buffer.hold(queued, i64::try_from(ns / 1_000_000).unwrap_or(0));
+                if dropped > 0 {
+                    stats.dropped(Stream::Metrics, DropReason::NotConnected, 0, dropped);
+                }
+            }
+            while !buffer.is_empty() && core.wants_records(Stream::Metrics) && core.credit_room() {
+                // Small batches: the credit rule is checked between them.
+                for m in &buffer.take(BUFFER_BATCH) {
+                    core.push_metric(m, now, ns);
+                }
+            }
+            if buffer.is_empty() && core.credits_recovered() {
+                core.set_metrics_catching_up(false);
+            }
         }
     }
-    while buffer.is_empty() && core.wants_records(Stream::Metrics) {
+    while !core.metrics_catching_up() && core.wants_records(Stream::Metrics) {
         let batch = queues.metrics.take(PULL_BATCH);
         if batch.is_empty() {
             break;
@@ -407,8 +429,11 @@ mod tests {
         let mut core = lane_with_window([true; 3], Duration::from_secs(60), 2);
         pull(&mut core, &q, &stats);
         let held = q.metrics_buffer.len();
-        assert!(held > 0 && held < 200, "{held} held");
-        assert_eq!(q.metrics.len(), 5, "the queue waits behind the buffer");
+        assert!(held > 5 && held < 205, "{held} held");
+        assert!(
+            q.metrics.is_empty(),
+            "the queued samples join the buffer's tail"
+        );
         let mut sink = Posted(Vec::new());
         std::thread::sleep(Duration::from_millis(5));
         let _ = transmit(&mut core, &mut sink);
@@ -419,6 +444,34 @@ mod tests {
         assert!(!sink.0.is_empty());
         let got: Vec<f64> = samples(&sink.0).iter().map(|s| s.0).collect();
         assert!(got.iter().all(|v| *v < 200.0), "{got:?}");
+        assert!(core.metrics_catching_up());
+
+        // Credits come back report by report: the backlog, then the samples queued behind
+        // it, leave in order, and none is dropped for lack of credit on the way.
+        for _ in 0..500 {
+            if let Some(last) = sink.0.last().map(|t| t.conn_seq) {
+                let _ = core.on_consumed(last);
+            }
+            pull(&mut core, &q, &stats);
+            std::thread::sleep(Duration::from_millis(2));
+            let _ = transmit(&mut core, &mut sink);
+            if q.metrics_buffer.is_empty()
+                && q.metrics.is_empty()
+                && core.pending_records(Stream::Metrics) == 0
+            {
+                break;
+            }
+        }
+        let got: Vec<f64> = samples(&sink.0).iter().map(|s| s.0).collect();
+        let want: Vec<f64> = (0..200).chain(1000..1005).map(|i| i as f64).collect();
+        assert_eq!(got, want);
+        assert_eq!(stats.records_dropped_all(Stream::Metrics), 0);
+        let _ = core.on_consumed(sink.0.last().map_or(0, |t| t.conn_seq));
+        pull(&mut core, &q, &stats);
+        assert!(
+            !core.metrics_catching_up(),
+            "over once the credits are back"
+        );
     }
 
     /// The RC lane's pipeline carries the logs only: it takes no metric record (they stay
