@@ -1378,6 +1378,13 @@ struct Restart {
 /// `streams.metrics.buffer_while_disconnected_records` (`None`: the default). The row is
 /// quiesced (agent SIGTERM) and the remote-write output drained.
 fn metrics_restart_row(name: &str, buffer: Option<u64>) -> (Row, Restart) {
+    metrics_outage_row(name, buffer, Signal::SIGTERM)
+}
+
+/// [`metrics_restart_row`] with the collector stopped by `stop`: SIGTERM (shutdown), or
+/// SIGUSR1 (a drain: the agent ends its epoch with `Goodbye`, the collector exits once it
+/// has left).
+fn metrics_outage_row(name: &str, buffer: Option<u64>, stop: Signal) -> (Row, Restart) {
     let dir = tempfile::Builder::new()
         .prefix("uctel-fm-prom-")
         .tempdir()
@@ -1403,12 +1410,12 @@ fn metrics_restart_row(name: &str, buffer: Option<u64>) -> (Row, Restart) {
     row.wait_delivered(a, 0, 0..300, SETTLE);
     std::thread::sleep(Duration::from_secs(2));
     let _ = row.scrape_collector();
-    row.collector.signal(Signal::SIGTERM);
+    row.collector.signal(stop);
     let status = row.collector.wait_exit(Duration::from_secs(30));
     let down_ms = now_ms();
     row.expect(
         status.is_some_and(|s| s.success()),
-        format!("the collector exited 0 after SIGTERM ({status:?})"),
+        format!("the collector exited 0 after {stop} ({status:?})"),
     );
     let down = std::time::Instant::now();
     row.write(a, 0, 200);
@@ -1640,6 +1647,66 @@ fn collector_restart_with_a_metrics_buffer_too_small() {
              collections: the oldest {oldest:?} ms before the Welcome)",
             inside.len(),
             welcome_ms - r.down_ms,
+        ),
+    );
+    metrics_restart_checks(&mut row, &r);
+    row.verdict(Law::Exact);
+}
+
+/// The collector drained (SIGUSR1: it tells the agent to move; a pool of one, so nothing
+/// listens until it is started again 5 s later) while host metrics flow into Prometheus:
+/// what the agent's pipeline held when it ended its epoch, and the collections made while
+/// no collector listened, arrive after the reconnect with their collection times; nothing
+/// is dropped.
+#[test]
+fn collector_drained_with_metrics_buffered() {
+    let _g = exclusive();
+    let (mut row, r) = metrics_outage_row("collector-drain-metrics", None, Signal::SIGUSR1);
+    let dropped = row.agent_last(0).count(
+        "uctel_agent_records_dropped_total",
+        &[("stream", "metrics")],
+    );
+    row.expect(
+        dropped == 0,
+        format!("the agent dropped {dropped} metric samples before its SIGTERM (want 0)"),
+    );
+    row.expect(
+        row.agents[0]
+            .daemon
+            .log()
+            .contains("the collector is draining"),
+        "the agent logged the drain".to_owned(),
+    );
+    let held = r
+        .prom
+        .raw_samples(r#"node_load1{agent="a"}"#)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let ts: Vec<i64> = held
+        .values()
+        .next()
+        .map_or_else(Vec::new, |v| v.iter().map(|s| s.0).collect());
+    let inside = ts
+        .iter()
+        .filter(|t| **t > r.down_ms && **t < r.up_ms)
+        .count() as i64;
+    let outage_s = (r.up_ms - r.down_ms) / 1000;
+    let around: Vec<i64> = ts
+        .iter()
+        .copied()
+        .filter(|t| *t > r.down_ms - 4000 && *t < r.up_ms + 4000)
+        .collect();
+    let widest = around
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or(i64::MAX);
+    row.expect(
+        inside >= outage_s - 1 && widest <= 1500,
+        format!(
+            "node_load1 in Prometheus: {inside} samples of the {outage_s} s without a collector \
+             (want at least {}), widest gap {widest} ms from 4 s before to 4 s after (a drain \
+             loses no collection: at most 1500)",
+            outage_s - 1
         ),
     );
     metrics_restart_checks(&mut row, &r);
