@@ -1777,6 +1777,8 @@ mod proptests {
         Advance(u64),
         Report(u64),
         Requeue,
+        /// The connection ends: the metric samples pending are taken back.
+        TakeBack,
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -1789,6 +1791,7 @@ mod proptests {
             (0u64..300).prop_map(Op::Advance),
             (0u64..8).prop_map(Op::Report),
             Just(Op::Requeue),
+            Just(Op::TakeBack),
         ]
     }
 
@@ -1851,6 +1854,7 @@ mod proptests {
             let mut pushed = [0u64; 3];
             let mut posted: Vec<Transmit> = Vec::new();
             let mut last: Option<Transmit> = None;
+            let mut taken_back = 0u64;
             for op in ops {
                 match op {
                     Op::Metrics(n) => {
@@ -1910,6 +1914,16 @@ mod proptests {
                             let _ = core.on_consumed(t.conn_seq.wrapping_sub(back));
                         }
                     }
+                    Op::TakeBack => {
+                        let pending = core.pending_records(Stream::Metrics);
+                        let back = core.take_back_metrics();
+                        prop_assert_eq!(back.len() as u64, pending);
+                        prop_assert!(back.iter().all(|m| m.name == "node_x"));
+                        prop_assert_eq!(core.pending_records(Stream::Metrics), 0);
+                        taken_back += pending;
+                        // A requeue refers to a frame taken back no more.
+                        last = None;
+                    }
                     Op::Requeue => {
                         // A sink refuses the most recent post (full send queue) before any
                         // report could have consumed it.
@@ -1961,10 +1975,17 @@ mod proptests {
                     prop_assert_eq!(d.header.conn_seq, t.conn_seq);
                 }
                 let sent: u64 = mine.iter().map(|t| u64::from(t.records)).sum();
+                let back = if s == Stream::Metrics { taken_back } else { 0 };
+                prop_assert_eq!(
+                    core.stats().stream(s).records_taken_back,
+                    back,
+                    "stream {}",
+                    s
+                );
                 prop_assert_eq!(
                     pushed[s.index()],
-                    sent + stats.records_dropped_all(s) + core.pending_records(s),
-                    "stream {}",
+                    sent + stats.records_dropped_all(s) + core.pending_records(s) + back,
+                    "stream {}: pushed = sent + dropped + pending + taken back",
                     s
                 );
                 prop_assert_eq!(core.final_sequences().streams[s.index()].records, sent);

@@ -474,6 +474,31 @@ mod tests {
         );
     }
 
+    /// A connection lost during the catch-up: what the pipeline took from the buffer goes
+    /// back in front of what the buffer still holds, in order, nothing dropped, for the next
+    /// connection.
+    #[test]
+    fn a_connection_lost_while_catching_up_puts_the_pipeline_back_in_front() {
+        let stats = SelfMetrics::new().unwrap_or_else(|e| panic!("{e}"));
+        let q = queues();
+        assert_eq!(q.metrics.offer((0..100).map(gauge)), 0);
+        buffer_queued_metrics(&q, &stats);
+        let mut core = lane_with_window([true; 3], Duration::from_secs(60), 2);
+        pull(&mut core, &q, &stats);
+        let taken = core.pending_records(Stream::Metrics);
+        assert!(taken > 0 && q.metrics_buffer.len() < 100, "{taken} taken");
+        take_back_metrics(&mut core, &q, &stats);
+        assert_eq!(core.pending_records(Stream::Metrics), 0);
+        let values: Vec<f64> = q
+            .metrics_buffer
+            .take_all()
+            .iter()
+            .map(|m| m.value)
+            .collect();
+        assert_eq!(values, (0..100).map(f64::from).collect::<Vec<_>>());
+        assert_eq!(stats.records_dropped_all(Stream::Metrics), 0);
+    }
+
     /// The RC lane's pipeline carries the logs only: it takes no metric record (they stay
     /// queued for the UC lane's pipeline), posts only log frames (its idle heartbeats and its
     /// `LAST_OF_EPOCH` frame included), and reports no metrics totals.
