@@ -42,7 +42,7 @@
 //! pacing: { frames_per_second: 20000, bytes_per_second: 50000000 }
 //! streams:
 //!   metrics: { data_path: write_with_imm, on_no_credit: drop, queue_records: 65536,
-//!              buffer_while_disconnected_records: 65536 }   # held while disconnected
+//!              buffer_while_disconnected_records: 16384 }   # held while disconnected
 //!   logs: { data_path: send, on_no_credit: wait, queue_records: 8192, reliability: uc }
 //! max_frame_bytes: 4096
 //! ```
@@ -712,10 +712,11 @@ pub struct StreamSection {
     /// of every series is what an operator wants, and what is kept stays in collection
     /// order. The buffered samples are sent as credits allow, never dropped for lack of
     /// credit; until they are through (and every credit is back), newer collections join
-    /// the buffer's tail. 0 turns buffering off (samples collected while disconnected are dropped as
-    /// `not_connected`). Default 65536 (about 10 MiB, as `queue_records`). Log lines need
-    /// no such buffer (they wait in their files) and `fast_counters` samples are fresh or
-    /// worthless: the key is refused on those streams.
+    /// the buffer's tail. 0 turns buffering off (samples collected while disconnected are
+    /// dropped as `not_connected`). Default 16384 (about 5 MiB: six minutes of a small
+    /// server's host metrics at the default 10 s interval). Log lines need no such buffer
+    /// (they wait in their files) and `fast_counters` samples are fresh or worthless: the
+    /// key is refused on those streams.
     #[serde(default)]
     pub buffer_while_disconnected_records: Option<usize>,
     /// A frame that is not full is sent at the latest this long after its first record.
@@ -1542,7 +1543,7 @@ max_frame_bytes: 10
     #[test]
     fn only_the_metrics_stream_buffers_while_disconnected() {
         let c = load(MINIMAL).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(c.streams.buffer_while_disconnected_records(), 65536);
+        assert_eq!(c.streams.buffer_while_disconnected_records(), 16384);
         let text =
             format!("{MINIMAL}streams:\n  metrics:\n    buffer_while_disconnected_records: 0\n");
         let c = load(&text).unwrap_or_else(|e| panic!("{e}"));
