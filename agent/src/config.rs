@@ -41,7 +41,8 @@
 //!       metric_relabel: { keep: "DCGM_FI_.*" }
 //! pacing: { frames_per_second: 20000, bytes_per_second: 50000000 }
 //! streams:
-//!   metrics: { data_path: write_with_imm, on_no_credit: wait, queue_records: 65536 }
+//!   metrics: { data_path: write_with_imm, on_no_credit: wait, queue_records: 65536,
+//!              buffer_while_disconnected_records: 16384 }   # held while disconnected
 //!   logs: { data_path: send, on_no_credit: wait, queue_records: 8192, reliability: uc }
 //! max_frame_bytes: 4096
 //! ```
@@ -544,6 +545,7 @@ fn metrics_stream() -> StreamSection {
     StreamSection {
         on_no_credit: Some(OnNoCredit::Wait),
         queue_records: Some(65536),
+        buffer_while_disconnected_records: Some(crate::buffer::DEFAULT_BUFFER_RECORDS),
         ..StreamSection::default()
     }
 }
@@ -603,6 +605,14 @@ impl StreamsSection {
             Stream::Logs => 8192,
             Stream::FastCounters => 4096,
         })
+    }
+
+    /// Metric samples held while disconnected (`streams.metrics.
+    /// buffer_while_disconnected_records`), default applied; 0 for the other streams.
+    pub fn buffer_while_disconnected_records(&self) -> usize {
+        self.metrics
+            .buffer_while_disconnected_records
+            .unwrap_or(crate::buffer::DEFAULT_BUFFER_RECORDS)
     }
 
     /// The out-of-credit behaviour of `stream`, defaults applied.
@@ -703,6 +713,22 @@ pub struct StreamSection {
     /// samples), 8192 for logs (at most 16 MiB of 2 KiB lines).
     #[serde(default)]
     pub queue_records: Option<usize>,
+    /// `streams.metrics` only: metric samples held, in records, while the agent has no
+    /// connection to a collector (a collector restart, a move within the pool, a drain),
+    /// and sent after the next `Welcome`, before any newer collection, each with the time
+    /// it was collected. Samples still in the send pipeline when a connection ends join
+    /// them. When full, the oldest samples are dropped and counted
+    /// (`records_dropped_total{stream="metrics",reason="not_connected"}`): the newest state
+    /// of every series is what an operator wants, and what is kept stays in collection
+    /// order. The buffered samples are sent as credits allow, never dropped for lack of
+    /// credit; until they are through (and every credit is back), newer collections join
+    /// the buffer's tail. 0 turns buffering off (samples collected while disconnected are
+    /// dropped as `not_connected`). Default 16384 (about 5 MiB: six minutes of a small
+    /// server's host metrics at the default 10 s interval). Log lines need no such buffer
+    /// (they wait in their files) and `fast_counters` samples are fresh or worthless: the
+    /// key is refused on those streams.
+    #[serde(default)]
+    pub buffer_while_disconnected_records: Option<usize>,
     /// A frame that is not full is sent at the latest this long after its first record.
     /// Default 200 ms.
     #[serde(default = "default_flush_ms")]
@@ -727,6 +753,7 @@ impl Default for StreamSection {
             data_path: default_data_path(),
             on_no_credit: None,
             queue_records: None,
+            buffer_while_disconnected_records: None,
             flush_milliseconds: default_flush_ms(),
             reliability: Reliability::Uc,
         }
@@ -1047,6 +1074,18 @@ impl Validate for AgentConfig {
                     format!("streams.{stream}.queue_records"),
                     "must be in 1..=16777216",
                 );
+            }
+            match (stream, st.buffer_while_disconnected_records) {
+                (Stream::Metrics, Some(n)) if n > 16 * 1024 * 1024 => p.push(
+                    "streams.metrics.buffer_while_disconnected_records",
+                    "must be in 0..=16777216",
+                ),
+                (Stream::Logs | Stream::FastCounters, Some(_)) => p.push(
+                    format!("streams.{stream}.buffer_while_disconnected_records"),
+                    "only streams.metrics buffers while disconnected (log lines wait in their \
+                     files; fast_counters samples are fresh or worthless)",
+                ),
+                _ => {}
             }
             if !(1..=60_000).contains(&st.flush_milliseconds) {
                 p.push(
@@ -1564,6 +1603,30 @@ max_frame_bytes: 10
                 .any(|p| p.key_path.contains("reliability") && p.line == Some(8)),
             "{err}"
         );
+    }
+
+    #[test]
+    fn only_the_metrics_stream_buffers_while_disconnected() {
+        let c = load(MINIMAL).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.streams.buffer_while_disconnected_records(), 16384);
+        let text =
+            format!("{MINIMAL}streams:\n  metrics:\n    buffer_while_disconnected_records: 0\n");
+        let c = load(&text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.streams.buffer_while_disconnected_records(), 0);
+        for stream in ["logs", "fast_counters"] {
+            let text = format!(
+                "{MINIMAL}streams:\n  {stream}:\n    buffer_while_disconnected_records: 10\n"
+            );
+            let err = load(&text)
+                .err()
+                .unwrap_or_else(|| panic!("expected a problem"));
+            assert!(
+                err.problems.iter().any(|p| p.key_path
+                    == format!("streams.{stream}.buffer_while_disconnected_records")
+                    && p.message.contains("only streams.metrics")),
+                "{err}"
+            );
+        }
     }
 
     #[test]

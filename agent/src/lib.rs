@@ -19,6 +19,7 @@
 //! pacing.rs      sans-IO token buckets (frames/s, bytes/s)
 //! credits.rs     sans-IO credit window over the collector's consumed sequence
 //! queue.rs       bounded record queues between sources and sender (never block a source)
+//! buffer.rs      metric samples held while disconnected, sent first after the next Welcome
 //! rdma_events.rs uctel_agent_rdma_*: port state/GID changes, the device's async events
 //! runners.rs     source loops: host metrics, self-metrics, log tailers with checkpoints
 //! selfmetrics.rs uctel_agent_* counters, closed DropReason, export as records and /metrics
@@ -33,6 +34,7 @@
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+pub mod buffer;
 pub mod config;
 pub mod control;
 pub mod credits;

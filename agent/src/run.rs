@@ -17,9 +17,13 @@
 //! QP error. Streams set to `reliability: rc` travel on a second lane, an RC QP with a
 //! pipeline of its own, driven in the same loop ([`crate::lane`]). The connection loop then
 //! waits with exponential backoff and full jitter and starts a new session with a new epoch.
-//! While there is no session, queued metric samples are dropped as `not_connected` (a sample
-//! is fresh or worthless); log lines wait in their bounded queue and, beyond it, in their
-//! files, because the tailers only read what the queue can hold.
+//! While there is no session, metric samples are held in the bounded metrics buffer
+//! ([`crate::buffer`]) with their collection time, and a session ending (lost, drain,
+//! rebalance) puts the samples its pipeline still holds back in front of them; the next
+//! session sends them before any newer collection, as credits allow. What the buffer cannot
+//! hold is dropped, the oldest first, as `not_connected`. Log lines wait in their bounded
+//! queue and, beyond it, in their files, because the tailers only read what the queue can
+//! hold.
 //!
 //! A shutdown logs the epoch's final figures once `Goodbye` is written, one line with
 //! `key=value` fields that end-to-end tests read:
@@ -219,6 +223,7 @@ pub async fn run_with(
         totals(Stream::FastCounters),
     );
     tracing::info!(
+        metrics_records_collected = stats.metrics_records_collected(),
         metrics_records_sent = m.0,
         metrics_records_dropped = m.1,
         logs_records_sent = l.0,
@@ -520,10 +525,11 @@ async fn connection_loop(
         };
         attempt = attempt.saturating_add(1);
         let until = tokio::time::Instant::now() + wait;
-        // Wait, dropping the metric samples queued meanwhile as `not_connected`; log lines
-        // stay in their bounded queue and files.
+        // Wait, moving the metric samples queued meanwhile into the metrics buffer as they
+        // come (stamped with their collection time); log lines stay in their bounded queue
+        // and files.
         loop {
-            pump::discard_queued_metrics(queues, stats, DropReason::NotConnected);
+            pump::buffer_queued_metrics(queues, stats);
             tokio::select! {
                 () = tokio::time::sleep_until(until) => break,
                 () = queues.metrics.notified() => {}
@@ -952,7 +958,10 @@ async fn session(
                     if let Some(l) = rc.as_mut() {
                         pump::pull(&mut l.core, queues, stats);
                     }
-                    if queues.metrics.is_empty() && queues.logs.is_empty() {
+                    if queues.metrics_buffer.is_empty()
+                        && queues.metrics.is_empty()
+                        && queues.logs.is_empty()
+                    {
                         core.finish(pump::unix_ns());
                         if let Some(l) = rc.as_mut() {
                             l.core.finish(pump::unix_ns());
@@ -1018,11 +1027,14 @@ async fn session(
                     l.drop_pending(DropReason::Shutdown, queues);
                 }
             } else {
-                // Moving on: what could not be sent in time is dropped as when the
+                // Moving on: the metric samples that could not be sent in time wait in the
+                // metrics buffer for the next collector; the rest is dropped as when the
                 // connection is lost.
+                pump::take_back_metrics(&mut core, queues, stats);
                 core.drop_pending(DropReason::NotConnected);
                 pump::settle(&core, queues);
                 if let Some(l) = rc.as_mut() {
+                    pump::take_back_metrics(&mut l.core, queues, stats);
                     l.drop_pending(DropReason::NotConnected, queues);
                 }
             }
@@ -1082,10 +1094,14 @@ async fn session(
             Ok((end, fin))
         }
         SessionEnd::Lost(why) => {
+            // The metric samples not posted yet wait in the metrics buffer for the next
+            // session; the rest is dropped.
+            pump::take_back_metrics(&mut core, queues, stats);
             core.drop_pending(DropReason::NotConnected);
             pump::settle(&core, queues);
             drain_sends(&mut plane).await;
             if let Some(l) = rc.as_mut() {
+                pump::take_back_metrics(&mut l.core, queues, stats);
                 l.drop_pending(DropReason::NotConnected, queues);
                 drain_sends(&mut l.plane).await;
             }

@@ -25,6 +25,7 @@ use uctel_common::shutdown::Shutdown;
 use uctel_protocol::payload::{LogRecord, Metric};
 use uctel_protocol::samples::SampleSeries;
 
+use crate::buffer::DisconnectedBuffer;
 use crate::config::{seconds, AgentConfig, LogSection, LogSeverity, StartAt};
 use crate::queue::RecordQueue;
 use crate::selfmetrics::{DropReason, SelfMetrics};
@@ -156,12 +157,19 @@ pub struct Queues {
     pub fast_counters: RecordQueue<SampleSeries>,
     /// Hand-off accounting of the logs queue.
     pub logs_handoff: Arc<Handoff>,
+    /// Metric samples held while disconnected (`streams.metrics.
+    /// buffer_while_disconnected_records`), sent before the metrics queue.
+    pub metrics_buffer: DisconnectedBuffer,
 }
 
 impl Queues {
-    /// Queues sized from `streams.*.queue_records`.
+    /// Queues sized from `streams.*.queue_records`, the metrics buffer from
+    /// `streams.metrics.buffer_while_disconnected_records`.
     pub fn new(config: &AgentConfig) -> Self {
         Self {
+            metrics_buffer: DisconnectedBuffer::new(
+                config.streams.buffer_while_disconnected_records(),
+            ),
             metrics: RecordQueue::new(config.streams.queue_records(Stream::Metrics)),
             logs: RecordQueue::new(config.streams.queue_records(Stream::Logs)),
             fast_counters: RecordQueue::new(config.streams.queue_records(Stream::FastCounters)),
@@ -170,9 +178,13 @@ impl Queues {
     }
 }
 
-/// Offers `records` to `queue`, counting what does not fit as `source_overflow`.
+/// Offers `records` to `queue`, counting what does not fit as `source_overflow` (and, on the
+/// metrics stream, every record offered in `records_collected_total`).
 fn offer<T>(queue: &RecordQueue<T>, records: Vec<T>, stream: Stream, stats: &SelfMetrics) -> u64 {
     let n = records.len() as u64;
+    if stream == Stream::Metrics {
+        stats.metrics_collected(n);
+    }
     let rejected = queue.offer(records) as u64;
     if rejected > 0 {
         stats.dropped(stream, DropReason::SourceOverflow, 0, rejected);

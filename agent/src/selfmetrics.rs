@@ -31,6 +31,8 @@
 //! | `uctel_agent_reconnects_total` | counter | |
 //! | `uctel_agent_connected` | gauge | |
 //! | `uctel_agent_queue_records` | gauge | `stream` |
+//! | `uctel_agent_buffer_records` | gauge | `stream` (`metrics` only) |
+//! | `uctel_agent_records_collected_total` | counter | `stream` (`metrics` only) |
 //! | `uctel_agent_records_truncated_total` | counter | `stream` |
 //! | `uctel_agent_fault_packets_total` | counter | `action` (only with fault injection) |
 //! | `uctel_agent_rc_qp_events_total` | counter | `event` (only with an RC lane) |
@@ -513,6 +515,10 @@ pub struct SelfMetrics {
     reconnects: IntCounter,
     connected: IntGauge,
     queue_records: PerStream<IntGauge>,
+    /// `buffer_records{stream="metrics"}`.
+    buffer_records: IntGauge,
+    /// `records_collected_total{stream="metrics"}`.
+    records_collected: IntCounter,
     records_truncated: PerStream<IntCounter>,
     /// `fault_packets_total{action}`, registered by [`SelfMetrics::enable_fault_metrics`].
     fault_packets: OnceLock<[IntCounter; FaultAction::ALL.len()]>,
@@ -643,7 +649,28 @@ impl SelfMetrics {
         )
         .map_err(|e| mk(e, "queue_records"))
         .and_then(|c| register(r, "queue_records", c))?;
+        let buffer_v = IntGaugeVec::new(
+            opts(
+                "buffer_records",
+                "Metric samples held while the agent has no connection to a collector \
+                 (streams.metrics.buffer_while_disconnected_records), sent first after the \
+                 next Welcome.",
+            ),
+            &["stream"],
+        )
+        .map_err(|e| mk(e, "buffer_records"))
+        .and_then(|c| register(r, "buffer_records", c))?;
 
+        let collected_v = counter_vec(
+            "records_collected_total",
+            "Metric samples the sources (host metrics, self-metrics, scrape targets, \
+             textfiles) offered to the metrics stream. Each is sent, dropped with a reason, \
+             or still queued, buffered or in the send pipeline: once the agent has stopped, \
+             collected = records_sent_total + records_dropped_total (every reason). The logs \
+             stream counts the lines read (log_records_read_total), fast_counters its samples \
+             (fast_samples_total).",
+            &["stream"],
+        )?;
         let truncated_v = counter_vec(
             "records_truncated_total",
             "Records cut to fit one frame (log lines longer than the connection's frame size), marked truncated=\"frame\".",
@@ -676,6 +703,8 @@ impl SelfMetrics {
             reconnects,
             connected,
             queue_records: Stream::ALL.map(|s| queue_v.with_label_values(&[s.as_str()])),
+            buffer_records: buffer_v.with_label_values(&[Stream::Metrics.as_str()]),
+            records_collected: collected_v.with_label_values(&[Stream::Metrics.as_str()]),
             records_truncated: per_stream_counter(&truncated_v),
             fault_packets: OnceLock::new(),
             rc: OnceLock::new(),
@@ -977,6 +1006,23 @@ impl SelfMetrics {
     /// Sets the number of records queued between the sources and the sender for `stream`.
     pub fn set_queue_records(&self, stream: Stream, records: usize) {
         self.queue_records[stream.index()].set(i64::try_from(records).unwrap_or(i64::MAX));
+    }
+
+    /// `records` metric samples were offered to the metrics stream by a source
+    /// (`records_collected_total{stream="metrics"}`).
+    pub fn metrics_collected(&self, records: u64) {
+        self.records_collected.inc_by(records);
+    }
+
+    /// Metric samples offered to the metrics stream so far.
+    pub fn metrics_records_collected(&self) -> u64 {
+        self.records_collected.get()
+    }
+
+    /// Sets `buffer_records{stream="metrics"}`: samples held while disconnected.
+    pub fn set_buffer_records(&self, records: usize) {
+        self.buffer_records
+            .set(i64::try_from(records).unwrap_or(i64::MAX));
     }
 
     /// Frames sent on `stream` so far.

@@ -541,15 +541,107 @@ async fn a_restart_neither_repeats_nor_loses_log_lines() {
     assert_eq!(delivered, expected);
 }
 
+/// Milliseconds since the Unix epoch.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// With no collector listening, the metric samples are held (none dropped); when one comes,
+/// the first session sends them before the newer ones, each with its collection time: per
+/// series the timestamps rise, those of the samples collected while no collector was there
+/// lie before it came, one per collection (not one burst stamped at the reconnect).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_a_collector_samples_are_dropped_not_connected_and_log_lines_wait() {
+async fn without_a_collector_samples_are_held_and_sent_first_with_their_collection_time() {
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+        l.local_addr().unwrap_or_else(|e| panic!("{e}"))
+    };
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let agent = RunningAgent::start(config(closed, dir.path(), ""));
+    let stats = agent.stats.clone();
+    // Host metrics every 200 ms: about ten collections while nothing listens.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!stats.connected());
+    assert_eq!(
+        stats.records_dropped_all(Stream::Metrics),
+        0,
+        "held, not dropped"
+    );
+    let came = now_ms();
+    let mut fake = support::start_on(closed, support::FakeConfig::default()).await;
+    until("samples sent", Duration::from_secs(10), || {
+        stats.records_sent(Stream::Metrics) > 0 && stats.metrics_records_collected() > 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let summary = agent.stop_within(Duration::from_secs(10)).await;
+    assert_eq!(summary.sessions, 1);
+    assert_eq!(
+        stats.records_dropped(Stream::Metrics, DropReason::NotConnected),
+        0
+    );
+    let s = fake
+        .sessions
+        .recv()
+        .await
+        .unwrap_or_else(|| panic!("no session"));
+    let mut frames: Vec<_> = s.frames.iter().map(|(_, f)| f).collect();
+    frames.sort_by_key(|f| f.header.conn_seq);
+    let load1: Vec<i64> = frames
+        .iter()
+        .filter_map(|f| match &f.payload {
+            Payload::Metrics(b) => Some(b.metrics.iter().filter(|m| m.name == "node_load1").map(
+                |m| match m.timestamp_ms {
+                    0 => i64::try_from(f.header.timestamp_ns / 1_000_000).unwrap_or(0),
+                    t => t,
+                },
+            )),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert!(
+        load1.windows(2).all(|w| w[0] < w[1]),
+        "node_load1 timestamps rise in sending order: {load1:?}"
+    );
+    let before: Vec<i64> = load1.iter().copied().filter(|t| *t < came).collect();
+    assert!(
+        before.len() >= 5,
+        "collections held while no collector listened: {before:?} (it came at {came})"
+    );
+    let spread = before.last().zip(before.first()).map_or(0, |(l, f)| l - f);
+    assert!(
+        spread >= 800,
+        "the held samples keep their collection times: they span {spread} ms"
+    );
+}
+
+/// `streams.metrics.buffer_while_disconnected_records: 0`: the samples collected with no
+/// collector are dropped as `not_connected`, as a sample is fresh or worthless.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_collector_and_no_buffer_samples_are_dropped_not_connected_and_log_lines_wait() {
     // A port nothing listens on.
     let closed = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
         l.local_addr().unwrap_or_else(|e| panic!("{e}"))
     };
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let cfg = config(closed, dir.path(), "");
+    let cfg = support::agent_config(
+        closed,
+        dir.path(),
+        concat!(
+            "  metrics:\n",
+            "    data_path: write_with_imm\n",
+            "    flush_milliseconds: 20\n",
+            "    buffer_while_disconnected_records: 0\n",
+            "  logs:\n",
+            "    data_path: send\n",
+            "    flush_milliseconds: 20\n",
+        ),
+        "",
+    );
     let agent = RunningAgent::start(cfg);
     let stats = agent.stats.clone();
     let log = dir.path().join("app.log");

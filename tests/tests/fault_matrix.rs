@@ -1589,3 +1589,416 @@ fn agent_collection_larger_than_its_window() {
     row.quiesce();
     row.verdict(Law::Exact);
 }
+
+/// Milliseconds since the Unix epoch.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The numeric fields of agent `i`'s `stopped:` line (its whole-run figures per stream:
+/// `metrics_records_collected`, `metrics_records_sent`, `metrics_records_dropped`, …).
+fn stopped_figures(row: &Row, i: usize) -> std::collections::BTreeMap<String, u64> {
+    let log = row.agents[i].daemon.log();
+    log.lines()
+        .rev()
+        .map(uctel_tests::pipeline::strip_ansi)
+        .find(|l| l.contains("stopped: records sent and dropped"))
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|t| t.split_once('='))
+                .filter_map(|(k, v)| v.trim_matches('"').parse().ok().map(|n| (k.to_owned(), n)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Milliseconds since the Unix epoch of a daemon log line's RFC 3339 UTC timestamp
+/// (`2026-01-02T03:04:05.678901Z …`, its first field).
+fn log_line_ms(line: &str) -> Option<i64> {
+    let stamp = line.split_whitespace().next()?.strip_suffix('Z')?;
+    let (date, time) = stamp.split_once('T')?;
+    let num = |s: &str| s.parse::<i64>().ok();
+    let mut d = date.split('-');
+    let (y, m, day) = (num(d.next()?)?, num(d.next()?)?, num(d.next()?)?);
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let mut t = hms.split(':');
+    let (h, mi, sec) = (num(t.next()?)?, num(t.next()?)?, num(t.next()?)?);
+    let ms = num(&format!("{frac:0<3}")[..3])?;
+    // Days from the civil date (H. Hinnant, "chrono-Compatible Low-Level Date Algorithms").
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + day - 1;
+    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
+    Some((((days * 24 + h) * 60 + mi) * 60 + sec) * 1000 + ms)
+}
+
+/// When agent `i` last logged `connected to the collector` (its last `Welcome`), ms since
+/// the Unix epoch.
+fn last_welcome_ms(row: &Row, i: usize) -> Option<i64> {
+    row.agents[i]
+        .daemon
+        .log()
+        .lines()
+        .rev()
+        .map(uctel_tests::pipeline::strip_ansi)
+        .filter(|l| l.contains("connected to the collector epoch="))
+        .find_map(|l| log_line_ms(&l))
+}
+
+/// What a metrics-buffer row measured.
+struct Restart {
+    /// The Prometheus the collector remote-writes into.
+    prom: uctel_tests::prometheus::Prometheus,
+    _dir: tempfile::TempDir,
+    /// The remote-write URL.
+    url: String,
+    /// Between the collector's exit and its start again, ms since the Unix epoch.
+    down_ms: i64,
+    up_ms: i64,
+    /// The largest `uctel_agent_buffer_records{stream="metrics"}` seen while it was down.
+    buffered_peak: u64,
+}
+
+/// The collector, remote-writing into a real Prometheus, stopped with SIGTERM for 5 s and
+/// started again on the same ports while its agent collects host metrics (and its own)
+/// every second and lines flow; `buffer` is the agent's
+/// `streams.metrics.buffer_while_disconnected_records` (`None`: the default). The row is
+/// quiesced (agent SIGTERM) and the remote-write output drained.
+fn metrics_restart_row(name: &str, buffer: Option<u64>) -> (Row, Restart) {
+    metrics_outage_row(name, buffer, Signal::SIGTERM)
+}
+
+/// [`metrics_restart_row`] with the collector stopped by `stop`: SIGTERM (shutdown), or
+/// SIGUSR1 (a drain: the agent ends its epoch with `Goodbye`, the collector exits once it
+/// has left).
+fn metrics_outage_row(name: &str, buffer: Option<u64>, stop: Signal) -> (Row, Restart) {
+    let dir = tempfile::Builder::new()
+        .prefix("uctel-fm-prom-")
+        .tempdir()
+        .unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let prom = uctel_tests::prometheus::Prometheus::receiver(dir.path());
+    let url = prom.write_url();
+    let spec = CollectorSpec {
+        set: vec![("outputs.remote_write".into(), remote_write(&url, 200_000))],
+        ..CollectorSpec::default()
+    };
+    let mut row = Row::start(name, spec, None);
+    // Host metrics every second plus the catch-up after the outage: the agent announces
+    // that rate, as an operator would (`collector.expected_frames_per_second` sizes its
+    // ring and credit window), so a collector slowed by the machine's load does not leave
+    // the fresh collections without credit (`no_credit` is another row's subject).
+    let mut agent = AgentSpec::new("a").set("collector.expected_frames_per_second", 256);
+    if let Some(n) = buffer {
+        agent = agent.set("streams.metrics.buffer_while_disconnected_records", n);
+    }
+    let a = row.add_agent(agent);
+    row.wait_connected(1, &[a]);
+    row.write_bursts(a, 0, 300, GAP);
+    row.wait_delivered(a, 0, 0..300, SETTLE);
+    std::thread::sleep(Duration::from_secs(2));
+    let _ = row.scrape_collector();
+    row.collector.signal(stop);
+    let status = row.collector.wait_exit(Duration::from_secs(30));
+    let down_ms = now_ms();
+    row.expect(
+        status.is_some_and(|s| s.success()),
+        format!("the collector exited 0 after {stop} ({status:?})"),
+    );
+    let down = std::time::Instant::now();
+    row.write(a, 0, 200);
+    let mut buffered_peak = 0;
+    while down.elapsed() < Duration::from_secs(5) {
+        if let Ok(s) = row.scrape_agent(a) {
+            let b = s.count("uctel_agent_buffer_records", &[("stream", "metrics")]);
+            buffered_peak = buffered_peak.max(b);
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let up_ms = now_ms();
+    row.notes.push(format!(
+        "collector down for {} ms; agent's metrics buffer peaked at {buffered_peak} samples",
+        up_ms - down_ms
+    ));
+    row.restart_collector();
+    row.wait_connected(1, &[a]);
+    let drained = uctel_tests::wait_for(
+        "the agent's metrics buffer sent",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || {
+            let s = row.scrape_agent(a)?;
+            let b = s.count("uctel_agent_buffer_records", &[("stream", "metrics")]);
+            (b == 0)
+                .then_some(())
+                .ok_or(format!("{b} samples buffered"))
+        },
+    );
+    row.expect(
+        drained.is_ok(),
+        format!("the agent sent its metrics buffer after the reconnect ({drained:?})"),
+    );
+    row.write_bursts(a, 0, 200, GAP);
+    std::thread::sleep(Duration::from_secs(2));
+    row.wait_settled(a, 700, SETTLE);
+    row.quiesce();
+    let _ = remote_write_drained(&mut row);
+    (
+        row,
+        Restart {
+            prom,
+            _dir: dir,
+            url,
+            down_ms,
+            up_ms,
+            buffered_peak,
+        },
+    )
+}
+
+/// Checks common to the metrics-buffer rows: the receiver refused nothing and the output
+/// dropped nothing (samples reach it in order per series, the buffered ones before every
+/// newer collection), and the agent's whole-run figures add up:
+/// `records_collected = records_sent + records_dropped` on the metrics stream (the frame
+/// law then carries `sent` to the collector's received + lost).
+fn metrics_restart_checks(row: &mut Row, r: &Restart) {
+    let s = row.collector_last();
+    let m = [("url", r.url.as_str())];
+    let (dropped, failed) = (
+        s.count("uctel_collector_remote_write_samples_dropped_total", &m),
+        s.count("uctel_collector_remote_write_samples_failed_total", &m),
+    );
+    let by_reason: std::collections::BTreeMap<String, f64> = s
+        .samples
+        .iter()
+        .filter(|m| {
+            m.name == "uctel_collector_remote_write_samples_dropped_total"
+                && m.label("url") == Some(r.url.as_str())
+                && m.value > 0.0
+        })
+        .map(|m| (m.label("reason").unwrap_or("").to_owned(), m.value))
+        .collect();
+    row.expect(
+        dropped == 0 && failed == 0,
+        format!(
+            "remote-write after the restart: {dropped} samples dropped ({by_reason:?}: \
+             out_of_order would be samples sent out of collection order), {failed} refused by \
+             Prometheus; want 0 and 0"
+        ),
+    );
+    let f = stopped_figures(row, 0);
+    let get = |k: &str| f.get(k).copied();
+    let (collected, sent, lost) = (
+        get("metrics_records_collected"),
+        get("metrics_records_sent"),
+        get("metrics_records_dropped"),
+    );
+    row.expect(
+        collected.is_some()
+            && collected == sent.zip(lost).map(|(s, d)| s + d)
+            && collected > Some(0),
+        format!(
+            "agent metrics stream over the run: collected {collected:?} = sent {sent:?} + dropped {lost:?}"
+        ),
+    );
+}
+
+/// The collector restarted (SIGTERM, then started again on the same ports) while host
+/// metrics flow into a real Prometheus by remote-write: the collections made while it was
+/// down reach Prometheus after the reconnect with their collection time (one sample per
+/// second in the outage, not a burst stamped at the reconnect), in order (Prometheus
+/// refuses a sample older than the newest of its series), and the agent drops no metric
+/// sample.
+#[test]
+fn collector_restart_with_metrics_buffered() {
+    let _g = exclusive();
+    let (mut row, r) = metrics_restart_row("collector-restart-metrics", None);
+    let before = row.agent_last(0);
+    let dropped = before.count(
+        "uctel_agent_records_dropped_total",
+        &[("stream", "metrics")],
+    );
+    row.expect(
+        dropped == 0,
+        format!("the agent dropped {dropped} metric samples before its SIGTERM (want 0)"),
+    );
+    row.expect(
+        r.buffered_peak > 0,
+        format!(
+            "the agent held samples while the collector was down (peak {})",
+            r.buffered_peak
+        ),
+    );
+    let held = r
+        .prom
+        .raw_samples(r#"node_load1{agent="a"}"#)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let ts: Vec<i64> = held
+        .values()
+        .next()
+        .map_or_else(Vec::new, |v| v.iter().map(|s| s.0).collect());
+    let inside: Vec<i64> = ts
+        .iter()
+        .copied()
+        .filter(|t| *t > r.down_ms && *t < r.up_ms)
+        .collect();
+    let outage_s = (r.up_ms - r.down_ms) / 1000;
+    row.expect(
+        inside.len() as i64 >= outage_s - 1,
+        format!(
+            "Prometheus holds {} node_load1 samples collected during the {outage_s} s outage \
+             (one per second: want at least {}): {inside:?}",
+            inside.len(),
+            outage_s - 1
+        ),
+    );
+    let spread = inside.last().zip(inside.first()).map_or(0, |(l, f)| l - f);
+    row.expect(
+        spread >= (outage_s - 2) * 1000,
+        format!(
+            "the outage's samples keep their collection times: they span {spread} ms of the \
+             {outage_s} s outage"
+        ),
+    );
+    let around: Vec<i64> = ts
+        .iter()
+        .copied()
+        .filter(|t| *t > r.down_ms - 4000 && *t < r.up_ms + 4000)
+        .collect();
+    let widest = around
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or(i64::MAX);
+    row.expect(
+        around.len() > 2 && widest <= 2500,
+        format!(
+            "node_load1 every second from 4 s before the outage to 4 s after it: widest gap \
+             {widest} ms (at most 2500: one collection may go down with the collector)"
+        ),
+    );
+    metrics_restart_checks(&mut row, &r);
+    row.verdict(Law::Exact);
+}
+
+/// The same restart with a metrics buffer of 100 samples, less than one collection: the
+/// agent holds the newest 100, drops the older ones counted as
+/// `records_dropped_total{stream="metrics",reason="not_connected"}` (and for no other
+/// reason), Prometheus holds no more than 100 samples of the outage, and the sums hold.
+#[test]
+fn collector_restart_with_a_metrics_buffer_too_small() {
+    let _g = exclusive();
+    const BUFFER: u64 = 100;
+    let (mut row, r) = metrics_restart_row("collector-restart-small-buffer", Some(BUFFER));
+    let before = row.agent_last(0);
+    let by_reason = before.sum_by("uctel_agent_records_dropped_total", "reason");
+    let not_connected = before.count(
+        "uctel_agent_records_dropped_total",
+        &[("stream", "metrics"), ("reason", "not_connected")],
+    );
+    let all = before.count(
+        "uctel_agent_records_dropped_total",
+        &[("stream", "metrics")],
+    );
+    row.expect(
+        not_connected > 0 && all == not_connected,
+        format!(
+            "the overflow counted: metrics records dropped as not_connected {not_connected} \
+             (> 0), every reason {all} (the same); all streams by reason {by_reason:?}"
+        ),
+    );
+    row.expect(
+        r.buffered_peak == BUFFER,
+        format!(
+            "the buffer filled to its bound while the collector was down: peak {} of {BUFFER}",
+            r.buffered_peak
+        ),
+    );
+    // Every sample collected between the collector's exit and the agent's Welcome went
+    // through the buffer; the newest 100 of them were kept and sent.
+    let welcome_ms = last_welcome_ms(&row, 0).unwrap_or(0);
+    let held = r
+        .prom
+        .raw_samples(r#"{agent="a"}"#)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let inside: Vec<i64> = held
+        .values()
+        .flat_map(|v| v.iter().map(|s| s.0))
+        .filter(|t| *t > r.down_ms && *t < welcome_ms)
+        .collect();
+    let oldest = inside.iter().min().map(|t| welcome_ms - t);
+    row.expect(
+        inside.len() as u64 == BUFFER && oldest.is_some_and(|o| o < 2000),
+        format!(
+            "Prometheus holds {} samples collected between the collector's exit and the \
+             agent's Welcome {} ms later (want the buffer's {BUFFER}, all of the last \
+             collections: the oldest {oldest:?} ms before the Welcome)",
+            inside.len(),
+            welcome_ms - r.down_ms,
+        ),
+    );
+    metrics_restart_checks(&mut row, &r);
+    row.verdict(Law::Exact);
+}
+
+/// The collector drained (SIGUSR1: it tells the agent to move; a pool of one, so nothing
+/// listens until it is started again 5 s later) while host metrics flow into Prometheus:
+/// what the agent's pipeline held when it ended its epoch, and the collections made while
+/// no collector listened, arrive after the reconnect with their collection times; nothing
+/// is dropped.
+#[test]
+fn collector_drained_with_metrics_buffered() {
+    let _g = exclusive();
+    let (mut row, r) = metrics_outage_row("collector-drain-metrics", None, Signal::SIGUSR1);
+    let dropped = row.agent_last(0).count(
+        "uctel_agent_records_dropped_total",
+        &[("stream", "metrics")],
+    );
+    row.expect(
+        dropped == 0,
+        format!("the agent dropped {dropped} metric samples before its SIGTERM (want 0)"),
+    );
+    row.expect(
+        row.agents[0]
+            .daemon
+            .log()
+            .contains("the collector is draining"),
+        "the agent logged the drain".to_owned(),
+    );
+    let held = r
+        .prom
+        .raw_samples(r#"node_load1{agent="a"}"#)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let ts: Vec<i64> = held
+        .values()
+        .next()
+        .map_or_else(Vec::new, |v| v.iter().map(|s| s.0).collect());
+    let inside = ts
+        .iter()
+        .filter(|t| **t > r.down_ms && **t < r.up_ms)
+        .count() as i64;
+    let outage_s = (r.up_ms - r.down_ms) / 1000;
+    let around: Vec<i64> = ts
+        .iter()
+        .copied()
+        .filter(|t| *t > r.down_ms - 4000 && *t < r.up_ms + 4000)
+        .collect();
+    let widest = around
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or(i64::MAX);
+    row.expect(
+        inside >= outage_s - 1 && widest <= 1500,
+        format!(
+            "node_load1 in Prometheus: {inside} samples of the {outage_s} s without a collector \
+             (want at least {}), widest gap {widest} ms from 4 s before to 4 s after (a drain \
+             loses no collection: at most 1500)",
+            outage_s - 1
+        ),
+    );
+    metrics_restart_checks(&mut row, &r);
+    row.verdict(Law::Exact);
+}

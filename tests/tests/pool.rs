@@ -356,15 +356,12 @@ fn an_agent_with_every_collector_down_backs_off_holds_its_logs_and_connects_when
     });
     pool.write_lines(agent, 0, 50);
     let dropped = uctel_tests::wait_for(
-        "metric samples dropped as not_connected",
+        "metric samples held while disconnected",
         Duration::from_secs(20),
         Duration::from_millis(200),
         || {
             let s = pool.agents[agent].scrape()?;
-            let n = s.count(
-                "uctel_agent_records_dropped_total",
-                &[("stream", "metrics"), ("reason", "not_connected")],
-            );
+            let n = s.count("uctel_agent_buffer_records", &[("stream", "metrics")]);
             if n > 0 {
                 Ok(s)
             } else {
@@ -373,6 +370,14 @@ fn an_agent_with_every_collector_down_backs_off_holds_its_logs_and_connects_when
         },
     )
     .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        dropped.count(
+            "uctel_agent_records_dropped_total",
+            &[("stream", "metrics")]
+        ),
+        0,
+        "metric samples are held while no collector is up, not dropped"
+    );
     assert_eq!(dropped.count("uctel_agent_connected", &[]), 0);
     assert_eq!(
         dropped.count("uctel_agent_records_dropped_total", &[("stream", "logs")]),

@@ -26,7 +26,9 @@
 //!   waits for credit, and except an idle heartbeat (no records), which waits for credit on
 //!   every stream.
 //! - **Every record is accounted.** Per stream, records pushed = records sent + records
-//!   dropped (by reason) + records pending ([`SenderCore::pending_records`]).
+//!   dropped (by reason) + records pending ([`SenderCore::pending_records`]) + records taken
+//!   back ([`SenderCore::take_back_metrics`]: metric samples that wait for the next
+//!   connection in [`crate::buffer`] when this one ends).
 //! - **Fair between streams.** Ready frames are taken round-robin across streams.
 //! - **Idle streams send heartbeats** (kind heartbeat, empty payload, next stream sequence,
 //!   current cumulative count) so the collector sees a lost tail frame before the next burst.
@@ -162,6 +164,9 @@ pub struct StreamStats {
     pub bytes_sent: u64,
     /// Records cut to fit a frame (sent, not dropped).
     pub records_truncated: u64,
+    /// Records taken out of the pipeline unsent, to be sent on the next connection
+    /// ([`SenderCore::take_back_metrics`]); neither sent nor dropped here.
+    pub records_taken_back: u64,
     /// Frames dropped, by [`DropReason`] (in [`DropReason::ALL`] order).
     frames_dropped: [u64; DropReason::ALL.len()],
     /// Records dropped, by [`DropReason`] (in [`DropReason::ALL`] order).
@@ -301,6 +306,11 @@ pub struct SenderCore {
     asked_for_credit: bool,
     ready_frames: usize,
     idle_heartbeat: Option<Duration>,
+    /// The frame limits the framers check records against (to decode taken-back frames).
+    limits: Limits,
+    /// The metrics stream is catching up on samples held while disconnected
+    /// ([`SenderCore::set_metrics_catching_up`]).
+    metrics_catching_up: bool,
     frames_posted: u64,
     last_conn_seq: Option<u64>,
     rr: usize,
@@ -384,6 +394,8 @@ impl SenderCore {
             asked_for_credit: false,
             ready_frames: config.ready_frames.max(1),
             idle_heartbeat: config.idle_heartbeat,
+            limits: config.limits.clone(),
+            metrics_catching_up: false,
             frames_posted: 0,
             last_conn_seq: None,
             rr: 0,
@@ -428,6 +440,16 @@ impl SenderCore {
         if !st.wait_for_credit {
             return true;
         }
+        self.credit_room()
+    }
+
+    /// Whether the credits leave room for more frames, by the rule of the streams that wait
+    /// for credit ([`SenderCore::wants_records`]): the frames already built (ready on any
+    /// stream, plus open ones) and the reserve for the streams that drop would not use up
+    /// the credits. The metric samples held while disconnected are taken only while this
+    /// holds ([`crate::sender::pump::pull`]): they are a backlog to deliver, not fresh
+    /// samples to drop for lack of credit.
+    pub fn credit_room(&self) -> bool {
         let open = usize::from(self.metrics_framer.has_open_frame())
             + usize::from(self.logs_framer.has_open_frame())
             + usize::from(self.samples_framer.has_open_frame());
@@ -443,6 +465,28 @@ impl SenderCore {
         };
         let available = usize::try_from(self.credits.available()).unwrap_or(usize::MAX);
         available > built.saturating_add(reserve)
+    }
+
+    /// Whether the metrics stream is catching up on the samples held while disconnected:
+    /// from the first buffered sample taken on this connection until the buffer is empty
+    /// with the credits back ([`SenderCore::credits_recovered`]). Meanwhile newer samples
+    /// join the buffer and wait for credit as the buffered ones do
+    /// ([`crate::sender::pump::pull`]), rather than being framed into a window the backlog
+    /// used up and dropped as `no_credit`.
+    pub fn metrics_catching_up(&self) -> bool {
+        self.metrics_catching_up
+    }
+
+    /// Starts or ends the catch-up of [`SenderCore::metrics_catching_up`].
+    pub fn set_metrics_catching_up(&mut self, on: bool) {
+        self.metrics_catching_up = on;
+    }
+
+    /// Whether the whole granted window is free again (every frame sent was reported
+    /// consumed): the end of a catch-up, so the next collection finds the window a
+    /// collection finds in the steady state.
+    pub fn credits_recovered(&self) -> bool {
+        self.credits.available() >= self.credits.granted_window()
     }
 
     /// Adds one metric sample at `now` / `unix_ns` (frame timestamp, ns since the Unix epoch).
@@ -881,6 +925,50 @@ impl SenderCore {
         st.pushed - from.min(st.pushed)
     }
 
+    /// Takes the metric samples still pending (in the open frame and in ready frames) out
+    /// of the pipeline, in push order, for the next connection ([`crate::buffer`]): when a
+    /// connection ends, what was collected but not posted is not lost with it. A sample
+    /// without its own timestamp (`timestamp_ms` 0: "the frame's timestamp") gets its
+    /// frame's, in ms since the Unix epoch, so a frame built later does not re-stamp it.
+    /// Counted in [`StreamStats::records_taken_back`]; empty frames (heartbeats, an empty
+    /// `LAST_OF_EPOCH` frame) stay. Empty when the pipeline does not carry the metrics.
+    pub fn take_back_metrics(&mut self) -> Vec<Metric> {
+        let stream = Stream::Metrics;
+        if !self.carries(stream) {
+            return Vec::new();
+        }
+        self.flush(stream);
+        let mut back = Vec::new();
+        let mut taken = 0u64;
+        let mut invalid = (0u64, 0u64);
+        let st = &mut self.streams[stream.index()];
+        let mut kept = VecDeque::new();
+        for p in st.ready.drain(..) {
+            if p.records == 0 {
+                kept.push_back(p);
+                continue;
+            }
+            match decode_built_metrics(&p.bytes, &self.limits) {
+                Some(records) => {
+                    taken += u64::from(p.records);
+                    back.extend(records);
+                }
+                // Cannot happen for framer-built bytes; counted as the frame's records.
+                None => {
+                    invalid.0 += 1;
+                    invalid.1 += u64::from(p.records);
+                }
+            }
+        }
+        st.ready = kept;
+        self.acct.stats.streams[stream.index()].records_taken_back += taken;
+        if invalid.0 > 0 {
+            self.acct
+                .dropped(stream, DropReason::Invalid, invalid.0, invalid.1);
+        }
+        back
+    }
+
     /// Drops everything still pending (open and ready frames) with `reason`, counting it.
     /// Records dropped as [`DropReason::Shutdown`] stay unsettled
     /// ([`SenderCore::unsettled_records`]).
@@ -935,6 +1023,20 @@ fn cut_to_fit(r: &LogRecord, encoded_len: usize, max_payload_bytes: usize) -> Op
         value: "frame".into(),
     });
     Some(cut)
+}
+
+/// The samples of a framer-built (unsealed) metrics frame, each without a timestamp given
+/// the frame's; `None` if the bytes do not decode.
+fn decode_built_metrics(bytes: &[u8], limits: &Limits) -> Option<Vec<Metric>> {
+    let frame = frame::Frame::new_checked(bytes).ok()?;
+    let ts_ms = i64::try_from(frame.timestamp_ns() / 1_000_000).unwrap_or(i64::MAX);
+    let mut batch = uctel_protocol::payload::decode_metric_batch(frame.payload(), limits).ok()?;
+    for m in &mut batch.metrics {
+        if m.timestamp_ms == 0 {
+            m.timestamp_ms = ts_ms;
+        }
+    }
+    Some(batch.metrics)
 }
 
 /// Writes the connection and stream fields into a framer-built frame and seals it.
@@ -1422,6 +1524,58 @@ mod tests {
         assert_eq!(core.ready_frames(), 0);
     }
 
+    /// A connection ending with samples in the pipeline: they come back in push order with
+    /// their frames' timestamps (a sample's own timestamp kept), are neither sent nor
+    /// dropped, and pushed = sent + dropped + pending + taken back holds.
+    #[test]
+    fn take_back_returns_the_unsent_samples_in_order_with_their_frame_time() {
+        let t0 = Instant::now();
+        let sm = stats();
+        let mut core =
+            SenderCore::new(&config(8), 1, t0, sm.clone()).unwrap_or_else(|e| panic!("{e}"));
+        // Frame 1 (sent): samples 0..; the rest at 2 s and 3 s after the epoch.
+        for i in 0..5 {
+            core.push_metric(&metric(i), t0, 1_000_000_000);
+        }
+        core.flush(Stream::Metrics);
+        let (sent, _) = drain(&mut core, t0);
+        assert_eq!(sent.len(), 1);
+        for i in 5..25 {
+            core.push_metric(&metric(i), t0, 2_000_000_000);
+        }
+        core.flush(Stream::Metrics);
+        let mut own = metric(25);
+        own.timestamp_ms = 42;
+        core.push_metric(&own, t0, 3_000_000_000);
+        core.push_metric(&metric(26), t0, 3_000_000_000);
+        core.push_log(&log("stays"), t0, 1);
+        let before = core.pending_records(Stream::Metrics);
+        assert_eq!(before, 22);
+
+        let back = core.take_back_metrics();
+        let values: Vec<f64> = back.iter().map(|m| m.value).collect();
+        assert_eq!(values, (5..27).map(|i| i as f64).collect::<Vec<_>>());
+        assert!(back[..20].iter().all(|m| m.timestamp_ms == 2_000));
+        assert_eq!((back[20].timestamp_ms, back[21].timestamp_ms), (42, 3_000));
+        let st = *core.stats().stream(Stream::Metrics);
+        assert_eq!(st.records_taken_back, 22);
+        assert_eq!(st.records_dropped_all(), 0);
+        assert_eq!(sm.records_dropped_all(Stream::Metrics), 0);
+        assert_eq!(core.pending_records(Stream::Metrics), 0);
+        assert_eq!(
+            27,
+            st.records_sent + st.records_dropped_all() + st.records_taken_back,
+            "pushed = sent + dropped + pending + taken back"
+        );
+        // The other streams are untouched.
+        assert_eq!(core.pending_records(Stream::Logs), 1);
+        // A pipeline that does not carry the metrics gives nothing back.
+        let mut cfg = config(8);
+        cfg.carries = [false, true, false];
+        let mut rc = SenderCore::new_unexported(&cfg, 2, t0).unwrap_or_else(|e| panic!("{e}"));
+        assert!(rc.take_back_metrics().is_empty());
+    }
+
     #[test]
     fn settlement_follows_the_oldest_pending_record_and_shutdown_never_settles() {
         let t0 = Instant::now();
@@ -1660,6 +1814,8 @@ mod proptests {
         Advance(u64),
         Report(u64),
         Requeue,
+        /// The connection ends: the metric samples pending are taken back.
+        TakeBack,
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -1672,6 +1828,7 @@ mod proptests {
             (0u64..300).prop_map(Op::Advance),
             (0u64..8).prop_map(Op::Report),
             Just(Op::Requeue),
+            Just(Op::TakeBack),
         ]
     }
 
@@ -1734,6 +1891,7 @@ mod proptests {
             let mut pushed = [0u64; 3];
             let mut posted: Vec<Transmit> = Vec::new();
             let mut last: Option<Transmit> = None;
+            let mut taken_back = 0u64;
             for op in ops {
                 match op {
                     Op::Metrics(n) => {
@@ -1793,6 +1951,16 @@ mod proptests {
                             let _ = core.on_consumed(t.conn_seq.wrapping_sub(back));
                         }
                     }
+                    Op::TakeBack => {
+                        let pending = core.pending_records(Stream::Metrics);
+                        let back = core.take_back_metrics();
+                        prop_assert_eq!(back.len() as u64, pending);
+                        prop_assert!(back.iter().all(|m| m.name == "node_x"));
+                        prop_assert_eq!(core.pending_records(Stream::Metrics), 0);
+                        taken_back += pending;
+                        // A requeue refers to a frame taken back no more.
+                        last = None;
+                    }
                     Op::Requeue => {
                         // A sink refuses the most recent post (full send queue) before any
                         // report could have consumed it.
@@ -1844,10 +2012,17 @@ mod proptests {
                     prop_assert_eq!(d.header.conn_seq, t.conn_seq);
                 }
                 let sent: u64 = mine.iter().map(|t| u64::from(t.records)).sum();
+                let back = if s == Stream::Metrics { taken_back } else { 0 };
+                prop_assert_eq!(
+                    core.stats().stream(s).records_taken_back,
+                    back,
+                    "stream {}",
+                    s
+                );
                 prop_assert_eq!(
                     pushed[s.index()],
-                    sent + stats.records_dropped_all(s) + core.pending_records(s),
-                    "stream {}",
+                    sent + stats.records_dropped_all(s) + core.pending_records(s) + back,
+                    "stream {}: pushed = sent + dropped + pending + taken back",
                     s
                 );
                 prop_assert_eq!(core.final_sequences().streams[s.index()].records, sent);

@@ -11,6 +11,9 @@ use crate::stream::Stream;
 
 /// Records moved from a queue into the pipeline per batch.
 const PULL_BATCH: usize = 512;
+/// Samples moved from the metrics buffer into the pipeline between two checks of the
+/// credits (a frame holds some tens of samples).
+const BUFFER_BATCH: usize = 16;
 
 /// Nanoseconds since the Unix epoch, for frame timestamps.
 pub fn unix_ns() -> u64 {
@@ -40,10 +43,43 @@ pub trait FrameSink {
 /// not carry: they stay queued for the pipeline of the other lane). Log records taken are reported to
 /// the hand-off accounting; [`settle`] then tells the log sources which of them they may
 /// checkpoint. Also logs the drop summaries that are due ([`SelfMetrics::log_due_drops`]).
+///
+/// Metric samples held while disconnected ([`crate::buffer`]) go first, and only as
+/// credits allow ([`SenderCore::credit_room`]): they are a backlog to deliver, never dropped
+/// as `no_credit`. Until the catch-up is over ([`SenderCore::metrics_catching_up`]: the
+/// buffer empty and every credit back) the samples the sources queue meanwhile join the
+/// buffer's tail, stamped with the current time as they arrive, rather than being framed
+/// into a window the backlog used up (and dropped as `no_credit`) or queued behind it
+/// unstamped (several collections would then leave with one frame's timestamp). So per
+/// series the samples leave in collection order, each with its collection time.
 pub fn pull(core: &mut SenderCore, queues: &Queues, stats: &SelfMetrics) {
     let now = Instant::now();
     let ns = unix_ns();
-    while core.wants_records(Stream::Metrics) {
+    let buffer = &queues.metrics_buffer;
+    if core.carries(Stream::Metrics) {
+        if !buffer.is_empty() {
+            core.set_metrics_catching_up(true);
+        }
+        if core.metrics_catching_up() {
+            let queued = queues.metrics.take_all();
+            if !queued.is_empty() {
+                let dropped = buffer.hold(queued, i64::try_from(ns / 1_000_000).unwrap_or(0));
+                if dropped > 0 {
+                    stats.dropped(Stream::Metrics, DropReason::NotConnected, 0, dropped);
+                }
+            }
+            while !buffer.is_empty() && core.wants_records(Stream::Metrics) && core.credit_room() {
+                // Small batches: the credit rule is checked between them.
+                for m in &buffer.take(BUFFER_BATCH) {
+                    core.push_metric(m, now, ns);
+                }
+            }
+            if buffer.is_empty() && core.credits_recovered() {
+                core.set_metrics_catching_up(false);
+            }
+        }
+    }
+    while !core.metrics_catching_up() && core.wants_records(Stream::Metrics) {
         let batch = queues.metrics.take(PULL_BATCH);
         if batch.is_empty() {
             break;
@@ -52,6 +88,7 @@ pub fn pull(core: &mut SenderCore, queues: &Queues, stats: &SelfMetrics) {
             core.push_metric(m, now, ns);
         }
     }
+    stats.set_buffer_records(buffer.len());
     while core.wants_records(Stream::FastCounters) {
         let batch = queues.fast_counters.take(PULL_BATCH);
         if batch.is_empty() {
@@ -98,18 +135,43 @@ pub fn settle(core: &SenderCore, queues: &Queues) {
     }
 }
 
-/// Drops every queued metric sample with `reason` (while there is no connection: a sample
-/// is fresh or worthless). Log lines are left queued: the queue is bounded and the log
+/// While there is no connection: moves the queued metric samples into the metrics buffer
+/// ([`crate::buffer`]), stamping those without a timestamp with the current time (call it
+/// as soon as a source offered them, so that is their collection time), and counts what
+/// the buffer cannot hold, the oldest first, as `not_connected`. The `fast_counters`
+/// samples are dropped as `not_connected` (fresh or worthless); log lines stay queued: the queue is bounded and the log
 /// tailers read no more than it holds, so the files buffer the rest until a connection is
 /// back. Also logs the drop summaries that are due.
-pub fn discard_queued_metrics(queues: &Queues, stats: &SelfMetrics, reason: DropReason) {
-    let m = queues.metrics.take_all().len() as u64;
-    if m > 0 {
-        stats.dropped(Stream::Metrics, reason, 0, m);
+pub fn buffer_queued_metrics(queues: &Queues, stats: &SelfMetrics) {
+    let queued = queues.metrics.take_all();
+    if !queued.is_empty() {
+        let now_ms = i64::try_from(unix_ns() / 1_000_000).unwrap_or(i64::MAX);
+        let dropped = queues.metrics_buffer.hold(queued, now_ms);
+        if dropped > 0 {
+            stats.dropped(Stream::Metrics, DropReason::NotConnected, 0, dropped);
+        }
     }
-    discard_queued_samples(queues, stats, reason);
+    discard_queued_samples(queues, stats, DropReason::NotConnected);
     stats.set_queue_records(Stream::Metrics, 0);
+    stats.set_buffer_records(queues.metrics_buffer.len());
     stats.log_due_drops();
+}
+
+/// When a connection ends (lost, or left for another collector): takes the metric samples
+/// still in `core`'s pipeline back into the front of the metrics buffer, with their frames'
+/// timestamps ([`SenderCore::take_back_metrics`]), so the next connection sends them;
+/// what the buffer cannot hold, the oldest first, is counted as `not_connected`. Call it
+/// before [`SenderCore::drop_pending`], which counts what is left of the other streams.
+pub fn take_back_metrics(core: &mut SenderCore, queues: &Queues, stats: &SelfMetrics) {
+    let back = core.take_back_metrics();
+    if back.is_empty() {
+        return;
+    }
+    let dropped = queues.metrics_buffer.hold_front(back);
+    if dropped > 0 {
+        stats.dropped(Stream::Metrics, DropReason::NotConnected, 0, dropped);
+    }
+    stats.set_buffer_records(queues.metrics_buffer.len());
 }
 
 /// Drops the queued sample series with `reason`, counting their samples.
@@ -131,7 +193,7 @@ fn discard_queued_samples(queues: &Queues, stats: &SelfMetrics, reason: DropReas
 /// Then logs every drop not logged yet ([`SelfMetrics::log_pending_drops`]), so the log
 /// accounts for every drop of the run.
 pub fn discard_queued(queues: &Queues, stats: &SelfMetrics, reason: DropReason) {
-    let m = queues.metrics.take_all().len() as u64;
+    let m = (queues.metrics_buffer.take_all().len() + queues.metrics.take_all().len()) as u64;
     if m > 0 {
         stats.dropped(Stream::Metrics, reason, 0, m);
     }
@@ -142,6 +204,7 @@ pub fn discard_queued(queues: &Queues, stats: &SelfMetrics, reason: DropReason) 
     discard_queued_samples(queues, stats, reason);
     stats.set_queue_records(Stream::Metrics, 0);
     stats.set_queue_records(Stream::Logs, 0);
+    stats.set_buffer_records(0);
     stats.log_pending_drops();
 }
 
@@ -208,13 +271,17 @@ mod tests {
     }
 
     fn lane(carries: [bool; 3], idle: Duration) -> SenderCore {
+        lane_with_window(carries, idle, 64)
+    }
+
+    fn lane_with_window(carries: [bool; 3], idle: Duration, credit_window: u64) -> SenderCore {
         let cfg = SenderConfig {
             limits: Limits {
                 max_frame_bytes: 1024,
                 ..Limits::default()
             },
             pacing: None,
-            credit_window: 64,
+            credit_window,
             first_conn_seq: 0,
             first_stream_seq: 0,
             data_paths: [DataPath::WriteWithImm; 3],
@@ -246,6 +313,190 @@ mod tests {
             })
             .collect();
         assert_eq!(q.logs_handoff.offer(&q.logs, l).0, logs as u64);
+    }
+
+    fn gauge(i: usize) -> Metric {
+        Metric {
+            name: "node_load1".into(),
+            r#type: MetricType::Gauge as i32,
+            value: i as f64,
+            ..Metric::default()
+        }
+    }
+
+    /// The values of the metric samples in `frames`, in order, with their timestamps (the
+    /// sample's own, else the frame's, in ms).
+    fn samples(frames: &[Transmit]) -> Vec<(f64, i64)> {
+        let limits = Limits {
+            max_frame_bytes: 1024,
+            ..Limits::default()
+        };
+        let mut out = Vec::new();
+        for t in frames {
+            let f = uctel_protocol::frame::decode_frame(&t.bytes, &limits)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let frame_ms = i64::try_from(f.header.timestamp_ns / 1_000_000).unwrap_or(0);
+            if let uctel_protocol::frame::Payload::Metrics(b) = f.payload {
+                for m in b.metrics {
+                    let ts = if m.timestamp_ms == 0 {
+                        frame_ms
+                    } else {
+                        m.timestamp_ms
+                    };
+                    out.push((m.value, ts));
+                }
+            }
+        }
+        out
+    }
+
+    /// Samples collected while disconnected are held with their collection time, then sent
+    /// before the samples queued after the reconnect; the overflow of a small buffer is
+    /// counted as `not_connected`, the oldest first.
+    #[test]
+    fn buffered_samples_go_first_with_their_collection_time() {
+        let stats = SelfMetrics::new().unwrap_or_else(|e| panic!("{e}"));
+        let q = queues();
+        assert_eq!(q.metrics.offer((0..10).map(gauge)), 0);
+        buffer_queued_metrics(&q, &stats);
+        let held_at = unix_ns() / 1_000_000;
+        assert!(q.metrics.is_empty());
+        assert_eq!(q.metrics_buffer.len(), 10);
+        assert_eq!(stats.records_dropped_all(Stream::Metrics), 0);
+        std::thread::sleep(Duration::from_millis(20));
+        // Collected after the reconnect.
+        assert_eq!(q.metrics.offer((100..105).map(gauge)), 0);
+        let mut core = lane([true; 3], Duration::from_secs(60));
+        pull(&mut core, &q, &stats);
+        core.flush(Stream::Metrics);
+        let mut sink = Posted(Vec::new());
+        let _ = transmit(&mut core, &mut sink);
+        let got = samples(&sink.0);
+        let values: Vec<f64> = got.iter().map(|s| s.0).collect();
+        let want: Vec<f64> = (0..10).chain(100..105).map(|i| i as f64).collect();
+        assert_eq!(values, want, "the buffered samples first, in order");
+        for (v, ts) in &got[..10] {
+            let ts = u64::try_from(*ts).unwrap_or(0);
+            assert!(
+                ts <= held_at && held_at - ts < 1_000,
+                "sample {v} stamped {ts}, held at {held_at}"
+            );
+        }
+        assert!(got[10..].iter().all(|(_, ts)| *ts > got[9].1), "{got:?}");
+        assert!(q.metrics_buffer.is_empty());
+
+        // A buffer of 4 keeps the newest 4 and counts the rest.
+        let mut config = AgentConfig::from_yaml(
+            "t.yaml",
+            "agent_id: a\ncollector:\n  control: 127.0.0.1:1\nauth:\n  token: t\n\
+             streams:\n  metrics:\n    buffer_while_disconnected_records: 4\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let small = Queues::new(&config);
+        assert_eq!(small.metrics.offer((0..10).map(gauge)), 0);
+        buffer_queued_metrics(&small, &stats);
+        assert_eq!(
+            stats.records_dropped(Stream::Metrics, DropReason::NotConnected),
+            6
+        );
+        let kept: Vec<f64> = small
+            .metrics_buffer
+            .take_all()
+            .iter()
+            .map(|m| m.value)
+            .collect();
+        assert_eq!(kept, vec![6.0, 7.0, 8.0, 9.0]);
+        // 0 turns the buffer off.
+        config.streams.metrics.buffer_while_disconnected_records = Some(0);
+        let off = Queues::new(&config);
+        assert_eq!(off.metrics.offer((0..3).map(gauge)), 0);
+        buffer_queued_metrics(&off, &stats);
+        assert_eq!(
+            stats.records_dropped(Stream::Metrics, DropReason::NotConnected),
+            9
+        );
+    }
+
+    /// The buffered samples wait for credit (never dropped as `no_credit`), and nothing is
+    /// taken from the queue while some are held: no newer sample overtakes them.
+    #[test]
+    fn buffered_samples_wait_for_credit_and_hold_back_the_queue() {
+        let stats = SelfMetrics::new().unwrap_or_else(|e| panic!("{e}"));
+        let q = queues();
+        assert_eq!(q.metrics.offer((0..200).map(gauge)), 0);
+        buffer_queued_metrics(&q, &stats);
+        assert_eq!(q.metrics.offer((1000..1005).map(gauge)), 0);
+        let mut core = lane_with_window([true; 3], Duration::from_secs(60), 2);
+        pull(&mut core, &q, &stats);
+        let held = q.metrics_buffer.len();
+        assert!(held > 5 && held < 205, "{held} held");
+        assert!(
+            q.metrics.is_empty(),
+            "the queued samples join the buffer's tail"
+        );
+        let mut sink = Posted(Vec::new());
+        std::thread::sleep(Duration::from_millis(5));
+        let _ = transmit(&mut core, &mut sink);
+        assert_eq!(
+            stats.records_dropped(Stream::Metrics, DropReason::NoCredit),
+            0
+        );
+        assert!(!sink.0.is_empty());
+        let got: Vec<f64> = samples(&sink.0).iter().map(|s| s.0).collect();
+        assert!(got.iter().all(|v| *v < 200.0), "{got:?}");
+        assert!(core.metrics_catching_up());
+
+        // Credits come back report by report: the backlog, then the samples queued behind
+        // it, leave in order, and none is dropped for lack of credit on the way.
+        for _ in 0..500 {
+            if let Some(last) = sink.0.last().map(|t| t.conn_seq) {
+                let _ = core.on_consumed(last);
+            }
+            pull(&mut core, &q, &stats);
+            std::thread::sleep(Duration::from_millis(2));
+            let _ = transmit(&mut core, &mut sink);
+            if q.metrics_buffer.is_empty()
+                && q.metrics.is_empty()
+                && core.pending_records(Stream::Metrics) == 0
+            {
+                break;
+            }
+        }
+        let got: Vec<f64> = samples(&sink.0).iter().map(|s| s.0).collect();
+        let want: Vec<f64> = (0..200).chain(1000..1005).map(|i| i as f64).collect();
+        assert_eq!(got, want);
+        assert_eq!(stats.records_dropped_all(Stream::Metrics), 0);
+        let _ = core.on_consumed(sink.0.last().map_or(0, |t| t.conn_seq));
+        pull(&mut core, &q, &stats);
+        assert!(
+            !core.metrics_catching_up(),
+            "over once the credits are back"
+        );
+    }
+
+    /// A connection lost during the catch-up: what the pipeline took from the buffer goes
+    /// back in front of what the buffer still holds, in order, nothing dropped, for the next
+    /// connection.
+    #[test]
+    fn a_connection_lost_while_catching_up_puts_the_pipeline_back_in_front() {
+        let stats = SelfMetrics::new().unwrap_or_else(|e| panic!("{e}"));
+        let q = queues();
+        assert_eq!(q.metrics.offer((0..100).map(gauge)), 0);
+        buffer_queued_metrics(&q, &stats);
+        let mut core = lane_with_window([true; 3], Duration::from_secs(60), 2);
+        pull(&mut core, &q, &stats);
+        let taken = core.pending_records(Stream::Metrics);
+        assert!(taken > 0 && q.metrics_buffer.len() < 100, "{taken} taken");
+        take_back_metrics(&mut core, &q, &stats);
+        assert_eq!(core.pending_records(Stream::Metrics), 0);
+        let values: Vec<f64> = q
+            .metrics_buffer
+            .take_all()
+            .iter()
+            .map(|m| m.value)
+            .collect();
+        assert_eq!(values, (0..100).map(f64::from).collect::<Vec<_>>());
+        assert_eq!(stats.records_dropped_all(Stream::Metrics), 0);
     }
 
     /// The RC lane's pipeline carries the logs only: it takes no metric record (they stay
