@@ -113,7 +113,7 @@ fn print_then(text: &str) -> ExitCode {
 /// otherwise the notes to print after "valid" (each line ending in a newline).
 fn service_user_findings(cli: &Cli, config: &AgentConfig) -> Result<String, ExitCode> {
     use uctel_agent::service_user::{check, Accounts};
-    if !rustix::process::geteuid().is_root() {
+    if !uctel_agent::service_user::running_as_root() {
         return Ok(String::new());
     }
     let accounts = Accounts::system();

@@ -316,6 +316,12 @@ pub fn check(
     f
 }
 
+/// Whether this process runs as root (effective UID 0): only then does `--check-config`
+/// check the files for the service's user.
+pub fn running_as_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
