@@ -7,8 +7,9 @@
 //! rows to a bounded `queue`; one `sender` task batches them by count
 //! (`max_rows_per_insert`) and deadline (`batch_send_deadline_seconds`), sends, and retries
 //! with backoff. Every row is inserted or counted dropped, by reason ([`metrics`]).
-//! Delivery is at least once: a retried `INSERT` that the server had applied inserts its
-//! rows twice (`sender` module docs).
+//! Delivery is exactly once: after a failure that leaves open whether the server applied an
+//! `INSERT`, the sender asks whether its rows landed before it sends them again (`sender`
+//! module docs).
 
 pub mod metrics;
 mod queue;
@@ -167,9 +168,14 @@ pub fn start(
         .register(Box::new(LockedCollector::new(queue.clone())))
         .map_err(registration)?;
     let label = http::redact(&c.url);
+    let base = reqwest::Url::parse(&c.url).map_err(|e| SetupError::Invalid {
+        key: "outputs.clickhouse.url".into(),
+        message: e.to_string(),
+    })?;
     let target = Arc::new(Target {
         client,
         url,
+        base,
         label: label.clone(),
         table: table_name(c),
         deadline: c.batch_deadline(),
