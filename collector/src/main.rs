@@ -45,6 +45,12 @@ struct Args {
     /// (`outputs.clickhouse`; `clickhouse-client --multiquery` runs it) and exit.
     #[arg(long, conflicts_with_all = ["check_config", "print_default_config"])]
     print_clickhouse_schema: bool,
+    /// With `--print-clickhouse-schema`: the ClickHouse server's version (`18.16`, `26.9`).
+    /// From 22 on, the schema for a current ClickHouse (`config/clickhouse/logs-modern.sql`:
+    /// DateTime64(9), LowCardinality, a TTL, block deduplication); before, the schema that
+    /// works from 18.16 on (`config/clickhouse/logs.sql`, also printed without this flag).
+    #[arg(long, value_name = "VERSION", requires = "print_clickhouse_schema")]
+    server_version: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -54,7 +60,15 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if args.print_clickhouse_schema {
-        print!("{}", uctel_collector::outputs::clickhouse::SCHEMA);
+        use uctel_collector::outputs::clickhouse;
+        match args.server_version.as_deref().map(clickhouse::schema_for) {
+            None => print!("{}", clickhouse::SCHEMA),
+            Some(Ok(schema)) => print!("{schema}"),
+            Some(Err(e)) => {
+                eprintln!("uctel-collector: {e}");
+                return ExitCode::from(2);
+            }
+        }
         return ExitCode::SUCCESS;
     }
     // Everything that can be checked without starting, reported together.

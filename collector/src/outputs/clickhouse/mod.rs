@@ -35,6 +35,28 @@ use crate::telemetry::Telemetry;
 /// The table's `CREATE TABLE` statement (`config/clickhouse/logs.sql`).
 pub const SCHEMA: &str = include_str!("../../../../config/clickhouse/logs.sql");
 
+/// The table's `CREATE TABLE` statement for ClickHouse 22.3 and later
+/// (`config/clickhouse/logs-modern.sql`): the same columns plus a nanosecond `DateTime64(9)`
+/// computed from `ts_ns`, `LowCardinality` strings, a 30-day TTL and block deduplication
+/// (`non_replicated_deduplication_window`).
+pub const SCHEMA_MODERN: &str = include_str!("../../../../config/clickhouse/logs-modern.sql");
+
+/// The schema for a server of `version` (`"18.16"`, `"26"`, `"26.9.2.1"`: the major number
+/// decides): [`SCHEMA_MODERN`] from 22 on, [`SCHEMA`] before.
+///
+/// # Errors
+/// A message when `version` does not start with a number.
+pub fn schema_for(version: &str) -> Result<&'static str, String> {
+    let major = version.split('.').next().unwrap_or_default();
+    match major.trim().parse::<u32>() {
+        Ok(m) if m >= 22 => Ok(SCHEMA_MODERN),
+        Ok(_) => Ok(SCHEMA),
+        Err(_) => Err(format!(
+            "--server-version {version:?}: expected a ClickHouse version such as 18.16 or 26.9"
+        )),
+    }
+}
+
 /// Longest a stopping collector waits for the sender to send what is queued.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 

@@ -50,10 +50,11 @@
 //! Each check is counted in `uctel_collector_clickhouse_insert_checks_total{result}`
 //! (`landed`, `absent`, `running`, `failed`). This works with the shipped schema
 //! (`config/clickhouse/logs.sql`) on every ClickHouse from 18.16 on (tuple `IN` and
-//! `system.processes` are older), with no setting on the server. Newer releases (22.2 on)
-//! could also deduplicate on the server (`insert_deduplication_token` with the table
-//! setting `non_replicated_deduplication_window`), but only for tables created with that
-//! setting; the check above needs neither.
+//! `system.processes` are older), with no setting on the server. On a current ClickHouse
+//! (22.3 on), the table of `--print-clickhouse-schema --server-version 26`
+//! (`config/clickhouse/logs-modern.sql`) also has the server drop an identical block
+//! inserted again (`non_replicated_deduplication_window`), a second guard; a table created
+//! from `logs.sql` keeps both copies of a block inserted twice.
 //!
 //! What remains: rows identical in all five columns that came from two different requests
 //! (the same record sent by two collectors, or identical lines of one frame split over two

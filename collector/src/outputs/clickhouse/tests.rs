@@ -260,3 +260,27 @@ async fn a_dead_server_at_shutdown_leaves_every_row_counted() {
         6
     );
 }
+
+#[test]
+fn the_server_version_picks_the_schema() {
+    assert_eq!(schema_for("18.16"), Ok(SCHEMA));
+    assert_eq!(schema_for("21.8.15"), Ok(SCHEMA));
+    assert_eq!(schema_for("22"), Ok(SCHEMA_MODERN));
+    assert_eq!(schema_for("26.9.2.1"), Ok(SCHEMA_MODERN));
+    assert!(schema_for("latest").is_err());
+    assert!(schema_for("").is_err());
+    // The same columns the collector inserts, in both.
+    for column in [
+        "ts DateTime",
+        "ts_ns UInt64",
+        "stream_seq UInt64",
+        "message String",
+        "fields Nested(",
+    ] {
+        assert!(
+            SCHEMA.contains(column) && SCHEMA_MODERN.contains(column),
+            "{column}"
+        );
+    }
+    assert!(SCHEMA_MODERN.contains("non_replicated_deduplication_window"));
+}
