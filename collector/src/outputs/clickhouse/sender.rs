@@ -495,32 +495,58 @@ fn quote(s: &str) -> String {
     out
 }
 
-/// The query counting the stored rows equal to those of `rows` in agent, stream,
-/// `stream_seq`, `ts_ns` and message (`None` for rows that do not parse: a bug).
-pub(crate) fn landed_query(table: &str, rows: &[Row]) -> Option<String> {
-    let mut tuples = Vec::with_capacity(rows.len());
+/// Bytes of row tuples per check query: ClickHouse parses at most `max_query_size`
+/// (256 KiB by default) of a query, so a large request is checked in several queries.
+const CHECK_QUERY_BYTES: usize = 128 * 1024;
+
+/// The queries counting the stored rows equal to those of `rows` in agent, stream,
+/// `stream_seq`, `ts_ns` and message, each under [`CHECK_QUERY_BYTES`] of tuples unless one
+/// row alone is longer (`None` for rows that do not parse: a bug).
+pub(crate) fn landed_queries(table: &str, rows: &[Row]) -> Option<Vec<String>> {
+    let head = format!(
+        "SELECT count() FROM {table} WHERE (agent, stream, stream_seq, ts_ns, message) IN ("
+    );
+    let mut out = Vec::new();
+    let mut sql = String::new();
     for r in rows {
         let v: serde_json::Value = serde_json::from_slice(&r.json).ok()?;
-        tuples.push(format!(
+        let tuple = format!(
             "({}, {}, {}, {}, {})",
             quote(&r.agent),
             quote(v.get("stream")?.as_str()?),
             v.get("stream_seq")?.as_u64()?,
             v.get("ts_ns")?.as_u64()?,
             quote(v.get("message")?.as_str()?)
-        ));
+        );
+        if !sql.is_empty() && sql.len() + tuple.len() > CHECK_QUERY_BYTES {
+            sql.push(')');
+            out.push(std::mem::take(&mut sql));
+        }
+        if sql.is_empty() {
+            sql.push_str(&head);
+        } else {
+            sql.push_str(", ");
+        }
+        sql.push_str(&tuple);
     }
-    Some(format!(
-        "SELECT count() FROM {table} WHERE (agent, stream, stream_seq, ts_ns, message) IN ({})",
-        tuples.join(", ")
-    ))
+    if !sql.is_empty() {
+        sql.push(')');
+        out.push(sql);
+    }
+    Some(out)
 }
 
 /// Runs a `SELECT` answering one number.
 async fn count(target: &Target, sql: String) -> Result<u64, String> {
+    let mut url = target.base.clone();
+    if sql.len() > 200 * 1024 {
+        // One row longer than the default limit (256 KiB).
+        url.query_pairs_mut()
+            .append_pair("max_query_size", &(sql.len() + 1024).to_string());
+    }
     let response = target
         .client
-        .post(target.base.clone())
+        .post(url)
         .body(sql)
         .send()
         .await
@@ -546,13 +572,20 @@ async fn check(target: &Target, rows: &[Row], query_id: &str) -> Check {
         Ok(_) => return Check::Running,
         Err(e) => return Check::Failed(e),
     }
-    let Some(sql) = landed_query(&target.table, rows) else {
+    let Some(queries) = landed_queries(&target.table, rows) else {
         return Check::Failed("a row does not parse".into());
     };
-    match count(target, sql).await {
-        Ok(n) if n >= rows.len() as u64 => Check::Landed,
-        Ok(_) => Check::Absent,
-        Err(e) => Check::Failed(e),
+    let mut stored = 0u64;
+    for sql in queries {
+        match count(target, sql).await {
+            Ok(n) => stored += n,
+            Err(e) => return Check::Failed(e),
+        }
+    }
+    if stored >= rows.len() as u64 {
+        Check::Landed
+    } else {
+        Check::Absent
     }
 }
 
@@ -676,16 +709,31 @@ mod tests {
             .unwrap()
             .into_boxed_slice(),
         };
-        let sql = landed_query("db.logs", &[row("a'b", r"c:\x 'q'"), row("a", "m")]).unwrap();
+        let sql = landed_queries("db.logs", &[row("a'b", r"c:\x 'q'"), row("a", "m")]).unwrap();
         assert_eq!(
-            sql,
-            r"SELECT count() FROM db.logs WHERE (agent, stream, stream_seq, ts_ns, message) IN (('a\'b', 'logs', 7, 12, 'c:\\x \'q\''), ('a', 'logs', 7, 12, 'm'))"
+            sql[..],
+            [
+                r"SELECT count() FROM db.logs WHERE (agent, stream, stream_seq, ts_ns, message) IN (('a\'b', 'logs', 7, 12, 'c:\\x \'q\''), ('a', 'logs', 7, 12, 'm'))"
+            ]
         );
+        // A large request is checked in queries the server parses with its default limit.
+        let long = "x".repeat(1000);
+        let many: Vec<Row> = (0..1000).map(|_| row("a", &long)).collect();
+        let queries = landed_queries("t", &many).unwrap();
+        assert!(queries.len() > 1, "{} queries", queries.len());
+        assert!(queries
+            .iter()
+            .all(|q| q.len() <= CHECK_QUERY_BYTES + 1100 && q.ends_with(')')));
+        let tuples: usize = queries
+            .iter()
+            .map(|q| q.matches("('a', 'logs'").count())
+            .sum();
+        assert_eq!(tuples, 1000);
         let bad = Row {
             agent: Arc::from("a"),
             json: Box::from(&b"{}"[..]),
         };
-        assert_eq!(landed_query("t", &[bad]), None);
+        assert_eq!(landed_queries("t", &[bad]), None);
         let ids = (next_query_id(), next_query_id());
         assert_ne!(ids.0, ids.1);
         assert!(ids.0.starts_with("uctel-"));
