@@ -187,13 +187,15 @@ pub fn classify(status: u16, body: &str) -> Verdict {
 }
 
 /// Whether a non-2xx answer leaves open whether the `INSERT` was applied: a code of
-/// [`UNKNOWN_CODES`], or a 5xx with no code (a proxy's 502/503/504, a server that failed
-/// while answering). A code of [`RETRY_CODES`] outside [`UNKNOWN_CODES`] (overload, too
+/// [`UNKNOWN_CODES`], or a 5xx whose code (if any) is not known to mean "not applied" (a
+/// proxy's 502/503/504, a server that failed while answering, an unlisted code). A code of
+/// [`REJECT_CODES`] or [`RETRY_CODES`] outside [`UNKNOWN_CODES`] (bad data, overload, too
 /// many parts) says the block was not written.
 pub fn ambiguous(status: u16, body: &str) -> bool {
     match error_code(body) {
-        Some(c) => UNKNOWN_CODES.contains(&c),
-        None => (500..=599).contains(&status),
+        Some(c) if UNKNOWN_CODES.contains(&c) => true,
+        Some(c) if REJECT_CODES.contains(&c) || RETRY_CODES.contains(&c) => false,
+        _ => (500..=599).contains(&status),
     }
 }
 
@@ -694,6 +696,8 @@ mod tests {
         assert!(!ambiguous(500, "Code: 252, Too many parts"));
         assert!(!ambiguous(429, ""));
         assert!(!ambiguous(500, "Code: 117, Unknown field"));
+        assert!(ambiguous(500, "Code: 1001, std::exception"));
+        assert!(!ambiguous(400, "Code: 1001, std::exception"));
         for c in UNKNOWN_CODES {
             assert!(!REJECT_CODES.contains(c), "{c} rejected and unknown");
         }
