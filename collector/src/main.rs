@@ -45,6 +45,12 @@ struct Args {
     /// (`outputs.clickhouse`; `clickhouse-client --multiquery` runs it) and exit.
     #[arg(long, conflicts_with_all = ["check_config", "print_default_config"])]
     print_clickhouse_schema: bool,
+    /// With `--print-clickhouse-schema`: the ClickHouse server's version (`18.16`, `26.9`).
+    /// From 22 on, the schema for a current ClickHouse (`config/clickhouse/logs-modern.sql`:
+    /// DateTime64(9), LowCardinality, a TTL, block deduplication); before, the schema that
+    /// works from 18.16 on (`config/clickhouse/logs.sql`, also printed without this flag).
+    #[arg(long, value_name = "VERSION", requires = "print_clickhouse_schema")]
+    server_version: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -53,7 +59,15 @@ fn main() -> ExitCode {
         return print_then(&uctel_collector::config::reference().default_yaml());
     }
     if args.print_clickhouse_schema {
-        return print_then(uctel_collector::outputs::clickhouse::SCHEMA);
+        use uctel_collector::outputs::clickhouse;
+        return match args.server_version.as_deref().map(clickhouse::schema_for) {
+            None => print_then(clickhouse::SCHEMA),
+            Some(Ok(schema)) => print_then(&schema),
+            Some(Err(e)) => {
+                eprintln!("uctel-collector: {e}");
+                ExitCode::from(2)
+            }
+        };
     }
     // Everything that can be checked without starting, reported together.
     let Some((config, directives)) = uctel_common::config::check_startup(

@@ -87,6 +87,23 @@ impl ClickHouse {
         }
     }
 
+    /// Freezes the server with SIGSTOP: it accepts no work and answers nothing (the
+    /// kernel still completes TCP handshakes and buffers requests) until [`Self::resume`].
+    pub fn freeze(&self) {
+        self.signal(Signal::SIGSTOP);
+    }
+
+    /// Lets a frozen server run again (SIGCONT): it then works through what it buffered.
+    pub fn resume(&self) {
+        self.signal(Signal::SIGCONT);
+    }
+
+    fn signal(&self, signal: Signal) {
+        if let Some(pid) = self.child.as_ref().and_then(|c| i32::try_from(c.id()).ok()) {
+            let _ = kill(Pid::from_raw(pid), signal);
+        }
+    }
+
     /// Runs `sql` over HTTP; the answer body.
     ///
     /// # Errors
@@ -134,6 +151,7 @@ impl ClickHouse {
 
 impl Drop for ClickHouse {
     fn drop(&mut self) {
+        self.resume();
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();

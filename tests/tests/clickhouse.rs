@@ -10,7 +10,11 @@
 //! * Rows ClickHouse refuses (a value longer than its `FixedString` column) are dropped
 //!   and logged one by one; the other rows of their `INSERT`s are inserted.
 //!
-//! One server for the three phases (starting takes seconds); they run in one test, in turn.
+//! * ClickHouse frozen (SIGSTOP) with `INSERT`s in flight for longer than the output's
+//!   `timeout_seconds`, then resumed: every line is in the table exactly once (the sender
+//!   asks whether a timed-out `INSERT` landed before sending it again).
+//!
+//! One server for the four phases (starting takes seconds); they run in one test, in turn.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -29,6 +33,16 @@ fn tick() -> Duration {
 
 /// A collector writing to `table` of `ch` and its JSON Lines file, with agents `ids`.
 fn pipeline(ch: &ClickHouse, table: &str, ids: &[&str]) -> Pipeline {
+    pipeline_with(ch, table, ids, &[])
+}
+
+/// [`pipeline`] with more `outputs.clickhouse` keys.
+fn pipeline_with(
+    ch: &ClickHouse,
+    table: &str,
+    ids: &[&str],
+    extra: &[(&str, serde_yaml::Value)],
+) -> Pipeline {
     let schema =
         std::fs::read_to_string(uctel_tests::workspace_root().join("config/clickhouse/logs.sql"))
             .expect("config/clickhouse/logs.sql");
@@ -54,6 +68,9 @@ fn pipeline(ch: &ClickHouse, table: &str, ids: &[&str]) -> Pipeline {
             m.insert("batch_send_deadline_seconds".into(), 0.2.into());
             m.insert("min_backoff_seconds".into(), 0.05.into());
             m.insert("max_backoff_seconds".into(), 0.5.into());
+            for (k, v) in extra {
+                m.insert((*k).into(), v.clone());
+            }
         }
         y.set("outputs.clickhouse", c);
     });
@@ -307,6 +324,78 @@ fn log_lines_land_in_clickhouse_once_with_the_json_lines_fields_and_survive_a_re
     assert!(
         logged.iter().all(|l| l.contains("stream_seq")),
         "{logged:?}"
+    );
+    stop(p);
+
+    // Phase 4: ClickHouse frozen (SIGSTOP) while INSERTs are in flight, four times longer
+    // than the output's timeout_seconds, then resumed (SIGCONT): the frozen server applies
+    // the requests it had buffered once it runs, so a blind retry would store rows twice.
+    let frozen = "logs_frozen";
+    let p = pipeline_with(&ch, frozen, &["ch-f"], &[("timeout_seconds", 1.0.into())]);
+    write(&p, 2000, 0);
+    wait_for("the first lines inserted", UP, tick(), || {
+        let n = counter(&p, "uctel_collector_clickhouse_rows_inserted_total", &[]);
+        (n > 0).then_some(()).ok_or(format!("{n} inserted"))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", p.collector.log_tail(30)));
+    ch.freeze();
+    write(&p, 2000, 2000);
+    std::thread::sleep(Duration::from_secs(2));
+    write(&p, 2000, 4000);
+    std::thread::sleep(Duration::from_secs(2));
+    ch.resume();
+    write(&p, 2000, 6000);
+    let sent = 8000u64;
+    wait_for("every line settled", UP, tick(), || {
+        let s = p.scrape()?;
+        let rows_in = s.sum("uctel_collector_clickhouse_rows_in_total", &[]) as u64;
+        let pending = s.sum("uctel_collector_clickhouse_rows_pending", &[]) as u64;
+        (rows_in == sent && pending == 0)
+            .then_some(())
+            .ok_or(format!("{rows_in} in, {pending} pending"))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", p.collector.log_tail(30), ch.log_tail()));
+    // Let whatever the server still had buffered land before counting.
+    std::thread::sleep(Duration::from_secs(2));
+    let s = p.scrape().expect("scrape");
+    let rows_in = s.sum("uctel_collector_clickhouse_rows_in_total", &[]) as u64;
+    let inserted = s.sum("uctel_collector_clickhouse_rows_inserted_total", &[]) as u64;
+    let dropped = s.sum("uctel_collector_clickhouse_rows_dropped_total", &[]) as u64;
+    let pending = s.sum("uctel_collector_clickhouse_rows_pending", &[]) as u64;
+    let retried = s.sum("uctel_collector_clickhouse_rows_retried_total", &[]) as u64;
+    let checks = s.sum("uctel_collector_clickhouse_insert_checks_total", &[]) as u64;
+    let landed = s.sum(
+        "uctel_collector_clickhouse_insert_checks_total",
+        &[("result", "landed")],
+    ) as u64;
+    let table = rows(&ch, frozen);
+    let total = count(&ch, frozen);
+    let twice: Vec<(&String, usize)> = table
+        .iter()
+        .filter(|(_, v)| v.len() > 1)
+        .map(|(m, v)| (m, v.len()))
+        .take(5)
+        .collect();
+    println!(
+        "frozen: {sent} sent, {} distinct rows ({total} in all), {inserted} inserted, {dropped} dropped, {retried} retried, {checks} checks ({landed} landed)",
+        table.len()
+    );
+    assert_eq!(
+        rows_in,
+        inserted + dropped + pending,
+        "rows_in = inserted + dropped + pending"
+    );
+    assert_eq!(
+        total - table.len() as u64,
+        0,
+        "rows stored twice, e.g. {twice:?}"
+    );
+    assert_eq!(table.len() as u64, sent, "lines missing from ClickHouse");
+    assert_eq!((inserted, dropped), (sent, 0), "inserted, dropped");
+    assert_eq!(sink(&p).len(), sent as usize, "JSON Lines sink");
+    assert!(
+        checks > 0,
+        "no INSERT of unknown outcome was checked: the freeze caught none in flight"
     );
     stop(p);
     ch.stop();

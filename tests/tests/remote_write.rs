@@ -630,3 +630,126 @@ fn fast_counter_samples_reach_victoria_metrics_each_with_its_own_timestamp() {
         );
     }
 }
+
+/// POSTs one remote-write body as the collector's output does; the status and answer.
+fn post_write(url: &str, body: &[u8]) -> (u16, String) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(10)))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut resp = agent
+        .post(url)
+        .header("Content-Encoding", "snappy")
+        .header("Content-Type", "application/x-protobuf")
+        .header("X-Prometheus-Remote-Write-Version", "0.1.0")
+        .send(body)
+        .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+    let status = resp.status().as_u16();
+    (status, resp.body_mut().read_to_string().unwrap_or_default())
+}
+
+/// A retried remote-write request (its answer lost, the same body sent again) never
+/// stores a sample twice in Prometheus, and what it answers depends on the samples:
+/// * a request whose every sample is its series' newest stored one (same timestamp, same
+///   value) is answered 2xx and ignored (TSDB head appender: an exact duplicate of the
+///   newest sample is not appended);
+/// * a request with older samples of a series is refused whole, 400 "out of order
+///   sample" (Prometheus 2.42, Debian 12), although each of its samples is stored;
+/// * another value at a stored timestamp is refused too (400), so Prometheus did compare.
+#[test]
+fn prometheus_stores_a_retried_remote_write_request_once() {
+    use uctel_collector::outputs::remote_write::prompb::{encode_labels, encode_request, Sample};
+    let dir = tempfile::Builder::new()
+        .prefix("uctel-rw-dup-")
+        .tempdir()
+        .unwrap();
+    let prom = Prometheus::receiver(dir.path());
+    let t0 = now_ms() - 60_000;
+    let labels = |name: &str| {
+        encode_labels([
+            ("__name__", name),
+            ("agent", "dup-1"),
+            ("instance", "dup-1"),
+        ])
+    };
+    let sample = |i: i32| Sample {
+        value: 10.0 + f64::from(i),
+        timestamp: t0 + i64::from(i) * 1000,
+    };
+    let url = prom.write_url();
+
+    // One sample per series per request: each retry answered 2xx.
+    let one = labels("uctel_retry_one");
+    let mut answers = Vec::new();
+    for i in 0..3 {
+        let body = encode_request([(&one[..], &[sample(i)][..])], &mut Vec::new()).unwrap();
+        for _ in 0..3 {
+            answers.push(post_write(&url, &body));
+        }
+    }
+    println!(
+        "one sample a request, each sent 3 times: {:?}",
+        answers.iter().map(|a| a.0).collect::<Vec<_>>()
+    );
+    for (status, text) in &answers {
+        assert!((200..300).contains(status), "{status}: {text}");
+    }
+
+    // Five samples of a series in one request, sent three times.
+    let many = labels("uctel_retry_many");
+    let samples: Vec<Sample> = (0..5).map(sample).collect();
+    let body = encode_request([(&many[..], &samples[..])], &mut Vec::new()).unwrap();
+    let tries: Vec<(u16, String)> = (0..3).map(|_| post_write(&url, &body)).collect();
+    println!("five samples a request, sent 3 times: {tries:?}");
+    assert!((200..300).contains(&tries[0].0), "{:?}", tries[0]);
+    for (status, text) in &tries[1..] {
+        assert_eq!(*status, 400, "{text}");
+        assert!(text.contains("out of order sample"), "{text}");
+    }
+
+    // Another value at a stored timestamp is refused: Prometheus compared the samples.
+    let changed = [Sample {
+        value: 99.0,
+        timestamp: samples[4].timestamp,
+    }];
+    let other = encode_request([(&many[..], &changed[..])], &mut Vec::new()).unwrap();
+    let refused = post_write(&url, &other);
+    println!("another value at a stored timestamp: {refused:?}");
+    assert_eq!(refused.0, 400, "{refused:?}");
+
+    for (name, n) in [("uctel_retry_one", 3), ("uctel_retry_many", 5)] {
+        let stored = wait_for_samples(&prom, name, n);
+        let got: Vec<(i64, f64)> = stored.values().next().cloned().unwrap_or_default();
+        let want: Vec<(i64, f64)> = (0..n as i32)
+            .map(sample)
+            .map(|s| (s.timestamp, s.value))
+            .collect();
+        assert_eq!(stored.len(), 1, "{name}: one series: {stored:?}");
+        assert_eq!(
+            got, want,
+            "{name}: each sample stored once, with its first value"
+        );
+    }
+}
+
+/// The series of `selector` once it holds `n` samples in all (Prometheus makes appended
+/// samples queryable at once; a short wait covers the HTTP round trips).
+fn wait_for_samples(
+    prom: &Prometheus,
+    selector: &str,
+    n: usize,
+) -> uctel_tests::victoria::RawSeries {
+    let mut last = uctel_tests::victoria::RawSeries::new();
+    for _ in 0..50 {
+        if let Ok(s) = prom.raw_samples(selector) {
+            let have: usize = s.values().map(Vec::len).sum();
+            last = s;
+            if have >= n {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    last
+}

@@ -58,7 +58,11 @@ pub struct ClickHouseConfig {
     /// Rows kept waiting in memory; when full, the oldest are dropped and counted
     /// (`clickhouse_queue_full`). Default 100000.
     pub queue_capacity_rows: u32,
-    /// Timeout of one request, seconds. Default 30.
+    /// Timeout of one request, seconds. An `INSERT` that times out (or fails after it was
+    /// sent: a reset, a 5xx without a "not applied" code) may have been applied: its rows
+    /// are sent again only after ClickHouse answered that they are not in the table
+    /// (exactly once; checks counted in `uctel_collector_clickhouse_insert_checks_total`).
+    /// Default 30.
     pub timeout_seconds: f64,
     /// First retry delay, seconds; it doubles at each retry of the same `INSERT` up to
     /// `max_backoff_seconds`, every delay drawn uniformly below that bound. Default 0.1.

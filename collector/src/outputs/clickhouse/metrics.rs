@@ -7,6 +7,7 @@
 //! | `uctel_collector_clickhouse_rows_dropped_total{reason}` | rows given up ([`Dropped`]) |
 //! | `uctel_collector_clickhouse_rows_retried_total` | rows of `INSERT`s sent again (each retry counts) |
 //! | `uctel_collector_clickhouse_rows_pending` | rows queued or in flight |
+//! | `uctel_collector_clickhouse_insert_checks_total{result}` | queries asking whether an `INSERT` of unknown outcome landed (`landed`, `absent`, `running`, `failed`; `sender` module docs) |
 //! | `uctel_collector_clickhouse_insert_duration_seconds` | duration of one `INSERT` request (histogram) |
 //!
 //! At every scrape `rows_in = rows_inserted + Σ rows_dropped + rows_pending`, exactly: the
@@ -78,6 +79,7 @@ pub struct Counters {
     retried: IntCounter,
     pending: IntGauge,
     duration: Histogram,
+    checks: IntCounterVec,
 }
 
 impl Counters {
@@ -124,13 +126,21 @@ impl Counters {
                     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                 ]),
             )?,
+            checks: IntCounterVec::new(
+                opts(
+                    "insert_checks_total",
+                    "Checks whether an INSERT of unknown outcome landed, by result.",
+                ),
+                &["result"],
+            )?,
         })
     }
 
     /// The metric families, for the registered collector (`LockedCollector` of the
     /// parent module).
-    pub(crate) fn collectors(&self) -> [&dyn Collector; 6] {
+    pub(crate) fn collectors(&self) -> [&dyn Collector; 7] {
         [
+            &self.checks,
             &self.rows_in,
             &self.inserted,
             &self.dropped_vec,
@@ -161,6 +171,11 @@ impl Counters {
     /// `n` rows of a request sent again.
     pub(crate) fn retried(&self, n: u64) {
         self.retried.inc_by(n);
+    }
+
+    /// One check of an ambiguous `INSERT` with `result`.
+    pub(crate) fn checked(&self, result: &str) {
+        self.checks.with_label_values(&[result]).inc();
     }
 
     /// One request's duration.

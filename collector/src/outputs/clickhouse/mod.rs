@@ -7,8 +7,9 @@
 //! rows to a bounded `queue`; one `sender` task batches them by count
 //! (`max_rows_per_insert`) and deadline (`batch_send_deadline_seconds`), sends, and retries
 //! with backoff. Every row is inserted or counted dropped, by reason ([`metrics`]).
-//! Delivery is at least once: a retried `INSERT` that the server had applied inserts its
-//! rows twice (`sender` module docs).
+//! Delivery is exactly once: after a failure that leaves open whether the server applied an
+//! `INSERT`, the sender asks whether its rows landed before it sends them again (`sender`
+//! module docs).
 
 pub mod metrics;
 mod queue;
@@ -33,6 +34,28 @@ use crate::telemetry::Telemetry;
 
 /// The table's `CREATE TABLE` statement (`config/clickhouse/logs.sql`).
 pub const SCHEMA: &str = include_str!("../../../../config/clickhouse/logs.sql");
+
+/// The table's `CREATE TABLE` statement for ClickHouse 22.3 and later
+/// (`config/clickhouse/logs-modern.sql`): the same columns plus a nanosecond `DateTime64(9)`
+/// computed from `ts_ns`, `LowCardinality` strings, a 30-day TTL and block deduplication
+/// (`non_replicated_deduplication_window`).
+pub const SCHEMA_MODERN: &str = include_str!("../../../../config/clickhouse/logs-modern.sql");
+
+/// The schema for a server of `version` (`"18.16"`, `"26"`, `"26.9.2.1"`: the major number
+/// decides): [`SCHEMA_MODERN`] from 22 on, [`SCHEMA`] before.
+///
+/// # Errors
+/// A message when `version` does not start with a number.
+pub fn schema_for(version: &str) -> Result<&'static str, String> {
+    let major = version.split('.').next().unwrap_or_default();
+    match major.trim().parse::<u32>() {
+        Ok(m) if m >= 22 => Ok(SCHEMA_MODERN),
+        Ok(_) => Ok(SCHEMA),
+        Err(_) => Err(format!(
+            "--server-version {version:?}: expected a ClickHouse version such as 18.16 or 26.9"
+        )),
+    }
+}
 
 /// Longest a stopping collector waits for the sender to send what is queued.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -167,9 +190,14 @@ pub fn start(
         .register(Box::new(LockedCollector::new(queue.clone())))
         .map_err(registration)?;
     let label = http::redact(&c.url);
+    let base = reqwest::Url::parse(&c.url).map_err(|e| SetupError::Invalid {
+        key: "outputs.clickhouse.url".into(),
+        message: e.to_string(),
+    })?;
     let target = Arc::new(Target {
         client,
         url,
+        base,
         label: label.clone(),
         table: table_name(c),
         deadline: c.batch_deadline(),

@@ -26,10 +26,43 @@
 //! logged with its agent, source and `stream_seq`. A refusal that concerns the whole
 //! request (no such table, authentication, syntax) drops the whole `INSERT` at once.
 //!
-//! A retry can insert rows twice: when the server applied an `INSERT` but its answer was
-//! lost (a reset, a timeout, a restart in between), the same rows are sent again. Only
-//! Replicated MergeTree tables deduplicate identical inserted blocks; a plain MergeTree
-//! keeps both copies (at least once).
+//! **Exactly once.** A failure is *ambiguous* when the server may have applied the
+//! `INSERT` although its answer did not say so: a timeout or a connection reset after the
+//! request was sent (a frozen or overloaded server applies a request it already read once
+//! it runs again), a 5xx without a code that says "not applied", or a code of
+//! [`UNKNOWN_CODES`]. After an ambiguous failure the same rows are never sent blindly:
+//!
+//! 1. Every `INSERT` carries a `query_id` (HTTP parameter, ClickHouse 1.1 and later), the
+//!    same for every attempt of the same rows, so a second attempt while the first still
+//!    runs is refused by the server (code 216, `QUERY_WITH_SAME_ID_IS_ALREADY_RUNNING`).
+//! 2. The sender keeps asking, with backoff, until the server answers:
+//!    `SELECT count() FROM system.processes WHERE query_id = ?` (0: the earlier attempt
+//!    finished or never started), then
+//!    `SELECT count() FROM <table> WHERE (agent, stream, stream_seq, ts_ns, message) IN (…)`
+//!    over the rows of the request. A MergeTree `INSERT` of fewer rows than
+//!    `max_insert_block_size` (1,048,576) is one block, written whole or not at all, so
+//!    the rows landed when the count reaches the request's row count.
+//! 3. Landed: the rows are settled as inserted, not sent again. Not there: the check is
+//!    repeated once more after a backoff delay (an earlier attempt whose connection the
+//!    server had accepted but not yet read when it answered the first check has then
+//!    started and shows in `system.processes`), and only then are the rows sent again.
+//!
+//! Each check is counted in `uctel_collector_clickhouse_insert_checks_total{result}`
+//! (`landed`, `absent`, `running`, `failed`). This works with the shipped schema
+//! (`config/clickhouse/logs.sql`) on every ClickHouse from 18.16 on (tuple `IN` and
+//! `system.processes` are older), with no setting on the server. On a current ClickHouse
+//! (22.3 on), the table of `--print-clickhouse-schema --server-version 26`
+//! (`config/clickhouse/logs-modern.sql`) also has the server drop an identical block
+//! inserted again (`non_replicated_deduplication_window`), a second guard; a table created
+//! from `logs.sql` keeps both copies of a block inserted twice.
+//!
+//! What remains: rows identical in all five columns that came from two different requests
+//! (the same record sent by two collectors, or identical lines of one frame split over two
+//! requests) are counted together by the check, so a request whose every row has such a
+//! twin already stored reads as landed; an earlier attempt that the server had not even
+//! accepted from the socket by the time two checks were answered (several backoff delays
+//! later) could still land after the resend; and rows whose check has not been answered
+//! when the collector stops are counted dropped (`shutdown`) although they may be stored.
 //!
 //! At shutdown the sender has a grace period to send what is queued; a request still
 //! failing then, and rows not sent, are dropped (`shutdown`).
@@ -90,6 +123,16 @@ pub const RETRY_CODES: &[u32] = &[
     319, // UNKNOWN_STATUS_OF_INSERT
 ];
 
+/// ClickHouse error codes after which the `INSERT` may have been applied: the sender asks
+/// whether its rows landed before it sends them again (module documentation).
+pub const UNKNOWN_CODES: &[u32] = &[
+    159, // TIMEOUT_EXCEEDED (the block may have been written before the limit)
+    209, // SOCKET_TIMEOUT
+    210, // NETWORK_ERROR
+    216, // QUERY_WITH_SAME_ID_IS_ALREADY_RUNNING (an earlier attempt still runs)
+    319, // UNKNOWN_STATUS_OF_INSERT
+];
+
 /// Codes meaning the table or database is not there.
 const MISSING_TABLE_CODES: &[u32] = &[60, 81];
 
@@ -143,6 +186,19 @@ pub fn classify(status: u16, body: &str) -> Verdict {
     }
 }
 
+/// Whether a non-2xx answer leaves open whether the `INSERT` was applied: a code of
+/// [`UNKNOWN_CODES`], or a 5xx whose code (if any) is not known to mean "not applied" (a
+/// proxy's 502/503/504, a server that failed while answering, an unlisted code). A code of
+/// [`REJECT_CODES`] or [`RETRY_CODES`] outside [`UNKNOWN_CODES`] (bad data, overload, too
+/// many parts) says the block was not written.
+pub fn ambiguous(status: u16, body: &str) -> bool {
+    match error_code(body) {
+        Some(c) if UNKNOWN_CODES.contains(&c) => true,
+        Some(c) if REJECT_CODES.contains(&c) || RETRY_CODES.contains(&c) => false,
+        _ => (500..=599).contains(&status),
+    }
+}
+
 /// What the sender needs.
 #[derive(Debug)]
 pub(crate) struct Target {
@@ -150,6 +206,8 @@ pub(crate) struct Target {
     pub(crate) client: reqwest::Client,
     /// The URL with the `INSERT` query.
     pub(crate) url: reqwest::Url,
+    /// The URL without a query (the checks of an ambiguous `INSERT` post theirs).
+    pub(crate) base: reqwest::Url,
     /// The URL without credentials and query (logs).
     pub(crate) label: String,
     /// `database.table` (logs).
@@ -165,8 +223,36 @@ pub(crate) struct Target {
 /// A request's fate.
 enum Outcome {
     Inserted,
+    /// Not applied: send again after a delay.
     Retry(Option<Duration>, String),
+    /// Maybe applied: ask whether the rows landed before sending them again.
+    Unknown(String),
     Reject(Refusal),
+}
+
+/// What a check of an ambiguous `INSERT` found.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Check {
+    /// Every row of the request is in the table.
+    Landed,
+    /// Not there (and the earlier attempt not running).
+    Absent,
+    /// The earlier attempt still runs on the server.
+    Running,
+    /// The server did not answer (the reason).
+    Failed(String),
+}
+
+impl Check {
+    /// The `result` label of `insert_checks_total`.
+    pub(crate) fn as_str(&self) -> &'static str {
+        match self {
+            Check::Landed => "landed",
+            Check::Absent => "absent",
+            Check::Running => "running",
+            Check::Failed(_) => "failed",
+        }
+    }
 }
 
 /// A refused `INSERT`.
@@ -240,11 +326,73 @@ pub(crate) async fn run(target: Arc<Target>, queue: Arc<Queue>, mut shutdown: Sh
             let part = &batch[range.clone()];
             let body = body(part);
             let mut backoff = Backoff::new(target.backoff.0, target.backoff.1);
+            let query_id = next_query_id();
+            // Set after an ambiguous failure: ask whether the rows landed before sending.
+            let mut unknown: Option<String> = None;
+            let mut absent = 0u32;
             loop {
+                if let Some(why) = &unknown {
+                    let delay = backoff.next_delay(None);
+                    if let Some(stop) = stop_at {
+                        if tokio::time::Instant::now() + delay >= stop {
+                            queue.settle_dropped(part, Dropped::Shutdown, why);
+                            tracing::warn!(url = %target.label, rows = part.len(), error = %why, "ClickHouse INSERT of unknown outcome not checked before shutdown; its rows are counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"shutdown\"}} (they may be stored)");
+                            break;
+                        }
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = shutdown.wait(), if stop_at.is_none() => {
+                            stop_at = Some(tokio::time::Instant::now() + target.grace);
+                        }
+                    }
+                    let check = check(&target, part, &query_id).await;
+                    {
+                        let _st = queue.lock();
+                        queue.counters.checked(check.as_str());
+                    }
+                    match check {
+                        Check::Landed => {
+                            queue.settle_inserted(part);
+                            tracing::info!(url = %target.label, rows = part.len(), query_id = %query_id, "ClickHouse INSERT of unknown outcome had landed; not sent again");
+                            break;
+                        }
+                        Check::Absent if absent == 0 => {
+                            // Once more after a delay: an attempt the server accepted but had
+                            // not started yet shows by then (module documentation).
+                            absent = 1;
+                            continue;
+                        }
+                        Check::Absent => {
+                            unknown = None;
+                            absent = 0;
+                            let _st = queue.lock();
+                            queue.counters.retried(part.len() as u64);
+                        }
+                        Check::Running => {
+                            absent = 0;
+                            continue;
+                        }
+                        Check::Failed(e) => {
+                            absent = 0;
+                            if last_log.due("check") {
+                                tracing::warn!(url = %target.label, rows = part.len(), error = %e, "ClickHouse does not answer whether an INSERT landed; asking again before sending its rows");
+                            }
+                            continue;
+                        }
+                    }
+                }
                 let started = Instant::now();
-                let outcome = send(&target, body.clone()).await;
+                let outcome = send(&target, &query_id, body.clone()).await;
                 queue.counters.observe(started.elapsed().as_secs_f64());
                 match outcome {
+                    Outcome::Unknown(why) => {
+                        if last_log.due("unknown") {
+                            tracing::warn!(url = %target.label, rows = part.len(), error = %why, query_id = %query_id, "ClickHouse INSERT failed after it was sent; asking whether it landed before sending it again");
+                        }
+                        unknown = Some(why);
+                        absent = 0;
+                    }
                     Outcome::Inserted => {
                         queue.settle_inserted(part);
                         break;
@@ -322,10 +470,133 @@ fn body(batch: &[Row]) -> Vec<u8> {
     out
 }
 
-async fn send(target: &Target, body: Vec<u8>) -> Outcome {
+/// A `query_id` unique to this process and request: `uctel-<random>-<n>`.
+fn next_query_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static PROCESS: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let process = *PROCESS.get_or_init(rand::random::<u64>);
+    format!(
+        "uctel-{process:016x}-{}",
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// `s` as a ClickHouse string literal (`'…'`, backslash and quote escaped).
+fn quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('\'');
+    for c in s.chars() {
+        if c == '\\' || c == '\'' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('\'');
+    out
+}
+
+/// Bytes of row tuples per check query: ClickHouse parses at most `max_query_size`
+/// (256 KiB by default) of a query, so a large request is checked in several queries.
+const CHECK_QUERY_BYTES: usize = 128 * 1024;
+
+/// The queries counting the stored rows equal to those of `rows` in agent, stream,
+/// `stream_seq`, `ts_ns` and message, each under [`CHECK_QUERY_BYTES`] of tuples unless one
+/// row alone is longer (`None` for rows that do not parse: a bug).
+pub(crate) fn landed_queries(table: &str, rows: &[Row]) -> Option<Vec<String>> {
+    let head = format!(
+        "SELECT count() FROM {table} WHERE (agent, stream, stream_seq, ts_ns, message) IN ("
+    );
+    let mut out = Vec::new();
+    let mut sql = String::new();
+    for r in rows {
+        let v: serde_json::Value = serde_json::from_slice(&r.json).ok()?;
+        let tuple = format!(
+            "({}, {}, {}, {}, {})",
+            quote(&r.agent),
+            quote(v.get("stream")?.as_str()?),
+            v.get("stream_seq")?.as_u64()?,
+            v.get("ts_ns")?.as_u64()?,
+            quote(v.get("message")?.as_str()?)
+        );
+        if !sql.is_empty() && sql.len() + tuple.len() > CHECK_QUERY_BYTES {
+            sql.push(')');
+            out.push(std::mem::take(&mut sql));
+        }
+        if sql.is_empty() {
+            sql.push_str(&head);
+        } else {
+            sql.push_str(", ");
+        }
+        sql.push_str(&tuple);
+    }
+    if !sql.is_empty() {
+        sql.push(')');
+        out.push(sql);
+    }
+    Some(out)
+}
+
+/// Runs a `SELECT` answering one number.
+async fn count(target: &Target, sql: String) -> Result<u64, String> {
+    let mut url = target.base.clone();
+    if sql.len() > 200 * 1024 {
+        // One row longer than the default limit (256 KiB).
+        url.query_pairs_mut()
+            .append_pair("max_query_size", &(sql.len() + 1024).to_string());
+    }
+    let response = target
+        .client
+        .post(url)
+        .body(sql)
+        .send()
+        .await
+        .map_err(|e| http::describe(&e))?;
+    let status = response.status();
+    let text = response.text().await.map_err(|e| http::describe(&e))?;
+    if !status.is_success() {
+        return Err(format!("{status}: {}", http::snippet(&text, 300)));
+    }
+    text.trim()
+        .parse()
+        .map_err(|_| format!("not a count: {}", http::snippet(&text, 100)))
+}
+
+/// Whether the rows of an `INSERT` with `query_id` whose outcome is unknown landed.
+async fn check(target: &Target, rows: &[Row], query_id: &str) -> Check {
+    let running = format!(
+        "SELECT count() FROM system.processes WHERE query_id = {}",
+        quote(query_id)
+    );
+    match count(target, running).await {
+        Ok(0) => {}
+        Ok(_) => return Check::Running,
+        Err(e) => return Check::Failed(e),
+    }
+    let Some(queries) = landed_queries(&target.table, rows) else {
+        return Check::Failed("a row does not parse".into());
+    };
+    let mut stored = 0u64;
+    for sql in queries {
+        match count(target, sql).await {
+            Ok(n) => stored += n,
+            Err(e) => return Check::Failed(e),
+        }
+    }
+    if stored >= rows.len() as u64 {
+        Check::Landed
+    } else {
+        Check::Absent
+    }
+}
+
+async fn send(target: &Target, query_id: &str, body: Vec<u8>) -> Outcome {
+    let mut url = target.url.clone();
+    url.query_pairs_mut().append_pair("query_id", query_id);
     let result = target
         .client
-        .post(target.url.clone())
+        .post(url)
         .header(
             CONTENT_TYPE,
             HeaderValue::from_static("application/x-ndjson"),
@@ -335,7 +606,9 @@ async fn send(target: &Target, body: Vec<u8>) -> Outcome {
         .await;
     let response = match result {
         Ok(r) => r,
-        Err(e) => return Outcome::Retry(None, http::describe(&e)),
+        // Refused connections never carried the request; anything later may have.
+        Err(e) if e.is_connect() => return Outcome::Retry(None, http::describe(&e)),
+        Err(e) => return Outcome::Unknown(http::describe(&e)),
     };
     let status = response.status();
     if status.is_success() {
@@ -348,6 +621,9 @@ async fn send(target: &Target, body: Vec<u8>) -> Outcome {
         Err(e) => format!("(answer body unreadable: {})", http::describe(&e)),
     };
     let why = format!("{status}: {}", http::snippet(&text, 300));
+    if ambiguous(status.as_u16(), &text) {
+        return Outcome::Unknown(why);
+    }
     match classify(status.as_u16(), &text) {
         Verdict::Retry => Outcome::Retry(after, why),
         Verdict::Reject => Outcome::Reject(Refusal {
@@ -403,6 +679,68 @@ mod tests {
                 assert!(requests <= bound, "n {n}: {requests} requests > {bound}");
             }
         }
+    }
+
+    #[test]
+    fn only_answers_that_say_not_applied_are_sent_again_without_a_check() {
+        // A proxy's 502/504 or a 500 without a code: the server may have applied it.
+        assert!(ambiguous(502, "Bad Gateway"));
+        assert!(ambiguous(500, ""));
+        assert!(ambiguous(500, "Code: 209, e.displayText() = Timeout"));
+        assert!(ambiguous(
+            500,
+            "Code: 216. DB::Exception: Query with id = x is already running"
+        ));
+        // Overload and too many parts: the block was not written.
+        assert!(!ambiguous(500, "Code: 241, Memory limit"));
+        assert!(!ambiguous(500, "Code: 252, Too many parts"));
+        assert!(!ambiguous(429, ""));
+        assert!(!ambiguous(500, "Code: 117, Unknown field"));
+        assert!(ambiguous(500, "Code: 1001, std::exception"));
+        assert!(!ambiguous(400, "Code: 1001, std::exception"));
+        for c in UNKNOWN_CODES {
+            assert!(!REJECT_CODES.contains(c), "{c} rejected and unknown");
+        }
+    }
+
+    #[test]
+    fn the_landed_query_quotes_every_string_and_names_each_row() {
+        let row = |agent: &str, message: &str| Row {
+            agent: Arc::from(agent),
+            json: serde_json::to_vec(&serde_json::json!({
+                "stream": "logs", "stream_seq": 7, "ts_ns": 12u64, "message": message,
+            }))
+            .unwrap()
+            .into_boxed_slice(),
+        };
+        let sql = landed_queries("db.logs", &[row("a'b", r"c:\x 'q'"), row("a", "m")]).unwrap();
+        assert_eq!(
+            sql[..],
+            [
+                r"SELECT count() FROM db.logs WHERE (agent, stream, stream_seq, ts_ns, message) IN (('a\'b', 'logs', 7, 12, 'c:\\x \'q\''), ('a', 'logs', 7, 12, 'm'))"
+            ]
+        );
+        // A large request is checked in queries the server parses with its default limit.
+        let long = "x".repeat(1000);
+        let many: Vec<Row> = (0..1000).map(|_| row("a", &long)).collect();
+        let queries = landed_queries("t", &many).unwrap();
+        assert!(queries.len() > 1, "{} queries", queries.len());
+        assert!(queries
+            .iter()
+            .all(|q| q.len() <= CHECK_QUERY_BYTES + 1100 && q.ends_with(')')));
+        let tuples: usize = queries
+            .iter()
+            .map(|q| q.matches("('a', 'logs'").count())
+            .sum();
+        assert_eq!(tuples, 1000);
+        let bad = Row {
+            agent: Arc::from("a"),
+            json: Box::from(&b"{}"[..]),
+        };
+        assert_eq!(landed_queries("t", &[bad]), None);
+        let ids = (next_query_id(), next_query_id());
+        assert_ne!(ids.0, ids.1);
+        assert!(ids.0.starts_with("uctel-"));
     }
 
     #[test]
