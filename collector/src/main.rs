@@ -62,7 +62,7 @@ fn main() -> ExitCode {
         use uctel_collector::outputs::clickhouse;
         return match args.server_version.as_deref().map(clickhouse::schema_for) {
             None => print_then(clickhouse::SCHEMA),
-            Some(Ok(schema)) => print_then(&schema),
+            Some(Ok(schema)) => print_then(schema),
             Some(Err(e)) => {
                 eprintln!("uctel-collector: {e}");
                 ExitCode::from(2)
