@@ -5,6 +5,7 @@
 //! Layout:
 //! - [`config`]: the YAML configuration (strict, all problems at once).
 //! - [`telemetry`]: `uctel_collector_*` self-metrics and the closed [`telemetry::DropReason`].
+//! - [`liveness`]: `uctel_collector_agent_up{agent}`, whether each agent has a live session.
 //! - [`store`]: latest sample per series per agent, staleness, cardinality cap, exposed through
 //!   a custom `prometheus` collector.
 //! - [`logsink`]: JSON Lines log sink with size-based rotation.
@@ -33,6 +34,7 @@ pub mod credits;
 pub mod daemon;
 pub mod dataplane;
 pub mod ingest;
+pub mod liveness;
 pub mod logsink;
 pub mod outputs;
 pub mod rdma_events;

@@ -266,6 +266,8 @@ struct Families {
     rdma_async_events: [prometheus::IntCounter; 4],
     /// Whether each event kind was logged at `warn` already.
     rdma_async_logged: [std::sync::atomic::AtomicBool; 4],
+    /// `agent_up{agent}` ([`crate::liveness`]).
+    agent_up: crate::liveness::AgentUp,
 }
 
 fn opts(name: &str, help: &str) -> Opts {
@@ -374,6 +376,14 @@ impl Telemetry {
             "Agents with a live control connection and data path.",
         ))?;
         registry.register(Box::new(agents_connected.clone()))?;
+        let agent_up = IntGaugeVec::new(
+            opts(
+                "agent_up",
+                "1 while the agent has a live session on this collector; 0 once it ended (Goodbye, control connection lost, or heartbeats missed past the dead-peer rule), kept for metrics.agent_up_retention_seconds.",
+            ),
+            &["agent"],
+        )?;
+        registry.register(Box::new(agent_up.clone()))?;
         let control_probes = prometheus::IntCounter::with_opts(opts(
             "control_probes_total",
             "Control connections closed before their first byte: health probes of agents connected to another collector of the pool.",
@@ -478,6 +488,7 @@ impl Telemetry {
                 rdma_async_events: crate::rdma_events::EVENT_LABELS
                     .map(|e| rdma_async_events.with_label_values(&[e])),
                 rdma_async_logged: Default::default(),
+                agent_up: crate::liveness::AgentUp::new(agent_up),
             }),
             log_limiter: Arc::new(Mutex::new(HashMap::new())),
         })
@@ -568,6 +579,11 @@ impl Telemetry {
     /// The agents-connected gauge.
     pub fn agents_connected(&self) -> &IntGauge {
         &self.inner.agents_connected
+    }
+
+    /// `agent_up{agent}` ([`crate::liveness`]).
+    pub fn agent_up(&self) -> &crate::liveness::AgentUp {
+        &self.inner.agent_up
     }
 
     /// Counts a control probe (a connection closed before its first byte).

@@ -271,6 +271,7 @@ pub(super) async fn run_session(
         return;
     }
     shared.telemetry.agents_connected().inc();
+    shared.telemetry.agent_up().up(&agent);
     tracing::info!(
         agent = %agent,
         hostname = %hello.hostname,
