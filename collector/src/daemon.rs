@@ -224,7 +224,8 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
     let store = SeriesStore::new(
         config.staleness_seconds.duration(),
         config.series_cap_per_agent.0,
-    );
+    )
+    .with_timestamps(config.metrics.expose_timestamps);
     telemetry.registry().register(Box::new(store.collector()))?;
     let logs = Arc::new(
         LogSink::open(&config.logs).map_err(|source| RunError::LogSink {
@@ -330,7 +331,12 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         endpoints,
         sd.clone(),
     ))];
-    tasks.push(tokio::spawn(expire_loop(shared.store.clone(), sd.clone())));
+    tasks.push(tokio::spawn(expire_loop(
+        shared.store.clone(),
+        shared.telemetry.clone(),
+        shared.config.metrics.agent_up_retention_seconds.duration(),
+        sd.clone(),
+    )));
     tasks.extend(remote_write.tasks);
     tasks.extend(clickhouse.tasks);
     let control = crate::control::serve(control_listener, shared.clone(), auth, sd, drained);
@@ -443,13 +449,20 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), RunError> {
 }
 
 /// Expires stale series every few seconds even when nobody scrapes, so memory is bounded by
-/// what was fresh recently.
-async fn expire_loop(store: SeriesStore, mut shutdown: Shutdown) {
+/// what was fresh recently, and forgets `agent_up` of agents gone for `agent_up_retention`.
+async fn expire_loop(
+    store: SeriesStore,
+    telemetry: Telemetry,
+    agent_up_retention: Duration,
+    mut shutdown: Shutdown,
+) {
     let mut tick = tokio::time::interval(Duration::from_secs(5));
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                store.expire(std::time::Instant::now());
+                let now = std::time::Instant::now();
+                store.expire(now);
+                telemetry.agent_up().expire(now, agent_up_retention);
             }
             _ = shutdown.wait() => return,
         }

@@ -7,6 +7,7 @@
 //! - [`telemetry`]: `uctel_collector_*` self-metrics and the closed [`telemetry::DropReason`].
 //! - [`agent_counters`]: the agents' own send and drop counters from their heartbeats,
 //!   turned into the collector's monotonic `uctel_collector_agent_*` series.
+//! - [`liveness`]: `uctel_collector_agent_up{agent}`, whether each agent has a live session.
 //! - [`store`]: latest sample per series per agent, staleness, cardinality cap, exposed through
 //!   a custom `prometheus` collector.
 //! - [`logsink`]: JSON Lines log sink with size-based rotation.
@@ -36,6 +37,7 @@ pub mod credits;
 pub mod daemon;
 pub mod dataplane;
 pub mod ingest;
+pub mod liveness;
 pub mod logsink;
 pub mod outputs;
 pub mod rdma_events;

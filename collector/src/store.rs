@@ -12,10 +12,30 @@
 //!   only lowers resolution. Counters are stored as sent; an agent restart makes a counter go
 //!   down, which is a *counter reset* that `rate()`/`increase()` handle. The store does not fake
 //!   monotonicity (that would turn a restart into a bogus spike).
-//! * **No timestamps are exposed**: samples are stamped at scrape time, so Prometheus'
-//!   staleness handling works (exposing timestamps disables staleness markers).
+//! * **Samples keep their collection time.** Each sample is exposed with the time the agent
+//!   collected it (its own `timestamp_ms`, else its frame header's `timestamp_ns`), in ms
+//!   after the value, as Prometheus federation does (`metrics.expose_timestamps`, default
+//!   on; [`SeriesStore::with_timestamps`]). Stamped at scrape time instead, a value read up
+//!   to one collection interval before the scrape is placed at the scrape, with a lag that
+//!   moves with the scrape phase: `rate()` over a window of a few collection intervals then
+//!   sees one step more or one fewer than the window holds (0.55 to 1.12 times the true rate
+//!   through `rate(...[10s])` of a 5 s collection, `tests/tests/liveness.rs`). With the agent's times a late frame's
+//!   older value is an out-of-order sample Prometheus drops, not a counter that seems to go
+//!   back and reset. A series that leaves `/metrics` gets no staleness marker from a
+//!   Prometheus before 2.48 (`track_timestamps_staleness` from 2.48 on), so liveness is read
+//!   from `uctel_collector_agent_up` (`crate::liveness`), which has no timestamp. What
+//!   Prometheus does with samples too old for its head or scraped twice:
+//!   `crate::config::MetricsConfig::expose_timestamps`.
 //! * **Staleness.** A series not updated for `staleness_seconds` disappears
 //!   ([`SeriesStore::expire`], also run before every scrape).
+//! * **Gone agents.** When an agent's session ends (its `Goodbye`, its control connection
+//!   lost, or heartbeats missed past the dead-peer rule) and no newer connection of it took
+//!   over, all its series go at once ([`SeriesStore::remove_agent`]), not after
+//!   `staleness_seconds`. Remote-write ends its series with stale markers on a `Goodbye`
+//!   with reason `shutdown` (the agent will not come back under those labels) and after
+//!   `staleness_seconds` otherwise: a stale marker is a sample in the receiver's copy of
+//!   the series, which the agent may go on writing through another collector of its pool,
+//!   while removing a series from this collector's `/metrics` touches nothing else.
 //! * **Cardinality bound.** At most `series_cap_per_agent` series per agent; a sample for a
 //!   new series beyond the cap is not stored and is counted (`series_cap`). Updates of stored
 //!   series always go through.
@@ -132,6 +152,24 @@ enum Value {
 struct Sample {
     value: Value,
     updated: Instant,
+    /// When the agent collected the value, ms since the Unix epoch (the record's own
+    /// `timestamp_ms`, else its frame's `timestamp_ns`); 0 when unknown.
+    collected_ms: i64,
+    /// `collected_ms` is the record's own timestamp (not its frame's).
+    own_time: bool,
+}
+
+impl Sample {
+    /// Notes the collection time of a value just stored: the record's own `timestamp_ms`
+    /// when it has one, else the frame's (`frame_ms`, 0 when unknown).
+    fn collected(&mut self, record_ms: i64, frame_ms: i64) {
+        self.own_time = record_ms > 0;
+        self.collected_ms = if record_ms > 0 {
+            record_ms
+        } else {
+            frame_ms.max(0)
+        };
+    }
 }
 
 /// One stored series.
@@ -194,6 +232,8 @@ pub struct SeriesStore {
     inner: Arc<Mutex<Inner>>,
     staleness: Duration,
     cap_per_agent: usize,
+    /// Expose each sample with its collection time ([`SeriesStore::with_timestamps`]).
+    timestamps: bool,
 }
 
 /// Names the collector's own metrics use; agents may not send them.
@@ -322,13 +362,24 @@ fn store_value<M: MetricParts>(slot: &mut Value, kind: MetricType, m: &M) {
 
 impl SeriesStore {
     /// A store expiring series after `staleness` and holding at most `cap_per_agent` series per
-    /// agent.
+    /// agent. Samples are exposed with their collection time (see
+    /// [`SeriesStore::with_timestamps`]).
     pub fn new(staleness: Duration, cap_per_agent: usize) -> SeriesStore {
         SeriesStore {
             inner: Arc::new(Mutex::new(Inner::default())),
             staleness,
             cap_per_agent,
+            timestamps: true,
         }
+    }
+
+    /// The same store exposing each sample with its collection time (`true`, the default:
+    /// `name{labels} value timestamp_ms`, as Prometheus federation does) or without (`false`:
+    /// Prometheus stamps every sample with its scrape time). The module docs say why the
+    /// default is `true`. Samples whose collection time is unknown are exposed without one.
+    pub fn with_timestamps(mut self, expose: bool) -> SeriesStore {
+        self.timestamps = expose;
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -339,7 +390,8 @@ impl SeriesStore {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Stores every sample of `metrics` for `agent` (whose hostname is `instance`).
+    /// Stores every sample of `metrics` for `agent` (whose hostname is `instance`). A
+    /// sample's collection time is its `timestamp_ms` (0: unknown, exposed without one).
     pub fn ingest(
         &self,
         agent: &str,
@@ -352,6 +404,7 @@ impl SeriesStore {
             instance,
             metrics.iter().map(|m| (m, None)),
             false,
+            0,
             now,
         )
     }
@@ -369,10 +422,25 @@ impl SeriesStore {
         batch: &MetricBatchView<'_>,
         now: Instant,
     ) -> IngestOutcome {
-        if let Some(out) = self.ingest_repeated(agent, instance, batch, now) {
+        self.ingest_views_at(agent, instance, batch, 0, now)
+    }
+
+    /// As [`SeriesStore::ingest_views`], for a batch from a frame whose header says the
+    /// agent opened it at `frame_timestamp_ns` (ns since the Unix epoch; 0: unknown): the
+    /// collection time of every record without its own `timestamp_ms`.
+    pub fn ingest_views_at(
+        &self,
+        agent: &str,
+        instance: &str,
+        batch: &MetricBatchView<'_>,
+        frame_timestamp_ns: u64,
+        now: Instant,
+    ) -> IngestOutcome {
+        let frame_ms = i64::try_from(frame_timestamp_ns / 1_000_000).unwrap_or(i64::MAX);
+        if let Some(out) = self.ingest_repeated(agent, instance, batch, frame_ms, now) {
             return out;
         }
-        self.ingest_records(agent, instance, batch.iter_with_ids(), true, now)
+        self.ingest_records(agent, instance, batch.iter_with_ids(), true, frame_ms, now)
     }
 
     /// A batch that repeats the previous payload with new values
@@ -385,6 +453,7 @@ impl SeriesStore {
         agent: &str,
         instance: &str,
         batch: &MetricBatchView<'_>,
+        frame_ms: i64,
         now: Instant,
     ) -> Option<IngestOutcome> {
         let records = batch.repeated()?;
@@ -427,6 +496,11 @@ impl SeriesStore {
                 _ => Value::Gauge(value),
             };
             series.sample.updated = now;
+            // A repeated record has the timestamp it had (`MetricBatchView::repeated`): an
+            // own timestamp stays, a frame's moves on.
+            if !series.sample.own_time {
+                series.sample.collected_ms = frame_ms.max(0);
+            }
             out.stored += 1;
         }
         Some(out)
@@ -439,6 +513,7 @@ impl SeriesStore {
         instance: &str,
         metrics: impl Iterator<Item = (M, Option<RecordId>)>,
         validated: bool,
+        frame_ms: i64,
         now: Instant,
     ) -> IngestOutcome {
         let mut out = IngestOutcome::default();
@@ -485,6 +560,7 @@ impl SeriesStore {
                 } else {
                     store_value(&mut series.sample.value, kind, &m);
                     series.sample.updated = now;
+                    series.sample.collected(m.timestamp_ms(), frame_ms);
                     out.stored += 1;
                 }
                 continue;
@@ -508,14 +584,14 @@ impl SeriesStore {
                 // Rare: renamed labels are built owned.
                 let owned = series_labels(&m);
                 let renamed: Vec<Pair<'_>> = owned.iter().map(|(n, v)| Pair(n, v)).collect();
-                self.upsert(entry, families, hasher, &m, kind, &renamed, now)
+                self.upsert(entry, families, hasher, &m, kind, &renamed, frame_ms, now)
             } else if labels.is_sorted_by(|a, b| (a.name(), a.value()) <= (b.name(), b.value())) {
-                self.upsert(entry, families, hasher, &m, kind, labels, now)
+                self.upsert(entry, families, hasher, &m, kind, labels, frame_ms, now)
             } else {
                 let mut sorted = recycle(std::mem::take(&mut spare));
                 sorted.extend(labels.iter().map(|l| Pair(l.name(), l.value())));
                 sorted.sort_unstable();
-                let result = self.upsert(entry, families, hasher, &m, kind, &sorted, now);
+                let result = self.upsert(entry, families, hasher, &m, kind, &sorted, frame_ms, now);
                 spare = recycle(sorted);
                 result
             };
@@ -552,6 +628,7 @@ impl SeriesStore {
         m: &M,
         kind: MetricType,
         labels: &[L],
+        frame_ms: i64,
         now: Instant,
     ) -> Result<usize, SampleRejection> {
         let name = m.name();
@@ -568,6 +645,7 @@ impl SeriesStore {
             }
             store_value(&mut series.sample.value, kind, m);
             series.sample.updated = now;
+            series.sample.collected(m.timestamp_ms(), frame_ms);
             return Ok(bucket);
         }
         if stored >= self.cap_per_agent {
@@ -583,6 +661,13 @@ impl SeriesStore {
         );
         let mut value = Value::Gauge(0.0);
         store_value(&mut value, kind, m);
+        let mut sample = Sample {
+            value,
+            updated: now,
+            collected_ms: 0,
+            own_time: false,
+        };
+        sample.collected(m.timestamp_ms(), frame_ms);
         entry.layout = entry.layout.wrapping_add(1);
         let inserted = entry.series.insert_unique(
             hash,
@@ -590,10 +675,7 @@ impl SeriesStore {
                 hash,
                 key: Arc::new(key),
                 kind,
-                sample: Sample {
-                    value,
-                    updated: now,
-                },
+                sample,
             },
             |s| s.hash,
         );
@@ -625,6 +707,21 @@ impl SeriesStore {
         removed
     }
 
+    /// Removes every series of `agent` at once (the agent is gone: its `Goodbye`, or its
+    /// control connection lost or silent past the dead-peer rule); returns how many. Its
+    /// families are released as by [`SeriesStore::expire`].
+    pub fn remove_agent(&self, agent: &str) -> usize {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let Some(gone) = inner.agents.remove(agent) else {
+            return 0;
+        };
+        for s in gone.series.iter() {
+            release_family(&mut inner.families, &s.key.0);
+        }
+        gone.series.len()
+    }
+
     /// Series stored for `agent`.
     pub fn series_count(&self, agent: &str) -> usize {
         self.lock().agents.get(agent).map_or(0, |a| a.series.len())
@@ -644,17 +741,22 @@ impl SeriesStore {
                 .collect();
             let families = inner.families.clone();
             let total = inner.agents.values().map(|a| a.series.len()).sum();
-            let mut snapshot: Vec<(usize, Arc<SeriesKey>, Value)> = Vec::with_capacity(total);
+            let mut snapshot: Vec<(usize, Arc<SeriesKey>, Value, i64)> = Vec::with_capacity(total);
             for (i, agent) in inner.agents.values().enumerate() {
                 for s in agent.series.iter() {
-                    snapshot.push((i, Arc::clone(&s.key), s.sample.value.clone()));
+                    let at = if self.timestamps {
+                        s.sample.collected_ms
+                    } else {
+                        0
+                    };
+                    snapshot.push((i, Arc::clone(&s.key), s.sample.value.clone(), at));
                 }
             }
             (agents, families, snapshot)
         };
         let mut by_name: BTreeMap<String, proto::MetricFamily> = BTreeMap::new();
         {
-            for (agent_index, key, value) in &snapshot {
+            for (agent_index, key, value, collected_ms) in &snapshot {
                 let Some((agent_id, instance)) = agents.get(*agent_index) else {
                     continue;
                 };
@@ -692,6 +794,10 @@ impl SeriesStore {
                 }
                 pairs.sort_by(|a, b| a.name().cmp(b.name()));
                 let mut metric = proto::Metric::from_label(pairs);
+                if *collected_ms > 0 {
+                    // The text encoder writes it after the value (`... 42 1700000000123`).
+                    metric.set_timestamp_ms(*collected_ms);
+                }
                 match sample_value {
                     Value::Counter(v) => {
                         let mut c = proto::Counter::default();
@@ -1169,7 +1275,7 @@ mod tests {
             // The third payload repeats the second (both after the first remembered it).
             assert_eq!(view.repeated().is_some(), v > 1.0, "payload {v}");
             if v > 1.0 {
-                let out = s.ingest_repeated("a", "h", &view, Instant::now());
+                let out = s.ingest_repeated("a", "h", &view, 0, Instant::now());
                 assert_eq!(out.map(|o| o.stored), Some(1));
             } else {
                 assert_eq!(s.ingest_views("a", "h", &view, Instant::now()).stored, 1);
@@ -1177,6 +1283,122 @@ mod tests {
             reused = view.recycle();
         }
         assert!(render(&s).contains("m{agent=\"a\",instance=\"h\",k=\"x\"} 3"));
+    }
+
+    /// Stores `metrics` as the worker does (a borrowed view of their encoding) from a frame
+    /// stamped `frame_ns`, reusing `reused` so that a payload repeating the previous one
+    /// takes the ids-and-values path.
+    fn ingest_frame(
+        s: &SeriesStore,
+        reused: &mut MetricBatchView<'static>,
+        metrics: Vec<Metric>,
+        frame_ns: u64,
+    ) -> (IngestOutcome, bool) {
+        use uctel_protocol::limits::Limits;
+        use uctel_protocol::payload::{encode_metric_batch, MetricBatch};
+        let payload = encode_metric_batch(&MetricBatch { metrics });
+        let mut view = std::mem::take(reused).recycle();
+        view.decode_into(&payload, &Limits::default()).unwrap();
+        let repeated = view.repeated().is_some();
+        let out = s.ingest_views_at("a", "h", &view, frame_ns, Instant::now());
+        *reused = view.recycle();
+        (out, repeated)
+    }
+
+    #[test]
+    fn samples_are_exposed_with_their_collection_time() {
+        let s = SeriesStore::new(Duration::from_secs(60), 100);
+        let mut reused = MetricBatchView::new();
+        let g = |v| metric("m", MetricType::Gauge, v, &[("k", "x")]);
+        let mut own = metric("o", MetricType::Counter, 7.0, &[]);
+        own.timestamp_ms = 1_600_000_000_000;
+        // The frame's time (ns) in ms for records without their own; the record's own kept.
+        let frame = |v| vec![g(v), own.clone()];
+        ingest_frame(&s, &mut reused, frame(1.0), 1_700_000_000_123_456_789);
+        let text = render(&s);
+        assert!(
+            text.contains("m{agent=\"a\",instance=\"h\",k=\"x\"} 1 1700000000123\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("o{agent=\"a\",instance=\"h\"} 7 1600000000000\n"),
+            "{text}"
+        );
+        // The same records again (the ids-and-values path): the frame's time moves on.
+        ingest_frame(&s, &mut reused, frame(2.0), 1_700_000_010_000_000_000);
+        let (out, repeated) = ingest_frame(&s, &mut reused, frame(3.0), 1_700_000_020_000_000_000);
+        assert!(repeated);
+        assert_eq!(out.stored, 2);
+        let text = render(&s);
+        assert!(
+            text.contains("m{agent=\"a\",instance=\"h\",k=\"x\"} 3 1700000020000\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("o{agent=\"a\",instance=\"h\"} 7 1600000000000\n"),
+            "{text}"
+        );
+        // Switched off: Prometheus stamps at scrape time.
+        let off = s.clone().with_timestamps(false);
+        let text = render(&off);
+        assert!(
+            text.contains("m{agent=\"a\",instance=\"h\",k=\"x\"} 3\n"),
+            "{text}"
+        );
+        // Unknown time (no frame time, no own time): no timestamp.
+        let t = SeriesStore::new(Duration::from_secs(60), 100);
+        t.ingest("a", "h", &[g(5.0)], Instant::now());
+        assert!(render(&t).contains("m{agent=\"a\",instance=\"h\",k=\"x\"} 5\n"));
+    }
+
+    #[test]
+    fn histograms_carry_the_collection_time_on_every_line() {
+        let s = SeriesStore::new(Duration::from_secs(60), 100);
+        let mut h = metric("lat", MetricType::Histogram, 0.0, &[]);
+        h.buckets = vec![Bucket {
+            upper_bound: 1.0,
+            cumulative_count: 2,
+        }];
+        h.count = 3;
+        h.sum = 1.5;
+        h.timestamp_ms = 1_700_000_000_500;
+        s.ingest("a", "h", &[h], Instant::now());
+        let text = render(&s);
+        let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("lat_")).collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        for line in lines {
+            assert!(line.ends_with(" 1700000000500"), "{line}");
+        }
+    }
+
+    #[test]
+    fn a_gone_agent_loses_every_series_at_once() {
+        let s = SeriesStore::new(Duration::from_secs(300), 100);
+        let now = Instant::now();
+        let g = |n: &str| metric(n, MetricType::Gauge, 1.0, &[]);
+        s.ingest("a", "ha", &[g("node_load1"), g("only_a")], now);
+        s.ingest("b", "hb", &[g("node_load1")], now);
+        assert_eq!(s.remove_agent("a"), 2);
+        assert_eq!(s.remove_agent("a"), 0);
+        assert_eq!(s.series_count("a"), 0);
+        let text = render(&s);
+        assert!(!text.contains("agent=\"a\""), "{text}");
+        assert!(!text.contains("only_a"), "{text}");
+        assert!(
+            text.contains("node_load1{agent=\"b\",instance=\"hb\"} 1"),
+            "{text}"
+        );
+        // Its names are free again (released families): another type may use them.
+        let out = s.ingest(
+            "b",
+            "hb",
+            &[metric("only_a", MetricType::Counter, 1.0, &[])],
+            now,
+        );
+        assert_eq!(out.stored, 1);
+        // The agent coming back starts afresh.
+        assert_eq!(s.ingest("a", "ha", &[g("node_load1")], now).stored, 1);
+        assert_eq!(s.series_count("a"), 1);
     }
 
     #[test]

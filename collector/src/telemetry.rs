@@ -299,6 +299,8 @@ struct Families {
     agent_frames_dropped: IntCounterVec,
     /// `agent_records_dropped_total{agent,stream,reason}`.
     agent_records_dropped: IntCounterVec,
+    /// `agent_up{agent}` ([`crate::liveness`]).
+    agent_up: crate::liveness::AgentUp,
 }
 
 fn opts(name: &str, help: &str) -> Opts {
@@ -407,6 +409,14 @@ impl Telemetry {
             "Agents with a live control connection and data path.",
         ))?;
         registry.register(Box::new(agents_connected.clone()))?;
+        let agent_up = IntGaugeVec::new(
+            opts(
+                "agent_up",
+                "1 while the agent has a live session on this collector; 0 once it ended (Goodbye, control connection lost, or heartbeats missed past the dead-peer rule), kept for metrics.agent_up_retention_seconds.",
+            ),
+            &["agent"],
+        )?;
+        registry.register(Box::new(agent_up.clone()))?;
         let control_probes = prometheus::IntCounter::with_opts(opts(
             "control_probes_total",
             "Control connections closed before their first byte: health probes of agents connected to another collector of the pool.",
@@ -535,6 +545,7 @@ impl Telemetry {
                 agent_records_sent,
                 agent_frames_dropped,
                 agent_records_dropped,
+                agent_up: crate::liveness::AgentUp::new(agent_up),
             }),
             log_limiter: Arc::new(Mutex::new(HashMap::new())),
             agent_counters: Arc::new(Mutex::new(HashMap::new())),
@@ -626,6 +637,11 @@ impl Telemetry {
     /// The agents-connected gauge.
     pub fn agents_connected(&self) -> &IntGauge {
         &self.inner.agents_connected
+    }
+
+    /// `agent_up{agent}` ([`crate::liveness`]).
+    pub fn agent_up(&self) -> &crate::liveness::AgentUp {
+        &self.inner.agent_up
     }
 
     /// Counts a control probe (a connection closed before its first byte).

@@ -47,6 +47,17 @@ async fn accounting(drop_ratio: f64, data_path: DataPath, seed: u64) {
     }
     let finals: Vec<StreamFinal> = vec![metrics.final_state(), logs.final_state()];
     let injected = agent.soft.fault_stats().map_or(0, |s| s.snapshot().dropped);
+    // Records arrived in the series store while the agent is connected.
+    let stored =
+        "uctel_test_value{agent=\"acct\",instance=\"acct.test\",series=\"0\",stream=\"1\"}";
+    eventually("the agent's samples in the store", || {
+        running
+            .render_metrics()
+            .ok()?
+            .contains(stored)
+            .then_some(())
+    })
+    .await;
     agent.goodbye(finals.clone()).await;
     let ledger = eventually("ledger after goodbye", || {
         let l = running.ledger("acct");
@@ -86,10 +97,15 @@ async fn accounting(drop_ratio: f64, data_path: DataPath, seed: u64) {
         // Every injected drop is a lost frame (and nothing else was lost on loopback).
         assert_eq!(total_lost, injected, "{ledger:?}");
     }
-    // Records arrived in the series store and the log file.
-    assert!(text.contains(
-        "uctel_test_value{agent=\"acct\",instance=\"acct.test\",series=\"0\",stream=\"1\"}"
-    ));
+    // After its Goodbye the agent's series leave the store, and agent_up is 0.
+    eventually("the agent's series gone after its Goodbye", || {
+        let text = running.render_metrics().ok()?;
+        (!text.contains(stored)
+            && sample(&text, "uctel_collector_agent_up{agent=\"acct\"}") == Some(0.0))
+        .then_some(())
+    })
+    .await;
+    // Records arrived in the log file.
     let log_lines = std::fs::read_to_string(dir.path().join("logs.jsonl")).unwrap();
     let records_logged = ledger[1].1.records_received;
     assert_eq!(log_lines.lines().count() as u64, records_logged);
@@ -148,6 +164,18 @@ async fn ring_overrun_while_worker_paused_is_counted_never_accepted() {
         }
     }
     running.pause_worker(false);
+    // The stored sample is the last frame's, never a lapped slot's content (checked while
+    // the agent is connected: its series leave the store at its Goodbye).
+    eventually("the last frame's sample in the store", || {
+        running
+            .render_metrics()
+            .ok()?
+            .contains(
+                "uctel_test_value{agent=\"lapper\",instance=\"lapper.test\",series=\"0\",stream=\"1\"} 39",
+            )
+            .then_some(())
+    })
+    .await;
     let fin = metrics.final_state();
     agent.goodbye(vec![fin.clone()]).await;
     let ledger = eventually("ledger", || {
@@ -175,10 +203,6 @@ async fn ring_overrun_while_worker_paused_is_counted_never_accepted() {
         ),
         Some(0.0)
     );
-    // The stored sample is the last frame's, never a lapped slot's content.
-    assert!(text.contains(
-        "uctel_test_value{agent=\"lapper\",instance=\"lapper.test\",series=\"0\",stream=\"1\"} 39"
-    ));
     running.stop().await.unwrap();
 }
 

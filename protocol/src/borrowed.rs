@@ -136,6 +136,9 @@ impl<'v> MetricParts for MetricView<'v> {
     fn sum(&self) -> f64 {
         self.sum
     }
+    fn timestamp_ms(&self) -> i64 {
+        self.timestamp_ms
+    }
 }
 
 /// Check one borrowed metric: the rules of [`crate::payload::validate_metric`] (one

@@ -408,6 +408,11 @@ pub trait MetricParts {
     fn count(&self) -> u64;
     /// Histogram sum.
     fn sum(&self) -> f64;
+    /// When the value was collected, ms since the Unix epoch; 0 (the default) means "the
+    /// frame's timestamp" ([`Metric::timestamp_ms`]).
+    fn timestamp_ms(&self) -> i64 {
+        0
+    }
 }
 
 impl<M: MetricParts + ?Sized> MetricParts for &M {
@@ -436,6 +441,9 @@ impl<M: MetricParts + ?Sized> MetricParts for &M {
     fn sum(&self) -> f64 {
         (**self).sum()
     }
+    fn timestamp_ms(&self) -> i64 {
+        (**self).timestamp_ms()
+    }
 }
 
 impl MetricParts for Metric {
@@ -463,6 +471,9 @@ impl MetricParts for Metric {
     }
     fn sum(&self) -> f64 {
         self.sum
+    }
+    fn timestamp_ms(&self) -> i64 {
+        self.timestamp_ms
     }
 }
 

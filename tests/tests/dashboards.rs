@@ -156,6 +156,7 @@ fn pipeline_dashboard_covers_the_loss_accounting() {
         "uctel_collector_ring_slots_in_use",
         "uctel_collector_qp_errors_total",
         "uctel_collector_agents_connected",
+        "uctel_collector_agent_up",
         "uctel_collector_stream_resets_total",
         "uctel_collector_agent_frames_dropped_total",
         "uctel_collector_agent_records_dropped_total",

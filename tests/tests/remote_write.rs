@@ -12,8 +12,9 @@
 //!   digits);
 //! * every series carries `agent` and `instance` (and nothing naming the collector: the
 //!   label sets are the ones `/metrics` shows), its timestamps
-//!   increase and lie within the run, and its newest value is the one the collector's own
-//!   `/metrics` shows for the same series.
+//!   increase and lie within the run, and the value the collector's own `/metrics` served
+//!   for the same series while the agents ran is among its samples; once the agents have
+//!   said Goodbye their series are gone from `/metrics`.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -163,10 +164,19 @@ fn remote_write_into_prometheus_and_victoria_metrics_holds_what_the_collector_ac
     p.add_agent("rw-b", 0.02, 1.0);
     p.wait_flowing(2, &["rw-a", "rw-b"], &["metrics"], Duration::from_secs(60));
     std::thread::sleep(Duration::from_secs(60));
+    // What /metrics serves while the agents run (their series leave it at their Goodbye).
+    let serving = p.scrape().unwrap_or_else(|e| panic!("{e}"));
     for a in &mut p.agents {
         a.daemon.stop(Duration::from_secs(30));
     }
     let s = settle(&p, &[&prom_url, &vm_url]);
+    assert!(
+        !s.samples
+            .iter()
+            .any(|x| x.label("agent").is_some_and(|a| a.starts_with("rw-"))
+                && !x.name.starts_with("uctel_collector_")),
+        "the stopped agents' series are still on /metrics"
+    );
     let t1 = now_ms();
 
     // UC loss was injected and counted.
@@ -233,9 +243,9 @@ fn remote_write_into_prometheus_and_victoria_metrics_holds_what_the_collector_ac
         "Prometheus and VictoriaMetrics differ: {differ:?}; series only in VictoriaMetrics {only_vm:?}"
     );
 
-    // Labels, timestamps, newest values.
+    // Labels, timestamps, and the values /metrics served before the agents stopped.
     let mut exposed = BTreeMap::new();
-    for x in s
+    for x in serving
         .samples
         .iter()
         .filter(|x| x.label("agent").is_some_and(|a| a.starts_with("rw-")))
@@ -258,10 +268,11 @@ fn remote_write_into_prometheus_and_victoria_metrics_holds_what_the_collector_ac
             "{labels:?}: a timestamp outside the run [{t0}, {t1}]: {series:?}"
         );
         if let Some(v) = exposed.get(labels) {
-            let newest = series.last().map(|x| x.1).unwrap_or(f64::NAN);
             assert!(
-                newest == *v || (newest.is_nan() && v.is_nan()),
-                "{labels:?}: newest sample {newest} in the receiver, {v} on the collector's /metrics"
+                series
+                    .iter()
+                    .any(|x| x.1 == *v || (x.1.is_nan() && v.is_nan())),
+                "{labels:?}: {v} on the collector's /metrics is not among the receiver's samples"
             );
             compared += 1;
         }

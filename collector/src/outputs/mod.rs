@@ -121,7 +121,8 @@ impl Delivery for Outputs {
             self.remote_write
                 .push(agent, instance, frame_timestamp_ns, batch);
         }
-        self.store.ingest_views(agent, instance, batch, now)
+        self.store
+            .ingest_views_at(agent, instance, batch, frame_timestamp_ns, now)
     }
 
     fn samples(
@@ -151,7 +152,12 @@ impl Delivery for Outputs {
                 for (reason, _) in stored.rejected {
                     out.reject_n(reason, weight);
                 }
-                derived.extend(o.rate);
+                // The rate over the last second up to the latest sample: stamped with its time.
+                let at = o.latest.timestamp_ms;
+                derived.extend(o.rate.map(|mut r| {
+                    r.timestamp_ms = at;
+                    r
+                }));
             }
         }
         // Derived series are not records: one the store refuses (its series cap) is
