@@ -628,3 +628,87 @@ fn remote_written_series_stay_continuous_when_the_agent_moves() {
         }
     }
 }
+
+/// Lines of `log` that contain `what` (ANSI colours stripped).
+fn log_count(log: &str, what: &str) -> usize {
+    uctel_tests::pipeline::strip_ansi(log)
+        .lines()
+        .filter(|l| l.contains(what))
+        .count()
+}
+
+/// A collector frozen with SIGSTOP still completes TCP handshakes (the kernel does), but
+/// its process answers no `Probe`: the agent stays where it moved while its first choice is
+/// frozen, and goes back only after SIGCONT and `return_after_seconds` of answered probes.
+#[test]
+fn a_frozen_collector_is_not_returned_to_until_it_runs_again() {
+    let _guard = uctel_tests::exclusive();
+    let mut pool = CollectorPool::start(2, |_| {});
+    let members = pool.control_addrs();
+    let id = "frozen-home";
+    let home = first_choice(id, &members);
+    let h = members.iter().position(|m| *m == home).unwrap_or(0);
+    let a = pool.add_agent(id, pool_agent_settings);
+    assert_eq!(wait_placed(&pool, Duration::from_secs(30))[a], home);
+    pool.members[h].daemon.signal(Signal::SIGSTOP);
+    let frozen_at = Instant::now();
+    let away = uctel_tests::wait_for(
+        "the agent moved off the frozen collector",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || match pool.current(a) {
+            Some(c) if c != home => Ok(c),
+            other => Err(format!("at {other:?}")),
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", pool.agents[a].daemon.log_tail(30)));
+    println!("moved to {away} {:?} after SIGSTOP", frozen_at.elapsed());
+    // Frozen for four times `return_after` more: probes every 0.5 s all fail.
+    let hold = Instant::now();
+    while hold.elapsed() < Duration::from_secs_f64(4.0 * RETURN_AFTER_SECONDS) {
+        let at = pool.current(a);
+        assert!(
+            at.is_none_or(|c| c == away),
+            "went back to the frozen collector: at {at:?}\n{}",
+            pool.agents[a].daemon.log_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let log = pool.agents[a].daemon.log();
+    assert_eq!(
+        log_count(&log, "is healthy again; moving back to it"),
+        0,
+        "tried to move back to the frozen collector\n{}",
+        pool.agents[a].daemon.log_tail(30)
+    );
+    pool.members[h].daemon.signal(Signal::SIGCONT);
+    let resumed = Instant::now();
+    uctel_tests::wait_for(
+        "the agent back home after SIGCONT",
+        Duration::from_secs_f64(RETURN_AFTER_SECONDS + 15.0),
+        Duration::from_millis(200),
+        || match pool.current(a) {
+            Some(c) if c == home => Ok(()),
+            other => Err(format!("at {other:?}")),
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", pool.agents[a].daemon.log_tail(30)));
+    let back = resumed.elapsed();
+    println!("back home {back:?} after SIGCONT");
+    assert!(
+        back >= Duration::from_secs_f64(RETURN_AFTER_SECONDS),
+        "returned before return_after: {back:?}"
+    );
+    let log = pool.agents[a].daemon.log();
+    assert_eq!(log_count(&log, "is healthy again; moving back to it"), 1);
+    let s = uctel_tests::exposition::scrape(pool.members[h].addrs.metrics)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        s.count("uctel_collector_probes_total", &[("result", "accepting")]) >= 1,
+        "probes answered by the resumed collector"
+    );
+    assert!(pool.agents[a]
+        .daemon
+        .stop(Duration::from_secs(20))
+        .success());
+}
