@@ -301,14 +301,20 @@ async fn connection(
         shared.config.control.handshake_timeout_seconds,
         Duration::from_secs(5),
     );
-    if let Ok(Ok(0)) = tokio::time::timeout(probe_wait, stream.peek(&mut [0u8; 1])).await {
+    let first = tokio::time::timeout(probe_wait, stream.peek(&mut [0u8; 1])).await;
+    if let Ok(Ok(0)) = first {
         shared.telemetry.control_probe();
         tracing::debug!(%peer, "control probe");
         let _ = tokio::io::AsyncWriteExt::shutdown(&mut stream).await;
         return;
     }
-    // A `Probe` is answered by this process at once, whatever the state.
-    if let Some((nonce, consumed)) = peeked_probe(&stream).await {
+    // A `Probe` is answered by this process at once, whatever the state (its bytes are
+    // there already: the peek above returned them).
+    let probe = match first {
+        Ok(Ok(_)) => peeked_probe(&stream).await,
+        _ => None,
+    };
+    if let Some((nonce, consumed)) = probe {
         let _ = tokio::io::AsyncReadExt::read_exact(&mut stream, &mut vec![0u8; consumed]).await;
         let reason = at_once
             .as_ref()
