@@ -712,3 +712,155 @@ fn a_frozen_collector_is_not_returned_to_until_it_runs_again() {
         .stop(Duration::from_secs(20))
         .success());
 }
+
+/// `uctel_collector_remote_write_<name>` of collector `m`, summed over its labels that
+/// match `matchers`.
+fn rw_count(pool: &CollectorPool, m: usize, name: &str, matchers: &[(&str, &str)]) -> u64 {
+    let s = uctel_tests::exposition::scrape(pool.members[m].addrs.metrics)
+        .unwrap_or_else(|e| panic!("{e}"));
+    s.count(&format!("uctel_collector_remote_write_{name}"), matchers)
+}
+
+/// Two collectors write one series only one after the other: agent `a`'s first choice is
+/// frozen 20 s (SIGSTOP) so `a` moves to the second collector, which writes `a`'s newer
+/// samples; when the first runs again it holds `a`'s older ones. It drops them
+/// (`agent_moved`) instead of sending them into Prometheus' out-of-order refusal, so no
+/// request fails, agent `b` (on the second collector throughout) loses nothing, and every
+/// sample of `a` is either in Prometheus or counted.
+#[test]
+fn a_collector_resumed_after_its_agents_moved_sends_nothing_the_receiver_refuses() {
+    let _guard = uctel_tests::exclusive();
+    let receivers = tempfile::Builder::new()
+        .prefix("uctel-pool-freeze-")
+        .tempdir()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let prom = uctel_tests::prometheus::Prometheus::receiver(receivers.path());
+    let url = prom.write_url();
+    let mut pool = CollectorPool::start(2, |y| {
+        let mut endpoint = serde_yaml::Mapping::new();
+        endpoint.insert("url".into(), url.clone().into());
+        endpoint.insert("batch_send_deadline_seconds".into(), 0.2.into());
+        y.set(
+            "outputs.remote_write",
+            serde_yaml::Value::Sequence(vec![serde_yaml::Value::Mapping(endpoint)]),
+        );
+    });
+    let members = pool.control_addrs();
+    let pick = |home: SocketAddr, prefix: &str| {
+        (0..)
+            .map(|k| format!("{prefix}-{k}"))
+            .find(|id| first_choice(id, &members) == home)
+            .unwrap_or_default()
+    };
+    let (id_a, id_b) = (pick(members[0], "moved"), pick(members[1], "stayed"));
+    let a = pool.add_agent(&id_a, pool_agent_settings);
+    let b = pool.add_agent(&id_b, pool_agent_settings);
+    assert_eq!(
+        wait_placed(&pool, Duration::from_secs(30)),
+        vec![members[0], members[1]]
+    );
+    std::thread::sleep(Duration::from_secs(6));
+    pool.members[0].daemon.signal(Signal::SIGSTOP);
+    let frozen_at = Instant::now();
+    uctel_tests::wait_for(
+        "a moved off the frozen collector",
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        || match pool.current(a) {
+            Some(c) if c == members[1] => Ok(()),
+            other => Err(format!("at {other:?}")),
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", pool.agents[a].daemon.log_tail(30)));
+    std::thread::sleep(Duration::from_secs(20).saturating_sub(frozen_at.elapsed()));
+    pool.members[0].daemon.signal(Signal::SIGCONT);
+    // `a` goes home after `return_after`, and writes through the first collector again.
+    uctel_tests::wait_for(
+        "a back home",
+        Duration::from_secs_f64(RETURN_AFTER_SECONDS + 15.0),
+        Duration::from_millis(200),
+        || match pool.current(a) {
+            Some(c) if c == members[0] => Ok(()),
+            other => Err(format!("at {other:?}")),
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", pool.agents[a].daemon.log_tail(30)));
+    std::thread::sleep(Duration::from_secs(6));
+    for i in [a, b] {
+        assert!(pool.agents[i]
+            .daemon
+            .stop(Duration::from_secs(20))
+            .success());
+    }
+    std::thread::sleep(Duration::from_secs(3));
+
+    for m in 0..2 {
+        let failed = rw_count(&pool, m, "samples_failed_total", &[]);
+        let sent = rw_count(&pool, m, "samples_total", &[]);
+        let dropped = rw_count(&pool, m, "samples_dropped_total", &[]);
+        let moved = rw_count(
+            &pool,
+            m,
+            "samples_dropped_total",
+            &[("reason", "agent_moved")],
+        );
+        let pending = rw_count(&pool, m, "samples_pending", &[]);
+        let samples_in = rw_count(&pool, m, "samples_in_total", &[]);
+        println!(
+            "collector {m}: in {samples_in}, sent {sent}, dropped {dropped} (agent_moved {moved}), failed {failed}, pending {pending}"
+        );
+        assert_eq!(
+            failed,
+            0,
+            "collector {m}: remote-write samples refused\n{}",
+            pool.members[m].daemon.log_tail(30)
+        );
+        assert_eq!(samples_in, sent + dropped + pending, "collector {m}");
+        if m == 0 {
+            assert!(moved > 0, "the resumed collector dropped a's held samples");
+            assert_eq!(
+                log_count(
+                    &pool.members[0].daemon.log(),
+                    "did not run for longer than its dead-peer time"
+                ),
+                1,
+                "logged once"
+            );
+        } else {
+            assert_eq!(
+                moved, 0,
+                "the collector that ran throughout dropped nothing"
+            );
+        }
+    }
+    // b: every 2 s, no gap across the freeze.
+    let sel = |id: &str| format!(r#"node_load1{{agent="{id}"}}"#);
+    let held = prom
+        .raw_samples(&sel(&id_b))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(held.len(), 1, "one series of b: {:?}", held.keys());
+    let samples = held.values().next().map(Vec::as_slice).unwrap_or_default();
+    let longest = samples
+        .windows(2)
+        .map(|w| w[1].0 - w[0].0)
+        .max()
+        .unwrap_or(0);
+    println!("b: {} samples, longest gap {longest} ms", samples.len());
+    assert!(
+        samples.len() >= 15 && longest <= 4_000,
+        "b lost samples: gap {longest} ms"
+    );
+    // a: one series in Prometheus, written by both collectors, before and after the freeze.
+    let held = prom
+        .raw_samples(&sel(&id_a))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(held.len(), 1, "one series of a: {:?}", held.keys());
+    let samples = held.values().next().map(Vec::as_slice).unwrap_or_default();
+    let longest = samples
+        .windows(2)
+        .map(|w| w[1].0 - w[0].0)
+        .max()
+        .unwrap_or(0);
+    println!("a: {} samples, longest gap {longest} ms", samples.len());
+    assert!(samples.len() >= 10, "a: {} samples", samples.len());
+}
