@@ -1,7 +1,10 @@
 //! A collector pool through the real binaries on loopback: rendezvous spread, failover on
 //! SIGKILL, return after a restart, drain on SIGUSR1, refusal when full, a pool named by one
 //! host name, and a pool where every collector is down; with the loss accounting checked
-//! per agent, stream and epoch across every collector an agent visited.
+//! per agent, stream and epoch across every collector an agent visited. A collector frozen
+//! with SIGSTOP (its kernel still accepts connections) is not returned to until it runs
+//! again, and once it runs again it writes nothing to Prometheus that the collector its
+//! agent moved to has overtaken.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
