@@ -339,6 +339,10 @@ fn a_full_collector_refuses_and_the_agent_moves_on() {
         ) >= 1,
         "busy refusals counted"
     );
+    assert!(
+        s.count("uctel_collector_probes_total", &[("result", "refusing")]) >= 1,
+        "probes answered not accepting"
+    );
     for a in &mut pool.agents {
         assert!(a.daemon.stop(Duration::from_secs(20)).success());
     }
