@@ -22,8 +22,14 @@
 //!
 //! **Returning.** While connected to a member that is not its first choice, the agent probes
 //! the members ranked above it every `collector.probe_interval_seconds`: a TCP connection
-//! that sends nothing, kept open [`PROBE_LISTEN`] to hear a `Refuse` (a full or draining
-//! collector answers at once), then closed (the collector counts it as a probe). A member
+//! whose only message is `Probe{nonce}` (a random `u64`). The collector's control listener
+//! answers `ProbeAnswer{nonce, accepting, reason}` at once and closes (it counts it in
+//! `uctel_collector_probes_total{result}`). The probe passes only with an answer carrying
+//! the same nonce and `accepting: true` within [`PROBE_ANSWER_WAIT`]: a full or draining
+//! collector answers `accepting: false`, and a collector whose process does not run
+//! (`SIGSTOP`, wedged) answers nothing although its kernel still completes the TCP
+//! handshake, so it fails. A collector older than `Probe` answers `Refuse{protocol_error}`:
+//! its process answered, so that passes (any other `Refuse` fails). A member
 //! that has answered every probe for `collector.return_after_seconds` is healthy again; the
 //! agent ends its epoch cleanly (its last frames, `Goodbye`) and moves back. One failed probe
 //! restarts the clock, so a flapping collector does not pull agents back and forth.
@@ -155,8 +161,8 @@ pub(crate) fn default_probe_interval() -> f64 {
     5.0
 }
 
-/// How long a probe listens for the collector's at-once `Refuse` before it closes.
-pub const PROBE_LISTEN: Duration = Duration::from_millis(200);
+/// How long a probe waits, once connected, for the collector's `ProbeAnswer`.
+pub const PROBE_ANSWER_WAIT: Duration = Duration::from_secs(1);
 
 /// Why the agent moved to another collector (`uctel_agent_collector_switches_total{reason}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -428,21 +434,47 @@ pub async fn resolve(targets: &[String]) -> (Vec<SocketAddr>, Vec<(String, Strin
     (addrs, errors)
 }
 
-/// Probes `addr` (module docs): connects within `timeout`, listens [`PROBE_LISTEN`] for a
-/// `Refuse`, and closes. True when the collector accepted and did not refuse.
+/// Probes `addr` (module docs): connects within `timeout`, sends `Probe{nonce}`, waits
+/// [`PROBE_ANSWER_WAIT`] for the answer, and closes. True only when the collector's process
+/// answered with the same nonce and `accepting: true` (or, being older than `Probe`, with
+/// `Refuse{protocol_error}`).
 pub async fn probe(addr: SocketAddr, timeout: Duration) -> bool {
-    use tokio::io::AsyncReadExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use uctel_protocol::control::{self as wire, Body, RefuseReason};
     let Ok(Ok(mut stream)) =
         tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await
     else {
         return false;
     };
-    let mut byte = [0u8; 1];
-    // Any byte is the start of a `Refuse` (the collector says nothing else first); a close
-    // is a collector that is going away. Silence is health.
-    tokio::time::timeout(PROBE_LISTEN, stream.read(&mut byte))
-        .await
-        .is_err()
+    let _ = stream.set_nodelay(true);
+    let nonce: u64 = rand::random();
+    let mut frame = Vec::new();
+    if wire::encode_message(&wire::Probe { nonce }.into(), &mut frame).is_err() {
+        return false;
+    }
+    let answer = async {
+        stream.write_all(&frame).await.ok()?;
+        let mut decoder = wire::ControlDecoder::new();
+        let mut buf = [0u8; 512];
+        loop {
+            if let Some(m) = decoder.next_message().ok()? {
+                return Some(m);
+            }
+            let n = stream.read(&mut buf).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            decoder.push(&buf[..n]);
+        }
+    };
+    match tokio::time::timeout(PROBE_ANSWER_WAIT, answer).await {
+        Ok(Some(m)) => match m.body {
+            Some(Body::ProbeAnswer(a)) => a.nonce == nonce && a.accepting,
+            Some(Body::Refuse(r)) => r.reason == RefuseReason::ProtocolError as i32,
+            _ => false,
+        },
+        _ => false,
+    }
 }
 
 /// While connected to `current`: re-resolves the pool's names when due (every
@@ -563,32 +595,91 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn probe_tells_a_silent_listener_from_a_refusing_or_absent_one() {
-        use tokio::io::AsyncWriteExt;
-        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let silent_addr = silent.local_addr().unwrap();
-        let keep = tokio::spawn(async move {
-            let mut held = Vec::new();
-            while let Ok((s, _)) = silent.accept().await {
-                held.push(s);
-            }
-        });
-        assert!(probe(silent_addr, Duration::from_secs(1)).await);
-        let refusing = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let refusing_addr = refusing.local_addr().unwrap();
+    /// A listener that answers each connection's first `Probe` with `answer(nonce)`.
+    async fn answering(
+        answer: impl Fn(u64) -> Option<uctel_protocol::control::ControlMessage> + Send + 'static,
+    ) -> SocketAddr {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use uctel_protocol::control::{self as wire, Body};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = l.local_addr().unwrap();
         tokio::spawn(async move {
-            while let Ok((mut s, _)) = refusing.accept().await {
-                let _ = s.write_all(&[0, 0, 0, 2, 0x2a, 0]).await;
+            while let Ok((mut s, _)) = l.accept().await {
+                let mut d = wire::ControlDecoder::new();
+                let mut buf = [0u8; 256];
+                let nonce = loop {
+                    if let Ok(Some(m)) = d.next_message() {
+                        match m.body {
+                            Some(Body::Probe(p)) => break p.nonce,
+                            _ => panic!("not a probe: {m:?}"),
+                        }
+                    }
+                    let n = s.read(&mut buf).await.unwrap();
+                    assert!(n > 0, "closed before its Probe");
+                    d.push(&buf[..n]);
+                };
+                if let Some(m) = answer(nonce) {
+                    let mut out = Vec::new();
+                    wire::encode_message(&m, &mut out).unwrap();
+                    s.write_all(&out).await.unwrap();
+                }
+                tokio::time::sleep(Duration::from_secs(3)).await;
             }
         });
-        assert!(!probe(refusing_addr, Duration::from_secs(1)).await);
+        at
+    }
+
+    #[tokio::test]
+    async fn probe_passes_only_on_the_collectors_own_accepting_answer() {
+        use uctel_protocol::control::{ProbeAnswer, Refuse, RefuseReason};
+        let answer = |nonce, accepting, reason: RefuseReason| ProbeAnswer {
+            nonce,
+            accepting,
+            reason: reason as i32,
+        };
+        let t = Duration::from_secs(1);
+        // Accepting, with the probe's nonce.
+        let ok = answering(move |n| Some(answer(n, true, RefuseReason::Unspecified).into())).await;
+        assert!(probe(ok, t).await);
+        // Draining or full: the process answers, but not accepting.
+        let draining =
+            answering(move |n| Some(answer(n, false, RefuseReason::Draining).into())).await;
+        assert!(!probe(draining, t).await);
+        // An answer to another probe.
+        let stale =
+            answering(move |n| Some(answer(n ^ 1, true, RefuseReason::Unspecified).into())).await;
+        assert!(!probe(stale, t).await);
+        // Accepted by the kernel, never answered (a stopped process): down.
+        let silent = answering(|_| None).await;
+        assert!(!probe(silent, t).await);
+        // A collector older than `Probe` answers `Refuse{protocol_error}`: alive.
+        let older = answering(|_| {
+            Some(
+                Refuse {
+                    reason: RefuseReason::ProtocolError as i32,
+                    detail: String::new(),
+                }
+                .into(),
+            )
+        })
+        .await;
+        assert!(probe(older, t).await);
+        let busy = answering(|_| {
+            Some(
+                Refuse {
+                    reason: RefuseReason::Busy as i32,
+                    detail: String::new(),
+                }
+                .into(),
+            )
+        })
+        .await;
+        assert!(!probe(busy, t).await);
         let gone = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap()
         };
-        assert!(!probe(gone, Duration::from_secs(1)).await);
-        keep.abort();
+        assert!(!probe(gone, t).await);
     }
 
     #[tokio::test]

@@ -178,9 +178,16 @@ impl Queues {
     }
 }
 
-/// Offers `records` to `queue`, counting what does not fit as `source_overflow` (and, on the
-/// metrics stream, every record offered in `records_collected_total`).
-fn offer<T>(queue: &RecordQueue<T>, records: Vec<T>, stream: Stream, stats: &SelfMetrics) -> u64 {
+/// Offers `records` to `queue`, stamped with their collection time where they carry none,
+/// counting what does not fit as `source_overflow` (and, on the metrics stream, every
+/// record offered in `records_collected_total`).
+fn offer(
+    queue: &RecordQueue<Metric>,
+    mut records: Vec<Metric>,
+    stream: Stream,
+    stats: &SelfMetrics,
+) -> u64 {
+    stamp_collected(&mut records, pump_unix_ms());
     let n = records.len() as u64;
     if stream == Stream::Metrics {
         stats.metrics_collected(n);
@@ -533,6 +540,23 @@ fn offer_samples(
         stats.dropped(Stream::FastCounters, DropReason::SourceOverflow, 0, lost);
     }
     stats.set_queue_records(Stream::FastCounters, queue.len());
+}
+
+/// Stamps every record without its own timestamp (`timestamp_ms == 0`, "the frame's
+/// timestamp") with `unix_ms`, the time of its collection. A record may wait in its queue
+/// (no credit, a reconnect, a move to another collector of the pool) and is framed only
+/// then; the frame's timestamp is the framing time, so without this stamp a collection held
+/// across a move would reach Prometheus seconds after it was taken, or behind a newer one.
+/// Records that carry a timestamp (a scraped target's own) keep it.
+pub fn stamp_collected(records: &mut [Metric], unix_ms: i64) {
+    for m in records.iter_mut().filter(|m| m.timestamp_ms == 0) {
+        m.timestamp_ms = unix_ms;
+    }
+}
+
+/// Milliseconds since the Unix epoch, now.
+fn pump_unix_ms() -> i64 {
+    i64::try_from(pump_unix_us() / 1_000).unwrap_or(i64::MAX)
 }
 
 /// Microseconds since the Unix epoch, now.
@@ -1037,5 +1061,51 @@ mod tests {
             ..e("/var/log/a*.log")
         };
         assert!(!log_source_config(&off, 2048, Some(d)).detect_severity);
+    }
+
+    #[test]
+    fn a_collection_held_across_a_reconnect_keeps_its_collection_time() {
+        use uctel_protocol::frame::{decode_frame, Payload};
+        use uctel_protocol::framer::Framer;
+        use uctel_protocol::limits::Limits;
+        use uctel_protocol::payload::MetricType;
+        let collected_ms: i64 = 1_700_000_000_000;
+        let m = |name: &str, kind: MetricType, timestamp_ms: i64| Metric {
+            name: name.into(),
+            r#type: kind as i32,
+            value: 1.0,
+            timestamp_ms,
+            ..Default::default()
+        };
+        // As the host source collects them (no timestamp: "the frame's"), and a scraped
+        // target's own.
+        let mut held = vec![
+            m("node_load1", MetricType::Gauge, 0),
+            m("node_boot_total", MetricType::Counter, 0),
+            m("scraped", MetricType::Gauge, 1_600_000_000_000),
+        ];
+        stamp_collected(&mut held, collected_ms);
+        // Framed 4 s later by the framer of a new connection (new epoch, sequences from 0).
+        let framed_ns = (collected_ms as u64 + 4_000) * 1_000_000;
+        let mut framer = Framer::<Metric>::new(0, 0, Limits::default()).unwrap();
+        let packed = framer.pack(&held, framed_ns);
+        let mut stamps = Vec::new();
+        for f in packed.frames {
+            let bytes = f.into_stamped(2, 0);
+            let d = decode_frame(&bytes, &Limits::default()).unwrap();
+            let Payload::Metrics(batch) = d.payload else {
+                panic!("kind")
+            };
+            // The collector's rule: the sample's own timestamp, else the frame's.
+            let frame_ms = i64::try_from(d.header.timestamp_ns / 1_000_000).unwrap();
+            stamps.extend(batch.metrics.iter().map(|m| {
+                if m.timestamp_ms != 0 {
+                    m.timestamp_ms
+                } else {
+                    frame_ms
+                }
+            }));
+        }
+        assert_eq!(stamps, vec![collected_ms, collected_ms, 1_600_000_000_000]);
     }
 }

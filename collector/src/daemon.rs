@@ -264,11 +264,19 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
     let metrics_addr = local(&metrics_listener, "listen.metrics", config.listen.metrics)?;
     let control_addr = local(&control_listener, "listen.control", config.listen.control)?;
     let (trigger, sd) = shutdown::channel();
-    let remote_write = crate::outputs::remote_write::start(
+    // The control plane's dead-peer time: a stall of this process longer than it means
+    // its agents moved (remote-write `stall` module).
+    let dead_peer = Duration::try_from_secs_f64(
+        config.control.heartbeat_interval_seconds
+            * f64::from(config.control.dead_after_missed_heartbeats),
+    )
+    .unwrap_or(Duration::MAX);
+    let remote_write = crate::outputs::remote_write::start_with_dead_peer(
         &config.outputs.remote_write,
         telemetry.registry(),
         config.staleness_seconds.duration(),
         config.series_cap_per_agent.0,
+        dead_peer,
         &sd,
     )
     .map_err(RunError::Output)?;

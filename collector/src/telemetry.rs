@@ -277,6 +277,7 @@ struct Families {
     connection_frames_lost: IntCounterVec,
     agents_connected: IntGauge,
     control_probes: prometheus::IntCounter,
+    probes: IntCounterVec,
     draining: IntGauge,
     ring_slots_in_use: IntGaugeVec,
     qp_errors: IntCounterVec,
@@ -422,6 +423,14 @@ impl Telemetry {
             "Control connections closed before their first byte: health probes of agents connected to another collector of the pool.",
         ))?;
         registry.register(Box::new(control_probes.clone()))?;
+        let probes = IntCounterVec::new(
+            opts(
+                "probes_total",
+                "Probe messages answered by this collector's control listener: result=accepting (a Hello now would be taken) or refusing (draining or at control.max_agents).",
+            ),
+            &["result"],
+        )?;
+        registry.register(Box::new(probes.clone()))?;
         let draining = IntGauge::with_opts(opts(
             "draining",
             "1 while the collector drains (SIGUSR1 or POST /-/drain): new agents are refused, connected agents are told to move.",
@@ -528,6 +537,7 @@ impl Telemetry {
                 connection_frames_lost,
                 agents_connected,
                 control_probes,
+                probes,
                 draining,
                 ring_slots_in_use,
                 qp_errors,
@@ -647,6 +657,13 @@ impl Telemetry {
     /// Counts a control probe (a connection closed before its first byte).
     pub fn control_probe(&self) {
         self.inner.control_probes.inc();
+    }
+
+    /// Counts a `Probe` answered with a `ProbeAnswer`: `uctel_collector_probes_total{result}`,
+    /// `result` = `accepting` or `refusing`.
+    pub fn probe_answered(&self, accepting: bool) {
+        let result = if accepting { "accepting" } else { "refusing" };
+        self.inner.probes.with_label_values(&[result]).inc();
     }
 
     /// Sets `uctel_collector_draining`.

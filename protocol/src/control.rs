@@ -642,11 +642,39 @@ pub struct Goodbye {
     pub rc_final_conn_seq: Option<u64>,
 }
 
+/// Agent → collector, as the first and only message of a probe connection (an agent
+/// connected elsewhere asking whether this collector's process is alive and would take it).
+/// The collector answers one [`ProbeAnswer`] with the same nonce at once and closes. A
+/// collector older than this message reads it as an envelope without a body and answers
+/// `Refuse{protocol_error}`: an answer all the same, so the agent takes it as alive.
+#[derive(Clone, PartialEq, Eq, prost::Message)]
+pub struct Probe {
+    /// Random per probe; echoed in the [`ProbeAnswer`], so a stale or foreign answer does
+    /// not count.
+    #[prost(uint64, tag = "1")]
+    pub nonce: u64,
+}
+
+/// Collector → agent: the answer to a [`Probe`]; the collector closes after sending it.
+#[derive(Clone, PartialEq, Eq, prost::Message)]
+pub struct ProbeAnswer {
+    /// The probe's nonce.
+    #[prost(uint64, tag = "1")]
+    pub nonce: u64,
+    /// Whether a `Hello` now would be taken: false while draining or at `max_agents`.
+    #[prost(bool, tag = "2")]
+    pub accepting: bool,
+    /// Why not, when not accepting ([`RefuseReason`] the `Hello` would get); `Unspecified`
+    /// when accepting.
+    #[prost(enumeration = "RefuseReason", tag = "3")]
+    pub reason: i32,
+}
+
 /// The envelope: every control-channel frame carries exactly one of these.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ControlMessage {
     /// The message; `None` fails validation.
-    #[prost(oneof = "Body", tags = "1, 2, 3, 4, 5, 6, 7, 8")]
+    #[prost(oneof = "Body", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10")]
     pub body: Option<Body>,
 }
 
@@ -677,6 +705,12 @@ pub enum Body {
     /// Either direction.
     #[prost(message, tag = "8")]
     Goodbye(Goodbye),
+    /// Agent → collector, alone on a probe connection.
+    #[prost(message, tag = "9")]
+    Probe(Probe),
+    /// Collector → agent, the answer to a [`Probe`].
+    #[prost(message, tag = "10")]
+    ProbeAnswer(ProbeAnswer),
 }
 
 impl Body {
@@ -691,6 +725,8 @@ impl Body {
             Body::Heartbeat(_) => "Heartbeat",
             Body::Report(_) => "Report",
             Body::Goodbye(_) => "Goodbye",
+            Body::Probe(_) => "Probe",
+            Body::ProbeAnswer(_) => "ProbeAnswer",
         }
     }
 }
@@ -705,6 +741,7 @@ macro_rules! into_envelope {
     )*};
 }
 into_envelope!(Hello, Challenge, Proof, Welcome, Refuse, Heartbeat, Report, Goodbye);
+into_envelope!(Probe, ProbeAnswer);
 
 // ---------------------------------------------------------------------------------------------
 // Validation
@@ -1069,6 +1106,7 @@ impl ControlMessage {
                 })
             }
             Body::Goodbye(m) => check_len("Goodbye", "detail", &m.detail, 0, MAX_DETAIL_BYTES),
+            Body::Probe(_) | Body::ProbeAnswer(_) => Ok(()),
         }
     }
 }

@@ -1,7 +1,10 @@
 //! A collector pool through the real binaries on loopback: rendezvous spread, failover on
 //! SIGKILL, return after a restart, drain on SIGUSR1, refusal when full, a pool named by one
 //! host name, and a pool where every collector is down; with the loss accounting checked
-//! per agent, stream and epoch across every collector an agent visited.
+//! per agent, stream and epoch across every collector an agent visited. A collector frozen
+//! with SIGSTOP (its kernel still accepts connections) is not returned to until it runs
+//! again, and once it runs again it writes nothing to Prometheus that the collector its
+//! agent moved to has overtaken.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -336,6 +339,10 @@ fn a_full_collector_refuses_and_the_agent_moves_on() {
         ) >= 1,
         "busy refusals counted"
     );
+    assert!(
+        s.count("uctel_collector_probes_total", &[("result", "refusing")]) >= 1,
+        "probes answered not accepting"
+    );
     for a in &mut pool.agents {
         assert!(a.daemon.stop(Duration::from_secs(20)).success());
     }
@@ -632,4 +639,240 @@ fn remote_written_series_stay_continuous_when_the_agent_moves() {
             );
         }
     }
+}
+
+/// Lines of `log` that contain `what` (ANSI colours stripped).
+fn log_count(log: &str, what: &str) -> usize {
+    uctel_tests::pipeline::strip_ansi(log)
+        .lines()
+        .filter(|l| l.contains(what))
+        .count()
+}
+
+/// A collector frozen with SIGSTOP still completes TCP handshakes (the kernel does), but
+/// its process answers no `Probe`: the agent stays where it moved while its first choice is
+/// frozen, and goes back only after SIGCONT and `return_after_seconds` of answered probes.
+#[test]
+fn a_frozen_collector_is_not_returned_to_until_it_runs_again() {
+    let _guard = uctel_tests::exclusive();
+    let mut pool = CollectorPool::start(2, |_| {});
+    let members = pool.control_addrs();
+    let id = "frozen-home";
+    let home = first_choice(id, &members);
+    let h = members.iter().position(|m| *m == home).unwrap_or(0);
+    let a = pool.add_agent(id, pool_agent_settings);
+    assert_eq!(wait_placed(&pool, Duration::from_secs(30))[a], home);
+    pool.members[h].daemon.signal(Signal::SIGSTOP);
+    let frozen_at = Instant::now();
+    let away = uctel_tests::wait_for(
+        "the agent moved off the frozen collector",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || match pool.current(a) {
+            Some(c) if c != home => Ok(c),
+            other => Err(format!("at {other:?}")),
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", pool.agents[a].daemon.log_tail(30)));
+    println!("moved to {away} {:?} after SIGSTOP", frozen_at.elapsed());
+    // Frozen for four times `return_after` more: probes every 0.5 s all fail.
+    let hold = Instant::now();
+    while hold.elapsed() < Duration::from_secs_f64(4.0 * RETURN_AFTER_SECONDS) {
+        let at = pool.current(a);
+        assert!(
+            at.is_none_or(|c| c == away),
+            "went back to the frozen collector: at {at:?}\n{}",
+            pool.agents[a].daemon.log_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let log = pool.agents[a].daemon.log();
+    assert_eq!(
+        log_count(&log, "is healthy again; moving back to it"),
+        0,
+        "tried to move back to the frozen collector\n{}",
+        pool.agents[a].daemon.log_tail(30)
+    );
+    pool.members[h].daemon.signal(Signal::SIGCONT);
+    let resumed = Instant::now();
+    uctel_tests::wait_for(
+        "the agent back home after SIGCONT",
+        Duration::from_secs_f64(RETURN_AFTER_SECONDS + 15.0),
+        Duration::from_millis(200),
+        || match pool.current(a) {
+            Some(c) if c == home => Ok(()),
+            other => Err(format!("at {other:?}")),
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", pool.agents[a].daemon.log_tail(30)));
+    let back = resumed.elapsed();
+    println!("back home {back:?} after SIGCONT");
+    assert!(
+        back >= Duration::from_secs_f64(RETURN_AFTER_SECONDS),
+        "returned before return_after: {back:?}"
+    );
+    let log = pool.agents[a].daemon.log();
+    assert_eq!(log_count(&log, "is healthy again; moving back to it"), 1);
+    let s = uctel_tests::exposition::scrape(pool.members[h].addrs.metrics)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        s.count("uctel_collector_probes_total", &[("result", "accepting")]) >= 1,
+        "probes answered by the resumed collector"
+    );
+    assert!(pool.agents[a]
+        .daemon
+        .stop(Duration::from_secs(20))
+        .success());
+}
+
+/// `uctel_collector_remote_write_<name>` of collector `m`, summed over its labels that
+/// match `matchers`.
+fn rw_count(pool: &CollectorPool, m: usize, name: &str, matchers: &[(&str, &str)]) -> u64 {
+    let s = uctel_tests::exposition::scrape(pool.members[m].addrs.metrics)
+        .unwrap_or_else(|e| panic!("{e}"));
+    s.count(&format!("uctel_collector_remote_write_{name}"), matchers)
+}
+
+/// Two collectors write one series only one after the other: agent `a`'s first choice is
+/// frozen 20 s (SIGSTOP) so `a` moves to the second collector, which writes `a`'s newer
+/// samples; when the first runs again it holds `a`'s older ones. It drops them
+/// (`agent_moved`) instead of sending them into Prometheus' out-of-order refusal, so no
+/// request fails, agent `b` (on the second collector throughout) loses nothing, and every
+/// sample of `a` is either in Prometheus or counted.
+#[test]
+fn a_collector_resumed_after_its_agents_moved_sends_nothing_the_receiver_refuses() {
+    let _guard = uctel_tests::exclusive();
+    let receivers = tempfile::Builder::new()
+        .prefix("uctel-pool-freeze-")
+        .tempdir()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let prom = uctel_tests::prometheus::Prometheus::receiver(receivers.path());
+    let url = prom.write_url();
+    let mut pool = CollectorPool::start(2, |y| {
+        let mut endpoint = serde_yaml::Mapping::new();
+        endpoint.insert("url".into(), url.clone().into());
+        endpoint.insert("batch_send_deadline_seconds".into(), 0.2.into());
+        y.set(
+            "outputs.remote_write",
+            serde_yaml::Value::Sequence(vec![serde_yaml::Value::Mapping(endpoint)]),
+        );
+    });
+    let members = pool.control_addrs();
+    let pick = |home: SocketAddr, prefix: &str| {
+        (0..)
+            .map(|k| format!("{prefix}-{k}"))
+            .find(|id| first_choice(id, &members) == home)
+            .unwrap_or_default()
+    };
+    let (id_a, id_b) = (pick(members[0], "moved"), pick(members[1], "stayed"));
+    let a = pool.add_agent(&id_a, pool_agent_settings);
+    let b = pool.add_agent(&id_b, pool_agent_settings);
+    assert_eq!(
+        wait_placed(&pool, Duration::from_secs(30)),
+        vec![members[0], members[1]]
+    );
+    std::thread::sleep(Duration::from_secs(6));
+    pool.members[0].daemon.signal(Signal::SIGSTOP);
+    let frozen_at = Instant::now();
+    uctel_tests::wait_for(
+        "a moved off the frozen collector",
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        || match pool.current(a) {
+            Some(c) if c == members[1] => Ok(()),
+            other => Err(format!("at {other:?}")),
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", pool.agents[a].daemon.log_tail(30)));
+    std::thread::sleep(Duration::from_secs(20).saturating_sub(frozen_at.elapsed()));
+    pool.members[0].daemon.signal(Signal::SIGCONT);
+    // `a` goes home after `return_after`, and writes through the first collector again.
+    uctel_tests::wait_for(
+        "a back home",
+        Duration::from_secs_f64(RETURN_AFTER_SECONDS + 15.0),
+        Duration::from_millis(200),
+        || match pool.current(a) {
+            Some(c) if c == members[0] => Ok(()),
+            other => Err(format!("at {other:?}")),
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", pool.agents[a].daemon.log_tail(30)));
+    std::thread::sleep(Duration::from_secs(6));
+    for i in [a, b] {
+        assert!(pool.agents[i]
+            .daemon
+            .stop(Duration::from_secs(20))
+            .success());
+    }
+    std::thread::sleep(Duration::from_secs(3));
+
+    for m in 0..2 {
+        let failed = rw_count(&pool, m, "samples_failed_total", &[]);
+        let sent = rw_count(&pool, m, "samples_total", &[]);
+        let dropped = rw_count(&pool, m, "samples_dropped_total", &[]);
+        let moved = rw_count(
+            &pool,
+            m,
+            "samples_dropped_total",
+            &[("reason", "agent_moved")],
+        );
+        let pending = rw_count(&pool, m, "samples_pending", &[]);
+        let samples_in = rw_count(&pool, m, "samples_in_total", &[]);
+        println!(
+            "collector {m}: in {samples_in}, sent {sent}, dropped {dropped} (agent_moved {moved}), failed {failed}, pending {pending}"
+        );
+        assert_eq!(
+            failed,
+            0,
+            "collector {m}: remote-write samples refused\n{}",
+            pool.members[m].daemon.log_tail(30)
+        );
+        assert_eq!(samples_in, sent + dropped + pending, "collector {m}");
+        if m == 0 {
+            assert!(moved > 0, "the resumed collector dropped a's held samples");
+            assert_eq!(
+                log_count(
+                    &pool.members[0].daemon.log(),
+                    "did not run for longer than its dead-peer time"
+                ),
+                1,
+                "logged once"
+            );
+        } else {
+            assert_eq!(
+                moved, 0,
+                "the collector that ran throughout dropped nothing"
+            );
+        }
+    }
+    // b: every 2 s, no gap across the freeze.
+    let sel = |id: &str| format!(r#"node_load1{{agent="{id}"}}"#);
+    let held = prom
+        .raw_samples(&sel(&id_b))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(held.len(), 1, "one series of b: {:?}", held.keys());
+    let samples = held.values().next().map(Vec::as_slice).unwrap_or_default();
+    let longest = samples
+        .windows(2)
+        .map(|w| w[1].0 - w[0].0)
+        .max()
+        .unwrap_or(0);
+    println!("b: {} samples, longest gap {longest} ms", samples.len());
+    assert!(
+        samples.len() >= 15 && longest <= 4_000,
+        "b lost samples: gap {longest} ms"
+    );
+    // a: one series in Prometheus, written by both collectors, before and after the freeze.
+    let held = prom
+        .raw_samples(&sel(&id_a))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(held.len(), 1, "one series of a: {:?}", held.keys());
+    let samples = held.values().next().map(Vec::as_slice).unwrap_or_default();
+    let longest = samples
+        .windows(2)
+        .map(|w| w[1].0 - w[0].0)
+        .max()
+        .unwrap_or(0);
+    println!("a: {} samples, longest gap {longest} ms", samples.len());
+    assert!(samples.len() >= 10, "a: {} samples", samples.len());
 }

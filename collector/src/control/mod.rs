@@ -30,10 +30,17 @@
 //! **Pool members.** A collector is usually one of a pool that agents rank by rendezvous
 //! hashing (the agent's `pool` module). Three things serve the pool:
 //!
-//! - `control.max_agents`: with that many agents connected, a new connection is refused at
-//!   once with `busy` (before its `Hello`), and the agent moves on to its next collector.
-//! - **Probes**: an agent connected elsewhere probes the collectors it prefers with a TCP
-//!   connection that sends nothing. One that closes before its first byte is counted in
+//! - `control.max_agents`: with that many agents connected, a new connection is refused
+//!   with `busy` as soon as its first message arrives (before the `Hello` is read), and the
+//!   agent moves on to its next collector.
+//! - **Probes**: an agent connected elsewhere probes the collectors it prefers with a
+//!   connection whose only message is `Probe{nonce}`. This listener answers
+//!   `ProbeAnswer{nonce, accepting, reason}` at once (`accepting` false while draining or at
+//!   `max_agents`, with the refusal a `Hello` would get) and closes; counted in
+//!   `uctel_collector_probes_total{result="accepting"|"refusing"}`. The answer comes from
+//!   this process, not the kernel: a stopped (`SIGSTOP`) or wedged collector whose kernel
+//!   still completes TCP handshakes answers nothing, and the agent reads that as down. A
+//!   connection that closes before its first byte (a TCP-only probe) is counted in
 //!   `uctel_collector_control_probes_total`, not as a refused handshake.
 //! - **Drain** ([`Drain`]; `SIGUSR1`, or `POST /-/drain` with `listen.enable_lifecycle`):
 //!   `uctel_collector_draining` goes to 1, new connections are refused at once with
@@ -289,20 +296,44 @@ async fn connection(
         )),
         (Admit::Open, None) => None,
     };
-    if let Some(r) = at_once {
-        let mut ch = ControlChannel::new(stream);
-        return refuse(&mut ch, &shared, peer, r).await;
-    }
-    // A probe closes before its first byte: counted, not a failed handshake.
+    // A TCP-only probe closes before its first byte: counted, not a failed handshake.
     let probe_wait = seconds_or(
         shared.config.control.handshake_timeout_seconds,
         Duration::from_secs(5),
     );
-    if let Ok(Ok(0)) = tokio::time::timeout(probe_wait, stream.peek(&mut [0u8; 1])).await {
+    let first = tokio::time::timeout(probe_wait, stream.peek(&mut [0u8; 1])).await;
+    if let Ok(Ok(0)) = first {
         shared.telemetry.control_probe();
         tracing::debug!(%peer, "control probe");
         let _ = tokio::io::AsyncWriteExt::shutdown(&mut stream).await;
         return;
+    }
+    // A `Probe` is answered by this process at once, whatever the state (its bytes are
+    // there already: the peek above returned them).
+    let probe = match first {
+        Ok(Ok(_)) => peeked_probe(&stream).await,
+        _ => None,
+    };
+    if let Some((nonce, consumed)) = probe {
+        let _ = tokio::io::AsyncReadExt::read_exact(&mut stream, &mut vec![0u8; consumed]).await;
+        let reason = at_once
+            .as_ref()
+            .map_or(RefuseReason::Unspecified, |r| r.reason);
+        let answer = wire::ProbeAnswer {
+            nonce,
+            accepting: at_once.is_none(),
+            reason: reason as i32,
+        };
+        shared.telemetry.probe_answered(answer.accepting);
+        tracing::debug!(%peer, accepting = answer.accepting, "control probe answered");
+        let mut ch = ControlChannel::new(stream);
+        let _ = send_within(&mut ch, answer, REFUSE_WRITE_BOUND, "").await;
+        ch.shutdown().await;
+        return;
+    }
+    if let Some(r) = at_once {
+        let mut ch = ControlChannel::new(stream);
+        return refuse(&mut ch, &shared, peer, r).await;
     }
     let local_ip = stream
         .local_addr()
@@ -470,10 +501,69 @@ async fn send_within(
 
 /// Counts and logs the refusal `r` of the connection from `peer`, sends its `Refuse`
 /// (bounded) and closes.
+/// Most bytes a `Probe` frame takes on the wire (length prefix + envelope + nonce varint).
+const MAX_PROBE_FRAME_BYTES: usize = 32;
+
+/// When the bytes already received on `stream` (not consumed) are exactly one whole
+/// `Probe` frame: its nonce and its length on the wire. Anything else (a `Hello`, a partial
+/// frame, garbage) is `None` and left for the handshake to read.
+async fn peeked_probe(stream: &TcpStream) -> Option<(u64, usize)> {
+    let mut buf = [0u8; MAX_PROBE_FRAME_BYTES + 1];
+    let n = stream.peek(&mut buf).await.ok()?;
+    probe_frame(&buf[..n])
+}
+
+/// `bytes` as one whole `Probe` frame ([`peeked_probe`]).
+fn probe_frame(bytes: &[u8]) -> Option<(u64, usize)> {
+    let prefix: [u8; wire::LENGTH_PREFIX_BYTES] =
+        bytes.get(..wire::LENGTH_PREFIX_BYTES)?.try_into().ok()?;
+    let len = u32::from_be_bytes(prefix) as usize;
+    let end = wire::LENGTH_PREFIX_BYTES.checked_add(len)?;
+    if end > MAX_PROBE_FRAME_BYTES || bytes.len() != end {
+        return None;
+    }
+    let m =
+        <wire::ControlMessage as prost::Message>::decode(&bytes[wire::LENGTH_PREFIX_BYTES..end])
+            .ok()?;
+    match m.body? {
+        wire::Body::Probe(p) => Some((p.nonce, end)),
+        _ => None,
+    }
+}
+
 async fn refuse(ch: &mut ControlChannel<TcpStream>, shared: &Shared, peer: SocketAddr, r: Refusal) {
     shared
         .telemetry
         .handshake_refused(r.reason, &r.agent, &peer.to_string(), &r.detail);
     let _ = send_within(ch, r.message(), REFUSE_WRITE_BOUND, &r.agent).await;
     ch.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(m: wire::ControlMessage) -> Vec<u8> {
+        let mut out = Vec::new();
+        wire::encode_message(&m, &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn only_one_whole_probe_frame_reads_as_a_probe() {
+        let probe = frame(wire::Probe { nonce: u64::MAX }.into());
+        assert!(probe.len() <= MAX_PROBE_FRAME_BYTES);
+        assert_eq!(probe_frame(&probe), Some((u64::MAX, probe.len())));
+        let small = frame(wire::Probe { nonce: 7 }.into());
+        assert_eq!(probe_frame(&small), Some((7, small.len())));
+        // Cut short, followed by more bytes, another message, garbage: not a probe.
+        assert_eq!(probe_frame(&probe[..probe.len() - 1]), None);
+        let mut two = probe.clone();
+        two.push(0);
+        assert_eq!(probe_frame(&two), None);
+        let goodbye = frame(wire::Goodbye::default().into());
+        assert_eq!(probe_frame(&goodbye), None);
+        assert_eq!(probe_frame(&[0xff; 8]), None);
+        assert_eq!(probe_frame(&[]), None);
+    }
 }

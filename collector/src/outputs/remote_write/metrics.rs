@@ -43,6 +43,9 @@ pub enum Dropped {
     /// A new series of an agent that has `series_cap_per_agent` series already (the
     /// series store's bound, so remote-write memory is bounded the same way).
     SeriesCap,
+    /// Held when the collector stalled longer than its dead-peer time: its agents moved
+    /// and another collector has written their newer samples (`stall` module docs).
+    AgentMoved,
 }
 
 /// Why a request's samples were given up after sending.
@@ -56,12 +59,13 @@ pub enum Failed {
 
 impl Dropped {
     /// Every reason.
-    pub const ALL: [Dropped; 5] = [
+    pub const ALL: [Dropped; 6] = [
         Dropped::OutOfOrder,
         Dropped::Invalid,
         Dropped::QueueFull,
         Dropped::Shutdown,
         Dropped::SeriesCap,
+        Dropped::AgentMoved,
     ];
 
     /// The `reason` label value.
@@ -72,6 +76,7 @@ impl Dropped {
             Dropped::QueueFull => "queue_full",
             Dropped::Shutdown => "shutdown",
             Dropped::SeriesCap => "series_cap",
+            Dropped::AgentMoved => "agent_moved",
         }
     }
 }
@@ -244,7 +249,7 @@ pub struct Counters {
     pub samples_in: IntCounter,
     samples: IntCounter,
     failed: [IntCounter; 2],
-    dropped: [IntCounter; 5],
+    dropped: [IntCounter; 6],
     /// `samples_retried_total`.
     pub retried: IntCounter,
     /// `stale_markers_total`.
@@ -269,7 +274,9 @@ impl Counters {
         match reason {
             // Never queued: counted in `samples_in` without passing `pending`.
             Dropped::OutOfOrder | Dropped::Invalid | Dropped::SeriesCap => {}
-            Dropped::QueueFull | Dropped::Shutdown => self.pending.sub(n as i64),
+            Dropped::QueueFull | Dropped::Shutdown | Dropped::AgentMoved => {
+                self.pending.sub(n as i64);
+            }
         }
     }
 

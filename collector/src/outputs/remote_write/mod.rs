@@ -11,11 +11,28 @@
 //! rules), `sender` (one task per shard: batching, retries, backoff) and [`metrics`]
 //! (`uctel_collector_remote_write_*`). The worker thread only appends to the queues; it
 //! never waits on the network.
+//!
+//! **Two collectors, one series.** Agents of a pool move between collectors, and series
+//! carry no collector label, so two collectors may write the same series. They never write
+//! it at the same time while both run: an agent has one session at a time, and a session
+//! that ends by `Goodbye` (drain, return home, shutdown) ends before the next begins. The
+//! one overlap is a collector that stopped running (`SIGSTOP`, a paused VM) long enough for
+//! its agents to declare it dead and move: when it runs again it still holds their older
+//! samples, which the receiver would refuse as out of order. The rule (`stall` module):
+//! after its own stall longer than the dead-peer time, the collector drops what it holds of
+//! its agents from before it noticed, counted as
+//! `samples_dropped_total{reason="agent_moved"}` and logged once per endpoint. A session
+//! that merely ends without `Goodbye` while the collector runs (the agent was killed, the
+//! network cut) drops nothing: what is queued from before is older than anything another
+//! collector can have written since. A request the receiver refuses anyway (clocks,
+//! receivers shared with other writers) is split so that only the refused samples fail
+//! (`sender`).
 
 pub mod metrics;
 pub mod prompb;
 mod queue;
 mod sender;
+mod stall;
 
 use std::sync::{Arc, Mutex};
 
@@ -134,6 +151,30 @@ pub fn start(
     series_cap_per_agent: usize,
     shutdown: &Shutdown,
 ) -> Result<Started, SetupError> {
+    start_with_dead_peer(
+        configs,
+        registry,
+        staleness,
+        series_cap_per_agent,
+        Duration::MAX,
+        shutdown,
+    )
+}
+
+/// [`start`], with the collector's dead-peer time (`control.heartbeat_interval_seconds ×
+/// control.dead_after_missed_heartbeats`): a stall of the collector longer than that drops
+/// the samples it holds of its agents (module docs; `Duration::MAX`: never).
+///
+/// # Errors
+/// As [`start`].
+pub fn start_with_dead_peer(
+    configs: &[RemoteWriteConfig],
+    registry: &prometheus::Registry,
+    staleness: Duration,
+    series_cap_per_agent: usize,
+    dead_peer: Duration,
+    shutdown: &Shutdown,
+) -> Result<Started, SetupError> {
     if configs.is_empty() {
         return Ok(Started {
             handle: RemoteWrite::default(),
@@ -181,13 +222,16 @@ pub fn start(
         )?;
         let counters = Arc::new(families.endpoint(&label));
         counters.shards.set(i64::from(c.shards));
-        let shards = Arc::new(Shards::new(
-            c.shards as usize,
-            c.queue_capacity_samples as usize,
-            c.max_samples_per_send as usize,
-            series_cap_per_agent,
-            counters,
-        ));
+        let shards = Arc::new(
+            Shards::new(
+                c.shards as usize,
+                c.queue_capacity_samples as usize,
+                c.max_samples_per_send as usize,
+                series_cap_per_agent,
+                counters,
+            )
+            .with_dead_peer(dead_peer, &label),
+        );
         let target = Arc::new(Target {
             client,
             url,
@@ -208,6 +252,7 @@ pub fn start(
         for (si, shard) in shards.shards.iter().enumerate() {
             tasks.push(tokio::spawn(sender::run(
                 target.clone(),
+                shards.clone(),
                 shard.clone(),
                 si,
                 shutdown.clone(),
@@ -218,6 +263,9 @@ pub fn start(
             staleness,
             shutdown.clone(),
         )));
+        if dead_peer < Duration::MAX {
+            tasks.push(tokio::spawn(stall_loop(shards.clone(), shutdown.clone())));
+        }
         registered
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -232,6 +280,20 @@ pub fn start(
         },
         tasks,
     })
+}
+
+/// Notices the collector's own stalls even when no sample arrives (`stall` module).
+async fn stall_loop(shards: Arc<Shards>, mut shutdown: Shutdown) {
+    let mut tick = tokio::time::interval(stall::TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                shards.watch(Instant::now());
+            }
+            _ = shutdown.wait() => return,
+        }
+    }
 }
 
 /// Ends series not updated for `staleness` (stale markers), every few seconds.

@@ -24,6 +24,9 @@
 //! * **Stale markers** ([`prompb::STALE_NAN_BITS`]) end a series: when its agent says
 //!   `Goodbye`, and when it has not been updated for the staleness period; the series is
 //!   then forgotten.
+//! * **After the collector's own stall** longer than its dead-peer time, what it holds of
+//!   its agents is dropped (`agent_moved`): the rule and its reasons are in the `stall`
+//!   module.
 //!
 //! Counters change only under the shard lock, so a scrape that holds every shard lock reads
 //! `in = sent + dropped + failed + pending` exactly.
@@ -33,12 +36,14 @@ use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 use uctel_protocol::borrowed::MetricBatchView;
 use uctel_protocol::payload::{LabelParts, MetricParts, MetricType};
+
+use super::stall::StallWatch;
 
 use super::metrics::{Counters, Dropped};
 use super::prompb::{self, Sample};
@@ -190,6 +195,27 @@ impl ShardState {
         self.counters.failed(reason, n as u64);
     }
 
+    /// Settles `n` in-flight samples as dropped before sending (`reason`).
+    pub(crate) fn settle_dropped(&mut self, n: usize, reason: Dropped) {
+        self.in_flight = self.in_flight.saturating_sub(n);
+        self.counters.drop_queued(reason, n as u64);
+    }
+
+    /// Drops the queued samples stamped before `before_ms` (Unix ms) as `reason`. Returns
+    /// how many.
+    pub(crate) fn drop_older(&mut self, before_ms: i64, reason: Dropped, now: Instant) -> usize {
+        let n = self.queue.len();
+        self.queue.retain(|q| q.sample.timestamp >= before_ms);
+        let dropped = n - self.queue.len();
+        if self.queue.is_empty() {
+            self.oldest = None;
+        } else if dropped > 0 {
+            self.oldest = Some(now);
+        }
+        self.counters.drop_queued(reason, dropped as u64);
+        dropped
+    }
+
     /// Drops everything still queued (`reason`), e.g. at shutdown.
     pub(crate) fn drop_queue(&mut self, reason: Dropped) -> usize {
         let n = self.queue.len();
@@ -266,6 +292,10 @@ pub(crate) struct Shards {
     cap_per_agent: usize,
     /// Series per agent (entries of agents with none left are removed when series end).
     per_agent: Mutex<HashMap<Box<str>, Arc<AtomicUsize>>>,
+    /// The collector's own stalls (`stall` module docs).
+    stall: StallWatch,
+    /// The endpoint, for the stall's log line.
+    label: Box<str>,
 }
 
 /// Sorted `(name, value)` views of a record's labels (indices into `labels`).
@@ -306,7 +336,45 @@ impl Shards {
             counters,
             cap_per_agent,
             per_agent: Mutex::new(HashMap::new()),
+            stall: StallWatch::new(Duration::MAX, Instant::now()),
+            label: Box::from(""),
         }
+    }
+
+    /// The same shards, treating a gap longer than `dead_peer` in the collector's own run
+    /// as a stall after which its agents' held samples are dropped (`stall` module docs);
+    /// `label` names the endpoint in the log line.
+    pub(crate) fn with_dead_peer(mut self, dead_peer: Duration, label: &str) -> Shards {
+        self.stall = StallWatch::new(dead_peer, Instant::now());
+        self.label = Box::from(label);
+        self
+    }
+
+    /// Records that the collector runs at `now`; when that ends a stall, drops every queued
+    /// sample stamped before the moment it was noticed (`agent_moved`) and logs it once.
+    /// Returns the fence: samples stamped before it (Unix ms) are to be dropped, `None`
+    /// when there is none.
+    pub(crate) fn watch(&self, now: Instant) -> Option<i64> {
+        if let Some(stall) = self
+            .stall
+            .check(now, super::unix_ms(std::time::SystemTime::now()))
+        {
+            let dropped: usize = self
+                .shards
+                .iter()
+                .map(|s| {
+                    s.lock()
+                        .drop_older(stall.before_ms, Dropped::AgentMoved, now)
+                })
+                .sum();
+            tracing::warn!(
+                url = %self.label,
+                stalled_ms = u64::try_from(stall.gap.as_millis()).unwrap_or(u64::MAX),
+                samples = dropped,
+                "the collector did not run for longer than its dead-peer time: its agents have moved to other collectors of the pool, which write their newer samples; the samples held from before are dropped, counted in samples_dropped_total{{reason=\"agent_moved\"}} (also those that arrive stamped before now, for one dead-peer time)"
+            );
+        }
+        self.stall.fence(now)
     }
 
     /// The series count of `agent`.
@@ -357,6 +425,7 @@ impl Shards {
         now: Instant,
     ) {
         let frame_ms = i64::try_from(frame_ns / 1_000_000).unwrap_or(i64::MAX);
+        let fence = self.watch(now);
         let n_shards = self.shards.len() as u64;
         scratch.pending.clear();
         scratch.orders.clear();
@@ -438,6 +507,7 @@ impl Shards {
             let mut wake = false;
             // Counted once per shard, still under its lock (scrapes read consistent sums).
             let (mut n_in, mut n_out_of_order, mut n_series_cap) = (0u64, 0u64, 0u64);
+            let mut n_moved = 0u64;
             for &(pi, _) in idx {
                 let p = scratch.pending[pi];
                 let Some(m) = batch.get(p.record as usize) else {
@@ -446,6 +516,10 @@ impl Shards {
                 let (start, len) = scratch.order_at[p.record as usize];
                 let order = &scratch.orders[start as usize..(start + len) as usize];
                 n_in += 1;
+                if fence.is_some_and(|f| p.ts_ms < f) {
+                    n_moved += 1;
+                    continue;
+                }
                 let found = st.table.find_mut(p.hash, |s| {
                     s.hash == p.hash && same_series(s, agent, instance, &m, order, p.suffix)
                 });
@@ -496,6 +570,9 @@ impl Shards {
             }
             if n_series_cap > 0 {
                 st.counters.drop_queued(Dropped::SeriesCap, n_series_cap);
+            }
+            if n_moved > 0 {
+                st.counters.drop_queued(Dropped::AgentMoved, n_moved);
             }
             drop(st);
             if wake {
@@ -955,5 +1032,91 @@ mod tests {
             .count();
         assert!(used > 1, "20 series over 8 shards used {used}");
         assert_eq!(law(&s), (1000, 1000));
+    }
+
+    fn push_at(s: &Shards, agent: &str, metrics: Vec<Metric>, now: Instant) {
+        let payload = encode_metric_batch(&MetricBatch { metrics });
+        let batch = MetricBatchView::decode(&payload, &Limits::default()).unwrap();
+        s.push(agent, "host-1", 0, &batch, &mut Scratch::default(), now);
+    }
+
+    fn gauges(n: usize, ts: i64) -> Vec<Metric> {
+        (0..n)
+            .map(|i| gauge("g", 1.0, ts, &[("k", &i.to_string())]))
+            .collect()
+    }
+
+    #[test]
+    fn after_the_collectors_own_stall_the_samples_it_held_are_dropped_as_agent_moved() {
+        let t0 = Instant::now();
+        let s = shards(4, 1000).with_dead_peer(Duration::from_secs(3), "http://x/");
+        let c = s.counters().clone();
+        let wall = super::super::unix_ms(std::time::SystemTime::now());
+        // Queued while running on time.
+        push_at(&s, "a", gauges(10, wall - 5_000), t0);
+        push_at(
+            &s,
+            "b",
+            gauges(5, wall - 5_000),
+            t0 + Duration::from_secs(1),
+        );
+        assert_eq!(s.watch(t0 + Duration::from_secs(2)), None);
+        assert_eq!(c.dropped(Dropped::AgentMoved), 0);
+        assert_eq!(c.pending.get(), 15);
+        // Stopped 20 s: the first to run again drops all that was held.
+        let t1 = t0 + Duration::from_secs(22);
+        assert!(s.watch(t1).is_some());
+        assert_eq!(c.dropped(Dropped::AgentMoved), 15);
+        assert_eq!(c.pending.get(), 0);
+        // What the kernel buffered meanwhile, decoded now: stamped before, dropped too.
+        push_at(
+            &s,
+            "a",
+            gauges(10, wall - 3_000),
+            t1 + Duration::from_millis(100),
+        );
+        assert_eq!(c.dropped(Dropped::AgentMoved), 25);
+        // A sample stamped after the stall was noticed goes out.
+        push_at(
+            &s,
+            "c",
+            gauges(1, wall + 60_000),
+            t1 + Duration::from_millis(200),
+        );
+        assert_eq!(c.pending.get(), 1);
+        // One dead-peer time later (running on time meanwhile) the fence is gone:
+        // ordinary rules again.
+        for k in 1..=2 {
+            assert!(s.watch(t1 + Duration::from_secs(k)).is_some(), "fence held");
+        }
+        assert_eq!(s.watch(t1 + Duration::from_secs(3)), None);
+        push_at(
+            &s,
+            "d",
+            gauges(2, wall - 3_000),
+            t1 + Duration::from_millis(3_500),
+        );
+        assert_eq!(c.dropped(Dropped::AgentMoved), 25);
+        assert_eq!(c.pending.get(), 3);
+        assert_eq!(law(&s), (28, 28));
+    }
+
+    #[test]
+    fn without_a_stall_an_agent_that_leaves_without_goodbye_loses_nothing_queued() {
+        let t0 = Instant::now();
+        let s = shards(2, 1000).with_dead_peer(Duration::from_secs(3), "http://x/");
+        let wall = super::super::unix_ms(std::time::SystemTime::now());
+        for k in 0..40u32 {
+            let at = t0 + stall_tick() * k;
+            push_at(&s, "killed", gauges(3, wall + i64::from(k) * 250), at);
+            assert_eq!(s.watch(at), None);
+        }
+        assert_eq!(s.counters().dropped(Dropped::AgentMoved), 0);
+        assert_eq!(drain(&s).len(), 120);
+        assert_eq!(law(&s), (120, 120));
+    }
+
+    fn stall_tick() -> Duration {
+        super::super::stall::TICK
     }
 }

@@ -82,6 +82,7 @@ enum Outcome {
 /// Runs shard `index` until `shutdown` fires and the grace period ends.
 pub(crate) async fn run(
     target: Arc<Target>,
+    shards: Arc<super::queue::Shards>,
     shard: Arc<Shard>,
     index: usize,
     mut shutdown: Shutdown,
@@ -123,6 +124,24 @@ pub(crate) async fn run(
                     stop_at = Some(tokio::time::Instant::now() + target.grace);
                 }
             }
+        };
+        // Held across the collector's own stall: its agents moved (`stall` module).
+        let batch = match shards.watch(Instant::now()) {
+            Some(before_ms) => {
+                let n = batch.len();
+                let kept: Vec<Queued> = batch
+                    .into_iter()
+                    .filter(|q| q.sample.timestamp >= before_ms)
+                    .collect();
+                shard
+                    .lock()
+                    .settle_dropped(n - kept.len(), Dropped::AgentMoved);
+                if kept.is_empty() {
+                    continue;
+                }
+                kept
+            }
+            None => batch,
         };
         // The parts of the batch still to send, the next one last (a part refused with 400
         // is split and its halves pushed back: module documentation).
