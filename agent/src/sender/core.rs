@@ -311,6 +311,8 @@ pub struct SenderCore {
     /// The metrics stream is catching up on samples held while disconnected
     /// ([`SenderCore::set_metrics_catching_up`]).
     metrics_catching_up: bool,
+    /// The logs stream took records first at the last pull ([`SenderCore::logs_pull_first`]).
+    logs_first: bool,
     frames_posted: u64,
     last_conn_seq: Option<u64>,
     rr: usize,
@@ -396,6 +398,7 @@ impl SenderCore {
             idle_heartbeat: config.idle_heartbeat,
             limits: config.limits.clone(),
             metrics_catching_up: false,
+            logs_first: false,
             frames_posted: 0,
             last_conn_seq: None,
             rr: 0,
@@ -475,6 +478,16 @@ impl SenderCore {
     /// used up and dropped as `no_credit`.
     pub fn metrics_catching_up(&self) -> bool {
         self.metrics_catching_up
+    }
+
+    /// Whether the logs stream takes records before the metrics stream at this pull
+    /// ([`crate::sender::pump::pull`]); the answer alternates at each call. Both wait for
+    /// credit by default, and the first to take records fills the room the credits leave:
+    /// taking turns keeps a steady flow of host collections from starving a log backlog of
+    /// a small window (and the other way round).
+    pub fn logs_pull_first(&mut self) -> bool {
+        self.logs_first = !self.logs_first;
+        self.logs_first
     }
 
     /// Starts or ends the catch-up of [`SenderCore::metrics_catching_up`].

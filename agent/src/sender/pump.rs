@@ -55,6 +55,10 @@ pub trait FrameSink {
 pub fn pull(core: &mut SenderCore, queues: &Queues, stats: &SelfMetrics) {
     let now = Instant::now();
     let ns = unix_ns();
+    let logs_first = core.logs_pull_first();
+    if logs_first {
+        pull_logs(core, queues, now, ns);
+    }
     let buffer = &queues.metrics_buffer;
     if core.carries(Stream::Metrics) {
         if !buffer.is_empty() {
@@ -98,8 +102,20 @@ pub fn pull(core: &mut SenderCore, queues: &Queues, stats: &SelfMetrics) {
             core.push_samples(s, now, ns);
         }
     }
-    // Logs one record at a time: with `on_no_credit: wait` the answer of `wants_records`
-    // can change within a batch, and a record taken from the queue cannot be put back.
+    if !logs_first {
+        pull_logs(core, queues, now, ns);
+    }
+    stats.set_queue_records(Stream::Metrics, queues.metrics.len());
+    stats.set_queue_records(Stream::Logs, queues.logs.len());
+    stats.set_queue_records(Stream::FastCounters, queues.fast_counters.len());
+    stats.log_due_drops();
+}
+
+/// Moves queued log records into `core` while it wants them, reporting them to the hand-off
+/// accounting. One record at a time: with `on_no_credit: wait` the answer of
+/// `wants_records` can change within a batch, and a record taken from the queue cannot be
+/// put back.
+fn pull_logs(core: &mut SenderCore, queues: &Queues, now: Instant, ns: u64) {
     let mut handed = 0u64;
     while core.wants_records(Stream::Logs) {
         let Some(r) = queues.logs.pop() else {
@@ -111,10 +127,6 @@ pub fn pull(core: &mut SenderCore, queues: &Queues, stats: &SelfMetrics) {
     if handed > 0 {
         queues.logs_handoff.taken(handed);
     }
-    stats.set_queue_records(Stream::Metrics, queues.metrics.len());
-    stats.set_queue_records(Stream::Logs, queues.logs.len());
-    stats.set_queue_records(Stream::FastCounters, queues.fast_counters.len());
-    stats.log_due_drops();
 }
 
 /// Reports to the log sources how far the log records taken from the queue are settled
