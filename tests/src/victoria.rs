@@ -24,6 +24,7 @@ pub struct Victoria {
     data: PathBuf,
     log: PathBuf,
     addr: SocketAddr,
+    args: Vec<String>,
     child: Option<Child>,
 }
 
@@ -48,11 +49,21 @@ impl Victoria {
     /// # Panics
     /// If the binary is missing or it is not healthy within 60 s.
     pub fn start(dir: &Path) -> Victoria {
+        Victoria::start_with(dir, &[])
+    }
+
+    /// [`Victoria::start`] with more command-line flags (e.g. `-dedup.minScrapeInterval=1ms`),
+    /// kept for [`Victoria::restart`].
+    ///
+    /// # Panics
+    /// As [`Victoria::start`].
+    pub fn start_with(dir: &Path, args: &[&str]) -> Victoria {
         let mut v = Victoria {
             binary: binary(),
             data: dir.join("victoria-data"),
             log: dir.join("victoria.log"),
             addr: crate::net::free_addr(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
             child: None,
         };
         v.spawn();
@@ -74,6 +85,7 @@ impl Victoria {
             .arg("-search.latencyOffset=0s")
             .arg("-retentionPeriod=1d")
             .arg("-loggerLevel=WARN")
+            .args(&self.args)
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -117,6 +129,25 @@ impl Victoria {
                 "victoria-metrics did not stop within 30 s\n{}",
                 self.log_tail()
             );
+        }
+    }
+
+    /// Freezes it (SIGSTOP): connections stay open, requests are accepted by the kernel and
+    /// never answered until [`Victoria::thaw`] (a hung receiver, not a dead one).
+    pub fn freeze(&self) {
+        self.signal(Signal::SIGSTOP);
+    }
+
+    /// Resumes it after [`Victoria::freeze`] (SIGCONT): it then reads and stores what was
+    /// sent meanwhile, including requests whose sender already gave up on them.
+    pub fn thaw(&self) {
+        self.signal(Signal::SIGCONT);
+    }
+
+    fn signal(&self, sig: Signal) {
+        if let Some(c) = &self.child {
+            let pid = Pid::from_raw(i32::try_from(c.id()).unwrap_or(i32::MAX));
+            let _ = kill(pid, sig);
         }
     }
 

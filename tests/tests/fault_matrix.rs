@@ -2011,3 +2011,270 @@ fn collector_drained_with_metrics_buffered() {
     metrics_restart_checks(&mut row, &r);
     row.verdict(Law::Exact);
 }
+
+/// Samples in `r` (raw `/api/v1/export`), and how many of them repeat a series and
+/// timestamp already there (stored twice).
+fn samples_and_repeats(r: &uctel_tests::victoria::RawSeries) -> (u64, u64) {
+    let mut n = 0;
+    let mut twice = 0;
+    for s in r.values() {
+        n += s.len() as u64;
+        twice += s.windows(2).filter(|w| w[0].0 == w[1].0).count() as u64;
+    }
+    (n, twice)
+}
+
+/// The remote-write receiver hangs: two real VictoriaMetrics (the Debian package's 1.79),
+/// one with its defaults, one started with `-dedup.minScrapeInterval=1ms`, both receiving the
+/// collector's samples, are frozen (SIGSTOP) for 8 s — four times the endpoint's
+/// `timeout_seconds` — while lines and host metrics flow, then resumed (SIGCONT). The
+/// collector's requests time out and are sent again (remote-write 1.0 retries transport
+/// errors); a frozen receiver still gets each timed-out request and stores it once resumed,
+/// so the default VictoriaMetrics may hold a sample twice (same series, same timestamp, same
+/// value), which `count_over_time` and `sum_over_time` count twice (`rate` does not). With
+/// `-dedup.minScrapeInterval=1ms` it keeps one sample per series and millisecond: the row
+/// asserts that this one holds every sample the collector sent exactly once, that the
+/// default one holds every sample at least once (none lost), and the output's sum rule at
+/// every scrape.
+#[test]
+fn remote_write_receiver_hung() {
+    let _g = exclusive();
+    let plain_dir = tempfile::Builder::new()
+        .prefix("uctel-fm-vm-")
+        .tempdir()
+        .unwrap();
+    let dedup_dir = tempfile::Builder::new()
+        .prefix("uctel-fm-vm-")
+        .tempdir()
+        .unwrap();
+    let plain = uctel_tests::victoria::Victoria::start(plain_dir.path());
+    let dedup = uctel_tests::victoria::Victoria::start_with(
+        dedup_dir.path(),
+        &["-dedup.minScrapeInterval=1ms"],
+    );
+    let (plain_url, dedup_url) = (plain.write_url(), dedup.write_url());
+    let mut endpoints = Vec::new();
+    for url in [&plain_url, &dedup_url] {
+        if let serde_yaml::Value::Sequence(s) = remote_write(url, 100_000) {
+            endpoints.extend(s);
+        }
+    }
+    let spec = CollectorSpec {
+        set: vec![(
+            "outputs.remote_write".into(),
+            serde_yaml::Value::Sequence(endpoints),
+        )],
+        ..CollectorSpec::default()
+    };
+    let mut row = Row::start("remote-write-hung", spec, None);
+    let a = row.add_agent(AgentSpec::new("a"));
+    row.wait_connected(1, &[a]);
+    row.write_bursts(a, 0, 1000, GAP);
+    plain.freeze();
+    dedup.freeze();
+    let frozen = std::time::Instant::now();
+    while frozen.elapsed() < Duration::from_secs(8) {
+        row.write(a, 0, 100);
+        std::thread::sleep(Duration::from_millis(500));
+        let _ = row.scrape_collector();
+    }
+    plain.thaw();
+    dedup.thaw();
+    row.write_bursts(a, 0, 1000, GAP);
+    row.wait_settled(a, 2600, SETTLE);
+    row.quiesce();
+    let s = remote_write_drained(&mut row);
+    let selector = format!("{{agent=\"{}\"}}", row.agents[a].spec.id);
+    for (name, vm, url, dedups) in [
+        ("default", &plain, &plain_url, false),
+        ("dedup", &dedup, &dedup_url, true),
+    ] {
+        let m = [("url", url.as_str())];
+        let count = |n: &str| s.count(&format!("uctel_collector_remote_write_{n}"), &m);
+        let (sent, stale, retried, failed) = (
+            count("samples_total"),
+            count("stale_markers_total"),
+            count("samples_retried_total"),
+            count("samples_failed_total"),
+        );
+        let want = sent - stale;
+        // Distinct samples reach `want` once the receiver has made all of them searchable.
+        let mut seen = (0, 0);
+        let _ = uctel_tests::wait_for(
+            "the receiver holds every sample sent",
+            Duration::from_secs(30),
+            Duration::from_millis(250),
+            || {
+                seen = samples_and_repeats(&vm.export(&selector)?);
+                (seen.0 - seen.1 >= want)
+                    .then_some(())
+                    .ok_or(format!("{seen:?} of {want}"))
+            },
+        );
+        let (held, twice) = seen;
+        row.notes.push(format!(
+            "remote-write to {name} VictoriaMetrics: sent {sent} (stale markers {stale}), retried \
+             {retried}, failed {failed}; it holds {held} samples, {twice} of them stored twice"
+        ));
+        row.expect(
+            retried > 0,
+            format!("{name}: requests timed out while the receiver was frozen and were retried"),
+        );
+        row.expect(
+            failed == 0,
+            format!("{name}: no request failed for good (the receiver came back)"),
+        );
+        row.expect(
+            held - twice == want,
+            format!(
+                "{name}: distinct samples held {} = sent {sent} − {stale} stale markers",
+                held - twice
+            ),
+        );
+        // What a query sees: count_over_time counts every stored sample.
+        let counted = vm
+            .query(&format!("sum(count_over_time({selector}[1h]))"))
+            .ok()
+            .and_then(|r| r.first().map(|v| v["value"][1].clone()))
+            .and_then(|v| v.as_str().and_then(|x| x.parse::<f64>().ok()));
+        row.notes.push(format!(
+            "{name}: sum(count_over_time({selector}[1h])) = {counted:?}"
+        ));
+        if dedups {
+            row.expect(
+                twice == 0,
+                format!("{name}: no sample stored twice ({twice})"),
+            );
+            #[allow(clippy::cast_precision_loss)]
+            let want_f = want as f64;
+            row.expect(
+                counted == Some(want_f),
+                format!("{name}: count_over_time counts each sample once ({counted:?} = {want})"),
+            );
+        }
+    }
+    row.verdict(Law::Exact);
+}
+
+/// A bad row in many INSERTs: ClickHouse's table has `message FixedString(N)`,
+/// N chosen from the row's seeded lines so that 10 or a few more of them are longer (ClickHouse
+/// refuses such a row, and with it the whole INSERT: "Too large value for FixedString"),
+/// and the output sends at most 100 rows per INSERT while 3000 lines flow. Every refused
+/// line is counted `dropped{reason="rejected"}` — exactly the lines longer than N — and
+/// every other line is in the table exactly once; `rows_in = inserted + dropped + pending`
+/// at every scrape; the records law holds for the JSON Lines sink beside it.
+#[test]
+fn clickhouse_bad_rows_spread_over_the_inserts() {
+    let _g = exclusive();
+    let name = "clickhouse-bad-rows";
+    let total = 3000u64;
+    let seed = uctel_tests::faults::row_seed(name);
+    let lens: Vec<usize> = (0..total)
+        .map(|seq| uctel_tests::faults::line_text(name, "a", seed, seq).len())
+        .collect();
+    // The widest column that refuses at least 10 lines (the longest lines tie often).
+    let longer = |w: usize| lens.iter().filter(|&&l| l > w).count();
+    let mut width = lens.iter().copied().max().unwrap_or(1);
+    while width > 1 && longer(width) < 10 {
+        width -= 1;
+    }
+    let bad: std::collections::BTreeSet<u64> = (0..total)
+        .filter(|&seq| lens[usize::try_from(seq).unwrap_or(0)] > width)
+        .collect();
+    let mut ch = uctel_tests::clickhouse::ClickHouse::start();
+    ch.query(&format!(
+        "CREATE TABLE logs (ts DateTime, ts_ns UInt64, agent String, instance String, \
+         stream String, stream_seq UInt64, severity String, source String, \
+         message FixedString({width}), fields Nested(key String, value String)) \
+         ENGINE = MergeTree PARTITION BY toYYYYMM(ts) ORDER BY (agent, ts)"
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut out = serde_yaml::Mapping::new();
+    out.insert("url".into(), ch.url().into());
+    out.insert("max_rows_per_insert".into(), 100.into());
+    out.insert("batch_send_deadline_seconds".into(), 0.2.into());
+    out.insert("min_backoff_seconds".into(), 0.05.into());
+    out.insert("max_backoff_seconds".into(), 0.5.into());
+    let spec = CollectorSpec {
+        set: vec![("outputs.clickhouse".into(), serde_yaml::Value::Mapping(out))],
+        ..CollectorSpec::default()
+    };
+    let mut row = Row::start(name, spec, None);
+    assert_eq!(row.seed, seed, "the row's lines are the ones measured");
+    let a = row.add_agent(AgentSpec::new("a"));
+    row.wait_connected(1, &[a]);
+    row.write_bursts(a, 0, total, GAP);
+    row.wait_settled(a, total, SETTLE);
+    row.quiesce();
+    let mut last = None;
+    let _ = uctel_tests::wait_for(
+        "clickhouse output drained",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || {
+            let s = row.scrape_collector()?;
+            let pending = s.count("uctel_collector_clickhouse_rows_pending", &[]);
+            last = Some(s);
+            (pending == 0)
+                .then_some(())
+                .ok_or(format!("{pending} pending"))
+        },
+    );
+    let s = last.unwrap_or_default();
+    let id = row.agents[a].spec.id.clone();
+    let seqs: Vec<u64> = ch
+        .query(&format!(
+            "SELECT extract(toString(message), 'seq=([0-9]+)') FROM logs WHERE agent = '{id}'"
+        ))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    let stored: std::collections::BTreeSet<u64> = seqs.iter().copied().collect();
+    let twice = seqs.len() - stored.len();
+    let good: std::collections::BTreeSet<u64> =
+        (0..total).filter(|seq| !bad.contains(seq)).collect();
+    let missing = good.difference(&stored).count();
+    let bad_stored = stored.intersection(&bad).count();
+    let c = |n: &str, m: &[(&str, &str)]| s.count(&format!("uctel_collector_clickhouse_{n}"), m);
+    let rows_in = c("rows_in_total", &[]);
+    let inserted = c("rows_inserted_total", &[]);
+    let dropped = c("rows_dropped_total", &[]);
+    let rejected = c("rows_dropped_total", &[("reason", "rejected")]);
+    let pending = c("rows_pending", &[]);
+    let requests = c("insert_duration_seconds_count", &[]);
+    row.notes.push(format!(
+        "clickhouse FixedString({width}): {total} lines, {} longer; in {rows_in}, inserted \
+         {inserted}, dropped {dropped} (rejected {rejected}), pending {pending}; {requests} \
+         INSERT requests (split parts included); table: {} rows, {twice} twice, {missing} good \
+         lines missing, {bad_stored} bad lines stored",
+        bad.len(),
+        seqs.len()
+    ));
+    row.expect(
+        !bad.is_empty() && bad.len() < 100,
+        format!("the seeded lines give 1..100 bad rows ({})", bad.len()),
+    );
+    row.expect(
+        rejected == bad.len() as u64 && dropped == rejected,
+        format!(
+            "every bad row counted rejected, nothing else dropped: rejected {rejected}, \
+             dropped {dropped}, bad rows {}",
+            bad.len()
+        ),
+    );
+    row.expect(
+        twice == 0 && missing == 0 && bad_stored == 0 && inserted == good.len() as u64,
+        format!(
+            "every other line in the table exactly once: {} good, {inserted} inserted, \
+             {twice} twice, {missing} missing",
+            good.len()
+        ),
+    );
+    row.expect(
+        rows_in == total && rows_in == inserted + dropped + pending,
+        format!("rows_in {rows_in} = {total} = inserted + dropped + pending"),
+    );
+    row.verdict(Law::Exact);
+    ch.stop();
+}

@@ -764,3 +764,139 @@ fn wait_for_samples(
     }
     last
 }
+
+/// Timestamps of the series `name` of agent `agent` in `held`.
+fn stamps(held: &RawSeries, name: &str, agent: &str) -> Vec<i64> {
+    held.iter()
+        .filter(|(k, _)| {
+            k.iter().any(|(n, v)| n == "__name__" && v == name)
+                && k.iter().any(|(n, v)| n == "agent" && v == agent)
+        })
+        .flat_map(|(_, v)| v.iter().map(|s| s.0))
+        .collect()
+}
+
+/// A `400` for one series costs only that series, through the real binaries and a real
+/// Prometheus (2.42): once agent `rw-b`'s `node_load1` flows, a sample of that series is
+/// pushed with a timestamp 5 minutes ahead (Prometheus accepts it: its head takes samples
+/// down to an hour before its newest one), so every later sample of the series is "out of
+/// order" and Prometheus refuses, 400, every request that holds one. The collector splits
+/// such a request until the refused sample fails alone: every refused sample is counted
+/// `failed{reason="rejected"}` — exactly the `node_load1` samples of `rw-b` sent after the
+/// push (`rw-b`'s `node_load5`, collected at the same instants, tells how many) — and
+/// every other sample is stored: `rw-a`'s `node_load1` and `rw-b`'s `node_load5` have a
+/// sample at every collection instant of their agent, and the receiver holds exactly what
+/// the collector counted sent. Sum rule: `samples_in = sent + dropped + failed + pending`.
+#[test]
+fn a_series_prometheus_refuses_costs_only_its_own_samples() {
+    use uctel_collector::outputs::remote_write::prompb::{encode_labels, encode_request, Sample};
+    let dir = tempfile::Builder::new()
+        .prefix("uctel-rw-refused-")
+        .tempdir()
+        .unwrap();
+    let prom = Prometheus::receiver(dir.path());
+    let url = prom.write_url();
+    let mut p = Pipeline::start_with(|y, _| {
+        y.set(
+            "outputs.remote_write",
+            Value::Sequence(vec![endpoint(&url, &[])]),
+        );
+    });
+    p.add_agent("rw-a", 0.0, 1.0);
+    p.add_agent("rw-b", 0.0, 1.0);
+    p.wait_flowing(2, &["rw-a", "rw-b"], &["metrics"], Duration::from_secs(60));
+    // The refused series, with the labels the collector gives it (those /metrics shows).
+    let mut refused = Vec::new();
+    uctel_tests::wait_for(
+        "rw-b's node_load1 on /metrics",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || {
+            let s = p.scrape()?;
+            let x = s
+                .samples
+                .iter()
+                .find(|x| x.name == "node_load1" && x.label("agent") == Some("rw-b"))
+                .ok_or("not yet")?;
+            refused = labels_of(x);
+            Ok(())
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", p.collector.log_tail(30)));
+    let ahead = now_ms() + 300_000;
+    let wire = encode_labels(refused.iter().map(|(n, v)| (n.as_str(), v.as_str())));
+    let first = [Sample {
+        value: -1.0,
+        timestamp: ahead,
+    }];
+    let body = encode_request([(&wire[..], &first[..])], &mut Vec::new()).unwrap();
+    let answer = post_write(&url, &body);
+    assert!((200..300).contains(&answer.0), "{answer:?}");
+    // Tens of refused samples, each in a request with other series.
+    uctel_tests::wait_for(
+        "15 samples refused",
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || {
+            let f = Figures::read(&p.scrape()?, &url);
+            let n = f.failed.get("rejected").copied().unwrap_or(0);
+            (n >= 15).then_some(()).ok_or(format!("{n} refused"))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", p.collector.log_tail(30)));
+    for a in &mut p.agents {
+        a.daemon.stop(Duration::from_secs(30));
+    }
+    let s = settle(&p, &[&url]);
+    let f = Figures::read(&s, &url);
+    let held = prom.raw_samples(r#"{agent=~"rw-.*"}"#).unwrap();
+    let x: Vec<i64> = held
+        .get(&refused)
+        .map(|v| v.iter().map(|s| s.0).filter(|&t| t != ahead).collect())
+        .unwrap_or_default();
+    let (a1, a5) = (
+        stamps(&held, "node_load1", "rw-a"),
+        stamps(&held, "node_load5", "rw-a"),
+    );
+    let b5 = stamps(&held, "node_load5", "rw-b");
+    let rejected = f.failed.get("rejected").copied().unwrap_or(0);
+    println!(
+        "refused series {refused:?}: {} samples stored before the push; rw-b node_load5 {}; \
+         rw-a node_load1 {}, node_load5 {}; figures {f:?}; held {} samples",
+        x.len(),
+        b5.len(),
+        a1.len(),
+        a5.len(),
+        samples(&held)
+    );
+    f.check_sum(&url);
+    assert_eq!(f.pending, 0, "{f:?}");
+    assert_eq!(f.dropped_total(), 0, "nothing dropped: {f:?}");
+    assert_eq!(f.failed_total(), rejected, "only rejected: {f:?}");
+    // rw-b's node_load1 after the push, its stale marker at Goodbye included.
+    let want = (b5.len() + 1).saturating_sub(x.len());
+    assert_eq!(
+        rejected,
+        want as u64,
+        "refused = rw-b's node_load1 samples after the push ({} collections, {} of them stored \
+         before it, and its stale marker)",
+        b5.len(),
+        x.len()
+    );
+    assert!(want > 10, "too few samples after the push: {want}");
+    assert!(
+        !a1.is_empty() && a1 == a5,
+        "rw-a: node_load1 {a1:?} vs node_load5 {a5:?}"
+    );
+    assert!(
+        x.iter().all(|t| b5.contains(t)),
+        "rw-b's node_load1 before the push is a prefix of its collections"
+    );
+    assert_eq!(
+        samples(&held) as u64,
+        f.sent - (f.stale - 1),
+        "the receiver holds what the collector sent, stale markers aside (stale_markers_total \
+         counts those queued, the refused series' marker among them; the pushed sample lies \
+         beyond the query's instant)"
+    );
+}

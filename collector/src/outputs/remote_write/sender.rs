@@ -16,6 +16,19 @@
 //! * Any other status (401, 404, 413, …): failed for good (`rejected`), never retried;
 //!   the answer is logged (rate-limited).
 //!
+//! **A retry may store a sample twice.** A request that timed out may still be applied by
+//! the receiver (a receiver that hung and resumed reads the request it was sent), and the
+//! protocol has no request identity, so the retry can deliver the same samples again.
+//! Prometheus (TSDB head appender) ignores a sample identical to its series' newest one
+//! and refuses older ones (400, split as above; such a sample is counted `rejected` though
+//! the first copy was stored): nothing is stored twice. VictoriaMetrics
+//! stores every copy unless started with `-dedup.minScrapeInterval` (1.79 as packaged by
+//! Debian: off by default; `count_over_time` and `sum_over_time` then count the copies,
+//! `rate` does not); with `-dedup.minScrapeInterval=1ms` it keeps one sample per series
+//! and millisecond, which removes exactly the copies (samples of one series are stamped
+//! with the agent's collection time, never two in the same millisecond). Measured by the
+//! fault-matrix row `remote_write_receiver_hung`.
+//!
 //! At shutdown the shard gets a grace period to send what is queued; a request still
 //! failing then is given up (`failed{reason="shutdown"}`), samples not sent
 //! `dropped{reason="shutdown"}`.
