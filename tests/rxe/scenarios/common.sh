@@ -374,8 +374,14 @@ daemons_pipeline() {
   agent_config "$D/agent.yaml" "$akind" "$dp" "${4:-}"
   uctel-collector --config "$D/collector.yaml" --check-config ||
     fail "collector --check-config refused $D/collector.yaml"
-  uctel-agent --config "$D/agent.yaml" --check-config ||
-    fail "agent --check-config refused $D/agent.yaml"
+  # Checked where it runs: the check refuses addresses no local interface has.
+  if [ "$ans" = ns2 ]; then
+    nsenter -t "$NS2_PID" -n uctel-agent --config "$D/agent.yaml" --check-config ||
+      fail "agent --check-config refused $D/agent.yaml (in ns2)"
+  else
+    uctel-agent --config "$D/agent.yaml" --check-config ||
+      fail "agent --check-config refused $D/agent.yaml"
+  fi
 
   uctel-collector --config "$D/collector.yaml" --log-level "${COLLECTOR_LOG:-info}" \
     >"$D/collector.log" 2>&1 &
@@ -416,6 +422,10 @@ daemons_pipeline() {
     usleep 100000
   done
   scrape "$AGENT_METRICS" "$D/a.prom" "$ans" || : >"$D/a.prom"
+
+  # The agent's series as served while it is connected: they leave /metrics at its Goodbye
+  # (the accounting below reads the collector's counters after it).
+  scrape "$COLLECTOR_METRICS" "$D/c-live.prom" || : >"$D/c-live.prom"
 
   # SIGTERM: the agent sends what it queued, closes the epoch and says Goodbye.
   kill -TERM "$apid"
@@ -467,7 +477,7 @@ daemons_pipeline() {
   qp_err=$(p uctel_collector_qp_errors_total agent=$AGENT_ID)
   lines_rx=$(p uctel_collector_records_received_total agent=$AGENT_ID stream=logs)
   sink=$(grep -c 'rxe-suite line' "$D/collector-logs.jsonl" 2>/dev/null || echo 0)
-  labels=$(grep '^node_cpu_seconds_total{' "$D/c.prom" | head -n 1 | sed 's/^[^{]*//; s/} .*/}/')
+  labels=$(grep '^node_cpu_seconds_total{' "$D/c-live.prom" | head -n 1 | sed 's/^[^{]*//; s/} .*/}/')
   pkts=$(awk '$1 == "rcvd_pkts" { b = $2 } END { print b + 0 }' "$D/rxe.before")
   pkts=$(awk -v b="$pkts" '$1 == "rcvd_pkts" { print $2 - b }' "$D/rxe.after")
   echo "agent: $(grep -F 'goodbye sent' "$D/agent.log" | tail -n 1 | sed 's/.*goodbye sent //')"
@@ -523,5 +533,5 @@ daemons_pipeline() {
   [ "${LOGS_RELIABILITY:-uc}" = rc ] || [ -n "${AGENT_FAULT:-}" ] || [ "$pkts" -eq "$sent" ] ||
     fail "$dp: rxe0 received $pkts packets for $sent frames"
   detail "$dp: sent $sent = received $rx + lost $lost + dropped $dropped (rxe0 +$pkts pkts)," \
-    "$LINES log lines, $(prom_count "$D/c.prom" node_cpu_seconds_total agent=$AGENT_ID) node_cpu series;"
+    "$LINES log lines, $(prom_count "$D/c-live.prom" node_cpu_seconds_total agent=$AGENT_ID) node_cpu series;"
 }

@@ -17,31 +17,31 @@ rdma_series() {
   files=$(ls "$RXE_PORT_DIR/hw_counters" | wc -l)
   shipped=0
   for f in $(ls "$RXE_PORT_DIR/hw_counters"); do
-    n=$(prom_count "$D/c.prom" "node_infiniband_$f" agent=$AGENT_ID device=rxe0 port=1)
+    n=$(prom_count "$D/c-live.prom" "node_infiniband_$f" agent=$AGENT_ID device=rxe0 port=1)
     [ "$n" = 1 ] || fail "$dp: node_infiniband_$f{device=\"rxe0\",port=\"1\"} shipped $n times"
     shipped=$((shipped + 1))
   done
   [ "$files" -gt 0 ] && [ "$shipped" = "$files" ] || fail "$dp: $shipped of $files rxe0 hw_counters shipped"
   for f in rcvd_pkts sent_pkts; do
-    v=$(prom_sum "$D/c.prom" "node_infiniband_$f" agent=$AGENT_ID device=rxe0 port=1)
+    v=$(prom_sum "$D/c-live.prom" "node_infiniband_$f" agent=$AGENT_ID device=rxe0 port=1)
     [ "$v" -gt 0 ] || fail "$dp: node_infiniband_$f{device=\"rxe0\"} is $v"
   done
   # The netdev under rxe0 through the ethtool collector (veth: peer_ifindex is its first
   # statistic), and the fast counters: latest value and 1 s rate at the collector.
-  n=$(prom_count "$D/c.prom" node_ethtool_peer_ifindex agent=$AGENT_ID device=v0)
+  n=$(prom_count "$D/c-live.prom" node_ethtool_peer_ifindex agent=$AGENT_ID device=v0)
   [ "$n" = 1 ] || fail "$dp: node_ethtool_peer_ifindex{device=\"v0\"} shipped $n times"
   for f in rcvd_pkts sent_pkts; do
-    n=$(prom_count "$D/c.prom" "node_infiniband_${f}_per_second" agent=$AGENT_ID device=rxe0 port=1)
+    n=$(prom_count "$D/c-live.prom" "node_infiniband_${f}_per_second" agent=$AGENT_ID device=rxe0 port=1)
     [ "$n" = 1 ] || fail "$dp: node_infiniband_${f}_per_second{device=\"rxe0\"} served $n times"
   done
   fs=$(prom_sum "$D/c.prom" uctel_collector_records_received_total agent=$AGENT_ID stream=fast_counters)
   [ "$fs" -gt 0 ] || fail "$dp: no fast_counters samples received"
   echo "--- RDMA series ($dp)"
-  grep -E '^node_infiniband_(rcvd_pkts|sent_pkts|state_id)(_per_second)?\{' "$D/c.prom"
-  grep -E '^node_ethtool_[a-z_]*\{.*device="v0"' "$D/c.prom" | head -5
-  grep -E '^uctel_(agent|collector)_rdma_' "$D/a.prom" "$D/c.prom"
+  grep -E '^node_infiniband_(rcvd_pkts|sent_pkts|state_id)(_per_second)?\{' "$D/c-live.prom"
+  grep -E '^node_ethtool_[a-z_]*\{.*device="v0"' "$D/c-live.prom" | head -5
+  grep -E '^uctel_(agent|collector)_rdma_' "$D/a.prom" "$D/c-live.prom"
   for where in "a.prom uctel_agent_rdma_async_events_total" \
-    "c.prom uctel_agent_rdma_async_events_total agent=$AGENT_ID" \
+    "c-live.prom uctel_agent_rdma_async_events_total agent=$AGENT_ID" \
     "c.prom uctel_collector_rdma_async_events_total"; do
     # shellcheck disable=SC2086
     set -- $where
@@ -52,7 +52,7 @@ rdma_series() {
     [ "$n" = 4 ] || fail "$dp: $* in $file: $n samples, want 4 (one per event)"
     [ "$s" = 0 ] || fail "$dp: $* in $file: $s async events on a clean link"
   done
-  detail "$dp: $fs fast_counters samples received, $shipped rxe0 hw_counters shipped (rcvd_pkts $(prom_sum "$D/c.prom" node_infiniband_rcvd_pkts agent=$AGENT_ID device=rxe0)), async events 0/0;"
+  detail "$dp: $fs fast_counters samples received, $shipped rxe0 hw_counters shipped (rcvd_pkts $(prom_sum "$D/c-live.prom" node_infiniband_rcvd_pkts agent=$AGENT_ID device=rxe0)), async events 0/0;"
 }
 
 for dp in write_with_imm send; do
