@@ -173,7 +173,8 @@ perftest_send_once() {
 # ---------------------------------------------------------------- the daemons (uctel-collector, uctel-agent)
 
 # prom_sum FILE NAME [LABEL=VALUE...]: the sum of the samples of metric NAME in the Prometheus
-# text exposition FILE whose labels include every LABEL="VALUE" (0 when none matches).
+# text exposition FILE whose labels include every LABEL="VALUE" (0 when none matches). The
+# collector exposes relayed samples with their timestamp after the value: not summed.
 prom_sum() {
   pf=$1 pn=$2
   shift 2
@@ -188,7 +189,12 @@ prom_sum() {
         pat = "[{,]" substr(w[i], 1, eq - 1) "=\"" substr(w[i], eq + 1) "\"[,}]"
         if ($0 !~ pat) next
       }
-      s += $NF
+      # The value follows the labels; a timestamp (ms) may follow it.
+      rest = $0
+      if (index(rest, "{")) sub(/^[^{]*\{.*\}[ \t]+/, "", rest)
+      else sub(/^[^ \t]+[ \t]+/, "", rest)
+      split(rest, f, " ")
+      s += f[1]
     }
     END { printf "%.0f\n", s }' "$pf"
 }
