@@ -123,6 +123,19 @@ fn counter(p: &Pipeline, name: &str, m: &[(&str, &str)]) -> u64 {
     p.scrape().map(|s| s.sum(name, m) as u64).unwrap_or(0)
 }
 
+/// Waits until the output took `sent` rows in and has none pending (inserted or dropped).
+fn wait_settled(p: &Pipeline, ch: &ClickHouse, sent: u64) {
+    wait_for("every line settled", UP, tick(), || {
+        let s = p.scrape()?;
+        let rows_in = s.sum("uctel_collector_clickhouse_rows_in_total", &[]) as u64;
+        let pending = s.sum("uctel_collector_clickhouse_rows_pending", &[]) as u64;
+        (rows_in == sent && pending == 0)
+            .then_some(())
+            .ok_or(format!("{rows_in} in, {pending} pending"))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", p.collector.log_tail(30), ch.log_tail()));
+}
+
 fn write(p: &Pipeline, per_agent: usize, start: usize) {
     for i in 0..p.agents.len() {
         p.write_lines(i, start, per_agent);
@@ -207,15 +220,7 @@ fn log_lines_land_in_clickhouse_once_with_the_json_lines_fields_and_survive_a_re
     ch.restart();
     write(&p, 2000, 6000);
     let sent = 8000u64;
-    wait_for("every line settled", UP, tick(), || {
-        let s = p.scrape()?;
-        let rows_in = s.sum("uctel_collector_clickhouse_rows_in_total", &[]) as u64;
-        let pending = s.sum("uctel_collector_clickhouse_rows_pending", &[]) as u64;
-        (rows_in == sent && pending == 0)
-            .then_some(())
-            .ok_or(format!("{rows_in} in, {pending} pending"))
-    })
-    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", p.collector.log_tail(30), ch.log_tail()));
+    wait_settled(&p, &ch, sent);
     assert_eq!(sink(&p).len(), sent as usize, "JSON Lines sink");
     let table = rows(&ch, "logs_restart");
     let s = p.scrape().expect("scrape");
@@ -289,15 +294,7 @@ fn log_lines_land_in_clickhouse_once_with_the_json_lines_fields_and_survive_a_re
         f.write_all(text.as_bytes())
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     }
-    wait_for("every line settled", UP, tick(), || {
-        let s = p.scrape()?;
-        let rows_in = s.sum("uctel_collector_clickhouse_rows_in_total", &[]) as u64;
-        let pending = s.sum("uctel_collector_clickhouse_rows_pending", &[]) as u64;
-        (rows_in == good as u64 && pending == 0)
-            .then_some(())
-            .ok_or(format!("{rows_in} in, {pending} pending"))
-    })
-    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", p.collector.log_tail(30), ch.log_tail()));
+    wait_settled(&p, &ch, good as u64);
     let s = p.scrape().expect("scrape");
     let refused = s.sum(
         "uctel_collector_clickhouse_rows_dropped_total",
@@ -346,15 +343,7 @@ fn log_lines_land_in_clickhouse_once_with_the_json_lines_fields_and_survive_a_re
     ch.resume();
     write(&p, 2000, 6000);
     let sent = 8000u64;
-    wait_for("every line settled", UP, tick(), || {
-        let s = p.scrape()?;
-        let rows_in = s.sum("uctel_collector_clickhouse_rows_in_total", &[]) as u64;
-        let pending = s.sum("uctel_collector_clickhouse_rows_pending", &[]) as u64;
-        (rows_in == sent && pending == 0)
-            .then_some(())
-            .ok_or(format!("{rows_in} in, {pending} pending"))
-    })
-    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", p.collector.log_tail(30), ch.log_tail()));
+    wait_settled(&p, &ch, sent);
     // Let whatever the server still had buffered land before counting.
     std::thread::sleep(Duration::from_secs(2));
     let s = p.scrape().expect("scrape");
