@@ -145,11 +145,31 @@ pub struct CollectorProcess {
 
 impl CollectorProcess {
     /// Writes a configuration into `dir` and starts `binary` on it; returns once `/metrics`
-    /// answers.
+    /// answers. The ports are picked free just before the start, so another process may take
+    /// one in between (an outgoing connection's ephemeral port): a start that fails with
+    /// `EADDRINUSE` is tried again on fresh ports, up to 5 times.
     ///
     /// # Errors
     /// [`DaemonError`] for a missing binary, a bad start or no readiness within 15 s.
     pub fn start(
+        binary: &Path,
+        dir: &Path,
+        s: &CollectorSettings,
+    ) -> Result<CollectorProcess, DaemonError> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match Self::start_once(binary, dir, s) {
+                Err(DaemonError::Exited { log, .. })
+                    if tries < 5
+                        && fs::read_to_string(&log)
+                            .is_ok_and(|l| l.contains("Address already in use")) => {}
+                other => return other,
+            }
+        }
+    }
+
+    fn start_once(
         binary: &Path,
         dir: &Path,
         s: &CollectorSettings,
