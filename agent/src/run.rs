@@ -243,14 +243,22 @@ pub async fn run_with(
 enum SessionEnd {
     /// Shutdown was requested; `Goodbye` was sent.
     Shutdown,
-    /// The collector said `Goodbye` or the connection died: reconnect.
-    Lost(String),
+    /// The collector said `Goodbye`, the connection died or a QP failed: reconnect.
+    Lost(String, LostOn),
     /// The collector is draining (its `Goodbye` said so): the epoch ended cleanly; move to
     /// the next collector of the pool at once.
     Drain(String),
     /// A collector ranked higher has been healthy for `return_after_seconds`: the epoch
     /// ended cleanly; move to it.
     Rebalance(SocketAddr),
+}
+
+/// What a lost session lost: its control connection (or the collector ended it) or its data
+/// path (a QP error, a failed post, an RDMA async event) while the control connection was up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LostOn {
+    Control,
+    DataPath,
 }
 
 /// One connection attempt: where, with which epoch, after how many sessions.
@@ -291,6 +299,17 @@ pub fn backoff(initial: Duration, max: Duration, attempt: u32, jitter: f64) -> D
         1.0
     };
     (floor + (ceiling - floor).mul_f64(jitter)).min(max)
+}
+
+/// Whether a welcomed session lost `on` after `lasted` starts the reconnect backoff over.
+/// A lost control connection does (the collector restarted: reconnect fast). A lost data
+/// path (a QP error, a failed post, an RDMA async event, while the control connection is
+/// up: an RC QP that runs out of retries in a fabric outage) does only after a session at
+/// least as long as the longest backoff `max`, which proved the path; a shorter one keeps
+/// the backoff growing, so an outage rebuilds QPs at a growing, jittered interval instead
+/// of once per retry budget (about a second).
+fn resets_backoff(on: LostOn, lasted: Duration, max: Duration) -> bool {
+    on == LostOn::Control || lasted >= max
 }
 
 /// The connection side of the agent across sessions: the collector pool, its metrics, and
@@ -412,7 +431,8 @@ async fn connection_loop(
             }
         };
         let mut after = AfterWalk::Backoff { longest: false };
-        let mut welcomed_once = false;
+        // Whether a session of this walk starts the backoff over (`resets_backoff`).
+        let mut stable_once = false;
         for addr in order {
             if shutdown.is_triggered() {
                 after = AfterWalk::Shutdown;
@@ -420,6 +440,7 @@ async fn connection_loop(
             }
             let epoch: u64 = rand::random();
             let mut welcomed = false;
+            let began = tokio::time::Instant::now();
             let result = session(
                 config,
                 token,
@@ -439,20 +460,25 @@ async fn connection_loop(
             connector.metrics.set_current(None);
             if welcomed {
                 summary.sessions += 1;
-                welcomed_once = true;
             }
             let mut pool = lock_pool(&connector.pool);
             match result {
                 Ok((end, fin)) => {
                     summary.last_session = Some(fin);
+                    if !matches!(end, SessionEnd::Lost(..)) {
+                        stable_once = true;
+                    }
                     match end {
                         SessionEnd::Shutdown => {
                             after = AfterWalk::Shutdown;
                         }
-                        SessionEnd::Lost(why) => {
+                        SessionEnd::Lost(why, on) => {
+                            stable_once |= resets_backoff(on, began.elapsed(), max);
+                            // The failed attempts in a row the next wait is drawn for.
+                            let backoff_attempt = if stable_once { 0 } else { attempt };
                             pool.failed(addr);
                             connector.leaving = SwitchReason::Lost;
-                            tracing::warn!(epoch = format_args!("{epoch:#x}"), collector = %addr, reason = %why, "connection to the collector lost; reconnecting with a new epoch");
+                            tracing::warn!(epoch = format_args!("{epoch:#x}"), collector = %addr, reason = %why, backoff_attempt, "connection to the collector lost; reconnecting with a new epoch");
                         }
                         SessionEnd::Drain(why) => {
                             pool.failed(addr);
@@ -510,7 +536,7 @@ async fn connection_loop(
                 }
             }
         }
-        if welcomed_once {
+        if stable_once {
             attempt = 0;
         }
         let wait = match after {
@@ -699,13 +725,16 @@ async fn session(
         // completion (queued before the device's async event), so it is counted as the RC
         // QP's.
         if let Some(why) = rc.as_mut().and_then(|l| l.failure(stats)) {
-            break SessionEnd::Lost(why);
+            break SessionEnd::Lost(why, LostOn::DataPath);
         }
         if let Some(kind) = plane.poll_async_events(stats.rdma()) {
-            break SessionEnd::Lost(format!("RDMA async event {}", kind.as_str()));
+            break SessionEnd::Lost(
+                format!("RDMA async event {}", kind.as_str()),
+                LostOn::DataPath,
+            );
         }
         if plane.reap() > 0 || plane.failed() {
-            break SessionEnd::Lost("the UC QP went to ERROR".into());
+            break SessionEnd::Lost("the UC QP went to ERROR".into(), LostOn::DataPath);
         }
         rc_first = rc.is_some() && !rc_first;
         let mut rc_stop = None;
@@ -721,7 +750,7 @@ async fn session(
         }
         if rc_stop == Some(Stop::Failed) {
             stats.rc_lane_failed();
-            break SessionEnd::Lost("posting to the RC QP failed".into());
+            break SessionEnd::Lost("posting to the RC QP failed".into(), LostOn::DataPath);
         }
         let rc_credit = rc.as_mut().is_some_and(|l| l.core.take_credit_heartbeat());
         let uc_credit = core.take_credit_heartbeat();
@@ -740,10 +769,11 @@ async fn session(
             );
             match tokio::time::timeout(CONTROL_SEND_TIMEOUT, conn.send(hb)).await {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => break SessionEnd::Lost(e.to_string()),
+                Ok(Err(e)) => break SessionEnd::Lost(e.to_string(), LostOn::Control),
                 Err(_) => {
                     break SessionEnd::Lost(
                         "the collector stopped reading the control connection".into(),
+                        LostOn::Control,
                     )
                 }
             }
@@ -751,7 +781,9 @@ async fn session(
         let mut deadline = match lane::merge_stops(stop, rc_stop) {
             Stop::Wait(at) => at,
             Stop::Busy => Some(Instant::now() + BUSY_RETRY),
-            Stop::Failed => break SessionEnd::Lost("posting to the UC QP failed".into()),
+            Stop::Failed => {
+                break SessionEnd::Lost("posting to the UC QP failed".into(), LostOn::DataPath)
+            }
         };
         let in_flight = if !plane.idle() {
             // Sends in flight: poll their completions soon (with a busy-poll soft device,
@@ -794,27 +826,27 @@ async fn session(
                             break SessionEnd::Drain(g.detail);
                         }
                         Some(Body::Goodbye(g)) => {
-                            break SessionEnd::Lost(format!("the collector said goodbye: {}", g.detail));
+                            break SessionEnd::Lost(format!("the collector said goodbye: {}", g.detail), LostOn::Control);
                         }
                         Some(other) => {
-                            break SessionEnd::Lost(format!("unexpected {} from the collector", other.name()));
+                            break SessionEnd::Lost(format!("unexpected {} from the collector", other.name()), LostOn::Control);
                         }
-                        None => break SessionEnd::Lost("empty control message".into()),
+                        None => break SessionEnd::Lost("empty control message".into(), LostOn::Control),
                     },
-                    Err(e) => break SessionEnd::Lost(e.to_string()),
+                    Err(e) => break SessionEnd::Lost(e.to_string(), LostOn::Control),
                 }
             }
             () = sleep_until(liveness.poll_timeout()) => match liveness.handle_timeout(Instant::now()) {
                 Some(LivenessEvent::PeerDead { .. }) => {
-                    break SessionEnd::Lost(format!("nothing heard from the collector for {dead_after:?}"));
+                    break SessionEnd::Lost(format!("nothing heard from the collector for {dead_after:?}"), LostOn::Control);
                 }
                 Some(LivenessEvent::SendHeartbeat { sequence }) => {
                     last_heartbeat = sequence;
                     let hb = lane::heartbeat_with_counters(sequence, &mut core, rc.as_mut().map(|l| &mut l.core), stats);
                     match tokio::time::timeout(CONTROL_SEND_TIMEOUT, conn.send(hb)).await {
                         Ok(Ok(())) => {}
-                        Ok(Err(e)) => break SessionEnd::Lost(e.to_string()),
-                        Err(_) => break SessionEnd::Lost("the collector stopped reading the control connection".into()),
+                        Ok(Err(e)) => break SessionEnd::Lost(e.to_string(), LostOn::Control),
+                        Err(_) => break SessionEnd::Lost("the collector stopped reading the control connection".into(), LostOn::Control),
                     }
                 }
                 None => {}
@@ -992,7 +1024,7 @@ async fn session(
             );
             Ok((end, fin))
         }
-        SessionEnd::Lost(why) => {
+        SessionEnd::Lost(why, on) => {
             // The metric samples not posted yet wait in the metrics buffer for the next
             // session; the rest is dropped.
             pump::take_back_metrics(&mut core, queues, stats);
@@ -1015,7 +1047,7 @@ async fn session(
                 .and_then(|l| l.core.final_sequences().last_conn_seq);
             let bye = lane::goodbye(&fin, rc_final, GoodbyeReason::Reconnect, &why);
             let _ = tokio::time::timeout(CONTROL_SEND_TIMEOUT, conn.send(bye)).await;
-            Ok((SessionEnd::Lost(why), fin))
+            Ok((SessionEnd::Lost(why, on), fin))
         }
     }
 }
@@ -1023,6 +1055,22 @@ async fn session(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_data_path_loss_resets_the_backoff_only_after_a_session_as_long_as_its_longest() {
+        let max = Duration::from_secs(30);
+        let d = LostOn::DataPath;
+        assert!(!resets_backoff(d, Duration::from_millis(600), max));
+        assert!(!resets_backoff(d, Duration::from_secs(29), max));
+        assert!(resets_backoff(d, Duration::from_secs(30), max));
+        assert!(resets_backoff(d, Duration::from_secs(3600), max));
+        // A lost control connection always starts over.
+        assert!(resets_backoff(
+            LostOn::Control,
+            Duration::from_millis(1),
+            max
+        ));
+    }
 
     #[test]
     fn backoff_grows_with_full_jitter_below_the_ceiling() {

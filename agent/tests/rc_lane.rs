@@ -336,3 +336,65 @@ async fn a_dead_rc_qp_ends_the_session_and_the_agent_reconnects() {
     assert!(g.detail.contains("RC QP"), "{}", g.detail);
     assert!(!first.rc_frames.is_empty());
 }
+
+/// An RC QP that fails in every session (the collector's side dies after one frame) while
+/// the control connection stays up is a data-path outage: the reconnect backoff keeps
+/// growing instead of starting over after each `Welcome`, so the QP is not rebuilt at the
+/// shortest backoff for as long as the outage lasts. Each loss is logged with the failed
+/// attempts in a row its wait is drawn for (`backoff_attempt`): 0, 1, 2, … here, where
+/// starting over would log 0 every time.
+#[tokio::test]
+async fn a_data_path_outage_rebuilds_the_rc_qp_at_a_growing_interval() {
+    let capture = Capture::default();
+    let _guard = tracing::subscriber::set_default(capture.clone());
+    let fake = support::start(support::FakeConfig {
+        kill_rc_lane_after_frames: Some(1),
+        ..support::FakeConfig::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let log = dir.path().join("app.log");
+    std::fs::write(&log, "").unwrap_or_else(|e| panic!("{e}"));
+    let extra = "transport:\n  rc: { timeout: 8, retry_cnt: 1 }\n";
+    let mut c = config(fake.addr, dir.path(), extra);
+    // Short first waits (the test's time), a ceiling far above them.
+    c.collector.reconnect_initial_seconds = 0.02;
+    c.collector.reconnect_max_seconds = 60.0;
+    let agent = RunningAgent::start(c);
+    let stats = agent.stats.clone();
+    until("connected", Duration::from_secs(10), || stats.connected()).await;
+    let began = std::time::Instant::now();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&log)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut i = 0;
+    let losses = || {
+        capture
+            .warnings()
+            .into_iter()
+            .filter(|w| w.contains("reconnecting with a new epoch"))
+            .collect::<Vec<_>>()
+    };
+    while losses().len() < 4 && began.elapsed() < Duration::from_secs(30) {
+        use std::io::Write as _;
+        writeln!(f, "line {i}").unwrap_or_else(|e| panic!("{e}"));
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    agent.stop().await;
+    let losses = losses();
+    assert!(losses.len() >= 4, "{losses:#?}");
+    for w in &losses {
+        assert!(w.contains("RC QP"), "not a data-path loss: {w}");
+    }
+    let attempts: Vec<&str> = losses
+        .iter()
+        .map(|w| {
+            w.split(' ')
+                .find_map(|f| f.strip_prefix("backoff_attempt="))
+                .unwrap_or_else(|| panic!("no backoff_attempt in {w}"))
+        })
+        .collect();
+    assert_eq!(attempts[..4], ["0", "1", "2", "3"], "{losses:#?}");
+}
