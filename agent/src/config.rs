@@ -147,6 +147,12 @@ pub struct CollectorSection {
     /// and a flapping one does not pull them back and forth).
     #[serde(default = "crate::pool::default_return_after")]
     pub return_after_seconds: f64,
+    /// Seconds over which the returns to a collector are spread: each agent waits a
+    /// uniformly random part of this window beyond `return_after_seconds` (and beyond the
+    /// moment its collector left the pool's names) before it moves, so a collector that
+    /// comes back (or joins) is not hit by its whole share of agents at once. 0 moves at once.
+    #[serde(default = "crate::pool::default_return_spread")]
+    pub return_spread_seconds: f64,
     /// Seconds between probes of the collectors ranked above the current one (a TCP
     /// connection that sends nothing; none while connected to the first choice).
     #[serde(default = "crate::pool::default_probe_interval")]
@@ -579,6 +585,13 @@ impl Validate for AgentConfig {
             p,
             "collector.return_after_seconds",
             c.return_after_seconds,
+            0.0,
+            86400.0,
+        );
+        check_seconds(
+            p,
+            "collector.return_spread_seconds",
+            c.return_spread_seconds,
             0.0,
             86400.0,
         );
@@ -1281,6 +1294,7 @@ max_frame_bytes: 10
             ])
         );
         assert_eq!(c.collector.return_after_seconds, 60.0);
+        assert_eq!(c.collector.return_spread_seconds, 5.0);
         assert_eq!(c.collector.probe_interval_seconds, 5.0);
         assert_eq!(c.collector.resolve_interval_seconds, 30.0);
         let bad = "agent_id: a1\ncollector:\n  control: [10.0.0.1:7400, nohostport, 10.0.0.1:7400]\nauth:\n  token: t\n";

@@ -30,21 +30,46 @@
 //! (`SIGSTOP`, wedged) answers nothing although its kernel still completes the TCP
 //! handshake, so it fails. A collector older than `Probe` answers `Refuse{protocol_error}`:
 //! its process answered, so that passes (any other `Refuse` fails). A member
-//! that has answered every probe for `collector.return_after_seconds` is healthy again; the
-//! agent ends its epoch cleanly (its last frames, `Goodbye`) and moves back. One failed probe
-//! restarts the clock, so a flapping collector does not pull agents back and forth.
+//! that has answered every probe for `collector.return_after_seconds` is healthy again. One
+//! failed probe restarts the clock, so a flapping collector does not pull agents back and
+//! forth.
+//!
+//! **Leaving a collector that left the pool.** When a resolution no longer names the current
+//! collector, every member ranks above it: the agent probes them all and moves to the best
+//! one that answered every probe since it first did, without waiting `return_after_seconds`
+//! (the operator took its collector out; the members are where it belongs).
+//!
+//! **Spreading the moves.** Each agent draws, when a member turns healthy, a delay uniform
+//! in `[0, collector.return_spread_seconds)` and moves only that much later (after
+//! `return_after_seconds` too when returning), so a collector that comes back or joins gets
+//! its share of agents over that window rather than all at once (the "thundering herd").
+//! The first probe of a session comes at a random phase of `probe_interval_seconds`, so
+//! agents that connected together do not probe (and move) in step.
+//!
+//! **Moving without losing the place.** A planned move (return, or off a collector that left
+//! the pool) first connects to the new collector and runs the whole handshake, with a new
+//! epoch, while the current session goes on sending; only once the new collector's `Welcome`
+//! is in hand does the agent end its epoch on the current one (its last frames, `Goodbye`)
+//! and go on with the new session. A refusal there (`busy`: it filled up between the probe
+//! and the handshake; `draining`; `duplicate_agent_id`), or a failed connection, leaves the
+//! current session and its epoch as they were: the refusal is counted, the member is down
+//! again and its health clock restarts.
 //!
 //! Self-metrics: `uctel_agent_collector_switches_total{reason}` (a `Welcome` from another
 //! collector than the previous `Welcome`'s: `lost` the connection died or could not be made
 //! again, `refused` a collector ranked higher refused this agent on the way, `rebalance` back
-//! to a higher choice, `drain` the collector drained), and `uctel_agent_collector_info{address}`
-//! (1 for the collector of the current connection; absent while not connected).
+//! to a higher choice or off a collector that left the pool, `drain` the collector drained),
+//! `uctel_agent_collector_refusals_total{reason}` (every `Refuse` a collector answered a
+//! handshake with, on a connection walk or a planned move, by the protocol's
+//! [`RefuseReason`] label), and `uctel_agent_collector_info{address}` (1 for the collector of
+//! the current connection; absent while not connected).
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 use sha2::{Digest, Sha256};
+use uctel_protocol::control::RefuseReason;
 
 /// `collector.control`: one `host:port`, or a list of them (a pool).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -156,6 +181,10 @@ pub(crate) fn default_resolve_interval() -> f64 {
 pub(crate) fn default_return_after() -> f64 {
     60.0
 }
+/// `collector.return_spread_seconds` by default.
+pub(crate) fn default_return_spread() -> f64 {
+    5.0
+}
 /// `collector.probe_interval_seconds` by default.
 pub(crate) fn default_probe_interval() -> f64 {
     5.0
@@ -219,6 +248,8 @@ struct Member {
     down: bool,
     /// Since when every probe succeeded (`None`: the last one failed, or none ran).
     healthy_since: Option<Instant>,
+    /// This agent's share of the return spread, drawn when the member turned healthy.
+    spread_delay: Duration,
 }
 
 /// The pool's members and their health (sans-IO: the caller resolves, connects and probes,
@@ -230,6 +261,8 @@ pub struct Pool {
     members: Vec<Member>,
     /// When the names were last resolved to at least one address.
     resolved_at: Option<Instant>,
+    /// `collector.return_spread_seconds`.
+    spread: Duration,
 }
 
 impl Pool {
@@ -239,7 +272,14 @@ impl Pool {
             agent_id: agent_id.to_owned(),
             members: Vec::new(),
             resolved_at: None,
+            spread: Duration::ZERO,
         }
+    }
+
+    /// Sets the return spread window (`collector.return_spread_seconds`; zero by default):
+    /// see [`Pool::probed`].
+    pub fn set_return_spread(&mut self, spread: Duration) {
+        self.spread = spread;
     }
 
     /// Whether the names are due for resolution at `now` (never resolved, or `every` ago).
@@ -271,6 +311,7 @@ impl Pool {
                 weight: weight(&self.agent_id, a),
                 down: false,
                 healthy_since: None,
+                spread_delay: Duration::ZERO,
             }));
         }
         next.sort_by(|x, y| y.weight.cmp(&x.weight).then(x.addr.cmp(&y.addr)));
@@ -322,12 +363,23 @@ impl Pool {
         }
     }
 
-    /// A probe of `addr` at `now` succeeded (`true`) or failed.
-    pub fn probed(&mut self, addr: SocketAddr, ok: bool, now: Instant) {
+    /// A probe of `addr` at `now` succeeded (`true`) or failed. `draw` is a uniform draw
+    /// in `[0, 1)` (out of range is clamped): when the member turns healthy, this agent's
+    /// delay before moving to it is `draw × spread` ([`Pool::set_return_spread`]).
+    pub fn probed(&mut self, addr: SocketAddr, ok: bool, now: Instant, draw: f64) {
+        let spread = self.spread;
         if let Some(m) = self.member(addr) {
             if ok {
                 m.down = false;
-                m.healthy_since.get_or_insert(now);
+                if m.healthy_since.is_none() {
+                    m.healthy_since = Some(now);
+                    let draw = if draw.is_finite() {
+                        draw.clamp(0.0, 1.0)
+                    } else {
+                        0.0
+                    };
+                    m.spread_delay = spread.mul_f64(draw);
+                }
             } else {
                 m.down = true;
                 m.healthy_since = None;
@@ -335,20 +387,27 @@ impl Pool {
         }
     }
 
-    /// The best member ranked above `current` that has been healthy for `return_after` at
-    /// `now`: where a connected agent should move back to.
+    /// Where an agent connected to `current` should move at `now` (module docs), if
+    /// anywhere: the best member ranked above `current` that has answered every probe for
+    /// `return_after` plus its spread delay ([`Pool::probed`]). When `current` is no longer
+    /// a member (it left the pool's names), every member ranks above it and the wait is the
+    /// spread delay alone. `None` at the first choice.
     pub fn return_to(
         &self,
         current: SocketAddr,
         return_after: Duration,
         now: Instant,
     ) -> Option<SocketAddr> {
-        let end = self.rank(current)?;
+        let (end, wait) = match self.rank(current) {
+            Some(r) => (r, return_after),
+            None => (self.members.len(), Duration::ZERO),
+        };
         self.members[..end]
             .iter()
             .find(|m| {
-                m.healthy_since
-                    .is_some_and(|t| now.saturating_duration_since(t) >= return_after)
+                m.healthy_since.is_some_and(|t| {
+                    now.saturating_duration_since(t) >= wait.saturating_add(m.spread_delay)
+                })
             })
             .map(|m| m.addr)
     }
@@ -358,11 +417,13 @@ impl Pool {
 #[derive(Debug, Clone)]
 pub struct PoolMetrics {
     switches: IntCounterVec,
+    refusals: IntCounterVec,
     info: IntGaugeVec,
 }
 
 impl PoolMetrics {
-    /// Registers `uctel_agent_collector_switches_total{reason}` (every reason at 0) and
+    /// Registers `uctel_agent_collector_switches_total{reason}`,
+    /// `uctel_agent_collector_refusals_total{reason}` (every reason of each at 0) and
     /// `uctel_agent_collector_info{address}` into `registry`.
     ///
     /// # Errors
@@ -378,6 +439,16 @@ impl PoolMetrics {
         for r in SwitchReason::ALL {
             switches.with_label_values(&[r.as_str()]);
         }
+        let refusals = IntCounterVec::new(
+            Opts::new(
+                "uctel_agent_collector_refusals_total",
+                "Handshakes a collector of the pool answered with Refuse (on a connection walk or a planned move), by the Refuse reason: busy, draining, duplicate_agent_id, ...",
+            ),
+            &["reason"],
+        )?;
+        for r in RefuseReason::ALL {
+            refusals.with_label_values(&[r.label()]);
+        }
         let info = IntGaugeVec::new(
             Opts::new(
                 "uctel_agent_collector_info",
@@ -386,8 +457,23 @@ impl PoolMetrics {
             &["address"],
         )?;
         registry.register(Box::new(switches.clone()))?;
+        registry.register(Box::new(refusals.clone()))?;
         registry.register(Box::new(info.clone()))?;
-        Ok(PoolMetrics { switches, info })
+        Ok(PoolMetrics {
+            switches,
+            refusals,
+            info,
+        })
+    }
+
+    /// Counts a collector's `Refuse` of this agent.
+    pub fn refused(&self, reason: RefuseReason) {
+        self.refusals.with_label_values(&[reason.label()]).inc();
+    }
+
+    /// The refusals counted for `reason`.
+    pub fn refusals(&self, reason: RefuseReason) -> u64 {
+        self.refusals.with_label_values(&[reason.label()]).get()
     }
 
     /// Counts a switch.
@@ -440,7 +526,7 @@ pub async fn resolve(targets: &[String]) -> (Vec<SocketAddr>, Vec<(String, Strin
 /// `Refuse{protocol_error}`).
 pub async fn probe(addr: SocketAddr, timeout: Duration) -> bool {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use uctel_protocol::control::{self as wire, Body, RefuseReason};
+    use uctel_protocol::control::{self as wire, Body};
     let Ok(Ok(mut stream)) =
         tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await
     else {
@@ -498,7 +584,7 @@ pub async fn refresh(
     let above = lock().above(current);
     for addr in above {
         let ok = probe(addr, timeout).await;
-        lock().probed(addr, ok, Instant::now());
+        lock().probed(addr, ok, Instant::now(), rand::random::<f64>());
     }
 }
 
@@ -577,22 +663,149 @@ mod tests {
         assert!(p.above(r[0]).is_empty());
         p.failed(r[0]);
         assert_eq!(p.return_to(r[1], delay, t0), None);
-        p.probed(r[0], true, t0);
+        p.probed(r[0], true, t0, 0.0);
         assert_eq!(p.return_to(r[1], delay, t0 + Duration::from_secs(59)), None);
         // One failed probe restarts the clock.
-        p.probed(r[0], false, t0 + Duration::from_secs(30));
-        p.probed(r[0], true, t0 + Duration::from_secs(35));
+        p.probed(r[0], false, t0 + Duration::from_secs(30), 0.0);
+        p.probed(r[0], true, t0 + Duration::from_secs(35), 0.0);
         assert_eq!(p.return_to(r[1], delay, t0 + Duration::from_secs(61)), None);
         assert_eq!(
             p.return_to(r[1], delay, t0 + Duration::from_secs(95)),
             Some(r[0])
         );
-        // Nothing ranks above the first choice; a member not in the pool returns nothing.
+        // Nothing ranks above the first choice; from a collector that is not a member the
+        // agent moves to the best healthy member without waiting the delay.
         assert_eq!(p.return_to(r[0], delay, t0 + Duration::from_secs(95)), None);
         assert_eq!(
-            p.return_to(addr(9), delay, t0 + Duration::from_secs(95)),
+            p.return_to(addr(9), delay, t0 + Duration::from_secs(36)),
+            Some(r[0])
+        );
+    }
+
+    /// The reported case (issue 40, item 1): the current collector left the pool's names.
+    /// It was the first choice, so nothing was probed and `return_to` had nothing to rank
+    /// it against; now every member ranks above it and the agent moves to its best healthy
+    /// member after its spread delay, without waiting `return_after`.
+    #[test]
+    fn an_agent_on_a_collector_that_left_the_pool_moves_to_its_best_healthy_member() {
+        let delay = Duration::from_secs(20);
+        let spread = Duration::from_secs(4);
+        // An agent whose first choice is addr(3) among 1, 2, 3.
+        let id = (0..)
+            .map(|i| format!("agent-{i}"))
+            .find(|id| {
+                let mut p = Pool::new(id);
+                p.set_members(&[addr(1), addr(2), addr(3)]);
+                p.ranked()[0] == addr(3)
+            })
+            .unwrap_or_default();
+        let mut p = Pool::new(&id);
+        p.set_return_spread(spread);
+        let t0 = Instant::now();
+        p.resolved(&[addr(1), addr(2), addr(3)], t0);
+        assert!(p.above(addr(3)).is_empty());
+        assert_eq!(p.return_to(addr(3), delay, t0), None);
+        // The name now resolves to 1, 2, 4.
+        p.resolved(&[addr(1), addr(2), addr(4)], t0 + Duration::from_secs(5));
+        assert_eq!(p.rank(addr(3)), None);
+        let mut above = p.above(addr(3));
+        above.sort();
+        assert_eq!(
+            above,
+            vec![addr(1), addr(2), addr(4)],
+            "every member is probed"
+        );
+        let best = p.ranked()[0];
+        let t1 = t0 + Duration::from_secs(6);
+        // Not probed yet: nowhere to go.
+        assert_eq!(p.return_to(addr(3), delay, t1), None);
+        for m in p.ranked() {
+            p.probed(m, true, t1, 0.5);
+        }
+        // Half the spread later, not `return_after` later.
+        assert_eq!(
+            p.return_to(addr(3), delay, t1 + Duration::from_millis(1999)),
             None
         );
+        assert_eq!(
+            p.return_to(addr(3), delay, t1 + Duration::from_secs(2)),
+            Some(best)
+        );
+        // Its best member refused it: the next one that is healthy.
+        p.failed(best);
+        let next = p.ranked()[1];
+        assert_eq!(
+            p.return_to(addr(3), delay, t1 + Duration::from_secs(2)),
+            Some(next)
+        );
+    }
+
+    /// Returns are spread over the window by the draws: the agent with draw `d` returns
+    /// `return_after + d × spread` after the member turned healthy, and a member that fails
+    /// a probe and turns healthy again draws again.
+    #[test]
+    fn returns_wait_their_share_of_the_spread_window() {
+        let delay = Duration::from_secs(10);
+        let spread = Duration::from_secs(8);
+        let t0 = Instant::now();
+        let mut due = Vec::new();
+        for k in 0..8u32 {
+            let mut p = Pool::new("a1");
+            p.set_return_spread(spread);
+            p.set_members(&[addr(1), addr(2)]);
+            let r = p.ranked();
+            p.failed(r[0]);
+            p.probed(r[0], true, t0, f64::from(k) / 8.0);
+            let when = (0..=200u64)
+                .map(|ms100| t0 + Duration::from_millis(ms100 * 100))
+                .find(|t| p.return_to(r[1], delay, *t) == Some(r[0]));
+            due.push(when.map(|t| t - t0));
+        }
+        let expect: Vec<Option<Duration>> = (0..8u64)
+            .map(|k| Some(Duration::from_secs(10 + k)))
+            .collect();
+        assert_eq!(due, expect);
+        // A failed probe restarts the clock and the draw.
+        let mut p = Pool::new("a1");
+        p.set_return_spread(spread);
+        p.set_members(&[addr(1), addr(2)]);
+        let r = p.ranked();
+        p.probed(r[0], true, t0, 0.0);
+        p.probed(r[0], false, t0 + Duration::from_secs(1), 0.0);
+        p.probed(r[0], true, t0 + Duration::from_secs(2), 1.0);
+        let at = t0 + Duration::from_secs(2) + delay;
+        assert_eq!(p.return_to(r[1], delay, at), None);
+        assert_eq!(p.return_to(r[1], delay, at + spread), Some(r[0]));
+        // Draws out of range are clamped: no NaN, no negative, no beyond the window.
+        let mut p = Pool::new("a1");
+        p.set_return_spread(spread);
+        p.set_members(&[addr(1), addr(2)]);
+        let r = p.ranked();
+        p.probed(r[0], true, t0, f64::NAN);
+        assert_eq!(p.return_to(r[1], delay, t0 + delay), Some(r[0]));
+        p.probed(r[0], false, t0, 0.0);
+        p.probed(r[0], true, t0, 7.0);
+        assert_eq!(p.return_to(r[1], delay, t0 + delay + spread), Some(r[0]));
+    }
+
+    #[test]
+    fn refusals_are_counted_by_the_protocols_reason() {
+        let registry = Registry::new();
+        let m = PoolMetrics::register(&registry).unwrap_or_else(|e| panic!("{e}"));
+        for r in RefuseReason::ALL {
+            assert_eq!(m.refusals(r), 0);
+        }
+        m.refused(RefuseReason::Busy);
+        m.refused(RefuseReason::Busy);
+        m.refused(RefuseReason::DuplicateAgentId);
+        assert_eq!(m.refusals(RefuseReason::Busy), 2);
+        assert_eq!(m.refusals(RefuseReason::DuplicateAgentId), 1);
+        assert_eq!(m.refusals(RefuseReason::Draining), 0);
+        let text = prometheus::TextEncoder::new()
+            .encode_to_string(&registry.gather())
+            .unwrap_or_default();
+        assert!(text.contains("uctel_agent_collector_refusals_total{reason=\"busy\"} 2"));
+        assert!(text.contains("uctel_agent_collector_refusals_total{reason=\"draining\"} 0"));
     }
 
     /// A listener that answers each connection's first `Probe` with `answer(nonce)`.

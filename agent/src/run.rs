@@ -63,7 +63,9 @@ use crate::sender::core::{FinalSequences, SenderConfig, SenderCore};
 use crate::sender::pump::{self, Stop};
 use crate::stream::Stream;
 
+mod establish;
 mod negotiate;
+use establish::{can_hand_over, establish, Established};
 use negotiate::negotiated;
 
 /// Frames per stream waiting for pacing before the pipeline stops taking records.
@@ -248,9 +250,13 @@ enum SessionEnd {
     /// The collector is draining (its `Goodbye` said so): the epoch ended cleanly; move to
     /// the next collector of the pool at once.
     Drain(String),
-    /// A collector ranked higher has been healthy for `return_after_seconds`: the epoch
-    /// ended cleanly; move to it.
-    Rebalance(SocketAddr),
+    /// A collector ranked higher has been healthy for `return_after_seconds` (or the
+    /// current one left the pool): the epoch ended cleanly; move to `to`, whose session is
+    /// `ready` when it welcomed the agent before the epoch ended (`None`: connect to it).
+    Rebalance {
+        to: SocketAddr,
+        ready: Option<Box<Established>>,
+    },
 }
 
 /// What a lost session lost: its control connection (or the collector ended it) or its data
@@ -260,6 +266,11 @@ enum LostOn {
     Control,
     DataPath,
 }
+
+/// A planned move's connection and handshake ([`establish`]), run beside the session.
+type Handover<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Established, SessionError>> + Send + 'a>,
+>;
 
 /// One connection attempt: where, with which epoch, after how many sessions.
 #[derive(Debug, Clone, Copy)]
@@ -338,7 +349,11 @@ impl Connector {
     fn new(config: &AgentConfig, metrics: PoolMetrics) -> Connector {
         Connector {
             targets: config.collector.control.targets().into(),
-            pool: Arc::new(std::sync::Mutex::new(Pool::new(&config.agent_id))),
+            pool: Arc::new(std::sync::Mutex::new({
+                let mut pool = Pool::new(&config.agent_id);
+                pool.set_return_spread(seconds(config.collector.return_spread_seconds));
+                pool
+            })),
             metrics,
             resolve_every: seconds(config.collector.resolve_interval_seconds),
             last: None,
@@ -422,23 +437,30 @@ async fn connection_loop(
         }
     };
     let mut connector = Connector::new(config, metrics);
+    // The session a planned move established before it ended the previous epoch.
+    let mut handed: Option<Box<Established>> = None;
     while !shutdown.is_triggered() {
-        let order = match connector.walk_order().await {
-            Ok(o) => o,
-            Err(e) => {
-                tracing::warn!(error = %e, attempt, "connection to the collector failed");
-                Vec::new()
-            }
+        let order = match handed.take() {
+            Some(ready) => vec![(ready.collector, ready.epoch, Some(ready))],
+            None => match connector.walk_order().await {
+                Ok(o) => o
+                    .into_iter()
+                    .map(|a| (a, rand::random::<u64>(), None))
+                    .collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, attempt, "connection to the collector failed");
+                    Vec::new()
+                }
+            },
         };
         let mut after = AfterWalk::Backoff { longest: false };
         // Whether a session of this walk starts the backoff over (`resets_backoff`).
         let mut stable_once = false;
-        for addr in order {
+        for (addr, epoch, ready) in order {
             if shutdown.is_triggered() {
                 after = AfterWalk::Shutdown;
                 break;
             }
-            let epoch: u64 = rand::random();
             let mut welcomed = false;
             let began = tokio::time::Instant::now();
             let result = session(
@@ -451,11 +473,15 @@ async fn connection_loop(
                     epoch,
                     previous_sessions: summary.sessions,
                 },
+                ready,
                 &mut welcomed,
                 &mut connector,
                 &shutdown,
             )
             .await;
+            if let Err(SessionError::Control(ControlError::Refused { reason, .. })) = &result {
+                connector.metrics.refused(*reason);
+            }
             stats.set_connected(false);
             connector.metrics.set_current(None);
             if welcomed {
@@ -486,9 +512,10 @@ async fn connection_loop(
                             tracing::info!(epoch = format_args!("{epoch:#x}"), collector = %addr, detail = %why, "the collector is draining; moving to the next collector of the pool");
                             after = AfterWalk::Now;
                         }
-                        SessionEnd::Rebalance(to) => {
+                        SessionEnd::Rebalance { to, ready } => {
                             connector.leaving = SwitchReason::Rebalance;
-                            tracing::info!(epoch = format_args!("{epoch:#x}"), from = %addr, to = %to, "a collector ranked higher is healthy again; moving back to it");
+                            tracing::info!(epoch = format_args!("{epoch:#x}"), from = %addr, to = %to, welcomed = ready.is_some(), "a collector ranked higher is healthy (or this one left the pool); moved to it");
+                            handed = ready;
                             after = AfterWalk::Now;
                         }
                     }
@@ -603,6 +630,7 @@ async fn session(
     queues: &Queues,
     stats: &Arc<SelfMetrics>,
     attempt: Attempt,
+    ready: Option<Box<Established>>,
     welcomed: &mut bool,
     connector: &mut Connector,
     shutdown: &Shutdown,
@@ -614,50 +642,20 @@ async fn session(
     } = attempt;
     let connect_timeout = seconds(config.collector.connect_timeout_seconds);
     let addr = collector.to_string();
-    let stream = tokio::time::timeout(connect_timeout, tokio::net::TcpStream::connect(collector))
-        .await
-        .map_err(|_| SessionError::Connect {
-            addr: addr.clone(),
-            detail: format!("timed out after {connect_timeout:?}"),
-        })?
-        .map_err(|e| SessionError::Connect {
-            addr: addr.clone(),
-            detail: e.to_string(),
-        })?;
-    let mut conn = ControlConn::new(stream);
-    let local_ip = conn
-        .local_addr()
-        .map_err(|e| SessionError::Connect {
-            addr: addr.clone(),
-            detail: e.to_string(),
-        })?
-        .ip();
-    let mut plane = DataPlane::open(config, local_ip, config.max_frame_bytes, QpType::Uc)?;
-    let rc_plane = lane::open_plane(config, local_ip, &plane)?;
-    let hello = Hello {
-        protocol_version: PROTOCOL_VERSION,
-        agent_id: config.agent_id.clone(),
-        hostname: hostname(),
-        epoch,
-        transport: plane.transport() as i32,
-        capabilities: config.streams.data_paths(),
-        qp: Some(plane.endpoint()),
-        expected_frames_per_second: Some(
-            connector
-                .demand
-                .announce(config.collector.expected_frames_per_second),
-        ),
-        rc_lane: rc_plane.as_ref().map(|p| lane::request(p, config)),
+    let announce = connector
+        .demand
+        .announce(config.collector.expected_frames_per_second);
+    let Established {
+        mut conn,
+        mut plane,
+        rc_plane,
+        welcome,
+        sender_config,
+        ..
+    } = match ready {
+        Some(ready) => *ready,
+        None => establish(config, token, collector, epoch, announce).await?,
     };
-    let welcome = conn
-        .handshake(hello, token, connect_timeout)
-        .await
-        .map_err(|e| match e {
-            HandshakeFailure::Control(e) => SessionError::Control(e),
-            HandshakeFailure::TimedOut(after) => SessionError::HandshakeTimeout(after),
-        })?;
-    let sender_config = negotiated(config, &welcome, plane.endpoint().mtu)?;
-    plane.connect(&welcome)?;
     let mut rc = RcLane::start(rc_plane, &welcome, &sender_config, config, epoch, stats)?;
     *welcomed = true;
     connector.welcomed(collector);
@@ -711,9 +709,16 @@ async fn session(
     // periodic re-resolution of the pool's names, off the send path.
     let probe_every = seconds(config.collector.probe_interval_seconds);
     let return_after = seconds(config.collector.return_after_seconds);
-    let mut probe_tick = tokio::time::interval(probe_every);
+    // The first probe at a random phase of the interval: agents that connected together
+    // do not probe, and so do not move, in step (`pool` module docs).
+    let mut probe_tick = tokio::time::interval_at(
+        tokio::time::Instant::now() + probe_every.mul_f64(rand::random::<f64>()),
+        probe_every,
+    );
     probe_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut probes: Option<tokio::task::JoinHandle<()>> = None;
+    // A planned move's handshake with the collector moved to, while this session sends.
+    let mut handover: Option<(SocketAddr, Handover<'_>)> = None;
 
     let mut last_heartbeat = 0u64;
     // The lanes take turns going first: they draw on one pacer, and the first to ask takes
@@ -851,9 +856,33 @@ async fn session(
                 }
                 None => {}
             },
+            res = async {
+                match handover.as_mut() {
+                    Some((_, h)) => h.await,
+                    None => std::future::pending().await,
+                }
+            }, if handover.is_some() => {
+                let Some((to, _)) = handover.take() else { continue };
+                match res {
+                    Ok(ready) => break SessionEnd::Rebalance { to, ready: Some(Box::new(ready)) },
+                    Err(e) => {
+                        // Refused or unreachable: this session and its epoch go on.
+                        if let SessionError::Control(ControlError::Refused { reason, .. }) = &e {
+                            connector.metrics.refused(*reason);
+                        }
+                        lock_pool(&connector.pool).failed(to);
+                        tracing::warn!(epoch = format_args!("{epoch:#x}"), collector = %addr, to = %to, error = %e, "moving to another collector of the pool failed; staying on this one with the same epoch");
+                    }
+                }
+            }
             _ = probe_tick.tick() => {
-                if let Some(to) = lock_pool(&connector.pool).return_to(collector, return_after, Instant::now()) {
-                    break SessionEnd::Rebalance(to);
+                let to = handover.is_none().then(|| lock_pool(&connector.pool).return_to(collector, return_after, Instant::now())).flatten();
+                if let Some(to) = to {
+                    if !can_hand_over(config) {
+                        break SessionEnd::Rebalance { to, ready: None };
+                    }
+                    let announce = connector.demand.announce(config.collector.expected_frames_per_second);
+                    handover = Some((to, Box::pin(establish(config, token, to, rand::random(), announce))));
                 }
                 if probes.as_ref().is_none_or(tokio::task::JoinHandle::is_finished) {
                     probes = Some(tokio::spawn(pool::refresh(
@@ -871,9 +900,10 @@ async fn session(
     if let Some(p) = probes {
         p.abort();
     }
+    drop(handover);
 
     match end {
-        SessionEnd::Shutdown | SessionEnd::Drain(_) | SessionEnd::Rebalance(_) => {
+        SessionEnd::Shutdown | SessionEnd::Drain(_) | SessionEnd::Rebalance { .. } => {
             // Last frames: first what the sources queued (log lines waiting for credit
             // included, as long as reports keep coming), then every stream's
             // LAST_OF_EPOCH frame, all within FINISH_GRACE.
@@ -944,9 +974,9 @@ async fn session(
                     GoodbyeReason::Reconnect,
                     "the collector is draining; moving to the next collector".to_owned(),
                 ),
-                SessionEnd::Rebalance(to) => (
+                SessionEnd::Rebalance { to, .. } => (
                     GoodbyeReason::Reconnect,
-                    format!("moving back to the collector at {to}"),
+                    format!("moving to the collector at {to}"),
                 ),
                 _ => (GoodbyeReason::Shutdown, "agent shutting down".to_owned()),
             };
@@ -1010,7 +1040,7 @@ async fn session(
             tracing::info!(
                 epoch = format_args!("{epoch:#x}"),
                 collector = %collector,
-                reason = match &end { SessionEnd::Drain(_) => "drain", SessionEnd::Rebalance(_) => "rebalance", _ => "shutdown" },
+                reason = match &end { SessionEnd::Drain(_) => "drain", SessionEnd::Rebalance { .. } => "rebalance", _ => "shutdown" },
                 frames = fin.frames + rc_fin.map_or(0, |f| f.frames),
                 rc_frames = rc_fin.map(|f| f.frames),
                 metrics_frames = m.frames,

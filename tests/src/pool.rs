@@ -213,6 +213,20 @@ impl CollectorPool {
         out
     }
 
+    /// Agent `i`'s `uctel_agent_collector_refusals_total` by reason.
+    pub fn refusals(&self, i: usize) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        if let Ok(s) = self.agents[i].scrape() {
+            for smp in s.select("uctel_agent_collector_refusals_total", &[]) {
+                if let Some(r) = smp.label("reason") {
+                    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                    out.insert(r.to_owned(), smp.value.max(0.0) as u64);
+                }
+            }
+        }
+        out
+    }
+
     /// Writes `n` numbered lines to agent `i`'s input log.
     pub fn write_lines(&self, i: usize, start: usize, n: usize) {
         use std::io::Write;
@@ -335,4 +349,47 @@ fn fields(line: &str) -> BTreeMap<String, String> {
         })
         .map(|(k, v)| (k.to_owned(), v.trim_matches('"').to_owned()))
         .collect()
+}
+
+/// Lines `127.0.0.k name` added to `/etc/hosts` (the system resolver's file, read again at
+/// every lookup), rewritten with [`HostsEntries::set`], and the file's original text put back
+/// when dropped.
+#[derive(Debug)]
+pub struct HostsEntries {
+    original: String,
+}
+
+impl HostsEntries {
+    /// Adds `127.0.0.k name` for `k` in `1..=n`.
+    ///
+    /// # Errors
+    /// `/etc/hosts` cannot be read or written (not root).
+    pub fn add(name: &str, n: u8) -> Result<HostsEntries, String> {
+        let original = std::fs::read_to_string("/etc/hosts").map_err(|e| e.to_string())?;
+        let hosts = HostsEntries { original };
+        hosts.set(name, &(1..=n).collect::<Vec<u8>>())?;
+        Ok(hosts)
+    }
+
+    /// Makes `name` resolve to `127.0.0.k` for each `k` of `last_octets` (in that order),
+    /// the rest of the original file kept.
+    ///
+    /// # Errors
+    /// `/etc/hosts` cannot be written.
+    pub fn set(&self, name: &str, last_octets: &[u8]) -> Result<(), String> {
+        let mut text = self.original.clone();
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
+        for k in last_octets {
+            text.push_str(&format!("127.0.0.{k} {name}\n"));
+        }
+        std::fs::write("/etc/hosts", text).map_err(|e| e.to_string())
+    }
+}
+
+impl Drop for HostsEntries {
+    fn drop(&mut self) {
+        let _ = std::fs::write("/etc/hosts", &self.original);
+    }
 }

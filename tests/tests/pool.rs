@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use uctel_agent::pool::weight;
 use uctel_tests::pipeline::STREAMS;
-use uctel_tests::pool::{agent_epochs, collector_epochs, CollectorPool};
+use uctel_tests::pool::{agent_epochs, collector_epochs, CollectorPool, HostsEntries};
 
 const AGENTS: usize = 30;
 const RETURN_AFTER_SECONDS: f64 = 4.0;
@@ -327,6 +327,12 @@ fn a_full_collector_refuses_and_the_agent_moves_on() {
         log.contains("refused this agent") && log.contains("busy"),
         "{log}"
     );
+    // The agent counts the refusal by its reason.
+    let refusals = pool.refusals(1);
+    assert!(
+        refusals.get("busy").is_some_and(|n| *n >= 1),
+        "the busy refusal counted on the agent: {refusals:?}"
+    );
     // It stays where it was taken in: probes of the full collector hear the refusal.
     std::thread::sleep(Duration::from_secs_f64(RETURN_AFTER_SECONDS + 2.0));
     assert_eq!(pool.current(1), Some(members[1]));
@@ -430,32 +436,6 @@ fn an_agent_with_every_collector_down_backs_off_holds_its_logs_and_connects_when
         .daemon
         .stop(Duration::from_secs(20))
         .success());
-}
-
-/// Adds `127.0.0.k name` lines to `/etc/hosts` and takes them out again when dropped.
-struct HostsEntries {
-    original: String,
-}
-
-impl HostsEntries {
-    fn add(name: &str, n: u8) -> Result<HostsEntries, String> {
-        let original = std::fs::read_to_string("/etc/hosts").map_err(|e| e.to_string())?;
-        let mut text = original.clone();
-        if !text.ends_with('\n') {
-            text.push('\n');
-        }
-        for k in 1..=n {
-            text.push_str(&format!("127.0.0.{k} {name}\n"));
-        }
-        std::fs::write("/etc/hosts", text).map_err(|e| e.to_string())?;
-        Ok(HostsEntries { original })
-    }
-}
-
-impl Drop for HostsEntries {
-    fn drop(&mut self) {
-        let _ = std::fs::write("/etc/hosts", &self.original);
-    }
 }
 
 #[test]
