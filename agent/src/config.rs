@@ -713,6 +713,9 @@ impl Validate for AgentConfig {
                 p.push(format!("sources.scrape[{i}].{key}"), problem);
             }
         }
+        for (i, problem) in crate::sources::scrape::shared_identities(&self.sources.scrape) {
+            p.push(format!("sources.scrape[{i}]"), problem);
+        }
         for (key, problem) in self.sources.fast_counters.iter().flat_map(|f| f.problems()) {
             p.push(format!("sources.fast_counters.{key}"), problem);
         }
@@ -1594,5 +1597,38 @@ sources:
                 .any(|p| p.key_path == "sources.scrape[0].timeout_seconds"),
             "{e}"
         );
+    }
+
+    /// Two targets without `job` on different ports are two instances; two on the same
+    /// `host:port` share `job` and `instance` and are refused, the later one named.
+    #[test]
+    fn two_scrape_targets_sharing_job_and_instance_are_refused() {
+        let two = |second: &str| {
+            format!(
+                "{MINIMAL}sources:\n  scrape:\n    - url: http://127.0.0.1:9100/metrics\n    - url: {second}\n"
+            )
+        };
+        if let Err(e) = load(&two("http://127.0.0.1:9400/metrics")) {
+            panic!("{e}");
+        }
+        let e = load(&two("http://127.0.0.1:9100/federate"))
+            .err()
+            .unwrap_or_else(|| panic!("accepted"));
+        let p = e
+            .problems
+            .iter()
+            .find(|p| p.key_path == "sources.scrape[1]")
+            .unwrap_or_else(|| panic!("{e}"));
+        assert!(
+            p.message.contains("\"127.0.0.1:9100\"") && p.message.contains("sources.scrape[0]"),
+            "{e}"
+        );
+        let renamed = format!(
+            "{}      instance: federate\n",
+            two("http://127.0.0.1:9100/federate")
+        );
+        if let Err(e) = load(&renamed) {
+            panic!("{e}");
+        }
     }
 }

@@ -607,7 +607,9 @@ pub async fn textfile_loop(
 
 /// Scrapes one target (`sources::scrape`) until shutdown: first at a random offset within its
 /// interval, then every interval. A failed scrape is counted in
-/// `uctel_agent_source_errors_total{source="scrape",reason}` and logged once per reason.
+/// `uctel_agent_source_errors_total{source="scrape",reason}`, and so is each sample a
+/// successful one refused (`duplicate`, `timestamp_too_new`, `timestamp_too_old`); each
+/// reason is logged once per target at `warn`, then at `debug`.
 pub async fn scrape_loop(
     target: crate::sources::scrape::Target,
     queue: RecordQueue<Metric>,
@@ -628,13 +630,21 @@ pub async fn scrape_loop(
             s = target.scrape() => s,
             () = shutdown.wait() => return,
         };
+        let url = &target.config().url;
         if let Some((reason, detail)) = &scraped.error {
             stats.source_error("scrape", reason.as_str());
-            let url = &target.config().url;
-            if warned.insert(*reason) {
+            if warned.insert(reason.as_str()) {
                 tracing::warn!(%url, reason = reason.as_str(), %detail, "scrape failed (logged once per target and reason)");
             } else {
                 tracing::debug!(%url, reason = reason.as_str(), %detail, "scrape failed");
+            }
+        }
+        for (reason, n) in scraped.refusals() {
+            stats.source_errors_add("scrape", reason.as_str(), n);
+            if warned.insert(reason.as_str()) {
+                tracing::warn!(%url, reason = reason.as_str(), samples = n, "samples of a scrape refused (logged once per target and reason)");
+            } else {
+                tracing::debug!(%url, reason = reason.as_str(), samples = n, "samples of a scrape refused");
             }
         }
         offer(&queue, scraped.metrics, Stream::Metrics, &stats);

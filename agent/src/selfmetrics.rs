@@ -50,7 +50,11 @@
 //! `timestamps`); `source="ethtool"`, one per interface request that failed other than with
 //! `EOPNOTSUPP` and per statistic dropped for a clashing name, `reason` from
 //! `sources::node_ethtool::SkipReason` (`link_info_error`, `driver_info_error`,
-//! `stats_error`, `duplicate_name`). Each distinct file and reason is also logged
+//! `stats_error`, `duplicate_name`); `source="scrape"`, one per failed scrape, `reason` from
+//! `sources::scrape::ScrapeError` (`down`, `timeout`, `http_status`, `parse_error`,
+//! `body_too_large`, `sample_limit`), and one per sample of a successful scrape refused,
+//! `reason` from `sources::scrape::SampleRefusal` (`duplicate`, `timestamp_too_new`,
+//! `timestamp_too_old`). Each distinct file and reason is also logged
 //! once at `warn` ([`SelfMetrics::infiniband_file_skipped`]).
 //!
 //! `uctel_agent_fault_packets_total{action}` counts what the soft transport's fault injector
@@ -963,6 +967,15 @@ impl SelfMetrics {
         self.source_errors
             .with_label_values(&[source, reason])
             .inc();
+    }
+
+    /// Counts `n` inputs `source` skipped for `reason` in `source_errors_total` at once (the
+    /// scrape source: the samples of one answer it refused for one reason). Both labels
+    /// come from the source's own closed sets.
+    pub fn source_errors_add(&self, source: &str, reason: &str, n: u64) {
+        self.source_errors
+            .with_label_values(&[source, reason])
+            .inc_by(n);
     }
 
     /// The `source_errors_total{source,reason}` count.

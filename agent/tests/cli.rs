@@ -101,6 +101,51 @@ fn check_config_names_the_key_of_an_invalid_ethtool_regex() {
     assert_eq!(code, Some(0), "{err}");
 }
 
+/// Two scrape targets on one `host:port` without `job` would ship one `up{job="scrape"}`
+/// series between them: `--check-config` names the later one (and the agent refuses to
+/// start on the same check); another port, or an `instance` of its own, is fine.
+#[test]
+fn check_config_refuses_two_scrape_targets_with_the_same_job_and_instance() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let head = "agent_id: a\ncollector:\n  control: 127.0.0.1:7400\nauth:\n  token: t\n";
+    let check = |name: &str, targets: &str| {
+        let cfg = write(
+            dir.path(),
+            name,
+            &format!("{head}sources:\n  scrape:\n{targets}"),
+        );
+        let out = agent()
+            .arg("--config")
+            .arg(&cfg)
+            .arg("--check-config")
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = check(
+        "same.yaml",
+        "    - url: http://127.0.0.1:9100/metrics\n    - url: http://127.0.0.1:9100/federate\n",
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("same.yaml:9:7: sources.scrape[1]: job \"scrape\" and instance \"127.0.0.1:9100\" are those of sources.scrape[0] too"),
+        "{err}"
+    );
+    let (code, err) = check(
+        "ports.yaml",
+        "    - url: http://127.0.0.1:9100/metrics\n    - url: http://127.0.0.1:9400/metrics\n",
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let (code, err) = check(
+        "named.yaml",
+        "    - url: http://127.0.0.1:9100/metrics\n    - url: http://127.0.0.1:9100/federate\n      instance: federate\n",
+    );
+    assert_eq!(code, Some(0), "{err}");
+}
+
 #[test]
 fn agent_id_from_the_environment_is_checked_like_the_configuration_key() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));

@@ -25,6 +25,8 @@
 //! - [`pair`]: the agent's sans-IO sender and the collector's connection ingest wired back to
 //!   back through a seeded lossy link on a virtual clock, with the same accounting laws (no
 //!   binaries, no sockets).
+//! - [`targets`]: small HTTP scrape targets answering what a test says (text, a large chunked
+//!   answer without `Content-Length`, a status), counting what they served.
 //!
 //! Every wait in this crate is bounded by a deadline and fails with what it last saw: it is
 //! [`wait_for`], `uctel-testkit`'s one wait.
@@ -44,6 +46,7 @@ pub mod pair;
 pub mod pipeline;
 pub mod pool;
 pub mod prometheus;
+pub mod targets;
 pub mod victoria;
 
 pub use uctel_testkit::exposition;

@@ -2283,3 +2283,127 @@ fn clickhouse_bad_rows_spread_over_the_inserts() {
     row.verdict(Law::Exact);
     ch.stop();
 }
+
+/// A scrape target answering 200 MB chunked, without `Content-Length` (64 KiB chunks, 1 ms
+/// apart), to a target with `body_size_limit: 4MiB`, next to a normal target, while lines
+/// flow. Until the row arms it, it answers a small exposition, which gives the agent's
+/// baseline peak RSS. Each big scrape fails as `body_too_large` (`up` 0) with the rest of the
+/// answer unread, the agent's peak RSS grows by less than twice the limit plus 16 MiB, the
+/// normal target's series arrive (`up` 1), and the lines and frames are accounted exactly.
+///
+/// Before `body_size_limit`, main read up to a fixed 64 MiB of each answer into one buffer
+/// (and refused the key): the peak RSS grows by more than 64 MiB.
+#[test]
+fn scrape_target_answering_200_mb() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use uctel_tests::targets::{self, Answer};
+    const LIMIT_MIB: u64 = 4;
+    let _g = exclusive();
+    let mut row = Row::start("scrape-200mb", CollectorSpec::default(), None);
+    let armed = std::sync::Arc::new(AtomicBool::new(false));
+    let big = {
+        let armed = std::sync::Arc::clone(&armed);
+        targets::start(move || {
+            if armed.load(Ordering::SeqCst) {
+                Answer::Chunked {
+                    total: 200_000_000,
+                    chunk: 64 << 10,
+                    pause: Duration::from_millis(1),
+                }
+            } else {
+                Answer::Text("big_target_ready 1\n".into())
+            }
+        })
+    };
+    let normal = targets::start(|| Answer::Text("# TYPE row_normal gauge\nrow_normal 42\n".into()));
+    let targets: serde_yaml::Value = serde_yaml::from_str(&format!(
+        "- {{url: '{}', job: big, interval_seconds: 1, timeout_seconds: 1, body_size_limit: {LIMIT_MIB}MiB}}\n\
+         - {{url: '{}', job: normal, interval_seconds: 1, timeout_seconds: 1}}\n",
+        big.url(),
+        normal.url()
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
+    let a = row.add_agent(AgentSpec::new("a").set("sources.scrape", targets));
+    row.wait_connected(1, &[a]);
+    let pid = row.agents[a]
+        .daemon
+        .pid()
+        .unwrap_or_else(|| panic!("agent pid"));
+    uctel_tests::wait_for(
+        "two small answers of the big target",
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        || {
+            (big.served() >= 2)
+                .then_some(())
+                .ok_or_else(|| format!("{} served", big.served()))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let (_, hwm0) = uctel_tests::faults::memory_kib(pid).unwrap_or_else(|| panic!("VmHWM"));
+    armed.store(true, Ordering::SeqCst);
+    row.write_bursts(a, 0, 2000, GAP);
+    row.wait_settled(a, 2000, SETTLE);
+    let too_large = |s: &uctel_tests::exposition::Scrape| {
+        s.count(
+            "uctel_agent_source_errors_total",
+            &[("source", "scrape"), ("reason", "body_too_large")],
+        )
+    };
+    let mut s = uctel_tests::exposition::Scrape::default();
+    let _ = uctel_tests::wait_for(
+        "three big scrapes failed",
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        || {
+            s = row.scrape_agent(a)?;
+            (too_large(&s) >= 3)
+                .then_some(())
+                .ok_or_else(|| format!("{} body_too_large", too_large(&s)))
+        },
+    );
+    let (_, hwm) = uctel_tests::faults::memory_kib(pid).unwrap_or_else(|| panic!("VmHWM"));
+    let bound_kib = (2 * LIMIT_MIB + 16) * 1024;
+    row.expect(
+        hwm.saturating_sub(hwm0) < bound_kib,
+        format!(
+            "agent VmHWM grew from {hwm0} to {hwm} KiB, by less than {bound_kib} KiB \
+             (2 × body_size_limit + 16 MiB)"
+        ),
+    );
+    let too_large = too_large(&s);
+    let all = s.count("uctel_agent_source_errors_total", &[("source", "scrape")]);
+    row.expect(
+        too_large >= 3 && all == too_large,
+        format!("scrape failures: {too_large} body_too_large of {all}"),
+    );
+    let written = big.written();
+    let unread_bound = (LIMIT_MIB + 4 + 32) << 20;
+    row.expect(
+        !written.is_empty() && written.iter().all(|&w| w < unread_bound),
+        format!(
+            "each big answer cut short, below the limit + socket buffers ({unread_bound} \
+             bytes): {written:?}"
+        ),
+    );
+    let c = row.scrape_collector().unwrap_or_else(|e| panic!("{e}"));
+    let value = |name: &str, job: &str| {
+        c.select(name, &[("agent", "a"), ("job", job)])
+            .map(|smp| smp.value)
+            .collect::<Vec<f64>>()
+    };
+    let (big_up, normal_up, normal) = (
+        value("up", "big"),
+        value("up", "normal"),
+        value("row_normal", "normal"),
+    );
+    row.expect(
+        big_up == [0.0] && normal_up == [1.0] && normal == [42.0],
+        format!(
+            "at the collector: big up {big_up:?} (want 0), normal up {normal_up:?} (want 1), \
+             row_normal {normal:?} (want 42)"
+        ),
+    );
+    row.quiesce();
+    row.verdict(Law::Exact);
+}

@@ -63,7 +63,11 @@ fn the_scrape_source_serves_what_node_exporter_serves() {
         Duration::from_millis(500),
         || {
             let c = p.scrape()?;
-            let at = series(&c, &["agent", "instance", "job"], agent_job("node"));
+            let at = series(
+                &c,
+                &["agent", "instance", "exported_instance", "job"],
+                agent_job("node"),
+            );
             if at.get("up{}") == Some(&1.0) && at.len() > 200 {
                 Ok(())
             } else {
@@ -79,7 +83,11 @@ fn the_scrape_source_serves_what_node_exporter_serves() {
     );
     std::thread::sleep(Duration::from_millis(2500));
     let c = p.scrape().unwrap_or_else(|e| panic!("{e}"));
-    let at_collector = series(&c, &["agent", "instance", "job"], agent_job("node"));
+    let at_collector = series(
+        &c,
+        &["agent", "instance", "exported_instance", "job"],
+        agent_job("node"),
+    );
     std::thread::sleep(Duration::from_millis(2500));
     let after = series(
         &scrape(ne_addr).unwrap_or_else(|e| panic!("{e}")),
@@ -151,7 +159,11 @@ fn the_scrape_source_serves_what_node_exporter_serves() {
     // The collector's own /metrics: its process_* families at the collector under
     // job="collector" (identities; values move), its own uctel_collector_* refused.
     let c = p.scrape().unwrap_or_else(|e| panic!("{e}"));
-    let own = series(&c, &["agent", "instance", "job"], agent_job("collector"));
+    let own = series(
+        &c,
+        &["agent", "instance", "exported_instance", "job"],
+        agent_job("collector"),
+    );
     let direct = series(&c, &[], |smp| {
         smp.name.starts_with("process_") && smp.label("agent").is_none()
     });
@@ -174,7 +186,11 @@ fn the_scrape_source_serves_what_node_exporter_serves() {
     );
 
     // The target nobody listens on: up 0 at the collector, counted at the agent.
-    let dead_up = series(&c, &["agent", "instance", "job"], agent_job("dead"));
+    let dead_up = series(
+        &c,
+        &["agent", "instance", "exported_instance", "job"],
+        agent_job("dead"),
+    );
     assert_eq!(dead_up.get("up{}"), Some(&0.0), "{dead_up:?}");
     let a = p.agents[0].scrape().unwrap_or_else(|e| panic!("{e}"));
     assert!(

@@ -22,7 +22,7 @@ use uctel_tests::node_exporter::{same, series};
 use uctel_tests::pipeline::Pipeline;
 
 /// The agent's peak RSS (`VmHWM`) allowed while a target answers 50 MB of garbage: the
-/// answer is read into memory up to the scrape source's 64 MiB limit, so about 64 MiB for
+/// answer is read into memory up to that target's 64 MiB `body_size_limit`, so about 64 MiB for
 /// the body and the agent's own working set (tens of MiB) fit well within it.
 const RSS_BOUND_KIB: u64 = 192 * 1024;
 
@@ -139,7 +139,7 @@ fn an_openmetrics_target_arrives_as_its_text_format_answer() {
         Duration::from_millis(500),
         || {
             let c = p.scrape()?;
-            at = series(&c, &["agent", "instance", "job"], mine);
+            at = series(&c, &["agent", "instance", "exported_instance", "job"], mine);
             at.retain(|k, _| !health.contains(&k.split('{').next().unwrap_or_default()));
             if at.len() >= want.len() {
                 Ok(())
@@ -150,7 +150,7 @@ fn an_openmetrics_target_arrives_as_its_text_format_answer() {
     )
     .unwrap_or_else(|e| panic!("{e}\n{}", p.agents[0].daemon.log_tail(20)));
     let c = p.scrape().unwrap_or_else(|e| panic!("{e}"));
-    let up = series(&c, &["agent", "instance", "job"], mine);
+    let up = series(&c, &["agent", "instance", "exported_instance", "job"], mine);
     assert_eq!(up.get("up{}"), Some(&1.0), "{up:?}");
     let mut diff = Vec::new();
     for (k, v) in &want {
@@ -275,7 +275,7 @@ fn hanging_failing_and_garbage_targets_are_counted_and_host_metrics_stay_on_time
     let targets = serde_yaml::from_str::<serde_yaml::Value>(&format!(
         "- {{url: 'http://{hang}/metrics', job: hang, interval_seconds: 1, timeout_seconds: 1}}\n\
          - {{url: 'http://{failing}/metrics', job: failing, interval_seconds: 1, timeout_seconds: 1}}\n\
-         - {{url: 'http://{junk}/metrics', job: junk, interval_seconds: 2, timeout_seconds: 2}}\n"
+         - {{url: 'http://{junk}/metrics', job: junk, interval_seconds: 2, timeout_seconds: 2, body_size_limit: 64MiB}}\n"
     ))
     .unwrap_or_else(|e| panic!("{e}"));
     p.add_agent_with("bad-targets", 0.0, 1.0, |y| {
@@ -330,9 +330,11 @@ fn hanging_failing_and_garbage_targets_are_counted_and_host_metrics_stay_on_time
         errors("parse_error"),
     );
     let up = |job: &str| {
-        series(&c, &["agent", "instance", "job"], |s| {
-            ours(s) && s.label("job") == Some(job)
-        })
+        series(
+            &c,
+            &["agent", "instance", "exported_instance", "job"],
+            |s| ours(s) && s.label("job") == Some(job),
+        )
         .get("up{}")
         .copied()
     };

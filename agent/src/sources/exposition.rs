@@ -14,6 +14,8 @@
 //! `openmetrics-parser` is LGPL-3.0, `nom-openmetrics` drops timestamps, and
 //! `prometheus-parse` splits label values at every comma and merges a histogram's label sets.
 
+use std::collections::HashSet;
+
 use prom_text_format_parser::{Scrape, Type, ValueType};
 use uctel_protocol::payload::{Bucket, Metric, MetricType};
 
@@ -54,7 +56,9 @@ fn number(s: &str) -> Option<f64> {
 
 /// Parses `text` (the text exposition format 0.0.4) into records: families without
 /// `# HELP` get `default_help(name)`; samples with a timestamp keep it in `timestamp_ms`
-/// (or make the whole text an error with [`Timestamps::Refuse`]).
+/// (or make the whole text an error with [`Timestamps::Refuse`]). A series given twice is
+/// kept twice (node_exporter's textfile collector fails its gather on one; see
+/// [`parse_first`] for Prometheus's scrape rule).
 ///
 /// # Errors
 /// [`ExpositionError::Parse`] (not the format, or a value that is not a number),
@@ -64,8 +68,47 @@ pub fn parse(
     default_help: &dyn Fn(&str) -> String,
     timestamps: Timestamps,
 ) -> Result<Vec<Metric>, ExpositionError> {
+    parse_with(text, default_help, timestamps, false).map(|p| p.metrics)
+}
+
+/// A text parsed by [`parse_first`]: its records and the samples it gave twice.
+#[derive(Debug, Default)]
+pub struct Exposition {
+    /// The records, each series with its first sample.
+    pub metrics: Vec<Metric>,
+    /// One entry per sample refused as a repeat of a series given before in the same text:
+    /// the name of the record it would have joined (a histogram's family name for its
+    /// `_bucket`, `_sum` and `_count`, else the series name).
+    pub duplicates: Vec<String>,
+}
+
+/// [`parse`], keeping only the first sample of a series (metric name and label set, labels in
+/// any order) given more than once, as Prometheus's scrape loop does: it appends the first
+/// and refuses the others as `duplicate` (`scrape/scrape.go`, `checkAddError`,
+/// `storage.ErrDuplicateSampleForTimestamp`, counted in
+/// `prometheus_target_scrapes_sample_duplicate_timestamp_total`). The refused samples are
+/// listed in [`Exposition::duplicates`].
+///
+/// # Errors
+/// As [`parse`].
+pub fn parse_first(
+    text: &str,
+    default_help: &dyn Fn(&str) -> String,
+    timestamps: Timestamps,
+) -> Result<Exposition, ExpositionError> {
+    parse_with(text, default_help, timestamps, true)
+}
+
+fn parse_with(
+    text: &str,
+    default_help: &dyn Fn(&str) -> String,
+    timestamps: Timestamps,
+    first_only: bool,
+) -> Result<Exposition, ExpositionError> {
     let scrape = Scrape::parse(text).map_err(|e| ExpositionError::Parse(format!("{e:?}")))?;
     let mut out = Vec::new();
+    let mut seen: HashSet<(String, Vec<(String, String)>)> = HashSet::new();
+    let mut duplicates = Vec::new();
     for family in &scrape.metrics {
         if timestamps == Timestamps::Refuse
             && family.samples.iter().any(|s| s.value.timestamp.is_some())
@@ -88,6 +131,24 @@ pub fn parse(
                 .iter()
                 .map(|l| (l.key.clone(), unescape(&l.value)))
                 .collect();
+            if first_only {
+                let is_bucket = s.value.value_type == ValueType::Sample
+                    && family.kind == Type::Histogram
+                    && labels.iter().any(|(k, _)| k == "le");
+                let mut key = labels.clone();
+                key.sort();
+                if !seen.insert((
+                    series_name(&family.name, s.value.value_type, is_bucket),
+                    key,
+                )) {
+                    duplicates.push(if family.kind == Type::Histogram {
+                        family.name.clone()
+                    } else {
+                        series_name(&family.name, s.value.value_type, false)
+                    });
+                    continue;
+                }
+            }
             samples.push((s.value.value_type, labels, value, s.value.timestamp));
         }
         match family.kind {
@@ -101,7 +162,10 @@ pub fn parse(
             }
         }
     }
-    Ok(out)
+    Ok(Exposition {
+        metrics: out,
+        duplicates,
+    })
 }
 
 /// One sample: its kind within the family, labels, value and timestamp (ms).
@@ -253,4 +317,54 @@ fn histograms(out: &mut Vec<Metric>, name: &str, help: &str, samples: &[Parsed])
         records.push(m);
     }
     out.extend(records);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn first(text: &str) -> Exposition {
+        parse_first(text, &|_| String::new(), Timestamps::Keep).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_series_given_twice_keeps_its_first_sample_and_the_repeat_is_listed() {
+        let p = first(
+            "# TYPE a gauge\na{x=\"1\",y=\"2\"} 1\na{y=\"2\",x=\"1\"} 2\na{x=\"2\"} 3\nb 4\nb 5\nb 6\n",
+        );
+        let values: Vec<(&str, f64)> = p
+            .metrics
+            .iter()
+            .map(|m| (m.name.as_str(), m.value))
+            .collect();
+        assert_eq!(values, [("a", 1.0), ("a", 3.0), ("b", 4.0)]);
+        assert_eq!(p.duplicates, ["a", "b", "b"]);
+        // `parse` keeps both, as before.
+        let all = parse("b 4\nb 5\n", &|_| String::new(), Timestamps::Keep).unwrap();
+        assert_eq!(all.len(), 2);
+    }
+
+    #[test]
+    fn a_histogram_bucket_given_twice_is_a_duplicate_of_the_histogram() {
+        let p = first(
+            "# TYPE h histogram\nh_bucket{le=\"1\"} 1\nh_bucket{le=\"1\"} 9\n\
+             h_bucket{le=\"+Inf\"} 2\nh_sum 3\nh_count 2\nh_count 7\n",
+        );
+        assert_eq!(p.duplicates, ["h", "h"]);
+        assert_eq!(p.metrics.len(), 1);
+        let h = &p.metrics[0];
+        assert_eq!((h.count, h.buckets.len()), (2, 1));
+        assert_eq!(h.buckets[0].cumulative_count, 1, "the first bucket value");
+    }
+
+    #[test]
+    fn summaries_and_counters_are_told_apart_from_their_sum_and_count() {
+        // `s{quantile}`, `s_sum` and `s_count` are three series, not repeats of one.
+        let p = first(
+            "# TYPE s summary\ns{quantile=\"0.5\"} 1\ns_sum 2\ns_count 3\n\
+             # TYPE c_total counter\nc_total 1\n",
+        );
+        assert!(p.duplicates.is_empty(), "{:?}", p.duplicates);
+        assert_eq!(p.metrics.len(), 4);
+    }
 }
