@@ -2407,3 +2407,155 @@ fn scrape_target_answering_200_mb() {
     row.quiesce();
     row.verdict(Law::Exact);
 }
+
+/// ClickHouse frozen (SIGSTOP) for 4 s — four times the output's `timeout_seconds` — while
+/// lines flow, then resumed (SIGCONT): the frozen server applies the `INSERT`s it had
+/// buffered once it runs again, so a blind retry would store rows twice. The output asks
+/// whether a timed-out `INSERT` landed before sending it again (README "Logs into
+/// ClickHouse"), so every line the agent wrote is in the table exactly once
+/// (`count() = uniqExact(message)` for the agent) or counted dropped (none expected);
+/// `uctel_collector_clickhouse_insert_checks_total > 0` proves the freeze caught an
+/// `INSERT` in flight (the freeze is repeated, at most 3 times, until one did); the
+/// records law holds for the JSON Lines sink beside it.
+#[test]
+fn clickhouse_frozen_mid_insert() {
+    let _g = exclusive();
+    let mut ch = uctel_tests::clickhouse::ClickHouse::start();
+    let schema =
+        std::fs::read_to_string(uctel_tests::workspace_root().join("config/clickhouse/logs.sql"))
+            .expect("config/clickhouse/logs.sql");
+    ch.query(&schema).unwrap_or_else(|e| panic!("{e}"));
+    let mut out = serde_yaml::Mapping::new();
+    out.insert("url".into(), ch.url().into());
+    out.insert("max_rows_per_insert".into(), 500.into());
+    out.insert("batch_send_deadline_seconds".into(), 0.2.into());
+    out.insert("timeout_seconds".into(), 1.0.into());
+    out.insert("min_backoff_seconds".into(), 0.05.into());
+    out.insert("max_backoff_seconds".into(), 0.5.into());
+    let spec = CollectorSpec {
+        set: vec![("outputs.clickhouse".into(), serde_yaml::Value::Mapping(out))],
+        ..CollectorSpec::default()
+    };
+    let mut row = Row::start("clickhouse-frozen", spec, None);
+    let a = row.add_agent(AgentSpec::new("a"));
+    row.wait_connected(1, &[a]);
+    row.write_bursts(a, 0, 1000, GAP);
+    let inserted_once = uctel_tests::wait_for(
+        "the first lines inserted",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || {
+            let s = row.scrape_collector()?;
+            let n = s.count("uctel_collector_clickhouse_rows_inserted_total", &[]);
+            (n > 0).then_some(()).ok_or(format!("{n} inserted"))
+        },
+    );
+    row.expect(
+        inserted_once.is_ok(),
+        format!("rows inserted before the freeze: {inserted_once:?}"),
+    );
+    let checks_of = |row: &mut Row| {
+        row.scrape_collector()
+            .map(|s| s.count("uctel_collector_clickhouse_insert_checks_total", &[]))
+            .unwrap_or(0)
+    };
+    let mut freezes = 0u32;
+    while freezes < 3 {
+        freezes += 1;
+        // 20 × 100 lines, one every 200 ms: 4 s frozen while lines flow.
+        ch.freeze();
+        for _ in 0..20 {
+            row.write(a, 0, 100);
+            std::thread::sleep(2 * GAP);
+        }
+        ch.resume();
+        row.write_bursts(a, 0, 500, GAP);
+        let checked = uctel_tests::wait_for(
+            "an INSERT of unknown outcome checked",
+            Duration::from_secs(10),
+            Duration::from_millis(200),
+            || {
+                let n = checks_of(&mut row);
+                (n > 0).then_some(()).ok_or(format!("{n} checks"))
+            },
+        );
+        if checked.is_ok() {
+            break;
+        }
+    }
+    let written = row.agents[a].written();
+    row.wait_settled(a, written, SETTLE);
+    row.quiesce();
+    let mut last = None;
+    let _ = uctel_tests::wait_for(
+        "clickhouse output drained",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || {
+            let s = row.scrape_collector()?;
+            let pending = s.count("uctel_collector_clickhouse_rows_pending", &[]);
+            last = Some(s);
+            (pending == 0)
+                .then_some(())
+                .ok_or(format!("{pending} pending"))
+        },
+    );
+    // Let whatever the resumed server still had buffered land before counting.
+    std::thread::sleep(Duration::from_secs(2));
+    let s = row.scrape_collector().ok().or(last).unwrap_or_default();
+    let id = row.agents[a].spec.id.clone();
+    let (total, distinct) = ch
+        .query(&format!(
+            "SELECT count(), uniqExact(message) FROM logs WHERE agent = '{id}' FORMAT TSV"
+        ))
+        .ok()
+        .and_then(|t| {
+            let mut f = t.split_whitespace().map(|x| x.parse::<u64>().ok());
+            Some((f.next()??, f.next()??))
+        })
+        .unwrap_or((0, 0));
+    let c = |n: &str, m: &[(&str, &str)]| s.count(&format!("uctel_collector_clickhouse_{n}"), m);
+    let rows_in = c("rows_in_total", &[]);
+    let inserted = c("rows_inserted_total", &[]);
+    let dropped = c("rows_dropped_total", &[]);
+    let pending = c("rows_pending", &[]);
+    let retried = c("rows_retried_total", &[]);
+    let checks = c("insert_checks_total", &[]);
+    let by_result: Vec<String> = ["landed", "absent", "running", "failed"]
+        .iter()
+        .map(|r| format!("{r} {}", c("insert_checks_total", &[("result", r)])))
+        .collect();
+    row.notes.push(format!(
+        "clickhouse frozen {freezes}× 4 s (timeout 1 s): written {written}, in {rows_in}, \
+         inserted {inserted}, dropped {dropped}, pending {pending}, retried {retried}; \
+         {checks} insert checks ({}); table: {total} rows, {distinct} distinct",
+        by_result.join(", ")
+    ));
+    row.expect(
+        checks > 0,
+        format!(
+            "an INSERT of unknown outcome was checked ({checks} checks after {freezes} \
+             freezes): the freeze caught an INSERT in flight"
+        ),
+    );
+    row.expect(
+        total == distinct,
+        format!(
+            "no row twice: count() {total} = uniqExact(message) {distinct}, {} duplicates",
+            total.saturating_sub(distinct)
+        ),
+    );
+    row.expect(
+        distinct + dropped == written && dropped == 0,
+        format!("{written} lines written = {distinct} distinct rows + {dropped} dropped (0)"),
+    );
+    row.expect(
+        rows_in == written && inserted == distinct && pending == 0,
+        format!(
+            "rows_in {rows_in} = {written} written, inserted {inserted} = {distinct} in the \
+             table, pending {pending} = 0"
+        ),
+    );
+    row.verdict(Law::Exact);
+    ch.stop();
+}
