@@ -912,7 +912,7 @@ async fn session(
             loop {
                 plane.reap();
                 if let Some(l) = rc.as_mut() {
-                    l.plane.reap();
+                    l.reap();
                 }
                 if !finished {
                     pump::pull(&mut core, queues, stats);
@@ -985,6 +985,8 @@ async fn session(
                 // sources read those lines again after a restart.
                 core.drop_pending(DropReason::Shutdown);
                 if let Some(l) = rc.as_mut() {
+                    drain_sends(&mut l.plane).await;
+                    l.take_acks();
                     l.drop_pending(DropReason::Shutdown, queues);
                 }
             } else {
@@ -995,14 +997,13 @@ async fn session(
                 core.drop_pending(DropReason::NotConnected);
                 pump::settle(&core, queues);
                 if let Some(l) = rc.as_mut() {
+                    drain_sends(&mut l.plane).await;
+                    l.take_acks();
                     pump::take_back_metrics(&mut l.core, queues, stats);
                     l.drop_pending(DropReason::NotConnected, queues);
                 }
             }
             drain_sends(&mut plane).await;
-            if let Some(l) = rc.as_mut() {
-                drain_sends(&mut l.plane).await;
-            }
             // What a fault injector still holds back (reorder, delay) goes out now or is
             // counted as its drop, before its figures go into the `goodbye sent` line.
             plane.flush_link();
@@ -1062,9 +1063,12 @@ async fn session(
             pump::settle(&core, queues);
             drain_sends(&mut plane).await;
             if let Some(l) = rc.as_mut() {
+                // The last acknowledgements first: what they cover is settled, what they
+                // do not is read again (`RcLane::drop_pending`).
+                drain_sends(&mut l.plane).await;
+                l.take_acks();
                 pump::take_back_metrics(&mut l.core, queues, stats);
                 l.drop_pending(DropReason::NotConnected, queues);
-                drain_sends(&mut l.plane).await;
             }
             plane.flush_link();
             sync_faults(stats);

@@ -221,11 +221,16 @@ pub struct LogSourceConfig {
     /// Each record's severity is read from its line ([`super::severity::detect`]); otherwise every
     /// record is `unspecified`.
     pub detect_severity: bool,
+    /// Keep the positions of the records not settled yet even without a state file, so
+    /// [`LogTailer::rewind`] can read them again (logs on an RC lane, DESIGN.md §8b). With
+    /// a state file they are always kept.
+    pub keep_positions: bool,
 }
 
 impl LogSourceConfig {
     /// Defaults: start at end, 2048-byte lines, 1 s partial-line timeout, 5 s rotate wait,
-    /// 1 s glob interval, 1 MiB per poll, no state file, severity detected.
+    /// 1 s glob interval, 1 MiB per poll, no state file, severity detected, positions kept only
+    /// with a state file.
     pub fn new<I, S>(include: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -242,6 +247,7 @@ impl LogSourceConfig {
             max_bytes_per_poll: 1 << 20,
             state_file: None,
             detect_severity: true,
+            keep_positions: false,
         }
     }
 }
