@@ -361,6 +361,38 @@ pub fn goodbye(
     }
 }
 
+/// Logs the epoch's final figures as `Goodbye` gave them ("goodbye sent"), for operators and
+/// end-to-end tests: `frames` on the connection (both lanes), `rc_frames`, frames and
+/// records per stream, and the packets this session's fault injector dropped
+/// (`fault_dropped`, only with fault injection). `fin` from [`merged`], `rc` the RC lane's
+/// own figures.
+pub fn log_goodbye(
+    epoch: u64,
+    collector: std::net::SocketAddr,
+    reason: &str,
+    fin: &FinalSequences,
+    rc: Option<&FinalSequences>,
+    fault_dropped: Option<u64>,
+) {
+    let [m, l, f] =
+        [Stream::Metrics, Stream::Logs, Stream::FastCounters].map(|s| fin.streams[s.index()]);
+    tracing::info!(
+        epoch = format_args!("{epoch:#x}"),
+        collector = %collector,
+        reason,
+        frames = fin.frames + rc.map_or(0, |f| f.frames),
+        rc_frames = rc.map(|f| f.frames),
+        metrics_frames = m.frames,
+        metrics_records = m.records,
+        logs_frames = l.frames,
+        logs_records = l.records,
+        fast_counters_frames = f.frames,
+        fast_counters_records = f.records,
+        fault_dropped,
+        "goodbye sent"
+    );
+}
+
 /// A heartbeat carrying the sequences posted so far on both lanes, so a session that ends
 /// without a `Goodbye` has an unknown tail of at most one heartbeat interval (DESIGN.md §6).
 ///

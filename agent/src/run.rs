@@ -1030,29 +1030,13 @@ async fn session(
                 conn.shutdown().await;
             })
             .await;
-            // The epoch's final figures, as in `Goodbye`, for operators and end-to-end tests:
-            // `frames` on the connection, then frames and records per stream, and the packets
-            // this session's fault injector dropped (only with fault injection).
-            let (m, l, f) = (
-                fin.streams[Stream::Metrics.index()],
-                fin.streams[Stream::Logs.index()],
-                fin.streams[Stream::FastCounters.index()],
-            );
-            tracing::info!(
-                epoch = format_args!("{epoch:#x}"),
-                collector = %collector,
-                reason = match &end { SessionEnd::Drain(_) => "drain", SessionEnd::Rebalance { .. } => "rebalance", _ => "shutdown" },
-                frames = fin.frames + rc_fin.map_or(0, |f| f.frames),
-                rc_frames = rc_fin.map(|f| f.frames),
-                metrics_frames = m.frames,
-                metrics_records = m.records,
-                logs_frames = l.frames,
-                logs_records = l.records,
-                fast_counters_frames = f.frames,
-                fast_counters_records = f.records,
-                fault_dropped = session_faults.map(|c| c.dropped),
-                "goodbye sent"
-            );
+            let reason = match &end {
+                SessionEnd::Drain(_) => "drain",
+                SessionEnd::Rebalance { .. } => "rebalance",
+                _ => "shutdown",
+            };
+            let dropped = session_faults.map(|c| c.dropped);
+            lane::log_goodbye(epoch, collector, reason, &fin, rc_fin.as_ref(), dropped);
             Ok((end, fin))
         }
         SessionEnd::Lost(why, on) => {
@@ -1071,16 +1055,23 @@ async fn session(
                 l.drop_pending(DropReason::NotConnected, queues);
             }
             plane.flush_link();
-            sync_faults(stats);
+            let mut session_faults = sync_faults(stats);
             if let Some(l) = rc.as_mut() {
-                l.sync(stats);
+                if let (Some(uc), Some(r)) = (session_faults.as_mut(), l.sync(stats)) {
+                    uc.dropped += r.dropped;
+                }
             }
             let fin = lane::merged(&core, rc.as_ref().map(|l| &l.core));
-            let rc_final = rc
-                .as_ref()
-                .and_then(|l| l.core.final_sequences().last_conn_seq);
+            let rc_fin = rc.as_ref().map(|l| l.core.final_sequences());
+            let rc_final = rc_fin.and_then(|f| f.last_conn_seq);
             let bye = lane::goodbye(&fin, rc_final, GoodbyeReason::Reconnect, &why);
-            let _ = tokio::time::timeout(CONTROL_SEND_TIMEOUT, conn.send(bye)).await;
+            let sent = tokio::time::timeout(CONTROL_SEND_TIMEOUT, conn.send(bye)).await;
+            // With the control connection up (a data-path loss) the collector takes the
+            // Goodbye and settles the epoch by it: its figures, as after a planned end.
+            if on == LostOn::DataPath && matches!(sent, Ok(Ok(_))) {
+                let dropped = session_faults.map(|c| c.dropped);
+                lane::log_goodbye(epoch, collector, "lost", &fin, rc_fin.as_ref(), dropped);
+            }
             Ok((SessionEnd::Lost(why, on), fin))
         }
     }

@@ -262,7 +262,6 @@ struct InFlight {
     records: u32,
     /// Push index of the first record.
     first: u64,
-    bytes: u64,
 }
 
 impl Pending {
@@ -835,10 +834,11 @@ impl SenderCore {
     }
 
     /// The frame returned by the last [`SenderCore::poll_transmit`] was posted: count it
-    /// as sent, or, when records settle on acknowledgement
-    /// ([`SenderCore::set_settle_on_ack`]), keep it in flight until
-    /// [`SenderCore::on_acked`] covers its connection sequence.
+    /// as sent; when records settle on acknowledgement ([`SenderCore::set_settle_on_ack`]),
+    /// also keep it in flight until [`SenderCore::on_acked`] covers its connection sequence.
     pub fn sent(&mut self, t: &Transmit) {
+        self.acct
+            .sent(t.stream, u64::from(t.records), t.bytes.len() as u64);
         if self.settle_on_ack {
             let st = &mut self.streams[t.stream.index()];
             st.in_flight.push_back(InFlight {
@@ -847,28 +847,26 @@ impl SenderCore {
                 record_count: st.totals.records,
                 records: t.records,
                 first: t.first_record,
-                bytes: t.bytes.len() as u64,
             });
-            return;
         }
-        self.acct
-            .sent(t.stream, u64::from(t.records), t.bytes.len() as u64);
     }
 
     /// Records settle when the RC QP acknowledged their frame, not when it was posted
     /// (DESIGN.md §8b; on RC a send completion with success status means the responder
     /// ACKed the message, IBTA 9.7.5.1 / rxe `rxe_comp.c`). From then on:
     ///
-    /// - a posted frame is *in flight* ([`SenderCore::in_flight_records`]) until
-    ///   [`SenderCore::on_acked`] covers it; only then is it counted as sent
-    ///   (`frames_sent_total`, `records_sent_total`) and are its records settled
-    ///   ([`SenderCore::unsettled_records`]);
-    /// - [`SenderCore::final_sequences`] (heartbeats, `Goodbye`) reports what was
-    ///   acknowledged, so the collector never counts an unacknowledged frame as lost;
+    /// - a posted frame is counted as sent (`frames_sent_total`: posted, as on UC) and is
+    ///   *in flight* ([`SenderCore::in_flight_records`]) until [`SenderCore::on_acked`]
+    ///   covers it; only then are its records settled ([`SenderCore::unsettled_records`]);
+    /// - [`SenderCore::final_sequences`] (heartbeats, `Goodbye`) reports the logs stream as
+    ///   far as it was acknowledged, so the collector never counts a log frame that will be
+    ///   sent again as lost; the other streams, and the connection sequence of their frames
+    ///   in flight, as posted (their unacknowledged frames are not sent again: counted lost
+    ///   by the collector if they never arrived);
     /// - when the QP fails, [`SenderCore::take_back_logs`] takes the log records in flight
-    ///   and pending back (read again by the log sources), and
-    ///   [`SenderCore::drop_pending`] counts the other streams' frames in flight with its
-    ///   reason.
+    ///   and pending back: the log sources read them again, and they are posted again on
+    ///   the next connection (so `records_sent_total` counts a line posted twice twice; the
+    ///   collector delivers it once, README "Loss accounting").
     ///
     /// Call it before the first frame is posted. UC pipelines keep settle-on-post.
     pub fn set_settle_on_ack(&mut self, on: bool) {
@@ -878,7 +876,8 @@ impl SenderCore {
     /// Every frame posted with a connection sequence up to `conn_seq` was acknowledged (a
     /// successful send completion: an RC QP completes its sends in order, IBTA 9.7.5.1.2),
     /// so each is counted as sent and its records settle. Returns the records
-    /// acknowledged now. No effect unless [`SenderCore::set_settle_on_ack`].
+    /// acknowledged now (already counted as sent when posted). No effect unless
+    /// [`SenderCore::set_settle_on_ack`].
     pub fn on_acked(&mut self, conn_seq: u64) -> u64 {
         let mut records = 0;
         for st in &mut self.streams {
@@ -887,7 +886,6 @@ impl SenderCore {
                     break;
                 }
                 st.in_flight.pop_front();
-                self.acct.sent(st.stream, u64::from(f.records), f.bytes);
                 st.acked.frames += 1;
                 st.acked.records = f.record_count;
                 st.acked.last_stream_seq = Some(f.stream_seq);
@@ -917,11 +915,12 @@ impl SenderCore {
     }
 
     /// When the RC QP failed or the session ends (settle on ack only): the log records
-    /// in flight and those still pending (open and ready frames) are taken back: neither
-    /// sent nor dropped, and left unsettled, so the log sources read them again from the
-    /// last acknowledged line ([`crate::runners::Handoff::rewind`]). Counted in
-    /// [`StreamStats::records_taken_back`]. Empty frames (heartbeats) stay for
-    /// [`SenderCore::drop_pending`]. Returns the records taken back.
+    /// in flight (counted as sent when posted) and those still pending (open and ready
+    /// frames: counted in [`StreamStats::records_taken_back`], neither sent nor dropped)
+    /// are taken back and left unsettled, so the log sources read them again from the
+    /// last acknowledged line ([`crate::runners::Handoff::rewind`]). Empty frames
+    /// (heartbeats) stay for [`SenderCore::drop_pending`]. Returns the records taken back,
+    /// both kinds.
     pub fn take_back_logs(&mut self) -> u64 {
         let stream = Stream::Logs;
         if !self.settle_on_ack || !self.carries(stream) {
@@ -930,21 +929,22 @@ impl SenderCore {
         let from = self.oldest_unsettled(stream);
         self.flush(stream);
         let st = &mut self.streams[stream.index()];
-        let mut back: u64 = st.in_flight.drain(..).map(|f| u64::from(f.records)).sum();
+        let flying: u64 = st.in_flight.drain(..).map(|f| u64::from(f.records)).sum();
+        let mut pending = 0;
         let mut kept = VecDeque::new();
         for p in st.ready.drain(..) {
             if p.records == 0 {
                 kept.push_back(p);
             } else {
-                back += u64::from(p.records);
+                pending += u64::from(p.records);
             }
         }
         st.ready = kept;
         if from < st.pushed {
             st.abandoned_from = Some(st.abandoned_from.map_or(from, |a| a.min(from)));
         }
-        self.acct.stats.streams[stream.index()].records_taken_back += back;
-        back
+        self.acct.stats.streams[stream.index()].records_taken_back += pending;
+        flying + pending
     }
 
     /// The frame returned by the last [`SenderCore::poll_transmit`] could not be posted for a
@@ -1127,10 +1127,13 @@ impl SenderCore {
         back
     }
 
-    /// Drops everything still pending (open and ready frames, and with
-    /// [`SenderCore::set_settle_on_ack`] the frames in flight) with `reason`, counting it.
+    /// Drops everything still pending (open and ready frames) with `reason`, counting it.
     /// Records dropped as [`DropReason::Shutdown`] stay unsettled
-    /// ([`SenderCore::unsettled_records`]).
+    /// ([`SenderCore::unsettled_records`]), and so do, with
+    /// [`SenderCore::set_settle_on_ack`], the records in flight then (sent, not
+    /// acknowledged: read again after a restart). Log frames still in flight are forgotten
+    /// (counted as sent when posted); those of other streams stay in
+    /// [`SenderCore::final_sequences`].
     pub fn drop_pending(&mut self, reason: DropReason) {
         for s in Stream::ALL {
             if reason == DropReason::Shutdown {
@@ -1142,16 +1145,11 @@ impl SenderCore {
             }
             self.flush(s);
             let st = &mut self.streams[s.index()];
-            let frames = (st.ready.len() + st.in_flight.len()) as u64;
-            let records: u64 = st
-                .ready
-                .drain(..)
-                .map(|p| u64::from(p.records))
-                .sum::<u64>()
-                + st.in_flight
-                    .drain(..)
-                    .map(|f| u64::from(f.records))
-                    .sum::<u64>();
+            if s == Stream::Logs {
+                st.in_flight.clear();
+            }
+            let frames = st.ready.len() as u64;
+            let records: u64 = st.ready.drain(..).map(|p| u64::from(p.records)).sum();
             if frames > 0 {
                 self.acct.dropped(s, reason, frames, records);
             }
@@ -1159,13 +1157,27 @@ impl SenderCore {
     }
 
     /// Sequences and totals of what was posted in this epoch; with
-    /// [`SenderCore::set_settle_on_ack`], of what was acknowledged.
+    /// [`SenderCore::set_settle_on_ack`], the logs stream's as far as it was acknowledged
+    /// (see there), and the connection's up to the last frame acknowledged or in flight on
+    /// another stream.
     pub fn final_sequences(&self) -> FinalSequences {
         if self.settle_on_ack {
+            let others = self
+                .streams
+                .iter()
+                .filter(|s| s.stream != Stream::Logs)
+                .flat_map(|s| s.in_flight.iter());
+            let last = others.clone().map(|f| f.conn_seq).max();
             return FinalSequences {
-                last_conn_seq: self.last_acked_conn_seq,
-                frames: self.frames_acked,
-                streams: self.streams.each_ref().map(|s| s.acked),
+                last_conn_seq: self.last_acked_conn_seq.max(last),
+                frames: self.frames_acked + others.count() as u64,
+                streams: self.streams.each_ref().map(|s| {
+                    if s.stream == Stream::Logs {
+                        s.acked
+                    } else {
+                        s.totals
+                    }
+                }),
             };
         }
         FinalSequences {
@@ -1796,10 +1808,9 @@ mod tests {
     }
 
     /// On an RC lane a record settles when its frame is acknowledged, not when it is posted:
-    /// posted frames stay in flight (unsettled, not counted sent, not in the final
+    /// posted frames are counted sent and stay in flight (unsettled, out of the final
     /// sequences) until `on_acked` covers them; when the QP fails, what is in flight and
-    /// pending is taken back, unsettled, and counted in `records_taken_back` (read again),
-    /// and the records still add up.
+    /// pending is taken back, unsettled (read again), and the records still add up.
     #[test]
     fn on_rc_records_settle_when_acknowledged_and_the_rest_is_taken_back() {
         let t0 = Instant::now();
@@ -1823,14 +1834,20 @@ mod tests {
             6,
             "posted is not settled"
         );
-        assert_eq!(core.stats().stream(Stream::Logs).records_sent, 0);
-        assert_eq!(sm.records_sent(Stream::Logs), 0);
+        assert_eq!(
+            core.stats().stream(Stream::Logs).records_sent,
+            6,
+            "sent = posted"
+        );
+        assert_eq!(sm.records_sent(Stream::Logs), 6);
         assert_eq!(core.final_sequences().last_conn_seq, None);
-        // The first frame acknowledged: its records settle and count as sent.
+        assert_eq!(
+            core.final_sequences().streams[Stream::Logs.index()].records,
+            0
+        );
+        // The first frame acknowledged: its records settle.
         assert_eq!(core.on_acked(tx[0].conn_seq), 2);
         assert_eq!(core.unsettled_records(Stream::Logs), 4);
-        assert_eq!(core.stats().stream(Stream::Logs).records_sent, 2);
-        assert_eq!(sm.records_sent(Stream::Logs), 2);
         let fin = core.final_sequences();
         assert_eq!(fin.last_conn_seq, Some(tx[0].conn_seq));
         assert_eq!(fin.frames, 1);
@@ -1845,12 +1862,12 @@ mod tests {
         assert_eq!(core.on_acked(tx[1].conn_seq), 0);
         assert_eq!(core.unsettled_records(Stream::Logs), 2);
         // One more record pending in the open frame, then the QP fails: the frame in flight
-        // and the pending record are taken back, unsettled, neither sent nor dropped.
+        // (sent) and the pending record (taken back) come again, unsettled, none dropped.
         core.push_log(&log("3a"), t0, 1);
         assert_eq!(core.take_back_logs(), 3);
         core.drop_pending(DropReason::NotConnected);
         let st = *core.stats().stream(Stream::Logs);
-        assert_eq!(st.records_taken_back, 3);
+        assert_eq!(st.records_taken_back, 1);
         assert_eq!(st.records_dropped_all(), 0);
         assert_eq!(
             core.unsettled_records(Stream::Logs),
@@ -1873,11 +1890,11 @@ mod tests {
         assert_eq!(core.unsettled_records(Stream::Logs), 3);
     }
 
-    /// Settle-on-ack at shutdown: the frames in flight are dropped as `shutdown` and stay
-    /// unsettled (read again after a restart); metric frames in flight at a lost connection
-    /// are counted with its reason.
+    /// Settle-on-ack at shutdown: the log lines in flight stay unsettled (read again after
+    /// a restart) and out of the final figures; a metric frame in flight is not sent again,
+    /// so the final figures keep it (the collector counts it lost if it never came).
     #[test]
-    fn on_rc_frames_in_flight_at_the_end_are_counted_and_logs_stay_unsettled() {
+    fn on_rc_frames_in_flight_at_the_end_stay_unsettled_or_reported() {
         let t0 = Instant::now();
         let sm = stats();
         let mut core =
@@ -1890,26 +1907,18 @@ mod tests {
         let (tx, _) = drain(&mut core, t0);
         assert_eq!(tx.len(), 2);
         core.drop_pending(DropReason::Shutdown);
-        assert_eq!(sm.records_dropped(Stream::Logs, DropReason::Shutdown), 1);
-        assert_eq!(sm.records_dropped(Stream::Metrics, DropReason::Shutdown), 1);
+        assert_eq!(sm.records_dropped_all(Stream::Logs), 0, "sent, not dropped");
         assert_eq!(core.unsettled_records(Stream::Logs), 1);
-        assert_eq!(core.in_flight_frames(), 0);
-
-        let mut core =
-            SenderCore::new(&config(8), 2, t0, sm.clone()).unwrap_or_else(|e| panic!("{e}"));
-        core.set_settle_on_ack(true);
-        core.push_metric(&metric(1), t0, 1);
-        core.flush(Stream::Metrics);
-        let _ = drain(&mut core, t0);
-        assert_eq!(core.take_back_logs(), 0);
-        core.drop_pending(DropReason::NotConnected);
-        assert_eq!(
-            core.stats()
-                .stream(Stream::Metrics)
-                .records_dropped(DropReason::NotConnected),
-            1
-        );
-        assert_eq!(core.unsettled_records(Stream::Metrics), 0);
+        assert_eq!(core.in_flight_records(Stream::Logs), 0);
+        let fin = core.final_sequences();
+        assert_eq!(fin.streams[Stream::Logs.index()].records, 0);
+        assert_eq!(fin.streams[Stream::Metrics.index()].records, 1);
+        let metric_seq = tx
+            .iter()
+            .find(|t| t.stream == Stream::Metrics)
+            .map(|t| t.conn_seq);
+        assert_eq!(fin.last_conn_seq, metric_seq);
+        assert_eq!(fin.frames, 1);
     }
 
     #[test]
