@@ -759,7 +759,7 @@ async fn session(
         }
         let rc_credit = rc.as_mut().is_some_and(|l| l.core.take_credit_heartbeat());
         let uc_credit = core.take_credit_heartbeat();
-        if uc_credit {
+        if uc_credit | rc_credit {
             connector.demand.starved();
         }
         if uc_credit | rc_credit {
@@ -813,7 +813,9 @@ async fn session(
                     Ok(m) => match m.body {
                         Some(Body::Report(r)) => {
                             let _ = core.on_report(&r);
-                            connector.demand.on_report(Instant::now(), frames_sent(&core), report_interval);
+                            // Both lanes' frames: one announced rate sizes both lanes' rings.
+                            let sent = frames_sent(&core) + rc.as_ref().map_or(0, |l| frames_sent(&l.core));
+                            connector.demand.on_report(Instant::now(), sent, report_interval);
                             if let Some(l) = rc.as_mut() {
                                 l.on_report(&r);
                             }

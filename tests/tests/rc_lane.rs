@@ -248,3 +248,107 @@ fn logs_on_rc_survive_a_data_path_outage_longer_than_the_retry_budget() {
     row.verdict(Law::Exact);
     drop(hole);
 }
+
+/// The number `field=…` of each of the agent's "connected to the collector" lines, one per
+/// session.
+fn sessions_started(log: &str, field: &str) -> Vec<Option<u64>> {
+    log.lines()
+        .map(uctel_tests::pipeline::strip_ansi)
+        .filter(|l| l.contains("connected to the collector"))
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|t| t.split_once('='))
+                .find(|(k, _)| *k == field)
+                .and_then(|(_, v)| v.parse().ok())
+        })
+        .collect()
+}
+
+/// A burst of 20,000 log lines on RC at the default window settings arrives whole, exactly
+/// once, with nothing lost on the RC lane, twice: in the first session (the ring sized from
+/// `collector.expected_frames_per_second`), and after a reconnect (a 2 s data-path outage
+/// fails the RC QP), whose `Hello` announces the rate the RC lane needed, so its ring and
+/// window fit the burst: the RC lane is sized by the same rule as the UC lane, from the
+/// frames of both lanes (DESIGN.md §4, §8b). The times are printed (no assertion on speed).
+#[test]
+fn a_burst_of_20000_lines_on_rc_arrives_at_default_settings() {
+    let _g = exclusive();
+    const NAME: &str = "rc-logs-burst-20000";
+    const LINES: u64 = 20_000;
+    const OUTAGE_LINES: u64 = 100;
+    if let Some(why) = root_missing(&["nft"]) {
+        eprintln!("row={NAME} SKIPPED: {why}");
+        return;
+    }
+    let mut row = Row::start(NAME, CollectorSpec::default(), None);
+    let a = row.add_agent(AgentSpec::new("a").set("streams.logs.reliability", "rc"));
+    row.wait_connected(1, &[a]);
+    let began = std::time::Instant::now();
+    row.write(a, 0, LINES);
+    let first = row.wait_delivered(a, 0, 0..LINES, Duration::from_secs(300));
+    let took_first = began.elapsed();
+    // A data-path outage fails the RC QP: the agent reconnects with a new Hello.
+    let hole =
+        Blackhole::new(row.addrs.udp.port(), None).unwrap_or_else(|e| panic!("row={NAME}: {e}"));
+    hole.engage().unwrap_or_else(|e| panic!("row={NAME}: {e}"));
+    // Lines to send while the path is down (read again after the reconnect).
+    row.write(a, 0, OUTAGE_LINES);
+    std::thread::sleep(Duration::from_secs(2));
+    hole.release().unwrap_or_else(|e| panic!("row={NAME}: {e}"));
+    let windows =
+        uctel_tests::wait_for("a second session", Duration::from_secs(60), tick(), || {
+            let w = sessions_started(&row.agents[a].daemon.log(), "rc_credit_window");
+            if w.len() >= 2 {
+                Ok(w)
+            } else {
+                Err(format!("{} sessions", w.len()))
+            }
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+    row.wait_connected(1, &[a]);
+    let began = std::time::Instant::now();
+    row.write(a, 0, LINES);
+    let total = 2 * LINES + OUTAGE_LINES;
+    let second = row.wait_delivered(a, 0, 0..total, Duration::from_secs(300));
+    let took_second = began.elapsed();
+    row.wait_settled(a, total, Duration::from_secs(30));
+    let announced = sessions_started(&row.agents[a].daemon.log(), "announced_frames_per_second");
+    row.quiesce();
+    let c = row.collector_figures("a");
+    let gaps = row
+        .collector_last()
+        .count("uctel_collector_rc_gap_frames_total", &[("agent", "a")]);
+    let rate = |took: Duration| LINES as f64 / took.as_secs_f64();
+    eprintln!(
+        "{LINES} lines on RC at default settings: first session (RC window {:?}) {took_first:.1?} \
+         ({:.0} lines/s); after the reconnect (announced {:?} frames/s, RC window {:?}) \
+         {took_second:.1?} ({:.0} lines/s)",
+        windows[0],
+        rate(took_first),
+        announced.last().copied().flatten(),
+        windows.last().copied().flatten(),
+        rate(took_second),
+    );
+    row.notes.push(format!(
+        "bursts of {LINES} lines: {took_first:.1?} (RC windows per session {windows:?}), then \
+         {took_second:.1?}"
+    ));
+    row.expect(
+        first && second,
+        format!("both bursts of {LINES} lines in the sink"),
+    );
+    let (w0, w1) = (windows[0].unwrap_or(0), windows[1].unwrap_or(0));
+    row.expect(
+        w1 > w0,
+        format!("the RC window grows to the burst after a reconnect: {w0} then {w1}"),
+    );
+    row.expect(
+        c.records_lost["logs"] == 0 && gaps == 0,
+        format!(
+            "logs on RC: records lost {}, rc_gap_frames {gaps} (want 0)",
+            c.records_lost["logs"]
+        ),
+    );
+    row.verdict(Law::Exact);
+    drop(hole);
+}
