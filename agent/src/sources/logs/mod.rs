@@ -106,6 +106,11 @@
 //! checkpoints of settled lines and a final one at shutdown, a restart neither repeats nor
 //! skips lines.
 //!
+//! On an RC lane (DESIGN.md §8b) a line settles only once the RC QP acknowledged its frame;
+//! when the lane fails, the lines returned and not settled are returned again by the next
+//! polls after [`LogTailer::rewind`] (the positions are then kept without a state file too,
+//! [`LogSourceConfig::keep_positions`]).
+//!
 //! # Start: the first run, and what happened while the agent was down
 //!
 //! [`LogSourceConfig::start_at`] applies only to the files found by the first scan of the
