@@ -134,6 +134,11 @@ pub struct DataPlane {
     completion_errors: u64,
     /// Status of the first completion that failed.
     first_error: Option<WcStatus>,
+    /// Connection sequence of the frame posted from each send buffer.
+    posted_seq: Vec<u64>,
+    /// Highest connection sequence whose send completed successfully since the last
+    /// [`DataPlane::take_acked`].
+    acked: Option<u64>,
     fault_stats: Option<Arc<FaultStats>>,
     /// The device is another plane's ([`DataPlane::open_beside`]), which takes its async
     /// events.
@@ -303,6 +308,8 @@ impl DataPlane {
             wcs: vec![WorkCompletion::default(); 64],
             completion_errors: 0,
             first_error: None,
+            posted_seq: vec![0; SEND_QUEUE_DEPTH as usize],
+            acked: None,
             fault_stats,
             shares_device,
         })
@@ -399,7 +406,14 @@ impl DataPlane {
                         self.free.push(slot);
                     }
                 }
-                if wc.status != WcStatus::Success {
+                if wc.status == WcStatus::Success {
+                    let seq = usize::try_from(wc.wr_id)
+                        .ok()
+                        .and_then(|slot| self.posted_seq.get(slot).copied());
+                    if let Some(seq) = seq {
+                        self.acked = Some(self.acked.map_or(seq, |a| a.max(seq)));
+                    }
+                } else {
                     errors += 1;
                     self.first_error.get_or_insert(wc.status);
                 }
@@ -410,6 +424,14 @@ impl DataPlane {
         }
         self.completion_errors += errors;
         errors
+    }
+
+    /// The highest connection sequence whose send completed successfully since the last
+    /// call (completions are taken by [`DataPlane::reap`]). On an RC QP a successful send
+    /// completion means the responder acknowledged the message (IBTA 9.7.5.1, rxe
+    /// `rxe_comp.c`), and the sends complete in order; on UC it only means the message left.
+    pub fn take_acked(&mut self) -> Option<u64> {
+        self.acked.take()
     }
 
     /// Whether the QP fell into ERROR (e.g. a failed send completion): the connection must
@@ -484,6 +506,9 @@ impl FrameSink for DataPlane {
             return PostOutcome::Busy;
         };
         let offset = slot * self.buf_bytes;
+        if let Some(s) = self.posted_seq.get_mut(slot) {
+            *s = t.conn_seq;
+        }
         if self.mr.write_at(offset, &t.bytes).is_err() {
             self.free.push(slot);
             return PostOutcome::Failed;

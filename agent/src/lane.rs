@@ -183,8 +183,10 @@ impl RcLane {
         let rc =
             sender_config(config, uc, lane, plane.endpoint().mtu).map_err(LaneError::Welcome)?;
         plane.connect_rc_lane(welcome)?;
-        let core = SenderCore::new(&rc, epoch, Instant::now(), stats.clone())
+        let mut core = SenderCore::new(&rc, epoch, Instant::now(), stats.clone())
             .map_err(|e| LaneError::Welcome(e.to_string()))?;
+        // A record on RC is settled when the RC QP acknowledged its frame (DESIGN.md §8b).
+        core.set_settle_on_ack(true);
         Ok(Some(RcLane {
             credit_window: rc.credit_window,
             faults: plane.fault_stats().map(FaultTally::new),
@@ -200,7 +202,7 @@ impl RcLane {
     pub fn failure(&mut self, stats: &SelfMetrics) -> Option<String> {
         let why = if let Some(kind) = self.plane.poll_async_events(stats.rdma()) {
             format!("RDMA async event {} on the RC QP", kind.as_str())
-        } else if self.plane.reap() > 0 || self.plane.failed() {
+        } else if self.reap() > 0 || self.plane.failed() {
             match self.plane.first_error() {
                 Some(status) => format!(
                     "the RC QP went to ERROR ({status}{})",
@@ -220,10 +222,29 @@ impl RcLane {
         Some(why)
     }
 
-    /// One step of the lane: records in, frames out to the RC QP, log settlement, counters.
+    /// Polls the RC QP's send completions ([`DataPlane::reap`]) and hands the acknowledged
+    /// connection sequence to the pipeline ([`SenderCore::on_acked`]). Returns how many
+    /// completions carried an error status.
+    pub fn reap(&mut self) -> u64 {
+        let errors = self.plane.reap();
+        self.take_acks();
+        errors
+    }
+
+    /// Hands the acknowledgements the plane collected (in [`DataPlane::reap`], called by
+    /// posting or by a drain) to the pipeline.
+    pub fn take_acks(&mut self) {
+        if let Some(seq) = self.plane.take_acked() {
+            let _ = self.core.on_acked(seq);
+        }
+    }
+
+    /// One step of the lane: records in, frames out to the RC QP, acknowledgements, log
+    /// settlement, counters.
     pub fn step(&mut self, queues: &Queues, stats: &SelfMetrics) -> Stop {
         pump::pull(&mut self.core, queues, stats);
         let stop = pump::transmit(&mut self.core, &mut self.plane);
+        self.reap();
         pump::settle(&self.core, queues);
         self.sync(stats);
         stop
@@ -232,6 +253,7 @@ impl RcLane {
     /// Frames out and settlement only (no records taken), as at the end of an epoch.
     pub fn transmit(&mut self, queues: &Queues, stats: &SelfMetrics) -> Stop {
         let stop = pump::transmit(&mut self.core, &mut self.plane);
+        self.reap();
         pump::settle(&self.core, queues);
         self.sync(stats);
         stop
@@ -244,12 +266,28 @@ impl RcLane {
         }
     }
 
-    /// Drops what the pipeline still holds with `reason` and settles (unless `shutdown`:
-    /// those log lines are read again after a restart).
+    /// Ends the lane's epoch: what the pipeline still holds is dropped with `reason`, except
+    /// the log lines, which settle only when acknowledged (DESIGN.md §8b). Unless `reason`
+    /// is `shutdown` (the lines not acknowledged are then read again after a restart), the
+    /// acknowledged lines settle, the lines in flight or pending are taken back
+    /// ([`SenderCore::take_back_logs`]) and the log sources rewind to the first of them
+    /// ([`crate::runners::Handoff::rewind`]): they go again on the next connection. Call it
+    /// after the last acknowledgements were taken ([`RcLane::take_acks`]).
     pub fn drop_pending(&mut self, reason: DropReason, queues: &Queues) {
+        if reason == DropReason::Shutdown {
+            self.core.drop_pending(reason);
+            return;
+        }
+        pump::settle(&self.core, queues);
+        let back = self.core.take_back_logs();
         self.core.drop_pending(reason);
-        if reason != DropReason::Shutdown {
-            pump::settle(&self.core, queues);
+        if back > 0 {
+            let requeued = queues.logs_handoff.rewind(&queues.logs);
+            tracing::info!(
+                lines = back + requeued,
+                "log lines on RC not acknowledged; the log sources read them again from the \
+                 last acknowledged line"
+            );
         }
     }
 
@@ -321,6 +359,38 @@ pub fn goodbye(
         detail: detail.chars().take(control::MAX_DETAIL_BYTES).collect(),
         rc_final_conn_seq: rc_final,
     }
+}
+
+/// Logs the epoch's final figures as `Goodbye` gave them ("goodbye sent"), for operators and
+/// end-to-end tests: `frames` on the connection (both lanes), `rc_frames`, frames and
+/// records per stream, and the packets this session's fault injector dropped
+/// (`fault_dropped`, only with fault injection). `fin` from [`merged`], `rc` the RC lane's
+/// own figures.
+pub fn log_goodbye(
+    epoch: u64,
+    collector: std::net::SocketAddr,
+    reason: &str,
+    fin: &FinalSequences,
+    rc: Option<&FinalSequences>,
+    fault_dropped: Option<u64>,
+) {
+    let [m, l, f] =
+        [Stream::Metrics, Stream::Logs, Stream::FastCounters].map(|s| fin.streams[s.index()]);
+    tracing::info!(
+        epoch = format_args!("{epoch:#x}"),
+        collector = %collector,
+        reason,
+        frames = fin.frames + rc.map_or(0, |f| f.frames),
+        rc_frames = rc.map(|f| f.frames),
+        metrics_frames = m.frames,
+        metrics_records = m.records,
+        logs_frames = l.frames,
+        logs_records = l.records,
+        fast_counters_frames = f.frames,
+        fast_counters_records = f.records,
+        fault_dropped,
+        "goodbye sent"
+    );
 }
 
 /// A heartbeat carrying the sequences posted so far on both lanes, so a session that ends

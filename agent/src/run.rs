@@ -759,7 +759,7 @@ async fn session(
         }
         let rc_credit = rc.as_mut().is_some_and(|l| l.core.take_credit_heartbeat());
         let uc_credit = core.take_credit_heartbeat();
-        if uc_credit {
+        if uc_credit | rc_credit {
             connector.demand.starved();
         }
         if uc_credit | rc_credit {
@@ -813,7 +813,9 @@ async fn session(
                     Ok(m) => match m.body {
                         Some(Body::Report(r)) => {
                             let _ = core.on_report(&r);
-                            connector.demand.on_report(Instant::now(), frames_sent(&core), report_interval);
+                            // Both lanes' frames: one announced rate sizes both lanes' rings.
+                            let sent = frames_sent(&core) + rc.as_ref().map_or(0, |l| frames_sent(&l.core));
+                            connector.demand.on_report(Instant::now(), sent, report_interval);
                             if let Some(l) = rc.as_mut() {
                                 l.on_report(&r);
                             }
@@ -912,7 +914,7 @@ async fn session(
             loop {
                 plane.reap();
                 if let Some(l) = rc.as_mut() {
-                    l.plane.reap();
+                    l.reap();
                 }
                 if !finished {
                     pump::pull(&mut core, queues, stats);
@@ -985,6 +987,8 @@ async fn session(
                 // sources read those lines again after a restart.
                 core.drop_pending(DropReason::Shutdown);
                 if let Some(l) = rc.as_mut() {
+                    drain_sends(&mut l.plane).await;
+                    l.take_acks();
                     l.drop_pending(DropReason::Shutdown, queues);
                 }
             } else {
@@ -995,14 +999,13 @@ async fn session(
                 core.drop_pending(DropReason::NotConnected);
                 pump::settle(&core, queues);
                 if let Some(l) = rc.as_mut() {
+                    drain_sends(&mut l.plane).await;
+                    l.take_acks();
                     pump::take_back_metrics(&mut l.core, queues, stats);
                     l.drop_pending(DropReason::NotConnected, queues);
                 }
             }
             drain_sends(&mut plane).await;
-            if let Some(l) = rc.as_mut() {
-                drain_sends(&mut l.plane).await;
-            }
             // What a fault injector still holds back (reorder, delay) goes out now or is
             // counted as its drop, before its figures go into the `goodbye sent` line.
             plane.flush_link();
@@ -1029,29 +1032,13 @@ async fn session(
                 conn.shutdown().await;
             })
             .await;
-            // The epoch's final figures, as in `Goodbye`, for operators and end-to-end tests:
-            // `frames` on the connection, then frames and records per stream, and the packets
-            // this session's fault injector dropped (only with fault injection).
-            let (m, l, f) = (
-                fin.streams[Stream::Metrics.index()],
-                fin.streams[Stream::Logs.index()],
-                fin.streams[Stream::FastCounters.index()],
-            );
-            tracing::info!(
-                epoch = format_args!("{epoch:#x}"),
-                collector = %collector,
-                reason = match &end { SessionEnd::Drain(_) => "drain", SessionEnd::Rebalance { .. } => "rebalance", _ => "shutdown" },
-                frames = fin.frames + rc_fin.map_or(0, |f| f.frames),
-                rc_frames = rc_fin.map(|f| f.frames),
-                metrics_frames = m.frames,
-                metrics_records = m.records,
-                logs_frames = l.frames,
-                logs_records = l.records,
-                fast_counters_frames = f.frames,
-                fast_counters_records = f.records,
-                fault_dropped = session_faults.map(|c| c.dropped),
-                "goodbye sent"
-            );
+            let reason = match &end {
+                SessionEnd::Drain(_) => "drain",
+                SessionEnd::Rebalance { .. } => "rebalance",
+                _ => "shutdown",
+            };
+            let dropped = session_faults.map(|c| c.dropped);
+            lane::log_goodbye(epoch, collector, reason, &fin, rc_fin.as_ref(), dropped);
             Ok((end, fin))
         }
         SessionEnd::Lost(why, on) => {
@@ -1062,21 +1049,31 @@ async fn session(
             pump::settle(&core, queues);
             drain_sends(&mut plane).await;
             if let Some(l) = rc.as_mut() {
+                // The last acknowledgements first: what they cover is settled, what they
+                // do not is read again (`RcLane::drop_pending`).
+                drain_sends(&mut l.plane).await;
+                l.take_acks();
                 pump::take_back_metrics(&mut l.core, queues, stats);
                 l.drop_pending(DropReason::NotConnected, queues);
-                drain_sends(&mut l.plane).await;
             }
             plane.flush_link();
-            sync_faults(stats);
+            let mut session_faults = sync_faults(stats);
             if let Some(l) = rc.as_mut() {
-                l.sync(stats);
+                if let (Some(uc), Some(r)) = (session_faults.as_mut(), l.sync(stats)) {
+                    uc.dropped += r.dropped;
+                }
             }
             let fin = lane::merged(&core, rc.as_ref().map(|l| &l.core));
-            let rc_final = rc
-                .as_ref()
-                .and_then(|l| l.core.final_sequences().last_conn_seq);
+            let rc_fin = rc.as_ref().map(|l| l.core.final_sequences());
+            let rc_final = rc_fin.and_then(|f| f.last_conn_seq);
             let bye = lane::goodbye(&fin, rc_final, GoodbyeReason::Reconnect, &why);
-            let _ = tokio::time::timeout(CONTROL_SEND_TIMEOUT, conn.send(bye)).await;
+            let sent = tokio::time::timeout(CONTROL_SEND_TIMEOUT, conn.send(bye)).await;
+            // With the control connection up (a data-path loss) the collector takes the
+            // Goodbye and settles the epoch by it: its figures, as after a planned end.
+            if on == LostOn::DataPath && matches!(sent, Ok(Ok(_))) {
+                let dropped = session_faults.map(|c| c.dropped);
+                lane::log_goodbye(epoch, collector, "lost", &fin, rc_fin.as_ref(), dropped);
+            }
             Ok((SessionEnd::Lost(why, on), fin))
         }
     }

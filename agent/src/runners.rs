@@ -26,7 +26,7 @@ use uctel_protocol::payload::{LogRecord, Metric};
 use uctel_protocol::samples::SampleSeries;
 
 use crate::buffer::DisconnectedBuffer;
-use crate::config::{seconds, AgentConfig, LogSection, LogSeverity, StartAt};
+use crate::config::{seconds, AgentConfig, LogSection, LogSeverity, Reliability, StartAt};
 use crate::queue::RecordQueue;
 use crate::selfmetrics::{DropReason, SelfMetrics};
 use crate::sources::host::{HostMetrics, HostMetricsConfig, HostPaths};
@@ -42,6 +42,11 @@ use crate::stream::Stream;
 /// order, so it reports settlement as a watermark: every record up to position
 /// [`Handoff::settled`] is settled. Once [`Handoff::close`] is called the sender has stopped
 /// and the watermark is final.
+///
+/// On an RC lane a record settles only when its frame was acknowledged (DESIGN.md §8b);
+/// when the lane fails, the records past the watermark are abandoned by
+/// [`Handoff::rewind`] and the tailers read them again ([`Handoff::settled_in`],
+/// [`LogTailer::rewind`]).
 #[derive(Debug, Default)]
 pub struct Handoff {
     offered: AtomicU64,
@@ -49,8 +54,37 @@ pub struct Handoff {
     settled: AtomicU64,
     closed: AtomicBool,
     /// Makes "append to the queue" and "count as offered" one step, so that with several
-    /// tailers the offered count follows queue order.
-    order: std::sync::Mutex<()>,
+    /// tailers the offered count follows queue order; holds the rewinds.
+    order: std::sync::Mutex<Rewinds>,
+}
+
+/// The rewinds of a [`Handoff`]: generation `g` (0 at start) ended at a rewind whose
+/// watermark was `points[g − first]`.
+#[derive(Debug, Default)]
+struct Rewinds {
+    generation: u64,
+    /// Generation of `points[0]`.
+    first: u64,
+    /// The settled watermark at each rewind, oldest first (the last [`MAX_REWINDS`]).
+    points: VecDeque<u64>,
+}
+
+/// Rewinds remembered for tailers that have not seen them yet.
+const MAX_REWINDS: usize = 64;
+
+/// What [`Handoff::settled_in`] says about a tailer's generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// Still the current generation: the watermark.
+    Current(u64),
+    /// A rewind ended the generation: every record up to `at` was settled before it, the
+    /// rest is to be read again; `now` is the current generation.
+    Rewound {
+        /// The watermark when the generation ended (0 when that is no longer known).
+        at: u64,
+        /// The current generation.
+        now: u64,
+    },
 }
 
 impl Handoff {
@@ -64,13 +98,80 @@ impl Handoff {
     /// Returns `(accepted, mark)`; the accepted records are the first `accepted` of
     /// `records`, at queue positions `mark − accepted + 1 ..= mark`.
     pub fn offer<T>(&self, queue: &RecordQueue<T>, records: Vec<T>) -> (u64, u64) {
-        let _order = self
-            .order
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _order = self.lock();
         let n = records.len() as u64;
         let accepted = n - queue.offer(records) as u64;
         (accepted, self.offered(accepted))
+    }
+
+    /// [`Handoff::offer`] for a tailer in `generation`; `None` (nothing offered) when a
+    /// [`Handoff::rewind`] ended it: the records are read again after the tailer's rewind.
+    pub fn offer_in<T>(
+        &self,
+        generation: u64,
+        queue: &RecordQueue<T>,
+        records: Vec<T>,
+    ) -> Option<(u64, u64)> {
+        let order = self.lock();
+        if order.generation != generation {
+            return None;
+        }
+        let n = records.len() as u64;
+        let accepted = n - queue.offer(records) as u64;
+        Some((accepted, self.offered(accepted)))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Rewinds> {
+        self.order
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The current generation (0 until the first [`Handoff::rewind`]).
+    pub fn generation(&self) -> u64 {
+        self.lock().generation
+    }
+
+    /// The watermark as a tailer of `generation` may use it: [`Settled::Current`], or, when
+    /// rewinds ended that generation, the watermark of the first of them
+    /// ([`Settled::Rewound`]).
+    pub fn settled_in(&self, generation: u64) -> Settled {
+        let r = self.lock();
+        if r.generation == generation {
+            return Settled::Current(self.settled());
+        }
+        let at = generation
+            .checked_sub(r.first)
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(|i| r.points.get(i).copied())
+            .unwrap_or(0);
+        Settled::Rewound {
+            at,
+            now: r.generation,
+        }
+    }
+
+    /// The sender's pipeline of an RC lane failed: the records past the settled watermark
+    /// were not acknowledged and are to be read again from the files. Discards what the
+    /// queue still holds (they come again too, in order), moves the watermark past every
+    /// record offered so far (none of them is for the sender any more) and starts a new
+    /// generation; each tailer, seeing it ([`Handoff::settled_in`]), settles what was
+    /// settled before the rewind and reads the rest again ([`LogTailer::rewind`]). Returns
+    /// the records taken out of the queue.
+    pub fn rewind<T>(&self, queue: &RecordQueue<T>) -> u64 {
+        let mut r = self.lock();
+        let point = self.settled();
+        let discarded = queue.take_all().len() as u64;
+        self.taken.fetch_add(discarded, Ordering::AcqRel);
+        self.settled
+            .fetch_max(self.offered.load(Ordering::Acquire), Ordering::AcqRel);
+        r.points.push_back(point);
+        if r.points.len() > MAX_REWINDS {
+            r.points.pop_front();
+            r.first += 1;
+        }
+        r.generation += 1;
+        discarded
     }
 
     /// Records `n` more records taken from the queue by the sender.
@@ -836,6 +937,7 @@ pub fn log_tailer_loop(
 ) {
     let handoff = &queues.logs_handoff;
     let mut mark: u64 = 0;
+    let mut generation = handoff.generation();
     let mut offers: VecDeque<Offered> = VecDeque::new();
     // Tailer records settled since the last checkpoint, and when that was.
     let mut fresh: u64 = 0;
@@ -850,10 +952,8 @@ pub fn log_tailer_loop(
         }
     };
     while !shutdown.is_triggered() {
-        // Commit what the sender has settled.
-        let n = settle_offers(&mut offers, handoff.settled());
-        tailer.settle(usize::try_from(n).unwrap_or(usize::MAX));
-        fresh += n;
+        // Commit what the sender has settled; after a rewind, read the rest again.
+        fresh += catch_up(&mut tailer, handoff, &mut generation, &mut offers, &stats);
         let due =
             offers.is_empty() || last_checkpoint.is_none_or(|t| t.elapsed() >= CHECKPOINT_INTERVAL);
         if fresh > 0 && due {
@@ -872,7 +972,12 @@ pub fn log_tailer_loop(
             }
             if !out.is_empty() {
                 let n = out.len() as u64;
-                let (accepted, m) = handoff.offer(&queues.logs, std::mem::take(&mut out));
+                // Refused after a rewind: read again with the rest at the next catch-up.
+                let Some((accepted, m)) =
+                    handoff.offer_in(generation, &queues.logs, std::mem::take(&mut out))
+                else {
+                    continue;
+                };
                 mark = m;
                 offers.push_back(Offered {
                     mark: m,
@@ -906,11 +1011,14 @@ pub fn log_tailer_loop(
     // Let the sender settle what it can (it sends the queued lines within its own grace),
     // then commit exactly what it settled.
     let deadline = Instant::now() + LOG_HANDOFF_GRACE;
-    while !handoff.reached(mark) && !handoff.is_closed() && Instant::now() < deadline {
+    while matches!(handoff.settled_in(generation), Settled::Current(_))
+        && !handoff.reached(mark)
+        && !handoff.is_closed()
+        && Instant::now() < deadline
+    {
         std::thread::sleep(Duration::from_millis(5));
     }
-    let n = settle_offers(&mut offers, handoff.settled());
-    tailer.settle(usize::try_from(n).unwrap_or(usize::MAX));
+    catch_up(&mut tailer, handoff, &mut generation, &mut offers, &stats);
     checkpoint(&tailer);
     if tailer.unsettled() > 0 {
         tracing::info!(
@@ -919,6 +1027,36 @@ pub fn log_tailer_loop(
         );
     }
     metrics.files.sub(last_files);
+}
+
+/// Settles the tailer's records that the sender settled in the tailer's `generation`;
+/// returns how many. When a rewind ended that generation ([`Handoff::rewind`]: an RC lane
+/// failed), settles what was settled before it, rewinds the tailer to its first unsettled
+/// line ([`LogTailer::rewind`]: read again, in order) and joins the current generation; the
+/// lines that cannot be read again (their file closed after a rotation, or truncated) are
+/// counted as dropped (`transport_error`).
+fn catch_up(
+    tailer: &mut LogTailer,
+    handoff: &Handoff,
+    generation: &mut u64,
+    offers: &mut VecDeque<Offered>,
+    stats: &SelfMetrics,
+) -> u64 {
+    let (settled, rewound) = match handoff.settled_in(*generation) {
+        Settled::Current(s) => (s, None),
+        Settled::Rewound { at, now } => (at, Some(now)),
+    };
+    let n = settle_offers(offers, settled);
+    tailer.settle(usize::try_from(n).unwrap_or(usize::MAX));
+    if let Some(now) = rewound {
+        let gone = tailer.rewind();
+        if gone > 0 {
+            stats.dropped(Stream::Logs, DropReason::TransportError, 0, gone);
+        }
+        offers.clear();
+        *generation = now;
+    }
+    n
 }
 
 /// Starts one thread per `sources.logs` entry.
@@ -954,12 +1092,11 @@ pub fn spawn_log_tailers(
                 entry.path
             );
         }
-        let tailer = LogTailer::new(log_source_config(
-            entry,
-            config.max_line_bytes(entry),
-            state_dir,
-        ))
-        .map_err(|e| format!("sources.logs[{i}] ({}): {e}", entry.path))?;
+        let mut source = log_source_config(entry, config.max_line_bytes(entry), state_dir);
+        // On an RC lane unacknowledged lines are read again (`LogTailer::rewind`).
+        source.keep_positions = config.streams.reliability(Stream::Logs) == Reliability::Rc;
+        let tailer = LogTailer::new(source)
+            .map_err(|e| format!("sources.logs[{i}] ({}): {e}", entry.path))?;
         let (q, s, m, sd) = (
             queues.clone(),
             stats.clone(),
@@ -1019,6 +1156,72 @@ mod tests {
         assert!(!h.is_closed());
         h.close();
         assert!(h.is_closed());
+    }
+
+    /// An RC lane failed after 6 of 10 lines were taken and 4 acknowledged: the rewind
+    /// discards the 4 still queued, the tailer settles the 4 acknowledged ones and reads
+    /// lines 5..=10 again, in order; an offer of the ended generation is refused, and a
+    /// tailer two rewinds behind settles only what was settled before the first.
+    #[test]
+    fn a_rewind_reads_the_unacknowledged_lines_again_in_order() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let text: String = (1..=10).map(|i| format!("line {i}\n")).collect();
+        std::fs::write(dir.path().join("a.log"), text).unwrap_or_else(|e| panic!("{e}"));
+        let mut c = logs::LogSourceConfig::new([format!("{}/*.log", dir.path().display())]);
+        c.start_at = logs::StartAt::Beginning;
+        c.keep_positions = true;
+        let mut tailer = LogTailer::new(c).unwrap_or_else(|e| panic!("{e}"));
+        let stats = SelfMetrics::new().unwrap_or_else(|e| panic!("{e}"));
+        let queue: RecordQueue<LogRecord> = RecordQueue::new(100);
+        let h = Handoff::default();
+        let mut generation = h.generation();
+        let mut offers = VecDeque::new();
+        let poll = |t: &mut LogTailer| {
+            let mut out = Vec::new();
+            let _ = t.poll(Instant::now(), std::time::SystemTime::now, &mut out, 100);
+            out
+        };
+        let out = poll(&mut tailer);
+        assert_eq!(out.len(), 10);
+        let (accepted, mark) = h
+            .offer_in(generation, &queue, out)
+            .unwrap_or_else(|| panic!("current generation"));
+        offers.push_back(Offered {
+            mark,
+            accepted,
+            total: accepted,
+            settled: 0,
+        });
+        // The sender takes 6, 4 of them acknowledged.
+        for _ in 0..6 {
+            assert!(queue.pop().is_some());
+        }
+        h.taken(6);
+        h.settle(2);
+        assert_eq!(h.settled(), 4);
+        assert_eq!(
+            h.rewind(&queue),
+            4,
+            "the queued lines come again from the file"
+        );
+        assert!(queue.is_empty());
+        assert!(h
+            .offer_in(generation, &queue, vec![LogRecord::default()])
+            .is_none());
+        assert_eq!(h.settled_in(generation), Settled::Rewound { at: 4, now: 1 });
+        let n = catch_up(&mut tailer, &h, &mut generation, &mut offers, &stats);
+        assert_eq!((n, generation, tailer.unsettled()), (4, 1, 0));
+        let again: Vec<String> = poll(&mut tailer).into_iter().map(|r| r.message).collect();
+        let want: Vec<String> = (5..=10).map(|i| format!("line {i}")).collect();
+        assert_eq!(again, want);
+        assert_eq!(stats.records_dropped_all(Stream::Logs), 0);
+        // Two more rewinds: a tailer still in generation 1 gets the first one's watermark.
+        h.settle(0);
+        let first = h.settled();
+        h.rewind(&queue);
+        h.rewind(&queue);
+        assert_eq!(h.settled_in(1), Settled::Rewound { at: first, now: 3 });
+        assert_eq!(h.settled_in(3), Settled::Current(h.settled()));
     }
 
     #[test]

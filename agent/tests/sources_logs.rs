@@ -425,3 +425,57 @@ fn records_are_stamped_by_the_wall_clock_passed_in_read_for_each_line() {
         ("partial", 1_000_000_004)
     );
 }
+
+/// `rewind` (an RC lane failed): the lines returned and not settled are returned again, in
+/// order, from the first unsettled one, the partial last line forgotten and read again
+/// whole; settled lines are not repeated. Without a state file the positions are kept only
+/// with `keep_positions`; lines of a generation truncated away are counted as gone.
+#[test]
+fn rewind_returns_the_unsettled_lines_again_from_the_first_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("a.log");
+    append(&path, &numbered(1..=5).join("\n"));
+    append(&path, "\npart");
+    let mut t = LogTailer::new(config(dir.path(), "*.log")).expect("tailer");
+    let t0 = Instant::now();
+    assert_eq!(poll(&mut t, t0, 100), numbered(1..=5));
+    t.settle(2);
+    assert_eq!(t.rewind(), 0);
+    assert_eq!(t.unsettled(), 0);
+    append(&path, "ial 6\n");
+    let mut want = numbered(3..=5);
+    want.push("partial 6".to_owned());
+    assert_eq!(poll(&mut t, t0, 100), want);
+    assert_eq!(t.unsettled(), 4);
+    // Nothing settled: all of them again, and the checkpoint resumes at line 3.
+    assert_eq!(t.rewind(), 0);
+    assert_eq!(poll(&mut t, t0, 2), numbered(3..=4));
+    t.checkpoint_settled().expect("checkpoint");
+    let state = std::fs::read_to_string(dir.path().join("state.json")).expect("state");
+    let line3: usize = numbered(1..=2).iter().map(|l| l.len() + 1).sum();
+    assert!(state.contains(&format!("\"offset\": {line3},")), "{state}");
+
+    // No state file: positions kept only when asked to.
+    let other = tempfile::tempdir().expect("tempdir");
+    append(
+        &other.path().join("b.log"),
+        &(numbered(1..=3).join("\n") + "\n"),
+    );
+    let mut c = config(other.path(), "*.log");
+    c.state_file = None;
+    let mut plain = LogTailer::new(c.clone()).expect("tailer");
+    assert_eq!(poll(&mut plain, t0, 100).len(), 3);
+    assert_eq!(plain.rewind(), 0);
+    assert!(poll(&mut plain, t0, 100).is_empty(), "nothing to rewind to");
+    c.keep_positions = true;
+    let mut kept = LogTailer::new(c).expect("tailer");
+    assert_eq!(poll(&mut kept, t0, 100).len(), 3);
+    assert_eq!(kept.rewind(), 0);
+    assert_eq!(poll(&mut kept, t0, 100), numbered(1..=3));
+
+    // Truncated since the lines were read: they are gone, the new content is read.
+    std::fs::write(other.path().join("b.log"), "new 1\n").expect("truncate");
+    assert_eq!(poll(&mut kept, t0, 100), vec!["new 1"]);
+    assert_eq!(kept.rewind(), 3, "the lines of the truncated generation");
+    assert_eq!(poll(&mut kept, t0, 100), vec!["new 1"]);
+}

@@ -1328,6 +1328,51 @@ mod tests {
         assert_eq!(out, FrameOutcome::Accepted { records: 1 });
     }
 
+    /// RC lane (DESIGN.md §8b): the collector received a frame whose acknowledgement the
+    /// agent never got (the data path failed on the way back), so the agent's `Goodbye`
+    /// names only what was acknowledged and the next epoch sends those lines again. Nothing
+    /// is counted lost, and the lines sent again are discarded as replays: written once.
+    #[test]
+    fn lines_sent_again_after_a_lost_acknowledgement_are_written_once() {
+        let telemetry = Telemetry::new().unwrap();
+        let delivered = DeliveredLogs::default();
+        const F: u64 = 0xac4;
+        let mut first = log_ingest(1, &delivered, &telemetry);
+        let out = first.on_send(&log_frame(1, 0, 0, 2, &[(F, 10), (F, 20)]), now());
+        assert_eq!(out, FrameOutcome::Accepted { records: 2 });
+        let out = first.on_send(&log_frame(1, 1, 1, 4, &[(F, 30), (F, 40)]), now());
+        assert_eq!(out, FrameOutcome::Accepted { records: 2 });
+        // Only the first frame was acknowledged.
+        let s = first.close(&Goodbye {
+            final_conn_seq: Some(0),
+            streams: vec![StreamFinal {
+                stream_id: uctel_protocol::stream::LOGS,
+                final_stream_seq: Some(0),
+                final_record_count: 2,
+            }],
+            ..Default::default()
+        });
+        let l = s
+            .streams
+            .iter()
+            .find(|(id, _)| *id == uctel_protocol::stream::LOGS)
+            .map(|(_, l)| *l)
+            .unwrap();
+        assert_eq!((l.records_received, l.records_lost), (4, 0));
+        drop(first);
+        // The next epoch reads 30, 40 again from the file, then 50.
+        let mut second = log_ingest(2, &delivered, &telemetry);
+        second.set_previous_epoch(Some(1));
+        let out = second.on_send(&log_frame(2, 0, 0, 3, &[(F, 30), (F, 40), (F, 50)]), now());
+        assert_eq!(
+            out,
+            FrameOutcome::Accepted { records: 1 },
+            "only 50 delivered"
+        );
+        assert_eq!(replayed_total(&telemetry), 2);
+        assert_eq!(logs_ledger(&second).records_lost, 0);
+    }
+
     #[test]
     fn the_same_offsets_reordered_within_one_epoch_are_delivered() {
         let telemetry = Telemetry::new().unwrap();

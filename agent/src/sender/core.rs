@@ -252,6 +252,18 @@ struct Pending {
     first: u64,
 }
 
+/// A frame posted on an RC QP and not acknowledged yet ([`SenderCore::set_settle_on_ack`]).
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    conn_seq: u64,
+    stream_seq: u64,
+    /// The stream's cumulative record count stamped in the frame.
+    record_count: u64,
+    records: u32,
+    /// Push index of the first record.
+    first: u64,
+}
+
 impl Pending {
     fn new(f: BuiltFrame, first: u64) -> Self {
         let records = f.records();
@@ -284,6 +296,10 @@ struct StreamState {
     abandoned_from: Option<u64>,
     next_stream_seq: Seq,
     totals: StreamTotals,
+    /// Frames posted and not acknowledged yet, oldest first (settle on ack only).
+    in_flight: VecDeque<InFlight>,
+    /// What of `totals` was acknowledged (settle on ack only).
+    acked: StreamTotals,
     /// Last time a frame of this stream was posted (or the epoch started).
     last_sent: Instant,
 }
@@ -315,6 +331,12 @@ pub struct SenderCore {
     logs_first: bool,
     frames_posted: u64,
     last_conn_seq: Option<u64>,
+    /// Records settle when their frame is acknowledged, not when it is posted
+    /// ([`SenderCore::set_settle_on_ack`]).
+    settle_on_ack: bool,
+    /// Frames acknowledged, and the connection sequence of the last one (settle on ack).
+    frames_acked: u64,
+    last_acked_conn_seq: Option<u64>,
     rr: usize,
     acct: Accounting,
 }
@@ -365,6 +387,8 @@ impl SenderCore {
             abandoned_from: None,
             next_stream_seq: Seq::new(config.first_stream_seq),
             totals: StreamTotals::default(),
+            in_flight: VecDeque::new(),
+            acked: StreamTotals::default(),
             last_sent: now,
         };
         Ok(SenderCore {
@@ -401,6 +425,9 @@ impl SenderCore {
             logs_first: false,
             frames_posted: 0,
             last_conn_seq: None,
+            settle_on_ack: false,
+            frames_acked: 0,
+            last_acked_conn_seq: None,
             rr: 0,
             acct: Accounting {
                 stats: SenderStats::default(),
@@ -806,10 +833,118 @@ impl SenderCore {
         }
     }
 
-    /// The frame returned by the last [`SenderCore::poll_transmit`] was posted: count it.
+    /// The frame returned by the last [`SenderCore::poll_transmit`] was posted: count it
+    /// as sent; when records settle on acknowledgement ([`SenderCore::set_settle_on_ack`]),
+    /// also keep it in flight until [`SenderCore::on_acked`] covers its connection sequence.
     pub fn sent(&mut self, t: &Transmit) {
         self.acct
             .sent(t.stream, u64::from(t.records), t.bytes.len() as u64);
+        if self.settle_on_ack {
+            let st = &mut self.streams[t.stream.index()];
+            st.in_flight.push_back(InFlight {
+                conn_seq: t.conn_seq,
+                stream_seq: t.stream_seq,
+                record_count: st.totals.records,
+                records: t.records,
+                first: t.first_record,
+            });
+        }
+    }
+
+    /// Records settle when the RC QP acknowledged their frame, not when it was posted
+    /// (DESIGN.md §8b; on RC a send completion with success status means the responder
+    /// ACKed the message, IBTA 9.7.5.1 / rxe `rxe_comp.c`). From then on:
+    ///
+    /// - a posted frame is counted as sent (`frames_sent_total`: posted, as on UC) and is
+    ///   *in flight* ([`SenderCore::in_flight_records`]) until [`SenderCore::on_acked`]
+    ///   covers it; only then are its records settled ([`SenderCore::unsettled_records`]);
+    /// - [`SenderCore::final_sequences`] (heartbeats, `Goodbye`) reports the logs stream as
+    ///   far as it was acknowledged, so the collector never counts a log frame that will be
+    ///   sent again as lost; the other streams, and the connection sequence of their frames
+    ///   in flight, as posted (their unacknowledged frames are not sent again: counted lost
+    ///   by the collector if they never arrived);
+    /// - when the QP fails, [`SenderCore::take_back_logs`] takes the log records in flight
+    ///   and pending back: the log sources read them again, and they are posted again on
+    ///   the next connection (so `records_sent_total` counts a line posted twice twice; the
+    ///   collector delivers it once, README "Loss accounting").
+    ///
+    /// Call it before the first frame is posted. UC pipelines keep settle-on-post.
+    pub fn set_settle_on_ack(&mut self, on: bool) {
+        self.settle_on_ack = on;
+    }
+
+    /// Every frame posted with a connection sequence up to `conn_seq` was acknowledged (a
+    /// successful send completion: an RC QP completes its sends in order, IBTA 9.7.5.1.2),
+    /// so each is counted as sent and its records settle. Returns the records
+    /// acknowledged now (already counted as sent when posted). No effect unless
+    /// [`SenderCore::set_settle_on_ack`].
+    pub fn on_acked(&mut self, conn_seq: u64) -> u64 {
+        let mut records = 0;
+        for st in &mut self.streams {
+            while let Some(f) = st.in_flight.front().copied() {
+                if f.conn_seq > conn_seq {
+                    break;
+                }
+                st.in_flight.pop_front();
+                st.acked.frames += 1;
+                st.acked.records = f.record_count;
+                st.acked.last_stream_seq = Some(f.stream_seq);
+                self.frames_acked += 1;
+                self.last_acked_conn_seq = Some(
+                    self.last_acked_conn_seq
+                        .map_or(f.conn_seq, |c| c.max(f.conn_seq)),
+                );
+                records += u64::from(f.records);
+            }
+        }
+        records
+    }
+
+    /// Records of `stream` posted and not acknowledged yet (settle on ack only).
+    pub fn in_flight_records(&self, stream: Stream) -> u64 {
+        self.streams[stream.index()]
+            .in_flight
+            .iter()
+            .map(|f| u64::from(f.records))
+            .sum()
+    }
+
+    /// Frames posted and not acknowledged yet, every stream (settle on ack only).
+    pub fn in_flight_frames(&self) -> usize {
+        self.streams.iter().map(|s| s.in_flight.len()).sum()
+    }
+
+    /// When the RC QP failed or the session ends (settle on ack only): the log records
+    /// in flight (counted as sent when posted) and those still pending (open and ready
+    /// frames: counted in [`StreamStats::records_taken_back`], neither sent nor dropped)
+    /// are taken back and left unsettled, so the log sources read them again from the
+    /// last acknowledged line ([`crate::runners::Handoff::rewind`]). Empty frames
+    /// (heartbeats) stay for [`SenderCore::drop_pending`]. Returns the records taken back,
+    /// both kinds.
+    pub fn take_back_logs(&mut self) -> u64 {
+        let stream = Stream::Logs;
+        if !self.settle_on_ack || !self.carries(stream) {
+            return 0;
+        }
+        let from = self.oldest_unsettled(stream);
+        self.flush(stream);
+        let st = &mut self.streams[stream.index()];
+        let flying: u64 = st.in_flight.drain(..).map(|f| u64::from(f.records)).sum();
+        let mut pending = 0;
+        let mut kept = VecDeque::new();
+        for p in st.ready.drain(..) {
+            if p.records == 0 {
+                kept.push_back(p);
+            } else {
+                pending += u64::from(p.records);
+            }
+        }
+        st.ready = kept;
+        if from < st.pushed {
+            st.abandoned_from = Some(st.abandoned_from.map_or(from, |a| a.min(from)));
+        }
+        self.acct.stats.streams[stream.index()].records_taken_back += pending;
+        flying + pending
     }
 
     /// The frame returned by the last [`SenderCore::poll_transmit`] could not be posted for a
@@ -921,6 +1056,14 @@ impl SenderCore {
             .unwrap_or(st.pushed)
     }
 
+    /// Push index of the oldest record of `stream` not settled by a post or an ack: pending,
+    /// or in flight (settle on ack), or the next push index when none is.
+    fn oldest_unsettled(&self, stream: Stream) -> u64 {
+        let st = &self.streams[stream.index()];
+        let flying = st.in_flight.iter().find(|f| f.records > 0).map(|f| f.first);
+        self.oldest_pending(stream).min(flying.unwrap_or(u64::MAX))
+    }
+
     /// How many of the records pushed on `stream` are not *settled*, counted back from the
     /// newest: every record pushed before them was posted in a frame or dropped and counted
     /// for a reason other than `shutdown`; from the oldest record still pending (or dropped
@@ -929,11 +1072,13 @@ impl SenderCore {
     /// unsettled while an older record is pending).
     ///
     /// The log sources checkpoint only settled lines: a line dropped at shutdown is read again
-    /// after a restart, a line posted is not (DESIGN.md §7).
+    /// after a restart, a line posted is not (DESIGN.md §7). With
+    /// [`SenderCore::set_settle_on_ack`] a record in a frame posted but not acknowledged is
+    /// not settled either.
     pub fn unsettled_records(&self, stream: Stream) -> u64 {
         let st = &self.streams[stream.index()];
         let from = self
-            .oldest_pending(stream)
+            .oldest_unsettled(stream)
             .min(st.abandoned_from.unwrap_or(u64::MAX));
         st.pushed - from.min(st.pushed)
     }
@@ -984,11 +1129,15 @@ impl SenderCore {
 
     /// Drops everything still pending (open and ready frames) with `reason`, counting it.
     /// Records dropped as [`DropReason::Shutdown`] stay unsettled
-    /// ([`SenderCore::unsettled_records`]).
+    /// ([`SenderCore::unsettled_records`]), and so do, with
+    /// [`SenderCore::set_settle_on_ack`], the records in flight then (sent, not
+    /// acknowledged: read again after a restart). Log frames still in flight are forgotten
+    /// (counted as sent when posted); those of other streams stay in
+    /// [`SenderCore::final_sequences`].
     pub fn drop_pending(&mut self, reason: DropReason) {
         for s in Stream::ALL {
             if reason == DropReason::Shutdown {
-                let from = self.oldest_pending(s);
+                let from = self.oldest_unsettled(s);
                 let st = &mut self.streams[s.index()];
                 if from < st.pushed {
                     st.abandoned_from = Some(st.abandoned_from.map_or(from, |a| a.min(from)));
@@ -996,6 +1145,9 @@ impl SenderCore {
             }
             self.flush(s);
             let st = &mut self.streams[s.index()];
+            if s == Stream::Logs {
+                st.in_flight.clear();
+            }
             let frames = st.ready.len() as u64;
             let records: u64 = st.ready.drain(..).map(|p| u64::from(p.records)).sum();
             if frames > 0 {
@@ -1004,8 +1156,30 @@ impl SenderCore {
         }
     }
 
-    /// Sequences and totals of what was posted in this epoch.
+    /// Sequences and totals of what was posted in this epoch; with
+    /// [`SenderCore::set_settle_on_ack`], the logs stream's as far as it was acknowledged
+    /// (see there), and the connection's up to the last frame acknowledged or in flight on
+    /// another stream.
     pub fn final_sequences(&self) -> FinalSequences {
+        if self.settle_on_ack {
+            let others = self
+                .streams
+                .iter()
+                .filter(|s| s.stream != Stream::Logs)
+                .flat_map(|s| s.in_flight.iter());
+            let last = others.clone().map(|f| f.conn_seq).max();
+            return FinalSequences {
+                last_conn_seq: self.last_acked_conn_seq.max(last),
+                frames: self.frames_acked + others.count() as u64,
+                streams: self.streams.each_ref().map(|s| {
+                    if s.stream == Stream::Logs {
+                        s.acked
+                    } else {
+                        s.totals
+                    }
+                }),
+            };
+        }
         FinalSequences {
             last_conn_seq: self.last_conn_seq,
             frames: self.frames_posted,
@@ -1631,6 +1805,120 @@ mod tests {
         core.drop_pending(DropReason::NotConnected);
         assert_eq!(core.unsettled_records(Stream::Metrics), 0);
         assert_eq!(core.unsettled_records(Stream::Logs), 4);
+    }
+
+    /// On an RC lane a record settles when its frame is acknowledged, not when it is posted:
+    /// posted frames are counted sent and stay in flight (unsettled, out of the final
+    /// sequences) until `on_acked` covers them; when the QP fails, what is in flight and
+    /// pending is taken back, unsettled (read again), and the records still add up.
+    #[test]
+    fn on_rc_records_settle_when_acknowledged_and_the_rest_is_taken_back() {
+        let t0 = Instant::now();
+        let sm = stats();
+        let mut core =
+            SenderCore::new(&config(8), 1, t0, sm.clone()).unwrap_or_else(|e| panic!("{e}"));
+        core.set_settle_on_ack(true);
+        // Three frames of two records each: records 0..=5.
+        for f in 0..3 {
+            core.push_log(&log(&format!("{f}a")), t0, 1);
+            core.push_log(&log(&format!("{f}b")), t0, 1);
+            core.flush(Stream::Logs);
+        }
+        let (tx, _) = drain(&mut core, t0);
+        assert_eq!(tx.len(), 3);
+        assert_eq!(core.pending_records(Stream::Logs), 0);
+        assert_eq!(core.in_flight_records(Stream::Logs), 6);
+        assert_eq!(core.in_flight_frames(), 3);
+        assert_eq!(
+            core.unsettled_records(Stream::Logs),
+            6,
+            "posted is not settled"
+        );
+        assert_eq!(
+            core.stats().stream(Stream::Logs).records_sent,
+            6,
+            "sent = posted"
+        );
+        assert_eq!(sm.records_sent(Stream::Logs), 6);
+        assert_eq!(core.final_sequences().last_conn_seq, None);
+        assert_eq!(
+            core.final_sequences().streams[Stream::Logs.index()].records,
+            0
+        );
+        // The first frame acknowledged: its records settle.
+        assert_eq!(core.on_acked(tx[0].conn_seq), 2);
+        assert_eq!(core.unsettled_records(Stream::Logs), 4);
+        let fin = core.final_sequences();
+        assert_eq!(fin.last_conn_seq, Some(tx[0].conn_seq));
+        assert_eq!(fin.frames, 1);
+        assert_eq!(fin.streams[Stream::Logs.index()].records, 2);
+        assert_eq!(
+            fin.streams[Stream::Logs.index()].last_stream_seq,
+            Some(tx[0].stream_seq)
+        );
+        // An acknowledgement covers every earlier frame (RC completes in order); a repeated
+        // one changes nothing.
+        assert_eq!(core.on_acked(tx[1].conn_seq), 2);
+        assert_eq!(core.on_acked(tx[1].conn_seq), 0);
+        assert_eq!(core.unsettled_records(Stream::Logs), 2);
+        // One more record pending in the open frame, then the QP fails: the frame in flight
+        // (sent) and the pending record (taken back) come again, unsettled, none dropped.
+        core.push_log(&log("3a"), t0, 1);
+        assert_eq!(core.take_back_logs(), 3);
+        core.drop_pending(DropReason::NotConnected);
+        let st = *core.stats().stream(Stream::Logs);
+        assert_eq!(st.records_taken_back, 1);
+        assert_eq!(st.records_dropped_all(), 0);
+        assert_eq!(
+            core.unsettled_records(Stream::Logs),
+            3,
+            "read again from record 4"
+        );
+        assert_eq!(core.in_flight_records(Stream::Logs), 0);
+        assert_eq!(
+            st.records_sent + st.records_dropped_all() + st.records_taken_back,
+            7,
+            "every record pushed accounted"
+        );
+        // What was acknowledged is all the collector is told about.
+        assert_eq!(
+            core.final_sequences().streams[Stream::Logs.index()].records,
+            4
+        );
+        // A late acknowledgement settles nothing more: the lines are read again.
+        assert_eq!(core.on_acked(tx[2].conn_seq), 0);
+        assert_eq!(core.unsettled_records(Stream::Logs), 3);
+    }
+
+    /// Settle-on-ack at shutdown: the log lines in flight stay unsettled (read again after
+    /// a restart) and out of the final figures; a metric frame in flight is not sent again,
+    /// so the final figures keep it (the collector counts it lost if it never came).
+    #[test]
+    fn on_rc_frames_in_flight_at_the_end_stay_unsettled_or_reported() {
+        let t0 = Instant::now();
+        let sm = stats();
+        let mut core =
+            SenderCore::new(&config(8), 1, t0, sm.clone()).unwrap_or_else(|e| panic!("{e}"));
+        core.set_settle_on_ack(true);
+        core.push_log(&log("a"), t0, 1);
+        core.flush(Stream::Logs);
+        core.push_metric(&metric(0), t0, 1);
+        core.flush(Stream::Metrics);
+        let (tx, _) = drain(&mut core, t0);
+        assert_eq!(tx.len(), 2);
+        core.drop_pending(DropReason::Shutdown);
+        assert_eq!(sm.records_dropped_all(Stream::Logs), 0, "sent, not dropped");
+        assert_eq!(core.unsettled_records(Stream::Logs), 1);
+        assert_eq!(core.in_flight_records(Stream::Logs), 0);
+        let fin = core.final_sequences();
+        assert_eq!(fin.streams[Stream::Logs.index()].records, 0);
+        assert_eq!(fin.streams[Stream::Metrics.index()].records, 1);
+        let metric_seq = tx
+            .iter()
+            .find(|t| t.stream == Stream::Metrics)
+            .map(|t| t.conn_seq);
+        assert_eq!(fin.last_conn_seq, metric_seq);
+        assert_eq!(fin.frames, 1);
     }
 
     #[test]

@@ -106,6 +106,11 @@
 //! checkpoints of settled lines and a final one at shutdown, a restart neither repeats nor
 //! skips lines.
 //!
+//! On an RC lane (DESIGN.md §8b) a line settles only once the RC QP acknowledged its frame;
+//! when the lane fails, the lines returned and not settled are returned again by the next
+//! polls after [`LogTailer::rewind`] (the positions are then kept without a state file too,
+//! [`LogSourceConfig::keep_positions`]).
+//!
 //! # Start: the first run, and what happened while the agent was down
 //!
 //! [`LogSourceConfig::start_at`] applies only to the files found by the first scan of the
@@ -221,11 +226,16 @@ pub struct LogSourceConfig {
     /// Each record's severity is read from its line ([`super::severity::detect`]); otherwise every
     /// record is `unspecified`.
     pub detect_severity: bool,
+    /// Keep the positions of the records not settled yet even without a state file, so
+    /// [`LogTailer::rewind`] can read them again (logs on an RC lane, DESIGN.md §8b). With
+    /// a state file they are always kept.
+    pub keep_positions: bool,
 }
 
 impl LogSourceConfig {
     /// Defaults: start at end, 2048-byte lines, 1 s partial-line timeout, 5 s rotate wait,
-    /// 1 s glob interval, 1 MiB per poll, no state file, severity detected.
+    /// 1 s glob interval, 1 MiB per poll, no state file, severity detected, positions kept only
+    /// with a state file.
     pub fn new<I, S>(include: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -242,6 +252,7 @@ impl LogSourceConfig {
             max_bytes_per_poll: 1 << 20,
             state_file: None,
             detect_severity: true,
+            keep_positions: false,
         }
     }
 }

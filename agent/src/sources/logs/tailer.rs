@@ -307,8 +307,8 @@ impl LogTailer {
         if full_scan {
             self.close_orphans(now, wall, out, &mut budget);
         }
-        if self.config.state_file.is_none() {
-            // Nothing to checkpoint: no positions to keep.
+        if self.config.state_file.is_none() && !self.config.keep_positions {
+            // Nothing to checkpoint nor rewind: no positions to keep.
             self.unsettled.clear();
             self.retired.clear();
         }
@@ -335,6 +335,43 @@ impl LogTailer {
             let pending: HashSet<FileId> = self.unsettled.iter().map(|p| p.id).collect();
             self.retired.retain(|r| pending.contains(&r.id));
         }
+    }
+
+    /// Reads again every record returned by [`LogTailer::poll`] and not settled yet: each
+    /// file goes back to where its first unsettled line starts (the place a restart would
+    /// resume at, [`LogTailer::checkpoint_settled`]), with any partial line forgotten, so the
+    /// next polls return those lines again, in order, with the same `file_id` and offsets
+    /// (the collector's replay rule drops a line it already delivered). For a sender whose
+    /// records settle only once the peer acknowledged them (an RC lane, DESIGN.md §8b) and
+    /// whose connection failed.
+    ///
+    /// Returns the unsettled records that cannot be read again: their file was closed after
+    /// a rotation, or truncated since (the caller counts them as dropped). Needs the
+    /// positions: with neither a state file nor [`LogSourceConfig::keep_positions`] nothing
+    /// is rewound and 0 is returned.
+    pub fn rewind(&mut self) -> u64 {
+        let points = ResumePoints::new(&self.unsettled);
+        let gone = self
+            .unsettled
+            .iter()
+            .filter(|p| {
+                !self
+                    .files
+                    .iter()
+                    .any(|t| t.id == p.id && t.generation == p.generation)
+            })
+            .count() as u64;
+        let max_line = self.config.max_line_bytes;
+        for t in &mut self.files {
+            if let Some(offset) = points.offset(t.id, t.generation) {
+                t.read_offset = offset;
+                t.splitter = LineSplitter::new(max_line).at(offset);
+                t.at_eof = false;
+            }
+        }
+        self.unsettled.clear();
+        self.retired.clear();
+        gone
     }
 
     /// Settles every record returned so far and writes the state file: a restart resumes after
