@@ -391,25 +391,33 @@ impl Pool {
     /// anywhere: the best member ranked above `current` that has answered every probe for
     /// `return_after` plus its spread delay ([`Pool::probed`]). When `current` is no longer
     /// a member (it left the pool's names), every member ranks above it and the wait is the
-    /// spread delay alone. `None` at the first choice.
+    /// spread delay alone; the agent then waits for its best member that is not down (one
+    /// just added to the names has not been probed yet), so it moves once, to that member,
+    /// rather than to a lower one first and again when the best turns healthy. `None` at
+    /// the first choice.
     pub fn return_to(
         &self,
         current: SocketAddr,
         return_after: Duration,
         now: Instant,
     ) -> Option<SocketAddr> {
-        let (end, wait) = match self.rank(current) {
-            Some(r) => (r, return_after),
-            None => (self.members.len(), Duration::ZERO),
-        };
-        self.members[..end]
-            .iter()
-            .find(|m| {
-                m.healthy_since.is_some_and(|t| {
-                    now.saturating_duration_since(t) >= wait.saturating_add(m.spread_delay)
-                })
+        let waited = |m: &Member, wait: Duration| {
+            m.healthy_since.is_some_and(|t| {
+                now.saturating_duration_since(t) >= wait.saturating_add(m.spread_delay)
             })
-            .map(|m| m.addr)
+        };
+        match self.rank(current) {
+            Some(r) => self.members[..r]
+                .iter()
+                .find(|m| waited(m, return_after))
+                .map(|m| m.addr),
+            None => self
+                .members
+                .iter()
+                .find(|m| !m.down)
+                .filter(|m| waited(m, Duration::ZERO))
+                .map(|m| m.addr),
+        }
     }
 }
 
@@ -719,6 +727,15 @@ mod tests {
         let t1 = t0 + Duration::from_secs(6);
         // Not probed yet: nowhere to go.
         assert_eq!(p.return_to(addr(3), delay, t1), None);
+        // The others answered first: the agent waits for its best member's probe instead
+        // of moving twice (to a lower member, then to the best once it turns healthy).
+        for m in &p.ranked()[1..] {
+            p.probed(*m, true, t1 - Duration::from_secs(1), 0.5);
+        }
+        assert_eq!(
+            p.return_to(addr(3), delay, t1 + Duration::from_secs(2)),
+            None
+        );
         for m in p.ranked() {
             p.probed(m, true, t1, 0.5);
         }
