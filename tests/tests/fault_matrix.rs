@@ -963,27 +963,46 @@ fn remote_write_receiver_refuses() {
     row.verdict(Law::Exact);
 }
 
+/// A ClickHouse server with the shipped table (`config/clickhouse/logs.sql`).
+fn clickhouse_with_shipped_schema() -> uctel_tests::clickhouse::ClickHouse {
+    let ch = uctel_tests::clickhouse::ClickHouse::start();
+    let schema =
+        std::fs::read_to_string(uctel_tests::workspace_root().join("config/clickhouse/logs.sql"))
+            .expect("config/clickhouse/logs.sql");
+    ch.query(&schema).unwrap_or_else(|e| panic!("{e}"));
+    ch
+}
+
+/// A collector whose ClickHouse output writes to `ch` in INSERTs of up to `rows` rows, with
+/// a 0.2 s batch deadline, 0.05–0.5 s backoff and the `extra` keys of the output.
+fn clickhouse_output(
+    ch: &uctel_tests::clickhouse::ClickHouse,
+    rows: u64,
+    extra: &[(&str, serde_yaml::Value)],
+) -> CollectorSpec {
+    let mut out = serde_yaml::Mapping::new();
+    out.insert("url".into(), ch.url().into());
+    out.insert("max_rows_per_insert".into(), rows.into());
+    out.insert("batch_send_deadline_seconds".into(), 0.2.into());
+    out.insert("min_backoff_seconds".into(), 0.05.into());
+    out.insert("max_backoff_seconds".into(), 0.5.into());
+    for (k, v) in extra {
+        out.insert((*k).into(), v.clone());
+    }
+    CollectorSpec {
+        set: vec![("outputs.clickhouse".into(), serde_yaml::Value::Mapping(out))],
+        ..CollectorSpec::default()
+    }
+}
+
 /// ClickHouse is stopped and started again while lines flow: every line the agent wrote is
 /// in the table (distinct) or counted dropped by the output; the records law holds for the
 /// JSON Lines sink beside it; the output's sum rule holds at every scrape.
 #[test]
 fn clickhouse_restart_while_lines_flow() {
     let _g = exclusive();
-    let mut ch = uctel_tests::clickhouse::ClickHouse::start();
-    let schema =
-        std::fs::read_to_string(uctel_tests::workspace_root().join("config/clickhouse/logs.sql"))
-            .expect("config/clickhouse/logs.sql");
-    ch.query(&schema).unwrap_or_else(|e| panic!("{e}"));
-    let mut out = serde_yaml::Mapping::new();
-    out.insert("url".into(), ch.url().into());
-    out.insert("max_rows_per_insert".into(), 500.into());
-    out.insert("batch_send_deadline_seconds".into(), 0.2.into());
-    out.insert("min_backoff_seconds".into(), 0.05.into());
-    out.insert("max_backoff_seconds".into(), 0.5.into());
-    let spec = CollectorSpec {
-        set: vec![("outputs.clickhouse".into(), serde_yaml::Value::Mapping(out))],
-        ..CollectorSpec::default()
-    };
+    let mut ch = clickhouse_with_shipped_schema();
+    let spec = clickhouse_output(&ch, 500, &[]);
     let mut row = Row::start("clickhouse-restart", spec, None);
     let a = row.add_agent(AgentSpec::new("a"));
     row.wait_connected(1, &[a]);
@@ -2194,16 +2213,7 @@ fn clickhouse_bad_rows_spread_over_the_inserts() {
          ENGINE = MergeTree PARTITION BY toYYYYMM(ts) ORDER BY (agent, ts)"
     ))
     .unwrap_or_else(|e| panic!("{e}"));
-    let mut out = serde_yaml::Mapping::new();
-    out.insert("url".into(), ch.url().into());
-    out.insert("max_rows_per_insert".into(), 100.into());
-    out.insert("batch_send_deadline_seconds".into(), 0.2.into());
-    out.insert("min_backoff_seconds".into(), 0.05.into());
-    out.insert("max_backoff_seconds".into(), 0.5.into());
-    let spec = CollectorSpec {
-        set: vec![("outputs.clickhouse".into(), serde_yaml::Value::Mapping(out))],
-        ..CollectorSpec::default()
-    };
+    let spec = clickhouse_output(&ch, 100, &[]);
     let mut row = Row::start(name, spec, None);
     assert_eq!(row.seed, seed, "the row's lines are the ones measured");
     let a = row.add_agent(AgentSpec::new("a"));
@@ -2420,22 +2430,8 @@ fn scrape_target_answering_200_mb() {
 #[test]
 fn clickhouse_frozen_mid_insert() {
     let _g = exclusive();
-    let mut ch = uctel_tests::clickhouse::ClickHouse::start();
-    let schema =
-        std::fs::read_to_string(uctel_tests::workspace_root().join("config/clickhouse/logs.sql"))
-            .expect("config/clickhouse/logs.sql");
-    ch.query(&schema).unwrap_or_else(|e| panic!("{e}"));
-    let mut out = serde_yaml::Mapping::new();
-    out.insert("url".into(), ch.url().into());
-    out.insert("max_rows_per_insert".into(), 500.into());
-    out.insert("batch_send_deadline_seconds".into(), 0.2.into());
-    out.insert("timeout_seconds".into(), 1.0.into());
-    out.insert("min_backoff_seconds".into(), 0.05.into());
-    out.insert("max_backoff_seconds".into(), 0.5.into());
-    let spec = CollectorSpec {
-        set: vec![("outputs.clickhouse".into(), serde_yaml::Value::Mapping(out))],
-        ..CollectorSpec::default()
-    };
+    let mut ch = clickhouse_with_shipped_schema();
+    let spec = clickhouse_output(&ch, 500, &[("timeout_seconds", 1.0.into())]);
     let mut row = Row::start("clickhouse-frozen", spec, None);
     let a = row.add_agent(AgentSpec::new("a"));
     row.wait_connected(1, &[a]);
