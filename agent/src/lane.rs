@@ -361,6 +361,21 @@ pub fn goodbye(
     }
 }
 
+/// The packets a session's fault injectors dropped, at its end: `uc`, the UC plane's
+/// figures, plus the RC lane's, whose counters are synced here ([`RcLane::sync`]). `None`
+/// without fault injection.
+pub fn sync_session_faults(
+    mut uc: Option<FaultCounts>,
+    rc: Option<&mut RcLane>,
+    stats: &SelfMetrics,
+) -> Option<FaultCounts> {
+    let rc = rc.and_then(|l| l.sync(stats));
+    if let (Some(uc), Some(rc)) = (uc.as_mut(), rc) {
+        uc.dropped += rc.dropped;
+    }
+    uc
+}
+
 /// Logs the epoch's final figures as `Goodbye` gave them ("goodbye sent"), for operators and
 /// end-to-end tests: `frames` on the connection (both lanes), `rc_frames`, frames and
 /// records per stream, and the packets this session's fault injector dropped

@@ -761,8 +761,6 @@ async fn session(
         let uc_credit = core.take_credit_heartbeat();
         if uc_credit | rc_credit {
             connector.demand.starved();
-        }
-        if uc_credit | rc_credit {
             // Out of credit with frames to send, or a window taken back: tell the
             // collector now rather than at the next heartbeat (it answers with a report).
             // The heartbeat counter is repeated: this is not a period of its own.
@@ -1009,12 +1007,7 @@ async fn session(
             // What a fault injector still holds back (reorder, delay) goes out now or is
             // counted as its drop, before its figures go into the `goodbye sent` line.
             plane.flush_link();
-            let mut session_faults = sync_faults(stats);
-            if let Some(l) = rc.as_mut() {
-                if let (Some(uc), Some(r)) = (session_faults.as_mut(), l.sync(stats)) {
-                    uc.dropped += r.dropped;
-                }
-            }
+            let session_faults = lane::sync_session_faults(sync_faults(stats), rc.as_mut(), stats);
             let fin = lane::merged(&core, rc.as_ref().map(|l| &l.core));
             let rc_fin = rc.as_ref().map(|l| l.core.final_sequences());
             let bye = lane::goodbye(&fin, rc_fin.and_then(|f| f.last_conn_seq), reason, &detail);
@@ -1057,12 +1050,7 @@ async fn session(
                 l.drop_pending(DropReason::NotConnected, queues);
             }
             plane.flush_link();
-            let mut session_faults = sync_faults(stats);
-            if let Some(l) = rc.as_mut() {
-                if let (Some(uc), Some(r)) = (session_faults.as_mut(), l.sync(stats)) {
-                    uc.dropped += r.dropped;
-                }
-            }
+            let session_faults = lane::sync_session_faults(sync_faults(stats), rc.as_mut(), stats);
             let fin = lane::merged(&core, rc.as_ref().map(|l| &l.core));
             let rc_fin = rc.as_ref().map(|l| l.core.final_sequences());
             let rc_final = rc_fin.and_then(|f| f.last_conn_seq);

@@ -94,18 +94,11 @@ impl Handoff {
         self.offered.fetch_add(n, Ordering::AcqRel) + n
     }
 
-    /// Offers `records` to `queue` and counts those accepted as offered, as one step.
-    /// Returns `(accepted, mark)`; the accepted records are the first `accepted` of
-    /// `records`, at queue positions `mark − accepted + 1 ..= mark`.
-    pub fn offer<T>(&self, queue: &RecordQueue<T>, records: Vec<T>) -> (u64, u64) {
-        let _order = self.lock();
-        let n = records.len() as u64;
-        let accepted = n - queue.offer(records) as u64;
-        (accepted, self.offered(accepted))
-    }
-
-    /// [`Handoff::offer`] for a tailer in `generation`; `None` (nothing offered) when a
-    /// [`Handoff::rewind`] ended it: the records are read again after the tailer's rewind.
+    /// Offers `records` to `queue` for a tailer in `generation` and counts those accepted
+    /// as offered, as one step. Returns `(accepted, mark)`; the accepted records are the
+    /// first `accepted` of `records`, at queue positions `mark − accepted + 1 ..= mark`.
+    /// `None` (nothing offered) when a [`Handoff::rewind`] ended `generation`: the records
+    /// are read again after the tailer's rewind.
     pub fn offer_in<T>(
         &self,
         generation: u64,

@@ -324,7 +324,10 @@ mod tests {
                 ..LogRecord::default()
             })
             .collect();
-        assert_eq!(q.logs_handoff.offer(&q.logs, l).0, logs as u64);
+        assert_eq!(
+            q.logs_handoff.offer_in(0, &q.logs, l).map(|(a, _)| a),
+            Some(logs as u64)
+        );
     }
 
     fn gauge(i: usize) -> Metric {
