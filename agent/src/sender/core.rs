@@ -997,7 +997,24 @@ impl SenderCore {
 
     /// The frame could not be posted and will not be retried (QP in error): count it as
     /// `transport_error`. Its sequences stay used: the collector will see it as lost.
+    ///
+    /// With [`SenderCore::set_settle_on_ack`], a log frame's records are not dropped: they
+    /// stay unsettled like a frame in flight (it is never acknowledged), are counted as taken
+    /// back ([`StreamStats::records_taken_back`], neither sent nor dropped) and are read
+    /// again after the lane's rewind ([`SenderCore::take_back_logs`]).
     pub fn post_failed(&mut self, t: &Transmit) {
+        if self.settle_on_ack && t.stream == Stream::Logs && self.carries(t.stream) {
+            let st = &mut self.streams[t.stream.index()];
+            st.in_flight.push_back(InFlight {
+                conn_seq: t.conn_seq,
+                stream_seq: t.stream_seq,
+                record_count: st.totals.records,
+                records: t.records,
+                first: t.first_record,
+            });
+            self.acct.stats.streams[t.stream.index()].records_taken_back += u64::from(t.records);
+            return;
+        }
         self.acct.dropped(
             t.stream,
             DropReason::TransportError,
