@@ -1824,6 +1824,35 @@ mod tests {
         assert_eq!(core.unsettled_records(Stream::Logs), 4);
     }
 
+    /// On an RC lane a log frame whose post failed (QP in error) is neither sent nor
+    /// dropped: it stays unsettled behind the frame in flight, is counted as taken back and
+    /// is read again after the rewind, so a line is never both dropped and delivered.
+    #[test]
+    fn on_rc_a_log_frame_whose_post_failed_is_taken_back_not_dropped() {
+        let t0 = Instant::now();
+        let sm = stats();
+        let mut core =
+            SenderCore::new(&config(8), 1, t0, sm.clone()).unwrap_or_else(|e| panic!("{e}"));
+        core.set_settle_on_ack(true);
+        core.push_log(&log("0a"), t0, 1);
+        core.push_log(&log("0b"), t0, 1);
+        core.flush(Stream::Logs);
+        let (tx, _) = drain(&mut core, t0);
+        assert_eq!(tx.len(), 1);
+        core.push_log(&log("1a"), t0, 1);
+        core.flush(Stream::Logs);
+        let Poll::Transmit(t) = core.poll_transmit(t0, 1_000) else {
+            panic!("a frame to post")
+        };
+        core.post_failed(&t);
+        let st = core.stats().stream(Stream::Logs);
+        assert_eq!(st.records_dropped(DropReason::TransportError), 0);
+        assert_eq!(st.records_taken_back, 1);
+        assert_eq!(st.records_sent, 2);
+        assert_eq!(core.unsettled_records(Stream::Logs), 3, "read again");
+        assert_eq!(core.take_back_logs(), 3);
+    }
+
     /// On an RC lane a record settles when its frame is acknowledged, not when it is posted:
     /// posted frames are counted sent and stay in flight (unsettled, out of the final
     /// sequences) until `on_acked` covers them; when the QP fails, what is in flight and
