@@ -26,29 +26,52 @@
 //! service_user.rs --check-config as root: what the unit's user can read and write
 //! stream.rs      the two streams (metrics, logs) and their ids
 //! dryrun.rs      --dry-run: frames decoded to JSON lines on stdout
-//! sources/       host metrics (node_exporter names), RDMA counters, log tailer
+//! sources/       host metrics (node_exporter names), RDMA counters, log tailer; sources/sys/
+//!                the only unsafe code (the SIOCETHTOOL ioctl, adjtimex(2), localtime_r(3))
 //! ```
 //!
 //! The rules live in sans-IO state machines ([`pacing`], [`credits`], [`sender::core`])
 //! tested on virtual time; the IO around them ([`run`], [`datapath`], [`runners`]) is thin.
+//!
+//! The crate denies `unsafe_code` and every module but [`sources`] forbids it; in [`sources`]
+//! only [`sources::sys`] allows it (the system calls no safe crate wraps), so an `unsafe` block
+//! can only be added there, with its `// SAFETY:` note.
 #![warn(missing_docs, unreachable_pub)]
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
+#[forbid(unsafe_code)]
 pub mod buffer;
+#[forbid(unsafe_code)]
 pub mod config;
+#[forbid(unsafe_code)]
 pub mod control;
+#[forbid(unsafe_code)]
 pub mod credits;
+#[forbid(unsafe_code)]
 pub mod datapath;
+#[forbid(unsafe_code)]
 pub mod dryrun;
+#[forbid(unsafe_code)]
 pub mod lane;
+#[forbid(unsafe_code)]
 pub mod pacing;
+#[forbid(unsafe_code)]
 pub mod pool;
+#[forbid(unsafe_code)]
 pub mod queue;
+#[forbid(unsafe_code)]
 pub mod rdma_events;
+#[forbid(unsafe_code)]
 pub mod run;
+#[forbid(unsafe_code)]
 pub mod runners;
+#[forbid(unsafe_code)]
 pub mod selfmetrics;
+#[forbid(unsafe_code)]
 pub mod sender;
+#[forbid(unsafe_code)]
 pub mod service_user;
 pub mod sources;
+#[forbid(unsafe_code)]
 pub mod stream;

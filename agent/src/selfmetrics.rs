@@ -49,7 +49,7 @@
 //! skipped, `reason` from `sources::textfile::FileError` (`read_error`, `parse_error`,
 //! `timestamps`); `source="ethtool"`, one per interface request that failed other than with
 //! `EOPNOTSUPP` and per statistic dropped for a clashing name, `reason` from
-//! `sources::node_ethtool::SkipReason` (`link_info_error`, `driver_info_error`,
+//! `sources::node::ethtool::SkipReason` (`link_info_error`, `driver_info_error`,
 //! `stats_error`, `duplicate_name`); `source="scrape"`, one per failed scrape, `reason` from
 //! `sources::scrape::ScrapeError` (`down`, `timeout`, `http_status`, `parse_error`,
 //! `body_too_large`, `sample_limit`), and one per sample of a successful scrape refused,

@@ -413,7 +413,7 @@ fn fixture_tree_produces_node_exporter_series() {
             value(
                 m,
                 "node_scrape_collector_success",
-                &[("collector", c.as_str())]
+                &[("collector", c.name())]
             ),
             1.0,
             "{c}"

@@ -471,7 +471,7 @@ pub fn run(cfg: &NodeCostConfig) -> Result<NodeCostResult, NodeCostError> {
     same_args.extend(
         HostCollector::ALL
             .iter()
-            .map(|c| format!("--collector.{}", c.as_str())),
+            .map(|c| format!("--collector.{}", c.name())),
     );
     let mut nodes = [
         Node::start(

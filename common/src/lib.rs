@@ -11,38 +11,20 @@
 //! - [`control`]: the framed control channel over TCP and the agent side of the handshake
 //!   (`client_handshake`).
 //! - [`listen`]: listen addresses in config files (`IP:PORT`, `[IPv6]:PORT`, `:PORT`).
-//! - [`clock`]: the kernel clock's adjtimex(2) state and the local time zone (two libc
-//!   calls).
-//! - [`ethtool`]: a network interface's `ethtool -S` statistics, driver information and link
-//!   settings over the `SIOCETHTOOL` ioctl. It and [`clock`] are the crate's only modules with
-//!   `unsafe`; every other module is `forbid(unsafe_code)`.
 //! - [`version`]: the `--version` text (package version, git commit, enabled features).
 //! - [`stdout`]: one-shot output that a closed pipe (`| head`) does not turn into a panic.
 //!
 //! A daemon's `main` is: parse flags (clap), `config::load`, `logging::init`,
 //! `shutdown::on_signals`, then the library's `run(config, shutdown)`.
 
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
-#![warn(clippy::undocumented_unsafe_blocks)]
 
-#[allow(unsafe_code)]
-pub mod clock;
-#[forbid(unsafe_code)]
 pub mod config;
-#[forbid(unsafe_code)]
 pub mod control;
-#[allow(unsafe_code)]
-pub mod ethtool;
-#[forbid(unsafe_code)]
 pub mod http;
-#[forbid(unsafe_code)]
 pub mod listen;
-#[forbid(unsafe_code)]
 pub mod logging;
-#[forbid(unsafe_code)]
 pub mod shutdown;
-#[forbid(unsafe_code)]
 pub mod stdout;
-#[forbid(unsafe_code)]
 pub mod version;

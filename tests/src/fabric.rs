@@ -12,7 +12,7 @@
 //! kernel (`SIOCETHTOOL`), not sysfs, and the interfaces a test machine has (veth, virtio_net,
 //! lo) have no pause counters. They come through the agent's textfile source instead, named
 //! and described by the `ethtool` collector's own rule
-//! ([`uctel_agent::sources::node_ethtool::series_identity`]), untyped as node_exporter 1.5.0
+//! ([`uctel_agent::sources::node::ethtool::series_identity`]), untyped as node_exporter 1.5.0
 //! serves them, for the port's net device `ens1f0np0`.
 
 use std::path::{Path, PathBuf};
@@ -81,7 +81,7 @@ impl Fabric {
             .unwrap_or_else(|e| panic!("{}: {e}", textfile.display()));
         let mut text = String::new();
         for (stat, value) in PAUSE_STATS {
-            let (name, help) = uctel_agent::sources::node_ethtool::series_identity(stat);
+            let (name, help) = uctel_agent::sources::node::ethtool::series_identity(stat);
             text.push_str(&format!(
                 "# HELP {name} {help}\n# TYPE {name} untyped\n{name}{{device=\"{INTERFACE}\"}} {value}\n"
             ));

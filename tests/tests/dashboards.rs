@@ -13,7 +13,7 @@
 use std::collections::HashSet;
 
 use serde_json::Value;
-use uctel_agent::sources::node_ethtool::series_identity;
+use uctel_agent::sources::node::ethtool::series_identity;
 use uctel_agent::sources::rdma::PORT_COUNTERS;
 use uctel_tests::dashboards;
 

@@ -44,7 +44,7 @@ fn number(fields: &std::collections::BTreeMap<String, String>, key: &str) -> u64
 fn ten_counters_at_10_ms_for_60_s_are_accounted_for_sample_by_sample() {
     let _g = exclusive();
     let veth = Veth::new();
-    let names = uctel_common::ethtool::StatsReader::open(&veth.a)
+    let names = uctel_agent::sources::sys::ethtool::StatsReader::open(&veth.a)
         .unwrap_or_else(|e| panic!("ethtool statistics of {}: {e}", veth.a))
         .names()
         .to_vec();
@@ -92,7 +92,7 @@ fn ten_counters_at_10_ms_for_60_s_are_accounted_for_sample_by_sample() {
         .next()
         .expect("no 1 s rate of lo's rx_packets");
     assert!(rate.is_finite() && rate >= 0.0, "rate {rate}");
-    let (ethtool_name, _) = uctel_agent::sources::node_ethtool::series_identity(&names[0]);
+    let (ethtool_name, _) = uctel_agent::sources::node::ethtool::series_identity(&names[0]);
     assert_eq!(
         s.select(&ethtool_name, &[("agent", "fast"), ("device", &veth.a)])
             .count(),

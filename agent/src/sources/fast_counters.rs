@@ -18,7 +18,7 @@
 //! | `<sys>/class/infiniband/<dev>/ports/<p>/counters/<file>` | as [`super::rdma::PORT_COUNTERS`] (`port_xmit_data` ×4 = bytes) | `device`, `port` |
 //! | `<sys>/class/infiniband/<dev>/ports/<p>/hw_counters/<file>` | `node_infiniband_<file>` | `device`, `port` |
 //! | `<sys>/class/net/<dev>/statistics/<file>` | `node_network_<receive\|transmit>_<x>_total`, as node_exporter's netdev collector names `/proc/net/dev` columns | `device` |
-//! | `ethtool: {device, stat}` | as the `ethtool` host collector names it ([`super::node_ethtool::series_identity`]: `rx_queue_0_packets` → `node_ethtool_received_queue_0_packets`) | `device` |
+//! | `ethtool: {device, stat}` | as the `ethtool` host collector names it ([`super::node::ethtool::series_identity`]: `rx_queue_0_packets` → `node_ethtool_received_queue_0_packets`) | `device` |
 //!
 //! Any other file needs a `name`. A counter that a host collector also reads (the same name
 //! and labels) is one series at the collector (`/metrics` serves the latest of both), but
@@ -352,7 +352,7 @@ fn derive_from_path(path: &Path) -> Option<Derived> {
 fn derive_from_ethtool(e: &EthtoolStat) -> Derived {
     let mut labels = BTreeMap::new();
     labels.insert("device".to_owned(), e.device.clone());
-    let (name, help) = super::node_ethtool::series_identity(&e.stat);
+    let (name, help) = super::node::ethtool::series_identity(&e.stat);
     (name, help, labels, 1)
 }
 
@@ -545,12 +545,12 @@ impl FileReader {
 }
 
 /// Reads one `ethtool -S` statistic of one interface: the interface's statistics read
-/// with one `ETHTOOL_GSTATS` per sample ([`uctel_common::ethtool::StatsReader`], opened at
+/// with one `ETHTOOL_GSTATS` per sample ([`crate::sources::sys::ethtool::StatsReader`], opened at
 /// the first read and again after a failed one, so a driver whose set changed is re-read).
 #[derive(Debug)]
 pub struct EthtoolReader {
     stat: EthtoolStat,
-    open: Option<(uctel_common::ethtool::StatsReader, usize)>,
+    open: Option<(crate::sources::sys::ethtool::StatsReader, usize)>,
     values: Vec<u64>,
 }
 
@@ -571,7 +571,7 @@ impl EthtoolReader {
     /// statistic of that name.
     pub fn read(&mut self) -> Result<u64, ReadError> {
         if self.open.is_none() {
-            let reader = uctel_common::ethtool::StatsReader::open(&self.stat.device)
+            let reader = crate::sources::sys::ethtool::StatsReader::open(&self.stat.device)
                 .map_err(|_| ReadError::Read)?;
             let index = reader
                 .names()

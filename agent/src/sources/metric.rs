@@ -22,6 +22,12 @@ pub(crate) fn gauge(
     sample(name.into(), help, MetricType::Gauge, labels, value)
 }
 
+/// An untyped sample (node_exporter's `vmstat` and `netstat` fields) with no labels and
+/// `timestamp_ms = 0` (the frame's timestamp).
+pub(crate) fn untyped(name: String, help: &str, value: f64) -> Metric {
+    sample(name, help, MetricType::Untyped, &[], value)
+}
+
 pub(crate) fn sample(
     name: String,
     help: &str,

@@ -7,20 +7,12 @@
 //! - [`rdma`]: RDMA port counters (`counters/`, `counters_ext/`) and driver counters
 //!   (`hw_counters/`) from `<sysfs>/class/infiniband`, named like node_exporter's `infiniband`
 //!   collector. [`host::HostMetrics`] runs it as one of its sub-collectors.
-//! - [`node`]: the smaller node_exporter collectors (`filefd`, `uname`, `entropy`, `vmstat`,
-//!   `sockstat`, `netstat`, `pressure`, `os`, `conntrack`, `softnet`, `schedstat`, `selinux`)
-//!   that [`host::HostMetrics`] runs as sub-collectors.
-//! - [`node_netdev`]: `netdev` (interface counters) and `udp_queues`; [`node_time`]: `time`
-//!   and `timex` (the kernel clock); [`node_udev`]: the udev properties of block devices that
-//!   `diskstats` exports (`node_disk_info`, …).
-//! - [`node_sys`]: the node_exporter collectors over `/sys` device trees (`netclass`,
-//!   `thermal_zone`, `edac`, `nvme`, `bonding`), `/proc/net/arp` (`arp`) and `/proc/mdstat` (`mdadm`), also run by
-//!   [`host::HostMetrics`].
-//! - [`node_ethtool`]: node_exporter's `ethtool` collector (driver statistics, driver
-//!   information, link settings over `SIOCETHTOOL`), run by [`host::HostMetrics`] when
-//!   `sources.host_metrics.ethtool` is set.
-//! - [`node_hwmon`]: node_exporter's `hwmon` collector over `/sys/class/hwmon` (temperatures,
-//!   fans, voltages, power), also run by [`host::HostMetrics`].
+//! - [`node`]: the node_exporter collectors that [`host::HostMetrics`] runs, one file per
+//!   collector (`node/cpu.rs`, `node/meminfo.rs`, `node/netdev.rs`, `node/hwmon.rs`,
+//!   `node/ethtool.rs`, …), and [`node::HostCollector`], the list of them.
+//! - [`sys`]: the system calls no safe crate wraps: the `SIOCETHTOOL` ioctl ([`sys::ethtool`],
+//!   for the `ethtool` collector and [`fast_counters`]) and adjtimex(2) and localtime_r(3)
+//!   ([`sys::clock`], for `time` and `timex`). The crate's only `unsafe` code.
 //! - [`fast_counters`]: a short list of counters (sysfs files, ethtool statistics) sampled
 //!   every few milliseconds, many samples of one counter per record, on a stream of their own.
 //! - [`logs`]: a log file tailer: glob paths, create- and copytruncate-rotation, truncation,
@@ -39,22 +31,30 @@
 //! cumulative values read from the kernel, gauges absolute. Every metric carries
 //! `timestamp_ms = 0` ("the frame's timestamp").
 
+#[forbid(unsafe_code)]
 pub mod exposition;
+#[forbid(unsafe_code)]
 pub mod fast_counters;
+#[forbid(unsafe_code)]
 pub mod host;
+#[forbid(unsafe_code)]
 pub mod logs;
+#[forbid(unsafe_code)]
 pub mod node;
-pub mod node_ethtool;
-pub mod node_hwmon;
-pub mod node_netdev;
-pub mod node_sys;
-pub mod node_time;
-pub mod node_udev;
+#[forbid(unsafe_code)]
 pub mod openmetrics;
+#[forbid(unsafe_code)]
 pub mod rdma;
+#[forbid(unsafe_code)]
 pub mod scrape;
+#[forbid(unsafe_code)]
 pub mod sections;
+#[forbid(unsafe_code)]
 pub mod severity;
+#[allow(unsafe_code)]
+pub mod sys;
+#[forbid(unsafe_code)]
 pub mod textfile;
 
+#[forbid(unsafe_code)]
 mod metric;

@@ -72,10 +72,10 @@ pub struct HostMetricsSection {
     /// series, not even `node_scrape_collector_success`. Default none.
     #[serde(default)]
     pub disabled_collectors: Vec<HostCollector>,
-    /// node_exporter's `ethtool` collector (`sources::node_ethtool`), off when absent like
+    /// node_exporter's `ethtool` collector (`sources::node::ethtool`), off when absent like
     /// node_exporter's (`--collector.ethtool`); `{}` reads every interface and statistic.
     #[serde(default)]
-    pub ethtool: Option<crate::sources::node_ethtool::EthtoolSection>,
+    pub ethtool: Option<crate::sources::node::ethtool::EthtoolSection>,
 }
 
 impl Default for SourcesSection {

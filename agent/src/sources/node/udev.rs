@@ -11,8 +11,8 @@ use std::path::Path;
 
 use uctel_protocol::payload::Metric;
 
-use super::metric::gauge;
-use super::node::read_text;
+use super::files::read_text;
+use crate::sources::metric::gauge;
 
 /// The `E:` properties of `<udev_data>/b<major>:<minor>`; empty when the file cannot be read
 /// (no udev on the host, or in a container without `/run/udev`), as node_exporter then
@@ -121,7 +121,7 @@ pub fn disk_series(
 mod tests {
     use super::*;
 
-    use super::super::node::tests::{lines, tree};
+    use super::super::testutil::{lines, tree};
 
     #[test]
     fn a_disk_without_udev_data_has_an_info_series_with_empty_labels() {

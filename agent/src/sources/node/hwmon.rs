@@ -57,8 +57,8 @@ use regex::Regex;
 
 use uctel_protocol::payload::Metric;
 
-use super::metric::{counter, gauge};
-use super::node::NodeError;
+use super::NodeError;
+use crate::sources::metric::{counter, gauge};
 
 /// The sensor types node_exporter reads; other files (`freq1_input`, `name`, `uevent`) are
 /// ignored.
@@ -459,7 +459,7 @@ mod tests {
     use super::*;
 
     // The fixture tree and the line rendering of the `node` collectors' tests.
-    use super::super::node::tests::{help_of, lines, tree};
+    use super::super::testutil::{help_of, lines, tree};
 
     /// A symbolic link `root/rel` → `target`, as sysfs has them.
     fn link(root: &Path, rel: &str, target: &str) {

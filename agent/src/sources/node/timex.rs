@@ -1,72 +1,11 @@
-//! node_exporter's `time` and `timex` collectors for [`crate::sources::host::HostMetrics`]:
-//! the system clock, its time zone and clock sources, and the kernel's NTP discipline state.
-//!
-//! Names, help strings, types and units follow node_exporter 1.5's `collector/time.go`,
-//! `time_linux.go` and `timex.go`, and the `sysfs` clock source parser of its `procfs`
-//! library (`sysfs/clocksource.go`).
+//! node_exporter's `timex` collector (`collector/timex.go`): the kernel clock's NTP discipline
+//! state from adjtimex(2), read only.
 
-use std::path::Path;
-use std::time::{SystemTime, UNIX_EPOCH};
-
-use uctel_common::clock::{KernelClock, STA_NANO, TIME_ERROR};
 use uctel_protocol::payload::Metric;
 
-use super::metric::{counter, gauge};
-use super::node::NodeError;
-use super::node_sys::{glob_numbered, read_trimmed};
-
-/// `time`: `node_time_seconds` (the system clock, seconds since the epoch with nanoseconds),
-/// `node_time_zone_offset_seconds{time_zone}` (the local zone's abbreviation and its offset
-/// east of UTC, as localtime(3) finds them from `TZ` or `/etc/localtime`), and per clock
-/// source device `<sys>/devices/system/clocksource/clocksource[0-9]*`
-/// `node_time_clocksource_available_info{clocksource,device}` (each name of
-/// `available_clocksource`) and `node_time_clocksource_current_info{clocksource,device}`
-/// (`current_clocksource`), all 1. `device` is the device's position in the sorted listing
-/// (`0`, `1`, …), as node_exporter numbers it.
-///
-/// # Errors
-/// A clock source device whose files cannot be read (no devices is not an error).
-pub fn time(sys: &Path, out: &mut Vec<Metric>) -> Result<(), NodeError> {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    out.push(gauge(
-        "node_time_seconds",
-        "System time in seconds since epoch (1970).",
-        &[],
-        now.as_secs_f64(),
-    ));
-    let seconds = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
-    if let Some((zone, offset)) = uctel_common::clock::local_zone(seconds) {
-        out.push(gauge(
-            "node_time_zone_offset_seconds",
-            "System time zone offset in seconds.",
-            &[("time_zone", &zone)],
-            offset as f64,
-        ));
-    }
-    let dir = sys.join("devices/system/clocksource");
-    for (index, (_, path)) in glob_numbered(&dir, "clocksource").into_iter().enumerate() {
-        let available = read_trimmed(&path.join("available_clocksource"))?;
-        let current = read_trimmed(&path.join("current_clocksource"))?;
-        let device = index.to_string();
-        for name in available.split_whitespace() {
-            out.push(gauge(
-                "node_time_clocksource_available_info",
-                "Available clocksources read from '/sys/devices/system/clocksource'.",
-                &[("clocksource", name), ("device", &device)],
-                1.0,
-            ));
-        }
-        out.push(gauge(
-            "node_time_clocksource_current_info",
-            "Current clocksource read from '/sys/devices/system/clocksource'.",
-            &[("clocksource", &current), ("device", &device)],
-            1.0,
-        ));
-    }
-    Ok(())
-}
+use super::NodeError;
+use crate::sources::metric::{counter, gauge};
+use crate::sources::sys::clock::{self, KernelClock, STA_NANO, TIME_ERROR};
 
 /// `timex`: the kernel clock's state from adjtimex(2) (read only), as node_exporter's
 /// `timex.go` exports it; see [`timex_series`].
@@ -75,7 +14,7 @@ pub fn time(sys: &Path, out: &mut Vec<Metric>) -> Result<(), NodeError> {
 /// The system call's error (node_exporter reports a permission error as "no data"; both fail
 /// the collector).
 pub fn timex(out: &mut Vec<Metric>) -> Result<(), NodeError> {
-    let clock = uctel_common::clock::kernel_clock().map_err(|source| NodeError::Read {
+    let clock = clock::kernel_clock().map_err(|source| NodeError::Read {
         path: "adjtimex(2)".into(),
         source,
     })?;
@@ -199,57 +138,8 @@ pub fn timex_series(clock: &KernelClock, out: &mut Vec<Metric>) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::testutil::lines;
     use super::*;
-
-    use super::super::node::tests::{help_of, lines, tree};
-
-    #[test]
-    fn clock_sources_are_numbered_by_position_and_list_every_available_name() {
-        let d = tree(&[
-            (
-                "devices/system/clocksource/clocksource0/available_clocksource",
-                "tsc hpet acpi_pm \n",
-            ),
-            (
-                "devices/system/clocksource/clocksource0/current_clocksource",
-                "tsc\n",
-            ),
-        ]);
-        let mut out = Vec::new();
-        time(d.path(), &mut out).unwrap_or_else(|e| panic!("{e}"));
-        let got = lines(&out);
-        assert!(got[0].starts_with("node_time_seconds{} gauge "), "{got:?}");
-        assert!(
-            got[1].starts_with("node_time_zone_offset_seconds{time_zone="),
-            "{got:?}"
-        );
-        assert_eq!(
-            &got[2..],
-            [
-                "node_time_clocksource_available_info{clocksource=\"tsc\",device=\"0\"} gauge 1",
-                "node_time_clocksource_available_info{clocksource=\"hpet\",device=\"0\"} gauge 1",
-                "node_time_clocksource_available_info{clocksource=\"acpi_pm\",device=\"0\"} gauge 1",
-                "node_time_clocksource_current_info{clocksource=\"tsc\",device=\"0\"} gauge 1",
-            ]
-        );
-        assert_eq!(
-            help_of(&out, "node_time_clocksource_current_info"),
-            Some("Current clocksource read from '/sys/devices/system/clocksource'.")
-        );
-    }
-
-    #[test]
-    fn a_machine_without_clock_sources_has_the_time_and_an_unreadable_one_fails() {
-        let d = tree(&[]);
-        let mut out = Vec::new();
-        time(d.path(), &mut out).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(out.len(), 2);
-        let d = tree(&[(
-            "devices/system/clocksource/clocksource0/available_clocksource",
-            "tsc\n",
-        )]);
-        assert!(time(d.path(), &mut Vec::new()).is_err());
-    }
 
     #[test]
     fn timex_units_follow_node_exporter() {

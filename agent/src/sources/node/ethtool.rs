@@ -1,6 +1,6 @@
 //! node_exporter's `ethtool` collector (node_exporter 1.5.0, `collector/ethtool_linux.go`):
 //! every interface of `<sys>/class/net` that the device filter lets through, read over the
-//! `SIOCETHTOOL` ioctl ([`uctel_common::ethtool`]). Off unless
+//! `SIOCETHTOOL` ioctl ([`crate::sources::sys::ethtool`]). Off unless
 //! `sources.host_metrics.ethtool` is set ([`EthtoolSection`]), as node_exporter's is
 //! (`--collector.ethtool`).
 //!
@@ -40,13 +40,13 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use crate::sources::sys::ethtool::{self, LinkSettings, StatsReader};
 use regex::Regex;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use uctel_common::ethtool::{self, LinkSettings, StatsReader};
 use uctel_protocol::payload::{Metric, MetricType};
 
-use super::metric::{gauge, sample};
-use super::node::NodeError;
+use super::NodeError;
+use crate::sources::metric::{gauge, sample};
 
 /// A regular expression in the configuration (Rust `regex` syntax, which for these filters
 /// reads like node_exporter's Go RE2 syntax), matched anywhere in the text unless anchored
