@@ -626,7 +626,7 @@ impl UcQp {
             becn: false,
             dest_qpn: self.dest_qpn,
             ack_req: false,
-            psn: self.sq_psn.value(),
+            psn: self.sq_psn,
         };
         let Ok(bth_bytes) = bth.to_bytes() else {
             // dest_qpn and psn are masked to 24 bits, so this cannot fail; treat it as a local
@@ -747,7 +747,7 @@ impl UcQp {
             return RxOutcome::Dropped(UcDropReason::BadPkey);
         }
         let op = pkt.bth.opcode;
-        let psn = Psn::new(pkt.bth.psn);
+        let psn = pkt.bth.psn;
         let start = op.is_start();
 
         // check_psn (UC): resync on FIRST/ONLY, doom the message otherwise.

@@ -885,7 +885,7 @@ impl RcQp {
             becn: false,
             dest_qpn: self.dest_qpn,
             ack_req,
-            psn: psn.value(),
+            psn,
         };
         let Ok(bth_bytes) = bth.to_bytes() else {
             // dest_qpn and psn are 24-bit by construction; fail the WR if it ever happens.
@@ -966,7 +966,7 @@ impl RcQp {
                 becn: false,
                 dest_qpn: self.dest_qpn,
                 ack_req: false,
-                psn: resp.psn.value(),
+                psn: resp.psn,
             },
             reth: None,
             aeth: Some(AethRepr {
@@ -1079,7 +1079,7 @@ impl RcQp {
             self.stats.stale_responses += 1;
             return RcRxOutcome::StaleResponse;
         }
-        let psn = Psn::new(pkt.bth.psn);
+        let psn = pkt.bth.psn;
         // rxe check_psn() (completer): a response must name a PSN in [una, hw).
         let from_una = psn - self.una;
         let in_flight = self.hw - self.una;
@@ -1235,7 +1235,7 @@ impl RcQp {
         if !op.is_request() {
             return self.receive_response(now, pkt, scq);
         }
-        let psn = Psn::new(pkt.bth.psn);
+        let psn = pkt.bth.psn;
 
         // check_psn (RC).
         let diff = psn - self.epsn;
