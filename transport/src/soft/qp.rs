@@ -1,4 +1,4 @@
-//! [`QpCore`]: what a UC queue pair ([`UcQp`](crate::soft::engine::UcQp)) and an RC queue
+//! `QpCore`: what a UC queue pair ([`UcQp`](crate::soft::engine::UcQp)) and an RC queue
 //! pair ([`RcQp`](crate::soft::rc::RcQp)) share, and the WR, CQ and error types of both.
 //!
 //! Both engines hold one `QpCore` and keep only what differs: UC its resync-and-drop responder
@@ -770,4 +770,166 @@ pub(crate) fn emit_request<O: BthOpcode>(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::soft::memory::MrTable;
+
+    fn core() -> QpCore<SendWqe> {
+        QpCore::new(QpConfig {
+            qpn: 0x0100_0007,
+            max_send_wr: 1,
+            max_recv_wr: 1,
+        })
+    }
+
+    fn send(wr_id: u64) -> SendWqe {
+        SendWqe {
+            wr_id,
+            opcode: SendOpcode::Send,
+            sge: None,
+            signaled: true,
+        }
+    }
+
+    #[test]
+    fn the_state_machine_takes_only_the_ibta_path() {
+        let mut qp = core();
+        assert_eq!(qp.qpn(), 7, "QPN masked to 24 bits");
+        let err = qp.modify_to_rts().unwrap_err();
+        assert_eq!((err.from, err.to), (QpState::Reset, QpState::Rts));
+        assert!(qp.modify_to_rtr(1, 0, Mtu::Mtu256).is_err());
+        qp.modify_to_init(AccessFlags::REMOTE_WRITE).unwrap();
+        assert!(qp.modify_to_init(AccessFlags::NONE).is_err());
+        assert_eq!(
+            qp.check_post_send(&send(1)),
+            Err(PostRefusal::State(QpState::Init))
+        );
+        qp.post_recv(RecvWqe {
+            wr_id: 2,
+            sge: None,
+        })
+        .unwrap();
+        assert_eq!(
+            qp.post_recv(RecvWqe {
+                wr_id: 3,
+                sge: None
+            }),
+            Err(RecvRefusal::Full(1))
+        );
+        qp.modify_to_rtr(0x0100_0009, 0x0100_0005, Mtu::Mtu256)
+            .unwrap();
+        assert_eq!((qp.dest_qpn, qp.epsn, qp.mtu), (9, Psn::new(5), 256));
+        qp.modify_to_rts().unwrap();
+        qp.check_post_send(&send(1)).unwrap();
+        qp.sq.push_back(send(1));
+        assert_eq!(qp.check_post_send(&send(4)), Err(PostRefusal::Full(1)));
+        qp.reset();
+        assert_eq!((qp.state, qp.sq.len(), qp.rq.len()), (QpState::Reset, 0, 0));
+        assert_eq!(
+            qp.post_recv(RecvWqe {
+                wr_id: 5,
+                sge: None
+            }),
+            Err(RecvRefusal::State(QpState::Reset))
+        );
+    }
+
+    #[test]
+    fn errors_are_raised_once_and_flushes_stop_at_a_full_cq() {
+        let mut qp = core();
+        qp.modify_to_init(AccessFlags::NONE).unwrap();
+        qp.post_recv(RecvWqe {
+            wr_id: 8,
+            sge: None,
+        })
+        .unwrap();
+        qp.sq.push_back(send(1));
+        qp.state = QpState::Error;
+        qp.record_failure(QpErrorCause::RetryExceeded);
+        qp.record_failure(QpErrorCause::RemoteNak);
+        assert_eq!(qp.error_cause, Some(QpErrorCause::RetryExceeded));
+        assert_eq!(qp.take_error_event(), Some(QpErrorCause::RetryExceeded));
+        assert_eq!(qp.take_error_event(), None, "raised once");
+        assert!(qp.needs_flush());
+        let mut full = VecCq::new(0);
+        assert!(!qp.flush_sq(&mut full, |_| WcStatus::WrFlushError));
+        assert_eq!(qp.sq.len(), 1, "a WR whose WC found no room stays queued");
+        let mut scq = VecCq::new(4);
+        let mut rcq = VecCq::new(4);
+        assert!(qp.flush_sq(&mut scq, |w| if w.wr_id == 1 {
+            WcStatus::RetryExceededError
+        } else {
+            WcStatus::WrFlushError
+        }));
+        assert!(qp.flush_rq(&mut rcq));
+        let (s, r) = (scq.pop().unwrap(), rcq.pop().unwrap());
+        assert_eq!(
+            (s.wr_id, s.status, s.qp_num),
+            (1, WcStatus::RetryExceededError, 7)
+        );
+        assert_eq!(
+            (r.wr_id, r.status, r.opcode),
+            (8, WcStatus::WrFlushError, WcOpcode::Recv)
+        );
+        assert!(!qp.needs_flush());
+    }
+
+    #[test]
+    fn admit_counts_every_packet_and_every_refusal() {
+        let mut qp = core();
+        assert_eq!(qp.admit(DEFAULT_PKEY), Err(UcDropReason::QpNotReady));
+        qp.modify_to_init(AccessFlags::NONE).unwrap();
+        qp.modify_to_rtr(1, 0, Mtu::Mtu256).unwrap();
+        assert_eq!(
+            qp.admit(0x7fff),
+            Ok(()),
+            "limited member meets a full member"
+        );
+        assert_eq!(qp.admit(0x1234), Err(UcDropReason::BadPkey));
+        qp.state = QpState::Error;
+        assert_eq!(qp.admit(DEFAULT_PKEY), Err(UcDropReason::QpError));
+        assert_eq!(qp.stats.packets_received, 4);
+        assert_eq!(qp.stats.drops.total(), 3);
+    }
+
+    #[test]
+    fn a_write_starts_at_its_reth_and_checks_the_rkey() {
+        let mem = MrTable::new();
+        let mut qp = core();
+        qp.modify_to_init(AccessFlags::REMOTE_WRITE).unwrap();
+        qp.modify_to_rtr(1, 0, Mtu::Mtu256).unwrap();
+        assert_eq!(
+            qp.place_write(Opcode::RdmaWriteMiddle, None, &[0; 256], &mem),
+            Err(RequestFault::Invalid(UcDropReason::OpcodeSequence))
+        );
+        assert_eq!(
+            qp.place_write(Opcode::RdmaWriteOnly, None, &[], &mem),
+            Err(RequestFault::Invalid(UcDropReason::BadLength)),
+            "no RETH"
+        );
+        let reth = RethRepr {
+            virtual_addr: 0x1000,
+            rkey: 0x42,
+            dma_len: 0,
+        };
+        assert_eq!(
+            qp.place_write(Opcode::RdmaWriteOnly, Some(reth), &[], &mem),
+            Ok(WriteProgress {
+                resid: 0,
+                length: 0
+            }),
+            "a zero-length WRITE needs no rkey"
+        );
+        let reth = RethRepr {
+            dma_len: 300,
+            ..reth
+        };
+        assert!(matches!(
+            qp.place_write(Opcode::RdmaWriteFirst, Some(reth), &[0; 256], &mem),
+            Err(RequestFault::Access(_))
+        ));
+    }
 }

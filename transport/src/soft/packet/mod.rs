@@ -402,6 +402,46 @@ mod tests {
     }
 
     #[test]
+    fn one_bth_layout_for_both_opcode_sets() {
+        let uc = BthRepr {
+            ack_req: true,
+            solicited: true,
+            pad_count: 3,
+            ..bth(Opcode::RdmaWriteLast)
+        };
+        let rc: RcBthRepr = BthRepr {
+            opcode: RcOpcode::from_uc(uc.opcode),
+            solicited: uc.solicited,
+            mig_req: uc.mig_req,
+            pad_count: uc.pad_count,
+            pkey: uc.pkey,
+            fecn: uc.fecn,
+            becn: uc.becn,
+            dest_qpn: uc.dest_qpn,
+            ack_req: uc.ack_req,
+            psn: uc.psn,
+        };
+        let (ub, rb) = (uc.to_bytes().unwrap(), rc.to_bytes().unwrap());
+        assert_eq!((ub[0], rb[0]), (0x28, 0x08));
+        assert_eq!(ub[1..], rb[1..], "only the opcode byte differs");
+        assert_eq!(
+            &ub[8..12],
+            &[0x80, 0xff, 0xff, 0xfe],
+            "AckReq over the 24-bit PSN"
+        );
+        assert_eq!(BthRepr::<Opcode>::parse(&ub), Ok(uc));
+        assert_eq!(RcBthRepr::parse(&rb), Ok(rc));
+        assert_eq!(
+            RcBthRepr::parse(&ub),
+            Err(PacketError::NotRc { opcode: 0x28 })
+        );
+        assert_eq!(
+            BthRepr::<Opcode>::parse(&rb),
+            Err(PacketError::NotUc { opcode: 0x08 })
+        );
+    }
+
+    #[test]
     fn emit_checks_headers_and_ranges() {
         let mut out = Vec::new();
         let mut p = repr(Opcode::RdmaWriteFirst, &[]);

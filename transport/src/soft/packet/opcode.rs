@@ -194,7 +194,8 @@ impl TryFrom<u8> for Opcode {
 /// The RC opcodes of IBTA Vol 1 §9.2.1 (transport `000`) that uctel speaks, as rxe defines
 /// them in `rxe_opcode.c` (`IB_OPCODE_RC_*`): SEND and RDMA WRITE requests, whose shapes are
 /// those of the UC opcodes 0x20 lower ([`RcOpcode::from_uc`]), and ACKNOWLEDGE. RDMA READ,
-/// atomics and their responses are not implemented; [`RcPacketRepr::parse`] rejects them.
+/// atomics and their responses are not implemented;
+/// [`RcPacketRepr::parse`](super::RcPacketRepr::parse) rejects them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u8)]
 pub enum RcOpcode {
