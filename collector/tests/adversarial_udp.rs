@@ -13,6 +13,7 @@ use support::{
 use uctel_protocol::control::DataPath;
 use uctel_transport::soft::icrc;
 use uctel_transport::soft::packet::{BthRepr, Opcode, PacketRepr, RethRepr, DEFAULT_PKEY};
+use uctel_transport::soft::psn::Psn;
 
 fn bth(opcode: Opcode, dest_qpn: u32, psn: u32) -> BthRepr {
     BthRepr {
@@ -25,7 +26,7 @@ fn bth(opcode: Opcode, dest_qpn: u32, psn: u32) -> BthRepr {
         becn: false,
         dest_qpn,
         ack_req: false,
-        psn,
+        psn: Psn::new(psn),
     }
 }
 

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use uctel_transport::soft::icrc::{self, Ipv4Ident};
 use uctel_transport::soft::packet::{BthRepr, Opcode, PacketRepr, DEFAULT_PKEY};
+use uctel_transport::soft::psn::Psn;
 
 fn repr(payload: &[u8]) -> PacketRepr<'_> {
     PacketRepr {
@@ -22,7 +23,7 @@ fn repr(payload: &[u8]) -> PacketRepr<'_> {
             becn: false,
             dest_qpn: 0xabc,
             ack_req: false,
-            psn: 0x12345,
+            psn: Psn::new(0x12345),
         },
         reth: None,
         imm: Some(0x0102_0304),

@@ -26,14 +26,20 @@
 //!                   ProtectionDomain, Device) and the object-safe backend trait behind it
 //! device.rs         DeviceConfig and Device::open: the only module naming both transports
 //! soft/             the soft transport
-//!   packet.rs       UC packet views and reprs (BTH, RETH, ImmDt), parse / emit; the RC
-//!                   subset (RcOpcode, AETH, RcPacketRepr)
+//!   packet/         packet views and reprs, parse / emit, one file per header: bth.rs (BTH
+//!                   view, BthRepr over either opcode set), opcode.rs (UC Opcode, RcOpcode),
+//!                   reth.rs (RETH, ImmDt), aeth.rs (AETH, NAK codes, RNR timer); uc.rs
+//!                   PacketRepr, rc.rs RcPacketRepr
 //!   psn.rs          Psn: 24-bit PSN arithmetic modulo 2^24 (IBTA 9.7.1)
 //!   icrc.rs         RoCEv2 ICRC over the rebuilt IP/UDP pseudo header
-//!   engine.rs       sans-IO UC queue pair: state machine, requester segmentation,
-//!                   responder rules of rxe_resp.c, drop counting
-//!   rc.rs           sans-IO RC queue pair: PSN window, ACK/NAK/RNR NAK, go-back-N,
-//!                   retransmit and RNR timers (poll_timeout / handle_timeout), rxe's rules
+//!   qp.rs           QpCore, what UC and RC queue pairs share: state machine, post checks,
+//!                   flush-to-error, error events, WRITE placement, SEND scatter, request
+//!                   layout; the WR, CQ and error types of both
+//!   engine.rs       sans-IO UC queue pair on QpCore: segmentation, the UC responder rules
+//!                   of rxe_resp.c (resync, drop until FIRST), drop counting
+//!   rc/             sans-IO RC queue pair on QpCore: PSN window, ACK/NAK/RNR NAK, go-back-N,
+//!                   retransmit and RNR timers (poll_timeout / handle_timeout), rxe's rules;
+//!                   requester.rs (requester, completer), responder.rs
 //!   memory.rs       soft memory regions and the lkey/rkey table
 //!   device/         the soft "NIC": SoftConfig, shared state, progress rounds (QPN demux,
 //!                   ICRC check, receive path), QP/CQ/MR/PD handles, progress modes

@@ -15,6 +15,7 @@ use uctel_transport::soft::engine::{
 };
 use uctel_transport::soft::memory::MrTable;
 use uctel_transport::soft::packet::{BthRepr, Opcode, PacketRepr, RethRepr, DEFAULT_PKEY};
+use uctel_transport::soft::psn::Psn;
 
 fn rw_remote() -> AccessFlags {
     AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE
@@ -201,7 +202,7 @@ proptest! {
                 becn: false,
                 dest_qpn: 9,
                 ack_req: false,
-                psn,
+                psn: Psn::new(psn),
             };
             let payload = vec![0xabu8; len];
             let imm = opcode.has_immdt().then_some(imm);

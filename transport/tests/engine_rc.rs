@@ -492,13 +492,13 @@ fn packet_lost_mid_message_is_naked_once_and_resent_go_back_n() {
     let mut lost = false;
     let mut naks = Vec::new();
     p.run(|dir, pkt| {
-        if dir == Dir::AtoB && pkt.bth.psn == 101 && !lost {
+        if dir == Dir::AtoB && pkt.bth.psn.value() == 101 && !lost {
             lost = true;
             return Fate::Drop;
         }
         if let Some(aeth) = pkt.aeth {
             if let AethSyndrome::Nak(code) = aeth.syndrome {
-                naks.push((code, pkt.bth.psn));
+                naks.push((code, pkt.bth.psn.value()));
             }
         }
         Fate::Deliver
@@ -540,7 +540,7 @@ fn rnr_nak_waits_the_rnr_timer_then_recovers_after_post_recv() {
             timer: MIN_RNR_TIMER
         }
     );
-    assert_eq!(repr.bth.psn, 100);
+    assert_eq!(repr.bth.psn.value(), 100);
     assert_eq!(p.deliver(Dir::BtoA, &nak), RcRxOutcome::Response);
     // Nothing goes out during the RNR wait.
     let mut buf = Vec::new();
@@ -655,7 +655,7 @@ fn psn_wraps_at_2_pow_24_with_loss_across_the_wrap() {
     p.post(2, SendOpcode::Send, &second);
     let mut lost = false;
     p.run(|dir, pkt| {
-        if dir == Dir::AtoB && pkt.bth.psn == 0xff_ffff && !lost {
+        if dir == Dir::AtoB && pkt.bth.psn.value() == 0xff_ffff && !lost {
             lost = true;
             return Fate::Drop;
         }
@@ -822,7 +822,7 @@ fn opcode_sequence_error_is_naked_invalid_request() {
                 pkt.aeth.expect("aeth").syndrome,
                 AethSyndrome::Nak(NakCode::InvalidRequest)
             );
-            assert_eq!(pkt.bth.psn, 100);
+            assert_eq!(pkt.bth.psn.value(), 100);
         }
         Fate::Deliver
     });

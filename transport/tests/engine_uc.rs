@@ -11,6 +11,7 @@ use uctel_transport::soft::engine::{
 };
 use uctel_transport::soft::memory::{MrTable, SoftMr};
 use uctel_transport::soft::packet::{BthRepr, Opcode, PacketRepr, RethRepr, DEFAULT_PKEY};
+use uctel_transport::soft::psn::Psn;
 
 use std::sync::Arc;
 
@@ -209,7 +210,7 @@ fn send_3000_bytes_at_mtu_1024_is_three_packets_and_arrives_whole() {
     assert_eq!(lens, [1024, 1024, 952]);
     let psns: Vec<u32> = pkts
         .iter()
-        .map(|x| PacketRepr::parse(x).unwrap().bth.psn)
+        .map(|x| PacketRepr::parse(x).unwrap().bth.psn.value())
         .collect();
     assert_eq!(psns, [100, 101, 102]);
     let send_wc = p.a.scq.pop().expect("send completion");
@@ -417,7 +418,7 @@ fn psn_wraps_at_2_pow_24_without_loss_or_resync() {
     let pkts = p.transmit();
     let psns: Vec<u32> = pkts
         .iter()
-        .map(|x| PacketRepr::parse(x).unwrap().bth.psn)
+        .map(|x| PacketRepr::parse(x).unwrap().bth.psn.value())
         .collect();
     assert_eq!(psns, [0xff_fffd, 0xff_fffe, 0xff_ffff, 0, 1, 2, 3]);
     for x in &pkts {
@@ -833,7 +834,7 @@ fn packet(
         becn: false,
         dest_qpn: 0x22,
         ack_req: false,
-        psn,
+        psn: Psn::new(psn),
     };
     let mut out = Vec::new();
     PacketRepr {

@@ -84,7 +84,7 @@ fn parses_all_nine_packets_as_posted() {
         assert_eq!(p.dst, "10.99.0.2:4791".parse::<SocketAddr>().unwrap());
         let repr = PacketRepr::parse(&p.udp_payload).unwrap_or_else(|e| panic!("#{i}: {e}"));
         assert_eq!(repr.bth.opcode.as_u8(), expect_opcodes[i], "#{i}");
-        assert_eq!(repr.bth.psn, expect_psn[i], "#{i}");
+        assert_eq!(repr.bth.psn.value(), expect_psn[i], "#{i}");
         assert_eq!(repr.bth.dest_qpn, 0x000abc);
         assert_eq!(repr.bth.pkey, DEFAULT_PKEY);
         assert_eq!(repr.bth.pad_count, 0);

@@ -13,6 +13,7 @@ use uctel_transport::soft::packet::{
     pad_for, AethRepr, AethSyndrome, BthRepr, NakCode, Opcode, PacketRepr, RcBthRepr, RcOpcode,
     RcPacketRepr, RethRepr,
 };
+use uctel_transport::soft::psn::Psn;
 
 fn opcode() -> impl Strategy<Value = Opcode> {
     proptest::sample::select(Opcode::ALL.to_vec())
@@ -30,7 +31,7 @@ prop_compose! {
         ack_req: bool,
         psn in 0..=PSN_MASK,
     ) -> BthRepr {
-        BthRepr { opcode, solicited, mig_req, pad_count: 0, pkey, fecn, becn, dest_qpn, ack_req, psn }
+        BthRepr { opcode, solicited, mig_req, pad_count: 0, pkey, fecn, becn, dest_qpn, ack_req, psn: Psn::new(psn) }
     }
 }
 
@@ -139,7 +140,7 @@ proptest! {
             becn: flags.3,
             dest_qpn,
             ack_req: flags.4,
-            psn,
+            psn: Psn::new(psn),
         };
         let payload: &[u8] = if opcode.has_aeth() { &[] } else { &payload };
         let repr = RcPacketRepr {

@@ -29,6 +29,7 @@ use nix::sys::socket::{
 use uctel_transport::soft::icrc::{self, Ipv4Ident};
 use uctel_transport::soft::link::{Datagram, Link};
 use uctel_transport::soft::packet::{BthRepr, Opcode, PacketRepr, DEFAULT_PKEY};
+use uctel_transport::soft::psn::Psn;
 use uctel_transport::soft::udp::{UdpConfig, UdpDropReason, UdpLink};
 
 /// `PACKET_OUTGOING` in `sockaddr_ll.sll_pkttype` (`include/uapi/linux/if_packet.h`).
@@ -140,7 +141,7 @@ fn sealed(psn: u32, body_len: usize, src: SocketAddr, dst: SocketAddr) -> Vec<u8
             becn: false,
             dest_qpn: 0xabc,
             ack_req: false,
-            psn,
+            psn: Psn::new(psn),
         },
         reth: None,
         imm: Some(psn),

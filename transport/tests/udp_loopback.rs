@@ -7,6 +7,7 @@ use std::time::Duration;
 use uctel_transport::soft::icrc::{self, IcrcMatch};
 use uctel_transport::soft::link::{Datagram, Link};
 use uctel_transport::soft::packet::{BthRepr, Opcode, PacketRepr, DEFAULT_PKEY};
+use uctel_transport::soft::psn::Psn;
 use uctel_transport::soft::udp::{PollMode, UdpConfig, UdpDropReason, UdpLink};
 
 /// Generous bound so a slow CI machine does not fail; never asserted as a timing.
@@ -130,7 +131,7 @@ fn sealed_packet(psn: u32, len: usize) -> Vec<u8> {
             becn: false,
             dest_qpn: 0xabc,
             ack_req: false,
-            psn,
+            psn: Psn::new(psn),
         },
         reth: None,
         imm: Some(psn),

@@ -50,116 +50,24 @@
 //! Drops are counted per message (see [`UcDropReason`]); the packets of an already doomed
 //! message are counted in [`QpStats::packets_discarded`].
 
-use std::collections::VecDeque;
 use std::fmt;
 
 use crate::api::{
-    AccessFlags, Mtu, QpErrorCause, QpState, QpStats, SendOpcode, UcDropReason, WcOpcode, WcStatus,
-    WorkCompletion, IBTA_MAX_MSG_SIZE, QPN_MASK,
+    AccessFlags, Mtu, QpErrorCause, QpState, QpStats, UcDropReason, WcOpcode, WcStatus,
+    WorkCompletion,
 };
-use crate::soft::memory::{LocalAccessError, MemoryTable};
-use crate::soft::packet::{
-    pad_for, BthRepr, ImmDt, Opcode, PacketRepr, RethRepr, DEFAULT_PKEY, ICRC_LEN,
-};
+use crate::soft::memory::MemoryTable;
+use crate::soft::packet::{Opcode, PacketRepr};
 use crate::soft::psn::Psn;
-
-/// Where completions go: a CQ of the device, or a test vector.
-pub trait CompletionSink {
-    /// Adds `wc`.
-    ///
-    /// # Errors
-    /// [`CqFull`] when the queue holds its capacity; the completion is lost and the caller's
-    /// QP moves to ERROR.
-    fn push(&mut self, wc: WorkCompletion) -> Result<(), CqFull>;
-}
-
-/// The CQ was full.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CqFull;
-
-/// A bounded in-memory completion queue, the [`CompletionSink`] tests use.
-#[derive(Clone, Debug, Default)]
-pub struct VecCq {
-    /// Completions, oldest first.
-    pub wcs: VecDeque<WorkCompletion>,
-    /// Capacity.
-    pub depth: usize,
-}
-
-impl VecCq {
-    /// An empty queue holding at most `depth` completions.
-    pub fn new(depth: usize) -> Self {
-        Self {
-            wcs: VecDeque::new(),
-            depth,
-        }
-    }
-
-    /// Takes the oldest completion.
-    pub fn pop(&mut self) -> Option<WorkCompletion> {
-        self.wcs.pop_front()
-    }
-}
-
-impl CompletionSink for VecCq {
-    fn push(&mut self, wc: WorkCompletion) -> Result<(), CqFull> {
-        if self.wcs.len() >= self.depth {
-            return Err(CqFull);
-        }
-        self.wcs.push_back(wc);
-        Ok(())
-    }
-}
-
-/// A resolved scatter/gather element: `length` bytes at `offset` of the region `lkey`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LocalSge {
-    /// The region's lkey.
-    pub lkey: u32,
-    /// Byte offset in the region.
-    pub offset: usize,
-    /// Length in bytes.
-    pub length: u32,
-}
-
-/// A send WR as queued in the send queue.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SendWqe {
-    /// Caller's identifier.
-    pub wr_id: u64,
-    /// Operation.
-    pub opcode: SendOpcode,
-    /// Local data (`None` = zero-length message).
-    pub sge: Option<LocalSge>,
-    /// Produce a send completion.
-    pub signaled: bool,
-}
-
-impl SendWqe {
-    fn length(&self) -> u32 {
-        self.sge.map_or(0, |s| s.length)
-    }
-}
-
-/// A receive WR as queued in the receive queue.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RecvWqe {
-    /// Caller's identifier.
-    pub wr_id: u64,
-    /// Receive buffer (`None` = zero-length WR).
-    pub sge: Option<LocalSge>,
-}
-
-/// QP sizes and access, fixed at creation / INIT.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct UcQpConfig {
-    /// Local QP number (24 bits).
-    pub qpn: u32,
-    /// Send queue depth.
-    pub max_send_wr: u32,
-    /// Receive queue depth.
-    pub max_recv_wr: u32,
-}
+pub use crate::soft::qp::QpConfig as UcQpConfig;
+use crate::soft::qp::{
+    emit_request, request_bth, request_opcode, scatter_cause, scatter_send, BuildError, Inbound,
+    QpCore,
+};
+pub use crate::soft::qp::{
+    CompletionSink, CqFull, LocalSge, ModifyError, PostRefusal, RecvRefusal, RecvWqe, SendWqe,
+    VecCq,
+};
 
 /// The RTR attributes of a UC QP (ibv_modify_qp(3): `IBV_QP_AV | PATH_MTU | DEST_QPN |
 /// RQ_PSN`; the address vector is the device's business).
@@ -171,38 +79,6 @@ pub struct RtrAttr {
     pub rq_psn: u32,
     /// Path MTU.
     pub path_mtu: Mtu,
-}
-
-/// A state transition was not allowed (IBTA 10.3.1 QP state diagram).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("QP {qpn:#08x}: transition {from} -> {to} not allowed")]
-pub struct ModifyError {
-    /// QP number.
-    pub qpn: u32,
-    /// Current state.
-    pub from: QpState,
-    /// Requested state.
-    pub to: QpState,
-}
-
-/// Why the engine refused a WR (the device adds the list position).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PostRefusal {
-    /// The QP state does not allow it.
-    State(QpState),
-    /// The queue is full; the depth.
-    Full(u32),
-    /// Message longer than [`IBTA_MAX_MSG_SIZE`].
-    TooLong(u32),
-}
-
-/// Why the engine refused a receive WR.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RecvRefusal {
-    /// The QP is in RESET.
-    State(QpState),
-    /// The queue is full; the depth.
-    Full(u32),
 }
 
 /// What happened to one inbound packet.
@@ -229,109 +105,63 @@ pub struct TxInfo {
     pub payload_len: u32,
 }
 
-/// Message being assembled by the responder.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Inbound {
-    /// A SEND; bytes already scattered into the head receive WR.
-    Send { received: u32 },
-    /// An RDMA WRITE: next virtual address, rkey, bytes still expected, total DMA length.
-    Write {
-        va: u64,
-        rkey: u32,
-        resid: u32,
-        length: u32,
-    },
-}
-
-/// One UC queue pair: requester, responder and state machine.
+/// One UC queue pair: the shared [`QpCore`](crate::soft::qp) (state machine, queues,
+/// placement, error bookkeeping) plus what UC alone has: a send PSN and segmentation offset,
+/// and the responder's "message doomed" flag (no ACK, no retry).
 pub struct UcQp {
-    cfg: UcQpConfig,
-    state: QpState,
-    access: AccessFlags,
-    dest_qpn: u32,
-    mtu: u32,
+    core: QpCore<SendWqe>,
     // requester
-    sq: VecDeque<SendWqe>,
     sq_psn: Psn,
     sq_sent: u32,
-    // responder
-    rq: VecDeque<RecvWqe>,
-    epsn: Psn,
+    // responder: the message in progress is dropped until the next FIRST/ONLY.
     drop_msg: bool,
-    inbound: Option<Inbound>,
-    // bookkeeping
-    stats: QpStats,
-    error_cause: Option<QpErrorCause>,
-    pending_event: Option<QpErrorCause>,
-    cq_overflowed: bool,
 }
 
 impl fmt::Debug for UcQp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("UcQp")
-            .field("qpn", &format_args!("{:#08x}", self.cfg.qpn))
-            .field("state", &self.state)
-            .field("dest_qpn", &format_args!("{:#08x}", self.dest_qpn))
-            .field("mtu", &self.mtu)
-            .field("sq", &self.sq.len())
+            .field("qpn", &format_args!("{:#08x}", self.core.qpn()))
+            .field("state", &self.core.state)
+            .field("dest_qpn", &format_args!("{:#08x}", self.core.dest_qpn))
+            .field("mtu", &self.core.mtu)
+            .field("sq", &self.core.sq.len())
             .field("sq_psn", &format_args!("{}", self.sq_psn))
-            .field("rq", &self.rq.len())
-            .field("epsn", &format_args!("{}", self.epsn))
+            .field("rq", &self.core.rq.len())
+            .field("epsn", &format_args!("{}", self.core.epsn))
             .field("drop_msg", &self.drop_msg)
             .finish_non_exhaustive()
     }
-}
-
-/// Whether a BTH P_Key matches the default partition: equal low 15 bits and at least one side
-/// a full member (IBTA 10.9.3; rxe `pkey_match`).
-fn pkey_matches(pkey: u16) -> bool {
-    (pkey & 0x7fff) == (DEFAULT_PKEY & 0x7fff) && (pkey & 0x8000 != 0 || DEFAULT_PKEY & 0x8000 != 0)
 }
 
 impl UcQp {
     /// A QP in RESET.
     pub fn new(cfg: UcQpConfig) -> Self {
         Self {
-            cfg: UcQpConfig {
-                qpn: cfg.qpn & QPN_MASK,
-                ..cfg
-            },
-            state: QpState::Reset,
-            access: AccessFlags::NONE,
-            dest_qpn: 0,
-            mtu: Mtu::Mtu1024.bytes(),
-            sq: VecDeque::new(),
+            core: QpCore::new(cfg),
             sq_psn: Psn::ZERO,
             sq_sent: 0,
-            rq: VecDeque::new(),
-            epsn: Psn::ZERO,
             drop_msg: false,
-            inbound: None,
-            stats: QpStats::default(),
-            error_cause: None,
-            pending_event: None,
-            cq_overflowed: false,
         }
     }
 
     /// QP number.
     pub fn qpn(&self) -> u32 {
-        self.cfg.qpn
+        self.core.qpn()
     }
 
     /// Current state.
     pub fn state(&self) -> QpState {
-        self.state
+        self.core.state
     }
 
     /// The peer's QP number (valid from RTR).
     pub fn dest_qpn(&self) -> u32 {
-        self.dest_qpn
+        self.core.dest_qpn
     }
 
     /// Path MTU in bytes (valid from RTR).
     pub fn path_mtu(&self) -> u32 {
-        self.mtu
+        self.core.mtu
     }
 
     /// Next PSN the requester sends (24 bits).
@@ -341,76 +171,62 @@ impl UcQp {
 
     /// Next PSN the responder expects (24 bits).
     pub fn expected_psn(&self) -> u32 {
-        self.epsn.value()
+        self.core.epsn.value()
     }
 
     /// Counters.
     pub fn stats(&self) -> QpStats {
-        self.stats
+        self.core.stats
     }
 
     /// Why the QP moved to ERROR on its own, if it did.
     pub fn error_cause(&self) -> Option<QpErrorCause> {
-        self.error_cause
+        self.core.error_cause
     }
 
     /// Takes the cause of an ERROR transition not yet reported (for an async event).
     pub fn take_error_event(&mut self) -> Option<QpErrorCause> {
-        self.pending_event.take()
+        self.core.take_error_event()
     }
 
     /// Takes whether a CQ overflow happened since the last call (for an async CQ event).
     pub fn take_cq_overflow(&mut self) -> bool {
-        std::mem::take(&mut self.cq_overflowed)
+        self.core.take_cq_overflow()
     }
 
     /// Outstanding send WRs.
     pub fn sq_len(&self) -> usize {
-        self.sq.len()
+        self.core.sq.len()
     }
 
     /// Posted receive WRs.
     pub fn rq_len(&self) -> usize {
-        self.rq.len()
+        self.core.rq.len()
     }
 
     /// Whether [`UcQp::poll_transmit`] may produce a packet.
     pub fn wants_transmit(&self) -> bool {
-        self.state == QpState::Rts && !self.sq.is_empty()
+        self.core.state == QpState::Rts && !self.core.sq.is_empty()
     }
 
     /// Whether the QP is in ERROR with WRs still to flush.
     pub fn needs_flush(&self) -> bool {
-        self.state == QpState::Error && !(self.sq.is_empty() && self.rq.is_empty())
+        self.core.needs_flush()
     }
 
     /// Counts a drop detected outside the engine (e.g. a source address mismatch).
     pub fn count_drop(&mut self, reason: UcDropReason) {
-        self.stats.packets_received += 1;
-        self.stats.drops.inc(reason);
+        self.core.count_drop(reason);
     }
 
     // -- state machine -----------------------------------------------------------------------
-
-    fn transition_error(&self, to: QpState) -> ModifyError {
-        ModifyError {
-            qpn: self.cfg.qpn,
-            from: self.state,
-            to,
-        }
-    }
 
     /// RESET → INIT with the QP access flags (`qp_access_flags`).
     ///
     /// # Errors
     /// [`ModifyError`] unless in RESET.
     pub fn modify_to_init(&mut self, access: AccessFlags) -> Result<(), ModifyError> {
-        if self.state != QpState::Reset {
-            return Err(self.transition_error(QpState::Init));
-        }
-        self.access = access;
-        self.state = QpState::Init;
-        Ok(())
+        self.core.modify_to_init(access)
     }
 
     /// INIT → RTR: peer QPN, expected PSN, path MTU.
@@ -418,15 +234,9 @@ impl UcQp {
     /// # Errors
     /// [`ModifyError`] unless in INIT.
     pub fn modify_to_rtr(&mut self, attr: RtrAttr) -> Result<(), ModifyError> {
-        if self.state != QpState::Init {
-            return Err(self.transition_error(QpState::Rtr));
-        }
-        self.dest_qpn = attr.dest_qpn & QPN_MASK;
-        self.epsn = Psn::new(attr.rq_psn);
-        self.mtu = attr.path_mtu.bytes();
+        self.core
+            .modify_to_rtr(attr.dest_qpn, attr.rq_psn, attr.path_mtu)?;
         self.drop_msg = false;
-        self.inbound = None;
-        self.state = QpState::Rtr;
         Ok(())
     }
 
@@ -435,41 +245,30 @@ impl UcQp {
     /// # Errors
     /// [`ModifyError`] unless in RTR.
     pub fn modify_to_rts(&mut self, sq_psn: u32) -> Result<(), ModifyError> {
-        if self.state != QpState::Rtr {
-            return Err(self.transition_error(QpState::Rts));
-        }
+        self.core.modify_to_rts()?;
         self.sq_psn = Psn::new(sq_psn);
         self.sq_sent = 0;
-        self.state = QpState::Rts;
         Ok(())
     }
 
     /// Any state → ERROR on request (`ibv_modify_qp(IBV_QPS_ERR)`); WRs are flushed by
     /// [`UcQp::flush`]. No async event is raised for a requested transition.
     pub fn modify_to_error(&mut self) {
-        self.state = QpState::Error;
-        self.inbound = None;
+        self.core.state = QpState::Error;
+        self.core.inbound = None;
         self.drop_msg = false;
     }
 
     /// Any state → RESET: queues are emptied without completions (ibverbs semantics).
     pub fn modify_to_reset(&mut self) {
-        self.state = QpState::Reset;
-        self.sq.clear();
-        self.rq.clear();
+        self.core.reset();
         self.sq_sent = 0;
-        self.inbound = None;
         self.drop_msg = false;
-        self.error_cause = None;
-        self.pending_event = None;
     }
 
     fn fail(&mut self, cause: QpErrorCause) {
         self.modify_to_error();
-        if self.error_cause.is_none() {
-            self.error_cause = Some(cause);
-            self.pending_event = Some(cause);
-        }
+        self.core.record_failure(cause);
     }
 
     // -- posting -----------------------------------------------------------------------------
@@ -481,16 +280,8 @@ impl UcQp {
     /// # Errors
     /// [`PostRefusal`].
     pub fn post_send(&mut self, wqe: SendWqe) -> Result<(), PostRefusal> {
-        if self.state != QpState::Rts {
-            return Err(PostRefusal::State(self.state));
-        }
-        if self.sq.len() >= self.cfg.max_send_wr as usize {
-            return Err(PostRefusal::Full(self.cfg.max_send_wr));
-        }
-        if wqe.length() > IBTA_MAX_MSG_SIZE {
-            return Err(PostRefusal::TooLong(wqe.length()));
-        }
-        self.sq.push_back(wqe);
+        self.core.check_post_send(&wqe)?;
+        self.core.sq.push_back(wqe);
         Ok(())
     }
 
@@ -499,52 +290,20 @@ impl UcQp {
     /// # Errors
     /// [`RecvRefusal`].
     pub fn post_recv(&mut self, wqe: RecvWqe) -> Result<(), RecvRefusal> {
-        if self.state == QpState::Reset {
-            return Err(RecvRefusal::State(self.state));
-        }
-        if self.rq.len() >= self.cfg.max_recv_wr as usize {
-            return Err(RecvRefusal::Full(self.cfg.max_recv_wr));
-        }
-        self.rq.push_back(wqe);
-        Ok(())
+        self.core.post_recv(wqe)
     }
 
     /// In ERROR: completes queued WRs with [`WcStatus::WrFlushError`] (send queue into `scq`,
     /// receive queue into `rcq`) until a CQ is full. Returns whether everything was flushed.
     pub fn flush(&mut self, scq: &mut dyn CompletionSink, rcq: &mut dyn CompletionSink) -> bool {
-        if self.state != QpState::Error {
+        if self.core.state != QpState::Error {
             return true;
         }
-        while let Some(w) = self.sq.front().copied() {
-            let wc = WorkCompletion {
-                wr_id: w.wr_id,
-                status: WcStatus::WrFlushError,
-                opcode: w.opcode.wc_opcode(),
-                byte_len: 0,
-                imm: None,
-                qp_num: self.cfg.qpn,
-            };
-            if scq.push(wc).is_err() {
-                return false;
-            }
-            self.sq.pop_front();
+        if !self.core.flush_sq(scq, |_| WcStatus::WrFlushError) {
+            return false;
         }
         self.sq_sent = 0;
-        while let Some(w) = self.rq.front().copied() {
-            let wc = WorkCompletion {
-                wr_id: w.wr_id,
-                status: WcStatus::WrFlushError,
-                opcode: WcOpcode::Recv,
-                byte_len: 0,
-                imm: None,
-                qp_num: self.cfg.qpn,
-            };
-            if rcq.push(wc).is_err() {
-                return false;
-            }
-            self.rq.pop_front();
-        }
-        true
+        self.core.flush_rq(rcq)
     }
 
     // -- requester ---------------------------------------------------------------------------
@@ -563,125 +322,47 @@ impl UcQp {
         scq: &mut dyn CompletionSink,
     ) -> Option<TxInfo> {
         out.clear();
-        if self.state != QpState::Rts {
+        if self.core.state != QpState::Rts {
             return None;
         }
-        let wqe = *self.sq.front()?;
+        let wqe = *self.core.sq.front()?;
+        let mtu = self.core.mtu;
         let total = wqe.length();
         let sent = self.sq_sent.min(total);
         let remaining = total - sent;
-        let first = sent == 0;
-        let last = remaining <= self.mtu;
-        let payload_len = remaining.min(self.mtu);
-        let (with_imm, is_write, reth, imm) = match wqe.opcode {
-            SendOpcode::Send => (false, false, None, None),
-            SendOpcode::SendWithImm { imm } => (true, false, None, Some(imm)),
-            SendOpcode::RdmaWrite { remote_addr, rkey } => (
-                false,
-                true,
-                Some(RethRepr {
-                    virtual_addr: remote_addr,
-                    rkey,
-                    dma_len: total,
-                }),
-                None,
-            ),
-            SendOpcode::RdmaWriteWithImm {
-                remote_addr,
-                rkey,
-                imm,
-            } => (
-                true,
-                true,
-                Some(RethRepr {
-                    virtual_addr: remote_addr,
-                    rkey,
-                    dma_len: total,
-                }),
-                Some(imm),
-            ),
-        };
-        let opcode = match (is_write, first, last, with_imm) {
-            (false, true, true, false) => Opcode::SendOnly,
-            (false, true, true, true) => Opcode::SendOnlyWithImmediate,
-            (false, true, false, _) => Opcode::SendFirst,
-            (false, false, false, _) => Opcode::SendMiddle,
-            (false, false, true, false) => Opcode::SendLast,
-            (false, false, true, true) => Opcode::SendLastWithImmediate,
-            (true, true, true, false) => Opcode::RdmaWriteOnly,
-            (true, true, true, true) => Opcode::RdmaWriteOnlyWithImmediate,
-            (true, true, false, _) => Opcode::RdmaWriteFirst,
-            (true, false, false, _) => Opcode::RdmaWriteMiddle,
-            (true, false, true, false) => Opcode::RdmaWriteLast,
-            (true, false, true, true) => Opcode::RdmaWriteLastWithImmediate,
-        };
-        let pad = pad_for(payload_len as usize);
-        let bth = BthRepr {
-            opcode,
-            solicited: false,
-            mig_req: false,
-            pad_count: pad,
-            pkey: DEFAULT_PKEY,
-            fecn: false,
-            becn: false,
-            dest_qpn: self.dest_qpn,
-            ack_req: false,
-            psn: self.sq_psn.value(),
-        };
-        let Ok(bth_bytes) = bth.to_bytes() else {
-            // dest_qpn and psn are masked to 24 bits, so this cannot fail; treat it as a local
-            // QP operation error if it ever does.
-            self.complete_send_error(WcStatus::LocalQpOperationError, scq);
-            return None;
-        };
-        out.extend_from_slice(&bth_bytes);
-        if opcode.has_reth() {
-            if let Some(r) = reth {
-                r.emit(out);
-            }
-        }
-        if opcode.has_immdt() {
-            if let Some(i) = imm {
-                out.extend_from_slice(&ImmDt(i).to_bytes());
-            }
-        }
-        let start = out.len();
-        out.resize(
-            start + payload_len as usize + usize::from(pad) + ICRC_LEN,
-            0,
-        );
-        if payload_len > 0 {
-            let gathered = match (wqe.sge, out.get_mut(start..start + payload_len as usize)) {
-                (Some(sge), Some(dst)) => match sge.offset.checked_add(sent as usize) {
-                    Some(off) => mem.gather(sge.lkey, off, dst),
-                    None => Err(LocalAccessError::OutOfBounds),
+        let last = remaining <= mtu;
+        let payload_len = remaining.min(mtu);
+        let opcode = request_opcode(wqe.opcode, sent == 0, last);
+        // BTH bits as rxe sends them on UC: AckReq 0 (no ACKs on UC).
+        let bth = request_bth(opcode, self.core.dest_qpn, false, self.sq_psn);
+        if let Err(e) = emit_request(out, bth, opcode, &wqe, sent, payload_len, mem) {
+            self.complete_send_error(
+                match e {
+                    // dest_qpn and psn are masked to 24 bits, so this cannot happen; treat it
+                    // as a local QP operation error if it ever does.
+                    BuildError::Header => WcStatus::LocalQpOperationError,
+                    BuildError::Memory => WcStatus::LocalProtectionError,
                 },
-                _ => Err(LocalAccessError::OutOfBounds),
-            };
-            if gathered.is_err() {
-                out.clear();
-                self.complete_send_error(WcStatus::LocalProtectionError, scq);
-                return None;
-            }
+                scq,
+            );
+            return None;
         }
         let psn = self.sq_psn;
         self.sq_psn = psn.next();
-        self.stats.packets_sent += 1;
+        self.core.stats.packets_sent += 1;
         if last {
-            self.sq.pop_front();
+            self.core.sq.pop_front();
             self.sq_sent = 0;
-            self.stats.messages_sent += 1;
+            self.core.stats.messages_sent += 1;
             if wqe.signaled {
-                let wc = WorkCompletion {
-                    wr_id: wqe.wr_id,
-                    status: WcStatus::Success,
-                    opcode: wqe.opcode.wc_opcode(),
-                    byte_len: total,
-                    imm: None,
-                    qp_num: self.cfg.qpn,
-                };
-                if scq.push(wc).is_err() {
-                    self.cq_overflowed = true;
+                let wc = self.core.wc(
+                    wqe.wr_id,
+                    WcStatus::Success,
+                    wqe.opcode.wc_opcode(),
+                    total,
+                    None,
+                );
+                if !self.core.push_wc(scq, wc) {
                     self.fail(QpErrorCause::SendCqOverflow);
                 }
             }
@@ -696,18 +377,9 @@ impl UcQp {
     }
 
     fn complete_send_error(&mut self, status: WcStatus, scq: &mut dyn CompletionSink) {
-        if let Some(w) = self.sq.pop_front() {
-            let wc = WorkCompletion {
-                wr_id: w.wr_id,
-                status,
-                opcode: w.opcode.wc_opcode(),
-                byte_len: 0,
-                imm: None,
-                qp_num: self.cfg.qpn,
-            };
-            if scq.push(wc).is_err() {
-                self.cq_overflowed = true;
-            }
+        if let Some(w) = self.core.sq.pop_front() {
+            let wc = self.core.send_error_wc(&w, status);
+            self.core.push_wc(scq, wc);
         }
         self.sq_sent = 0;
         self.fail(QpErrorCause::LocalProtection);
@@ -716,9 +388,9 @@ impl UcQp {
     // -- responder ---------------------------------------------------------------------------
 
     fn drop_message(&mut self, reason: UcDropReason) -> RxOutcome {
-        self.inbound = None;
+        self.core.inbound = None;
         self.drop_msg = true;
-        self.stats.drops.inc(reason);
+        self.core.stats.drops.inc(reason);
         RxOutcome::Dropped(reason)
     }
 
@@ -730,55 +402,26 @@ impl UcQp {
         mem: &dyn MemoryTable,
         rcq: &mut dyn CompletionSink,
     ) -> RxOutcome {
-        self.stats.packets_received += 1;
-        match self.state {
-            QpState::Rtr | QpState::Rts => {}
-            QpState::Reset | QpState::Init => {
-                self.stats.drops.inc(UcDropReason::QpNotReady);
-                return RxOutcome::Dropped(UcDropReason::QpNotReady);
-            }
-            QpState::Error => {
-                self.stats.drops.inc(UcDropReason::QpError);
-                return RxOutcome::Dropped(UcDropReason::QpError);
-            }
-        }
-        if !pkey_matches(pkt.bth.pkey) {
-            self.stats.drops.inc(UcDropReason::BadPkey);
-            return RxOutcome::Dropped(UcDropReason::BadPkey);
+        if let Err(reason) = self.core.admit(pkt.bth.pkey) {
+            return RxOutcome::Dropped(reason);
         }
         let op = pkt.bth.opcode;
-        let psn = Psn::new(pkt.bth.psn);
         let start = op.is_start();
-
-        // check_psn (UC): resync on FIRST/ONLY, doom the message otherwise.
-        let psn_ok = psn == self.epsn;
-        if self.drop_msg || !psn_ok {
-            if start {
-                if !psn_ok {
-                    self.stats.psn_resyncs += 1;
-                }
-                self.drop_msg = false;
-            } else if self.drop_msg {
-                self.epsn = psn.next();
-                self.stats.packets_discarded += 1;
-                return RxOutcome::Discarded;
-            } else {
-                self.epsn = psn.next();
-                return self.drop_message(UcDropReason::PsnGap);
-            }
+        if let Some(outcome) = self.check_psn(pkt.bth.psn, start) {
+            return outcome;
         }
         // From here on the packet has taken its place in the PSN sequence; the next expected
         // PSN follows it whether or not the message survives (so that `psn_resyncs` counts
         // only PSNs missing on the wire).
-        self.epsn = psn.next();
+        self.core.epsn = pkt.bth.psn.next();
 
         // check_op_seq (UC).
-        match (self.inbound, start) {
+        match (self.core.inbound, start) {
             (Some(_), true) => {
                 // The message in progress lost its LAST: discard it, reuse its receive WR
                 // (nothing was consumed), and treat this packet as a new message.
-                self.inbound = None;
-                self.stats.drops.inc(UcDropReason::CutShort);
+                self.core.inbound = None;
+                self.core.stats.drops.inc(UcDropReason::CutShort);
             }
             (Some(Inbound::Send { .. }), false) if !op.is_send() => {
                 return self.drop_message(UcDropReason::OpcodeSequence);
@@ -791,188 +434,136 @@ impl UcQp {
         }
 
         // check_op_valid (UC): RDMA WRITE needs REMOTE_WRITE on the QP.
-        if op.is_write() && !self.access.contains(AccessFlags::REMOTE_WRITE) {
+        if op.is_write() && !self.core.access.contains(AccessFlags::REMOTE_WRITE) {
             return self.drop_message(UcDropReason::AccessDenied);
         }
 
         // check_resource: SEND packets and WRITE LAST/ONLY_WITH_IMMEDIATE need a receive WR.
         let needs_rwr = op.is_send() || (op.is_write() && op.has_immdt());
-        if needs_rwr && self.rq.is_empty() {
+        if needs_rwr && self.core.rq.is_empty() {
             return self.drop_message(UcDropReason::NoReceiveWr);
         }
 
-        // check_length.
-        let len = pkt.payload.len();
-        let mtu = self.mtu as usize;
-        let len_ok = if op.is_only() {
-            len <= mtu
-        } else if op.is_first() || op.is_middle() {
-            len == mtu
-        } else {
-            len != 0 && len <= mtu
-        };
-        if !len_ok {
+        if !self.core.length_ok(op, pkt.payload.len()) {
             return self.drop_message(UcDropReason::BadLength);
         }
-        let len = len as u32;
-
-        // check_rkey (WRITE): RETH on FIRST/ONLY, then per-packet length against the rest.
         if op.is_write() {
-            if op.has_reth() {
-                let Some(reth) = pkt.reth else {
-                    return self.drop_message(UcDropReason::BadLength);
-                };
-                if reth.dma_len > IBTA_MAX_MSG_SIZE {
-                    return self.drop_message(UcDropReason::BadLength);
-                }
-                if reth.dma_len != 0 {
-                    if let Err(reason) = mem.check_remote_write(
-                        reth.rkey,
-                        reth.virtual_addr,
-                        u64::from(reth.dma_len),
-                    ) {
-                        return self.drop_message(reason);
-                    }
-                }
-                self.inbound = Some(Inbound::Write {
-                    va: reth.virtual_addr,
-                    rkey: reth.rkey,
-                    resid: reth.dma_len,
-                    length: reth.dma_len,
-                });
-            }
-            let Some(Inbound::Write {
-                va,
-                rkey,
-                resid,
-                length,
-            }) = self.inbound
-            else {
-                return self.drop_message(UcDropReason::OpcodeSequence);
-            };
-            let consistent = if resid > self.mtu {
-                len == self.mtu
-            } else {
-                len == resid
-            };
-            if !consistent {
-                return self.drop_message(UcDropReason::BadLength);
-            }
-            // execute: place the payload.
-            if len > 0 {
-                if let Err(reason) = mem.remote_write(rkey, va, pkt.payload) {
-                    return self.drop_message(reason);
-                }
-            }
-            let resid = resid - len;
-            self.inbound = Some(Inbound::Write {
-                va: va.wrapping_add(u64::from(len)),
-                rkey,
-                resid,
-                length,
-            });
-            if !op.is_end() {
-                return RxOutcome::Accepted;
-            }
-            if resid != 0 {
-                // An END packet before the DMA length was reached (rxe: length check).
-                return self.drop_message(UcDropReason::BadLength);
-            }
-            self.inbound = None;
-            if !op.has_immdt() {
-                self.stats.messages_completed += 1;
-                return RxOutcome::Completed;
-            }
-            let Some(wqe) = self.rq.pop_front() else {
-                return self.drop_message(UcDropReason::NoReceiveWr);
-            };
-            let wc = WorkCompletion {
-                wr_id: wqe.wr_id,
-                status: WcStatus::Success,
-                opcode: WcOpcode::RecvRdmaWithImm,
-                byte_len: length,
-                imm: pkt.imm,
-                qp_num: self.cfg.qpn,
-            };
-            return self.complete_recv(wc, rcq);
+            return self.receive_write(pkt, mem, rcq);
         }
+        self.receive_send(pkt, mem, rcq)
+    }
 
-        // SEND: scatter into the head receive WR.
+    /// check_psn (UC): a packet off the expected PSN resyncs on FIRST/ONLY and dooms its
+    /// message otherwise; the packets of a doomed message are discarded until the next
+    /// FIRST/ONLY. `None` lets the packet go on.
+    fn check_psn(&mut self, psn: Psn, start: bool) -> Option<RxOutcome> {
+        let psn_ok = psn == self.core.epsn;
+        if !self.drop_msg && psn_ok {
+            return None;
+        }
         if start {
-            self.inbound = Some(Inbound::Send { received: 0 });
-        }
-        let received = match self.inbound {
-            Some(Inbound::Send { received }) => received,
-            _ => return self.drop_message(UcDropReason::OpcodeSequence),
-        };
-        let Some(wqe) = self.rq.front().copied() else {
-            return self.drop_message(UcDropReason::NoReceiveWr);
-        };
-        if len > 0 {
-            let capacity = wqe.sge.map_or(0, |s| s.length);
-            let fits = received.checked_add(len).is_some_and(|end| end <= capacity);
-            let scattered = match wqe.sge {
-                Some(sge) if fits => match sge.offset.checked_add(received as usize) {
-                    Some(off) => mem
-                        .scatter(sge.lkey, off, pkt.payload)
-                        .map_err(|_| UcDropReason::BadReceiveWr),
-                    None => Err(UcDropReason::BadReceiveWr),
-                },
-                _ => Err(UcDropReason::MessageTooLong),
-            };
-            if let Err(reason) = scattered {
-                // rxe: copy_data fails → RESPST_ERR_MALFORMED_WQE → class A: the WR completes
-                // with IBV_WC_LOC_QP_OP_ERR and the QP moves to ERROR.
-                self.rq.pop_front();
-                self.inbound = None;
-                self.stats.drops.inc(reason);
-                let wc = WorkCompletion {
-                    wr_id: wqe.wr_id,
-                    status: WcStatus::LocalQpOperationError,
-                    opcode: WcOpcode::Recv,
-                    byte_len: 0,
-                    imm: None,
-                    qp_num: self.cfg.qpn,
-                };
-                if rcq.push(wc).is_err() {
-                    self.cq_overflowed = true;
-                }
-                self.fail(if reason == UcDropReason::MessageTooLong {
-                    QpErrorCause::MessageTooLong
-                } else {
-                    QpErrorCause::BadReceiveWr
-                });
-                return RxOutcome::Dropped(reason);
+            if !psn_ok {
+                self.core.stats.psn_resyncs += 1;
             }
+            self.drop_msg = false;
+            return None;
         }
-        let received = received + len;
+        self.core.epsn = psn.next();
+        if self.drop_msg {
+            self.core.stats.packets_discarded += 1;
+            return Some(RxOutcome::Discarded);
+        }
+        Some(self.drop_message(UcDropReason::PsnGap))
+    }
+
+    /// check_rkey and execute for an RDMA WRITE packet: data is placed packet by packet.
+    fn receive_write(
+        &mut self,
+        pkt: &PacketRepr<'_>,
+        mem: &dyn MemoryTable,
+        rcq: &mut dyn CompletionSink,
+    ) -> RxOutcome {
+        let op = pkt.bth.opcode;
+        let progress = match self.core.place_write(op, pkt.reth, pkt.payload, mem) {
+            Ok(p) => p,
+            Err(fault) => return self.drop_message(fault.reason()),
+        };
         if !op.is_end() {
-            self.inbound = Some(Inbound::Send { received });
             return RxOutcome::Accepted;
         }
-        self.inbound = None;
-        self.rq.pop_front();
-        let wc = WorkCompletion {
-            wr_id: wqe.wr_id,
-            status: WcStatus::Success,
-            opcode: WcOpcode::Recv,
-            byte_len: received,
-            imm: pkt.imm,
-            qp_num: self.cfg.qpn,
+        if progress.resid != 0 {
+            // An END packet before the DMA length was reached (rxe: length check).
+            return self.drop_message(UcDropReason::BadLength);
+        }
+        self.core.inbound = None;
+        if !op.has_immdt() {
+            self.core.stats.messages_completed += 1;
+            return RxOutcome::Completed;
+        }
+        let Some(wqe) = self.core.rq.pop_front() else {
+            return self.drop_message(UcDropReason::NoReceiveWr);
         };
+        let wc = self.core.wc(
+            wqe.wr_id,
+            WcStatus::Success,
+            WcOpcode::RecvRdmaWithImm,
+            progress.length,
+            pkt.imm,
+        );
+        self.complete_recv(wc, rcq)
+    }
+
+    /// Execute for a SEND packet: scatter into the head receive WR.
+    fn receive_send(
+        &mut self,
+        pkt: &PacketRepr<'_>,
+        mem: &dyn MemoryTable,
+        rcq: &mut dyn CompletionSink,
+    ) -> RxOutcome {
+        let op = pkt.bth.opcode;
+        if op.is_start() {
+            self.core.inbound = Some(Inbound::Send { received: 0 });
+        }
+        let Some(Inbound::Send { received }) = self.core.inbound else {
+            return self.drop_message(UcDropReason::OpcodeSequence);
+        };
+        let Some(wqe) = self.core.rq.front().copied() else {
+            return self.drop_message(UcDropReason::NoReceiveWr);
+        };
+        if let Err(reason) = scatter_send(&wqe, received, pkt.payload, mem) {
+            // rxe: copy_data fails → RESPST_ERR_MALFORMED_WQE → class A: the WR completes
+            // with IBV_WC_LOC_QP_OP_ERR and the QP moves to ERROR.
+            self.core.inbound = None;
+            self.core.stats.drops.inc(reason);
+            self.core.fail_receive_wr(&wqe, rcq);
+            self.fail(scatter_cause(reason));
+            return RxOutcome::Dropped(reason);
+        }
+        let received = received + pkt.payload.len() as u32;
+        if !op.is_end() {
+            self.core.inbound = Some(Inbound::Send { received });
+            return RxOutcome::Accepted;
+        }
+        self.core.inbound = None;
+        self.core.rq.pop_front();
+        let wc = self.core.wc(
+            wqe.wr_id,
+            WcStatus::Success,
+            WcOpcode::Recv,
+            received,
+            pkt.imm,
+        );
         self.complete_recv(wc, rcq)
     }
 
     fn complete_recv(&mut self, wc: WorkCompletion, rcq: &mut dyn CompletionSink) -> RxOutcome {
-        if rcq.push(wc).is_err() {
+        if !self.core.complete_receive(wc, rcq) {
             // IBTA class G / rxe RESPST_ERR_CQ_OVERFLOW: the WR is consumed, the completion
             // lost, the QP moves to ERROR.
-            self.stats.drops.inc(UcDropReason::CqOverflow);
-            self.cq_overflowed = true;
             self.fail(QpErrorCause::RecvCqOverflow);
             return RxOutcome::Dropped(UcDropReason::CqOverflow);
         }
-        self.stats.messages_completed += 1;
+        self.core.stats.messages_completed += 1;
         RxOutcome::Completed
     }
 }
@@ -980,6 +571,7 @@ impl UcQp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::SendOpcode;
     use crate::soft::memory::MrTable;
 
     fn connected(qpn: u32, dest: u32, psn: u32, epsn: u32, mtu: Mtu) -> UcQp {

@@ -643,7 +643,7 @@ mod tests {
                 becn: false,
                 dest_qpn: 0xabc,
                 ack_req: false,
-                psn: 7,
+                psn: crate::soft::psn::Psn::new(7),
             },
             reth: None,
             imm: Some(0x0102_0304),

@@ -9,5 +9,6 @@ pub mod link;
 pub mod memory;
 pub mod packet;
 pub mod psn;
+pub mod qp;
 pub mod rc;
 pub mod udp;
