@@ -247,7 +247,15 @@ fn every_fault_at_once_still_delivers_exactly_once_in_order() {
 
 #[test]
 fn multi_packet_sends_under_loss_arrive_exactly_once_in_order() {
-    let (a, b) = pair(0.03, 11, QpType::Rc(fast_rc(7)), QpType::Rc(fast_rc(7)));
+    // A 16.8 ms ACK timeout (IBTA 4.096 µs × 2^12), not `fast_rc`'s 4.2 ms: the timer runs
+    // on the wall clock, and on a loaded machine a stalled responder thread could otherwise
+    // use up all seven retries of one PSN without any datagram being lost.
+    let patient = RcAttr {
+        timeout: 12,
+        retry_cnt: 7,
+        ..RcAttr::default()
+    };
+    let (a, b) = pair(0.03, 11, QpType::Rc(patient), QpType::Rc(patient));
     // 3000 B at the default path MTU (1024): three packets per message.
     transfer(&a, &b, 500, 3000, false);
     assert!(a.qp.stats().rc.packets_retransmitted > 0);

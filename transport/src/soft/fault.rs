@@ -848,8 +848,11 @@ mod tests {
             ..FaultConfig::default()
         };
         let mut f = FaultInjector::new(la, config).expect("valid");
+        // One instant for every batch: the reorder hold ends by count, never by the
+        // [`MAX_REORDER_HOLD`] timer, so a stalled test thread cannot change the order.
+        let now = Instant::now();
         for chunk in numbered(b, 5000).chunks(64) {
-            assert_eq!(f.send(chunk).expect("send"), chunk.len());
+            assert_eq!(f.send_at(chunk, now).expect("send"), chunk.len());
         }
         assert_eq!(f.flush().expect("flush"), 0);
         let stats = f.stats().snapshot();
