@@ -15,7 +15,8 @@
 //! ways. The session ends on shutdown (final frames, then `Goodbye` with the final
 //! sequences), on the collector's `Goodbye`, on a dead or broken control connection, or on a
 //! QP error. Streams set to `reliability: rc` travel on a second lane, an RC QP with a
-//! pipeline of its own, driven in the same loop ([`crate::lane`]). The connection loop then
+//! pipeline of its own, driven in the same loop ([`crate::lane`]). The session's logic is a
+//! state struct fed by a thin async driver (`run/session/`). The connection loop then
 //! waits with exponential backoff and full jitter and starts a new session with a new epoch.
 //! While there is no session, metric samples are held in the bounded metrics buffer
 //! ([`crate::buffer`]) with their collection time, and a session ending (lost, drain,
