@@ -71,6 +71,8 @@ impl Session {
         queues: &Queues,
     ) -> (SessionEnd, FinalSequences) {
         let reason = match &end {
+            // Lost: the metric samples not posted yet wait in the metrics buffer for the
+            // next session; the rest is dropped (on RC after the last acknowledgements).
             SessionEnd::Lost(..) => DropReason::NotConnected,
             SessionEnd::Shutdown => {
                 self.finish(conn, queues).await;
@@ -86,8 +88,6 @@ impl Session {
                 DropReason::NotConnected
             }
         };
-        // A lost session: the metric samples not posted yet wait in the metrics buffer for
-        // the next session; the rest is dropped (on RC after the last acknowledgements).
         for lane in self.lanes.iter_mut() {
             lane.end_epoch(reason, queues, &self.stats).await;
         }
