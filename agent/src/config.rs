@@ -570,6 +570,18 @@ impl Validate for AgentConfig {
                 p.push(key, why);
             }
         }
+        self.check_collector(p);
+        self.check_transport(p);
+        self.check_auth(p);
+        self.check_sources(p);
+        self.check_sending(p);
+    }
+}
+
+/// The checks of [`Validate::validate`], one per section, in the order of the problems.
+impl AgentConfig {
+    /// The `collector` section: the pool's addresses and every duration in its range.
+    fn check_collector(&self, p: &mut Problems) {
         let c = &self.collector;
         for (key, problem) in c.control.problems() {
             p.push(key, problem);
@@ -636,7 +648,10 @@ impl Validate for AgentConfig {
                 "must not be less than collector.reconnect_initial_seconds",
             );
         }
+    }
 
+    /// The `transport` section: fault injection, the soft MTU, the verbs build and port, the RC attributes.
+    fn check_transport(&self, p: &mut Problems) {
         match self.transport.soft.fault.validate() {
             Ok(()) => {}
             Err(FaultConfigError::Ratio { field, value }) => p.push(
@@ -671,7 +686,10 @@ impl Validate for AgentConfig {
             let field = e.split(' ').next().unwrap_or_default();
             p.push(format!("transport.rc.{field}"), e.clone());
         }
+    }
 
+    /// The `auth` section: exactly one of `token` and `token_file`, not empty.
+    fn check_auth(&self, p: &mut Problems) {
         match (&self.auth.token, &self.auth.token_file) {
             (Some(_), Some(_)) => p.push("auth", "set only one of token and token_file"),
             (None, None) => p.push(
@@ -691,7 +709,10 @@ impl Validate for AgentConfig {
                 ),
             },
         }
+    }
 
+    /// The `sources` section: intervals, scrape targets, fast counters, textfiles, the state directory (the log tailers in [`AgentConfig::check_logs`]).
+    fn check_sources(&self, p: &mut Problems) {
         let h = &self.sources.host_metrics;
         check_seconds(
             p,
@@ -722,6 +743,83 @@ impl Validate for AgentConfig {
         for (key, problem) in self.sources.textfile.iter().flat_map(|t| t.problems()) {
             p.push(format!("sources.textfile.{key}"), problem);
         }
+        self.check_logs(p);
+        if let Some(dir) = &self.sources.state_directory {
+            if dir.as_os_str().is_empty() {
+                p.push(
+                    "sources.state_directory",
+                    "must not be empty (null: no checkpoints)",
+                );
+            } else if !self.sources.logs.is_empty() {
+                if let Err(e) = uctel_common::config::check_directory(dir) {
+                    p.push("sources.state_directory", e);
+                }
+            }
+        }
+    }
+
+    /// The sending: `pacing`, the `streams` queues, buffers and flush times, `max_frame_bytes`.
+    fn check_sending(&self, p: &mut Problems) {
+        let pc = &self.pacing;
+        if pc.frames_per_second == Some(0) {
+            p.push(
+                "pacing.frames_per_second",
+                "must be positive (null means no limit)",
+            );
+        }
+        if let Some(bps) = pc.bytes_per_second {
+            if bps < self.max_frame_bytes as u64 {
+                p.push(
+                    "pacing.bytes_per_second",
+                    format!(
+                        "must be at least max_frame_bytes ({}) per second",
+                        self.max_frame_bytes
+                    ),
+                );
+            }
+        }
+        if pc.burst_milliseconds == 0 || pc.burst_milliseconds > 60_000 {
+            p.push("pacing.burst_milliseconds", "must be in 1..=60000");
+        }
+
+        for stream in Stream::ALL {
+            let st = self.streams.get(stream);
+            if !(1..=16 * 1024 * 1024).contains(&self.streams.queue_records(stream)) {
+                p.push(
+                    format!("streams.{stream}.queue_records"),
+                    "must be in 1..=16777216",
+                );
+            }
+            match (stream, st.buffer_while_disconnected_records) {
+                (Stream::Metrics, Some(n)) if n > 16 * 1024 * 1024 => p.push(
+                    "streams.metrics.buffer_while_disconnected_records",
+                    "must be in 0..=16777216",
+                ),
+                (Stream::Logs | Stream::FastCounters, Some(_)) => p.push(
+                    format!("streams.{stream}.buffer_while_disconnected_records"),
+                    "only streams.metrics buffers while disconnected (log lines wait in their \
+                     files; fast_counters samples are fresh or worthless)",
+                ),
+                _ => {}
+            }
+            if !(1..=60_000).contains(&st.flush_milliseconds) {
+                p.push(
+                    format!("streams.{stream}.flush_milliseconds"),
+                    "must be in 1..=60000",
+                );
+            }
+        }
+
+        if !(MIN_FRAME_BYTES..=MAX_FRAME_BYTES).contains(&self.max_frame_bytes) {
+            p.push(
+                "max_frame_bytes",
+                format!("must be in {MIN_FRAME_BYTES}..={MAX_FRAME_BYTES}"),
+            );
+        }
+    }
+
+    /// Every `sources.logs[i]` entry: its globs, line size and durations.
+    fn check_logs(&self, p: &mut Problems) {
         for (i, l) in self.sources.logs.iter().enumerate() {
             let key = |k: &str| format!("sources.logs[{i}].{k}");
             for (k, pattern) in std::iter::once(("path".to_owned(), &l.path)).chain(
@@ -785,75 +883,6 @@ impl Validate for AgentConfig {
                 l.poll_interval_seconds,
                 0.01,
                 3600.0,
-            );
-        }
-        if let Some(dir) = &self.sources.state_directory {
-            if dir.as_os_str().is_empty() {
-                p.push(
-                    "sources.state_directory",
-                    "must not be empty (null: no checkpoints)",
-                );
-            } else if !self.sources.logs.is_empty() {
-                if let Err(e) = uctel_common::config::check_directory(dir) {
-                    p.push("sources.state_directory", e);
-                }
-            }
-        }
-
-        let pc = &self.pacing;
-        if pc.frames_per_second == Some(0) {
-            p.push(
-                "pacing.frames_per_second",
-                "must be positive (null means no limit)",
-            );
-        }
-        if let Some(bps) = pc.bytes_per_second {
-            if bps < self.max_frame_bytes as u64 {
-                p.push(
-                    "pacing.bytes_per_second",
-                    format!(
-                        "must be at least max_frame_bytes ({}) per second",
-                        self.max_frame_bytes
-                    ),
-                );
-            }
-        }
-        if pc.burst_milliseconds == 0 || pc.burst_milliseconds > 60_000 {
-            p.push("pacing.burst_milliseconds", "must be in 1..=60000");
-        }
-
-        for stream in Stream::ALL {
-            let st = self.streams.get(stream);
-            if !(1..=16 * 1024 * 1024).contains(&self.streams.queue_records(stream)) {
-                p.push(
-                    format!("streams.{stream}.queue_records"),
-                    "must be in 1..=16777216",
-                );
-            }
-            match (stream, st.buffer_while_disconnected_records) {
-                (Stream::Metrics, Some(n)) if n > 16 * 1024 * 1024 => p.push(
-                    "streams.metrics.buffer_while_disconnected_records",
-                    "must be in 0..=16777216",
-                ),
-                (Stream::Logs | Stream::FastCounters, Some(_)) => p.push(
-                    format!("streams.{stream}.buffer_while_disconnected_records"),
-                    "only streams.metrics buffers while disconnected (log lines wait in their \
-                     files; fast_counters samples are fresh or worthless)",
-                ),
-                _ => {}
-            }
-            if !(1..=60_000).contains(&st.flush_milliseconds) {
-                p.push(
-                    format!("streams.{stream}.flush_milliseconds"),
-                    "must be in 1..=60000",
-                );
-            }
-        }
-
-        if !(MIN_FRAME_BYTES..=MAX_FRAME_BYTES).contains(&self.max_frame_bytes) {
-            p.push(
-                "max_frame_bytes",
-                format!("must be in {MIN_FRAME_BYTES}..={MAX_FRAME_BYTES}"),
             );
         }
     }

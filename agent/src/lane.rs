@@ -1,5 +1,6 @@
-//! The RC lane of a connection (DESIGN.md §8b): the streams set to `reliability: rc` travel
-//! on a second QP, of type RC, with a pipeline ([`SenderCore`]) of their own.
+//! The lanes of a connection ([`Lane`], [`Lanes`]): the UC lane, and the RC lane (DESIGN.md
+//! §8b) when streams are set to `reliability: rc`; those travel on a second QP, of type RC,
+//! with a pipeline ([`SenderCore`]) of their own.
 //!
 //! ```text
 //!            ┌─ UC SenderCore (UC streams) ─► DataPlane (UC QP) ─► ring     (credits: budget)
@@ -15,9 +16,9 @@
 //! `Report.rc_lane` returns. With no stream on `rc` there is no RC lane: no second QP, and
 //! `Hello.rc_lane` is `None`.
 //!
-//! The session (`crate::run`) opens the lane's [`DataPlane`] before `Hello`
-//! ([`open_plane`], [`request`]), starts it after `Welcome` ([`RcLane::start`]) and drives both
-//! pipelines in the same loop. A failed RC QP (an error completion such as
+//! The session (`crate::run`) opens the RC lane's [`DataPlane`] before `Hello`
+//! ([`open_plane`], [`request`]), starts it after `Welcome` ([`Lane::start_rc`]) and drives
+//! the lanes of its [`Lanes`] list in the same loop, one step of each in turn. A failed RC QP (an error completion such as
 //! `retry_exceeded_error` when `transport.rc.retry_cnt` runs out, the QP in ERROR, a fatal
 //! async event) ends the session as lost, like a failed UC QP: the agent reconnects with a
 //! new epoch. Heartbeats and `Goodbye` carry both lanes' sequences ([`heartbeat`],
@@ -25,7 +26,7 @@
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use uctel_protocol::control::{
     self, GoodbyeReason, Heartbeat, RcLaneRequest, Report, StreamFinal, Welcome,
@@ -40,6 +41,16 @@ use crate::selfmetrics::{DropReason, FaultTally, SelfMetrics};
 use crate::sender::core::{FinalSequences, SenderConfig, SenderCore, STREAMS};
 use crate::sender::pump::{self, Stop};
 use crate::stream::Stream;
+
+/// Retry interval while the QP's send queue or send buffers are full, and how soon the UC
+/// lane's completions are polled while its sends are in flight.
+pub const BUSY_RETRY: Duration = Duration::from_millis(1);
+/// How often completions are reaped while RC sends are in flight: they complete with their
+/// ACK (a round trip, or a retransmit timeout, later) and the device's progress thread runs
+/// the protocol, so the session only frees buffers and looks for a failed QP.
+pub const RC_REAP_EVERY: Duration = Duration::from_millis(10);
+/// Longest wait at the end of a session for posted sends to complete.
+pub const DRAIN_GRACE: Duration = Duration::from_millis(500);
 
 /// Per stream, indexed by [`Stream::index`]: whether it travels on the lane of `reliability`
 /// ([`SenderConfig::carries`] of that lane's pipeline). The `fast_counters` stream travels on
@@ -104,14 +115,20 @@ impl RcTally {
     }
 }
 
-/// The RC lane of one session: its QP and its pipeline.
+/// One lane of a session: a QP (UC, or RC for the streams set to `reliability: rc`) and the
+/// pipeline of the streams it carries. The session keeps its lanes in a [`Lanes`] list and
+/// does the same work on each; what differs between a UC and an RC lane (acknowledgements,
+/// the RC QP's counters, how a failure is named and counted) lives in these methods.
 #[derive(Debug)]
-pub struct RcLane {
-    /// The RC QP, its CQs and send buffers.
+pub struct Lane {
+    /// The lane's QP type: `Uc` for the UC lane, `Rc` for the RC lane.
+    pub reliability: Reliability,
+    /// The lane's QP, its CQs and send buffers.
     pub plane: DataPlane,
-    /// The pipeline of the RC streams.
+    /// The pipeline of the streams the lane carries.
     pub core: SenderCore,
-    /// The lane's credit window, frames ([`sender_config`]).
+    /// The lane's credit window, frames (the UC lane's from `Welcome`, the RC lane's from
+    /// [`sender_config`]).
     pub credit_window: u64,
     tally: RcTally,
     faults: Option<FaultTally>,
@@ -152,22 +169,42 @@ pub fn sender_config(
     Ok(rc)
 }
 
-impl RcLane {
+impl Lane {
+    /// A lane of `reliability` over `plane` (connected to the collector's QP of that type),
+    /// `core` the pipeline of its streams with a window of `credit_window` frames. The
+    /// plane's fault injector (with `transport.soft.fault`) is followed from here on. An RC
+    /// lane is started with [`Lane::start_rc`], which also connects its QP.
+    pub fn new(
+        reliability: Reliability,
+        plane: DataPlane,
+        core: SenderCore,
+        credit_window: u64,
+    ) -> Lane {
+        Lane {
+            reliability,
+            faults: plane.fault_stats().map(FaultTally::new),
+            plane,
+            core,
+            credit_window,
+            tally: RcTally::default(),
+        }
+    }
+
     /// After `Welcome`: connects `plane` (from [`open_plane`]; `None`: no RC lane) to the
-    /// collector's RC QP and ring and builds the lane's pipeline for `epoch`, with the UC
+    /// collector's RC QP and ring and builds the RC lane's pipeline for `epoch`, with the UC
     /// pipeline's settings `uc` and the lane's own window ([`sender_config`]).
     ///
     /// # Errors
     /// A `Welcome` without `rc_lane` (a collector that does not support it), an unusable
     /// lane, or a refused connection of the RC QP.
-    pub fn start(
+    pub fn start_rc(
         plane: Option<DataPlane>,
         welcome: &Welcome,
         uc: &SenderConfig,
         config: &AgentConfig,
         epoch: u64,
         stats: &Arc<SelfMetrics>,
-    ) -> Result<Option<RcLane>, LaneError> {
+    ) -> Result<Option<Lane>, LaneError> {
         let Some(mut plane) = plane else {
             return Ok(None);
         };
@@ -187,19 +224,26 @@ impl RcLane {
             .map_err(|e| LaneError::Welcome(e.to_string()))?;
         // A record on RC is settled when the RC QP acknowledged its frame (DESIGN.md §8b).
         core.set_settle_on_ack(true);
-        Ok(Some(RcLane {
-            credit_window: rc.credit_window,
-            faults: plane.fault_stats().map(FaultTally::new),
+        Ok(Some(Lane::new(
+            Reliability::Rc,
             plane,
             core,
-            tally: RcTally::default(),
-        }))
+            rc.credit_window,
+        )))
     }
 
-    /// Why the RC QP can no longer deliver, if it cannot: a fatal async event, an error
-    /// completion (the QP is then in ERROR), or the QP in ERROR. Counts the failure
-    /// (`rc_lane_failures_total`). Reaps the send completions on the way.
+    /// Why the lane's QP can no longer deliver, if it cannot: a fatal async event, an error
+    /// completion (the QP is then in ERROR), or the QP in ERROR. Reaps the send completions
+    /// on the way. An RC lane's failure is counted (`rc_lane_failures_total`) and names the
+    /// completion's status (`retry_exceeded_error` when `transport.rc.retry_cnt` ran out).
     pub fn failure(&mut self, stats: &SelfMetrics) -> Option<String> {
+        if self.reliability == Reliability::Uc {
+            if let Some(kind) = self.plane.poll_async_events(stats.rdma()) {
+                return Some(format!("RDMA async event {}", kind.as_str()));
+            }
+            return (self.plane.reap() > 0 || self.plane.failed())
+                .then(|| "the UC QP went to ERROR".to_owned());
+        }
         let why = if let Some(kind) = self.plane.poll_async_events(stats.rdma()) {
             format!("RDMA async event {} on the RC QP", kind.as_str())
         } else if self.reap() > 0 || self.plane.failed() {
@@ -222,57 +266,133 @@ impl RcLane {
         Some(why)
     }
 
-    /// Polls the RC QP's send completions ([`DataPlane::reap`]) and hands the acknowledged
-    /// connection sequence to the pipeline ([`SenderCore::on_acked`]). Returns how many
-    /// completions carried an error status.
+    /// Why the session ends after a post to the lane's QP failed for good
+    /// ([`Stop::Failed`]); counts an RC lane's failure (`rc_lane_failures_total`).
+    pub fn post_failed(&self, stats: &SelfMetrics) -> String {
+        if self.reliability == Reliability::Rc {
+            stats.rc_lane_failed();
+        }
+        format!("posting to the {} failed", self.plane.qp_name())
+    }
+
+    /// Polls the QP's send completions ([`DataPlane::reap`]); on an RC lane hands the
+    /// acknowledged connection sequence to the pipeline ([`SenderCore::on_acked`]). Returns
+    /// how many completions carried an error status.
     pub fn reap(&mut self) -> u64 {
         let errors = self.plane.reap();
         self.take_acks();
         errors
     }
 
-    /// Hands the acknowledgements the plane collected (in [`DataPlane::reap`], called by
-    /// posting or by a drain) to the pipeline.
+    /// On an RC lane, hands the acknowledgements the plane collected (in
+    /// [`DataPlane::reap`], called by posting or by a drain) to the pipeline. A UC send
+    /// completion only means the message left: nothing is settled by it.
     pub fn take_acks(&mut self) {
+        if self.reliability != Reliability::Rc {
+            return;
+        }
         if let Some(seq) = self.plane.take_acked() {
             let _ = self.core.on_acked(seq);
         }
     }
 
-    /// One step of the lane: records in, frames out to the RC QP, acknowledgements, log
+    /// One step of the lane: records in, frames out to the QP, acknowledgements (RC), log
     /// settlement, counters.
     pub fn step(&mut self, queues: &Queues, stats: &SelfMetrics) -> Stop {
         pump::pull(&mut self.core, queues, stats);
-        let stop = pump::transmit(&mut self.core, &mut self.plane);
-        self.reap();
-        pump::settle(&self.core, queues);
-        self.sync(stats);
-        stop
+        self.transmit(queues, stats)
     }
 
-    /// Frames out and settlement only (no records taken), as at the end of an epoch.
+    /// Frames out and settlement only (no records taken), as at the end of an epoch. The
+    /// UC lane's completions are left to [`Lane::failure`], which tells an error completion
+    /// from a good one.
     pub fn transmit(&mut self, queues: &Queues, stats: &SelfMetrics) -> Stop {
         let stop = pump::transmit(&mut self.core, &mut self.plane);
-        self.reap();
+        if self.reliability == Reliability::Rc {
+            self.reap();
+        }
         pump::settle(&self.core, queues);
         self.sync(stats);
         stop
     }
 
-    /// Takes the lane's part of a collector `Report` (its consumed sequence).
+    /// Takes the lane's part of a collector `Report`: the UC lane its consumed sequence,
+    /// credit grant and stream figures, the RC lane `Report.rc_lane`'s consumed sequence.
     pub fn on_report(&mut self, report: &Report) {
-        if let Some(lane) = &report.rc_lane {
-            let _ = self.core.on_lane_report(lane.consumed_conn_seq);
+        match self.reliability {
+            Reliability::Uc => {
+                let _ = self.core.on_report(report);
+            }
+            Reliability::Rc => {
+                if let Some(lane) = &report.rc_lane {
+                    let _ = self.core.on_lane_report(lane.consumed_conn_seq);
+                }
+            }
         }
     }
 
-    /// Ends the lane's epoch: what the pipeline still holds is dropped with `reason`, except
-    /// the log lines, which settle only when acknowledged (DESIGN.md §8b). Unless `reason`
-    /// is `shutdown` (the lines not acknowledged are then read again after a restart), the
-    /// acknowledged lines settle, the lines in flight or pending are taken back
+    /// How soon the lane's completions are polled again while sends are in flight: soon
+    /// on UC ([`BUSY_RETRY`]: with a busy-poll soft device, polling is also what moves
+    /// packets the socket could not take at once), at [`RC_REAP_EVERY`] on RC (its sends
+    /// complete with their ACK and the device's progress thread runs the protocol). `None`
+    /// when nothing is in flight.
+    pub fn reap_after(&self) -> Option<Duration> {
+        if self.plane.idle() {
+            return None;
+        }
+        Some(match self.reliability {
+            Reliability::Uc => BUSY_RETRY,
+            Reliability::Rc => RC_REAP_EVERY,
+        })
+    }
+
+    /// Lets the posted sends reach the wire (their completions polled), for at most
+    /// [`DRAIN_GRACE`]: before `Goodbye`, and so the fault injector has seen every frame.
+    pub async fn drain_sends(&mut self) {
+        let until = Instant::now() + DRAIN_GRACE;
+        while !self.plane.idle() && Instant::now() < until {
+            self.plane.reap();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Ends the lane's epoch: what the pipeline still holds is dropped with `reason`
+    /// (`shutdown`, or `not_connected` when the agent moves on or lost the connection).
+    /// Unless `reason` is `shutdown`, the metric samples not posted go back to the metrics
+    /// buffer for the next session ([`pump::take_back_metrics`]). On an RC lane the last
+    /// acknowledgements are taken first (after a drain of the sends) and the log lines not
+    /// acknowledged are read again ([`Lane::drop_pending`]); the UC lane drains after.
+    pub async fn end_epoch(&mut self, reason: DropReason, queues: &Queues, stats: &SelfMetrics) {
+        let moving_on = reason != DropReason::Shutdown;
+        match self.reliability {
+            Reliability::Uc => {
+                if moving_on {
+                    pump::take_back_metrics(&mut self.core, queues, stats);
+                }
+                self.core.drop_pending(reason);
+                if moving_on {
+                    pump::settle(&self.core, queues);
+                }
+                self.drain_sends().await;
+            }
+            Reliability::Rc => {
+                self.drain_sends().await;
+                self.take_acks();
+                if moving_on {
+                    pump::take_back_metrics(&mut self.core, queues, stats);
+                }
+                self.drop_pending(reason, queues);
+            }
+        }
+    }
+
+    /// Ends an RC lane's epoch: what the pipeline still holds is dropped with `reason`,
+    /// except the log lines, which settle only when acknowledged (DESIGN.md §8b). Unless
+    /// `reason` is `shutdown` (the lines not acknowledged are then read again after a
+    /// restart), the acknowledged lines settle, the lines in flight or pending are taken back
     /// ([`SenderCore::take_back_logs`]) and the log sources rewind to the first of them
     /// ([`crate::runners::Handoff::rewind`]): they go again on the next connection. Call it
-    /// after the last acknowledgements were taken ([`RcLane::take_acks`]).
+    /// after the last acknowledgements were taken ([`Lane::take_acks`]).
     pub fn drop_pending(&mut self, reason: DropReason, queues: &Queues) {
         if reason == DropReason::Shutdown {
             self.core.drop_pending(reason);
@@ -291,11 +411,125 @@ impl RcLane {
         }
     }
 
-    /// Adds the QP's counters (and its fault injector's) since the last sync to the agent's
-    /// totals; returns this session's fault counts, when fault injection is on.
+    /// Adds the QP's counters (an RC QP's delivery counters, and its fault injector's) since
+    /// the last sync to the agent's totals; returns this session's fault counts, when fault
+    /// injection is on.
     pub fn sync(&mut self, stats: &SelfMetrics) -> Option<FaultCounts> {
-        self.tally.sync(self.plane.rc_counters(), stats);
+        if self.reliability == Reliability::Rc {
+            self.tally.sync(self.plane.rc_counters(), stats);
+        }
         self.faults.as_mut().map(|t| t.sync(stats))
+    }
+}
+
+/// A session's lanes, in order: the UC lane, then the RC lane when a stream is set to
+/// `reliability: rc` (quinn-proto keeps one `PacketSpace` per space the same way, and
+/// iterates them). Per-lane work is a loop over [`Lanes::iter_mut`]; only the protocol's
+/// per-lane fields (a heartbeat's and a `Goodbye`'s `rc_*`) name the RC lane.
+#[derive(Debug)]
+pub struct Lanes {
+    /// The UC lane first; at most one RC lane after it.
+    lanes: Vec<Lane>,
+}
+
+impl Lanes {
+    /// The UC lane `uc` and, when there is one, the RC lane `rc`, which draws on the UC
+    /// lane's pacer: one set of pacing caps for the connection, whichever lane a frame takes.
+    pub fn new(mut uc: Lane, rc: Option<Lane>) -> Lanes {
+        let mut lanes = Vec::with_capacity(2);
+        if let Some(mut rc) = rc {
+            rc.core.share_pacer_with(&mut uc.core);
+            lanes.push(uc);
+            lanes.push(rc);
+        } else {
+            lanes.push(uc);
+        }
+        Lanes { lanes }
+    }
+
+    /// How many lanes: 1, or 2 with an RC lane.
+    pub fn len(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// Never: a session has at least its UC lane.
+    pub fn is_empty(&self) -> bool {
+        self.lanes.is_empty()
+    }
+
+    /// The lanes, UC first.
+    pub fn iter(&self) -> std::slice::Iter<'_, Lane> {
+        self.lanes.iter()
+    }
+
+    /// The lanes, UC first, to change.
+    pub fn iter_mut(&mut self) -> std::slice::IterMut<'_, Lane> {
+        self.lanes.iter_mut()
+    }
+
+    /// The lane at `index` (0: UC), to change.
+    pub fn get_mut(&mut self, index: usize) -> Option<&mut Lane> {
+        self.lanes.get_mut(index)
+    }
+
+    /// The UC lane.
+    pub fn uc(&self) -> &Lane {
+        &self.lanes[0]
+    }
+
+    /// The RC lane, when there is one.
+    pub fn rc(&self) -> Option<&Lane> {
+        self.lanes.get(1)
+    }
+
+    /// The UC lane's pipeline and the RC lane's, for the messages that name both.
+    pub fn cores_mut(&mut self) -> (&mut SenderCore, Option<&mut SenderCore>) {
+        let (uc, rest) = self.lanes.split_at_mut(1);
+        (&mut uc[0].core, rest.first_mut().map(|l| &mut l.core))
+    }
+
+    /// The merged final sequences of the lanes ([`merged`]).
+    pub fn merged(&self) -> FinalSequences {
+        merged(&self.uc().core, self.rc().map(|l| &l.core))
+    }
+
+    /// The RC lane's own final sequences, when there is one.
+    pub fn rc_final(&self) -> Option<FinalSequences> {
+        self.rc().map(|l| l.core.final_sequences())
+    }
+
+    /// Frames the lanes' pipelines posted in the session, every stream: one announced rate
+    /// sizes both lanes' rings.
+    pub fn frames_sent(&self) -> u64 {
+        self.iter()
+            .flat_map(|l| Stream::ALL.map(|s| l.core.stats().stream(s).frames_sent))
+            .sum()
+    }
+
+    /// Frames ready to post on every lane.
+    pub fn ready_frames(&self) -> usize {
+        self.iter().map(|l| l.core.ready_frames()).sum()
+    }
+
+    /// [`heartbeat_with_counters`] of the lanes.
+    pub fn heartbeat(&mut self, sequence: u64, stats: &SelfMetrics) -> Heartbeat {
+        let (uc, rc) = self.cores_mut();
+        heartbeat_with_counters(sequence, uc, rc, stats)
+    }
+
+    /// The packets the session's fault injectors dropped, at its end: the UC plane's
+    /// figures plus the other lanes' drops, every lane's counters synced here
+    /// ([`Lane::sync`]). `None` without fault injection.
+    pub fn sync_session_faults(&mut self, stats: &SelfMetrics) -> Option<FaultCounts> {
+        let mut lanes = self.lanes.iter_mut();
+        let mut total = lanes.next().and_then(|l| l.sync(stats));
+        for lane in lanes {
+            let counts = lane.sync(stats);
+            if let (Some(t), Some(c)) = (total.as_mut(), counts) {
+                t.dropped += c.dropped;
+            }
+        }
+        total
     }
 }
 
@@ -359,21 +593,6 @@ pub fn goodbye(
         detail: detail.chars().take(control::MAX_DETAIL_BYTES).collect(),
         rc_final_conn_seq: rc_final,
     }
-}
-
-/// The packets a session's fault injectors dropped, at its end: `uc`, the UC plane's
-/// figures, plus the RC lane's, whose counters are synced here ([`RcLane::sync`]). `None`
-/// without fault injection.
-pub fn sync_session_faults(
-    mut uc: Option<FaultCounts>,
-    rc: Option<&mut RcLane>,
-    stats: &SelfMetrics,
-) -> Option<FaultCounts> {
-    let rc = rc.and_then(|l| l.sync(stats));
-    if let (Some(uc), Some(rc)) = (uc.as_mut(), rc) {
-        uc.dropped += rc.dropped;
-    }
-    uc
 }
 
 /// Logs the epoch's final figures as `Goodbye` gave them ("goodbye sent"), for operators and

@@ -9,11 +9,12 @@
 //! ```text
 //! main.rs        thin binary: flags → config → logging → run / --check-config / --dry-run
 //! config.rs      strict YAML configuration, every problem with line and key
-//! run.rs         the daemon: sources, local /metrics, session (one epoch) and reconnect loop
+//! run.rs         the daemon: sources, local /metrics and the reconnect loop
+//! run/session/   one session (one epoch): a state struct, its thin async driver, its close
 //! control.rs     control channel client: Hello → Challenge → Proof → Welcome | Refuse
 //! pool.rs        the collector pool: rendezvous ranking, health probes, when to move
 //! datapath.rs    a lane's QP (UC, or RC), send buffers, WRITE_WITH_IMM into ring slots / SEND
-//! lane.rs        the RC lane of the streams set to `reliability: rc`: its QP and pipeline
+//! lane.rs        a session's lanes (UC, and RC for `reliability: rc`): QP and pipeline each
 //! sender/core.rs sans-IO send pipeline: framing, pacing, credits, stamping, accounting
 //! sender/pump.rs moves records from the source queues in and frames out to a sink
 //! pacing.rs      sans-IO token buckets (frames/s, bytes/s)

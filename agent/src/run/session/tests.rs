@@ -1,0 +1,286 @@
+//! The session's composition on a virtual clock: every `now` is explicit, nothing sleeps.
+//! The lanes are real (soft UC and RC QPs on 127.0.0.1, not connected: the tests post
+//! nothing to them); the frames a test needs "posted" are taken from the pipeline and
+//! marked sent, as a post does.
+
+use super::*;
+use crate::sender::core::Poll;
+use uctel_protocol::control::{LaneReport, Report};
+use uctel_protocol::payload::LogRecord;
+
+const HB: Duration = Duration::from_millis(100);
+
+fn config(rc: bool) -> AgentConfig {
+    let streams = if rc {
+        "streams:\n  logs:\n    reliability: rc\n"
+    } else {
+        ""
+    };
+    let text =
+        format!("agent_id: a\ncollector:\n  control: 127.0.0.1:1\nauth:\n  token: t\n{streams}");
+    AgentConfig::from_yaml("t.yaml", &text).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn sender_config(c: &AgentConfig, reliability: Reliability, window: u64) -> SenderConfig {
+    SenderConfig {
+        limits: Limits::default(),
+        pacing: None,
+        credit_window: window,
+        first_conn_seq: 0,
+        first_stream_seq: 0,
+        data_paths: [DataPath::WriteWithImm; 3],
+        flush_after: [Duration::from_millis(1); 3],
+        ready_frames: 8,
+        idle_heartbeat: None,
+        wait_for_credit: [false; 3],
+        carries: lane::carries(c, reliability),
+    }
+}
+
+/// A session at `t0` with a UC lane and, when `rc`, an RC lane carrying the logs; both
+/// lanes with a window of `window` frames.
+fn session(rc: bool, window: u64, t0: Instant) -> (Session, Queues) {
+    let c = config(rc);
+    let ip = "127.0.0.1".parse().unwrap_or_else(|e| panic!("{e}"));
+    let plane = DataPlane::open(&c, ip, 1024, QpType::Uc).unwrap_or_else(|e| panic!("{e}"));
+    let rc_plane = lane::open_plane(&c, ip, &plane).unwrap_or_else(|e| panic!("{e}"));
+    let core = |r| {
+        SenderCore::new_unexported(&sender_config(&c, r, window), 1, t0)
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let uc = Lane::new(Reliability::Uc, plane, core(Reliability::Uc), window);
+    let rc = rc_plane.map(|p| {
+        let mut core = core(Reliability::Rc);
+        core.set_settle_on_ack(true);
+        Lane::new(Reliability::Rc, p, core, window)
+    });
+    assert_eq!(rc.is_some(), rc_planned(&c));
+    let stats = Arc::new(SelfMetrics::new().unwrap_or_else(|e| panic!("{e}")));
+    let timing = Timing {
+        heartbeat_every: HB,
+        heartbeat_timeout: Duration::ZERO,
+        report_interval: HB,
+    };
+    let addr = "127.0.0.1:1".parse().unwrap_or_else(|e| panic!("{e}"));
+    let s = Session::new(1, addr, Lanes::new(uc, rc), timing, stats, t0);
+    (s, Queues::new(&c))
+}
+
+fn rc_planned(c: &AgentConfig) -> bool {
+    !c.streams.rc_streams().is_empty()
+}
+
+/// Three log frames into the lane `index`'s pipeline; the first taken and marked sent (as
+/// a post does; on an RC lane also acknowledged, as its completion says), the others find
+/// no credit with a window of one.
+fn starve(s: &mut Session, index: usize, t0: Instant) {
+    let lane = s
+        .lanes
+        .get_mut(index)
+        .unwrap_or_else(|| panic!("no lane {index}"));
+    for i in 0..3 {
+        let r = LogRecord {
+            message: format!("line {i}"),
+            ..Default::default()
+        };
+        lane.core.push_log(&r, t0, 1);
+        lane.core.flush(Stream::Logs);
+    }
+    while let Poll::Transmit(t) = lane.core.poll_transmit(t0, 1) {
+        lane.core.sent(&t);
+    }
+    if lane.reliability == Reliability::Rc {
+        let _ = lane.core.on_acked(0);
+    }
+}
+
+fn heartbeat_seq(r: Result<Option<Heartbeat>, SessionEnd>) -> Option<u64> {
+    match r {
+        Ok(hb) => hb.map(|h| h.sequence),
+        Err(e) => panic!("the session ended: {e:?}"),
+    }
+}
+
+fn heard(s: &mut Session, now: Instant) {
+    let msg = ControlMessage::from(Heartbeat::default());
+    let mut demand = DemandMeter::default();
+    if let Err(e) = s.on_control(now, Ok(msg), &mut demand) {
+        panic!("a heartbeat ended the session: {e:?}");
+    }
+}
+
+#[test]
+fn heartbeats_follow_the_period_and_silence_ends_the_session() {
+    let t0 = Instant::now();
+    let ms = |n| t0 + Duration::from_millis(n);
+    let (mut s, _q) = session(false, 8, t0);
+    // The first heartbeat at once, then one per period, on time.
+    assert_eq!(heartbeat_seq(s.on_liveness(t0)), Some(1));
+    assert_eq!(heartbeat_seq(s.on_liveness(ms(50))), None, "woken early");
+    assert_eq!(s.liveness_due(), Some(ms(100)));
+    assert_eq!(heartbeat_seq(s.on_liveness(ms(100))), Some(2));
+    assert_eq!(heartbeat_seq(s.on_liveness(ms(200))), Some(3));
+    // Heard at 250 ms: dead only 3 periods later.
+    heard(&mut s, ms(250));
+    assert_eq!(heartbeat_seq(s.on_liveness(ms(540))), Some(4));
+    match s.on_liveness(ms(550)) {
+        Err(SessionEnd::Lost(why, LostOn::Control)) => {
+            assert!(
+                why.contains("nothing heard from the collector for 300ms"),
+                "{why}"
+            );
+        }
+        other => panic!("not lost on silence: {other:?}"),
+    }
+    assert_eq!(
+        s.liveness_due(),
+        None,
+        "no more heartbeats to a dead collector"
+    );
+}
+
+#[test]
+fn silence_of_three_periods_without_a_message_ends_the_session() {
+    let t0 = Instant::now();
+    let (mut s, _q) = session(true, 8, t0);
+    assert_eq!(heartbeat_seq(s.on_liveness(t0)), Some(1));
+    let just_before = t0 + Duration::from_millis(299);
+    assert_eq!(heartbeat_seq(s.on_liveness(just_before)), Some(2));
+    assert!(matches!(
+        s.on_liveness(t0 + Duration::from_millis(300)),
+        Err(SessionEnd::Lost(_, LostOn::Control))
+    ));
+}
+
+#[test]
+fn a_lane_out_of_credit_sends_one_heartbeat_now_repeating_the_periodic_sequence() {
+    let t0 = Instant::now();
+    let (mut s, q) = session(false, 1, t0);
+    let mut demand = DemandMeter::default();
+    assert_eq!(heartbeat_seq(s.on_liveness(t0)), Some(1));
+    // Nothing to send: no early heartbeat.
+    assert_eq!(heartbeat_seq(s.on_wake(&q, &mut demand)), None);
+    starve(&mut s, 0, t0);
+    let hb = match s.on_wake(&q, &mut demand) {
+        Ok(Some(hb)) => hb,
+        other => panic!("no credit heartbeat: {other:?}"),
+    };
+    assert_eq!(hb.sequence, 1, "not a period of its own");
+    assert!(hb.frames_without_credit.is_some_and(|n| n > 0), "{hb:?}");
+    assert!(hb.agent_counters.is_some());
+    assert_eq!(hb.sent_conn_seq, Some(0));
+    // At most once per report: the next wake stays quiet, the period goes on.
+    assert_eq!(heartbeat_seq(s.on_wake(&q, &mut demand)), None);
+    assert_eq!(heartbeat_seq(s.on_liveness(t0 + HB)), Some(2));
+    // Waiting for credit: only a report (or records) wakes the send path.
+    assert_eq!(s.next_wake(t0 + HB), None);
+}
+
+#[test]
+fn the_collectors_drain_ends_the_session_with_a_reconnect_goodbye() {
+    let t0 = Instant::now();
+    let (mut s, _q) = session(true, 1, t0);
+    starve(&mut s, 1, t0);
+    let mut demand = DemandMeter::default();
+    let bye = control::Goodbye {
+        reason: GoodbyeReason::Drain as i32,
+        detail: "draining".into(),
+        ..control::Goodbye::default()
+    };
+    let end = match s.on_control(t0, Ok(ControlMessage::from(bye)), &mut demand) {
+        Err(end @ SessionEnd::Drain(_)) => end,
+        other => panic!("not a drain: {other:?}"),
+    };
+    assert!(matches!(&end, SessionEnd::Drain(d) if d == "draining"));
+    let words = s.last_words(&end);
+    assert_eq!(words.label, "drain");
+    assert_eq!(words.goodbye.reason, GoodbyeReason::Reconnect as i32);
+    assert_eq!(
+        words.goodbye.detail,
+        "the collector is draining; moving to the next collector"
+    );
+    // The logs travel on the RC lane: their final figures are its pipeline's.
+    assert_eq!(
+        words.goodbye.final_conn_seq, None,
+        "the UC lane sent nothing"
+    );
+    assert_eq!(words.goodbye.rc_final_conn_seq, Some(0));
+    let logs = &words.goodbye.streams[Stream::Logs.index()];
+    assert_eq!(logs.final_stream_seq, Some(0));
+    assert_eq!(logs.final_record_count, 1);
+    // A planned end says its counters first.
+    let hb = words
+        .heartbeat
+        .unwrap_or_else(|| panic!("no last heartbeat"));
+    assert_eq!(hb.rc_sent_conn_seq, Some(0));
+    assert!(hb.agent_counters.is_some());
+
+    // Any other Goodbye of the collector is a lost control connection: no last heartbeat.
+    let (mut s, _q) = session(true, 1, t0);
+    let bye = control::Goodbye {
+        reason: GoodbyeReason::Shutdown as i32,
+        detail: "stopping".into(),
+        ..control::Goodbye::default()
+    };
+    let end = match s.on_control(t0, Ok(ControlMessage::from(bye)), &mut demand) {
+        Err(end @ SessionEnd::Lost(_, LostOn::Control)) => end,
+        other => panic!("not lost: {other:?}"),
+    };
+    let words = s.last_words(&end);
+    assert_eq!(words.label, "lost");
+    assert!(words.heartbeat.is_none());
+    assert_eq!(words.goodbye.reason, GoodbyeReason::Reconnect as i32);
+    assert!(words.goodbye.detail.contains("said goodbye: stopping"));
+}
+
+#[test]
+fn every_lane_gets_its_part_of_a_report_and_of_a_heartbeat() {
+    let t0 = Instant::now();
+    for rc in [false, true] {
+        let (mut s, q) = session(rc, 1, t0);
+        assert_eq!(s.lanes.len(), if rc { 2 } else { 1 });
+        let last = s.lanes.len() - 1;
+        starve(&mut s, last, t0);
+        let hb = s
+            .on_liveness(t0)
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| panic!("no heartbeat"));
+        // Only a session with an RC lane names it in its heartbeat.
+        assert_eq!(hb.rc_sent_conn_seq, rc.then_some(0));
+        assert_eq!(hb.rc_frames_without_credit.is_some(), rc);
+        assert_eq!(hb.sent_conn_seq, (!rc).then_some(0));
+
+        let mut demand = DemandMeter::default();
+        // The lanes take turns at stepping first: the RC lane on the first wake.
+        let mut turns = Vec::new();
+        for _ in 0..3 {
+            if let Err(e) = s.on_wake(&q, &mut demand) {
+                panic!("{e:?}");
+            }
+            turns.push(s.turn);
+        }
+        assert_eq!(turns, if rc { vec![1, 0, 1] } else { vec![0, 0, 0] });
+
+        // The lane that sent frame 0 is out of credit until the report gives it back,
+        // whichever lane it is.
+        assert_eq!(
+            s.lanes.iter().nth(last).map(|l| l.core.credits_available()),
+            Some(0)
+        );
+        let report = Report {
+            consumed_conn_seq: 0,
+            conn_received: 1,
+            rc_lane: rc.then(|| LaneReport {
+                consumed_conn_seq: Some(0),
+                ..LaneReport::default()
+            }),
+            ..Report::default()
+        };
+        s.on_control(t0, Ok(ControlMessage::from(report)), &mut demand)
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        for l in s.lanes.iter() {
+            assert_eq!(l.core.credits_available(), 1, "{:?}", l.reliability);
+        }
+    }
+}
