@@ -12,6 +12,10 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     if let Ok(converted) = to_text(text) {
-        let _ = parse(&converted, &|name: &str| format!("{name} (fuzz)"), Timestamps::Keep);
+        let _ = parse(
+            &converted,
+            &|name: &str| format!("{name} (fuzz)"),
+            Timestamps::Keep,
+        );
     }
 });
