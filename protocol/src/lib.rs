@@ -40,3 +40,6 @@ pub mod stream;
 pub mod tracker;
 
 pub use seq::Seq;
+
+#[cfg(test)]
+mod proto_schema;

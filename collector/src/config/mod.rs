@@ -842,6 +842,18 @@ impl Validate for Config {
                 format!("must be more than the {header}-byte frame header"),
             );
         }
+        self.validate_transport(p);
+        self.validate_ring(p, frame);
+        self.validate_auth(p);
+        self.validate_timing(p);
+        self.validate_logs(p);
+    }
+}
+
+impl Config {
+    /// `transport.*`: the soft transport's MTU, wait, batch and fault injection; the verbs
+    /// transport only where built in.
+    fn validate_transport(&self, p: &mut Problems) {
         if self.transport.kind == TransportKindConfig::Soft {
             let soft = &self.transport.soft;
             if uctel_transport::api::Mtu::from_bytes(soft.mtu_bytes).is_none() {
@@ -884,6 +896,11 @@ impl Validate for Config {
         if self.transport.verbs.port == 0 {
             p.push("transport.verbs.port", "ports are numbered from 1");
         }
+    }
+
+    /// `ring.*`: slots and their size against `max_frame_bytes` (`frame`), the memory region,
+    /// credits and queues.
+    fn validate_ring(&self, p: &mut Problems, frame: u32) {
         let r = &self.ring;
         if r.slots < 2 || r.slots > 1 << 16 {
             p.push(
@@ -921,6 +938,10 @@ impl Validate for Config {
         if r.descriptor_queue < 2 {
             p.push("ring.descriptor_queue", "must be at least 2");
         }
+    }
+
+    /// `auth.*`: some agent can connect, agent ids unique, every key readable.
+    fn validate_auth(&self, p: &mut Problems) {
         if self.auth.agents.is_empty() && self.auth.shared.is_none() {
             p.push(
                 "auth",
@@ -947,6 +968,11 @@ impl Validate for Config {
                 p.push("auth.shared", e);
             }
         }
+    }
+
+    /// `control.*` and the ingest's times and bounds (staleness, agent_up retention, series
+    /// cap, dropout, reorder time).
+    fn validate_timing(&self, p: &mut Problems) {
         let c = &self.control;
         check_seconds(
             p,
@@ -986,6 +1012,10 @@ impl Validate for Config {
             p.push("max_dropout_frames", "must be at least 1");
         }
         check_seconds(p, "reorder_window_seconds", self.reorder_window_seconds.0);
+    }
+
+    /// `logs.file.*` when logs go to a file: its path writable, its rotation bounds.
+    fn validate_logs(&self, p: &mut Problems) {
         if self.logs.sink == LogSinkKind::File {
             let f = &self.logs.file;
             if f.path.as_os_str().is_empty() {

@@ -304,6 +304,8 @@ struct Families {
     agent_up: crate::liveness::AgentUp,
 }
 
+mod families;
+
 fn opts(name: &str, help: &str) -> Opts {
     Opts::new(name, help).namespace(NAMESPACE)
 }
@@ -318,203 +320,44 @@ impl Telemetry {
         let registry = Registry::new();
         uctel_common::http::register_process_metrics(&registry)?;
         uctel_common::http::register_build_info(&registry, NAMESPACE, env!("CARGO_PKG_VERSION"))?;
-        let counter =
-            |name: &str, help: &str, labels: &[&str]| -> Result<IntCounterVec, prometheus::Error> {
-                let v = IntCounterVec::new(opts(name, help), labels)?;
-                registry.register(Box::new(v.clone()))?;
-                Ok(v)
-            };
-        let frames_received = counter(
-            "frames_received_total",
-            "Frames accepted (header, CRC32C and payload valid, new in the stream sequence).",
-            &["agent", "stream"],
-        )?;
-        let frames_lost = counter(
-            "frames_lost_total",
-            "Frames of the stream sequence that never arrived: counted once, when a skipped frame leaves the reorder window unseen (reorder_window_frames later frames, or reorder_window_seconds after the first of them) or the session ends (tail from Goodbye or the last heartbeat); never taken back.",
-            &["agent", "stream"],
-        )?;
-        let records_lost = counter(
-            "records_lost_total",
-            "Records (samples or log lines) of lost frames, from the cumulative record counts of the frames around each gap; counted when the gap is settled, never taken back.",
-            &["agent", "stream"],
-        )?;
-        let records_replayed = counter(
-            "records_replayed_total",
-            "Records an agent sent again after a restart, already delivered (or counted lost) in an earlier epoch; discarded, in no other counter.",
-            &["agent", "stream"],
-        )?;
-        let frames_dropped = counter(
-            "frames_dropped_total",
-            "Frames received but discarded, by reason.",
-            &["agent", "reason"],
-        )?;
-        let records_dropped = counter(
-            "records_dropped_total",
-            "Records discarded from accepted frames, by reason (series cap, log sink errors).",
-            &["agent", "reason"],
-        )?;
-        let frames_late = counter(
-            "frames_late_total",
-            "Frames that arrived after a later frame of the same stream (inside the reorder window); accepted.",
-            &["agent", "stream"],
-        )?;
-        let frames_duplicate = counter(
-            "frames_duplicate_total",
-            "Frames whose stream sequence was already received; discarded.",
-            &["agent", "stream"],
-        )?;
-        let frames_stale = counter(
-            "frames_stale_total",
-            "Frames that arrived after their sequence was settled (counted received or lost already, or of a closed or retired epoch); discarded and in no other counter.",
-            &["agent", "stream"],
-        )?;
-        let frames_missing = IntGaugeVec::new(
-            opts(
-                "frames_missing",
-                "Frames skipped by a gap that may still arrive (inside the reorder window, in frames and in time); counted lost once they leave it or the session ends.",
-            ),
-            &["agent", "stream"],
-        )?;
-        registry.register(Box::new(frames_missing.clone()))?;
-        let sessions_ended = counter(
-            "sessions_ended_total",
-            "Agent sessions ended, by reason: goodbye (the agent named its last sequences; tail loss exact), no_goodbye (the connection ended or went silent without one: frames sent after the agent's last heartbeat are unknown and counted nowhere), replaced (a new connection of the same agent id took over a silent one), shutdown (the collector stopped).",
-            &["agent", "reason"],
-        )?;
-        let stream_resets = counter(
-            "stream_resets_total",
-            "Stream sequence resets: epoch_change (new agent epoch) or dropout (a jump beyond max_dropout_frames, resynchronised, not counted as loss).",
-            &["agent", "stream", "reason"],
-        )?;
-        let connection_resets = counter(
-            "connection_resets_total",
-            "Connection sequence resets: epoch_change (the agent came back with a new epoch: a restart or a reconnect, counted at the first frame of the new epoch) or dropout (a jump beyond max_dropout_frames).",
-            &["agent", "reason"],
-        )?;
-        let loss_ratio = prometheus::GaugeVec::new(
-            opts(
-                "loss_ratio",
-                "Fraction of expected frames lost in the last report interval (RFC 3550 A.3).",
-            ),
-            &["agent", "stream"],
-        )?;
-        registry.register(Box::new(loss_ratio.clone()))?;
-        let connection_frames_lost = counter(
-            "connection_frames_lost_total",
-            "Gaps in the connection sequence not explained by a counted drop.",
-            &["agent"],
-        )?;
-        let agents_connected = IntGauge::with_opts(opts(
-            "agents_connected",
-            "Agents with a live control connection and data path.",
-        ))?;
-        registry.register(Box::new(agents_connected.clone()))?;
-        let agent_up = IntGaugeVec::new(
-            opts(
-                "agent_up",
-                "1 while the agent has a live session on this collector; 0 once it ended (Goodbye, control connection lost, or heartbeats missed past the dead-peer rule), kept for metrics.agent_up_retention_seconds.",
-            ),
-            &["agent"],
-        )?;
-        registry.register(Box::new(agent_up.clone()))?;
-        let control_probes = prometheus::IntCounter::with_opts(opts(
-            "control_probes_total",
-            "Control connections closed before their first byte: health probes of agents connected to another collector of the pool.",
-        ))?;
-        registry.register(Box::new(control_probes.clone()))?;
-        let probes = IntCounterVec::new(
-            opts(
-                "probes_total",
-                "Probe messages answered by this collector's control listener: result=accepting (a Hello now would be taken) or refusing (draining or at control.max_agents).",
-            ),
-            &["result"],
-        )?;
-        registry.register(Box::new(probes.clone()))?;
-        let draining = IntGauge::with_opts(opts(
-            "draining",
-            "1 while the collector drains (SIGUSR1 or POST /-/drain): new agents are refused, connected agents are told to move.",
-        ))?;
-        registry.register(Box::new(draining.clone()))?;
-        let ring_slots_in_use = IntGaugeVec::new(
-            opts(
-                "ring_slots_in_use",
-                "Completed ring slots (and Send buffers) not yet consumed by the worker.",
-            ),
-            &["agent"],
-        )?;
-        registry.register(Box::new(ring_slots_in_use.clone()))?;
-        let rdma_async_events = counter(
-            "rdma_async_events_total",
-            "Asynchronous events (ibv_get_async_event) of the collector's RDMA device, QPs and CQs, by event.",
-            &["event"],
-        )?;
-        let qp_errors = counter(
-            "qp_errors_total",
-            "Times one of the agent's QPs (UC, or its RC lane's) went to the ERROR state (the connection is rebuilt).",
-            &["agent"],
-        )?;
-        let rc_qp_events = counter(
-            "rc_qp_events_total",
-            "What the collector's RC QP of the agent's RC lane did to deliver (soft transport; verbs devices count per port): packets_retransmitted, timeouts, naks_sent, naks_received, rnr_naks_sent, rnr_naks_received, retry_exceeded, rnr_retry_exceeded, duplicates (IBTA 9.7, rxe hw_counters).",
-            &["agent", "event"],
-        )?;
-        let rc_gap_frames = counter(
-            "rc_gap_frames_total",
-            "Frames missing from the connection sequence of the agent's RC lane (also in connection_frames_lost_total). RC retransmits: frames go missing only when the lane ends with frames unacknowledged (its QP out of retries, a session cut short); any other gap is a bug.",
-            &["agent"],
-        )?;
-        let handshakes_refused = counter(
-            "handshakes_refused_total",
-            "Control-plane handshakes refused, by reason.",
-            &["reason"],
-        )?;
-        let connections_replaced = counter(
-            "connections_replaced_total",
-            "Agent connections ended because a new connection with the same agent id arrived: previous=\"silent\" (an agent restart racing its old connection) or previous=\"alive\" (the old connection was heard from within the last heartbeat interval: two agents probably share the agent id).",
-            &["agent", "previous"],
-        )?;
-        let transport_packets_dropped = counter(
-            "transport_packets_dropped_total",
-            "Packets the transport device dropped before they reached a QP (no agent known), by reason.",
-            &["reason"],
-        )?;
-        let records_received = counter(
-            "records_received_total",
-            "Records (samples or log lines) delivered from accepted frames (log records replayed after an agent restart excluded: records_replayed_total).",
-            &["agent", "stream"],
-        )?;
-        let store_series = IntGaugeVec::new(
-            opts(
-                "series",
-                "Series currently stored for the agent (bounded by series_cap_per_agent).",
-            ),
-            &["agent"],
-        )?;
-        registry.register(Box::new(store_series.clone()))?;
-        let agent_frames_sent = counter(
-            "agent_frames_sent_total",
-            "Frames the agent posted to its transport, per stream: the agent's uctel_agent_frames_sent_total, carried by its heartbeats on the control connection (cumulative since the agent started; an agent restart adds on top).",
-            &["agent", "stream"],
-        )?;
-        let agent_records_sent = counter(
-            "agent_records_sent_total",
-            "Records in the frames the agent posted, per stream: the agent's uctel_agent_records_sent_total, carried by its heartbeats.",
-            &["agent", "stream"],
-        )?;
-        let agent_frames_dropped = counter(
-            "agent_frames_dropped_total",
-            "Frames the agent dropped before posting them, per stream and reason: the agent's uctel_agent_frames_dropped_total, carried by its heartbeats on the control connection, which its drops cannot starve.",
-            &["agent", "stream", "reason"],
-        )?;
-        let agent_records_dropped = counter(
-            "agent_records_dropped_total",
-            "Records the agent dropped before posting them, per stream and reason (no_credit, source_overflow, not_connected, ...): the agent's uctel_agent_records_dropped_total, carried by its heartbeats on the control connection, which its drops cannot starve; visible within one heartbeat interval.",
-            &["agent", "stream", "reason"],
-        )?;
-        for r in RefuseReason::ALL {
-            if r != RefuseReason::Unspecified {
-                handshakes_refused.with_label_values(&[r.label()]);
+        let r = families::Registrar(&registry);
+        let frames_received = r.counter_vec(&families::FRAMES_RECEIVED)?;
+        let frames_lost = r.counter_vec(&families::FRAMES_LOST)?;
+        let records_lost = r.counter_vec(&families::RECORDS_LOST)?;
+        let records_replayed = r.counter_vec(&families::RECORDS_REPLAYED)?;
+        let frames_dropped = r.counter_vec(&families::FRAMES_DROPPED)?;
+        let records_dropped = r.counter_vec(&families::RECORDS_DROPPED)?;
+        let frames_late = r.counter_vec(&families::FRAMES_LATE)?;
+        let frames_duplicate = r.counter_vec(&families::FRAMES_DUPLICATE)?;
+        let frames_stale = r.counter_vec(&families::FRAMES_STALE)?;
+        let frames_missing = r.int_gauge_vec(&families::FRAMES_MISSING)?;
+        let sessions_ended = r.counter_vec(&families::SESSIONS_ENDED)?;
+        let stream_resets = r.counter_vec(&families::STREAM_RESETS)?;
+        let connection_resets = r.counter_vec(&families::CONNECTION_RESETS)?;
+        let loss_ratio = r.gauge_vec(&families::LOSS_RATIO)?;
+        let connection_frames_lost = r.counter_vec(&families::CONNECTION_FRAMES_LOST)?;
+        let agents_connected = r.int_gauge(&families::AGENTS_CONNECTED)?;
+        let agent_up = r.int_gauge_vec(&families::AGENT_UP)?;
+        let control_probes = r.counter(&families::CONTROL_PROBES)?;
+        let probes = r.counter_vec(&families::PROBES)?;
+        let draining = r.int_gauge(&families::DRAINING)?;
+        let ring_slots_in_use = r.int_gauge_vec(&families::RING_SLOTS_IN_USE)?;
+        let rdma_async_events = r.counter_vec(&families::RDMA_ASYNC_EVENTS)?;
+        let qp_errors = r.counter_vec(&families::QP_ERRORS)?;
+        let rc_qp_events = r.counter_vec(&families::RC_QP_EVENTS)?;
+        let rc_gap_frames = r.counter_vec(&families::RC_GAP_FRAMES)?;
+        let handshakes_refused = r.counter_vec(&families::HANDSHAKES_REFUSED)?;
+        let connections_replaced = r.counter_vec(&families::CONNECTIONS_REPLACED)?;
+        let transport_packets_dropped = r.counter_vec(&families::TRANSPORT_PACKETS_DROPPED)?;
+        let records_received = r.counter_vec(&families::RECORDS_RECEIVED)?;
+        let store_series = r.int_gauge_vec(&families::STORE_SERIES)?;
+        let agent_frames_sent = r.counter_vec(&families::AGENT_FRAMES_SENT)?;
+        let agent_records_sent = r.counter_vec(&families::AGENT_RECORDS_SENT)?;
+        let agent_frames_dropped = r.counter_vec(&families::AGENT_FRAMES_DROPPED)?;
+        let agent_records_dropped = r.counter_vec(&families::AGENT_RECORDS_DROPPED)?;
+        for reason in RefuseReason::ALL {
+            if reason != RefuseReason::Unspecified {
+                handshakes_refused.with_label_values(&[reason.label()]);
             }
         }
         Ok(Telemetry {
