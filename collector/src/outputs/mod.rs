@@ -9,6 +9,20 @@
 //! reason from its closed set, so that per output
 //! `in = sent + dropped + failed + pending` at every scrape.
 //!
+//! **Drops.** One rule for every asynchronous output: a record it gives up is counted in
+//! that output's own counters only (`clickhouse_rows_dropped_total{reason}`,
+//! `remote_write_samples_{dropped,failed}_total{reason}`), never in the agent's
+//! `records_dropped_total{agent,reason}`. The record was delivered (the series store, the
+//! log sink) and is in `records_received_total`; counting a copy's drop for the agent too
+//! would count one record twice and break the per-stream sum
+//! `agent records sent = records_received + records_lost + records_dropped +
+//! records_replayed` (`crate::telemetry` module docs). Each output's own sum is the place
+//! its drops add up.
+//!
+//! [`Outputs`] is the one place that lists the outputs: [`Outputs::start`] builds them once
+//! from the configuration, every connection delivers into [`Outputs::for_connection`], and
+//! [`Outputs::close`] settles what they still hold when the collector stops.
+//!
 //! - [`remote_write`]: the Prometheus remote-write 1.0 client (`outputs.remote_write`).
 //! - [`clickhouse`]: log records into a ClickHouse table (`outputs.clickhouse`).
 //! - [`fast`]: the agents' high-frequency sample series: latest value and rate over the
