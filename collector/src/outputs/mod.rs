@@ -29,6 +29,8 @@
 //!   last second for the store, every sample for remote-write.
 //! - [`http`]: what the HTTP outputs share: the client, authentication, backoff with full
 //!   jitter, `Retry-After`.
+//! - `sender`: the sender loop they share (wait for a batch, send, retry, split what was
+//!   refused, settle), each output a `Sink` of it.
 //! - [`config`]: the `outputs:` configuration section (`crate::config::outputs`).
 
 pub mod clickhouse;
@@ -36,6 +38,7 @@ pub mod fast;
 pub mod http;
 pub mod remote_write;
 pub mod report;
+mod sender;
 
 use std::io;
 use std::sync::{Arc, Mutex};
