@@ -13,10 +13,9 @@
 //! and `split_goodbye` hand each ingest its own part, and a `Report` carries the
 //! lane's delivery in `rc_lane` with its streams beside the UC lane's.
 //!
-//! [`Lanes`] does for the list what the session did lane by lane: the heartbeat and the
-//! `Goodbye` split into each lane's part, one `Report` of all lanes, the lanes' final
-//! frames waited for, each lane closed and its accounting summed, the first lane whose QP
-//! went to ERROR. (The model: quinn-proto's packet number spaces, one array indexed by
+//! [`Lanes`] does each of these for every lane in turn: the heartbeat and the `Goodbye`
+//! split into each lane's part, one `Report` of all lanes, the lanes' final frames waited
+//! for, each lane closed and its accounting summed, the first lane whose QP went to ERROR. (The model: quinn-proto's packet number spaces, one array indexed by
 //! space and iterated, rather than optional fields.)
 
 use std::future::Future;

@@ -52,8 +52,12 @@
 //! Layout:
 //! - `handshake`: the driver of the handshake machine and the collector's checks of a
 //!   `Hello`;
-//! - `session`: one agent's session after the handshake (QP, `Welcome`, heartbeats,
-//!   reports, the end and its accounting);
+//! - `session`: one agent's session after the handshake: its lanes and `Welcome`, then the
+//!   driver that waits for events and hands each to the session's state, and the end and
+//!   its accounting;
+//! - `state`: the session's rules with no socket and no clock (liveness, report timing,
+//!   how the session ended), unit-tested on a virtual clock;
+//! - `lane`: the connection's lanes as one list (UC, and RC when asked);
 //! - `registry`: live sessions by agent id (twins refused, silent sessions replaced) and
 //!   the last epoch of each agent id;
 //! - this module: the listener, one task per connection, refusals.
