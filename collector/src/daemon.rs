@@ -17,6 +17,7 @@ use crate::control::Auth;
 use crate::dataplane::DataPlane;
 use crate::ingest::{DeliveredLogs, StreamLedger};
 use crate::logsink::LogSink;
+use crate::outputs::Outputs;
 use crate::shared::Ledger;
 pub use crate::shared::Shared;
 use crate::store::SeriesStore;
@@ -193,23 +194,8 @@ impl Running {
         }
         let plane = self.shared.plane.clone();
         let _ = tokio::task::spawn_blocking(move || plane.stop()).await;
-        // Samples the worker queued after the senders stopped are counted, not lost.
-        let unsent = self.shared.remote_write.close();
-        if unsent > 0 {
-            tracing::warn!(
-                samples = unsent,
-                "remote-write samples queued at shutdown were not sent; counted in \
-                 uctel_collector_remote_write_samples_dropped_total{{reason=\"shutdown\"}}"
-            );
-        }
-        let unsent = self.shared.clickhouse.close();
-        if unsent > 0 {
-            tracing::warn!(
-                rows = unsent,
-                "ClickHouse rows queued at shutdown were not sent; counted in \
-                 uctel_collector_clickhouse_rows_dropped_total{{reason=\"shutdown\"}}"
-            );
-        }
+        // Records the worker queued after the senders stopped are counted, not lost.
+        self.shared.outputs.close();
         result
     }
 }
@@ -271,18 +257,8 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
             * f64::from(config.control.dead_after_missed_heartbeats),
     )
     .unwrap_or(Duration::MAX);
-    let remote_write = crate::outputs::remote_write::start_with_dead_peer(
-        &config.outputs.remote_write,
-        telemetry.registry(),
-        config.staleness_seconds.duration(),
-        config.series_cap_per_agent.0,
-        dead_peer,
-        &sd,
-    )
-    .map_err(RunError::Output)?;
-    let clickhouse =
-        crate::outputs::clickhouse::start(config.outputs.clickhouse.as_ref(), &telemetry, &sd)
-            .map_err(RunError::Output)?;
+    let outputs = Outputs::start(&config, store, logs, &telemetry, dead_peer, &sd)
+        .map_err(RunError::Output)?;
     let credits = Arc::new(crate::credits::CreditBudget::new(credit_budget(
         &config,
         plane.device(),
@@ -296,10 +272,7 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         credits,
         config: Arc::new(config),
         telemetry,
-        store,
-        logs,
-        remote_write: remote_write.handle,
-        clickhouse: clickhouse.handle,
+        outputs: outputs.outputs,
         plane,
         ledger: Ledger::default(),
         delivered: DeliveredLogs::default(),
@@ -340,13 +313,12 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         sd.clone(),
     ))];
     tasks.push(tokio::spawn(expire_loop(
-        shared.store.clone(),
+        shared.outputs.store.clone(),
         shared.telemetry.clone(),
         shared.config.metrics.agent_up_retention_seconds.duration(),
         sd.clone(),
     )));
-    tasks.extend(remote_write.tasks);
-    tasks.extend(clickhouse.tasks);
+    tasks.extend(outputs.tasks);
     let control = crate::control::serve(control_listener, shared.clone(), auth, sd, drained);
     tasks.push(tokio::spawn(async move {
         control.await;

@@ -1,5 +1,5 @@
-//! State shared by the collector's tasks: the configuration, telemetry, the series store,
-//! the log sink, the data plane and the accounting of finished connections.
+//! State shared by the collector's tasks: the configuration, telemetry, the outputs, the
+//! data plane and the accounting of finished connections.
 //!
 //! A leaf of the daemon's wiring: the daemon module builds it, the control plane reads it,
 //! and it imports neither, so they do not import each other. (The control plane's own
@@ -11,9 +11,7 @@ use std::sync::{Arc, Mutex};
 use crate::config::Config;
 use crate::dataplane::DataPlane;
 use crate::ingest::{DeliveredLogs, StreamLedger};
-use crate::logsink::LogSink;
-use crate::outputs::{ClickHouse, RemoteWrite};
-use crate::store::SeriesStore;
+use crate::outputs::Outputs;
 use crate::telemetry::Telemetry;
 
 /// Cumulative per-stream accounting of closed connections, by `(agent, stream)`.
@@ -26,14 +24,9 @@ pub struct Shared {
     pub config: Arc<Config>,
     /// Self-metrics.
     pub telemetry: Telemetry,
-    /// Received series.
-    pub store: SeriesStore,
-    /// Received logs.
-    pub logs: Arc<LogSink>,
-    /// The remote-write endpoints (empty unless configured).
-    pub remote_write: RemoteWrite,
-    /// The ClickHouse log output (disabled unless configured).
-    pub clickhouse: ClickHouse,
+    /// Where accepted records go: the series store, the log sink and the configured
+    /// asynchronous outputs, built once ([`Outputs::start`]).
+    pub outputs: Outputs,
     /// The receive data path (device, worker).
     pub plane: Arc<DataPlane>,
     /// Per-stream accounting of finished connections.

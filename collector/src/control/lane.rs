@@ -1,4 +1,5 @@
-//! The RC lane of an agent connection (DESIGN.md §8b).
+//! The lanes of an agent connection: the UC lane, and the RC lane (DESIGN.md §8b) when the
+//! agent asks for one, as one list ([`Lanes`], UC first) that the session iterates.
 //!
 //! An agent that put some streams on `reliability: rc` asks for a second lane in its
 //! `Hello`: an RC QP beside the UC one. The lane has its own connection sequence, ring,
@@ -8,44 +9,63 @@
 //! lane takes no share of the collector-wide budget.
 //!
 //! The agent's `Heartbeat` and `Goodbye` name both lanes in one message
-//! (`rc_sent_conn_seq`, `rc_final_conn_seq`, the streams of both); [`RcLane::split_heartbeat`]
-//! and [`RcLane::split_goodbye`] hand each ingest its own part, and a `Report` carries the
+//! (`rc_sent_conn_seq`, `rc_final_conn_seq`, the streams of both); `split_heartbeat`
+//! and `split_goodbye` hand each ingest its own part, and a `Report` carries the
 //! lane's delivery in `rc_lane` with its streams beside the UC lane's.
+//!
+//! [`Lanes`] does each of these for every lane in turn: the heartbeat and the `Goodbye`
+//! split into each lane's part, one `Report` of all lanes, the lanes' final frames waited
+//! for, each lane closed and its accounting summed, the first lane whose QP went to ERROR. (The model: quinn-proto's packet number spaces, one array indexed by
+//! space and iterated, rather than optional fields.)
 
+use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
 
 use uctel_protocol::control::{
-    self as wire, DataPath, Goodbye, Heartbeat, LaneReport, Report, StreamFinal,
+    self as wire, DataPath, Goodbye, GoodbyeReason, Heartbeat, LaneReport, Report, StreamFinal,
 };
 use uctel_transport::api::{QpEndpoint, RcAttr};
 
 use super::handshake::advertised_endpoint;
-use crate::dataplane::{Geometry, ResourceError, Session};
+use super::state::Ending;
+use crate::dataplane::{DataPlane, Geometry, ResourceError, Session};
 use crate::ingest::{CloseSummary, ConnectionIngest};
 use crate::shared::Shared;
 use crate::telemetry::AgentTelemetry;
 
-/// One agent connection's RC lane, registered with the data plane.
+/// One lane of an agent connection: a QP and its ring, registered with the data plane.
 #[derive(Debug)]
-pub(super) struct RcLane {
+pub(super) struct Lane {
     /// Its data-plane session id.
     pub(super) id: u32,
-    /// Its RC QP and ring.
+    /// Its QP and ring.
     pub(super) session: Arc<Session>,
-    /// Header stream ids the agent put on the lane.
-    streams: Vec<u32>,
+    /// `None` for the UC lane (every stream not on an RC lane); the header stream ids the
+    /// agent put on an RC lane.
+    rc_streams: Option<Vec<u32>>,
 }
 
-impl RcLane {
-    /// Creates the lane's RC QP (default [`RcAttr`]: the collector only responds) and ring
+impl Lane {
+    /// The UC lane: `session`, registered with the data plane under `id`.
+    pub(super) fn uc(id: u32, session: Arc<Session>) -> Lane {
+        Lane {
+            id,
+            session,
+            rc_streams: None,
+        }
+    }
+
+    /// Creates an RC lane's QP (default [`RcAttr`]: the collector only responds) and ring
     /// with `geometry`, connects it to the agent's RC QP `remote`, and hands it with
     /// `ingest` (which counts its gaps in `rc_gap_frames_total`) to the worker.
     ///
     /// # Errors
     /// [`ResourceError`] naming the verb that failed.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn open(
+    pub(super) fn open_rc(
         shared: &Shared,
         agent: &str,
         remote: &QpEndpoint,
@@ -54,7 +74,7 @@ impl RcLane {
         geometry: Geometry,
         mut ingest: ConnectionIngest,
         tel: AgentTelemetry,
-    ) -> Result<RcLane, ResourceError> {
+    ) -> Result<Lane, ResourceError> {
         let id = shared.plane.next_session_id();
         let rc = shared.telemetry.rc_lane(agent);
         ingest.set_rc_lane(rc.gap_frames.clone());
@@ -71,15 +91,21 @@ impl RcLane {
         session.connect(remote)?;
         let session = Arc::new(session);
         shared.plane.register(session.clone(), ingest);
-        Ok(RcLane {
+        Ok(Lane {
             id,
             session,
-            streams: streams.to_vec(),
+            rc_streams: Some(streams.to_vec()),
         })
     }
 
-    /// The lane as `Welcome` announces it (`local_ip`: the address the agent reached us on).
-    pub(super) fn welcome(&self, local_ip: IpAddr) -> wire::RcLane {
+    /// Whether this is an RC lane.
+    pub(super) fn is_rc(&self) -> bool {
+        self.rc_streams.is_some()
+    }
+
+    /// The RC lane as `Welcome` announces it (`local_ip`: the address the agent reached us
+    /// on).
+    fn welcome(&self, local_ip: IpAddr) -> wire::RcLane {
         let g = self.session.geometry;
         wire::RcLane {
             qp: Some(advertised_endpoint(self.session.local_endpoint(), local_ip)),
@@ -90,29 +116,179 @@ impl RcLane {
         }
     }
 
-    /// The agent's heartbeat as the UC lane's ingest sees it and as this lane's does
-    /// ([`split_heartbeat`]).
-    pub(super) fn split_heartbeat(&self, hb: Heartbeat) -> (Heartbeat, Heartbeat) {
-        split_heartbeat(&self.streams, hb)
+    /// How the session ends when this lane's QP went to ERROR.
+    pub(super) fn failed_ending(&self) -> Ending {
+        if self.is_rc() {
+            (
+                GoodbyeReason::Error,
+                "the RC lane's QP went to the ERROR state; reconnect",
+            )
+        } else {
+            (
+                GoodbyeReason::Error,
+                "QP went to the ERROR state; reconnect",
+            )
+        }
+    }
+}
+
+/// An agent connection's lanes: the UC lane first, then the RC lane when the agent asked
+/// for one. Never empty.
+#[derive(Debug)]
+pub(super) struct Lanes {
+    list: Vec<Lane>,
+}
+
+impl Lanes {
+    /// The lanes of a connection whose UC lane is `uc`.
+    pub(super) fn new(uc: Lane) -> Lanes {
+        Lanes { list: vec![uc] }
     }
 
-    /// The agent's `Goodbye` as each lane's ingest sees it ([`split_goodbye`]).
-    pub(super) fn split_goodbye(&self, g: Goodbye) -> (Goodbye, Goodbye) {
-        split_goodbye(&self.streams, g)
+    /// Adds an RC lane.
+    pub(super) fn push(&mut self, rc: Lane) {
+        self.list.push(rc);
     }
 
-    /// Adds the lane's delivery (`rc`, its ingest's report) to the UC lane's `report`: its
-    /// streams beside the UC lane's, its connection sequence in `rc_lane`.
-    pub(super) fn merge_report(report: &mut Report, rc: Report) {
-        report.streams.extend(rc.streams);
-        report.streams.sort_by_key(|s| s.stream_id);
-        report.rc_lane = Some(LaneReport {
-            consumed_conn_seq: (rc.conn_received > 0).then_some(rc.consumed_conn_seq),
-            conn_received: rc.conn_received,
-            conn_lost: rc.conn_lost,
-            conn_loss_fraction: rc.conn_loss_fraction,
-        });
+    /// The UC lane (its id is the connection's in the credit budget and the report cadence).
+    pub(super) fn uc(&self) -> &Lane {
+        &self.list[0]
     }
+
+    /// The RC lane, if any.
+    pub(super) fn rc(&self) -> Option<&Lane> {
+        self.list.iter().find(|l| l.is_rc())
+    }
+
+    /// The RC lane as `Welcome` announces it.
+    pub(super) fn welcome_rc(&self, local_ip: IpAddr) -> Option<wire::RcLane> {
+        self.rc().map(|l| l.welcome(local_ip))
+    }
+
+    /// The stream ids on RC lanes.
+    fn rc_streams(&self) -> Vec<u32> {
+        self.list
+            .iter()
+            .filter_map(|l| l.rc_streams.as_deref())
+            .flatten()
+            .copied()
+            .collect()
+    }
+
+    /// The agent's heartbeat as each lane's ingest sees it, by lane id ([`split_heartbeat`]).
+    pub(super) fn split_heartbeat(&self, hb: Heartbeat) -> Vec<(u32, Heartbeat)> {
+        if self.list.len() == 1 {
+            return vec![(self.uc().id, hb)];
+        }
+        let all_rc = self.rc_streams();
+        self.list
+            .iter()
+            .map(|l| match &l.rc_streams {
+                None => (l.id, split_heartbeat(&all_rc, hb.clone()).0),
+                Some(mine) => (l.id, split_heartbeat(mine, hb.clone()).1),
+            })
+            .collect()
+    }
+
+    /// The agent's `Goodbye` (none: it left without one) as each lane's ingest sees it, by
+    /// lane id ([`split_goodbye`]).
+    pub(super) fn split_goodbye(&self, g: Option<&Goodbye>) -> Vec<(u32, Option<Goodbye>)> {
+        let all_rc = self.rc_streams();
+        self.list
+            .iter()
+            .map(|l| {
+                let part = g.map(|g| match &l.rc_streams {
+                    None if self.list.len() == 1 => g.clone(),
+                    None => split_goodbye(&all_rc, g.clone()).0,
+                    Some(mine) => split_goodbye(mine, g.clone()).1,
+                });
+                (l.id, part)
+            })
+            .collect()
+    }
+
+    /// One report of every lane: the UC lane's, with each RC lane's delivery merged in
+    /// ([`merge_report`]). `None` when the UC lane is closing.
+    pub(super) async fn report(&self, plane: &DataPlane) -> Option<Report> {
+        let mut report = plane.report(self.uc().id).await?;
+        for l in self.list.iter().skip(1) {
+            if let Some(rc) = plane.report(l.id).await {
+                merge_report(&mut report, rc);
+            }
+        }
+        Some(report)
+    }
+
+    /// Waits (at most `within` per lane) until each lane consumed the last frame the
+    /// agent's `goodbye` names for it; false when one did not arrive in time.
+    pub(super) async fn wait_consumed(
+        &self,
+        plane: &DataPlane,
+        goodbye: &Goodbye,
+        within: Duration,
+    ) -> bool {
+        let mut all = true;
+        for (id, part) in self.split_goodbye(Some(goodbye)) {
+            let last = part.and_then(|g| g.final_conn_seq);
+            all &= plane.wait_consumed(id, last, within).await;
+        }
+        all
+    }
+
+    /// Closes every lane, each with its part of the agent's `goodbye`, and sums their
+    /// accounting into the UC lane's ([`merge_summary`]). `None` when the UC lane was
+    /// already closed.
+    pub(super) async fn close(
+        &self,
+        plane: &DataPlane,
+        goodbye: Option<&Goodbye>,
+    ) -> Option<CloseSummary> {
+        let mut parts = self.split_goodbye(goodbye).into_iter();
+        let (uc, uc_goodbye) = parts.next()?;
+        let summary = plane.close(uc, uc_goodbye).await;
+        let mut rest = Vec::new();
+        for (id, part) in parts {
+            rest.extend(plane.close(id, part).await);
+        }
+        summary.map(|mut s| {
+            for rc in rest {
+                merge_summary(&mut s, rc);
+            }
+            s
+        })
+    }
+
+    /// Resolves with the first lane whose QP went to ERROR.
+    pub(super) async fn any_failed(&self) -> &Lane {
+        let mut waits: Vec<_> = self
+            .list
+            .iter()
+            .map(|l| Box::pin(l.session.failed_notify.notified()))
+            .collect();
+        let i = std::future::poll_fn(|cx| {
+            for (i, w) in waits.iter_mut().enumerate() {
+                if w.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(i);
+                }
+            }
+            Poll::Pending
+        })
+        .await;
+        &self.list[i]
+    }
+}
+
+/// Adds an RC lane's delivery (`rc`, its ingest's report) to the UC lane's `report`: its
+/// streams beside the UC lane's, its connection sequence in `rc_lane`.
+fn merge_report(report: &mut Report, rc: Report) {
+    report.streams.extend(rc.streams);
+    report.streams.sort_by_key(|s| s.stream_id);
+    report.rc_lane = Some(LaneReport {
+        consumed_conn_seq: (rc.conn_received > 0).then_some(rc.consumed_conn_seq),
+        conn_received: rc.conn_received,
+        conn_lost: rc.conn_lost,
+        conn_loss_fraction: rc.conn_loss_fraction,
+    });
 }
 
 /// `streams` split into those in `rc_streams` (the RC lane's) and the others (the UC lane's).
@@ -164,7 +340,7 @@ fn split_goodbye(rc_streams: &[u32], g: Goodbye) -> (Goodbye, Goodbye) {
 
 /// Adds the lane's accounting `rc` to the UC lane's `summary` (streams of both lanes,
 /// connection figures summed).
-pub(super) fn merge_summary(summary: &mut CloseSummary, rc: CloseSummary) {
+fn merge_summary(summary: &mut CloseSummary, rc: CloseSummary) {
     summary.streams.extend(rc.streams);
     summary.streams.sort_by_key(|(id, _)| *id);
     summary.conn_received += rc.conn_received;
@@ -207,7 +383,7 @@ mod tests {
             }],
             ..Report::default()
         };
-        RcLane::merge_report(&mut uc, rc);
+        merge_report(&mut uc, rc);
         assert_eq!(uc.consumed_conn_seq, 40);
         let ids: Vec<u32> = uc.streams.iter().map(|s| s.stream_id).collect();
         assert_eq!(ids, [1, 2]);
@@ -215,7 +391,7 @@ mod tests {
         assert_eq!((lane.consumed_conn_seq, lane.conn_received), (Some(9), 10));
         // Nothing received yet on the lane: no consumed point.
         let mut uc = Report::default();
-        RcLane::merge_report(&mut uc, Report::default());
+        merge_report(&mut uc, Report::default());
         assert_eq!(uc.rc_lane.map(|l| l.consumed_conn_seq), Some(None));
 
         let mut a = CloseSummary {

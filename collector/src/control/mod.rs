@@ -52,8 +52,12 @@
 //! Layout:
 //! - `handshake`: the driver of the handshake machine and the collector's checks of a
 //!   `Hello`;
-//! - `session`: one agent's session after the handshake (QP, `Welcome`, heartbeats,
-//!   reports, the end and its accounting);
+//! - `session`: one agent's session after the handshake: its lanes and `Welcome`, then the
+//!   driver that waits for events and hands each to the session's state, and the end and
+//!   its accounting;
+//! - `state`: the session's rules with no socket and no clock (liveness, report timing,
+//!   how the session ended), unit-tested on a virtual clock;
+//! - `lane`: the connection's lanes as one list (UC, and RC when asked);
 //! - `registry`: live sessions by agent id (twins refused, silent sessions replaced) and
 //!   the last epoch of each agent id;
 //! - this module: the listener, one task per connection, refusals.
@@ -66,6 +70,7 @@ mod handshake;
 mod lane;
 mod registry;
 mod session;
+mod state;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -264,38 +269,58 @@ enum Admit {
 /// One control connection; `handshake_slot` is its place among the
 /// [`MAX_PENDING_HANDSHAKES`] (`None`: all taken, refused as `busy`).
 async fn connection(
-    mut stream: TcpStream,
+    stream: TcpStream,
     peer: SocketAddr,
     plane: Plane,
     global: Shutdown,
     handshake_slot: Option<tokio::sync::OwnedSemaphorePermit>,
     admit: Admit,
 ) {
-    let Plane {
-        shared,
-        auth,
-        registry,
-    } = plane;
     let accepted_at = Instant::now();
-    // Full or draining: refused at once, before the `Hello`, so a probe hears it too.
-    let full = shared
-        .config
-        .control
-        .max_agents
-        .filter(|max| registry.live() >= *max as usize);
-    let at_once = match (admit, full) {
-        (Admit::Draining, _) => Some(Refusal::new(
-            RefuseReason::Draining,
-            "",
-            "this collector is draining; connect to the next collector of the pool",
-        )),
-        (Admit::Open, Some(max)) => Some(Refusal::new(
+    let Some(stream) = answer_first(stream, peer, &plane, admit).await else {
+        return;
+    };
+    let shared = &plane.shared;
+    let local_ip = stream
+        .local_addr()
+        .map(|a| a.ip())
+        .unwrap_or(IpAddr::from([127, 0, 0, 1]));
+    let mut ch = ControlChannel::new(stream);
+    let Some(handshake_slot) = handshake_slot else {
+        let r = Refusal::new(
             RefuseReason::Busy,
             "",
-            format!("control.max_agents ({max}) agents are connected; connect to the next collector of the pool"),
-        )),
-        (Admit::Open, None) => None,
+            format!("more than {MAX_PENDING_HANDSHAKES} handshakes in progress; retry later"),
+        );
+        return refuse(&mut ch, shared, peer, r).await;
     };
+    let control = &shared.config.control;
+    let timeout = seconds_or(control.handshake_timeout_seconds, Duration::from_secs(5));
+    let checks = Checks {
+        config: &shared.config,
+        collector_udp: shared.plane.device().port_attr().udp_addr,
+        auth: &plane.auth,
+    };
+    let accepted = match handshake::handshake(&mut ch, checks, accepted_at, timeout).await {
+        Ok(a) => a,
+        Err(r) => return refuse(&mut ch, shared, peer, r).await,
+    };
+    drop(handshake_slot);
+    admitted(&mut ch, &plane, peer, local_ip, accepted, global).await;
+}
+
+/// What a connection hears before its handshake: a full or draining collector refuses it
+/// at once (before the `Hello`, so a probe hears it too), a TCP-only probe (closed before
+/// its first byte) is counted, a `Probe` is answered. `Some(stream)` when the handshake
+/// follows.
+async fn answer_first(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    plane: &Plane,
+    admit: Admit,
+) -> Option<TcpStream> {
+    let shared = &plane.shared;
+    let at_once = refusal_at_once(shared, &plane.registry, admit);
     // A TCP-only probe closes before its first byte: counted, not a failed handshake.
     let probe_wait = seconds_or(
         shared.config.control.handshake_timeout_seconds,
@@ -306,7 +331,7 @@ async fn connection(
         shared.telemetry.control_probe();
         tracing::debug!(%peer, "control probe");
         let _ = tokio::io::AsyncWriteExt::shutdown(&mut stream).await;
-        return;
+        return None;
     }
     // A `Probe` is answered by this process at once, whatever the state (its bytes are
     // there already: the peek above returned them).
@@ -329,37 +354,53 @@ async fn connection(
         let mut ch = ControlChannel::new(stream);
         let _ = send_within(&mut ch, answer, REFUSE_WRITE_BOUND, "").await;
         ch.shutdown().await;
-        return;
+        return None;
     }
     if let Some(r) = at_once {
         let mut ch = ControlChannel::new(stream);
-        return refuse(&mut ch, &shared, peer, r).await;
+        refuse(&mut ch, shared, peer, r).await;
+        return None;
     }
-    let local_ip = stream
-        .local_addr()
-        .map(|a| a.ip())
-        .unwrap_or(IpAddr::from([127, 0, 0, 1]));
-    let mut ch = ControlChannel::new(stream);
-    let Some(handshake_slot) = handshake_slot else {
-        let r = Refusal::new(
+    Some(stream)
+}
+
+/// The refusal every new connection gets at once while the collector is draining or has
+/// `control.max_agents` agents connected; `None` when it takes new agents.
+fn refusal_at_once(shared: &Shared, registry: &Registry, admit: Admit) -> Option<Refusal> {
+    let full = shared
+        .config
+        .control
+        .max_agents
+        .filter(|max| registry.live() >= *max as usize);
+    match (admit, full) {
+        (Admit::Draining, _) => Some(Refusal::new(
+            RefuseReason::Draining,
+            "",
+            "this collector is draining; connect to the next collector of the pool",
+        )),
+        (Admit::Open, Some(max)) => Some(Refusal::new(
             RefuseReason::Busy,
             "",
-            format!("more than {MAX_PENDING_HANDSHAKES} handshakes in progress; retry later"),
-        );
-        return refuse(&mut ch, &shared, peer, r).await;
-    };
-    let control = &shared.config.control;
-    let timeout = seconds_or(control.handshake_timeout_seconds, Duration::from_secs(5));
-    let checks = Checks {
-        config: &shared.config,
-        collector_udp: shared.plane.device().port_attr().udp_addr,
-        auth: &auth,
-    };
-    let accepted = match handshake::handshake(&mut ch, checks, accepted_at, timeout).await {
-        Ok(a) => a,
-        Err(r) => return refuse(&mut ch, &shared, peer, r).await,
-    };
-    drop(handshake_slot);
+            format!("control.max_agents ({max}) agents are connected; connect to the next collector of the pool"),
+        )),
+        (Admit::Open, None) => None,
+    }
+}
+
+/// An authenticated agent: admitted to the registry (or refused as a twin, or over
+/// `max_agents`), its silent predecessor replaced, its session run; then the agent is
+/// marked gone unless a newer connection of it took over.
+async fn admitted(
+    ch: &mut ControlChannel<TcpStream>,
+    plane: &Plane,
+    peer: SocketAddr,
+    local_ip: IpAddr,
+    accepted: handshake::Accepted,
+    global: Shutdown,
+) {
+    let Plane {
+        shared, registry, ..
+    } = plane;
     let agent = accepted.hello.agent_id.clone();
     // Checked again now that the agent is known: handshakes that passed the check at
     // accept side by side must not take the collector past `max_agents`.
@@ -370,13 +411,17 @@ async fn connection(
                 &agent,
                 format!("control.max_agents ({max}) agents are connected; connect to the next collector of the pool"),
             );
-            return refuse(&mut ch, &shared, peer, r).await;
+            return refuse(ch, shared, peer, r).await;
         }
     }
     let (my_trigger, my_cancel) = shutdown::channel();
     let (done_tx, done_rx) = tokio::sync::watch::channel(false);
-    let link = Arc::new(SessionLink::new());
-    let heartbeat = seconds_or(control.heartbeat_interval_seconds, Duration::from_secs(5));
+    let now = Instant::now();
+    let link = Arc::new(SessionLink::new(now));
+    let heartbeat = seconds_or(
+        shared.config.control.heartbeat_interval_seconds,
+        Duration::from_secs(5),
+    );
     // An agent id with a live session keeps it: a second agent with that id is refused. A
     // silent session is replaced (an agent restart racing its old connection).
     let admission = registry.admit(
@@ -387,6 +432,7 @@ async fn connection(
         my_trigger,
         done_rx,
         link.clone(),
+        now,
     );
     let (token_id, previous) = match admission {
         Admission::Admitted { id, previous } => (id, previous),
@@ -395,39 +441,21 @@ async fn connection(
             epoch: first_epoch,
             silent_for,
         } => {
-            if registry.should_warn_replaced(&agent) {
-                tracing::warn!(
-                    agent = %agent,
-                    peer = %peer,
-                    connected_peer = %first_peer,
-                    connected_epoch = format_args!("{first_epoch:#x}"),
-                    "refused a second connection of agent_id {agent:?} from {peer}: the agent \
-                     connected from {first_peer} is alive (heard {silent_for:.1?} ago). Two \
-                     agents share this agent_id? Give each its own. (Counted in \
-                     uctel_collector_handshakes_refused_total{{reason=\"duplicate_agent_id\"}}; \
-                     this warning repeats at most once a minute per agent id.)"
-                );
-            }
-            let r = Refusal::new(
-                RefuseReason::DuplicateAgentId,
-                &agent,
-                format!(
-                    "agent_id {agent:?} is already connected from {first_peer} and alive; \
-                     give each agent its own agent_id"
-                ),
-            );
-            return refuse(&mut ch, &shared, peer, r).await;
+            let r = twin_refusal(registry, &agent, peer, first_peer, first_epoch, silent_for);
+            return refuse(ch, shared, peer, r).await;
         }
     };
     if let Some(previous) = previous {
+        let epoch = accepted.hello.epoch;
         registry::replace(
-            &registry,
+            registry,
             &shared.telemetry,
             heartbeat,
             &agent,
             peer,
-            accepted.hello.epoch,
+            epoch,
             previous,
+            now,
         )
         .await;
     }
@@ -436,13 +464,47 @@ async fn connection(
         link,
         registry: registry.clone(),
     };
-    session::run_session(&mut ch, &shared, peer, local_ip, accepted, live, global).await;
+    session::run_session(ch, shared, peer, local_ip, accepted, live, global).await;
     registry.remove(&agent, token_id);
     if !registry.is_live(&agent) {
-        agent_gone(&shared, &agent);
+        agent_gone(shared, &agent);
     }
     let _ = done_tx.send(true);
     ch.shutdown().await;
+}
+
+/// The `duplicate_agent_id` refusal of a second connection of `agent` (from `peer`) while
+/// its first, from `first_peer` in `first_epoch`, is alive (heard `silent_for` ago); warns
+/// at most once a minute per agent id.
+fn twin_refusal(
+    registry: &Registry,
+    agent: &str,
+    peer: SocketAddr,
+    first_peer: SocketAddr,
+    first_epoch: u64,
+    silent_for: Duration,
+) -> Refusal {
+    if registry.should_warn_replaced(agent) {
+        tracing::warn!(
+            agent = %agent,
+            peer = %peer,
+            connected_peer = %first_peer,
+            connected_epoch = format_args!("{first_epoch:#x}"),
+            "refused a second connection of agent_id {agent:?} from {peer}: the agent \
+             connected from {first_peer} is alive (heard {silent_for:.1?} ago). Two \
+             agents share this agent_id? Give each its own. (Counted in \
+             uctel_collector_handshakes_refused_total{{reason=\"duplicate_agent_id\"}}; \
+             this warning repeats at most once a minute per agent id.)"
+        );
+    }
+    Refusal::new(
+        RefuseReason::DuplicateAgentId,
+        agent,
+        format!(
+            "agent_id {agent:?} is already connected from {first_peer} and alive; \
+             give each agent its own agent_id"
+        ),
+    )
 }
 
 /// `agent`'s session ended and no newer connection of it took over: `agent_up{agent} 0`
@@ -450,7 +512,7 @@ async fn connection(
 /// `staleness_seconds` (`crate::liveness`).
 fn agent_gone(shared: &Shared, agent: &str) {
     if shared.telemetry.agent_up().down(agent, Instant::now()) {
-        let removed = shared.store.remove_agent(agent);
+        let removed = shared.outputs.store.remove_agent(agent);
         shared.telemetry.agent(agent).series.set(0);
         tracing::debug!(
             agent,

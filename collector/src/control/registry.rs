@@ -67,9 +67,10 @@ pub(super) struct SessionLink {
 }
 
 impl SessionLink {
-    pub(super) fn new() -> SessionLink {
+    /// A link whose agent counts as heard at `now`.
+    pub(super) fn new(now: Instant) -> SessionLink {
         SessionLink {
-            last_heard: Mutex::new(Instant::now()),
+            last_heard: Mutex::new(now),
             replaced_by: Mutex::new(None),
             ending: AtomicBool::new(false),
         }
@@ -83,12 +84,16 @@ impl SessionLink {
         self.ending.load(Ordering::Acquire)
     }
 
-    pub(super) fn heard(&self) {
-        *lock(&self.last_heard) = Instant::now();
+    /// The agent sent a control message at `now` (an earlier `now` than the last one
+    /// changes nothing).
+    pub(super) fn heard_at(&self, now: Instant) {
+        let mut last = lock(&self.last_heard);
+        *last = (*last).max(now);
     }
 
-    fn silent_for(&self) -> Duration {
-        lock(&self.last_heard).elapsed()
+    /// How long the agent has been silent at `now`.
+    fn silent_for(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(*lock(&self.last_heard))
     }
 
     /// Why a newer connection replaced this one, once.
@@ -177,7 +182,7 @@ impl Registry {
     /// session of that id is alive (not ending, heard within `alive_within`): an agent id
     /// with a live session keeps it, a second agent with that id is refused. A silent
     /// session is displaced (an agent restart racing its old connection) and returned for
-    /// [`replace`].
+    /// [`replace`]. `now`: when the connection asks.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn admit(
         &self,
@@ -188,16 +193,17 @@ impl Registry {
         trigger: ShutdownTrigger,
         done: tokio::sync::watch::Receiver<bool>,
         link: Arc<SessionLink>,
+        now: Instant,
     ) -> Admission {
         let mut live = lock(&self.live);
         match live.get(agent) {
             Some(existing)
-                if !existing.link.is_ending() && existing.link.silent_for() <= alive_within =>
+                if !existing.link.is_ending() && existing.link.silent_for(now) <= alive_within =>
             {
                 Admission::Alive {
                     peer: existing.peer,
                     epoch: existing.epoch,
-                    silent_for: existing.link.silent_for(),
+                    silent_for: existing.link.silent_for(now),
                 }
             }
             _ => {
@@ -242,7 +248,9 @@ impl Registry {
 /// for: its accounting is settled first, nothing is replaced. A previous connection heard
 /// from within the last `heartbeat` interval counts as
 /// `connections_replaced_total{previous="alive"}`, a race that the refusal rule
-/// ([`Registry::admit`]) leaves only for a session that turned silent for a moment.
+/// ([`Registry::admit`]) leaves only for a session that turned silent for a moment. `now`:
+/// when the new connection was admitted.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn replace(
     registry: &Registry,
     telemetry: &Telemetry,
@@ -251,12 +259,13 @@ pub(super) async fn replace(
     peer: SocketAddr,
     epoch: u64,
     mut previous: LiveSession,
+    now: Instant,
 ) {
     if previous.link.is_ending() {
         let _ = tokio::time::timeout(Duration::from_secs(5), previous.done.wait_for(|d| *d)).await;
         return;
     }
-    let silent_for = previous.link.silent_for();
+    let silent_for = previous.link.silent_for(now);
     let alive = silent_for <= heartbeat;
     telemetry.connection_replaced(agent, alive);
     let detail = if alive {
@@ -323,36 +332,41 @@ mod tests {
     fn a_live_session_keeps_its_id_and_a_silent_or_ending_one_is_displaced() {
         let r = Registry::default();
         let peer = SocketAddr::from(([10, 0, 0, 1], 1));
-        let admit = |link: &Arc<SessionLink>, within: Duration| {
+        let t0 = Instant::now();
+        let admit = |link: &Arc<SessionLink>, within: Duration, now: Instant| {
             let (trigger, _) = uctel_common::shutdown::channel();
             let (_, done) = tokio::sync::watch::channel(false);
-            r.admit("a", peer, 1, within, trigger, done, link.clone())
+            r.admit("a", peer, 1, within, trigger, done, link.clone(), now)
         };
-        let first = Arc::new(SessionLink::new());
-        let Admission::Admitted { id, previous: None } = admit(&first, Duration::from_secs(5))
+        let first = Arc::new(SessionLink::new(t0));
+        let Admission::Admitted { id, previous: None } = admit(&first, Duration::from_secs(5), t0)
         else {
             panic!("the first connection was not admitted")
         };
         assert!(matches!(
-            admit(&Arc::new(SessionLink::new()), Duration::from_secs(5)),
+            admit(&Arc::new(SessionLink::new(t0)), Duration::from_secs(5), t0),
             Admission::Alive { epoch: 1, .. }
         ));
         // Silent for longer than `alive_within` (zero here): displaced.
-        let second = Arc::new(SessionLink::new());
-        std::thread::sleep(Duration::from_millis(2));
+        let later = t0 + Duration::from_millis(2);
+        let second = Arc::new(SessionLink::new(later));
         let Admission::Admitted {
             id: id2,
             previous: Some(p),
-        } = admit(&second, Duration::ZERO)
+        } = admit(&second, Duration::ZERO, later)
         else {
             panic!("the silent session was not displaced")
         };
         assert_eq!(p.id, id);
         // An ending session is displaced even when just heard.
         second.set_ending();
-        second.heard();
+        second.heard_at(later);
         assert!(matches!(
-            admit(&Arc::new(SessionLink::new()), Duration::from_secs(5)),
+            admit(
+                &Arc::new(SessionLink::new(later)),
+                Duration::from_secs(5),
+                later
+            ),
             Admission::Admitted {
                 previous: Some(_),
                 ..

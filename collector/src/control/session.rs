@@ -1,6 +1,12 @@
-//! One agent's session after its handshake: creates its QP and ring, answers `Welcome`,
-//! then heartbeats (driving `uctel_protocol::session::Liveness`), reports every report
-//! interval, and settles the connection's accounting when it ends.
+//! One agent's session after its handshake: creates its lanes (QP and ring each), answers
+//! `Welcome`, then heartbeats (driving `uctel_protocol::session::Liveness`), reports every
+//! report interval, and settles the connection's accounting when it ends.
+//!
+//! The rules live in the sans-IO [`SessionState`] (`super::state`); this module is its
+//! driver, [`Driver`], which waits for the next event and calls one method per event
+//! ([`Driver::on_control`], [`Driver::on_liveness`], [`Driver::on_report`],
+//! [`Driver::on_drain`]), then [`Driver::close`] (the model: quinn's `ConnectionDriver`).
+//! The lanes are one list ([`Lanes`]: UC first, RC when the agent asked for one).
 //!
 //! Every session's end is counted in `sessions_ended_total{reason}`: `goodbye` (tail loss
 //! exact), `no_goodbye` (settled from the agent's last heartbeat, which carries the
@@ -13,32 +19,33 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
-use uctel_common::control::ControlChannel;
+use uctel_common::control::{ChannelError, ControlChannel};
 use uctel_common::shutdown::Shutdown;
 use uctel_protocol::control::{
-    self as wire, Body, DataPath, Goodbye, GoodbyeReason, Heartbeat, RefuseReason, Welcome,
+    Body, ControlMessage, DataPath, Goodbye, GoodbyeReason, Heartbeat, Hello, RefuseReason, Welcome,
 };
 use uctel_protocol::limits::Limits;
-use uctel_protocol::session::handshake::cut_at_char;
-use uctel_protocol::session::{Liveness, LivenessConfig, LivenessEvent, Refusal};
+use uctel_protocol::session::Refusal;
 use uctel_protocol::stream::StreamName;
 use uctel_protocol::tracker::TrackerConfig;
+use uctel_transport::api::QpEndpoint;
 
 use super::handshake::{
     advertised_endpoint, agent_endpoint, agent_qp_endpoint, collector_transport, Accepted,
 };
-use super::lane::{merge_summary, RcLane};
+use super::lane::{Lane, Lanes};
 use super::registry::{lock, Registry, SessionLink};
+use super::state::{Closing, Early, Ending, Flow, Heard, SessionState, Timing, UNEXPECTED};
 use super::{refuse, send_within, sleep_until, GOODBYE_DRAIN, GOODBYE_WAIT};
-use crate::credits::{ConnLimits, SentTail};
+use crate::config::Config;
+use crate::credits::ConnLimits;
 use crate::dataplane::{Geometry, Session};
-use crate::ingest::{ConnectionIngest, StreamLedger};
-use crate::outputs::Outputs;
+use crate::ingest::{CloseSummary, ConnectionIngest, StreamLedger};
 use crate::shared::Shared;
-use crate::telemetry::{AgentTelemetry, SessionEnd};
+use crate::telemetry::AgentTelemetry;
 
 /// What a session needs from its [`Registry`] entry.
 #[derive(Debug)]
@@ -49,13 +56,6 @@ pub(super) struct Live {
     pub(super) link: Arc<SessionLink>,
     /// The registry (the agent's last epoch).
     pub(super) registry: Arc<Registry>,
-}
-
-fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }
 
 fn millis(d: Duration) -> u32 {
@@ -101,187 +101,46 @@ pub(super) async fn run_session(
     local_ip: IpAddr,
     accepted: Accepted,
     live: Live,
-    mut global: Shutdown,
+    global: Shutdown,
 ) {
     let Live {
-        mut cancel,
+        cancel,
         link,
         registry,
     } = live;
-    let cfg = &shared.config;
-    let hello = &accepted.hello;
-    let agent = hello.agent_id.clone();
+    let agent = accepted.hello.agent_id.clone();
     let tel = shared.telemetry.agent(&agent);
-    // The ring from the rate the agent announced (DESIGN.md §4, rings sized for scale).
-    let slots = cfg.ring.slots_for(
-        hello.expected_frames_per_second,
-        cfg.control.report_interval_seconds,
-    );
-    let geometry = Geometry {
-        slots,
-        slot_bytes: cfg.ring.slot_bytes,
-        max_frame_bytes: cfg.max_frame_bytes.0,
-        send_buffers: cfg.ring.send_buffers,
-        // Send path: never more frames outstanding than posted receive buffers (an empty
-        // receive queue drops silently, DESIGN.md §4). The descriptor queue reserves this
-        // window for the connection.
-        credit_window: match accepted.data_path {
-            DataPath::Send => cfg.ring.window_of(slots).min(cfg.ring.send_buffers),
-            _ => cfg.ring.window_of(slots),
-        }
-        .max(1),
+    let (lanes, geometry) = match open_lanes(shared, peer, &accepted, &registry, &tel).await {
+        Ok(opened) => opened,
+        Err(r) => return refuse(ch, shared, peer, r).await,
     };
-    let fail = |detail: String| Refusal::new(RefuseReason::Busy, agent.clone(), detail);
-    let Some(remote) = agent_endpoint(hello, peer, collector_transport(cfg)) else {
-        let r = Refusal::new(
-            RefuseReason::ProtocolError,
-            &agent,
-            "Hello carries no usable QP endpoint",
-        );
-        return refuse(ch, shared, peer, r).await;
-    };
-    let rc_remote = match &hello.rc_lane {
-        None => None,
-        Some(lane) => {
-            let Some(ep) = lane
-                .qp
-                .as_ref()
-                .and_then(|qp| agent_qp_endpoint(qp, peer, collector_transport(cfg)))
-            else {
-                let r = Refusal::new(
-                    RefuseReason::ProtocolError,
-                    &agent,
-                    "Hello's rc_lane carries no usable QP endpoint",
-                );
-                return refuse(ch, shared, peer, r).await;
-            };
-            Some((ep, lane.stream_ids.clone()))
-        }
-    };
-    let id = shared.plane.next_session_id();
-    let session = match Session::create(
-        id,
-        &agent,
-        shared.plane.device(),
-        accepted.data_path,
-        geometry,
-        tel.clone(),
-        None,
-    )
-    .and_then(|s| s.connect(&remote).map(|()| s))
-    {
-        Ok(s) => Arc::new(s),
-        Err(e) => return refuse(ch, shared, peer, fail(e.to_string())).await,
-    };
-    let limits = Limits {
-        max_frame_bytes: cfg.max_frame_bytes.0 as usize,
-        ..Limits::default()
-    };
-    let tracker = TrackerConfig {
-        max_dropout: cfg.max_dropout_frames.0,
-        reorder_window: cfg.reorder_window_frames.0,
-        reorder_time: Some(cfg.reorder_window_seconds.duration()),
-    };
-    // One ingest per lane (DESIGN.md §8b): its own connection tracker and the trackers of
-    // its streams, delivering into the same outputs.
-    let previous_epoch = registry.swap_epoch(&agent, hello.epoch);
-    let new_ingest = || {
-        let outputs = Outputs {
-            store: shared.store.clone(),
-            logs: shared.logs.clone(),
-            remote_write: shared.remote_write.clone(),
-            clickhouse: shared.clickhouse.clone(),
-            // Per connection: the rate windows of this agent's sample series.
-            fast: Default::default(),
-        };
-        ConnectionIngest::with_delivery(
-            &agent,
-            &hello.hostname,
-            hello.epoch,
-            limits.clone(),
-            tracker,
-            outputs,
-            tel.clone(),
-        )
-        .map(|mut ingest| {
-            ingest.set_previous_epoch(previous_epoch);
-            ingest.share_delivered(shared.delivered.clone());
-            ingest
-        })
-    };
-    let (ingest, rc_ingest) = match (new_ingest(), rc_remote.as_ref().map(|_| new_ingest())) {
-        (Ok(i), None) => (i, None),
-        (Ok(mut i), Some(Ok(r))) => {
-            if let Some((_, streams)) = &rc_remote {
-                i.set_lane_streams(streams.clone(), false);
-            }
-            (i, Some(r))
-        }
-        (Err(e), _) | (_, Some(Err(e))) => {
-            return refuse(ch, shared, peer, fail(e.to_string())).await
-        }
-    };
-    shared.plane.register(session.clone(), ingest);
-    let lane = match (rc_remote, rc_ingest) {
-        (Some((remote, streams)), Some(rc_ingest)) => {
-            match RcLane::open(
-                shared,
-                &agent,
-                &remote,
-                &streams,
-                accepted.data_path,
-                geometry,
-                rc_ingest,
-                tel.clone(),
-            ) {
-                Ok(l) => Some(l),
-                Err(e) => {
-                    let _ = shared.plane.close(id, None).await;
-                    return refuse(ch, shared, peer, fail(format!("the RC lane: {e}"))).await;
-                }
-            }
-        }
-        _ => None,
-    };
-    let heartbeat = Duration::try_from_secs_f64(cfg.control.heartbeat_interval_seconds)
-        .unwrap_or(Duration::from_secs(5));
-    let report_every = Duration::try_from_secs_f64(cfg.control.report_interval_seconds)
-        .unwrap_or(Duration::from_secs(1));
-    // Its share of the collector-wide credit budget; its want never falls below the
-    // frames of one report interval at the rate it announced.
-    let floor = hello
-        .expected_frames_per_second
-        .map_or(u64::from(geometry.credit_window), |r| {
-            (f64::from(r) * report_every.as_secs_f64()).ceil() as u64
-        });
-    let first_grant = shared.credits.join(
-        id,
-        ConnLimits {
-            window_cap: u64::from(geometry.credit_window),
-            floor,
-        },
-    );
+    let timing = timing(&shared.config);
+    let id = lanes.uc().id;
+    let hello = &accepted.hello;
+    let first_grant = shared
+        .credits
+        .join(id, conn_limits(hello, geometry, timing));
     let welcome = Welcome {
-        qp: Some(advertised_endpoint(session.local_endpoint(), local_ip)),
-        ring_addr: session.ring.addr(),
-        rkey: session.ring.rkey(),
+        qp: Some(advertised_endpoint(
+            lanes.uc().session.local_endpoint(),
+            local_ip,
+        )),
+        ring_addr: lanes.uc().session.ring.addr(),
+        rkey: lanes.uc().session.ring.rkey(),
         slots: geometry.slots,
         slot_bytes: geometry.slot_bytes,
         max_frame_bytes: geometry.max_frame_bytes,
         credit_window: geometry.credit_window,
-        heartbeat_interval_ms: millis(heartbeat),
-        report_interval_ms: millis(report_every),
+        heartbeat_interval_ms: millis(timing.heartbeat),
+        report_interval_ms: millis(timing.report_every),
         data_path: accepted.data_path as i32,
         credit_grant: Some(first_grant),
-        rc_lane: lane.as_ref().map(|l| l.welcome(local_ip)),
+        rc_lane: lanes.welcome_rc(local_ip),
     };
     if let Err(e) = ch.send(welcome).await {
         tracing::warn!(agent = %agent, error = %e, "sending Welcome failed");
         shared.credits.leave(id);
-        let _ = shared.plane.close(id, None).await;
-        if let Some(l) = &lane {
-            let _ = shared.plane.close(l.id, None).await;
-        }
+        let _ = lanes.close(&shared.plane, None).await;
         return;
     }
     shared.telemetry.agents_connected().inc();
@@ -292,353 +151,468 @@ pub(super) async fn run_session(
         peer = %peer,
         epoch = format_args!("{:#x}", hello.epoch),
         data_path = ?accepted.data_path,
-        qpn = session.qp.qp_num(),
-        rc_qpn = lane.as_ref().map(|l| l.session.qp.qp_num()),
+        qpn = lanes.uc().session.qp.qp_num(),
+        rc_qpn = lanes.rc().map(|l| l.session.qp.qp_num()),
         "agent connected"
     );
-    // Heartbeats at the period announced in `Welcome`; the agent is dead after
-    // `dead_after_missed_heartbeats` periods of silence (the dead-peer rule of
-    // `uctel_protocol::session::liveness`).
-    let mut liveness = Liveness::new(
-        LivenessConfig::new(
-            heartbeat,
-            cfg.control.dead_after_missed_heartbeats,
-            Duration::ZERO,
-        ),
-        Instant::now(),
-    );
-    let dead_after = liveness.dead_after();
+    let now = Instant::now();
     // On the group's phase of the collector-wide grid (`cadence`); a late tick is skipped
     // rather than moving the session off the grid.
-    let first_report = registry
-        .reports
-        .first_tick(id, report_every, Instant::now());
+    let first_report = registry.reports.first_tick(id, timing.report_every, now);
     let mut report_tick = tokio::time::interval_at(
         tokio::time::Instant::from_std(first_report),
-        report_every.max(Duration::from_millis(1)),
+        timing.report_every.max(Duration::from_millis(1)),
     );
     report_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut goodbye: Option<Goodbye> = None;
-    // Why the agent is gone when it left without a `Goodbye` (`None`: it said goodbye, or
-    // the collector ended the session, `ending`).
-    let mut vanished: Option<String> = None;
-    let connected_at = Instant::now();
-    // A drain tells the agent once to move, then waits for its `Goodbye` like any other.
-    let mut drain = shared.drain.subscribe();
-    let mut told_to_move = false;
-    // A send failed: the agent may have said goodbye and closed its end while a report or
-    // heartbeat was on its way, its `Goodbye` still unread in the socket.
-    let mut send_failed = false;
-    let mut last_report = Instant::now();
-    // The agent said it is out of credit: when its early report is due (half a report
-    // interval after the last report; at once if that has passed).
-    let mut early_due: Option<tokio::time::Instant> = None;
-    let mut sent_tail = SentTail::default();
-    let ending: Option<(GoodbyeReason, &'static str)> = loop {
-        tokio::select! {
-            () = drain.wait(), if !told_to_move => {
-                told_to_move = true;
-                let bye = Goodbye {
-                    final_conn_seq: None,
-                    streams: Vec::new(),
-                    reason: GoodbyeReason::Drain as i32,
-                    detail: "the collector is draining; move to the next collector of the pool".into(),
-                    rc_final_conn_seq: None,
-                };
-                if !send_within(ch, bye, dead_after, &agent).await {
-                    vanished = Some("the control connection failed: the drain notice could not be sent".into());
-                    send_failed = true;
-                    break None;
-                }
-                tracing::debug!(agent = %agent, "told the agent to move (drain)");
-            }
-            msg = ch.recv() => match msg {
-                Ok(Some(m)) => {
-                    liveness.on_receive(Instant::now());
-                    link.heard();
-                    match m.body {
-                        Some(Body::Heartbeat(hb)) => {
-                            if let Some(c) = &hb.agent_counters {
-                                tel.agent_counters(c);
-                            }
-                            let starved = hb.frames_without_credit.unwrap_or(0);
-                            // The RC lane out of credit wants its report early too; it has no
-                            // share of the budget, so this is not budget want.
-                            let rc_starved = hb.rc_frames_without_credit.unwrap_or(0);
-                            shared.credits.on_heartbeat(id, hb.credit_grant_applied, hb.sent_conn_seq, starved);
-                            sent_tail.on_heartbeat(hb.sent_conn_seq, Instant::now());
-                            let hb = match &lane {
-                                Some(l) => {
-                                    let (uc, rc) = l.split_heartbeat(hb);
-                                    shared.plane.heartbeat(l.id, rc);
-                                    uc
-                                }
-                                None => hb,
-                            };
-                            shared.plane.heartbeat(id, hb);
-                            // An agent out of credit gets its report (and grant) before the
-                            // next tick, at most twice per report interval: at once when half
-                            // an interval has passed since its last report, else when it has,
-                            // so how often an agent's credit comes back does not depend on
-                            // when its heartbeats happen to fall.
-                            if starved > 0 || rc_starved > 0 {
-                                early_due = Some(tokio::time::Instant::from_std(last_report + report_every / 2));
-                            }
-                        }
-                        Some(Body::Goodbye(g)) => {
-                            goodbye = Some(g);
-                            break None;
-                        }
-                        Some(other) => {
-                            tracing::warn!(agent = %agent, message = other.name(), "unexpected control message; closing");
-                            break Some((GoodbyeReason::Error, "unexpected control message"));
-                        }
-                        None => break Some((GoodbyeReason::Error, "empty control message")),
-                    }
-                }
-                Ok(None) => {
-                    vanished = Some("the control connection closed without Goodbye".into());
-                    break None;
-                }
-                Err(e) => {
-                    vanished = Some(format!("the control connection failed: {e}"));
-                    break None;
-                }
-            },
-            () = sleep_until(liveness.poll_timeout()) => match liveness.handle_timeout(Instant::now()) {
-                Some(LivenessEvent::PeerDead { silent_for }) => {
-                    vanished = Some(format!(
-                        "no heartbeat for {silent_for:.1?} (at most {dead_after:?})"
-                    ));
-                    break Some((GoodbyeReason::Error, "heartbeats missed"));
-                }
-                Some(LivenessEvent::SendHeartbeat { sequence }) => {
-                    let beat = Heartbeat { sequence, timestamp_ns: now_ns(), ..Heartbeat::default() };
-                    if !send_within(ch, beat, dead_after, &agent).await {
-                        vanished = Some("the control connection failed: a heartbeat could not be sent".into());
-                        send_failed = true;
-                        break None;
-                    }
-                }
-                None => {}
-            },
-            () = tokio::time::sleep_until(early_due.unwrap_or_else(tokio::time::Instant::now)), if early_due.is_some() => {
-                early_due = None;
-                last_report = Instant::now();
-                if !send_report(ch, shared, id, dead_after, &agent, sent_tail.gone(Instant::now()), lane.as_ref(), Early::Yes).await {
-                    vanished = Some("the control connection failed: a report could not be sent".into());
-                    send_failed = true;
-                    break None;
-                }
-            }
-            _ = report_tick.tick() => {
-                // This report serves an agent waiting for an early one as well.
-                early_due = None;
-                last_report = Instant::now();
-                if !send_report(ch, shared, id, dead_after, &agent, sent_tail.gone(Instant::now()), lane.as_ref(), Early::No).await {
-                    vanished = Some("the control connection failed: a report could not be sent".into());
-                    send_failed = true;
-                    break None;
-                }
-            }
-            _ = session.failed_notify.notified() => {
-                break Some((GoodbyeReason::Error, "QP went to the ERROR state; reconnect"));
-            }
-            () = rc_failed(lane.as_ref()) => {
-                break Some((GoodbyeReason::Error, "the RC lane's QP went to the ERROR state; reconnect"));
-            }
-            _ = cancel.wait() => break Some((GoodbyeReason::Reconnect, "replaced by a newer connection of this agent")),
-            _ = global.wait() => break Some((GoodbyeReason::Shutdown, "collector shutting down")),
-        }
+    let mut driver = Driver {
+        ch,
+        shared,
+        agent,
+        tel,
+        lanes,
+        state: SessionState::new(timing, link.clone(), now),
     };
-    if send_failed {
-        if let Some(g) = unread_goodbye(ch, GOODBYE_LINGER, &tel).await {
-            goodbye = Some(g);
-            vanished = None;
-        }
-    }
+    let mut events = Events {
+        cancel,
+        global,
+        drain: shared.drain.subscribe(),
+        report_tick,
+    };
+    let ending = driver.run(&mut events).await;
     link.set_ending();
-    let ended_by = match (&goodbye, &vanished, ending) {
-        (Some(g), ..) => format!("the agent's Goodbye ({})", goodbye_reason(g)),
-        (None, Some(why), _) => why.clone(),
-        (None, None, Some((_, detail))) => detail.to_owned(),
-        (None, None, None) => "the session ended".to_owned(),
-    };
-    if let Some((reason, detail)) = ending {
-        let replaced_by = link.take_replaced_by();
-        let detail = match (reason, replaced_by) {
-            (GoodbyeReason::Reconnect, Some(why)) => why,
-            _ => detail.to_owned(),
-        };
-        let bye = Goodbye {
-            final_conn_seq: None,
-            streams: Vec::new(),
-            reason: reason as i32,
-            detail: cut_at_char(&detail, wire::MAX_DETAIL_BYTES).to_owned(),
-            rc_final_conn_seq: None,
-        };
-        let _ = send_within(ch, bye, dead_after, &agent).await;
+    let replaced_by = link.take_replaced_by();
+    driver.close(ending, replaced_by, peer, hello).await;
+}
+
+/// Heartbeat and report periods from the configuration (defaults when out of range).
+fn timing(cfg: &Config) -> Timing {
+    Timing {
+        heartbeat: Duration::try_from_secs_f64(cfg.control.heartbeat_interval_seconds)
+            .unwrap_or(Duration::from_secs(5)),
+        dead_after_missed: cfg.control.dead_after_missed_heartbeats,
+        report_every: Duration::try_from_secs_f64(cfg.control.report_interval_seconds)
+            .unwrap_or(Duration::from_secs(1)),
     }
-    if let Some(g) = &goodbye {
-        // The frames already on the wire when the agent said goodbye: at least
-        // GOODBYE_DRAIN for stragglers, and until its last frame is consumed (at most
-        // GOODBYE_WAIT), so a busy receive path does not turn it into tail loss.
-        tokio::time::sleep(GOODBYE_DRAIN).await;
-        let rc_last = lane.as_ref().map(|l| (l.id, g.rc_final_conn_seq));
-        for (lane_id, last) in std::iter::once((id, g.final_conn_seq)).chain(rc_last) {
-            if !shared
-                .plane
-                .wait_consumed(lane_id, last, GOODBYE_WAIT)
-                .await
-            {
-                tracing::debug!(agent = %agent, "the agent's last frame did not arrive after its Goodbye; settling");
+}
+
+/// The connection's share of the collector-wide credit budget: its window, and a want that
+/// never falls below the frames of one report interval at the rate it announced.
+fn conn_limits(hello: &Hello, geometry: Geometry, timing: Timing) -> ConnLimits {
+    let floor = hello
+        .expected_frames_per_second
+        .map_or(u64::from(geometry.credit_window), |r| {
+            (f64::from(r) * timing.report_every.as_secs_f64()).ceil() as u64
+        });
+    ConnLimits {
+        window_cap: u64::from(geometry.credit_window),
+        floor,
+    }
+}
+
+/// The ring of each lane, from the rate the agent announced (DESIGN.md §4, rings sized for
+/// scale).
+fn geometry(cfg: &Config, hello: &Hello, data_path: DataPath) -> Geometry {
+    let slots = cfg.ring.slots_for(
+        hello.expected_frames_per_second,
+        cfg.control.report_interval_seconds,
+    );
+    Geometry {
+        slots,
+        slot_bytes: cfg.ring.slot_bytes,
+        max_frame_bytes: cfg.max_frame_bytes.0,
+        send_buffers: cfg.ring.send_buffers,
+        // Send path: never more frames outstanding than posted receive buffers (an empty
+        // receive queue drops silently, DESIGN.md §4). The descriptor queue reserves this
+        // window for the connection.
+        credit_window: match data_path {
+            DataPath::Send => cfg.ring.window_of(slots).min(cfg.ring.send_buffers),
+            _ => cfg.ring.window_of(slots),
+        }
+        .max(1),
+    }
+}
+
+/// The agent's RC QP endpoint and the header stream ids it puts on the RC lane.
+type RcRemote = (QpEndpoint, Vec<u32>);
+
+/// The agent's UC QP endpoint, and its RC lane's endpoint and streams when it asked for one;
+/// a `protocol_error` refusal when one carries no usable endpoint.
+fn remotes(
+    hello: &Hello,
+    peer: SocketAddr,
+    cfg: &Config,
+) -> Result<(QpEndpoint, Option<RcRemote>), Refusal> {
+    let bad = |what: &str| {
+        Refusal::new(
+            RefuseReason::ProtocolError,
+            &hello.agent_id,
+            format!("{what} carries no usable QP endpoint"),
+        )
+    };
+    let transport = collector_transport(cfg);
+    let uc = agent_endpoint(hello, peer, transport).ok_or_else(|| bad("Hello"))?;
+    let rc = match &hello.rc_lane {
+        None => None,
+        Some(lane) => {
+            let ep = lane
+                .qp
+                .as_ref()
+                .and_then(|qp| agent_qp_endpoint(qp, peer, transport))
+                .ok_or_else(|| bad("Hello's rc_lane"))?;
+            Some((ep, lane.stream_ids.clone()))
+        }
+    };
+    Ok((uc, rc))
+}
+
+/// Creates and connects the lanes of the agent `accepted` (UC, and RC when it asked), each
+/// with its own ingest (DESIGN.md §8b: its own connection tracker and the trackers of its
+/// streams, delivering into the same outputs), registered with the data plane.
+///
+/// # Errors
+/// The [`Refusal`] to send: `protocol_error` for an unusable endpoint, `busy` when a verb
+/// or an ingest could not be created (nothing stays registered then).
+async fn open_lanes(
+    shared: &Shared,
+    peer: SocketAddr,
+    accepted: &Accepted,
+    registry: &Registry,
+    tel: &AgentTelemetry,
+) -> Result<(Lanes, Geometry), Refusal> {
+    let cfg = &shared.config;
+    let hello = &accepted.hello;
+    let agent = hello.agent_id.as_str();
+    let fail = |detail: String| Refusal::new(RefuseReason::Busy, agent, detail);
+    let geometry = geometry(cfg, hello, accepted.data_path);
+    let (remote, rc_remote) = remotes(hello, peer, cfg)?;
+    let id = shared.plane.next_session_id();
+    let session = Session::create(
+        id,
+        agent,
+        shared.plane.device(),
+        accepted.data_path,
+        geometry,
+        tel.clone(),
+        None,
+    )
+    .and_then(|s| s.connect(&remote).map(|()| s))
+    .map_err(|e| fail(e.to_string()))?;
+    let session = Arc::new(session);
+    let previous_epoch = registry.swap_epoch(agent, hello.epoch);
+    let lane_ingest = || new_ingest(shared, hello, previous_epoch, tel);
+    let mut ingest = lane_ingest().map_err(|e| fail(e.to_string()))?;
+    let rc = match rc_remote {
+        None => None,
+        Some((remote, streams)) => {
+            let rc_ingest = lane_ingest().map_err(|e| fail(e.to_string()))?;
+            ingest.set_lane_streams(streams.clone(), false);
+            Some((remote, streams, rc_ingest))
+        }
+    };
+    shared.plane.register(session.clone(), ingest);
+    let mut lanes = Lanes::new(Lane::uc(id, session));
+    if let Some((remote, streams, rc_ingest)) = rc {
+        let data_path = accepted.data_path;
+        match Lane::open_rc(
+            shared,
+            agent,
+            &remote,
+            &streams,
+            data_path,
+            geometry,
+            rc_ingest,
+            tel.clone(),
+        ) {
+            Ok(l) => lanes.push(l),
+            Err(e) => {
+                let _ = shared.plane.close(id, None).await;
+                return Err(fail(format!("the RC lane: {e}")));
             }
         }
     }
-    let summary = match &lane {
-        None => shared.plane.close(id, goodbye.clone()).await,
-        Some(l) => {
-            let (uc, rc) = match goodbye.clone().map(|g| l.split_goodbye(g)) {
-                Some((uc, rc)) => (Some(uc), Some(rc)),
-                None => (None, None),
-            };
-            let summary = shared.plane.close(id, uc).await;
-            let rc = shared.plane.close(l.id, rc).await;
-            summary.map(|mut s| {
-                if let Some(rc) = rc {
-                    merge_summary(&mut s, rc);
-                }
-                s
-            })
-        }
-    };
-    shared.credits.leave(id);
-    shared.telemetry.agents_connected().dec();
-    tel.session_ended(match (&goodbye, ending) {
-        (Some(_), _) => SessionEnd::Goodbye,
-        (None, Some((GoodbyeReason::Reconnect, _))) => SessionEnd::Replaced,
-        (None, Some((GoodbyeReason::Shutdown, _))) => SessionEnd::Shutdown,
-        (None, _) => SessionEnd::NoGoodbye,
-    });
-    if let Some(summary) = summary {
-        let mut ledger = lock(&shared.ledger);
-        for (stream, l) in &summary.streams {
-            let e = ledger.entry((agent.clone(), *stream)).or_default();
-            e.accepted += l.accepted;
-            e.lost += l.lost;
-            e.late += l.late;
-            e.duplicate += l.duplicate;
-            e.dropped_after_tracking += l.dropped_after_tracking;
-            e.records_received += l.records_received;
-            e.records_lost += l.records_lost;
-            e.records_replayed += l.records_replayed;
-        }
-        let streams = stream_summary(&summary.streams);
-        let connected_for = connected_at.elapsed();
-        if vanished.is_some() {
-            tracing::warn!(
-                agent = %agent,
-                peer = %peer,
-                epoch = format_args!("{:#x}", hello.epoch),
-                ended_by,
-                connected_for = format_args!("{connected_for:.1?}"),
-                frames_received = summary.conn_received,
-                frames_lost = summary.conn_lost,
-                frames_dropped = summary.dropped_before_tracking,
-                streams,
-                "agent disconnected without Goodbye: frames it sent after the last one received \
-                 are not counted as lost"
-            );
-        } else {
-            tracing::info!(
-                agent = %agent,
-                peer = %peer,
-                epoch = format_args!("{:#x}", hello.epoch),
-                ended_by,
-                connected_for = format_args!("{connected_for:.1?}"),
-                frames_received = summary.conn_received,
-                frames_lost = summary.conn_lost,
-                frames_dropped = summary.dropped_before_tracking,
-                streams,
-                "agent disconnected"
-            );
-        }
-    }
+    Ok((lanes, geometry))
 }
 
-/// Resolves when the RC lane's QP went to ERROR; never without a lane.
-async fn rc_failed(lane: Option<&RcLane>) {
-    match lane {
-        Some(l) => l.session.failed_notify.notified().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Whether a report is sent at its report interval or early.
-#[derive(Clone, Copy, Debug)]
-enum Early {
-    No,
-    Yes,
-}
-
-/// Sends connection `id`'s report with a new credit grant when its limit changes
-/// (DESIGN.md §4); false when the send failed. No report (the connection is closing) is a
-/// success. `gone`: the highest connection sequence sent long enough ago that it will not
-/// arrive any more ([`SentTail`]); the report's consumed sequence is at least that, so frames
-/// lost on the wire give their credit back. `early`: sent between report intervals, for an
-/// agent out of credit ([`crate::credits::CreditBudget::grant_early`]).
-#[allow(clippy::too_many_arguments)]
-async fn send_report(
-    ch: &mut ControlChannel<TcpStream>,
+/// One lane's ingest of the agent `hello`, delivering into the collector's outputs (with
+/// rate windows of its own for the agent's sample series).
+fn new_ingest(
     shared: &Shared,
-    id: u32,
-    within: Duration,
-    agent: &str,
-    gone: Option<u64>,
-    lane: Option<&RcLane>,
-    early: Early,
-) -> bool {
-    let Some(mut report) = shared.plane.report(id).await else {
-        return true;
+    hello: &Hello,
+    previous_epoch: Option<u64>,
+    tel: &AgentTelemetry,
+) -> Result<ConnectionIngest, uctel_protocol::tracker::TrackerConfigError> {
+    let cfg = &shared.config;
+    let limits = Limits {
+        max_frame_bytes: cfg.max_frame_bytes.0 as usize,
+        ..Limits::default()
     };
-    if let Some(l) = lane {
-        if let Some(rc) = shared.plane.report(l.id).await {
-            RcLane::merge_report(&mut report, rc);
-        }
-    }
-    // `None` (nothing received, nothing gone) sorts below any sequence.
-    let consumed = (report.conn_received > 0)
-        .then_some(report.consumed_conn_seq)
-        .max(gone);
-    if let Some(c) = consumed {
-        report.consumed_conn_seq = c;
-    }
-    let consumed_next = consumed.map_or(0, |c| c.saturating_add(1));
-    report.credit_grant = match early {
-        Early::No => shared.credits.grant(id, consumed_next),
-        Early::Yes => shared.credits.grant_early(id, consumed_next),
+    let tracker = TrackerConfig {
+        max_dropout: cfg.max_dropout_frames.0,
+        reorder_window: cfg.reorder_window_frames.0,
+        reorder_time: Some(cfg.reorder_window_seconds.duration()),
     };
-    send_within(ch, report, within, agent).await
+    ConnectionIngest::with_delivery(
+        &hello.agent_id,
+        &hello.hostname,
+        hello.epoch,
+        limits,
+        tracker,
+        shared.outputs.for_connection(),
+        tel.clone(),
+    )
+    .map(|mut ingest| {
+        ingest.set_previous_epoch(previous_epoch);
+        ingest.share_delivered(shared.delivered.clone());
+        ingest
+    })
 }
 
-/// An agent's `Goodbye` reason and detail for a log line: `shutdown`, `shutdown: stopping`.
-fn goodbye_reason(g: &Goodbye) -> String {
-    let reason = match GoodbyeReason::try_from(g.reason) {
-        Ok(GoodbyeReason::Shutdown) => "shutdown",
-        Ok(GoodbyeReason::Reconnect) => "reconnect",
-        Ok(GoodbyeReason::Error) => "error",
-        _ => "unspecified",
-    };
-    let detail: String = g
-        .detail
-        .chars()
-        .filter(|c| !c.is_control())
-        .take(200)
-        .collect();
-    if detail.is_empty() {
-        reason.to_owned()
+/// What the driver waits for besides the control connection and the lanes.
+#[derive(Debug)]
+struct Events {
+    /// A newer connection of the agent replaced this one.
+    cancel: Shutdown,
+    /// The collector shuts down.
+    global: Shutdown,
+    /// The collector drains.
+    drain: Shutdown,
+    /// The report interval's ticks.
+    report_tick: tokio::time::Interval,
+}
+
+/// The IO driver of one session's [`SessionState`] (module docs).
+struct Driver<'a> {
+    ch: &'a mut ControlChannel<TcpStream>,
+    shared: &'a Shared,
+    agent: String,
+    tel: AgentTelemetry,
+    lanes: Lanes,
+    state: SessionState,
+}
+
+impl Driver<'_> {
+    /// Waits for events and handles each until the session ends; `Some` when the collector
+    /// ends it.
+    async fn run(&mut self, ev: &mut Events) -> Option<Ending> {
+        loop {
+            let flow = tokio::select! {
+                () = ev.drain.wait(), if !self.state.told_to_move() => self.on_drain().await,
+                msg = self.ch.recv() => self.on_control(msg),
+                () = sleep_until(self.state.liveness_deadline()) => self.on_liveness().await,
+                () = sleep_until(self.state.early_due()) => self.on_report(Early::Yes).await,
+                _ = ev.report_tick.tick() => self.on_report(Early::No).await,
+                lane = self.lanes.any_failed() => Flow::End(Some(lane.failed_ending())),
+                _ = ev.cancel.wait() => Flow::End(Some((
+                    GoodbyeReason::Reconnect,
+                    "replaced by a newer connection of this agent",
+                ))),
+                _ = ev.global.wait() => Flow::End(Some((
+                    GoodbyeReason::Shutdown,
+                    "collector shutting down",
+                ))),
+            };
+            if let Flow::End(ending) = flow {
+                return ending;
+            }
+        }
+    }
+
+    /// Sends `msg` within the dead-peer time; on failure the session ends (`what`: the
+    /// message, for the reason).
+    async fn send(&mut self, msg: impl Into<ControlMessage>, what: &str) -> Flow {
+        let within = self.state.dead_after();
+        if send_within(self.ch, msg, within, &self.agent).await {
+            Flow::Go
+        } else {
+            self.state.on_send_failed(what)
+        }
+    }
+
+    /// A drain started: the agent is told once to move, then its `Goodbye` is waited for
+    /// like any other.
+    async fn on_drain(&mut self) -> Flow {
+        let bye = self.state.on_drain();
+        let flow = self.send(bye, "the drain notice").await;
+        if matches!(flow, Flow::Go) {
+            tracing::debug!(agent = %self.agent, "told the agent to move (drain)");
+        }
+        flow
+    }
+
+    /// A control message, the end of the connection, or its failure.
+    fn on_control(&mut self, msg: Result<Option<ControlMessage>, ChannelError>) -> Flow {
+        let m = match msg {
+            Ok(Some(m)) => m,
+            Ok(None) => {
+                return self
+                    .state
+                    .on_closed("the control connection closed without Goodbye".into())
+            }
+            Err(e) => {
+                return self
+                    .state
+                    .on_closed(format!("the control connection failed: {e}"))
+            }
+        };
+        match self.state.on_message(m.body, Instant::now()) {
+            Heard::Heartbeat(hb) => {
+                self.on_heartbeat(hb);
+                Flow::Go
+            }
+            Heard::End(ending) => Flow::End(ending),
+            Heard::Unexpected(message) => {
+                tracing::warn!(agent = %self.agent, message, "unexpected control message; closing");
+                Flow::End(Some(UNEXPECTED))
+            }
+        }
+    }
+
+    /// The agent's heartbeat: its counters, its credit state (the UC lane's share of the
+    /// budget; the RC lane has none), and each lane's part to its ingest.
+    fn on_heartbeat(&mut self, hb: Heartbeat) {
+        if let Some(c) = &hb.agent_counters {
+            self.tel.agent_counters(c);
+        }
+        let starved = hb.frames_without_credit.unwrap_or(0);
+        let id = self.lanes.uc().id;
+        self.shared
+            .credits
+            .on_heartbeat(id, hb.credit_grant_applied, hb.sent_conn_seq, starved);
+        for (lane, part) in self.lanes.split_heartbeat(hb) {
+            self.shared.plane.heartbeat(lane, part);
+        }
+    }
+
+    /// The liveness deadline: a heartbeat to send, or the agent dead.
+    async fn on_liveness(&mut self) -> Flow {
+        match self.state.on_liveness(Instant::now()) {
+            Ok(Some(beat)) => self.send(beat, "a heartbeat").await,
+            Ok(None) => Flow::Go,
+            Err(end) => end,
+        }
+    }
+
+    /// A report is due (`early`: for an agent out of credit): every lane's delivery, with a
+    /// new credit grant when the connection's limit changed (DESIGN.md §4). No report (the
+    /// connection is closing) is not a failure. The report's consumed sequence is at least
+    /// the highest one sent long enough ago that it will not arrive any more
+    /// ([`crate::credits::SentTail`]), so frames lost on the wire give their credit back.
+    async fn on_report(&mut self, early: Early) -> Flow {
+        let gone = self.state.on_report(Instant::now());
+        let Some(mut report) = self.lanes.report(&self.shared.plane).await else {
+            return Flow::Go;
+        };
+        // `None` (nothing received, nothing gone) sorts below any sequence.
+        let consumed = (report.conn_received > 0)
+            .then_some(report.consumed_conn_seq)
+            .max(gone);
+        if let Some(c) = consumed {
+            report.consumed_conn_seq = c;
+        }
+        let consumed_next = consumed.map_or(0, |c| c.saturating_add(1));
+        let id = self.lanes.uc().id;
+        report.credit_grant = match early {
+            Early::No => self.shared.credits.grant(id, consumed_next),
+            Early::Yes => self.shared.credits.grant_early(id, consumed_next),
+        };
+        self.send(report, "a report").await
+    }
+
+    /// Ends the session (`ending`: the collector's reason, if it ended it): sends its
+    /// `Goodbye`, waits for the frames the agent's `Goodbye` names, closes every lane,
+    /// settles the accounting and logs the line that sums the connection up.
+    async fn close(
+        mut self,
+        ending: Option<Ending>,
+        replaced_by: Option<String>,
+        peer: SocketAddr,
+        hello: &Hello,
+    ) {
+        if self.state.send_failed() {
+            if let Some(g) = unread_goodbye(self.ch, GOODBYE_LINGER, &self.tel).await {
+                self.state.on_unread_goodbye(g);
+            }
+        }
+        let within = self.state.dead_after();
+        let closing = self.state.close(ending, replaced_by, Instant::now());
+        if let Some(bye) = closing.send.clone() {
+            let _ = send_within(self.ch, bye, within, &self.agent).await;
+        }
+        let plane = &self.shared.plane;
+        if let Some(g) = &closing.goodbye {
+            // The frames already on the wire when the agent said goodbye: at least
+            // GOODBYE_DRAIN for stragglers, and until each lane's last frame is consumed (at
+            // most GOODBYE_WAIT), so a busy receive path does not turn it into tail loss.
+            tokio::time::sleep(GOODBYE_DRAIN).await;
+            if !self.lanes.wait_consumed(plane, g, GOODBYE_WAIT).await {
+                tracing::debug!(agent = %self.agent, "the agent's last frame did not arrive after its Goodbye; settling");
+            }
+        }
+        let summary = self.lanes.close(plane, closing.goodbye.as_ref()).await;
+        self.shared.credits.leave(self.lanes.uc().id);
+        self.shared.telemetry.agents_connected().dec();
+        self.tel.session_ended(closing.end);
+        if let Some(summary) = summary {
+            settle(self.shared, &self.agent, &summary);
+            log_disconnected(&self.agent, peer, hello, &closing, &summary);
+        }
+    }
+}
+
+/// Adds a closed connection's per-stream accounting to the collector's ledger.
+fn settle(shared: &Shared, agent: &str, summary: &CloseSummary) {
+    let mut ledger = lock(&shared.ledger);
+    for (stream, l) in &summary.streams {
+        let e = ledger.entry((agent.to_owned(), *stream)).or_default();
+        e.accepted += l.accepted;
+        e.lost += l.lost;
+        e.late += l.late;
+        e.duplicate += l.duplicate;
+        e.dropped_after_tracking += l.dropped_after_tracking;
+        e.records_received += l.records_received;
+        e.records_lost += l.records_lost;
+        e.records_replayed += l.records_replayed;
+    }
+}
+
+/// The line that sums a connection up: a warning when the agent vanished without `Goodbye`.
+fn log_disconnected(
+    agent: &str,
+    peer: SocketAddr,
+    hello: &Hello,
+    closing: &Closing,
+    summary: &CloseSummary,
+) {
+    let streams = stream_summary(&summary.streams);
+    let connected_for = closing.connected_for;
+    let ended_by = &closing.ended_by;
+    if closing.vanished {
+        tracing::warn!(
+            agent = %agent,
+            peer = %peer,
+            epoch = format_args!("{:#x}", hello.epoch),
+            ended_by,
+            connected_for = format_args!("{connected_for:.1?}"),
+            frames_received = summary.conn_received,
+            frames_lost = summary.conn_lost,
+            frames_dropped = summary.dropped_before_tracking,
+            streams,
+            "agent disconnected without Goodbye: frames it sent after the last one received \
+             are not counted as lost"
+        );
     } else {
-        format!("{reason}: {detail}")
+        tracing::info!(
+            agent = %agent,
+            peer = %peer,
+            epoch = format_args!("{:#x}", hello.epoch),
+            ended_by,
+            connected_for = format_args!("{connected_for:.1?}"),
+            frames_received = summary.conn_received,
+            frames_lost = summary.conn_lost,
+            frames_dropped = summary.dropped_before_tracking,
+            streams,
+            "agent disconnected"
+        );
     }
 }
 

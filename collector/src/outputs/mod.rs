@@ -9,12 +9,28 @@
 //! reason from its closed set, so that per output
 //! `in = sent + dropped + failed + pending` at every scrape.
 //!
+//! **Drops.** One rule for every asynchronous output: a record it gives up is counted in
+//! that output's own counters only (`clickhouse_rows_dropped_total{reason}`,
+//! `remote_write_samples_{dropped,failed}_total{reason}`), never in the agent's
+//! `records_dropped_total{agent,reason}`. The record was delivered (the series store, the
+//! log sink) and is in `records_received_total`; counting a copy's drop for the agent too
+//! would count one record twice and break the per-stream sum
+//! `agent records sent = records_received + records_lost + records_dropped +
+//! records_replayed` (`crate::telemetry` module docs). Each output's own sum is the place
+//! its drops add up.
+//!
+//! [`Outputs`] is the one place that lists the outputs: [`Outputs::start`] builds them once
+//! from the configuration, every connection delivers into [`Outputs::for_connection`], and
+//! [`Outputs::close`] settles what they still hold when the collector stops.
+//!
 //! - [`remote_write`]: the Prometheus remote-write 1.0 client (`outputs.remote_write`).
 //! - [`clickhouse`]: log records into a ClickHouse table (`outputs.clickhouse`).
 //! - [`fast`]: the agents' high-frequency sample series: latest value and rate over the
 //!   last second for the store, every sample for remote-write.
 //! - [`http`]: what the HTTP outputs share: the client, authentication, backoff with full
 //!   jitter, `Retry-After`.
+//! - `sender`: the sender loop they share (wait for a batch, send, retry, split what was
+//!   refused, settle), each output a `Sink` of it.
 //! - [`config`]: the `outputs:` configuration section (`crate::config::outputs`).
 
 pub mod clickhouse;
@@ -22,6 +38,7 @@ pub mod fast;
 pub mod http;
 pub mod remote_write;
 pub mod report;
+mod sender;
 
 use std::io;
 use std::sync::{Arc, Mutex};
@@ -94,6 +111,16 @@ pub struct Outputs {
     pub fast: Arc<Mutex<fast::FastSeries>>,
 }
 
+/// The configured [`Outputs`] and their tasks ([`Outputs::start`]).
+#[derive(Debug)]
+pub struct Started {
+    /// The outputs, handed to every connection ([`Outputs::for_connection`]).
+    pub outputs: Outputs,
+    /// The asynchronous outputs' sender and expiry tasks (they end after `shutdown` fires
+    /// and their grace period).
+    pub tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
 impl Outputs {
     /// The store and the log sink only.
     pub fn new(store: SeriesStore, logs: Arc<LogSink>) -> Outputs {
@@ -103,6 +130,76 @@ impl Outputs {
             remote_write: RemoteWrite::default(),
             clickhouse: ClickHouse::default(),
             fast: Arc::default(),
+        }
+    }
+
+    /// Every output of `config`: `store` and `logs`, and the asynchronous outputs of
+    /// `outputs:` started (`outputs.remote_write`, `outputs.clickhouse`; their self-metrics
+    /// registered in `telemetry`). `dead_peer`: the control plane's dead-peer time (a stall
+    /// of this process longer than it means its agents moved; the remote-write `stall`
+    /// module). The one place that lists the outputs.
+    ///
+    /// # Errors
+    /// [`http::SetupError`]: an output's HTTP client or configuration could not be set up.
+    pub fn start(
+        config: &crate::config::Config,
+        store: SeriesStore,
+        logs: Arc<LogSink>,
+        telemetry: &crate::telemetry::Telemetry,
+        dead_peer: std::time::Duration,
+        shutdown: &uctel_common::shutdown::Shutdown,
+    ) -> Result<Started, http::SetupError> {
+        let remote_write = remote_write::start_with_dead_peer(
+            &config.outputs.remote_write,
+            telemetry.registry(),
+            config.staleness_seconds.duration(),
+            config.series_cap_per_agent.0,
+            dead_peer,
+            shutdown,
+        )?;
+        let clickhouse =
+            clickhouse::start(config.outputs.clickhouse.as_ref(), telemetry, shutdown)?;
+        let mut tasks = remote_write.tasks;
+        tasks.extend(clickhouse.tasks);
+        Ok(Started {
+            outputs: Outputs {
+                store,
+                logs,
+                remote_write: remote_write.handle,
+                clickhouse: clickhouse.handle,
+                fast: Arc::default(),
+            },
+            tasks,
+        })
+    }
+
+    /// The outputs as one connection delivers into them: the same outputs, with rate
+    /// windows of its own for the agent's sample series.
+    pub fn for_connection(&self) -> Outputs {
+        Outputs {
+            fast: Arc::default(),
+            ..self.clone()
+        }
+    }
+
+    /// The collector stops: what the asynchronous outputs still hold queued is counted as
+    /// dropped with reason `shutdown` (and warned about), not lost.
+    pub fn close(&self) {
+        let unsent = self.remote_write.close();
+        if unsent > 0 {
+            tracing::warn!(
+                samples = unsent,
+                "remote-write samples queued at shutdown were not sent; counted in \
+                 uctel_collector_remote_write_samples_dropped_total{{reason=\"shutdown\"}}"
+            );
+        }
+        let unsent = self.clickhouse.close();
+        if unsent > 0 {
+            tracing::warn!(
+                rows = unsent,
+                "ClickHouse rows queued at shutdown were not sent; counted in \
+                 uctel_collector_clickhouse_rows_dropped_total{{reason=\"shutdown\"}}"
+            );
         }
     }
 }

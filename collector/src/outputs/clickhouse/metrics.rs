@@ -12,13 +12,13 @@
 //!
 //! At every scrape `rows_in = rows_inserted + Σ rows_dropped + rows_pending`, exactly: the
 //! counters change only under the queue's lock and the scrape (`LockedCollector` of the parent module) holds
-//! it while it reads. Every dropped row is also counted for its agent in
-//! `uctel_collector_records_dropped_total{agent,reason}` ([`Dropped::drop_reason`]).
+//! it while it reads. A dropped row is counted here only, not in the agent's
+//! `uctel_collector_records_dropped_total` (`crate::outputs` module docs, "Drops").
 
 use prometheus::core::Collector;
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts};
 
-use crate::telemetry::{DropReason, NAMESPACE};
+use crate::telemetry::NAMESPACE;
 
 /// Why a row was given up. The `reason` label value is [`Dropped::as_str`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,15 +42,6 @@ impl Dropped {
             Dropped::Rejected => "rejected",
             Dropped::QueueFull => "queue_full",
             Dropped::Shutdown => "shutdown",
-        }
-    }
-
-    /// The reason of `uctel_collector_records_dropped_total` for the row's agent.
-    pub fn drop_reason(self) -> DropReason {
-        match self {
-            Dropped::Rejected => DropReason::ClickHouseRejected,
-            Dropped::QueueFull => DropReason::ClickHouseQueueFull,
-            Dropped::Shutdown => DropReason::ClickHouseShutdown,
         }
     }
 

@@ -183,7 +183,6 @@ pub fn start(
         c.queue_capacity_rows as usize,
         c.max_rows_per_insert as usize,
         counters,
-        telemetry.clone(),
     ));
     telemetry
         .registry()

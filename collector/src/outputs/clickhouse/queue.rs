@@ -5,15 +5,16 @@
 //! sender took for a request stay pending while it is in flight and being retried. When
 //! the queue holds `capacity` rows, a new one pushes the oldest out (`queue_full`). Every
 //! counter changes only under the lock, so `rows_in = inserted + dropped + pending` holds
-//! at every scrape; each drop is also counted for the row's agent in
-//! `records_dropped_total` ([`Dropped::drop_reason`]).
+//! at every scrape. A dropped row is counted here only, not in the agent's
+//! `records_dropped_total`: the rule for every asynchronous output (`crate::outputs`
+//! module docs, "Drops").
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use super::metrics::{Counters, Dropped};
-use crate::telemetry::{AgentTelemetry, Telemetry};
+use crate::outputs::http::LogLimiter;
 
 /// One encoded row (a `JSONEachRow` object without the newline) and its agent.
 #[derive(Clone, Debug)]
@@ -31,8 +32,8 @@ pub(crate) struct State {
     /// When the oldest queued row arrived, or the last take left rows behind (the batch
     /// deadline runs from it).
     oldest: Option<Instant>,
-    /// Per-agent handles of `records_dropped_total` (one per agent seen dropping).
-    agents: HashMap<Arc<str>, AgentTelemetry>,
+    /// Drop lines, at most one per reason every 10 s.
+    log: LogLimiter,
 }
 
 /// The queue.
@@ -46,28 +47,21 @@ pub(crate) struct Queue {
     capacity: usize,
     /// The output's counters (changed only under the lock).
     pub(crate) counters: Counters,
-    telemetry: Telemetry,
 }
 
 impl Queue {
     /// An empty queue of at most `capacity` rows, `max_rows` per `INSERT`.
-    pub(crate) fn new(
-        capacity: usize,
-        max_rows: usize,
-        counters: Counters,
-        telemetry: Telemetry,
-    ) -> Queue {
+    pub(crate) fn new(capacity: usize, max_rows: usize, counters: Counters) -> Queue {
         Queue {
             state: Mutex::new(State {
                 rows: VecDeque::new(),
                 oldest: None,
-                agents: HashMap::new(),
+                log: LogLimiter::default(),
             }),
             wake: tokio::sync::Notify::new(),
             max_rows: max_rows.max(1),
             capacity: capacity.max(1),
             counters,
-            telemetry,
         }
     }
 
@@ -158,21 +152,16 @@ impl Queue {
             return;
         }
         self.counters.dropped(reason, rows.len() as u64);
-        // Per agent, in the order the agents appear (a batch holds few).
-        let mut per_agent: Vec<(&Arc<str>, u64)> = Vec::new();
-        for r in rows {
-            match per_agent.iter_mut().find(|(a, _)| **a == r.agent) {
-                Some((_, n)) => *n += 1,
-                None => per_agent.push((&r.agent, 1)),
-            }
-        }
-        let detail = format!("clickhouse output: {detail}");
-        for (agent, n) in per_agent {
-            let tel = st
-                .agents
-                .entry(agent.clone())
-                .or_insert_with(|| self.telemetry.agent(agent));
-            tel.drop_records(reason.drop_reason(), n, &detail);
+        if st.log.due(reason.as_str()) {
+            tracing::warn!(
+                reason = reason.as_str(),
+                rows = rows.len(),
+                agent = %rows[0].agent,
+                %detail,
+                "ClickHouse rows dropped; counted in \
+                 uctel_collector_clickhouse_rows_dropped_total{{reason}} (logged at most once \
+                 per 10 s per reason)"
+            );
         }
     }
 }
@@ -180,7 +169,6 @@ impl Queue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::telemetry::DropReason;
     use std::time::Duration;
 
     fn row(agent: &str, n: u32) -> Row {
@@ -190,8 +178,8 @@ mod tests {
         }
     }
 
-    fn queue(capacity: usize, max_rows: usize, t: &Telemetry) -> Queue {
-        Queue::new(capacity, max_rows, Counters::new().unwrap(), t.clone())
+    fn queue(capacity: usize, max_rows: usize) -> Queue {
+        Queue::new(capacity, max_rows, Counters::new().unwrap())
     }
 
     /// `rows_in = inserted + dropped + pending`.
@@ -202,9 +190,8 @@ mod tests {
     }
 
     #[test]
-    fn full_queue_drops_the_oldest_and_counts_them_per_agent() {
-        let t = Telemetry::new().unwrap();
-        let q = queue(3, 2, &t);
+    fn full_queue_drops_the_oldest_and_counts_them() {
+        let q = queue(3, 2);
         let now = Instant::now();
         q.push(
             (0..5).map(|n| row(if n % 2 == 0 { "a" } else { "b" }, n)),
@@ -214,16 +201,6 @@ mod tests {
         assert_eq!((s.rows_in, s.queue_full, s.pending), (5, 2, 3));
         assert!(balanced(&q));
         // Rows 0 (a) and 1 (b) made room.
-        assert_eq!(
-            t.agent("a")
-                .records_dropped(DropReason::ClickHouseQueueFull),
-            1
-        );
-        assert_eq!(
-            t.agent("b")
-                .records_dropped(DropReason::ClickHouseQueueFull),
-            1
-        );
         let batch = q.due(now, Duration::from_secs(1), false).unwrap();
         assert_eq!(
             batch.iter().map(|r| &*r.json).collect::<Vec<_>>(),
@@ -233,8 +210,7 @@ mod tests {
 
     #[test]
     fn a_request_is_due_when_full_at_the_deadline_or_when_flushing() {
-        let t = Telemetry::new().unwrap();
-        let q = queue(100, 3, &t);
+        let q = queue(100, 3);
         let t0 = Instant::now();
         let d = Duration::from_millis(500);
         assert_eq!(q.due(t0, d, false).unwrap_err(), None);
@@ -249,8 +225,7 @@ mod tests {
 
     #[test]
     fn every_row_is_settled_once_and_the_sum_holds() {
-        let t = Telemetry::new().unwrap();
-        let q = queue(10, 4, &t);
+        let q = queue(10, 4);
         let now = Instant::now();
         q.push((0..10).map(|n| row("a", n)), now);
         let first = q.due(now, Duration::ZERO, false).unwrap();
@@ -266,8 +241,5 @@ mod tests {
             (10, 4, 4, 2, 0)
         );
         assert!(balanced(&q));
-        let a = t.agent("a");
-        assert_eq!(a.records_dropped(DropReason::ClickHouseRejected), 4);
-        assert_eq!(a.records_dropped(DropReason::ClickHouseShutdown), 2);
     }
 }

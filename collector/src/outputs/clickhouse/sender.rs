@@ -75,7 +75,11 @@ use uctel_common::shutdown::Shutdown;
 
 use super::metrics::Dropped;
 use super::queue::{Queue, Row};
-use crate::outputs::http::{self, split, Backoff};
+use crate::outputs::http;
+#[cfg(test)]
+use crate::outputs::http::split;
+pub(crate) use crate::outputs::sender::Check;
+use crate::outputs::sender::{self, Answer, Event, Refused, Settle, Sink, Timing};
 
 /// ClickHouse error codes after which the same `INSERT` is never sent again (names from
 /// ClickHouse's `src/Common/ErrorCodes.cpp`).
@@ -220,61 +224,13 @@ pub(crate) struct Target {
     pub(crate) grace: Duration,
 }
 
-/// A request's fate.
-enum Outcome {
-    Inserted,
-    /// Not applied: send again after a delay.
-    Retry(Option<Duration>, String),
-    /// Maybe applied: ask whether the rows landed before sending them again.
-    Unknown(String),
-    Reject(Refusal),
-}
-
-/// What a check of an ambiguous `INSERT` found.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Check {
-    /// Every row of the request is in the table.
-    Landed,
-    /// Not there (and the earlier attempt not running).
-    Absent,
-    /// The earlier attempt still runs on the server.
-    Running,
-    /// The server did not answer (the reason).
-    Failed(String),
-}
-
-impl Check {
-    /// The `result` label of `insert_checks_total`.
-    pub(crate) fn as_str(&self) -> &'static str {
-        match self {
-            Check::Landed => "landed",
-            Check::Absent => "absent",
-            Check::Running => "running",
-            Check::Failed(_) => "failed",
-        }
-    }
-}
-
-/// A refused `INSERT`.
-struct Refusal {
-    /// ClickHouse's error code, if the answer has one.
-    code: Option<u32>,
-    /// The HTTP status.
-    status: u16,
-    /// The 1-based row the answer names.
-    row: Option<usize>,
-    /// Status and answer, for logs.
-    why: String,
-}
-
-impl Refusal {
-    /// Whether the refusal may concern some rows only: a code of [`ROW_CODES`], or a
-    /// 4xx without a code other than the request-wide 401, 403, 404 and 413.
-    fn by_row(&self) -> bool {
-        match self.code {
-            Some(c) => ROW_CODES.contains(&c),
-            None => !matches!(self.status, 401 | 403 | 404 | 413),
-        }
+/// Whether a refusal with ClickHouse's error `code` (if the answer has one) and HTTP
+/// `status` may concern some rows only: a code of [`ROW_CODES`], or a 4xx without a code
+/// other than the request-wide 401, 403, 404 and 413.
+fn by_row(code: Option<u32>, status: u16) -> bool {
+    match code {
+        Some(c) => ROW_CODES.contains(&c),
+        None => !matches!(status, 401 | 403 | 404 | 413),
     }
 }
 
@@ -290,172 +246,146 @@ fn describe_row(row: &Row) -> String {
     )
 }
 
-/// Runs until `shutdown` fires and what is queued is sent or the grace period ends.
-pub(crate) async fn run(target: Arc<Target>, queue: Arc<Queue>, mut shutdown: Shutdown) {
-    let mut last_log = http::LogLimiter::default();
-    let mut stop_at: Option<tokio::time::Instant> = None;
-    loop {
-        let batch = loop {
-            let wait = match queue.due(Instant::now(), target.deadline, stop_at.is_some()) {
-                Ok(batch) => break batch,
-                Err(wait) => wait,
-            };
-            if stop_at.is_some() {
-                return; // Stopping and nothing queued.
-            }
-            let sleep = async {
-                match wait {
-                    Some(d) => tokio::time::sleep_until(d.into()).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                _ = queue.wake.notified() => {}
-                _ = sleep => {}
-                _ = shutdown.wait() => {
-                    stop_at = Some(tokio::time::Instant::now() + target.grace);
-                }
-            }
-        };
-        // The parts of the batch still to send, the next one last (a refused part is split
-        // and its parts pushed back: module documentation).
-        let mut parts: Vec<std::ops::Range<usize>> = Vec::new();
-        parts.push(0..batch.len());
-        let mut isolated = 0usize;
-        while let Some(range) = parts.pop() {
-            let part = &batch[range.clone()];
-            let body = body(part);
-            let mut backoff = Backoff::new(target.backoff.0, target.backoff.1);
-            let query_id = next_query_id();
-            // Set after an ambiguous failure: ask whether the rows landed before sending.
-            let mut unknown: Option<String> = None;
-            let mut absent = 0u32;
-            loop {
-                if let Some(why) = &unknown {
-                    let delay = backoff.next_delay(None);
-                    if let Some(stop) = stop_at {
-                        if tokio::time::Instant::now() + delay >= stop {
-                            queue.settle_dropped(part, Dropped::Shutdown, why);
-                            tracing::warn!(url = %target.label, rows = part.len(), error = %why, "ClickHouse INSERT of unknown outcome not checked before shutdown; its rows are counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"shutdown\"}} (they may be stored)");
-                            break;
-                        }
-                    }
-                    tokio::select! {
-                        _ = tokio::time::sleep(delay) => {}
-                        _ = shutdown.wait(), if stop_at.is_none() => {
-                            stop_at = Some(tokio::time::Instant::now() + target.grace);
-                        }
-                    }
-                    let check = check(&target, part, &query_id).await;
-                    {
-                        let _st = queue.lock();
-                        queue.counters.checked(check.as_str());
-                    }
-                    match check {
-                        Check::Landed => {
-                            queue.settle_inserted(part);
-                            tracing::info!(url = %target.label, rows = part.len(), query_id = %query_id, "ClickHouse INSERT of unknown outcome had landed; not sent again");
-                            break;
-                        }
-                        Check::Absent if absent == 0 => {
-                            // Once more after a delay: an attempt the server accepted but had
-                            // not started yet shows by then (module documentation).
-                            absent = 1;
-                            continue;
-                        }
-                        Check::Absent => {
-                            unknown = None;
-                            absent = 0;
-                            let _st = queue.lock();
-                            queue.counters.retried(part.len() as u64);
-                        }
-                        Check::Running => {
-                            absent = 0;
-                            continue;
-                        }
-                        Check::Failed(e) => {
-                            absent = 0;
-                            if last_log.due("check") {
-                                tracing::warn!(url = %target.label, rows = part.len(), error = %e, "ClickHouse does not answer whether an INSERT landed; asking again before sending its rows");
-                            }
-                            continue;
-                        }
-                    }
-                }
-                let started = Instant::now();
-                let outcome = send(&target, &query_id, body.clone()).await;
-                queue.counters.observe(started.elapsed().as_secs_f64());
-                match outcome {
-                    Outcome::Unknown(why) => {
-                        if last_log.due("unknown") {
-                            tracing::warn!(url = %target.label, rows = part.len(), error = %why, query_id = %query_id, "ClickHouse INSERT failed after it was sent; asking whether it landed before sending it again");
-                        }
-                        unknown = Some(why);
-                        absent = 0;
-                    }
-                    Outcome::Inserted => {
-                        queue.settle_inserted(part);
-                        break;
-                    }
-                    Outcome::Reject(r) if r.by_row() && part.len() > 1 => {
-                        // Send the rows again without the one that does not fit.
-                        let mut again = split(range.clone(), r.row);
-                        again.reverse();
-                        parts.extend(again);
-                        break;
-                    }
-                    Outcome::Reject(r) if r.by_row() => {
-                        queue.settle_dropped(part, Dropped::Rejected, &r.why);
-                        isolated += 1;
-                        tracing::warn!(url = %target.label, table = %target.table, row = %describe_row(&part[0]), answer = %r.why, "ClickHouse refused a row; it is dropped (not retried) and counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"rejected\"}}, the other rows of its INSERT are sent without it");
-                        break;
-                    }
-                    Outcome::Reject(r) => {
-                        queue.settle_dropped(part, Dropped::Rejected, &r.why);
-                        if last_log.due("reject") {
-                            if r.code.is_some_and(|c| MISSING_TABLE_CODES.contains(&c)) {
-                                tracing::error!(url = %target.label, table = %target.table, rows = part.len(), answer = %r.why, "ClickHouse has no such table; its rows are dropped and counted (uctel_collector_clickhouse_rows_dropped_total{{reason=\"rejected\"}}): create it with config/clickhouse/logs.sql (uctel-collector --print-clickhouse-schema)");
-                            } else {
-                                tracing::warn!(url = %target.label, table = %target.table, rows = part.len(), answer = %r.why, "ClickHouse refused an INSERT; its rows are dropped (not retried) and counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"rejected\"}}");
-                            }
-                        }
-                        break;
-                    }
-                    Outcome::Retry(after, why) => {
-                        let delay = backoff.next_delay(after);
-                        if let Some(stop) = stop_at {
-                            if tokio::time::Instant::now() + delay >= stop {
-                                queue.settle_dropped(part, Dropped::Shutdown, &why);
-                                tracing::warn!(url = %target.label, rows = part.len(), error = %why, "ClickHouse INSERT still failing at shutdown; its rows are counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"shutdown\"}}");
-                                break;
-                            }
-                        }
-                        {
-                            let _st = queue.lock();
-                            queue.counters.retried(part.len() as u64);
-                        }
-                        if last_log.due("retry") {
-                            tracing::warn!(url = %target.label, rows = part.len(), error = %why, retry_in_ms = delay.as_millis() as u64, "ClickHouse INSERT failed; retrying");
-                        }
-                        tokio::select! {
-                            _ = tokio::time::sleep(delay) => {}
-                            _ = shutdown.wait(), if stop_at.is_none() => {
-                                stop_at = Some(tokio::time::Instant::now() + target.grace);
-                            }
-                        }
-                    }
-                }
+/// Runs until `shutdown` fires and what is queued is sent or the grace period ends (the
+/// loop every asynchronous output shares, `crate::outputs::sender`).
+pub(crate) async fn run(target: Arc<Target>, queue: Arc<Queue>, shutdown: Shutdown) {
+    let sink = ClickHouseSink {
+        target,
+        queue,
+        log: http::LogLimiter::default(),
+    };
+    sender::run(sink, shutdown).await;
+}
+
+/// The ClickHouse output as a [`Sink`]: rows from its [`Queue`], `INSERT`s of
+/// `JSONEachRow`, answers classified as the module docs say.
+struct ClickHouseSink {
+    target: Arc<Target>,
+    queue: Arc<Queue>,
+    /// Lines of a kind at most every 10 s.
+    log: http::LogLimiter,
+}
+
+/// One `INSERT`: its body and its `query_id` (the same for every attempt of its rows).
+struct Insert {
+    body: Vec<u8>,
+    query_id: String,
+}
+
+impl Sink for ClickHouseSink {
+    type Item = Row;
+    type Request = Insert;
+
+    fn timing(&self) -> Timing {
+        Timing {
+            backoff: self.target.backoff,
+            grace: self.target.grace,
+        }
+    }
+
+    fn wake(&self) -> &tokio::sync::Notify {
+        &self.queue.wake
+    }
+
+    fn due(&self, now: Instant, flush: bool) -> Result<Vec<Row>, Option<Instant>> {
+        self.queue.due(now, self.target.deadline, flush)
+    }
+
+    fn encode(&mut self, part: &[Row]) -> Result<Insert, String> {
+        Ok(Insert {
+            body: body(part),
+            query_id: next_query_id(),
+        })
+    }
+
+    async fn send(&self, insert: &Insert) -> Answer {
+        send(&self.target, &insert.query_id, insert.body.clone()).await
+    }
+
+    async fn check(&self, part: &[Row], insert: &Insert) -> Check {
+        check(&self.target, part, &insert.query_id).await
+    }
+
+    fn settle(&self, part: &[Row], how: Settle<'_>) {
+        match how {
+            Settle::Sent => self.queue.settle_inserted(part),
+            Settle::Rejected(why) => self.queue.settle_dropped(part, Dropped::Rejected, why),
+            Settle::Shutdown(why) => self.queue.settle_dropped(part, Dropped::Shutdown, why),
+        }
+    }
+
+    fn retried(&self, items: usize) {
+        let _st = self.queue.lock();
+        self.queue.counters.retried(items as u64);
+    }
+
+    fn observe(&self, seconds: f64) {
+        self.queue.counters.observe(seconds);
+    }
+
+    fn checked(&self, check: &Check) {
+        let _st = self.queue.lock();
+        self.queue.counters.checked(check.as_str());
+    }
+
+    fn drop_queued(&self) -> usize {
+        self.queue
+            .drop_queued(Dropped::Shutdown, "not sent before shutdown")
+    }
+
+    fn log(&mut self, event: Event<'_>, part: &[Row]) {
+        log(&self.target, &mut self.log, event, part);
+    }
+}
+
+/// The ClickHouse output's line for `event` about the rows `part`.
+fn log(target: &Target, limiter: &mut http::LogLimiter, event: Event<'_>, part: &[Row]) {
+    let (url, table) = (&target.label, &target.table);
+    match event {
+        Event::Retry { items, why, delay } => {
+            if limiter.due("retry") {
+                tracing::warn!(url = %url, rows = items, error = %why, retry_in_ms = delay.as_millis() as u64, "ClickHouse INSERT failed; retrying");
             }
         }
-        if isolated > 0 {
-            tracing::warn!(url = %target.label, table = %target.table, rows = batch.len(), refused = isolated, inserted = batch.len() - isolated, "an INSERT had rows ClickHouse refused: those were dropped, the rest inserted");
+        Event::GaveUp { items, why } => {
+            tracing::warn!(url = %url, rows = items, error = %why, "ClickHouse INSERT still failing at shutdown; its rows are counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"shutdown\"}}");
         }
-        if stop_at.is_some_and(|stop| tokio::time::Instant::now() >= stop) {
-            let n = queue.drop_queued(Dropped::Shutdown, "not sent before shutdown");
-            if n > 0 {
-                tracing::warn!(url = %target.label, rows = n, "ClickHouse rows not sent before shutdown; counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"shutdown\"}}");
+        Event::Unchecked { items, why } => {
+            tracing::warn!(url = %url, rows = items, error = %why, "ClickHouse INSERT of unknown outcome not checked before shutdown; its rows are counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"shutdown\"}} (they may be stored)");
+        }
+        Event::Unknown { items, why } => {
+            if limiter.due("unknown") {
+                tracing::warn!(url = %url, rows = items, error = %why, "ClickHouse INSERT failed after it was sent; asking whether it landed before sending it again");
             }
-            return;
+        }
+        Event::Landed { items } => {
+            tracing::info!(url = %url, rows = items, "ClickHouse INSERT of unknown outcome had landed; not sent again");
+        }
+        Event::CheckFailed { items, why } => {
+            if limiter.due("check") {
+                tracing::warn!(url = %url, rows = items, error = %why, "ClickHouse does not answer whether an INSERT landed; asking again before sending its rows");
+            }
+        }
+        Event::ItemRefused { refused, .. } => {
+            let row = part.first().map(describe_row).unwrap_or_default();
+            tracing::warn!(url = %url, table = %table, row = %row, answer = %refused.why, "ClickHouse refused a row; it is dropped (not retried) and counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"rejected\"}}, the other rows of its INSERT are sent without it");
+        }
+        Event::PartRefused { items, refused } => {
+            if !limiter.due("reject") {
+            } else if refused.fatal {
+                tracing::error!(url = %url, table = %table, rows = items, answer = %refused.why, "ClickHouse has no such table; its rows are dropped and counted (uctel_collector_clickhouse_rows_dropped_total{{reason=\"rejected\"}}): create it with config/clickhouse/logs.sql (uctel-collector --print-clickhouse-schema)");
+            } else {
+                tracing::warn!(url = %url, table = %table, rows = items, answer = %refused.why, "ClickHouse refused an INSERT; its rows are dropped (not retried) and counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"rejected\"}}");
+            }
+        }
+        Event::NotEncoded { items, why } => {
+            tracing::error!(url = %url, rows = items, error = %why, "ClickHouse INSERT not built; its rows are counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"rejected\"}}");
+        }
+        Event::Isolated { items, refused, .. } => {
+            tracing::warn!(url = %url, table = %table, rows = items, refused, inserted = items - refused, "an INSERT had rows ClickHouse refused: those were dropped, the rest inserted");
+        }
+        Event::NotSent { items } => {
+            tracing::warn!(url = %url, rows = items, "ClickHouse rows not sent before shutdown; counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"shutdown\"}}");
         }
     }
 }
@@ -591,7 +521,8 @@ async fn check(target: &Target, rows: &[Row], query_id: &str) -> Check {
     }
 }
 
-async fn send(target: &Target, query_id: &str, body: Vec<u8>) -> Outcome {
+/// Sends the `INSERT` `body` with `query_id` once; its [`Answer`] (module docs).
+async fn send(target: &Target, query_id: &str, body: Vec<u8>) -> Answer {
     let mut url = target.url.clone();
     url.query_pairs_mut().append_pair("query_id", query_id);
     let result = target
@@ -607,12 +538,12 @@ async fn send(target: &Target, query_id: &str, body: Vec<u8>) -> Outcome {
     let response = match result {
         Ok(r) => r,
         // Refused connections never carried the request; anything later may have.
-        Err(e) if e.is_connect() => return Outcome::Retry(None, http::describe(&e)),
-        Err(e) => return Outcome::Unknown(http::describe(&e)),
+        Err(e) if e.is_connect() => return Answer::Retry(None, http::describe(&e)),
+        Err(e) => return Answer::Unknown(http::describe(&e)),
     };
     let status = response.status();
     if status.is_success() {
-        return Outcome::Inserted;
+        return Answer::Sent;
     }
     let after = http::retry_after(response.headers(), SystemTime::now());
     let text = match response.text().await {
@@ -622,16 +553,19 @@ async fn send(target: &Target, query_id: &str, body: Vec<u8>) -> Outcome {
     };
     let why = format!("{status}: {}", http::snippet(&text, 300));
     if ambiguous(status.as_u16(), &text) {
-        return Outcome::Unknown(why);
+        return Answer::Unknown(why);
     }
     match classify(status.as_u16(), &text) {
-        Verdict::Retry => Outcome::Retry(after, why),
-        Verdict::Reject => Outcome::Reject(Refusal {
-            code: error_code(&text),
-            status: status.as_u16(),
-            row: named_row(&text),
-            why,
-        }),
+        Verdict::Retry => Answer::Retry(after, why),
+        Verdict::Reject => {
+            let code = error_code(&text);
+            Answer::Refused(Refused {
+                by_item: by_row(code, status.as_u16()),
+                named: named_row(&text),
+                fatal: code.is_some_and(|c| MISSING_TABLE_CODES.contains(&c)),
+                why,
+            })
+        }
     }
 }
 

@@ -426,6 +426,27 @@ impl Shards {
     ) {
         let frame_ms = i64::try_from(frame_ns / 1_000_000).unwrap_or(i64::MAX);
         let fence = self.watch(now);
+        let invalid = self.plan(agent, instance, frame_ms, batch, scratch);
+        self.enqueue_planned(agent, instance, batch, scratch, fence, now);
+        if invalid > 0 {
+            // Counted in and dropped together, under one shard's lock.
+            let st = self.shards[0].lock();
+            st.counters.samples_in.inc_by(invalid);
+            st.counters.drop_queued(Dropped::Invalid, invalid);
+        }
+    }
+
+    /// The samples of `batch` in `scratch.pending` (their series' hash and shard; their
+    /// labels' order in `scratch.orders`); returns how many are invalid (no timestamp, no
+    /// type, a reserved label, a stale-marker value): those are not planned.
+    fn plan(
+        &self,
+        agent: &str,
+        instance: &str,
+        frame_ms: i64,
+        batch: &MetricBatchView<'_>,
+        scratch: &mut Scratch,
+    ) -> u64 {
         let n_shards = self.shards.len() as u64;
         scratch.pending.clear();
         scratch.orders.clear();
@@ -488,6 +509,21 @@ impl Shards {
                 add(Suffix::None, m.value());
             }
         }
+        invalid
+    }
+
+    /// Queues the samples [`Shards::plan`] left in `scratch`, by shard (one lock each):
+    /// those older than `fence` are dropped (`agent_moved`), out of order or over the
+    /// agent's series cap dropped, each counted.
+    fn enqueue_planned(
+        &self,
+        agent: &str,
+        instance: &str,
+        batch: &MetricBatchView<'_>,
+        scratch: &mut Scratch,
+        fence: Option<i64>,
+        now: Instant,
+    ) {
         // Group by shard (stable: per-series order kept), one lock per shard.
         scratch.sorted.resize_with(self.shards.len(), Vec::new);
         for v in &mut scratch.sorted {
@@ -578,12 +614,6 @@ impl Shards {
             if wake {
                 shard.wake.notify_one();
             }
-        }
-        if invalid > 0 {
-            // Counted in and dropped together, under one shard's lock.
-            let st = self.shards[0].lock();
-            st.counters.samples_in.inc_by(invalid);
-            st.counters.drop_queued(Dropped::Invalid, invalid);
         }
     }
 

@@ -43,8 +43,9 @@ use uctel_common::shutdown::Shutdown;
 
 use super::metrics::{Dropped, Failed};
 use super::prompb::{self, Sample};
-use super::queue::{Queued, Shard};
-use crate::outputs::http::{self, split, Backoff};
+use super::queue::{Queued, Shard, Shards};
+use crate::outputs::http;
+use crate::outputs::sender::{self, Answer, Event, Refused, Settle, Sink, Timing};
 
 /// What every shard of an endpoint shares.
 #[derive(Debug)]
@@ -84,187 +85,163 @@ const VERSION: &str = "0.1.0";
 /// whole rather than stalling the shard).
 pub(crate) const MAX_SPLIT_REQUESTS: usize = 128;
 
-/// A request's fate.
-enum Outcome {
-    Sent,
-    Retry(Option<Duration>, String),
-    /// Refused: the HTTP status, the answer.
-    Reject(StatusCode, String),
-}
-
-/// Runs shard `index` until `shutdown` fires and the grace period ends.
+/// Runs shard `index` until `shutdown` fires and the grace period ends (the loop every
+/// asynchronous output shares, `crate::outputs::sender`).
 pub(crate) async fn run(
     target: Arc<Target>,
-    shards: Arc<super::queue::Shards>,
+    shards: Arc<Shards>,
     shard: Arc<Shard>,
     index: usize,
-    mut shutdown: Shutdown,
+    shutdown: Shutdown,
 ) {
-    let mut scratch = EncodeScratch::default();
-    let mut stop_at: Option<tokio::time::Instant> = None;
-    loop {
-        // Wait until a request is due (full, deadline) or the collector stops.
-        let batch = loop {
-            let now = Instant::now();
-            let (due, wait) = {
-                let mut st = shard.lock();
-                let full = st.queue.len() >= shard.max_per_send;
-                let deadline = st.oldest.map(|t| t + target.deadline);
-                if !st.queue.is_empty()
-                    && (full || stop_at.is_some() || deadline.is_some_and(|d| d <= now))
-                {
-                    (Some(st.take(shard.max_per_send, now)), None)
-                } else {
-                    (None, deadline)
-                }
-            };
-            if let Some(b) = due {
-                break b;
-            }
-            if stop_at.is_some() {
-                return; // Stopping and nothing queued.
-            }
-            let sleep = async {
-                match wait {
-                    Some(d) => tokio::time::sleep_until(d.into()).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                _ = shard.wake.notified() => {}
-                _ = sleep => {}
-                _ = shutdown.wait() => {
-                    stop_at = Some(tokio::time::Instant::now() + target.grace);
-                }
-            }
+    let sink = ShardSink {
+        target,
+        shards,
+        shard,
+        index,
+        scratch: EncodeScratch::default(),
+    };
+    sender::run(sink, shutdown).await;
+}
+
+/// One remote-write shard as a [`Sink`]: samples from its queue, snappy-compressed
+/// protobuf requests, answers classified as the module docs say.
+struct ShardSink {
+    target: Arc<Target>,
+    shards: Arc<Shards>,
+    shard: Arc<Shard>,
+    index: usize,
+    scratch: EncodeScratch,
+}
+
+impl Sink for ShardSink {
+    type Item = Queued;
+    /// The encoded body, shared so that a retry does not copy it.
+    type Request = bytes::Bytes;
+
+    fn timing(&self) -> Timing {
+        Timing {
+            backoff: self.target.backoff,
+            grace: self.target.grace,
+        }
+    }
+
+    fn wake(&self) -> &tokio::sync::Notify {
+        &self.shard.wake
+    }
+
+    fn due(&self, now: Instant, flush: bool) -> Result<Vec<Queued>, Option<Instant>> {
+        let mut st = self.shard.lock();
+        let full = st.queue.len() >= self.shard.max_per_send;
+        let deadline = st.oldest.map(|t| t + self.target.deadline);
+        if !st.queue.is_empty() && (full || flush || deadline.is_some_and(|d| d <= now)) {
+            Ok(st.take(self.shard.max_per_send, now))
+        } else {
+            Err(deadline)
+        }
+    }
+
+    /// Samples held across the collector's own stall are dropped: their agents moved
+    /// (`stall` module).
+    fn admit(&self, batch: Vec<Queued>) -> Vec<Queued> {
+        let Some(before_ms) = self.shards.watch(Instant::now()) else {
+            return batch;
         };
-        // Held across the collector's own stall: its agents moved (`stall` module).
-        let batch = match shards.watch(Instant::now()) {
-            Some(before_ms) => {
-                let n = batch.len();
-                let kept: Vec<Queued> = batch
-                    .into_iter()
-                    .filter(|q| q.sample.timestamp >= before_ms)
-                    .collect();
-                shard
-                    .lock()
-                    .settle_dropped(n - kept.len(), Dropped::AgentMoved);
-                if kept.is_empty() {
-                    continue;
-                }
-                kept
+        let n = batch.len();
+        let kept: Vec<Queued> = batch
+            .into_iter()
+            .filter(|q| q.sample.timestamp >= before_ms)
+            .collect();
+        self.shard
+            .lock()
+            .settle_dropped(n - kept.len(), Dropped::AgentMoved);
+        kept
+    }
+
+    fn encode(&mut self, part: &[Queued]) -> Result<bytes::Bytes, String> {
+        encode(part, &mut self.scratch)
+            .map(bytes::Bytes::from)
+            .map_err(|e| e.to_string())
+    }
+
+    async fn send(&self, body: &bytes::Bytes) -> Answer {
+        send(&self.target, body.clone()).await
+    }
+
+    fn settle(&self, part: &[Queued], how: Settle<'_>) {
+        let n = part.len();
+        let mut st = self.shard.lock();
+        match how {
+            Settle::Sent => {
+                let newest = part.iter().map(|q| q.sample.timestamp).max().unwrap_or(0);
+                st.settle_sent(n, newest);
             }
-            None => batch,
-        };
-        // The parts of the batch still to send, the next one last (a part refused with 400
-        // is split and its halves pushed back: module documentation).
-        let mut parts: Vec<std::ops::Range<usize>> = Vec::new();
-        parts.push(0..batch.len());
-        let (mut requests, mut isolated) = (0usize, 0usize);
-        while let Some(range) = parts.pop() {
-            let part = &batch[range.clone()];
-            requests += 1;
-            send_part(&target, &shard, index, part, &mut scratch, &mut shutdown, &mut stop_at, &mut |refused: &str| {
-                if part.len() > 1 && requests < MAX_SPLIT_REQUESTS {
-                    let mut again = split(range.clone(), None);
-                    again.reverse();
-                    parts.extend(again);
-                    true
-                } else {
-                    if part.len() == 1 {
-                        isolated += 1;
-                        tracing::warn!(url = %target.label, shard = index, answer = %refused, "remote-write receiver refused a sample; it is failed alone (samples_failed_total{{reason=\"rejected\"}}), the rest of its request is sent without it");
-                    }
-                    false
-                }
-            })
-            .await;
+            Settle::Rejected(_) => st.settle_failed(n, Failed::Rejected),
+            Settle::Shutdown(_) => st.settle_failed(n, Failed::Shutdown),
         }
-        if isolated > 0 {
-            tracing::warn!(url = %target.label, shard = index, samples = batch.len(), refused = isolated, requests, "a remote-write request had samples the receiver refused: those failed, the rest was sent");
-        }
-        if let Some(stop) = stop_at {
-            if tokio::time::Instant::now() >= stop {
-                let dropped = shard.lock().drop_queue(Dropped::Shutdown);
-                if dropped > 0 {
-                    tracing::warn!(url = %target.label, shard = index, samples = dropped, "remote-write samples not sent before shutdown; counted in samples_dropped_total{{reason=\"shutdown\"}}");
-                }
-                return;
-            }
-        }
+    }
+
+    fn retried(&self, items: usize) {
+        let st = self.shard.lock();
+        st.counters.retried.inc_by(items as u64);
+    }
+
+    fn observe(&self, seconds: f64) {
+        let counters = self.shard.lock().counters.clone();
+        counters.duration.observe(seconds);
+    }
+
+    fn may_split(&self, requests: usize) -> bool {
+        requests < MAX_SPLIT_REQUESTS
+    }
+
+    fn drop_queued(&self) -> usize {
+        self.shard.lock().drop_queue(Dropped::Shutdown)
+    }
+
+    fn log(&mut self, event: Event<'_>, _part: &[Queued]) {
+        log(&self.target, self.index, event);
     }
 }
 
-/// Sends `part` until it is sent, failed or given up at shutdown, and settles it. A 400
-/// asks `split_refused` (with the answer) whether the part is split and sent again in
-/// parts (then it is not settled here).
-#[allow(clippy::too_many_arguments)]
-async fn send_part(
-    target: &Target,
-    shard: &Shard,
-    index: usize,
-    part: &[Queued],
-    scratch: &mut EncodeScratch,
-    shutdown: &mut Shutdown,
-    stop_at: &mut Option<tokio::time::Instant>,
-    split_refused: &mut (dyn FnMut(&str) -> bool + Send),
-) {
-    let n = part.len();
-    let newest = part.iter().map(|q| q.sample.timestamp).max().unwrap_or(0);
-    let body = match encode(part, scratch) {
-        // Shared, so that a retry does not copy the request.
-        Ok(b) => bytes::Bytes::from(b),
-        Err(e) => {
-            tracing::error!(url = %target.label, error = %e, "remote-write request not encoded; its samples are counted failed");
-            shard.lock().settle_failed(n, Failed::Rejected);
-            return;
-        }
-    };
-    let mut backoff = Backoff::new(target.backoff.0, target.backoff.1);
-    loop {
-        let started = Instant::now();
-        let outcome = send(target, body.clone()).await;
-        let counters = shard.lock().counters.clone();
-        counters.duration.observe(started.elapsed().as_secs_f64());
-        match outcome {
-            Outcome::Sent => {
-                shard.lock().settle_sent(n, newest);
-                return;
-            }
-            Outcome::Reject(status, why) => {
-                if status == StatusCode::BAD_REQUEST && split_refused(&why) {
-                    return;
-                }
-                shard.lock().settle_failed(n, Failed::Rejected);
-                if n > 1 && target.log_due("reject") {
-                    tracing::warn!(url = %target.label, shard = index, samples = n, answer = %why, "remote-write receiver rejected a request; its samples are dropped (not retried) and counted in samples_failed_total{{reason=\"rejected\"}}");
-                }
-                return;
-            }
-            Outcome::Retry(after, why) => {
-                let delay = backoff.next_delay(after);
-                if let Some(stop) = *stop_at {
-                    if tokio::time::Instant::now() + delay >= stop {
-                        shard.lock().settle_failed(n, Failed::Shutdown);
-                        tracing::warn!(url = %target.label, shard = index, samples = n, error = %why, "remote-write request still failing at shutdown; its samples are counted in samples_failed_total{{reason=\"shutdown\"}}");
-                        return;
-                    }
-                }
-                {
-                    let st = shard.lock();
-                    st.counters.retried.inc_by(n as u64);
-                }
-                if target.log_due("retry") {
-                    tracing::warn!(url = %target.label, shard = index, samples = n, error = %why, retry_in_ms = delay.as_millis() as u64, "remote-write request failed; retrying");
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = shutdown.wait(), if stop_at.is_none() => {
-                        *stop_at = Some(tokio::time::Instant::now() + target.grace);
-                    }
-                }
+/// Shard `index`'s line for `event`.
+fn log(target: &Target, index: usize, event: Event<'_>) {
+    let url = &target.label;
+    match event {
+        Event::Retry { items, why, delay } => {
+            if target.log_due("retry") {
+                tracing::warn!(url = %url, shard = index, samples = items, error = %why, retry_in_ms = delay.as_millis() as u64, "remote-write request failed; retrying");
             }
         }
+        Event::GaveUp { items, why } => {
+            tracing::warn!(url = %url, shard = index, samples = items, error = %why, "remote-write request still failing at shutdown; its samples are counted in samples_failed_total{{reason=\"shutdown\"}}");
+        }
+        Event::ItemRefused { refused, .. } => {
+            tracing::warn!(url = %url, shard = index, answer = %refused.why, "remote-write receiver refused a sample; it is failed alone (samples_failed_total{{reason=\"rejected\"}}), the rest of its request is sent without it");
+        }
+        Event::PartRefused { items, refused } => {
+            if items > 1 && target.log_due("reject") {
+                tracing::warn!(url = %url, shard = index, samples = items, answer = %refused.why, "remote-write receiver rejected a request; its samples are dropped (not retried) and counted in samples_failed_total{{reason=\"rejected\"}}");
+            }
+        }
+        Event::NotEncoded { why, .. } => {
+            tracing::error!(url = %url, error = %why, "remote-write request not encoded; its samples are counted failed");
+        }
+        Event::Isolated {
+            items,
+            refused,
+            requests,
+        } => {
+            tracing::warn!(url = %url, shard = index, samples = items, refused, requests, "a remote-write request had samples the receiver refused: those failed, the rest was sent");
+        }
+        Event::NotSent { items } => {
+            tracing::warn!(url = %url, shard = index, samples = items, "remote-write samples not sent before shutdown; counted in samples_dropped_total{{reason=\"shutdown\"}}");
+        }
+        // Remote-write answers are never of unknown outcome (no request identity to check).
+        Event::Unchecked { .. }
+        | Event::Unknown { .. }
+        | Event::Landed { .. }
+        | Event::CheckFailed { .. } => {}
     }
 }
 
@@ -324,7 +301,9 @@ fn encode(batch: &[Queued], s: &mut EncodeScratch) -> Result<Vec<u8>, snap::Erro
     )
 }
 
-async fn send(target: &Target, body: bytes::Bytes) -> Outcome {
+/// Sends the request `body` once; its [`Answer`] (module docs): a 400 may concern some
+/// samples only.
+async fn send(target: &Target, body: bytes::Bytes) -> Answer {
     let result = target
         .client
         .post(target.url.clone())
@@ -342,18 +321,23 @@ async fn send(target: &Target, body: bytes::Bytes) -> Outcome {
         .await;
     let response = match result {
         Ok(r) => r,
-        Err(e) => return Outcome::Retry(None, http::describe(&e)),
+        Err(e) => return Answer::Retry(None, http::describe(&e)),
     };
     let status = response.status();
     if status.is_success() {
-        return Outcome::Sent;
+        return Answer::Sent;
     }
     let after = http::retry_after(response.headers(), SystemTime::now());
     let text = response.text().await.unwrap_or_default();
     let why = format!("{status}: {}", http::snippet(&text, 200));
     if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
-        Outcome::Retry(after, why)
+        Answer::Retry(after, why)
     } else {
-        Outcome::Reject(status, why)
+        Answer::Refused(Refused {
+            by_item: status == StatusCode::BAD_REQUEST,
+            named: None,
+            fatal: false,
+            why,
+        })
     }
 }
