@@ -56,7 +56,7 @@ pub struct ClickHouseConfig {
     /// An `INSERT` is sent once its oldest row has waited this long, seconds. Default 1.
     pub batch_send_deadline_seconds: f64,
     /// Rows kept waiting in memory; when full, the oldest are dropped and counted
-    /// (`clickhouse_queue_full`). Default 100000.
+    /// (`uctel_collector_clickhouse_rows_dropped_total{reason="queue_full"}`). Default 100000.
     pub queue_capacity_rows: u32,
     /// Timeout of one request, seconds. An `INSERT` that times out (or fails after it was
     /// sent: a reset, a 5xx without a "not applied" code) may have been applied: its rows

@@ -120,13 +120,6 @@ pub enum DropReason {
     /// A sample named in the collector's own namespace or clashing with a histogram's
     /// `_bucket`/`_sum`/`_count` names (record-level).
     ReservedName,
-    /// The ClickHouse output gave a row up: the server refused its `INSERT` for good (bad
-    /// data, unknown table, authentication; `crate::outputs::clickhouse`) (record-level).
-    ClickHouseRejected,
-    /// The ClickHouse output's queue was full; the oldest row made room (record-level).
-    ClickHouseQueueFull,
-    /// A row still queued or unsent when the collector stopped (record-level).
-    ClickHouseShutdown,
     /// The transport's responder silently discarded the message (IBTA UC rules as rxe
     /// implements them), surfaced from the QP's drop counters.
     Transport(UcDropReason),
@@ -134,7 +127,7 @@ pub enum DropReason {
 
 impl DropReason {
     /// Every collector-level reason (transport reasons come from [`UcDropReason::ALL`]).
-    pub const COLLECTOR: [DropReason; 19] = [
+    pub const COLLECTOR: [DropReason; 16] = [
         DropReason::RingOverrun,
         DropReason::ImmMismatch,
         DropReason::TornSlot,
@@ -151,9 +144,6 @@ impl DropReason {
         DropReason::LogSinkError,
         DropReason::TypeConflict,
         DropReason::ReservedName,
-        DropReason::ClickHouseRejected,
-        DropReason::ClickHouseQueueFull,
-        DropReason::ClickHouseShutdown,
     ];
 
     /// Every reason, collector and transport.
@@ -182,9 +172,6 @@ impl DropReason {
             DropReason::LogSinkError => "log_sink_error",
             DropReason::TypeConflict => "type_conflict",
             DropReason::ReservedName => "reserved_name",
-            DropReason::ClickHouseRejected => "clickhouse_rejected",
-            DropReason::ClickHouseQueueFull => "clickhouse_queue_full",
-            DropReason::ClickHouseShutdown => "clickhouse_shutdown",
             // The QP-in-ERROR drop of the transport is reported as a QP error, not a reason of
             // its own, so the label value `qp_error` stays unambiguous.
             DropReason::Transport(UcDropReason::QpError) => "qp_in_error",
@@ -207,9 +194,6 @@ impl DropReason {
                 | DropReason::LogSinkError
                 | DropReason::TypeConflict
                 | DropReason::ReservedName
-                | DropReason::ClickHouseRejected
-                | DropReason::ClickHouseQueueFull
-                | DropReason::ClickHouseShutdown
         )
     }
 
@@ -868,21 +852,17 @@ mod tests {
     }
 
     #[test]
-    fn output_drops_are_record_level() {
-        for r in [
-            DropReason::LogSinkError,
-            DropReason::ClickHouseRejected,
-            DropReason::ClickHouseQueueFull,
-            DropReason::ClickHouseShutdown,
-        ] {
-            assert!(r.record_level() && !r.before_tracking(), "{r:?}");
-        }
+    fn sink_drops_are_record_level_and_output_drops_have_no_reason_here() {
+        let r = DropReason::LogSinkError;
+        assert!(r.record_level() && !r.before_tracking(), "{r:?}");
         let t = Telemetry::new().unwrap();
         t.agent("web-1");
         let text = String::from_utf8(t.render().unwrap()).unwrap();
         assert!(text.contains(
-            "uctel_collector_records_dropped_total{agent=\"web-1\",reason=\"clickhouse_queue_full\"} 0"
+            "uctel_collector_records_dropped_total{agent=\"web-1\",reason=\"log_sink_error\"} 0"
         ));
+        // An output's drops are its own (`crate::outputs` module docs, "Drops").
+        assert!(!text.contains("reason=\"clickhouse_"), "{text}");
     }
 
     #[test]
