@@ -179,9 +179,7 @@ pub(super) async fn run_session(
         report_tick,
     };
     let ending = driver.run(&mut events).await;
-    link.set_ending();
-    let replaced_by = link.take_replaced_by();
-    driver.close(ending, replaced_by, peer, hello).await;
+    driver.close(ending, &link, peer, hello).await;
 }
 
 /// Heartbeat and report periods from the configuration (defaults when out of range).
@@ -521,10 +519,14 @@ impl Driver<'_> {
     /// Ends the session (`ending`: the collector's reason, if it ended it): sends its
     /// `Goodbye`, waits for the frames the agent's `Goodbye` names, closes every lane,
     /// settles the accounting and logs the line that sums the connection up.
+    ///
+    /// The registry sees the session as ending (`link`) only after the short wait for an
+    /// unread `Goodbye`: until then a new connection of the agent is refused or replaces
+    /// this one by the registry's rules.
     async fn close(
         mut self,
         ending: Option<Ending>,
-        replaced_by: Option<String>,
+        link: &SessionLink,
         peer: SocketAddr,
         hello: &Hello,
     ) {
@@ -533,6 +535,8 @@ impl Driver<'_> {
                 self.state.on_unread_goodbye(g);
             }
         }
+        link.set_ending();
+        let replaced_by = link.take_replaced_by();
         let within = self.state.dead_after();
         let closing = self.state.close(ending, replaced_by, Instant::now());
         if let Some(bye) = closing.send.clone() {

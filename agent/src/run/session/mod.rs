@@ -124,6 +124,15 @@ impl Session {
                 stops[i] = lane.step(queues, &self.stats);
             }
         }
+        let mut credit_heartbeat = false;
+        for lane in self.lanes.iter_mut() {
+            credit_heartbeat |= lane.core.take_credit_heartbeat();
+        }
+        if credit_heartbeat {
+            // Before a failed post ends the session: the next session's `Hello` still
+            // announces the rate this one was starved at.
+            demand.starved();
+        }
         for (lane, stop) in self.lanes.iter().zip(&stops).rev() {
             if *stop == Stop::Failed {
                 return Err(SessionEnd::Lost(
@@ -136,14 +145,9 @@ impl Session {
             .into_iter()
             .reduce(|a, b| lane::merge_stops(a, Some(b)))
             .unwrap_or(Stop::Wait(None));
-        let mut credit_heartbeat = false;
-        for lane in self.lanes.iter_mut() {
-            credit_heartbeat |= lane.core.take_credit_heartbeat();
-        }
         if !credit_heartbeat {
             return Ok(None);
         }
-        demand.starved();
         Ok(Some(self.lanes.heartbeat(self.last_heartbeat, &self.stats)))
     }
 
