@@ -70,11 +70,11 @@ fn every_key_is_described_and_every_required_key_has_an_example() {
 
 #[test]
 fn the_module_doc_examples_are_valid_keys() {
-    let agent = reference::module_yaml(include_str!("../src/config.rs"));
+    let agent = reference::module_yaml(include_str!("../../src/config.rs"));
     if let Err(e) = serde_yaml::from_str::<AgentConfig>(&agent) {
         panic!("agent/src/config.rs example: {e}\n{agent}");
     }
-    let collector = reference::module_yaml(include_str!("../../collector/src/config/mod.rs"));
+    let collector = reference::module_yaml(include_str!("../../../collector/src/config/mod.rs"));
     if let Err(e) = serde_yaml::from_str::<uctel_collector::config::Config>(&collector) {
         panic!("collector/src/config/mod.rs example: {e}\n{collector}");
     }
