@@ -33,7 +33,7 @@ fn docs_configuration_md_is_generated_from_the_config_types() {
             .unwrap_or_else(|| have.lines().count().min(want.lines().count()));
         panic!(
             "docs/configuration.md is out of date (first difference at line {}: {:?} should be \
-             {:?}); regenerate it with UCTEL_BLESS=1 cargo test -p uctel-agent --test \
+             {:?}); regenerate it with UCTEL_BLESS=1 cargo test -p uctel-agent --test it -- \
              config_reference",
             first + 1,
             have.lines().nth(first).unwrap_or(""),
