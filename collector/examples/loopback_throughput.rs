@@ -6,7 +6,7 @@
 //! (`UCTEL_BUSY_POLL=1` makes the collector's data-plane worker drive its soft device instead
 //! of a device thread).
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::time::Instant;

@@ -19,7 +19,7 @@
 //!   to one collection interval before the scrape is placed at the scrape, with a lag that
 //!   moves with the scrape phase: `rate()` over a window of a few collection intervals then
 //!   sees one step more or one fewer than the window holds (0.55 to 1.12 times the true rate
-//!   through `rate(...[10s])` of a 5 s collection, `tests/tests/liveness.rs`). With the agent's times a late frame's
+//!   through `rate(...[10s])` of a 5 s collection, `tests/tests/it/liveness.rs`). With the agent's times a late frame's
 //!   older value is an out-of-order sample Prometheus drops, not a counter that seems to go
 //!   back and reset. A series that leaves `/metrics` gets no staleness marker from a
 //!   Prometheus before 2.48 (`track_timestamps_staleness` from 2.48 on), so liveness is read

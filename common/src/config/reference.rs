@@ -505,9 +505,9 @@ pub fn markdown(references: &[Reference]) -> String {
     let mut out = String::from(
         "# Configuration reference\n\n\
          <!-- Generated from the config types by the test `config_reference` \
-         (agent/tests/config_reference.rs); do not edit: change the doc comments in \
+         (agent/tests/it/config_reference.rs); do not edit: change the doc comments in \
          agent/src/config.rs, collector/src/config/ or common/src/config.rs and run \
-         `UCTEL_BLESS=1 cargo test -p uctel-agent --test config_reference`. -->\n\n\
+         `UCTEL_BLESS=1 cargo test -p uctel-agent --test it -- config_reference`. -->\n\n\
          Both daemons read one YAML file (`--config PATH`, `-c PATH`, or `UCTEL_AGENT_CONFIG` / \
          `UCTEL_COLLECTOR_CONFIG`). It is strict: an unknown key is an error naming the key \
          probably meant, and `--check-config` reports every problem at once as \

@@ -1,4 +1,4 @@
-//! Support for the fault matrix (`tests/tests/fault_matrix.rs`): one row per fault, every row
+//! Support for the fault matrix (`tests/tests/it/fault_matrix.rs`): one row per fault, every row
 //! checked against the same conservation law through the real binaries.
 //!
 //! Layout (everything is re-exported here, so a row names `faults::Row`, `faults::Law`, ...):

@@ -40,7 +40,7 @@
 //! - **Send with UDP GSO.** The segments of one `UDP_SEGMENT` send get IDs 0, 1, 2, …
 //!   (`net/ipv4/af_inet.c: inet_gso_segment()` increments the ID per segment; the fixed-ID
 //!   flag is TCP's). `UdpLink` reseals segment `i` for ID `i` with [`reseal_ipv4_id`];
-//!   `tests/udp_gso_capture.rs` captures the segments on a veth and checks each ICRC against
+//!   `tests/slow/udp_gso_capture.rs` captures the segments on a veth and checks each ICRC against
 //!   the ID it carries.
 //! - **Receive.** rxe sends with a hashed, non-zero ID (`__ip_select_ident`; `0x3a38..` in the
 //!   capture). CRC-32 is affine over GF(2): `crc(m ⊕ e) = crc(m) ⊕ L(e)` for messages of one

@@ -29,7 +29,7 @@
 //!   segment `i` must be sealed for ID `i`: the link rewrites the ICRC of segment `i ≥ 1` with
 //!   [`crate::soft::icrc::reseal_ipv4_id`] in its copy, when the datagram verifies as sealed
 //!   for ID 0 on this path (payloads that are not sealed RoCEv2 packets are sent untouched).
-//!   Proven on the wire by `tests/udp_gso_capture.rs` (veth pair, software segmentation,
+//!   Proven on the wire by `tests/slow/udp_gso_capture.rs` (veth pair, software segmentation,
 //!   `AF_PACKET` capture: IDs 0, 1, 2, … and every ICRC valid for its captured ID). The
 //!   resealing needs the source address, so a wildcard-bound link sends IPv4 datagrams
 //!   without an explicit [`Datagram::local`] through `sendmmsg`; IPv6 has no ID.

@@ -2,7 +2,7 @@
 //! counted under its reason, good frames around it are accepted, and the scrape stays a
 //! valid exposition.
 
-mod support;
+use crate::support;
 
 use support::{
     collector_config, eventually, http_get, sample, AgentOptions, MetricStream, TestAgent,

@@ -33,7 +33,7 @@ fn docs_configuration_md_is_generated_from_the_config_types() {
             .unwrap_or_else(|| have.lines().count().min(want.lines().count()));
         panic!(
             "docs/configuration.md is out of date (first difference at line {}: {:?} should be \
-             {:?}); regenerate it with UCTEL_BLESS=1 cargo test -p uctel-agent --test \
+             {:?}); regenerate it with UCTEL_BLESS=1 cargo test -p uctel-agent --test it -- \
              config_reference",
             first + 1,
             have.lines().nth(first).unwrap_or(""),
@@ -70,11 +70,11 @@ fn every_key_is_described_and_every_required_key_has_an_example() {
 
 #[test]
 fn the_module_doc_examples_are_valid_keys() {
-    let agent = reference::module_yaml(include_str!("../src/config.rs"));
+    let agent = reference::module_yaml(include_str!("../../src/config.rs"));
     if let Err(e) = serde_yaml::from_str::<AgentConfig>(&agent) {
         panic!("agent/src/config.rs example: {e}\n{agent}");
     }
-    let collector = reference::module_yaml(include_str!("../../collector/src/config/mod.rs"));
+    let collector = reference::module_yaml(include_str!("../../../collector/src/config/mod.rs"));
     if let Err(e) = serde_yaml::from_str::<uctel_collector::config::Config>(&collector) {
         panic!("collector/src/config/mod.rs example: {e}\n{collector}");
     }

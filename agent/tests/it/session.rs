@@ -2,7 +2,7 @@
 //! proof, both data paths, credits, reconnect with a new epoch, goodbye with exact final
 //! sequences, log checkpoints, fault injection. Every wait is bounded.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::Duration;

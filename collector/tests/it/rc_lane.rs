@@ -2,7 +2,7 @@
 //! stream on an RC QP and its metrics stream on the UC QP, over the real soft RoCEv2
 //! transport with the fault injector dropping datagrams both ways.
 
-mod support;
+use crate::support;
 
 use support::{
     collector_config, eventually, sample, AgentOptions, LogStream, MetricStream, TestAgent,

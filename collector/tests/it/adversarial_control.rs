@@ -2,7 +2,7 @@
 //! collector answers with a counted refusal or a closed connection, keeps serving everyone
 //! else and never hangs or panics.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Acceptance tests: an in-process collector on ephemeral loopback ports and a test agent
 //! driving the real soft RoCEv2 UC transport over UDP (fault injection on where stated).
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 

@@ -1,7 +1,7 @@
 //! The `uctel-agent` binary: `--check-config` exit codes and messages, `--dry-run --once`
 //! output, and SIGTERM ending a session with a `Goodbye` (as systemd stops the service).
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

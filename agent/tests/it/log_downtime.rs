@@ -11,7 +11,7 @@
 //! - A truncation, while running or while down, is counted (`file_truncated`) and logged once,
 //!   naming the path.
 
-mod support;
+use crate::support;
 
 use std::fs::OpenOptions;
 use std::io::Write;

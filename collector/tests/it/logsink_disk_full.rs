@@ -7,7 +7,7 @@
 //! Mounting needs root: as another user the test says it is skipped and passes (CI runs as
 //! root). As root, a failed mount fails the test.
 
-mod support;
+use crate::support;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! lines and headers, idle and half-sent requests, many concurrent scrapes. Every answer is
 //! an HTTP status or a closed connection, and the server keeps serving.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

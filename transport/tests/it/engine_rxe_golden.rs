@@ -18,7 +18,7 @@ use uctel_transport::soft::icrc::{self, Ipv4Ident};
 use uctel_transport::soft::memory::{LocalAccessError, MemoryTable};
 use uctel_transport::soft::packet::PacketRepr;
 
-const PCAP: &[u8] = include_bytes!("data/rxe-uc-golden.pcap");
+const PCAP: &[u8] = include_bytes!("../data/rxe-uc-golden.pcap");
 
 struct Captured {
     src: SocketAddr,

@@ -7,7 +7,7 @@
 //! test harness. The bound, 2 % of one core, is far above the 0.1 % target and far below the
 //! 12 % that a worker waking every 50 µs costs.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! port is counted with a reason from the closed set, never panics, and never stops the
 //! daemon from serving agents and `/metrics`.
 
-mod support;
+use crate::support;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;

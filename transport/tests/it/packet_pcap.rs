@@ -7,7 +7,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use uctel_transport::soft::icrc::{self, IcrcError, IcrcMatch, Ipv4Ident};
 use uctel_transport::soft::packet::{Opcode, PacketRepr, DEFAULT_PKEY};
 
-const PCAP: &[u8] = include_bytes!("data/rxe-uc-golden.pcap");
+const PCAP: &[u8] = include_bytes!("../data/rxe-uc-golden.pcap");
 
 /// One captured RoCEv2 packet.
 struct Captured {

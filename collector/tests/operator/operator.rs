@@ -1,7 +1,7 @@
 //! What an operator sees: labels, resets, warnings and summaries of an in-process collector
 //! driven by the test agent over the real soft RoCEv2 UC transport on loopback.
 
-mod support;
+use crate::support;
 
 use std::io::Write;
 use std::sync::{Mutex, OnceLock};

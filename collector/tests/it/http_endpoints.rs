@@ -2,7 +2,7 @@
 //! real HTTP requests to an in-process collector: `/-/healthy`, `/-/ready`, an HTML index at
 //! `/`, gzip on `/metrics` when the scraper asks for it, 404 for anything else.
 
-mod support;
+use crate::support;
 
 use std::io::Read;
 use std::net::SocketAddr;

@@ -3,7 +3,7 @@
 //! `ring.descriptor_queue` (the shared room on top) is and however long the worker stalls;
 //! an agent ignoring its credits uses the shared room and then loses only its own frames.
 
-mod support;
+use crate::support;
 
 use support::{collector_config, eventually, sample, AgentOptions, MetricStream, TestAgent};
 use uctel_protocol::control::DataPath;

@@ -4,7 +4,7 @@
 //! clear error; a dead RC QP ends the session and the agent reconnects. Every wait is
 //! bounded.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::Duration;
