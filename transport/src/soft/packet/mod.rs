@@ -215,6 +215,44 @@ fn mismatch(opcode: Opcode, requirement: &'static str) -> PacketError {
     }
 }
 
+/// Parses the extension header at `*offset` when the opcode has it (`present`), then moves
+/// `*offset` past its `len` bytes. The caller keeps the IBTA order (Vol 1 §9.2: RETH, AETH,
+/// ImmDt); a `Truncated` error names the header's offset in the packet.
+fn ext_header<T>(
+    buf: &[u8],
+    offset: &mut usize,
+    present: bool,
+    len: usize,
+    parse: impl FnOnce(&[u8]) -> Result<T, PacketError>,
+) -> Result<Option<T>, PacketError> {
+    if !present {
+        return Ok(None);
+    }
+    let rest = buf.get(*offset..).unwrap_or_default();
+    let header = parse(rest).map_err(|e| at_offset(e, *offset))?;
+    *offset += len;
+    Ok(Some(header))
+}
+
+/// What follows the headers that end at `offset`: checks, in order, room for the ICRC, a
+/// total length that is a multiple of 4 and a BTH pad count (`pad`) that fits, then returns
+/// the bytes between the headers and the ICRC (`available`) and the payload without its pad.
+fn payload_after(buf: &[u8], offset: usize, pad: u8) -> Result<(usize, &[u8]), PacketError> {
+    check_len(buf, "ICRC", offset, ICRC_LEN)?;
+    let len = buf.len();
+    if len % 4 != 0 {
+        return Err(PacketError::Misaligned { len });
+    }
+    let available = len - offset - ICRC_LEN;
+    let payload_len = available
+        .checked_sub(usize::from(pad))
+        .ok_or(PacketError::BadPad { pad, available })?;
+    let payload = buf
+        .get(offset..offset + payload_len)
+        .ok_or(PacketError::BadPad { pad, available })?;
+    Ok((available, payload))
+}
+
 /// Shifts the offset of a `Truncated` error from a sub-slice to the packet.
 fn at_offset(e: PacketError, base: usize) -> PacketError {
     match e {

@@ -4,7 +4,7 @@ use super::aeth::AethRepr;
 use super::bth::RcBthRepr;
 use super::opcode::Opcode;
 use super::reth::{ImmDt, RethRepr};
-use super::{at_offset, check_len, pad_for, PacketError};
+use super::{check_len, ext_header, pad_for, payload_after, PacketError};
 use super::{AETH_LEN, BTH_LEN, ICRC_LEN, IMMDT_LEN, RETH_LEN};
 
 /// One parsed RC packet, borrowing its payload.
@@ -49,48 +49,35 @@ impl<'a> RcPacketRepr<'a> {
         let bth = RcBthRepr::parse(udp_payload)?;
         let opcode = bth.opcode;
         let mut offset = BTH_LEN;
-        let reth = if opcode.has_reth() {
-            let rest = udp_payload.get(offset..).unwrap_or_default();
-            let reth = RethRepr::parse(rest).map_err(|e| at_offset(e, offset))?;
-            offset += RETH_LEN;
-            Some(reth)
-        } else {
-            None
-        };
-        let aeth = if opcode.has_aeth() {
-            let rest = udp_payload.get(offset..).unwrap_or_default();
-            let aeth = AethRepr::parse(rest).map_err(|e| at_offset(e, offset))?;
-            offset += AETH_LEN;
-            Some(aeth)
-        } else {
-            None
-        };
-        let imm = if opcode.has_immdt() {
-            let rest = udp_payload.get(offset..).unwrap_or_default();
-            let imm = ImmDt::parse(rest).map_err(|e| at_offset(e, offset))?;
-            offset += IMMDT_LEN;
-            Some(imm.0)
-        } else {
-            None
-        };
-        check_len(udp_payload, "ICRC", offset, ICRC_LEN)?;
-        let len = udp_payload.len();
-        if len % 4 != 0 {
-            return Err(PacketError::Misaligned { len });
-        }
-        let available = len - offset - ICRC_LEN;
+        let reth = ext_header(
+            udp_payload,
+            &mut offset,
+            opcode.has_reth(),
+            RETH_LEN,
+            RethRepr::parse,
+        )?;
+        let aeth = ext_header(
+            udp_payload,
+            &mut offset,
+            opcode.has_aeth(),
+            AETH_LEN,
+            AethRepr::parse,
+        )?;
+        let imm = ext_header(
+            udp_payload,
+            &mut offset,
+            opcode.has_immdt(),
+            IMMDT_LEN,
+            ImmDt::parse,
+        )?
+        .map(|imm| imm.0);
         let pad = bth.pad_count;
-        let payload_len = available
-            .checked_sub(usize::from(pad))
-            .ok_or(PacketError::BadPad { pad, available })?;
+        let (available, payload) = payload_after(udp_payload, offset, pad)?;
         if opcode.has_aeth() && available != 0 {
             // An ACKNOWLEDGE is BTH + AETH + ICRC (IBTA Vol 1 §9.2, rxe `rxe_opcode.c`
             // length 16 + ICRC): anything more is malformed.
             return Err(PacketError::BadPad { pad, available });
         }
-        let payload = udp_payload
-            .get(offset..offset + payload_len)
-            .ok_or(PacketError::BadPad { pad, available })?;
         Ok(RcPacketRepr {
             bth,
             reth,

@@ -3,7 +3,7 @@
 use super::bth::BthRepr;
 use super::opcode::Opcode;
 use super::reth::{ImmDt, RethRepr};
-use super::{at_offset, check_len, mismatch, pad_for, PacketError};
+use super::{check_len, ext_header, mismatch, pad_for, payload_after, PacketError};
 use super::{BTH_LEN, ICRC_LEN, IMMDT_LEN, RETH_LEN};
 
 /// One parsed UC packet, borrowing its payload from the UDP payload it was parsed from.
@@ -48,35 +48,22 @@ impl<'a> PacketRepr<'a> {
         let bth = BthRepr::<Opcode>::parse(udp_payload)?;
         let opcode = bth.opcode;
         let mut offset = BTH_LEN;
-        let reth = if opcode.has_reth() {
-            let rest = udp_payload.get(offset..).unwrap_or_default();
-            let reth = RethRepr::parse(rest).map_err(|e| at_offset(e, offset))?;
-            offset += RETH_LEN;
-            Some(reth)
-        } else {
-            None
-        };
-        let imm = if opcode.has_immdt() {
-            let rest = udp_payload.get(offset..).unwrap_or_default();
-            let imm = ImmDt::parse(rest).map_err(|e| at_offset(e, offset))?;
-            offset += IMMDT_LEN;
-            Some(imm.0)
-        } else {
-            None
-        };
-        check_len(udp_payload, "ICRC", offset, ICRC_LEN)?;
-        let len = udp_payload.len();
-        if len % 4 != 0 {
-            return Err(PacketError::Misaligned { len });
-        }
-        let available = len - offset - ICRC_LEN;
-        let pad = bth.pad_count;
-        let payload_len = available
-            .checked_sub(usize::from(pad))
-            .ok_or(PacketError::BadPad { pad, available })?;
-        let payload = udp_payload
-            .get(offset..offset + payload_len)
-            .ok_or(PacketError::BadPad { pad, available })?;
+        let reth = ext_header(
+            udp_payload,
+            &mut offset,
+            opcode.has_reth(),
+            RETH_LEN,
+            RethRepr::parse,
+        )?;
+        let imm = ext_header(
+            udp_payload,
+            &mut offset,
+            opcode.has_immdt(),
+            IMMDT_LEN,
+            ImmDt::parse,
+        )?
+        .map(|imm| imm.0);
+        let (_, payload) = payload_after(udp_payload, offset, bth.pad_count)?;
         Ok(PacketRepr {
             bth,
             reth,
