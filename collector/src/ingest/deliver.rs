@@ -185,21 +185,7 @@ mod tests {
         );
         let out = second.on_send(&log_frame(2, 1, 1, 4, &[(F, 70)]), now());
         assert_eq!(out, FrameOutcome::Accepted { records: 1 });
-        let s = second.close(&Goodbye {
-            final_conn_seq: Some(1),
-            streams: vec![StreamFinal {
-                stream_id: uctel_protocol::stream::LOGS,
-                final_stream_seq: Some(1),
-                final_record_count: 4,
-            }],
-            ..Default::default()
-        });
-        let l = s
-            .streams
-            .iter()
-            .find(|(id, _)| *id == uctel_protocol::stream::LOGS)
-            .map(|(_, l)| *l)
-            .unwrap();
+        let l = close_logs(&mut second, 1, 4);
         assert_eq!(
             (l.records_received, l.records_replayed, l.records_lost),
             (2, 2, 0)
@@ -261,21 +247,7 @@ mod tests {
         let out = first.on_send(&log_frame(1, 1, 1, 4, &[(F, 30), (F, 40)]), now());
         assert_eq!(out, FrameOutcome::Accepted { records: 2 });
         // Only the first frame was acknowledged.
-        let s = first.close(&Goodbye {
-            final_conn_seq: Some(0),
-            streams: vec![StreamFinal {
-                stream_id: uctel_protocol::stream::LOGS,
-                final_stream_seq: Some(0),
-                final_record_count: 2,
-            }],
-            ..Default::default()
-        });
-        let l = s
-            .streams
-            .iter()
-            .find(|(id, _)| *id == uctel_protocol::stream::LOGS)
-            .map(|(_, l)| *l)
-            .unwrap();
+        let l = close_logs(&mut first, 0, 2);
         assert_eq!((l.records_received, l.records_lost), (4, 0));
         drop(first);
         // The next epoch reads 30, 40 again from the file, then 50.

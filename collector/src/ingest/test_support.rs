@@ -153,6 +153,26 @@ pub(super) fn logs_ledger(i: &ConnectionIngest) -> StreamLedger {
         .unwrap_or_default()
 }
 
+/// Closes `i` with a `Goodbye` whose logs stream ended at `final_seq` after `records`
+/// records (the connection's last frame is the same sequence), and returns the logs stream's
+/// ledger from the close summary.
+pub(super) fn close_logs(i: &mut ConnectionIngest, final_seq: u64, records: u64) -> StreamLedger {
+    let s = i.close(&Goodbye {
+        final_conn_seq: Some(final_seq),
+        streams: vec![StreamFinal {
+            stream_id: uctel_protocol::stream::LOGS,
+            final_stream_seq: Some(final_seq),
+            final_record_count: records,
+        }],
+        ..Default::default()
+    });
+    s.streams
+        .iter()
+        .find(|(id, _)| *id == uctel_protocol::stream::LOGS)
+        .map(|(_, l)| *l)
+        .unwrap_or_default()
+}
+
 pub(super) fn replayed_total(telemetry: &Telemetry) -> u64 {
     telemetry
         .agent("a1")
