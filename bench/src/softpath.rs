@@ -113,7 +113,7 @@ pub struct Accounting {
     /// gap of its stream, in `frames_lost_total`).
     pub dropped_after_tracking: f64,
     /// `sent - received - lost - dropped_after_tracking`: 0 when every frame is accounted
-    /// for (the collector's per-stream rule, `collector/src/ingest.rs`).
+    /// for (the collector's per-stream rule, `collector/src/ingest/`).
     pub unaccounted: f64,
     /// Whether the collector reported every posted frame consumed before the goodbyes.
     pub drained: bool,
