@@ -20,6 +20,8 @@
 //!   what it said; only when the daemon enabled it ([`Endpoints::lifecycle`]), else 403, as
 //!   Prometheus answers its lifecycle endpoints without `--web.enable-lifecycle`. `GET`
 //!   there is 405.
+//! - `POST /-/reload` and `/api/v1/log_level`: configuration reload and the log filter, when
+//!   the daemon serves them ([`Endpoints::admin`], `crate::admin`).
 //!
 //! Shutdown is graceful: the listener stops accepting, in-flight requests finish, and
 //! connections still open after [`GRACE_PERIOD`] are dropped.
@@ -188,6 +190,7 @@ pub struct Endpoints {
     render: RenderFn,
     ready: ReadyFn,
     drain: Option<DrainFn>,
+    admin: crate::admin::Admin,
 }
 
 impl std::fmt::Debug for Endpoints {
@@ -209,7 +212,15 @@ impl Endpoints {
             render,
             ready: Arc::new(|| Ok(())),
             drain: None,
+            admin: crate::admin::Admin::default(),
         }
+    }
+
+    /// Serves the reload and log-filter endpoints of `admin` (`crate::admin`).
+    #[must_use]
+    pub fn admin(mut self, admin: crate::admin::Admin) -> Self {
+        self.admin = admin;
+        self
     }
 
     /// Serves `POST /-/drain` with `drain` (without this call the endpoint answers 403).
@@ -396,8 +407,14 @@ pub async fn serve_with_header_timeout(
         };
         let endpoints = endpoints.clone();
         let service = service_fn(move |req: Request<Incoming>| {
-            let response = respond(&req, &endpoints);
-            async move { Ok::<_, Infallible>(response) }
+            let endpoints = endpoints.clone();
+            async move {
+                let response = match crate::admin::route(req, &endpoints.admin).await {
+                    Ok(r) => r,
+                    Err(req) => respond(&req, &endpoints),
+                };
+                Ok::<_, Infallible>(response)
+            }
         });
         let conn = builder.serve_connection(TokioIo::new(stream), service);
         let watched = graceful.watch(conn);

@@ -8,6 +8,9 @@
 //! - [`shutdown`]: a watch-based shutdown handle fired by SIGTERM/SIGINT or by hand.
 //! - [`http`]: the hyper 1.x `/metrics` server (Prometheus text format 0.0.4), graceful
 //!   shutdown.
+//! - [`reload`]: configuration reload (`SIGHUP`, `POST /-/reload`): validate whole, apply
+//!   the live keys or refuse, `*_config_last_reload_*` metrics.
+//! - [`admin`]: the `/-/reload` and `/api/v1/log_level` endpoints of the metrics port.
 //! - [`control`]: the framed control channel over TCP and the agent side of the handshake
 //!   (`client_handshake`).
 //! - [`listen`]: listen addresses in config files (`IP:PORT`, `[IPv6]:PORT`, `:PORT`).
@@ -20,11 +23,13 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod admin;
 pub mod config;
 pub mod control;
 pub mod http;
 pub mod listen;
 pub mod logging;
+pub mod reload;
 pub mod shutdown;
 pub mod stdout;
 pub mod version;

@@ -76,19 +76,36 @@ pub fn filter(directives: &str) -> Result<EnvFilter, LoggingError> {
 /// `log_level` is the `--log-level` flag (None when not given); `RUST_LOG` is read here.
 /// Colours are used only when stderr is a terminal and `NO_COLOR` is unset, so files, pipes
 /// and journald get plain text.
-pub fn init(log_level: Option<&str>) -> Result<(), LoggingError> {
+///
+/// The filter sits behind tracing-subscriber's reload layer: the returned [`LogLevel`]
+/// changes it while the daemon runs (`PUT /api/v1/log_level`, a configuration reload).
+pub fn init(log_level: Option<&str>) -> Result<LogLevel, LoggingError> {
     use std::io::IsTerminal;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let env = std::env::var("RUST_LOG").ok();
     let directives = choose_directives(log_level, env.as_deref());
     let filter = filter(&directives)?;
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr)
+    let (layer, handle) = tracing_subscriber::reload::Layer::new(filter);
+    tracing_subscriber::registry()
+        .with(layer)
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(ansi)
+                .with_writer(std::io::stderr),
+        )
         .try_init()
-        .map_err(|e| LoggingError::AlreadyInitialised(e.to_string()))
+        .map_err(|e| LoggingError::AlreadyInitialised(e.to_string()))?;
+    let handle: Arc<dyn ApplyFilter> = Arc::new(handle);
+    Ok(LogLevel::with_apply(directives, handle))
 }
+
+pub use level::{LogLevel, LogLevelState};
+
+mod level;
+use level::ApplyFilter;
+use std::sync::Arc;
 
 #[cfg(test)]
 mod tests {

@@ -62,16 +62,16 @@ impl Shutdown {
 }
 
 /// Installs SIGTERM and SIGINT handlers and returns a handle that fires on the first of them
-/// (plus the trigger, so the daemon can also shut itself down). SIGHUP is logged and ignored:
-/// there is no configuration reload, and its default action would kill the daemon without a
-/// Goodbye. Must be called inside a tokio runtime. Errors: the OS refused to install a handler.
+/// (plus the trigger, so the daemon can also shut itself down). SIGHUP reloads the
+/// configuration once the daemon has said how ([`crate::reload::on_sighup`]); before that
+/// it is logged and ignored (its default action would kill the daemon without a Goodbye).
+/// Must be called inside a tokio runtime. Errors: the OS refused to install a handler.
 pub fn on_signals() -> std::io::Result<(ShutdownTrigger, Shutdown)> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
     let (trigger, shutdown) = channel();
-    // SIGHUP would kill the process by default; operators send it expecting a reload.
     let mut hup_own = shutdown.clone();
     tokio::spawn(async move {
         loop {
@@ -80,10 +80,16 @@ pub fn on_signals() -> std::io::Result<(ShutdownTrigger, Shutdown)> {
                     if r.is_none() {
                         return;
                     }
-                    tracing::warn!(
-                        "SIGHUP received: configuration reload is not supported; \
-                         restart the daemon to apply a new configuration (still running)"
-                    );
+                    let Some(reload) = crate::reload::sighup_handler() else {
+                        tracing::warn!(
+                            "SIGHUP received before the daemon finished starting; ignored \
+                             (send it again to reload the configuration)"
+                        );
+                        continue;
+                    };
+                    tracing::info!("SIGHUP received: reloading the configuration");
+                    // The outcome is logged by the reload itself.
+                    let _ = tokio::task::spawn_blocking(move || reload()).await;
                 }
                 _ = hup_own.wait() => return,
             }
