@@ -121,6 +121,12 @@ pub struct AgentConfig {
     /// fit one packet is refused by `--check-config` (`max_line_bytes`).
     #[serde(default)]
     pub multi_packet_frames: bool,
+    /// The log filter, in the syntax of `--log-level` (`info`,
+    /// `warn,uctel_agent::sources=debug`). `--log-level` wins over it, and it wins over
+    /// `RUST_LOG`. A reload (`SIGHUP`, `POST /-/reload`) applies it live (README "Reload").
+    /// Default: `RUST_LOG`, else `info`.
+    #[serde(default)]
+    pub log_level: Option<String>,
 }
 
 fn default_max_frame_bytes() -> usize {
@@ -221,6 +227,13 @@ pub struct ListenSection {
     /// `[IPv6]:PORT` or `:PORT` (every interface). Off when absent.
     #[serde(default, deserialize_with = "uctel_common::listen::deserialize_option")]
     pub metrics: Option<SocketAddr>,
+    /// Serve the endpoints that change the running agent on the `/metrics` port (as
+    /// Prometheus's `--web.enable-lifecycle` guards its `/-/reload`): `POST /-/reload`
+    /// reloads the configuration, as `SIGHUP` does; `PUT` and `DELETE /api/v1/log_level`
+    /// change the log filter. Off by default, because anyone who can reach the port could
+    /// then use them; without it they answer 403 (`GET /api/v1/log_level` always answers).
+    #[serde(default)]
+    pub enable_lifecycle: bool,
 }
 
 /// `transport.kind`.
@@ -541,6 +554,11 @@ impl Validate for AgentConfig {
     }
 
     fn validate(&self, p: &mut Problems) {
+        if let Some(level) = &self.log_level {
+            if let Err(e) = uctel_common::logging::filter(level) {
+                p.push("log_level", e.to_string());
+            }
+        }
         if self.agent_id == AGENT_ID_PLACEHOLDER {
             p.push(
                 "agent_id",

@@ -9,6 +9,7 @@
 //! ```text
 //! main.rs        thin binary: flags → config → logging → run / --check-config / --dry-run
 //! config.rs      strict YAML configuration, every problem with line and key
+//! reload.rs      configuration reload (SIGHUP, POST /-/reload): the keys applied live
 //! run.rs         the daemon: sources, local /metrics and the reconnect loop
 //! run/session/   one session (one epoch): a state struct, its thin async driver, its close
 //! control.rs     control channel client: Hello → Challenge → Proof → Welcome | Refuse
@@ -63,6 +64,8 @@ pub mod pool;
 pub mod queue;
 #[forbid(unsafe_code)]
 pub mod rdma_events;
+#[forbid(unsafe_code)]
+pub mod reload;
 #[forbid(unsafe_code)]
 pub mod run;
 #[forbid(unsafe_code)]

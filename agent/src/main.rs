@@ -196,6 +196,16 @@ fn main() -> ExitCode {
             config.reads_and_writes()
         ));
     }
+    // The file's `log_level` takes the place of `RUST_LOG` (`--log-level` wins over both).
+    let directives = if cli
+        .log_level
+        .as_deref()
+        .is_some_and(|l| !l.trim().is_empty())
+    {
+        directives
+    } else {
+        config.log_level.clone().unwrap_or(directives)
+    };
     if let Err(e) = uctel_common::logging::init(Some(&directives)) {
         eprintln!("uctel-agent: {e}");
         return ExitCode::from(2);
@@ -230,7 +240,15 @@ fn main() -> ExitCode {
             );
             Ok(())
         } else {
-            uctel_agent::run::run(config, shutdown).await?;
+            let options = uctel_agent::run::Options {
+                reload: Some(uctel_agent::reload::ReloadSource {
+                    path: cli.config.clone(),
+                    agent_id: cli.agent_id.clone(),
+                    log_rule: uctel_common::logging::BaseRule::from_env(cli.log_level.as_deref()),
+                }),
+                ..Default::default()
+            };
+            uctel_agent::run::run_with(config, options, shutdown).await?;
             tracing::info!("uctel-agent stopped");
             Ok(())
         }

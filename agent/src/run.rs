@@ -121,6 +121,8 @@ pub struct Options {
     pub stats: Option<Arc<SelfMetrics>>,
     /// An already bound listener for `/metrics` (port 0 in tests); else `listen.metrics`.
     pub metrics_listener: Option<TcpListener>,
+    /// Reload the configuration from here (`SIGHUP`, `POST /-/reload`); no reload without.
+    pub reload: Option<crate::reload::ReloadSource>,
 }
 
 /// What a run did, for logs and tests.
@@ -177,6 +179,7 @@ pub async fn run_with(
         ),
         (None, None) => None,
     };
+    let admin = admin(&config, options.reload, &stats)?;
     if let Some(l) = listener {
         if let Ok(addr) = l.local_addr() {
             tracing::info!(%addr, "serving self-metrics on /metrics");
@@ -191,7 +194,8 @@ pub async fn run_with(
                     } else {
                         Err(format!("not connected to the collector at {collector}"))
                     }
-                }));
+                }))
+                .admin(admin);
         tasks.spawn(uctel_common::http::serve(l, endpoints, shutdown.clone()));
     }
     runners::spawn_metric_sources(&config, &queues, &stats, &shutdown, &mut tasks);
@@ -233,6 +237,25 @@ pub async fn run_with(
         "stopped: records sent and dropped per stream over the whole run"
     );
     Ok(summary)
+}
+
+/// The reload and log-filter endpoints (`uctel_common::admin`) over the installed log
+/// filter (a detached one for an agent inside another program); `SIGHUP` runs the reload.
+fn admin(
+    config: &AgentConfig,
+    source: Option<crate::reload::ReloadSource>,
+    stats: &SelfMetrics,
+) -> Result<uctel_common::admin::Admin, RunError> {
+    let level = uctel_common::logging::LogLevel::installed_or_detached();
+    let admin =
+        uctel_common::admin::Admin::new(config.listen.enable_lifecycle).log_level(level.clone());
+    let Some(source) = source else {
+        return Ok(admin);
+    };
+    let reload = crate::reload::reloader(config, source, level, stats.registry())
+        .map_err(|e| RunError::Metrics(e.to_string()))?;
+    uctel_common::reload::on_sighup(reload.clone());
+    Ok(admin.reload(reload))
 }
 
 /// How a session ended.

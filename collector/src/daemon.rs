@@ -18,6 +18,7 @@ use crate::dataplane::DataPlane;
 use crate::ingest::{DeliveredLogs, StreamLedger};
 use crate::logsink::LogSink;
 use crate::outputs::Outputs;
+use crate::reload::ReloadSource;
 use crate::shared::Ledger;
 pub use crate::shared::Shared;
 use crate::store::SeriesStore;
@@ -100,6 +101,8 @@ pub struct Running {
     trigger: ShutdownTrigger,
     drain: crate::control::Drain,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    reload: Option<uctel_common::reload::ReloadFn>,
+    log_level: uctel_common::logging::LogLevel,
 }
 
 impl Running {
@@ -166,6 +169,17 @@ impl Running {
         self.drain.clone()
     }
 
+    /// The configuration reload (`crate::reload`), when started with a
+    /// [`ReloadSource`](crate::reload::ReloadSource): what `SIGHUP` and `POST /-/reload` run.
+    pub fn reload(&self) -> Option<uctel_common::reload::ReloadFn> {
+        self.reload.clone()
+    }
+
+    /// The log filter (`/api/v1/log_level`).
+    pub fn log_level(&self) -> &uctel_common::logging::LogLevel {
+        &self.log_level
+    }
+
     /// Runs until `shutdown` fires or a drain is over, then stops every task and waits for
     /// them.
     ///
@@ -201,11 +215,20 @@ impl Running {
 }
 
 /// Binds every listener and starts the tasks. Port 0 in `listen.*` picks free ports (read
-/// them from [`Running`]).
+/// them from [`Running`]). No reload: [`start_with`] a [`ReloadSource`] for one.
 ///
 /// # Errors
 /// [`RunError`]: a bind, log sink or registry failure.
 pub async fn start(config: Config) -> Result<Running, RunError> {
+    start_with(config, None).await
+}
+
+/// [`start`], and reloads of the configuration from `reload` (`SIGHUP` through
+/// [`Running::reload`], `POST /-/reload`).
+///
+/// # Errors
+/// As [`start`].
+pub async fn start_with(config: Config, reload: Option<ReloadSource>) -> Result<Running, RunError> {
     let telemetry = Telemetry::new()?;
     let store = SeriesStore::new(
         config.staleness_seconds.duration(),
@@ -297,6 +320,8 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
                     Err("the control plane is not serving".into())
                 }
             }));
+    let (admin, reload, log_level) = admin(&shared, reload)?;
+    endpoints = endpoints.admin(admin);
     if shared.config.listen.enable_lifecycle {
         let d = drain.clone();
         endpoints = endpoints.lifecycle(Arc::new(move || {
@@ -331,7 +356,34 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         trigger,
         drain,
         tasks,
+        reload,
+        log_level,
     })
+}
+
+/// The reload and log-filter endpoints (`uctel_common::admin`), the reload, and the log
+/// filter: the installed subscriber's, or a detached one for a collector inside another
+/// program, whose base then follows the configuration.
+fn admin(
+    shared: &Shared,
+    source: Option<ReloadSource>,
+) -> Result<
+    (
+        uctel_common::admin::Admin,
+        Option<uctel_common::reload::ReloadFn>,
+        uctel_common::logging::LogLevel,
+    ),
+    RunError,
+> {
+    let level = uctel_common::logging::LogLevel::installed_or_detached();
+    let mut admin = uctel_common::admin::Admin::new(shared.config.listen.enable_lifecycle)
+        .log_level(level.clone());
+    let Some(source) = source else {
+        return Ok((admin, None, level));
+    };
+    let reload = crate::reload::reloader(&shared.config, source, level.clone(), &shared.telemetry)?;
+    admin = admin.reload(reload.clone());
+    Ok((admin, Some(reload), level))
 }
 
 /// Opens the configured transport device.

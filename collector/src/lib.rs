@@ -22,6 +22,7 @@
 //! - [`credits`]: the collector-wide credit budget and the grants cut from it.
 //! - [`control`]: the TCP control plane (handshake, heartbeats, reports, goodbye); the
 //!   session rules are `uctel_protocol::session`'s.
+//! - [`reload`]: configuration reload (`SIGHUP`, `POST /-/reload`): the keys applied live.
 //! - [`daemon`]: [`start`]/[`run`] wiring it all, with ephemeral-port support for tests.
 //!
 //! The binary (`src/main.rs`) parses flags, loads the configuration, installs logging and the
@@ -41,8 +42,9 @@ pub mod liveness;
 pub mod logsink;
 pub mod outputs;
 pub mod rdma_events;
+pub mod reload;
 pub mod shared;
 pub mod store;
 pub mod telemetry;
 
-pub use daemon::{run, start, RunError, Running};
+pub use daemon::{run, start, start_with, RunError, Running};

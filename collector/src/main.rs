@@ -3,7 +3,7 @@
 //!
 //! Signals: SIGTERM and SIGINT stop the collector (every session ends with a `Goodbye`);
 //! SIGUSR1 drains it (agents are told to move to their next collector of the pool, then the
-//! collector stops, exit status 0); SIGHUP is logged and ignored.
+//! collector stops, exit status 0); SIGHUP reloads the configuration (`uctel_collector::reload`).
 //!
 //! Exit status: 0 success (and a valid configuration with `--check-config`); 2 an invalid
 //! configuration or command line, or a start-up failure no restart can fix (the systemd
@@ -83,11 +83,25 @@ fn main() -> ExitCode {
             args.config.display()
         ));
     }
+    // The file's `log_level` takes the place of `RUST_LOG` (`--log-level` wins over both).
+    let directives = if args
+        .log_level
+        .as_deref()
+        .is_some_and(|l| !l.trim().is_empty())
+    {
+        directives
+    } else {
+        config.log_level.clone().unwrap_or(directives)
+    };
     if let Err(e) = uctel_common::logging::init(Some(&directives)) {
         eprintln!("uctel-collector: {e}");
         return ExitCode::from(2);
     }
-    match serve(config) {
+    let source = uctel_collector::reload::ReloadSource {
+        path: args.config.clone(),
+        log_rule: uctel_common::logging::BaseRule::from_env(args.log_level.as_deref()),
+    };
+    match serve(config, source) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // Once, on stderr, whatever the log filter; the message is complete on its own
@@ -131,14 +145,20 @@ fn permanent(e: &RunError) -> bool {
     }
 }
 
-fn serve(config: uctel_collector::config::Config) -> anyhow::Result<()> {
+fn serve(
+    config: uctel_collector::config::Config,
+    source: uctel_collector::reload::ReloadSource,
+) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("uctel-collector")
         .build()?;
     runtime.block_on(async move {
         let (_trigger, shutdown) = uctel_common::shutdown::on_signals()?;
-        let running = uctel_collector::start(config).await?;
+        let running = uctel_collector::start_with(config, Some(source)).await?;
+        if let Some(reload) = running.reload() {
+            uctel_common::reload::on_sighup(reload);
+        }
         tracing::info!(
             control = %running.control_addr(),
             metrics = %running.metrics_addr(),

@@ -122,7 +122,7 @@ async fn reload(req: &Request<Incoming>, admin: &Admin) -> Answer {
         return forbidden();
     };
     tracing::info!("configuration reload requested on POST /-/reload");
-    let outcome = match tokio::task::spawn_blocking(move || reload()).await {
+    let outcome = match tokio::task::spawn_blocking(move || reload.run()).await {
         Ok(o) => o,
         Err(e) => Outcome::ApplyFailed(format!("the reload task failed: {e}")),
     };

@@ -1,8 +1,9 @@
 //! Logging setup for the daemons: `tracing` events to stderr through `tracing-subscriber`.
 //!
 //! The filter is an `EnvFilter` directive string (`info`, `warn,uctel_collector=debug`, ...).
-//! Precedence, as operators of most Rust daemons expect: an explicit `--log-level` wins, else
-//! `RUST_LOG`, else `info`.
+//! Precedence: an explicit `--log-level` wins, else the configuration file's `log_level`
+//! (which a reload can change, [`BaseRule`]), else `RUST_LOG`, else `info`. While the daemon
+//! runs, [`LogLevel`] changes the filter (`PUT /api/v1/log_level`, a reload).
 
 use tracing_subscriber::EnvFilter;
 
@@ -39,6 +40,38 @@ pub fn choose_directives(explicit: Option<&str>, env: Option<&str>) -> String {
         .or(env.filter(|s| !s.trim().is_empty()))
         .unwrap_or(DEFAULT_LOG_LEVEL)
         .to_string()
+}
+
+/// Where the daemon's base log filter comes from: `--log-level`, else the configuration
+/// file's `log_level`, else `RUST_LOG`, else [`DEFAULT_LOG_LEVEL`]. The flag and the
+/// environment are read once at start; the file's key again at each reload.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BaseRule {
+    /// `--log-level`, when given (not empty).
+    pub flag: Option<String>,
+    /// `RUST_LOG`, when set (not empty).
+    pub env: Option<String>,
+}
+
+impl BaseRule {
+    /// The rule of this process: `flag` and the `RUST_LOG` environment variable.
+    pub fn from_env(flag: Option<&str>) -> BaseRule {
+        let keep = |s: Option<&str>| s.filter(|s| !s.trim().is_empty()).map(str::to_owned);
+        BaseRule {
+            flag: keep(flag),
+            env: keep(std::env::var("RUST_LOG").ok().as_deref()),
+        }
+    }
+
+    /// The base directives with `config_key` (the file's `log_level`) as the file says it.
+    pub fn directives(&self, config_key: Option<&str>) -> String {
+        let key = config_key.filter(|s| !s.trim().is_empty());
+        match (&self.flag, key) {
+            (Some(flag), _) => flag.clone(),
+            (None, Some(key)) => key.to_owned(),
+            (None, None) => choose_directives(None, self.env.as_deref()),
+        }
+    }
 }
 
 /// The bare levels a directive without `target=` may name.
@@ -118,6 +151,17 @@ mod tests {
         assert_eq!(choose_directives(Some(" "), Some("warn")), "warn");
         assert_eq!(choose_directives(None, None), DEFAULT_LOG_LEVEL);
         assert_eq!(choose_directives(None, Some("")), DEFAULT_LOG_LEVEL);
+        let rule = |flag: Option<&str>, env: Option<&str>| BaseRule {
+            flag: flag.map(Into::into),
+            env: env.map(Into::into),
+        };
+        assert_eq!(
+            rule(Some("debug"), Some("warn")).directives(Some("error")),
+            "debug"
+        );
+        assert_eq!(rule(None, Some("warn")).directives(Some("error")), "error");
+        assert_eq!(rule(None, Some("warn")).directives(None), "warn");
+        assert_eq!(rule(None, None).directives(Some(" ")), DEFAULT_LOG_LEVEL);
     }
 
     #[test]

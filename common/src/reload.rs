@@ -18,8 +18,28 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// Runs one reload and says what happened (a line for the log and the HTTP answer).
-pub type ReloadFn = Arc<dyn Fn() -> Outcome + Send + Sync>;
+/// Runs one reload and says what happened (a line for the log and the HTTP answer). Cheap
+/// to clone.
+#[derive(Clone)]
+pub struct ReloadFn(Arc<dyn Fn() -> Outcome + Send + Sync>);
+
+impl ReloadFn {
+    /// A reload that runs `f`.
+    pub fn new(f: impl Fn() -> Outcome + Send + Sync + 'static) -> ReloadFn {
+        ReloadFn(Arc::new(f))
+    }
+
+    /// Runs one reload (blocking: it reads the file).
+    pub fn run(&self) -> Outcome {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for ReloadFn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReloadFn")
+    }
+}
 
 /// The result of one reload.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -283,7 +303,7 @@ impl<C: serde::Serialize + Send + 'static> Reloader<C> {
         C: Sync,
     {
         let me = Arc::new(self);
-        Arc::new(move || me.reload())
+        ReloadFn::new(move || me.reload())
     }
 }
 

@@ -89,7 +89,7 @@ pub fn on_signals() -> std::io::Result<(ShutdownTrigger, Shutdown)> {
                     };
                     tracing::info!("SIGHUP received: reloading the configuration");
                     // The outcome is logged by the reload itself.
-                    let _ = tokio::task::spawn_blocking(move || reload()).await;
+                    let _ = tokio::task::spawn_blocking(move || reload.run()).await;
                 }
                 _ = hup_own.wait() => return,
             }

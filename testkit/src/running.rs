@@ -64,6 +64,7 @@ impl RunningAgent {
             Options {
                 stats: None,
                 metrics_listener: Some(listener),
+                ..Options::default()
             },
         )
     }

@@ -84,6 +84,7 @@ async fn ready_flips_when_the_collector_comes_up_and_goes_away() {
         Options {
             stats: None,
             metrics_listener: Some(metrics),
+            ..Options::default()
         },
     );
 

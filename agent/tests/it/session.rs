@@ -459,6 +459,7 @@ async fn local_metrics_endpoint_serves_self_metrics() {
         Options {
             stats: None,
             metrics_listener: Some(listener),
+            ..Options::default()
         },
     );
     let stats = agent.stats.clone();

@@ -133,6 +133,7 @@ fn start_agent(
     let options = Options {
         stats: Some(stats),
         metrics_listener: None,
+        ..Options::default()
     };
     let agent = rt.block_on(async { RunningAgent::start_with(config, options) });
     (rt, agent)

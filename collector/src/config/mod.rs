@@ -125,6 +125,11 @@ pub struct Config {
     pub logs: LogsConfig,
     /// Outputs to other machines (Prometheus remote-write), beside `/metrics` and `logs`.
     pub outputs: outputs::OutputsConfig,
+    /// The log filter, in the syntax of `--log-level` (`info`,
+    /// `warn,uctel_collector::ingest=debug`). `--log-level` wins over it, and it wins over
+    /// `RUST_LOG`. A reload (`SIGHUP`, `POST /-/reload`) applies it live (README "Reload").
+    /// Default: `RUST_LOG`, else `info`.
+    pub log_level: Option<String>,
 }
 
 /// `listen:` section. Addresses are `IP:PORT`, `[IPv6]:PORT`, or `:PORT` for every IPv4
@@ -138,10 +143,12 @@ pub struct ListenConfig {
     /// TCP address of the `/metrics` endpoint. Default `0.0.0.0:9470`. Port 0 picks one.
     #[serde(deserialize_with = "uctel_common::listen::deserialize")]
     pub metrics: SocketAddr,
-    /// Serve `POST /-/drain` on the metrics port (as Prometheus's `--web.enable-lifecycle`
-    /// guards its `/-/quit`): the request drains the collector, as `SIGUSR1` does. Off by
-    /// default, because anyone who can reach the port could then drain the collector;
-    /// without it the endpoint answers 403.
+    /// Serve the endpoints that change the running collector on the metrics port (as
+    /// Prometheus's `--web.enable-lifecycle` guards its `/-/reload` and `/-/quit`):
+    /// `POST /-/drain` drains the collector, as `SIGUSR1` does; `POST /-/reload` reloads the
+    /// configuration, as `SIGHUP` does; `PUT` and `DELETE /api/v1/log_level` change the log
+    /// filter. Off by default, because anyone who can reach the port could then use them;
+    /// without it they answer 403 (`GET /api/v1/log_level` always answers).
     pub enable_lifecycle: bool,
 }
 
@@ -847,6 +854,11 @@ impl Validate for Config {
         self.validate_auth(p);
         self.validate_timing(p);
         self.validate_logs(p);
+        if let Some(level) = &self.log_level {
+            if let Err(e) = uctel_common::logging::filter(level) {
+                p.push("log_level", e.to_string());
+            }
+        }
     }
 }
 

@@ -20,5 +20,6 @@ mod logsink_disk_full;
 mod operator_start;
 mod packaging;
 mod rc_lane;
+mod reload;
 mod remote_write_http;
 mod support;

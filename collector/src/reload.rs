@@ -1,0 +1,59 @@
+//! Configuration reload of the collector (`SIGHUP`, `POST /-/reload`; the rules are
+//! `uctel_common::reload`'s): the file is read and validated whole, and applied only when
+//! every changed key is in [`LIVE_KEYS`]; a change to any other key is refused whole, with
+//! the keys named, and the collector keeps running as it was.
+//!
+//! Live today: `log_level` (the base of the log filter, `uctel_common::logging::LogLevel`).
+//! Every other key, the outputs included, needs a restart (README "Reload").
+
+use std::path::PathBuf;
+
+use uctel_common::logging::{BaseRule, LogLevel};
+use uctel_common::reload::{ReloadFn, ReloadMetrics, Reloader};
+
+use crate::config::Config;
+use crate::telemetry::{Telemetry, NAMESPACE};
+
+/// The keys (and key prefixes) a reload applies without a restart.
+pub const LIVE_KEYS: &[&str] = &["log_level"];
+
+/// Where a reload reads the configuration, and where the log filter's base comes from.
+#[derive(Debug, Clone)]
+pub struct ReloadSource {
+    /// The configuration file (`--config`).
+    pub path: PathBuf,
+    /// `--log-level` and `RUST_LOG` as the collector started with them.
+    pub log_rule: BaseRule,
+}
+
+/// The collector's reload from `source`, starting at `config`, applying the log filter to
+/// `level`; registers `uctel_collector_config_last_reload_*` in `telemetry`.
+///
+/// # Errors
+/// A registration conflict (called twice on one registry).
+pub fn reloader(
+    config: &Config,
+    source: ReloadSource,
+    level: LogLevel,
+    telemetry: &Telemetry,
+) -> Result<ReloadFn, prometheus::Error> {
+    let metrics = ReloadMetrics::register(telemetry.registry(), NAMESPACE)?;
+    let path = source.path.clone();
+    let load =
+        Box::new(move || crate::config::load(&path).map_err(|e| format!("{e}\n{}", e.summary())));
+    let rule = source.log_rule;
+    let apply = Box::new(move |old: &Config, new: &Config| {
+        if old.log_level != new.log_level {
+            if rule.flag.is_some() {
+                tracing::warn!(
+                    "log_level changed in the file, but --log-level given at start wins over it"
+                );
+            }
+            level
+                .set_base(&rule.directives(new.log_level.as_deref()))
+                .map_err(|e| format!("log_level: {e}"))?;
+        }
+        Ok(())
+    });
+    Ok(Reloader::new(config.clone(), load, LIVE_KEYS, apply, metrics).into_fn())
+}
