@@ -343,6 +343,10 @@ pub async fn start_with(config: Config, reload: Option<ReloadSource>) -> Result<
         shared.config.metrics.agent_up_retention_seconds.duration(),
         sd.clone(),
     )));
+    tasks.push(tokio::spawn(crate::telemetry::live_loss::live_loss_loop(
+        shared.telemetry.clone(),
+        sd.clone(),
+    )));
     tasks.extend(outputs.tasks);
     let control = crate::control::serve(control_listener, shared.clone(), auth, sd, drained);
     tasks.push(tokio::spawn(async move {

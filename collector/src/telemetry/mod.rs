@@ -4,7 +4,8 @@
 //! Following Vector's internal events, each drop goes through one function
 //! ([`AgentTelemetry::drop_frames`], [`AgentTelemetry::drop_records`]) that increments the
 //! labelled counter and logs, rate-limited to one line per agent and reason per
-//! [`LOG_EVERY`], so a flood of bad frames cannot flood the log.
+//! [`LOG_EVERY`], so a flood of bad frames cannot flood the log. Loss (gaps) is logged while
+//! it happens, once per agent and stream per window ([`live_loss`]).
 //!
 //! # Accounting
 //!
@@ -289,6 +290,7 @@ struct Families {
 }
 
 mod families;
+pub mod live_loss;
 
 fn opts(name: &str, help: &str) -> Opts {
     Opts::new(name, help).namespace(NAMESPACE)
