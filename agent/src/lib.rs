@@ -9,6 +9,7 @@
 //! ```text
 //! main.rs        thin binary: flags → config → logging → run / --check-config / --dry-run
 //! config.rs      strict YAML configuration, every problem with line and key
+//! log_sources.rs the log tailers, one per sources.logs entry, changed live by a reload
 //! reload.rs      configuration reload (SIGHUP, POST /-/reload): the keys applied live
 //! run.rs         the daemon: sources, local /metrics and the reconnect loop
 //! run/session/   one session (one epoch): a state struct, its thin async driver, its close
@@ -56,6 +57,8 @@ pub mod datapath;
 pub mod dryrun;
 #[forbid(unsafe_code)]
 pub mod lane;
+#[forbid(unsafe_code)]
+pub mod log_sources;
 #[forbid(unsafe_code)]
 pub mod pacing;
 #[forbid(unsafe_code)]

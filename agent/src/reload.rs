@@ -4,18 +4,23 @@
 //! is in [`LIVE_KEYS`]; a change to any other key is refused whole, with the keys named, and
 //! the agent keeps running as it was (no session is dropped, no record lost).
 //!
-//! Live today: `log_level` (the base of the log filter, `uctel_common::logging::LogLevel`).
-//! Every other key, the sources included, needs a restart (README "Reload").
+//! Live: `log_level` (the base of the log filter, `uctel_common::logging::LogLevel`) and
+//! `sources.logs` (log sources added, removed or changed; [`crate::log_sources`] hands a
+//! changed file over from its checkpoint). Every other key needs a restart (README
+//! "Reload").
 
 use std::path::PathBuf;
 
 use uctel_common::logging::{BaseRule, LogLevel};
 use uctel_common::reload::{ReloadFn, ReloadMetrics, Reloader};
 
+use std::sync::Arc;
+
 use crate::config::AgentConfig;
+use crate::log_sources::LogSources;
 
 /// The keys (and key prefixes) a reload applies without a restart.
-pub const LIVE_KEYS: &[&str] = &["log_level"];
+pub const LIVE_KEYS: &[&str] = &["log_level", "sources.logs"];
 
 /// The namespace of the reload metrics: `uctel_agent_config_last_reload_*`.
 const NAMESPACE: &str = "uctel_agent";
@@ -32,7 +37,7 @@ pub struct ReloadSource {
 }
 
 /// The agent's reload from `source`, starting at `config`, applying the log filter to
-/// `level`; registers `uctel_agent_config_last_reload_*` in `registry`.
+/// `level` and the log sources to `log_sources`; registers `uctel_agent_config_last_reload_*` in `registry`.
 ///
 /// # Errors
 /// A registration conflict (called twice on one registry).
@@ -41,6 +46,7 @@ pub fn reloader(
     source: ReloadSource,
     level: LogLevel,
     registry: &prometheus::Registry,
+    log_sources: Arc<LogSources>,
 ) -> Result<ReloadFn, prometheus::Error> {
     let metrics = ReloadMetrics::register(registry, NAMESPACE)?;
     let (path, agent_id) = (source.path.clone(), source.agent_id.clone());
@@ -50,6 +56,8 @@ pub fn reloader(
     });
     let rule = source.log_rule;
     let apply = Box::new(move |old: &AgentConfig, new: &AgentConfig| {
+        // The log sources first: the one step that can fail (then nothing changed).
+        log_sources.apply(old, new)?;
         if old.log_level != new.log_level {
             if rule.flag.is_some() {
                 tracing::warn!(

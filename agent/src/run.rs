@@ -57,6 +57,7 @@ use crate::control::{ControlConn, ControlError, HandshakeFailure};
 use crate::credits::DemandMeter;
 use crate::datapath::{DataPlane, DataPlaneError};
 use crate::lane::{self, LaneError};
+use crate::log_sources::LogSources;
 use crate::pool::{self, Pool, PoolMetrics, SwitchReason};
 use crate::runners::{self, Queues};
 use crate::selfmetrics::{DropReason, SelfMetrics};
@@ -179,7 +180,9 @@ pub async fn run_with(
         ),
         (None, None) => None,
     };
-    let admin = admin(&config, options.reload, &stats)?;
+    let log_sources =
+        LogSources::start(&config, &queues, &stats, &shutdown).map_err(RunError::Source)?;
+    let admin = admin(&config, options.reload, &stats, &log_sources)?;
     if let Some(l) = listener {
         if let Ok(addr) = l.local_addr() {
             tracing::info!(%addr, "serving self-metrics on /metrics");
@@ -199,8 +202,6 @@ pub async fn run_with(
         tasks.spawn(uctel_common::http::serve(l, endpoints, shutdown.clone()));
     }
     runners::spawn_metric_sources(&config, &queues, &stats, &shutdown, &mut tasks);
-    let threads = runners::spawn_log_tailers(&config, &queues, &stats, &shutdown)
-        .map_err(RunError::Source)?;
 
     let summary = connection_loop(&config, &token, &queues, &stats, shutdown.clone()).await;
     // The sender has stopped: the log tailers checkpoint exactly what it settled.
@@ -211,13 +212,11 @@ pub async fn run_with(
     // checkpoints.
     while tasks.join_next().await.is_some() {}
     let grace = Instant::now() + runners::LOG_HANDOFF_GRACE;
-    while !threads.iter().all(std::thread::JoinHandle::is_finished) && Instant::now() < grace {
+    while !log_sources.all_finished() && Instant::now() < grace {
         pump::discard_queued(&queues, &stats, DropReason::Shutdown);
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    for t in threads {
-        let _ = t.join();
-    }
+    log_sources.join();
     pump::discard_queued(&queues, &stats, DropReason::Shutdown);
     stats.set_connected(false);
     let totals = |s: Stream| (stats.records_sent(s), stats.records_dropped_all(s));
@@ -240,11 +239,13 @@ pub async fn run_with(
 }
 
 /// The reload and log-filter endpoints (`uctel_common::admin`) over the installed log
-/// filter (a detached one for an agent inside another program); `SIGHUP` runs the reload.
+/// filter (a detached one for an agent inside another program) and the log tailers;
+/// `SIGHUP` runs the reload.
 fn admin(
     config: &AgentConfig,
     source: Option<crate::reload::ReloadSource>,
     stats: &SelfMetrics,
+    log_sources: &Arc<LogSources>,
 ) -> Result<uctel_common::admin::Admin, RunError> {
     let level = uctel_common::logging::LogLevel::installed_or_detached();
     let admin =
@@ -252,8 +253,9 @@ fn admin(
     let Some(source) = source else {
         return Ok(admin);
     };
-    let reload = crate::reload::reloader(config, source, level, stats.registry())
-        .map_err(|e| RunError::Metrics(e.to_string()))?;
+    let reload =
+        crate::reload::reloader(config, source, level, stats.registry(), log_sources.clone())
+            .map_err(|e| RunError::Metrics(e.to_string()))?;
     uctel_common::reload::on_sighup(reload.clone());
     Ok(admin.reload(reload))
 }

@@ -919,6 +919,11 @@ const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
 ///
 /// Checkpoints cover only settled lines ([`Handoff`]): a line still queued, or framed but not
 /// sent, when the agent stops is read again after a restart, and a line sent is not.
+///
+/// `stop` ends this tailer alone (a reload removed or changed its entry): it then waits for
+/// the sender to settle every line it offered, however long that takes, and checkpoints, so
+/// a tailer started after it on the same file neither repeats nor skips a line. At
+/// `shutdown` the wait is [`LOG_HANDOFF_GRACE`] at most.
 #[allow(clippy::needless_pass_by_value)]
 pub fn log_tailer_loop(
     mut tailer: LogTailer,
@@ -926,8 +931,9 @@ pub fn log_tailer_loop(
     queues: Queues,
     stats: Arc<SelfMetrics>,
     metrics: LogMetrics,
-    shutdown: Shutdown,
+    (stop, shutdown): (Shutdown, Shutdown),
 ) {
+    let stopped = || stop.is_triggered() || shutdown.is_triggered();
     let handoff = &queues.logs_handoff;
     let mut mark: u64 = 0;
     let mut generation = handoff.generation();
@@ -944,7 +950,7 @@ pub fn log_tailer_loop(
             tracing::warn!(error = %e, "log checkpoint failed; the previous one stays in force");
         }
     };
-    while !shutdown.is_triggered() {
+    while !stopped() {
         // Commit what the sender has settled; after a rewind, read the rest again.
         fresh += catch_up(&mut tailer, handoff, &mut generation, &mut offers, &stats);
         let due =
@@ -997,18 +1003,22 @@ pub fn log_tailer_loop(
         };
         // Sleep in small steps so shutdown is seen quickly.
         let until = Instant::now() + pause;
-        while Instant::now() < until && !shutdown.is_triggered() {
+        while Instant::now() < until && !stopped() {
             std::thread::sleep((until - Instant::now()).min(Duration::from_millis(50)));
         }
     }
     // Let the sender settle what it can (it sends the queued lines within its own grace),
-    // then commit exactly what it settled.
-    let deadline = Instant::now() + LOG_HANDOFF_GRACE;
+    // then commit exactly what it settled. Stopped alone (a reload), wait for all of it.
+    let mut deadline = None;
     while matches!(handoff.settled_in(generation), Settled::Current(_))
         && !handoff.reached(mark)
         && !handoff.is_closed()
-        && Instant::now() < deadline
     {
+        if shutdown.is_triggered()
+            && Instant::now() >= *deadline.get_or_insert_with(|| Instant::now() + LOG_HANDOFF_GRACE)
+        {
+            break;
+        }
         std::thread::sleep(Duration::from_millis(5));
     }
     catch_up(&mut tailer, handoff, &mut generation, &mut offers, &stats);
@@ -1099,7 +1109,7 @@ pub fn spawn_log_tailers(
         let poll = seconds(entry.poll_interval_seconds);
         let h = std::thread::Builder::new()
             .name(format!("uctel-logs-{i}"))
-            .spawn(move || log_tailer_loop(tailer, poll, q, s, m, sd))
+            .spawn(move || log_tailer_loop(tailer, poll, q, s, m, (sd.clone(), sd)))
             .map_err(|e| format!("cannot start the log source thread: {e}"))?;
         handles.push(h);
     }
@@ -1108,7 +1118,7 @@ pub fn spawn_log_tailers(
 
 /// Whether the glob `pattern` matches no existing path now (an invalid pattern, which the
 /// configuration check refuses, counts as matching nothing).
-fn glob_matches_nothing(pattern: &str) -> bool {
+pub(crate) fn glob_matches_nothing(pattern: &str) -> bool {
     glob::glob(pattern).map_or(true, |mut paths| !paths.any(|p| p.is_ok()))
 }
 
