@@ -142,6 +142,8 @@ fn systemd_units_run_the_daemons_hardened() {
             "SystemCallArchitectures=native",
             "RestartPreventExitStatus=2",
             "KillSignal=SIGTERM",
+            // `systemctl reload`: SIGHUP reloads the configuration.
+            "ExecReload=/bin/kill -HUP $MAINPID",
         ] {
             assert!(has_line(&u, must), "{name}: missing {must}");
         }

@@ -2640,7 +2640,7 @@ fn rc_logs_through_a_30s_data_path_outage() {
     drop(hole);
 }
 
-// ---- Reload without a restart (issue 45): SIGHUP and POST /-/reload under load. ----
+// ---- Reload without a restart: SIGHUP and POST /-/reload under load. ----
 
 /// One HTTP/1.1 request to `addr` (`POST /-/reload`); the status code and the body.
 fn http_request(addr: std::net::SocketAddr, method: &str, target: &str) -> (u16, String) {
@@ -2859,7 +2859,7 @@ fn reload_of_a_broken_config_changes_nothing() {
     row.verdict(Law::Exact);
 }
 
-/// Loss in the collector's log while it happens (issue 45): at 5 % datagram loss for more
+/// Loss in the collector's log while it happens: at 5 % datagram loss for more
 /// than one 10 s window, the collector logs `lost N frames / M records in the last 10 s`
 /// for the agent's streams before the session ends, and the frames it logs add up to at
 /// most what `frames_lost_total` counts at the end (the tail settled at Goodbye comes after).
