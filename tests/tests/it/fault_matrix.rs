@@ -2897,3 +2897,66 @@ fn uc_drop_logs_loss_while_it_happens() {
     );
     row.verdict(Law::Exact);
 }
+
+/// Sets agent `a`'s `sources.logs` to its first entry plus, when `other` is set, a copy of it
+/// reading `input/other.log` from the beginning; writes the file and sends `SIGHUP`.
+fn reload_logs(row: &mut Row, a: usize, other: bool) {
+    let path = row.agents[a].daemon.config_path().to_path_buf();
+    let mut y = read_config(&path);
+    let mut logs = y
+        .get("sources.logs")
+        .and_then(|v| v.as_sequence())
+        .cloned()
+        .unwrap_or_default();
+    logs.truncate(1);
+    if other {
+        let mut second = logs[0].clone();
+        if let Some(m) = second.as_mapping_mut() {
+            let file = row.input().join("other.log").display().to_string();
+            m.insert("path".into(), file.into());
+            m.insert("start_at".into(), "beginning".into());
+        }
+        logs.push(second);
+    }
+    y.set("sources.logs", serde_yaml::Value::Sequence(logs));
+    y.write(&path);
+    row.agents[a].daemon.signal(Signal::SIGHUP);
+}
+
+/// A log source removed by a reload keeps its checkpoint: lines written to its file while
+/// it is out of the list are read when a later reload puts it back, from where it stopped
+/// (not again from the beginning its `start_at` names). Every line exactly once, one
+/// session.
+#[test]
+fn reload_removes_and_restores_a_log_source() {
+    let _g = exclusive();
+    let mut row = Row::start("reload-remove-restore", CollectorSpec::default(), None);
+    let a = row.add_agent(AgentSpec::new("a"));
+    row.wait_connected(1, &[a]);
+    let other = row.add_source(a, "other", "other.log");
+    reload_logs(&mut row, a, true);
+    let applied = "configuration reloaded: applied sources.logs";
+    let ok = wait_logged(|| row.agents[a].daemon.log(), applied, 1);
+    row.expect(ok, "the added source applied");
+    row.write_bursts(a, other, 800, GAP);
+    row.write(a, 0, 300);
+    row.wait_delivered(a, other, 0..800, SETTLE);
+    reload_logs(&mut row, a, false);
+    let ok = wait_logged(|| row.agents[a].daemon.log(), applied, 2);
+    row.expect(ok, "the removed source applied");
+    row.write(a, other, 500);
+    row.write(a, 0, 300);
+    std::thread::sleep(Duration::from_secs(1));
+    reload_logs(&mut row, a, true);
+    let ok = wait_logged(|| row.agents[a].daemon.log(), applied, 3);
+    row.expect(ok, "the source put back applied");
+    let written = row.agents[a].written();
+    row.wait_settled(a, written, SETTLE);
+    row.quiesce();
+    let sessions = uctel_tests::faults::welcomed_sessions(&row.collector.log(), "a");
+    row.expect(
+        sessions == 1,
+        format!("sessions of agent a: {sessions} (want 1)"),
+    );
+    row.verdict(Law::Exact);
+}
