@@ -152,16 +152,23 @@ impl LogSources {
     /// # Errors
     /// A new tailer could not start: the previous list is back in force.
     pub fn apply(&self, old: &AgentConfig, new: &AgentConfig) -> Result<(), String> {
+        if self.shutdown.is_triggered() {
+            return Err("the agent is stopping".into());
+        }
         let mut inner = self.lock();
         let (keep, gone): (Vec<Tailer>, Vec<Tailer>) = std::mem::take(&mut inner.running)
             .into_iter()
             .partition(|t| new.sources.logs.iter().any(|e| same(e, &t.entry)));
         inner.running = keep;
+        // The hand-over may take a while: the lock is not held meanwhile (shutdown reads
+        // it); reloads run one at a time (`uctel_common::reload::Reloader`).
+        drop(inner);
         let removed: Vec<LogSection> = gone.iter().map(|t| t.entry.clone()).collect();
         for t in &removed {
             tracing::info!(path = %t.path, "log source removed or changed: handing over, then stopping its tailer");
         }
         stop_all(gone);
+        let mut inner = self.lock();
         let mut started = Vec::new();
         for (i, entry) in new.sources.logs.iter().enumerate() {
             if inner.running.iter().any(|t| same(&t.entry, entry)) {
