@@ -12,6 +12,7 @@
 //!   (`client_handshake`).
 //! - [`listen`]: listen addresses in config files (`IP:PORT`, `[IPv6]:PORT`, `:PORT`).
 //! - [`version`]: the `--version` text (package version, git commit, enabled features).
+//! - [`status`]: what the status API (`/api/v1/status`) of both daemons shares.
 //! - [`stdout`]: one-shot output that a closed pipe (`| head`) does not turn into a panic.
 //!
 //! A daemon's `main` is: parse flags (clap), `config::load`, `logging::init`,
@@ -26,5 +27,6 @@ pub mod http;
 pub mod listen;
 pub mod logging;
 pub mod shutdown;
+pub mod status;
 pub mod stdout;
 pub mod version;
