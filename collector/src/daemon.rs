@@ -277,6 +277,7 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         ledger: Ledger::default(),
         delivered: DeliveredLogs::default(),
         drain: shutdown::channel().0,
+        sessions: crate::status::Board::default(),
     };
     let (drained, drain) = crate::control::drain_channel(shared.drain.clone());
     let render_telemetry = shared.telemetry.clone();
@@ -297,6 +298,14 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
                     Err("the control plane is not serving".into())
                 }
             }));
+    let status = crate::status::Status::new(
+        shared.sessions.clone(),
+        shared.telemetry.clone(),
+        shared.credits.clone(),
+        shared.drain.subscribe(),
+    );
+    let serve_status = status.clone();
+    endpoints = endpoints.status(Arc::new(move || serve_status.json()));
     if shared.config.listen.enable_lifecycle {
         let d = drain.clone();
         endpoints = endpoints.lifecycle(Arc::new(move || {
@@ -312,6 +321,7 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         endpoints,
         sd.clone(),
     ))];
+    tasks.push(tokio::spawn(crate::status::sample_loop(status, sd.clone())));
     tasks.push(tokio::spawn(expire_loop(
         shared.outputs.store.clone(),
         shared.telemetry.clone(),

@@ -22,6 +22,7 @@
 //! - [`credits`]: the collector-wide credit budget and the grants cut from it.
 //! - [`control`]: the TCP control plane (handshake, heartbeats, reports, goodbye); the
 //!   session rules are `uctel_protocol::session`'s.
+//! - [`status`]: the status API (`GET /api/v1/status`, `docs/status-api.md`).
 //! - [`daemon`]: [`start`]/[`run`] wiring it all, with ephemeral-port support for tests.
 //!
 //! The binary (`src/main.rs`) parses flags, loads the configuration, installs logging and the
@@ -42,6 +43,7 @@ pub mod logsink;
 pub mod outputs;
 pub mod rdma_events;
 pub mod shared;
+pub mod status;
 pub mod store;
 pub mod telemetry;
 

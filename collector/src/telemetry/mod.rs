@@ -289,6 +289,7 @@ struct Families {
 }
 
 mod families;
+mod status;
 
 fn opts(name: &str, help: &str) -> Opts {
     Opts::new(name, help).namespace(NAMESPACE)
