@@ -254,13 +254,21 @@ fn collector_top(doc: &Value, sort: SortKey, width: usize, out: &mut Vec<String>
     ));
     for o in doc["outputs"].as_array().into_iter().flatten() {
         out.push(format!(
-            "{} {}: {:.1}/s, pending {}, dropped {}",
+            "{} {}: {:.1}/s, pending {}, dropped {}{}",
             text(&o["kind"]),
             tail(text(&o["url"]), 32),
             num(&o["delivered_per_second"]),
             short(int(&o["pending"])),
-            short(total(&o["dropped"]))
+            short(total(&o["dropped"])),
+            if o["last_error"]["error"].is_string() {
+                ", FAILING"
+            } else {
+                ""
+            }
         ));
+        if let Some(e) = o["last_error"]["error"].as_str() {
+            out.push(format!("  last error: {e}"));
+        }
     }
 }
 
@@ -495,14 +503,18 @@ pub fn summary(doc: &Value) -> Vec<String> {
     }
     for o in doc["outputs"].as_array().into_iter().flatten() {
         out.push(format!(
-            "output {} {}: {} {} delivered ({:.1}/s), {} pending, dropped: {}",
+            "output {} {}: {} {} delivered ({:.1}/s), {} pending, dropped: {}{}",
             text(&o["kind"]),
             text(&o["url"]),
             int(&o["delivered"]),
             text(&o["items"]),
             num(&o["delivered_per_second"]),
             int(&o["pending"]),
-            reasons(&[&o["dropped"]])
+            reasons(&[&o["dropped"]]),
+            o["last_error"]["error"]
+                .as_str()
+                .map(|e| format!("; last error: {e}"))
+                .unwrap_or_default()
         ));
     }
     out

@@ -25,7 +25,7 @@ pub use board::{Board, SessionView};
 
 use crate::credits::CreditBudget;
 use crate::telemetry::Telemetry;
-use view::{AgentStatus, CollectorStatus, Counts, Credit, OutputStatus, SumRule};
+use view::{AgentStatus, CollectorStatus, Counts, Credit, LastError, OutputStatus, SumRule};
 
 const C: &str = "uctel_collector_";
 
@@ -280,6 +280,7 @@ fn outputs(s: &Samples, since: &Since) -> Vec<OutputStatus> {
                 retried: as_u64(s.sum(&format!("{rw}samples_retried_total"), &u)),
                 pending: as_u64(s.sum(&format!("{rw}samples_pending"), &u)),
                 dropped,
+                last_error: LastError::of(&url),
             }
         })
         .collect();
@@ -295,6 +296,7 @@ fn outputs(s: &Samples, since: &Since) -> Vec<OutputStatus> {
             retried: as_u64(s.sum(&format!("{ch}rows_retried_total"), &[])),
             pending: as_u64(s.sum(&format!("{ch}rows_pending"), &[])),
             dropped: by_reason(s.sum_by(&format!("{ch}rows_dropped_total"), "reason", &[])),
+            last_error: LastError::of(crate::outputs::last_error::CLICKHOUSE),
         });
     }
     out

@@ -251,4 +251,26 @@ pub struct OutputStatus {
     /// Items given up by reason (`*_dropped_total`; remote-write's `*_failed_total` as
     /// `failed_<reason>`). `items_in = delivered + Σ dropped + pending`.
     pub dropped: BTreeMap<String, u64>,
+    /// The last error of a request (a retry, a refusal, a give-up), as logged; `null`
+    /// when it has had none since the collector started.
+    pub last_error: Option<LastError>,
+}
+
+/// An output's last error.
+#[derive(Debug, Clone, Serialize)]
+pub struct LastError {
+    /// The error: the transport error or the receiver's status and answer.
+    pub error: String,
+    /// When (Unix seconds).
+    pub at_unix_seconds: f64,
+}
+
+impl LastError {
+    /// The last error of `endpoint` (`crate::outputs::last_error`).
+    pub fn of(endpoint: &str) -> Option<LastError> {
+        crate::outputs::last_error::get(endpoint).map(|(t, error)| LastError {
+            error,
+            at_unix_seconds: uctel_common::status::unix_seconds(t),
+        })
+    }
 }

@@ -371,6 +371,77 @@ fn save_picture(pane: &str) {
 }
 
 #[test]
+fn an_output_that_cannot_deliver_shows_its_pending_samples_and_last_error() {
+    let _g = exclusive();
+    // Nothing listens there: every request fails to connect and is retried.
+    let url = format!("http://{}/api/v1/write", uctel_tests::net::free_addr());
+    let mut p = Pipeline::start_with(|y, _| {
+        let mut e = serde_yaml::Mapping::new();
+        e.insert("url".into(), url.clone().into());
+        y.set(
+            "outputs.remote_write",
+            serde_yaml::Value::Sequence(vec![serde_yaml::Value::Mapping(e)]),
+        );
+    });
+    p.add_agent("rw", 0.0, 0.5);
+    p.wait_flowing(1, &["rw"], &["metrics"], UP);
+    let addr = p.metrics_addr();
+    let out = wait_for("the output's last error", UP, tick(), || {
+        let d = status(addr)?;
+        let o = d["outputs"][0].clone();
+        if o["last_error"]["error"].is_string() && o["pending"].as_u64().unwrap_or(0) > 0 {
+            Ok(o)
+        } else {
+            Err(format!("{o}"))
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", p.collector.log_tail(20)));
+    assert_eq!(out["kind"], "remote_write");
+    assert_eq!(out["url"], url.as_str());
+    assert_eq!(out["delivered"], 0, "{out}");
+    let error = out["last_error"]["error"].as_str().unwrap();
+    assert!(
+        p.collector.log().contains(error),
+        "the error the collector logged: {error}"
+    );
+    let u = [("url", url.as_str())];
+    let before = scrape(addr);
+    let d = status(addr).unwrap();
+    let after = scrape(addr);
+    let o = &d["outputs"][0];
+    between(
+        "items_in",
+        before.sum("uctel_collector_remote_write_samples_in_total", &u),
+        &o["items_in"],
+        after.sum("uctel_collector_remote_write_samples_in_total", &u),
+    );
+    // items_in = delivered + dropped + pending; the families are read one after another
+    // (by name: `samples_in_total` before `samples_pending`), so a sample queued in between
+    // can only add to the right side.
+    let dropped: u64 = o["dropped"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert!(
+        o["items_in"].as_u64().unwrap()
+            <= o["delivered"].as_u64().unwrap() + dropped + o["pending"].as_u64().unwrap(),
+        "{o}"
+    );
+    let summary = Command::new(cli())
+        .args(["status", "--url", &addr.to_string()])
+        .output()
+        .unwrap();
+    let summary = String::from_utf8_lossy(&summary.stdout);
+    assert!(
+        summary.contains(&format!("output remote_write {url}: 0 samples delivered"))
+            && summary.contains("; last error: "),
+        "{summary}"
+    );
+}
+
+#[test]
 fn uctel_once_json_and_status_print_the_documents() {
     let _g = exclusive();
     let p = pipeline();
