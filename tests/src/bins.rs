@@ -1,10 +1,11 @@
 //! The daemon binaries under test.
 //!
 //! Integration tests of this crate cannot use `CARGO_BIN_EXE_*` for binaries of other
-//! packages, so the first call runs `cargo build -p uctel-collector -p uctel-agent -p uctel-cli` (the same
-//! `cargo` that runs the tests, the tests' profile, a no-op when they are fresh) and then uses
-//! the binaries next to the test executable's `deps/` directory. `UCTEL_BIN_DIR` points at a
-//! directory of prebuilt binaries instead (for example `target/release`).
+//! packages, so the first call runs `cargo build -p uctel-collector -p uctel-agent -p
+//! uctel-cli` (the same `cargo` that runs the tests, the tests' profile, a no-op when they
+//! are fresh) and then uses the binaries next to the test executable's `deps/` directory.
+//! `UCTEL_BIN_DIR` points at a directory of prebuilt binaries instead (for example
+//! `target/release`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -189,7 +189,6 @@ fn the_status_documents_agree_with_metrics_on_both_daemons() {
         (f["size_bytes"].as_u64(), f["lag_bytes"].as_u64()),
         (Some(size), Some(0))
     );
-    // A line written now is lag until the tailer reads it; at most one poll later it is not.
     assert!(
         doc["credit"]["window_frames"].as_u64().unwrap_or(0) > 0,
         "{doc}"
@@ -439,6 +438,114 @@ fn an_output_that_cannot_deliver_shows_its_pending_samples_and_last_error() {
             && summary.contains("; last error: "),
         "{summary}"
     );
+}
+
+#[test]
+fn the_agent_shows_its_scrape_targets_and_fast_counters() {
+    let _g = exclusive();
+    let mut p = Pipeline::start();
+    let collector_metrics = format!("http://{}/metrics", p.metrics_addr());
+    let closed = format!("http://{}/metrics", uctel_tests::net::free_addr());
+    let counter = p.path().join("fast-counter");
+    std::fs::write(&counter, "42\n").unwrap();
+    let target = |url: &str| {
+        let mut m = serde_yaml::Mapping::new();
+        m.insert("url".into(), url.into());
+        m.insert("interval_seconds".into(), 0.5.into());
+        serde_yaml::Value::Mapping(m)
+    };
+    let mut fast = serde_yaml::Mapping::new();
+    fast.insert("path".into(), counter.display().to_string().into());
+    fast.insert("name".into(), "uctel_test_fast_counter".into());
+    let i = p.add_agent_with("scraper", 0.0, 1.0, |y| {
+        y.set(
+            "sources.scrape",
+            serde_yaml::Value::Sequence(vec![target(&collector_metrics), target(&closed)]),
+        )
+        .set("sources.fast_counters.interval_milliseconds", 20)
+        .set("sources.fast_counters.samples_per_record", 20)
+        .set(
+            "sources.fast_counters.counters",
+            serde_yaml::Value::Sequence(vec![serde_yaml::Value::Mapping(fast)]),
+        );
+    });
+    p.wait_flowing(1, &["scraper"], &["metrics"], UP);
+    let addr = p.agents[i].options.metrics;
+    let doc = wait_for("both targets scraped twice", UP, tick(), || {
+        let d = status(addr)?;
+        let t = d["sources"]["scrape_targets"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if t.len() == 2 && t.iter().all(|t| t["scrapes"].as_u64().unwrap_or(0) >= 2) {
+            Ok(d)
+        } else {
+            Err(format!("{}", d["sources"]))
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", p.agents[i].daemon.log_tail(20)));
+    let targets = doc["sources"]["scrape_targets"].as_array().unwrap();
+    let up = targets
+        .iter()
+        .find(|t| t["url"] == collector_metrics.as_str())
+        .unwrap();
+    let down = targets
+        .iter()
+        .find(|t| t["url"] == closed.as_str())
+        .unwrap();
+    assert_eq!(
+        (up["up"].as_u64(), up["error"].is_null()),
+        (Some(1), true),
+        "{up}"
+    );
+    assert!(up["last_duration_seconds"].as_f64().unwrap() > 0.0, "{up}");
+    assert_eq!(down["up"], 0, "{down}");
+    let reason = down["error"].as_str().unwrap_or_else(|| panic!("{down}"));
+    let reason = reason.split(':').next().unwrap();
+    assert!(
+        doc["sources"]["errors"]["scrape"][reason]
+            .as_u64()
+            .unwrap_or(0)
+            >= 2,
+        "the failed scrapes counted under {reason}: {}",
+        doc["sources"]
+    );
+    let before = scrape(addr);
+    let d = status(addr).unwrap();
+    let after = scrape(addr);
+    let fc = &d["sources"]["fast_counters"];
+    between(
+        "fast_counters.samples",
+        before.sum("uctel_agent_fast_samples_total", &[]),
+        &fc["samples"],
+        after.sum("uctel_agent_fast_samples_total", &[]),
+    );
+    assert!(fc["samples"].as_u64().unwrap() > 0, "{fc}");
+    assert!(fc["lateness_mean_seconds"].as_f64().is_some(), "{fc}");
+    between(
+        "source_errors scrape",
+        before.sum(
+            "uctel_agent_source_errors_total",
+            &[("source", "scrape"), ("reason", reason)],
+        ),
+        &d["sources"]["errors"]["scrape"][reason],
+        after.sum(
+            "uctel_agent_source_errors_total",
+            &[("source", "scrape"), ("reason", reason)],
+        ),
+    );
+    let out = Command::new(cli())
+        .args(["top", "--once", "--url", &addr.to_string()])
+        .output()
+        .unwrap();
+    let top = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        top.lines()
+            .any(|l| l.contains("scrape") && l.contains("DOWN")),
+        "{top}"
+    );
+    assert!(top.lines().any(|l| l.starts_with("  error: ")), "{top}");
+    assert!(top.lines().any(|l| l.starts_with("fast_counters")), "{top}");
 }
 
 #[test]
