@@ -658,6 +658,7 @@ pub fn heartbeat_with_counters(
     rc: Option<&mut SenderCore>,
     stats: &SelfMetrics,
 ) -> Heartbeat {
+    stats.status().set_credit(Some(core.credit_view()));
     Heartbeat {
         agent_counters: Some(stats.agent_counters()),
         ..heartbeat(sequence, core, rc)

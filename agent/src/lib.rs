@@ -26,6 +26,7 @@
 //! rdma_events.rs uctel_agent_rdma_*: port state/GID changes, the device's async events
 //! runners.rs     source loops: host metrics, self-metrics, log tailers with checkpoints
 //! selfmetrics.rs uctel_agent_* counters, closed DropReason, export as records and /metrics
+//! status/       the status API (/api/v1/status): the board the sources fill, the document
 //! service_user.rs --check-config as root: what the unit's user can read and write
 //! stream.rs      the two streams (metrics, logs) and their ids
 //! dryrun.rs      --dry-run: frames decoded to JSON lines on stdout
@@ -80,5 +81,7 @@ pub mod sender;
 #[forbid(unsafe_code)]
 pub mod service_user;
 pub mod sources;
+#[forbid(unsafe_code)]
+pub mod status;
 #[forbid(unsafe_code)]
 pub mod stream;

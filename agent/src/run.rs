@@ -199,6 +199,14 @@ pub async fn run_with(
                     }
                 }))
                 .admin(admin);
+        let status = crate::status::Status::new(
+            config.agent_id.clone(),
+            stats.registry().clone(),
+            stats.status().clone(),
+        );
+        let serve_status = status.clone();
+        let endpoints = endpoints.status(Arc::new(move || serve_status.json()));
+        tasks.spawn(crate::status::sample_loop(status, shutdown.clone()));
         tasks.spawn(uctel_common::http::serve(l, endpoints, shutdown.clone()));
     }
     runners::spawn_metric_sources(&config, &queues, &stats, &shutdown, &mut tasks);

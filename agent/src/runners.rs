@@ -720,11 +720,20 @@ pub async fn scrape_loop(
             _ = ticker.tick() => {}
             () = shutdown.wait() => return,
         }
+        let began = Instant::now();
         let scraped = tokio::select! {
             s = target.scrape() => s,
             () = shutdown.wait() => return,
         };
         let url = &target.config().url;
+        let error = scraped
+            .error
+            .as_ref()
+            .map(|(r, d)| format!("{}: {d}", r.as_str()));
+        let took = began.elapsed().as_secs_f64();
+        stats
+            .status()
+            .scraped(url.as_str(), took, std::time::SystemTime::now(), error);
         if let Some((reason, detail)) = &scraped.error {
             stats.source_error("scrape", reason.as_str());
             if warned.insert(reason.as_str()) {
@@ -913,6 +922,9 @@ pub const LOG_HANDOFF_GRACE: Duration = Duration::from_secs(10);
 /// fsync and rename).
 const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
 
+/// Least time between two updates of a tailer's files on the status board.
+const STATUS_EVERY: Duration = Duration::from_millis(250);
+
 /// Runs one log tailer on the calling thread until `shutdown`, then writes a final checkpoint
 /// once the sender has settled every offered line or stopped (bounded by
 /// [`LOG_HANDOFF_GRACE`]).
@@ -943,6 +955,9 @@ pub fn log_tailer_loop(
     let mut last_checkpoint: Option<Instant> = None;
     let mut before = tailer.counts().clone();
     let mut last_files: i64 = 0;
+    let mut last_status = Instant::now()
+        .checked_sub(STATUS_EVERY)
+        .unwrap_or_else(Instant::now);
     let mut out = Vec::new();
     let checkpoint = |tailer: &LogTailer| {
         if let Err(e) = tailer.checkpoint_settled() {
@@ -992,6 +1007,12 @@ pub fn log_tailer_loop(
             let now = tailer.counts().clone();
             metrics.add(&before, &now);
             before = now;
+            if last_status.elapsed() >= STATUS_EVERY {
+                stats
+                    .status()
+                    .set_files(tailer.source_name(), tailer.file_views());
+                last_status = Instant::now();
+            }
             let files = i64::try_from(ps.files).unwrap_or(i64::MAX);
             metrics.files.add(files - last_files);
             last_files = files;

@@ -540,6 +540,8 @@ pub struct SelfMetrics {
     /// Random, chosen when these counters were created at zero: it names their lifetime in
     /// the heartbeats' `agent_counters` ([`SelfMetrics::agent_counters`]).
     counters_epoch: u64,
+    /// What the sources and the sender show on the status API (`crate::status`).
+    status: crate::status::Board,
 }
 
 /// The RC lane's counters ([`SelfMetrics::enable_rc_metrics`]).
@@ -719,6 +721,7 @@ impl SelfMetrics {
             rdma,
             registry,
             counters_epoch: rand::random(),
+            status: crate::status::Board::default(),
         })
     }
 
@@ -868,6 +871,11 @@ impl SelfMetrics {
     /// The registry holding these metrics; other agent parts register their collectors here.
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// The status board the sources and the sender fill (`crate::status`).
+    pub fn status(&self) -> &crate::status::Board {
+        &self.status
     }
 
     /// One frame of `bytes` bytes (header + payload) holding `records` records was posted.

@@ -150,7 +150,35 @@ pub struct BudgetState {
     pub connections: u64,
 }
 
+/// One connection's share of the budget, for the status API (`crate::status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnCredit {
+    /// Most frames the ring lets it have outstanding (`ConnLimits::window_cap`).
+    pub window_cap: u64,
+    /// The window of its latest grant, in frames.
+    pub window: u64,
+    /// Frames it may still send or has in flight now (its claim on the budget).
+    pub claim: u64,
+    /// Frames it wants per report interval (twice its recent peak use, at least its floor).
+    pub want: u64,
+    /// Frames it said it sent (heartbeats) that the collector has not consumed yet: how far
+    /// the collector is behind the agent.
+    pub in_flight: u64,
+}
+
 impl CreditBudget {
+    /// Connection `id`'s share now; `None` for a connection not in the budget.
+    pub fn conn(&self, id: u32) -> Option<ConnCredit> {
+        let g = self.lock();
+        g.conns.get(&id).map(|c| ConnCredit {
+            window_cap: c.limits.window_cap,
+            window: c.window,
+            claim: c.claim,
+            want: c.want,
+            in_flight: c.sent_next.saturating_sub(c.consumed_next),
+        })
+    }
+
     /// A budget of `capacity` frames (at least 1).
     pub fn new(capacity: u64) -> Self {
         Self {

@@ -300,6 +300,7 @@ pub async fn start_with(config: Config, reload: Option<ReloadSource>) -> Result<
         ledger: Ledger::default(),
         delivered: DeliveredLogs::default(),
         drain: shutdown::channel().0,
+        sessions: crate::status::Board::default(),
     };
     let (drained, drain) = crate::control::drain_channel(shared.drain.clone());
     let render_telemetry = shared.telemetry.clone();
@@ -322,6 +323,14 @@ pub async fn start_with(config: Config, reload: Option<ReloadSource>) -> Result<
             }));
     let (admin, reload, log_level) = admin(&shared, reload)?;
     endpoints = endpoints.admin(admin);
+    let status = crate::status::Status::new(
+        shared.sessions.clone(),
+        shared.telemetry.clone(),
+        shared.credits.clone(),
+        shared.drain.subscribe(),
+    );
+    let serve_status = status.clone();
+    endpoints = endpoints.status(Arc::new(move || serve_status.json()));
     if shared.config.listen.enable_lifecycle {
         let d = drain.clone();
         endpoints = endpoints.lifecycle(Arc::new(move || {
@@ -337,6 +346,7 @@ pub async fn start_with(config: Config, reload: Option<ReloadSource>) -> Result<
         endpoints,
         sd.clone(),
     ))];
+    tasks.push(tokio::spawn(crate::status::sample_loop(status, sd.clone())));
     tasks.push(tokio::spawn(expire_loop(
         shared.outputs.store.clone(),
         shared.telemetry.clone(),

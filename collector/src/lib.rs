@@ -23,6 +23,7 @@
 //! - [`control`]: the TCP control plane (handshake, heartbeats, reports, goodbye); the
 //!   session rules are `uctel_protocol::session`'s.
 //! - [`reload`]: configuration reload (`SIGHUP`, `POST /-/reload`): the keys applied live.
+//! - [`status`]: the status API (`GET /api/v1/status`, `docs/status-api.md`).
 //! - [`daemon`]: [`start`]/[`run`] wiring it all, with ephemeral-port support for tests.
 //!
 //! The binary (`src/main.rs`) parses flags, loads the configuration, installs logging and the
@@ -44,6 +45,7 @@ pub mod outputs;
 pub mod rdma_events;
 pub mod reload;
 pub mod shared;
+pub mod status;
 pub mod store;
 pub mod telemetry;
 

@@ -35,6 +35,8 @@ pub struct Shared {
     pub delivered: DeliveredLogs,
     /// The collector-wide credit budget (DESIGN.md §4).
     pub credits: Arc<crate::credits::CreditBudget>,
+    /// The live sessions as the status API shows them (`crate::status`).
+    pub sessions: crate::status::Board,
     /// Fires the drain (`SIGUSR1`, `POST /-/drain`); the control plane subscribes to it.
     pub drain: uctel_common::shutdown::ShutdownTrigger,
 }

@@ -16,6 +16,8 @@
 //! - `/`: a small HTML page naming the daemon and its version and linking to the three above
 //!   (as node_exporter's landing page does). Links are relative, so the page works behind a
 //!   reverse proxy that mounts the port under a path prefix.
+//! - `/api/v1/status`: the daemon's status document, JSON (`docs/status-api.md`), from its
+//!   [`StatusFn`] ([`Endpoints::status`]); 404 when the daemon serves none.
 //! - `POST /-/drain` (or `PUT`): the daemon's [`DrainFn`] (the collector's drain), 200 with
 //!   what it said; only when the daemon enabled it ([`Endpoints::lifecycle`]), else 403, as
 //!   Prometheus answers its lifecycle endpoints without `--web.enable-lifecycle`. `GET`
@@ -181,6 +183,10 @@ pub type ReadyFn = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 /// sentence, served with 200).
 pub type DrainFn = Arc<dyn Fn() -> String + Send + Sync>;
 
+/// Answers `GET /api/v1/status`: the status document as JSON bytes
+/// ([`crate::status`], `docs/status-api.md`). Called once per request.
+pub type StatusFn = Arc<dyn Fn() -> Vec<u8> + Send + Sync>;
+
 /// What one metrics port serves: the daemon's name and version (for the index page and the
 /// health answers), its exposition, its readiness, and its lifecycle endpoint if enabled.
 #[derive(Clone)]
@@ -191,6 +197,7 @@ pub struct Endpoints {
     ready: ReadyFn,
     drain: Option<DrainFn>,
     admin: crate::admin::Admin,
+    status: Option<StatusFn>,
 }
 
 impl std::fmt::Debug for Endpoints {
@@ -213,6 +220,7 @@ impl Endpoints {
             ready: Arc::new(|| Ok(())),
             drain: None,
             admin: crate::admin::Admin::default(),
+            status: None,
         }
     }
 
@@ -220,6 +228,13 @@ impl Endpoints {
     #[must_use]
     pub fn admin(mut self, admin: crate::admin::Admin) -> Self {
         self.admin = admin;
+        self
+    }
+
+    /// Serves `GET /api/v1/status` with `status`.
+    #[must_use]
+    pub fn status(mut self, status: StatusFn) -> Self {
+        self.status = Some(status);
         self
     }
 
@@ -350,6 +365,13 @@ fn respond(req: &Request<Incoming>, endpoints: &Endpoints) -> Response<Full<Byte
                 )
             }
         },
+        crate::status::PATH if endpoints.status.is_some() => {
+            let body = endpoints.status.as_ref().map_or_else(Vec::new, |f| f());
+            let mut r = Response::new(Full::new(Bytes::from(body)));
+            r.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r
+        }
         "/-/healthy" => text(StatusCode::OK, format!("{name} is healthy.\n")),
         "/-/ready" => match (endpoints.ready)() {
             Ok(()) => text(StatusCode::OK, format!("{name} is ready.\n")),
@@ -681,6 +703,30 @@ mod tests {
         assert!(get(addr, "GET", "/").await.starts_with("HTTP/1.1 200"));
         trigger.trigger();
         server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn status_is_json_where_the_daemon_serves_one() {
+        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (_t1, sd) = shutdown::channel();
+        tokio::spawn(serve(listener, endpoints(prometheus::Registry::new()), sd));
+        let r = get(addr, "GET", crate::status::PATH).await;
+        assert!(r.starts_with("HTTP/1.1 404"), "{r}");
+
+        let e =
+            endpoints(prometheus::Registry::new()).status(Arc::new(|| b"{\"version\":1}".to_vec()));
+        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (_t2, sd) = shutdown::channel();
+        tokio::spawn(serve(listener, e, sd));
+        let r = get(addr, "GET", "/api/v1/status").await;
+        assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+        assert!(r.contains("content-type: application/json"), "{r}");
+        assert!(r.ends_with("{\"version\":1}"), "{r}");
+        assert!(get(addr, "POST", "/api/v1/status")
+            .await
+            .starts_with("HTTP/1.1 405"));
     }
 
     #[tokio::test]

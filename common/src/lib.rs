@@ -15,6 +15,7 @@
 //!   (`client_handshake`).
 //! - [`listen`]: listen addresses in config files (`IP:PORT`, `[IPv6]:PORT`, `:PORT`).
 //! - [`version`]: the `--version` text (package version, git commit, enabled features).
+//! - [`status`]: what the status API (`/api/v1/status`) of both daemons shares.
 //! - [`stdout`]: one-shot output that a closed pipe (`| head`) does not turn into a panic.
 //!
 //! A daemon's `main` is: parse flags (clap), `config::load`, `logging::init`,
@@ -31,5 +32,6 @@ pub mod listen;
 pub mod logging;
 pub mod reload;
 pub mod shutdown;
+pub mod status;
 pub mod stdout;
 pub mod version;

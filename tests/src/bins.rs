@@ -1,10 +1,11 @@
 //! The daemon binaries under test.
 //!
 //! Integration tests of this crate cannot use `CARGO_BIN_EXE_*` for binaries of other
-//! packages, so the first call runs `cargo build -p uctel-collector -p uctel-agent` (the same
-//! `cargo` that runs the tests, the tests' profile, a no-op when they are fresh) and then uses
-//! the binaries next to the test executable's `deps/` directory. `UCTEL_BIN_DIR` points at a
-//! directory of prebuilt binaries instead (for example `target/release`).
+//! packages, so the first call runs `cargo build -p uctel-collector -p uctel-agent -p
+//! uctel-cli` (the same `cargo` that runs the tests, the tests' profile, a no-op when they
+//! are fresh) and then uses the binaries next to the test executable's `deps/` directory.
+//! `UCTEL_BIN_DIR` points at a directory of prebuilt binaries instead (for example
+//! `target/release`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,6 +15,8 @@ use std::sync::OnceLock;
 pub const COLLECTOR: &str = "uctel-collector";
 /// The agent binary name.
 pub const AGENT: &str = "uctel-agent";
+/// The command-line tool's binary name (`uctel top`, `uctel status`).
+pub const CLI: &str = "uctel";
 
 fn build() -> Result<PathBuf, String> {
     if let Some(dir) = std::env::var_os("UCTEL_BIN_DIR") {
@@ -44,6 +47,8 @@ fn build() -> Result<PathBuf, String> {
             "uctel-collector",
             "-p",
             "uctel-agent",
+            "-p",
+            "uctel-cli",
             "--bins",
         ])
         .status()
@@ -54,7 +59,7 @@ fn build() -> Result<PathBuf, String> {
     Ok(profile_dir)
 }
 
-/// Path of the binary `name` ([`COLLECTOR`] or [`AGENT`]).
+/// Path of the binary `name` ([`COLLECTOR`], [`AGENT`] or [`CLI`]).
 ///
 /// # Panics
 /// When the daemons cannot be built or the binary is missing: a test cannot go on without

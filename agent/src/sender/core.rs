@@ -648,6 +648,16 @@ impl SenderCore {
         outcome
     }
 
+    /// The credit window now, for the status API (`crate::status`).
+    pub fn credit_view(&self) -> crate::status::CreditView {
+        crate::status::CreditView {
+            window_frames: self.credits.window(),
+            granted_window_frames: self.credits.granted_window(),
+            outstanding_frames: self.credits.outstanding(),
+            available_frames: self.credits.available(),
+        }
+    }
+
     /// Sequence of the credit grant applied last, for heartbeats.
     pub fn grant_applied(&self) -> Option<u64> {
         self.credits.grant_applied()

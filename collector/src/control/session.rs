@@ -45,6 +45,7 @@ use crate::credits::ConnLimits;
 use crate::dataplane::{Geometry, Session};
 use crate::ingest::{CloseSummary, ConnectionIngest, StreamLedger};
 use crate::shared::Shared;
+use crate::status::SessionView;
 use crate::telemetry::AgentTelemetry;
 
 /// What a session needs from its [`Registry`] entry.
@@ -145,6 +146,9 @@ pub(super) async fn run_session(
     }
     shared.telemetry.agents_connected().inc();
     shared.telemetry.agent_up().up(&agent);
+    shared
+        .sessions
+        .connected(&agent, session_view(id, peer, &accepted, &lanes));
     tracing::info!(
         agent = %agent,
         hostname = %hello.hostname,
@@ -180,6 +184,24 @@ pub(super) async fn run_session(
     };
     let ending = driver.run(&mut events).await;
     driver.close(ending, &link, peer, hello).await;
+}
+
+/// The session as the status API shows it (`crate::status::Board`).
+fn session_view(id: u32, peer: SocketAddr, accepted: &Accepted, lanes: &Lanes) -> SessionView {
+    SessionView {
+        conn_id: id,
+        peer,
+        hostname: accepted.hello.hostname.clone(),
+        epoch: accepted.hello.epoch,
+        data_path: crate::status::board::data_path_name(accepted.data_path),
+        lanes: if lanes.rc().is_some() {
+            vec!["uc", "rc"]
+        } else {
+            vec!["uc"]
+        },
+        since: std::time::SystemTime::now(),
+        since_instant: Instant::now(),
+    }
 }
 
 /// Heartbeat and report periods from the configuration (defaults when out of range).
@@ -554,6 +576,7 @@ impl Driver<'_> {
         }
         let summary = self.lanes.close(plane, closing.goodbye.as_ref()).await;
         self.shared.credits.leave(self.lanes.uc().id);
+        self.shared.sessions.ended(&self.agent, self.lanes.uc().id);
         self.shared.telemetry.agents_connected().dec();
         self.tel.session_ended(closing.end);
         if let Some(summary) = summary {

@@ -27,6 +27,7 @@
 //! - [`clickhouse`]: log records into a ClickHouse table (`outputs.clickhouse`).
 //! - [`fast`]: the agents' high-frequency sample series: latest value and rate over the
 //!   last second for the store, every sample for remote-write.
+//! - [`last_error`]: each endpoint's last error, for the status API.
 //! - [`http`]: what the HTTP outputs share: the client, authentication, backoff with full
 //!   jitter, `Retry-After`.
 //! - `sender`: the sender loop they share (wait for a batch, send, retry, split what was
@@ -36,6 +37,7 @@
 pub mod clickhouse;
 pub mod fast;
 pub mod http;
+pub mod last_error;
 pub mod remote_write;
 pub mod report;
 mod sender;

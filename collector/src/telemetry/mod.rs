@@ -291,6 +291,7 @@ struct Families {
 
 mod families;
 pub mod live_loss;
+mod status;
 
 fn opts(name: &str, help: &str) -> Opts {
     Opts::new(name, help).namespace(NAMESPACE)

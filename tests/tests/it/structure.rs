@@ -23,12 +23,13 @@ use std::path::{Path, PathBuf};
 const MAX_CODE_LINES: usize = 900;
 
 /// The crates whose `src/` trees are checked.
-const CRATES: [&str; 9] = [
+const CRATES: [&str; 10] = [
     "protocol",
     "transport",
     "common",
     "agent",
     "collector",
+    "cli",
     "testkit",
     "tests",
     "bench",

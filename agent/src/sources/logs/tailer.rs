@@ -223,6 +223,27 @@ impl LogTailer {
             .collect()
     }
 
+    /// The files followed now as the status API shows them (`crate::status`).
+    pub fn file_views(&self) -> Vec<crate::status::FileView> {
+        self.files
+            .iter()
+            .map(|t| crate::status::FileView {
+                path: t.path.display().to_string(),
+                dev: t.id.dev,
+                inode: t.id.ino,
+                fingerprint: format!("{:016x}", t.file_id),
+                offset_bytes: t.committed_offset(),
+                size_bytes: t.last_size.max(t.read_offset),
+                rotated: t.orphaned_at.is_some(),
+            })
+            .collect()
+    }
+
+    /// The first include pattern: names the source on the status API.
+    pub fn source_name(&self) -> &str {
+        self.config.include.first().map_or("", String::as_str)
+    }
+
     /// Finds new, rotated and truncated files and reads new lines into `out`: at most
     /// `max_records` records and [`LogSourceConfig::max_bytes_per_poll`] bytes. `now` drives the
     /// glob interval, partial-line timeout and rotate wait. Never fails as a whole: per-file

@@ -340,6 +340,7 @@ impl Sink for ClickHouseSink {
 
 /// The ClickHouse output's line for `event` about the rows `part`.
 fn log(target: &Target, limiter: &mut http::LogLimiter, event: Event<'_>, part: &[Row]) {
+    crate::outputs::last_error::note(crate::outputs::last_error::CLICKHOUSE, &event);
     let (url, table) = (&target.label, &target.table);
     match event {
         Event::Retry { items, why, delay } => {

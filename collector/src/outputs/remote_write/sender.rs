@@ -207,6 +207,7 @@ impl Sink for ShardSink {
 /// Shard `index`'s line for `event`.
 fn log(target: &Target, index: usize, event: Event<'_>) {
     let url = &target.label;
+    crate::outputs::last_error::note(url, &event);
     match event {
         Event::Retry { items, why, delay } => {
             if target.log_due("retry") {
