@@ -729,6 +729,22 @@ impl AgentConfig {
             0.1,
             86400.0,
         );
+        let offsets = [
+            ("host_metrics", h.offset_seconds, h.interval_seconds),
+            ("self_metrics", s.offset_seconds, s.interval_seconds),
+        ]
+        .into_iter()
+        .chain(
+            self.sources
+                .textfile
+                .iter()
+                .map(|t| ("textfile", t.offset_seconds, t.interval_seconds)),
+        );
+        for (section, offset, interval) in offsets {
+            if let Some(problem) = crate::pacing::grid::offset_problem(offset, interval) {
+                p.push(format!("sources.{section}.offset_seconds"), problem);
+            }
+        }
         for (i, t) in self.sources.scrape.iter().enumerate() {
             for (key, problem) in crate::sources::scrape::problems(t) {
                 p.push(format!("sources.scrape[{i}].{key}"), problem);

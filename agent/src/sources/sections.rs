@@ -59,6 +59,12 @@ pub struct HostMetricsSection {
     /// every 10–15 s).
     #[serde(default = "default_host_interval")]
     pub interval_seconds: f64,
+    /// Offset of the sampling instants within the interval, seconds: collections happen at
+    /// whole multiples of `interval_seconds` since the Unix epoch plus this (OVIS LDMS's
+    /// `interval` + `offset`), so agents with the same settings sample the same instants.
+    /// 0 to below the interval. Default 0.
+    #[serde(default)]
+    pub offset_seconds: f64,
     /// procfs root (`/proc`); point at a bind mount of the host's `/proc` in a container.
     #[serde(default = "default_proc")]
     pub procfs_path: PathBuf,
@@ -113,6 +119,7 @@ impl Default for HostMetricsSection {
         Self {
             enabled: true,
             interval_seconds: default_host_interval(),
+            offset_seconds: 0.0,
             procfs_path: default_proc(),
             sysfs_path: default_sys(),
             rootfs_path: default_rootfs(),
@@ -132,6 +139,12 @@ pub struct SelfMetricsSection {
     /// Seconds between two snapshots. Default 10.
     #[serde(default = "default_host_interval")]
     pub interval_seconds: f64,
+    /// Offset of the sampling instants within the interval, seconds: collections happen at
+    /// whole multiples of `interval_seconds` since the Unix epoch plus this (OVIS LDMS's
+    /// `interval` + `offset`), so agents with the same settings sample the same instants.
+    /// 0 to below the interval. Default 0.
+    #[serde(default)]
+    pub offset_seconds: f64,
 }
 
 impl Default for SelfMetricsSection {
@@ -139,6 +152,7 @@ impl Default for SelfMetricsSection {
         Self {
             enabled: true,
             interval_seconds: default_host_interval(),
+            offset_seconds: 0.0,
         }
     }
 }
