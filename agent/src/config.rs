@@ -759,6 +759,9 @@ impl AgentConfig {
         for (key, problem) in self.sources.textfile.iter().flat_map(|t| t.problems()) {
             p.push(format!("sources.textfile.{key}"), problem);
         }
+        for (key, problem) in self.sources.slurm.iter().flat_map(|s| s.problems()) {
+            p.push(format!("sources.slurm.{key}"), problem);
+        }
         self.check_logs(p);
         if let Some(dir) = &self.sources.state_directory {
             if dir.as_os_str().is_empty() {

@@ -36,6 +36,7 @@ use crate::stream::Stream;
 
 mod fast;
 pub mod rounds;
+pub mod slurm;
 pub use fast::{fast_counters_loop, fast_counters_thread, FastCounterMetrics};
 use rounds::{next_round, next_round_blocking, RoundMetrics};
 
@@ -359,6 +360,14 @@ pub fn spawn_metric_sources(
             f.clone(),
             queues.fast_counters.clone(),
             stats.clone(),
+            shutdown.clone(),
+        ));
+    }
+    if let Some(s) = &sources.slurm {
+        tasks.spawn(slurm::slurm_loop(
+            s.clone(),
+            queues.metrics.clone(),
+            (stats.clone(), rounds.clone()),
             shutdown.clone(),
         ));
     }

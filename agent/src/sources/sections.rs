@@ -33,6 +33,10 @@ pub struct SourcesSection {
     /// on the `fast_counters` stream. Off when absent.
     #[serde(default)]
     pub fast_counters: Option<crate::sources::fast_counters::FastCountersSection>,
+    /// Slurm jobs running on this host (`sources::slurm`): `uctel_job_info` and per-job
+    /// CPU, memory and I/O from the job cgroups. Off when absent.
+    #[serde(default)]
+    pub slurm: Option<crate::sources::slurm::SlurmSection>,
     /// Directory for the log sources' offset checkpoints (one JSON file per `logs` entry,
     /// named after a hash of its `path`), created at start when there are `logs`. A relative
     /// path is relative to the working directory. Default `/var/lib/uctel-agent` (the systemd
@@ -93,6 +97,7 @@ impl Default for SourcesSection {
             textfile: None,
             scrape: Vec::new(),
             fast_counters: None,
+            slurm: None,
             state_directory: default_state_directory(),
         }
     }
