@@ -1105,6 +1105,7 @@ pub fn reference() -> Reference {
             include_str!("config/streams.rs"),
             include_str!("sources/sections.rs"),
             include_str!("sources/textfile.rs"),
+            include_str!("sources/slurm/mod.rs"),
             include_str!("sources/scrape.rs"),
             include_str!("sources/fast_counters.rs"),
             include_str!("sources/host.rs"),
