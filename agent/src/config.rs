@@ -747,6 +747,22 @@ impl AgentConfig {
             0.1,
             86400.0,
         );
+        let offsets = [
+            ("host_metrics", h.offset_seconds, h.interval_seconds),
+            ("self_metrics", s.offset_seconds, s.interval_seconds),
+        ]
+        .into_iter()
+        .chain(
+            self.sources
+                .textfile
+                .iter()
+                .map(|t| ("textfile", t.offset_seconds, t.interval_seconds)),
+        );
+        for (section, offset, interval) in offsets {
+            if let Some(problem) = crate::pacing::grid::offset_problem(offset, interval) {
+                p.push(format!("sources.{section}.offset_seconds"), problem);
+            }
+        }
         for (i, t) in self.sources.scrape.iter().enumerate() {
             for (key, problem) in crate::sources::scrape::problems(t) {
                 p.push(format!("sources.scrape[{i}].{key}"), problem);
@@ -760,6 +776,9 @@ impl AgentConfig {
         }
         for (key, problem) in self.sources.textfile.iter().flat_map(|t| t.problems()) {
             p.push(format!("sources.textfile.{key}"), problem);
+        }
+        for (key, problem) in self.sources.slurm.iter().flat_map(|s| s.problems()) {
+            p.push(format!("sources.slurm.{key}"), problem);
         }
         self.check_logs(p);
         if let Some(dir) = &self.sources.state_directory {
@@ -1104,6 +1123,7 @@ pub fn reference() -> Reference {
             include_str!("config/streams.rs"),
             include_str!("sources/sections.rs"),
             include_str!("sources/textfile.rs"),
+            include_str!("sources/slurm/mod.rs"),
             include_str!("sources/scrape.rs"),
             include_str!("sources/fast_counters.rs"),
             include_str!("sources/host.rs"),

@@ -10,7 +10,8 @@
 //! ```json
 //! {"epoch":…,"conn_seq":0,"stream":"metrics","stream_seq":0,"kind":"metrics","flags":0,
 //!  "timestamp_ns":…,"record_count":120,"frame_bytes":4012,"data_path":"write_with_imm",
-//!  "records":[{"name":"node_load1","type":"gauge","labels":{},"value":0.42}, …]}
+//!  "records":[{"name":"node_load1","type":"gauge","labels":{},"value":0.42,
+//!              "timestamp_ms":…}, …]}
 //! ```
 
 use std::io::Write;
@@ -84,7 +85,8 @@ pub fn frame_json(t: &Transmit, limits: &Limits) -> Value {
                             Ok(MetricType::Untyped) => "untyped",
                             _ => "unspecified",
                         };
-                        let mut o = json!({"name": m.name, "type": ty, "labels": labels, "value": m.value});
+                        let mut o = json!({"name": m.name, "type": ty, "labels": labels, "value": m.value,
+                                           "timestamp_ms": m.timestamp_ms});
                         if !m.buckets.is_empty() {
                             o["count"] = json!(m.count);
                             o["sum"] = json!(m.sum);

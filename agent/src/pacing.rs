@@ -13,6 +13,8 @@
 //! Tokens are kept as integers in units of "token × nanosecond" so a long run neither drifts nor
 //! loses fractions of a token.
 
+pub mod grid;
+
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 

@@ -27,11 +27,18 @@ use uctel_protocol::samples::SampleSeries;
 
 use crate::buffer::DisconnectedBuffer;
 use crate::config::{seconds, AgentConfig, LogSection, LogSeverity, Reliability, StartAt};
+use crate::pacing::grid::Grid;
 use crate::queue::RecordQueue;
 use crate::selfmetrics::{DropReason, SelfMetrics};
 use crate::sources::host::{HostMetrics, HostMetricsConfig, HostPaths};
 use crate::sources::logs::{self, LogEvent, LogSourceConfig, LogSourceCounts, LogTailer};
 use crate::stream::Stream;
+
+mod fast;
+pub mod rounds;
+pub mod slurm;
+pub use fast::{fast_counters_loop, fast_counters_thread, FastCounterMetrics};
+use rounds::{next_round, next_round_blocking, RoundMetrics};
 
 /// Hand-off accounting of the logs queue, in queue (FIFO) positions: records offered to the
 /// queue by the tailers, taken from it by the sender, and *settled* by the sender.
@@ -280,8 +287,9 @@ fn offer(
     mut records: Vec<Metric>,
     stream: Stream,
     stats: &SelfMetrics,
+    unix_ms: i64,
 ) -> u64 {
-    stamp_collected(&mut records, pump_unix_ms());
+    stamp_collected(&mut records, unix_ms);
     let n = records.len() as u64;
     if stream == Stream::Metrics {
         stats.metrics_collected(n);
@@ -303,13 +311,23 @@ pub fn spawn_metric_sources(
     shutdown: &Shutdown,
     tasks: &mut tokio::task::JoinSet<()>,
 ) {
-    if config.sources.host_metrics.enabled {
+    let rounds = match RoundMetrics::register(stats.registry()) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot register the sources' round metrics; no metric source runs");
+            return;
+        }
+    };
+    let sources = &config.sources;
+    let grid = |interval: f64, offset: f64| Grid::new(seconds(interval), seconds(offset));
+    if sources.host_metrics.enabled {
+        let h = &sources.host_metrics;
         tasks.spawn(host_metrics_loop(
             host_config(config),
-            config.sources.textfile.is_none(),
-            seconds(config.sources.host_metrics.interval_seconds),
+            sources.textfile.is_none(),
+            grid(h.interval_seconds, h.offset_seconds),
             queues.metrics.clone(),
-            stats.clone(),
+            (stats.clone(), rounds.clone()),
             shutdown.clone(),
         ));
     }
@@ -319,7 +337,7 @@ pub fn spawn_metric_sources(
                 tasks.spawn(scrape_loop(
                     target,
                     queues.metrics.clone(),
-                    stats.clone(),
+                    (stats.clone(), rounds.clone()),
                     shutdown.clone(),
                 ));
             }
@@ -331,9 +349,9 @@ pub fn spawn_metric_sources(
     if let Some(t) = &config.sources.textfile {
         tasks.spawn(textfile_loop(
             t.directory.clone(),
-            seconds(t.interval_seconds),
+            grid(t.interval_seconds, t.offset_seconds),
             queues.metrics.clone(),
-            stats.clone(),
+            (stats.clone(), rounds.clone()),
             shutdown.clone(),
         ));
     }
@@ -345,19 +363,30 @@ pub fn spawn_metric_sources(
             shutdown.clone(),
         ));
     }
-    if config.sources.self_metrics.enabled {
-        tasks.spawn(self_metrics_loop(
-            seconds(config.sources.self_metrics.interval_seconds),
+    if let Some(s) = &sources.slurm {
+        tasks.spawn(slurm::slurm_loop(
+            s.clone(),
             queues.metrics.clone(),
-            stats.clone(),
+            (stats.clone(), rounds.clone()),
+            shutdown.clone(),
+        ));
+    }
+    if sources.self_metrics.enabled {
+        let m = &sources.self_metrics;
+        tasks.spawn(self_metrics_loop(
+            grid(m.interval_seconds, m.offset_seconds),
+            queues.metrics.clone(),
+            (stats.clone(), rounds),
             shutdown.clone(),
         ));
     }
 }
 
-/// Runs the host-metrics source until shutdown: one collection at start, then one per
-/// `interval` (a late collection delays the next by the same interval, as tokio's
-/// `MissedTickBehavior::Delay`). Collections run on a thread of their own, `host-metrics`,
+/// Runs the host-metrics source until shutdown: one collection at each instant of `grid`
+/// (whole multiples of the interval since the Unix epoch plus the offset), the first at the
+/// first instant after start; a collection that ends after the next instants skips them
+/// (counted in `uctel_agent_missed_rounds_total{source="host_metrics"}`), never bunches.
+/// Records are stamped with the time the round began. Collections run on a thread of their own, `host-metrics`,
 /// which sleeps between them: no async worker and no blocking-pool hand-off is woken per
 /// collection. Collection errors are logged (first failure of each sub-collector at `warn`)
 /// and visible as `node_scrape_collector_success{collector} 0`; RDMA files skipped are
@@ -367,13 +396,20 @@ pub fn spawn_metric_sources(
 pub async fn host_metrics_loop(
     config: HostMetricsConfig,
     no_textfile: bool,
-    interval: Duration,
+    grid: Grid,
     queue: RecordQueue<Metric>,
-    stats: Arc<SelfMetrics>,
+    (stats, rounds): (Arc<SelfMetrics>, RoundMetrics),
     mut shutdown: Shutdown,
 ) {
     run_thread("host-metrics", &mut shutdown, move |stopped| {
-        host_metrics_thread(config, no_textfile, interval, &queue, &stats, stopped);
+        host_metrics_thread(
+            config,
+            no_textfile,
+            grid,
+            &queue,
+            (&stats, &rounds),
+            stopped,
+        );
     })
     .await;
 }
@@ -411,23 +447,16 @@ async fn run_thread(
 fn host_metrics_thread(
     config: HostMetricsConfig,
     no_textfile: bool,
-    interval: Duration,
+    mut grid: Grid,
     queue: &RecordQueue<Metric>,
-    stats: &SelfMetrics,
+    (stats, rounds): (&SelfMetrics, &RoundMetrics),
     stop: &std::sync::mpsc::Receiver<()>,
 ) {
-    use std::sync::mpsc::RecvTimeoutError;
     let mut host = HostMetrics::new(config);
     let mut warned = std::collections::HashSet::new();
     let mut warned_ethtool = std::collections::HashSet::new();
-    let mut next = Instant::now();
-    loop {
-        let wait = next.saturating_duration_since(Instant::now());
-        match stop.recv_timeout(wait) {
-            Err(RecvTimeoutError::Timeout) => {}
-            Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
-        }
-        next = Instant::now().max(next) + interval;
+    while let Some(began) = next_round_blocking(&mut grid, stop) {
+        rounds.observe("host_metrics", &began);
         let collected = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| host.collect()));
         let Ok(collection) = collected else {
             tracing::error!("host metrics collection panicked; host metrics stop");
@@ -459,181 +488,8 @@ fn host_metrics_thread(
         if no_textfile {
             metrics.push(crate::sources::textfile::scrape_error(false));
         }
-        offer(queue, metrics, Stream::Metrics, stats);
+        offer(queue, metrics, Stream::Metrics, stats, began.unix_ms());
     }
-}
-
-/// The `fast_counters` source's own counters (on the agent's registry, so also shipped with
-/// the self-metrics).
-#[derive(Debug, Clone)]
-pub struct FastCounterMetrics {
-    /// `uctel_agent_fast_samples_total`: samples taken (successful reads).
-    pub samples: IntCounter,
-    /// `uctel_agent_fast_missed_rounds_total`: sampling instants skipped.
-    pub missed_rounds: IntCounter,
-    /// `uctel_agent_fast_sample_lateness_seconds`: sample time − scheduled time.
-    pub lateness: prometheus::Histogram,
-}
-
-impl FastCounterMetrics {
-    /// Registers the counters in `registry`.
-    ///
-    /// # Errors
-    /// A registration error (the names are already registered).
-    pub fn register(registry: &prometheus::Registry) -> Result<Self, prometheus::Error> {
-        let samples = IntCounter::with_opts(Opts::new(
-            "uctel_agent_fast_samples_total",
-            "Samples taken by the fast_counters source (successful reads). Every one is \
-             received, lost or dropped with a reason on the fast_counters stream.",
-        ))?;
-        let missed_rounds = IntCounter::with_opts(Opts::new(
-            "uctel_agent_fast_missed_rounds_total",
-            "Sampling instants of the fast_counters source skipped because the previous \
-             round ended after them (the host was too busy).",
-        ))?;
-        let lateness = prometheus::Histogram::with_opts(
-            prometheus::HistogramOpts::new(
-                "uctel_agent_fast_sample_lateness_seconds",
-                "How late each fast_counters sample was read: sample time minus scheduled \
-                 time.",
-            )
-            .buckets(vec![
-                0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002, 0.005,
-                0.01, 0.05,
-            ]),
-        )?;
-        registry.register(Box::new(samples.clone()))?;
-        registry.register(Box::new(missed_rounds.clone()))?;
-        registry.register(Box::new(lateness.clone()))?;
-        Ok(Self {
-            samples,
-            missed_rounds,
-            lateness,
-        })
-    }
-}
-
-/// Runs the `fast_counters` source (`sources::fast_counters`) until shutdown, on a thread
-/// of its own (`fast-counters`) that sleeps until each sampling instant: one read per
-/// counter per instant, a record per counter every `samples_per_record` samples, offered to
-/// the fast_counters queue. What the queue cannot take is counted as `source_overflow`, in
-/// samples. At shutdown the samples not yet shipped are offered as a last, shorter record.
-pub async fn fast_counters_loop(
-    section: crate::sources::fast_counters::FastCountersSection,
-    queue: RecordQueue<SampleSeries>,
-    stats: Arc<SelfMetrics>,
-    mut shutdown: Shutdown,
-) {
-    let specs = match section.resolve() {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "fast_counters: invalid counter; the source does not run");
-            return;
-        }
-    };
-    let metrics = match FastCounterMetrics::register(stats.registry()) {
-        Ok(m) => m,
-        Err(e) => {
-            tracing::error!(error = %e, "fast_counters: cannot register its metrics; the source does not run");
-            return;
-        }
-    };
-    run_thread("fast-counters", &mut shutdown, move |stopped| {
-        fast_counters_thread(&section, &specs, &queue, &stats, &metrics, stopped);
-    })
-    .await;
-}
-
-/// The body of [`fast_counters_loop`]'s thread: samples until `stop` is dropped.
-pub fn fast_counters_thread(
-    section: &crate::sources::fast_counters::FastCountersSection,
-    specs: &[crate::sources::fast_counters::CounterSpec],
-    queue: &RecordQueue<SampleSeries>,
-    stats: &SelfMetrics,
-    metrics: &FastCounterMetrics,
-    stop: &std::sync::mpsc::Receiver<()>,
-) {
-    use crate::sources::fast_counters::{unix_us, Reader, Schedule, SeriesBuffer};
-    use std::sync::mpsc::RecvTimeoutError;
-    let mut readers: Vec<Reader> = specs.iter().map(|s| Reader::new(&s.origin)).collect();
-    let mut buffers = vec![SeriesBuffer::default(); specs.len()];
-    let mut warned = std::collections::HashSet::new();
-    let start = Instant::now();
-    let anchor = (start, i64::try_from(pump_unix_us()).unwrap_or(i64::MAX));
-    let mut schedule = Schedule::new(start, section.interval());
-    let per_record = section.samples_per_record.max(1);
-    tracing::info!(
-        counters = specs.len(),
-        interval_ms = section.interval_milliseconds,
-        samples_per_record = per_record,
-        "fast_counters: sampling"
-    );
-    let mut stopping = false;
-    while !stopping {
-        let wait = schedule
-            .next_instant()
-            .saturating_duration_since(Instant::now());
-        match stop.recv_timeout(wait) {
-            Err(RecvTimeoutError::Timeout) => {}
-            Ok(()) | Err(RecvTimeoutError::Disconnected) => stopping = true,
-        }
-        let mut ready = Vec::new();
-        if !stopping {
-            let round = schedule.begin(Instant::now());
-            metrics.missed_rounds.inc_by(round.missed);
-            let mut taken = 0;
-            for (i, (spec, reader)) in specs.iter().zip(readers.iter_mut()).enumerate() {
-                let at = Instant::now();
-                match reader.read() {
-                    Ok(raw) => {
-                        let lateness = at.saturating_duration_since(round.scheduled);
-                        metrics.lateness.observe(lateness.as_secs_f64());
-                        taken += 1;
-                        let value = raw.saturating_mul(spec.scale) as f64;
-                        buffers[i].push(unix_us(anchor, at), value);
-                    }
-                    Err(e) => {
-                        stats.source_error("fast_counters", e.as_str());
-                        if warned.insert((i, e)) {
-                            tracing::warn!(counter = %spec.name, origin = ?spec.origin, reason = e.as_str(), "fast_counters: cannot read a counter; its samples are skipped until it reads again (logged once per counter and reason)");
-                        }
-                    }
-                }
-                if buffers[i].len() >= per_record {
-                    ready.extend(buffers[i].take(spec));
-                }
-            }
-            metrics.samples.inc_by(taken);
-        } else {
-            for (spec, buffer) in specs.iter().zip(buffers.iter_mut()) {
-                ready.extend(buffer.take(spec));
-            }
-        }
-        if !ready.is_empty() {
-            offer_samples(queue, ready, stats);
-        }
-    }
-    tracing::info!(
-        samples_taken = metrics.samples.get(),
-        missed_rounds = metrics.missed_rounds.get(),
-        "fast_counters: stopped"
-    );
-}
-
-/// Offers sample series to the fast_counters queue; the samples of those that do not fit
-/// are counted as `source_overflow`.
-fn offer_samples(
-    queue: &RecordQueue<SampleSeries>,
-    mut ready: Vec<SampleSeries>,
-    stats: &SelfMetrics,
-) {
-    let weights: Vec<u64> = ready.iter().map(|s| u64::from(s.weight())).collect();
-    let rejected = queue.offer(std::mem::take(&mut ready));
-    let lost: u64 = weights[weights.len() - rejected..].iter().sum();
-    if lost > 0 {
-        stats.dropped(Stream::FastCounters, DropReason::SourceOverflow, 0, lost);
-    }
-    stats.set_queue_records(Stream::FastCounters, queue.len());
 }
 
 /// Stamps every record without its own timestamp (`timestamp_ms == 0`, "the frame's
@@ -648,38 +504,22 @@ pub fn stamp_collected(records: &mut [Metric], unix_ms: i64) {
     }
 }
 
-/// Milliseconds since the Unix epoch, now.
-fn pump_unix_ms() -> i64 {
-    i64::try_from(pump_unix_us() / 1_000).unwrap_or(i64::MAX)
-}
-
-/// Microseconds since the Unix epoch, now.
-fn pump_unix_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-}
-
 /// Runs the textfile source (`sources::textfile`) until shutdown: the directory read at
-/// start, then every `interval`, off the async threads. Each file skipped is counted in
+/// each instant of `grid` (aligned to the Unix epoch, [`crate::pacing::grid`]), off the
+/// async threads. Each file skipped is counted in
 /// `uctel_agent_source_errors_total{source="textfile",reason}` at every read that skips it,
 /// and logged at `warn` once per file and reason (then at debug), so a broken cron job does
 /// not fill the log.
 pub async fn textfile_loop(
     directory: std::path::PathBuf,
-    interval: Duration,
+    mut grid: Grid,
     queue: RecordQueue<Metric>,
-    stats: Arc<SelfMetrics>,
+    (stats, rounds): (Arc<SelfMetrics>, RoundMetrics),
     mut shutdown: Shutdown,
 ) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut warned = std::collections::HashSet::new();
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            () = shutdown.wait() => return,
-        }
+    while let Some(began) = next_round(&mut grid, &mut shutdown).await {
+        rounds.observe("textfile", &began);
         let dir = directory.clone();
         let Ok(collection) =
             tokio::task::spawn_blocking(move || crate::sources::textfile::collect(&dir)).await
@@ -695,32 +535,35 @@ pub async fn textfile_loop(
                 tracing::debug!(path = %s.path.display(), reason = s.error.as_str(), "textfile skipped");
             }
         }
-        offer(&queue, collection.metrics, Stream::Metrics, &stats);
+        offer(
+            &queue,
+            collection.metrics,
+            Stream::Metrics,
+            &stats,
+            began.unix_ms(),
+        );
     }
 }
 
-/// Scrapes one target (`sources::scrape`) until shutdown: first at a random offset within its
-/// interval, then every interval. A failed scrape is counted in
+/// Scrapes one target (`sources::scrape`) until shutdown: at each whole multiple of its
+/// `interval_seconds` since the Unix epoch plus its `offset_seconds` ([`crate::pacing::grid`];
+/// instants a slow scrape overran are skipped and counted in
+/// `uctel_agent_missed_rounds_total{source="scrape"}`). A failed scrape is counted in
 /// `uctel_agent_source_errors_total{source="scrape",reason}`, and so is each sample a
 /// successful one refused (`duplicate`, `timestamp_too_new`, `timestamp_too_old`); each
 /// reason is logged once per target at `warn`, then at `debug`.
 pub async fn scrape_loop(
     target: crate::sources::scrape::Target,
     queue: RecordQueue<Metric>,
-    stats: Arc<SelfMetrics>,
+    (stats, rounds): (Arc<SelfMetrics>, RoundMetrics),
     mut shutdown: Shutdown,
 ) {
-    let interval = seconds(target.config().interval_seconds);
-    let offset = interval.mul_f64(rand::random::<f64>());
-    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + offset, interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let c = target.config();
+    let mut grid = Grid::new(seconds(c.interval_seconds), seconds(c.offset_seconds));
     let mut warned = std::collections::HashSet::new();
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            () = shutdown.wait() => return,
-        }
-        let began = Instant::now();
+    while let Some(began) = next_round(&mut grid, &mut shutdown).await {
+        rounds.observe("scrape", &began);
+        let started = Instant::now();
         let scraped = tokio::select! {
             s = target.scrape() => s,
             () = shutdown.wait() => return,
@@ -730,7 +573,7 @@ pub async fn scrape_loop(
             .error
             .as_ref()
             .map(|(r, d)| format!("{}: {d}", r.as_str()));
-        let took = began.elapsed().as_secs_f64();
+        let took = started.elapsed().as_secs_f64();
         stats
             .status()
             .scraped(url.as_str(), took, std::time::SystemTime::now(), error);
@@ -750,26 +593,27 @@ pub async fn scrape_loop(
                 tracing::debug!(%url, reason = reason.as_str(), samples = n, "samples of a scrape refused");
             }
         }
-        offer(&queue, scraped.metrics, Stream::Metrics, &stats);
+        offer(
+            &queue,
+            scraped.metrics,
+            Stream::Metrics,
+            &stats,
+            began.unix_ms(),
+        );
     }
 }
 
-/// Runs the self-metrics source until shutdown: a snapshot every `interval`.
+/// Runs the self-metrics source until shutdown: a snapshot at each instant of `grid`.
 pub async fn self_metrics_loop(
-    interval: Duration,
+    mut grid: Grid,
     queue: RecordQueue<Metric>,
-    stats: Arc<SelfMetrics>,
+    (stats, rounds): (Arc<SelfMetrics>, RoundMetrics),
     mut shutdown: Shutdown,
 ) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            () = shutdown.wait() => return,
-        }
+    while let Some(began) = next_round(&mut grid, &mut shutdown).await {
+        rounds.observe("self_metrics", &began);
         let records = stats.to_records(0);
-        offer(&queue, records, Stream::Metrics, &stats);
+        offer(&queue, records, Stream::Metrics, &stats, began.unix_ms());
     }
 }
 

@@ -33,6 +33,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agentcost;
+pub mod align;
 pub mod cpu;
 pub mod daemon;
 pub mod fastcost;

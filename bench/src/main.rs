@@ -65,6 +65,8 @@ enum Part {
     NodeCost,
     /// CPU and lateness of the agent's fast_counters source.
     FastCost,
+    /// Aligned sampling: `--align-agents` agents' sample times against the epoch grid.
+    Align,
     /// The same frame stream over UC and RC at each of `--tradeoff-losses`.
     Tradeoff,
 }
@@ -170,6 +172,12 @@ struct Args {
     /// `prometheus-node-exporter` (Debian) or `node_exporter` on PATH.
     #[arg(long, value_name = "PATH")]
     node_exporter_bin: Option<PathBuf>,
+    /// Align: agents (10 ms fast counters and 1 s host metrics each).
+    #[arg(long, default_value_t = 3)]
+    align_agents: usize,
+    /// Align: how long the agents run, seconds (the figure is 600; CI runs short).
+    #[arg(long, default_value_t = 20.0)]
+    align_duration_secs: f64,
     /// Fast cost: counters sampled (1 to 10 statistics files of `lo`).
     #[arg(long, default_value_t = 10)]
     fast_counters: usize,
@@ -330,6 +338,7 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         remote_write: None,
         node_cost: None,
         fast_cost: None,
+        align: None,
         tradeoff: Vec::new(),
         perftest: Perftest {
             source: "not in this run: tests/rxe/run.sh verbs_send_bench prints BENCH verbs_vs_perftest_ratio (pass --rxe-log or --rxe)".into(),
@@ -561,6 +570,23 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         }) {
             Ok(r) => report.fast_cost = Some(r),
             Err(e) => report.failures.push(("fast cost".into(), e.to_string())),
+        }
+    }
+    if wants(Part::Align) {
+        eprintln!(
+            "[align] {} agents, 10 ms fast counters and 1 s host metrics, {:.0} s",
+            args.align_agents, args.align_duration_secs
+        );
+        match uctel_bench::align::run(&uctel_bench::align::AlignConfig {
+            agent_bin: agent_bin.clone(),
+            workdir: workdir.join("align"),
+            agents: args.align_agents.max(1),
+            fast_interval: Duration::from_millis(10),
+            host_interval: Duration::from_secs(1),
+            duration: secs(args.align_duration_secs),
+        }) {
+            Ok(r) => report.align = Some(r),
+            Err(e) => report.failures.push(("align".into(), e.to_string())),
         }
     }
     if wants(Part::Tradeoff) {

@@ -42,6 +42,8 @@ pub const NODE_COST_VS_NODE_EXPORTER: f64 = 0.3;
 pub const FAST_CPU_PERCENT: f64 = 1.0;
 /// Fast counters: p99 lateness at most this many µs.
 pub const FAST_P99_LATENESS_US: f64 = 2000.0;
+/// Aligned sampling: p99 of sample time − grid instant, µs (issue 46: within 1 ms).
+pub const ALIGN_P99_US: f64 = 1000.0;
 
 /// The machine the run was on.
 #[derive(Clone, Debug, Serialize)]
@@ -173,6 +175,8 @@ pub struct Report {
     pub node_cost: Option<NodeCostResult>,
     /// The fast_counters source's CPU and lateness.
     pub fast_cost: Option<crate::fastcost::FastCostResult>,
+    /// Aligned sampling: sample times of several agents against the epoch grid.
+    pub align: Option<crate::align::AlignResult>,
     /// The reliability trade-off: UC and RC at each injected loss rate.
     pub tradeoff: Vec<crate::tradeoff::TradeoffRow>,
     /// VM-suite perftest comparison.
@@ -374,6 +378,17 @@ impl Report {
                 name: format!("fast_counters lateness p99 ({what})"),
                 rule: format!("≤ {FAST_P99_LATENESS_US} µs"),
                 verdict: Verdict::check(f.lateness(0.99), FAST_P99_LATENESS_US, Goal::AtMost),
+            });
+        }
+        if let Some(a) = &self.align {
+            use crate::align::AlignResult as A;
+            t.push(Target {
+                name: format!(
+                    "aligned sampling: fast counter samples from the grid, p99 ({} agents)",
+                    a.agents
+                ),
+                rule: format!("≤ {ALIGN_P99_US} µs (issue 46)"),
+                verdict: Verdict::check(A::q(&a.fast_error_us, 0.99), ALIGN_P99_US, Goal::AtMost),
             });
         }
         self.targets = t;
@@ -684,6 +699,43 @@ impl Report {
                     f.samples_received,
                     f.samples_lost,
                     threads(&f.with_source)
+                ),
+            ));
+        }
+        if let Some(a) = &self.align {
+            use crate::align::AlignResult as A;
+            let q3 = |v: &[(f64, f64)], unit: &str| {
+                format!(
+                    "p50 {:.0} {unit}, p99 {:.0} {unit}, p99.9 {:.0} {unit}",
+                    A::q(v, 0.5),
+                    A::q(v, 0.99),
+                    A::q(v, 0.999)
+                )
+            };
+            rows.push(row(
+                format!(
+                    "aligned sampling, {} agents, {:.0} ms fast counters, {:.0} s host metrics, {:.0} s",
+                    a.agents, a.fast_interval_ms, a.host_interval_s, a.duration_s
+                ),
+                format!(
+                    "fast from grid {} ({:.2} % within 1 ms, {} samples)",
+                    q3(&a.fast_error_us, "µs"),
+                    a.fast_within_1ms * 100.0,
+                    a.fast_samples
+                ),
+                format!(
+                    "host from grid {} ({:.2} % within 1 ms, {} collections); spread across agents {}",
+                    q3(&a.host_error_ms, "ms"),
+                    a.host_within_1ms * 100.0,
+                    a.host_samples,
+                    q3(&a.spread_us, "µs")
+                ),
+                format!(
+                    "drift {:.0} µs; {} missed instants; baseline sleeping thread {} (agent p99 = {:.2} × baseline p99)",
+                    a.drift_us,
+                    a.missed_instants,
+                    q3(&a.baseline_error_us, "µs"),
+                    crate::stats::ratio(A::q(&a.fast_error_us, 0.99), A::q(&a.baseline_error_us, 0.99))
                 ),
             ));
         }

@@ -222,3 +222,31 @@ fn node_cost_measures_the_agent_beside_node_exporter_over_the_same_collections()
     );
     assert!(r.ratio_per_collection(true).is_finite(), "{r:?}");
 }
+
+/// The aligned-sampling row, short: three real agents (10 ms fast counters, 1 s host
+/// metrics), started 137 ms apart, for 5 s. Asserted: the measurement is complete and the
+/// agents share the instants of the epoch grid (loose bounds, not speed: an agent ticking
+/// from its own start would be 137 ms from the others); the figures of the 10-minute run are
+/// in BENCHMARKS.md.
+#[test]
+fn align_row_measures_three_agents_on_one_grid() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = uctel_bench::align::run(&uctel_bench::align::AlignConfig {
+        agent_bin: bins::path(AGENT),
+        workdir: dir.path().join("align"),
+        agents: 3,
+        fast_interval: Duration::from_millis(10),
+        host_interval: Duration::from_secs(1),
+        duration: Duration::from_secs(5),
+    })
+    .unwrap();
+    eprintln!("{r:?}");
+    assert!(r.fast_samples >= 3 * 200, "{r:?}");
+    assert!(r.host_samples >= 3 * 3, "{r:?}");
+    // On the grid: the median collection within 50 ms of its instant, the median spread
+    // of one fast instant across the agents within 5 ms.
+    let q50 = uctel_bench::align::AlignResult::q(&r.host_error_ms, 0.5);
+    assert!(q50 < 50.0, "{r:?}");
+    let spread = uctel_bench::align::AlignResult::q(&r.spread_us, 0.5);
+    assert!(spread < 5_000.0, "{r:?}");
+}

@@ -28,6 +28,10 @@
 //!   `crate::config::MetricsConfig::expose_timestamps`.
 //! * **Staleness.** A series not updated for `staleness_seconds` disappears
 //!   ([`SeriesStore::expire`], also run before every scrape).
+//! * **Ended series.** A sample whose value is Prometheus's stale marker (the NaN with bits
+//!   `0x7ff0000000000002`) removes its series at once: the agent's way of saying a series
+//!   ended (a Slurm job's series when the job ends), as a scrape's stale marker does in
+//!   Prometheus. A marker for a series not stored does nothing.
 //! * **Gone agents.** When an agent's session ends (its `Goodbye`, its control connection
 //!   lost, or heartbeats missed past the dead-peer rule) and no newer connection of it took
 //!   over, all its series go at once ([`SeriesStore::remove_agent`]), not after
@@ -323,6 +327,21 @@ fn recycle<'b>(mut v: Vec<Pair<'_>>) -> Vec<Pair<'b>> {
 
 /// The stored value of a sample of `kind`. For a histogram whose stored buckets are not
 /// shared with a scrape snapshot and keep their number, they are overwritten in place.
+/// Whether `m` is a Prometheus stale marker (the NaN with bits `0x7ff0000000000002`, as
+/// Prometheus's `value.StaleNaN`) on a counter, gauge or untyped sample: the agent says the
+/// series has ended (a Slurm job that ended, `uctel_agent::sources::slurm`), and the store
+/// removes it at once instead of after `staleness_seconds`. Remote-write forwards the marker
+/// as the end of the series in the receiver.
+fn is_stale_marker<M: MetricParts>(kind: MetricType, m: &M) -> bool {
+    matches!(
+        kind,
+        MetricType::Counter | MetricType::Gauge | MetricType::Untyped
+    ) && m.value().to_bits() == STALE_NAN_BITS
+}
+
+/// Prometheus's stale-marker NaN (`model/value.StaleNaN`).
+const STALE_NAN_BITS: u64 = 0x7ff0_0000_0000_0002;
+
 fn store_value<M: MetricParts>(slot: &mut Value, kind: MetricType, m: &M) {
     // An explicit `+Inf` bucket is `_count` (the encoder writes `le="+Inf"` itself).
     let finite = |b: &&Bucket| !(b.upper_bound.is_infinite() && b.upper_bound > 0.0);
@@ -546,7 +565,10 @@ impl SeriesStore {
             };
             // The same record as at this position before, the series unmoved: its series
             // (found then by the same name and labels, so not a reserved name either).
-            let recent = id.and_then(|id| {
+            // A stale marker ends its series here and now (below, in `upsert`), never
+            // through the remembered position.
+            let stale = is_stale_marker(kind, &m);
+            let recent = id.filter(|_| !stale).and_then(|id| {
                 entry
                     .recent
                     .get(position)
@@ -596,7 +618,8 @@ impl SeriesStore {
                 result
             };
             match result {
-                Ok(bucket) => {
+                Ok(None) => out.stored += 1,
+                Ok(Some(bucket)) => {
                     out.stored += 1;
                     if let Some(id) = id {
                         if entry.recent.len() <= position {
@@ -618,7 +641,9 @@ impl SeriesStore {
     }
 
     /// Updates the series `(m.name(), labels)` of `entry` in place, or creates it (series
-    /// cap, family claim); returns its bucket index in `entry.series`.
+    /// cap, family claim); returns its bucket index in `entry.series`. A stale marker
+    /// ([`is_stale_marker`]) removes the series instead (nothing when there is none) and
+    /// returns `None`.
     #[allow(clippy::too_many_arguments)]
     fn upsert<M: MetricParts, L: LabelParts>(
         &self,
@@ -630,9 +655,19 @@ impl SeriesStore {
         labels: &[L],
         frame_ms: i64,
         now: Instant,
-    ) -> Result<usize, SampleRejection> {
+    ) -> Result<Option<usize>, SampleRejection> {
         let name = m.name();
         let hash = series_hash(hasher, name, labels);
+        if is_stale_marker(kind, m) {
+            if let Ok(found) = entry.series.find_entry(hash, |s| {
+                s.hash == hash && same_series(&s.key, name, labels)
+            }) {
+                let (gone, _) = found.remove();
+                release_family(families, &gone.key.0);
+                entry.layout = entry.layout.wrapping_add(1);
+            }
+            return Ok(None);
+        }
         let stored = entry.series.len();
         let found = entry.series.find_bucket_index(hash, |s| {
             s.hash == hash && same_series(&s.key, name, labels)
@@ -646,7 +681,7 @@ impl SeriesStore {
             store_value(&mut series.sample.value, kind, m);
             series.sample.updated = now;
             series.sample.collected(m.timestamp_ms(), frame_ms);
-            return Ok(bucket);
+            return Ok(Some(bucket));
         }
         if stored >= self.cap_per_agent {
             return Err(SampleRejection::SeriesCap);
@@ -679,7 +714,7 @@ impl SeriesStore {
             },
             |s| s.hash,
         );
-        Ok(inserted.bucket_index())
+        Ok(Some(inserted.bucket_index()))
     }
 
     /// Removes series not updated within the staleness period; returns how many.
@@ -963,6 +998,42 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_stale_marker_removes_its_series_at_once_and_nothing_else() {
+        let s = SeriesStore::new(Duration::from_secs(3600), 100);
+        let now = Instant::now();
+        let job = |id: &str, v: f64| {
+            metric(
+                "uctel_job_info",
+                MetricType::Gauge,
+                v,
+                &[("job_id", id), ("user", "alice")],
+            )
+        };
+        let stale = f64::from_bits(STALE_NAN_BITS);
+        s.ingest("a", "h", &[job("1", 1.0), job("2", 1.0)], now);
+        assert_eq!(s.series_count("a"), 2);
+        // Job 1 ended: its series leaves at once, job 2's stays.
+        assert_eq!(
+            s.ingest("a", "h", &[job("1", stale), job("2", 1.0)], now)
+                .stored,
+            2
+        );
+        assert_eq!(s.series_count("a"), 1);
+        let text = render(&s);
+        assert!(!text.contains("job_id=\"1\""), "{text}");
+        assert!(text.contains("job_id=\"2\""), "{text}");
+        // A marker for a series not stored (or a repeated one) creates nothing.
+        s.ingest("a", "h", &[job("1", stale), job("3", stale)], now);
+        assert_eq!(s.series_count("a"), 1);
+        // Any other NaN is a value, stored as such.
+        s.ingest("a", "h", &[job("4", f64::NAN)], now);
+        assert_eq!(s.series_count("a"), 2);
+        // The last series of a family gone: the family (HELP/TYPE) goes too.
+        s.ingest("a", "h", &[job("2", stale), job("4", stale)], now);
+        assert!(!render(&s).contains("uctel_job_info"));
     }
 
     #[test]

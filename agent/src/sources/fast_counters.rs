@@ -6,7 +6,7 @@
 //! of credit: fresh or worthless).
 //!
 //! This module is the sans-IO part and the readers: the configuration, how a counter's
-//! series name is derived, the [`Schedule`] of sampling instants, the per-counter
+//! series name is derived, the per-counter
 //! [`SeriesBuffer`] and the [`Reader`]s. The sampling thread is
 //! [`crate::runners::fast_counters_thread`].
 //!
@@ -30,13 +30,16 @@
 //! offset 0); it must hold one unsigned integer. A file removed while open is a read error
 //! (and is opened again at the next sample), not its last value.
 //!
-//! **Timing.** Sampling instants are `start + k × interval` on the monotonic clock; a
+//! **Timing.** Sampling instants are whole multiples of `interval_milliseconds` since the
+//! Unix epoch plus `offset_milliseconds` on the wall clock ([`crate::pacing::grid`], OVIS
+//! LDMS's `interval` + `offset`), so agents on different hosts sample the same instants. A
 //! sample's time is the monotonic instant just before its read, converted to Unix time
-//! through one anchor taken at start (so sample times never go back when the wall clock is
-//! stepped). Lateness (`sample time − scheduled time`) is observed in
+//! through an anchor taken at the start of its round (so the times follow the wall clock
+//! without drift, and a record's times never go back: a wall clock stepped back holds them
+//! at the previous one). Lateness (`sample time − scheduled instant`) is observed in
 //! `uctel_agent_fast_sample_lateness_seconds`. A round that finds its next instant already
-//! past skips the instants missed (counted in
-//! `uctel_agent_fast_missed_rounds_total`) rather than bursting to catch up.
+//! past skips the instants missed (counted in `uctel_agent_fast_missed_rounds_total`) rather
+//! than bursting to catch up.
 //!
 //! **Accounting.** A [`SampleSeries`] counts one record per sample in every accounting
 //! (`uctel_protocol::samples`), so `uctel_agent_fast_samples_total` (samples taken)
@@ -70,6 +73,12 @@ pub struct FastCountersSection {
     /// Milliseconds between two samples of every counter: 1 to 60000. Default 10.
     #[serde(default = "default_interval_ms")]
     pub interval_milliseconds: u64,
+    /// Offset of the sampling instants within the interval, milliseconds: samples are
+    /// taken at whole multiples of `interval_milliseconds` since the Unix epoch plus this
+    /// (OVIS LDMS's `interval` + `offset`), so every agent samples the same instants. 0 to
+    /// below the interval. Default 0.
+    #[serde(default)]
+    pub offset_milliseconds: u64,
     /// Samples of one counter packed into one record: a record leaves once it holds this
     /// many (at the default 10 ms and 20 samples: every 200 ms). At shutdown what is held is
     /// offered too (counted `shutdown` if the last frames have already left). 1 to 4096.
@@ -172,6 +181,15 @@ impl FastCountersSection {
                 format!("must be 1 to 60000, got {}", self.interval_milliseconds),
             ));
         }
+        if self.offset_milliseconds >= self.interval_milliseconds.max(MIN_INTERVAL_MS) {
+            out.push((
+                "offset_milliseconds".to_owned(),
+                format!(
+                    "must be less than interval_milliseconds ({}), got {}",
+                    self.interval_milliseconds, self.offset_milliseconds
+                ),
+            ));
+        }
         if !(1..=4096).contains(&self.samples_per_record) {
             out.push((
                 "samples_per_record".to_owned(),
@@ -210,6 +228,11 @@ impl FastCountersSection {
     /// The sampling interval.
     pub fn interval(&self) -> Duration {
         Duration::from_millis(self.interval_milliseconds.max(MIN_INTERVAL_MS))
+    }
+
+    /// The offset of the sampling instants within the interval.
+    pub fn offset(&self) -> Duration {
+        Duration::from_millis(self.offset_milliseconds)
     }
 }
 
@@ -354,59 +377,6 @@ fn derive_from_ethtool(e: &EthtoolStat) -> Derived {
     labels.insert("device".to_owned(), e.device.clone());
     let (name, help) = super::node::ethtool::series_identity(&e.stat);
     (name, help, labels, 1)
-}
-
-/// The sampling instants `start + k × interval`, monotonic.
-#[derive(Debug, Clone)]
-pub struct Schedule {
-    start: Instant,
-    interval: Duration,
-    next: u64,
-}
-
-/// One wake-up of a [`Schedule`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Round {
-    /// The scheduled instant of this round.
-    pub scheduled: Instant,
-    /// Scheduled instants skipped because they had already passed.
-    pub missed: u64,
-}
-
-impl Schedule {
-    /// Instants `start`, `start + interval`, …
-    pub fn new(start: Instant, interval: Duration) -> Schedule {
-        Schedule {
-            start,
-            interval: interval.max(Duration::from_micros(1)),
-            next: 0,
-        }
-    }
-
-    /// The next scheduled instant.
-    pub fn next_instant(&self) -> Instant {
-        self.at(self.next)
-    }
-
-    fn at(&self, k: u64) -> Instant {
-        let nanos = self.interval.as_nanos().saturating_mul(u128::from(k));
-        self.start + Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
-    }
-
-    /// A round starting at `now` (at or after [`Schedule::next_instant`]): the latest
-    /// scheduled instant not after `now` is this round's; the ones before it that were
-    /// never sampled are `missed`.
-    pub fn begin(&mut self, now: Instant) -> Round {
-        let elapsed = now.saturating_duration_since(self.start).as_nanos();
-        let k = u64::try_from(elapsed / self.interval.as_nanos()).unwrap_or(u64::MAX);
-        let k = k.max(self.next);
-        let missed = k - self.next;
-        self.next = k + 1;
-        Round {
-            scheduled: self.at(k),
-            missed,
-        }
-    }
 }
 
 /// Samples of one counter not yet shipped.
@@ -717,13 +687,19 @@ mod tests {
         assert!(both.resolve().unwrap_err().contains("exactly one"));
         let section = FastCountersSection {
             interval_milliseconds: 0,
+            offset_milliseconds: 1,
             samples_per_record: 0,
             counters: vec![],
         };
         let keys: Vec<String> = section.problems().into_iter().map(|p| p.0).collect();
         assert_eq!(
             keys,
-            ["interval_milliseconds", "samples_per_record", "counters"]
+            [
+                "interval_milliseconds",
+                "offset_milliseconds",
+                "samples_per_record",
+                "counters"
+            ]
         );
     }
 
@@ -741,24 +717,6 @@ mod tests {
             [("device", "rxe0"), ("fabric", "a"), ("port", "p1")]
         );
         assert_eq!(s.kind, FastKind::Gauge);
-    }
-
-    #[test]
-    fn the_schedule_skips_instants_already_past() {
-        let t0 = Instant::now();
-        let ms = Duration::from_millis;
-        let mut s = Schedule::new(t0, ms(10));
-        assert_eq!(s.next_instant(), t0);
-        let r = s.begin(t0 + Duration::from_micros(300));
-        assert_eq!((r.scheduled, r.missed), (t0, 0));
-        assert_eq!(s.next_instant(), t0 + ms(10));
-        // Woke 35 ms late: instants 10, 20 and 30 ms were missed, 40 is this round's.
-        let r = s.begin(t0 + ms(45));
-        assert_eq!((r.scheduled, r.missed), (t0 + ms(40), 3));
-        assert_eq!(s.next_instant(), t0 + ms(50));
-        // Woken early (spurious): still the next instant, nothing missed.
-        let r = s.begin(t0 + ms(49));
-        assert_eq!((r.scheduled, r.missed), (t0 + ms(50), 0));
     }
 
     #[test]

@@ -51,6 +51,8 @@ pub mod scrape;
 pub mod sections;
 #[forbid(unsafe_code)]
 pub mod severity;
+/// Slurm job attribution from the job cgroups.
+pub mod slurm;
 #[allow(unsafe_code)]
 pub mod sys;
 #[forbid(unsafe_code)]

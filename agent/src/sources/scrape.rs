@@ -112,6 +112,12 @@ pub struct ScrapeTarget {
     /// Seconds between two scrapes. Default 15.
     #[serde(default = "default_interval")]
     pub interval_seconds: f64,
+    /// Offset of the scrapes within the interval, seconds: scrapes happen at whole
+    /// multiples of `interval_seconds` since the Unix epoch plus this (OVIS LDMS's
+    /// `interval` + `offset`), so every agent scrapes at the same instants. 0 to below the
+    /// interval. Default 0.
+    #[serde(default)]
+    pub offset_seconds: f64,
     /// Seconds a scrape may take, the whole answer read; at most the interval. Default 10,
     /// or the interval when that is shorter (Prometheus's rule for a job without
     /// `scrape_timeout`: the global 10 s, lowered to `scrape_interval`).
@@ -371,6 +377,9 @@ pub fn problems(t: &ScrapeTarget) -> Vec<(&'static str, String)> {
     }
     if let Err(e) = t.body_size_limit_bytes() {
         out.push(("body_size_limit", e));
+    }
+    if let Some(e) = crate::pacing::grid::offset_problem(t.offset_seconds, t.interval_seconds) {
+        out.push(("offset_seconds", e));
     }
     for (key, v, max) in [
         (

@@ -33,6 +33,10 @@ pub struct SourcesSection {
     /// on the `fast_counters` stream. Off when absent.
     #[serde(default)]
     pub fast_counters: Option<crate::sources::fast_counters::FastCountersSection>,
+    /// Slurm jobs running on this host (`sources::slurm`): `uctel_job_info` and per-job
+    /// CPU, memory and I/O from the job cgroups. Off when absent.
+    #[serde(default)]
+    pub slurm: Option<crate::sources::slurm::SlurmSection>,
     /// Directory for the log sources' offset checkpoints (one JSON file per `logs` entry,
     /// named after a hash of its `path`), created at start when there are `logs`. A relative
     /// path is relative to the working directory. Default `/var/lib/uctel-agent` (the systemd
@@ -59,6 +63,12 @@ pub struct HostMetricsSection {
     /// every 10–15 s).
     #[serde(default = "default_host_interval")]
     pub interval_seconds: f64,
+    /// Offset of the sampling instants within the interval, seconds: collections happen at
+    /// whole multiples of `interval_seconds` since the Unix epoch plus this (OVIS LDMS's
+    /// `interval` + `offset`), so agents with the same settings sample the same instants.
+    /// 0 to below the interval. Default 0.
+    #[serde(default)]
+    pub offset_seconds: f64,
     /// procfs root (`/proc`); point at a bind mount of the host's `/proc` in a container.
     #[serde(default = "default_proc")]
     pub procfs_path: PathBuf,
@@ -87,6 +97,7 @@ impl Default for SourcesSection {
             textfile: None,
             scrape: Vec::new(),
             fast_counters: None,
+            slurm: None,
             state_directory: default_state_directory(),
         }
     }
@@ -113,6 +124,7 @@ impl Default for HostMetricsSection {
         Self {
             enabled: true,
             interval_seconds: default_host_interval(),
+            offset_seconds: 0.0,
             procfs_path: default_proc(),
             sysfs_path: default_sys(),
             rootfs_path: default_rootfs(),
@@ -132,6 +144,12 @@ pub struct SelfMetricsSection {
     /// Seconds between two snapshots. Default 10.
     #[serde(default = "default_host_interval")]
     pub interval_seconds: f64,
+    /// Offset of the sampling instants within the interval, seconds: collections happen at
+    /// whole multiples of `interval_seconds` since the Unix epoch plus this (OVIS LDMS's
+    /// `interval` + `offset`), so agents with the same settings sample the same instants.
+    /// 0 to below the interval. Default 0.
+    #[serde(default)]
+    pub offset_seconds: f64,
 }
 
 impl Default for SelfMetricsSection {
@@ -139,6 +157,7 @@ impl Default for SelfMetricsSection {
         Self {
             enabled: true,
             interval_seconds: default_host_interval(),
+            offset_seconds: 0.0,
         }
     }
 }

@@ -42,6 +42,12 @@ pub struct TextfileSection {
     /// Seconds between two reads of the directory. Default 15.
     #[serde(default = "default_interval")]
     pub interval_seconds: f64,
+    /// Offset of the sampling instants within the interval, seconds: collections happen at
+    /// whole multiples of `interval_seconds` since the Unix epoch plus this (OVIS LDMS's
+    /// `interval` + `offset`), so agents with the same settings sample the same instants.
+    /// 0 to below the interval. Default 0.
+    #[serde(default)]
+    pub offset_seconds: f64,
 }
 
 fn default_interval() -> f64 {

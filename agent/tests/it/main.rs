@@ -5,6 +5,7 @@
 //! `idle` is in `tests/slow/`: it measures the CPU of the whole process, which the other
 //! modules' threads would share here.
 
+mod aligned;
 mod cli;
 mod config_files;
 mod config_reference;

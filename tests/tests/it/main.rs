@@ -30,6 +30,7 @@ mod rules;
 mod scrape;
 mod scrape_limits;
 mod scrape_targets;
+mod slurm;
 mod status_api;
 mod structure;
 mod textfile;
