@@ -11,6 +11,8 @@
 //!   clickhouse:
 //!     url: http://127.0.0.1:8123                    # the HTTP interface
 //!     table: logs                                   # config/clickhouse/logs.sql
+//!   otlp:
+//!     endpoint: http://127.0.0.1:4318               # OTLP/HTTP: /v1/metrics and /v1/logs
 //! ```
 
 use std::collections::BTreeMap;
@@ -32,6 +34,10 @@ pub struct OutputsConfig {
     /// sink's fields; create the table with `uctel-collector --print-clickhouse-schema`).
     /// Default none.
     pub clickhouse: Option<ClickHouseConfig>,
+    /// Samples and log records over OTLP/HTTP (protobuf, gzip) to an OpenTelemetry
+    /// receiver (an OpenTelemetry Collector, Prometheus 3, Mimir, Loki 3,
+    /// VictoriaMetrics). Default none.
+    pub otlp: Option<OtlpConfig>,
 }
 
 /// `outputs.clickhouse`: log records into a ClickHouse table over its HTTP interface
@@ -375,6 +381,8 @@ pub fn check_http(
     }
 }
 
+pub use super::otlp::OtlpConfig;
+
 impl OutputsConfig {
     /// Pushes every problem of the section (keys under `outputs.`).
     pub fn validate(&self, p: &mut Problems) {
@@ -469,6 +477,9 @@ impl OutputsConfig {
             );
         }
         if let Some(c) = &self.clickhouse {
+            c.validate(p);
+        }
+        if let Some(c) = &self.otlp {
             c.validate(p);
         }
         let mut urls: Vec<&str> = self.remote_write.iter().map(|r| r.url.as_str()).collect();
