@@ -65,7 +65,6 @@
 //! ports); 4791 is the IANA RoCEv2 port. On one host (loopback demo) the agent's soft device
 //! binds its own UDP port, so only the collector uses 4791.
 
-pub mod otlp;
 pub mod outputs;
 
 use std::io;
@@ -1066,7 +1065,6 @@ pub fn reference() -> Reference {
         rust: &[
             include_str!("mod.rs"),
             include_str!("outputs.rs"),
-            include_str!("otlp.rs"),
             uctel_common::config::SOURCE,
         ],
         minimal: REFERENCE_MINIMAL,

@@ -38,7 +38,7 @@ use self::queue::Queue;
 use self::sender::{SignalItem, Target};
 use super::config::OtlpConfig;
 use super::http::{self, SetupError};
-use crate::config::otlp::OtlpCompression;
+use crate::config::outputs::OtlpCompression;
 use crate::logsink::LogContext;
 
 /// Longest a stopping collector waits for the senders to send what is queued.
