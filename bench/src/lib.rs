@@ -41,6 +41,7 @@ pub mod idle;
 pub mod limit;
 pub mod loadgen;
 pub mod nodecost;
+pub mod otlpcost;
 pub mod processing;
 pub mod promtext;
 pub mod remotewrite;

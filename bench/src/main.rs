@@ -61,6 +61,8 @@ enum Part {
     Idle,
     /// Remote-write into VictoriaMetrics: uctel-collector beside vmagent.
     RemoteWrite,
+    /// OTLP samples per collector CPU-s against remote-write's, same run, same load.
+    Otlp,
     /// CPU per host collection of the agent against node_exporter's per scrape.
     NodeCost,
     /// CPU and lateness of the agent's fast_counters source.
@@ -336,6 +338,7 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         agent: None,
         idle: None,
         remote_write: None,
+        otlp: None,
         node_cost: None,
         fast_cost: None,
         align: None,
@@ -533,6 +536,25 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         }) {
             Ok(r) => report.remote_write = Some(r),
             Err(e) => report.failures.push(("remote-write".into(), e.to_string())),
+        }
+    }
+    if wants(Part::Otlp) {
+        eprintln!(
+            "[otlp] {} agents, a frame each per {} ms, OTLP then remote-write, 2 × {:.1} s",
+            args.rw_agents, args.rw_frame_interval_ms, args.rw_duration_secs
+        );
+        match uctel_bench::otlpcost::run(&uctel_bench::otlpcost::OtlpCostConfig {
+            collector_bin: collector_bin.clone(),
+            workdir: workdir.join("otlp"),
+            agents: args.rw_agents,
+            frame: Arc::new(FrameTemplate::metrics(args.rw_frame_bytes)?),
+            gap: Duration::from_millis(args.rw_frame_interval_ms.max(1)),
+            slots: args.slots,
+            warmup: secs(args.warmup_secs.max(2.0)),
+            duration: secs(args.rw_duration_secs),
+        }) {
+            Ok(r) => report.otlp = Some(r),
+            Err(e) => report.failures.push(("otlp".into(), e.to_string())),
         }
     }
     if wants(Part::NodeCost) {

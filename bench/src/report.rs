@@ -171,6 +171,8 @@ pub struct Report {
     pub idle: Option<IdleResult>,
     /// Remote-write beside vmagent.
     pub remote_write: Option<RemoteWriteResult>,
+    /// OTLP against remote-write, per collector CPU-s.
+    pub otlp: Option<crate::otlpcost::OtlpCostResult>,
     /// Agent CPU per host collection beside node_exporter's per scrape.
     pub node_cost: Option<NodeCostResult>,
     /// The fast_counters source's CPU and lateness.
@@ -572,6 +574,9 @@ impl Report {
                 String::new(),
                 format!("node_exporter: {}", i.node_exporter),
             ));
+        }
+        if let Some(o) = &self.otlp {
+            rows.extend(o.rows());
         }
         if let Some(r) = &self.remote_write {
             let vs = r.vmagent.as_ref().map_or_else(

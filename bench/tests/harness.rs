@@ -187,6 +187,32 @@ fn remote_write_row_delivers_through_the_collector_and_vmagent_into_victoria_met
     assert!(r.accounting.sent > 0.0 && r.accounting.sent == r.accounting.samples_in);
 }
 
+/// The OTLP row runs both sides with the same load: each delivers samples, measures the
+/// collector's CPU, and accounts for every sample (nothing dropped, nothing pending).
+#[test]
+fn otlp_row_measures_otlp_and_remote_write_in_the_same_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = uctel_bench::otlpcost::run(&uctel_bench::otlpcost::OtlpCostConfig {
+        collector_bin: bins::path(COLLECTOR),
+        workdir: dir.path().join("otlp"),
+        agents: 2,
+        frame: Arc::new(FrameTemplate::metrics(1024).unwrap()),
+        gap: Duration::from_millis(5),
+        slots: 64,
+        warmup: Duration::from_secs(2),
+        duration: Duration::from_secs(2),
+    })
+    .unwrap();
+    for (name, side) in [("otlp", &r.otlp), ("remote-write", &r.remote_write)] {
+        assert!(side.samples > 0.0, "{name}: {r:?}");
+        assert!(side.cpu.cpu_seconds > 0.0, "{name}: {r:?}");
+        assert_eq!(side.unaccounted, 0.0, "{name}: {r:?}");
+        assert_eq!(side.dropped, 0.0, "{name}: {r:?}");
+    }
+    assert!(r.ratio() > 0.0, "{r:?}");
+    assert_eq!(r.rows().len(), 1);
+}
+
 #[test]
 fn node_cost_measures_the_agent_beside_node_exporter_over_the_same_collections() {
     let dir = tempfile::tempdir().unwrap();

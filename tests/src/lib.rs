@@ -42,6 +42,7 @@ pub mod fabric;
 pub mod faults;
 pub mod net;
 pub mod node_exporter;
+pub mod otlp;
 pub mod pair;
 pub mod pipeline;
 pub mod pool;

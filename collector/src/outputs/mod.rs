@@ -11,7 +11,8 @@
 //!
 //! **Drops.** One rule for every asynchronous output: a record it gives up is counted in
 //! that output's own counters only (`clickhouse_rows_dropped_total{reason}`,
-//! `remote_write_samples_{dropped,failed}_total{reason}`), never in the agent's
+//! `remote_write_samples_{dropped,failed}_total{reason}`,
+//! `otlp_items_dropped_total{signal,reason}`), never in the agent's
 //! `records_dropped_total{agent,reason}`. The record was delivered (the series store, the
 //! log sink) and is in `records_received_total`; counting a copy's drop for the agent too
 //! would count one record twice and break the per-stream sum
@@ -25,6 +26,8 @@
 //!
 //! - [`remote_write`]: the Prometheus remote-write 1.0 client (`outputs.remote_write`).
 //! - [`clickhouse`]: log records into a ClickHouse table (`outputs.clickhouse`).
+//! - [`otlp`]: samples and log records to an OpenTelemetry receiver over OTLP/HTTP
+//!   (`outputs.otlp`).
 //! - [`fast`]: the agents' high-frequency sample series: latest value and rate over the
 //!   last second for the store, every sample for remote-write.
 //! - [`last_error`]: each endpoint's last error, for the status API.
@@ -38,6 +41,7 @@ pub mod clickhouse;
 pub mod fast;
 pub mod http;
 pub mod last_error;
+pub mod otlp;
 pub mod remote_write;
 pub mod report;
 mod sender;
@@ -109,6 +113,8 @@ pub struct Outputs {
     pub remote_write: RemoteWrite,
     /// The ClickHouse log output (disabled unless configured).
     pub clickhouse: ClickHouse,
+    /// The OTLP output (disabled unless configured).
+    pub otlp: otlp::Otlp,
     /// Rate windows of the agents' sample series.
     pub fast: Arc<Mutex<fast::FastSeries>>,
 }
@@ -131,12 +137,13 @@ impl Outputs {
             logs,
             remote_write: RemoteWrite::default(),
             clickhouse: ClickHouse::default(),
+            otlp: otlp::Otlp::default(),
             fast: Arc::default(),
         }
     }
 
     /// Every output of `config`: `store` and `logs`, and the asynchronous outputs of
-    /// `outputs:` started (`outputs.remote_write`, `outputs.clickhouse`; their self-metrics
+    /// `outputs:` started (`outputs.remote_write`, `outputs.clickhouse`, `outputs.otlp`; their self-metrics
     /// registered in `telemetry`). `dead_peer`: the control plane's dead-peer time (a stall
     /// of this process longer than it means its agents moved; the remote-write `stall`
     /// module). The one place that lists the outputs.
@@ -161,14 +168,17 @@ impl Outputs {
         )?;
         let clickhouse =
             clickhouse::start(config.outputs.clickhouse.as_ref(), telemetry, shutdown)?;
+        let otlp = otlp::start(config.outputs.otlp.as_ref(), telemetry.registry(), shutdown)?;
         let mut tasks = remote_write.tasks;
         tasks.extend(clickhouse.tasks);
+        tasks.extend(otlp.tasks);
         Ok(Started {
             outputs: Outputs {
                 store,
                 logs,
                 remote_write: remote_write.handle,
                 clickhouse: clickhouse.handle,
+                otlp: otlp.handle,
                 fast: Arc::default(),
             },
             tasks,
@@ -203,6 +213,14 @@ impl Outputs {
                  uctel_collector_clickhouse_rows_dropped_total{{reason=\"shutdown\"}}"
             );
         }
+        let unsent = self.otlp.close();
+        if unsent > 0 {
+            tracing::warn!(
+                items = unsent,
+                "OTLP items queued at shutdown were not sent; counted in \
+                 uctel_collector_otlp_items_dropped_total{{reason=\"shutdown\"}}"
+            );
+        }
     }
 }
 
@@ -220,6 +238,8 @@ impl Delivery for Outputs {
             self.remote_write
                 .push(agent, instance, frame_timestamp_ns, batch);
         }
+        self.otlp
+            .push_metrics(agent, instance, frame_timestamp_ns, batch);
         self.store
             .ingest_views_at(agent, instance, batch, frame_timestamp_ns, now)
     }
@@ -232,7 +252,8 @@ impl Delivery for Outputs {
         now: Instant,
     ) -> IngestOutcome {
         let mut out = IngestOutcome::default();
-        let mut remote = (!self.remote_write.is_empty()).then(Vec::new);
+        let mut remote =
+            (!self.remote_write.is_empty() || self.otlp.sends_metrics()).then(Vec::new);
         let mut derived = Vec::new();
         {
             let mut fast = self
@@ -274,7 +295,10 @@ impl Delivery for Outputs {
             let bytes = encode_metric_batch(&MetricBatch { metrics });
             // Built from validated series: decoding cannot fail.
             if let Ok(view) = MetricBatchView::decode(&bytes, &limits) {
-                self.remote_write.push(agent, instance, 0, &view);
+                if !self.remote_write.is_empty() {
+                    self.remote_write.push(agent, instance, 0, &view);
+                }
+                self.otlp.push_metrics(agent, instance, 0, &view);
             }
         }
         out
@@ -283,6 +307,7 @@ impl Delivery for Outputs {
     #[inline]
     fn logs(&mut self, ctx: &LogContext<'_>, records: &[LogRecord]) -> (u64, Option<io::Error>) {
         self.clickhouse.push(ctx, records);
+        self.otlp.push_logs(ctx, records);
         self.logs.write_batch(ctx, records)
     }
 

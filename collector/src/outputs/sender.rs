@@ -11,6 +11,8 @@
 //! for its receiver):
 //!
 //! * [`Answer::Sent`]: settled sent.
+//! * [`Answer::Partial`]: applied except for a number of items the answer does not name
+//!   (OTLP's partial success): [`Sink::settle_partly`].
 //! * [`Answer::Retry`]: the same request again after a delay (exponential backoff with
 //!   full jitter, the answer's `Retry-After` honoured and cut to the largest backoff).
 //!   Nothing else is sent meanwhile; new items wait in the output's bounded queue.
@@ -61,6 +63,14 @@ pub(crate) struct Refused {
 pub(crate) enum Answer {
     /// Applied.
     Sent,
+    /// Applied, except `rejected` items the answer does not name (OTLP's partial success,
+    /// `rejected_data_points`/`rejected_log_records`), for the reason `why`.
+    Partial {
+        /// Items refused (at most the request's).
+        rejected: usize,
+        /// The receiver's message.
+        why: String,
+    },
     /// Not applied: send again after a delay (the answer's `Retry-After`, if any).
     Retry(Option<Duration>, String),
     /// Maybe applied: ask whether it landed before sending it again.
@@ -183,6 +193,15 @@ pub(crate) trait Sink: Send + Sync {
 
     /// Settles the items `part` as `how` says.
     fn settle(&self, part: &[Self::Item], how: Settle<'_>);
+
+    /// Settles the items `part` of a request the receiver applied except `rejected` items
+    /// it does not name ([`Answer::Partial`]): by default the first `rejected` items
+    /// rejected, the rest sent (the counts are what matters: no item is named).
+    fn settle_partly(&self, part: &[Self::Item], rejected: usize, why: &str) {
+        let r = rejected.min(part.len());
+        self.settle(&part[..r], Settle::Rejected(why));
+        self.settle(&part[r..], Settle::Sent);
+    }
 
     /// Counts `items` sent again.
     fn retried(&self, items: usize);
@@ -361,6 +380,10 @@ async fn send_part<S: Sink>(
         match answer {
             Answer::Sent => {
                 sink.settle(part, Settle::Sent);
+                return None;
+            }
+            Answer::Partial { rejected, why } => {
+                sink.settle_partly(part, rejected, &why);
                 return None;
             }
             Answer::Refused(r) => return Some(r),

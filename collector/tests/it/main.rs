@@ -18,6 +18,7 @@ mod descriptor_queue;
 mod http_endpoints;
 mod logsink_disk_full;
 mod operator_start;
+mod otlp_http;
 mod packaging;
 mod rc_lane;
 mod reload;

@@ -541,6 +541,13 @@ fn prometheus_evaluates_every_dashboard_query() {
         .unwrap_or_else(|e| panic!("tempdir: {e}"));
     let vm = uctel_tests::victoria::Victoria::start(receiver_dir.path());
     let url = vm.write_url();
+    // And a real ClickHouse and an OTLP receiver, for the ClickHouse and OTLP rows.
+    let ch = uctel_tests::clickhouse::ClickHouse::start();
+    let schema =
+        std::fs::read_to_string(uctel_tests::workspace_root().join("config/clickhouse/logs.sql"))
+            .unwrap_or_else(|e| panic!("config/clickhouse/logs.sql: {e}"));
+    ch.query(&schema).unwrap_or_else(|e| panic!("{e}"));
+    let otlp = uctel_tests::otlp::Receiver::start(uctel_tests::otlp::Mode::Accept);
     let mut p = Pipeline::start_with(|y, _| {
         let mut rw = serde_yaml::Mapping::new();
         rw.insert("url".into(), url.as_str().into());
@@ -548,6 +555,14 @@ fn prometheus_evaluates_every_dashboard_query() {
             "outputs.remote_write",
             serde_yaml::Value::Sequence(vec![serde_yaml::Value::Mapping(rw)]),
         );
+        let mut c = serde_yaml::Mapping::new();
+        c.insert("url".into(), ch.url().into());
+        c.insert("batch_send_deadline_seconds".into(), 0.2.into());
+        y.set("outputs.clickhouse", serde_yaml::Value::Mapping(c));
+        let mut o = serde_yaml::Mapping::new();
+        o.insert("endpoint".into(), otlp.endpoint().into());
+        o.insert("batch_send_deadline_seconds".into(), 0.2.into());
+        y.set("outputs.otlp", serde_yaml::Value::Mapping(o));
     });
     p.add_agent("prom-clean", 0.0, 1.0);
     // Its logs on RC, so the RC lane panels have data (retransmissions under 5 % loss).

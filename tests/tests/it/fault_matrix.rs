@@ -2960,3 +2960,173 @@ fn reload_removes_and_restores_a_log_source() {
     );
     row.verdict(Law::Exact);
 }
+// ---- OTLP output rows ----------------------------------------------------------------
+
+/// What an OTLP receiver fault does to the OTLP output.
+enum OtlpFault {
+    /// No listener for 30 s (connections refused, open ones closed unanswered).
+    Down,
+    /// 503 with `Retry-After: 1` for 10 s.
+    Unavailable,
+    /// 200 with a partial success rejecting the last 3 items of each request for 10 s.
+    Partial,
+}
+
+/// A row with one agent whose collector sends its samples and log records over OTLP/HTTP
+/// to a receiver in the test ([`uctel_tests::otlp::Receiver`]) while `fault` lasts, lines
+/// flowing before, during and after. At the end, per signal, what the output took in is
+/// what the receiver holds plus what the output counted dropped — every sample and record
+/// delivered or counted — the receiver holds no log record twice and only lines the
+/// collector delivered to its JSON Lines sink; the output's sum rule holds at every scrape
+/// (`faults::output_sum_failures`) and the records law for the sink beside it.
+fn otlp_row(name: &str, fault: &OtlpFault) {
+    use uctel_tests::otlp::{Mode, Receiver};
+    let receiver = Receiver::start(Mode::Accept);
+    let mut otlp = serde_yaml::Mapping::new();
+    for (k, v) in [
+        ("endpoint", serde_yaml::Value::from(receiver.endpoint())),
+        ("batch_send_deadline_seconds", 0.2.into()),
+        ("max_items_per_request", 500.into()),
+        ("min_backoff_seconds", 0.05.into()),
+        ("max_backoff_seconds", 2.0.into()),
+        ("timeout_seconds", 2.0.into()),
+    ] {
+        otlp.insert(k.into(), v);
+    }
+    let spec = CollectorSpec {
+        set: vec![("outputs.otlp".into(), serde_yaml::Value::Mapping(otlp))],
+        ..CollectorSpec::default()
+    };
+    let mut row = Row::start(name, spec, None);
+    let a = row.add_agent(AgentSpec::new("a"));
+    row.wait_connected(1, &[a]);
+    row.write_bursts(a, 0, 1000, GAP);
+    let (mode, lasts) = match fault {
+        OtlpFault::Down => (Mode::Down, Duration::from_secs(30)),
+        OtlpFault::Unavailable => (Mode::Status(503, Some(1)), Duration::from_secs(10)),
+        OtlpFault::Partial => (Mode::Partial(3), Duration::from_secs(10)),
+    };
+    receiver.set_mode(mode);
+    let began = std::time::Instant::now();
+    while began.elapsed() < lasts {
+        row.write(a, 0, 100);
+        std::thread::sleep(Duration::from_millis(500));
+        let _ = row.scrape_collector();
+    }
+    receiver.set_mode(Mode::Accept);
+    row.notes
+        .push(format!("receiver fault for {:.1?}", began.elapsed()));
+    row.write_bursts(a, 0, 1000, GAP);
+    let written = row.agents[a].written();
+    row.wait_settled(a, written, SETTLE);
+    row.quiesce();
+    let mut last = None;
+    let _ = uctel_tests::wait_for(
+        "otlp output drained",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || {
+            let s = row.scrape_collector()?;
+            let pending = s.count("uctel_collector_otlp_items_pending", &[]);
+            last = Some(s);
+            (pending == 0)
+                .then_some(())
+                .ok_or(format!("{pending} pending"))
+        },
+    );
+    let s = last.unwrap_or_default();
+    let sink: std::collections::BTreeSet<String> =
+        std::fs::read_to_string(row.path().join("collector-logs.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| v["message"].as_str().map(str::to_owned))
+            .collect();
+    let (points, records, twice, foreign, rejected) = receiver.with(|h| {
+        let bodies: std::collections::BTreeSet<&str> =
+            h.records.iter().map(|r| r.body.as_str()).collect();
+        let foreign = bodies.iter().filter(|b| !sink.contains(**b)).count();
+        (
+            h.points.len() as u64,
+            h.records.len() as u64,
+            h.records.len() - bodies.len(),
+            foreign,
+            h.rejected.values().sum::<u64>(),
+        )
+    });
+    let c = |n: &str, m: &[(&str, &str)]| s.count(&format!("uctel_collector_otlp_{n}"), m);
+    for (signal, held) in [("metrics", points), ("logs", records)] {
+        let m = [("signal", signal)];
+        let (input, sent, dropped, retried) = (
+            c("items_in_total", &m),
+            c("items_sent_total", &m),
+            c("items_dropped_total", &m),
+            c("items_retried_total", &m),
+        );
+        row.notes.push(format!(
+            "otlp {signal}: in {input}, sent {sent}, dropped {dropped}, retried {retried}; \
+             the receiver holds {held}"
+        ));
+        row.expect(
+            input > 0 && input == held + dropped && sent == held,
+            format!(
+                "otlp {signal}: every item delivered or counted: in {input} = held {held} + \
+                 dropped {dropped}, sent {sent} = held"
+            ),
+        );
+        match fault {
+            OtlpFault::Down | OtlpFault::Unavailable => {
+                row.expect(
+                    retried > 0 && dropped == 0,
+                    format!("otlp {signal}: retried {retried} > 0 and nothing dropped ({dropped})"),
+                );
+            }
+            OtlpFault::Partial => {}
+        }
+    }
+    let lines = c("items_in_total", &[("signal", "logs")]);
+    row.expect(
+        lines == sink.len() as u64 && twice == 0 && foreign == 0,
+        format!(
+            "otlp logs: took in {lines} = {} lines of the sink; the receiver holds {twice} \
+             twice, {foreign} not in the sink",
+            sink.len()
+        ),
+    );
+    if let OtlpFault::Partial = fault {
+        let partial = c("items_dropped_total", &[("reason", "partial_success")]);
+        let dropped = c("items_dropped_total", &[]);
+        row.expect(
+            partial > 0 && partial == rejected && dropped == partial,
+            format!(
+                "otlp: dropped partial_success {partial} = the receiver's rejected {rejected}, \
+                 nothing else dropped ({dropped})"
+            ),
+        );
+    }
+    row.verdict(Law::Exact);
+}
+
+/// The OTLP receiver down for 30 s while samples and lines flow: the output retries with
+/// backoff and, once the receiver is back, delivers everything; nothing dropped.
+#[test]
+fn otlp_receiver_down_30s() {
+    let _g = exclusive();
+    otlp_row("otlp-receiver-down-30s", &OtlpFault::Down);
+}
+
+/// The OTLP receiver answering 503 with `Retry-After: 1` for 10 s: retried, everything
+/// delivered afterwards; nothing dropped.
+#[test]
+fn otlp_receiver_answering_503() {
+    let _g = exclusive();
+    otlp_row("otlp-receiver-503", &OtlpFault::Unavailable);
+}
+
+/// The OTLP receiver answering partial successes for 10 s: the items it rejected are
+/// counted `dropped{reason="partial_success"}`, exactly its count; the rest delivered.
+#[test]
+fn otlp_receiver_answering_partial_success() {
+    let _g = exclusive();
+    otlp_row("otlp-receiver-partial-success", &OtlpFault::Partial);
+}

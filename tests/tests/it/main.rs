@@ -21,6 +21,7 @@ mod log_copytruncate_down;
 mod node_collectors;
 mod node_ethtool;
 mod node_exporter_full;
+mod otlp;
 mod pair;
 mod pool;
 mod pool_moves;
