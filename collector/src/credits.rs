@@ -84,6 +84,9 @@ struct Claim {
     usable: VecDeque<CreditGrant>,
     /// The latest grant handed out.
     latest: CreditGrant,
+    /// The largest limit ever granted: the agent never sends a connection sequence at or
+    /// beyond it (checked at each heartbeat, [`CreditBudget::overruns`]).
+    max_limit: u64,
     /// Consumed per report interval, newest last.
     used: VecDeque<u64>,
     /// `consumed_next` at the last grant.
@@ -137,6 +140,12 @@ const TURN: u64 = 1 << 32;
 pub struct CreditBudget {
     capacity: u64,
     inner: Mutex<Inner>,
+    /// Credit words written into agents' memory (`crate::control::credit_write`): posted,
+    /// refused by the QP.
+    writes: [std::sync::atomic::AtomicU64; 2],
+    /// Heartbeats of agents that take grants saying they sent at or beyond every limit they
+    /// were ever granted (never, when credits hold).
+    overruns: std::sync::atomic::AtomicU64,
 }
 
 /// A snapshot for self-metrics and tests.
@@ -156,7 +165,28 @@ impl CreditBudget {
         Self {
             capacity: capacity.max(1),
             inner: Mutex::new(Inner::default()),
+            writes: Default::default(),
+            overruns: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Heartbeats that said the agent sent a connection sequence at or beyond the largest
+    /// limit it was ever granted: 0 while every agent keeps to its credit, whatever the
+    /// path its grants took (`Report`s or writes into its memory, lost or reordered).
+    pub fn overruns(&self) -> u64 {
+        self.overruns.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Counts one credit word write: `posted` (the QP took it) or refused (send queue full,
+    /// QP in ERROR; superseded by the next write).
+    pub fn count_write(&self, posted: bool) {
+        self.writes[usize::from(!posted)].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Credit word writes posted and refused so far.
+    pub fn writes(&self) -> (u64, u64) {
+        let r = |i: usize| self.writes[i].load(std::sync::atomic::Ordering::Relaxed);
+        (r(0), r(1))
     }
 
     /// The budget in frames.
@@ -201,6 +231,7 @@ impl CreditBudget {
             sent_next: 0,
             usable: VecDeque::from([first]),
             latest: first,
+            max_limit: 0,
             used: VecDeque::with_capacity(PEAK_INTERVALS),
             consumed_at_grant: 0,
             starved: false,
@@ -258,6 +289,10 @@ impl CreditBudget {
         }
         if let Some(s) = sent_conn_seq {
             c.sent_next = c.sent_next.max(s.saturating_add(1));
+            if applied.is_some() && s >= c.max_limit {
+                self.overruns
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
         }
         c.starved |= frames_without_credit > 0;
         let dc = Self::settle(c);
@@ -416,6 +451,7 @@ impl CreditBudget {
         }
         c.usable.push_back(next);
         c.latest = next;
+        c.max_limit = c.max_limit.max(limit);
         let dc = Self::settle(c);
         g.claimed = g.claimed.wrapping_add(dc);
         Some(next)
@@ -443,6 +479,8 @@ pub struct BudgetCollector {
     budget: std::sync::Arc<CreditBudget>,
     capacity: prometheus::IntGauge,
     claimed: prometheus::IntGauge,
+    writes: prometheus::IntCounterVec,
+    overruns: prometheus::IntCounter,
     descs: Vec<prometheus::core::Desc>,
 }
 
@@ -467,16 +505,37 @@ impl BudgetCollector {
              grants; never above uctel_collector_credit_budget_frames.",
         )
         .expect("valid metric");
+        #[allow(clippy::expect_used)]
+        let writes = prometheus::IntCounterVec::new(
+            prometheus::Opts::new(
+                "uctel_collector_credit_writes_total",
+                "Credit words written into agents' memory by RDMA WRITE (DESIGN.md §4), by \
+                 result: posted, or refused by the QP (superseded by the next write).",
+            ),
+            &["result"],
+        )
+        .expect("valid metric");
+        #[allow(clippy::expect_used)]
+        let overruns = prometheus::IntCounter::new(
+            "uctel_collector_credit_overruns_total",
+            "Agent heartbeats saying the agent sent a connection sequence at or beyond the \
+             largest credit limit it was ever granted: 0 unless an agent breaks the credit rule.",
+        )
+        .expect("valid metric");
         let descs = capacity
             .desc()
             .into_iter()
             .chain(claimed.desc())
+            .chain(writes.desc())
+            .chain(overruns.desc())
             .cloned()
             .collect();
         Self {
             budget,
             capacity,
             claimed,
+            writes,
+            overruns,
             descs,
         }
     }
@@ -493,8 +552,17 @@ impl prometheus::core::Collector for BudgetCollector {
             .set(i64::try_from(st.capacity).unwrap_or(i64::MAX));
         self.claimed
             .set(i64::try_from(st.claimed).unwrap_or(i64::MAX));
+        let (posted, refused) = self.budget.writes();
+        for (label, n) in [("posted", posted), ("refused", refused)] {
+            let c = self.writes.with_label_values(&[label]);
+            c.inc_by(n.saturating_sub(c.get()));
+        }
         let mut out = self.capacity.collect();
         out.extend(self.claimed.collect());
+        self.overruns
+            .inc_by(self.budget.overruns().saturating_sub(self.overruns.get()));
+        out.extend(self.writes.collect());
+        out.extend(self.overruns.collect());
         out
     }
 }
