@@ -58,6 +58,9 @@ use std::time::{Duration, Instant};
 
 use uctel_protocol::control::CreditGrant;
 
+mod level;
+use level::Wants;
+
 /// Report intervals over which an agent's peak use is remembered (its want decays after).
 pub const PEAK_INTERVALS: usize = 16;
 
@@ -128,8 +131,8 @@ struct Inner {
     /// The water level in 1/2³² frame: Σ min(want, level) = capacity (`u64::MAX` when
     /// every want fits); an agent is entitled to `min(want, level)`.
     level: u64,
-    /// Joins, leaves and grants since `level` was computed.
-    grants_since_level: u64,
+    /// Every connection's want, for the level ([`Wants`]: O(log W) per change).
+    wants: Wants,
 }
 
 /// One frame in the fixed point of [`Claim::turns`] and [`Inner::level`].
@@ -241,8 +244,10 @@ impl CreditBudget {
             turns: 0,
             extra: 0,
         };
+        g.wants.insert(claim.want);
         if let Some(old) = g.conns.insert(id, claim) {
             g.claimed -= old.claim;
+            g.wants.remove(old.want);
         }
         self.refair(&mut g);
         let level = g.level;
@@ -257,6 +262,7 @@ impl CreditBudget {
         let mut g = self.lock();
         if let Some(old) = g.conns.remove(&id) {
             g.claimed -= old.claim;
+            g.wants.remove(old.want);
             self.refair(&mut g);
         }
     }
@@ -317,7 +323,7 @@ impl CreditBudget {
 
     fn grant_at(&self, id: u32, consumed_next: u64, interval: bool) -> Option<CreditGrant> {
         let mut g = self.lock();
-        self.maybe_relevel(&mut g);
+        self.relevel(&mut g);
         let (fair, level) = (g.fair, g.level);
         // An equal share, rounded up: what an agent out of credit wants at least.
         let share = self.capacity.div_ceil(g.conns.len().max(1) as u64).max(1);
@@ -344,12 +350,18 @@ impl CreditBudget {
                 .max(share);
         }
         c.starved = false;
+        let was = c.want;
         c.want = want_within(want, c.limits, fair);
+        let now = c.want;
         if interval {
             c.turns = carry(c.turns, c.want, level);
         }
         let dc = Self::settle(c);
         g.claimed = g.claimed.wrapping_add(dc);
+        if was != now {
+            g.wants.remove(was);
+            g.wants.insert(now);
+        }
         self.regrant(&mut g, id, interval)
     }
 
@@ -365,48 +377,15 @@ impl CreditBudget {
     fn refair(&self, g: &mut Inner) {
         let n = g.conns.len().max(1) as u64;
         g.fair = self.capacity / n;
-        self.maybe_relevel(g);
-    }
-
-    /// Counts a join, leave or grant and computes the water level again after one per 16
-    /// connections (at once with up to 16): its cost, O(connections), spread over as many
-    /// events. In between, entitlements follow a level a few events old; the budget's
-    /// limit (Σ claim ≤ capacity) holds whatever the level.
-    fn maybe_relevel(&self, g: &mut Inner) {
-        g.grants_since_level += 1;
-        if g.grants_since_level >= (g.conns.len() as u64 / 16).max(1) {
-            self.relevel(g);
-        }
+        self.relevel(g);
     }
 
     /// The water level of max-min sharing: the largest `level` (1/2³² frame) with
-    /// Σ min(want, level) ≤ capacity, by bisection over the wants (O(connections × 42)
-    /// for wants up to 1,024 frames).
+    /// Σ min(want, level) ≤ capacity, from the wants kept incrementally ([`Wants`]:
+    /// O(log² W) for wants up to W frames, whatever the number of connections), at every
+    /// join, leave and grant.
     fn relevel(&self, g: &mut Inner) {
-        g.grants_since_level = 0;
-        let cap = u128::from(self.capacity) << 32;
-        let filled = |level: u128| -> u128 {
-            g.conns
-                .values()
-                .map(|c| (u128::from(c.want) << 32).min(level))
-                .sum()
-        };
-        let top = g.conns.values().map(|c| c.want).max().unwrap_or(0);
-        if filled(u128::MAX) <= cap {
-            g.level = u64::MAX;
-            return;
-        }
-        // filled(lo) ≤ cap < filled(hi).
-        let (mut lo, mut hi) = (0u128, u128::from(top) << 32);
-        while hi - lo > 1 {
-            let mid = lo + (hi - lo) / 2;
-            if filled(mid) <= cap {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        g.level = u64::try_from(lo).unwrap_or(u64::MAX);
+        g.level = g.wants.level(self.capacity);
     }
 
     /// Sets the limit of `id` to what it wants, within its entitlement and what the budget
