@@ -210,8 +210,7 @@ pub enum WordRead {
 #[derive(Debug)]
 pub struct CreditReader {
     mr: uctel_transport::api::MemoryRegion,
-    generation: u64,
-    last: Option<CreditWord>,
+    filter: WordFilter,
 }
 
 impl CreditReader {
@@ -220,8 +219,7 @@ impl CreditReader {
     pub fn new(mr: uctel_transport::api::MemoryRegion, epoch: u64) -> CreditReader {
         CreditReader {
             mr,
-            generation: epoch,
-            last: None,
+            filter: WordFilter::new(epoch),
         }
     }
 
@@ -231,11 +229,29 @@ impl CreditReader {
         if self.mr.read_at(0, &mut bytes).is_err() {
             return WordRead::Invalid;
         }
-        self.take(&bytes)
+        self.filter.take(&bytes)
+    }
+}
+
+/// The sans-IO part of [`CreditReader`]: which bytes read from the region are a new word of
+/// this session.
+#[derive(Debug, Clone)]
+pub struct WordFilter {
+    generation: u64,
+    last: Option<CreditWord>,
+}
+
+impl WordFilter {
+    /// A filter for the session of `epoch` (the words' generation).
+    pub fn new(epoch: u64) -> WordFilter {
+        WordFilter {
+            generation: epoch,
+            last: None,
+        }
     }
 
-    /// What `bytes` (a copy of the region) hold for this session; sans-IO part of
-    /// [`CreditReader::read`].
+    /// What `bytes` (a copy of the region, [`CREDIT_WORD_BYTES`] at least) hold for this
+    /// session.
     pub fn take(&mut self, bytes: &[u8]) -> WordRead {
         match CreditWord::decode(bytes) {
             None => WordRead::Invalid,
@@ -565,22 +581,19 @@ mod tests {
         );
         // The reader tells new words from repeats, torn reads and other sessions.
         let tx = word(3, 30, 12);
-        let mut r = CreditReader {
-            mr: test_region(),
-            generation: 9,
-            last: None,
-        };
-        assert_eq!(r.take(&tx.encode()), WordRead::New(tx));
-        assert_eq!(r.take(&tx.encode()), WordRead::Unchanged);
+        let mut r = CreditReader::new(test_region(), 9);
+        let f = &mut r.filter;
+        assert_eq!(f.take(&tx.encode()), WordRead::New(tx));
+        assert_eq!(f.take(&tx.encode()), WordRead::Unchanged);
         let mut torn = tx.encode();
         torn[20] ^= 1;
-        assert_eq!(r.take(&torn), WordRead::Invalid);
-        assert_eq!(r.take(&[0u8; CREDIT_WORD_BYTES]), WordRead::Invalid);
+        assert_eq!(f.take(&torn), WordRead::Invalid);
+        assert_eq!(f.take(&[0u8; CREDIT_WORD_BYTES]), WordRead::Invalid);
         let other = CreditWord {
             generation: 8,
             ..tx
         };
-        assert_eq!(r.take(&other.encode()), WordRead::Foreign);
+        assert_eq!(f.take(&other.encode()), WordRead::Foreign);
         // Read through a real (soft) region: what the NIC wrote is what is read.
         let next = word(4, 40, 20);
         assert!(r.mr.write_at(0, &next.encode()).is_ok());
