@@ -198,6 +198,17 @@ pub struct CollectorSection {
     /// the next grant (`streams.metrics.on_no_credit: wait`). Default 32.
     #[serde(default = "default_expected_fps")]
     pub expected_frames_per_second: u32,
+    /// Offer the collector to write this agent's credit into its memory (DESIGN.md §4):
+    /// the agent registers a 64-byte region at `Hello` and reads its grant and consumed
+    /// point from it without a system call or a message, and the collector sends its
+    /// per-interval `Report` less often. A collector without the feature ignores the offer
+    /// and credits travel in `Report`s as before. Default true.
+    #[serde(default = "default_true")]
+    pub credit_writes: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_expected_fps() -> u32 {

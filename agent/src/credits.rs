@@ -14,6 +14,7 @@
 //! practical two's-complement form) so the window stays correct across `u64::MAX → 0`, even
 //! though a 64-bit connection sequence that starts near 0 does not wrap in practice.
 
+use uctel_protocol::control::{CreditWord, CREDIT_WORD_BYTES};
 use uctel_protocol::seq::Seq;
 
 /// Why [`Credits::try_acquire`] found no credit: the window is full.
@@ -182,6 +183,85 @@ impl Credits {
         }
         self.acked_next = new_acked;
         ReportOutcome::Advanced(forward)
+    }
+}
+
+/// What one read of the credit word found ([`CreditReader::read`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WordRead {
+    /// A word of this session that differs from the last one read: apply it.
+    New(CreditWord),
+    /// The same word as last time (nothing written since, or a refresh of the same values).
+    Unchanged,
+    /// Nothing valid there: never written, or read while the NIC was writing it (the
+    /// check failed). The next read sees the whole word.
+    Invalid,
+    /// A valid word of another session (its generation is not this session's epoch).
+    Foreign,
+}
+
+/// The agent's side of credits written into its memory (DESIGN.md §4): reads the credit
+/// word the collector writes into this session's region with RDMA WRITE
+/// ([`uctel_protocol::control::CreditWord`]). A read is a copy of 40 bytes of local memory:
+/// no system call, no message. The word holds absolute values, so the pipeline applies
+/// whatever it reads forward only ([`Credits::on_grant`], [`Credits::on_consumed`]): a lost
+/// write leaves the last word in place until the collector's next (at most
+/// `Welcome.credit_writes.refresh_ms` later), and a late or repeated one changes nothing.
+#[derive(Debug)]
+pub struct CreditReader {
+    mr: uctel_transport::api::MemoryRegion,
+    filter: WordFilter,
+}
+
+impl CreditReader {
+    /// A reader of the word in `mr` (offset 0) for the session of `epoch` (the word's
+    /// generation).
+    pub fn new(mr: uctel_transport::api::MemoryRegion, epoch: u64) -> CreditReader {
+        CreditReader {
+            mr,
+            filter: WordFilter::new(epoch),
+        }
+    }
+
+    /// Reads the word once.
+    pub fn read(&mut self) -> WordRead {
+        let mut bytes = [0u8; CREDIT_WORD_BYTES];
+        if self.mr.read_at(0, &mut bytes).is_err() {
+            return WordRead::Invalid;
+        }
+        self.filter.take(&bytes)
+    }
+}
+
+/// The sans-IO part of [`CreditReader`]: which bytes read from the region are a new word of
+/// this session.
+#[derive(Debug, Clone)]
+pub struct WordFilter {
+    generation: u64,
+    last: Option<CreditWord>,
+}
+
+impl WordFilter {
+    /// A filter for the session of `epoch` (the words' generation).
+    pub fn new(epoch: u64) -> WordFilter {
+        WordFilter {
+            generation: epoch,
+            last: None,
+        }
+    }
+
+    /// What `bytes` (a copy of the region, [`CREDIT_WORD_BYTES`] at least) hold for this
+    /// session.
+    pub fn take(&mut self, bytes: &[u8]) -> WordRead {
+        match CreditWord::decode(bytes) {
+            None => WordRead::Invalid,
+            Some(w) if w.generation != self.generation => WordRead::Foreign,
+            Some(w) if self.last == Some(w) => WordRead::Unchanged,
+            Some(w) => {
+                self.last = Some(w);
+                WordRead::New(w)
+            }
+        }
     }
 }
 
@@ -461,6 +541,75 @@ mod tests {
         assert_eq!(c.try_acquire(), Ok(0));
         assert_eq!(c.on_consumed(0), ReportOutcome::Advanced(2));
         assert!(!c.release_last(0), "consumed frames cannot be released");
+    }
+
+    #[test]
+    fn credit_words_apply_forward_only_whatever_order_they_come_in() {
+        use uctel_protocol::control::CreditGrant;
+        let word = |seq: u64, limit: u64, consumed_next: u64| CreditWord {
+            generation: 9,
+            grant_sequence: seq,
+            grant_limit: limit,
+            consumed_next,
+        };
+        let mut c = Credits::new(0, 64);
+        let apply = |c: &mut Credits, w: CreditWord| {
+            let _ = c.on_grant(w.grant().sequence, w.grant().limit);
+            if let Some(done) = w.consumed_next.checked_sub(1) {
+                let _ = c.on_consumed(done);
+            }
+        };
+        apply(&mut c, word(1, 10, 0));
+        for _ in 0..10 {
+            assert!(c.try_acquire().is_ok());
+        }
+        assert!(c.try_acquire().is_err(), "limit 10");
+        let newer = word(2, 20, 8);
+        apply(&mut c, newer);
+        assert_eq!(c.available(), 10);
+        // The older word arrives late, then again: nothing moves back.
+        apply(&mut c, word(1, 10, 0));
+        apply(&mut c, word(1, 10, 0));
+        assert_eq!(c.available(), 10);
+        assert_eq!(c.grant_applied(), Some(2));
+        assert_eq!(
+            newer.grant(),
+            CreditGrant {
+                sequence: 2,
+                limit: 20
+            }
+        );
+        // The reader tells new words from repeats, torn reads and other sessions.
+        let tx = word(3, 30, 12);
+        let mut r = CreditReader::new(test_region(), 9);
+        let f = &mut r.filter;
+        assert_eq!(f.take(&tx.encode()), WordRead::New(tx));
+        assert_eq!(f.take(&tx.encode()), WordRead::Unchanged);
+        let mut torn = tx.encode();
+        torn[20] ^= 1;
+        assert_eq!(f.take(&torn), WordRead::Invalid);
+        assert_eq!(f.take(&[0u8; CREDIT_WORD_BYTES]), WordRead::Invalid);
+        let other = CreditWord {
+            generation: 8,
+            ..tx
+        };
+        assert_eq!(f.take(&other.encode()), WordRead::Foreign);
+        // Read through a real (soft) region: what the NIC wrote is what is read.
+        let next = word(4, 40, 20);
+        assert!(r.mr.write_at(0, &next.encode()).is_ok());
+        assert_eq!(r.read(), WordRead::New(next));
+        assert_eq!(r.read(), WordRead::Unchanged);
+    }
+
+    fn test_region() -> uctel_transport::api::MemoryRegion {
+        use uctel_transport::api::{AccessFlags, Device};
+        use uctel_transport::soft::device::{SoftConfig, SoftDevice};
+        let dev = Device::from(
+            SoftDevice::open(&SoftConfig::default()).unwrap_or_else(|e| panic!("{e}")),
+        );
+        let pd = dev.alloc_pd().unwrap_or_else(|e| panic!("{e}"));
+        pd.reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     #[test]

@@ -127,6 +127,9 @@ pub struct DataPlane {
     // Kept alive with the QP: the agent receives nothing, but the QP needs a receive CQ.
     _recv_cq: CompletionQueue,
     mr: MemoryRegion,
+    /// The credit word region (DESIGN.md §4): REMOTE_WRITE, the collector writes the
+    /// agent's credit into it (`crate::credits::CreditReader`).
+    credit_mr: MemoryRegion,
     buf_bytes: usize,
     free: Vec<usize>,
     ring: Option<RingTarget>,
@@ -284,7 +287,9 @@ impl DataPlane {
                 recv_cq: &recv_cq,
                 max_send_wr: SEND_QUEUE_DEPTH,
                 max_recv_wr: 1,
-                access: AccessFlags::NONE,
+                // Inbound RDMA WRITE is allowed for the credit word region only: it is the
+                // one region registered with REMOTE_WRITE (IBTA §10.6.3.2).
+                access: AccessFlags::REMOTE_WRITE,
                 max_mtu: None,
             })
             .map_err(|e| resource(qp_name)(e.to_string()))?;
@@ -295,6 +300,13 @@ impl DataPlane {
                 AccessFlags::LOCAL_WRITE,
             )
             .map_err(|e| resource("send buffer MR")(e.to_string()))?;
+        // Remote write needs local write too (IBTA §10.6.3.1, `ibv_reg_mr`'s EINVAL).
+        let credit_mr = pd
+            .reg_mr(
+                control::CREDIT_MR_BYTES as usize,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            )
+            .map_err(|e| resource("credit word MR")(e.to_string()))?;
         Ok(DataPlane {
             device,
             qp,
@@ -302,6 +314,7 @@ impl DataPlane {
             send_cq,
             _recv_cq: recv_cq,
             mr,
+            credit_mr,
             buf_bytes,
             free: (0..SEND_QUEUE_DEPTH as usize).rev().collect(),
             ring: None,
@@ -333,6 +346,11 @@ impl DataPlane {
             mtu: e.mtu,
             udp_addr: e.udp_addr.map(|a| a.to_string()).unwrap_or_default(),
         }
+    }
+
+    /// The credit word region, for `Hello.credit_mr` (DESIGN.md §4).
+    pub fn credit_mr(&self) -> &MemoryRegion {
+        &self.credit_mr
     }
 
     /// `UC QP` or `RC QP`.

@@ -74,6 +74,9 @@ pub struct LoadConfig {
     /// whole credit (window and grant) in one pass of the data thread, then nothing until
     /// every posted frame is reported consumed (or a second passed), then the next burst.
     pub bursts: Option<u32>,
+    /// Offer credit writes into each agent's memory (`Hello.credit_mr`, DESIGN.md §4); the
+    /// data thread reads an agent's credit word when it finds it out of credit.
+    pub credit_writes: bool,
 }
 
 /// Why the generator could not start.
@@ -150,9 +153,33 @@ struct Agent {
     starved_wake: tokio::sync::Notify,
     /// `Hello.expected_frames_per_second`.
     expected_fps: Option<u32>,
+    /// The credit word region (REMOTE_WRITE), offered in `Hello` when `offer_writes`.
+    credit_mr: MemoryRegion,
+    offer_writes: bool,
+    /// The collector agreed to write credit words (`Welcome.credit_writes`).
+    writes: AtomicBool,
 }
 
 impl Agent {
+    /// Reads the credit word the collector wrote (DESIGN.md §4) and applies it: the consumed
+    /// point and the grant, forward only.
+    fn read_word(&self) {
+        let mut b = [0u8; wire::CREDIT_WORD_BYTES];
+        if self.credit_mr.read_at(0, &mut b).is_err() {
+            return;
+        }
+        let Some(w) = wire::CreditWord::decode(&b).filter(|w| w.generation == self.epoch) else {
+            return;
+        };
+        let before = self.credit.fetch_max(w.consumed_next, Ordering::AcqRel);
+        let cur = self.grant.load(Ordering::Acquire);
+        let newer = cur == u64::MAX || w.grant_sequence > cur;
+        let _ = self.apply_grant(Some(w.grant()));
+        if newer || w.consumed_next > before {
+            self.starved.store(false, Ordering::Release);
+        }
+    }
+
     /// Applies a credit grant; true when it lowered the limit.
     fn apply_grant(&self, g: Option<wire::CreditGrant>) -> bool {
         let Some(g) = g else { return false };
@@ -266,13 +293,23 @@ impl LoadGen {
                     recv_cq: &recv_cqs[d],
                     max_send_wr: sq,
                     max_recv_wr: 1,
-                    access: AccessFlags::NONE,
+                    access: if cfg.credit_writes {
+                        AccessFlags::REMOTE_WRITE
+                    } else {
+                        AccessFlags::NONE
+                    },
                     max_mtu: None,
                 })
                 .map_err(transport("create_qp"))?;
             let src = pds[d]
                 .reg_mr(frame_len * sq as usize, AccessFlags::LOCAL_WRITE)
                 .map_err(transport("reg_mr"))?;
+            let credit_mr = pds[d]
+                .reg_mr(
+                    wire::CREDIT_MR_BYTES as usize,
+                    AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+                )
+                .map_err(transport("reg_mr credit word"))?;
             agents.push(Arc::new(Agent {
                 id: format!("bench-{i:05}"),
                 epoch: rand::random::<u64>() | 1,
@@ -290,6 +327,9 @@ impl LoadGen {
                 starved: AtomicBool::new(false),
                 starved_wake: tokio::sync::Notify::new(),
                 expected_fps: cfg.expected_fps,
+                credit_mr,
+                offer_writes: cfg.credit_writes,
+                writes: AtomicBool::new(false),
             }));
         }
         let agents = Arc::new(agents);
@@ -544,8 +584,15 @@ fn data_thread(
                 break;
             }
             let Some(ring) = a.ring.get() else { continue };
+            let credit_end = |a: &Agent| {
+                (a.credit.load(Ordering::Acquire) + u64::from(ring.window))
+                    .min(a.limit.load(Ordering::Acquire))
+            };
+            if credit_end(a) <= next[i] && a.writes.load(Ordering::Acquire) {
+                a.read_word();
+            }
             let limit = a.limit.load(Ordering::Acquire);
-            let credit_end = (a.credit.load(Ordering::Acquire) + u64::from(ring.window)).min(limit);
+            let credit_end = credit_end(a);
             let room_sq = (sq as u64).saturating_sub(next[i] - completed[i]);
             let room_credit = credit_end.saturating_sub(next[i]);
             if room_credit == 0 && limit <= next[i] && !a.starved.swap(true, Ordering::AcqRel) {
@@ -717,6 +764,11 @@ async fn connect_agent(
             udp_addr: ep.udp_addr.map(|x| x.to_string()).unwrap_or_default(),
         }),
         expected_frames_per_second: a.expected_fps,
+        credit_mr: a.offer_writes.then(|| wire::CreditMr {
+            addr: a.credit_mr.addr(),
+            rkey: a.credit_mr.rkey(),
+            length: wire::CREDIT_MR_BYTES,
+        }),
     };
     let welcome = client_handshake(&mut ch, hello, token.as_bytes())
         .await
@@ -746,6 +798,7 @@ fn connect_qp(a: &Agent, w: &Welcome) -> Result<(), String> {
         window: w.credit_window.max(1),
     });
     a.apply_grant(w.credit_grant);
+    a.writes.store(w.credit_writes.is_some(), Ordering::Release);
     Ok(())
 }
 

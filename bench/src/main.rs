@@ -119,6 +119,11 @@ struct Args {
     /// runs (default: the collector's own).
     #[arg(long, value_enum)]
     collector_progress: Option<Progress>,
+    /// The emulated agents offer credit writes into their memory (DESIGN.md §4): the
+    /// collector then writes their credit by RDMA WRITE and sends a `Report` every
+    /// `control.credit_writes_report_every_intervals` intervals. Off: `Report`s every interval.
+    #[arg(long)]
+    credit_writes: bool,
     /// Measured window of each scaling run, seconds (at least ten report intervals).
     #[arg(long, default_value_t = 3.0)]
     scaling_duration_secs: f64,
@@ -399,6 +404,7 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         recv_buffer_bytes: args.recv_buffer_bytes,
         min_slots: None,
         progress: args.collector_progress.map(Progress::name),
+        credit_writes: args.credit_writes,
     };
     if wants(Part::Soft) {
         eprintln!("[soft] K = {}, {:.1} s", args.agents, args.duration_secs);

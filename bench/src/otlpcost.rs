@@ -267,6 +267,7 @@ fn run_side(
         pace: Some(cfg.gap),
         expected_fps: None,
         bursts: None,
+        credit_writes: false,
     })
     .map_err(setup("load generator"))?;
     gen.start_sending().map_err(setup("load generator"))?;

@@ -308,6 +308,7 @@ fn run_uctel(
         pace: Some(cfg.gap),
         expected_fps: None,
         bursts: None,
+        credit_writes: false,
     })
     .map_err(setup("load generator"))?;
     gen.start_sending().map_err(setup("load generator"))?;

@@ -92,6 +92,10 @@ pub struct SoftRunConfig {
     pub min_slots: Option<u32>,
     /// The collector's `transport.soft.progress` (`None`: its default).
     pub progress: Option<&'static str>,
+    /// The emulated agents offer credit writes into their memory (`Hello.credit_mr`,
+    /// DESIGN.md §4); false: credits in `Report`s only (the collector then sends one per
+    /// report interval).
+    pub credit_writes: bool,
 }
 
 /// Whole-run frame accounting (after every agent's `Goodbye`).
@@ -260,6 +264,7 @@ pub fn run(cfg: &SoftRunConfig) -> Result<SoftRunResult, SoftRunError> {
         pace: None,
         expected_fps: cfg.expected_fps,
         bursts: cfg.bursts,
+        credit_writes: cfg.credit_writes,
     })?;
     // The collector counts an agent connected once its Welcome went out.
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -58,6 +58,9 @@ use std::time::{Duration, Instant};
 
 use uctel_protocol::control::CreditGrant;
 
+mod level;
+use level::Wants;
+
 /// Report intervals over which an agent's peak use is remembered (its want decays after).
 pub const PEAK_INTERVALS: usize = 16;
 
@@ -84,6 +87,9 @@ struct Claim {
     usable: VecDeque<CreditGrant>,
     /// The latest grant handed out.
     latest: CreditGrant,
+    /// The largest limit ever granted: the agent never sends a connection sequence at or
+    /// beyond it (checked at each heartbeat, [`CreditBudget::overruns`]).
+    max_limit: u64,
     /// Consumed per report interval, newest last.
     used: VecDeque<u64>,
     /// `consumed_next` at the last grant.
@@ -125,8 +131,8 @@ struct Inner {
     /// The water level in 1/2³² frame: Σ min(want, level) = capacity (`u64::MAX` when
     /// every want fits); an agent is entitled to `min(want, level)`.
     level: u64,
-    /// Joins, leaves and grants since `level` was computed.
-    grants_since_level: u64,
+    /// Every connection's want, for the level ([`Wants`]: O(log W) per change).
+    wants: Wants,
 }
 
 /// One frame in the fixed point of [`Claim::turns`] and [`Inner::level`].
@@ -137,6 +143,12 @@ const TURN: u64 = 1 << 32;
 pub struct CreditBudget {
     capacity: u64,
     inner: Mutex<Inner>,
+    /// Credit words written into agents' memory (`crate::control::credit_write`): posted,
+    /// refused by the QP.
+    writes: [std::sync::atomic::AtomicU64; 2],
+    /// Heartbeats of agents that take grants saying they sent at or beyond every limit they
+    /// were ever granted (never, when credits hold).
+    overruns: std::sync::atomic::AtomicU64,
 }
 
 /// A snapshot for self-metrics and tests.
@@ -184,7 +196,28 @@ impl CreditBudget {
         Self {
             capacity: capacity.max(1),
             inner: Mutex::new(Inner::default()),
+            writes: Default::default(),
+            overruns: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Heartbeats that said the agent sent a connection sequence at or beyond the largest
+    /// limit it was ever granted: 0 while every agent keeps to its credit, whatever the
+    /// path its grants took (`Report`s or writes into its memory, lost or reordered).
+    pub fn overruns(&self) -> u64 {
+        self.overruns.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Counts one credit word write: `posted` (the QP took it) or refused (send queue full,
+    /// QP in ERROR; superseded by the next write).
+    pub fn count_write(&self, posted: bool) {
+        self.writes[usize::from(!posted)].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Credit word writes posted and refused so far.
+    pub fn writes(&self) -> (u64, u64) {
+        let r = |i: usize| self.writes[i].load(std::sync::atomic::Ordering::Relaxed);
+        (r(0), r(1))
     }
 
     /// The budget in frames.
@@ -229,6 +262,7 @@ impl CreditBudget {
             sent_next: 0,
             usable: VecDeque::from([first]),
             latest: first,
+            max_limit: 0,
             used: VecDeque::with_capacity(PEAK_INTERVALS),
             consumed_at_grant: 0,
             starved: false,
@@ -238,8 +272,10 @@ impl CreditBudget {
             turns: 0,
             extra: 0,
         };
+        g.wants.insert(claim.want);
         if let Some(old) = g.conns.insert(id, claim) {
             g.claimed -= old.claim;
+            g.wants.remove(old.want);
         }
         self.refair(&mut g);
         let level = g.level;
@@ -254,6 +290,7 @@ impl CreditBudget {
         let mut g = self.lock();
         if let Some(old) = g.conns.remove(&id) {
             g.claimed -= old.claim;
+            g.wants.remove(old.want);
             self.refair(&mut g);
         }
     }
@@ -286,6 +323,10 @@ impl CreditBudget {
         }
         if let Some(s) = sent_conn_seq {
             c.sent_next = c.sent_next.max(s.saturating_add(1));
+            if applied.is_some() && s >= c.max_limit {
+                self.overruns
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
         }
         c.starved |= frames_without_credit > 0;
         let dc = Self::settle(c);
@@ -310,7 +351,7 @@ impl CreditBudget {
 
     fn grant_at(&self, id: u32, consumed_next: u64, interval: bool) -> Option<CreditGrant> {
         let mut g = self.lock();
-        self.maybe_relevel(&mut g);
+        self.relevel(&mut g);
         let (fair, level) = (g.fair, g.level);
         // An equal share, rounded up: what an agent out of credit wants at least.
         let share = self.capacity.div_ceil(g.conns.len().max(1) as u64).max(1);
@@ -337,12 +378,18 @@ impl CreditBudget {
                 .max(share);
         }
         c.starved = false;
+        let was = c.want;
         c.want = want_within(want, c.limits, fair);
+        let now = c.want;
         if interval {
             c.turns = carry(c.turns, c.want, level);
         }
         let dc = Self::settle(c);
         g.claimed = g.claimed.wrapping_add(dc);
+        if was != now {
+            g.wants.remove(was);
+            g.wants.insert(now);
+        }
         self.regrant(&mut g, id, interval)
     }
 
@@ -358,48 +405,15 @@ impl CreditBudget {
     fn refair(&self, g: &mut Inner) {
         let n = g.conns.len().max(1) as u64;
         g.fair = self.capacity / n;
-        self.maybe_relevel(g);
-    }
-
-    /// Counts a join, leave or grant and computes the water level again after one per 16
-    /// connections (at once with up to 16): its cost, O(connections), spread over as many
-    /// events. In between, entitlements follow a level a few events old; the budget's
-    /// limit (Σ claim ≤ capacity) holds whatever the level.
-    fn maybe_relevel(&self, g: &mut Inner) {
-        g.grants_since_level += 1;
-        if g.grants_since_level >= (g.conns.len() as u64 / 16).max(1) {
-            self.relevel(g);
-        }
+        self.relevel(g);
     }
 
     /// The water level of max-min sharing: the largest `level` (1/2³² frame) with
-    /// Σ min(want, level) ≤ capacity, by bisection over the wants (O(connections × 42)
-    /// for wants up to 1,024 frames).
+    /// Σ min(want, level) ≤ capacity, from the wants kept incrementally ([`Wants`]:
+    /// O(log² W) for wants up to W frames, whatever the number of connections), at every
+    /// join, leave and grant.
     fn relevel(&self, g: &mut Inner) {
-        g.grants_since_level = 0;
-        let cap = u128::from(self.capacity) << 32;
-        let filled = |level: u128| -> u128 {
-            g.conns
-                .values()
-                .map(|c| (u128::from(c.want) << 32).min(level))
-                .sum()
-        };
-        let top = g.conns.values().map(|c| c.want).max().unwrap_or(0);
-        if filled(u128::MAX) <= cap {
-            g.level = u64::MAX;
-            return;
-        }
-        // filled(lo) ≤ cap < filled(hi).
-        let (mut lo, mut hi) = (0u128, u128::from(top) << 32);
-        while hi - lo > 1 {
-            let mid = lo + (hi - lo) / 2;
-            if filled(mid) <= cap {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        g.level = u64::try_from(lo).unwrap_or(u64::MAX);
+        g.level = g.wants.level(self.capacity);
     }
 
     /// Sets the limit of `id` to what it wants, within its entitlement and what the budget
@@ -444,6 +458,7 @@ impl CreditBudget {
         }
         c.usable.push_back(next);
         c.latest = next;
+        c.max_limit = c.max_limit.max(limit);
         let dc = Self::settle(c);
         g.claimed = g.claimed.wrapping_add(dc);
         Some(next)
@@ -471,6 +486,8 @@ pub struct BudgetCollector {
     budget: std::sync::Arc<CreditBudget>,
     capacity: prometheus::IntGauge,
     claimed: prometheus::IntGauge,
+    writes: prometheus::IntCounterVec,
+    overruns: prometheus::IntCounter,
     descs: Vec<prometheus::core::Desc>,
 }
 
@@ -495,16 +512,37 @@ impl BudgetCollector {
              grants; never above uctel_collector_credit_budget_frames.",
         )
         .expect("valid metric");
+        #[allow(clippy::expect_used)]
+        let writes = prometheus::IntCounterVec::new(
+            prometheus::Opts::new(
+                "uctel_collector_credit_writes_total",
+                "Credit words written into agents' memory by RDMA WRITE (DESIGN.md §4), by \
+                 result: posted, or refused by the QP (superseded by the next write).",
+            ),
+            &["result"],
+        )
+        .expect("valid metric");
+        #[allow(clippy::expect_used)]
+        let overruns = prometheus::IntCounter::new(
+            "uctel_collector_credit_overruns_total",
+            "Agent heartbeats saying the agent sent a connection sequence at or beyond the \
+             largest credit limit it was ever granted: 0 unless an agent breaks the credit rule.",
+        )
+        .expect("valid metric");
         let descs = capacity
             .desc()
             .into_iter()
             .chain(claimed.desc())
+            .chain(writes.desc())
+            .chain(overruns.desc())
             .cloned()
             .collect();
         Self {
             budget,
             capacity,
             claimed,
+            writes,
+            overruns,
             descs,
         }
     }
@@ -521,8 +559,17 @@ impl prometheus::core::Collector for BudgetCollector {
             .set(i64::try_from(st.capacity).unwrap_or(i64::MAX));
         self.claimed
             .set(i64::try_from(st.claimed).unwrap_or(i64::MAX));
+        let (posted, refused) = self.budget.writes();
+        for (label, n) in [("posted", posted), ("refused", refused)] {
+            let c = self.writes.with_label_values(&[label]);
+            c.inc_by(n.saturating_sub(c.get()));
+        }
         let mut out = self.capacity.collect();
         out.extend(self.claimed.collect());
+        self.overruns
+            .inc_by(self.budget.overruns().saturating_sub(self.overruns.get()));
+        out.extend(self.writes.collect());
+        out.extend(self.overruns.collect());
         out
     }
 }

@@ -166,6 +166,10 @@ fn verb<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> ResourceE
     }
 }
 
+/// Bytes of a connection's source region for the credit words it writes into the agent's
+/// memory (`crate::control::credit_write`): 16 words, one per 64-byte line.
+pub const CREDIT_SOURCE_BYTES: usize = 16 * 64;
+
 /// Sizes of one connection's resources.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Geometry {
@@ -202,6 +206,9 @@ pub struct Session {
     /// The ring (REMOTE_WRITE) the agent writes frames into.
     pub ring: MemoryRegion,
     bufs: MemoryRegion,
+    /// Source of the credit words written into the agent's memory
+    /// (`crate::control::credit_write`), in the QP's protection domain.
+    pub credit_src: MemoryRegion,
     tel: AgentTelemetry,
     /// Highest connection sequence the worker consumed, +1 (0 = none yet).
     consumed_plus_one: AtomicU64,
@@ -253,6 +260,9 @@ impl Session {
         let bufs = pd
             .reg_mr(bufs_len, AccessFlags::LOCAL_WRITE)
             .map_err(verb("reg_mr send buffers"))?;
+        let credit_src = pd
+            .reg_mr(CREDIT_SOURCE_BYTES, AccessFlags::LOCAL_WRITE)
+            .map_err(verb("reg_mr credit words"))?;
         let qp = pd
             .create_qp(&uctel_transport::api::QpInitAttr {
                 qp_type: rc
@@ -277,6 +287,7 @@ impl Session {
             send_cq,
             ring,
             bufs,
+            credit_src,
             tel,
             consumed_plus_one: AtomicU64::new(0),
             failed: AtomicBool::new(false),

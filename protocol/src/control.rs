@@ -26,11 +26,15 @@ use sha2::{Digest, Sha256};
 use thiserror::Error;
 
 mod counters;
+mod credit_word;
+mod lane;
 mod probe;
 use counters::check_agent_counters;
 pub use counters::{
     AgentCounters, AgentDropReason, AgentStreamDropped, AgentStreamSent, MAX_AGENT_COUNTER_ENTRIES,
 };
+pub use credit_word::{CreditMr, CreditWord, CreditWrites, CREDIT_MR_BYTES, CREDIT_WORD_BYTES};
+pub use lane::{LaneReport, RcLane, RcLaneRequest};
 pub use probe::{Probe, ProbeAnswer};
 
 /// Control protocol version carried in [`Hello::protocol_version`].
@@ -166,62 +170,10 @@ pub struct Hello {
     /// `reliability: rc`; `None`: every stream travels on the UC QP.
     #[prost(message, optional, tag = "9")]
     pub rc_lane: Option<RcLaneRequest>,
-}
-
-/// Agent → collector, in [`Hello`]: the second lane of a connection, over an RC QP
-/// (DESIGN.md §8b). A lane has its own connection sequence, ring, credit window and consumed
-/// point; a stream travels on exactly one lane.
-#[derive(Clone, PartialEq, Eq, prost::Message)]
-pub struct RcLaneRequest {
-    /// The agent's RC QP (same transport and address rules as [`Hello::qp`]).
-    #[prost(message, optional, tag = "1")]
-    pub qp: Option<QpEndpoint>,
-    /// Header stream ids of the streams this lane carries: at least one, distinct, at most
-    /// [`MAX_LANE_STREAMS`]. Every other stream travels on the UC QP.
-    #[prost(uint32, repeated, tag = "2")]
-    pub stream_ids: Vec<u32>,
-}
-
-/// Collector → agent, in [`Welcome`]: where the RC lane writes. Slot size, frame size and
-/// data path are the connection's ([`Welcome`]).
-#[derive(Clone, PartialEq, Eq, prost::Message)]
-pub struct RcLane {
-    /// The collector's RC QP.
-    #[prost(message, optional, tag = "1")]
-    pub qp: Option<QpEndpoint>,
-    /// Virtual address of the lane's ring (RETH VA of slot 0).
-    #[prost(uint64, tag = "2")]
-    pub ring_addr: u64,
-    /// rkey of the lane's ring MR (REMOTE_WRITE only).
-    #[prost(uint32, tag = "3")]
-    pub rkey: u32,
-    /// Slots in the lane's ring, ≥ 1.
-    #[prost(uint32, tag = "4")]
-    pub slots: u32,
-    /// Frames the lane may have outstanding beyond its consumed sequence, `1..=slots`. The
-    /// RC lane takes no share of the collector-wide budget: a datagram the collector's socket
-    /// drops is retransmitted, not lost, so its window is its ring.
-    #[prost(uint32, tag = "5")]
-    pub credit_window: u32,
-}
-
-/// Collector → agent, in [`Report`]: the RC lane's connection-sequence delivery.
-#[derive(Clone, Copy, PartialEq, prost::Message)]
-pub struct LaneReport {
-    /// Highest connection sequence of the lane consumed from its ring; `None` before the
-    /// first frame.
-    #[prost(uint64, optional, tag = "1")]
-    pub consumed_conn_seq: Option<u64>,
-    /// Frames received on the lane (cumulative).
-    #[prost(uint64, tag = "2")]
-    pub conn_received: u64,
-    /// Frames missing on the lane (cumulative): on RC only what a lane could not deliver
-    /// before its QP ran out of retries.
-    #[prost(uint64, tag = "3")]
-    pub conn_lost: u64,
-    /// RFC 3550 A.3 loss fraction of the lane in the last interval, `0.0..=1.0`.
-    #[prost(double, tag = "4")]
-    pub conn_loss_fraction: f64,
+    /// The agent's credit word region ([`CreditMr`], DESIGN.md §4): the collector may grant
+    /// credit by RDMA WRITE into it. `None`: an agent that takes credits from `Report`s only.
+    #[prost(message, optional, tag = "10")]
+    pub credit_mr: Option<CreditMr>,
 }
 
 /// Collector → agent: prove you hold the token.
@@ -291,6 +243,10 @@ pub struct Welcome {
     /// The RC lane, when the agent asked for one ([`Hello::rc_lane`]).
     #[prost(message, optional, tag = "12")]
     pub rc_lane: Option<RcLane>,
+    /// The collector writes credit words into the agent's [`Hello::credit_mr`]
+    /// ([`CreditWrites`]); `None`: credits travel in `Report`s only.
+    #[prost(message, optional, tag = "13")]
+    pub credit_writes: Option<CreditWrites>,
 }
 
 /// Collector → agent, in `Welcome` and `Report`s: how far the agent may send (DESIGN.md §4,
@@ -787,6 +743,7 @@ impl Hello {
             return Err(invalid(M, "qp", "missing".into()));
         };
         check_agent_qp(qp, transport, QP_FIELDS)?;
+        credit_word::check_mr(self.credit_mr.as_ref())?;
         let Some(lane) = &self.rc_lane else {
             return Ok(());
         };
@@ -891,6 +848,7 @@ impl Welcome {
             return Err(invalid(M, "report_interval_ms", "0 ms".into()));
         }
         check_data_path(M, "data_path", self.data_path)?;
+        credit_word::check_writes(self.credit_writes.as_ref())?;
         let Some(lane) = &self.rc_lane else {
             return Ok(());
         };

@@ -143,6 +143,8 @@ fn prost_structs_match_the_proto_files() {
         include_str!("control.rs"),
         include_str!("control/counters.rs"),
         include_str!("control/probe.rs"),
+        include_str!("control/credit_word.rs"),
+        include_str!("control/lane.rs"),
     ] {
         let mut oneofs = Vec::new();
         parse_rust(source, &mut rust, &mut oneofs);

@@ -39,6 +39,9 @@ use uctel_protocol::tracker::TrackerConfig;
 
 use crate::faults::Rng;
 
+mod words;
+pub use words::{WordLink, Words};
+
 /// The epoch of every pair.
 pub const EPOCH: u64 = 0x5eed_0000_0001;
 
@@ -60,6 +63,9 @@ pub enum Op {
     Advance(u32),
     /// The collector sends a `Report`; the agent takes its credits.
     Report,
+    /// The collector writes the agent's credit word into its memory (with
+    /// [`PairConfig::credit_words`]; nothing otherwise).
+    CreditWrite,
 }
 
 /// Link faults, per mille of the frames posted.
@@ -90,6 +96,9 @@ pub struct PairConfig {
     pub max_frame_bytes: usize,
     /// The tracker's reorder window (frames).
     pub reorder_window: u64,
+    /// Credits also written into the agent's memory ([`Op::CreditWrite`]) over a reverse
+    /// link with these faults; `None`: `Report`s only.
+    pub credit_words: Option<LinkFaults>,
 }
 
 /// Why a scenario failed.
@@ -296,6 +305,8 @@ pub struct Pair {
     pub ingest: ConnectionIngest<Recording>,
     /// The wire.
     pub link: Link,
+    /// The credit writes, with [`PairConfig::credit_words`].
+    pub words: Option<Words>,
     t0: Instant,
     now: Duration,
     pushed: [u64; STREAMS],
@@ -350,6 +361,9 @@ impl Pair {
             core,
             ingest,
             link: Link::new(cfg.seed, cfg.faults),
+            words: cfg
+                .credit_words
+                .map(|f| Words::new(cfg.seed, f, EPOCH, cfg.credit_window)),
             t0,
             now: Duration::ZERO,
             pushed: [0; STREAMS],
@@ -424,9 +438,25 @@ impl Pair {
 
     /// Posts every frame the pipeline releases now; returns when it has to wait.
     fn transmit(&mut self) -> Result<(), PairError> {
+        if let Some(words) = self.words.as_mut() {
+            if let Some(w) = words.read() {
+                if self.core.on_credit_word(w.grant(), w.consumed_next) {
+                    words.applied += 1;
+                }
+            }
+        }
         for _ in 0..MAX_STEPS {
             match self.core.poll_transmit(self.instant(), self.unix_ns()) {
                 Poll::Transmit(t) => {
+                    if let Some(limit) = self.words.as_ref().and_then(|x| x.seen_limit) {
+                        if t.conn_seq >= limit {
+                            return Err(PairError::Law(format!(
+                                "t={:?}: frame with connection sequence {} beyond the last \
+                                 credit limit the agent saw ({limit})",
+                                self.now, t.conn_seq
+                            )));
+                        }
+                    }
                     self.core.sent(&t);
                     self.link.send(&t, self.now);
                 }
@@ -438,6 +468,9 @@ impl Pair {
 
     /// Hands every frame due by now to the collector, checking the in-flight law after each.
     fn deliver(&mut self) -> Result<(), PairError> {
+        if let Some(w) = self.words.as_mut() {
+            w.land(self.now);
+        }
         for _ in 0..MAX_STEPS {
             let Some(f) = self.link.pop_due(self.now) else {
                 return Ok(());
@@ -460,11 +493,30 @@ impl Pair {
         let _ = self.core.on_report(&r);
     }
 
+    /// The collector writes the credit word: its consumed point as a `Report` would say it.
+    fn credit_write(&mut self) {
+        let r = self.ingest.report();
+        let consumed_next = if r.conn_received > 0 || r.consumed_conn_seq > 0 {
+            r.consumed_conn_seq.saturating_add(1)
+        } else {
+            0
+        };
+        let now = self.now;
+        if let Some(w) = self.words.as_mut() {
+            w.write(consumed_next, now);
+        }
+    }
+
     /// Advance the virtual clock by `d`, delivering what arrives on the way in order.
     fn advance(&mut self, d: Duration) -> Result<(), PairError> {
         let until = self.now + d;
         for _ in 0..MAX_STEPS {
-            match self.link.next_arrival().filter(|a| *a <= until) {
+            let words = self.words.as_ref().and_then(|w| w.link.next_arrival());
+            let next = match (self.link.next_arrival(), words) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            match next.filter(|a| *a <= until) {
                 Some(a) => {
                     self.now = self.now.max(a);
                     self.deliver()?;
@@ -491,6 +543,7 @@ impl Pair {
             Op::Flush(s) => self.core.flush(s),
             Op::Advance(us) => self.advance(Duration::from_micros(u64::from(us)))?,
             Op::Report => self.report(),
+            Op::CreditWrite => self.credit_write(),
         }
         self.transmit()?;
         self.deliver()
@@ -518,6 +571,7 @@ impl Pair {
             }
             self.advance(Duration::from_micros(500))?;
             self.report();
+            self.credit_write();
             self.transmit()?;
         }
         self.core.drop_pending(AgentDropReason::Shutdown);

@@ -75,6 +75,11 @@ pub(super) async fn establish(
         qp: Some(plane.endpoint()),
         expected_frames_per_second: Some(announce),
         rc_lane: rc_plane.as_ref().map(|p| lane::request(p, config)),
+        credit_mr: config.collector.credit_writes.then(|| control::CreditMr {
+            addr: plane.credit_mr().addr(),
+            rkey: plane.credit_mr().rkey(),
+            length: control::CREDIT_MR_BYTES,
+        }),
     };
     let welcome = conn
         .handshake(hello, token, connect_timeout)

@@ -658,6 +658,30 @@ impl SenderCore {
         }
     }
 
+    /// Takes a credit word the collector wrote into the agent's memory (DESIGN.md §4,
+    /// `uctel_protocol::control::CreditWord`): its grant as a `Report`'s, and its consumed
+    /// point (`consumed_next`, one past the highest connection sequence consumed; 0: none
+    /// yet). Both only apply forward, so an old, repeated or reordered word changes nothing.
+    /// Returns whether the word changed anything; a change lets the pipeline ask for credit
+    /// again as a report does.
+    pub fn on_credit_word(
+        &mut self,
+        grant: uctel_protocol::control::CreditGrant,
+        consumed_next: u64,
+    ) -> bool {
+        let granted = matches!(self.on_grant(grant), GrantOutcome::Applied { .. });
+        let advanced = consumed_next.checked_sub(1).is_some_and(|c| {
+            matches!(
+                self.on_consumed(c),
+                ReportOutcome::Advanced(1..) | ReportOutcome::Ahead
+            )
+        });
+        if granted || advanced {
+            self.asked_for_credit = false;
+        }
+        granted || advanced
+    }
+
     /// Sequence of the credit grant applied last, for heartbeats.
     pub fn grant_applied(&self) -> Option<u64> {
         self.credits.grant_applied()

@@ -640,6 +640,17 @@ pub struct ControlConfig {
     /// `Goodbye` and connects to its next collector), and exits when the last one has left
     /// or after this long, whichever comes first. Default 30.
     pub drain_timeout_seconds: f64,
+    /// Grant credit by RDMA WRITE into the memory of agents that offer it (`Hello` names a
+    /// region; DESIGN.md §4): the consumed point and grant are written at every report
+    /// interval (a lost write is superseded by the next) and at once when an agent runs out
+    /// of credit, and the agent reads them with no system call and no message. Agents that
+    /// do not offer it get their credits in `Report`s as before. Default true.
+    pub credit_writes: bool,
+    /// While an agent's credits are written into its memory, its `Report` (delivery
+    /// figures, loss fraction) goes every this many report intervals instead of every one
+    /// (an agent with an RC lane keeps one per interval: the RC lane's credit is in it).
+    /// Default 10.
+    pub credit_writes_report_every_intervals: u32,
 }
 
 impl Default for ControlConfig {
@@ -651,6 +662,8 @@ impl Default for ControlConfig {
             handshake_timeout_seconds: 5.0,
             max_agents: None,
             drain_timeout_seconds: 30.0,
+            credit_writes: true,
+            credit_writes_report_every_intervals: 10,
         }
     }
 }

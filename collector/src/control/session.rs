@@ -25,7 +25,8 @@ use tokio::net::TcpStream;
 use uctel_common::control::{ChannelError, ControlChannel};
 use uctel_common::shutdown::Shutdown;
 use uctel_protocol::control::{
-    Body, ControlMessage, DataPath, Goodbye, GoodbyeReason, Heartbeat, Hello, RefuseReason, Welcome,
+    Body, ControlMessage, CreditWrites, DataPath, Goodbye, GoodbyeReason, Heartbeat, Hello,
+    RefuseReason, Welcome,
 };
 use uctel_protocol::limits::Limits;
 use uctel_protocol::session::Refusal;
@@ -33,6 +34,7 @@ use uctel_protocol::stream::StreamName;
 use uctel_protocol::tracker::TrackerConfig;
 use uctel_transport::api::QpEndpoint;
 
+use super::credit_write::CreditWriter;
 use super::handshake::{
     advertised_endpoint, agent_endpoint, agent_qp_endpoint, collector_transport, Accepted,
 };
@@ -137,7 +139,9 @@ pub(super) async fn run_session(
         data_path: accepted.data_path as i32,
         credit_grant: Some(first_grant),
         rc_lane: lanes.welcome_rc(local_ip),
+        credit_writes: None,
     };
+    let (welcome, credit) = offer_credit_writes(shared, hello, &lanes, first_grant, welcome);
     if let Err(e) = ch.send(welcome).await {
         tracing::warn!(agent = %agent, error = %e, "sending Welcome failed");
         shared.credits.leave(id);
@@ -175,6 +179,7 @@ pub(super) async fn run_session(
         tel,
         lanes,
         state: SessionState::new(timing, link.clone(), now),
+        credit,
     };
     let mut events = Events {
         cancel,
@@ -202,6 +207,52 @@ fn session_view(id: u32, peer: SocketAddr, accepted: &Accepted, lanes: &Lanes) -
         since: std::time::SystemTime::now(),
         since_instant: Instant::now(),
     }
+}
+
+/// Takes the agent's offer of credit writes (`Hello.credit_mr`, DESIGN.md §4) when
+/// `control.credit_writes` allows: `welcome` then says so, and the writer comes back with
+/// the number of report intervals per `Report` (1 on a connection with an RC lane, whose
+/// credit travels in the `Report`).
+fn offer_credit_writes(
+    shared: &Shared,
+    hello: &Hello,
+    lanes: &Lanes,
+    first: uctel_protocol::control::CreditGrant,
+    mut welcome: Welcome,
+) -> (Welcome, Option<Writes>) {
+    let cfg = &shared.config.control;
+    let writer = hello
+        .credit_mr
+        .filter(|_| cfg.credit_writes)
+        .and_then(|mr| CreditWriter::new(lanes.uc().session.clone(), mr, hello.epoch, first));
+    let Some(writer) = writer else {
+        return (welcome, None);
+    };
+    let every = if lanes.rc().is_some() {
+        1
+    } else {
+        cfg.credit_writes_report_every_intervals.max(1)
+    };
+    welcome.credit_writes = Some(CreditWrites {
+        refresh_ms: welcome.report_interval_ms,
+        report_every_intervals: every,
+    });
+    let writes = Writes {
+        writer,
+        report_every: every,
+        ticks: 0,
+    };
+    (welcome, Some(writes))
+}
+
+/// A session's credit writes: the writer and when the next `Report` is due.
+#[derive(Debug)]
+struct Writes {
+    writer: CreditWriter,
+    /// A `Report` every this many report intervals.
+    report_every: u32,
+    /// Report intervals since the last `Report`.
+    ticks: u32,
 }
 
 /// Heartbeat and report periods from the configuration (defaults when out of range).
@@ -408,6 +459,8 @@ struct Driver<'a> {
     tel: AgentTelemetry,
     lanes: Lanes,
     state: SessionState,
+    /// Credits written into the agent's memory, when it offered (`credit_write`).
+    credit: Option<Writes>,
 }
 
 impl Driver<'_> {
@@ -518,6 +571,18 @@ impl Driver<'_> {
     /// the highest one sent long enough ago that it will not arrive any more
     /// ([`crate::credits::SentTail`]), so frames lost on the wire give their credit back.
     async fn on_report(&mut self, early: Early) -> Flow {
+        if let Some(w) = self.credit.as_mut() {
+            // An early report is a write only; at the interval's tick, every
+            // `report_every`-th tick also sends the `Report`.
+            if early == Early::No {
+                w.ticks += 1;
+            }
+            if early == Early::Yes || w.ticks < w.report_every {
+                self.write_credit(early);
+                return Flow::Go;
+            }
+            w.ticks = 0;
+        }
         let gone = self.state.on_report(Instant::now());
         let Some(mut report) = self.lanes.report(&self.shared.plane).await else {
             return Flow::Go;
@@ -535,7 +600,34 @@ impl Driver<'_> {
             Early::No => self.shared.credits.grant(id, consumed_next),
             Early::Yes => self.shared.credits.grant_early(id, consumed_next),
         };
+        if let Some(w) = self.credit.as_mut() {
+            w.writer.grant(report.credit_grant);
+            let posted = w.writer.write(consumed_next);
+            self.shared.credits.count_write(posted);
+        }
         self.send(report, "a report").await
+    }
+
+    /// A report interval (or an early report) without a `Report`: the grant and consumed
+    /// point go into the agent's memory only. The consumed point is the worker's (the
+    /// session's atomic, no round trip to the worker), at least the highest sequence sent
+    /// long enough ago that it will not arrive any more, as in a `Report`.
+    fn write_credit(&mut self, early: Early) {
+        let gone = self.state.on_report(Instant::now());
+        let Some(w) = self.credit.as_mut() else {
+            return;
+        };
+        let session = &self.lanes.uc().session;
+        let consumed = session.consumed().max(gone);
+        let consumed_next = consumed.map_or(0, |c| c.saturating_add(1));
+        let id = self.lanes.uc().id;
+        let grant = match early {
+            Early::No => self.shared.credits.grant(id, consumed_next),
+            Early::Yes => self.shared.credits.grant_early(id, consumed_next),
+        };
+        w.writer.grant(grant);
+        let posted = w.writer.write(consumed_next);
+        self.shared.credits.count_write(posted);
     }
 
     /// Ends the session (`ending`: the collector's reason, if it ended it): sends its

@@ -3130,3 +3130,151 @@ fn otlp_receiver_answering_partial_success() {
     let _g = exclusive();
     otlp_row("otlp-receiver-partial-success", &OtlpFault::Partial);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Credits written into the agent's memory (DESIGN.md §4, §6): the collector grants credit by
+// UC RDMA WRITE into a region the agent named at `Hello`. In these rows the collector sends
+// its `Report` only every 1000 report intervals (`credit_writes_report_every_intervals`), so
+// after the `Welcome` the agent's credit comes from the writes alone; the agent's soft
+// transport injects faults on what it receives, which on a UC-only agent is nothing but the
+// credit writes (direction `recv`: its frames to the collector are untouched).
+// ---------------------------------------------------------------------------------------------
+
+/// A row whose collector writes credits (reports 1000× rarer) with `collector_set`, one agent
+/// whose received datagrams (the credit writes) suffer `fault`, 3000 lines in bursts.
+fn credit_write_row(
+    name: &str,
+    collector_set: Vec<(String, serde_yaml::Value)>,
+    fault: &[(&str, serde_yaml::Value)],
+    during: impl FnOnce(&mut Row, usize),
+) -> Row {
+    let mut set = vec![
+        (
+            "control.credit_writes_report_every_intervals".to_owned(),
+            serde_yaml::Value::from(1000),
+        ),
+        (
+            "control.report_interval_seconds".to_owned(),
+            serde_yaml::Value::from(0.05),
+        ),
+    ];
+    set.extend(collector_set);
+    let spec = CollectorSpec {
+        set,
+        ..CollectorSpec::default()
+    };
+    let mut row = Row::start(name, spec, None);
+    let mut agent = AgentSpec::new("a").fault("direction", "recv");
+    for (k, v) in fault {
+        agent = agent.fault(k, v.clone());
+    }
+    let a = row.add_agent(agent);
+    row.wait_connected(1, &[a]);
+    during(&mut row, a);
+    row.write_bursts(a, 0, 3000, GAP);
+    row.wait_delivered(a, 0, 0..row.agents[a].written(), SETTLE * 2);
+    row.wait_settled(a, row.agents[a].written(), SETTLE);
+    row.quiesce();
+    row
+}
+
+/// The checks every credit-write row makes besides the law: the collector wrote credit words
+/// (and the agent's credit came from them: a window of 64 frames carries far less than the
+/// row's lines and host metrics), no heartbeat ever said the agent sent at or beyond the
+/// largest limit it was granted, and nothing lapped the ring.
+fn credit_write_checks(row: &mut Row) {
+    let s = row.collector_last();
+    let posted = s.count(
+        "uctel_collector_credit_writes_total",
+        &[("result", "posted")],
+    );
+    let overruns = s.count("uctel_collector_credit_overruns_total", &[]);
+    let lapped = s.count(
+        "uctel_collector_frames_dropped_total",
+        &[("agent", "a"), ("reason", "ring_overrun")],
+    );
+    let frames = row.goodbye_sum("a", "frames");
+    row.expect(
+        posted > 0 && frames > 64,
+        format!(
+            "credit words posted {posted} > 0 for {frames} frames sent (> the 64-frame window)"
+        ),
+    );
+    row.expect(
+        overruns == 0 && lapped == 0,
+        format!("credit overruns {overruns}, ring_overrun drops {lapped} (want 0, 0)"),
+    );
+}
+
+#[test]
+fn credit_writes_dropped_20_percent() {
+    let _g = exclusive();
+    let mut row = credit_write_row(
+        "credit-writes-drop-20pct",
+        Vec::new(),
+        &[("drop_ratio", 0.2.into())],
+        |_, _| {},
+    );
+    let injected = row.goodbye_sum("a", "fault_dropped");
+    let c = row.collector_figures("a");
+    row.expect(
+        injected > 0 && c.lost_total() == 0,
+        format!(
+            "credit writes dropped by the injector {injected} > 0; frames lost {} (want 0: \
+             the frames' direction has no faults)",
+            c.lost_total()
+        ),
+    );
+    credit_write_checks(&mut row);
+    row.verdict(Law::Exact);
+}
+
+#[test]
+fn credit_writes_reordered_and_duplicated() {
+    let _g = exclusive();
+    let mut row = credit_write_row(
+        "credit-writes-reorder-dup",
+        Vec::new(),
+        &[
+            ("reorder_ratio", 0.3.into()),
+            ("reorder_window", 4.into()),
+            ("duplicate_ratio", 0.3.into()),
+        ],
+        |_, _| {},
+    );
+    let c = row.collector_figures("a");
+    row.expect(
+        c.lost_total() == 0,
+        format!("frames lost {} (want 0)", c.lost_total()),
+    );
+    credit_write_checks(&mut row);
+    row.verdict(Law::Exact);
+}
+
+/// The collector is stopped (SIGSTOP, 3 s: less than the dead-peer time) while the agent
+/// holds credit and keeps writing lines: the agent sends what its last credit word allows and
+/// no more (the frames wait in the collector's socket buffer, which the budget sized), then
+/// takes the new words once the collector runs again.
+#[test]
+fn credit_writes_collector_stopped_while_agents_hold_credit() {
+    let _g = exclusive();
+    let mut row = credit_write_row(
+        "credit-writes-collector-stopped",
+        Vec::new(),
+        &[],
+        |row, a| {
+            row.write_bursts(a, 0, 500, GAP);
+            row.collector.signal(Signal::SIGSTOP);
+            row.write_bursts(a, 0, 1000, Duration::from_millis(60));
+            std::thread::sleep(Duration::from_secs(1));
+            row.collector.signal(Signal::SIGCONT);
+        },
+    );
+    let c = row.collector_figures("a");
+    row.expect(
+        c.lost_total() == 0,
+        format!("frames lost {} (want 0)", c.lost_total()),
+    );
+    credit_write_checks(&mut row);
+    row.verdict(Law::Exact);
+}

@@ -21,6 +21,7 @@ fn op() -> impl Strategy<Value = Op> {
         5 => (1u32..3000).prop_map(Op::Advance),
         1 => (5_000u32..12_000).prop_map(Op::Advance),
         3 => Just(Op::Report),
+        3 => Just(Op::CreditWrite),
     ]
 }
 
@@ -47,6 +48,7 @@ fn config() -> impl Strategy<Value = PairConfig> {
         any::<bool>(),
         prop_oneof![Just(256usize), Just(512), Just(1400)],
         prop_oneof![Just(64u64), 1u64..16],
+        prop_oneof![Just(None), faults().prop_map(Some)],
     )
         .prop_map(
             |(
@@ -56,6 +58,7 @@ fn config() -> impl Strategy<Value = PairConfig> {
                 logs_wait_for_credit,
                 max_frame_bytes,
                 reorder_window,
+                credit_words,
             )| {
                 PairConfig {
                     seed,
@@ -64,6 +67,7 @@ fn config() -> impl Strategy<Value = PairConfig> {
                     logs_wait_for_credit,
                     max_frame_bytes,
                     reorder_window,
+                    credit_words,
                 }
             },
         )
@@ -101,6 +105,7 @@ fn a_clean_link_delivers_everything() {
         logs_wait_for_credit: false,
         max_frame_bytes: 512,
         reorder_window: 64,
+        credit_words: None,
     };
     let mut pair = Pair::new(&cfg).unwrap_or_else(|e| panic!("{e}"));
     let ops = [
@@ -133,6 +138,7 @@ fn a_bad_link_loses_frames_and_the_books_still_balance() {
         logs_wait_for_credit: true,
         max_frame_bytes: 256,
         reorder_window: 8,
+        credit_words: None,
     };
     let mut pair = Pair::new(&cfg).unwrap_or_else(|e| panic!("{e}"));
     let mut ops = Vec::new();
@@ -142,4 +148,42 @@ fn a_bad_link_loses_frames_and_the_books_still_balance() {
     let out = pair.run(&ops).unwrap_or_else(|e| panic!("{e}"));
     assert!(out.link_dropped > 0);
     assert!(out.ledger.iter().map(|l| l.lost).sum::<u64>() > 0);
+}
+
+/// Credits that come only as words written into the agent's memory, over a reverse link that
+/// drops 30 %, duplicates 20 % and reorders 40 % of them (no `Report` at all): the agent's
+/// window of 4 frames moves on by the words it reads, it never posts a frame at or beyond the
+/// limit of the newest grant it read (checked at every post), and the books balance.
+#[test]
+fn credit_words_over_a_lossy_reverse_link_carry_the_window() {
+    let cfg = PairConfig {
+        seed: 11,
+        faults: LinkFaults::default(),
+        credit_window: 4,
+        logs_wait_for_credit: true,
+        max_frame_bytes: 256,
+        reorder_window: 8,
+        credit_words: Some(LinkFaults {
+            drop: 300,
+            duplicate: 200,
+            reorder: 400,
+            max_delay_us: 3000,
+        }),
+    };
+    let mut pair = Pair::new(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    let mut ops = Vec::new();
+    for _ in 0..60 {
+        ops.extend([Op::Logs(5), Op::Advance(700), Op::CreditWrite]);
+    }
+    let out = pair.run(&ops).unwrap_or_else(|e| panic!("{e}"));
+    let words = pair.words.as_ref().unwrap_or_else(|| panic!("words on"));
+    assert!(
+        words.link.dropped > 0 && words.link.duplicated > 0,
+        "{:?}",
+        words.link
+    );
+    assert!(words.applied > 10, "words applied {}", words.applied);
+    // Far more frames than one window: the credit came back through the words.
+    assert!(out.frames_posted > 10 * cfg.credit_window, "{out:?}");
+    assert_eq!(out.delivered as u64, out.pushed[1], "{out:?}");
 }

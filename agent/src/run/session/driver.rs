@@ -85,6 +85,9 @@ fn start(
     if let Some(g) = welcome.credit_grant {
         core.on_grant(g);
     }
+    let credit = welcome
+        .credit_writes
+        .map(|_| CreditReader::new(plane.credit_mr().clone(), epoch));
     let uc = Lane::new(Reliability::Uc, plane, core, sender_config.credit_window);
     let lanes = Lanes::new(uc, rc);
     stats.set_connected(true);
@@ -112,14 +115,16 @@ fn start(
         heartbeat_timeout: seconds(config.collector.heartbeat_timeout_seconds),
         report_interval: Duration::from_millis(u64::from(welcome.report_interval_ms)),
     };
-    Ok(Session::new(
+    let mut session = Session::new(
         epoch,
         collector,
         lanes,
         timing,
         stats.clone(),
         Instant::now(),
-    ))
+    );
+    session.set_credit_reader(credit);
+    Ok(session)
 }
 
 /// Sends `msg` on the control connection within [`CONTROL_SEND_TIMEOUT`] (a collector that

@@ -24,6 +24,7 @@ use super::*;
 use uctel_protocol::control::{ControlMessage, Heartbeat};
 
 use crate::config::Reliability;
+use crate::credits::{CreditReader, WordRead};
 use crate::lane::{Lane, Lanes, BUSY_RETRY};
 
 mod close;
@@ -48,8 +49,15 @@ pub(super) struct Session {
     turn: usize,
     /// What the lanes' last step asked for ([`lane::merge_stops`] of theirs).
     stop: Stop,
+    /// The credit word the collector writes into this session's memory, when it agreed to
+    /// (`Welcome.credit_writes`, DESIGN.md §4); read at every wake for the UC lane.
+    credit: Option<CreditReader>,
     stats: Arc<SelfMetrics>,
 }
+
+/// How often a session whose credits are written into its memory looks at its credit word
+/// while its UC lane has frames and no credit (nothing else wakes it when a write lands).
+pub(super) const CREDIT_WORD_POLL: Duration = Duration::from_millis(1);
 
 /// What the collector's silence and heartbeat period are, for [`Session::new`].
 #[derive(Debug, Clone, Copy)]
@@ -91,7 +99,28 @@ impl Session {
             report_interval: timing.report_interval,
             turn: 0,
             stop: Stop::Wait(None),
+            credit: None,
             stats,
+        }
+    }
+
+    /// From now on the UC lane takes its credits also from the word `reader` reads
+    /// (`Welcome.credit_writes`).
+    pub(super) fn set_credit_reader(&mut self, reader: Option<CreditReader>) {
+        self.credit = reader;
+    }
+
+    /// Reads the credit word once and hands a new one to the UC lane's pipeline.
+    fn read_credit_word(&mut self) {
+        let Some(reader) = self.credit.as_mut() else {
+            return;
+        };
+        if let WordRead::New(w) = reader.read() {
+            let _ = self
+                .lanes
+                .cores_mut()
+                .0
+                .on_credit_word(w.grant(), w.consumed_next);
         }
     }
 
@@ -115,6 +144,9 @@ impl Session {
                 return Err(SessionEnd::Lost(why, LostOn::DataPath));
             }
         }
+        // After the failure checks: they polled the CQs, which on a busy-poll soft device
+        // is also what moved the collector's credit writes into memory.
+        self.read_credit_word();
         let n = self.lanes.len();
         self.turn = (self.turn + 1) % n.max(1);
         let mut stops = vec![Stop::Wait(None); n];
@@ -162,6 +194,11 @@ impl Session {
         };
         if let Some(after) = self.lanes.iter().filter_map(Lane::reap_after).min() {
             let soon = now + after;
+            deadline = Some(deadline.map_or(soon, |d| d.min(soon)));
+        }
+        let uc = &self.lanes.uc().core;
+        if self.credit.is_some() && uc.ready_frames() > 0 && uc.credits_available() == 0 {
+            let soon = now + CREDIT_WORD_POLL;
             deadline = Some(deadline.map_or(soon, |d| d.min(soon)));
         }
         deadline
