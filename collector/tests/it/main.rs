@@ -21,4 +21,5 @@ mod operator_start;
 mod packaging;
 mod rc_lane;
 mod remote_write_http;
+mod shared_queues;
 mod support;
