@@ -36,6 +36,7 @@ pub mod agentcost;
 pub mod cpu;
 pub mod daemon;
 pub mod fastcost;
+pub mod fleet;
 pub mod idle;
 pub mod limit;
 pub mod loadgen;

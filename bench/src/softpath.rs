@@ -92,6 +92,9 @@ pub struct SoftRunConfig {
     pub min_slots: Option<u32>,
     /// The collector's `transport.soft.progress` (`None`: its default).
     pub progress: Option<&'static str>,
+    /// `Some(gap)`: each agent sends one frame every `gap` (at least 1 ms) instead of flat
+    /// out (the fleet and upkeep rows, [`crate::fleet`]).
+    pub pace: Option<Duration>,
 }
 
 /// Whole-run frame accounting (after every agent's `Goodbye`).
@@ -257,7 +260,7 @@ pub fn run(cfg: &SoftRunConfig) -> Result<SoftRunResult, SoftRunError> {
         sq_depth: cfg.sq_depth,
         post_batch: cfg.post_batch,
         connect_parallelism: 32,
-        pace: None,
+        pace: cfg.pace,
         expected_fps: cfg.expected_fps,
         bursts: cfg.bursts,
     })?;

@@ -36,6 +36,7 @@ fn synchronized_bursts_into_a_small_receive_buffer_lose_nothing() {
         recv_buffer_bytes: Some(128 << 10),
         min_slots: None,
         progress: None,
+        pace: None,
     })
     .unwrap();
     assert!(r.control_errors.is_empty(), "{:?}", r.control_errors);
@@ -87,6 +88,7 @@ fn soft_path_moves_frames_and_accounts_for_every_one() {
         recv_buffer_bytes: None,
         min_slots: None,
         progress: None,
+        pace: None,
     })
     .unwrap();
     assert_eq!(r.agents, agents);
