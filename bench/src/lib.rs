@@ -37,6 +37,7 @@ pub mod align;
 pub mod cpu;
 pub mod daemon;
 pub mod fastcost;
+pub mod fleet;
 pub mod idle;
 pub mod limit;
 pub mod loadgen;

@@ -71,6 +71,10 @@ enum Part {
     Align,
     /// The same frame stream over UC and RC at each of `--tradeoff-losses`.
     Tradeoff,
+    /// `--fleet-agents` agents at `--fleet-fps` frames/s each (issue 42).
+    Fleet,
+    /// `--upkeep-agents` connected agents that only keep their sessions alive (issue 42).
+    Upkeep,
 }
 
 /// Measures the uctel soft path, processing, scaling and agent cost against a recvmmsg
@@ -109,6 +113,21 @@ struct Args {
     /// `Hello.expected_frames_per_second` of the memory run's agents (the agent's default).
     #[arg(long, default_value_t = 32)]
     memory_expected_fps: u32,
+    /// Agents of the fleet run.
+    #[arg(long, default_value_t = 10_000)]
+    fleet_agents: usize,
+    /// Frames per second each agent of the fleet run offers (a host: 10–30).
+    #[arg(long, default_value_t = 20.0)]
+    fleet_fps: f64,
+    /// Measured window of the fleet run, seconds.
+    #[arg(long, default_value_t = 20.0)]
+    fleet_duration_secs: f64,
+    /// Agents of the upkeep run.
+    #[arg(long, default_value_t = 10_000)]
+    upkeep_agents: usize,
+    /// Measured window of the upkeep run, seconds.
+    #[arg(long, default_value_t = 20.0)]
+    upkeep_duration_secs: f64,
     /// Measured window of the memory run, seconds.
     #[arg(long, default_value_t = 5.0)]
     memory_duration_secs: f64,
@@ -340,6 +359,8 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         scaling: Vec::new(),
         bursts: Vec::new(),
         memory: None,
+        fleet: None,
+        upkeep: None,
         agent: None,
         idle: None,
         remote_write: None,
@@ -405,6 +426,7 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         min_slots: None,
         progress: args.collector_progress.map(Progress::name),
         credit_writes: args.credit_writes,
+        pace: None,
     };
     if wants(Part::Soft) {
         eprintln!("[soft] K = {}, {:.1} s", args.agents, args.duration_secs);
@@ -467,6 +489,42 @@ fn run(args: &Args) -> anyhow::Result<bool> {
                     .failures
                     .push((format!("burst K = {k}"), e.to_string())),
             }
+        }
+    }
+    if wants(Part::Fleet) {
+        let k = args.fleet_agents;
+        let fps = args.fleet_fps.max(0.001);
+        eprintln!(
+            "[fleet] K = {k} at {fps} frames/s each, {:.1} s",
+            args.fleet_duration_secs
+        );
+        let cfg = SoftRunConfig {
+            pace: Some(Duration::from_secs_f64(1.0 / fps)),
+            warmup: secs(args.warmup_secs.max(2.0 * report_interval(args, k))),
+            ..soft_cfg(k, args.fleet_duration_secs, "fleet")
+        };
+        match softpath::run(&cfg) {
+            Ok(r) => report.fleet = Some(r),
+            Err(e) => report
+                .failures
+                .push((format!("fleet K = {k}"), e.to_string())),
+        }
+    }
+    if wants(Part::Upkeep) {
+        let k = args.upkeep_agents;
+        eprintln!("[upkeep] K = {k} idle, {:.1} s", args.upkeep_duration_secs);
+        // One frame per agent at the start (in the warm-up), then nothing but the sessions'
+        // heartbeats, reports and credit.
+        let cfg = SoftRunConfig {
+            pace: Some(Duration::from_secs(24 * 3600)),
+            warmup: secs(args.warmup_secs.max(2.0 * report_interval(args, k))),
+            ..soft_cfg(k, args.upkeep_duration_secs, "upkeep")
+        };
+        match softpath::run(&cfg) {
+            Ok(r) => report.upkeep = Some(r),
+            Err(e) => report
+                .failures
+                .push((format!("upkeep K = {k}"), e.to_string())),
         }
     }
     if wants(Part::Memory) {

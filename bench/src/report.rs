@@ -162,6 +162,10 @@ pub struct Report {
     pub scaling: Vec<SoftRunResult>,
     /// Synchronized-burst runs, by K: every agent sends its whole credit at the same instant.
     pub bursts: Vec<SoftRunResult>,
+    /// K agents at a host's rate each (issue 42, [`crate::fleet`]).
+    pub fleet: Option<SoftRunResult>,
+    /// K connected agents that only keep their sessions alive ([`crate::fleet`]).
+    pub upkeep: Option<SoftRunResult>,
     /// The largest K at the agents' default configuration (rings sized from the default
     /// `expected_frames_per_second`), for the collector's memory.
     pub memory: Option<SoftRunResult>,
@@ -208,6 +212,8 @@ impl Report {
             .map(|s| ("scaling", s))
             .chain(self.bursts.iter().map(|s| ("burst", s)))
             .chain(self.memory.iter().map(|s| ("default config", s)))
+            .chain(self.fleet.iter().map(|s| ("fleet", s)))
+            .chain(self.upkeep.iter().map(|s| ("upkeep", s)))
     }
 
     /// Computes the targets from the measurements present.
@@ -393,6 +399,11 @@ impl Report {
                 verdict: Verdict::check(A::q(&a.fast_error_us, 0.99), ALIGN_P99_US, Goal::AtMost),
             });
         }
+        t.extend(crate::fleet::targets(
+            &self.scaling,
+            self.fleet.as_ref(),
+            self.upkeep.as_ref(),
+        ));
         self.targets = t;
     }
 
@@ -530,6 +541,14 @@ impl Report {
                 ),
                 format!("ring {} + 64 KiB allowed", bytes(s.ring_bytes as f64)),
                 fair,
+            ));
+        }
+        if let Some(u) = &self.upkeep {
+            rows.push(row(
+                format!("upkeep K = {}", u.agents),
+                crate::fleet::upkeep_line(u),
+                String::new(),
+                String::new(),
             ));
         }
         if let Some(a) = &self.agent {

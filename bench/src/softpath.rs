@@ -96,6 +96,9 @@ pub struct SoftRunConfig {
     /// DESIGN.md §4); false: credits in `Report`s only (the collector then sends one per
     /// report interval).
     pub credit_writes: bool,
+    /// `Some(gap)`: each agent sends one frame every `gap` (at least 1 ms) instead of flat
+    /// out (the fleet and upkeep rows, [`crate::fleet`]).
+    pub pace: Option<Duration>,
 }
 
 /// Whole-run frame accounting (after every agent's `Goodbye`).
@@ -261,7 +264,7 @@ pub fn run(cfg: &SoftRunConfig) -> Result<SoftRunResult, SoftRunError> {
         sq_depth: cfg.sq_depth,
         post_batch: cfg.post_batch,
         connect_parallelism: 32,
-        pace: None,
+        pace: cfg.pace,
         expected_fps: cfg.expected_fps,
         bursts: cfg.bursts,
         credit_writes: cfg.credit_writes,

@@ -37,6 +37,7 @@ fn synchronized_bursts_into_a_small_receive_buffer_lose_nothing() {
         min_slots: None,
         progress: None,
         credit_writes: false,
+        pace: None,
     })
     .unwrap();
     assert!(r.control_errors.is_empty(), "{:?}", r.control_errors);
@@ -89,6 +90,7 @@ fn soft_path_moves_frames_and_accounts_for_every_one() {
         min_slots: None,
         progress: None,
         credit_writes: false,
+        pace: None,
     })
     .unwrap();
     assert_eq!(r.agents, agents);

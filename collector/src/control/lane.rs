@@ -82,7 +82,7 @@ impl Lane {
         let session = Session::create(
             id,
             agent,
-            shared.plane.device(),
+            &shared.plane,
             data_path,
             geometry,
             tel,

@@ -360,7 +360,7 @@ async fn open_lanes(
     let session = Session::create(
         id,
         agent,
-        shared.plane.device(),
+        &shared.plane,
         accepted.data_path,
         geometry,
         tel.clone(),

@@ -23,4 +23,5 @@ mod packaging;
 mod rc_lane;
 mod reload;
 mod remote_write_http;
+mod shared_queues;
 mod support;

@@ -110,6 +110,19 @@ impl Device {
     pub fn flush_link(&self) {
         self.inner.flush_link();
     }
+
+    /// Moves into `out` (appending) the numbers of the QPs whose [`QueuePair::stats`] drop
+    /// or RC counters or whose state may have changed since the previous call, each once,
+    /// and returns `true`; a QP destroyed meanwhile may still be named. Returns `false`
+    /// (and appends nothing) on a device that cannot tell (verbs): the caller then reads
+    /// every QP. Lets a poller fold QP counters in O(QPs that changed) instead of sweeping
+    /// every QP (a soft device marks a QP when a packet was dropped on it, when it moved to
+    /// ERROR, and on every packet of an RC QP, whose retransmission counters move often).
+    ///
+    /// [`QueuePair::stats`]: super::QueuePair::stats
+    pub fn take_changed_qps(&self, out: &mut Vec<u32>) -> bool {
+        self.inner.take_changed_qps(out)
+    }
 }
 
 impl From<Arc<dyn DeviceOps>> for Device {
@@ -146,4 +159,8 @@ pub trait DeviceOps: Send + Sync + fmt::Debug {
     }
     /// See [`Device::flush_link`].
     fn flush_link(&self) {}
+    /// See [`Device::take_changed_qps`]. Default: cannot tell.
+    fn take_changed_qps(&self, _out: &mut Vec<u32>) -> bool {
+        false
+    }
 }

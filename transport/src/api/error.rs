@@ -156,6 +156,28 @@ pub enum CreateQpError {
     },
 }
 
+/// [`ProtectionDomain::create_srq`](super::ProtectionDomain::create_srq) failed.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum CreateSrqError {
+    /// `max_wr` is 0 or above the device maximum (`ibv_device_attr.max_srq_wr`).
+    #[error("SRQ depth {depth} is outside 1..={max}")]
+    InvalidDepth {
+        /// Requested depth.
+        depth: u32,
+        /// Device maximum.
+        max: u32,
+    },
+    /// The device or transport has no shared receive queues.
+    #[error("this device has no shared receive queues")]
+    Unsupported,
+    /// The device refused (`ibv_create_srq` returned NULL).
+    #[error("creating an SRQ: {detail}")]
+    Device {
+        /// Detail.
+        detail: String,
+    },
+}
+
 /// [`QueuePair::connect`](super::QueuePair::connect) failed; the QP keeps its previous state.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum ConnectError {
@@ -263,6 +285,10 @@ pub enum PostRecvErrorKind {
         /// Current state.
         state: QpState,
     },
+    /// The QP takes its receive WRs from a shared receive queue: post them there
+    /// (`ibv_post_recv` on such a QP fails with `EINVAL`).
+    #[error("QP receives from a shared receive queue; post to the SRQ")]
+    OnSrq,
     /// The receive queue is full. A cheap, expected outcome.
     #[error("receive queue full ({depth} WRs posted)")]
     Full {

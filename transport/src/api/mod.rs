@@ -84,6 +84,7 @@ mod event;
 mod mr;
 mod pd;
 mod qp;
+mod srq;
 mod stats;
 mod types;
 mod wr;
@@ -91,13 +92,15 @@ mod wr;
 pub use context::Device;
 pub use cq::{CompletionChannel, CompletionQueue};
 pub use error::{
-    AllocPdError, CompChannelError, ConnectError, CreateCqError, CreateQpError, MemoryAccessError,
-    OpenError, PostRecvError, PostRecvErrorKind, PostSendError, PostSendErrorKind, RegMrError,
+    AllocPdError, CompChannelError, ConnectError, CreateCqError, CreateQpError, CreateSrqError,
+    MemoryAccessError, OpenError, PostRecvError, PostRecvErrorKind, PostSendError,
+    PostSendErrorKind, RegMrError,
 };
 pub use event::{AsyncEvent, QpErrorCause};
 pub use mr::MemoryRegion;
 pub use pd::ProtectionDomain;
 pub use qp::{QpInitAttr, QpType, QueuePair, RcAttr};
+pub use srq::SharedReceiveQueue;
 pub use stats::{DeviceStats, DropCounters, QpStats, RcCounters, UcDropReason};
 pub use types::{
     gid_from_ip, ip_from_gid, AccessFlags, Mtu, PortAttr, QpEndpoint, QpState, TransportKind,
@@ -116,4 +119,5 @@ pub mod backend {
     pub use super::mr::MrOps;
     pub use super::pd::PdOps;
     pub use super::qp::QpOps;
+    pub use super::srq::SrqOps;
 }

@@ -214,6 +214,17 @@ impl UcQp {
         self.core.needs_flush()
     }
 
+    /// Takes receive WRs from `srq` instead of an own queue (created on an SRQ; before any
+    /// WR is posted).
+    pub(crate) fn use_srq(&mut self, srq: std::sync::Arc<crate::soft::qp::SrqQueue>) {
+        self.core.rq = crate::soft::qp::RecvQueue::Shared { srq, held: None };
+    }
+
+    /// Messages dropped so far, all reasons (cheap: to tell whether a packet added one).
+    pub(crate) fn drops_total(&self) -> u64 {
+        self.core.stats.drops.total()
+    }
+
     /// Counts a drop detected outside the engine (e.g. a source address mismatch).
     pub fn count_drop(&mut self, reason: UcDropReason) {
         self.core.count_drop(reason);
@@ -527,7 +538,7 @@ impl UcQp {
         let Some(Inbound::Send { received }) = self.core.inbound else {
             return self.drop_message(UcDropReason::OpcodeSequence);
         };
-        let Some(wqe) = self.core.rq.front().copied() else {
+        let Some(wqe) = self.core.rq.front() else {
             return self.drop_message(UcDropReason::NoReceiveWr);
         };
         if let Err(reason) = scatter_send(&wqe, received, pkt.payload, mem) {

@@ -164,6 +164,9 @@ pub enum RecvRefusal {
     State(QpState),
     /// The queue is full; the depth.
     Full(u32),
+    /// The QP takes its receive WRs from a shared receive queue (`ibv_post_recv` on such a
+    /// QP fails with `EINVAL`): post to the SRQ.
+    OnSrq,
 }
 
 /// An entry of a send queue: the WR itself (UC) or the WR with its PSN range (RC).
@@ -246,6 +249,133 @@ pub(crate) fn scatter_cause(reason: UcDropReason) -> QpErrorCause {
     }
 }
 
+/// The receive WRs of a shared receive queue ([`crate::api::SharedReceiveQueue`]), which any
+/// number of QPs of one device take from, oldest first (IBTA 10.2.9).
+#[derive(Debug)]
+pub(crate) struct SrqQueue {
+    /// Capacity in WRs.
+    pub(crate) max_wr: u32,
+    pub(crate) wrs: std::sync::Mutex<VecDeque<RecvWqe>>,
+}
+
+impl SrqQueue {
+    pub(crate) fn new(max_wr: u32) -> Self {
+        Self {
+            max_wr,
+            wrs: std::sync::Mutex::new(VecDeque::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<RecvWqe>> {
+        self.wrs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// WRs posted, not yet taken.
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Queues a WR unless the SRQ holds `max_wr`.
+    ///
+    /// # Errors
+    /// [`RecvRefusal::Full`] with the depth.
+    pub(crate) fn post(&self, wqe: RecvWqe) -> Result<(), RecvRefusal> {
+        let mut q = self.lock();
+        if q.len() >= self.max_wr as usize {
+            return Err(RecvRefusal::Full(self.max_wr));
+        }
+        q.push_back(wqe);
+        Ok(())
+    }
+
+    fn pop(&self) -> Option<RecvWqe> {
+        self.lock().pop_front()
+    }
+}
+
+/// Where a QP's receive WRs come from: its own queue, or a shared receive queue. A QP on an
+/// SRQ holds at most one WR of it at a time, `held`: taken at the first packet that needs one
+/// and kept until its message completes (rxe `qp->resp.wqe` from `get_srq_wqe`); only that WR
+/// is flushed when the QP moves to ERROR, the SRQ's own WRs stay for the other QPs.
+#[derive(Clone, Debug)]
+pub(crate) enum RecvQueue {
+    /// `ibv_qp_init_attr.srq == NULL`.
+    Own(VecDeque<RecvWqe>),
+    /// On a shared receive queue.
+    Shared {
+        /// The SRQ.
+        srq: std::sync::Arc<SrqQueue>,
+        /// The WR this QP took and has not completed.
+        held: Option<RecvWqe>,
+    },
+}
+
+impl RecvQueue {
+    /// The head WR, taking one from the SRQ into `held` when none is held.
+    pub(crate) fn front(&mut self) -> Option<RecvWqe> {
+        match self {
+            RecvQueue::Own(q) => q.front().copied(),
+            RecvQueue::Shared { srq, held } => {
+                if held.is_none() {
+                    *held = srq.pop();
+                }
+                *held
+            }
+        }
+    }
+
+    /// Takes the head WR (the held one first).
+    pub(crate) fn pop_front(&mut self) -> Option<RecvWqe> {
+        match self {
+            RecvQueue::Own(q) => q.pop_front(),
+            RecvQueue::Shared { srq, held } => held.take().or_else(|| srq.pop()),
+        }
+    }
+
+    /// Whether no WR is available.
+    pub(crate) fn is_empty(&self) -> bool {
+        match self {
+            RecvQueue::Own(q) => q.is_empty(),
+            RecvQueue::Shared { srq, held } => held.is_none() && srq.len() == 0,
+        }
+    }
+
+    /// WRs this QP could take (for its own queue: posted; on an SRQ: the held one plus the
+    /// SRQ's).
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            RecvQueue::Own(q) => q.len(),
+            RecvQueue::Shared { srq, held } => usize::from(held.is_some()) + srq.len(),
+        }
+    }
+
+    /// Whether a QP in ERROR has no receive WR of its own left to flush.
+    pub(crate) fn nothing_to_flush(&self) -> bool {
+        match self {
+            RecvQueue::Own(q) => q.is_empty(),
+            RecvQueue::Shared { held, .. } => held.is_none(),
+        }
+    }
+
+    /// The head WR to flush (never one still in the SRQ).
+    fn flush_front(&self) -> Option<RecvWqe> {
+        match self {
+            RecvQueue::Own(q) => q.front().copied(),
+            RecvQueue::Shared { held, .. } => *held,
+        }
+    }
+
+    /// Forgets this QP's WRs (RESET); an SRQ's WRs stay.
+    pub(crate) fn clear(&mut self) {
+        match self {
+            RecvQueue::Own(q) => q.clear(),
+            RecvQueue::Shared { held, .. } => *held = None,
+        }
+    }
+}
+
 /// What UC and RC queue pairs share: state machine, queues, responder placement, error
 /// bookkeeping and the shared counters. `W` is the send queue entry ([`SendEntry`]).
 #[derive(Clone)]
@@ -257,7 +387,7 @@ pub(crate) struct QpCore<W> {
     /// Path MTU in bytes.
     pub(crate) mtu: u32,
     pub(crate) sq: VecDeque<W>,
-    pub(crate) rq: VecDeque<RecvWqe>,
+    pub(crate) rq: RecvQueue,
     /// Next PSN the responder expects.
     pub(crate) epsn: Psn,
     pub(crate) inbound: Option<Inbound>,
@@ -280,7 +410,7 @@ impl<W: SendEntry> QpCore<W> {
             dest_qpn: 0,
             mtu: Mtu::Mtu1024.bytes(),
             sq: VecDeque::new(),
-            rq: VecDeque::new(),
+            rq: RecvQueue::Own(VecDeque::new()),
             epsn: Psn::ZERO,
             inbound: None,
             stats: QpStats::default(),
@@ -307,7 +437,7 @@ impl<W: SendEntry> QpCore<W> {
 
     /// Whether the QP is in ERROR with WRs still to flush.
     pub(crate) fn needs_flush(&self) -> bool {
-        self.state == QpState::Error && !(self.sq.is_empty() && self.rq.is_empty())
+        self.state == QpState::Error && !(self.sq.is_empty() && self.rq.nothing_to_flush())
     }
 
     /// Counts a drop detected outside the engine (e.g. a source address mismatch).
@@ -419,10 +549,13 @@ impl<W: SendEntry> QpCore<W> {
         if self.state == QpState::Reset {
             return Err(RecvRefusal::State(self.state));
         }
-        if self.rq.len() >= self.cfg.max_recv_wr as usize {
+        let RecvQueue::Own(rq) = &mut self.rq else {
+            return Err(RecvRefusal::OnSrq);
+        };
+        if rq.len() >= self.cfg.max_recv_wr as usize {
             return Err(RecvRefusal::Full(self.cfg.max_recv_wr));
         }
-        self.rq.push_back(wqe);
+        rq.push_back(wqe);
         Ok(())
     }
 
@@ -481,7 +614,7 @@ impl<W: SendEntry> QpCore<W> {
     /// Flushes the receive queue into `rcq` with [`WcStatus::WrFlushError`] until `rcq` is
     /// full. Returns whether the queue is empty.
     pub(crate) fn flush_rq(&mut self, rcq: &mut dyn CompletionSink) -> bool {
-        while let Some(w) = self.rq.front().copied() {
+        while let Some(w) = self.rq.flush_front() {
             let wc = self.wc(w.wr_id, WcStatus::WrFlushError, WcOpcode::Recv, 0, None);
             if rcq.push(wc).is_err() {
                 return false;

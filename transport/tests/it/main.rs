@@ -16,4 +16,5 @@ mod loopback_soft;
 mod packet_pcap;
 mod packet_props;
 mod rc_device;
+mod shared_srq;
 mod udp_loopback;

@@ -134,6 +134,7 @@ mod progress;
 mod qp;
 mod service;
 mod shared;
+mod srq;
 
 pub use config::{ProgressMode, SoftConfig, MAX_CQ_DEPTH, MAX_QP_WR, SOFT_MAX_MSG_SIZE};
 pub use cq::{SoftCompChannel, SoftCq};
@@ -141,6 +142,7 @@ pub use mr::SoftMrHandle;
 pub use pd::SoftPd;
 pub use progress::ProgressReport;
 pub use qp::SoftQp;
+pub use srq::{SoftSrq, MAX_SRQ_WR};
 
 use progress::progress_thread;
 use shared::{canonical_ip, Counters, CqInner, LinkState, Shared};
@@ -250,6 +252,7 @@ impl SoftDevice {
             recv_buffer_bytes: Mutex::new(None),
             timer_epoch: std::time::Instant::now(),
             planned_wake: std::sync::atomic::AtomicU64::new(0),
+            changed: Mutex::new(shared::ChangedQps::default()),
         });
         if let (true, Some(wake)) = (thread, wake) {
             let weak = Arc::downgrade(&shared);
@@ -372,6 +375,11 @@ impl DeviceOps for SoftDevice {
 
     fn is_driven(&self) -> bool {
         self.shared.driven
+    }
+
+    fn take_changed_qps(&self, out: &mut Vec<u32>) -> bool {
+        self.shared.take_changed(out);
+        true
     }
 
     fn flush_link(&self) {

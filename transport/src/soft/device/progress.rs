@@ -390,16 +390,21 @@ impl Shared {
         if let Some(remote) = core.remote {
             if canonical_ip(remote.ip()) != canonical_ip(d.peer.ip()) {
                 core.engine.count_drop(UcDropReason::AddressMismatch);
+                drop(core);
+                self.mark_changed(&slot);
                 return;
             }
         }
-        core.engine.receive(
+        let changed = core.engine.receive(
             now,
             &pkt,
             self.mrs.as_ref(),
             &mut CqSink(&slot.send_cq),
             &mut CqSink(&slot.recv_cq),
         );
+        if changed {
+            self.mark_changed(&slot);
+        }
         if core.engine.is_rc() && core.engine.wants_transmit() {
             // An ACK to send, or requests to resend after a NAK.
             self.tx_hint.store(true, Ordering::Release);

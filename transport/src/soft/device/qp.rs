@@ -13,6 +13,7 @@ use crate::api::{
     QpType, RecvWr, SendWr, Sge, PSN_MASK, QPN_MASK,
 };
 use crate::soft::engine::{LocalSge, PostRefusal, RecvRefusal, RecvWqe, RtrAttr, SendWqe};
+use crate::soft::qp::SrqQueue;
 use crate::sync::lock;
 
 use super::config::{MAX_QP_WR, SOFT_MAX_MSG_SIZE};
@@ -55,14 +56,21 @@ impl SoftQp {
     /// [`ProtectionDomain::create_qp`](crate::api::ProtectionDomain::create_qp)): checks the
     /// queue depths and that both CQs are this device's, takes the next free QPN (from 0x11,
     /// wrapping below 2^24) and a random first send PSN.
+    ///
+    /// With `srq` the QP takes its receive WRs from that shared receive queue and
+    /// `attr.max_recv_wr` is not checked (rxe `rxe_qp_chk_cap` with `has_srq`).
     pub(super) fn create(
         shared: &Arc<Shared>,
         attr: &QpInitAttr<'_>,
+        srq: Option<Arc<SrqQueue>>,
     ) -> Result<Arc<SoftQp>, CreateQpError> {
         for (queue, depth) in [
             ("send queue", attr.max_send_wr),
             ("receive queue", attr.max_recv_wr),
         ] {
+            if srq.is_some() && queue == "receive queue" {
+                continue;
+            }
             if depth == 0 || depth > MAX_QP_WR {
                 return Err(CreateQpError::InvalidDepth {
                     queue,
@@ -105,6 +113,9 @@ impl SoftQp {
             found.ok_or(CreateQpError::NoQpn)?
         };
         let mut engine = QpEngine::new(attr.qp_type, qpn, attr.max_send_wr, attr.max_recv_wr);
+        if let Some(srq) = srq {
+            engine.use_srq(srq);
+        }
         engine
             .modify_to_init(attr.access)
             .map_err(|e| CreateQpError::Device {
@@ -122,6 +133,7 @@ impl SoftQp {
             }),
             send_cq,
             recv_cq,
+            changed: std::sync::atomic::AtomicBool::new(false),
         });
         qps.insert(qpn, Arc::clone(&slot));
         drop(qps);
@@ -304,50 +316,10 @@ impl QpOps for SoftQp {
         let mut core = lock(&self.slot.core);
         let result = (|| {
             for (i, wr) in wrs.iter().enumerate() {
-                let sge = match &wr.sge {
-                    None => None,
-                    Some(s) => {
-                        let lkey = s.mr.lkey();
-                        let Some(h) = soft_mr(&self.shared, s) else {
-                            return Err(fail(i, PostRecvErrorKind::ForeignMr { lkey }));
-                        };
-                        if !h.mr.access().contains(AccessFlags::LOCAL_WRITE) {
-                            return Err(fail(i, PostRecvErrorKind::NoLocalWrite { lkey }));
-                        }
-                        if !s.in_bounds() {
-                            return Err(fail(
-                                i,
-                                PostRecvErrorKind::SgeOutOfBounds {
-                                    lkey,
-                                    offset: s.offset,
-                                    length: s.length,
-                                    mr_len: h.mr.len(),
-                                },
-                            ));
-                        }
-                        Some(LocalSge {
-                            lkey: h.mr.key(),
-                            offset: s.offset,
-                            length: s.length,
-                        })
-                    }
-                };
+                let wqe = recv_wqe(&self.shared, wr).map_err(|k| fail(i, k))?;
                 core.engine
-                    .post_recv(RecvWqe {
-                        wr_id: wr.wr_id,
-                        sge,
-                    })
-                    .map_err(|r| {
-                        fail(
-                            i,
-                            match r {
-                                RecvRefusal::Full(depth) => PostRecvErrorKind::Full { depth },
-                                RecvRefusal::State(state) => {
-                                    PostRecvErrorKind::InvalidState { state }
-                                }
-                            },
-                        )
-                    })?;
+                    .post_recv(wqe)
+                    .map_err(|r| fail(i, recv_refusal(r)))?;
             }
             Ok(())
         })();
@@ -360,4 +332,47 @@ impl QpOps for SoftQp {
     fn stats(&self) -> QpStats {
         lock(&self.slot.core).engine.stats()
     }
+}
+
+/// The engine's refusal as the API's error kind.
+pub(super) fn recv_refusal(r: RecvRefusal) -> PostRecvErrorKind {
+    match r {
+        RecvRefusal::Full(depth) => PostRecvErrorKind::Full { depth },
+        RecvRefusal::State(state) => PostRecvErrorKind::InvalidState { state },
+        RecvRefusal::OnSrq => PostRecvErrorKind::OnSrq,
+    }
+}
+
+/// Checks a receive WR's scatter entry (an MR of this device, LOCAL_WRITE, in bounds) and
+/// makes it the engine's WR.
+pub(super) fn recv_wqe(shared: &Shared, wr: &RecvWr<'_>) -> Result<RecvWqe, PostRecvErrorKind> {
+    let sge = match &wr.sge {
+        None => None,
+        Some(s) => {
+            let lkey = s.mr.lkey();
+            let Some(h) = soft_mr(shared, s) else {
+                return Err(PostRecvErrorKind::ForeignMr { lkey });
+            };
+            if !h.mr.access().contains(AccessFlags::LOCAL_WRITE) {
+                return Err(PostRecvErrorKind::NoLocalWrite { lkey });
+            }
+            if !s.in_bounds() {
+                return Err(PostRecvErrorKind::SgeOutOfBounds {
+                    lkey,
+                    offset: s.offset,
+                    length: s.length,
+                    mr_len: h.mr.len(),
+                });
+            }
+            Some(LocalSge {
+                lkey: h.mr.key(),
+                offset: s.offset,
+                length: s.length,
+            })
+        }
+    };
+    Ok(RecvWqe {
+        wr_id: wr.wr_id,
+        sge,
+    })
 }

@@ -195,7 +195,9 @@ impl QpEngine {
     }
 
     /// Processes one inbound packet. A packet of the other service is dropped as `malformed`
-    /// (rxe `check_type_state`).
+    /// (rxe `check_type_state`). Returns whether the QP's counters that a poller folds may
+    /// have changed: a drop counted on a UC QP, any packet of an RC QP (its retransmission
+    /// counters), a packet of the wrong service.
     pub(super) fn receive(
         &mut self,
         now: Instant,
@@ -203,15 +205,29 @@ impl QpEngine {
         mem: &dyn MemoryTable,
         scq: &mut dyn CompletionSink,
         rcq: &mut dyn CompletionSink,
-    ) {
+    ) -> bool {
         match (self, pkt) {
             (Self::Uc(e), ParsedPacket::Uc(p)) => {
+                let before = e.drops_total();
                 e.receive(p, mem, rcq);
+                e.drops_total() != before
             }
             (Self::Rc { engine, .. }, ParsedPacket::Rc(p)) => {
                 engine.receive(now, p, mem, scq, rcq);
+                true
             }
-            (e, _) => e.count_drop(UcDropReason::Malformed),
+            (e, _) => {
+                e.count_drop(UcDropReason::Malformed);
+                true
+            }
+        }
+    }
+
+    /// Takes receive WRs from `srq` (see [`crate::api::SharedReceiveQueue`]).
+    pub(super) fn use_srq(&mut self, srq: std::sync::Arc<crate::soft::qp::SrqQueue>) {
+        match self {
+            Self::Uc(e) => e.use_srq(srq),
+            Self::Rc { engine, .. } => engine.use_srq(srq),
         }
     }
 

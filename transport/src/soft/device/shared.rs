@@ -109,6 +109,21 @@ pub(super) struct QpSlot {
     pub(super) core: Mutex<QpCore>,
     pub(super) send_cq: Arc<CqInner>,
     pub(super) recv_cq: Arc<CqInner>,
+    /// Listed in [`Shared::changed`] and not yet taken.
+    pub(super) changed: AtomicBool,
+}
+
+/// Most QP numbers [`ChangedQps`] lists; beyond it the list gives way to "every QP" (a
+/// device whose changes nobody takes stays bounded).
+pub(super) const MAX_CHANGED: usize = 1 << 16;
+
+/// The QPs whose counters or state may have changed since [`crate::api::Device::take_changed_qps`]
+/// was last called: the ready list of QP statistics.
+#[derive(Debug, Default)]
+pub(super) struct ChangedQps {
+    pub(super) qpns: Vec<u32>,
+    /// More than [`MAX_CHANGED`] were marked: the next take names every QP.
+    pub(super) overflowed: bool,
 }
 
 /// Link, transmit queue and buffers; one lock, held while talking to the link.
@@ -180,6 +195,8 @@ pub(super) struct Shared {
     /// `u64::MAX` asleep without a deadline, 0 awake. A post that arms an RC timer earlier
     /// than this wakes the thread, which then sleeps no longer than the timer.
     pub(super) planned_wake: AtomicU64,
+    /// QPs whose counters or state may have changed (see [`Shared::mark_changed`]).
+    pub(super) changed: Mutex<ChangedQps>,
 }
 
 impl Drop for Shared {
@@ -190,6 +207,45 @@ impl Drop for Shared {
 }
 
 impl Shared {
+    /// Lists `slot` in [`Shared::changed`] (once until taken): a drop was counted on it, it
+    /// moved to ERROR, or (RC) its counters moved.
+    pub(super) fn mark_changed(&self, slot: &QpSlot) {
+        if slot.changed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mut c = lock(&self.changed);
+        if c.overflowed {
+            return;
+        }
+        if c.qpns.len() >= MAX_CHANGED {
+            c.overflowed = true;
+            c.qpns = Vec::new();
+        } else {
+            c.qpns.push(slot.qpn);
+        }
+    }
+
+    /// Appends to `out` the QPs listed in [`Shared::changed`] (every QP after an overflow)
+    /// and clears their marks (before the caller reads them: a change after this is listed
+    /// again).
+    pub(super) fn take_changed(&self, out: &mut Vec<u32>) {
+        let taken = std::mem::take(&mut *lock(&self.changed));
+        let qps = self.qps.read().unwrap_or_else(PoisonError::into_inner);
+        if taken.overflowed {
+            for (qpn, slot) in qps.iter() {
+                slot.changed.store(false, Ordering::Release);
+                out.push(*qpn);
+            }
+            return;
+        }
+        for qpn in taken.qpns {
+            if let Some(slot) = qps.get(&qpn) {
+                slot.changed.store(false, Ordering::Release);
+            }
+            out.push(qpn);
+        }
+    }
+
     pub(super) fn count_device_drop(&self, reason: UcDropReason) {
         lock(&self.counters.drops).inc(reason);
     }
@@ -205,6 +261,7 @@ impl Shared {
     /// Raises events for a QP that failed or overflowed a CQ since the last check.
     pub(super) fn note_events(&self, slot: &QpSlot, core: &mut QpCore) {
         if let Some(cause) = core.engine.take_error_event() {
+            self.mark_changed(slot);
             self.push_event(AsyncEvent::QpFatal {
                 qpn: slot.qpn,
                 cause,

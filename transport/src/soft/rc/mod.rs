@@ -493,6 +493,12 @@ impl RcQp {
         self.core.needs_flush()
     }
 
+    /// Takes receive WRs from `srq` instead of an own queue (created on an SRQ; before any
+    /// WR is posted).
+    pub(crate) fn use_srq(&mut self, srq: std::sync::Arc<crate::soft::qp::SrqQueue>) {
+        self.core.rq = crate::soft::qp::RecvQueue::Shared { srq, held: None };
+    }
+
     /// Counts a drop detected outside the engine (e.g. a source address mismatch).
     pub fn count_drop(&mut self, reason: UcDropReason) {
         self.core.count_drop(reason);

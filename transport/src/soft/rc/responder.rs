@@ -200,7 +200,7 @@ impl RcQp {
         let Some(Inbound::Send { received }) = self.core.inbound else {
             return self.nak_error(NakCode::InvalidRequest, UcDropReason::OpcodeSequence);
         };
-        let Some(wqe) = self.core.rq.front().copied() else {
+        let Some(wqe) = self.core.rq.front() else {
             return self.nak_error(NakCode::RemoteOperationalError, UcDropReason::NoReceiveWr);
         };
         if let Err(reason) = scatter_send(&wqe, received, pkt.payload, mem) {

@@ -1,6 +1,10 @@
 //! The receive data path (DESIGN.md §4): per agent connection a UC QP with its own registered
-//! ring, and one worker thread for all connections that polls their CQs and processes each
-//! completion where it finds it.
+//! ring, and one worker thread for all connections. All QPs complete into one shared CQ of
+//! the worker and the Write-with-immediate QPs take their (zero-length) receive WRs from one
+//! shared receive queue (DESIGN.md §6, issue 42), so a round costs what arrived, not how
+//! many agents are connected: the worker polls one CQ, finds each completion's connection by
+//! its QP number (`wc.qp_num`), and folds the QP counters only of the QPs the device lists as
+//! changed ([`Device::take_changed_qps`]).
 //!
 //! ```text
 //!  NIC / soft device ──WC──► worker thread: poll CQ, re-post zero-length receive WRs,
@@ -26,19 +30,28 @@
 //! * **Write-with-immediate**: the receive queue holds zero-length receive WRs; each
 //!   completion carries the ImmDt (low 32 bits of the connection sequence); the worker
 //!   re-posts a WR per completion after each poll and copies slot `c mod slots` and checks
-//!   it ([`crate::ingest`]).
-//! * **Send**: the receive queue holds `send_buffers` buffers of `max_frame_bytes`; the worker
-//!   copies the buffer and re-posts it.
+//!   it ([`crate::ingest`]). The WRs are the shared receive queue's ([`SharedQueues`]): it
+//!   holds as many as the connections on it would hold in queues of their own (Σ of their
+//!   `slots`), topped up after every round.
+//! * **Send**: the QP's own receive queue holds `send_buffers` buffers of `max_frame_bytes`
+//!   (in the connection's MR); the worker copies the buffer and re-posts it. RC lanes keep an
+//!   own receive queue too (RNR flow control per lane). Both complete into the shared CQ.
+//! * A connection takes room on the shared CQ for every receive WR it may complete; when
+//!   the CQ has no room left (or the device has no shared CQ or SRQ: verbs devices without
+//!   SRQ support), the connection gets CQs and a receive queue of its own and the worker
+//!   polls them every round, as before.
 //! * The ring MR is registered LOCAL_WRITE | REMOTE_WRITE (never REMOTE_READ: the API cannot
 //!   express it) with its own rkey.
 //! * Every 100 ms (every second while no completion, and on a driven device no packet,
 //!   arrived since the last time, and no frame is missing) the
-//!   worker folds the QP's silent-drop counters (UC responder rules) into
+//!   worker folds the silent-drop counters (UC responder rules) of the QPs the device lists
+//!   as changed (all QPs on a device that cannot tell) into
 //!   `frames_dropped_total{reason}` and checks the QP state: a QP in ERROR is counted
 //!   (`qp_errors_total`) and the control plane rebuilds the connection. The same fold takes
 //!   the device's async events ([`crate::rdma_events`]): a `qp_fatal` or `cq_error` naming a
 //!   connection's QP or CQ fails that connection at once. Then it counts as lost the
-//!   missing frames whose reorder time ran out (`reorder_window_seconds`,
+//!   missing frames whose reorder time ran out (only connections that received a frame since
+//!   the last fold or still miss one are visited) (`reorder_window_seconds`,
 //!   [`ConnectionIngest::handle_timeout`]), so a gap on a slow stream is counted within
 //!   that time plus 0.1 s even when no further frame arrives.
 //! * Commands from the control plane (register, report, heartbeat, close) reach the worker
@@ -71,12 +84,17 @@ use uctel_protocol::control::{DataPath, Goodbye, Heartbeat, Report};
 use uctel_protocol::seq::Seq;
 use uctel_transport::api::{
     AccessFlags, CompletionChannel, CompletionQueue, Device, DropCounters, MemoryRegion,
-    QpEndpoint, QpState, QpType, QueuePair, RcAttr, RcCounters, RecvWr, Sge, UcDropReason,
-    WcOpcode, WcStatus, WorkCompletion,
+    QpEndpoint, QpType, QueuePair, RcAttr, RecvWr, Sge, WorkCompletion,
 };
 
 use crate::ingest::{CloseSummary, ConnectionIngest};
-use crate::telemetry::{AgentTelemetry, DropReason, RcLaneTelemetry, Telemetry};
+use crate::telemetry::{AgentTelemetry, RcLaneTelemetry, Telemetry};
+
+mod queues;
+mod worker;
+
+pub use queues::SharedQueues;
+use worker::{Pending, Worker};
 
 /// How often the worker folds transport counters and checks QP states.
 const STATS_EVERY: Duration = Duration::from_millis(100);
@@ -203,6 +221,9 @@ pub struct Session {
     rc: Option<RcLaneTelemetry>,
     recv_cq: CompletionQueue,
     send_cq: CompletionQueue,
+    /// What this connection took from the worker's shared queues (`None`: CQs and a receive
+    /// queue of its own, polled every round).
+    shared: Option<(Arc<SharedQueues>, queues::Reservation)>,
     /// The ring (REMOTE_WRITE) the agent writes frames into.
     pub ring: MemoryRegion,
     bufs: MemoryRegion,
@@ -218,34 +239,62 @@ pub struct Session {
     pub failed_notify: Notify,
 }
 
+impl Drop for Session {
+    fn drop(&mut self) {
+        if let Some((q, r)) = self.shared.take() {
+            q.release(r);
+        }
+    }
+}
+
 impl Session {
-    /// Creates the PD, CQs, ring MR, Send buffers and the QP (UC; RC with `rc`'s attributes
-    /// for an agent's RC lane, whose counters `rc` also carries), and fills the receive
-    /// queue for `data_path`. The QP is left in INIT; [`Session::connect`] moves it to RTS.
-    /// On RC a full receive queue is flow control, not loss: the responder answers RNR NAK
-    /// and the agent's QP retries (IBTA 9.7.5.2.8).
+    /// Creates the CQs (or takes room on the worker's shared ones), ring MR, Send buffers
+    /// and the QP (UC; RC with `rc`'s attributes for an agent's RC lane, whose counters `rc`
+    /// also carries) on `plane`'s device, and fills the receive queue for `data_path` (a UC
+    /// Write-with-immediate QP: the shared receive queue, see the module docs). The QP is
+    /// left in INIT; [`Session::connect`] moves it to RTS. On RC a full receive queue is flow
+    /// control, not loss: the responder answers RNR NAK and the agent's QP retries (IBTA
+    /// 9.7.5.2.8).
     ///
     /// # Errors
     /// [`ResourceError`] naming the verb that failed.
     pub fn create(
         id: u32,
         agent: &str,
-        device: &Device,
+        plane: &DataPlane,
         data_path: DataPath,
         geometry: Geometry,
         tel: AgentTelemetry,
         rc: Option<(RcAttr, RcLaneTelemetry)>,
     ) -> Result<Session, ResourceError> {
-        let pd = device.alloc_pd().map_err(verb("alloc_pd"))?;
+        let device = &plane.device;
         let rq_depth = match data_path {
             DataPath::Send => geometry.send_buffers,
             _ => geometry.slots,
         }
         .clamp(1, 1 << 16);
-        let recv_cq = device
-            .create_cq(rq_depth.saturating_add(64))
-            .map_err(verb("create_cq recv"))?;
-        let send_cq = device.create_cq(16).map_err(verb("create_cq send"))?;
+        let wants_srq = data_path != DataPath::Send && rc.is_none();
+        let shared = plane.queues.as_ref().and_then(|q| {
+            q.reserve(u64::from(rq_depth), wants_srq)
+                .map(|r| (Arc::clone(q), r))
+        });
+        let pd = match &plane.queues {
+            Some(q) => q.pd.clone(),
+            None => device.alloc_pd().map_err(verb("alloc_pd"))?,
+        };
+        let (recv_cq, send_cq) = match &shared {
+            Some((q, _)) => (q.recv_cq.clone(), q.send_cq.clone()),
+            None => (
+                device
+                    .create_cq(rq_depth.saturating_add(64))
+                    .map_err(verb("create_cq recv"))?,
+                device.create_cq(16).map_err(verb("create_cq send"))?,
+            ),
+        };
+        let srq = shared
+            .as_ref()
+            .filter(|(_, r)| r.on_srq)
+            .and_then(|(q, _)| q.srq.clone());
         let ring_len = geometry.slots as usize * geometry.slot_bytes as usize;
         let ring = pd
             .reg_mr(
@@ -263,19 +312,22 @@ impl Session {
         let credit_src = pd
             .reg_mr(CREDIT_SOURCE_BYTES, AccessFlags::LOCAL_WRITE)
             .map_err(verb("reg_mr credit words"))?;
-        let qp = pd
-            .create_qp(&uctel_transport::api::QpInitAttr {
-                qp_type: rc
-                    .as_ref()
-                    .map_or(QpType::Uc, |(attr, _)| QpType::Rc(*attr)),
-                send_cq: &send_cq,
-                recv_cq: &recv_cq,
-                max_send_wr: 16,
-                max_recv_wr: rq_depth,
-                access: AccessFlags::REMOTE_WRITE,
-                max_mtu: None,
-            })
-            .map_err(verb("create_qp"))?;
+        let attr = uctel_transport::api::QpInitAttr {
+            qp_type: rc
+                .as_ref()
+                .map_or(QpType::Uc, |(attr, _)| QpType::Rc(*attr)),
+            send_cq: &send_cq,
+            recv_cq: &recv_cq,
+            max_send_wr: 16,
+            max_recv_wr: rq_depth,
+            access: AccessFlags::REMOTE_WRITE,
+            max_mtu: None,
+        };
+        let qp = match &srq {
+            Some(srq) => pd.create_qp_with_srq(&attr, srq),
+            None => pd.create_qp(&attr),
+        }
+        .map_err(verb("create_qp"))?;
         let session = Session {
             id,
             agent: agent.to_string(),
@@ -285,6 +337,7 @@ impl Session {
             rc: rc.map(|(_, t)| t),
             recv_cq,
             send_cq,
+            shared,
             ring,
             bufs,
             credit_src,
@@ -303,10 +356,28 @@ impl Session {
             }
             _ => {
                 let wrs: Vec<RecvWr<'_>> = (0..rq_depth).map(|_| RecvWr::zero_length(0)).collect();
-                session.qp.post_recv(&wrs).map_err(verb("post_recv"))?;
+                match (&srq, &session.shared) {
+                    (Some(srq), Some((q, _))) => {
+                        let posted = srq.post_recv(&wrs);
+                        let n = posted.as_ref().map_or_else(|e| e.posted, |()| wrs.len());
+                        q.posted(n as u64);
+                        posted.map_err(verb("post_srq_recv"))?;
+                    }
+                    _ => session.qp.post_recv(&wrs).map_err(verb("post_recv"))?,
+                }
             }
         }
         Ok(session)
+    }
+
+    /// Whether the connection's completions go to the worker's shared CQ.
+    fn on_shared_cq(&self) -> bool {
+        self.shared.is_some()
+    }
+
+    /// Whether the connection's QP takes its receive WRs from the shared receive queue.
+    pub fn on_srq(&self) -> bool {
+        self.shared.as_ref().is_some_and(|(_, r)| r.on_srq)
     }
 
     /// The local endpoint to put in `Welcome`.
@@ -397,6 +468,8 @@ impl std::fmt::Debug for WorkerCmd {
 #[derive(Debug)]
 pub struct DataPlane {
     device: Device,
+    /// The worker's shared CQs and SRQ (`None`: each connection has queues of its own).
+    queues: Option<Arc<SharedQueues>>,
     worker_tx: mpsc::Sender<WorkerCmd>,
     /// Unparked after every command (its sleep without a completion channel).
     worker: Thread,
@@ -432,10 +505,17 @@ impl DataPlane {
                 None
             }
         };
+        let queues = SharedQueues::open(&device).map(Arc::new);
         let worker = Worker {
             device: device.clone(),
+            queues: queues.clone(),
             rx: worker_rx,
             sessions: HashMap::new(),
+            by_qpn: HashMap::new(),
+            own_cqs: Vec::new(),
+            strays: Vec::new(),
+            watch: Vec::new(),
+            changed: Vec::new(),
             stop: stop.clone(),
             paused: false,
             scratch: Vec::new(),
@@ -454,6 +534,7 @@ impl DataPlane {
             .spawn(move || worker.run())?;
         Ok(DataPlane {
             device,
+            queues,
             worker_tx,
             worker: thread.thread().clone(),
             channel,
@@ -466,6 +547,11 @@ impl DataPlane {
     /// The transport device.
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// The worker's shared CQs and SRQ (`None` when the device refused them).
+    pub fn shared_queues(&self) -> Option<&SharedQueues> {
+        self.queues.as_deref()
     }
 
     /// Hands `cmd` to the worker and wakes it.
@@ -564,535 +650,5 @@ impl DataPlane {
 impl Drop for DataPlane {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-/// One connection as the worker holds it.
-struct WorkerSession {
-    session: Arc<Session>,
-    ingest: ConnectionIngest,
-    /// The QP's silent-drop counters at the last fold.
-    qp_drops: DropCounters,
-    /// Its RC counters at the last fold (RC lane only).
-    qp_rc: RcCounters,
-    /// Its completions waiting in [`Pending`].
-    pending: u64,
-}
-
-/// Completions waiting while the worker is paused, in the order they were polled.
-struct Pending {
-    queue: VecDeque<Descriptor>,
-    /// Completions allowed beyond the connections' credit windows.
-    shared: u64,
-    /// Σ over connections of max(0, pending − window).
-    shared_used: u64,
-}
-
-impl Pending {
-    /// Queues `d` of `ws`; false (nothing queued) when it is beyond the connection's credit
-    /// window and the shared room is taken. Keeps `shared_used` at
-    /// Σ max(0, pending − window): each call moves one connection's `pending` by one and
-    /// `shared_used` by exactly the change of that connection's term.
-    fn push(&mut self, ws: &mut WorkerSession, d: Descriptor) -> bool {
-        let window = u64::from(ws.session.geometry.credit_window);
-        if !self.admit(&mut ws.pending, window) {
-            return false;
-        }
-        self.queue.push_back(d);
-        true
-    }
-
-    /// One completion of `ws` taken off the queue (see [`Pending::push`]).
-    fn popped(&mut self, ws: &mut WorkerSession) {
-        let window = u64::from(ws.session.geometry.credit_window);
-        self.release(&mut ws.pending, window);
-    }
-
-    /// One more waiting completion of a connection with `pending` waiting and credit
-    /// window `window`, if there is room for it.
-    fn admit(&mut self, pending: &mut u64, window: u64) -> bool {
-        if *pending >= window {
-            if self.shared_used >= self.shared {
-                return false;
-            }
-            self.shared_used += 1;
-        }
-        *pending += 1;
-        true
-    }
-
-    /// One waiting completion less (see [`Pending::admit`]).
-    fn release(&mut self, pending: &mut u64, window: u64) {
-        if *pending > window {
-            self.shared_used -= 1;
-        }
-        *pending = pending.saturating_sub(1);
-    }
-}
-
-struct Worker {
-    device: Device,
-    rx: mpsc::Receiver<WorkerCmd>,
-    sessions: HashMap<u32, WorkerSession>,
-    stop: Arc<AtomicBool>,
-    paused: bool,
-    scratch: Vec<u8>,
-    pending: Pending,
-    telemetry: Telemetry,
-    device_drops: DropCounters,
-    /// Where the worker sleeps when every CQ is empty (`None`: it polls every
-    /// [`FALLBACK_SLEEP`]).
-    channel: Option<CompletionChannel>,
-    wcs: Vec<WorkCompletion>,
-}
-
-impl Worker {
-    fn run(mut self) {
-        let mut last_stats = Instant::now();
-        let mut idle_since: Option<Instant> = None;
-        let mut warned = false;
-        // A completion arrived since the last stats fold.
-        let mut active = false;
-        // The last round of a driven device received packets (see `COALESCE_WAIT`).
-        let mut receiving = false;
-        let spin = if self.device.is_driven() {
-            Duration::ZERO
-        } else {
-            SPIN_AFTER_WORK
-        };
-        while !self.stop.load(Ordering::Acquire) {
-            while let Ok(cmd) = self.rx.try_recv() {
-                self.command(cmd);
-            }
-            if !self.paused {
-                self.drain_pending();
-            }
-            let round = self.poll_all();
-            active |= round.moved_anything();
-            let stats_every = if active {
-                STATS_EVERY
-            } else {
-                IDLE_STATS_EVERY
-            };
-            if last_stats.elapsed() >= stats_every {
-                last_stats = Instant::now();
-                // Frames still missing keep the folds at STATS_EVERY: their reorder time
-                // runs out without any further completion.
-                active = self.fold_stats(last_stats);
-            }
-            if pause_after(round.packets, receiving) {
-                std::thread::sleep(COALESCE_WAIT);
-            }
-            receiving = round.packets > 0;
-            if round.moved_anything() {
-                idle_since = None;
-                continue;
-            }
-            // Nothing this round: keep polling for a while after the last work, then sleep.
-            let since = *idle_since.get_or_insert_with(Instant::now);
-            if since.elapsed() < spin {
-                std::thread::yield_now();
-                continue;
-            }
-            // A completion while asleep makes the next fold due after STATS_EVERY.
-            let timeout = stats_every.saturating_sub(last_stats.elapsed());
-            if !timeout.is_zero() {
-                self.sleep(timeout, &mut warned);
-            }
-        }
-    }
-
-    /// Drives a `driven` soft device (a no-op on other devices) before every
-    /// [`DRIVE_EVERY_SESSIONS`] sessions and polls every session's CQs once; returns the
-    /// packets the device moved and the completions taken.
-    fn poll_all(&mut self) -> Round {
-        let mut round = Round {
-            packets: self.device.drive(),
-            completions: 0,
-        };
-        let queue = self.paused || !self.pending.queue.is_empty();
-        for (i, ws) in self.sessions.values_mut().enumerate() {
-            if i > 0 && i % DRIVE_EVERY_SESSIONS == 0 {
-                round.packets += self.device.drive();
-            }
-            round.completions += poll_one(
-                ws,
-                &mut self.wcs,
-                &mut self.pending,
-                &mut self.scratch,
-                queue,
-            );
-        }
-        round
-    }
-
-    /// Arms every CQ on the completion channel, polls them once more (a completion that
-    /// arrived before its CQ was armed raises no notification), and sleeps until a
-    /// completion, a command, or `timeout`.
-    fn sleep(&mut self, timeout: Duration, warned: &mut bool) {
-        let Some(channel) = self.channel.clone() else {
-            std::thread::park_timeout(FALLBACK_SLEEP.min(timeout));
-            return;
-        };
-        let mut failure = None;
-        for ws in self.sessions.values() {
-            for cq in [&ws.session.recv_cq, &ws.session.send_cq] {
-                if let Err(e) = channel.req_notify(cq) {
-                    failure = Some(e);
-                }
-            }
-        }
-        if self.poll_all().moved_anything() {
-            return;
-        }
-        // A command sent after the loop's check wakes the channel, also before this wait
-        // (the wake-up is kept), so none is missed.
-        let failure = match failure {
-            Some(e) => Some(e),
-            None => channel.wait(timeout).err(),
-        };
-        if let Some(e) = failure {
-            if !*warned {
-                tracing::warn!(error = %e, "completion channel failed; the worker polls every {FALLBACK_SLEEP:?} while idle");
-                *warned = true;
-            }
-            std::thread::park_timeout(FALLBACK_SLEEP.min(timeout));
-        }
-    }
-
-    /// Processes every waiting completion, in order.
-    fn drain_pending(&mut self) {
-        while let Some(d) = self.pending.queue.pop_front() {
-            let Some(ws) = self.sessions.get_mut(&d.session()) else {
-                // A session leaves only after its completions were processed.
-                tracing::debug!(session = d.session(), "completion of an unknown session");
-                continue;
-            };
-            self.pending.popped(ws);
-            ws.session.tel.ring_slots_in_use.dec();
-            process(ws, d, &mut self.scratch, Instant::now());
-        }
-    }
-
-    /// Folds every QP's and the device's drop counters and the async events, checks QP
-    /// states, then settles each connection's missing frames whose reorder time ran out by
-    /// `now` ([`ConnectionIngest::handle_timeout`], after the drops: see there). Returns
-    /// whether a frame is still missing somewhere (a reorder-time deadline is pending).
-    fn fold_stats(&mut self, now: Instant) -> bool {
-        let count = |device: &str, ev: &_| self.telemetry.rdma_async_event(device, ev);
-        for ev in crate::rdma_events::drain(&self.device, count) {
-            for ws in self.sessions.values() {
-                let s = &ws.session;
-                let cqs = [s.recv_cq.handle(), s.send_cq.handle()];
-                if crate::rdma_events::ends_connection(&ev, s.qp.qp_num(), cqs) {
-                    s.mark_failed();
-                }
-            }
-        }
-        let mut pending = false;
-        for ws in self.sessions.values_mut() {
-            fold_qp_stats(ws);
-            ws.ingest.handle_timeout(now);
-            pending |= ws.ingest.poll_timeout().is_some();
-        }
-        let drops = self.device.stats().drops;
-        for (reason, count) in drops.iter() {
-            let before = self.device_drops.get(reason);
-            if count > before {
-                self.telemetry
-                    .transport_packets_dropped(reason, count - before);
-            }
-        }
-        self.device_drops = drops;
-        pending
-    }
-
-    fn command(&mut self, cmd: WorkerCmd) {
-        match cmd {
-            WorkerCmd::Register(session, ingest) => {
-                self.sessions.insert(
-                    session.id,
-                    WorkerSession {
-                        session,
-                        ingest: *ingest,
-                        qp_drops: DropCounters::default(),
-                        qp_rc: RcCounters::default(),
-                        pending: 0,
-                    },
-                );
-            }
-            WorkerCmd::Heartbeat(id, hb) => {
-                if let Some(ws) = self.sessions.get_mut(&id) {
-                    ws.ingest.on_heartbeat(&hb);
-                }
-            }
-            WorkerCmd::Report(id, reply) => {
-                // The QP's drops first: the connection's loss counts only gaps no drop
-                // explains (`ConnectionIngest::handle_timeout`).
-                let report = self.sessions.get_mut(&id).map(|ws| {
-                    fold_qp_stats(ws);
-                    ws.ingest.report()
-                });
-                let _ = reply.send(report);
-            }
-            WorkerCmd::Consumed(id, reply) => {
-                let _ = reply.send(self.sessions.get(&id).and_then(|ws| ws.ingest.consumed()));
-            }
-            WorkerCmd::Close(id, goodbye, reply) => {
-                // Last poll of its CQs; what waits is processed, paused or not. A driven
-                // device first takes what waits in the socket, a batch per round, until the
-                // socket is empty (or CLOSE_DRIVES rounds: more than the credit budget).
-                for _ in 0..CLOSE_DRIVES {
-                    if let Some(ws) = self.sessions.get_mut(&id) {
-                        while poll_one(
-                            ws,
-                            &mut self.wcs,
-                            &mut self.pending,
-                            &mut self.scratch,
-                            true,
-                        ) > 0
-                        {}
-                    }
-                    if self.device.drive() == 0 {
-                        break;
-                    }
-                }
-                self.drain_pending();
-                let summary = self.sessions.remove(&id).map(|mut ws| {
-                    fold_qp_stats(&mut ws);
-                    match goodbye {
-                        Some(g) => ws.ingest.close(&g),
-                        None => {
-                            let _ = ws.ingest.report();
-                            ws.ingest.end_without_goodbye()
-                        }
-                    }
-                });
-                let _ = reply.send(summary);
-            }
-            WorkerCmd::Pause(p, applied) => {
-                self.paused = p;
-                let _ = applied.send(());
-            }
-        }
-    }
-}
-
-/// Polls one session's CQs once and processes each completion where it is found, or
-/// queues it when `queue` (the worker is paused, or completions wait before it); returns
-/// the completions taken.
-fn poll_one(
-    ws: &mut WorkerSession,
-    wcs: &mut [WorkCompletion],
-    pending: &mut Pending,
-    scratch: &mut Vec<u8>,
-    queue: bool,
-) -> usize {
-    let s = ws.session.clone();
-    // Send CQ: the collector posts no sends; drain it so it can never overflow.
-    let _ = s.send_cq.poll(wcs);
-    let n = s.recv_cq.poll(wcs);
-    if n == 0 {
-        return 0;
-    }
-    // One clock read per poll: each completion of it was there by now.
-    let now = Instant::now();
-    let mut repost_zero = 0u32;
-    for wc in wcs.iter().take(n) {
-        if wc.status != WcStatus::Success {
-            if wc.status != WcStatus::WrFlushError {
-                ws.ingest.drop_before_tracking(
-                    DropReason::WcError,
-                    1,
-                    &format_args!("receive completion status {}", wc.status),
-                );
-            }
-            if s.qp.state() == QpState::Error {
-                s.mark_failed();
-            }
-            continue;
-        }
-        let desc = match wc.opcode {
-            WcOpcode::RecvRdmaWithImm => {
-                repost_zero += 1;
-                match wc.imm {
-                    Some(imm) => Descriptor::WriteImm { session: s.id, imm },
-                    None => {
-                        ws.ingest.drop_before_tracking(
-                            DropReason::WcError,
-                            1,
-                            &"Write-with-immediate completion without immediate",
-                        );
-                        continue;
-                    }
-                }
-            }
-            WcOpcode::Recv => Descriptor::Send {
-                session: s.id,
-                len: wc.byte_len,
-                // Buffers are numbered below `send_buffers` (≤ 65 536); anything else
-                // fails the buffer read and is counted there.
-                buf: u16::try_from(wc.wr_id).unwrap_or(u16::MAX),
-            },
-            WcOpcode::Send | WcOpcode::RdmaWrite => continue,
-        };
-        if !queue {
-            process(ws, desc, scratch, now);
-        } else if pending.push(ws, desc) {
-            s.tel.ring_slots_in_use.inc();
-        } else {
-            ws.ingest.drop_before_tracking(
-                DropReason::QueueFull,
-                1,
-                &format_args!(
-                    "no shared room left for completions beyond the agent's credit window \
-                     while the worker is paused (credit window {}, {} shared)",
-                    s.geometry.credit_window, pending.shared
-                ),
-            );
-            if let Descriptor::Send { buf, .. } = desc {
-                let _ = s.post_buffer(u64::from(buf));
-            }
-        }
-    }
-    if repost_zero > 0 {
-        if let Err(e) = s.qp.post_recv(&ZERO_LENGTH_WRS[..repost_zero as usize]) {
-            tracing::debug!(agent = %s.agent, error = %e, "re-posting receive WRs failed");
-        }
-    }
-    n
-}
-
-fn fold_qp_stats(ws: &mut WorkerSession) {
-    let s = ws.session.clone();
-    let stats = s.qp.stats();
-    if let Some(rc) = &s.rc {
-        rc.add(&ws.qp_rc, &stats.rc);
-        ws.qp_rc = stats.rc;
-    }
-    let now = stats.drops;
-    for (reason, count) in now.iter() {
-        let before = ws.qp_drops.get(reason);
-        if count > before {
-            let delta = count - before;
-            let detail = format_args!(
-                "{} responder on QP {:#x}",
-                if s.rc.is_some() { "RC" } else { "UC" },
-                s.qp.qp_num()
-            );
-            if reason == UcDropReason::QpError {
-                // Not a frame of this connection's sequence: counted, not in its ledger.
-                s.tel
-                    .drop_frames(DropReason::Transport(reason), delta, &detail);
-            } else {
-                ws.ingest
-                    .drop_before_tracking(DropReason::Transport(reason), delta, &detail);
-            }
-        }
-    }
-    ws.qp_drops = now;
-    if s.qp.state() == QpState::Error {
-        s.mark_failed();
-    }
-}
-
-/// Processes completion `d` of `ws`, taken off its CQ by `now`: copies the ring slot or Send
-/// buffer, hands it to the ingest, re-posts the buffer, and publishes the credit point.
-fn process(ws: &mut WorkerSession, d: Descriptor, scratch: &mut Vec<u8>, now: Instant) {
-    let g = ws.session.geometry;
-    match d {
-        Descriptor::WriteImm { imm, .. } => {
-            let conn_seq = ws.ingest.conn_seq_for_imm(imm);
-            let slot = conn_seq % u64::from(g.slots.max(1));
-            let len = g.slot_bytes as usize;
-            scratch.resize(len, 0);
-            if let Err(e) = ws
-                .session
-                .ring
-                .read_at(slot as usize * len, &mut scratch[..len])
-            {
-                ws.ingest
-                    .drop_before_tracking(DropReason::MalformedFrame, 1, &e);
-            } else {
-                let _ = ws.ingest.on_slot(conn_seq, &scratch[..len], now);
-            }
-        }
-        Descriptor::Send { buf, len, .. } => {
-            let size = g.max_frame_bytes as usize;
-            let len = (len as usize).min(size);
-            scratch.resize(len, 0);
-            let read = ws
-                .session
-                .bufs
-                .read_at(usize::from(buf) * size, &mut scratch[..len]);
-            if let Err(e) = ws.session.post_buffer(u64::from(buf)) {
-                tracing::debug!(agent = %ws.session.agent, error = %e, "re-posting a receive buffer failed");
-            }
-            match read {
-                Ok(()) => {
-                    let _ = ws.ingest.on_send(&scratch[..len], now);
-                }
-                Err(e) => ws
-                    .ingest
-                    .drop_before_tracking(DropReason::MalformedFrame, 1, &e),
-            }
-        }
-    }
-    if let Some(c) = ws.ingest.consumed() {
-        ws.session
-            .consumed_plus_one
-            .store(c.wrapping_add(1), Ordering::Release);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_a_thin_round_within_a_stream_pauses() {
-        // A thin round after a receiving one: the stream goes on, let the socket gather.
-        assert!(pause_after(5, true));
-        assert!(pause_after(COALESCE_BELOW_PACKETS - 1, true));
-        // The first round after a wake-up (a light stream), a full round, an empty one.
-        assert!(!pause_after(5, false));
-        assert!(!pause_after(COALESCE_BELOW_PACKETS, true));
-        assert!(!pause_after(0, true));
-    }
-
-    #[test]
-    fn a_descriptor_is_twelve_bytes() {
-        // At most one waits per frame of every connection's credit window.
-        assert_eq!(std::mem::size_of::<Descriptor>(), 12);
-    }
-
-    proptest::proptest! {
-        /// Any interleaving of completions queued and processed for two connections keeps
-        /// the shared count at Σ max(0, pending − window), a connection within its window
-        /// is never refused, and one beyond it is refused exactly when the shared room is
-        /// taken.
-        #[test]
-        fn shared_room_counts_only_completions_beyond_the_window(
-            ops in proptest::collection::vec((0usize..2, proptest::bool::ANY), 0..200),
-        ) {
-            let windows = [3u64, 5];
-            let shared = 4u64;
-            let mut pending = Pending { queue: VecDeque::new(), shared, shared_used: 0 };
-            let mut count = [0u64; 2];
-            for (c, add) in ops {
-                let before = count[c];
-                let used = pending.shared_used;
-                if add {
-                    let queued = pending.admit(&mut count[c], windows[c]);
-                    let expected = before < windows[c] || used < shared;
-                    proptest::prop_assert_eq!(queued, expected);
-                } else if before > 0 {
-                    pending.release(&mut count[c], windows[c]);
-                }
-                let expected: u64 = (0..2).map(|i| count[i].saturating_sub(windows[i])).sum();
-                proptest::prop_assert_eq!(pending.shared_used, expected);
-                proptest::prop_assert!(pending.shared_used <= shared);
-            }
-        }
     }
 }
