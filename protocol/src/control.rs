@@ -26,11 +26,13 @@ use sha2::{Digest, Sha256};
 use thiserror::Error;
 
 mod counters;
+mod dict_ack;
 mod probe;
 use counters::check_agent_counters;
 pub use counters::{
     AgentCounters, AgentDropReason, AgentStreamDropped, AgentStreamSent, MAX_AGENT_COUNTER_ENTRIES,
 };
+pub use dict_ack::{DictAck, FEATURE_SERIES_DICTIONARY, KNOWN_FEATURES};
 pub use probe::{Probe, ProbeAnswer};
 
 /// Control protocol version carried in [`Hello::protocol_version`].
@@ -166,6 +168,10 @@ pub struct Hello {
     /// `reliability: rc`; `None`: every stream travels on the UC QP.
     #[prost(message, optional, tag = "9")]
     pub rc_lane: Option<RcLaneRequest>,
+    /// Optional features the agent can use, one bit each ([`FEATURE_SERIES_DICTIONARY`]);
+    /// unknown bits are ignored.
+    #[prost(uint32, tag = "10")]
+    pub features: u32,
 }
 
 /// Agent → collector, in [`Hello`]: the second lane of a connection, over an RC QP
@@ -291,6 +297,10 @@ pub struct Welcome {
     /// The RC lane, when the agent asked for one ([`Hello::rc_lane`]).
     #[prost(message, optional, tag = "12")]
     pub rc_lane: Option<RcLane>,
+    /// The features of [`Hello::features`] the collector takes on this connection (a
+    /// subset of the agent's bits it knows); 0 from a collector that predates the field.
+    #[prost(uint32, tag = "13")]
+    pub features: u32,
 }
 
 /// Collector → agent, in `Welcome` and `Report`s: how far the agent may send (DESIGN.md §4,
@@ -540,7 +550,7 @@ pub struct Goodbye {
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ControlMessage {
     /// The message; `None` fails validation.
-    #[prost(oneof = "Body", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10")]
+    #[prost(oneof = "Body", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 16")]
     pub body: Option<Body>,
 }
 
@@ -577,6 +587,9 @@ pub enum Body {
     /// Collector → agent, the answer to a [`Probe`].
     #[prost(message, tag = "10")]
     ProbeAnswer(ProbeAnswer),
+    /// Collector → agent, only after both announced [`FEATURE_SERIES_DICTIONARY`].
+    #[prost(message, tag = "16")]
+    DictAck(DictAck),
 }
 
 impl Body {
@@ -593,6 +606,7 @@ impl Body {
             Body::Goodbye(_) => "Goodbye",
             Body::Probe(_) => "Probe",
             Body::ProbeAnswer(_) => "ProbeAnswer",
+            Body::DictAck(_) => "DictAck",
         }
     }
 }
@@ -607,7 +621,7 @@ macro_rules! into_envelope {
     )*};
 }
 into_envelope!(Hello, Challenge, Proof, Welcome, Refuse, Heartbeat, Report, Goodbye);
-into_envelope!(Probe, ProbeAnswer);
+into_envelope!(Probe, ProbeAnswer, DictAck);
 
 // ---------------------------------------------------------------------------------------------
 // Validation
@@ -972,7 +986,7 @@ impl ControlMessage {
                 })
             }
             Body::Goodbye(m) => check_len("Goodbye", "detail", &m.detail, 0, MAX_DETAIL_BYTES),
-            Body::Probe(_) | Body::ProbeAnswer(_) => Ok(()),
+            Body::Probe(_) | Body::ProbeAnswer(_) | Body::DictAck(_) => Ok(()),
         }
     }
 }

@@ -308,6 +308,10 @@ pub enum PayloadError {
         #[source]
         source: RecordError,
     },
+    /// A series-dictionary body that is malformed or names a series it cannot
+    /// ([`crate::dict`]).
+    #[error("series dictionary: {0}")]
+    Dictionary(#[from] crate::dict::DictError),
     /// A heartbeat frame with a non-empty payload.
     #[error("heartbeat frame carries a {len}-byte payload, must be empty")]
     HeartbeatPayload {
