@@ -75,6 +75,11 @@ pub(super) async fn establish(
         qp: Some(plane.endpoint()),
         expected_frames_per_second: Some(announce),
         rc_lane: rc_plane.as_ref().map(|p| lane::request(p, config)),
+        features: if config.streams.series_dictionary() {
+            uctel_protocol::control::FEATURE_SERIES_DICTIONARY
+        } else {
+            0
+        },
     };
     let welcome = conn
         .handshake(hello, token, connect_timeout)

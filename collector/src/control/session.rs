@@ -43,9 +43,10 @@ use super::{refuse, send_within, sleep_until, GOODBYE_DRAIN, GOODBYE_WAIT};
 use crate::config::Config;
 use crate::credits::ConnLimits;
 use crate::dataplane::{Geometry, Session};
-use crate::ingest::{CloseSummary, ConnectionIngest, StreamLedger};
+use crate::ingest::{CloseSummary, ConnectionIngest, DictAckOutbox, StreamLedger};
 use crate::shared::Shared;
 use crate::telemetry::AgentTelemetry;
+use uctel_protocol::control::FEATURE_SERIES_DICTIONARY;
 
 /// What a session needs from its [`Registry`] entry.
 #[derive(Debug)]
@@ -110,10 +111,11 @@ pub(super) async fn run_session(
     } = live;
     let agent = accepted.hello.agent_id.clone();
     let tel = shared.telemetry.agent(&agent);
-    let (lanes, geometry) = match open_lanes(shared, peer, &accepted, &registry, &tel).await {
-        Ok(opened) => opened,
-        Err(r) => return refuse(ch, shared, peer, r).await,
-    };
+    let (lanes, geometry, dict_acks) =
+        match open_lanes(shared, peer, &accepted, &registry, &tel).await {
+            Ok(opened) => opened,
+            Err(r) => return refuse(ch, shared, peer, r).await,
+        };
     let timing = timing(&shared.config);
     let id = lanes.uc().id;
     let hello = &accepted.hello;
@@ -136,6 +138,11 @@ pub(super) async fn run_session(
         data_path: accepted.data_path as i32,
         credit_grant: Some(first_grant),
         rc_lane: lanes.welcome_rc(local_ip),
+        features: if dict_acks.is_some() {
+            FEATURE_SERIES_DICTIONARY
+        } else {
+            0
+        },
     };
     if let Err(e) = ch.send(welcome).await {
         tracing::warn!(agent = %agent, error = %e, "sending Welcome failed");
@@ -170,6 +177,7 @@ pub(super) async fn run_session(
         agent,
         tel,
         lanes,
+        dict_acks,
         state: SessionState::new(timing, link.clone(), now),
     };
     let mut events = Events {
@@ -276,9 +284,13 @@ async fn open_lanes(
     accepted: &Accepted,
     registry: &Registry,
     tel: &AgentTelemetry,
-) -> Result<(Lanes, Geometry), Refusal> {
+) -> Result<(Lanes, Geometry, Option<DictAckOutbox>), Refusal> {
     let cfg = &shared.config;
     let hello = &accepted.hello;
+    // The series dictionary when the agent announced it and this collector takes it.
+    let dict_acks = (cfg.metrics.series_dictionary
+        && hello.features & FEATURE_SERIES_DICTIONARY != 0)
+        .then(DictAckOutbox::default);
     let agent = hello.agent_id.as_str();
     let fail = |detail: String| Refusal::new(RefuseReason::Busy, agent, detail);
     let geometry = geometry(cfg, hello, accepted.data_path);
@@ -299,10 +311,16 @@ async fn open_lanes(
     let previous_epoch = registry.swap_epoch(agent, hello.epoch);
     let lane_ingest = || new_ingest(shared, hello, previous_epoch, tel);
     let mut ingest = lane_ingest().map_err(|e| fail(e.to_string()))?;
+    if let Some(outbox) = &dict_acks {
+        ingest.set_dict_acks(outbox.clone());
+    }
     let rc = match rc_remote {
         None => None,
         Some((remote, streams)) => {
-            let rc_ingest = lane_ingest().map_err(|e| fail(e.to_string()))?;
+            let mut rc_ingest = lane_ingest().map_err(|e| fail(e.to_string()))?;
+            if let Some(outbox) = &dict_acks {
+                rc_ingest.set_dict_acks(outbox.clone());
+            }
             ingest.set_lane_streams(streams.clone(), false);
             Some((remote, streams, rc_ingest))
         }
@@ -328,7 +346,7 @@ async fn open_lanes(
             }
         }
     }
-    Ok((lanes, geometry))
+    Ok((lanes, geometry, dict_acks))
 }
 
 /// One lane's ingest of the agent `hello`, delivering into the collector's outputs (with
@@ -385,6 +403,8 @@ struct Driver<'a> {
     agent: String,
     tel: AgentTelemetry,
     lanes: Lanes,
+    /// The series dictionary's acknowledgments to send after each report, when agreed.
+    dict_acks: Option<DictAckOutbox>,
     state: SessionState,
 }
 
@@ -513,7 +533,22 @@ impl Driver<'_> {
             Early::No => self.shared.credits.grant(id, consumed_next),
             Early::Yes => self.shared.credits.grant_early(id, consumed_next),
         };
-        self.send(report, "a report").await
+        if let Flow::End(e) = self.send(report, "a report").await {
+            return Flow::End(e);
+        }
+        // The dictionary acknowledgments the report's ingest produced (after the report,
+        // which took them): a message of their own, sent only when a prefix advanced.
+        for ack in self
+            .dict_acks
+            .as_ref()
+            .map(DictAckOutbox::take)
+            .unwrap_or_default()
+        {
+            if let Flow::End(e) = self.send(ack, "a dictionary acknowledgment").await {
+                return Flow::End(e);
+            }
+        }
+        Flow::Go
     }
 
     /// Ends the session (`ending`: the collector's reason, if it ended it): sends its
