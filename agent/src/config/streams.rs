@@ -57,6 +57,7 @@ fn metrics_stream() -> StreamSection {
         on_no_credit: Some(OnNoCredit::Wait),
         queue_records: Some(65536),
         buffer_while_disconnected_records: Some(crate::buffer::DEFAULT_BUFFER_RECORDS),
+        series_dictionary: Some(true),
         ..StreamSection::default()
     }
 }

@@ -123,3 +123,56 @@ impl MetricsFramer {
         Some(metrics)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uctel_protocol::framer::PushOutcome;
+    use uctel_protocol::payload::{Label, MetricType};
+
+    fn m(i: u32, value: f64) -> Metric {
+        Metric {
+            name: "node_x_total".into(),
+            r#type: MetricType::Counter as i32,
+            labels: vec![Label {
+                name: "i".into(),
+                value: i.to_string(),
+            }],
+            value,
+            ..Metric::default()
+        }
+    }
+
+    #[test]
+    fn frames_taken_back_decode_with_the_own_dictionary() {
+        let limits = Limits::default();
+        let mut f = MetricsFramer::new(1, 0, limits.clone()).unwrap();
+        assert!(f.use_dictionary(&limits));
+        let mut built = Vec::new();
+        for round in 0..2u32 {
+            for i in 0..10 {
+                if let PushOutcome::Closed(b) = f.push(&m(i, f64::from(round)), 5_000_000) {
+                    built.push(b);
+                }
+            }
+            built.extend(f.flush());
+            f.on_ack(10);
+        }
+        assert_eq!(built.len(), 2);
+        // The second frame references acknowledged series only: it needs the dictionary.
+        let back = f.decode_built(built[1].bytes(), &limits).unwrap();
+        assert_eq!(back.len(), 10);
+        assert_eq!(back[3].labels[0].value, "3");
+        assert_eq!((back[3].value, back[3].timestamp_ms), (1.0, 5));
+        assert!((built[1].len() - 64) * 4 < built[0].len() - 64);
+    }
+
+    #[test]
+    fn the_dictionary_is_not_switched_on_after_the_first_record() {
+        let limits = Limits::default();
+        let mut f = MetricsFramer::new(1, 0, limits.clone()).unwrap();
+        let _ = f.push(&m(0, 1.0), 1);
+        assert!(!f.use_dictionary(&limits));
+        assert!(!f.is_dictionary());
+    }
+}

@@ -30,5 +30,6 @@ mod rules;
 mod scrape;
 mod scrape_limits;
 mod scrape_targets;
+mod series_dictionary;
 mod structure;
 mod textfile;
