@@ -484,3 +484,21 @@ pub(crate) fn parse<'a>(
     }
     Ok(())
 }
+
+/// Definitions and value records in a dictionary body, without resolving any id (for
+/// printing a frame); `None` when the body does not parse under `limits`.
+pub fn body_counts(body: &[u8], limits: &Limits) -> Option<(usize, usize)> {
+    let (mut defs, mut values, mut counts) = (Vec::new(), Vec::new(), Vec::new());
+    parse(
+        body,
+        0,
+        limits,
+        Parsed {
+            defs: &mut defs,
+            values: &mut values,
+            counts: &mut counts,
+        },
+    )
+    .ok()?;
+    Some((defs.len(), values.len()))
+}
