@@ -35,6 +35,7 @@
 pub mod agentcost;
 pub mod cpu;
 pub mod daemon;
+pub mod dictcost;
 pub mod fastcost;
 pub mod idle;
 pub mod limit;

@@ -717,6 +717,8 @@ async fn connect_agent(
             udp_addr: ep.udp_addr.map(|x| x.to_string()).unwrap_or_default(),
         }),
         expected_frames_per_second: a.expected_fps,
+        // The emulated agents send prebuilt `kind = metrics` frames: no series dictionary.
+        features: 0,
     };
     let welcome = client_handshake(&mut ch, hello, token.as_bytes())
         .await

@@ -173,6 +173,9 @@ pub struct Report {
     pub node_cost: Option<NodeCostResult>,
     /// The fast_counters source's CPU and lateness.
     pub fast_cost: Option<crate::fastcost::FastCostResult>,
+    /// The series dictionary against protobuf metrics frames (`--only dict`).
+    #[serde(default)]
+    pub dict_cost: Option<crate::dictcost::DictCostResult>,
     /// The reliability trade-off: UC and RC at each injected loss rate.
     pub tradeoff: Vec<crate::tradeoff::TradeoffRow>,
     /// VM-suite perftest comparison.
