@@ -327,5 +327,8 @@ mod tests {
             "{r:?}"
         );
         assert_eq!(r.lines().len(), 3);
+        for (what, figure) in r.lines() {
+            println!("{what}: {figure}");
+        }
     }
 }
