@@ -103,6 +103,9 @@ pub fn frame_json_with(t: &Transmit, limits: &Limits, dict: Option<&mut SeriesDi
                     source,
                 })
         }
+        (None, Some(f)) if f.kind() == FrameKind::MetricsDict => {
+            uctel_protocol::dict::decode_frame_alone(&t.bytes, limits)
+        }
         _ => decode_frame(&t.bytes, limits),
     };
     let mut line = frame_line(t, decoded);

@@ -162,7 +162,7 @@ static NEXT_RECORD_ID: AtomicU64 = AtomicU64::new(1);
 
 impl RecordId {
     /// A new id, unique in the process (for a record source other than the memo: a
-    /// series-dictionary entry, [`crate::dict::SeriesDict`]).
+    /// series-dictionary entry, `dict::SeriesDict`).
     pub fn fresh() -> RecordId {
         RecordId(NEXT_RECORD_ID.fetch_add(1, Ordering::Relaxed))
     }
@@ -773,7 +773,7 @@ impl<'a> MetricBatchView<'a> {
 
     /// Adds one record that the caller decoded and validated (the metric rules,
     /// [`validate_metric_view`]): a record of a series-dictionary frame
-    /// ([`crate::dict::SeriesDict::decode_into`]). Not remembered by the memo.
+    /// (`dict::SeriesDict::decode_into`). Not remembered by the memo.
     pub fn push_record(
         &mut self,
         r: PushRecord<'a>,

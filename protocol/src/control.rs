@@ -1,4 +1,5 @@
 //! Control-plane messages: handshake, heartbeats, loss reports and goodbye (DESIGN.md §6).
+//! One file because it is one concept: the prost mirror of `control.proto`'s message set.
 //!
 //! Sans-IO: this module turns [`ControlMessage`]s into bytes and bytes back into messages; the
 //! TCP connection belongs to the agent and the collector.

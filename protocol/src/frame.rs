@@ -25,7 +25,7 @@
 //!
 //! The payload is `payload_len` bytes: a `MetricBatch` (kind 1), `LogBatch` (kind 2) or
 //! `SampleBatch` (kind 4) of `proto/uctel.proto`, a series-dictionary body (kind 5,
-//! [`crate::dict`]), empty for heartbeats (kind 3). On a
+//! `dict`), empty for heartbeats (kind 3). On a
 //! samples stream `record_count` counts samples ([`crate::samples`]).
 //!
 //! A frame may sit at the start of a larger buffer (a ring slot or a receive buffer):
@@ -83,9 +83,9 @@ pub enum FrameKind {
     Heartbeat = 3,
     /// Payload is a `SampleBatch` ([`crate::samples`]): one record per sample.
     Samples = 4,
-    /// Payload is a series-dictionary body ([`crate::dict`]): metrics as values of series
+    /// Payload is a series-dictionary body (`dict`): metrics as values of series
     /// defined once per epoch; one record per value. Sent only to a collector that
-    /// announced the capability in `Welcome` ([`crate::control::FEATURE_SERIES_DICTIONARY`]).
+    /// announced the capability in `Welcome` (`control::FEATURE_SERIES_DICTIONARY`).
     MetricsDict = 5,
 }
 
@@ -780,12 +780,11 @@ pub fn decode_frame(buf: &[u8], limits: &Limits) -> Result<DecodedFrame, DecodeE
         FrameKind::Samples => {
             crate::samples::decode_sample_batch(body, limits).map(Payload::Samples)
         }
-        // Read alone: only series the frame defines itself (every frame before the
-        // collector's first acknowledgment); a collector decodes with its dictionary.
-        FrameKind::MetricsDict => {
-            crate::dict::resolve_owned(body, header.timestamp_ns, limits, &|_| None)
-                .map(|metrics| Payload::Metrics(MetricBatch { metrics }))
-        }
+        // Needs the stream's dictionary: `dict::SeriesDict::decode_into`, or
+        // `dict::decode_frame_alone` for a frame that defines every series it carries.
+        FrameKind::MetricsDict => Err(PayloadError::Dictionary(
+            payload::DictError::UnknownSeries { id: u32::MAX },
+        )),
     };
     match decoded {
         Ok(payload) => Ok(DecodedFrame { header, payload }),

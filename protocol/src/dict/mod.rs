@@ -76,65 +76,7 @@ pub(crate) const OP_DEC1: u8 = 4;
 pub(crate) const OP_DEF: u8 = 7;
 pub(crate) const HAS_TIMESTAMP: u8 = 8;
 
-/// Why a dictionary body was rejected (a malformed payload).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum DictError {
-    /// The body ends inside a record, or a varint runs past 10 bytes.
-    #[error("truncated or malformed at byte {offset}")]
-    Truncated {
-        /// Byte offset in the body.
-        offset: usize,
-    },
-    /// A body version other than [`DICT_BODY_VERSION`] (or an empty body).
-    #[error("body version {found:?}, expected {DICT_BODY_VERSION}")]
-    Version {
-        /// The version byte, `None` for an empty body.
-        found: Option<u8>,
-    },
-    /// An id outside `0..u32::MAX`.
-    #[error("series id out of range at byte {offset}")]
-    BadId {
-        /// Byte offset of the record.
-        offset: usize,
-    },
-    /// A string that is not UTF-8.
-    #[error("a string at byte {offset} is not UTF-8")]
-    Utf8 {
-        /// Byte offset of the string.
-        offset: usize,
-    },
-    /// A definition with the timestamp flag set.
-    #[error("definition of series {id} with a timestamp")]
-    TimestampOnDefinition {
-        /// The id.
-        id: u32,
-    },
-    /// A value for an id neither defined in the frame nor known to the receiver.
-    #[error("series {id} is neither defined in the frame nor known")]
-    UnknownSeries {
-        /// The id.
-        id: u32,
-    },
-    /// An id defined again with another definition in the same epoch.
-    #[error("series {id} defined again with another definition")]
-    Conflict {
-        /// The id.
-        id: u32,
-    },
-    /// A histogram value for a series that is not a histogram, or the reverse.
-    #[error("series {id}: value does not match its type")]
-    TypeMismatch {
-        /// The id.
-        id: u32,
-    },
-    /// A histogram whose count is below its last bucket's cumulative count, or whose
-    /// cumulative counts overflow.
-    #[error("series {id}: histogram counts inconsistent")]
-    HistogramCounts {
-        /// The id.
-        id: u32,
-    },
-}
+pub use crate::payload::DictError;
 
 /// A series definition borrowed from a body (or from the agent's own dictionary).
 #[derive(Clone, Debug, PartialEq)]
@@ -501,4 +443,38 @@ pub fn body_counts(body: &[u8], limits: &Limits) -> Option<(usize, usize)> {
     )
     .ok()?;
     Some((defs.len(), values.len()))
+}
+
+/// [`crate::frame::decode_frame`] for a `metrics_dict` frame read alone: the series it
+/// defines itself only (every frame before the collector's first acknowledgment).
+///
+/// # Errors
+/// As [`crate::frame::decode_frame`]; a value of a series the frame does not define is
+/// [`DictError::UnknownSeries`].
+pub fn decode_frame_alone(
+    buf: &[u8],
+    limits: &Limits,
+) -> Result<crate::frame::DecodedFrame, crate::frame::DecodeError> {
+    use crate::frame::{DecodeError, DecodedFrame, Frame, FrameError, Payload};
+    let frame = Frame::new_checked(buf)?;
+    if frame.frame_len() > limits.max_frame_bytes {
+        return Err(FrameError::TooLarge {
+            frame_len: frame.frame_len(),
+            max_frame_bytes: limits.max_frame_bytes,
+        }
+        .into());
+    }
+    frame.check_crc()?;
+    let header = frame.header();
+    resolve_owned(frame.payload(), header.timestamp_ns, limits, &|_| None)
+        .map(|metrics| DecodedFrame {
+            header,
+            payload: Payload::Metrics(crate::payload::MetricBatch { metrics }),
+        })
+        .map_err(|source| DecodeError::Payload {
+            kind: header.kind.as_str(),
+            stream_id: header.stream_id,
+            stream_seq: header.stream_seq,
+            source,
+        })
 }

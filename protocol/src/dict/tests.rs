@@ -210,14 +210,14 @@ fn a_frame_read_alone_decodes_until_the_first_acknowledgment() {
     let mut f = DictFramer::new(1, 0, Limits::default()).unwrap();
     let metrics = collection(20, 0);
     let frames = pack(&mut f, &metrics, 1);
-    let decoded = crate::frame::decode_frame(&sealed(&frames[0].0, 3), &Limits::default());
+    let decoded = decode_frame_alone(&sealed(&frames[0].0, 3), &Limits::default());
     match decoded.unwrap().payload {
         crate::frame::Payload::Metrics(b) => assert_eq!(b.metrics, metrics),
         other => panic!("{other:?}"),
     }
     f.on_ack(20);
     let frames = pack(&mut f, &metrics, 2);
-    let alone = crate::frame::decode_frame(&sealed(&frames[0].0, 3), &Limits::default());
+    let alone = decode_frame_alone(&sealed(&frames[0].0, 3), &Limits::default());
     assert!(matches!(
         alone,
         Err(crate::frame::DecodeError::Payload {
