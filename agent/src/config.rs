@@ -850,6 +850,12 @@ impl AgentConfig {
                 ),
                 _ => {}
             }
+            if stream != Stream::Metrics && st.series_dictionary.is_some() {
+                p.push(
+                    format!("streams.{stream}.series_dictionary"),
+                    "only streams.metrics carries metrics with a series dictionary",
+                );
+            }
             if !(1..=60_000).contains(&st.flush_milliseconds) {
                 p.push(
                     format!("streams.{stream}.flush_milliseconds"),

@@ -5,6 +5,14 @@
 //! window that the printer replenishes itself, so what is printed is what would go on the
 //! wire. With `once`, one round of every source is framed and printed, then the run ends.
 //!
+//! With `streams.metrics.series_dictionary` (the default) the metrics stream goes out as
+//! series-dictionary frames (`"kind":"metrics_dict"`), and the printer plays the
+//! collector's part: it decodes them with its own dictionary and acknowledges what it
+//! learnt after each frame, so the first collection prints frames that define their series
+//! and later ones frames of values only (`"definitions":0`), both decoded to the same
+//! records. With `false`, `"kind":"metrics"` frames as a collector without the dictionary
+//! gets them.
+//!
 //! Output line (keys sorted):
 //!
 //! ```json
@@ -20,7 +28,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 use uctel_common::shutdown::Shutdown;
-use uctel_protocol::frame::{decode_frame, Payload};
+use uctel_protocol::borrowed::MetricBatchView;
+use uctel_protocol::dict::SeriesDict;
+use uctel_protocol::frame::{decode_frame, DecodeError, DecodedFrame, Frame, FrameKind, Payload};
 use uctel_protocol::limits::Limits;
 use uctel_protocol::payload::{MetricType, Severity};
 
@@ -64,9 +74,50 @@ pub fn limits(config: &AgentConfig) -> Limits {
     }
 }
 
-/// Decodes a stamped frame into its JSON line.
+/// Decodes a stamped frame into its JSON line (a series-dictionary frame only if it
+/// defines every series it carries; see [`frame_json_with`]).
 pub fn frame_json(t: &Transmit, limits: &Limits) -> Value {
-    match decode_frame(&t.bytes, limits) {
+    frame_json_with(t, limits, None)
+}
+
+/// Decodes a stamped frame into its JSON line; a series-dictionary frame with `dict`, the
+/// dictionary of its stream (which learns the frame's definitions).
+pub fn frame_json_with(t: &Transmit, limits: &Limits, dict: Option<&mut SeriesDict>) -> Value {
+    let view = Frame::new_checked(&t.bytes[..]).ok();
+    let definitions = view
+        .as_ref()
+        .filter(|f| f.kind() == FrameKind::MetricsDict)
+        .and_then(|f| uctel_protocol::dict::body_counts(f.payload(), limits))
+        .map(|(definitions, _)| definitions);
+    let decoded = match (dict, view) {
+        (Some(dict), Some(f)) if f.kind() == FrameKind::MetricsDict => {
+            let mut batch = MetricBatchView::new();
+            dict.decode_into(f.payload(), f.timestamp_ns(), limits, &mut batch)
+                .map(|()| DecodedFrame {
+                    header: f.header(),
+                    payload: Payload::Metrics(batch.to_batch()),
+                })
+                .map_err(|source| DecodeError::Payload {
+                    kind: f.kind().as_str(),
+                    stream_id: f.stream_id(),
+                    stream_seq: f.stream_seq(),
+                    source,
+                })
+        }
+        (None, Some(f)) if f.kind() == FrameKind::MetricsDict => {
+            uctel_protocol::dict::decode_frame_alone(&t.bytes, limits)
+        }
+        _ => decode_frame(&t.bytes, limits),
+    };
+    let mut line = frame_line(t, decoded);
+    if let Some(n) = definitions {
+        line["definitions"] = json!(n);
+    }
+    line
+}
+
+fn frame_line(t: &Transmit, decoded: Result<DecodedFrame, DecodeError>) -> Value {
+    match decoded {
         Ok(d) => {
             let records: Vec<Value> = match &d.payload {
                 Payload::Metrics(b) => b
@@ -156,14 +207,29 @@ pub fn frame_json(t: &Transmit, limits: &Limits) -> Value {
 struct PrintSink<'a, W: Write> {
     out: &'a mut W,
     limits: Limits,
+    /// The metrics stream's dictionary (the printer plays the collector).
+    dict: SeriesDict,
     consumed: Option<u64>,
     error: Option<std::io::Error>,
     summary: DryRunSummary,
 }
 
+impl<W: Write> PrintSink<'_, W> {
+    /// What the printer's dictionary learnt, acknowledged to `core` as a collector would.
+    fn acknowledge(&mut self, core: &mut SenderCore, epoch: u64) {
+        if let Some(known_up_to) = self.dict.take_ack() {
+            core.on_dict_ack(&uctel_protocol::control::DictAck {
+                epoch,
+                stream_id: Stream::Metrics.id(),
+                known_up_to,
+            });
+        }
+    }
+}
+
 impl<W: Write> FrameSink for PrintSink<'_, W> {
     fn post(&mut self, t: &Transmit) -> PostOutcome {
-        let line = frame_json(t, &self.limits);
+        let line = frame_json_with(t, &self.limits, Some(&mut self.dict));
         if let Err(e) = writeln!(self.out, "{line}") {
             self.error = Some(e);
             return PostOutcome::Failed;
@@ -207,9 +273,13 @@ pub async fn run<W: Write>(
     let epoch: u64 = rand::random();
     let mut core = SenderCore::new(&sender_config(config), epoch, Instant::now(), stats.clone())
         .map_err(|e| DryRunError::Pipeline(e.to_string()))?;
+    if config.streams.series_dictionary() {
+        core.use_series_dictionary();
+    }
     let mut sink = PrintSink {
         out,
         limits: limits(config),
+        dict: SeriesDict::new(),
         consumed: None,
         error: None,
         summary: DryRunSummary::default(),
@@ -224,6 +294,7 @@ pub async fn run<W: Write>(
             if let Some(c) = sink.consumed {
                 let _ = core.on_consumed(c);
             }
+            sink.acknowledge(&mut core, epoch);
             match stop {
                 Stop::Wait(None) => break,
                 Stop::Wait(Some(at)) => {
@@ -252,6 +323,7 @@ pub async fn run<W: Write>(
         if let Some(c) = sink.consumed {
             let _ = core.on_consumed(c);
         }
+        sink.acknowledge(&mut core, epoch);
         sink.out.flush()?;
         let deadline = match stop {
             Stop::Wait(at) => at,

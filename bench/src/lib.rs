@@ -36,6 +36,7 @@ pub mod agentcost;
 pub mod align;
 pub mod cpu;
 pub mod daemon;
+pub mod dictcost;
 pub mod fastcost;
 pub mod fleet;
 pub mod idle;

@@ -769,6 +769,8 @@ async fn connect_agent(
             rkey: a.credit_mr.rkey(),
             length: wire::CREDIT_MR_BYTES,
         }),
+        // The emulated agents send prebuilt `kind = metrics` frames: no series dictionary.
+        features: 0,
     };
     let welcome = client_handshake(&mut ch, hello, token.as_bytes())
         .await

@@ -75,6 +75,9 @@ enum Part {
     Fleet,
     /// `--upkeep-agents` connected agents that only keep their sessions alive (issue 42).
     Upkeep,
+    /// The series dictionary: bytes per sample and ingest CPU per sample of a host
+    /// collection, protobuf metrics frames against series-dictionary frames.
+    Dict,
 }
 
 /// Measures the uctel soft path, processing, scaling and agent cost against a recvmmsg
@@ -368,6 +371,7 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         node_cost: None,
         fast_cost: None,
         align: None,
+        dict_cost: None,
         tradeoff: Vec::new(),
         perftest: Perftest {
             source: "not in this run: tests/rxe/run.sh verbs_send_bench prints BENCH verbs_vs_perftest_ratio (pass --rxe-log or --rxe)".into(),
@@ -673,6 +677,21 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         }) {
             Ok(r) => report.align = Some(r),
             Err(e) => report.failures.push(("align".into(), e.to_string())),
+        }
+    }
+    if wants(Part::Dict) {
+        eprintln!("[dict] one host collection, metrics vs metrics_dict frames, ingest alternated");
+        match uctel_bench::dictcost::measure(&uctel_bench::dictcost::DictCostConfig {
+            frame_bytes: frame.len().min(1024),
+            cpu_budget: secs(args.processing_cpu_secs),
+        }) {
+            Ok(r) => {
+                for (what, figure) in r.lines() {
+                    eprintln!("[dict] {what}: {figure}");
+                }
+                report.dict_cost = Some(r);
+            }
+            Err(e) => report.failures.push(("dict".into(), e.to_string())),
         }
     }
     if wants(Part::Tradeoff) {

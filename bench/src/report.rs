@@ -183,6 +183,9 @@ pub struct Report {
     pub fast_cost: Option<crate::fastcost::FastCostResult>,
     /// Aligned sampling: sample times of several agents against the epoch grid.
     pub align: Option<crate::align::AlignResult>,
+    /// The series dictionary against protobuf metrics frames (`--only dict`).
+    #[serde(default)]
+    pub dict_cost: Option<crate::dictcost::DictCostResult>,
     /// The reliability trade-off: UC and RC at each injected loss rate.
     pub tradeoff: Vec<crate::tradeoff::TradeoffRow>,
     /// VM-suite perftest comparison.

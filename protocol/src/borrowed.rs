@@ -151,13 +151,45 @@ pub fn validate_metric_view(metric: &MetricView<'_>, limits: &Limits) -> Result<
 }
 
 /// Names one record's fields other than its value: two records with the same id have the
-/// same name, help, type, labels and timestamp, and no histogram fields
-/// ([`MetricBatchView::iter_with_ids`]). Ids are unique in the process.
+/// same name, help, type and labels, and no histogram fields
+/// ([`MetricBatchView::iter_with_ids`]); two remembered by the memo also the same timestamp
+/// ([`MetricBatchView::repeated`]). Ids are unique in the process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RecordId(u64);
 
 /// The next [`RecordId`] (0 is none).
 static NEXT_RECORD_ID: AtomicU64 = AtomicU64::new(1);
+
+impl RecordId {
+    /// A new id, unique in the process (for a record source other than the memo: a
+    /// series-dictionary entry, `dict::SeriesDict`).
+    pub fn fresh() -> RecordId {
+        RecordId(NEXT_RECORD_ID.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// The fields of one record other than its labels and buckets, for
+/// [`MetricBatchView::push_record`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PushRecord<'a> {
+    /// Its [`RecordId`], when its name, help, type and labels are those of every other
+    /// record with that id.
+    pub id: Option<RecordId>,
+    /// Metric name.
+    pub name: &'a str,
+    /// HELP text.
+    pub help: &'a str,
+    /// [`crate::payload::MetricType`] value.
+    pub r#type: i32,
+    /// Counter or gauge value.
+    pub value: f64,
+    /// Milliseconds since the Unix epoch; 0 means the frame's timestamp.
+    pub timestamp_ms: i64,
+    /// Histogram count.
+    pub count: u64,
+    /// Histogram sum.
+    pub sum: f64,
+}
 
 /// A metric as stored in the batch: labels and buckets as ranges of the shared vectors.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -732,6 +764,43 @@ impl<'a> MetricBatchView<'a> {
             self.clear();
         }
         result
+    }
+
+    /// Empties the batch for records added with [`MetricBatchView::push_record`].
+    pub fn clear_for_push(&mut self) {
+        self.clear();
+    }
+
+    /// Adds one record that the caller decoded and validated (the metric rules,
+    /// [`validate_metric_view`]): a record of a series-dictionary frame
+    /// (`dict::SeriesDict::decode_into`). Not remembered by the memo.
+    pub fn push_record(
+        &mut self,
+        r: PushRecord<'a>,
+        labels: impl IntoIterator<Item = LabelView<'a>>,
+        buckets: impl IntoIterator<Item = Bucket>,
+    ) {
+        let (l0, b0) = (self.labels.len(), self.buckets.len());
+        self.labels.extend(labels);
+        self.buckets.extend(buckets);
+        let span = |a: usize, b: usize| {
+            (
+                u32::try_from(a).unwrap_or(u32::MAX),
+                u32::try_from(b).unwrap_or(u32::MAX),
+            )
+        };
+        self.metrics.push(Entry {
+            id: r.id.map_or(0, |RecordId(id)| id),
+            name: r.name,
+            help: r.help,
+            r#type: r.r#type,
+            labels: span(l0, self.labels.len()),
+            value: r.value,
+            timestamp_ms: r.timestamp_ms,
+            buckets: span(b0, self.buckets.len()),
+            count: r.count,
+            sum: r.sum,
+        });
     }
 
     fn clear(&mut self) {

@@ -1,4 +1,5 @@
 //! Control-plane messages: handshake, heartbeats, loss reports and goodbye (DESIGN.md §6).
+//! One file because it is one concept: the prost mirror of `control.proto`'s message set.
 //!
 //! Sans-IO: this module turns [`ControlMessage`]s into bytes and bytes back into messages; the
 //! TCP connection belongs to the agent and the collector.
@@ -27,6 +28,7 @@ use thiserror::Error;
 
 mod counters;
 mod credit_word;
+mod dict_ack;
 mod lane;
 mod probe;
 use counters::check_agent_counters;
@@ -34,6 +36,7 @@ pub use counters::{
     AgentCounters, AgentDropReason, AgentStreamDropped, AgentStreamSent, MAX_AGENT_COUNTER_ENTRIES,
 };
 pub use credit_word::{CreditMr, CreditWord, CreditWrites, CREDIT_MR_BYTES, CREDIT_WORD_BYTES};
+pub use dict_ack::{DictAck, FEATURE_SERIES_DICTIONARY, KNOWN_FEATURES};
 pub use lane::{LaneReport, RcLane, RcLaneRequest};
 pub use probe::{Probe, ProbeAnswer};
 
@@ -174,6 +177,10 @@ pub struct Hello {
     /// credit by RDMA WRITE into it. `None`: an agent that takes credits from `Report`s only.
     #[prost(message, optional, tag = "10")]
     pub credit_mr: Option<CreditMr>,
+    /// Optional features the agent can use, one bit each ([`FEATURE_SERIES_DICTIONARY`]);
+    /// unknown bits are ignored.
+    #[prost(uint32, tag = "11")]
+    pub features: u32,
 }
 
 /// Collector → agent: prove you hold the token.
@@ -247,6 +254,10 @@ pub struct Welcome {
     /// ([`CreditWrites`]); `None`: credits travel in `Report`s only.
     #[prost(message, optional, tag = "13")]
     pub credit_writes: Option<CreditWrites>,
+    /// The features of [`Hello::features`] the collector takes on this connection (a
+    /// subset of the agent's bits it knows); 0 from a collector that predates the field.
+    #[prost(uint32, tag = "14")]
+    pub features: u32,
 }
 
 /// Collector → agent, in `Welcome` and `Report`s: how far the agent may send (DESIGN.md §4,
@@ -496,7 +507,7 @@ pub struct Goodbye {
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ControlMessage {
     /// The message; `None` fails validation.
-    #[prost(oneof = "Body", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10")]
+    #[prost(oneof = "Body", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 16")]
     pub body: Option<Body>,
 }
 
@@ -533,6 +544,9 @@ pub enum Body {
     /// Collector → agent, the answer to a [`Probe`].
     #[prost(message, tag = "10")]
     ProbeAnswer(ProbeAnswer),
+    /// Collector → agent, only after both announced [`FEATURE_SERIES_DICTIONARY`].
+    #[prost(message, tag = "16")]
+    DictAck(DictAck),
 }
 
 impl Body {
@@ -549,6 +563,7 @@ impl Body {
             Body::Goodbye(_) => "Goodbye",
             Body::Probe(_) => "Probe",
             Body::ProbeAnswer(_) => "ProbeAnswer",
+            Body::DictAck(_) => "DictAck",
         }
     }
 }
@@ -563,7 +578,7 @@ macro_rules! into_envelope {
     )*};
 }
 into_envelope!(Hello, Challenge, Proof, Welcome, Refuse, Heartbeat, Report, Goodbye);
-into_envelope!(Probe, ProbeAnswer);
+into_envelope!(Probe, ProbeAnswer, DictAck);
 
 // ---------------------------------------------------------------------------------------------
 // Validation
@@ -930,7 +945,7 @@ impl ControlMessage {
                 })
             }
             Body::Goodbye(m) => check_len("Goodbye", "detail", &m.detail, 0, MAX_DETAIL_BYTES),
-            Body::Probe(_) | Body::ProbeAnswer(_) => Ok(()),
+            Body::Probe(_) | Body::ProbeAnswer(_) | Body::DictAck(_) => Ok(()),
         }
     }
 }

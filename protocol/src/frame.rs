@@ -11,7 +11,7 @@
 //! |-------:|-----:|----------------|---------|
 //! | 0      | 4    | `magic`        | `b"UCTL"` ([`MAGIC`]) |
 //! | 4      | 1    | `version`      | `1` ([`VERSION`]); any other value is rejected |
-//! | 5      | 1    | `kind`         | [`FrameKind`]: 1 metrics, 2 logs, 3 heartbeat, 4 samples |
+//! | 5      | 1    | `kind`         | [`FrameKind`]: 1 metrics, 2 logs, 3 heartbeat, 4 samples, 5 metrics_dict |
 //! | 6      | 2    | `flags`        | [`FrameFlags`]; bit 0 `LAST_OF_EPOCH`, other bits must be 0 |
 //! | 8      | 4    | `stream_id`    | stream within the agent (one framer per stream) |
 //! | 12     | 4    | `payload_len`  | payload bytes following the header |
@@ -24,7 +24,8 @@
 //! | 60     | 4    | `reserved`     | must be 0 |
 //!
 //! The payload is `payload_len` bytes: a `MetricBatch` (kind 1), `LogBatch` (kind 2) or
-//! `SampleBatch` (kind 4) of `proto/uctel.proto`, empty for heartbeats (kind 3). On a
+//! `SampleBatch` (kind 4) of `proto/uctel.proto`, a series-dictionary body (kind 5,
+//! `dict`), empty for heartbeats (kind 3). On a
 //! samples stream `record_count` counts samples ([`crate::samples`]).
 //!
 //! A frame may sit at the start of a larger buffer (a ring slot or a receive buffer):
@@ -82,6 +83,10 @@ pub enum FrameKind {
     Heartbeat = 3,
     /// Payload is a `SampleBatch` ([`crate::samples`]): one record per sample.
     Samples = 4,
+    /// Payload is a series-dictionary body (`dict`): metrics as values of series
+    /// defined once per epoch; one record per value. Sent only to a collector that
+    /// announced the capability in `Welcome` (`control::FEATURE_SERIES_DICTIONARY`).
+    MetricsDict = 5,
 }
 
 impl FrameKind {
@@ -92,6 +97,7 @@ impl FrameKind {
             2 => Some(FrameKind::Logs),
             3 => Some(FrameKind::Heartbeat),
             4 => Some(FrameKind::Samples),
+            5 => Some(FrameKind::MetricsDict),
             _ => None,
         }
     }
@@ -103,6 +109,7 @@ impl FrameKind {
             FrameKind::Logs => "logs",
             FrameKind::Heartbeat => "heartbeat",
             FrameKind::Samples => "samples",
+            FrameKind::MetricsDict => "metrics_dict",
         }
     }
 }
@@ -773,6 +780,11 @@ pub fn decode_frame(buf: &[u8], limits: &Limits) -> Result<DecodedFrame, DecodeE
         FrameKind::Samples => {
             crate::samples::decode_sample_batch(body, limits).map(Payload::Samples)
         }
+        // Needs the stream's dictionary: `dict::SeriesDict::decode_into`, or
+        // `dict::decode_frame_alone` for a frame that defines every series it carries.
+        FrameKind::MetricsDict => Err(PayloadError::Dictionary(
+            payload::DictError::UnknownSeries { id: u32::MAX },
+        )),
     };
     match decoded {
         Ok(payload) => Ok(DecodedFrame { header, payload }),
@@ -951,7 +963,7 @@ mod tests {
         );
         check(&|b| b[4] = 2, FrameError::UnsupportedVersion { found: 2 });
         check(&|b| b[5] = 0, FrameError::UnknownKind { found: 0 });
-        check(&|b| b[5] = 5, FrameError::UnknownKind { found: 5 });
+        check(&|b| b[5] = 6, FrameError::UnknownKind { found: 6 });
         check(
             &|b| b[6..8].copy_from_slice(&[0x80, 0x01]),
             FrameError::UnknownFlags { bits: 0x8001 },

@@ -114,6 +114,22 @@ impl fmt::Debug for BuiltFrame {
 }
 
 impl BuiltFrame {
+    /// A frame of `records` records whose header (in `bytes`) says `stream_seq` and
+    /// `record_count` (for the other framers of this crate).
+    pub(crate) fn from_parts(
+        bytes: Vec<u8>,
+        stream_seq: u64,
+        records: u32,
+        record_count: u64,
+    ) -> Self {
+        BuiltFrame {
+            bytes,
+            stream_seq,
+            records,
+            record_count,
+        }
+    }
+
     /// The frame bytes (header + payload), exactly the frame's length.
     pub fn bytes(&self) -> &[u8] {
         &self.bytes

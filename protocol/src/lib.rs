@@ -13,6 +13,9 @@
 //! [`frame::decode_frame`], which never panics on any input; a receiver on the hot path
 //! decodes metric payloads with [`borrowed::MetricBatchView`] (zero-copy `&str` views).
 //!
+//! Metrics may also travel as values of series defined once per epoch ([`dict`]): a
+//! dictionary acknowledged by the collector, so frames stay decodable on their own.
+//!
 //! # Sequences
 //!
 //! [`seq::Seq`] is the wrap-aware frame sequence (RFC 1982 serial-number comparison and
@@ -29,6 +32,7 @@
 
 pub mod borrowed;
 pub mod control;
+pub mod dict;
 pub mod frame;
 pub mod framer;
 pub mod limits;

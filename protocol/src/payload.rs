@@ -284,6 +284,66 @@ pub enum SamplesError {
     },
 }
 
+/// Why a series-dictionary body (`kind = metrics_dict`) was rejected (a malformed payload).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DictError {
+    /// The body ends inside a record, or a varint runs past 10 bytes.
+    #[error("truncated or malformed at byte {offset}")]
+    Truncated {
+        /// Byte offset in the body.
+        offset: usize,
+    },
+    /// A body version other than 1 (or an empty body).
+    #[error("body version {found:?}, expected 1")]
+    Version {
+        /// The version byte, `None` for an empty body.
+        found: Option<u8>,
+    },
+    /// An id outside `0..u32::MAX`.
+    #[error("series id out of range at byte {offset}")]
+    BadId {
+        /// Byte offset of the record.
+        offset: usize,
+    },
+    /// A string that is not UTF-8.
+    #[error("a string at byte {offset} is not UTF-8")]
+    Utf8 {
+        /// Byte offset of the string.
+        offset: usize,
+    },
+    /// A definition with the timestamp flag set.
+    #[error("definition of series {id} with a timestamp")]
+    TimestampOnDefinition {
+        /// The id.
+        id: u32,
+    },
+    /// A value for an id neither defined in the frame nor known to the receiver.
+    #[error("series {id} is neither defined in the frame nor known")]
+    UnknownSeries {
+        /// The id.
+        id: u32,
+    },
+    /// An id defined again with another definition in the same epoch.
+    #[error("series {id} defined again with another definition")]
+    Conflict {
+        /// The id.
+        id: u32,
+    },
+    /// A histogram value for a series that is not a histogram, or the reverse.
+    #[error("series {id}: value does not match its type")]
+    TypeMismatch {
+        /// The id.
+        id: u32,
+    },
+    /// A histogram whose count is below its last bucket's cumulative count, or whose
+    /// cumulative counts overflow.
+    #[error("series {id}: histogram counts inconsistent")]
+    HistogramCounts {
+        /// The id.
+        id: u32,
+    },
+}
+
 /// Why a payload was rejected.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum PayloadError {
@@ -308,6 +368,9 @@ pub enum PayloadError {
         #[source]
         source: RecordError,
     },
+    /// A series-dictionary body that is malformed or names a series it cannot.
+    #[error("series dictionary: {0}")]
+    Dictionary(#[from] DictError),
     /// A heartbeat frame with a non-empty payload.
     #[error("heartbeat frame carries a {len}-byte payload, must be empty")]
     HeartbeatPayload {

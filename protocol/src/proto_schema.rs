@@ -145,6 +145,7 @@ fn prost_structs_match_the_proto_files() {
         include_str!("control/probe.rs"),
         include_str!("control/credit_word.rs"),
         include_str!("control/lane.rs"),
+        include_str!("control/dict_ack.rs"),
     ] {
         let mut oneofs = Vec::new();
         parse_rust(source, &mut rust, &mut oneofs);

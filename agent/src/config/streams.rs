@@ -57,6 +57,7 @@ fn metrics_stream() -> StreamSection {
         on_no_credit: Some(OnNoCredit::Wait),
         queue_records: Some(65536),
         buffer_while_disconnected_records: Some(crate::buffer::DEFAULT_BUFFER_RECORDS),
+        series_dictionary: Some(true),
         ..StreamSection::default()
     }
 }
@@ -124,6 +125,12 @@ impl StreamsSection {
         self.metrics
             .buffer_while_disconnected_records
             .unwrap_or(crate::buffer::DEFAULT_BUFFER_RECORDS)
+    }
+
+    /// Whether the metrics stream asks for the series dictionary (`streams.metrics.
+    /// series_dictionary`, default true).
+    pub fn series_dictionary(&self) -> bool {
+        self.metrics.series_dictionary.unwrap_or(true)
     }
 
     /// The out-of-credit behaviour of `stream`, defaults applied.
@@ -240,6 +247,15 @@ pub struct StreamSection {
     /// key is refused on those streams.
     #[serde(default)]
     pub buffer_while_disconnected_records: Option<usize>,
+    /// `streams.metrics` only: send metrics as values of series defined once per epoch
+    /// (frame kind `metrics_dict`, `uctel_protocol::dict`) when the collector offers it in
+    /// its `Welcome`: a series' name, labels, type and help travel with its value until the
+    /// collector acknowledges them, then only `(id, value)`, about 5 bytes per sample of
+    /// node_exporter-style host metrics instead of about 90. A collector that does not offer
+    /// it gets `kind = metrics` frames as before. Default true; `false` always sends
+    /// `kind = metrics` frames. Refused on the other streams.
+    #[serde(default)]
+    pub series_dictionary: Option<bool>,
     /// A frame that is not full is sent at the latest this long after its first record.
     /// Default 200 ms.
     #[serde(default = "default_flush_ms")]
@@ -265,6 +281,7 @@ impl Default for StreamSection {
             on_no_credit: None,
             queue_records: None,
             buffer_while_disconnected_records: None,
+            series_dictionary: None,
             flush_milliseconds: default_flush_ms(),
             reliability: Reliability::Uc,
         }

@@ -80,6 +80,11 @@ pub(super) async fn establish(
             rkey: plane.credit_mr().rkey(),
             length: control::CREDIT_MR_BYTES,
         }),
+        features: if config.streams.series_dictionary() {
+            uctel_protocol::control::FEATURE_SERIES_DICTIONARY
+        } else {
+            0
+        },
     };
     let welcome = conn
         .handshake(hello, token, connect_timeout)

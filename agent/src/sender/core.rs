@@ -49,6 +49,8 @@ use std::time::{Duration, Instant};
 
 use uctel_protocol::frame::{self, FrameHeader};
 use uctel_protocol::framer::{BuiltFrame, Framer, FramerError, PushOutcome, Rejection};
+
+use super::metrics::MetricsFramer;
 use uctel_protocol::limits::Limits;
 use uctel_protocol::payload::{LogRecord, Metric};
 use uctel_protocol::samples::SampleSeries;
@@ -308,7 +310,7 @@ struct StreamState {
 #[derive(Debug)]
 pub struct SenderCore {
     epoch: u64,
-    metrics_framer: Framer<Metric>,
+    metrics_framer: MetricsFramer,
     logs_framer: Framer<LogRecord>,
     samples_framer: Framer<SampleSeries>,
     streams: [StreamState; STREAMS],
@@ -393,7 +395,7 @@ impl SenderCore {
         };
         Ok(SenderCore {
             epoch,
-            metrics_framer: Framer::new(
+            metrics_framer: MetricsFramer::new(
                 Stream::Metrics.id(),
                 config.first_stream_seq,
                 config.limits.clone(),
@@ -527,6 +529,26 @@ impl SenderCore {
     /// collection finds in the steady state.
     pub fn credits_recovered(&self) -> bool {
         self.credits.available() >= self.credits.granted_window()
+    }
+
+    /// Sends metrics as series-dictionary frames (`kind = metrics_dict`) from now on: the
+    /// collector offered it in its `Welcome`. Only before the first metric; false (and
+    /// nothing changes) after it.
+    pub fn use_series_dictionary(&mut self) -> bool {
+        self.metrics_framer.use_dictionary(&self.limits)
+    }
+
+    /// Whether metrics go out as series-dictionary frames.
+    pub fn series_dictionary(&self) -> bool {
+        self.metrics_framer.is_dictionary()
+    }
+
+    /// The collector's `DictAck`: it knows the metrics stream's series ids below
+    /// `known_up_to` in `epoch`. One of another epoch or stream is ignored.
+    pub fn on_dict_ack(&mut self, ack: &uctel_protocol::control::DictAck) {
+        if ack.epoch == self.epoch && ack.stream_id == Stream::Metrics.id() {
+            self.metrics_framer.on_ack(ack.known_up_to);
+        }
     }
 
     /// Adds one metric sample at `now` / `unix_ns` (frame timestamp, ns since the Unix epoch).
@@ -1157,7 +1179,7 @@ impl SenderCore {
                 kept.push_back(p);
                 continue;
             }
-            match decode_built_metrics(&p.bytes, &self.limits) {
+            match self.metrics_framer.decode_built(&p.bytes, &self.limits) {
                 Some(records) => {
                     taken += u64::from(p.records);
                     back.extend(records);
@@ -1261,20 +1283,6 @@ fn cut_to_fit(r: &LogRecord, encoded_len: usize, max_payload_bytes: usize) -> Op
         value: "frame".into(),
     });
     Some(cut)
-}
-
-/// The samples of a framer-built (unsealed) metrics frame, each without a timestamp given
-/// the frame's; `None` if the bytes do not decode.
-fn decode_built_metrics(bytes: &[u8], limits: &Limits) -> Option<Vec<Metric>> {
-    let frame = frame::Frame::new_checked(bytes).ok()?;
-    let ts_ms = i64::try_from(frame.timestamp_ns() / 1_000_000).unwrap_or(i64::MAX);
-    let mut batch = uctel_protocol::payload::decode_metric_batch(frame.payload(), limits).ok()?;
-    for m in &mut batch.metrics {
-        if m.timestamp_ms == 0 {
-            m.timestamp_ms = ts_ms;
-        }
-    }
-    Some(batch.metrics)
 }
 
 /// Writes the connection and stream fields into a framer-built frame and seals it.

@@ -6,4 +6,5 @@
 //!   frames from the pipeline to a [`pump::FrameSink`].
 
 pub mod core;
+mod metrics;
 pub mod pump;

@@ -230,6 +230,86 @@ fn dry_run_once_prints_decodable_frames_of_host_metrics_and_logs() {
     assert!(!dir.path().join("state").exists());
 }
 
+/// Metrics frames of a dry run of `seconds` with host metrics every 0.5 s and
+/// `streams.metrics.series_dictionary: dictionary`.
+fn dry_run_metrics_frames(dictionary: bool, seconds: u64) -> Vec<serde_json::Value> {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let cfg = write(
+        dir.path(),
+        "agent.yaml",
+        &format!(
+            "agent_id: dry\ncollector:\n  control: 127.0.0.1:1\nauth:\n  token: t\nsources:\n  host_metrics:\n    interval_seconds: 0.5\n  state_directory: {}/state\nstreams:\n  metrics:\n    series_dictionary: {dictionary}\n",
+            dir.path().display()
+        ),
+    );
+    let child = agent()
+        .arg("--config")
+        .arg(&cfg)
+        .args(["--dry-run", "--log-level", "warn"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    std::thread::sleep(Duration::from_secs(seconds));
+    let pid = child.id().to_string();
+    let killed = Command::new("kill").args(["-TERM", &pid]).status();
+    assert!(killed.is_ok_and(|s| s.success()));
+    let out = child.wait_with_output().unwrap_or_else(|e| panic!("{e}"));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| panic!("{e}: {l}"))
+        })
+        .filter(|f| {
+            f["stream"] == "metrics" && f["records"].as_array().is_some_and(|r| !r.is_empty())
+        })
+        .collect()
+}
+
+#[test]
+fn dry_run_prints_dictionary_frames_with_and_without_definitions() {
+    let frames = dry_run_metrics_frames(true, 3);
+    assert!(
+        frames.iter().all(|f| f["kind"] == "metrics_dict"),
+        "{frames:?}"
+    );
+    assert!(frames.iter().all(|f| f.get("decode_error").is_none()));
+    let defining = frames
+        .iter()
+        .filter(|f| f["definitions"].as_u64() > Some(0))
+        .count();
+    let values_only: Vec<_> = frames.iter().filter(|f| f["definitions"] == 0).collect();
+    assert!(
+        defining > 0 && !values_only.is_empty(),
+        "{defining} defining, {} values only",
+        values_only.len()
+    );
+    let names: Vec<&str> = values_only
+        .iter()
+        .flat_map(|f| f["records"].as_array().into_iter().flatten())
+        .filter_map(|r| r["name"].as_str())
+        .collect();
+    assert!(names.contains(&"node_load1"), "{names:?}");
+    let plain = dry_run_metrics_frames(false, 2);
+    assert!(
+        !plain.is_empty()
+            && plain
+                .iter()
+                .all(|f| f["kind"] == "metrics" && f.get("definitions").is_none())
+    );
+    // Values-only frames are a fraction of the size of the plain ones.
+    let bytes = |fs: &[&serde_json::Value]| {
+        let b: u64 = fs.iter().map(|f| f["frame_bytes"].as_u64().unwrap()).sum();
+        let r: usize = fs
+            .iter()
+            .map(|f| f["records"].as_array().unwrap().len())
+            .sum();
+        b as f64 / r as f64
+    };
+    let dict = bytes(&values_only);
+    let old = bytes(&plain.iter().collect::<Vec<_>>());
+    assert!(dict * 4.0 < old, "{dict} against {old} bytes per sample");
+}
+
 #[test]
 fn sigterm_ends_the_session_with_a_goodbye_and_exit_0() {
     let rt = tokio::runtime::Builder::new_multi_thread()

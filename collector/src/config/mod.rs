@@ -700,6 +700,13 @@ pub struct MetricsConfig {
     /// it fires and is seen, then the series goes (agent ids that never return do not pile
     /// up). An agent that comes back is 1 again. Default 3600 (one hour).
     pub agent_up_retention_seconds: Seconds<3600>,
+    /// Take metrics as values of series defined once per epoch (frame kind
+    /// `metrics_dict`, `uctel_protocol::dict`) from agents that announce it in `Hello`:
+    /// the collector says so in its `Welcome` and acknowledges the series it learnt
+    /// (`DictAck`, at most once per report interval per stream, only when the number
+    /// grew). `false`: agents keep sending `kind = metrics` frames, every series named in
+    /// every frame. Default true.
+    pub series_dictionary: bool,
 }
 
 impl Default for MetricsConfig {
@@ -707,6 +714,7 @@ impl Default for MetricsConfig {
         Self {
             expose_timestamps: true,
             agent_up_retention_seconds: Seconds::default(),
+            series_dictionary: true,
         }
     }
 }

@@ -45,10 +45,11 @@ use super::{refuse, send_within, sleep_until, GOODBYE_DRAIN, GOODBYE_WAIT};
 use crate::config::Config;
 use crate::credits::ConnLimits;
 use crate::dataplane::{Geometry, Session};
-use crate::ingest::{CloseSummary, ConnectionIngest, StreamLedger};
+use crate::ingest::{CloseSummary, ConnectionIngest, DictAckOutbox, StreamLedger};
 use crate::shared::Shared;
 use crate::status::SessionView;
 use crate::telemetry::AgentTelemetry;
+use uctel_protocol::control::FEATURE_SERIES_DICTIONARY;
 
 /// What a session needs from its [`Registry`] entry.
 #[derive(Debug)]
@@ -113,10 +114,11 @@ pub(super) async fn run_session(
     } = live;
     let agent = accepted.hello.agent_id.clone();
     let tel = shared.telemetry.agent(&agent);
-    let (lanes, geometry) = match open_lanes(shared, peer, &accepted, &registry, &tel).await {
-        Ok(opened) => opened,
-        Err(r) => return refuse(ch, shared, peer, r).await,
-    };
+    let (lanes, geometry, dict_acks) =
+        match open_lanes(shared, peer, &accepted, &registry, &tel).await {
+            Ok(opened) => opened,
+            Err(r) => return refuse(ch, shared, peer, r).await,
+        };
     let timing = timing(&shared.config);
     let id = lanes.uc().id;
     let hello = &accepted.hello;
@@ -140,6 +142,11 @@ pub(super) async fn run_session(
         credit_grant: Some(first_grant),
         rc_lane: lanes.welcome_rc(local_ip),
         credit_writes: None,
+        features: if dict_acks.is_some() {
+            FEATURE_SERIES_DICTIONARY
+        } else {
+            0
+        },
     };
     let (welcome, credit) = offer_credit_writes(shared, hello, &lanes, first_grant, welcome);
     if let Err(e) = ch.send(welcome).await {
@@ -178,6 +185,7 @@ pub(super) async fn run_session(
         agent,
         tel,
         lanes,
+        dict_acks,
         state: SessionState::new(timing, link.clone(), now),
         credit,
     };
@@ -349,9 +357,13 @@ async fn open_lanes(
     accepted: &Accepted,
     registry: &Registry,
     tel: &AgentTelemetry,
-) -> Result<(Lanes, Geometry), Refusal> {
+) -> Result<(Lanes, Geometry, Option<DictAckOutbox>), Refusal> {
     let cfg = &shared.config;
     let hello = &accepted.hello;
+    // The series dictionary when the agent announced it and this collector takes it.
+    let dict_acks = (cfg.metrics.series_dictionary
+        && hello.features & FEATURE_SERIES_DICTIONARY != 0)
+        .then(DictAckOutbox::default);
     let agent = hello.agent_id.as_str();
     let fail = |detail: String| Refusal::new(RefuseReason::Busy, agent, detail);
     let geometry = geometry(cfg, hello, accepted.data_path);
@@ -372,10 +384,16 @@ async fn open_lanes(
     let previous_epoch = registry.swap_epoch(agent, hello.epoch);
     let lane_ingest = || new_ingest(shared, hello, previous_epoch, tel);
     let mut ingest = lane_ingest().map_err(|e| fail(e.to_string()))?;
+    if let Some(outbox) = &dict_acks {
+        ingest.set_dict_acks(outbox.clone());
+    }
     let rc = match rc_remote {
         None => None,
         Some((remote, streams)) => {
-            let rc_ingest = lane_ingest().map_err(|e| fail(e.to_string()))?;
+            let mut rc_ingest = lane_ingest().map_err(|e| fail(e.to_string()))?;
+            if let Some(outbox) = &dict_acks {
+                rc_ingest.set_dict_acks(outbox.clone());
+            }
             ingest.set_lane_streams(streams.clone(), false);
             Some((remote, streams, rc_ingest))
         }
@@ -401,7 +419,7 @@ async fn open_lanes(
             }
         }
     }
-    Ok((lanes, geometry))
+    Ok((lanes, geometry, dict_acks))
 }
 
 /// One lane's ingest of the agent `hello`, delivering into the collector's outputs (with
@@ -458,6 +476,8 @@ struct Driver<'a> {
     agent: String,
     tel: AgentTelemetry,
     lanes: Lanes,
+    /// The series dictionary's acknowledgments to send after each report, when agreed.
+    dict_acks: Option<DictAckOutbox>,
     state: SessionState,
     /// Credits written into the agent's memory, when it offered (`credit_write`).
     credit: Option<Writes>,
@@ -605,7 +625,22 @@ impl Driver<'_> {
             let posted = w.writer.write(consumed_next);
             self.shared.credits.count_write(posted);
         }
-        self.send(report, "a report").await
+        if let Flow::End(e) = self.send(report, "a report").await {
+            return Flow::End(e);
+        }
+        // The dictionary acknowledgments the report's ingest produced (after the report,
+        // which took them): a message of their own, sent only when a prefix advanced.
+        for ack in self
+            .dict_acks
+            .as_ref()
+            .map(DictAckOutbox::take)
+            .unwrap_or_default()
+        {
+            if let Flow::End(e) = self.send(ack, "a dictionary acknowledgment").await {
+                return Flow::End(e);
+            }
+        }
+        Flow::Go
     }
 
     /// A report interval (or an early report) without a `Report`: the grant and consumed

@@ -42,6 +42,7 @@ impl<D: Delivery> ConnectionIngest<D> {
     ) -> Result<Delivered, PayloadError> {
         match header.kind {
             FrameKind::Metrics => self.deliver_metrics(header, body, now),
+            FrameKind::MetricsDict => self.deliver_metrics_dict(header, body, now),
             FrameKind::Logs => self.deliver_logs(header, body),
             FrameKind::Samples => self.deliver_samples(header, body, now),
             FrameKind::Heartbeat if body.is_empty() => Ok(Delivered::default()),
@@ -72,6 +73,39 @@ impl<D: Delivery> ConnectionIngest<D> {
                 replayed: 0,
             }
         });
+        self.metrics = batch.recycle();
+        delivered
+    }
+
+    /// A series-dictionary metrics frame (`uctel_protocol::dict`), decoded with the
+    /// stream's dictionary of this epoch into the reused batch: one record per value. The
+    /// frame's definitions join the dictionary only if the whole frame is valid; what the
+    /// dictionary then knows is acknowledged in the next report
+    /// ([`ConnectionIngest::take_dict_acks`](super::ConnectionIngest)).
+    fn deliver_metrics_dict(
+        &mut self,
+        header: &FrameHeader,
+        body: &[u8],
+        now: Instant,
+    ) -> Result<Delivered, PayloadError> {
+        let dict = self.dicts.entry(header.stream_id).or_default();
+        let mut batch = std::mem::take(&mut self.metrics).recycle();
+        let delivered = dict
+            .decode_into(body, header.timestamp_ns, &self.limits, &mut batch)
+            .map(|()| {
+                let out = self.delivery.metrics(
+                    &self.agent,
+                    &self.instance,
+                    header.timestamp_ns,
+                    &batch,
+                    now,
+                );
+                count_rejected(&self.tel, header, &out);
+                Delivered {
+                    records: batch.len() as u64,
+                    replayed: 0,
+                }
+            });
         self.metrics = batch.recycle();
         delivered
     }
@@ -138,19 +172,28 @@ impl<D: Delivery> ConnectionIngest<D> {
 
     /// Counts the samples the store rejected, by reason, as dropped records.
     fn count_rejected(&self, header: &FrameHeader, out: &IngestOutcome) {
-        for (rejection, n) in &out.rejected {
-            self.tel.drop_records(
-                rejection.drop_reason(),
-                *n,
-                &format_args!(
-                    "stream {} stream_seq {}: {} sample(s) not stored ({})",
-                    StreamName(header.stream_id),
-                    header.stream_seq,
-                    n,
-                    rejection.as_str()
-                ),
-            );
-        }
+        count_rejected(&self.tel, header, out);
+    }
+}
+
+/// Counts the samples the store rejected, by reason, as dropped records of `tel`.
+fn count_rejected(
+    tel: &crate::telemetry::AgentTelemetry,
+    header: &FrameHeader,
+    out: &IngestOutcome,
+) {
+    for (rejection, n) in &out.rejected {
+        tel.drop_records(
+            rejection.drop_reason(),
+            *n,
+            &format_args!(
+                "stream {} stream_seq {}: {} sample(s) not stored ({})",
+                StreamName(header.stream_id),
+                header.stream_seq,
+                n,
+                rejection.as_str()
+            ),
+        );
     }
 }
 

@@ -63,7 +63,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use uctel_protocol::borrowed::MetricBatchView;
-use uctel_protocol::control::{Goodbye, Heartbeat, Report, StreamFinal, StreamReport};
+use uctel_protocol::control::{DictAck, Goodbye, Heartbeat, Report, StreamFinal, StreamReport};
+use uctel_protocol::dict::SeriesDict;
 use uctel_protocol::limits::Limits;
 use uctel_protocol::seq::Seq;
 use uctel_protocol::stream::StreamName;
@@ -84,6 +85,8 @@ pub const MAX_STREAMS_PER_CONNECTION: usize = 1024;
 mod account;
 mod check;
 mod deliver;
+#[cfg(test)]
+mod dict_tests;
 mod replay;
 mod stream;
 mod track;
@@ -228,6 +231,37 @@ pub struct ConnectionIngest<D = Outputs> {
     /// With an RC lane on the connection: its stream ids, and whether this ingest takes only
     /// those (the RC lane's) or all others (the UC lane's); `None`: every stream.
     lane_streams: Option<(Vec<u32>, bool)>,
+    /// The series dictionary of each stream that sent `metrics_dict` frames, for this
+    /// connection's epoch (at most [`MAX_STREAMS_PER_CONNECTION`], as the trackers).
+    dicts: HashMap<u32, SeriesDict>,
+    /// Where the dictionaries' acknowledgments go, when the agent and the collector agreed
+    /// on the series dictionary ([`ConnectionIngest::set_dict_acks`]).
+    dict_acks: Option<DictAckOutbox>,
+}
+
+/// The series-dictionary acknowledgments (`DictAck`) a connection's ingest produced, for
+/// its control session to send: at most one per stream per report, and only when the
+/// stream's acknowledged prefix advanced. Clone to share.
+#[derive(Clone, Debug, Default)]
+pub struct DictAckOutbox(Arc<std::sync::Mutex<Vec<DictAck>>>);
+
+impl DictAckOutbox {
+    /// Takes what waits, oldest first.
+    pub fn take(&self) -> Vec<DictAck> {
+        std::mem::take(
+            &mut *self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    fn put(&self, acks: impl IntoIterator<Item = DictAck>) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend(acks);
+    }
 }
 
 impl ConnectionIngest<Outputs> {
@@ -304,6 +338,8 @@ impl<D: Delivery> ConnectionIngest<D> {
             file_highs: HashMap::new(),
             rc_gaps: None,
             lane_streams: None,
+            dicts: HashMap::new(),
+            dict_acks: None,
         })
     }
 
@@ -312,6 +348,31 @@ impl<D: Delivery> ConnectionIngest<D> {
     /// documentation). Without it a connection compares only with itself (never discards).
     pub fn share_delivered(&mut self, delivered: DeliveredLogs) {
         self.delivered = delivered;
+    }
+
+    /// Sends the series dictionaries' acknowledgments to `outbox` (the agent announced the
+    /// series dictionary and the collector took it): at each [`ConnectionIngest::report`],
+    /// one `DictAck` per stream whose known prefix advanced. Without it none is produced
+    /// (an agent that did not ask never gets a message it does not know).
+    pub fn set_dict_acks(&mut self, outbox: DictAckOutbox) {
+        self.dict_acks = Some(outbox);
+    }
+
+    /// The acknowledgments due now: per stream whose dictionary's known prefix advanced
+    /// since the last call. Called by [`ConnectionIngest::report`] (once per report
+    /// interval: the rate limit).
+    pub fn take_dict_acks(&mut self) -> Vec<DictAck> {
+        let epoch = self.epoch;
+        self.dicts
+            .iter_mut()
+            .filter_map(|(stream_id, d)| {
+                d.take_ack().map(|known_up_to| DictAck {
+                    epoch,
+                    stream_id: *stream_id,
+                    known_up_to,
+                })
+            })
+            .collect()
     }
 
     /// Where this connection delivers.
@@ -441,6 +502,9 @@ impl<D: Delivery> ConnectionIngest<D> {
     /// [`ConnectionIngest::handle_timeout`]).
     pub fn report(&mut self) -> Report {
         self.update_conn_lost();
+        if let Some(outbox) = self.dict_acks.clone() {
+            outbox.put(self.take_dict_acks());
+        }
         let series = self.delivery.series_count(&self.agent);
         self.tel
             .series

@@ -31,6 +31,7 @@ mod rules;
 mod scrape;
 mod scrape_limits;
 mod scrape_targets;
+mod series_dictionary;
 mod slurm;
 mod status_api;
 mod structure;

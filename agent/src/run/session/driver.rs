@@ -89,7 +89,16 @@ fn start(
         .credit_writes
         .map(|_| CreditReader::new(plane.credit_mr().clone(), epoch));
     let uc = Lane::new(Reliability::Uc, plane, core, sender_config.credit_window);
-    let lanes = Lanes::new(uc, rc);
+    let mut lanes = Lanes::new(uc, rc);
+    // The series dictionary when both sides announced it (`Hello.features`,
+    // `Welcome.features`); the lane carrying the metrics stream uses it.
+    let dictionary = config.streams.series_dictionary()
+        && welcome.features & uctel_protocol::control::FEATURE_SERIES_DICTIONARY != 0;
+    if dictionary {
+        for lane in lanes.iter_mut() {
+            lane.core.use_series_dictionary();
+        }
+    }
     stats.set_connected(true);
     if previous_sessions > 0 {
         stats.reconnected();
@@ -102,6 +111,7 @@ fn start(
         max_frame_bytes = sender_config.limits.max_frame_bytes,
         rc_slots = welcome.rc_lane.as_ref().filter(|_| lanes.rc().is_some()).map(|l| l.slots),
         rc_credit_window = lanes.rc().map(|l| l.credit_window),
+        series_dictionary = dictionary,
         announced_frames_per_second = connector.demand.announce(config.collector.expected_frames_per_second),
         "connected to the collector"
     );

@@ -225,6 +225,12 @@ impl Session {
                 self.on_report(&r, now, demand);
                 Ok(())
             }
+            Some(Body::DictAck(a)) => {
+                for lane in self.lanes.iter_mut() {
+                    lane.core.on_dict_ack(&a);
+                }
+                Ok(())
+            }
             Some(Body::Heartbeat(_)) => Ok(()),
             Some(Body::Goodbye(g)) if g.reason == GoodbyeReason::Drain as i32 => {
                 Err(SessionEnd::Drain(g.detail))
