@@ -913,44 +913,145 @@ pub const LOG_HANDOFF_GRACE: Duration = Duration::from_secs(10);
 /// fsync and rename).
 const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
 
-/// Runs one log tailer on the calling thread until `shutdown`, then writes a final checkpoint
-/// once the sender has settled every offered line or stopped (bounded by
-/// [`LOG_HANDOFF_GRACE`]).
-///
-/// Checkpoints cover only settled lines ([`Handoff`]): a line still queued, or framed but not
-/// sent, when the agent stops is read again after a restart, and a line sent is not.
-#[allow(clippy::needless_pass_by_value)]
+/// A log source whose records settle through the [`Handoff`] and whose position is
+/// checkpointed only for settled records: the file tailer ([`LogTailer`]) and the journald
+/// source ([`crate::sources::journald::JournalSource`]). [`settled_source_loop`] runs one.
+pub trait SettledSource {
+    /// Appends at most `max` new records to `out`; returns whether more are ready now (poll
+    /// again soon).
+    fn poll_records(&mut self, out: &mut Vec<LogRecord>, max: usize) -> bool;
+    /// The oldest `n` records returned and not settled yet are settled.
+    fn settle(&mut self, n: usize);
+    /// Writes the checkpoint of what is settled; a failure is counted and logged by the
+    /// source, and the previous checkpoint stays in force.
+    fn checkpoint_settled(&mut self);
+    /// Records returned and not settled yet.
+    fn unsettled(&self) -> usize;
+    /// Reads again every record returned and not settled (an RC lane failed); returns those
+    /// that cannot be read again.
+    fn rewind(&mut self) -> u64;
+    /// The loop stops: the source releases what it holds (gauges, child processes).
+    fn finish(&mut self) {}
+}
+
+impl SettledSource for LogTailer {
+    fn poll_records(&mut self, out: &mut Vec<LogRecord>, max: usize) -> bool {
+        let ps = self.poll(Instant::now(), std::time::SystemTime::now, out, max);
+        for e in ps.errors.iter().take(1) {
+            tracing::debug!(error = %e, "log source read error");
+        }
+        ps.more_pending
+    }
+    fn settle(&mut self, n: usize) {
+        LogTailer::settle(self, n);
+    }
+    fn checkpoint_settled(&mut self) {
+        if let Err(e) = LogTailer::checkpoint_settled(self) {
+            tracing::warn!(error = %e, "log checkpoint failed; the previous one stays in force");
+        }
+    }
+    fn unsettled(&self) -> usize {
+        LogTailer::unsettled(self)
+    }
+    fn rewind(&mut self) -> u64 {
+        LogTailer::rewind(self)
+    }
+}
+
+/// [`LogTailer`] with its counters, as a [`SettledSource`].
+struct TailerSource {
+    tailer: LogTailer,
+    metrics: LogMetrics,
+    before: LogSourceCounts,
+    last_files: i64,
+}
+
+impl SettledSource for TailerSource {
+    fn poll_records(&mut self, out: &mut Vec<LogRecord>, max: usize) -> bool {
+        let ps = self
+            .tailer
+            .poll(Instant::now(), std::time::SystemTime::now, out, max);
+        for e in ps.errors.iter().take(1) {
+            tracing::debug!(error = %e, "log source read error");
+        }
+        let now = self.tailer.counts().clone();
+        self.metrics.add(&self.before, &now);
+        self.before = now;
+        let files = i64::try_from(ps.files).unwrap_or(i64::MAX);
+        self.metrics.files.add(files - self.last_files);
+        self.last_files = files;
+        ps.more_pending
+    }
+    fn settle(&mut self, n: usize) {
+        self.tailer.settle(n);
+    }
+    fn checkpoint_settled(&mut self) {
+        if let Err(e) = self.tailer.checkpoint_settled() {
+            self.metrics.checkpoint_errors.inc();
+            tracing::warn!(error = %e, "log checkpoint failed; the previous one stays in force");
+        }
+    }
+    fn unsettled(&self) -> usize {
+        self.tailer.unsettled()
+    }
+    fn rewind(&mut self) -> u64 {
+        self.tailer.rewind()
+    }
+    fn finish(&mut self) {
+        self.metrics.files.sub(self.last_files);
+        self.last_files = 0;
+    }
+}
+
+/// Runs one log tailer on the calling thread until `shutdown` ([`settled_source_loop`]).
 pub fn log_tailer_loop(
-    mut tailer: LogTailer,
+    tailer: LogTailer,
     poll_interval: Duration,
     queues: Queues,
     stats: Arc<SelfMetrics>,
     metrics: LogMetrics,
     shutdown: Shutdown,
 ) {
+    let before = tailer.counts().clone();
+    let source = TailerSource {
+        tailer,
+        metrics,
+        before,
+        last_files: 0,
+    };
+    settled_source_loop(source, poll_interval, queues, stats, shutdown);
+}
+
+/// Runs one [`SettledSource`] on the calling thread until `shutdown`, then writes a final
+/// checkpoint once the sender has settled every offered record or stopped (bounded by
+/// [`LOG_HANDOFF_GRACE`]).
+///
+/// Checkpoints cover only settled records ([`Handoff`]): a record still queued, or framed
+/// but not sent, when the agent stops is read again after a restart, and a record sent is
+/// not.
+#[allow(clippy::needless_pass_by_value)]
+pub fn settled_source_loop<S: SettledSource>(
+    mut source: S,
+    poll_interval: Duration,
+    queues: Queues,
+    stats: Arc<SelfMetrics>,
+    shutdown: Shutdown,
+) {
     let handoff = &queues.logs_handoff;
     let mut mark: u64 = 0;
     let mut generation = handoff.generation();
     let mut offers: VecDeque<Offered> = VecDeque::new();
-    // Tailer records settled since the last checkpoint, and when that was.
+    // Records settled since the last checkpoint, and when that was.
     let mut fresh: u64 = 0;
     let mut last_checkpoint: Option<Instant> = None;
-    let mut before = tailer.counts().clone();
-    let mut last_files: i64 = 0;
     let mut out = Vec::new();
-    let checkpoint = |tailer: &LogTailer| {
-        if let Err(e) = tailer.checkpoint_settled() {
-            metrics.checkpoint_errors.inc();
-            tracing::warn!(error = %e, "log checkpoint failed; the previous one stays in force");
-        }
-    };
     while !shutdown.is_triggered() {
         // Commit what the sender has settled; after a rewind, read the rest again.
-        fresh += catch_up(&mut tailer, handoff, &mut generation, &mut offers, &stats);
+        fresh += catch_up(&mut source, handoff, &mut generation, &mut offers, &stats);
         let due =
             offers.is_empty() || last_checkpoint.is_none_or(|t| t.elapsed() >= CHECKPOINT_INTERVAL);
         if fresh > 0 && due {
-            checkpoint(&tailer);
+            source.checkpoint_settled();
             fresh = 0;
             last_checkpoint = Some(Instant::now());
         }
@@ -958,11 +1059,7 @@ pub fn log_tailer_loop(
         let mut more = false;
         if room > 0 {
             out.clear();
-            let ps = tailer.poll(Instant::now(), std::time::SystemTime::now, &mut out, room);
-            more = ps.more_pending;
-            for e in ps.errors.iter().take(1) {
-                tracing::debug!(error = %e, "log source read error");
-            }
+            more = source.poll_records(&mut out, room);
             if !out.is_empty() {
                 let n = out.len() as u64;
                 // Refused after a rewind: read again with the rest at the next catch-up.
@@ -983,12 +1080,6 @@ pub fn log_tailer_loop(
                 }
                 stats.set_queue_records(Stream::Logs, queues.logs.len());
             }
-            let now = tailer.counts().clone();
-            metrics.add(&before, &now);
-            before = now;
-            let files = i64::try_from(ps.files).unwrap_or(i64::MAX);
-            metrics.files.add(files - last_files);
-            last_files = files;
         }
         let pause = if more && room > 0 {
             Duration::from_millis(1)
@@ -1011,15 +1102,15 @@ pub fn log_tailer_loop(
     {
         std::thread::sleep(Duration::from_millis(5));
     }
-    catch_up(&mut tailer, handoff, &mut generation, &mut offers, &stats);
-    checkpoint(&tailer);
-    if tailer.unsettled() > 0 {
+    catch_up(&mut source, handoff, &mut generation, &mut offers, &stats);
+    source.checkpoint_settled();
+    if source.unsettled() > 0 {
         tracing::info!(
-            lines = tailer.unsettled(),
-            "log lines read but not sent before shutdown are not checkpointed; they are read again after a restart"
+            records = source.unsettled(),
+            "log records read but not sent before shutdown are not checkpointed; they are read again after a restart"
         );
     }
-    metrics.files.sub(last_files);
+    source.finish();
 }
 
 /// Settles the tailer's records that the sender settled in the tailer's `generation`;
@@ -1028,8 +1119,8 @@ pub fn log_tailer_loop(
 /// line ([`LogTailer::rewind`]: read again, in order) and joins the current generation; the
 /// lines that cannot be read again (their file closed after a rotation, or truncated) are
 /// counted as dropped (`transport_error`).
-fn catch_up(
-    tailer: &mut LogTailer,
+fn catch_up<S: SettledSource>(
+    tailer: &mut S,
     handoff: &Handoff,
     generation: &mut u64,
     offers: &mut VecDeque<Offered>,
@@ -1052,7 +1143,7 @@ fn catch_up(
     n
 }
 
-/// Starts one thread per `sources.logs` entry.
+/// Starts one thread per `sources.logs` entry, and one for `sources.journald`.
 ///
 /// # Errors
 /// A tailer that cannot start (bad pattern, unreadable state file, state directory that
@@ -1063,8 +1154,12 @@ pub fn spawn_log_tailers(
     stats: &Arc<SelfMetrics>,
     shutdown: &Shutdown,
 ) -> Result<Vec<std::thread::JoinHandle<()>>, String> {
+    let mut handles: Vec<std::thread::JoinHandle<()>> =
+        crate::sources::journald::spawn_journald(config, queues, stats, shutdown)?
+            .into_iter()
+            .collect();
     if config.sources.logs.is_empty() {
-        return Ok(Vec::new());
+        return Ok(handles);
     }
     let metrics = LogMetrics::register(stats).map_err(|e| format!("log source metrics: {e}"))?;
     let state_dir = config.sources.state_directory.as_deref();
@@ -1076,7 +1171,6 @@ pub fn spawn_log_tailers(
             )
         })?;
     }
-    let mut handles = Vec::new();
     for (i, entry) in config.sources.logs.iter().enumerate() {
         if glob_matches_nothing(&entry.path) {
             tracing::warn!(

@@ -17,6 +17,8 @@
 //!   every few milliseconds, many samples of one counter per record, on a stream of their own.
 //! - [`logs`]: a log file tailer: glob paths, create- and copytruncate-rotation, truncation,
 //!   partial last lines, long lines, invalid UTF-8 and an offset checkpoint file.
+//! - [`journald`]: the systemd journal through `journalctl --output=json --follow`, resumed
+//!   from a saved cursor.
 //! - [`exposition`]: the Prometheus text format as records (textfile and scrape sources).
 //! - [`openmetrics`]: OpenMetrics 1.0 text rewritten as the text format 0.0.4.
 //! - [`scrape`]: local Prometheus endpoints scraped like a Prometheus job.
@@ -37,6 +39,8 @@ pub mod exposition;
 pub mod fast_counters;
 #[forbid(unsafe_code)]
 pub mod host;
+#[forbid(unsafe_code)]
+pub mod journald;
 #[forbid(unsafe_code)]
 pub mod logs;
 #[forbid(unsafe_code)]

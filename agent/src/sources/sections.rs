@@ -33,6 +33,10 @@ pub struct SourcesSection {
     /// on the `fast_counters` stream. Off when absent.
     #[serde(default)]
     pub fast_counters: Option<crate::sources::fast_counters::FastCountersSection>,
+    /// The systemd journal (`sources::journald`), read through `journalctl`; its cursor is
+    /// saved as `journald.json` in `state_directory`. Off when absent.
+    #[serde(default)]
+    pub journald: Option<crate::sources::journald::JournaldSection>,
     /// Directory for the log sources' offset checkpoints (one JSON file per `logs` entry,
     /// named after a hash of its `path`), created at start when there are `logs`. A relative
     /// path is relative to the working directory. Default `/var/lib/uctel-agent` (the systemd
@@ -87,6 +91,7 @@ impl Default for SourcesSection {
             textfile: None,
             scrape: Vec::new(),
             fast_counters: None,
+            journald: None,
             state_directory: default_state_directory(),
         }
     }
