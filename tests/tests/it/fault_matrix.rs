@@ -2639,3 +2639,6 @@ fn rc_logs_through_a_30s_data_path_outage() {
     row.verdict(Law::Exact);
     drop(hole);
 }
+
+// Rows of the journald and kernel log sources: `fault_matrix/sources.rs`.
+mod sources;

@@ -305,7 +305,7 @@ impl JournalSource {
     /// run. journalctl is started by the first [`JournalSource::poll`].
     ///
     /// # Errors
-    /// The state file exists and cannot be read or parsed.
+    /// The state file exists and cannot be read or parsed, or its cursor is not one.
     pub fn new(config: JournalConfig) -> Result<Self, JournalStateError> {
         let saved = match &config.state_file {
             Some(p) => position::load(p).map_err(|reason| JournalStateError {
@@ -314,6 +314,15 @@ impl JournalSource {
             })?,
             None => None,
         };
+        if let (Some(p), Some(Some(c))) = (&config.state_file, &saved) {
+            // journalctl refuses a cursor it cannot parse at every start: say so now.
+            if cursor_seqnum(c).is_none() {
+                return Err(JournalStateError {
+                    path: p.clone(),
+                    reason: format!("{c:?} is not a journal cursor (s=…;i=…;…)"),
+                });
+            }
+        }
         let had_state = saved.is_some();
         let started = saved.is_some() || config.start_at == StartAt::Beginning;
         let positions = Positions::new(saved.clone().flatten());
@@ -531,7 +540,10 @@ impl JournalSource {
     /// skipped only when its cursor is the saved one.
     fn spawn(&self) -> Result<Follower, String> {
         let mut cmd = Command::new(&self.config.journalctl);
-        cmd.args(self.config.base_args()).arg("--follow");
+        // `--no-tail`: with `--follow` and a cursor journalctl 252 prints only 10 entries
+        // of the backlog after it (its `--lines` default in follow mode), then waits.
+        cmd.args(self.config.base_args())
+            .args(["--follow", "--no-tail"]);
         let skip = self.positions.last_read().map(str::to_owned);
         match &skip {
             Some(c) => cmd.arg(format!("--cursor={c}")),
