@@ -745,6 +745,7 @@ impl AgentConfig {
         }
         self.check_logs(p);
         self.check_journald(p);
+        self.check_kmsg(p);
         if let Some(dir) = &self.sources.state_directory {
             if dir.as_os_str().is_empty() {
                 p.push(
@@ -886,6 +887,31 @@ impl AgentConfig {
                 3600.0,
             );
         }
+    }
+
+    /// `sources.kmsg`: its message size and poll interval.
+    fn check_kmsg(&self, p: &mut Problems) {
+        let Some(k) = &self.sources.kmsg else {
+            return;
+        };
+        let max_line = self
+            .frame_limit_bytes()
+            .saturating_sub(LOG_RECORD_OVERHEAD_BYTES);
+        if k.max_message_bytes
+            .is_some_and(|m| !(16..=max_line.max(16)).contains(&m))
+        {
+            p.push(
+                "sources.kmsg.max_message_bytes",
+                format!("must be in 16..={max_line} so a message fits a frame"),
+            );
+        }
+        check_seconds(
+            p,
+            "sources.kmsg.poll_interval_seconds",
+            k.poll_interval_seconds,
+            0.01,
+            3600.0,
+        );
     }
 
     /// `sources.journald`: its message size, poll interval and match names.
@@ -1140,6 +1166,7 @@ pub fn reference() -> Reference {
             include_str!("sources/scrape.rs"),
             include_str!("sources/fast_counters.rs"),
             include_str!("sources/journald/mod.rs"),
+            include_str!("sources/kmsg/mod.rs"),
             include_str!("sources/host.rs"),
             include_str!("sources/node/mod.rs"),
             include_str!("sources/node/ethtool.rs"),

@@ -1143,7 +1143,8 @@ fn catch_up<S: SettledSource>(
     n
 }
 
-/// Starts one thread per `sources.logs` entry, and one for `sources.journald`.
+/// Starts one thread per `sources.logs` entry, and one each for `sources.journald` and
+/// `sources.kmsg`.
 ///
 /// # Errors
 /// A tailer that cannot start (bad pattern, unreadable state file, state directory that
@@ -1158,6 +1159,9 @@ pub fn spawn_log_tailers(
         crate::sources::journald::spawn_journald(config, queues, stats, shutdown)?
             .into_iter()
             .collect();
+    handles.extend(crate::sources::kmsg::spawn_kmsg(
+        config, queues, stats, shutdown,
+    )?);
     if config.sources.logs.is_empty() {
         return Ok(handles);
     }

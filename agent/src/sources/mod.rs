@@ -19,6 +19,8 @@
 //!   partial last lines, long lines, invalid UTF-8 and an offset checkpoint file.
 //! - [`journald`]: the systemd journal through `journalctl --output=json --follow`, resumed
 //!   from a saved cursor.
+//! - [`kmsg`]: the kernel log from `/dev/kmsg`, loss counted exactly from the kernel's
+//!   sequence numbers.
 //! - [`exposition`]: the Prometheus text format as records (textfile and scrape sources).
 //! - [`openmetrics`]: OpenMetrics 1.0 text rewritten as the text format 0.0.4.
 //! - [`scrape`]: local Prometheus endpoints scraped like a Prometheus job.
@@ -41,6 +43,8 @@ pub mod fast_counters;
 pub mod host;
 #[forbid(unsafe_code)]
 pub mod journald;
+#[forbid(unsafe_code)]
+pub mod kmsg;
 #[forbid(unsafe_code)]
 pub mod logs;
 #[forbid(unsafe_code)]

@@ -37,6 +37,10 @@ pub struct SourcesSection {
     /// saved as `journald.json` in `state_directory`. Off when absent.
     #[serde(default)]
     pub journald: Option<crate::sources::journald::JournaldSection>,
+    /// The kernel log, `/dev/kmsg` (`sources::kmsg`); its position is saved as `kmsg.json`
+    /// in `state_directory`. Off when absent.
+    #[serde(default)]
+    pub kmsg: Option<crate::sources::kmsg::KmsgSection>,
     /// Directory for the log sources' offset checkpoints (one JSON file per `logs` entry,
     /// named after a hash of its `path`), created at start when there are `logs`. A relative
     /// path is relative to the working directory. Default `/var/lib/uctel-agent` (the systemd
@@ -92,6 +96,7 @@ impl Default for SourcesSection {
             scrape: Vec::new(),
             fast_counters: None,
             journald: None,
+            kmsg: None,
             state_directory: default_state_directory(),
         }
     }

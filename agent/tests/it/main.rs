@@ -19,6 +19,7 @@ mod rc_lane;
 mod session;
 mod sources_host;
 mod sources_journald;
+mod sources_kmsg;
 mod sources_logs;
 mod sources_rdma;
 mod support;

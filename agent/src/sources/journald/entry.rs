@@ -144,7 +144,7 @@ pub fn priority_severity(priority: Option<&str>) -> Severity {
 }
 
 /// `s` cut to at most `max` bytes at a UTF-8 boundary; whether it was cut.
-pub(super) fn cut(s: &mut String, max: usize) -> bool {
+pub fn cut(s: &mut String, max: usize) -> bool {
     if s.len() <= max {
         return false;
     }

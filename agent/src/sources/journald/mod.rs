@@ -67,7 +67,7 @@ use serde::{Deserialize, Serialize};
 use uctel_protocol::payload::LogRecord;
 
 pub use entry::{
-    cursor_seqnum, excluded, parse, priority_severity, sequence_file_id, to_record, unit_name,
+    cursor_seqnum, cut, excluded, parse, priority_severity, sequence_file_id, to_record, unit_name,
     Entry, EntryError, MAX_FIELD_VALUE_BYTES, SHIPPED_FIELDS, SOURCE,
 };
 pub use position::Positions;
