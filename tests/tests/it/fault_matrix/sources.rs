@@ -9,6 +9,13 @@
 //!   covers only settled entries, and what the agent sends again after the SIGKILL is
 //!   discarded by the collector as a replay (`file_id` = the cursor's sequence id,
 //!   `end_offset` = its sequence number).
+//! - `kmsg_ring_overwritten_while_the_agent_is_stopped` (root; `/proc/sys/kernel/printk_devkmsg`
+//!   set to `on` for the row and restored): the agent follows the real `/dev/kmsg`, is
+//!   SIGSTOPped, the ring buffer is flooded until the records after the last one it read are
+//!   overwritten, and it is SIGCONTed: its next read gets `EPIPE`. The sequence numbers the
+//!   collector's sink lacks between the last record before the flood and the last after it
+//!   are exactly the agent's drops (`kmsg_overwritten`, and any other counted drop), and
+//!   `kmsg_overwritten` is not zero.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -16,6 +23,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use nix::sys::signal::Signal;
 use serde_yaml::{Mapping, Value};
 use uctel_tests::pipeline::{AgentFigures, Pipeline};
 use uctel_tests::{exclusive, wait_for};
@@ -170,6 +178,167 @@ fn journald_sigkill_and_rotation_while_down() {
     eprintln!(
         "row=journald-sigkill-rotation replayed={replayed} delivered={}",
         seen.len()
+    );
+    p.collector.stop(STOP);
+}
+
+/// Sets `/proc/sys/kernel/printk_devkmsg` for the row (writes to `/dev/kmsg` are
+/// rate-limited to 10 per 5 s otherwise) and restores it when dropped.
+struct DevkmsgOn(String);
+
+const DEVKMSG: &str = "/proc/sys/kernel/printk_devkmsg";
+
+impl DevkmsgOn {
+    fn set() -> Option<Self> {
+        let old = std::fs::read_to_string(DEVKMSG).ok()?;
+        std::fs::write(DEVKMSG, "on\n").ok()?;
+        Some(Self(old))
+    }
+}
+
+impl Drop for DevkmsgOn {
+    fn drop(&mut self) {
+        let _ = std::fs::write(DEVKMSG, self.0.as_bytes());
+    }
+}
+
+/// Sink records of `agent` from the kmsg source: seq → (times seen, message).
+fn kmsg_lines(p: &Pipeline, agent: &str) -> BTreeMap<u64, (u32, String)> {
+    let text = std::fs::read_to_string(p.path().join("collector-logs.jsonl")).unwrap_or_default();
+    let mut seen: BTreeMap<u64, (u32, String)> = BTreeMap::new();
+    for line in text.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("torn sink line {line:?}: {e}"));
+        if v["agent"] != agent || v["source"] != "kmsg" {
+            continue;
+        }
+        let Some(seq) = v["fields"]["seq"].as_str().and_then(|s| s.parse().ok()) else {
+            panic!("kmsg record without its seq: {line}");
+        };
+        let e = seen.entry(seq).or_default();
+        e.0 += 1;
+        e.1 = v["message"].as_str().unwrap_or_default().to_owned();
+    }
+    seen
+}
+
+/// The sequence number of the oldest record `/dev/kmsg` holds now.
+fn oldest_seq() -> u64 {
+    use std::io::Read;
+    let mut f = std::fs::File::open("/dev/kmsg").expect("/dev/kmsg");
+    let mut buf = vec![0u8; 8192];
+    let n = f.read(&mut buf).expect("read /dev/kmsg");
+    let text = String::from_utf8_lossy(&buf[..n]);
+    text.split(',')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("seq")
+}
+
+fn wait_kmsg(p: &Pipeline, agent: &str, what: &str) -> u64 {
+    let mut found = 0;
+    wait_for(
+        &format!("{what} in the sink"),
+        UP,
+        tick(),
+        || match kmsg_lines(p, agent)
+            .iter()
+            .find(|(_, v)| v.1.contains(what))
+        {
+            Some((seq, _)) => {
+                found = *seq;
+                Ok(())
+            }
+            None => Err("not yet".into()),
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", p.collector.log_tail(40)));
+    found
+}
+
+#[test]
+fn kmsg_ring_overwritten_while_the_agent_is_stopped() {
+    let _g = exclusive();
+    if let Some(why) = uctel_tests::faults::root_missing(&[]) {
+        eprintln!("row=kmsg-overwritten SKIPPED: {why}");
+        return;
+    }
+    let Some(_devkmsg) = DevkmsgOn::set() else {
+        eprintln!("row=kmsg-overwritten SKIPPED: cannot set {DEVKMSG}");
+        return;
+    };
+    let mut kmsg = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/kmsg")
+        .expect("/dev/kmsg");
+    let tag = format!("uctel-row-{}", std::process::id());
+    let mut p = Pipeline::start();
+    let i = p.add_agent_with("kmsg", 0.0, 1.0, |y| {
+        let mut k = Mapping::new();
+        k.insert("start_at".into(), "end".into());
+        y.set("sources.kmsg", Value::Mapping(k));
+    });
+    p.wait_flowing(1, &["kmsg"], &["metrics"], UP);
+    // One write(2) per record: each write to /dev/kmsg is one record.
+    let mut record = |line: String| kmsg.write_all(line.as_bytes()).expect("write /dev/kmsg");
+    record(format!("<6>{tag} before\n"));
+    let before = wait_kmsg(&p, "kmsg", &format!("{tag} before"));
+
+    // Stopped: the ring is flooded past what the agent read (kept short: the collector
+    // declares an agent dead after 3 missed heartbeats).
+    p.agents[i].daemon.signal(Signal::SIGSTOP);
+    let filler = "x".repeat(200);
+    let mut written = 0u64;
+    while oldest_seq() <= before + 1 && written < 400_000 {
+        for _ in 0..2000 {
+            record(format!("<7>{tag} flood {written} {filler}\n"));
+            written += 1;
+        }
+    }
+    record(format!("<6>{tag} after\n"));
+    let oldest = oldest_seq();
+    p.agents[i].daemon.signal(Signal::SIGCONT);
+    assert!(
+        oldest > before + 1,
+        "the ring was not overwritten after {written} lines"
+    );
+    let after = wait_kmsg(&p, "kmsg", &format!("{tag} after"));
+    // Pacing: the agent's drop counters reach its /metrics within a poll.
+    std::thread::sleep(Duration::from_secs(2));
+    let scrape = p.agents[i].scrape().expect("agent scrape");
+    let overwritten = scrape.count(
+        "uctel_agent_records_dropped_total",
+        &[("stream", "logs"), ("reason", "kmsg_overwritten")],
+    );
+    let dropped = AgentFigures::read(&scrape).records_dropped["logs"];
+    p.agents[i].daemon.stop(STOP);
+    let lost = uctel_tests::pipeline::CollectorFigures::read(
+        &p.scrape().expect("collector scrape"),
+        "kmsg",
+    )
+    .lost_total();
+
+    let seen = kmsg_lines(&p, "kmsg");
+    let twice: Vec<_> = seen.iter().filter(|(_, v)| v.0 != 1).take(5).collect();
+    assert!(twice.is_empty(), "records delivered twice: {twice:?}");
+    let missing = (before + 1..after)
+        .filter(|s| !seen.contains_key(s))
+        .count() as u64;
+    eprintln!(
+        "row=kmsg-overwritten written={written} before_seq={before} after_seq={after} \
+         oldest_after_flood={oldest} missing={missing} kmsg_overwritten={overwritten} \
+         dropped_all={dropped} collector_lost={lost}"
+    );
+    assert!(overwritten > 0, "the overwrite was not counted");
+    assert!(
+        overwritten >= oldest - before - 1,
+        "at least the records gone from the ring: {overwritten} < {}",
+        oldest - before - 1
+    );
+    assert_eq!(
+        missing,
+        dropped + lost,
+        "every sequence number missing is a counted drop (kmsg_overwritten {overwritten})"
     );
     p.collector.stop(STOP);
 }
