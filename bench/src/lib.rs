@@ -37,6 +37,7 @@ pub mod cpu;
 pub mod daemon;
 pub mod fastcost;
 pub mod idle;
+pub mod journalcost;
 pub mod limit;
 pub mod loadgen;
 pub mod nodecost;
