@@ -1162,6 +1162,7 @@ pub fn reference() -> Reference {
             include_str!("config.rs"),
             include_str!("config/streams.rs"),
             include_str!("sources/sections.rs"),
+            include_str!("sources/start_at.rs"),
             include_str!("sources/textfile.rs"),
             include_str!("sources/scrape.rs"),
             include_str!("sources/fast_counters.rs"),

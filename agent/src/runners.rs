@@ -33,6 +33,11 @@ use crate::sources::host::{HostMetrics, HostMetricsConfig, HostPaths};
 use crate::sources::logs::{self, LogEvent, LogSourceConfig, LogSourceCounts, LogTailer};
 use crate::stream::Stream;
 
+mod journald;
+mod kmsg;
+mod settled;
+pub use settled::{log_tailer_loop, settled_source_loop, SettledSource};
+
 /// Hand-off accounting of the logs queue, in queue (FIFO) positions: records offered to the
 /// queue by the tailers, taken from it by the sender, and *settled* by the sender.
 ///
@@ -209,7 +214,7 @@ impl Handoff {
 /// One offer of a tailer's poll output to the logs queue, for turning the queue's settled
 /// watermark back into the tailer's records ([`LogTailer::settle`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Offered {
+pub(super) struct Offered {
     /// Queue position of the last accepted record.
     mark: u64,
     /// Records accepted by the queue (the first ones of the poll output).
@@ -913,213 +918,13 @@ pub const LOG_HANDOFF_GRACE: Duration = Duration::from_secs(10);
 /// fsync and rename).
 const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
 
-/// A log source whose records settle through the [`Handoff`] and whose position is
-/// checkpointed only for settled records: the file tailer ([`LogTailer`]) and the journald
-/// source ([`crate::sources::journald::JournalSource`]). [`settled_source_loop`] runs one.
-pub trait SettledSource {
-    /// Appends at most `max` new records to `out`; returns whether more are ready now (poll
-    /// again soon).
-    fn poll_records(&mut self, out: &mut Vec<LogRecord>, max: usize) -> bool;
-    /// The oldest `n` records returned and not settled yet are settled.
-    fn settle(&mut self, n: usize);
-    /// Writes the checkpoint of what is settled; a failure is counted and logged by the
-    /// source, and the previous checkpoint stays in force.
-    fn checkpoint_settled(&mut self);
-    /// Records returned and not settled yet.
-    fn unsettled(&self) -> usize;
-    /// Reads again every record returned and not settled (an RC lane failed); returns those
-    /// that cannot be read again.
-    fn rewind(&mut self) -> u64;
-    /// The loop stops: the source releases what it holds (gauges, child processes).
-    fn finish(&mut self) {}
-}
-
-impl SettledSource for LogTailer {
-    fn poll_records(&mut self, out: &mut Vec<LogRecord>, max: usize) -> bool {
-        let ps = self.poll(Instant::now(), std::time::SystemTime::now, out, max);
-        for e in ps.errors.iter().take(1) {
-            tracing::debug!(error = %e, "log source read error");
-        }
-        ps.more_pending
-    }
-    fn settle(&mut self, n: usize) {
-        LogTailer::settle(self, n);
-    }
-    fn checkpoint_settled(&mut self) {
-        if let Err(e) = LogTailer::checkpoint_settled(self) {
-            tracing::warn!(error = %e, "log checkpoint failed; the previous one stays in force");
-        }
-    }
-    fn unsettled(&self) -> usize {
-        LogTailer::unsettled(self)
-    }
-    fn rewind(&mut self) -> u64 {
-        LogTailer::rewind(self)
-    }
-}
-
-/// [`LogTailer`] with its counters, as a [`SettledSource`].
-struct TailerSource {
-    tailer: LogTailer,
-    metrics: LogMetrics,
-    before: LogSourceCounts,
-    last_files: i64,
-}
-
-impl SettledSource for TailerSource {
-    fn poll_records(&mut self, out: &mut Vec<LogRecord>, max: usize) -> bool {
-        let ps = self
-            .tailer
-            .poll(Instant::now(), std::time::SystemTime::now, out, max);
-        for e in ps.errors.iter().take(1) {
-            tracing::debug!(error = %e, "log source read error");
-        }
-        let now = self.tailer.counts().clone();
-        self.metrics.add(&self.before, &now);
-        self.before = now;
-        let files = i64::try_from(ps.files).unwrap_or(i64::MAX);
-        self.metrics.files.add(files - self.last_files);
-        self.last_files = files;
-        ps.more_pending
-    }
-    fn settle(&mut self, n: usize) {
-        self.tailer.settle(n);
-    }
-    fn checkpoint_settled(&mut self) {
-        if let Err(e) = self.tailer.checkpoint_settled() {
-            self.metrics.checkpoint_errors.inc();
-            tracing::warn!(error = %e, "log checkpoint failed; the previous one stays in force");
-        }
-    }
-    fn unsettled(&self) -> usize {
-        self.tailer.unsettled()
-    }
-    fn rewind(&mut self) -> u64 {
-        self.tailer.rewind()
-    }
-    fn finish(&mut self) {
-        self.metrics.files.sub(self.last_files);
-        self.last_files = 0;
-    }
-}
-
-/// Runs one log tailer on the calling thread until `shutdown` ([`settled_source_loop`]).
-pub fn log_tailer_loop(
-    tailer: LogTailer,
-    poll_interval: Duration,
-    queues: Queues,
-    stats: Arc<SelfMetrics>,
-    metrics: LogMetrics,
-    shutdown: Shutdown,
-) {
-    let before = tailer.counts().clone();
-    let source = TailerSource {
-        tailer,
-        metrics,
-        before,
-        last_files: 0,
-    };
-    settled_source_loop(source, poll_interval, queues, stats, shutdown);
-}
-
-/// Runs one [`SettledSource`] on the calling thread until `shutdown`, then writes a final
-/// checkpoint once the sender has settled every offered record or stopped (bounded by
-/// [`LOG_HANDOFF_GRACE`]).
-///
-/// Checkpoints cover only settled records ([`Handoff`]): a record still queued, or framed
-/// but not sent, when the agent stops is read again after a restart, and a record sent is
-/// not.
-#[allow(clippy::needless_pass_by_value)]
-pub fn settled_source_loop<S: SettledSource>(
-    mut source: S,
-    poll_interval: Duration,
-    queues: Queues,
-    stats: Arc<SelfMetrics>,
-    shutdown: Shutdown,
-) {
-    let handoff = &queues.logs_handoff;
-    let mut mark: u64 = 0;
-    let mut generation = handoff.generation();
-    let mut offers: VecDeque<Offered> = VecDeque::new();
-    // Records settled since the last checkpoint, and when that was.
-    let mut fresh: u64 = 0;
-    let mut last_checkpoint: Option<Instant> = None;
-    let mut out = Vec::new();
-    while !shutdown.is_triggered() {
-        // Commit what the sender has settled; after a rewind, read the rest again.
-        fresh += catch_up(&mut source, handoff, &mut generation, &mut offers, &stats);
-        let due =
-            offers.is_empty() || last_checkpoint.is_none_or(|t| t.elapsed() >= CHECKPOINT_INTERVAL);
-        if fresh > 0 && due {
-            source.checkpoint_settled();
-            fresh = 0;
-            last_checkpoint = Some(Instant::now());
-        }
-        let room = queues.logs.vacancy();
-        let mut more = false;
-        if room > 0 {
-            out.clear();
-            more = source.poll_records(&mut out, room);
-            if !out.is_empty() {
-                let n = out.len() as u64;
-                // Refused after a rewind: read again with the rest at the next catch-up.
-                let Some((accepted, m)) =
-                    handoff.offer_in(generation, &queues.logs, std::mem::take(&mut out))
-                else {
-                    continue;
-                };
-                mark = m;
-                offers.push_back(Offered {
-                    mark: m,
-                    accepted,
-                    total: n,
-                    settled: 0,
-                });
-                if accepted < n {
-                    stats.dropped(Stream::Logs, DropReason::SourceOverflow, 0, n - accepted);
-                }
-                stats.set_queue_records(Stream::Logs, queues.logs.len());
-            }
-        }
-        let pause = if more && room > 0 {
-            Duration::from_millis(1)
-        } else {
-            poll_interval
-        };
-        // Sleep in small steps so shutdown is seen quickly.
-        let until = Instant::now() + pause;
-        while Instant::now() < until && !shutdown.is_triggered() {
-            std::thread::sleep((until - Instant::now()).min(Duration::from_millis(50)));
-        }
-    }
-    // Let the sender settle what it can (it sends the queued lines within its own grace),
-    // then commit exactly what it settled.
-    let deadline = Instant::now() + LOG_HANDOFF_GRACE;
-    while matches!(handoff.settled_in(generation), Settled::Current(_))
-        && !handoff.reached(mark)
-        && !handoff.is_closed()
-        && Instant::now() < deadline
-    {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    catch_up(&mut source, handoff, &mut generation, &mut offers, &stats);
-    source.checkpoint_settled();
-    if source.unsettled() > 0 {
-        tracing::info!(
-            records = source.unsettled(),
-            "log records read but not sent before shutdown are not checkpointed; they are read again after a restart"
-        );
-    }
-    source.finish();
-}
-
 /// Settles the tailer's records that the sender settled in the tailer's `generation`;
 /// returns how many. When a rewind ended that generation ([`Handoff::rewind`]: an RC lane
 /// failed), settles what was settled before it, rewinds the tailer to its first unsettled
 /// line ([`LogTailer::rewind`]: read again, in order) and joins the current generation; the
 /// lines that cannot be read again (their file closed after a rotation, or truncated) are
 /// counted as dropped (`transport_error`).
-fn catch_up<S: SettledSource>(
+pub(super) fn catch_up<S: SettledSource>(
     tailer: &mut S,
     handoff: &Handoff,
     generation: &mut u64,
@@ -1156,12 +961,10 @@ pub fn spawn_log_tailers(
     shutdown: &Shutdown,
 ) -> Result<Vec<std::thread::JoinHandle<()>>, String> {
     let mut handles: Vec<std::thread::JoinHandle<()>> =
-        crate::sources::journald::spawn_journald(config, queues, stats, shutdown)?
+        journald::spawn_journald(config, queues, stats, shutdown)?
             .into_iter()
             .collect();
-    handles.extend(crate::sources::kmsg::spawn_kmsg(
-        config, queues, stats, shutdown,
-    )?);
+    handles.extend(kmsg::spawn_kmsg(config, queues, stats, shutdown)?);
     if config.sources.logs.is_empty() {
         return Ok(handles);
     }

@@ -59,6 +59,8 @@ pub mod scrape;
 pub mod sections;
 #[forbid(unsafe_code)]
 pub mod severity;
+#[forbid(unsafe_code)]
+pub mod start_at;
 #[allow(unsafe_code)]
 pub mod sys;
 #[forbid(unsafe_code)]

@@ -153,17 +153,7 @@ impl Default for SelfMetricsSection {
     }
 }
 
-/// Where a log file found at the first scan of the first run (no checkpoint yet) is read
-/// from.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StartAt {
-    /// Only lines written after the agent found the file (like `tail -F`). Default.
-    #[default]
-    End,
-    /// The whole file.
-    Beginning,
-}
+pub use super::start_at::StartAt;
 
 /// How each line's severity is found (`sources.logs[].severity`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]

@@ -54,7 +54,6 @@
 
 mod entry;
 mod position;
-mod runner;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
@@ -71,9 +70,8 @@ pub use entry::{
     Entry, EntryError, MAX_FIELD_VALUE_BYTES, SHIPPED_FIELDS, SOURCE,
 };
 pub use position::Positions;
-pub use runner::{spawn_journald, JournalMetrics};
 
-use crate::config::StartAt;
+use crate::sources::start_at::StartAt;
 
 /// Longest line of journalctl output the source takes, in bytes; a longer entry is dropped
 /// and counted (`oversize`). journald itself cuts stream lines at 48 KiB (`LineMax=`).

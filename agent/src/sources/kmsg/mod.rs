@@ -40,7 +40,6 @@
 //! followed by a space.
 
 mod record;
-mod runner;
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -56,10 +55,9 @@ pub use record::{
     facility_name, level_severity, parse, rdma_device, split_records, KmsgError, KmsgRecord,
     SeqTracker,
 };
-pub use runner::spawn_kmsg;
 
-use crate::config::StartAt;
 use crate::sources::journald::MAX_FIELD_VALUE_BYTES;
+use crate::sources::start_at::StartAt;
 
 /// The `source` of every kernel log record.
 pub const SOURCE: &str = "kmsg";

@@ -6,10 +6,11 @@ use std::sync::Arc;
 use prometheus::{IntCounterVec, Opts};
 use uctel_common::shutdown::Shutdown;
 
-use super::{boot_wall_ns, KmsgCounts, KmsgSource};
+use super::settled::{settled_source_loop, SettledSource};
+use super::Queues;
 use crate::config::{seconds, AgentConfig};
-use crate::runners::{settled_source_loop, Queues, SettledSource};
 use crate::selfmetrics::{DropReason, SelfMetrics};
+use crate::sources::kmsg::{boot_wall_ns, KmsgCounts, KmsgSource};
 use crate::stream::Stream;
 
 /// Where the kernel names the current boot.
@@ -92,7 +93,7 @@ impl SettledSource for KmsgRunner {
 ///
 /// # Errors
 /// The state directory cannot be created or the metrics cannot be registered.
-pub fn spawn_kmsg(
+pub(super) fn spawn_kmsg(
     config: &AgentConfig,
     queues: &Queues,
     stats: &Arc<SelfMetrics>,

@@ -6,10 +6,11 @@ use std::sync::Arc;
 use prometheus::{IntCounter, IntCounterVec, Opts};
 use uctel_common::shutdown::Shutdown;
 
-use super::{JournalConfig, JournalCounts, JournalSource};
+use super::settled::{settled_source_loop, SettledSource};
+use super::Queues;
 use crate::config::{seconds, AgentConfig};
-use crate::runners::{settled_source_loop, Queues, SettledSource};
 use crate::selfmetrics::{DropReason, SelfMetrics};
+use crate::sources::journald::{JournalConfig, JournalCounts, JournalSource};
 use crate::stream::Stream;
 
 /// The `reason`s of `uctel_agent_journal_events_total`.
@@ -25,7 +26,7 @@ const EVENTS: [&str; 4] = [
 /// `journalctl_exited`, `checkpoint_error`). Entries lost (`oversize`, `invalid`) are in
 /// `uctel_agent_records_dropped_total{stream="logs"}`.
 #[derive(Debug, Clone)]
-pub struct JournalMetrics {
+pub(super) struct JournalMetrics {
     entries: IntCounter,
     events: IntCounterVec,
 }
@@ -35,7 +36,7 @@ impl JournalMetrics {
     ///
     /// # Errors
     /// A registration clash.
-    pub fn register(stats: &SelfMetrics) -> Result<Self, prometheus::Error> {
+    pub(super) fn register(stats: &SelfMetrics) -> Result<Self, prometheus::Error> {
         let r = stats.registry();
         let entries = IntCounter::with_opts(Opts::new(
             "uctel_agent_journal_entries_read_total",
@@ -133,7 +134,7 @@ impl SettledSource for JournalRunner {
 /// # Errors
 /// The state directory cannot be created, the state file cannot be read, or the
 /// metrics cannot be registered.
-pub fn spawn_journald(
+pub(super) fn spawn_journald(
     config: &AgentConfig,
     queues: &Queues,
     stats: &Arc<SelfMetrics>,
