@@ -792,6 +792,8 @@ impl AgentConfig {
             p.push(format!("sources.slurm.{key}"), problem);
         }
         self.check_logs(p);
+        self.check_journald(p);
+        self.check_kmsg(p);
         if let Some(dir) = &self.sources.state_directory {
             if dir.as_os_str().is_empty() {
                 p.push(
@@ -940,6 +942,75 @@ impl AgentConfig {
             );
         }
     }
+
+    /// `sources.kmsg`: its message size and poll interval.
+    fn check_kmsg(&self, p: &mut Problems) {
+        let Some(k) = &self.sources.kmsg else {
+            return;
+        };
+        let max_line = self
+            .frame_limit_bytes()
+            .saturating_sub(LOG_RECORD_OVERHEAD_BYTES);
+        if k.max_message_bytes
+            .is_some_and(|m| !(16..=max_line.max(16)).contains(&m))
+        {
+            p.push(
+                "sources.kmsg.max_message_bytes",
+                format!("must be in 16..={max_line} so a message fits a frame"),
+            );
+        }
+        check_seconds(
+            p,
+            "sources.kmsg.poll_interval_seconds",
+            k.poll_interval_seconds,
+            0.01,
+            3600.0,
+        );
+    }
+
+    /// `sources.journald`: its message size, poll interval and match names.
+    fn check_journald(&self, p: &mut Problems) {
+        let Some(j) = &self.sources.journald else {
+            return;
+        };
+        let max_line = self
+            .frame_limit_bytes()
+            .saturating_sub(LOG_RECORD_OVERHEAD_BYTES);
+        if j.max_message_bytes
+            .is_some_and(|m| !(16..=max_line.max(16)).contains(&m))
+        {
+            p.push(
+                "sources.journald.max_message_bytes",
+                format!("must be in 16..={max_line} so a message fits a frame"),
+            );
+        }
+        check_seconds(
+            p,
+            "sources.journald.poll_interval_seconds",
+            j.poll_interval_seconds,
+            0.01,
+            3600.0,
+        );
+        for (k, m) in [
+            ("include_matches", &j.include_matches),
+            ("exclude_matches", &j.exclude_matches),
+        ] {
+            for field in m.keys() {
+                // journal field names: upper-case letters, digits, underscores
+                // (systemd.journal-fields(7)).
+                let ok = !field.is_empty()
+                    && field
+                        .bytes()
+                        .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+                if !ok {
+                    p.push(
+                        format!("sources.journald.{k}.{field}"),
+                        "must be a journal field name (A-Z, 0-9, _)",
+                    );
+                }
+            }
+        }
+    }
 }
 
 impl AgentConfig {
@@ -992,7 +1063,13 @@ impl AgentConfig {
     /// The longest log line of `entry`: its `max_line_bytes`, or [`DEFAULT_MAX_LINE_BYTES`]
     /// lowered to fit a frame ([`frame_limit_bytes`](Self::frame_limit_bytes)).
     pub fn max_line_bytes(&self, entry: &LogSection) -> usize {
-        entry.max_line_bytes.unwrap_or_else(|| {
+        self.log_line_limit(entry.max_line_bytes)
+    }
+
+    /// The longest log message of a source whose limit is `configured` (`None`: the
+    /// default of [`AgentConfig::max_line_bytes`]), in bytes.
+    pub fn log_line_limit(&self, configured: Option<usize>) -> usize {
+        configured.unwrap_or_else(|| {
             DEFAULT_MAX_LINE_BYTES.min(
                 self.frame_limit_bytes()
                     .saturating_sub(LOG_RECORD_OVERHEAD_BYTES)
@@ -1139,10 +1216,13 @@ pub fn reference() -> Reference {
             include_str!("config.rs"),
             include_str!("config/streams.rs"),
             include_str!("sources/sections.rs"),
+            include_str!("sources/start_at.rs"),
             include_str!("sources/textfile.rs"),
             include_str!("sources/slurm/mod.rs"),
             include_str!("sources/scrape.rs"),
             include_str!("sources/fast_counters.rs"),
+            include_str!("sources/journald/mod.rs"),
+            include_str!("sources/kmsg/mod.rs"),
             include_str!("sources/host.rs"),
             include_str!("sources/node/mod.rs"),
             include_str!("sources/node/ethtool.rs"),

@@ -39,6 +39,10 @@ pub mod rounds;
 pub mod slurm;
 pub use fast::{fast_counters_loop, fast_counters_thread, FastCounterMetrics};
 use rounds::{next_round, next_round_blocking, RoundMetrics};
+mod journald;
+mod kmsg;
+mod settled;
+pub use settled::{log_tailer_loop, settled_source_loop, SettledSource};
 
 /// Hand-off accounting of the logs queue, in queue (FIFO) positions: records offered to the
 /// queue by the tailers, taken from it by the sender, and *settled* by the sender.
@@ -216,7 +220,7 @@ impl Handoff {
 /// One offer of a tailer's poll output to the logs queue, for turning the queue's settled
 /// watermark back into the tailer's records ([`LogTailer::settle`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Offered {
+pub(super) struct Offered {
     /// Queue position of the last accepted record.
     mark: u64,
     /// Records accepted by the queue (the first ones of the poll output).
@@ -766,145 +770,14 @@ pub const LOG_HANDOFF_GRACE: Duration = Duration::from_secs(10);
 /// fsync and rename).
 const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
 
-/// Least time between two updates of a tailer's files on the status board.
-const STATUS_EVERY: Duration = Duration::from_millis(250);
-
-/// Runs one log tailer on the calling thread until `shutdown`, then writes a final checkpoint
-/// once the sender has settled every offered line or stopped (bounded by
-/// [`LOG_HANDOFF_GRACE`]).
-///
-/// Checkpoints cover only settled lines ([`Handoff`]): a line still queued, or framed but not
-/// sent, when the agent stops is read again after a restart, and a line sent is not.
-///
-/// `stop` ends this tailer alone (a reload removed or changed its entry): it then waits for
-/// the sender to settle every line it offered, however long that takes, and checkpoints, so
-/// a tailer started after it on the same file neither repeats nor skips a line. At
-/// `shutdown` the wait is [`LOG_HANDOFF_GRACE`] at most.
-#[allow(clippy::needless_pass_by_value)]
-pub fn log_tailer_loop(
-    mut tailer: LogTailer,
-    poll_interval: Duration,
-    queues: Queues,
-    stats: Arc<SelfMetrics>,
-    metrics: LogMetrics,
-    (stop, shutdown): (Shutdown, Shutdown),
-) {
-    let stopped = || stop.is_triggered() || shutdown.is_triggered();
-    let handoff = &queues.logs_handoff;
-    let mut mark: u64 = 0;
-    let mut generation = handoff.generation();
-    let mut offers: VecDeque<Offered> = VecDeque::new();
-    // Tailer records settled since the last checkpoint, and when that was.
-    let mut fresh: u64 = 0;
-    let mut last_checkpoint: Option<Instant> = None;
-    let mut before = tailer.counts().clone();
-    let mut last_files: i64 = 0;
-    let mut last_status = Instant::now()
-        .checked_sub(STATUS_EVERY)
-        .unwrap_or_else(Instant::now);
-    let mut out = Vec::new();
-    let checkpoint = |tailer: &LogTailer| {
-        if let Err(e) = tailer.checkpoint_settled() {
-            metrics.checkpoint_errors.inc();
-            tracing::warn!(error = %e, "log checkpoint failed; the previous one stays in force");
-        }
-    };
-    while !stopped() {
-        // Commit what the sender has settled; after a rewind, read the rest again.
-        fresh += catch_up(&mut tailer, handoff, &mut generation, &mut offers, &stats);
-        let due =
-            offers.is_empty() || last_checkpoint.is_none_or(|t| t.elapsed() >= CHECKPOINT_INTERVAL);
-        if fresh > 0 && due {
-            checkpoint(&tailer);
-            fresh = 0;
-            last_checkpoint = Some(Instant::now());
-        }
-        let room = queues.logs.vacancy();
-        let mut more = false;
-        if room > 0 {
-            out.clear();
-            let ps = tailer.poll(Instant::now(), std::time::SystemTime::now, &mut out, room);
-            more = ps.more_pending;
-            for e in ps.errors.iter().take(1) {
-                tracing::debug!(error = %e, "log source read error");
-            }
-            if !out.is_empty() {
-                let n = out.len() as u64;
-                // Refused after a rewind: read again with the rest at the next catch-up.
-                let Some((accepted, m)) =
-                    handoff.offer_in(generation, &queues.logs, std::mem::take(&mut out))
-                else {
-                    continue;
-                };
-                mark = m;
-                offers.push_back(Offered {
-                    mark: m,
-                    accepted,
-                    total: n,
-                    settled: 0,
-                });
-                if accepted < n {
-                    stats.dropped(Stream::Logs, DropReason::SourceOverflow, 0, n - accepted);
-                }
-                stats.set_queue_records(Stream::Logs, queues.logs.len());
-            }
-            let now = tailer.counts().clone();
-            metrics.add(&before, &now);
-            before = now;
-            if last_status.elapsed() >= STATUS_EVERY {
-                stats
-                    .status()
-                    .set_files(tailer.source_name(), tailer.file_views());
-                last_status = Instant::now();
-            }
-            let files = i64::try_from(ps.files).unwrap_or(i64::MAX);
-            metrics.files.add(files - last_files);
-            last_files = files;
-        }
-        let pause = if more && room > 0 {
-            Duration::from_millis(1)
-        } else {
-            poll_interval
-        };
-        // Sleep in small steps so shutdown is seen quickly.
-        let until = Instant::now() + pause;
-        while Instant::now() < until && !stopped() {
-            std::thread::sleep((until - Instant::now()).min(Duration::from_millis(50)));
-        }
-    }
-    // Let the sender settle what it can (it sends the queued lines within its own grace),
-    // then commit exactly what it settled. Stopped alone (a reload), wait for all of it.
-    let mut deadline = None;
-    while matches!(handoff.settled_in(generation), Settled::Current(_))
-        && !handoff.reached(mark)
-        && !handoff.is_closed()
-    {
-        if shutdown.is_triggered()
-            && Instant::now() >= *deadline.get_or_insert_with(|| Instant::now() + LOG_HANDOFF_GRACE)
-        {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    catch_up(&mut tailer, handoff, &mut generation, &mut offers, &stats);
-    checkpoint(&tailer);
-    if tailer.unsettled() > 0 {
-        tracing::info!(
-            lines = tailer.unsettled(),
-            "log lines read but not sent before shutdown are not checkpointed; they are read again after a restart"
-        );
-    }
-    metrics.files.sub(last_files);
-}
-
 /// Settles the tailer's records that the sender settled in the tailer's `generation`;
 /// returns how many. When a rewind ended that generation ([`Handoff::rewind`]: an RC lane
 /// failed), settles what was settled before it, rewinds the tailer to its first unsettled
 /// line ([`LogTailer::rewind`]: read again, in order) and joins the current generation; the
 /// lines that cannot be read again (their file closed after a rotation, or truncated) are
 /// counted as dropped (`transport_error`).
-fn catch_up(
-    tailer: &mut LogTailer,
+pub(super) fn catch_up<S: SettledSource>(
+    tailer: &mut S,
     handoff: &Handoff,
     generation: &mut u64,
     offers: &mut VecDeque<Offered>,
@@ -927,7 +800,8 @@ fn catch_up(
     n
 }
 
-/// Starts one thread per `sources.logs` entry.
+/// Starts one thread per `sources.logs` entry, and one each for `sources.journald` and
+/// `sources.kmsg`.
 ///
 /// # Errors
 /// A tailer that cannot start (bad pattern, unreadable state file, state directory that
@@ -938,8 +812,13 @@ pub fn spawn_log_tailers(
     stats: &Arc<SelfMetrics>,
     shutdown: &Shutdown,
 ) -> Result<Vec<std::thread::JoinHandle<()>>, String> {
+    let mut handles: Vec<std::thread::JoinHandle<()>> =
+        journald::spawn_journald(config, queues, stats, shutdown)?
+            .into_iter()
+            .collect();
+    handles.extend(kmsg::spawn_kmsg(config, queues, stats, shutdown)?);
     if config.sources.logs.is_empty() {
-        return Ok(Vec::new());
+        return Ok(handles);
     }
     let metrics = LogMetrics::register(stats).map_err(|e| format!("log source metrics: {e}"))?;
     let state_dir = config.sources.state_directory.as_deref();
@@ -951,7 +830,6 @@ pub fn spawn_log_tailers(
             )
         })?;
     }
-    let mut handles = Vec::new();
     for (i, entry) in config.sources.logs.iter().enumerate() {
         if glob_matches_nothing(&entry.path) {
             tracing::warn!(

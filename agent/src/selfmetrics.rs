@@ -135,11 +135,16 @@ pub enum DropReason {
     /// Records still queued (or framed but not sent) when the agent shut down. Log lines
     /// dropped so are not checkpointed: the log sources read them again after a restart.
     Shutdown,
+    /// Kernel log records the kernel's ring buffer overwrote before the `kmsg` source read
+    /// them (read(2) of `/dev/kmsg` said `EPIPE`, or they were overwritten while the agent
+    /// was down), counted exactly from the gap in the kernel's sequence numbers
+    /// (`sources::kmsg`; Linux `Documentation/ABI/testing/dev-kmsg`).
+    KmsgOverwritten,
 }
 
 impl DropReason {
     /// Every reason, for pre-registering zero-valued series.
-    pub const ALL: [DropReason; 8] = [
+    pub const ALL: [DropReason; 9] = [
         DropReason::NoCredit,
         DropReason::SendQueueFull,
         DropReason::Oversize,
@@ -148,6 +153,7 @@ impl DropReason {
         DropReason::NotConnected,
         DropReason::TransportError,
         DropReason::Shutdown,
+        DropReason::KmsgOverwritten,
     ];
 
     /// The `reason` label value.
@@ -161,6 +167,7 @@ impl DropReason {
             DropReason::NotConnected => "not_connected",
             DropReason::TransportError => "transport_error",
             DropReason::Shutdown => "shutdown",
+            DropReason::KmsgOverwritten => "kmsg_overwritten",
         }
     }
 
@@ -174,7 +181,10 @@ impl DropReason {
             | DropReason::SourceOverflow
             | DropReason::NotConnected
             | DropReason::Shutdown => true,
-            DropReason::Oversize | DropReason::Invalid | DropReason::TransportError => false,
+            DropReason::Oversize
+            | DropReason::Invalid
+            | DropReason::TransportError
+            | DropReason::KmsgOverwritten => false,
         }
     }
 
@@ -189,6 +199,7 @@ impl DropReason {
             DropReason::NotConnected => 5,
             DropReason::TransportError => 6,
             DropReason::Shutdown => 7,
+            DropReason::KmsgOverwritten => 8,
         }
     }
 }
@@ -205,6 +216,7 @@ impl DropReason {
             DropReason::NotConnected => control::AgentDropReason::NotConnected,
             DropReason::TransportError => control::AgentDropReason::TransportError,
             DropReason::Shutdown => control::AgentDropReason::Shutdown,
+            DropReason::KmsgOverwritten => control::AgentDropReason::KmsgOverwritten,
         }
     }
 }

@@ -40,6 +40,7 @@ pub mod dictcost;
 pub mod fastcost;
 pub mod fleet;
 pub mod idle;
+pub mod journalcost;
 pub mod limit;
 pub mod loadgen;
 pub mod nodecost;

@@ -12,6 +12,7 @@ use clap::{Parser, ValueEnum};
 use uctel_bench::agentcost::{self, AgentCostConfig};
 use uctel_bench::fastcost::{self, FastCostConfig};
 use uctel_bench::idle::{self, IdleConfig};
+use uctel_bench::journalcost::{self, JournalCostConfig};
 use uctel_bench::limit::{self, LimitConfig};
 use uctel_bench::nodecost::{self, NodeCostConfig};
 use uctel_bench::processing::{self, ProcessingConfig};
@@ -69,6 +70,8 @@ enum Part {
     FastCost,
     /// Aligned sampling: `--align-agents` agents' sample times against the epoch grid.
     Align,
+    /// Lines per agent CPU-second of the journald source against the file tailer's.
+    JournalCost,
     /// The same frame stream over UC and RC at each of `--tradeoff-losses`.
     Tradeoff,
     /// `--fleet-agents` agents at `--fleet-fps` frames/s each (issue 42).
@@ -219,6 +222,9 @@ struct Args {
     /// Fast cost: each measured window (with and without the source), seconds.
     #[arg(long, default_value_t = 20.0)]
     fast_duration_secs: f64,
+    /// Journal cost: lines read from the file and from the journal.
+    #[arg(long, default_value_t = 200_000)]
+    journal_lines: u64,
     /// Node cost: seconds between two collections of the agent and two scrapes of
     /// node_exporter (≥ 0.1).
     #[arg(long, default_value_t = 1.0)]
@@ -372,6 +378,7 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         fast_cost: None,
         align: None,
         dict_cost: None,
+        journal_cost: None,
         tradeoff: Vec::new(),
         perftest: Perftest {
             source: "not in this run: tests/rxe/run.sh verbs_send_bench prints BENCH verbs_vs_perftest_ratio (pass --rxe-log or --rxe)".into(),
@@ -692,6 +699,22 @@ fn run(args: &Args) -> anyhow::Result<bool> {
                 report.dict_cost = Some(r);
             }
             Err(e) => report.failures.push(("dict".into(), e.to_string())),
+        }
+    }
+    if wants(Part::JournalCost) {
+        eprintln!(
+            "[journal-cost] {} lines from a file, then from the journal",
+            args.journal_lines
+        );
+        match journalcost::run(&JournalCostConfig {
+            agent_bin: agent_bin.clone(),
+            collector_bin: collector_bin.clone(),
+            workdir: workdir.join("journal-cost"),
+            lines: args.journal_lines.max(1),
+            timeout: Duration::from_secs(300),
+        }) {
+            Ok(r) => report.journal_cost = Some(r),
+            Err(e) => report.failures.push(("journal cost".into(), e.to_string())),
         }
     }
     if wants(Part::Tradeoff) {

@@ -186,6 +186,8 @@ pub struct Report {
     /// The series dictionary against protobuf metrics frames (`--only dict`).
     #[serde(default)]
     pub dict_cost: Option<crate::dictcost::DictCostResult>,
+    /// Lines per agent CPU-second of the journald source against the file tailer's.
+    pub journal_cost: Option<crate::journalcost::JournalCostResult>,
     /// The reliability trade-off: UC and RC at each injected loss rate.
     pub tradeoff: Vec<crate::tradeoff::TradeoffRow>,
     /// VM-suite perftest comparison.
@@ -700,6 +702,26 @@ impl Report {
                 n.encoding.clone(),
                 format!("load average {}", n.loadavg),
                 format!("node_exporter: {}", n.node_exporter),
+            ));
+        }
+        if let Some(j) = &self.journal_cost {
+            rows.push(row(
+                format!("journald source, {} lines", j.lines),
+                format!(
+                    "{:.0} lines per agent CPU-s ({:.0} with journalctl's CPU)",
+                    j.journald_lines_per_cpu_s(),
+                    j.journald_with_journalctl_lines_per_cpu_s()
+                ),
+                format!(
+                    "file tailer {:.0} lines per CPU-s: journald/file {:.2} (agent), {:.2} (with journalctl)",
+                    j.file_lines_per_cpu_s(),
+                    j.journald_lines_per_cpu_s() / j.file_lines_per_cpu_s(),
+                    j.journald_with_journalctl_lines_per_cpu_s() / j.file_lines_per_cpu_s()
+                ),
+                format!(
+                    "agent {:.2} CPU-s + journalctl {:.2} CPU-s vs {:.2} CPU-s",
+                    j.journald.cpu_seconds, j.journalctl_cpu_seconds, j.file.cpu_seconds
+                ),
             ));
         }
         if let Some(f) = &self.fast_cost {

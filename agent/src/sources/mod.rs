@@ -17,6 +17,10 @@
 //!   every few milliseconds, many samples of one counter per record, on a stream of their own.
 //! - [`logs`]: a log file tailer: glob paths, create- and copytruncate-rotation, truncation,
 //!   partial last lines, long lines, invalid UTF-8 and an offset checkpoint file.
+//! - [`journald`]: the systemd journal through `journalctl --output=json --follow`, resumed
+//!   from a saved cursor.
+//! - [`kmsg`]: the kernel log from `/dev/kmsg`, loss counted exactly from the kernel's
+//!   sequence numbers.
 //! - [`exposition`]: the Prometheus text format as records (textfile and scrape sources).
 //! - [`openmetrics`]: OpenMetrics 1.0 text rewritten as the text format 0.0.4.
 //! - [`scrape`]: local Prometheus endpoints scraped like a Prometheus job.
@@ -38,6 +42,10 @@ pub mod fast_counters;
 #[forbid(unsafe_code)]
 pub mod host;
 #[forbid(unsafe_code)]
+pub mod journald;
+#[forbid(unsafe_code)]
+pub mod kmsg;
+#[forbid(unsafe_code)]
 pub mod logs;
 #[forbid(unsafe_code)]
 pub mod node;
@@ -53,6 +61,8 @@ pub mod sections;
 pub mod severity;
 /// Slurm job attribution from the job cgroups.
 pub mod slurm;
+#[forbid(unsafe_code)]
+pub mod start_at;
 #[allow(unsafe_code)]
 pub mod sys;
 #[forbid(unsafe_code)]

@@ -37,6 +37,14 @@ pub struct SourcesSection {
     /// CPU, memory and I/O from the job cgroups. Off when absent.
     #[serde(default)]
     pub slurm: Option<crate::sources::slurm::SlurmSection>,
+    /// The systemd journal (`sources::journald`), read through `journalctl`; its cursor is
+    /// saved as `journald.json` in `state_directory`. Off when absent.
+    #[serde(default)]
+    pub journald: Option<crate::sources::journald::JournaldSection>,
+    /// The kernel log, `/dev/kmsg` (`sources::kmsg`); its position is saved as `kmsg.json`
+    /// in `state_directory`. Off when absent.
+    #[serde(default)]
+    pub kmsg: Option<crate::sources::kmsg::KmsgSection>,
     /// Directory for the log sources' offset checkpoints (one JSON file per `logs` entry,
     /// named after a hash of its `path`), created at start when there are `logs`. A relative
     /// path is relative to the working directory. Default `/var/lib/uctel-agent` (the systemd
@@ -98,6 +106,8 @@ impl Default for SourcesSection {
             scrape: Vec::new(),
             fast_counters: None,
             slurm: None,
+            journald: None,
+            kmsg: None,
             state_directory: default_state_directory(),
         }
     }
@@ -162,17 +172,7 @@ impl Default for SelfMetricsSection {
     }
 }
 
-/// Where a log file found at the first scan of the first run (no checkpoint yet) is read
-/// from.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StartAt {
-    /// Only lines written after the agent found the file (like `tail -F`). Default.
-    #[default]
-    End,
-    /// The whole file.
-    Beginning,
-}
+pub use super::start_at::StartAt;
 
 /// How each line's severity is found (`sources.logs[].severity`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]

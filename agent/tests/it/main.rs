@@ -19,6 +19,8 @@ mod packaging;
 mod rc_lane;
 mod session;
 mod sources_host;
+mod sources_journald;
+mod sources_kmsg;
 mod sources_logs;
 mod sources_rdma;
 mod support;

@@ -29,11 +29,14 @@ pub enum AgentDropReason {
     TransportError = 7,
     /// Still queued when the agent shut down.
     Shutdown = 8,
+    /// Kernel log records overwritten in the kernel's ring buffer before the agent read
+    /// them (counted from the gap in the kernel's sequence numbers).
+    KmsgOverwritten = 9,
 }
 
 impl AgentDropReason {
     /// Every reason but `Unspecified`, in wire order.
-    pub const ALL: [AgentDropReason; 8] = [
+    pub const ALL: [AgentDropReason; 9] = [
         AgentDropReason::NoCredit,
         AgentDropReason::SendQueueFull,
         AgentDropReason::Oversize,
@@ -42,6 +45,7 @@ impl AgentDropReason {
         AgentDropReason::NotConnected,
         AgentDropReason::TransportError,
         AgentDropReason::Shutdown,
+        AgentDropReason::KmsgOverwritten,
     ];
 
     /// The Prometheus label value, the agent's spelling: `no_credit`, `source_overflow`, …
@@ -56,6 +60,7 @@ impl AgentDropReason {
             AgentDropReason::NotConnected => "not_connected",
             AgentDropReason::TransportError => "transport_error",
             AgentDropReason::Shutdown => "shutdown",
+            AgentDropReason::KmsgOverwritten => "kmsg_overwritten",
         }
     }
 }

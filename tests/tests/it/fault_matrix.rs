@@ -3418,3 +3418,6 @@ fn series_dictionary_collector_restart() {
     );
     row.verdict(Law::AtMost);
 }
+
+// Rows of the journald and kernel log sources: `fault_matrix/sources.rs`.
+mod sources;

@@ -1,0 +1,151 @@
+//! The kernel log source in the agent: its counters and the thread that runs it
+//! (`runners::settled_source_loop`, the file tailer's loop).
+
+use std::sync::Arc;
+
+use prometheus::{IntCounterVec, Opts};
+use uctel_common::shutdown::Shutdown;
+
+use super::settled::{settled_source_loop, SettledSource};
+use super::Queues;
+use crate::config::{seconds, AgentConfig};
+use crate::selfmetrics::{DropReason, SelfMetrics};
+use crate::sources::kmsg::{boot_wall_ns, KmsgCounts, KmsgSource};
+use crate::stream::Stream;
+
+/// Where the kernel names the current boot.
+const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+
+/// [`KmsgSource`] with its counters, as a [`SettledSource`]: records overwritten are
+/// dropped as `kmsg_overwritten`, reads that are not records as `invalid`; EPIPE answers,
+/// read errors and failed state writes in `uctel_agent_kmsg_events_total{reason}`.
+struct KmsgRunner {
+    source: KmsgSource,
+    stats: Arc<SelfMetrics>,
+    events: IntCounterVec,
+    before: KmsgCounts,
+}
+
+impl KmsgRunner {
+    fn publish(&mut self) {
+        let now = self.source.counts().clone();
+        let b = &self.before;
+        if now.overwritten > b.overwritten {
+            self.stats.dropped(
+                Stream::Logs,
+                DropReason::KmsgOverwritten,
+                0,
+                now.overwritten - b.overwritten,
+            );
+        }
+        if now.unparsable > b.unparsable {
+            self.stats.dropped(
+                Stream::Logs,
+                DropReason::Invalid,
+                0,
+                now.unparsable - b.unparsable,
+            );
+        }
+        for (reason, d) in [
+            ("epipe", now.epipe - b.epipe),
+            ("read_error", now.read_errors - b.read_errors),
+            (
+                "checkpoint_error",
+                now.checkpoint_errors - b.checkpoint_errors,
+            ),
+        ] {
+            if d > 0 {
+                self.events.with_label_values(&[reason]).inc_by(d);
+            }
+        }
+        self.before = now;
+    }
+}
+
+impl SettledSource for KmsgRunner {
+    fn poll_records(
+        &mut self,
+        out: &mut Vec<uctel_protocol::payload::LogRecord>,
+        max: usize,
+    ) -> bool {
+        let more = self.source.poll(out, max, boot_wall_ns());
+        self.publish();
+        more
+    }
+    fn settle(&mut self, n: usize) {
+        self.source.settle(n);
+    }
+    fn checkpoint_settled(&mut self) {
+        if let Err(e) = self.source.checkpoint_settled() {
+            tracing::warn!(error = %e, "kmsg checkpoint failed; the previous one stays in force");
+        }
+        self.publish();
+    }
+    fn unsettled(&self) -> usize {
+        self.source.unsettled()
+    }
+    fn rewind(&mut self) -> u64 {
+        self.source.rewind()
+    }
+}
+
+/// Starts the kernel log source's thread when `sources.kmsg` is set.
+///
+/// # Errors
+/// The state directory cannot be created or the metrics cannot be registered.
+pub(super) fn spawn_kmsg(
+    config: &AgentConfig,
+    queues: &Queues,
+    stats: &Arc<SelfMetrics>,
+    shutdown: &Shutdown,
+) -> Result<Option<std::thread::JoinHandle<()>>, String> {
+    let Some(section) = &config.sources.kmsg else {
+        return Ok(None);
+    };
+    let events = IntCounterVec::new(
+        Opts::new(
+            "uctel_agent_kmsg_events_total",
+            "Kernel log source events: EPIPE answers of /dev/kmsg (records overwritten, \
+             counted in records_dropped_total{reason=\"kmsg_overwritten\"}), read errors, \
+             failed state file writes.",
+        ),
+        &["reason"],
+    )
+    .and_then(|v| {
+        stats.registry().register(Box::new(v.clone()))?;
+        Ok(v)
+    })
+    .map_err(|e| format!("kmsg source metrics: {e}"))?;
+    for r in ["epipe", "read_error", "checkpoint_error"] {
+        let _ = events.with_label_values(&[r]);
+    }
+    let state_dir = config.sources.state_directory.as_deref();
+    if let Some(dir) = state_dir {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            format!(
+                "cannot create sources.state_directory {}: {e}",
+                dir.display()
+            )
+        })?;
+    }
+    let boot_id = std::fs::read_to_string(BOOT_ID).unwrap_or_default();
+    let source = KmsgSource::new(
+        section,
+        config.log_line_limit(section.max_message_bytes),
+        state_dir.map(|d| d.join("kmsg.json")),
+        boot_id.trim(),
+    );
+    let runner = KmsgRunner {
+        before: source.counts().clone(),
+        source,
+        stats: stats.clone(),
+        events,
+    };
+    let (q, s, sd) = (queues.clone(), stats.clone(), shutdown.clone());
+    let poll = seconds(section.poll_interval_seconds);
+    std::thread::Builder::new()
+        .name("uctel-kmsg".into())
+        .spawn(move || settled_source_loop(runner, poll, q, s, (sd.clone(), sd)))
+        .map(Some)
+        .map_err(|e| format!("cannot start the kmsg source thread: {e}"))
+}
