@@ -14,6 +14,13 @@
 //! and described by the `ethtool` collector's own rule
 //! ([`uctel_agent::sources::node::ethtool::series_identity`]), untyped as node_exporter 1.5.0
 //! serves them, for the port's net device `ens1f0np0`.
+//!
+//! The host runs one Slurm job, so the job dashboard's joins have a job to join to: a cgroup
+//! v2 tree with the directory `slurmd` makes for job [`JOB_ID`]
+//! (`system.slice/slurmstepd.scope/job_<id>`, with `cpu.stat`, `memory.current`, `io.stat`)
+//! as the agent's `sources.slurm.cgroup_root`, and as its `scontrol_path` a script that prints
+//! that job's `scontrol show job -o` line (user [`JOB_USER`]). No Slurm runs here: the real
+//! one is `tests/tests/it/slurm.rs`'s.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -39,6 +46,11 @@ pub const PAUSE_STATS: [(&str, u64); 4] = [
     ("rx_prio3_pause", 1100),
     ("tx_prio3_pause", 310),
 ];
+/// The Slurm job running on the fabric host.
+pub const JOB_ID: &str = "4242";
+/// Its user, as `scontrol` reports it.
+pub const JOB_USER: &str = "alice";
+
 /// The `hw_counters` files sampled by `sources.fast_counters`.
 pub const FAST_HW_COUNTERS: [&str; 2] = ["out_of_buffer", "np_ecn_marked_roce_packets"];
 
@@ -49,6 +61,10 @@ pub struct Fabric {
     pub sys: PathBuf,
     /// `<dir>/fabric-textfile`.
     pub textfile: PathBuf,
+    /// `<dir>/fabric-cgroup`: the agent's cgroup root, with job [`JOB_ID`].
+    pub cgroup: PathBuf,
+    /// `<dir>/fabric-scontrol`: prints job [`JOB_ID`]'s `scontrol show job -o` line.
+    pub scontrol: PathBuf,
 }
 
 fn copy_tree(from: &Path, to: &Path) {
@@ -88,7 +104,40 @@ impl Fabric {
         }
         let file = textfile.join("ethtool_mlx5.prom");
         std::fs::write(&file, text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-        Fabric { sys, textfile }
+        let (cgroup, scontrol) = (dir.join("fabric-cgroup"), dir.join("fabric-scontrol"));
+        let job = cgroup.join(format!("system.slice/slurmstepd.scope/job_{JOB_ID}"));
+        let line = format!(
+            "JobId={JOB_ID} JobName=allreduce UserId={JOB_USER}(1000) GroupId={JOB_USER}(1000) \
+             Account=ml QOS=normal JobState=RUNNING Partition=gpu NodeList=fabric"
+        );
+        for (file, text) in [
+            (
+                cgroup.join("cgroup.controllers"),
+                "cpu io memory pids\n".to_owned(),
+            ),
+            (job.join("cpu.stat"), "usage_usec 7500000\n".to_owned()),
+            (job.join("memory.current"), "1073741824\n".to_owned()),
+            (
+                job.join("io.stat"),
+                "8:0 rbytes=4096 wbytes=8192\n".to_owned(),
+            ),
+            (scontrol.clone(), format!("#!/bin/sh\necho '{line}'\n")),
+        ] {
+            if let Some(parent) = file.parent() {
+                std::fs::create_dir_all(parent)
+                    .unwrap_or_else(|e| panic!("{}: {e}", parent.display()));
+            }
+            std::fs::write(&file, text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        }
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&scontrol, std::fs::Permissions::from_mode(0o755))
+            .unwrap_or_else(|e| panic!("{}: {e}", scontrol.display()));
+        Fabric {
+            sys,
+            textfile,
+            cgroup,
+            scontrol,
+        }
     }
 
     fn port_dir(&self) -> PathBuf {
@@ -127,6 +176,15 @@ impl Fabric {
         counters.push(Value::Mapping(lo));
         y.set("sources.fast_counters.interval_milliseconds", 10)
             .set("sources.fast_counters.counters", Value::Sequence(counters));
+        y.set(
+            "sources.slurm.cgroup_root",
+            self.cgroup.display().to_string(),
+        )
+        .set(
+            "sources.slurm.scontrol_path",
+            self.scontrol.display().to_string(),
+        )
+        .set("sources.slurm.interval_seconds", 1.0);
     }
 
     /// Takes the port down (`state` `1: DOWN`) once agent `id` has collected it, waits for the

@@ -3,7 +3,8 @@
 //! used by every panel and target, the `agent` variable from
 //! `label_values(uctel_collector_frames_received_total, agent)`, on the host dashboard
 //! `label_values(node_load1, agent)` so that it works on remote-written data alone, on the
-//! fabric dashboard `label_values(node_infiniband_info, agent)`), every panel has queries,
+//! fabric dashboard `label_values(node_infiniband_info, agent)`, on the job dashboard
+//! `label_values(uctel_job_info, agent)`), every panel has queries,
 //! ids and grid positions are sane, and every variable a query uses is defined. The fabric
 //! dashboard's series names are the ones the agent makes: `hw_counters` files of the mlx5
 //! driver (the ConnectX fixture's), port counters of [`PORT_COUNTERS`], ethtool names derived
@@ -18,7 +19,7 @@ use uctel_agent::sources::rdma::PORT_COUNTERS;
 use uctel_tests::dashboards;
 
 #[test]
-fn there_are_the_three_dashboards() {
+fn there_are_the_four_dashboards() {
     let names: Vec<String> = dashboards::files()
         .iter()
         .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
@@ -28,6 +29,7 @@ fn there_are_the_three_dashboards() {
         vec![
             "uctel-fabric.json",
             "uctel-host-overview.json",
+            "uctel-jobs.json",
             "uctel-pipeline-health.json"
         ]
     );
@@ -72,11 +74,14 @@ fn dashboards_are_importable() {
         // The pipeline dashboard lists agents the collector knows; the host dashboard those
         // with host metrics, a series that remote-write delivers too (no collector
         // self-metric is needed, so it works on a Mimir or VictoriaMetrics fed by
-        // remote-write alone); the fabric dashboard those with an RDMA device.
+        // remote-write alone); the fabric dashboard those with an RDMA device; the job
+        // dashboard those running a Slurm job.
         let want = if name.ends_with("uctel-host-overview.json") {
             "label_values(node_load1, agent)"
         } else if name.ends_with("uctel-fabric.json") {
             "label_values(node_infiniband_info, agent)"
+        } else if name.ends_with("uctel-jobs.json") {
+            "label_values(uctel_job_info, agent)"
         } else {
             "label_values(uctel_collector_frames_received_total, agent)"
         };
@@ -349,6 +354,108 @@ fn fabric_dashboard_uses_the_agents_names() {
         }
     }
     assert!(checked >= 15, "only {checked} node_* selectors checked");
+}
+
+/// The job dashboard: every panel is per job (`job_id` kept by its outer aggregation, or the
+/// jobs table), every query filtered by `$agent` and reading only `uctel_job_info` and
+/// the series the agents and collectors make (the fabric dashboard's rule: `node_infiniband_`
+/// names from the mlx5 fixture's `hw_counters/` or their fast-counter `_per_second`, mlx5
+/// ethtool names). The host's series are joined to the jobs through `uctel_job_info` on
+/// `(agent, instance)`, the labels the collector gives every agent series; the collectors'
+/// own loss counters, whose `instance` is the collector's, on `agent` alone.
+#[test]
+fn job_dashboard_joins_host_series_through_job_info() {
+    let queries = all_queries("uctel-jobs.json");
+    let all: String = queries
+        .iter()
+        .map(|q| q.raw.clone())
+        .collect::<Vec<_>>()
+        .join("\n");
+    for metric in [
+        "uctel_job_info",
+        "uctel_job_cpu_seconds_total",
+        "uctel_job_memory_bytes",
+        "node_infiniband_np_ecn_marked_roce_packets",
+        "node_infiniband_np_cnp_sent",
+        "node_infiniband_rp_cnp_handled",
+        "node_infiniband_out_of_buffer",
+        "node_infiniband_out_of_buffer_per_second",
+        "node_infiniband_out_of_sequence",
+        "node_ethtool_received_pause_ctrl_phy",
+        "node_ethtool_transmitted_pause_ctrl_phy",
+        "node_ethtool_received_prio[0-7]_pause",
+        "node_ethtool_transmitted_prio[0-7]_pause",
+        "uctel_collector_frames_lost_total",
+        "uctel_collector_records_lost_total",
+    ] {
+        assert!(all.contains(metric), "no panel queries {metric}");
+    }
+    let fixture = uctel_tests::workspace_root()
+        .join("agent/tests/data/connectx-6-dx/sys/class/infiniband/mlx5_0/ports/1/hw_counters");
+    let hw: HashSet<String> = std::fs::read_dir(&fixture)
+        .unwrap_or_else(|e| panic!("{}: {e}", fixture.display()))
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    let ethtool = ["received_pause_ctrl_phy", "transmitted_pause_ctrl_phy"];
+    let mut joined = 0;
+    for q in &queries {
+        assert!(
+            q.raw.contains("agent=~\"$agent\""),
+            "{}: not filtered by $agent: {}",
+            q.panel,
+            q.raw
+        );
+        assert!(
+            q.raw.contains("uctel_job_info{"),
+            "{}: not joined to the jobs: {}",
+            q.panel,
+            q.raw
+        );
+        assert!(
+            q.raw.starts_with("sum by (job_id, user)")
+                || q.raw.starts_with("-sum by (job_id, user)")
+                || q.raw.starts_with("max by (job_id,"),
+            "{}: not per job: {}",
+            q.panel,
+            q.raw
+        );
+        let host = q.raw.contains("node_");
+        let collector = q.raw.contains("uctel_collector_");
+        if host {
+            assert!(
+                q.raw.contains(
+                    "* on (agent, instance) group_right group by (agent, instance, job_id, user) (uctel_job_info{"
+                ),
+                "{}: host series not joined on (agent, instance): {}",
+                q.panel,
+                q.raw
+            );
+            joined += 1;
+        }
+        if collector {
+            assert!(
+                q.raw.contains(
+                    "* on (agent) group_right group by (agent, job_id, user) (uctel_job_info{"
+                ),
+                "{}: collector series not joined on agent: {}",
+                q.panel,
+                q.raw
+            );
+            joined += 1;
+        }
+        for name in selected_names(&q.raw) {
+            if let Some(file) = name.strip_prefix("node_infiniband_") {
+                let file = file.strip_suffix("_per_second").unwrap_or(file);
+                assert!(hw.contains(file), "{}: {name}", q.panel);
+            } else if let Some(stat) = name.strip_prefix("node_ethtool_") {
+                assert!(ethtool.contains(&stat), "{}: {name}", q.panel);
+            } else {
+                assert!(name.starts_with("uctel_"), "{}: {name}", q.panel);
+            }
+        }
+    }
+    assert!(joined >= 12, "only {joined} joined queries");
 }
 
 /// The example scrape configuration for a collector pool (file_sd and DNS SD) is one

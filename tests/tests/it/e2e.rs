@@ -17,7 +17,8 @@
 //! - `prometheus_evaluates_every_dashboard_query`: a real Prometheus scrapes the collector
 //!   (remote-writing into a real VictoriaMetrics) and agents, one of them on the ConnectX
 //!   sysfs fixture with fast counters and a port taken down and up
-//!   ([`uctel_tests::fabric`]); every panel query of every dashboard parses and returns data;
+//!   ([`uctel_tests::fabric`], which also gives it a Slurm job); every panel query of every
+//!   dashboard parses and returns data, the job dashboard's under that job;
 //!   `promtool check metrics` accepts the collector's and an agent's `/metrics`; across a
 //!   collector restart Prometheus sees a reset of the collector's own counters and none in
 //!   the agents' counters the collector relays.
@@ -722,6 +723,44 @@ fn prometheus_evaluates_every_dashboard_query() {
         lossy_agents.iter().any(|a| a == "prom-fabric"),
         "uctel frames lost not joined to the fabric agent: {lossy_agents:?}"
     );
+    // The job dashboard: the fabric host's counters and uctel loss show under its Slurm job.
+    let jobs_file = uctel_tests::workspace_root().join("dashboards/uctel-jobs.json");
+    let jobs_queries = dashboards::queries(&jobs_file);
+    for (panel, ref_id) in [
+        ("out_of_buffer", "A"),
+        ("out_of_buffer", "B"),
+        ("CNPs sent", "A"),
+        ("Link pause frames", "A"),
+        ("uctel loss on the job's hosts", "A"),
+    ] {
+        let q = jobs_queries
+            .iter()
+            .find(|q| q.panel == panel && q.ref_id == ref_id)
+            .unwrap_or_else(|| panic!("no {panel} / {ref_id}"));
+        let r = prom
+            .query(&q.expr)
+            .unwrap_or_else(|e| panic!("{panel}: {e}"));
+        let jobs: Vec<(String, String)> = r
+            .iter()
+            .map(|s| {
+                let l = |n: &str| {
+                    s.pointer(&format!("/metric/{n}"))
+                        .and_then(serde_json::Value::as_str)
+                        .unwrap_or("")
+                        .to_owned()
+                };
+                (l("job_id"), l("user"))
+            })
+            .collect();
+        assert_eq!(
+            jobs,
+            [(
+                uctel_tests::fabric::JOB_ID.to_owned(),
+                uctel_tests::fabric::JOB_USER.to_owned()
+            )],
+            "{panel} / {ref_id}"
+        );
+    }
     let to = labels_of("Port state and GID changes", "A", "to");
     assert!(
         to.contains(&"down".to_owned()) && to.contains(&"active".to_owned()),
