@@ -813,6 +813,7 @@ pub fn log_source_config(
     c.glob_interval = seconds(entry.glob_interval_seconds);
     c.state_file = state_directory.map(|d| log_state_file(d, entry));
     c.detect_severity = entry.severity == LogSeverity::Auto;
+    c.parse.clone_from(&entry.parse);
     c
 }
 
@@ -1263,6 +1264,7 @@ mod tests {
             rotate_wait_seconds: 5.0,
             glob_interval_seconds: 1.0,
             poll_interval_seconds: 0.25,
+            parse: Default::default(),
         };
         let d = Path::new("/state");
         let a = log_state_file(d, &e("/var/log/a*.log"));

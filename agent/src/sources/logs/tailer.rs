@@ -15,6 +15,7 @@ use uctel_protocol::payload::LogRecord;
 
 use super::checkpoint::{self, Loaded, RecordPos, ResumePoints, StateEntry};
 use super::lines::{push_record, LineEnd, LineSplitter, Stamp};
+use super::parse::{Joined, Joiner, Parser};
 use super::rotation::{
     fnv1a64, match_checkpoint, reconcile, start_position, truncation_check, Change, FileId, Found,
     Resume, SavedEntry, TrackedView, Truncation,
@@ -40,6 +41,8 @@ struct Tracked {
     last_size: u64,
     head: Vec<u8>,
     splitter: LineSplitter,
+    /// Joins lines into multi-line records (passes each line on when `parse.multiline` is off).
+    joiner: Joiner,
     orphaned_at: Option<Instant>,
     at_eof: bool,
     seq: u64,
@@ -104,10 +107,17 @@ impl FileTruncated<'_> {
 }
 
 impl Tracked {
-    /// End of the last emitted (or discarded) byte: where a restart resumes.
-    fn committed_offset(&self) -> u64 {
-        self.read_offset
-            .saturating_sub(self.splitter.partial_len() as u64)
+    /// End of the last emitted (or discarded) byte, or the start of the multi-line record
+    /// being joined, and whether the splitter is discarding there: where a restart resumes.
+    fn committed(&self) -> (u64, bool) {
+        match self.joiner.pending_start() {
+            Some(start) => (start, false),
+            None => (
+                self.read_offset
+                    .saturating_sub(self.splitter.partial_len() as u64),
+                self.splitter.is_discarding(),
+            ),
+        }
     }
 }
 
@@ -139,6 +149,8 @@ pub struct LogTailer {
     /// scan.
     record_start: bool,
     latch: ErrorLatch,
+    /// `config.parse`, compiled.
+    parser: Parser,
     next_seq: u64,
     counts: LogSourceCounts,
     buf: Vec<u8>,
@@ -184,6 +196,7 @@ impl LogTailer {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let parser = Parser::new(&config.parse).map_err(LogSourceError::Parse)?;
         let state = match &config.state_file {
             Some(state_path) => checkpoint::load(state_path)?,
             None => None,
@@ -202,6 +215,7 @@ impl LogTailer {
             first_run,
             record_start,
             latch: ErrorLatch::default(),
+            parser,
             next_seq: 0,
             counts: LogSourceCounts::default(),
             buf: Vec::new(),
@@ -219,7 +233,7 @@ impl LogTailer {
     pub fn files(&self) -> Vec<(PathBuf, u64)> {
         self.files
             .iter()
-            .map(|t| (t.path.clone(), t.committed_offset()))
+            .map(|t| (t.path.clone(), t.committed().0))
             .collect()
     }
 
@@ -283,7 +297,7 @@ impl LogTailer {
                 }
                 let more = service(
                     t,
-                    &self.config,
+                    (&self.config, &self.parser),
                     now,
                     &mut budget,
                     &mut buf,
@@ -366,6 +380,7 @@ impl LogTailer {
             if let Some(offset) = points.offset(t.id, t.generation) {
                 t.read_offset = offset;
                 t.splitter = LineSplitter::new(max_line).at(offset);
+                t.joiner.reset();
                 t.at_eof = false;
             }
         }
@@ -405,7 +420,7 @@ impl LogTailer {
             .map(|t| {
                 let (offset, discarding) = match resume(t.id, t.generation) {
                     Some(start) => (start, false),
-                    None => (t.committed_offset(), t.splitter.is_discarding()),
+                    None => t.committed(),
                 };
                 let before = fingerprint_before(&t.file, offset);
                 StateEntry {
@@ -698,6 +713,7 @@ impl LogTailer {
             last_size: o.size,
             head: o.head,
             splitter,
+            joiner: self.parser.joiner(self.config.max_line_bytes),
             orphaned_at: None,
             at_eof: false,
             seq,
@@ -716,6 +732,7 @@ impl LogTailer {
         let rotate_wait = self.config.rotate_wait;
         let max_line = self.config.max_line_bytes;
         let detect = self.config.detect_severity;
+        let parser = &self.parser;
         let counts = &mut self.counts;
         let unsettled = &mut self.unsettled;
         let retired = &mut self.retired;
@@ -726,7 +743,7 @@ impl LogTailer {
             if !expired || !t.at_eof {
                 return true;
             }
-            if t.splitter.partial_len() > 0 {
+            if t.splitter.partial_len() > 0 || t.joiner.pending_start().is_some() {
                 if budget.records == 0 {
                     return true;
                 }
@@ -737,15 +754,18 @@ impl LogTailer {
                     file_id: t.file_id,
                     detect,
                     max_line,
+                    parser,
                 };
                 let mut emitted = Emitted {
                     out: &mut *out,
                     positions: &mut *unsettled,
                     wall: &mut *wall,
                 };
+                let joiner = &mut t.joiner;
                 t.splitter.flush(&mut |line, end, start| {
-                    emitted.keep(counts, &from, line, end, start);
+                    emitted.keep(counts, &from, joiner, (line, end, start), now);
                 });
+                emitted.flush(counts, &from, joiner);
                 budget.records -= 1;
             }
             if unsettled.iter().any(|p| p.id == t.id) {
@@ -847,39 +867,83 @@ struct LineOrigin<'a> {
     file_id: u64,
     detect: bool,
     max_line: usize,
+    parser: &'a Parser,
 }
 
 impl Emitted<'_> {
-    /// Keeps one line that a [`LineSplitter`] emitted (`line`, `end`, `start`): its record,
-    /// stamped with the wall clock now ([`push_record`]), and where it started.
+    /// Takes one line that a [`LineSplitter`] emitted (`line`, `end`, `start`) at `now`
+    /// through the file's [`Joiner`] and keeps the records it completes ([`Emitted::record`]).
     fn keep(
         &mut self,
         counts: &mut LogSourceCounts,
         from: &LineOrigin<'_>,
-        line: &[u8],
-        end: LineEnd,
-        start: u64,
+        joiner: &mut Joiner,
+        (line, end, start): (&[u8], LineEnd, u64),
+        now: Instant,
     ) {
-        let at = Stamp::new(
-            from.file_id,
-            (start, line.len(), end),
-            from.max_line,
-            (self.wall)(),
-        );
+        joiner.push(line, end, start, now, &mut |j| self.record(counts, from, j));
+    }
+
+    /// Keeps the multi-line record being joined now, if any; returns whether there was one.
+    fn flush(
+        &mut self,
+        counts: &mut LogSourceCounts,
+        from: &LineOrigin<'_>,
+        joiner: &mut Joiner,
+    ) -> bool {
+        joiner.flush(&mut |j| self.record(counts, from, j))
+    }
+
+    /// Keeps the multi-line record being joined if it is stale; returns whether it was.
+    fn flush_stale(
+        &mut self,
+        counts: &mut LogSourceCounts,
+        from: &LineOrigin<'_>,
+        joiner: &mut Joiner,
+        now: Instant,
+    ) -> bool {
+        joiner.flush_if_stale(now, &mut |j| self.record(counts, from, j))
+    }
+
+    /// Keeps one record: stamped with the wall clock now ([`push_record`]), parsed
+    /// ([`Parser::apply`]), and where its first line started.
+    fn record(&mut self, counts: &mut LogSourceCounts, from: &LineOrigin<'_>, j: Joined<'_>) {
+        let at = Stamp {
+            file_id: from.file_id,
+            end_offset: j.end_offset,
+            timestamp_ns: super::lines::unix_ns((self.wall)()),
+        };
+        let end = match (j.cut, j.flushed) {
+            (true, _) => LineEnd::Cut,
+            (false, true) => LineEnd::Flushed,
+            (false, false) => LineEnd::Newline,
+        };
+        if j.cut && j.flushed {
+            counts.bump(LogEvent::PartialLineFlushed);
+        }
+        if j.cut_bytes > 0 {
+            counts.bump(LogEvent::RecordCut);
+            counts.discarded_bytes += j.cut_bytes;
+        }
         push_record(
             self.out,
             counts,
             from.source,
             from.detect,
             from.max_line,
-            line,
+            j.bytes,
             end,
             at,
         );
+        if from.parser.is_active() {
+            if let Some(r) = self.out.last_mut() {
+                from.parser.apply(r, counts);
+            }
+        }
         self.positions.push_back(RecordPos {
             id: from.id,
             generation: from.generation,
-            start,
+            start: j.start,
         });
     }
 }
@@ -889,7 +953,7 @@ impl Emitted<'_> {
 #[allow(clippy::too_many_arguments)]
 fn service(
     t: &mut Tracked,
-    config: &LogSourceConfig,
+    (config, parser): (&LogSourceConfig, &Parser),
     now: Instant,
     budget: &mut Budget,
     buf: &mut [u8],
@@ -940,10 +1004,13 @@ fn service(
                 file_id: t.file_id,
                 detect,
                 max_line,
+                parser,
             };
-            if t.splitter.flush(&mut |line, end, start| {
-                emitted.keep(counts, &from, line, end, start);
-            }) {
+            let joiner = &mut t.joiner;
+            t.splitter.flush(&mut |line, end, start| {
+                emitted.keep(counts, &from, joiner, (line, end, start), now);
+            });
+            if emitted.flush(counts, &from, joiner) {
                 budget.records -= 1;
             }
         }
@@ -961,6 +1028,7 @@ fn service(
         file_id: t.file_id,
         detect,
         max_line,
+        parser,
     };
 
     let mut more = false;
@@ -987,7 +1055,7 @@ fn service(
         let fed = t
             .splitter
             .feed(&chunk[..n], now, budget.records, &mut |line, end, start| {
-                emitted.keep(counts, &from, line, end, start);
+                emitted.keep(counts, &from, &mut t.joiner, (line, end, start), now);
             });
         t.read_offset += fed.consumed as u64;
         counts.bytes_read += fed.consumed as u64;
@@ -999,14 +1067,19 @@ fn service(
             break;
         }
     }
-    if t.at_eof
-        && budget.records > 0
-        && t.splitter
-            .flush_if_stale(now, config.partial_line_timeout, &mut |line, end, start| {
-                emitted.keep(counts, &from, line, end, start);
-            })
-    {
-        budget.records -= 1;
+    if t.at_eof && budget.records > 0 {
+        let joiner = &mut t.joiner;
+        let flushed =
+            t.splitter
+                .flush_if_stale(now, config.partial_line_timeout, &mut |line, end, start| {
+                    emitted.keep(counts, &from, joiner, (line, end, start), now);
+                });
+        // A partial line still waiting for its end may belong to the record being joined.
+        if (flushed || t.splitter.partial_len() == 0)
+            && emitted.flush_stale(counts, &from, joiner, now)
+        {
+            budget.records -= 1;
+        }
     }
     // Fingerprint the first bytes once they exist (or extend a short fingerprint).
     let known = size.max(t.read_offset);
