@@ -19,6 +19,9 @@
 //!   down) and `start_position` (where to start reading a newly seen file).
 //! - `checkpoint` (private): the state file's format, its load and its atomic save, and the
 //!   rule for where a restart resumes given the records not settled yet.
+//! - `parse`: multi-line records, JSON fields and the line's own time, per source
+//!   ([`parse::LogParseSection`], all off by default); `emit` (private) puts each line through
+//!   them into a record.
 //! - `tailer` (private): [`LogTailer`], the thin IO layer: it evaluates globs, stats paths,
 //!   keeps one open handle per followed file (so a renamed or deleted file can still be read to
 //!   its end), reads with positional reads, feeds the rules above what it observed and acts on
@@ -171,6 +174,7 @@ use std::time::Duration;
 use uctel_protocol::payload::LogRecord;
 
 mod checkpoint;
+mod emit;
 mod lines;
 pub mod parse;
 mod rotation;

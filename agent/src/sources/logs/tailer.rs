@@ -14,8 +14,9 @@ use std::time::{Instant, SystemTime};
 use uctel_protocol::payload::LogRecord;
 
 use super::checkpoint::{self, Loaded, RecordPos, ResumePoints, StateEntry};
-use super::lines::{push_record, LineEnd, LineSplitter, Stamp};
-use super::parse::{Joined, Joiner, Parser};
+use super::emit::{Emitted, LineOrigin};
+use super::lines::LineSplitter;
+use super::parse::{Joiner, Parser};
 use super::rotation::{
     fnv1a64, match_checkpoint, reconcile, start_position, truncation_check, Change, FileId, Found,
     Resume, SavedEntry, TrackedView, Truncation,
@@ -848,103 +849,6 @@ fn new_file_id() -> u64 {
         if id != 0 {
             return id;
         }
-    }
-}
-
-/// Where [`service`] puts what it reads: the records, and in the same order where each
-/// started; and the wall clock that stamps them.
-struct Emitted<'a> {
-    out: &'a mut Vec<LogRecord>,
-    positions: &'a mut VecDeque<RecordPos>,
-    wall: &'a mut dyn FnMut() -> SystemTime,
-}
-
-/// The file a line comes from, and the rules its record is built with.
-struct LineOrigin<'a> {
-    source: &'a str,
-    id: FileId,
-    generation: u64,
-    file_id: u64,
-    detect: bool,
-    max_line: usize,
-    parser: &'a Parser,
-}
-
-impl Emitted<'_> {
-    /// Takes one line that a [`LineSplitter`] emitted (`line`, `end`, `start`) at `now`
-    /// through the file's [`Joiner`] and keeps the records it completes ([`Emitted::record`]).
-    fn keep(
-        &mut self,
-        counts: &mut LogSourceCounts,
-        from: &LineOrigin<'_>,
-        joiner: &mut Joiner,
-        (line, end, start): (&[u8], LineEnd, u64),
-        now: Instant,
-    ) {
-        joiner.push(line, end, start, now, &mut |j| self.record(counts, from, j));
-    }
-
-    /// Keeps the multi-line record being joined now, if any; returns whether there was one.
-    fn flush(
-        &mut self,
-        counts: &mut LogSourceCounts,
-        from: &LineOrigin<'_>,
-        joiner: &mut Joiner,
-    ) -> bool {
-        joiner.flush(&mut |j| self.record(counts, from, j))
-    }
-
-    /// Keeps the multi-line record being joined if it is stale; returns whether it was.
-    fn flush_stale(
-        &mut self,
-        counts: &mut LogSourceCounts,
-        from: &LineOrigin<'_>,
-        joiner: &mut Joiner,
-        now: Instant,
-    ) -> bool {
-        joiner.flush_if_stale(now, &mut |j| self.record(counts, from, j))
-    }
-
-    /// Keeps one record: stamped with the wall clock now ([`push_record`]), parsed
-    /// ([`Parser::apply`]), and where its first line started.
-    fn record(&mut self, counts: &mut LogSourceCounts, from: &LineOrigin<'_>, j: Joined<'_>) {
-        let at = Stamp {
-            file_id: from.file_id,
-            end_offset: j.end_offset,
-            timestamp_ns: super::lines::unix_ns((self.wall)()),
-        };
-        let end = match (j.cut, j.flushed) {
-            (true, _) => LineEnd::Cut,
-            (false, true) => LineEnd::Flushed,
-            (false, false) => LineEnd::Newline,
-        };
-        if j.cut && j.flushed {
-            counts.bump(LogEvent::PartialLineFlushed);
-        }
-        if j.cut_bytes > 0 {
-            counts.bump(LogEvent::RecordCut);
-            counts.discarded_bytes += j.cut_bytes;
-        }
-        push_record(
-            self.out,
-            counts,
-            from.source,
-            from.detect,
-            from.max_line,
-            j.bytes,
-            end,
-            at,
-        );
-        if from.parser.is_active() {
-            if let Some(r) = self.out.last_mut() {
-                from.parser.apply(r, counts);
-            }
-        }
-        self.positions.push_back(RecordPos {
-            id: from.id,
-            generation: from.generation,
-            start: j.start,
-        });
     }
 }
 
