@@ -111,13 +111,17 @@ fn traces_json_and_timestamps_parsed_and_a_trace_survives_an_agent_sigkill() {
         parse.insert("timezone".into(), "UTC".into());
         parse.insert("multiline".into(), multiline.into());
         let mut s = Mapping::new();
-        s.insert("path".into(), log_file.display().to_string().into());
+        // `p.input.log` and `p2.input.log`.
+        let glob = p.path().join("p*.input.log");
+        s.insert("path".into(), glob.display().to_string().into());
         s.insert("start_at".into(), "beginning".into());
         s.insert("max_line_bytes".into(), 1024.into());
         s.insert("poll_interval_seconds".into(), 0.05.into());
         s.insert("parse".into(), parse.into());
         s
     };
+    std::fs::write(p.path().join("p2.input.log"), "")
+        .unwrap_or_else(|e| panic!("p2.input.log: {e}"));
     let a = p.add_agent_with("p", 0.0, 60.0, |y| {
         y.set("sources.logs", Value::Sequence(vec![source.into()]));
     });
@@ -188,16 +192,26 @@ fn traces_json_and_timestamps_parsed_and_a_trace_survives_an_agent_sigkill() {
         "the cut is counted"
     );
 
-    // SIGKILL with a trace half written (its lines read and held, not shipped: the
-    // checkpoint stays at its first line), the rest written while the agent is down.
+    // SIGKILL with a trace half written (its lines read and held, not shipped), the rest
+    // written while the agent is down. A record of another file of the source settles while
+    // the trace is held, so a checkpoint is written then: it must stay at the trace's first
+    // line.
+    let other = p.path().join("p2.input.log");
     append(&log_file, BEFORE_KILL);
-    std::thread::sleep(Duration::from_millis(1500));
+    std::thread::sleep(Duration::from_millis(300));
+    append(
+        &other,
+        "2026-12-07 01:02:59,000 INFO other file\n2026-12-07 01:02:59,500 INFO other again\n",
+    );
+    wait_records(&p, "the other file's first record", |got| {
+        got.iter()
+            .any(|r| message_is(r, "2026-12-07 01:02:59,000 INFO other file"))
+    });
+    std::thread::sleep(Duration::from_millis(700));
     p.agents[a].daemon.kill();
     append(&log_file, AFTER_KILL);
-    append(
-        &log_file,
-        "2026-12-07 01:03:01,000 INFO [w-1] c.e.Job - restarted\n",
-    );
+    let restarted = "2026-12-07 01:03:01,000 INFO [w-1] c.e.Job - restarted";
+    append(&log_file, &format!("{restarted}\n"));
     let r = uctel_tests::wait_for(
         "session of the killed agent closed",
         Duration::from_secs(20),
@@ -212,11 +226,18 @@ fn traces_json_and_timestamps_parsed_and_a_trace_survives_an_agent_sigkill() {
     }
     p.agents[a].daemon.restart();
     let whole = format!("{BEFORE_KILL}{AFTER_KILL}");
-    wait_records(&p, "the trace written across the restart", |got| {
-        got.iter().any(|r| message_is(r, &whole))
-    });
+    wait_records(
+        &p,
+        "the trace written across the restart, and the lines held",
+        |got| {
+            got.iter().any(|r| message_is(r, &whole))
+                && got.iter().any(|r| message_is(r, restarted))
+                && got
+                    .iter()
+                    .any(|r| message_is(r, "2026-12-07 01:02:59,500 INFO other again"))
+        },
+    );
     // Nothing of it arrives twice or in parts, nor anything sent before the kill.
-    std::thread::sleep(Duration::from_millis(500));
     let got = sink(&p);
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
     for r in &got {
@@ -237,7 +258,7 @@ fn traces_json_and_timestamps_parsed_and_a_trace_survives_an_agent_sigkill() {
     );
     assert_eq!(
         got.len(),
-        5,
-        "the five records before the last start line: {counts:#?}"
+        8,
+        "4 records, 2 of the other file, the trace, the last line: {counts:#?}"
     );
 }
