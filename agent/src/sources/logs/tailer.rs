@@ -757,6 +757,7 @@ impl LogTailer {
                     max_line,
                     parser,
                 };
+                let before = out.len();
                 let mut emitted = Emitted {
                     out: &mut *out,
                     positions: &mut *unsettled,
@@ -767,7 +768,9 @@ impl LogTailer {
                     emitted.keep(counts, &from, joiner, (line, end, start), now);
                 });
                 emitted.flush(counts, &from, joiner);
-                budget.records -= 1;
+                // Up to two records (the joined one and the last line): at most one past the
+                // budget, which the queue counts if it has no room.
+                budget.records = budget.records.saturating_sub(emitted.out.len() - before);
             }
             if unsettled.iter().any(|p| p.id == t.id) {
                 retired.push(Retired {
@@ -900,24 +903,26 @@ fn service(
             while_down: false,
         }
         .emit(counts);
+        let from = LineOrigin {
+            source: &t.source,
+            id,
+            generation: t.generation,
+            file_id: t.file_id,
+            detect,
+            max_line,
+            parser,
+        };
+        let before = emitted.out.len();
+        let joiner = &mut t.joiner;
         if budget.records > 0 {
-            let from = LineOrigin {
-                source: &t.source,
-                id,
-                generation: t.generation,
-                file_id: t.file_id,
-                detect,
-                max_line,
-                parser,
-            };
-            let joiner = &mut t.joiner;
             t.splitter.flush(&mut |line, end, start| {
                 emitted.keep(counts, &from, joiner, (line, end, start), now);
             });
-            if emitted.flush(counts, &from, joiner) {
-                budget.records -= 1;
-            }
         }
+        // The record being joined holds lines of bytes that are gone: handed on whatever the
+        // budget, so no line of the new content joins it.
+        emitted.flush(counts, &from, joiner);
+        budget.records = budget.records.saturating_sub(emitted.out.len() - before);
         t.splitter.reset();
         t.read_offset = 0;
         t.head.clear();
@@ -972,6 +977,7 @@ fn service(
         }
     }
     if t.at_eof && budget.records > 0 {
+        let before = emitted.out.len();
         let joiner = &mut t.joiner;
         let flushed =
             t.splitter
@@ -979,11 +985,11 @@ fn service(
                     emitted.keep(counts, &from, joiner, (line, end, start), now);
                 });
         // A partial line still waiting for its end may belong to the record being joined.
-        if (flushed || t.splitter.partial_len() == 0)
-            && emitted.flush_stale(counts, &from, joiner, now)
+        if (flushed || t.splitter.partial_len() == 0) && budget.records > emitted.out.len() - before
         {
-            budget.records -= 1;
+            emitted.flush_stale(counts, &from, joiner, now);
         }
+        budget.records = budget.records.saturating_sub(emitted.out.len() - before);
     }
     // Fingerprint the first bytes once they exist (or extend a short fingerprint).
     let known = size.max(t.read_offset);

@@ -276,3 +276,77 @@ fn check_config_names_the_bad_parse_key() {
     let bad = load("{jsn: true}").unwrap_or_default();
     assert!(bad.contains("jsn"), "unknown keys are refused: {bad}");
 }
+
+/// A tailer with `multiline` on `dir/*.log`, checkpointing to `dir/state.json`.
+fn multiline_tailer(dir: &std::path::Path) -> super::super::LogTailer {
+    let mut c = super::super::LogSourceConfig::new([dir.join("*.log").display().to_string()]);
+    c.start_at = super::super::StartAt::Beginning;
+    c.state_file = Some(dir.join("state.json"));
+    c.parse.multiline = Some(MultilineSection {
+        start_pattern: r"^\d{4}-".into(),
+        timeout_seconds: 60.0,
+    });
+    super::super::LogTailer::new(c).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn poll_messages(t: &mut super::super::LogTailer) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    t.poll(Instant::now(), std::time::SystemTime::now, &mut out, 1000);
+    out.into_iter().map(|r| (r.message, r.end_offset)).collect()
+}
+
+fn append(path: &std::path::Path, text: &str) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("{e}"));
+    f.write_all(text.as_bytes())
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn tailer_restart_in_the_middle_of_a_trace_reads_it_whole_once() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let log = dir.path().join("app.log");
+    let (head, rest) = JAVA.split_at(JAVA.find("Caused by").unwrap_or(0));
+    let first = "2026-12-07 01:02:02,000 INFO start\n";
+    append(&log, &format!("{first}{head}"));
+    let mut t = multiline_tailer(dir.path());
+    let got = poll_messages(&mut t);
+    assert_eq!(got, vec![(first.trim_end().to_owned(), first.len() as u64)]);
+    // Everything returned is checkpointed; the trace being joined is not.
+    t.checkpoint().unwrap_or_else(|e| panic!("{e}"));
+    drop(t);
+    append(&log, rest);
+    let mut t = multiline_tailer(dir.path());
+    let got = poll_messages(&mut t);
+    let trace_end = JAVA.find("2026-12-07 01:02:04").unwrap_or(0);
+    assert_eq!(
+        got,
+        vec![(
+            JAVA[..trace_end - 1].to_owned(),
+            (first.len() + trace_end) as u64
+        )],
+        "the trace whole, once, and nothing of the first line again"
+    );
+}
+
+#[test]
+fn truncation_hands_on_the_record_being_joined() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let log = dir.path().join("app.log");
+    append(&log, PYTHON);
+    let mut t = multiline_tailer(dir.path());
+    let got = poll_messages(&mut t);
+    assert_eq!(got.len(), 1, "the first record; the second is being joined");
+    std::fs::write(&log, "  not joined to the old record\n").unwrap_or_else(|e| panic!("{e}"));
+    let got = poll_messages(&mut t);
+    assert_eq!(
+        got.first().map(|(m, _)| m.as_str()),
+        Some("2026-12-07 01:02:04,000 INFO app: next"),
+        "{got:?}"
+    );
+    assert_eq!(got.len(), 1, "the new line is still being joined: {got:?}");
+}
