@@ -843,7 +843,7 @@ impl LogMetrics {
         };
         let records = counter(
             "log_records_read_total",
-            "Log lines read by the log sources.",
+            "Log records read by the log sources (a multi-line record counts once).",
         )?;
         let bytes = counter("log_bytes_read_total", "Bytes consumed from log files.")?;
         let discarded_bytes = counter(
