@@ -940,6 +940,11 @@ impl AgentConfig {
                 0.01,
                 3600.0,
             );
+            if let Err(e) = crate::sources::logs::parse::Parser::new(&l.parse) {
+                // "<key>: <why>", the key under `parse`.
+                let (k, why) = e.split_once(": ").unwrap_or(("", e.as_str()));
+                p.push(key(&format!("parse.{k}")), why);
+            }
         }
     }
 
@@ -1217,6 +1222,7 @@ pub fn reference() -> Reference {
             include_str!("config/streams.rs"),
             include_str!("sources/sections.rs"),
             include_str!("sources/start_at.rs"),
+            include_str!("sources/logs/parse/section.rs"),
             include_str!("sources/textfile.rs"),
             include_str!("sources/slurm/mod.rs"),
             include_str!("sources/scrape.rs"),

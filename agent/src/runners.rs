@@ -670,6 +670,7 @@ pub fn log_source_config(
     c.glob_interval = seconds(entry.glob_interval_seconds);
     c.state_file = state_directory.map(|d| log_state_file(d, entry));
     c.detect_severity = entry.severity == LogSeverity::Auto;
+    c.parse.clone_from(&entry.parse);
     c
 }
 
@@ -699,7 +700,7 @@ impl LogMetrics {
         };
         let records = counter(
             "log_records_read_total",
-            "Log lines read by the log sources.",
+            "Log records read by the log sources (a multi-line record counts once).",
         )?;
         let bytes = counter("log_bytes_read_total", "Bytes consumed from log files.")?;
         let discarded_bytes = counter(
@@ -1006,6 +1007,7 @@ mod tests {
             rotate_wait_seconds: 5.0,
             glob_interval_seconds: 1.0,
             poll_interval_seconds: 0.25,
+            parse: Default::default(),
         };
         let d = Path::new("/state");
         let a = log_state_file(d, &e("/var/log/a*.log"));

@@ -227,6 +227,10 @@ pub struct LogSection {
     /// Seconds between two polls of the followed files. Default 0.25.
     #[serde(default = "default_poll_interval")]
     pub poll_interval_seconds: f64,
+    /// How the lines are parsed: multi-line records, JSON fields, the line's own time. Every
+    /// part is off by default (README "Parsing log lines").
+    #[serde(default)]
+    pub parse: super::logs::parse::LogParseSection,
 }
 
 fn default_partial_line_timeout() -> f64 {

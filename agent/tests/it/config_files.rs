@@ -183,3 +183,34 @@ fn systemd_units_pass_systemd_analyze_when_available() {
         );
     }
 }
+
+/// `sources.logs[].parse`: a bad regex or zone is refused naming its key, as is an unknown key.
+#[test]
+fn check_config_names_the_bad_parse_key() {
+    let yaml = |parse: &str| {
+        format!(
+            "agent_id: a1\ncollector:\n  control: 127.0.0.1:7470\nauth:\n  token: secret\n\
+             sources:\n  state_directory: null\n  logs:\n    - path: /var/log/a.log\n      \
+             parse: {parse}\n"
+        )
+    };
+    let load = |parse: &str| {
+        uctel_agent::config::AgentConfig::from_yaml("agent.yaml", &yaml(parse))
+            .err()
+            .map(|e| e.to_string())
+    };
+    let ok = load(
+        "{json: true, timestamp: true, timezone: '+01:00', \
+         multiline: {start_pattern: '^\\S', timeout_seconds: 2}}",
+    );
+    assert_eq!(ok, None);
+    let bad = load("{multiline: {start_pattern: '('}}").unwrap_or_default();
+    assert!(
+        bad.contains("sources.logs[0].parse.multiline.start_pattern"),
+        "{bad}"
+    );
+    let bad = load("{timezone: Mars}").unwrap_or_default();
+    assert!(bad.contains("sources.logs[0].parse.timezone"), "{bad}");
+    let bad = load("{jsn: true}").unwrap_or_default();
+    assert!(bad.contains("jsn"), "unknown keys are refused: {bad}");
+}

@@ -18,6 +18,7 @@ mod hygiene;
 mod kubernetes;
 mod liveness;
 mod log_copytruncate_down;
+mod log_parse;
 mod node_collectors;
 mod node_ethtool;
 mod node_exporter_full;

@@ -262,23 +262,6 @@ pub(super) struct Stamp {
     pub(super) timestamp_ns: u64,
 }
 
-impl Stamp {
-    /// The stamp of a line of file `file_id` as a [`LineSplitter`] of `max_line_bytes` emitted
-    /// it (`start`, `len`, `end`), read at `read_at`.
-    pub(super) fn new(
-        file_id: u64,
-        (start, len, end): (u64, usize, LineEnd),
-        max_line_bytes: usize,
-        read_at: SystemTime,
-    ) -> Self {
-        Self {
-            file_id,
-            end_offset: line_end_offset(start, len, end, max_line_bytes),
-            timestamp_ns: unix_ns(read_at),
-        }
-    }
-}
-
 /// Builds one record from a line and appends it to `out`: stamped with `at`, severity
 /// detected from the line when `detect_severity` ([`severity::detect`]), lossy UTF-8, message
 /// bounded by `max_line` bytes. Counts the record and what it altered in `counts`

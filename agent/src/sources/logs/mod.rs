@@ -19,6 +19,9 @@
 //!   down) and `start_position` (where to start reading a newly seen file).
 //! - `checkpoint` (private): the state file's format, its load and its atomic save, and the
 //!   rule for where a restart resumes given the records not settled yet.
+//! - `parse`: multi-line records, JSON fields and the line's own time, per source
+//!   ([`parse::LogParseSection`], all off by default); `emit` (private) puts each line through
+//!   them into a record.
 //! - `tailer` (private): [`LogTailer`], the thin IO layer: it evaluates globs, stats paths,
 //!   keeps one open handle per followed file (so a renamed or deleted file can still be read to
 //!   its end), reads with positional reads, feeds the rules above what it observed and acts on
@@ -171,7 +174,9 @@ use std::time::Duration;
 use uctel_protocol::payload::LogRecord;
 
 mod checkpoint;
+mod emit;
 mod lines;
+pub mod parse;
 mod rotation;
 mod tailer;
 
@@ -230,6 +235,9 @@ pub struct LogSourceConfig {
     /// [`LogTailer::rewind`] can read them again (logs on an RC lane, DESIGN.md §8b). With
     /// a state file they are always kept.
     pub keep_positions: bool,
+    /// How lines are parsed: multi-line records, JSON fields, the line's own time
+    /// ([`parse`]); all off by default.
+    pub parse: parse::LogParseSection,
 }
 
 impl LogSourceConfig {
@@ -253,6 +261,7 @@ impl LogSourceConfig {
             state_file: None,
             detect_severity: true,
             keep_positions: false,
+            parse: parse::LogParseSection::default(),
         }
     }
 }
@@ -274,17 +283,25 @@ pub enum LogEvent {
     RotationCreate,
     /// A glob, stat, open or read failed; retried on later polls.
     ReadError,
+    /// A key of a JSON line was not put into the record's fields: the record already had
+    /// `parse.json_max_fields` (one per key not kept; the message still holds the line).
+    JsonFieldDropped,
+    /// A multi-line record was longer than `max_line_bytes`: cut there (once per record; the
+    /// bytes not kept are in [`LogSourceCounts::discarded_bytes`]).
+    RecordCut,
 }
 
 impl LogEvent {
     /// Every reason, in declaration order.
-    pub const ALL: [LogEvent; 6] = [
+    pub const ALL: [LogEvent; 8] = [
         LogEvent::LineTruncated,
         LogEvent::InvalidUtf8,
         LogEvent::PartialLineFlushed,
         LogEvent::FileTruncated,
         LogEvent::RotationCreate,
         LogEvent::ReadError,
+        LogEvent::JsonFieldDropped,
+        LogEvent::RecordCut,
     ];
 
     /// The `reason` label value.
@@ -296,6 +313,8 @@ impl LogEvent {
             LogEvent::FileTruncated => "file_truncated",
             LogEvent::RotationCreate => "rotation_create",
             LogEvent::ReadError => "read_error",
+            LogEvent::JsonFieldDropped => "json_field_dropped",
+            LogEvent::RecordCut => "record_cut",
         }
     }
 }
@@ -326,8 +345,12 @@ impl LogSourceCounts {
     }
 
     fn bump(&mut self, event: LogEvent) {
-        if let Some(n) = self.events.get_mut(event as usize) {
-            *n += 1;
+        self.add(event, 1);
+    }
+
+    fn add(&mut self, event: LogEvent, n: u64) {
+        if let Some(c) = self.events.get_mut(event as usize) {
+            *c += n;
         }
     }
 }
@@ -378,6 +401,9 @@ pub enum LogSourceError {
         /// The [`LogSourceConfig`] field: `max_line_bytes` or `max_bytes_per_poll`.
         field: &'static str,
     },
+    /// A `parse` setting is invalid ([`parse::Parser::new`]).
+    #[error("parse.{0}")]
+    Parse(String),
     /// The state file exists but cannot be read or parsed.
     #[error("cannot load state file {path}: {reason}")]
     State {

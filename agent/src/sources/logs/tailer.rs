@@ -14,7 +14,9 @@ use std::time::{Instant, SystemTime};
 use uctel_protocol::payload::LogRecord;
 
 use super::checkpoint::{self, Loaded, RecordPos, ResumePoints, StateEntry};
-use super::lines::{push_record, LineEnd, LineSplitter, Stamp};
+use super::emit::{Emitted, LineOrigin};
+use super::lines::LineSplitter;
+use super::parse::{Joiner, Parser};
 use super::rotation::{
     fnv1a64, match_checkpoint, reconcile, start_position, truncation_check, Change, FileId, Found,
     Resume, SavedEntry, TrackedView, Truncation,
@@ -40,6 +42,8 @@ struct Tracked {
     last_size: u64,
     head: Vec<u8>,
     splitter: LineSplitter,
+    /// Joins lines into multi-line records (passes each line on when `parse.multiline` is off).
+    joiner: Joiner,
     orphaned_at: Option<Instant>,
     at_eof: bool,
     seq: u64,
@@ -104,10 +108,17 @@ impl FileTruncated<'_> {
 }
 
 impl Tracked {
-    /// End of the last emitted (or discarded) byte: where a restart resumes.
-    fn committed_offset(&self) -> u64 {
-        self.read_offset
-            .saturating_sub(self.splitter.partial_len() as u64)
+    /// End of the last emitted (or discarded) byte, or the start of the multi-line record
+    /// being joined, and whether the splitter is discarding there: where a restart resumes.
+    fn committed(&self) -> (u64, bool) {
+        match self.joiner.pending_start() {
+            Some(start) => (start, false),
+            None => (
+                self.read_offset
+                    .saturating_sub(self.splitter.partial_len() as u64),
+                self.splitter.is_discarding(),
+            ),
+        }
     }
 }
 
@@ -139,6 +150,8 @@ pub struct LogTailer {
     /// scan.
     record_start: bool,
     latch: ErrorLatch,
+    /// `config.parse`, compiled.
+    parser: Parser,
     next_seq: u64,
     counts: LogSourceCounts,
     buf: Vec<u8>,
@@ -184,6 +197,7 @@ impl LogTailer {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let parser = Parser::new(&config.parse).map_err(LogSourceError::Parse)?;
         let state = match &config.state_file {
             Some(state_path) => checkpoint::load(state_path)?,
             None => None,
@@ -202,6 +216,7 @@ impl LogTailer {
             first_run,
             record_start,
             latch: ErrorLatch::default(),
+            parser,
             next_seq: 0,
             counts: LogSourceCounts::default(),
             buf: Vec::new(),
@@ -219,7 +234,7 @@ impl LogTailer {
     pub fn files(&self) -> Vec<(PathBuf, u64)> {
         self.files
             .iter()
-            .map(|t| (t.path.clone(), t.committed_offset()))
+            .map(|t| (t.path.clone(), t.committed().0))
             .collect()
     }
 
@@ -232,7 +247,7 @@ impl LogTailer {
                 dev: t.id.dev,
                 inode: t.id.ino,
                 fingerprint: format!("{:016x}", t.file_id),
-                offset_bytes: t.committed_offset(),
+                offset_bytes: t.committed().0,
                 size_bytes: t.last_size.max(t.read_offset),
                 rotated: t.orphaned_at.is_some(),
             })
@@ -304,7 +319,7 @@ impl LogTailer {
                 }
                 let more = service(
                     t,
-                    &self.config,
+                    (&self.config, &self.parser),
                     now,
                     &mut budget,
                     &mut buf,
@@ -387,6 +402,7 @@ impl LogTailer {
             if let Some(offset) = points.offset(t.id, t.generation) {
                 t.read_offset = offset;
                 t.splitter = LineSplitter::new(max_line).at(offset);
+                t.joiner.reset();
                 t.at_eof = false;
             }
         }
@@ -426,7 +442,7 @@ impl LogTailer {
             .map(|t| {
                 let (offset, discarding) = match resume(t.id, t.generation) {
                     Some(start) => (start, false),
-                    None => (t.committed_offset(), t.splitter.is_discarding()),
+                    None => t.committed(),
                 };
                 let before = fingerprint_before(&t.file, offset);
                 StateEntry {
@@ -719,6 +735,7 @@ impl LogTailer {
             last_size: o.size,
             head: o.head,
             splitter,
+            joiner: self.parser.joiner(self.config.max_line_bytes),
             orphaned_at: None,
             at_eof: false,
             seq,
@@ -737,6 +754,7 @@ impl LogTailer {
         let rotate_wait = self.config.rotate_wait;
         let max_line = self.config.max_line_bytes;
         let detect = self.config.detect_severity;
+        let parser = &self.parser;
         let counts = &mut self.counts;
         let unsettled = &mut self.unsettled;
         let retired = &mut self.retired;
@@ -747,7 +765,7 @@ impl LogTailer {
             if !expired || !t.at_eof {
                 return true;
             }
-            if t.splitter.partial_len() > 0 {
+            if t.splitter.partial_len() > 0 || t.joiner.pending_start().is_some() {
                 if budget.records == 0 {
                     return true;
                 }
@@ -758,16 +776,22 @@ impl LogTailer {
                     file_id: t.file_id,
                     detect,
                     max_line,
+                    parser,
                 };
+                let before = out.len();
                 let mut emitted = Emitted {
                     out: &mut *out,
                     positions: &mut *unsettled,
                     wall: &mut *wall,
                 };
+                let joiner = &mut t.joiner;
                 t.splitter.flush(&mut |line, end, start| {
-                    emitted.keep(counts, &from, line, end, start);
+                    emitted.keep(counts, &from, joiner, (line, end, start), now);
                 });
-                budget.records -= 1;
+                emitted.flush(counts, &from, joiner);
+                // Up to two records (the joined one and the last line): at most one past the
+                // budget, which the queue counts if it has no room.
+                budget.records = budget.records.saturating_sub(emitted.out.len() - before);
             }
             if unsettled.iter().any(|p| p.id == t.id) {
                 retired.push(Retired {
@@ -852,65 +876,12 @@ fn new_file_id() -> u64 {
     }
 }
 
-/// Where [`service`] puts what it reads: the records, and in the same order where each
-/// started; and the wall clock that stamps them.
-struct Emitted<'a> {
-    out: &'a mut Vec<LogRecord>,
-    positions: &'a mut VecDeque<RecordPos>,
-    wall: &'a mut dyn FnMut() -> SystemTime,
-}
-
-/// The file a line comes from, and the rules its record is built with.
-struct LineOrigin<'a> {
-    source: &'a str,
-    id: FileId,
-    generation: u64,
-    file_id: u64,
-    detect: bool,
-    max_line: usize,
-}
-
-impl Emitted<'_> {
-    /// Keeps one line that a [`LineSplitter`] emitted (`line`, `end`, `start`): its record,
-    /// stamped with the wall clock now ([`push_record`]), and where it started.
-    fn keep(
-        &mut self,
-        counts: &mut LogSourceCounts,
-        from: &LineOrigin<'_>,
-        line: &[u8],
-        end: LineEnd,
-        start: u64,
-    ) {
-        let at = Stamp::new(
-            from.file_id,
-            (start, line.len(), end),
-            from.max_line,
-            (self.wall)(),
-        );
-        push_record(
-            self.out,
-            counts,
-            from.source,
-            from.detect,
-            from.max_line,
-            line,
-            end,
-            at,
-        );
-        self.positions.push_back(RecordPos {
-            id: from.id,
-            generation: from.generation,
-            start,
-        });
-    }
-}
-
 /// Reads one file within the budget. Returns whether data was left unread because of the
 /// budget.
 #[allow(clippy::too_many_arguments)]
 fn service(
     t: &mut Tracked,
-    config: &LogSourceConfig,
+    (config, parser): (&LogSourceConfig, &Parser),
     now: Instant,
     budget: &mut Budget,
     buf: &mut [u8],
@@ -953,21 +924,26 @@ fn service(
             while_down: false,
         }
         .emit(counts);
+        let from = LineOrigin {
+            source: &t.source,
+            id,
+            generation: t.generation,
+            file_id: t.file_id,
+            detect,
+            max_line,
+            parser,
+        };
+        let before = emitted.out.len();
+        let joiner = &mut t.joiner;
         if budget.records > 0 {
-            let from = LineOrigin {
-                source: &t.source,
-                id,
-                generation: t.generation,
-                file_id: t.file_id,
-                detect,
-                max_line,
-            };
-            if t.splitter.flush(&mut |line, end, start| {
-                emitted.keep(counts, &from, line, end, start);
-            }) {
-                budget.records -= 1;
-            }
+            t.splitter.flush(&mut |line, end, start| {
+                emitted.keep(counts, &from, joiner, (line, end, start), now);
+            });
         }
+        // The record being joined holds lines of bytes that are gone: handed on whatever the
+        // budget, so no line of the new content joins it.
+        emitted.flush(counts, &from, joiner);
+        budget.records = budget.records.saturating_sub(emitted.out.len() - before);
         t.splitter.reset();
         t.read_offset = 0;
         t.head.clear();
@@ -982,6 +958,7 @@ fn service(
         file_id: t.file_id,
         detect,
         max_line,
+        parser,
     };
 
     let mut more = false;
@@ -1008,7 +985,7 @@ fn service(
         let fed = t
             .splitter
             .feed(&chunk[..n], now, budget.records, &mut |line, end, start| {
-                emitted.keep(counts, &from, line, end, start);
+                emitted.keep(counts, &from, &mut t.joiner, (line, end, start), now);
             });
         t.read_offset += fed.consumed as u64;
         counts.bytes_read += fed.consumed as u64;
@@ -1020,14 +997,20 @@ fn service(
             break;
         }
     }
-    if t.at_eof
-        && budget.records > 0
-        && t.splitter
-            .flush_if_stale(now, config.partial_line_timeout, &mut |line, end, start| {
-                emitted.keep(counts, &from, line, end, start);
-            })
-    {
-        budget.records -= 1;
+    if t.at_eof && budget.records > 0 {
+        let before = emitted.out.len();
+        let joiner = &mut t.joiner;
+        let flushed =
+            t.splitter
+                .flush_if_stale(now, config.partial_line_timeout, &mut |line, end, start| {
+                    emitted.keep(counts, &from, joiner, (line, end, start), now);
+                });
+        // A partial line still waiting for its end may belong to the record being joined.
+        if (flushed || t.splitter.partial_len() == 0) && budget.records > emitted.out.len() - before
+        {
+            emitted.flush_stale(counts, &from, joiner, now);
+        }
+        budget.records = budget.records.saturating_sub(emitted.out.len() - before);
     }
     // Fingerprint the first bytes once they exist (or extend a short fingerprint).
     let known = size.max(t.read_offset);
