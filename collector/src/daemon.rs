@@ -170,7 +170,7 @@ impl Running {
     }
 
     /// The configuration reload (`crate::reload`), when started with a
-    /// [`ReloadSource`](crate::reload::ReloadSource): what `SIGHUP` and `POST /-/reload` run.
+    /// [`ReloadSource`]: what `SIGHUP` and `POST /-/reload` run.
     pub fn reload(&self) -> Option<uctel_common::reload::ReloadFn> {
         self.reload.clone()
     }

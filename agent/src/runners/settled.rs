@@ -1,6 +1,6 @@
 //! [`SettledSource`]: a log source whose checkpoints cover only what the sender settled (the
 //! file tailer, the journald and kmsg sources), and [`settled_source_loop`], the loop that
-//! runs one against the logs queue and its [`Handoff`].
+//! runs one against the logs queue and its `Handoff`.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -16,7 +16,7 @@ use crate::selfmetrics::{DropReason, SelfMetrics};
 use crate::sources::logs::{LogSourceCounts, LogTailer};
 use crate::stream::Stream;
 
-/// A log source whose records settle through the [`Handoff`] and whose position is
+/// A log source whose records settle through the `Handoff` and whose position is
 /// checkpointed only for settled records: the file tailer ([`LogTailer`]) and the journald
 /// source ([`crate::sources::journald::JournalSource`]). [`settled_source_loop`] runs one.
 pub trait SettledSource {
@@ -36,7 +36,7 @@ pub trait SettledSource {
     /// The loop stops: the source releases what it holds (gauges, child processes).
     fn finish(&mut self) {}
     /// Publishes what the source follows on the status board (`crate::status`); called at
-    /// most every [`STATUS_EVERY`].
+    /// most every `STATUS_EVERY`.
     fn publish_status(&mut self, _stats: &SelfMetrics) {}
 }
 
@@ -140,7 +140,7 @@ pub fn log_tailer_loop(
 /// Runs one [`SettledSource`] on the calling thread until `stop` or `shutdown`, then writes
 /// a final checkpoint once the sender has settled every offered record or stopped.
 ///
-/// Checkpoints cover only settled records ([`Handoff`]): a record still queued, or framed
+/// Checkpoints cover only settled records (`Handoff`): a record still queued, or framed
 /// but not sent, when the agent stops is read again after a restart, and a record sent is
 /// not.
 ///

@@ -241,7 +241,7 @@ pub struct JournalCounts {
     pub unparsable: u64,
     /// Output lines longer than [`MAX_ENTRY_LINE_BYTES`] (dropped, `oversize`).
     pub too_large: u64,
-    /// journalctl exits and failed starts (restarted after [`RESTART_DELAY`]).
+    /// journalctl exits and failed starts (restarted after `RESTART_DELAY`).
     pub journalctl_exited: u64,
     /// Failed writes of the state file.
     pub checkpoint_errors: u64,

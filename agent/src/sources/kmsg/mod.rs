@@ -4,7 +4,7 @@
 //!
 //! # Records and time
 //!
-//! Each read(2) of `/dev/kmsg` returns one record ([`record`] has the format). The record's
+//! Each read(2) of `/dev/kmsg` returns one record (`record` has the format). The record's
 //! time is microseconds since boot of the kernel's `local_clock()`; the wall time is that
 //! plus the boot time taken as `CLOCK_REALTIME − CLOCK_BOOTTIME` at the read (as util-linux
 //! `dmesg` computes it), so a record keeps its own time when read late. (After a suspend the
@@ -119,7 +119,7 @@ pub struct KmsgCounts {
     pub epipe: u64,
     /// Reads that were not a record (dropped, `invalid`).
     pub unparsable: u64,
-    /// Failed opens and reads (retried after [`REOPEN_DELAY`]).
+    /// Failed opens and reads (retried after `REOPEN_DELAY`).
     pub read_errors: u64,
     /// Failed writes of the state file.
     pub checkpoint_errors: u64,

@@ -3,7 +3,7 @@
 //! OVIS LDMS's Slurm samplers and the cgroup exporters do).
 //!
 //! **Which jobs.** The cgroup tree that `slurmd` builds with `ProctrackType=proctrack/cgroup`
-//! and `TaskPlugin=task/cgroup` ([`cgroup`]: v1 and v2 layouts): a job is running here while
+//! and `TaskPlugin=task/cgroup` (`cgroup`: v1 and v2 layouts): a job is running here while
 //! its `job_<id>` directory exists, and `slurmstepd` removes it when the job ends, so the
 //! tree is the authority on "now, on this host" with no hook to install and nothing to
 //! miss when the agent was down (prolog/epilog hooks, the other way Slurm documents, run
@@ -26,7 +26,7 @@
 //!
 //! **A job that ends leaves at once.** Its series are sent once more with Prometheus's
 //! stale marker as the value (the NaN `0x7ff0000000000002`), at the first round that finds
-//! it gone and at the next [`STALE_ROUNDS`]` − 1` rounds (a marker lost on UC is sent
+//! it gone and at the next `STALE_ROUNDS`` − 1` rounds (a marker lost on UC is sent
 //! again): the collector removes a series on its marker, and remote-write forwards it as
 //! the series' end.
 //!
@@ -34,7 +34,7 @@
 //! their place); each further job is counted at every round in
 //! `uctel_agent_source_errors_total{source="slurm",reason="job_cap"}`. So a host running
 //! 1,000 short jobs an hour holds at most `max_jobs × 5` job series (plus the ended ones'
-//! markers for [`STALE_ROUNDS`] rounds). A failed `scontrol` is counted as
+//! markers for `STALE_ROUNDS` rounds). A failed `scontrol` is counted as
 //! `reason="scontrol"`.
 
 pub mod cgroup;
