@@ -1,5 +1,7 @@
 //! The running log tailers, one thread per `sources.logs` entry
-//! ([`crate::runners::log_tailer_loop`]), and how a reload changes them without a restart.
+//! ([`crate::runners::log_tailer_loop`]), and how a reload changes them without a restart;
+//! also the threads of `sources.journald` and `sources.kmsg`, which a reload leaves alone
+//! (their keys need a restart).
 //!
 //! At a reload ([`LogSources::apply`]) the entries are compared whole: an entry in both the
 //! old and the new list keeps its tailer untouched; an entry gone from the list (or
@@ -44,6 +46,8 @@ struct Inner {
     /// Registered with the first tailer.
     metrics: Option<LogMetrics>,
     running: Vec<Tailer>,
+    /// The journald and kmsg sources' threads (`runners::spawn_system_log_sources`).
+    system: Vec<std::thread::JoinHandle<()>>,
 }
 
 fn same(a: &LogSection, b: &LogSection) -> bool {
@@ -51,11 +55,13 @@ fn same(a: &LogSection, b: &LogSection) -> bool {
 }
 
 impl LogSources {
-    /// Starts a tailer for each entry of `config.sources.logs`.
+    /// Starts a tailer for each entry of `config.sources.logs`, and the journald and kmsg
+    /// sources where configured.
     ///
     /// # Errors
     /// A tailer that cannot start (bad pattern, unreadable state file, state directory that
-    /// cannot be created), naming the entry; the tailers started are stopped.
+    /// cannot be created), naming the entry; the tailers started are stopped. A journald or
+    /// kmsg source that cannot start, naming it.
     pub fn start(
         config: &AgentConfig,
         queues: &Queues,
@@ -87,6 +93,10 @@ impl LogSources {
                 }
             }
         }
+        inner.system = crate::runners::spawn_system_log_sources(config, queues, stats, shutdown)
+            .inspect_err(|_| {
+                stop_all(std::mem::take(&mut inner.running));
+            })?;
         drop(inner);
         Ok(me)
     }
@@ -202,14 +212,28 @@ impl LogSources {
 
     /// Whether every tailer has ended (after shutdown).
     pub fn all_finished(&self) -> bool {
-        self.lock().running.iter().all(|t| t.thread.is_finished())
+        let inner = self.lock();
+        inner.running.iter().all(|t| t.thread.is_finished())
+            && inner
+                .system
+                .iter()
+                .all(std::thread::JoinHandle::is_finished)
     }
 
     /// Waits for every tailer to end (after shutdown).
     pub fn join(&self) {
-        let running = std::mem::take(&mut self.lock().running);
+        let (running, system) = {
+            let mut inner = self.lock();
+            (
+                std::mem::take(&mut inner.running),
+                std::mem::take(&mut inner.system),
+            )
+        };
         for t in running {
             let _ = t.thread.join();
+        }
+        for t in system {
+            let _ = t.join();
         }
     }
 }

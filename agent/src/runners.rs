@@ -801,6 +801,26 @@ pub(super) fn catch_up<S: SettledSource>(
     n
 }
 
+/// Starts the thread of `sources.journald` and of `sources.kmsg`, where configured (each
+/// runs until `shutdown`; a reload does not change them).
+///
+/// # Errors
+/// A source that cannot start (an unreadable state file, a state directory that cannot be
+/// created), naming it.
+pub fn spawn_system_log_sources(
+    config: &AgentConfig,
+    queues: &Queues,
+    stats: &Arc<SelfMetrics>,
+    shutdown: &Shutdown,
+) -> Result<Vec<std::thread::JoinHandle<()>>, String> {
+    let mut handles: Vec<std::thread::JoinHandle<()>> =
+        journald::spawn_journald(config, queues, stats, shutdown)?
+            .into_iter()
+            .collect();
+    handles.extend(kmsg::spawn_kmsg(config, queues, stats, shutdown)?);
+    Ok(handles)
+}
+
 /// Starts one thread per `sources.logs` entry, and one each for `sources.journald` and
 /// `sources.kmsg`.
 ///
@@ -813,11 +833,7 @@ pub fn spawn_log_tailers(
     stats: &Arc<SelfMetrics>,
     shutdown: &Shutdown,
 ) -> Result<Vec<std::thread::JoinHandle<()>>, String> {
-    let mut handles: Vec<std::thread::JoinHandle<()>> =
-        journald::spawn_journald(config, queues, stats, shutdown)?
-            .into_iter()
-            .collect();
-    handles.extend(kmsg::spawn_kmsg(config, queues, stats, shutdown)?);
+    let mut handles = spawn_system_log_sources(config, queues, stats, shutdown)?;
     if config.sources.logs.is_empty() {
         return Ok(handles);
     }

@@ -12,9 +12,8 @@
 //! Every ratio is within one run; the generator shares the machine, and its CPU is given
 //! beside the collector's (`generator_cpu` of each run).
 
-use crate::report::Target;
 use crate::softpath::SoftRunResult;
-use crate::stats::{Goal, Verdict};
+use crate::stats::{Goal, Target, Verdict};
 
 /// Collector CPU per agent-second at upkeep, microseconds (issue 42: ≤ 5 % of one core for
 /// 10,000 agents).

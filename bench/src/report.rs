@@ -198,16 +198,7 @@ pub struct Report {
     pub failures: Vec<(String, String)>,
 }
 
-/// One target of the issue, checked.
-#[derive(Clone, Debug, Serialize)]
-pub struct Target {
-    /// What is compared.
-    pub name: String,
-    /// The rule, in words.
-    pub rule: String,
-    /// The check.
-    pub verdict: Verdict,
-}
+pub use crate::stats::Target;
 
 impl Report {
     /// The runs with many agents, labelled: scaling, synchronized bursts, default config.

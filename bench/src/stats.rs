@@ -211,3 +211,14 @@ mod tests {
         assert_eq!(rate(10.0, 2.0), 5.0);
     }
 }
+
+/// One target of the issue, checked.
+#[derive(Clone, Debug, Serialize)]
+pub struct Target {
+    /// What is compared.
+    pub name: String,
+    /// The rule, in words.
+    pub rule: String,
+    /// The check.
+    pub verdict: Verdict,
+}
