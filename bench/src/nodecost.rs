@@ -538,10 +538,21 @@ pub fn run(cfg: &NodeCostConfig) -> Result<NodeCostResult, NodeCostError> {
         }
     }
     let half = interval / 2;
-    // Halfway to the next collection: every process idle, the last collection all in.
+    // Halfway to the next collection: every process idle, the last collection all in. On a
+    // loaded machine a collection's frames may still arrive then: the count must hold still
+    // for 50 ms (polled until 0.75 of the interval after the edge, before the next one).
     let settle = |edge: Instant| -> Result<Scrape, NodeCostError> {
         std::thread::sleep((edge + half).saturating_duration_since(Instant::now()));
-        Ok(collector.scrape()?)
+        let give_up = edge + interval.mul_f64(0.75);
+        let mut s = collector.scrape()?;
+        loop {
+            std::thread::sleep(Duration::from_millis(50));
+            let again = collector.scrape()?;
+            if records(&again) == records(&s) || Instant::now() >= give_up {
+                return Ok(again);
+            }
+            s = again;
+        }
     };
     let mut last = records(&settle(edge)?);
     // The next collection: the records counter moves. Polled from 0.8 interval after the
