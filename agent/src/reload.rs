@@ -21,24 +21,64 @@ use std::sync::Arc;
 use crate::config::AgentConfig;
 use crate::log_sources::LogSources;
 use crate::metric_sources::MetricSources;
+use crate::runners::Queues;
+use crate::stream::Stream;
 
-/// The running sources a reload changes.
+/// The changed keys of `new` that [`LIVE_KEYS`] lists but whose new value needs a restart:
+/// `sources.fast_counters` added or removed, a smaller
+/// `streams.metrics.buffer_while_disconnected_records`.
+pub fn restart_keys(old: &AgentConfig, new: &AgentConfig) -> Vec<String> {
+    let mut keys = crate::metric_sources::restart_keys(old, new);
+    let buffer = |c: &AgentConfig| c.streams.buffer_while_disconnected_records();
+    if buffer(new) < buffer(old) {
+        keys.push("streams.metrics.buffer_while_disconnected_records (smaller)".to_owned());
+    }
+    keys
+}
+
+/// Puts the queue sizes of `new` in force on `queues`.
+fn apply_limits(queues: &Queues, new: &AgentConfig) {
+    let s = &new.streams;
+    queues
+        .metrics
+        .set_capacity(s.queue_records(Stream::Metrics));
+    queues.logs.set_capacity(s.queue_records(Stream::Logs));
+    queues
+        .fast_counters
+        .set_capacity(s.queue_records(Stream::FastCounters));
+    queues
+        .metrics_buffer
+        .grow(s.buffer_while_disconnected_records());
+}
+
+/// The running sources (and the queues) a reload changes.
 #[derive(Debug, Clone)]
 pub struct Sources {
+    /// The queues between the sources and the sender (their sizes).
+    pub queues: Queues,
     /// The log tailers, the journald and the kmsg source.
     pub logs: Arc<LogSources>,
     /// The metric sources.
     pub metrics: Arc<MetricSources>,
 }
 
-/// The keys (and key prefixes) a reload applies without a restart. Not among them:
+/// The keys (and key prefixes) a reload applies without a restart: the log level, the
+/// sources (but `sources.state_directory`), the queue sizes (`streams.*.queue_records`:
+/// larger or smaller, nothing queued is dropped, [`crate::queue::RecordQueue::set_capacity`])
+/// and a larger `streams.metrics.buffer_while_disconnected_records` (a smaller one needs a
+/// restart: it would drop samples held; [`restart_keys`]). Not among them:
 /// `sources.state_directory` (the checkpoints of every log source live there), the
 /// collector's address, authentication and identity (`collector`, `auth`, `agent_id`), the
 /// data path (`transport`, `streams`, `max_frame_bytes`, `pacing`) and `listen`: those need
 /// a restart, and so does `sources.fast_counters` added or removed (whether its stream
 /// travels is settled when the session starts; [`crate::metric_sources::restart_keys`]).
+/// The pacing rates are the running session's: they need a restart too.
 pub const LIVE_KEYS: &[&str] = &[
     "log_level",
+    "streams.metrics.queue_records",
+    "streams.logs.queue_records",
+    "streams.fast_counters.queue_records",
+    "streams.metrics.buffer_while_disconnected_records",
     "sources.logs",
     "sources.journald",
     "sources.kmsg",
@@ -85,12 +125,18 @@ pub fn reloader(
     let rule = source.log_rule;
     let apply = Box::new(move |old: &AgentConfig, new: &AgentConfig| {
         // What needs a restart among the source changes is refused before anything changes.
-        if let Some(k) = crate::metric_sources::restart_keys(old, new).first() {
-            return Err(format!("{k} needs a restart (nothing changed)"));
+        let restart = restart_keys(old, new);
+        if !restart.is_empty() {
+            return Err(format!(
+                "{} need{} a restart (nothing changed)",
+                restart.join(", "),
+                if restart.len() == 1 { "s" } else { "" }
+            ));
         }
         // The log sources first: the one step that can fail (then nothing changed).
         sources.logs.apply(old, new)?;
         sources.metrics.apply(old, new)?;
+        apply_limits(&sources.queues, new);
         if old.log_level != new.log_level {
             if rule.flag.is_some() {
                 tracing::warn!(

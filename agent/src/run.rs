@@ -188,7 +188,7 @@ pub async fn run_with(
         &config,
         options.reload,
         &stats,
-        (&log_sources, &metric_sources),
+        (&queues, &log_sources, &metric_sources),
     )?;
     if let Some(l) = listener {
         if let Ok(addr) = l.local_addr() {
@@ -260,7 +260,7 @@ fn admin(
     config: &AgentConfig,
     source: Option<crate::reload::ReloadSource>,
     stats: &SelfMetrics,
-    (log_sources, metric_sources): (&Arc<LogSources>, &Arc<MetricSources>),
+    (queues, log_sources, metric_sources): (&Queues, &Arc<LogSources>, &Arc<MetricSources>),
 ) -> Result<uctel_common::admin::Admin, RunError> {
     let level = uctel_common::logging::LogLevel::installed_or_detached();
     let admin =
@@ -269,6 +269,7 @@ fn admin(
         return Ok(admin);
     };
     let sources = crate::reload::Sources {
+        queues: queues.clone(),
         logs: log_sources.clone(),
         metrics: metric_sources.clone(),
     };

@@ -257,8 +257,31 @@ async fn a_scrape_target_added_then_removed_and_the_host_interval_changed_live()
         "{status_doc}"
     );
 
+    // The queue sizes change live; a smaller buffer while disconnected needs a restart.
+    let mut y = agent_yaml(control, dir.path(), &sources(vec![kept], 0.2));
+    y["streams"]["metrics"]["queue_records"] = 100_000.into();
+    y["streams"]["logs"]["queue_records"] = 16.into();
+    write_config(&path, &y);
+    let (status, body) = reload(addr).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("streams.metrics.queue_records")
+            && body.contains("streams.logs.queue_records"),
+        "{body}"
+    );
+    y["streams"]["metrics"]["buffer_while_disconnected_records"] = 10.into();
+    write_config(&path, &y);
+    let (status, body) = reload(addr).await;
+    assert_ne!(status, 200, "{body}");
+    assert!(
+        body.contains("buffer_while_disconnected_records (smaller) needs a restart"),
+        "{body}"
+    );
+
     // Adding fast_counters needs a restart: refused, nothing changes.
     let mut y = agent_yaml(control, dir.path(), &sources(vec![kept], 3600.0));
+    y["streams"]["metrics"]["queue_records"] = 100_000.into();
+    y["streams"]["logs"]["queue_records"] = 16.into();
     y["sources"]["fast_counters"] = serde_yaml::from_str(
         "{interval_milliseconds: 10, counters: [{path: /proc/uptime, name: up_probe}]}",
     )
