@@ -270,7 +270,7 @@ impl MetricSources {
 
     /// Puts the metric sources of `new` in force in the place of those running (module
     /// docs): units unchanged keep running, units gone are stopped (this waits for their
-    /// tasks to end, [`STOP_WAIT`] at most each), new ones start. Blocking: call it off the
+    /// tasks to end, `STOP_WAIT` (30 s) at most each), new ones start. Blocking: call it off the
     /// async workers (a reload runs on the blocking pool).
     ///
     /// # Errors
