@@ -35,7 +35,7 @@ const STOP_WAIT: Duration = Duration::from_secs(30);
 /// What one unit runs.
 #[derive(Debug, Clone)]
 enum Spec {
-    Host(AgentConfig),
+    Host(Box<AgentConfig>),
     SelfMetrics(crate::config::SelfMetricsSection),
     Scrape(crate::sources::scrape::ScrapeTarget),
     Textfile(crate::sources::textfile::TextfileSection),
@@ -78,7 +78,7 @@ fn units(config: &AgentConfig) -> Vec<UnitSpec> {
                 yaml(&s.host_metrics),
                 s.textfile.is_some()
             ),
-            spec: Spec::Host(config.clone()),
+            spec: Spec::Host(Box::new(config.clone())),
         });
     }
     for t in &s.scrape {
