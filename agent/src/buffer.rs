@@ -35,6 +35,7 @@
 //! session).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use uctel_protocol::payload::Metric;
@@ -48,7 +49,8 @@ pub const DEFAULT_BUFFER_RECORDS: usize = 16384;
 /// A bounded buffer of metric samples, the newest kept. Clone to share.
 #[derive(Debug, Clone)]
 pub struct DisconnectedBuffer {
-    capacity: usize,
+    /// Shared by the clones; grown by a reload ([`DisconnectedBuffer::grow`]).
+    capacity: Arc<AtomicUsize>,
     items: Arc<Mutex<VecDeque<Metric>>>,
 }
 
@@ -56,7 +58,7 @@ impl DisconnectedBuffer {
     /// A buffer holding at most `capacity` samples (0: none).
     pub fn new(capacity: usize) -> Self {
         Self {
-            capacity,
+            capacity: Arc::new(AtomicUsize::new(capacity)),
             items: Arc::new(Mutex::new(VecDeque::new())),
         }
     }
@@ -69,7 +71,13 @@ impl DisconnectedBuffer {
 
     /// Capacity in samples.
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.capacity.load(Ordering::Relaxed)
+    }
+
+    /// Raises the capacity to `capacity` samples (a reload); a smaller value changes
+    /// nothing (shrinking would drop samples held: a restart applies it).
+    pub fn grow(&self, capacity: usize) {
+        self.capacity.fetch_max(capacity, Ordering::Relaxed);
     }
 
     /// Samples held now.
@@ -109,7 +117,7 @@ impl DisconnectedBuffer {
     }
 
     fn trim(&self, q: &mut VecDeque<Metric>) -> u64 {
-        let excess = q.len().saturating_sub(self.capacity);
+        let excess = q.len().saturating_sub(self.capacity());
         q.drain(..excess);
         excess as u64
     }

@@ -61,6 +61,8 @@ pub mod lane;
 #[forbid(unsafe_code)]
 pub mod log_sources;
 #[forbid(unsafe_code)]
+pub mod metric_sources;
+#[forbid(unsafe_code)]
 pub mod pacing;
 #[forbid(unsafe_code)]
 pub mod pool;

@@ -1,7 +1,6 @@
 //! The running log tailers, one thread per `sources.logs` entry
-//! ([`crate::runners::log_tailer_loop`]), and how a reload changes them without a restart;
-//! also the threads of `sources.journald` and `sources.kmsg`, which a reload leaves alone
-//! (their keys need a restart).
+//! ([`crate::runners::log_tailer_loop`]), and the threads of `sources.journald` and
+//! `sources.kmsg`, and how a reload changes them without a restart.
 //!
 //! At a reload ([`LogSources::apply`]) the entries are compared whole: an entry in both the
 //! old and the new list keeps its tailer untouched; an entry gone from the list (or
@@ -13,13 +12,24 @@
 //! back, the entry goes on where it stopped. If a new tailer cannot start, the ones this
 //! reload started are stopped and the stopped ones started again from their checkpoints:
 //! the reload fails and the old list stays in force.
+//!
+//! The journald and kmsg sources hand over the same way ([`LogSources::apply`]): a changed
+//! section stops its source, which waits until the sender has settled every record it read
+//! and checkpoints; then the new one starts where the old one stopped — after the old one's
+//! settled cursor (journald) or at its first unsettled sequence number (kmsg), handed over
+//! in memory, so no entry is lost or sent twice even without a `state_directory`. A changed
+//! `directory` (journald) or `path` (kmsg) is another input: the new source starts from
+//! its state file or `start_at`, as at a restart. A removed source's state file stays.
 
 use std::sync::{Arc, Mutex};
 
 use uctel_common::shutdown::{self, Shutdown, ShutdownTrigger};
 
 use crate::config::{seconds, AgentConfig, LogSection, Reliability};
-use crate::runners::{log_source_config, log_tailer_loop, LogMetrics, Queues};
+use crate::runners::{
+    log_source_config, log_tailer_loop, spawn_system_source, LogMetrics, Queues, Resume,
+    ResumeSlot, SystemKind, SystemMetrics,
+};
 use crate::selfmetrics::SelfMetrics;
 use crate::sources::logs::LogTailer;
 use crate::stream::Stream;
@@ -41,14 +51,50 @@ pub struct LogSources {
     inner: Mutex<Inner>,
 }
 
+/// A running journald or kmsg source.
+#[derive(Debug)]
+struct System {
+    kind: SystemKind,
+    /// Its section, serialised (compared whole at a reload).
+    section: String,
+    /// Where it reads: journald's `directory`, kmsg's `path` (a hand-over needs the same).
+    input: String,
+    stop: ShutdownTrigger,
+    thread: std::thread::JoinHandle<()>,
+    resume: ResumeSlot,
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     /// Registered with the first tailer.
     metrics: Option<LogMetrics>,
     running: Vec<Tailer>,
-    /// The journald and kmsg sources' threads (`runners::spawn_system_log_sources`).
-    system: Vec<std::thread::JoinHandle<()>>,
+    /// The journald and kmsg sources (at most one of each).
+    system: Vec<System>,
+    /// Their series, registered at their first start.
+    system_metrics: SystemMetrics,
 }
+
+/// `kind`'s section in `config`, serialised, and where it reads; `None` when off.
+fn system_section(kind: SystemKind, config: &AgentConfig) -> Option<(String, String)> {
+    let s = &config.sources;
+    match kind {
+        SystemKind::Journald => s.journald.as_ref().map(|j| {
+            (
+                serde_yaml::to_string(j).unwrap_or_default(),
+                format!("{:?}", j.directory),
+            )
+        }),
+        SystemKind::Kmsg => s.kmsg.as_ref().map(|k| {
+            (
+                serde_yaml::to_string(k).unwrap_or_default(),
+                k.path.display().to_string(),
+            )
+        }),
+    }
+}
+
+const SYSTEM_KINDS: [SystemKind; 2] = [SystemKind::Journald, SystemKind::Kmsg];
 
 fn same(a: &LogSection, b: &LogSection) -> bool {
     serde_yaml::to_value(a).ok() == serde_yaml::to_value(b).ok()
@@ -93,10 +139,24 @@ impl LogSources {
                 }
             }
         }
-        inner.system = crate::runners::spawn_system_log_sources(config, queues, stats, shutdown)
-            .inspect_err(|_| {
-                stop_all(std::mem::take(&mut inner.running));
-            })?;
+        for kind in SYSTEM_KINDS {
+            match me.spawn_system(&mut inner, kind, config, None) {
+                Ok(Some(sys)) => inner.system.push(sys),
+                Ok(None) => {}
+                Err(e) => {
+                    let (started, system) = (
+                        std::mem::take(&mut inner.running),
+                        std::mem::take(&mut inner.system),
+                    );
+                    drop(inner);
+                    stop_all(started);
+                    for sys in system {
+                        stop_system(sys);
+                    }
+                    return Err(e);
+                }
+            }
+        }
         drop(inner);
         Ok(me)
     }
@@ -105,6 +165,94 @@ impl LogSources {
         self.inner
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Starts the system log source `kind` of `config` (`Ok(None)` when off), from
+    /// `resume` when given.
+    fn spawn_system(
+        &self,
+        inner: &mut Inner,
+        kind: SystemKind,
+        config: &AgentConfig,
+        resume: Option<Resume>,
+    ) -> Result<Option<System>, String> {
+        let Some((section, input)) = system_section(kind, config) else {
+            return Ok(None);
+        };
+        let (trigger, stop) = shutdown::channel();
+        let started = spawn_system_source(
+            kind,
+            config,
+            &self.queues,
+            &self.stats,
+            (&stop, &self.shutdown),
+            &mut inner.system_metrics,
+            resume,
+        )?;
+        Ok(started.map(|(thread, resume)| System {
+            kind,
+            section,
+            input,
+            stop: trigger,
+            thread,
+            resume,
+        }))
+    }
+
+    /// Puts `new`'s journald and kmsg sections in force (module docs): an unchanged one
+    /// keeps its source; a changed or removed one is stopped after its hand-over, and the
+    /// new one starts from where it stopped.
+    ///
+    /// # Errors
+    /// A new source could not start: the old one is started again from where it stopped,
+    /// and the error returned.
+    fn apply_system(&self, old: &AgentConfig, new: &AgentConfig) -> Result<(), String> {
+        for kind in SYSTEM_KINDS {
+            let wanted = system_section(kind, new);
+            let mut inner = self.lock();
+            let Some(at) = inner.system.iter().position(|s| s.kind == kind) else {
+                if wanted.is_some() {
+                    tracing::info!(source = ?kind, "system log source started by a reload");
+                    if let Some(sys) = self.spawn_system(&mut inner, kind, new, None)? {
+                        inner.system.push(sys);
+                    }
+                }
+                continue;
+            };
+            if wanted.as_ref().map(|w| &w.0) == Some(&inner.system[at].section) {
+                continue;
+            }
+            let sys = inner.system.remove(at);
+            // The hand-over may take a while: the lock is not held meanwhile.
+            drop(inner);
+            tracing::info!(source = ?kind, "system log source removed or changed: handing over, then stopping it");
+            let same_input = wanted.as_ref().is_some_and(|w| w.1 == sys.input);
+            let resume = stop_system(sys);
+            let mut inner = self.lock();
+            if wanted.is_none() {
+                match kind {
+                    SystemKind::Journald => self.stats.status().set_journald(None),
+                    SystemKind::Kmsg => self.stats.status().set_kmsg(None),
+                }
+                continue;
+            }
+            let resume = resume.filter(|_| same_input);
+            match self.spawn_system(&mut inner, kind, new, resume.clone()) {
+                Ok(Some(sys)) => inner.system.push(sys),
+                Ok(None) => {}
+                Err(e) => {
+                    match self.spawn_system(&mut inner, kind, old, resume) {
+                        Ok(Some(sys)) => inner.system.push(sys),
+                        Ok(None) => {}
+                        Err(e) => {
+                            tracing::error!(error = %e, "cannot start a system log source again");
+                        }
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Starts the tailer of `entry` (`sources.logs[i]` of `config`).
@@ -207,17 +355,15 @@ impl LogSources {
             }
         }
         inner.running.extend(started);
-        Ok(())
+        drop(inner);
+        self.apply_system(old, new)
     }
 
     /// Whether every tailer has ended (after shutdown).
     pub fn all_finished(&self) -> bool {
         let inner = self.lock();
         inner.running.iter().all(|t| t.thread.is_finished())
-            && inner
-                .system
-                .iter()
-                .all(std::thread::JoinHandle::is_finished)
+            && inner.system.iter().all(|s| s.thread.is_finished())
     }
 
     /// Waits for every tailer to end (after shutdown).
@@ -232,8 +378,8 @@ impl LogSources {
         for t in running {
             let _ = t.thread.join();
         }
-        for t in system {
-            let _ = t.join();
+        for s in system {
+            let _ = s.thread.join();
         }
     }
 }
@@ -246,4 +392,15 @@ fn stop_all(tailers: Vec<Tailer>) {
     for t in tailers {
         let _ = t.thread.join();
     }
+}
+
+/// Stops a system log source, waits for its hand-over (its records settled, its checkpoint
+/// written) and returns where the next one goes on.
+fn stop_system(sys: System) -> Option<Resume> {
+    sys.stop.trigger();
+    let _ = sys.thread.join();
+    sys.resume
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take()
 }

@@ -10,6 +10,7 @@
 //! thousand records per second, and the critical sections are a `VecDeque` append.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
@@ -30,7 +31,8 @@ impl<T> Clone for RecordQueue<T> {
 
 #[derive(Debug)]
 struct Inner<T> {
-    capacity: usize,
+    /// Changed by a reload ([`RecordQueue::set_capacity`]).
+    capacity: AtomicUsize,
     items: Mutex<VecDeque<T>>,
     notify: Notify,
 }
@@ -40,7 +42,7 @@ impl<T> RecordQueue<T> {
     pub fn new(capacity: usize) -> Self {
         Self {
             inner: Arc::new(Inner {
-                capacity: capacity.max(1),
+                capacity: AtomicUsize::new(capacity.max(1)),
                 items: Mutex::new(VecDeque::new()),
                 notify: Notify::new(),
             }),
@@ -58,7 +60,16 @@ impl<T> RecordQueue<T> {
 
     /// Capacity in records.
     pub fn capacity(&self) -> usize {
-        self.inner.capacity
+        self.inner.capacity.load(Ordering::Relaxed)
+    }
+
+    /// Sets the capacity to `capacity` records (at least 1), e.g. at a reload. Records
+    /// queued stay queued whatever the new capacity: a queue holding more than a smaller
+    /// capacity takes no new record until the sender has taken it below.
+    pub fn set_capacity(&self, capacity: usize) {
+        self.inner
+            .capacity
+            .store(capacity.max(1), Ordering::Relaxed);
     }
 
     /// Records queued now.
@@ -73,7 +84,7 @@ impl<T> RecordQueue<T> {
 
     /// Free places now.
     pub fn vacancy(&self) -> usize {
-        self.inner.capacity.saturating_sub(self.len())
+        self.capacity().saturating_sub(self.len())
     }
 
     /// Appends as many records of `batch`, in order, as fit; never blocks. Returns how many
@@ -82,10 +93,11 @@ impl<T> RecordQueue<T> {
     pub fn offer(&self, batch: impl IntoIterator<Item = T>) -> usize {
         let mut rejected = 0;
         let mut added = false;
+        let capacity = self.capacity();
         {
             let mut q = self.lock();
             for item in batch {
-                if q.len() < self.inner.capacity {
+                if q.len() < capacity {
                     q.push_back(item);
                     added = true;
                 } else {
@@ -138,6 +150,19 @@ mod tests {
         assert_eq!(q.offer([6]), 0);
         assert_eq!(q.take_all(), vec![3, 6]);
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_changed_capacity_keeps_what_is_queued() {
+        let q = RecordQueue::new(2);
+        assert_eq!(q.offer([1, 2, 3]), 1);
+        q.set_capacity(4);
+        assert_eq!(q.offer([3, 4, 5]), 1);
+        q.set_capacity(1);
+        assert_eq!((q.len(), q.vacancy()), (4, 0));
+        assert_eq!(q.offer([6]), 1);
+        assert_eq!(q.take_all(), vec![1, 2, 3, 4]);
+        assert_eq!(q.offer([7, 8]), 1);
     }
 
     #[test]

@@ -4,10 +4,12 @@
 //! is in [`LIVE_KEYS`]; a change to any other key is refused whole, with the keys named, and
 //! the agent keeps running as it was (no session is dropped, no record lost).
 //!
-//! Live: `log_level` (the base of the log filter, `uctel_common::logging::LogLevel`) and
-//! `sources.logs` (log sources added, removed or changed; [`crate::log_sources`] hands a
-//! changed file over from its checkpoint). Every other key needs a restart (README
-//! "Reload").
+//! Live: `log_level` (the base of the log filter, `uctel_common::logging::LogLevel`);
+//! `sources.logs`, `sources.journald` and `sources.kmsg` ([`crate::log_sources`] hands a
+//! changed source over from its checkpoint, cursor or sequence number); the metric sources
+//! `sources.host_metrics`, `self_metrics`, `scrape`, `textfile`, `fast_counters` (changed,
+//! not added or removed: that needs a restart) and `slurm` ([`crate::metric_sources`]).
+//! Every other key needs a restart (README "Reload").
 
 use std::path::PathBuf;
 
@@ -18,9 +20,75 @@ use std::sync::Arc;
 
 use crate::config::AgentConfig;
 use crate::log_sources::LogSources;
+use crate::metric_sources::MetricSources;
+use crate::runners::Queues;
+use crate::stream::Stream;
 
-/// The keys (and key prefixes) a reload applies without a restart.
-pub const LIVE_KEYS: &[&str] = &["log_level", "sources.logs"];
+/// The changed keys of `new` that [`LIVE_KEYS`] lists but whose new value needs a restart:
+/// `sources.fast_counters` added or removed, a smaller
+/// `streams.metrics.buffer_while_disconnected_records`.
+pub fn restart_keys(old: &AgentConfig, new: &AgentConfig) -> Vec<String> {
+    let mut keys = crate::metric_sources::restart_keys(old, new);
+    let buffer = |c: &AgentConfig| c.streams.buffer_while_disconnected_records();
+    if buffer(new) < buffer(old) {
+        keys.push("streams.metrics.buffer_while_disconnected_records (smaller)".to_owned());
+    }
+    keys
+}
+
+/// Puts the queue sizes of `new` in force on `queues`.
+fn apply_limits(queues: &Queues, new: &AgentConfig) {
+    let s = &new.streams;
+    queues
+        .metrics
+        .set_capacity(s.queue_records(Stream::Metrics));
+    queues.logs.set_capacity(s.queue_records(Stream::Logs));
+    queues
+        .fast_counters
+        .set_capacity(s.queue_records(Stream::FastCounters));
+    queues
+        .metrics_buffer
+        .grow(s.buffer_while_disconnected_records());
+}
+
+/// The running sources (and the queues) a reload changes.
+#[derive(Debug, Clone)]
+pub struct Sources {
+    /// The queues between the sources and the sender (their sizes).
+    pub queues: Queues,
+    /// The log tailers, the journald and the kmsg source.
+    pub logs: Arc<LogSources>,
+    /// The metric sources.
+    pub metrics: Arc<MetricSources>,
+}
+
+/// The keys (and key prefixes) a reload applies without a restart: the log level, the
+/// sources (but `sources.state_directory`), the queue sizes (`streams.*.queue_records`:
+/// larger or smaller, nothing queued is dropped, [`crate::queue::RecordQueue::set_capacity`])
+/// and a larger `streams.metrics.buffer_while_disconnected_records` (a smaller one needs a
+/// restart: it would drop samples held; [`restart_keys`]). Not among them:
+/// `sources.state_directory` (the checkpoints of every log source live there), the
+/// collector's address, authentication and identity (`collector`, `auth`, `agent_id`), the
+/// data path (`transport`, `streams`, `max_frame_bytes`, `pacing`) and `listen`: those need
+/// a restart, and so does `sources.fast_counters` added or removed (whether its stream
+/// travels is settled when the session starts; [`crate::metric_sources::restart_keys`]).
+/// The pacing rates are the running session's: they need a restart too.
+pub const LIVE_KEYS: &[&str] = &[
+    "log_level",
+    "streams.metrics.queue_records",
+    "streams.logs.queue_records",
+    "streams.fast_counters.queue_records",
+    "streams.metrics.buffer_while_disconnected_records",
+    "sources.logs",
+    "sources.journald",
+    "sources.kmsg",
+    "sources.host_metrics",
+    "sources.self_metrics",
+    "sources.scrape",
+    "sources.textfile",
+    "sources.fast_counters",
+    "sources.slurm",
+];
 
 /// The namespace of the reload metrics: `uctel_agent_config_last_reload_*`.
 const NAMESPACE: &str = "uctel_agent";
@@ -37,7 +105,7 @@ pub struct ReloadSource {
 }
 
 /// The agent's reload from `source`, starting at `config`, applying the log filter to
-/// `level` and the log sources to `log_sources`; registers `uctel_agent_config_last_reload_*` in `registry`.
+/// `level` and the sources to `sources`; registers `uctel_agent_config_last_reload_*` in `registry`.
 ///
 /// # Errors
 /// A registration conflict (called twice on one registry).
@@ -46,7 +114,7 @@ pub fn reloader(
     source: ReloadSource,
     level: LogLevel,
     registry: &prometheus::Registry,
-    log_sources: Arc<LogSources>,
+    sources: Sources,
 ) -> Result<ReloadFn, prometheus::Error> {
     let metrics = ReloadMetrics::register(registry, NAMESPACE)?;
     let (path, agent_id) = (source.path.clone(), source.agent_id.clone());
@@ -56,8 +124,19 @@ pub fn reloader(
     });
     let rule = source.log_rule;
     let apply = Box::new(move |old: &AgentConfig, new: &AgentConfig| {
+        // What needs a restart among the source changes is refused before anything changes.
+        let restart = restart_keys(old, new);
+        if !restart.is_empty() {
+            return Err(format!(
+                "{} need{} a restart (nothing changed)",
+                restart.join(", "),
+                if restart.len() == 1 { "s" } else { "" }
+            ));
+        }
         // The log sources first: the one step that can fail (then nothing changed).
-        log_sources.apply(old, new)?;
+        sources.logs.apply(old, new)?;
+        sources.metrics.apply(old, new)?;
+        apply_limits(&sources.queues, new);
         if old.log_level != new.log_level {
             if rule.flag.is_some() {
                 tracing::warn!(

@@ -58,6 +58,7 @@ use crate::credits::DemandMeter;
 use crate::datapath::{DataPlane, DataPlaneError};
 use crate::lane::{self, LaneError};
 use crate::log_sources::LogSources;
+use crate::metric_sources::MetricSources;
 use crate::pool::{self, Pool, PoolMetrics, SwitchReason};
 use crate::runners::{self, Queues};
 use crate::selfmetrics::{DropReason, SelfMetrics};
@@ -182,7 +183,13 @@ pub async fn run_with(
     };
     let log_sources =
         LogSources::start(&config, &queues, &stats, &shutdown).map_err(RunError::Source)?;
-    let admin = admin(&config, options.reload, &stats, &log_sources)?;
+    let metric_sources = MetricSources::start(&config, &queues, &stats, &shutdown);
+    let admin = admin(
+        &config,
+        options.reload,
+        &stats,
+        (&queues, &log_sources, &metric_sources),
+    )?;
     if let Some(l) = listener {
         if let Ok(addr) = l.local_addr() {
             tracing::info!(%addr, "serving self-metrics on /metrics");
@@ -209,7 +216,6 @@ pub async fn run_with(
         tasks.spawn(crate::status::sample_loop(status, shutdown.clone()));
         tasks.spawn(uctel_common::http::serve(l, endpoints, shutdown.clone()));
     }
-    runners::spawn_metric_sources(&config, &queues, &stats, &shutdown, &mut tasks);
 
     let summary = connection_loop(&config, &token, &queues, &stats, shutdown.clone()).await;
     // The sender has stopped: the log tailers checkpoint exactly what it settled.
@@ -219,6 +225,7 @@ pub async fn run_with(
     // it are read again after a restart) and let the log tailers write their final
     // checkpoints.
     while tasks.join_next().await.is_some() {}
+    metric_sources.join().await;
     let grace = Instant::now() + runners::LOG_HANDOFF_GRACE;
     while !log_sources.all_finished() && Instant::now() < grace {
         pump::discard_queued(&queues, &stats, DropReason::Shutdown);
@@ -253,7 +260,7 @@ fn admin(
     config: &AgentConfig,
     source: Option<crate::reload::ReloadSource>,
     stats: &SelfMetrics,
-    log_sources: &Arc<LogSources>,
+    (queues, log_sources, metric_sources): (&Queues, &Arc<LogSources>, &Arc<MetricSources>),
 ) -> Result<uctel_common::admin::Admin, RunError> {
     let level = uctel_common::logging::LogLevel::installed_or_detached();
     let admin =
@@ -261,9 +268,13 @@ fn admin(
     let Some(source) = source else {
         return Ok(admin);
     };
-    let reload =
-        crate::reload::reloader(config, source, level, stats.registry(), log_sources.clone())
-            .map_err(|e| RunError::Metrics(e.to_string()))?;
+    let sources = crate::reload::Sources {
+        queues: queues.clone(),
+        logs: log_sources.clone(),
+        metrics: metric_sources.clone(),
+    };
+    let reload = crate::reload::reloader(config, source, level, stats.registry(), sources)
+        .map_err(|e| RunError::Metrics(e.to_string()))?;
     uctel_common::reload::on_sighup(reload.clone());
     Ok(admin.reload(reload))
 }

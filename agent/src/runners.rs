@@ -37,8 +37,11 @@ use crate::stream::Stream;
 mod fast;
 pub mod rounds;
 pub mod slurm;
-pub use fast::{fast_counters_loop, fast_counters_thread, FastCounterMetrics};
-use rounds::{next_round, next_round_blocking, RoundMetrics};
+pub use fast::{
+    fast_counters_loop, fast_counters_loop_with, fast_counters_thread, FastCounterMetrics,
+};
+pub use rounds::RoundMetrics;
+use rounds::{next_round, next_round_blocking};
 mod journald;
 mod kmsg;
 mod settled;
@@ -801,8 +804,65 @@ pub(super) fn catch_up<S: SettledSource>(
     n
 }
 
+/// A journald or kmsg source's position, handed by the source a reload stopped to the one
+/// that replaces it (after the stopped one settled and checkpointed what it read).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resume {
+    /// The journald source goes on after this cursor (`None`: at the journal's first entry).
+    Cursor(Option<String>),
+    /// The kmsg source goes on at this sequence number.
+    Seq(u64),
+}
+
+/// Where a system log source leaves its [`Resume`] when its loop ends.
+pub type ResumeSlot = Arc<std::sync::Mutex<Option<Resume>>>;
+
+/// Which system log source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SystemKind {
+    /// `sources.journald`.
+    Journald,
+    /// `sources.kmsg`.
+    Kmsg,
+}
+
+/// The system log sources' own series, registered at their first start and reused when a
+/// reload starts them again.
+#[derive(Debug, Clone, Default)]
+pub struct SystemMetrics {
+    journal: Option<journald::JournalMetrics>,
+    kmsg: Option<IntCounterVec>,
+}
+
+/// Starts the thread of the system log source `kind` where `config` has it (`Ok(None)`
+/// otherwise): it runs until `stop` or `shutdown` ([`settled_source_loop`]), from `resume`
+/// when given (a reload's hand-over), else from its state file or `start_at`. Returns the
+/// thread and the slot where it leaves its own [`Resume`] when it ends.
+///
+/// # Errors
+/// The source cannot start (an unreadable state file, a state directory that cannot be
+/// created, its metrics cannot be registered), naming it.
+pub fn spawn_system_source(
+    kind: SystemKind,
+    config: &AgentConfig,
+    queues: &Queues,
+    stats: &Arc<SelfMetrics>,
+    stops: (&Shutdown, &Shutdown),
+    metrics: &mut SystemMetrics,
+    resume: Option<Resume>,
+) -> Result<Option<(std::thread::JoinHandle<()>, ResumeSlot)>, String> {
+    match kind {
+        SystemKind::Journald => {
+            journald::spawn_journald(config, queues, stats, stops, &mut metrics.journal, resume)
+        }
+        SystemKind::Kmsg => {
+            kmsg::spawn_kmsg(config, queues, stats, stops, &mut metrics.kmsg, resume)
+        }
+    }
+}
+
 /// Starts the thread of `sources.journald` and of `sources.kmsg`, where configured (each
-/// runs until `shutdown`; a reload does not change them).
+/// runs until `shutdown`).
 ///
 /// # Errors
 /// A source that cannot start (an unreadable state file, a state directory that cannot be
@@ -813,11 +873,16 @@ pub fn spawn_system_log_sources(
     stats: &Arc<SelfMetrics>,
     shutdown: &Shutdown,
 ) -> Result<Vec<std::thread::JoinHandle<()>>, String> {
-    let mut handles: Vec<std::thread::JoinHandle<()>> =
-        journald::spawn_journald(config, queues, stats, shutdown)?
-            .into_iter()
-            .collect();
-    handles.extend(kmsg::spawn_kmsg(config, queues, stats, shutdown)?);
+    let mut metrics = SystemMetrics::default();
+    let mut handles = Vec::new();
+    for kind in [SystemKind::Journald, SystemKind::Kmsg] {
+        let stops = (shutdown, shutdown);
+        if let Some((t, _)) =
+            spawn_system_source(kind, config, queues, stats, stops, &mut metrics, None)?
+        {
+            handles.push(t);
+        }
+    }
     Ok(handles)
 }
 

@@ -74,7 +74,7 @@ pub async fn fast_counters_loop(
     section: crate::sources::fast_counters::FastCountersSection,
     queue: RecordQueue<SampleSeries>,
     stats: Arc<SelfMetrics>,
-    mut shutdown: Shutdown,
+    shutdown: Shutdown,
 ) {
     let specs = match section.resolve() {
         Ok(s) => s,
@@ -90,6 +90,20 @@ pub async fn fast_counters_loop(
             return;
         }
     };
+    fast_counters_loop_with(section, specs, metrics, queue, stats, shutdown).await;
+}
+
+/// [`fast_counters_loop`] with its counters registered already and its counters resolved
+/// (`FastCountersSection::resolve`): a reload starts the source again on the same
+/// counters ([`crate::metric_sources`]).
+pub async fn fast_counters_loop_with(
+    section: crate::sources::fast_counters::FastCountersSection,
+    specs: Vec<crate::sources::fast_counters::CounterSpec>,
+    metrics: FastCounterMetrics,
+    queue: RecordQueue<SampleSeries>,
+    stats: Arc<SelfMetrics>,
+    mut shutdown: Shutdown,
+) {
     run_thread("fast-counters", &mut shutdown, move |stopped| {
         fast_counters_thread(&section, &specs, &queue, &stats, &metrics, stopped);
     })

@@ -13,6 +13,8 @@ use crate::selfmetrics::{DropReason, SelfMetrics};
 use crate::sources::journald::{JournalConfig, JournalCounts, JournalSource};
 use crate::stream::Stream;
 
+use super::{Resume, ResumeSlot};
+
 /// The `reason`s of `uctel_agent_journal_events_total`.
 const EVENTS: [&str; 4] = [
     "excluded",
@@ -65,6 +67,8 @@ struct JournalRunner {
     stats: Arc<SelfMetrics>,
     metrics: JournalMetrics,
     before: JournalCounts,
+    /// Where the source that replaces this one goes on (written when the loop ends).
+    resume: ResumeSlot,
 }
 
 impl JournalRunner {
@@ -127,9 +131,33 @@ impl SettledSource for JournalRunner {
     fn rewind(&mut self) -> u64 {
         self.source.rewind()
     }
+    fn finish(&mut self) {
+        self.publish_status(&self.stats.clone());
+        if let Some(cursor) = self.source.hand_over() {
+            *self
+                .resume
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Resume::Cursor(cursor));
+        }
+    }
+    fn publish_status(&mut self, stats: &SelfMetrics) {
+        let s = &self.source;
+        stats
+            .status()
+            .set_journald(Some(crate::status::JournaldView {
+                last_read_cursor: s.last_read_cursor().map(str::to_owned),
+                settled_cursor: s.settled_cursor().map(str::to_owned),
+                entries_read: s.counts().entries,
+                unsettled_records: s.unsettled() as u64,
+            }));
+    }
 }
 
-/// Starts the journald source's thread when `sources.journald` is set.
+/// Starts the journald source's thread when `sources.journald` is set; it runs until
+/// `stop` or `shutdown` ([`settled_source_loop`]). `metrics` are registered at the first
+/// start and reused after. `resume` (a reload's hand-over, [`Resume::Cursor`]) starts it
+/// after that cursor instead of the state file's. Returns the thread and the slot where it
+/// leaves its own hand-over when it ends.
 ///
 /// # Errors
 /// The state directory cannot be created, the state file cannot be read, or the
@@ -138,13 +166,22 @@ pub(super) fn spawn_journald(
     config: &AgentConfig,
     queues: &Queues,
     stats: &Arc<SelfMetrics>,
-    shutdown: &Shutdown,
-) -> Result<Option<std::thread::JoinHandle<()>>, String> {
+    (stop, shutdown): (&Shutdown, &Shutdown),
+    metrics: &mut Option<JournalMetrics>,
+    resume: Option<Resume>,
+) -> Result<Option<(std::thread::JoinHandle<()>, ResumeSlot)>, String> {
     let Some(section) = &config.sources.journald else {
         return Ok(None);
     };
-    let metrics =
-        JournalMetrics::register(stats).map_err(|e| format!("journald source metrics: {e}"))?;
+    let metrics = match metrics {
+        Some(m) => m.clone(),
+        None => metrics
+            .insert(
+                JournalMetrics::register(stats)
+                    .map_err(|e| format!("journald source metrics: {e}"))?,
+            )
+            .clone(),
+    };
     let state_dir = config.sources.state_directory.as_deref();
     if let Some(dir) = state_dir {
         std::fs::create_dir_all(dir).map_err(|e| {
@@ -155,19 +192,29 @@ pub(super) fn spawn_journald(
         })?;
     }
     let line_limit = config.log_line_limit(section.max_message_bytes);
-    let source = JournalSource::new(JournalConfig::new(section, line_limit, state_dir))
+    let mut source = JournalSource::new(JournalConfig::new(section, line_limit, state_dir))
         .map_err(|e| format!("sources.journald: {e}"))?;
+    if let Some(Resume::Cursor(c)) = resume {
+        source = source.resuming(c);
+    }
+    let slot = ResumeSlot::default();
     let runner = JournalRunner {
         before: source.counts().clone(),
         source,
         stats: stats.clone(),
         metrics,
+        resume: slot.clone(),
     };
-    let (q, s, sd) = (queues.clone(), stats.clone(), shutdown.clone());
+    let (q, s, stop, sd) = (
+        queues.clone(),
+        stats.clone(),
+        stop.clone(),
+        shutdown.clone(),
+    );
     let poll = seconds(section.poll_interval_seconds);
     std::thread::Builder::new()
         .name("uctel-journald".into())
-        .spawn(move || settled_source_loop(runner, poll, q, s, (sd.clone(), sd)))
-        .map(Some)
+        .spawn(move || settled_source_loop(runner, poll, q, s, (stop, sd)))
+        .map(|t| Some((t, slot)))
         .map_err(|e| format!("cannot start the journald source thread: {e}"))
 }

@@ -13,6 +13,8 @@ use crate::selfmetrics::{DropReason, SelfMetrics};
 use crate::sources::kmsg::{boot_wall_ns, KmsgCounts, KmsgSource};
 use crate::stream::Stream;
 
+use super::{Resume, ResumeSlot};
+
 /// Where the kernel names the current boot.
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 
@@ -24,6 +26,8 @@ struct KmsgRunner {
     stats: Arc<SelfMetrics>,
     events: IntCounterVec,
     before: KmsgCounts,
+    /// Where the source that replaces this one goes on (written when the loop ends).
+    resume: ResumeSlot,
 }
 
 impl KmsgRunner {
@@ -87,21 +91,30 @@ impl SettledSource for KmsgRunner {
     fn rewind(&mut self) -> u64 {
         self.source.rewind()
     }
+    fn finish(&mut self) {
+        self.publish_status(&self.stats.clone());
+        if let Some(seq) = self.source.hand_over() {
+            *self
+                .resume
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Resume::Seq(seq));
+        }
+    }
+    fn publish_status(&mut self, stats: &SelfMetrics) {
+        let s = &self.source;
+        stats.status().set_kmsg(Some(crate::status::KmsgView {
+            last_seq: s.last_seq(),
+            settled_next_seq: s.settled_next_seq(),
+            unsettled_records: s.unsettled() as u64,
+        }));
+    }
 }
 
-/// Starts the kernel log source's thread when `sources.kmsg` is set.
+/// The series of `uctel_agent_kmsg_events_total{reason}`.
 ///
 /// # Errors
-/// The state directory cannot be created or the metrics cannot be registered.
-pub(super) fn spawn_kmsg(
-    config: &AgentConfig,
-    queues: &Queues,
-    stats: &Arc<SelfMetrics>,
-    shutdown: &Shutdown,
-) -> Result<Option<std::thread::JoinHandle<()>>, String> {
-    let Some(section) = &config.sources.kmsg else {
-        return Ok(None);
-    };
+/// A registration clash.
+fn register_events(stats: &SelfMetrics) -> Result<IntCounterVec, prometheus::Error> {
     let events = IntCounterVec::new(
         Opts::new(
             "uctel_agent_kmsg_events_total",
@@ -110,15 +123,38 @@ pub(super) fn spawn_kmsg(
              failed state file writes.",
         ),
         &["reason"],
-    )
-    .and_then(|v| {
-        stats.registry().register(Box::new(v.clone()))?;
-        Ok(v)
-    })
-    .map_err(|e| format!("kmsg source metrics: {e}"))?;
+    )?;
+    stats.registry().register(Box::new(events.clone()))?;
     for r in ["epipe", "read_error", "checkpoint_error"] {
         let _ = events.with_label_values(&[r]);
     }
+    Ok(events)
+}
+
+/// Starts the kernel log source's thread when `sources.kmsg` is set; it runs until `stop`
+/// or `shutdown`. `events` are registered at the first start and reused after. `resume` (a
+/// reload's hand-over, [`Resume::Seq`]) starts it at that sequence number instead of the
+/// state file's. Returns the thread and the slot where it leaves its own hand-over.
+///
+/// # Errors
+/// The state directory cannot be created or the metrics cannot be registered.
+pub(super) fn spawn_kmsg(
+    config: &AgentConfig,
+    queues: &Queues,
+    stats: &Arc<SelfMetrics>,
+    (stop, shutdown): (&Shutdown, &Shutdown),
+    events: &mut Option<IntCounterVec>,
+    resume: Option<Resume>,
+) -> Result<Option<(std::thread::JoinHandle<()>, ResumeSlot)>, String> {
+    let Some(section) = &config.sources.kmsg else {
+        return Ok(None);
+    };
+    let events = match events {
+        Some(e) => e.clone(),
+        None => events
+            .insert(register_events(stats).map_err(|e| format!("kmsg source metrics: {e}"))?)
+            .clone(),
+    };
     let state_dir = config.sources.state_directory.as_deref();
     if let Some(dir) = state_dir {
         std::fs::create_dir_all(dir).map_err(|e| {
@@ -129,23 +165,33 @@ pub(super) fn spawn_kmsg(
         })?;
     }
     let boot_id = std::fs::read_to_string(BOOT_ID).unwrap_or_default();
-    let source = KmsgSource::new(
+    let mut source = KmsgSource::new(
         section,
         config.log_line_limit(section.max_message_bytes),
         state_dir.map(|d| d.join("kmsg.json")),
         boot_id.trim(),
     );
+    if let Some(Resume::Seq(seq)) = resume {
+        source = source.resuming(seq);
+    }
+    let slot = ResumeSlot::default();
     let runner = KmsgRunner {
         before: source.counts().clone(),
         source,
         stats: stats.clone(),
         events,
+        resume: slot.clone(),
     };
-    let (q, s, sd) = (queues.clone(), stats.clone(), shutdown.clone());
+    let (q, s, stop, sd) = (
+        queues.clone(),
+        stats.clone(),
+        stop.clone(),
+        shutdown.clone(),
+    );
     let poll = seconds(section.poll_interval_seconds);
     std::thread::Builder::new()
         .name("uctel-kmsg".into())
-        .spawn(move || settled_source_loop(runner, poll, q, s, (sd.clone(), sd)))
-        .map(Some)
+        .spawn(move || settled_source_loop(runner, poll, q, s, (stop, sd)))
+        .map(|t| Some((t, slot)))
         .map_err(|e| format!("cannot start the kmsg source thread: {e}"))
 }

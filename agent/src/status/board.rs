@@ -46,6 +46,36 @@ pub struct ScrapeView {
     pub scrapes: u64,
 }
 
+/// Where the journald source is (`sources.journald`; cursors are journalctl's `__CURSOR`,
+/// sd_journal_get_cursor(3)).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct JournaldView {
+    /// The cursor of the last entry read (sent on or excluded by a filter); `null` before
+    /// the first.
+    pub last_read_cursor: Option<String>,
+    /// The cursor a restart resumes after: every record up to it is settled (sent, or
+    /// dropped and counted); the state file holds it after the next checkpoint. `null`
+    /// before the start position is known (or before the journal's first entry).
+    pub settled_cursor: Option<String>,
+    /// Entries read since the source started (sent on or excluded).
+    pub entries_read: u64,
+    /// Records read and not settled yet: the lag between reading and sending, records.
+    /// The lag behind the journal's end is not known without asking journalctl: not given.
+    pub unsettled_records: u64,
+}
+
+/// Where the kernel log source is (`sources.kmsg`; sequence numbers are the kernel's,
+/// Documentation/ABI/testing/dev-kmsg).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct KmsgView {
+    /// The sequence number of the last record read (or resumed after); `null` before.
+    pub last_seq: Option<u64>,
+    /// The first sequence number not settled yet (what a restart resumes at).
+    pub settled_next_seq: Option<u64>,
+    /// Records read and not settled yet.
+    pub unsettled_records: u64,
+}
+
 /// The UC lane's credit window at the last heartbeat (DESIGN.md §4), frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct CreditView {
@@ -64,6 +94,8 @@ struct Inner {
     files: BTreeMap<String, Vec<FileView>>,
     scrapes: BTreeMap<String, ScrapeView>,
     credit: Option<CreditView>,
+    journald: Option<JournaldView>,
+    kmsg: Option<KmsgView>,
 }
 
 /// Shared by the sources, the sender and the status route; cheap to clone.
@@ -97,6 +129,31 @@ impl Board {
                 scrapes,
             },
         );
+    }
+
+    /// The scrape target `url` was removed by a reload: its last scrape leaves the board.
+    pub fn forget_scrape(&self, url: &str) {
+        self.lock().scrapes.remove(url);
+    }
+
+    /// The journald source is at `view` now; `None`: it was removed (a reload).
+    pub fn set_journald(&self, view: Option<JournaldView>) {
+        self.lock().journald = view;
+    }
+
+    /// The kmsg source is at `view` now; `None`: it was removed (a reload).
+    pub fn set_kmsg(&self, view: Option<KmsgView>) {
+        self.lock().kmsg = view;
+    }
+
+    /// The journald source's position, `None` without one.
+    pub fn journald(&self) -> Option<JournaldView> {
+        self.lock().journald.clone()
+    }
+
+    /// The kmsg source's position, `None` without one.
+    pub fn kmsg(&self) -> Option<KmsgView> {
+        self.lock().kmsg.clone()
     }
 
     /// The credit window at a heartbeat; `None` when the session ended.

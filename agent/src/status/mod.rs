@@ -8,7 +8,8 @@
 //! after a metric equals that `uctel_agent_` series at the same moment; "last 10 s"
 //! figures are increases over a [`Window`] sampled every second ([`sample_loop`]).
 //!
-//! - [`board`]: files, scrape targets, credit window.
+//! - [`board`]: files, scrape targets, the journald cursor and kmsg sequence number, the
+//!   credit window.
 
 pub mod board;
 
@@ -20,7 +21,7 @@ use serde::Serialize;
 use uctel_common::shutdown::Shutdown;
 use uctel_common::status::{Samples, Since, Window, SAMPLE_EVERY};
 
-pub use board::{Board, CreditView, FileView, ScrapeView};
+pub use board::{Board, CreditView, FileView, JournaldView, KmsgView, ScrapeView};
 
 const A: &str = "uctel_agent_";
 
@@ -97,6 +98,10 @@ pub struct Sources {
     pub scrape_targets: Vec<ScrapeView>,
     /// The fast counters (`sources.fast_counters`); `null` when off.
     pub fast_counters: Option<FastCounters>,
+    /// The journald source's cursors (`sources.journald`); `null` when off.
+    pub journald: Option<JournaldView>,
+    /// The kernel log source's sequence numbers (`sources.kmsg`); `null` when off.
+    pub kmsg: Option<KmsgView>,
     /// `source_errors_total` by source and reason.
     pub errors: BTreeMap<String, BTreeMap<String, u64>>,
 }
@@ -215,6 +220,8 @@ impl Status {
             sources: Sources {
                 files: self.files(),
                 scrape_targets: self.board.scrapes(),
+                journald: self.board.journald(),
+                kmsg: self.board.kmsg(),
                 fast_counters: fast_counters(&s, &since),
                 errors: errors(&s),
             },

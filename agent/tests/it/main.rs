@@ -17,6 +17,7 @@ mod logrotate_cases;
 mod operator_start;
 mod packaging;
 mod rc_lane;
+mod reload_sources;
 mod session;
 mod sources_host;
 mod sources_journald;

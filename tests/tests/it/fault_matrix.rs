@@ -3421,3 +3421,110 @@ fn series_dictionary_collector_restart() {
 
 // Rows of the journald and kernel log sources: `fault_matrix/sources.rs`.
 mod sources;
+
+/// Reload under load changes a scrape target: lines flowing, a `SIGHUP` adds a scrape
+/// target (a real HTTP target) and changes the host-metrics interval; its series reach the
+/// collector. A second `SIGHUP` removes it: it is not scraped any more, and its series leave
+/// the collector's `/metrics`. Every line delivered exactly once, one session throughout,
+/// `uctel_agent_config_last_reload_successful` 1.
+#[test]
+fn reload_under_load_changes_a_scrape_target() {
+    let _g = exclusive();
+    let spec = CollectorSpec {
+        set: vec![("staleness_seconds".into(), 2.0.into())],
+        ..CollectorSpec::default()
+    };
+    let mut row = Row::start("reload-scrape-target", spec, None);
+    let a = row.add_agent(AgentSpec::new("a"));
+    row.wait_connected(1, &[a]);
+    let target = uctel_tests::targets::start(|| {
+        uctel_tests::targets::Answer::Text("reload_row_probe 42\n".into())
+    });
+    row.write_bursts(a, 0, 500, GAP);
+    row.write(a, 0, 2000);
+
+    let agent_config = row.agents[a].daemon.config_path().to_path_buf();
+    let original = read_config(&agent_config);
+    let mut y = read_config(&agent_config);
+    let mut t = serde_yaml::Mapping::new();
+    t.insert("url".into(), target.url().into());
+    t.insert("interval_seconds".into(), 0.5.into());
+    y.set(
+        "sources.scrape",
+        serde_yaml::Value::Sequence(vec![serde_yaml::Value::Mapping(t)]),
+    );
+    y.set("sources.host_metrics.interval_seconds", 0.5);
+    y.write(&agent_config);
+    row.agents[a].daemon.signal(Signal::SIGHUP);
+    let applied = wait_logged(
+        || row.agents[a].daemon.log(),
+        "configuration reloaded: applied",
+        1,
+    );
+    row.expect(applied, "the agent applied the added target");
+    row.write_bursts(a, 0, 500, GAP);
+    let has_probe = |row: &mut Row| {
+        row.scrape_collector()
+            .map(|s| s.has("reload_row_probe", &[]))
+            .unwrap_or(false)
+    };
+    let mut seen = false;
+    for _ in 0..100 {
+        if has_probe(&mut row) {
+            seen = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    row.expect(
+        seen && target.served() > 0,
+        format!(
+            "the added target scraped ({} answers) and its series on the collector",
+            target.served()
+        ),
+    );
+
+    original.write(&agent_config);
+    row.agents[a].daemon.signal(Signal::SIGHUP);
+    let removed = wait_logged(
+        || row.agents[a].daemon.log(),
+        "configuration reloaded: applied",
+        2,
+    );
+    row.expect(removed, "the agent applied the removed target");
+    row.write_bursts(a, 0, 500, GAP);
+    let mut gone = false;
+    for _ in 0..100 {
+        if !has_probe(&mut row) {
+            gone = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let served = target.served();
+    std::thread::sleep(Duration::from_millis(1500));
+    row.expect(
+        gone && target.served() == served,
+        format!(
+            "the removed target not scraped any more ({served} then {} answers) and its \
+             series gone from the collector: {gone}",
+            target.served()
+        ),
+    );
+    let written = row.agents[a].written();
+    row.wait_settled(a, written, SETTLE);
+    let agent_ok = row
+        .agent_last(a)
+        .count("uctel_agent_config_last_reload_successful", &[]);
+    row.expect(
+        agent_ok == 1,
+        format!("last reload successful: agent {agent_ok} (want 1)"),
+    );
+    row.quiesce();
+    let sessions = uctel_tests::faults::welcomed_sessions(&row.collector.log(), "a");
+    row.expect(
+        sessions == 1,
+        format!("sessions of agent a: {sessions} (want 1)"),
+    );
+    row.verdict(Law::Exact);
+}

@@ -342,6 +342,43 @@ impl JournalSource {
         &self.counts
     }
 
+    /// Where a source started after this one goes on (a reload hands the source over):
+    /// `Some(cursor)` once the start position is known, the cursor a restart would resume
+    /// after ([`Positions::resume`]; `None` inside: before the journal's first entry);
+    /// `None` while the first run has not found its start yet.
+    pub fn hand_over(&self) -> Option<Option<String>> {
+        self.started
+            .then(|| self.positions.resume().map(str::to_owned))
+    }
+
+    /// This source, going on after `cursor` (what [`JournalSource::hand_over`] of the source
+    /// it replaces gave) instead of the state file's cursor or `start_at`: the entry at the
+    /// cursor is not read again, the first one after it is.
+    #[must_use]
+    pub fn resuming(mut self, cursor: Option<String>) -> Self {
+        self.positions = Positions::new(cursor);
+        self.started = true;
+        // Saved at the start when the state file holds another cursor (a failed write).
+        self.had_state = false;
+        self
+    }
+
+    /// The cursor of the last entry read (returned or excluded), `None` before the first.
+    pub fn last_read_cursor(&self) -> Option<&str> {
+        self.positions.last_read()
+    }
+
+    /// The cursor a restart resumes after now: every record up to it is settled (sent,
+    /// or dropped and counted). `None` before the journal's first entry or before the start
+    /// position is known.
+    pub fn settled_cursor(&self) -> Option<&str> {
+        if self.started {
+            self.positions.resume()
+        } else {
+            None
+        }
+    }
+
     /// Records returned and not settled.
     pub fn unsettled(&self) -> usize {
         self.positions.unsettled()

@@ -207,6 +207,34 @@ impl KmsgSource {
         &self.counts
     }
 
+    /// The first sequence number a source started after this one reads (a reload hands
+    /// the source over): the first unsettled record's, or the next expected; `None` before
+    /// the first record was read.
+    pub fn hand_over(&self) -> Option<u64> {
+        self.next_unsettled()
+    }
+
+    /// This source, going on at sequence number `next_seq` (what
+    /// [`KmsgSource::hand_over`] of the source it replaces gave; same boot) instead of the
+    /// state file's or `start_at`: records before it are skipped, a gap after it is counted.
+    #[must_use]
+    pub fn resuming(mut self, next_seq: u64) -> Self {
+        self.tracker = SeqTracker::expecting(next_seq);
+        self.skip_existing = false;
+        self
+    }
+
+    /// The sequence number of the last record read, `None` before the first.
+    pub fn last_seq(&self) -> Option<u64> {
+        self.tracker.next().and_then(|n| n.checked_sub(1))
+    }
+
+    /// The first sequence number not settled yet (what a restart resumes at), `None` before
+    /// the first record was read.
+    pub fn settled_next_seq(&self) -> Option<u64> {
+        self.next_unsettled()
+    }
+
     /// Records returned and not settled.
     pub fn unsettled(&self) -> usize {
         self.unsettled.len()

@@ -142,3 +142,27 @@ fn garbage_is_counted_not_fatal() {
     assert!(poll_all(&mut missing).is_empty());
     assert_eq!(missing.counts().read_errors, 1);
 }
+
+#[test]
+fn a_hand_over_goes_on_at_the_first_unsettled_record_without_a_state_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("kmsg");
+    write(&f, 0..10);
+    let mut s = KmsgSource::new(&section(&f, StartAt::Beginning), 2048, None, "boot");
+    assert_eq!(s.hand_over(), None, "nothing read yet");
+    assert_eq!(poll_all(&mut s).len(), 10);
+    s.settle(6);
+    assert_eq!((s.last_seq(), s.settled_next_seq()), (Some(9), Some(6)));
+    let at = s.hand_over().unwrap();
+    drop(s);
+    write(&f, 10..12);
+    // The replacement (another level filter, say) starts at the end by its own section,
+    // but the hand-over wins: 6..=11, nothing before, nothing counted as overwritten.
+    let mut s = KmsgSource::new(&section(&f, StartAt::End), 2048, None, "boot").resuming(at);
+    let got: Vec<String> = poll_all(&mut s).into_iter().map(|r| r.message).collect();
+    assert_eq!(
+        got,
+        ["line 6", "line 7", "line 8", "line 9", "line 10", "line 11"]
+    );
+    assert_eq!(s.counts().overwritten, 0);
+}
