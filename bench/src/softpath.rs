@@ -96,6 +96,9 @@ pub struct SoftRunConfig {
     /// DESIGN.md §4); false: credits in `Report`s only (the collector then sends one per
     /// report interval).
     pub credit_writes: bool,
+    /// The collector's `control.credit_write_batching`: a round's credit writes posted
+    /// together (one `sendmmsg`) or each on its own.
+    pub credit_write_batching: bool,
     /// `Some(gap)`: each agent sends one frame every `gap` (at least 1 ms) instead of flat
     /// out (the fleet and upkeep rows, [`crate::fleet`]).
     pub pace: Option<Duration>,
@@ -245,6 +248,7 @@ pub fn run(cfg: &SoftRunConfig) -> Result<SoftRunResult, SoftRunError> {
             report_interval_seconds: cfg.report_interval_seconds,
             data_path: "write_with_imm",
             log_file: cfg.workdir.join("logs.jsonl"),
+            credit_write_batching: Some(cfg.credit_write_batching),
             extra_yaml: String::new(),
             recv_buffer_bytes: cfg.recv_buffer_bytes,
             min_slots: cfg.min_slots,
