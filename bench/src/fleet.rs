@@ -109,11 +109,18 @@ impl UpkeepBatching {
 
     /// The row's text: both figures, the ratio, and each run's CPU by thread.
     pub fn line(&self) -> String {
+        let b = &self.batched;
+        let per_batch = b.credit_writes_per_sec * b.collector_cpu.wall_seconds
+            / b.credit_write_batches.max(1.0);
         format!(
-            "{:.2} µs batched vs {:.2} µs each write alone per agent-second: {:.3}× ({} | {})",
+            "{:.2} µs batched vs {:.2} µs each write alone per agent-second: {:.3}× \
+             (credit writes/s {:.0} batched, {:.1} per batch; {:.0} alone) ({} | {})",
             upkeep_us_per_agent_second(&self.batched),
             upkeep_us_per_agent_second(&self.unbatched),
             self.ratio(),
+            b.credit_writes_per_sec,
+            per_batch,
+            self.unbatched.credit_writes_per_sec,
             upkeep_line(&self.batched),
             upkeep_line(&self.unbatched),
         )
