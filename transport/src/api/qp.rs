@@ -232,7 +232,7 @@ pub struct QpSendList<'q, 'a> {
 ///
 /// * Soft transport: the WRs of every QP of one device are queued first, then one transmit
 ///   pass packetises them all and hands the datagrams to the link together: on UDP one
-///   `sendmmsg(2)` per [`SoftConfig::batch`](crate::soft::device::SoftConfig::batch) datagrams, whatever
+///   `sendmmsg(2)` per `SoftConfig::batch` datagrams, whatever
 ///   their destinations (`sendmmsg` takes a destination per message; `UDP_SEGMENT` would need
 ///   one destination and is used only for runs to one peer). Posting the lists one by one
 ///   costs one transmit pass, and one system call, per QP.
