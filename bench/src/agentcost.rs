@@ -302,6 +302,7 @@ pub fn run(cfg: &AgentCostConfig) -> Result<AgentCostResult, AgentCostError> {
             report_interval_seconds: 0.1,
             data_path: "auto",
             log_file: cfg.workdir.join("received-logs.jsonl"),
+            credit_write_batching: None,
             extra_yaml: String::new(),
             recv_buffer_bytes: None,
             progress: None,

@@ -121,6 +121,8 @@ pub struct CollectorSettings {
     pub log_file: PathBuf,
     /// More top-level YAML appended to the configuration (e.g. an `outputs:` section).
     pub extra_yaml: String,
+    /// `control.credit_write_batching` (`None`: the collector's default).
+    pub credit_write_batching: Option<bool>,
     /// `transport.soft.recv_buffer_bytes` (`None`: the collector's default).
     pub recv_buffer_bytes: Option<usize>,
     /// `ring.min_slots` (`None`: the collector's default).
@@ -191,7 +193,7 @@ impl CollectorProcess {
              ring:\n  slots: {slots}\n{min_slots}  slot_bytes: {slot_bytes}\n  credit_margin_slots: {margin}\n  descriptor_queue: {queue}\n  data_path: {path}\n\
              max_frame_bytes: {slot_bytes}\n\
              auth:\n  shared:\n    token: {TOKEN}\n\
-             control:\n  heartbeat_interval_seconds: 5\n  report_interval_seconds: {report}\n  dead_after_missed_heartbeats: 6\n  handshake_timeout_seconds: 30\n\
+             control:\n  heartbeat_interval_seconds: 5\n  report_interval_seconds: {report}\n  dead_after_missed_heartbeats: 6\n  handshake_timeout_seconds: 30\n{batching}\
              logs:\n  sink: file\n  file:\n    path: {log_file}\n    max_file_bytes: 67108864\n    max_files: 1\n{extra}",
             slots = s.slots,
             slot_bytes = s.slot_bytes,
@@ -210,6 +212,9 @@ impl CollectorProcess {
             min_slots = s
                 .min_slots
                 .map_or(String::new(), |m| format!("  min_slots: {m}\n")),
+            batching = s.credit_write_batching.map_or(String::new(), |b| {
+                format!("  credit_write_batching: {b}\n")
+            }),
         );
         let config = dir.join("collector.yaml");
         fs::write(&config, yaml).map_err(io("writing collector.yaml"))?;
@@ -428,6 +433,7 @@ mod tests {
                 report_interval_seconds: 1.0,
                 data_path: "auto",
                 log_file: dir.path().join("logs.jsonl"),
+                credit_write_batching: None,
                 extra_yaml: String::new(),
                 recv_buffer_bytes: None,
                 progress: None,

@@ -275,6 +275,7 @@ pub fn run(cfg: &FastCostConfig) -> Result<FastCostResult, FastCostError> {
             report_interval_seconds: 1.0,
             data_path: "auto",
             log_file: cfg.workdir.join("received-logs.jsonl"),
+            credit_write_batching: None,
             extra_yaml: String::new(),
             recv_buffer_bytes: None,
             progress: None,

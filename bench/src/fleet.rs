@@ -6,6 +6,10 @@
 //! * **upkeep**: K connected agents that send one frame each at the start and then only
 //!   what keeps their sessions alive (heartbeats, reports, credit); the collector's CPU per
 //!   agent-second over the window, by thread, must stay ≤ 5 µs (5 % of one core for 10,000).
+//! * **upkeep, credit writes batched**: the upkeep run twice in one bench run, the agents'
+//!   credits written into their memory both times: the collector's credit writes batched
+//!   across agents (`control.credit_write_batching: true`, one `sendmmsg` per round) and
+//!   each posted on its own (`false`); the row is the ratio of their CPU per agent-second.
 //! * **scaling per core**: frames per collector CPU-s at the largest scaling K against the
 //!   same run's K = 10 (≥ 0.5×).
 //!
@@ -85,6 +89,42 @@ pub fn targets(
         });
     }
     t
+}
+
+/// The upkeep run with the agents' credits written into their memory, the collector's
+/// writes batched across agents and each posted alone, in one bench run.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct UpkeepBatching {
+    /// `control.credit_write_batching: true`.
+    pub batched: SoftRunResult,
+    /// `control.credit_write_batching: false`.
+    pub unbatched: SoftRunResult,
+}
+
+impl UpkeepBatching {
+    /// Collector CPU per agent-second batched ÷ unbatched (below 1: batching saves).
+    pub fn ratio(&self) -> f64 {
+        upkeep_us_per_agent_second(&self.batched) / upkeep_us_per_agent_second(&self.unbatched)
+    }
+
+    /// The row's text: both figures, the ratio, and each run's CPU by thread.
+    pub fn line(&self) -> String {
+        let b = &self.batched;
+        let per_batch = b.credit_writes_per_sec * b.collector_cpu.wall_seconds
+            / b.credit_write_batches.max(1.0);
+        format!(
+            "{:.2} µs batched vs {:.2} µs each write alone per agent-second: {:.3}× \
+             (credit writes/s {:.0} batched, {:.1} per batch; {:.0} alone) ({} | {})",
+            upkeep_us_per_agent_second(&self.batched),
+            upkeep_us_per_agent_second(&self.unbatched),
+            self.ratio(),
+            b.credit_writes_per_sec,
+            per_batch,
+            self.unbatched.credit_writes_per_sec,
+            upkeep_line(&self.batched),
+            upkeep_line(&self.unbatched),
+        )
+    }
 }
 
 /// The upkeep row's text: CPU per agent-second and by thread.

@@ -78,6 +78,9 @@ enum Part {
     Fleet,
     /// `--upkeep-agents` connected agents that only keep their sessions alive (issue 42).
     Upkeep,
+    /// The upkeep run with credits written into the agents' memory, twice: the collector's
+    /// credit writes batched across agents, and each posted alone (the ratio, one run).
+    UpkeepBatching,
     /// The series dictionary: bytes per sample and ingest CPU per sample of a host
     /// collection, protobuf metrics frames against series-dictionary frames.
     Dict,
@@ -370,6 +373,7 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         memory: None,
         fleet: None,
         upkeep: None,
+        upkeep_batching: None,
         agent: None,
         idle: None,
         remote_write: None,
@@ -437,6 +441,7 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         min_slots: None,
         progress: args.collector_progress.map(Progress::name),
         credit_writes: args.credit_writes,
+        credit_write_batching: true,
         pace: None,
     };
     if wants(Part::Soft) {
@@ -536,6 +541,35 @@ fn run(args: &Args) -> anyhow::Result<bool> {
             Err(e) => report
                 .failures
                 .push((format!("upkeep K = {k}"), e.to_string())),
+        }
+    }
+    if wants(Part::UpkeepBatching) {
+        let k = args.upkeep_agents;
+        let run = |batching: bool| {
+            eprintln!(
+                "[upkeep-batching] K = {k} idle, credit writes batched {batching}, {:.1} s",
+                args.upkeep_duration_secs
+            );
+            let tag = if batching {
+                "upkeep-batched"
+            } else {
+                "upkeep-unbatched"
+            };
+            softpath::run(&SoftRunConfig {
+                pace: Some(Duration::from_secs(24 * 3600)),
+                warmup: secs(args.warmup_secs.max(2.0 * report_interval(args, k))),
+                credit_writes: true,
+                credit_write_batching: batching,
+                ..soft_cfg(k, args.upkeep_duration_secs, tag)
+            })
+        };
+        match run(true).and_then(|batched| {
+            run(false).map(|unbatched| uctel_bench::fleet::UpkeepBatching { batched, unbatched })
+        }) {
+            Ok(r) => report.upkeep_batching = Some(r),
+            Err(e) => report
+                .failures
+                .push((format!("upkeep-batching K = {k}"), e.to_string())),
         }
     }
     if wants(Part::Memory) {

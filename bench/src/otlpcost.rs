@@ -248,6 +248,7 @@ fn run_side(
             report_interval_seconds: 0.5,
             data_path: "write_with_imm",
             log_file: dir.join("logs.jsonl"),
+            credit_write_batching: None,
             extra_yaml: extra_yaml.to_owned(),
             recv_buffer_bytes: None,
             progress: None,

@@ -287,6 +287,7 @@ fn run_uctel(
             report_interval_seconds: 0.5,
             data_path: "write_with_imm",
             log_file: dir.join("logs.jsonl"),
+            credit_write_batching: None,
             extra_yaml: write_url.map_or_else(String::new, |u| {
                 format!("outputs:\n  remote_write:\n    - url: {u}\n")
             }),

@@ -166,6 +166,8 @@ pub struct Report {
     pub fleet: Option<SoftRunResult>,
     /// K connected agents that only keep their sessions alive ([`crate::fleet`]).
     pub upkeep: Option<SoftRunResult>,
+    /// The upkeep run with credit writes batched across agents and each alone.
+    pub upkeep_batching: Option<crate::fleet::UpkeepBatching>,
     /// The largest K at the agents' default configuration (rings sized from the default
     /// `expected_frames_per_second`), for the collector's memory.
     pub memory: Option<SoftRunResult>,
@@ -544,6 +546,14 @@ impl Report {
                 format!("upkeep K = {}", u.agents),
                 crate::fleet::upkeep_line(u),
                 String::new(),
+                String::new(),
+            ));
+        }
+        if let Some(b) = &self.upkeep_batching {
+            rows.push(row(
+                format!("upkeep K = {}, credit writes batched", b.batched.agents),
+                b.line(),
+                "ratio in one run (< 1: batching saves)".into(),
                 String::new(),
             ));
         }

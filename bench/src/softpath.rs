@@ -35,6 +35,8 @@ const DROPPED: &str = "uctel_collector_frames_dropped_total";
 const TRANSPORT_DROPPED: &str = "uctel_collector_transport_packets_dropped_total";
 const CONNECTED: &str = "uctel_collector_agents_connected";
 const BUDGET: &str = "uctel_collector_credit_budget_frames";
+const CREDIT_WRITES: &str = "uctel_collector_credit_writes_total";
+const CREDIT_WRITE_BATCHES: &str = "uctel_collector_credit_write_batches_total";
 
 /// The kernel's drop count of the UDP socket bound to `port` in process `pid`'s network
 /// namespace (`/proc/<pid>/net/udp`, last column; the socket's receive buffer was full).
@@ -96,6 +98,9 @@ pub struct SoftRunConfig {
     /// DESIGN.md §4); false: credits in `Report`s only (the collector then sends one per
     /// report interval).
     pub credit_writes: bool,
+    /// The collector's `control.credit_write_batching`: a round's credit writes posted
+    /// together (one `sendmmsg`) or each on its own.
+    pub credit_write_batching: bool,
     /// `Some(gap)`: each agent sends one frame every `gap` (at least 1 ms) instead of flat
     /// out (the fleet and upkeep rows, [`crate::fleet`]).
     pub pace: Option<Duration>,
@@ -129,6 +134,12 @@ pub struct Accounting {
 /// What one run measured.
 #[derive(Clone, Debug, Serialize)]
 pub struct SoftRunResult {
+    /// Credit writes the collector posted or had refused per second of the window
+    /// (`uctel_collector_credit_writes_total`; 0 without `credit_writes`).
+    pub credit_writes_per_sec: f64,
+    /// Transport calls that posted them batched over the window
+    /// (`uctel_collector_credit_write_batches_total`; 0 without batching).
+    pub credit_write_batches: f64,
     /// Emulated agents.
     pub agents: usize,
     /// Bytes per frame.
@@ -245,6 +256,7 @@ pub fn run(cfg: &SoftRunConfig) -> Result<SoftRunResult, SoftRunError> {
             report_interval_seconds: cfg.report_interval_seconds,
             data_path: "write_with_imm",
             log_file: cfg.workdir.join("logs.jsonl"),
+            credit_write_batching: Some(cfg.credit_write_batching),
             extra_yaml: String::new(),
             recv_buffer_bytes: cfg.recv_buffer_bytes,
             min_slots: cfg.min_slots,
@@ -371,6 +383,11 @@ pub fn run(cfg: &SoftRunConfig) -> Result<SoftRunResult, SoftRunError> {
         ring_bytes: u64::from(max_slots) * u64::from(slot_bytes),
         ring_slots: (min_slots, max_slots),
         credit_budget_frames: s1.sum(BUDGET, &[]),
+        credit_writes_per_sec: rate(
+            s1.sum(CREDIT_WRITES, &[]) - s0.sum(CREDIT_WRITES, &[]),
+            window,
+        ),
+        credit_write_batches: s1.sum(CREDIT_WRITE_BATCHES, &[]) - s0.sum(CREDIT_WRITE_BATCHES, &[]),
         socket_drops,
         bursts: stats.bursts,
         connect_seconds,

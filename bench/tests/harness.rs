@@ -37,6 +37,7 @@ fn synchronized_bursts_into_a_small_receive_buffer_lose_nothing() {
         min_slots: None,
         progress: None,
         credit_writes: false,
+        credit_write_batching: true,
         pace: None,
     })
     .unwrap();
@@ -90,6 +91,7 @@ fn soft_path_moves_frames_and_accounts_for_every_one() {
         min_slots: None,
         progress: None,
         credit_writes: false,
+        credit_write_batching: true,
         pace: None,
     })
     .unwrap();

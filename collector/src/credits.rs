@@ -146,6 +146,9 @@ pub struct CreditBudget {
     /// Credit words written into agents' memory (`crate::control::credit_write`): posted,
     /// refused by the QP.
     writes: [std::sync::atomic::AtomicU64; 2],
+    /// Transport calls that posted a round of credit writes together
+    /// (`crate::control::credit_batch`).
+    write_batches: std::sync::atomic::AtomicU64,
     /// Heartbeats of agents that take grants saying they sent at or beyond every limit they
     /// were ever granted (never, when credits hold).
     overruns: std::sync::atomic::AtomicU64,
@@ -197,6 +200,7 @@ impl CreditBudget {
             capacity: capacity.max(1),
             inner: Mutex::new(Inner::default()),
             writes: Default::default(),
+            write_batches: std::sync::atomic::AtomicU64::new(0),
             overruns: std::sync::atomic::AtomicU64::new(0),
         }
     }
@@ -212,6 +216,18 @@ impl CreditBudget {
     /// QP in ERROR; superseded by the next write).
     pub fn count_write(&self, posted: bool) {
         self.writes[usize::from(!posted)].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Counts one transport call that posted a batch of credit word writes.
+    pub fn count_batch(&self) {
+        self.write_batches
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Transport calls that posted batches of credit word writes so far.
+    pub fn write_batches(&self) -> u64 {
+        self.write_batches
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Credit word writes posted and refused so far.
@@ -487,6 +503,7 @@ pub struct BudgetCollector {
     capacity: prometheus::IntGauge,
     claimed: prometheus::IntGauge,
     writes: prometheus::IntCounterVec,
+    write_batches: prometheus::IntCounter,
     overruns: prometheus::IntCounter,
     descs: Vec<prometheus::core::Desc>,
 }
@@ -523,6 +540,15 @@ impl BudgetCollector {
         )
         .expect("valid metric");
         #[allow(clippy::expect_used)]
+        let write_batches = prometheus::IntCounter::new(
+            "uctel_collector_credit_write_batches_total",
+            "Transport calls that posted a round of credit writes of many agents together \
+             (control.credit_write_batching; on the soft transport one sendmmsg per link \
+             batch): credit writes per batch = the increase of \
+             uctel_collector_credit_writes_total over the increase of this.",
+        )
+        .expect("valid metric");
+        #[allow(clippy::expect_used)]
         let overruns = prometheus::IntCounter::new(
             "uctel_collector_credit_overruns_total",
             "Agent heartbeats saying the agent sent a connection sequence at or beyond the \
@@ -534,6 +560,7 @@ impl BudgetCollector {
             .into_iter()
             .chain(claimed.desc())
             .chain(writes.desc())
+            .chain(write_batches.desc())
             .chain(overruns.desc())
             .cloned()
             .collect();
@@ -542,6 +569,7 @@ impl BudgetCollector {
             capacity,
             claimed,
             writes,
+            write_batches,
             overruns,
             descs,
         }
@@ -569,6 +597,12 @@ impl prometheus::core::Collector for BudgetCollector {
         self.overruns
             .inc_by(self.budget.overruns().saturating_sub(self.overruns.get()));
         out.extend(self.writes.collect());
+        self.write_batches.inc_by(
+            self.budget
+                .write_batches()
+                .saturating_sub(self.write_batches.get()),
+        );
+        out.extend(self.write_batches.collect());
         out.extend(self.overruns.collect());
         out
     }

@@ -651,6 +651,14 @@ pub struct ControlConfig {
     /// (an agent with an RC lane keeps one per interval: the RC lane's credit is in it).
     /// Default 10.
     pub credit_writes_report_every_intervals: u32,
+    /// Post the credit writes of all agents due in one round together (DESIGN.md §4): the
+    /// writes that fall due within about a millisecond of each other (the sessions of one
+    /// report group tick at one instant) go to the transport in one call of at most 256
+    /// writes: on the soft transport one `sendmmsg` for up to `transport.soft.batch`
+    /// of them, on verbs one `ibv_post_send` per agent's QP. An early write (an agent out of
+    /// credit) waits at most 2 ms for its round. `false` posts each write on its own at
+    /// once (one transmit pass, one system call each). Default true.
+    pub credit_write_batching: bool,
 }
 
 impl Default for ControlConfig {
@@ -664,6 +672,7 @@ impl Default for ControlConfig {
             drain_timeout_seconds: 30.0,
             credit_writes: true,
             credit_writes_report_every_intervals: 10,
+            credit_write_batching: true,
         }
     }
 }

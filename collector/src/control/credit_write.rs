@@ -85,29 +85,63 @@ impl CreditWriter {
         }
     }
 
-    /// Posts one write of the current word with `consumed_next`. False when the QP did not
-    /// take it (its send queue full, the QP in ERROR): the next write supersedes it, so
-    /// this is counted, never retried.
-    pub(crate) fn write(&mut self, consumed_next: u64) -> bool {
+    /// Puts the current word with `consumed_next` into the next line of the source region
+    /// and returns the write that carries it, for a batch ([`super::credit_batch`]). `None`
+    /// when the source region refused the bytes (never, for a region of
+    /// [`CREDIT_SOURCE_BYTES`]).
+    pub(crate) fn prepare(&mut self, consumed_next: u64) -> Option<PendingWrite> {
         let slot = self.next;
         self.next = (self.next + 1) % SOURCE_WORDS;
         let offset = slot * STRIDE;
-        let src = &self.session.credit_src;
-        if src
+        self.session
+            .credit_src
             .write_at(offset, &self.word(consumed_next).encode())
-            .is_err()
-        {
-            return false;
-        }
+            .ok()?;
+        Some(PendingWrite {
+            session: self.session.clone(),
+            offset,
+            remote: self.remote,
+            signaled: slot % SIGNAL_EVERY == SIGNAL_EVERY - 1,
+        })
+    }
+
+    /// Posts one write of the current word with `consumed_next` on its own. False when the
+    /// QP did not take it (its send queue full, the QP in ERROR): the next write supersedes
+    /// it, so this is counted, never retried.
+    pub(crate) fn write(&mut self, consumed_next: u64) -> bool {
+        self.prepare(consumed_next)
+            .is_some_and(|w| w.session.qp.post_send(&[w.wr()]).is_ok())
+    }
+}
+
+/// One credit write whose word is in its source line, not yet posted.
+#[derive(Debug)]
+pub(crate) struct PendingWrite {
+    /// The connection (its QP and source region).
+    pub(crate) session: Arc<Session>,
+    /// Where the word lies in `session.credit_src`.
+    offset: usize,
+    /// The agent's region.
+    remote: CreditMr,
+    /// `IBV_SEND_SIGNALED` ([`SIGNAL_EVERY`]).
+    signaled: bool,
+}
+
+impl PendingWrite {
+    /// The RDMA WRITE of the word into the agent's region (IBTA §9.4.3).
+    pub(crate) fn wr(&self) -> SendWr<'_> {
         #[allow(clippy::cast_possible_truncation)]
-        let sge = Sge::new(src, offset, CREDIT_WORD_BYTES as u32);
-        let wr = SendWr::write(
+        let sge = Sge::new(
+            &self.session.credit_src,
+            self.offset,
+            CREDIT_WORD_BYTES as u32,
+        );
+        SendWr::write(
             CREDIT_WRITE_WR_ID,
             Some(sge),
             self.remote.addr,
             self.remote.rkey,
         )
-        .with_signaled(slot % SIGNAL_EVERY == SIGNAL_EVERY - 1);
-        self.session.qp.post_send(&[wr]).is_ok()
+        .with_signaled(self.signaled)
     }
 }

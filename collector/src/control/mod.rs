@@ -66,6 +66,7 @@
 //! rule) are `uctel_protocol::session`'s sans-IO machines; the collector only drives them.
 
 mod cadence;
+pub(crate) mod credit_batch;
 pub(crate) mod credit_write;
 mod handshake;
 mod lane;

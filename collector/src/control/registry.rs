@@ -130,6 +130,8 @@ pub struct Registry {
     replaced_warned: Mutex<HashMap<String, Instant>>,
     /// The grid that sessions' report ticks are laid on.
     pub(super) reports: ReportClock,
+    /// The round of credit writes being gathered (batched across agents).
+    pub(super) credit_batch: Arc<super::credit_batch::CreditBatch>,
 }
 
 impl Registry {

@@ -34,6 +34,7 @@ use uctel_protocol::stream::StreamName;
 use uctel_protocol::tracker::TrackerConfig;
 use uctel_transport::api::QpEndpoint;
 
+use super::credit_batch::CreditBatch;
 use super::credit_write::CreditWriter;
 use super::handshake::{
     advertised_endpoint, agent_endpoint, agent_qp_endpoint, collector_transport, Accepted,
@@ -148,7 +149,8 @@ pub(super) async fn run_session(
             0
         },
     };
-    let (welcome, credit) = offer_credit_writes(shared, hello, &lanes, first_grant, welcome);
+    let batch = Arc::clone(&registry.credit_batch);
+    let (welcome, credit) = offer_credit_writes(shared, hello, &lanes, first_grant, welcome, batch);
     if let Err(e) = ch.send(welcome).await {
         tracing::warn!(agent = %agent, error = %e, "sending Welcome failed");
         shared.credits.leave(id);
@@ -220,13 +222,15 @@ fn session_view(id: u32, peer: SocketAddr, accepted: &Accepted, lanes: &Lanes) -
 /// Takes the agent's offer of credit writes (`Hello.credit_mr`, DESIGN.md §4) when
 /// `control.credit_writes` allows: `welcome` then says so, and the writer comes back with
 /// the number of report intervals per `Report` (1 on a connection with an RC lane, whose
-/// credit travels in the `Report`).
+/// credit travels in the `Report`). Its writes go through `batch` when
+/// `control.credit_write_batching` is on.
 fn offer_credit_writes(
     shared: &Shared,
     hello: &Hello,
     lanes: &Lanes,
     first: uctel_protocol::control::CreditGrant,
     mut welcome: Welcome,
+    batch: Arc<CreditBatch>,
 ) -> (Welcome, Option<Writes>) {
     let cfg = &shared.config.control;
     let writer = hello
@@ -247,6 +251,7 @@ fn offer_credit_writes(
     });
     let writes = Writes {
         writer,
+        batch: cfg.credit_write_batching.then_some(batch),
         report_every: every,
         ticks: 0,
     };
@@ -257,10 +262,26 @@ fn offer_credit_writes(
 #[derive(Debug)]
 struct Writes {
     writer: CreditWriter,
+    /// The collector's round of writes (`credit_batch`); `None`: each write posted alone.
+    batch: Option<Arc<CreditBatch>>,
     /// A `Report` every this many report intervals.
     report_every: u32,
     /// Report intervals since the last `Report`.
     ticks: u32,
+}
+
+impl Writes {
+    /// Writes the word with `consumed_next`: into the round (counted when it is flushed),
+    /// or posted and counted at once.
+    fn post(&mut self, consumed_next: u64, credits: &Arc<crate::credits::CreditBudget>) {
+        match &self.batch {
+            Some(batch) => match self.writer.prepare(consumed_next) {
+                Some(w) => batch.submit(w, credits),
+                None => credits.count_write(false),
+            },
+            None => credits.count_write(self.writer.write(consumed_next)),
+        }
+    }
 }
 
 /// Heartbeat and report periods from the configuration (defaults when out of range).
@@ -622,8 +643,7 @@ impl Driver<'_> {
         };
         if let Some(w) = self.credit.as_mut() {
             w.writer.grant(report.credit_grant);
-            let posted = w.writer.write(consumed_next);
-            self.shared.credits.count_write(posted);
+            w.post(consumed_next, &self.shared.credits);
         }
         if let Flow::End(e) = self.send(report, "a report").await {
             return Flow::End(e);
@@ -661,8 +681,7 @@ impl Driver<'_> {
             Early::Yes => self.shared.credits.grant_early(id, consumed_next),
         };
         w.writer.grant(grant);
-        let posted = w.writer.write(consumed_next);
-        self.shared.credits.count_write(posted);
+        w.post(consumed_next, &self.shared.credits);
     }
 
     /// Ends the session (`ending`: the collector's reason, if it ended it): sends its

@@ -14,6 +14,7 @@ mod adversarial_http;
 mod adversarial_udp;
 mod binary;
 mod config_files;
+mod credit_batch;
 mod descriptor_queue;
 mod http_endpoints;
 mod logsink_disk_full;

@@ -69,7 +69,7 @@
 //! mr.rs       MemoryRegion + MrOps
 //! wr.rs       Sge, SendWr / SendOpcode, RecvWr, WorkCompletion / WcStatus / WcOpcode
 //! cq.rs       CompletionQueue + CqOps, CompletionChannel + CompChannelOps
-//! qp.rs       QueuePair + QpOps, QpInitAttr
+//! qp.rs       QueuePair + QpOps, QpInitAttr, post_send_batch
 //! pd.rs       ProtectionDomain + PdOps
 //! context.rs  Device + DeviceOps
 //! ```
@@ -99,7 +99,7 @@ pub use error::{
 pub use event::{AsyncEvent, QpErrorCause};
 pub use mr::MemoryRegion;
 pub use pd::ProtectionDomain;
-pub use qp::{QpInitAttr, QpType, QueuePair, RcAttr};
+pub use qp::{post_send_batch, QpInitAttr, QpSendList, QpType, QueuePair, RcAttr};
 pub use srq::SharedReceiveQueue;
 pub use stats::{DeviceStats, DropCounters, QpStats, RcCounters, UcDropReason};
 pub use types::{

@@ -1,6 +1,6 @@
 //! [`QueuePair`] (`struct ibv_qp`, UC or RC), its creation attributes [`QpInitAttr`] with
-//! the transport service [`QpType`] and the RC knobs [`RcAttr`], and its backend trait
-//! [`QpOps`].
+//! the transport service [`QpType`] and the RC knobs [`RcAttr`], its backend trait
+//! [`QpOps`], and [`post_send_batch`]: the WR lists of many QPs handed over together.
 
 use std::fmt;
 use std::sync::Arc;
@@ -217,6 +217,48 @@ impl QueuePair {
     }
 }
 
+/// One QP's WR list in a [`post_send_batch`].
+#[derive(Clone, Copy, Debug)]
+pub struct QpSendList<'q, 'a> {
+    /// The QP the WRs are posted on.
+    pub qp: &'q QueuePair,
+    /// Its WRs, in order (one `ibv_send_wr` list, `next`-linked on verbs).
+    pub wrs: &'q [SendWr<'a>],
+}
+
+/// Posts the WR lists of many QPs as one submission where the transport can: every list is
+/// queued on its QP with [`QueuePair::post_send`]'s rules and errors, and transmission of
+/// them all starts once per device afterwards.
+///
+/// * Soft transport: the WRs of every QP of one device are queued first, then one transmit
+///   pass packetises them all and hands the datagrams to the link together: on UDP one
+///   `sendmmsg(2)` per `SoftConfig::batch` datagrams, whatever
+///   their destinations (`sendmmsg` takes a destination per message; `UDP_SEGMENT` would need
+///   one destination and is used only for runs to one peer). Posting the lists one by one
+///   costs one transmit pass, and one system call, per QP.
+/// * Verbs: a WR list belongs to one QP (IBTA §11.4.1.1, `ibv_post_send(3)`), so the batch is
+///   one `ibv_post_send` of the `next`-linked list per QP: one doorbell per QP, never one for
+///   several QPs. The gain over posting one WR at a time is the WRs of one QP sharing its
+///   doorbell.
+///
+/// Returns one result per list, in order (a refused list does not stop the others).
+pub fn post_send_batch(lists: &[QpSendList<'_, '_>]) -> Vec<Result<(), PostSendError>> {
+    let results = lists
+        .iter()
+        .map(|l| l.qp.inner.post_send_queued(l.wrs))
+        .collect();
+    // One transmit start per device: the first QP of each transmit group rings for all.
+    let mut rung: Vec<usize> = Vec::new();
+    for l in lists {
+        let group = l.qp.inner.transmit_group();
+        if group != 0 && !rung.contains(&group) {
+            rung.push(group);
+            l.qp.inner.start_transmit();
+        }
+    }
+    results
+}
+
 /// A UC or RC queue pair. See [`QueuePair`].
 pub trait QpOps: Send + Sync + fmt::Debug {
     /// See [`QueuePair::qp_num`].
@@ -233,6 +275,19 @@ pub trait QpOps: Send + Sync + fmt::Debug {
     fn modify_to_error(&self);
     /// See [`QueuePair::post_send`].
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostSendError>;
+    /// Queues `wrs` as [`QpOps::post_send`] does, but may leave their transmission to
+    /// [`QpOps::start_transmit`] ([`post_send_batch`]). The default posts at once.
+    fn post_send_queued(&self, wrs: &[SendWr<'_>]) -> Result<(), PostSendError> {
+        self.post_send(wrs)
+    }
+    /// Identifies the transmit path this QP shares with others (its device); 0 when
+    /// [`QpOps::post_send_queued`] already transmits (the default).
+    fn transmit_group(&self) -> usize {
+        0
+    }
+    /// Starts transmitting what [`QpOps::post_send_queued`] left queued on every QP of this
+    /// QP's [`QpOps::transmit_group`]. The default does nothing.
+    fn start_transmit(&self) {}
     /// See [`QueuePair::post_recv`].
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostRecvError>;
     /// See [`QueuePair::stats`].

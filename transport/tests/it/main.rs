@@ -15,6 +15,7 @@ mod idle_wake;
 mod loopback_soft;
 mod packet_pcap;
 mod packet_props;
+mod post_send_batch;
 mod rc_device;
 mod shared_srq;
 mod udp_loopback;

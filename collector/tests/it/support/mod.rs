@@ -88,6 +88,9 @@ pub struct AgentOptions {
     pub ignore_credits: bool,
     /// Stream ids to put on an RC lane (DESIGN.md §8b); empty: no RC lane.
     pub rc_streams: Vec<u32>,
+    /// Offer a credit word region at `Hello` (`Hello.credit_mr`, DESIGN.md §4): the
+    /// collector then writes the agent's credit into it ([`TestAgent::credit_word`]).
+    pub credit_mr: bool,
 }
 
 impl AgentOptions {
@@ -100,6 +103,7 @@ impl AgentOptions {
             faults: None,
             ignore_credits: false,
             rc_streams: Vec::new(),
+            credit_mr: false,
         }
     }
 }
@@ -124,6 +128,8 @@ pub struct TestAgent {
     pub reports: u64,
     /// The RC lane, when `AgentOptions::rc_streams` named streams.
     pub rc: Option<RcLaneSender>,
+    /// The credit word region offered at `Hello` (`AgentOptions::credit_mr`).
+    credit: Option<MemoryRegion>,
 }
 
 /// The test agent's RC lane: an RC QP on the agent's soft device with its own CQ, send
@@ -250,10 +256,22 @@ impl TestAgent {
                 recv_cq: &cq,
                 max_send_wr: SEND_SLOTS as u32,
                 max_recv_wr: 1,
-                access: AccessFlags::LOCAL_WRITE,
+                // The collector's credit writes need REMOTE_WRITE on the QP.
+                access: if opts.credit_mr {
+                    AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE
+                } else {
+                    AccessFlags::LOCAL_WRITE
+                },
                 max_mtu: None,
             })
             .expect("qp");
+        let credit = opts.credit_mr.then(|| {
+            pd.reg_mr(
+                wire::CREDIT_MR_BYTES as usize,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            )
+            .expect("credit mr")
+        });
         let ep: QpEndpoint = qp.local_endpoint();
         // The RC lane's QP, CQ and send buffers (its own: RC completions come with ACKs).
         let rc_parts = (!opts.rc_streams.is_empty()).then(|| {
@@ -295,6 +313,11 @@ impl TestAgent {
             capabilities: opts.capabilities.iter().map(|c| *c as i32).collect(),
             qp: Some(wire_ep(ep)),
             rc_lane,
+            credit_mr: credit.as_ref().map(|mr| wire::CreditMr {
+                addr: mr.addr(),
+                rkey: mr.rkey(),
+                length: wire::CREDIT_MR_BYTES,
+            }),
             ..Default::default()
         };
         let stream = TcpStream::connect(control).await.expect("connect control");
@@ -346,7 +369,18 @@ impl TestAgent {
             hb_seq: 0,
             reports: 0,
             rc,
+            credit,
         })
+    }
+
+    /// The credit word the collector wrote into the region offered at `Hello` (after
+    /// receiving what arrived); `None` before the first write or without the region.
+    pub fn credit_word(&self) -> Option<wire::CreditWord> {
+        let mr = self.credit.as_ref()?;
+        self.soft.progress();
+        let mut bytes = [0u8; wire::CREDIT_WORD_BYTES];
+        mr.read_at(0, &mut bytes).ok()?;
+        wire::CreditWord::decode(&bytes).filter(|w| w.generation != 0)
     }
 
     pub fn data_path(&self) -> DataPath {

@@ -289,6 +289,14 @@ impl SoftDevice {
         lock(&self.shared.link).tx.len()
     }
 
+    /// Transmit submissions so far: [`Link::send`] calls that handed over at least one
+    /// datagram (on UDP each is one `sendmmsg(2)`, or a `UDP_SEGMENT` `sendmsg` per run to one
+    /// peer, for up to [`SoftConfig::batch`] datagrams). [`crate::api::post_send_batch`] makes
+    /// one for the WRs of many QPs.
+    pub fn link_sends(&self) -> u64 {
+        self.shared.counters.link_sends.load(Ordering::Relaxed)
+    }
+
     /// Link errors (failed `send`/`recv` calls) so far.
     pub fn link_errors(&self) -> u64 {
         self.shared.counters.link_errors.load(Ordering::Relaxed)

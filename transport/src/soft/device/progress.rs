@@ -156,6 +156,9 @@ impl Shared {
                 Ok(n) => {
                     let n = n.min(ls.tx.len());
                     sent += n;
+                    if n > 0 {
+                        self.counters.link_sends.fetch_add(1, Ordering::Relaxed);
+                    }
                     self.counters
                         .packets_sent
                         .fetch_add(n as u64, Ordering::Relaxed);

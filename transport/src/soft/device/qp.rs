@@ -240,6 +240,23 @@ impl QpOps for SoftQp {
     }
 
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostSendError> {
+        let result = self.post_send_queued(wrs);
+        // Send what was posted, also when a later WR of the list was refused.
+        self.shared.kick_tx();
+        result
+    }
+
+    fn transmit_group(&self) -> usize {
+        Arc::as_ptr(&self.shared) as usize
+    }
+
+    /// One transmit pass for the WRs queued on every QP of this device: their packets go to
+    /// the link together (one `sendmmsg` per link batch on UDP).
+    fn start_transmit(&self) {
+        self.shared.kick_tx();
+    }
+
+    fn post_send_queued(&self, wrs: &[SendWr<'_>]) -> Result<(), PostSendError> {
         let qpn = self.slot.qpn;
         let fail = |posted: usize, kind: PostSendErrorKind| PostSendError { qpn, posted, kind };
         let result = (|| {
@@ -305,8 +322,6 @@ impl QpOps for SoftQp {
         // The WRs are in the send queue (the lock is released): the next scan must see them.
         self.shared.tx_hint.store(true, Ordering::Release);
         self.shared.flush_hint.store(true, Ordering::Release);
-        // Send what was posted, also when a later WR of the list was refused.
-        self.shared.kick_tx();
         result
     }
 

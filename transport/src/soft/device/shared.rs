@@ -148,6 +148,8 @@ impl fmt::Debug for LinkState {
 pub(super) struct Counters {
     pub(super) packets_received: AtomicU64,
     pub(super) packets_sent: AtomicU64,
+    /// [`crate::soft::link::Link::send`] calls that handed over at least one datagram.
+    pub(super) link_sends: AtomicU64,
     pub(super) link_errors: AtomicU64,
     pub(super) drops: Mutex<DropCounters>,
 }
