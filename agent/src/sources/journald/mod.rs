@@ -67,6 +67,10 @@
 //!
 //! # Faults
 //!
+//! journalctl never outlives the agent: it is started with `PR_SET_PDEATHSIG` (`SIGKILL`)
+//! in a process group of its own ([`crate::sources::sys::child::die_with_agent`]), so a
+//! SIGKILLed or crashed agent leaves no reader behind, and a restarted one does not find two.
+//!
 //! journalctl exiting (a missing directory, a fault) is counted
 //! (`journalctl_exited`), its stderr is logged, and it is started again one second later
 //! after the last entry read. An output line that is not an entry, or is longer than
@@ -94,6 +98,7 @@ pub use holes::SeqnumGaps;
 pub use position::Positions;
 
 use crate::sources::start_at::StartAt;
+use crate::sources::sys::child::die_with_agent;
 
 /// Longest line of journalctl output the source takes, in bytes; a longer entry is dropped
 /// and counted (`oversize`). journald itself cuts stream lines at 48 KiB (`LineMax=`).
@@ -579,7 +584,7 @@ impl JournalSource {
         let Some(cursor) = self.positions.last_read().map(str::to_owned) else {
             return Ok(());
         };
-        let out = Command::new(&self.config.journalctl)
+        let out = die_with_agent(&mut Command::new(&self.config.journalctl))
             .args(self.config.args(false))
             .arg(format!("--cursor={cursor}"))
             .arg("--lines=2")
@@ -618,7 +623,7 @@ impl JournalSource {
 
     /// The cursor of the last matching entry (`journalctl -n 1`), `None` for an empty journal.
     fn tail_cursor(&self) -> Result<Option<String>, String> {
-        let out = Command::new(&self.config.journalctl)
+        let out = die_with_agent(&mut Command::new(&self.config.journalctl))
             .args(self.config.base_args())
             .arg("--lines=1")
             .stdin(Stdio::null())
@@ -643,6 +648,7 @@ impl JournalSource {
     /// skipped only when its cursor is the saved one.
     fn spawn(&self) -> Result<Follower, String> {
         let mut cmd = Command::new(&self.config.journalctl);
+        die_with_agent(&mut cmd);
         // `--no-tail`: with `--follow` and a cursor journalctl 252 prints only 10 entries
         // of the backlog after it (its `--lines` default in follow mode), then waits.
         cmd.args(self.config.base_args())
