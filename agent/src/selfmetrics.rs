@@ -54,7 +54,9 @@
 //! `sources::scrape::ScrapeError` (`down`, `timeout`, `http_status`, `parse_error`,
 //! `body_too_large`, `sample_limit`), and one per sample of a successful scrape refused,
 //! `reason` from `sources::scrape::SampleRefusal` (`duplicate`, `timestamp_too_new`,
-//! `timestamp_too_old`). Each distinct file and reason is also logged
+//! `timestamp_too_old`); `source="kmsg"`, one per failed open or read of `/dev/kmsg`
+//! (`permission_denied`: no `CAP_SYSLOG` where `kernel.dmesg_restrict=1`, `not_found`,
+//! `read_error`). Each distinct file and reason is also logged
 //! once at `warn` ([`SelfMetrics::infiniband_file_skipped`]).
 //!
 //! `uctel_agent_fault_packets_total{action}` counts what the soft transport's fault injector
