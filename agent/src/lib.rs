@@ -31,7 +31,8 @@
 //! stream.rs      the two streams (metrics, logs) and their ids
 //! dryrun.rs      --dry-run: frames decoded to JSON lines on stdout
 //! sources/       host metrics (node_exporter names), RDMA counters, log tailer; sources/sys/
-//!                the only unsafe code (the SIOCETHTOOL ioctl, adjtimex(2), localtime_r(3))
+//!                the only unsafe code (the SIOCETHTOOL ioctl, adjtimex(2), localtime_r(3),
+//!                prctl(2) PR_SET_PDEATHSIG for the journalctl child)
 //! ```
 //!
 //! The rules live in sans-IO state machines ([`pacing`], [`credits`], [`sender::core`])

@@ -54,7 +54,9 @@
 //! `sources::scrape::ScrapeError` (`down`, `timeout`, `http_status`, `parse_error`,
 //! `body_too_large`, `sample_limit`), and one per sample of a successful scrape refused,
 //! `reason` from `sources::scrape::SampleRefusal` (`duplicate`, `timestamp_too_new`,
-//! `timestamp_too_old`). Each distinct file and reason is also logged
+//! `timestamp_too_old`); `source="kmsg"`, one per failed open or read of `/dev/kmsg`
+//! (`permission_denied`: no `CAP_SYSLOG` where `kernel.dmesg_restrict=1`, `not_found`,
+//! `read_error`). Each distinct file and reason is also logged
 //! once at `warn` ([`SelfMetrics::infiniband_file_skipped`]).
 //!
 //! `uctel_agent_fault_packets_total{action}` counts what the soft transport's fault injector
@@ -140,11 +142,17 @@ pub enum DropReason {
     /// was down), counted exactly from the gap in the kernel's sequence numbers
     /// (`sources::kmsg`; Linux `Documentation/ABI/testing/dev-kmsg`).
     KmsgOverwritten,
+    /// systemd journal entries deleted from the journal (`journalctl --vacuum-*`,
+    /// `SystemMaxUse=` and the like, rotation away) before the `journald` source read them,
+    /// while the agent was down or behind, counted exactly from the gap in the journal's
+    /// sequence numbers (the cursor's `s=` sequence id and `i=` number,
+    /// sd_journal_get_cursor(3); `sources::journald`, "Entries vacuumed unread").
+    JournalVacuumed,
 }
 
 impl DropReason {
     /// Every reason, for pre-registering zero-valued series.
-    pub const ALL: [DropReason; 9] = [
+    pub const ALL: [DropReason; 10] = [
         DropReason::NoCredit,
         DropReason::SendQueueFull,
         DropReason::Oversize,
@@ -154,6 +162,7 @@ impl DropReason {
         DropReason::TransportError,
         DropReason::Shutdown,
         DropReason::KmsgOverwritten,
+        DropReason::JournalVacuumed,
     ];
 
     /// The `reason` label value.
@@ -168,6 +177,7 @@ impl DropReason {
             DropReason::TransportError => "transport_error",
             DropReason::Shutdown => "shutdown",
             DropReason::KmsgOverwritten => "kmsg_overwritten",
+            DropReason::JournalVacuumed => "journal_vacuumed",
         }
     }
 
@@ -184,7 +194,8 @@ impl DropReason {
             DropReason::Oversize
             | DropReason::Invalid
             | DropReason::TransportError
-            | DropReason::KmsgOverwritten => false,
+            | DropReason::KmsgOverwritten
+            | DropReason::JournalVacuumed => false,
         }
     }
 
@@ -200,6 +211,7 @@ impl DropReason {
             DropReason::TransportError => 6,
             DropReason::Shutdown => 7,
             DropReason::KmsgOverwritten => 8,
+            DropReason::JournalVacuumed => 9,
         }
     }
 }
@@ -217,6 +229,7 @@ impl DropReason {
             DropReason::TransportError => control::AgentDropReason::TransportError,
             DropReason::Shutdown => control::AgentDropReason::Shutdown,
             DropReason::KmsgOverwritten => control::AgentDropReason::KmsgOverwritten,
+            DropReason::JournalVacuumed => control::AgentDropReason::JournalVacuumed,
         }
     }
 }

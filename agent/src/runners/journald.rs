@@ -16,16 +16,19 @@ use crate::stream::Stream;
 use super::{Resume, ResumeSlot};
 
 /// The `reason`s of `uctel_agent_journal_events_total`.
-const EVENTS: [&str; 4] = [
+const EVENTS: [&str; 5] = [
     "excluded",
     "message_cut",
     "journalctl_exited",
     "checkpoint_error",
+    "vacuumed_unfiltered",
 ];
 
 /// The journald source's series: `uctel_agent_journal_entries_read_total` and
 /// `uctel_agent_journal_events_total{reason}` (`excluded`, `message_cut`,
-/// `journalctl_exited`, `checkpoint_error`). Entries lost (`oversize`, `invalid`) are in
+/// `journalctl_exited`, `checkpoint_error`, `vacuumed_unfiltered`: entries of any unit
+/// vacuumed unread when journalctl-side matches are set, an upper bound on the records
+/// lost). Entries lost (`oversize`, `invalid`, `journal_vacuumed`) are in
 /// `uctel_agent_records_dropped_total{stream="logs"}`.
 #[derive(Debug, Clone)]
 pub(super) struct JournalMetrics {
@@ -49,7 +52,9 @@ impl JournalMetrics {
             Opts::new(
                 "uctel_agent_journal_events_total",
                 "journald source events: entries excluded by a filter, messages cut at \
-                 max_message_bytes, journalctl exits, failed state file writes.",
+                 max_message_bytes, journalctl exits, failed state file writes, entries of \
+                 any unit vacuumed unread with include_units/include_matches set (an upper \
+                 bound on the records lost).",
             ),
             &["reason"],
         )?;
@@ -87,6 +92,10 @@ impl JournalRunner {
                 "checkpoint_error",
                 now.checkpoint_errors - b.checkpoint_errors,
             ),
+            (
+                "vacuumed_unfiltered",
+                now.vacuumed_unfiltered - b.vacuumed_unfiltered,
+            ),
         ] {
             if d > 0 {
                 self.metrics.events.with_label_values(&[reason]).inc_by(d);
@@ -96,6 +105,11 @@ impl JournalRunner {
         if oversize > 0 {
             self.stats
                 .dropped(Stream::Logs, DropReason::Oversize, 0, oversize);
+        }
+        let vacuumed = now.vacuumed - b.vacuumed;
+        if vacuumed > 0 {
+            self.stats
+                .dropped(Stream::Logs, DropReason::JournalVacuumed, 0, vacuumed);
         }
         let invalid = now.unparsable - b.unparsable;
         if invalid > 0 {

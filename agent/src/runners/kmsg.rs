@@ -20,7 +20,10 @@ const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 
 /// [`KmsgSource`] with its counters, as a [`SettledSource`]: records overwritten are
 /// dropped as `kmsg_overwritten`, reads that are not records as `invalid`; EPIPE answers,
-/// read errors and failed state writes in `uctel_agent_kmsg_events_total{reason}`.
+/// read errors and failed state writes in `uctel_agent_kmsg_events_total{reason}`; each
+/// failed open or read also in `uctel_agent_source_errors_total{source="kmsg",reason}`
+/// (`permission_denied`: no `CAP_SYSLOG` where `kernel.dmesg_restrict=1`; `not_found`;
+/// `read_error`: any other).
 struct KmsgRunner {
     source: KmsgSource,
     stats: Arc<SelfMetrics>,
@@ -49,6 +52,18 @@ impl KmsgRunner {
                 0,
                 now.unparsable - b.unparsable,
             );
+        }
+        let denied = now.denied - b.denied;
+        let not_found = now.not_found - b.not_found;
+        let other = (now.read_errors - b.read_errors).saturating_sub(denied + not_found);
+        for (reason, d) in [
+            ("permission_denied", denied),
+            ("not_found", not_found),
+            ("read_error", other),
+        ] {
+            if d > 0 {
+                self.stats.source_errors_add("kmsg", reason, d);
+            }
         }
         for (reason, d) in [
             ("epipe", now.epipe - b.epipe),

@@ -12,7 +12,8 @@
 //!   `node/ethtool.rs`, …), and [`node::HostCollector`], the list of them.
 //! - [`sys`]: the system calls no safe crate wraps: the `SIOCETHTOOL` ioctl ([`sys::ethtool`],
 //!   for the `ethtool` collector and [`fast_counters`]) and adjtimex(2) and localtime_r(3)
-//!   ([`sys::clock`], for `time` and `timex`). The crate's only `unsafe` code.
+//!   ([`sys::clock`], for `time` and `timex`), prctl(2) `PR_SET_PDEATHSIG` for journalctl
+//!   ([`sys::child`]). The crate's only `unsafe` code.
 //! - [`fast_counters`]: a short list of counters (sysfs files, ethtool statistics) sampled
 //!   every few milliseconds, many samples of one counter per record, on a stream of their own.
 //! - [`logs`]: a log file tailer: glob paths, create- and copytruncate-rotation, truncation,

@@ -214,3 +214,37 @@ fn check_config_names_the_bad_parse_key() {
     let bad = load("{jsn: true}").unwrap_or_default();
     assert!(bad.contains("jsn"), "unknown keys are refused: {bad}");
 }
+
+/// The kernel log drop-in grants CAP_SYSLOG and nothing else (the unit's user stays
+/// unprivileged), and undoes only the hardening that hides /dev/kmsg;
+/// [`systemd_units_pass_systemd_analyze_when_available`] verifies the unit with it (systemd
+/// reads `uctel-agent.service.d/` beside the unit).
+#[test]
+fn the_kmsg_drop_in_grants_exactly_cap_syslog() {
+    let d = unit("uctel-agent.service.d/kmsg.conf");
+    let settings: Vec<&str> = d
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert_eq!(
+        settings,
+        [
+            "[Service]",
+            "ProtectKernelLogs=no",
+            "CapabilityBoundingSet=CAP_SYSLOG",
+            "AmbientCapabilities=CAP_SYSLOG",
+            "DeviceAllow=/dev/kmsg r"
+        ]
+    );
+    let u = unit("uctel-agent.service");
+    for line in [
+        "User=uctel",
+        "DynamicUser=yes",
+        "SupplementaryGroups=adm systemd-journal",
+        "AmbientCapabilities=",
+        "ProtectKernelLogs=yes",
+    ] {
+        assert!(has_line(&u, line), "the unit without the drop-in: {line}");
+    }
+}

@@ -22,6 +22,19 @@ const T0: u64 = 1_700_000_000_000_000;
 /// Writes entries `range` (message `entry <n>`, unit `u<n % 3>.service`, priority
 /// `n % 8`, unique times) into `<dir>/<file>` with systemd-journal-remote.
 fn write_entries(dir: &Path, file: &str, range: std::ops::Range<u64>) {
+    write_entries_rotating(dir, file, range, None);
+}
+
+/// As [`write_entries`], and entry `rotate_after` carries 260 fields of distinct names: the
+/// file's field hash table passes journald's fill limit (3/4 of its 333 slots), so
+/// systemd-journal-remote rotates before the next entry, as journald does: the file is
+/// archived (`remote@<seqnum id>-….journal`) and a new one continues the same sequence.
+fn write_entries_rotating(
+    dir: &Path,
+    file: &str,
+    range: std::ops::Range<u64>,
+    rotate_after: Option<u64>,
+) {
     assert!(
         Path::new(JOURNAL_REMOTE).exists(),
         "{JOURNAL_REMOTE} missing: install the Debian package systemd-journal-remote (scripts/install-deps)"
@@ -39,6 +52,13 @@ fn write_entries(dir: &Path, file: &str, range: std::ops::Range<u64>) {
             100 + n,
             n % 3
         ));
+        if rotate_after == Some(n) {
+            export.pop();
+            for k in 0..260 {
+                export.push_str(&format!("ROTATE_{k}=x\n"));
+            }
+            export.push('\n');
+        }
     }
     let mut child = Command::new(JOURNAL_REMOTE)
         .arg(format!("--output={}", dir.join(file).display()))
@@ -315,4 +335,176 @@ fn the_section_is_parsed_and_checked() {
     ] {
         assert!(e.contains(key), "{key} not in {e}");
     }
+}
+
+fn archives(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .contains('@')
+        })
+        .count()
+}
+
+/// `journalctl --directory=<dir> --vacuum-size=1`: every archived file deleted, as
+/// journald's size limits do.
+fn vacuum(dir: &Path) {
+    let out = Command::new("journalctl")
+        .arg(format!("--directory={}", dir.display()))
+        .arg("--vacuum-size=1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(archives(dir), 0, "vacuumed");
+}
+
+#[test]
+fn entries_vacuumed_while_down_are_counted_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    write_entries(dir.path(), "remote.journal", 0..5);
+    let mut s = JournalSource::new(config(dir.path(), state.path(), beginning())).unwrap();
+    assert_eq!(messages(&poll_n(&mut s, 5)), range(0..5));
+    s.settle(5);
+    s.checkpoint_settled().unwrap();
+    drop(s);
+    // Down: entries 5..12 written, the file rotated after entry 8 (same sequence id), and
+    // the archive (entries 0..=8) vacuumed: 5, 6, 7, 8 were never read.
+    write_entries_rotating(dir.path(), "remote.journal", 5..12, Some(8));
+    assert_eq!(archives(dir.path()), 1, "journal-remote rotated");
+    vacuum(dir.path());
+    let mut s = JournalSource::new(config(dir.path(), state.path(), beginning())).unwrap();
+    assert_eq!(messages(&poll_n(&mut s, 3)), range(9..12));
+    assert_eq!(s.counts().vacuumed, 4, "entries 5..=8, exactly");
+    assert_eq!(s.counts().vacuumed_unfiltered, 0);
+    // A new sequence id (the file set started afresh) is not a hole.
+    s.settle(3);
+    s.checkpoint_settled().unwrap();
+    drop(s);
+    std::fs::remove_file(dir.path().join("remote.journal")).unwrap();
+    write_entries(dir.path(), "remote.journal", 12..15);
+    let mut s = JournalSource::new(config(dir.path(), state.path(), beginning())).unwrap();
+    assert_eq!(messages(&poll_n(&mut s, 3)), range(12..15));
+    assert!(poll_for(&mut s, Duration::from_millis(300)).is_empty());
+    assert_eq!(s.counts().vacuumed, 0, "a new sequence id is not a hole");
+}
+
+#[test]
+fn vacuumed_while_down_with_journalctl_matches_is_an_upper_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let section = JournaldSection {
+        include_units: vec!["u2".into()],
+        ..beginning()
+    };
+    write_entries(dir.path(), "remote.journal", 0..6);
+    let mut s = JournalSource::new(config(dir.path(), state.path(), section.clone())).unwrap();
+    assert_eq!(messages(&poll_n(&mut s, 2)), ["entry 2", "entry 5"]);
+    s.settle(2);
+    s.checkpoint_settled().unwrap();
+    drop(s);
+    // Down: 6..14 written, rotated after 10, vacuumed: 6..=10 gone unread (of which 8 was
+    // u2's); the stream's own jumps (entries of other units) are not holes.
+    write_entries_rotating(dir.path(), "remote.journal", 6..14, Some(10));
+    vacuum(dir.path());
+    let mut s = JournalSource::new(config(dir.path(), state.path(), section)).unwrap();
+    assert_eq!(messages(&poll_n(&mut s, 1)), ["entry 11"]);
+    assert!(poll_for(&mut s, Duration::from_millis(300)).is_empty());
+    assert_eq!(
+        s.counts().vacuumed_unfiltered,
+        5,
+        "entries 6..=10 of every unit: an upper bound of the 1 record lost"
+    );
+    assert_eq!(s.counts().vacuumed, 0, "not counted as dropped records");
+}
+
+/// The pids whose parent is `parent` and whose command is `comm` (from `/proc/<pid>/stat`:
+/// `pid (comm) state ppid …`), not counting zombies.
+fn children_named(parent: u32, comm: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let rest: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        if &stat[open + 1..close] == comm
+            && rest.first() != Some(&"Z")
+            && rest.get(1).and_then(|p| p.parse::<u32>().ok()) == Some(parent)
+        {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Whether `pid` is still a live (not zombie) process named `comm`.
+fn alive(pid: u32, comm: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.contains(&format!("({comm})")) && !s.split(')').nth(1).unwrap_or("").starts_with(" Z")
+    })
+}
+
+#[test]
+fn journalctl_never_outlives_a_sigkilled_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    write_entries(dir.path(), "remote.journal", 0..3);
+    let cfg = dir.path().join("agent.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "agent_id: pdeath\ncollector:\n  control: 127.0.0.1:1\nauth:\n  token: t\n\
+             sources:\n  state_directory: {0}/state\n  journald:\n    directory: {0}\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_uctel-agent"))
+        .arg("--config")
+        .arg(&cfg)
+        .args(["--dry-run", "--log-level", "warn"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    let mut found = Vec::new();
+    while found.is_empty() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+        found = children_named(agent.id(), "journalctl");
+    }
+    assert_eq!(found.len(), 1, "the agent's journalctl --follow child");
+    let child = found[0];
+    // journalctl 252 --follow exits by itself once it notices its stdout closed (it polls
+    // it while idle); stopped, it notices nothing, as when busy seeking a large journal or
+    // in a version without that check: only the kernel's death signal can end it then.
+    let signal = |sig: &str| {
+        Command::new("kill")
+            .args([sig, &child.to_string()])
+            .status()
+    };
+    assert!(signal("-STOP").unwrap().success());
+    agent.kill().unwrap(); // SIGKILL: no destructor runs
+    agent.wait().unwrap();
+    let until = Instant::now() + Duration::from_secs(5);
+    while alive(child, "journalctl") && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let survived = alive(child, "journalctl");
+    if survived {
+        let _ = signal("-KILL");
+    }
+    assert!(!survived, "journalctl {child} outlived the SIGKILLed agent");
 }

@@ -83,3 +83,129 @@ fn lines_written_to_dev_kmsg_arrive_with_their_level_facility_and_device() {
     let span = seqs.last().unwrap() - seqs.first().unwrap() + 1;
     assert_eq!(span, seqs.len() as u64 + s.counts().overwritten);
 }
+
+/// `kernel.dmesg_restrict` set for a test and restored after it (also when it fails).
+struct DmesgRestrict(String);
+
+const DMESG_RESTRICT: &str = "/proc/sys/kernel/dmesg_restrict";
+
+impl DmesgRestrict {
+    fn set(v: &str) -> Option<Self> {
+        let old = std::fs::read_to_string(DMESG_RESTRICT).ok()?;
+        std::fs::write(DMESG_RESTRICT, v).ok()?;
+        Some(Self(old.trim().to_owned()))
+    }
+}
+
+impl Drop for DmesgRestrict {
+    fn drop(&mut self) {
+        let _ = std::fs::write(DMESG_RESTRICT, &self.0);
+    }
+}
+
+/// The real agent binary in `--dry-run` with the kmsg source reading the whole ring, run by
+/// setpriv(1) as user and group `nobody` with `caps` (setpriv arguments), for `seconds`;
+/// returns its stdout frames and its stderr.
+fn agent_as_nobody(caps: &[&str], seconds: u64) -> (Vec<serde_json::Value>, String) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    std::os::unix::fs::chown(&state, Some(65534), Some(65534)).unwrap();
+    let cfg = dir.path().join("agent.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "agent_id: kmsg-nobody\ncollector:\n  control: 127.0.0.1:1\nauth:\n  token: t\n\
+             sources:\n  state_directory: {}\n  self_metrics:\n    interval_seconds: 0.5\n  \
+             kmsg:\n    start_at: beginning\n",
+            state.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let child = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args(caps)
+        .arg(env!("CARGO_BIN_EXE_uctel-agent"))
+        .arg("--config")
+        .arg(&cfg)
+        .args(["--dry-run", "--log-level", "warn"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(seconds));
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let out = child.wait_with_output().unwrap();
+    let frames = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    (frames, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn records(frames: &[serde_json::Value]) -> impl Iterator<Item = &serde_json::Value> {
+    frames
+        .iter()
+        .flat_map(|f| f["records"].as_array().into_iter().flatten())
+}
+
+/// The last value of `uctel_agent_source_errors_total{source="kmsg",reason}` shipped.
+fn kmsg_errors(frames: &[serde_json::Value], reason: &str) -> f64 {
+    records(frames)
+        .filter(|r| {
+            r["name"] == "uctel_agent_source_errors_total"
+                && r["labels"]["source"] == "kmsg"
+                && r["labels"]["reason"] == reason
+        })
+        .filter_map(|r| r["value"].as_f64())
+        .last()
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn a_non_root_agent_reads_kmsg_with_cap_syslog_only_and_says_when_it_lacks_it() {
+    let Ok(mut w) = std::fs::OpenOptions::new().write(true).open("/dev/kmsg") else {
+        eprintln!("SKIPPED: /dev/kmsg not writable here (needs root)");
+        return;
+    };
+    let Some(_restore) = DmesgRestrict::set("1") else {
+        eprintln!("SKIPPED: kernel.dmesg_restrict cannot be set here (needs root)");
+        return;
+    };
+    let tag = format!("uctel-kmsg-nobody-{}", std::process::id());
+    w.write_all(format!("<5>{tag} written before the agent started\n").as_bytes())
+        .unwrap();
+    // As the packaged unit's drop-in (kmsg.conf) runs it: user nobody, CAP_SYSLOG ambient.
+    let (frames, stderr) = agent_as_nobody(&["--inh-caps=+syslog", "--ambient-caps=+syslog"], 3);
+    let mine = records(&frames)
+        .filter(|r| {
+            r["source"] == "kmsg" && r["message"].as_str().is_some_and(|m| m.contains(&tag))
+        })
+        .count();
+    assert_eq!(mine, 1, "the kmsg record arrived; stderr: {stderr}");
+    assert_eq!(kmsg_errors(&frames, "permission_denied"), 0.0);
+    // Without the capability: no record, the refusal counted and named.
+    let (frames, stderr) = agent_as_nobody(&[], 3);
+    assert_eq!(
+        records(&frames).filter(|r| r["source"] == "kmsg").count(),
+        0
+    );
+    assert!(
+        kmsg_errors(&frames, "permission_denied") >= 1.0,
+        "source_errors_total{{source=\"kmsg\",reason=\"permission_denied\"}}"
+    );
+    assert!(
+        stderr.contains("CAP_SYSLOG") && stderr.contains("permission denied"),
+        "the log names the missing capability: {stderr}"
+    );
+    assert_eq!(
+        stderr.lines().filter(|l| l.contains("CAP_SYSLOG")).count(),
+        1,
+        "logged once over several retries: {stderr}"
+    );
+}

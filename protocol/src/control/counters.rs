@@ -32,11 +32,14 @@ pub enum AgentDropReason {
     /// Kernel log records overwritten in the kernel's ring buffer before the agent read
     /// them (counted from the gap in the kernel's sequence numbers).
     KmsgOverwritten = 9,
+    /// systemd journal entries deleted from the journal before the agent read them
+    /// (counted from the gap in the journal's sequence numbers).
+    JournalVacuumed = 10,
 }
 
 impl AgentDropReason {
     /// Every reason but `Unspecified`, in wire order.
-    pub const ALL: [AgentDropReason; 9] = [
+    pub const ALL: [AgentDropReason; 10] = [
         AgentDropReason::NoCredit,
         AgentDropReason::SendQueueFull,
         AgentDropReason::Oversize,
@@ -46,6 +49,7 @@ impl AgentDropReason {
         AgentDropReason::TransportError,
         AgentDropReason::Shutdown,
         AgentDropReason::KmsgOverwritten,
+        AgentDropReason::JournalVacuumed,
     ];
 
     /// The Prometheus label value, the agent's spelling: `no_credit`, `source_overflow`, …
@@ -61,6 +65,7 @@ impl AgentDropReason {
             AgentDropReason::TransportError => "transport_error",
             AgentDropReason::Shutdown => "shutdown",
             AgentDropReason::KmsgOverwritten => "kmsg_overwritten",
+            AgentDropReason::JournalVacuumed => "journal_vacuumed",
         }
     }
 }

@@ -30,7 +30,27 @@
 //! seeks by sequence number, then by boot and monotonic time, then by wall time): reading
 //! goes on with the first entry after it (journalctl is started with `--cursor`, and the
 //! entry it prints first is skipped only when it is the saved one: `--after-cursor` would
-//! skip it regardless); the entries vacuumed unread are gone.
+//! skip it regardless); the entries vacuumed unread are gone, and counted (below).
+//!
+//! # Entries vacuumed unread
+//!
+//! Entries deleted from the journal before the source read them (`journalctl --vacuum-*`,
+//! journald's `SystemMaxUse=`/`MaxFileSec=`, while the agent was down or behind) are found
+//! from the gaps in the journal's sequence numbers ([`SeqnumGaps`]: the cursor's `s=`
+//! sequence id and `i=` number, which systemd 252 prints where systemd ≥ 254 also prints
+//! `__SEQNUM`/`__SEQNUM_ID`). Without `include_units`/`include_matches` journalctl prints
+//! every entry still in the journal, so each gap within one sequence id is exactly the
+//! entries deleted unread: counted as dropped
+//! (`uctel_agent_records_dropped_total{stream="logs",reason="journal_vacuumed"}`) and logged
+//! once. A new sequence id (another journal file set or machine) is not a hole. With
+//! journalctl-side matches the stream skips every entry that does not match, so the hole
+//! is looked for only when journalctl starts (agent start, journalctl restart): one
+//! `journalctl --cursor=<last read> --lines=2` without matches finds the next entry of the
+//! whole journal; the entries missing before it, of any unit, are counted in
+//! `uctel_agent_journal_events_total{reason="vacuumed_unfiltered"}`, an upper bound on the
+//! records lost (which of them would have matched is gone with them). Both need the
+//! agent's user to read the whole journal (root or group `systemd-journal`): journalctl
+//! skips the files it cannot open, and their entries would read as holes.
 //!
 //! The first run (no state file) starts at `start_at`: `end` (default) takes the cursor of
 //! the journal's last matching entry (`journalctl -n 1`) and reads what comes after it,
@@ -47,12 +67,17 @@
 //!
 //! # Faults
 //!
+//! journalctl never outlives the agent: it is started with `PR_SET_PDEATHSIG` (`SIGKILL`)
+//! in a process group of its own ([`crate::sources::sys::child::die_with_agent`]), so a
+//! SIGKILLed or crashed agent leaves no reader behind, and a restarted one does not find two.
+//!
 //! journalctl exiting (a missing directory, a fault) is counted
 //! (`journalctl_exited`), its stderr is logged, and it is started again one second later
 //! after the last entry read. An output line that is not an entry, or is longer than
 //! [`MAX_ENTRY_LINE_BYTES`], is an entry lost: counted as dropped (`invalid`, `oversize`).
 
 mod entry;
+mod holes;
 mod position;
 
 use std::collections::BTreeMap;
@@ -69,9 +94,11 @@ pub use entry::{
     cursor_seqnum, cut, excluded, parse, priority_severity, sequence_file_id, to_record, unit_name,
     Entry, EntryError, MAX_FIELD_VALUE_BYTES, SHIPPED_FIELDS, SOURCE,
 };
+pub use holes::SeqnumGaps;
 pub use position::Positions;
 
 use crate::sources::start_at::StartAt;
+use crate::sources::sys::child::die_with_agent;
 
 /// Longest line of journalctl output the source takes, in bytes; a longer entry is dropped
 /// and counted (`oversize`). journald itself cuts stream lines at 48 KiB (`LineMax=`).
@@ -205,6 +232,12 @@ impl JournalConfig {
 
     /// journalctl's arguments: the directory, the fields to print, the matches.
     fn base_args(&self) -> Vec<String> {
+        self.args(true)
+    }
+
+    /// journalctl's arguments: the directory, the fields to print, and the matches when
+    /// `matches`.
+    fn args(&self, matches: bool) -> Vec<String> {
         let mut args = Vec::new();
         if let Some(d) = &self.directory {
             args.push(format!("--directory={}", d.display()));
@@ -221,7 +254,9 @@ impl JournalConfig {
             "--quiet".to_owned(),
             format!("--output-fields={}", fields.join(",")),
         ]);
-        args.extend(self.matches.iter().cloned());
+        if matches {
+            args.extend(self.matches.iter().cloned());
+        }
         args
     }
 }
@@ -245,6 +280,15 @@ pub struct JournalCounts {
     pub journalctl_exited: u64,
     /// Failed writes of the state file.
     pub checkpoint_errors: u64,
+    /// Entries deleted from the journal (vacuum, rotation away) before they were read,
+    /// counted exactly from the gaps in their sequence numbers (module documentation,
+    /// "Entries vacuumed unread"); only without journalctl-side matches (dropped,
+    /// `journal_vacuumed`).
+    pub vacuumed: u64,
+    /// With `include_units`/`include_matches`: entries of the whole journal, matching or
+    /// not, deleted before they were read, found when journalctl starts: an upper bound on
+    /// the records lost (not dropped records: how many would have matched is unknowable).
+    pub vacuumed_unfiltered: u64,
 }
 
 /// One line of journalctl's output, or the mark of a line too long.
@@ -286,6 +330,10 @@ pub struct JournalSource {
     failing: bool,
     saved: Option<Option<String>>,
     counts: JournalCounts,
+    /// The last sequence number read per sequence id (entries vacuumed unread).
+    gaps: SeqnumGaps,
+    /// A vacuum hole was logged (once at `warn`, later ones at `debug`).
+    hole_logged: bool,
 }
 
 /// [`JournalSource::new`] failed.
@@ -324,6 +372,8 @@ impl JournalSource {
         let had_state = saved.is_some();
         let started = saved.is_some() || config.start_at == StartAt::Beginning;
         let positions = Positions::new(saved.clone().flatten());
+        let mut gaps = SeqnumGaps::default();
+        gaps.reset(positions.last_read());
         Ok(Self {
             config,
             positions,
@@ -334,6 +384,8 @@ impl JournalSource {
             failing: false,
             saved,
             counts: JournalCounts::default(),
+            gaps,
+            hole_logged: false,
         })
     }
 
@@ -477,6 +529,15 @@ impl JournalSource {
                 return false;
             }
         };
+        let gap = self.gaps.read(&entry.cursor);
+        if gap > 0 && self.config.matches.is_empty() {
+            self.counts.vacuumed += gap;
+            self.hole(
+                gap,
+                &entry.cursor,
+                "uctel_agent_records_dropped_total{stream=\"logs\",reason=\"journal_vacuumed\"}",
+            );
+        }
         if skip == Some(entry.cursor.as_str()) {
             return false;
         }
@@ -504,6 +565,7 @@ impl JournalSource {
             match self.tail_cursor() {
                 Ok(c) => {
                     self.positions = Positions::new(c);
+                    self.gaps.reset(self.positions.last_read());
                     self.started = true;
                 }
                 Err(e) => {
@@ -518,6 +580,11 @@ impl JournalSource {
                 tracing::warn!(error = %e, "journald: cannot write the state file");
             }
         }
+        if !self.config.matches.is_empty() {
+            if let Err(e) = self.probe_hole() {
+                tracing::debug!(error = %e, "journald: cannot look for entries vacuumed unread");
+            }
+        }
         match self.spawn() {
             Ok(f) => {
                 if self.failing {
@@ -528,6 +595,49 @@ impl JournalSource {
             }
             Err(e) => self.failed(now, &e),
         }
+    }
+
+    /// `gap` entries before `cursor` were deleted unread: logged (once at `warn`).
+    fn hole(&mut self, gap: u64, cursor: &str, counted_in: &str) {
+        if self.hole_logged {
+            tracing::debug!(
+                entries = gap,
+                before = cursor,
+                counted_in,
+                "journald: entries vacuumed before they were read"
+            );
+        } else {
+            tracing::warn!(entries = gap, before = cursor, counted_in, "journald: entries were vacuumed (deleted from the journal) before they were read (logged once; every later hole only counted)");
+            self.hole_logged = true;
+        }
+    }
+
+    /// With journalctl-side matches the stream's sequence numbers jump at every entry not
+    /// matching, so the hole after the last entry read is looked for in the whole journal:
+    /// `journalctl --cursor=<last read> --lines=2` without matches prints that entry (when
+    /// it is still there) and the next one; a gap up to the next one is entries vacuumed
+    /// unread, of any unit ([`JournalCounts::vacuumed_unfiltered`]).
+    fn probe_hole(&mut self) -> Result<(), String> {
+        let Some(cursor) = self.positions.last_read().map(str::to_owned) else {
+            return Ok(());
+        };
+        let out = die_with_agent(&mut Command::new(&self.config.journalctl))
+            .args(self.config.args(false))
+            .arg(format!("--cursor={cursor}"))
+            .arg("--lines=2")
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+            .map_err(|e| format!("{}: {e}", self.config.journalctl.display()))?;
+        for line in out.stdout.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            let Ok(e) = parse(line) else { continue };
+            let gap = self.gaps.read(&e.cursor);
+            if gap > 0 {
+                self.counts.vacuumed_unfiltered += gap;
+                self.hole(gap, &e.cursor, "uctel_agent_journal_events_total{reason=\"vacuumed_unfiltered\"} (entries of any unit: an upper bound on the records lost)");
+            }
+        }
+        Ok(())
     }
 
     fn failed(&mut self, now: Instant, e: &str) {
@@ -550,7 +660,7 @@ impl JournalSource {
 
     /// The cursor of the last matching entry (`journalctl -n 1`), `None` for an empty journal.
     fn tail_cursor(&self) -> Result<Option<String>, String> {
-        let out = Command::new(&self.config.journalctl)
+        let out = die_with_agent(&mut Command::new(&self.config.journalctl))
             .args(self.config.base_args())
             .arg("--lines=1")
             .stdin(Stdio::null())
@@ -575,6 +685,7 @@ impl JournalSource {
     /// skipped only when its cursor is the saved one.
     fn spawn(&self) -> Result<Follower, String> {
         let mut cmd = Command::new(&self.config.journalctl);
+        die_with_agent(&mut cmd);
         // `--no-tail`: with `--follow` and a cursor journalctl 252 prints only 10 entries
         // of the backlog after it (its `--lines` default in follow mode), then waits.
         cmd.args(self.config.base_args())

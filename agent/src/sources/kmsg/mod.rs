@@ -72,8 +72,10 @@ const REOPEN_DELAY: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct KmsgSection {
-    /// The kernel log device. Default `/dev/kmsg` (readable by root and the `adm` group on
-    /// Debian with `kernel.dmesg_restrict=0`; the packaged unit grants `CAP_SYSLOG`).
+    /// The kernel log device. Default `/dev/kmsg` (readable by any user with
+    /// `kernel.dmesg_restrict=0`; with `1`, Debian's default, only with `CAP_SYSLOG`, which
+    /// the packaged unit's drop-in `kmsg.conf` grants; without it every open is counted in
+    /// `uctel_agent_source_errors_total{source="kmsg",reason="permission_denied"}`).
     #[serde(default = "default_path")]
     pub path: PathBuf,
     /// Where the very first run starts (no state file yet): `end` (default: records logged
@@ -119,8 +121,14 @@ pub struct KmsgCounts {
     pub epipe: u64,
     /// Reads that were not a record (dropped, `invalid`).
     pub unparsable: u64,
-    /// Failed opens and reads (retried after `REOPEN_DELAY`).
+    /// Failed opens and reads (retried after `REOPEN_DELAY`), every cause.
     pub read_errors: u64,
+    /// Of [`KmsgCounts::read_errors`]: refused for want of permission (`EPERM`, `EACCES`):
+    /// without `CAP_SYSLOG` where `kernel.dmesg_restrict=1`, or `/dev/kmsg` hidden by
+    /// systemd's `ProtectKernelLogs=yes`.
+    pub denied: u64,
+    /// Of [`KmsgCounts::read_errors`]: the path does not exist (`ENOENT`).
+    pub not_found: u64,
     /// Failed writes of the state file.
     pub checkpoint_errors: u64,
 }
@@ -324,7 +332,7 @@ impl KmsgSource {
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => {
-                    self.fail(&format!("read {}: {e}", self.path.display()));
+                    self.fail("read", &e);
                     return false;
                 }
             }
@@ -367,19 +375,32 @@ impl KmsgSource {
                 true
             }
             Err(e) => {
-                self.fail(&format!("open {}: {e}", self.path.display()));
+                self.fail("open", &e);
                 false
             }
         }
     }
 
-    fn fail(&mut self, e: &str) {
+    /// `op` (`open`, `read`) failed with `e`: counted by cause, logged once until it reads
+    /// again, retried after `REOPEN_DELAY`.
+    fn fail(&mut self, op: &str, e: &std::io::Error) {
         self.counts.read_errors += 1;
+        let denied = matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES));
+        if denied {
+            self.counts.denied += 1;
+        } else if e.kind() == ErrorKind::NotFound {
+            self.counts.not_found += 1;
+        }
         self.file = None;
         self.pending.clear();
         self.retry_at = Some(Instant::now() + REOPEN_DELAY);
-        if !self.failing {
-            tracing::warn!(error = %e, "kmsg: cannot read the kernel log; retried every second (logged once until it reads again)");
+        let error = format!("{op} {}: {e}", self.path.display());
+        if self.failing {
+            tracing::debug!(%error, "kmsg: cannot read the kernel log");
+        } else if denied {
+            tracing::warn!(%error, "kmsg: permission denied: reading the kernel log needs the capability CAP_SYSLOG where kernel.dmesg_restrict=1 (the packaged unit's drop-in kmsg.conf grants it: AmbientCapabilities=CAP_SYSLOG, ProtectKernelLogs=no); counted in uctel_agent_source_errors_total{{source=\"kmsg\",reason=\"permission_denied\"}}, retried every second (logged once until it reads again)");
+        } else {
+            tracing::warn!(%error, "kmsg: cannot read the kernel log; retried every second (logged once until it reads again)");
         }
         self.failing = true;
     }

@@ -7,8 +7,11 @@
 //!   [`crate::sources::fast_counters`]).
 //! - [`clock`]: the kernel clock's adjtimex(2) state and the local time zone of localtime_r(3)
 //!   (the `time` and `timex` collectors).
+//! - [`child`]: `PR_SET_PDEATHSIG` for the journald source's `journalctl` child, set between
+//!   fork and exec (prctl(2)), so it never outlives the agent.
 //!
 //! Only the agent makes these calls, so they live here rather than in `uctel-common`.
 
+pub mod child;
 pub mod clock;
 pub mod ethtool;

@@ -16,6 +16,12 @@
 //!   collector's sink lacks between the last record before the flood and the last after it
 //!   are exactly the agent's drops (`kmsg_overwritten`, and any other counted drop), and
 //!   `kmsg_overwritten` is not zero.
+//! - `journald_vacuum_while_down_counted_exactly`: the agent stops (SIGTERM) after 100
+//!   entries; while it is down systemd-journal-remote writes 100 more and rotates after the
+//!   50th (same sequence id), and `journalctl --vacuum-size=1` deletes the archive. After the
+//!   restart the 50 entries after the hole arrive once, and the 50 vacuumed unread are
+//!   counted exactly as `journal_vacuumed` by the agent and, through its heartbeats, by the
+//!   collector (`uctel_collector_agent_records_dropped_total`).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -340,5 +346,128 @@ fn kmsg_ring_overwritten_while_the_agent_is_stopped() {
         dropped + lost,
         "every sequence number missing is a counted drop (kmsg_overwritten {overwritten})"
     );
+    p.collector.stop(STOP);
+}
+
+// Row: journal entries vacuumed while the agent is down are counted exactly.
+
+/// Writes entries `range` as [`write_entries`] does, and entry `rotate_after` with 260
+/// fields of distinct names: past 3/4 of the file's 333-slot field hash table
+/// systemd-journal-remote rotates as journald does (the file archived as
+/// `remote@<seqnum id>-….journal`, the new one continuing the same sequence).
+fn write_entries_rotating(dir: &Path, range: std::ops::Range<u64>, rotate_after: u64) {
+    let before = range.start..rotate_after + 1;
+    let after = rotate_after + 1..range.end;
+    let mut export = String::new();
+    for n in before.clone() {
+        export.push_str(&format!(
+            "__REALTIME_TIMESTAMP={}\n__MONOTONIC_TIMESTAMP={}\n\
+             _BOOT_ID=0123456789abcdef0123456789abcdef\nMESSAGE=journal entry {n}\n\
+             PRIORITY=6\n_SYSTEMD_UNIT=row.service\n",
+            T0 + n * 1000,
+            1000 + n,
+        ));
+        if n == rotate_after {
+            for k in 0..260 {
+                export.push_str(&format!("ROTATE_{k}=x\n"));
+            }
+        }
+        export.push('\n');
+    }
+    for n in after {
+        export.push_str(&format!(
+            "__REALTIME_TIMESTAMP={}\n__MONOTONIC_TIMESTAMP={}\n\
+             _BOOT_ID=0123456789abcdef0123456789abcdef\nMESSAGE=journal entry {n}\n\
+             PRIORITY=6\n_SYSTEMD_UNIT=row.service\n\n",
+            T0 + n * 1000,
+            1000 + n,
+        ));
+    }
+    // One systemd-journal-remote run: it rotates between two entries it writes.
+    let mut child = Command::new(JOURNAL_REMOTE)
+        .arg(format!("--output={}", dir.join("remote.journal").display()))
+        .arg("-")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("systemd-journal-remote");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(export.as_bytes()).expect("export input");
+    drop(stdin);
+    let out = child.wait_with_output().expect("systemd-journal-remote");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn journald_vacuum_while_down_counted_exactly() {
+    let _g = exclusive();
+    let mut p = Pipeline::start();
+    let journal = p.path().join("journal");
+    std::fs::create_dir_all(&journal).expect("journal dir");
+    write_entries(&journal, 0..100);
+    let dir = journal.display().to_string();
+    let i = p.add_agent_with("jvac", 0.0, 1.0, |y| {
+        let mut j = Mapping::new();
+        j.insert("directory".into(), dir.clone().into());
+        j.insert("start_at".into(), "beginning".into());
+        y.set("sources.journald", Value::Mapping(j));
+    });
+    p.wait_flowing(1, &["jvac"], &["metrics"], UP);
+    wait_delivered(&p, "jvac", 100);
+    p.agents[i].daemon.stop(STOP);
+    // Down: 100..200 written, rotated after 149, every archive vacuumed: 100..=149 unread.
+    write_entries_rotating(&journal, 100..200, 149);
+    let vacuum = Command::new("journalctl")
+        .arg(format!("--directory={dir}"))
+        .arg("--vacuum-size=1")
+        .output()
+        .expect("journalctl --vacuum-size");
+    assert!(vacuum.status.success());
+    p.agents[i].daemon.restart();
+    let hole = 50;
+    wait_for(
+        "the entries after the hole, the hole counted",
+        UP,
+        tick(),
+        || {
+            let seen = journal_lines(&p, "jvac");
+            if let Some(n) = (150..200).find(|n| !seen.contains_key(&format!("journal entry {n}")))
+            {
+                return Err(format!("entry {n} not delivered yet"));
+            }
+            let c = p.scrape()?.count(
+                "uctel_collector_agent_records_dropped_total",
+                &[("agent", "jvac"), ("reason", "journal_vacuumed")],
+            );
+            if c == hole {
+                Ok(())
+            } else {
+                Err(format!("collector's journal_vacuumed {c}"))
+            }
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", p.agents[i].daemon.log()));
+    let agent_count = p.agents[i].scrape().expect("agent scrape").count(
+        "uctel_agent_records_dropped_total",
+        &[("stream", "logs"), ("reason", "journal_vacuumed")],
+    );
+    p.agents[i].daemon.stop(STOP);
+    let seen = journal_lines(&p, "jvac");
+    let want: Vec<String> = (0..100)
+        .chain(150..200)
+        .map(|n| format!("journal entry {n}"))
+        .collect();
+    let got: Vec<&String> = seen.keys().collect();
+    let mut want_sorted: Vec<&String> = want.iter().collect();
+    want_sorted.sort();
+    assert_eq!(got, want_sorted, "the entries not vacuumed, and only those");
+    assert!(seen.values().all(|v| v.0 == 1), "each once");
+    assert_eq!(agent_count, hole, "the agent's own count");
+    eprintln!("row=journald-vacuum-while-down hole={hole} journal_vacuumed={agent_count}");
     p.collector.stop(STOP);
 }
