@@ -3478,9 +3478,10 @@ fn dict_collector_restart_row(name: &str, stop: Signal) -> Row {
         wrong.is_empty(),
         format!("probe samples under a wrong name: {wrong:?}"),
     );
+    let malformed = c.dropped.get("malformed_payload").copied().unwrap_or(0);
     row.expect(
-        c.dropped.get("malformed_payload").copied().unwrap_or(0) == 0,
-        format!("frames dropped as malformed: {:?}", c.dropped),
+        malformed == 0,
+        format!("{malformed} frames dropped as malformed_payload"),
     );
     row.expect(
         served > 0,
@@ -3529,12 +3530,15 @@ fn series_dictionary_collector_sigkill_new_session_exact() {
 }
 
 /// [`dict_collector_restart_row`] with a graceful collector restart (SIGTERM: the
-/// collector's `Goodbye` ends the session, then it starts again): every session ended with
-/// a `Goodbye`, so the whole run is exact too.
+/// collector's `Goodbye` ends the session, then it starts again). The first session ends
+/// without the agent's `Goodbye` (`sessions_ended_total{reason="shutdown"}`), so frames
+/// the agent posted after the collector's last look are unknowable (README "Loss
+/// accounting": exact after the agent's `Goodbye`): the whole-run law is `≤`, the new
+/// session exact.
 #[test]
 fn series_dictionary_graceful_collector_restart() {
     let _g = exclusive();
     let mut row =
         dict_collector_restart_row("series-dictionary-collector-sigterm", Signal::SIGTERM);
-    row.verdict(Law::Exact);
+    row.verdict(Law::AtMost);
 }
