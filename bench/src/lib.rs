@@ -43,6 +43,7 @@ pub mod idle;
 pub mod journalcost;
 pub mod limit;
 pub mod loadgen;
+pub mod logdict;
 pub mod nodecost;
 pub mod otlpcost;
 pub mod processing;

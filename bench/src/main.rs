@@ -84,6 +84,9 @@ enum Part {
     /// The series dictionary: bytes per sample and ingest CPU per sample of a host
     /// collection, protobuf metrics frames against series-dictionary frames.
     Dict,
+    /// Bytes per log record of a realistic line mix, today's frames against the same
+    /// records with repeated per-file fields interned (would a log dictionary pay?).
+    LogDict,
 }
 
 /// Measures the uctel soft path, processing, scaling and agent cost against a recvmmsg
@@ -382,6 +385,7 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         fast_cost: None,
         align: None,
         dict_cost: None,
+        log_dict: None,
         journal_cost: None,
         tradeoff: Vec::new(),
         perftest: Perftest {
@@ -733,6 +737,21 @@ fn run(args: &Args) -> anyhow::Result<bool> {
                 report.dict_cost = Some(r);
             }
             Err(e) => report.failures.push(("dict".into(), e.to_string())),
+        }
+    }
+    if wants(Part::LogDict) {
+        eprintln!("[log-dict] a log line mix, bytes per record with and without interning");
+        match uctel_bench::logdict::measure(&uctel_bench::logdict::LogDictConfig {
+            frame_bytes: frame.len().min(1024),
+            records: 20_000,
+        }) {
+            Ok(r) => {
+                for (what, figure) in r.lines() {
+                    eprintln!("[log-dict] {what}: {figure}");
+                }
+                report.log_dict = Some(r);
+            }
+            Err(e) => report.failures.push(("log dict".into(), e)),
         }
     }
     if wants(Part::JournalCost) {

@@ -188,6 +188,8 @@ pub struct Report {
     /// The series dictionary against protobuf metrics frames (`--only dict`).
     #[serde(default)]
     pub dict_cost: Option<crate::dictcost::DictCostResult>,
+    /// Bytes per log record with and without a log dictionary (`--only log-dict`).
+    pub log_dict: Option<crate::logdict::LogDictResult>,
     /// Lines per agent CPU-second of the journald source against the file tailer's.
     pub journal_cost: Option<crate::journalcost::JournalCostResult>,
     /// The reliability trade-off: UC and RC at each injected loss rate.

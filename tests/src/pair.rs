@@ -16,6 +16,12 @@
 //! `conn_received + conn_lost + dropped_before_tracking`. Before quiescence
 //! `accepted + lost + missing + dropped_after_tracking ≤ frames sent` and
 //! `records_received + records_lost ≤ records sent`, and no record is delivered twice.
+//!
+//! With [`PairConfig::dictionary`] the metrics stream speaks the series dictionary, and the
+//! scenario may churn series ([`Op::Appear`], [`Op::Vanish`]) and restart the agent
+//! ([`Op::Restart`], a new epoch): then also at every step no frame posted references an
+//! entry the collector has not acknowledged, no frame is dropped as malformed and no sample
+//! is delivered under a series not its own ([`churn`]).
 
 use std::collections::{BTreeSet, HashSet};
 use std::io;
@@ -26,11 +32,13 @@ use uctel_agent::selfmetrics::DropReason as AgentDropReason;
 use uctel_agent::sender::core::{Poll, SenderConfig, SenderCore, Transmit, STREAMS};
 use uctel_agent::stream::Stream;
 use uctel_collector::ingest::{ConnectionIngest, Delivery, StreamLedger};
+use uctel_collector::ingest::{DictAckOutbox, FrameOutcome};
 use uctel_collector::logsink::LogContext;
 use uctel_collector::store::IngestOutcome;
+use uctel_collector::telemetry::DropReason;
 use uctel_collector::telemetry::Telemetry;
 use uctel_protocol::borrowed::MetricBatchView;
-use uctel_protocol::control::{Goodbye, GoodbyeReason, StreamFinal};
+use uctel_protocol::control::{DictAck, Goodbye, GoodbyeReason, StreamFinal};
 use uctel_protocol::frame::conn_seq_immediate;
 use uctel_protocol::limits::Limits;
 use uctel_protocol::payload::{Label, LogRecord, Metric, MetricType};
@@ -39,10 +47,11 @@ use uctel_protocol::tracker::TrackerConfig;
 
 use crate::faults::Rng;
 
+pub mod churn;
 mod words;
 pub use words::{WordLink, Words};
 
-/// The epoch of every pair.
+/// The epoch of every pair's first connection ([`Op::Restart`] counts up from it).
 pub const EPOCH: u64 = 0x5eed_0000_0001;
 
 /// Most steps of any drive loop (a step delivers, polls and advances the clock once).
@@ -66,6 +75,17 @@ pub enum Op {
     /// The collector writes the agent's credit word into its memory (with
     /// [`PairConfig::credit_words`]; nothing otherwise).
     CreditWrite,
+    /// `n` new series join the churn set ([`churn`]): from now on [`Op::Metrics`] pushes
+    /// samples of the set's series in turn.
+    Appear(u8),
+    /// The `n` oldest series of the churn set vanish (never pushed again in this epoch).
+    Vanish(u8),
+    /// The agent restarts: the epoch closes as at the end of [`Pair::run`] (laws checked
+    /// at its quiescence), then a new agent epoch connects to a new collector connection
+    /// (`set_previous_epoch`: an epoch change), with empty dictionaries on both sides and
+    /// the churn set as it was; every `DictAck` of the earlier epochs is then handed to
+    /// the new agent, and again at each [`Op::Report`] (it must ignore them).
+    Restart,
 }
 
 /// Link faults, per mille of the frames posted.
@@ -99,6 +119,11 @@ pub struct PairConfig {
     /// Credits also written into the agent's memory ([`Op::CreditWrite`]) over a reverse
     /// link with these faults; `None`: `Report`s only.
     pub credit_words: Option<LinkFaults>,
+    /// Metrics as series-dictionary frames (`kind = metrics_dict`, negotiated as at
+    /// `Hello`/`Welcome`): the collector's `DictAck`s reach the agent with each
+    /// [`Op::Report`]; every frame posted is checked against them
+    /// ([`churn::check_posted`]) and every frame must decode (none dropped as malformed).
+    pub dictionary: bool,
 }
 
 /// Why a scenario failed.
@@ -122,6 +147,9 @@ pub struct Recording {
     pub delivered: Vec<String>,
     /// Ids delivered more than once.
     pub duplicates: Vec<String>,
+    /// Churn samples delivered under a name, label, help or type not their own
+    /// ([`churn::check_sample`]).
+    pub misnamed: Vec<String>,
     seen: HashSet<String>,
 }
 
@@ -144,12 +172,13 @@ impl Delivery for Recording {
         _now: Instant,
     ) -> IngestOutcome {
         for m in batch.iter() {
-            let id = m
-                .labels
-                .iter()
-                .find(|l| l.name == "id")
-                .map_or("metrics:?", |l| l.value);
-            self.take(id.to_owned());
+            match m.labels.iter().find(|l| l.name == "id") {
+                Some(l) => self.take(l.value.to_owned()),
+                None => match churn::check_sample(&m) {
+                    Ok(id) => self.take(id),
+                    Err(e) => self.misnamed.push(e),
+                },
+            }
         }
         IngestOutcome {
             stored: batch.len() as u64,
@@ -281,7 +310,7 @@ impl Link {
     }
 }
 
-/// The figures at quiescence.
+/// The figures at quiescence, summed over the epochs of the run ([`Op::Restart`]).
 #[derive(Debug, Clone)]
 pub struct PairOutcome {
     /// Per stream (indexed by [`Stream::index`]): records pushed into the sender.
@@ -294,6 +323,52 @@ pub struct PairOutcome {
     pub link_dropped: u64,
     /// Records delivered.
     pub delivered: usize,
+    /// Agent epochs the run went through (1 + restarts).
+    pub epochs: u32,
+}
+
+impl PairOutcome {
+    fn add(&mut self, o: &PairOutcome) {
+        for s in 0..STREAMS {
+            self.pushed[s] += o.pushed[s];
+            let (a, b) = (&mut self.ledger[s], o.ledger[s]);
+            a.accepted += b.accepted;
+            a.lost += b.lost;
+            a.missing += b.missing;
+            a.late += b.late;
+            a.duplicate += b.duplicate;
+            a.dropped_after_tracking += b.dropped_after_tracking;
+            a.records_received += b.records_received;
+            a.records_lost += b.records_lost;
+            a.records_replayed += b.records_replayed;
+        }
+        self.frames_posted += o.frames_posted;
+        self.link_dropped = o.link_dropped;
+        self.delivered += o.delivered;
+        self.epochs += o.epochs;
+    }
+}
+
+/// The churn set and the dictionary's acknowledgments of the current epoch.
+#[derive(Debug, Default)]
+struct ChurnState {
+    /// Series pushed by [`Op::Metrics`], oldest first.
+    series: std::collections::VecDeque<u32>,
+    /// The next new series number.
+    next_series: u32,
+    /// Which series the next sample is of.
+    cursor: usize,
+    /// The collector's acknowledgments, with [`PairConfig::dictionary`].
+    outbox: Option<DictAckOutbox>,
+    /// The highest `known_up_to` handed to the agent in this epoch.
+    acked: u32,
+    /// Every acknowledgment of the run (the earlier epochs' are handed to the agent again at
+    /// each report).
+    old_acks: Vec<DictAck>,
+    /// Records pushed in the earlier epochs, per stream (ids stay unique over epochs).
+    base: [u64; STREAMS],
+    /// The earlier epochs' figures.
+    done: Option<PairOutcome>,
 }
 
 /// The agent's pipeline, the link and the collector's connection, on one virtual clock.
@@ -311,6 +386,69 @@ pub struct Pair {
     now: Duration,
     pushed: [u64; STREAMS],
     rng: Rng,
+    cfg: PairConfig,
+    epoch: u64,
+    churn: ChurnState,
+}
+
+type Connection = (
+    SenderCore,
+    ConnectionIngest<Recording>,
+    Option<DictAckOutbox>,
+);
+
+/// The agent's pipeline and the collector's connection of `epoch`, on the clock of `t0`.
+fn connect(cfg: &PairConfig, epoch: u64, t0: Instant) -> Result<Connection, PairError> {
+    let setup = |e: &dyn std::fmt::Display| PairError::Setup(e.to_string());
+    let limits = Limits {
+        max_frame_bytes: cfg.max_frame_bytes,
+        ..Limits::default()
+    };
+    let sender = SenderConfig {
+        limits: limits.clone(),
+        pacing: None,
+        credit_window: cfg.credit_window,
+        first_conn_seq: 0,
+        first_stream_seq: 0,
+        data_paths: [
+            DataPath::WriteWithImm,
+            DataPath::Send,
+            DataPath::WriteWithImm,
+        ],
+        flush_after: [Duration::from_millis(2); 3],
+        ready_frames: 8,
+        idle_heartbeat: Some(Duration::from_millis(5)),
+        wait_for_credit: [false, cfg.logs_wait_for_credit, false],
+        carries: [true; 3],
+    };
+    let mut core = SenderCore::new_unexported(&sender, epoch, t0).map_err(|e| setup(&e))?;
+    let telemetry = Telemetry::new().map_err(|e| setup(&e))?;
+    let mut ingest = ConnectionIngest::with_delivery(
+        "pair",
+        "pair-host",
+        epoch,
+        limits,
+        TrackerConfig {
+            reorder_window: cfg.reorder_window,
+            ..TrackerConfig::default()
+        },
+        Recording::default(),
+        telemetry.agent("pair"),
+    )
+    .map_err(|e| setup(&e))?;
+    let outbox = if cfg.dictionary {
+        if !core.use_series_dictionary() {
+            return Err(PairError::Setup(
+                "the series dictionary did not switch on".into(),
+            ));
+        }
+        let outbox = DictAckOutbox::default();
+        ingest.set_dict_acks(outbox.clone());
+        Some(outbox)
+    } else {
+        None
+    };
+    Ok((core, ingest, outbox))
 }
 
 impl Pair {
@@ -319,44 +457,8 @@ impl Pair {
     /// # Errors
     /// [`PairError::Setup`] when the pipeline or the connection cannot be built.
     pub fn new(cfg: &PairConfig) -> Result<Pair, PairError> {
-        let setup = |e: &dyn std::fmt::Display| PairError::Setup(e.to_string());
-        let limits = Limits {
-            max_frame_bytes: cfg.max_frame_bytes,
-            ..Limits::default()
-        };
-        let sender = SenderConfig {
-            limits: limits.clone(),
-            pacing: None,
-            credit_window: cfg.credit_window,
-            first_conn_seq: 0,
-            first_stream_seq: 0,
-            data_paths: [
-                DataPath::WriteWithImm,
-                DataPath::Send,
-                DataPath::WriteWithImm,
-            ],
-            flush_after: [Duration::from_millis(2); 3],
-            ready_frames: 8,
-            idle_heartbeat: Some(Duration::from_millis(5)),
-            wait_for_credit: [false, cfg.logs_wait_for_credit, false],
-            carries: [true; 3],
-        };
         let t0 = Instant::now();
-        let core = SenderCore::new_unexported(&sender, EPOCH, t0).map_err(|e| setup(&e))?;
-        let telemetry = Telemetry::new().map_err(|e| setup(&e))?;
-        let ingest = ConnectionIngest::with_delivery(
-            "pair",
-            "pair-host",
-            EPOCH,
-            limits,
-            TrackerConfig {
-                reorder_window: cfg.reorder_window,
-                ..TrackerConfig::default()
-            },
-            Recording::default(),
-            telemetry.agent("pair"),
-        )
-        .map_err(|e| setup(&e))?;
+        let (core, ingest, outbox) = connect(cfg, EPOCH, t0)?;
         Ok(Pair {
             core,
             ingest,
@@ -368,6 +470,12 @@ impl Pair {
             now: Duration::ZERO,
             pushed: [0; STREAMS],
             rng: Rng::new(cfg.seed ^ 0x600d_b1e5),
+            cfg: cfg.clone(),
+            epoch: EPOCH,
+            churn: ChurnState {
+                outbox,
+                ..ChurnState::default()
+            },
         })
     }
 
@@ -382,8 +490,15 @@ impl Pair {
     fn push_metrics(&mut self, n: u8) {
         let (now, ns) = (self.instant(), self.unix_ns());
         for _ in 0..n {
-            let i = self.pushed[Stream::Metrics.index()];
+            let i = self.churn.base[Stream::Metrics.index()] + self.pushed[Stream::Metrics.index()];
             self.pushed[Stream::Metrics.index()] += 1;
+            if !self.churn.series.is_empty() {
+                let at = self.churn.cursor % self.churn.series.len();
+                self.churn.cursor = at + 1;
+                let m = churn::churn_metric(self.churn.series[at], i);
+                self.core.push_metric(&m, now, ns);
+                continue;
+            }
             let m = Metric {
                 name: "node_pair_sample".into(),
                 help: String::new(),
@@ -404,7 +519,8 @@ impl Pair {
 
     fn push_samples(&mut self, n: u8) {
         let (now, ns) = (self.instant(), self.unix_ns());
-        let first = self.pushed[Stream::FastCounters.index()];
+        let first = self.churn.base[Stream::FastCounters.index()]
+            + self.pushed[Stream::FastCounters.index()];
         let n = u64::from(n.max(1));
         self.pushed[Stream::FastCounters.index()] += n;
         // Each sample's value is its index on the stream: the id the recording keeps.
@@ -423,7 +539,7 @@ impl Pair {
     fn push_logs(&mut self, n: u8) {
         let (now, ns) = (self.instant(), self.unix_ns());
         for _ in 0..n {
-            let i = self.pushed[Stream::Logs.index()];
+            let i = self.churn.base[Stream::Logs.index()] + self.pushed[Stream::Logs.index()];
             self.pushed[Stream::Logs.index()] += 1;
             let r = LogRecord {
                 timestamp_ns: ns,
@@ -457,6 +573,11 @@ impl Pair {
                             )));
                         }
                     }
+                    if self.cfg.dictionary {
+                        churn::check_posted(&t.bytes, self.churn.acked).map_err(|e| {
+                            PairError::Law(format!("t={:?} epoch {:#x}: {e}", self.now, self.epoch))
+                        })?;
+                    }
                     self.core.sent(&t);
                     self.link.send(&t, self.now);
                 }
@@ -476,13 +597,22 @@ impl Pair {
                 return Ok(());
             };
             let now = self.instant();
-            let _ = match f.data_path {
+            let outcome = match f.data_path {
                 DataPath::WriteWithImm => {
                     let c = self.ingest.conn_seq_for_imm(conn_seq_immediate(f.conn_seq));
                     self.ingest.on_slot(c, &f.bytes, now)
                 }
                 DataPath::Send => self.ingest.on_send(&f.bytes, now),
             };
+            if let FrameOutcome::Dropped(
+                reason @ (DropReason::MalformedFrame | DropReason::MalformedPayload),
+            ) = outcome
+            {
+                return Err(PairError::Law(format!(
+                    "t={:?} epoch {:#x}: a frame (connection sequence {}) dropped as {reason:?}",
+                    self.now, self.epoch, f.conn_seq
+                )));
+            }
             self.check_in_flight()?;
         }
         Err(PairError::Hang("the link never emptied"))
@@ -491,6 +621,67 @@ impl Pair {
     fn report(&mut self) {
         let r = self.ingest.report();
         let _ = self.core.on_report(&r);
+        // The DictAcks travel on the control channel with the report (ordered, reliable).
+        if let Some(outbox) = &self.churn.outbox {
+            let fresh = outbox.take();
+            for a in &fresh {
+                self.core.on_dict_ack(a);
+                if a.epoch == self.epoch {
+                    self.churn.acked = self.churn.acked.max(a.known_up_to);
+                }
+            }
+            self.churn.old_acks.extend(fresh);
+            // Acknowledgments of the earlier epochs keep arriving: the agent ignores them
+            // (its ids of this epoch name other series).
+            for a in &self.churn.old_acks {
+                if a.epoch != self.epoch {
+                    self.core.on_dict_ack(a);
+                }
+            }
+        }
+    }
+
+    fn appear(&mut self, n: u8) {
+        for _ in 0..n {
+            self.churn.series.push_back(self.churn.next_series);
+            self.churn.next_series += 1;
+        }
+    }
+
+    fn vanish(&mut self, n: u8) {
+        for _ in 0..n {
+            self.churn.series.pop_front();
+        }
+    }
+
+    /// The agent restarts ([`Op::Restart`]).
+    fn restart(&mut self) -> Result<(), PairError> {
+        let out = self.close_epoch()?;
+        match self.churn.done.as_mut() {
+            Some(done) => done.add(&out),
+            None => self.churn.done = Some(out),
+        }
+        for s in 0..STREAMS {
+            self.churn.base[s] += self.pushed[s];
+        }
+        self.pushed = [0; STREAMS];
+        let previous = self.epoch;
+        self.epoch += 1;
+        let (core, mut ingest, outbox) = connect(&self.cfg, self.epoch, self.t0)?;
+        ingest.set_previous_epoch(Some(previous));
+        self.core = core;
+        self.ingest = ingest;
+        self.churn.outbox = outbox;
+        self.churn.acked = 0;
+        self.words = self
+            .cfg
+            .credit_words
+            .map(|f| Words::new(self.cfg.seed, f, self.epoch, self.cfg.credit_window));
+        // Acknowledgments of the earlier epochs reach the new agent: ignored.
+        for a in &self.churn.old_acks {
+            self.core.on_dict_ack(a);
+        }
+        Ok(())
     }
 
     /// The collector writes the credit word: its consumed point as a `Report` would say it.
@@ -544,6 +735,9 @@ impl Pair {
             Op::Advance(us) => self.advance(Duration::from_micros(u64::from(us)))?,
             Op::Report => self.report(),
             Op::CreditWrite => self.credit_write(),
+            Op::Appear(n) => self.appear(n),
+            Op::Vanish(n) => self.vanish(n),
+            Op::Restart => self.restart()?,
         }
         self.transmit()?;
         self.deliver()
@@ -558,6 +752,17 @@ impl Pair {
         for op in ops {
             self.step(*op)?;
         }
+        let mut out = self.close_epoch()?;
+        if let Some(mut done) = self.churn.done.take() {
+            done.add(&out);
+            out = done;
+        }
+        Ok(out)
+    }
+
+    /// Closes the epoch as the agent does at shutdown, drains the link and checks the laws
+    /// at quiescence; the figures of this epoch.
+    fn close_epoch(&mut self) -> Result<PairOutcome, PairError> {
         // Shutdown: close every stream, send what credit allows within a virtual grace
         // (reports keep coming), then drop what is left as `shutdown`.
         self.core.finish(self.unix_ns());
@@ -685,6 +890,7 @@ impl Pair {
             frames_posted: fin.frames,
             link_dropped: self.link.dropped,
             delivered: rec.delivered.len(),
+            epochs: 1,
         })
     }
 
@@ -709,12 +915,20 @@ impl Pair {
         let Ok(i) = i.parse::<u64>() else {
             return false;
         };
-        match stream {
-            "metrics" => i < self.pushed[Stream::Metrics.index()],
-            "logs" => i < self.pushed[Stream::Logs.index()],
-            "fast_counters" => i < self.pushed[Stream::FastCounters.index()],
-            _ => false,
-        }
+        let s = match stream {
+            "metrics" => Stream::Metrics,
+            "logs" => Stream::Logs,
+            "fast_counters" => Stream::FastCounters,
+            _ => return false,
+        };
+        let base = self.churn.base[s.index()];
+        (base..base + self.pushed[s.index()]).contains(&i)
+    }
+
+    /// The highest series-dictionary acknowledgment (`known_up_to`) the agent got in the
+    /// current epoch (0 without [`PairConfig::dictionary`]).
+    pub fn dictionary_acked(&self) -> u32 {
+        self.churn.acked
     }
 
     /// The collector's ledger per stream, indexed by [`Stream::index`].
@@ -759,6 +973,12 @@ impl Pair {
             }
         }
         let rec = self.ingest.delivery();
+        if !rec.misnamed.is_empty() {
+            return Err(PairError::Law(format!(
+                "t={:?} epoch {:#x}: samples delivered under a wrong series: {:?}",
+                self.now, self.epoch, rec.misnamed
+            )));
+        }
         if !rec.duplicates.is_empty() {
             return Err(PairError::Law(format!(
                 "t={:?}: records delivered twice: {:?}",
