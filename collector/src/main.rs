@@ -175,7 +175,13 @@ fn serve(
             }
         });
         running.run_until(shutdown).await?;
-        tracing::info!("uctel-collector stopped: every session closed and accounted");
+        // A session the collector's own `Goodbye` ended is accounted up to its last look:
+        // frames the agent posted after it are unknowable (README "Loss accounting"); a
+        // drain (SIGUSR1) waits for the agents' `Goodbye`s and is exact.
+        tracing::info!(
+            "uctel-collector stopped: every session closed (exact where the agent's Goodbye \
+             arrived; drain with SIGUSR1 first for exact totals)"
+        );
         Ok(())
     })
 }
