@@ -206,6 +206,8 @@ impl Running {
                 result = Err(RunError::Task(e.to_string()));
             }
         }
+        // Endpoints a reload started or is retiring end with the shutdown too.
+        self.shared.outputs.join().await;
         let plane = self.shared.plane.clone();
         let _ = tokio::task::spawn_blocking(move || plane.stop()).await;
         // Records the worker queued after the senders stopped are counted, not lost.
@@ -395,7 +397,13 @@ fn admin(
     let Some(source) = source else {
         return Ok((admin, None, level));
     };
-    let reload = crate::reload::reloader(&shared.config, source, level.clone(), &shared.telemetry)?;
+    let reload = crate::reload::reloader(
+        &shared.config,
+        source,
+        level.clone(),
+        &shared.telemetry,
+        shared.outputs.clone(),
+    )?;
     admin = admin.reload(reload.clone());
     Ok((admin, Some(reload), level))
 }

@@ -194,6 +194,27 @@ impl Outputs {
         }
     }
 
+    /// A reload changed `outputs:` (`crate::reload`): puts the new `outputs.remote_write` in
+    /// force (`remote_write` module, `live`: unchanged endpoints untouched, removed and
+    /// changed ones drained, new ones fed from the swap on). The other outputs need a
+    /// restart (the reload refuses them before this runs). Returns one line per endpoint
+    /// that changed.
+    ///
+    /// # Errors
+    /// [`http::SetupError`]: a new endpoint could not be set up; nothing changed.
+    pub fn reconfigure(
+        &self,
+        new: &config::OutputsConfig,
+    ) -> Result<Vec<String>, http::SetupError> {
+        self.remote_write.reconfigure(&new.remote_write)
+    }
+
+    /// Waits for the tasks reloads started (call after the collector's shutdown fired,
+    /// before [`Outputs::close`]).
+    pub async fn join(&self) {
+        self.remote_write.join().await;
+    }
+
     /// The collector stops: what the asynchronous outputs still hold queued is counted as
     /// dropped with reason `shutdown` (and warned about), not lost.
     pub fn close(&self) {
