@@ -294,6 +294,7 @@ pub async fn start_with(config: Config, reload: Option<ReloadSource>) -> Result<
             credits.clone(),
         )))?;
     let shared = Shared {
+        limits: Arc::new(crate::shared::LiveLimits::new(&config)),
         credits,
         config: Arc::new(config),
         telemetry,
@@ -403,6 +404,7 @@ fn admin(
         level.clone(),
         &shared.telemetry,
         shared.outputs.clone(),
+        shared.limits.clone(),
     )?;
     admin = admin.reload(reload.clone());
     Ok((admin, Some(reload), level))

@@ -12,7 +12,9 @@ use uctel_common::reload::{ReloadFn, ReloadMetrics, Reloader};
 
 use crate::config::Config;
 use crate::outputs::Outputs;
+use crate::shared::LiveLimits;
 use crate::telemetry::{Telemetry, NAMESPACE};
+use std::sync::Arc;
 
 /// The keys (and key prefixes) a reload applies without a restart:
 ///
@@ -20,14 +22,25 @@ use crate::telemetry::{Telemetry, NAMESPACE};
 /// - `outputs.remote_write`: endpoints added, removed or changed (each sample goes to
 ///   exactly the endpoints in force when the worker accepted it; a removed or changed
 ///   endpoint drains within its grace period and counts what it could not send
-///   `reason="reload"`: `crate::outputs::remote_write` module docs, "live").
+///   `reason="reload"`: `crate::outputs::remote_write` module docs, "live");
+/// - `series_cap_per_agent`: the series store's and remote-write's bound on series per
+///   agent; a lower cap refuses new series only (counted `series_cap` as always), series
+///   already held stay until they end;
+/// - `control.max_agents`: the next connections are admitted or refused against the new
+///   value; a lower value sends no connected agent away.
 ///
 /// Everything else needs a restart, and a reload that changes it is refused whole:
 /// `listen.*` (bound sockets), `transport.*` and `ring.*` (the device and the data-plane
-/// rings), `auth.*`, `control.*`, `max_frame_bytes`, the series store's
-/// `staleness_seconds` and `series_cap_per_agent`, `metrics.*`, the reorder and dropout
-/// windows, `logs.*`, `outputs.clickhouse` and `outputs.otlp`.
-pub const LIVE_KEYS: &[&str] = &["log_level", "outputs.remote_write"];
+/// rings), `auth.*` (tokens), the rest of `control.*` (timers of running sessions),
+/// `max_frame_bytes`, `staleness_seconds`, `metrics.*`, the reorder and dropout windows,
+/// `logs.*` (the log sink's open file), `outputs.clickhouse` and `outputs.otlp` (their
+/// queues and self-metrics are built once at start).
+pub const LIVE_KEYS: &[&str] = &[
+    "log_level",
+    "outputs.remote_write",
+    "series_cap_per_agent",
+    "control.max_agents",
+];
 
 /// Where a reload reads the configuration, and where the log filter's base comes from.
 #[derive(Debug, Clone)]
@@ -39,7 +52,7 @@ pub struct ReloadSource {
 }
 
 /// The collector's reload from `source`, starting at `config`, applying the log filter to
-/// `level` and the outputs' changes to `outputs`; registers `uctel_collector_config_last_reload_*` in `telemetry`.
+/// `level`, the outputs' changes to `outputs` and the limits to `limits`; registers `uctel_collector_config_last_reload_*` in `telemetry`.
 ///
 /// # Errors
 /// A registration conflict (called twice on one registry).
@@ -49,6 +62,7 @@ pub fn reloader(
     level: LogLevel,
     telemetry: &Telemetry,
     outputs: Outputs,
+    limits: Arc<LiveLimits>,
 ) -> Result<ReloadFn, prometheus::Error> {
     let metrics = ReloadMetrics::register(telemetry.registry(), NAMESPACE)?;
     let path = source.path.clone();
@@ -65,6 +79,14 @@ pub fn reloader(
             for line in lines {
                 tracing::info!("reload: {line}");
             }
+        }
+        if old.series_cap_per_agent != new.series_cap_per_agent {
+            let cap = new.series_cap_per_agent.0;
+            outputs.store.set_cap_per_agent(cap);
+            outputs.remote_write.set_series_cap(cap);
+        }
+        if old.control.max_agents != new.control.max_agents {
+            limits.set_max_agents(new.control.max_agents);
         }
         if old.log_level != new.log_level {
             if rule.flag.is_some() {

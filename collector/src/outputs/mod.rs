@@ -20,9 +20,11 @@
 //! records_replayed` (`crate::telemetry` module docs). Each output's own sum is the place
 //! its drops add up.
 //!
-//! [`Outputs`] is the one place that lists the outputs: [`Outputs::start`] builds them once
-//! from the configuration, every connection delivers into [`Outputs::for_connection`], and
-//! [`Outputs::close`] settles what they still hold when the collector stops.
+//! [`Outputs`] is the one place that lists the outputs: [`Outputs::start`] builds them
+//! from the configuration, every connection delivers into [`Outputs::for_connection`],
+//! [`Outputs::reconfigure`] puts a reloaded `outputs.remote_write` in force (the other
+//! outputs are built once), and [`Outputs::close`] settles what they still hold when the
+//! collector stops.
 //!
 //! - [`remote_write`]: the Prometheus remote-write 1.0 client (`outputs.remote_write`).
 //! - [`clickhouse`]: log records into a ClickHouse table (`outputs.clickhouse`).

@@ -30,7 +30,7 @@
 //! The new endpoints' series tables start empty, as at a start: a series continues at the
 //! receiver (no stale marker is sent for a series that simply moves to the new endpoint).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
@@ -87,7 +87,8 @@ pub(crate) struct Context {
     /// The endpoints a scrape reads under their shard locks (`LockedCollector`).
     registered: Arc<Mutex<Vec<Arc<Shards>>>>,
     staleness: Duration,
-    series_cap_per_agent: usize,
+    /// `series_cap_per_agent`, shared by every endpoint's shards.
+    series_cap_per_agent: Arc<AtomicUsize>,
     dead_peer: Duration,
     shutdown: Shutdown,
     runtime: Option<tokio::runtime::Handle>,
@@ -122,7 +123,7 @@ impl Context {
             families: Mutex::new(None),
             registered: Arc::new(Mutex::new(Vec::new())),
             staleness,
-            series_cap_per_agent,
+            series_cap_per_agent: Arc::new(AtomicUsize::new(series_cap_per_agent)),
             dead_peer,
             shutdown,
             runtime: tokio::runtime::Handle::try_current().ok(),
@@ -192,9 +193,10 @@ impl Context {
                 c.shards as usize,
                 c.queue_capacity_samples as usize,
                 c.max_samples_per_send as usize,
-                self.series_cap_per_agent,
+                0,
                 counters,
             )
+            .with_shared_cap(self.series_cap_per_agent.clone())
             .with_dead_peer(self.dead_peer, &label),
         );
         let target = Arc::new(Target {
@@ -334,6 +336,13 @@ impl Live {
             for t in tasks {
                 let _ = t.await;
             }
+        }
+    }
+
+    /// Sets the series cap per agent of every endpoint, present and future.
+    pub(crate) fn set_series_cap(&self, cap: usize) {
+        if let Some(c) = self.context.as_ref() {
+            c.series_cap_per_agent.store(cap, Ordering::Relaxed);
         }
     }
 

@@ -158,6 +158,12 @@ impl RemoteWrite {
         self.live.reconfigure(configs)
     }
 
+    /// Sets `series_cap_per_agent` for every endpoint (a reload, `crate::reload`): a lower
+    /// cap refuses new series only.
+    pub fn set_series_cap(&self, cap: usize) {
+        self.live.set_series_cap(cap);
+    }
+
     /// The counters of endpoint `i` (tests).
     pub fn counters(&self, i: usize) -> Option<Arc<Counters>> {
         self.live
