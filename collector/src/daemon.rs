@@ -206,6 +206,8 @@ impl Running {
                 result = Err(RunError::Task(e.to_string()));
             }
         }
+        // Endpoints a reload started or is retiring end with the shutdown too.
+        self.shared.outputs.join().await;
         let plane = self.shared.plane.clone();
         let _ = tokio::task::spawn_blocking(move || plane.stop()).await;
         // Records the worker queued after the senders stopped are counted, not lost.
@@ -292,6 +294,7 @@ pub async fn start_with(config: Config, reload: Option<ReloadSource>) -> Result<
             credits.clone(),
         )))?;
     let shared = Shared {
+        limits: Arc::new(crate::shared::LiveLimits::new(&config)),
         credits,
         config: Arc::new(config),
         telemetry,
@@ -395,7 +398,14 @@ fn admin(
     let Some(source) = source else {
         return Ok((admin, None, level));
     };
-    let reload = crate::reload::reloader(&shared.config, source, level.clone(), &shared.telemetry)?;
+    let reload = crate::reload::reloader(
+        &shared.config,
+        source,
+        level.clone(),
+        &shared.telemetry,
+        shared.outputs.clone(),
+        shared.limits.clone(),
+    )?;
     admin = admin.reload(reload.clone());
     Ok((admin, Some(reload), level))
 }

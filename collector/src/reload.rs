@@ -3,8 +3,7 @@
 //! every changed key is in [`LIVE_KEYS`]; a change to any other key is refused whole, with
 //! the keys named, and the collector keeps running as it was.
 //!
-//! Live today: `log_level` (the base of the log filter, `uctel_common::logging::LogLevel`).
-//! Every other key, the outputs included, needs a restart (README "Reload").
+//! Live: see [`LIVE_KEYS`]. Every other key needs a restart (README "Reload").
 
 use std::path::PathBuf;
 
@@ -12,10 +11,36 @@ use uctel_common::logging::{BaseRule, LogLevel};
 use uctel_common::reload::{ReloadFn, ReloadMetrics, Reloader};
 
 use crate::config::Config;
+use crate::outputs::Outputs;
+use crate::shared::LiveLimits;
 use crate::telemetry::{Telemetry, NAMESPACE};
+use std::sync::Arc;
 
-/// The keys (and key prefixes) a reload applies without a restart.
-pub const LIVE_KEYS: &[&str] = &["log_level"];
+/// The keys (and key prefixes) a reload applies without a restart:
+///
+/// - `log_level`: the base of the log filter (`uctel_common::logging::LogLevel`);
+/// - `outputs.remote_write`: endpoints added, removed or changed (each sample goes to
+///   exactly the endpoints in force when the worker accepted it; a removed or changed
+///   endpoint drains within its grace period and counts what it could not send
+///   `reason="reload"`: `crate::outputs::remote_write` module docs, "live");
+/// - `series_cap_per_agent`: the series store's and remote-write's bound on series per
+///   agent; a lower cap refuses new series only (counted `series_cap` as always), series
+///   already held stay until they end;
+/// - `control.max_agents`: the next connections are admitted or refused against the new
+///   value; a lower value sends no connected agent away.
+///
+/// Everything else needs a restart, and a reload that changes it is refused whole:
+/// `listen.*` (bound sockets), `transport.*` and `ring.*` (the device and the data-plane
+/// rings), `auth.*` (tokens), the rest of `control.*` (timers of running sessions),
+/// `max_frame_bytes`, `staleness_seconds`, `metrics.*`, the reorder and dropout windows,
+/// `logs.*` (the log sink's open file), `outputs.clickhouse` and `outputs.otlp` (their
+/// queues and self-metrics are built once at start).
+pub const LIVE_KEYS: &[&str] = &[
+    "log_level",
+    "outputs.remote_write",
+    "series_cap_per_agent",
+    "control.max_agents",
+];
 
 /// Where a reload reads the configuration, and where the log filter's base comes from.
 #[derive(Debug, Clone)]
@@ -27,7 +52,7 @@ pub struct ReloadSource {
 }
 
 /// The collector's reload from `source`, starting at `config`, applying the log filter to
-/// `level`; registers `uctel_collector_config_last_reload_*` in `telemetry`.
+/// `level`, the outputs' changes to `outputs` and the limits to `limits`; registers `uctel_collector_config_last_reload_*` in `telemetry`.
 ///
 /// # Errors
 /// A registration conflict (called twice on one registry).
@@ -36,6 +61,8 @@ pub fn reloader(
     source: ReloadSource,
     level: LogLevel,
     telemetry: &Telemetry,
+    outputs: Outputs,
+    limits: Arc<LiveLimits>,
 ) -> Result<ReloadFn, prometheus::Error> {
     let metrics = ReloadMetrics::register(telemetry.registry(), NAMESPACE)?;
     let path = source.path.clone();
@@ -43,6 +70,24 @@ pub fn reloader(
         Box::new(move || crate::config::load(&path).map_err(|e| format!("{e}\n{}", e.summary())));
     let rule = source.log_rule;
     let apply = Box::new(move |old: &Config, new: &Config| {
+        // The outputs first: the one part that can fail on a valid file (a secret file
+        // that became unreadable), and then nothing has changed.
+        if old.outputs.remote_write != new.outputs.remote_write {
+            let lines = outputs
+                .reconfigure(&new.outputs)
+                .map_err(|e| e.to_string())?;
+            for line in lines {
+                tracing::info!("reload: {line}");
+            }
+        }
+        if old.series_cap_per_agent != new.series_cap_per_agent {
+            let cap = new.series_cap_per_agent.0;
+            outputs.store.set_cap_per_agent(cap);
+            outputs.remote_write.set_series_cap(cap);
+        }
+        if old.control.max_agents != new.control.max_agents {
+            limits.set_max_agents(new.control.max_agents);
+        }
         if old.log_level != new.log_level {
             if rule.flag.is_some() {
                 tracing::warn!(

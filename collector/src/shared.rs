@@ -6,6 +6,7 @@
 //! state, tokens and live sessions, stays in the control plane.)
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::config::Config;
@@ -39,4 +40,38 @@ pub struct Shared {
     pub sessions: crate::status::Board,
     /// Fires the drain (`SIGUSR1`, `POST /-/drain`); the control plane subscribes to it.
     pub drain: uctel_common::shutdown::ShutdownTrigger,
+    /// The limits a reload changes live (`crate::reload::LIVE_KEYS`).
+    pub limits: Arc<LiveLimits>,
+}
+
+/// The control plane's limits a reload changes live (`crate::reload::LIVE_KEYS`): read at
+/// each use instead of from [`Shared::config`].
+#[derive(Debug)]
+pub struct LiveLimits {
+    /// `control.max_agents`; `u64::MAX` for none.
+    max_agents: AtomicU64,
+}
+
+impl LiveLimits {
+    /// The limits of `config`.
+    pub fn new(config: &Config) -> LiveLimits {
+        let limits = LiveLimits {
+            max_agents: AtomicU64::new(u64::MAX),
+        };
+        limits.set_max_agents(config.control.max_agents);
+        limits
+    }
+
+    /// `control.max_agents` in force: with that many agents connected a new one is refused
+    /// (`crate::control` module docs). Lowering it refuses new agents only: none connected
+    /// is sent away.
+    pub fn max_agents(&self) -> Option<u32> {
+        u32::try_from(self.max_agents.load(Ordering::Relaxed)).ok()
+    }
+
+    /// Puts `max` in force for the next connections.
+    pub fn set_max_agents(&self, max: Option<u32>) {
+        self.max_agents
+            .store(max.map_or(u64::MAX, u64::from), Ordering::Relaxed);
+    }
 }

@@ -235,7 +235,8 @@ struct Inner {
 pub struct SeriesStore {
     inner: Arc<Mutex<Inner>>,
     staleness: Duration,
-    cap_per_agent: usize,
+    /// `series_cap_per_agent`, changed live by a reload ([`SeriesStore::set_cap_per_agent`]).
+    cap_per_agent: Arc<std::sync::atomic::AtomicUsize>,
     /// Expose each sample with its collection time ([`SeriesStore::with_timestamps`]).
     timestamps: bool,
 }
@@ -387,9 +388,17 @@ impl SeriesStore {
         SeriesStore {
             inner: Arc::new(Mutex::new(Inner::default())),
             staleness,
-            cap_per_agent,
+            cap_per_agent: Arc::new(std::sync::atomic::AtomicUsize::new(cap_per_agent)),
             timestamps: true,
         }
+    }
+
+    /// Sets the series cap per agent (`series_cap_per_agent`, a reload: `crate::reload`)
+    /// for every clone of the store. A lower cap refuses new series only: series already
+    /// stored stay until they end (staleness, `Goodbye`).
+    pub fn set_cap_per_agent(&self, cap: usize) {
+        self.cap_per_agent
+            .store(cap, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The same store exposing each sample with its collection time (`true`, the default:
@@ -683,7 +692,11 @@ impl SeriesStore {
             series.sample.collected(m.timestamp_ms(), frame_ms);
             return Ok(Some(bucket));
         }
-        if stored >= self.cap_per_agent {
+        if stored
+            >= self
+                .cap_per_agent
+                .load(std::sync::atomic::Ordering::Relaxed)
+        {
             return Err(SampleRejection::SeriesCap);
         }
         claim_family(families, name, kind, m.help())?;
@@ -1117,6 +1130,29 @@ mod tests {
         assert_eq!(out.stored, 1);
         // Another agent has its own cap.
         assert_eq!(s.ingest("b", "h", &[g("m3", 1.0)], now).stored, 1);
+    }
+
+    #[test]
+    fn a_cap_set_live_holds_for_every_clone_and_refuses_new_series_only() {
+        let s = SeriesStore::new(Duration::from_secs(60), 2);
+        let other = s.clone();
+        let now = Instant::now();
+        let g = |n: &str, v| metric(n, MetricType::Gauge, v, &[]);
+        assert_eq!(
+            s.ingest("a", "h", &[g("m1", 1.0), g("m2", 1.0)], now)
+                .stored,
+            2
+        );
+        other.set_cap_per_agent(3);
+        let out = s.ingest("a", "h", &[g("m3", 1.0), g("m4", 1.0)], now);
+        assert_eq!(out.stored, 1);
+        assert_eq!(out.rejected(SampleRejection::SeriesCap), 1);
+        // Lowered below what is held: the held series stay and update, no new one.
+        s.set_cap_per_agent(1);
+        let out = s.ingest("a", "h", &[g("m1", 2.0), g("m5", 1.0)], now);
+        assert_eq!(out.stored, 1);
+        assert_eq!(out.rejected(SampleRejection::SeriesCap), 1);
+        assert_eq!(s.series_count("a"), 3);
     }
 
     #[test]

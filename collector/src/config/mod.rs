@@ -101,7 +101,8 @@ pub struct Config {
     /// marks series stale after 5 minutes without samples).
     pub staleness_seconds: Seconds<300>,
     /// Most series stored per agent; samples of further series are dropped and counted
-    /// (`series_cap`). Default 100 000.
+    /// (`series_cap`). Default 100 000. A reload changes it live (a lower cap refuses new
+    /// series only).
     pub series_cap_per_agent: SeriesCap,
     /// How `/metrics` exposes the agents' series and their liveness.
     pub metrics: MetricsConfig,
@@ -633,7 +634,8 @@ pub struct ControlConfig {
     /// Time allowed from TCP accept to `Welcome`. Default 5.
     pub handshake_timeout_seconds: f64,
     /// Most agents connected at once. A further agent is refused at once with `busy`, and
-    /// an agent with a pool of collectors moves on to its next one. Default: no limit.
+    /// an agent with a pool of collectors moves on to its next one. Default: no limit. A
+    /// reload changes it live for the next connections (none connected is sent away).
     pub max_agents: Option<u32>,
     /// Longest drain (`SIGUSR1` or `POST /-/drain`): the collector refuses new agents with
     /// `draining`, tells every connected agent to move (each ends its epoch with a

@@ -28,7 +28,7 @@ use uctel_common::config::Problems;
 pub struct OutputsConfig {
     /// Prometheus remote-write 1.0 endpoints (Prometheus, Mimir, Thanos Receive, Cortex,
     /// VictoriaMetrics, Grafana Cloud), each sent every sample with the agent's timestamp.
-    /// Default none.
+    /// Default none. A reload adds, removes and changes endpoints live (README "Reload").
     pub remote_write: Vec<RemoteWriteConfig>,
     /// Every log record also into a ClickHouse table (one row per record, the JSON Lines
     /// sink's fields; create the table with `uctel-collector --print-clickhouse-schema`).

@@ -370,9 +370,8 @@ async fn answer_first(
 /// `control.max_agents` agents connected; `None` when it takes new agents.
 fn refusal_at_once(shared: &Shared, registry: &Registry, admit: Admit) -> Option<Refusal> {
     let full = shared
-        .config
-        .control
-        .max_agents
+        .limits
+        .max_agents()
         .filter(|max| registry.live() >= *max as usize);
     match (admit, full) {
         (Admit::Draining, _) => Some(Refusal::new(
@@ -406,7 +405,7 @@ async fn admitted(
     let agent = accepted.hello.agent_id.clone();
     // Checked again now that the agent is known: handshakes that passed the check at
     // accept side by side must not take the collector past `max_agents`.
-    if let Some(max) = shared.config.control.max_agents {
+    if let Some(max) = shared.limits.max_agents() {
         if registry.live() >= max as usize && !registry.is_live(&agent) {
             let r = Refusal::new(
                 RefuseReason::Busy,

@@ -20,9 +20,11 @@
 //! records_replayed` (`crate::telemetry` module docs). Each output's own sum is the place
 //! its drops add up.
 //!
-//! [`Outputs`] is the one place that lists the outputs: [`Outputs::start`] builds them once
-//! from the configuration, every connection delivers into [`Outputs::for_connection`], and
-//! [`Outputs::close`] settles what they still hold when the collector stops.
+//! [`Outputs`] is the one place that lists the outputs: [`Outputs::start`] builds them
+//! from the configuration, every connection delivers into [`Outputs::for_connection`],
+//! [`Outputs::reconfigure`] puts a reloaded `outputs.remote_write` in force (the other
+//! outputs are built once), and [`Outputs::close`] settles what they still hold when the
+//! collector stops.
 //!
 //! - [`remote_write`]: the Prometheus remote-write 1.0 client (`outputs.remote_write`).
 //! - [`clickhouse`]: log records into a ClickHouse table (`outputs.clickhouse`).
@@ -192,6 +194,27 @@ impl Outputs {
             fast: Arc::default(),
             ..self.clone()
         }
+    }
+
+    /// A reload changed `outputs:` (`crate::reload`): puts the new `outputs.remote_write` in
+    /// force (`remote_write` module, `live`: unchanged endpoints untouched, removed and
+    /// changed ones drained, new ones fed from the swap on). The other outputs need a
+    /// restart (the reload refuses them before this runs). Returns one line per endpoint
+    /// that changed.
+    ///
+    /// # Errors
+    /// [`http::SetupError`]: a new endpoint could not be set up; nothing changed.
+    pub fn reconfigure(
+        &self,
+        new: &config::OutputsConfig,
+    ) -> Result<Vec<String>, http::SetupError> {
+        self.remote_write.reconfigure(&new.remote_write)
+    }
+
+    /// Waits for the tasks reloads started (call after the collector's shutdown fired,
+    /// before [`Outputs::close`]).
+    pub async fn join(&self) {
+        self.remote_write.join().await;
     }
 
     /// The collector stops: what the asynchronous outputs still hold queued is counted as

@@ -24,5 +24,6 @@ mod packaging;
 mod rc_lane;
 mod reload;
 mod remote_write_http;
+mod remote_write_reload;
 mod shared_queues;
 mod support;

@@ -293,3 +293,75 @@ fn without_lifecycle_the_changing_endpoints_answer_403() {
     );
     assert_eq!(d.stop(), Some(0));
 }
+
+/// The outputs and limits a reload applies live (`uctel_collector::reload::LIVE_KEYS`): a
+/// remote-write endpoint added, then moved, then removed; `series_cap_per_agent` and
+/// `control.max_agents` changed; an OTLP output added is refused whole (it needs a
+/// restart), the limit beside it not applied.
+#[test]
+fn reload_applies_remote_write_and_limits_and_refuses_otlp() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.yaml");
+    let base = BASE.replace("ENABLE", "true");
+    std::fs::write(&path, &base).unwrap();
+    let d = Daemon::start(BIN, &["--config", path.to_str().unwrap()], "metrics=");
+    let m = d.metrics.clone();
+    let ok = "uctel_collector_config_last_reload_successful";
+    let rw = |port: u16| {
+        format!("outputs:\n  remote_write:\n    - url: http://127.0.0.1:{port}/api/v1/write\n")
+    };
+
+    let first = format!("{base}series_cap_per_agent: 77\n{}", rw(9));
+    std::fs::write(&path, &first).unwrap();
+    let (status, body) = request(&m, "POST", "/-/reload", "");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("applied outputs.remote_write, series_cap_per_agent"),
+        "{body}"
+    );
+    d.wait_log("remote-write http://127.0.0.1:9/api/v1/write: added", 1);
+    assert_eq!(metric(&m, ok), Some(1.0));
+    let (_, text) = request(&m, "GET", "/metrics", "");
+    assert!(
+        text.contains(
+            "uctel_collector_remote_write_shards{url=\"http://127.0.0.1:9/api/v1/write\"}"
+        ),
+        "the added endpoint's self-metrics are exported"
+    );
+
+    let moved = format!(
+        "{base}series_cap_per_agent: 77\ncontrol:\n  max_agents: 3\n{}",
+        rw(10)
+    );
+    std::fs::write(&path, &moved).unwrap();
+    let (status, body) = request(&m, "POST", "/-/reload", "");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("control.max_agents") && body.contains("outputs.remote_write"),
+        "{body}"
+    );
+    d.wait_log("remote-write http://127.0.0.1:10/api/v1/write: added", 1);
+    d.wait_log("remote-write http://127.0.0.1:9/api/v1/write: removed", 1);
+    d.wait_log("remote-write endpoint retired by a reload", 1);
+
+    // OTLP needs a restart: refused whole, the cap beside it not applied.
+    let otlp = format!(
+        "{base}series_cap_per_agent: 78\ncontrol:\n  max_agents: 3\n{}  otlp:\n    endpoint: http://127.0.0.1:11\n",
+        rw(10)
+    );
+    std::fs::write(&path, &otlp).unwrap();
+    let (status, body) = request(&m, "POST", "/-/reload", "");
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body.contains("outputs.otlp needs a restart") && !body.contains("series_cap"),
+        "{body}"
+    );
+    assert_eq!(metric(&m, ok), Some(0.0));
+
+    std::fs::write(&path, &base).unwrap();
+    let (status, body) = request(&m, "POST", "/-/reload", "");
+    assert_eq!(status, 200, "{body}");
+    d.wait_log("remote-write http://127.0.0.1:10/api/v1/write: removed", 1);
+    assert_eq!(metric(&m, ok), Some(1.0));
+    assert_eq!(d.stop(), Some(0));
+}

@@ -16,10 +16,10 @@ use uctel_protocol::payload::{encode_metric_batch, Label, Metric, MetricBatch, M
 
 /// One request as the server saw it.
 #[derive(Debug, Clone)]
-struct Seen {
+pub(crate) struct Seen {
     at: Instant,
     headers: Vec<(String, String)>,
-    body: Vec<u8>,
+    pub(crate) body: Vec<u8>,
 }
 
 impl Seen {
@@ -32,13 +32,13 @@ impl Seen {
 }
 
 /// A server answering the `script`'s responses in order (the last one repeats).
-struct Scripted {
+pub(crate) struct Scripted {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
 }
 
 impl Scripted {
-    fn start(script: Vec<&'static str>) -> Scripted {
+    pub(crate) fn start(script: Vec<&'static str>) -> Scripted {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
@@ -54,11 +54,11 @@ impl Scripted {
         Scripted { addr, seen }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}/api/v1/write", self.addr)
     }
 
-    fn seen(&self) -> Vec<Seen> {
+    pub(crate) fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
 }
@@ -130,7 +130,7 @@ fn serve(stream: TcpStream, log: &Mutex<Vec<Seen>>, script: &[&str]) {
     }
 }
 
-fn config(url: String) -> RemoteWriteConfig {
+pub(crate) fn config(url: String) -> RemoteWriteConfig {
     RemoteWriteConfig {
         url,
         shards: 1,
@@ -145,7 +145,7 @@ fn config(url: String) -> RemoteWriteConfig {
     }
 }
 
-fn batch(n: usize, ts: i64) -> Vec<u8> {
+pub(crate) fn batch(n: usize, ts: i64) -> Vec<u8> {
     encode_metric_batch(&MetricBatch {
         metrics: (0..n)
             .map(|i| Metric {

@@ -2679,13 +2679,14 @@ fn wait_logged(log: impl Fn() -> String, needle: &str, n: usize) -> bool {
 
 /// Reload under load: 3000 lines written at once, then at once `SIGHUP` to the agent with
 /// its log source changed (another poll interval: same file, tailer handed over from its
-/// checkpoint) and a second log source added, and `SIGHUP` to the collector with an output
-/// added (`outputs.remote_write`, a key that needs a restart: refused whole, its
-/// `log_level` change beside it not applied). More lines to both files after. Every line
-/// delivered exactly once, one session from start to end, the reload metrics say what
-/// happened (agent 1, collector 0).
+/// checkpoint) and a second log source added, and `SIGHUP` to the collector with a key that
+/// needs a restart changed (`staleness_seconds`, the series store's: refused whole, its
+/// `log_level` change beside it not applied; an output change is live, the row
+/// `reload_under_load_moves_remote_write_to_another_receiver`). More lines to both files
+/// after. Every line delivered exactly once, one session from start to end, the reload
+/// metrics say what happened (agent 1, collector 0).
 #[test]
-fn reload_under_load_changes_a_source_and_refuses_an_output() {
+fn reload_under_load_changes_a_source_and_refuses_a_restart_key() {
     let _g = exclusive();
     let mut row = Row::start("reload-under-load", CollectorSpec::default(), None);
     let a = row.add_agent(AgentSpec::new("a"));
@@ -2718,12 +2719,7 @@ fn reload_under_load_changes_a_source_and_refuses_an_output() {
     let collector_config = row.collector.config_path().to_path_buf();
     let original = std::fs::read_to_string(&collector_config).unwrap_or_default();
     let mut y = read_config(&collector_config);
-    let mut rw = serde_yaml::Mapping::new();
-    rw.insert("url".into(), "http://127.0.0.1:9/api/v1/write".into());
-    y.set(
-        "outputs.remote_write",
-        serde_yaml::Value::Sequence(vec![serde_yaml::Value::Mapping(rw)]),
-    );
+    y.set("staleness_seconds", 301);
     y.set("log_level", "debug");
     y.write(&collector_config);
     row.collector.signal(Signal::SIGHUP);
@@ -2732,14 +2728,14 @@ fn reload_under_load_changes_a_source_and_refuses_an_output() {
     let applied = wait_logged(agent_log, "configuration reloaded: applied sources.logs", 1);
     let refused = wait_logged(
         || row.collector.log(),
-        "outputs.remote_write needs a restart",
+        "staleness_seconds needs a restart",
         1,
     );
     row.expect(
         applied,
         "the agent applied the changed and the added log source",
     );
-    row.expect(refused, "the collector refused the added output, naming it");
+    row.expect(refused, "the collector refused the restart key, naming it");
     std::fs::write(&collector_config, original).unwrap_or_else(|e| panic!("{e}"));
 
     row.write_bursts(a, 0, 1000, GAP);
@@ -2762,7 +2758,7 @@ fn reload_under_load_changes_a_source_and_refuses_an_output() {
     let clog = row.collector.log();
     row.expect(
         !clog.contains("DEBUG"),
-        "the collector's log_level change was not applied beside the refused output",
+        "the collector's log_level change was not applied beside the refused key",
     );
     row.quiesce();
     let sessions = uctel_tests::faults::welcomed_sessions(&row.collector.log(), "a");
@@ -3648,4 +3644,156 @@ fn series_dictionary_graceful_collector_restart() {
     let mut row =
         dict_collector_restart_row("series-dictionary-collector-sigterm", Signal::SIGTERM);
     row.verdict(Law::AtMost);
+}
+
+// ---- Reload under load changes an output (issue 45 item 3, the collector's outputs). ----
+
+/// Reload under load changes an output: an agent sends lines and host metrics steadily into
+/// a collector whose `outputs.remote_write` is a real VictoriaMetrics; mid-stream the file
+/// is rewritten so that the endpoint moves to a second VictoriaMetrics, and the collector
+/// gets `SIGHUP`. The reload is applied (`config_last_reload_successful 1`), the agent's
+/// session goes on (one session, no reconnect), both receivers got samples, and across the
+/// two every sample the collector took for remote-write is held exactly once (no series and
+/// timestamp in both, or twice in one), or counted dropped or failed with its reason; each
+/// endpoint's sum rule holds. Plain VictoriaMetrics (no deduplication), so a sample sent
+/// twice would show.
+#[test]
+fn reload_under_load_moves_remote_write_to_another_receiver() {
+    let _g = exclusive();
+    let dirs: Vec<_> = (0..2)
+        .map(|_| {
+            tempfile::Builder::new()
+                .prefix("uctel-fm-vm-")
+                .tempdir()
+                .unwrap()
+        })
+        .collect();
+    let first = uctel_tests::victoria::Victoria::start(dirs[0].path());
+    let second = uctel_tests::victoria::Victoria::start(dirs[1].path());
+    let (first_url, second_url) = (first.write_url(), second.write_url());
+    let spec = CollectorSpec {
+        set: vec![(
+            "outputs.remote_write".into(),
+            remote_write(&first_url, 100_000),
+        )],
+        ..CollectorSpec::default()
+    };
+    let mut row = Row::start("reload-moves-remote-write", spec, None);
+    let a = row.add_agent(AgentSpec::new("a"));
+    row.wait_connected(1, &[a]);
+    // Host metrics every second: a few rounds before the switch and a few after.
+    let steady = |row: &mut Row| {
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_secs(3) {
+            row.write(a, 0, 100);
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    };
+    steady(&mut row);
+    row.write(a, 0, 3000);
+
+    let collector_config = row.collector.config_path().to_path_buf();
+    let mut y = read_config(&collector_config);
+    y.set("outputs.remote_write", remote_write(&second_url, 100_000));
+    y.write(&collector_config);
+    row.collector.signal(Signal::SIGHUP);
+    let applied = wait_logged(
+        || row.collector.log(),
+        "configuration reloaded: applied outputs.remote_write",
+        1,
+    );
+    row.expect(applied, "the collector applied the moved output");
+    steady(&mut row);
+    row.write_bursts(a, 0, 1000, GAP);
+    let written = row.agents[a].written();
+    row.wait_settled(a, written, SETTLE);
+    let reloaded = row
+        .scrape_collector()
+        .map(|s| s.count("uctel_collector_config_last_reload_successful", &[]))
+        .unwrap_or(9);
+    row.expect(
+        reloaded == 1,
+        format!("collector config_last_reload_successful {reloaded} (want 1)"),
+    );
+    row.quiesce();
+    let s = remote_write_drained(&mut row);
+    let selector = format!("{{agent=\"{}\"}}", row.agents[a].spec.id);
+    let mut handed = 0;
+    let mut stale = 0;
+    let mut given_up = 0;
+    let mut merged = uctel_tests::victoria::RawSeries::new();
+    for (name, vm, url) in [
+        ("first", &first, &first_url),
+        ("second", &second, &second_url),
+    ] {
+        let m = [("url", url.as_str())];
+        let count = |n: &str| s.count(&format!("uctel_collector_remote_write_{n}"), &m);
+        let (input, sent, st, dropped, failed, pending) = (
+            count("samples_in_total"),
+            count("samples_total"),
+            count("stale_markers_total"),
+            count("samples_dropped_total"),
+            count("samples_failed_total"),
+            count("samples_pending"),
+        );
+        row.expect(
+            input == sent + dropped + failed + pending,
+            format!(
+                "{name}: in {input} = sent {sent} + dropped {dropped} + failed {failed} + \
+                 pending {pending}"
+            ),
+        );
+        let want = sent - st;
+        let mut held = uctel_tests::victoria::RawSeries::new();
+        let _ = uctel_tests::wait_for(
+            "the receiver holds every sample sent",
+            Duration::from_secs(30),
+            Duration::from_millis(250),
+            || {
+                held = vm.export(&selector)?;
+                let n: u64 = held.values().map(|v| v.len() as u64).sum();
+                (n >= want).then_some(()).ok_or(format!("{n} of {want}"))
+            },
+        );
+        let n: u64 = held.values().map(|v| v.len() as u64).sum();
+        row.notes.push(format!(
+            "{name} VictoriaMetrics: in {input}, sent {sent} (stale markers {st}), dropped \
+             {dropped}, failed {failed}; it holds {n} samples"
+        ));
+        row.expect(
+            want > 0,
+            format!("{name}: received samples ({want}): the switch came mid-stream"),
+        );
+        for (series, values) in held {
+            merged.entry(series).or_default().extend(values);
+        }
+        handed += input;
+        stale += st;
+        given_up += dropped + failed;
+    }
+    for values in merged.values_mut() {
+        values.sort_by_key(|v| v.0);
+    }
+    let (held, twice) = samples_and_repeats(&merged);
+    row.notes.push(format!(
+        "both receivers: {held} samples held, {twice} repeated; collector took {handed} \
+         (stale markers {stale}), gave up {given_up}"
+    ));
+    row.expect(
+        twice == 0,
+        format!("no sample held twice across the two receivers ({twice})"),
+    );
+    row.expect(
+        held + given_up == handed - stale,
+        format!(
+            "held {held} + dropped or failed {given_up} = taken {handed} − stale markers {stale}"
+        ),
+    );
+    let reconnects = row.agent_last(a).count("uctel_agent_reconnects_total", &[]);
+    let sessions = uctel_tests::faults::welcomed_sessions(&row.collector.log(), "a");
+    row.expect(
+        sessions == 1 && reconnects == 0,
+        format!("sessions of agent a: {sessions} (want 1), reconnects {reconnects} (want 0)"),
+    );
+    row.verdict(Law::Exact);
 }

@@ -46,6 +46,9 @@ pub enum Dropped {
     /// Held when the collector stalled longer than its dead-peer time: its agents moved
     /// and another collector has written their newer samples (`stall` module docs).
     AgentMoved,
+    /// Still queued when a reload removed or changed the endpoint and its grace period
+    /// (`min(5 s, timeout_seconds)`, as at shutdown) ended (`remote_write::live` module docs).
+    Reload,
 }
 
 /// Why a request's samples were given up after sending.
@@ -55,17 +58,21 @@ pub enum Failed {
     Rejected,
     /// The collector stopped while the request was still being retried.
     Shutdown,
+    /// A reload removed or changed the endpoint while the request was still being retried,
+    /// and its grace period ended (`remote_write::live` module docs).
+    Reload,
 }
 
 impl Dropped {
     /// Every reason.
-    pub const ALL: [Dropped; 6] = [
+    pub const ALL: [Dropped; 7] = [
         Dropped::OutOfOrder,
         Dropped::Invalid,
         Dropped::QueueFull,
         Dropped::Shutdown,
         Dropped::SeriesCap,
         Dropped::AgentMoved,
+        Dropped::Reload,
     ];
 
     /// The `reason` label value.
@@ -77,19 +84,21 @@ impl Dropped {
             Dropped::Shutdown => "shutdown",
             Dropped::SeriesCap => "series_cap",
             Dropped::AgentMoved => "agent_moved",
+            Dropped::Reload => "reload",
         }
     }
 }
 
 impl Failed {
     /// Every reason.
-    pub const ALL: [Failed; 2] = [Failed::Rejected, Failed::Shutdown];
+    pub const ALL: [Failed; 3] = [Failed::Rejected, Failed::Shutdown, Failed::Reload];
 
     /// The `reason` label value.
     pub fn as_str(self) -> &'static str {
         match self {
             Failed::Rejected => "rejected",
             Failed::Shutdown => "shutdown",
+            Failed::Reload => "reload",
         }
     }
 }
@@ -248,8 +257,8 @@ pub struct Counters {
     /// `samples_in_total`.
     pub samples_in: IntCounter,
     samples: IntCounter,
-    failed: [IntCounter; 2],
-    dropped: [IntCounter; 6],
+    failed: [IntCounter; 3],
+    dropped: [IntCounter; 7],
     /// `samples_retried_total`.
     pub retried: IntCounter,
     /// `stale_markers_total`.
@@ -274,7 +283,7 @@ impl Counters {
         match reason {
             // Never queued: counted in `samples_in` without passing `pending`.
             Dropped::OutOfOrder | Dropped::Invalid | Dropped::SeriesCap => {}
-            Dropped::QueueFull | Dropped::Shutdown | Dropped::AgentMoved => {
+            Dropped::QueueFull | Dropped::Shutdown | Dropped::AgentMoved | Dropped::Reload => {
                 self.pending.sub(n as i64);
             }
         }

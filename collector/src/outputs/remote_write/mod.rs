@@ -28,6 +28,7 @@
 //! receivers shared with other writers) is split so that only the refused samples fail
 //! (`sender`).
 
+mod live;
 pub mod metrics;
 pub mod prompb;
 mod queue;
@@ -43,33 +44,32 @@ use std::time::{Duration, Instant, SystemTime};
 use uctel_common::shutdown::Shutdown;
 use uctel_protocol::borrowed::MetricBatchView;
 
+use self::live::{Endpoint, Live};
 use self::metrics::{Counters, Dropped, Failed, Families};
 use self::queue::{Scratch, Shards};
-use self::sender::Target;
 use super::config::RemoteWriteConfig;
-use super::http::{self, SetupError};
+use super::http::SetupError;
 
 /// Longest a stopping collector waits for its remote-write senders.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-/// One configured endpoint.
-#[derive(Debug)]
-struct Endpoint {
-    shards: Arc<Shards>,
-}
-
 /// The remote-write endpoints, as the worker sees them (cheap to clone: each clone has its
-/// own scratch). Empty unless configured.
+/// own scratch and its own copy of the endpoint list, refreshed when a reload changed it:
+/// `live` module docs). Empty unless configured.
 #[derive(Debug, Default)]
 pub struct RemoteWrite {
-    endpoints: Arc<[Endpoint]>,
+    live: Arc<Live>,
+    cached: Arc<[Arc<Endpoint>]>,
+    generation: u64,
     scratch: Scratch,
 }
 
 impl Clone for RemoteWrite {
     fn clone(&self) -> Self {
         RemoteWrite {
-            endpoints: self.endpoints.clone(),
+            live: self.live.clone(),
+            cached: self.cached.clone(),
+            generation: self.generation,
             scratch: Scratch::default(),
         }
     }
@@ -85,12 +85,13 @@ pub struct Started {
 }
 
 impl RemoteWrite {
-    /// True when no endpoint is configured.
+    /// True when no endpoint is configured (now: a reload may add one).
     pub fn is_empty(&self) -> bool {
-        self.endpoints.is_empty()
+        self.live.is_empty()
     }
 
-    /// Queues every sample of `batch` for every endpoint (module docs of `queue`).
+    /// Queues every sample of `batch` for every endpoint configured now (module docs of
+    /// `queue`; `live` for what "now" means across a reload).
     pub fn push(
         &mut self,
         agent: &str,
@@ -99,33 +100,77 @@ impl RemoteWrite {
         batch: &MetricBatchView<'_>,
     ) {
         let now = Instant::now();
-        for e in self.endpoints.iter() {
-            e.shards
-                .push(agent, instance, frame_ns, batch, &mut self.scratch, now);
+        let RemoteWrite {
+            live,
+            cached,
+            generation,
+            scratch,
+        } = self;
+        // Held while pushing: a reload's swap waits for it, so no sample reaches an
+        // endpoint after the swap that removed it.
+        let current = live.read();
+        if current.generation != *generation {
+            *cached = current.endpoints.clone();
+            *generation = current.generation;
         }
+        for e in cached.iter() {
+            e.shards
+                .push(agent, instance, frame_ns, batch, scratch, now);
+        }
+        drop(current);
     }
 
     /// `agent` said `Goodbye`: stale markers for all its series.
     pub fn agent_left(&self, agent: &str) {
         let now = Instant::now();
         let ms = unix_ms(SystemTime::now());
-        for e in self.endpoints.iter() {
+        let current = self.live.read();
+        for e in current.endpoints.iter() {
             e.shards.agent_left(agent, now, ms);
         }
     }
 
     /// Counts everything still queued as dropped at shutdown (call after the senders and
-    /// the data plane stopped). Returns how many samples.
+    /// the data plane stopped, and after [`RemoteWrite::join`]). Returns how many samples.
     pub fn close(&self) -> usize {
-        self.endpoints
+        self.live
+            .read()
+            .endpoints
             .iter()
             .map(|e| e.shards.drop_all(Dropped::Shutdown))
             .sum()
     }
 
+    /// Waits for the tasks reloads started (endpoints added or changed, and the retiring
+    /// of those removed or changed), once the collector's shutdown fired.
+    pub async fn join(&self) {
+        self.live.join().await;
+    }
+
+    /// Puts `configs` in force (a reload, `live` module docs): endpoints whose settings are
+    /// unchanged keep running untouched; the others are retired (they send what they hold
+    /// within their grace period, and count the rest `reload`) and new ones take every
+    /// sample from the swap on. Returns what changed, one line per endpoint.
+    ///
+    /// # Errors
+    /// [`SetupError`] as [`start`]: nothing changed.
+    pub fn reconfigure(&self, configs: &[RemoteWriteConfig]) -> Result<Vec<String>, SetupError> {
+        self.live.reconfigure(configs)
+    }
+
+    /// Sets `series_cap_per_agent` for every endpoint (a reload, `crate::reload`): a lower
+    /// cap refuses new series only.
+    pub fn set_series_cap(&self, cap: usize) {
+        self.live.set_series_cap(cap);
+    }
+
     /// The counters of endpoint `i` (tests).
-    pub fn counters(&self, i: usize) -> Option<&Arc<Counters>> {
-        self.endpoints.get(i).map(|e| e.shards.counters())
+    pub fn counters(&self, i: usize) -> Option<Arc<Counters>> {
+        self.live
+            .read()
+            .endpoints
+            .get(i)
+            .map(|e| e.shards.counters().clone())
     }
 }
 
@@ -163,7 +208,9 @@ pub fn start(
 
 /// [`start`], with the collector's dead-peer time (`control.heartbeat_interval_seconds ×
 /// control.dead_after_missed_heartbeats`): a stall of the collector longer than that drops
-/// the samples it holds of its agents (module docs; `Duration::MAX`: never).
+/// the samples it holds of its agents (module docs; `Duration::MAX`: never). The handle
+/// can be [reconfigured](RemoteWrite::reconfigure) later (must be called inside a tokio
+/// runtime: the tasks of endpoints a reload adds run on it).
 ///
 /// # Errors
 /// As [`start`].
@@ -175,107 +222,27 @@ pub fn start_with_dead_peer(
     dead_peer: Duration,
     shutdown: &Shutdown,
 ) -> Result<Started, SetupError> {
-    if configs.is_empty() {
-        return Ok(Started {
-            handle: RemoteWrite::default(),
-            tasks: Vec::new(),
-        });
-    }
-    let registration = |e: prometheus::Error| SetupError::Invalid {
-        key: "outputs.remote_write".into(),
-        message: format!("self-metrics: {e}"),
-    };
-    let families = Families::new().map_err(registration)?;
-    let registered = Arc::new(Mutex::new(Vec::new()));
-    registry
-        .register(Box::new(LockedCollector::new(
-            families.clone(),
-            registered.clone(),
-        )))
-        .map_err(registration)?;
+    let context = live::Context::new(
+        registry.clone(),
+        staleness,
+        series_cap_per_agent,
+        dead_peer,
+        shutdown.clone(),
+    );
     let mut endpoints = Vec::new();
     let mut tasks = Vec::new();
     for (i, c) in configs.iter().enumerate() {
-        let prefix = format!("outputs.remote_write[{i}]");
-        let label = http::redact(&c.url);
-        let url = reqwest::Url::parse(&c.url).map_err(|e| SetupError::Invalid {
-            key: format!("{prefix}.url"),
-            message: e.to_string(),
-        })?;
-        let mut headers = http::header_map(
-            &prefix,
-            c.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-        )?;
-        if let Some(t) = &c.tenant {
-            headers.extend(http::header_map(&prefix, [("X-Scope-OrgID", t.as_str())])?);
-        }
-        let auth = http::authorization(
-            &prefix,
-            c.basic_auth.as_ref(),
-            c.bearer_token_file.as_deref(),
-        )?;
-        let client = http::client(
-            &prefix,
-            c.timeout(),
-            &c.tls,
-            http::with_authorization(headers, auth),
-        )?;
-        let counters = Arc::new(families.endpoint(&label));
-        counters.shards.set(i64::from(c.shards));
-        let shards = Arc::new(
-            Shards::new(
-                c.shards as usize,
-                c.queue_capacity_samples as usize,
-                c.max_samples_per_send as usize,
-                series_cap_per_agent,
-                counters,
-            )
-            .with_dead_peer(dead_peer, &label),
-        );
-        let target = Arc::new(Target {
-            client,
-            url,
-            label: label.clone(),
-            deadline: c.batch_deadline(),
-            backoff: c.backoff(),
-            grace: SHUTDOWN_GRACE.min(c.timeout()),
-            log: std::sync::Mutex::default(),
-        });
-        tasks.push(tokio::spawn(crate::outputs::report::run(
-            "remote-write",
-            label.clone(),
-            "samples",
-            tally(shards.counters().clone()),
-            target.grace,
-            shutdown.clone(),
-        )));
-        for (si, shard) in shards.shards.iter().enumerate() {
-            tasks.push(tokio::spawn(sender::run(
-                target.clone(),
-                shards.clone(),
-                shard.clone(),
-                si,
-                shutdown.clone(),
-            )));
-        }
-        tasks.push(tokio::spawn(expire_loop(
-            shards.clone(),
-            staleness,
-            shutdown.clone(),
-        )));
-        if dead_peer < Duration::MAX {
-            tasks.push(tokio::spawn(stall_loop(shards.clone(), shutdown.clone())));
-        }
-        registered
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(shards.clone());
-        tracing::info!(url = %label, shards = c.shards, "remote-write output started");
-        endpoints.push(Endpoint { shards });
+        let e = context.endpoint(i, c)?;
+        tasks.extend(context.spawn(&e));
+        endpoints.push(e);
     }
+    let endpoints: Arc<[Arc<Endpoint>]> = endpoints.into();
+    let live = Arc::new(Live::new(context, endpoints.clone()));
     Ok(Started {
         handle: RemoteWrite {
-            endpoints: endpoints.into(),
+            live,
+            cached: endpoints,
+            generation: 0,
             scratch: Scratch::default(),
         },
         tasks,
@@ -380,6 +347,7 @@ fn tally(c: Arc<Counters>) -> impl Fn() -> crate::outputs::report::Tally + Send 
                 let label = match r {
                     Failed::Rejected => "rejected",
                     Failed::Shutdown => "failed at shutdown",
+                    Failed::Reload => "failed at reload",
                 };
                 (label, c.failed_count(*r))
             }))

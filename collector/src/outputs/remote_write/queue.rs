@@ -289,7 +289,7 @@ pub(crate) struct Shards {
     hasher: RandomState,
     counters: Arc<Counters>,
     /// Most series per agent (over all shards).
-    cap_per_agent: usize,
+    cap_per_agent: Arc<std::sync::atomic::AtomicUsize>,
     /// Series per agent (entries of agents with none left are removed when series end).
     per_agent: Mutex<HashMap<Box<str>, Arc<AtomicUsize>>>,
     /// The collector's own stalls (`stall` module docs).
@@ -334,11 +334,18 @@ impl Shards {
                 .collect(),
             hasher: RandomState::default(),
             counters,
-            cap_per_agent,
+            cap_per_agent: Arc::new(std::sync::atomic::AtomicUsize::new(cap_per_agent)),
             per_agent: Mutex::new(HashMap::new()),
             stall: StallWatch::new(Duration::MAX, Instant::now()),
             label: Box::from(""),
         }
+    }
+
+    /// The same shards, with the series cap per agent read from `cap` (shared by every
+    /// endpoint, changed live by a reload: `super::live`).
+    pub(crate) fn with_shared_cap(mut self, cap: Arc<std::sync::atomic::AtomicUsize>) -> Shards {
+        self.cap_per_agent = cap;
+        self
     }
 
     /// The same shards, treating a gap longer than `dead_peer` in the collector's own run
@@ -573,7 +580,9 @@ impl Shards {
                         let count = agent_count
                             .get_or_insert_with(|| self.agent_count(agent))
                             .clone();
-                        if count.load(Ordering::Relaxed) >= self.cap_per_agent {
+                        if count.load(Ordering::Relaxed)
+                            >= self.cap_per_agent.load(Ordering::Relaxed)
+                        {
                             n_series_cap += 1;
                             continue;
                         }

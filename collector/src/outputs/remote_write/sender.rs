@@ -65,9 +65,26 @@ pub(crate) struct Target {
     /// The endpoint's log limiter, shared by its shards: one line per kind every 10 s for
     /// the endpoint, not one per shard.
     pub(crate) log: std::sync::Mutex<http::LogLimiter>,
+    /// Set when a reload removed or changed the endpoint (`super::live`): what the grace
+    /// period leaves is settled `reload` instead of `shutdown`.
+    pub(crate) retired: std::sync::atomic::AtomicBool,
 }
 
 impl Target {
+    /// Whether a reload retired the endpoint.
+    pub(crate) fn is_retired(&self) -> bool {
+        self.retired.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The reason what the grace period leaves is settled with: `reload` or `shutdown`.
+    fn end_reason(&self) -> &'static str {
+        if self.is_retired() {
+            "reload"
+        } else {
+            "shutdown"
+        }
+    }
+
     /// Whether a line of `kind` may be logged for this endpoint now.
     fn log_due(&self, kind: &'static str) -> bool {
         self.log
@@ -177,6 +194,7 @@ impl Sink for ShardSink {
                 st.settle_sent(n, newest);
             }
             Settle::Rejected(_) => st.settle_failed(n, Failed::Rejected),
+            Settle::Shutdown(_) if self.target.is_retired() => st.settle_failed(n, Failed::Reload),
             Settle::Shutdown(_) => st.settle_failed(n, Failed::Shutdown),
         }
     }
@@ -196,7 +214,12 @@ impl Sink for ShardSink {
     }
 
     fn drop_queued(&self) -> usize {
-        self.shard.lock().drop_queue(Dropped::Shutdown)
+        let reason = if self.target.is_retired() {
+            Dropped::Reload
+        } else {
+            Dropped::Shutdown
+        };
+        self.shard.lock().drop_queue(reason)
     }
 
     fn log(&mut self, event: Event<'_>, _part: &[Queued]) {
@@ -215,7 +238,8 @@ fn log(target: &Target, index: usize, event: Event<'_>) {
             }
         }
         Event::GaveUp { items, why } => {
-            tracing::warn!(url = %url, shard = index, samples = items, error = %why, "remote-write request still failing at shutdown; its samples are counted in samples_failed_total{{reason=\"shutdown\"}}");
+            let reason = target.end_reason();
+            tracing::warn!(url = %url, shard = index, samples = items, error = %why, "remote-write request still failing at {reason}; its samples are counted in samples_failed_total{{reason=\"{reason}\"}}");
         }
         Event::ItemRefused { refused, .. } => {
             tracing::warn!(url = %url, shard = index, answer = %refused.why, "remote-write receiver refused a sample; it is failed alone (samples_failed_total{{reason=\"rejected\"}}), the rest of its request is sent without it");
@@ -236,7 +260,8 @@ fn log(target: &Target, index: usize, event: Event<'_>) {
             tracing::warn!(url = %url, shard = index, samples = items, refused, requests, "a remote-write request had samples the receiver refused: those failed, the rest was sent");
         }
         Event::NotSent { items } => {
-            tracing::warn!(url = %url, shard = index, samples = items, "remote-write samples not sent before shutdown; counted in samples_dropped_total{{reason=\"shutdown\"}}");
+            let reason = target.end_reason();
+            tracing::warn!(url = %url, shard = index, samples = items, "remote-write samples not sent before {reason}; counted in samples_dropped_total{{reason=\"{reason}\"}}");
         }
         // Remote-write answers are never of unknown outcome (no request identity to check).
         Event::Unchecked { .. }
