@@ -5,7 +5,7 @@
 //!
 //! No cluster runs here. The kubelet is a gRPC server built in this test from the same
 //! vendored upstream proto (`k8s.io/kubelet/pkg/apis/podresources/v1/api.proto`, the
-//! server stubs generated beside the agent's client), served on a temporary unix socket
+//! server stubs generated beside the agent's client: `support::podresources`), served on a temporary unix socket
 //! with hyper; the devices are a fixture sysfs tree (an SR-IOV VF's PCI address whose
 //! `infiniband/` names `mlx5_3`, and `mlx5_0` with its interface `ens1f0` behind the RDMA
 //! shared device plugin's resource).
@@ -16,16 +16,16 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-use tonic::{Request, Response, Status};
-use uctel_agent::sources::pod_resources::v1::pod_resources_lister_server::{
+use crate::support::podresources::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
 };
-use uctel_agent::sources::pod_resources::v1::{
+use crate::support::podresources::{
     AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
     ContainerResources, GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest,
     ListPodResourcesResponse, PodResources,
 };
+use serde_json::Value;
+use tonic::{Request, Response, Status};
 
 /// The test kubelet: answers `List` with the pods of the moment.
 #[derive(Debug, Clone, Default)]
