@@ -792,6 +792,10 @@ impl AgentConfig {
         for (key, problem) in self.sources.slurm.iter().flat_map(|s| s.problems()) {
             p.push(format!("sources.slurm.{key}"), problem);
         }
+        let pods = self.sources.pod_resources.iter();
+        for (key, problem) in pods.flat_map(|s| s.problems()) {
+            p.push(format!("sources.pod_resources.{key}"), problem);
+        }
         self.check_logs(p);
         self.check_journald(p);
         self.check_kmsg(p);
@@ -1157,6 +1161,7 @@ pub fn reference() -> Reference {
             include_str!("sources/logs/parse/section.rs"),
             include_str!("sources/textfile.rs"),
             include_str!("sources/slurm/mod.rs"),
+            include_str!("sources/pod_resources/section.rs"),
             include_str!("sources/scrape.rs"),
             include_str!("sources/fast_counters.rs"),
             include_str!("sources/journald/mod.rs"),

@@ -35,6 +35,7 @@ use crate::sources::logs::{self, LogEvent, LogSourceConfig, LogSourceCounts, Log
 use crate::stream::Stream;
 
 mod fast;
+pub mod pod_resources;
 pub mod rounds;
 pub mod slurm;
 pub use fast::{
@@ -326,6 +327,10 @@ pub fn spawn_metric_sources(
         }
     };
     let sources = &config.sources;
+    let pod_labels = sources
+        .pod_resources
+        .as_ref()
+        .map(|_| crate::sources::pod_resources::PodLabels::default());
     let grid = |interval: f64, offset: f64| Grid::new(seconds(interval), seconds(offset));
     if sources.host_metrics.enabled {
         let h = &sources.host_metrics;
@@ -333,6 +338,7 @@ pub fn spawn_metric_sources(
             host_config(config),
             sources.textfile.is_none(),
             grid(h.interval_seconds, h.offset_seconds),
+            pod_labels.clone(),
             queues.metrics.clone(),
             (stats.clone(), rounds.clone()),
             shutdown.clone(),
@@ -365,8 +371,18 @@ pub fn spawn_metric_sources(
     if let Some(f) = &config.sources.fast_counters {
         tasks.spawn(fast_counters_loop(
             f.clone(),
+            pod_labels.clone(),
             queues.fast_counters.clone(),
             stats.clone(),
+            shutdown.clone(),
+        ));
+    }
+    if let (Some(p), Some(labels)) = (&sources.pod_resources, &pod_labels) {
+        tasks.spawn(pod_resources::pod_resources_loop(
+            p.clone(),
+            labels.clone(),
+            queues.metrics.clone(),
+            (stats.clone(), rounds.clone()),
             shutdown.clone(),
         ));
     }
@@ -404,6 +420,7 @@ pub async fn host_metrics_loop(
     config: HostMetricsConfig,
     no_textfile: bool,
     grid: Grid,
+    pod_labels: Option<crate::sources::pod_resources::PodLabels>,
     queue: RecordQueue<Metric>,
     (stats, rounds): (Arc<SelfMetrics>, RoundMetrics),
     mut shutdown: Shutdown,
@@ -412,7 +429,10 @@ pub async fn host_metrics_loop(
         host_metrics_thread(
             config,
             no_textfile,
-            grid,
+            (
+                grid,
+                pod_labels.map(crate::sources::pod_resources::DeviceLabeller::new),
+            ),
             &queue,
             (&stats, &rounds),
             stopped,
@@ -454,7 +474,7 @@ async fn run_thread(
 fn host_metrics_thread(
     config: HostMetricsConfig,
     no_textfile: bool,
-    mut grid: Grid,
+    (mut grid, mut labeller): (Grid, Option<crate::sources::pod_resources::DeviceLabeller>),
     queue: &RecordQueue<Metric>,
     (stats, rounds): (&SelfMetrics, &RoundMetrics),
     stop: &std::sync::mpsc::Receiver<()>,
@@ -492,6 +512,9 @@ fn host_metrics_thread(
             stats.rdma().port_event(e);
         }
         let mut metrics = collection.metrics;
+        if let Some(l) = &mut labeller {
+            l.apply(&mut metrics);
+        }
         if no_textfile {
             metrics.push(crate::sources::textfile::scrape_error(false));
         }

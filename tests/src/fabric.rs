@@ -65,7 +65,16 @@ pub struct Fabric {
     pub cgroup: PathBuf,
     /// `<dir>/fabric-scontrol`: prints job [`JOB_ID`]'s `scontrol show job -o` line.
     pub scontrol: PathBuf,
+    /// `<dir>/fabric-kubelet.sock`: a test kubelet ([`crate::kubelet`]) listing pod
+    /// [`POD`] with [`DEVICE`] through the RDMA shared device plugin's resource
+    /// [`POD_RESOURCE`].
+    pub kubelet: PathBuf,
 }
+
+/// The pod that owns the fabric's device: (namespace, pod, container).
+pub const POD: (&str, &str, &str) = ("ml", "allreduce-0", "worker");
+/// Its resource (the RDMA shared device plugin's, mapped to [`DEVICE`]).
+pub const POD_RESOURCE: &str = "rdma/hca_shared_devices_a";
 
 fn copy_tree(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap_or_else(|e| panic!("{}: {e}", to.display()));
@@ -132,11 +141,21 @@ impl Fabric {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&scontrol, std::fs::Permissions::from_mode(0o755))
             .unwrap_or_else(|e| panic!("{}: {e}", scontrol.display()));
+        let kubelet = dir.join("fabric-kubelet.sock");
+        let k = crate::kubelet::Kubelet::default();
+        *k.0.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = vec![crate::kubelet::pod(
+            POD.0,
+            POD.1,
+            &[(POD.2, POD_RESOURCE, &["0"])],
+        )];
+        k.serve(&kubelet);
         Fabric {
             sys,
             textfile,
             cgroup,
             scontrol,
+            kubelet,
         }
     }
 
@@ -185,6 +204,21 @@ impl Fabric {
             self.scontrol.display().to_string(),
         )
         .set("sources.slurm.interval_seconds", 1.0);
+        let mut shared = Mapping::new();
+        shared.insert(POD_RESOURCE.into(), Value::Sequence(vec![DEVICE.into()]));
+        y.set(
+            "sources.pod_resources.socket_path",
+            self.kubelet.display().to_string(),
+        )
+        .set(
+            "sources.pod_resources.sysfs_path",
+            self.sys.display().to_string(),
+        )
+        .set("sources.pod_resources.interval_seconds", 1.0)
+        .set(
+            "sources.pod_resources.shared_resources",
+            Value::Mapping(shared),
+        );
     }
 
     /// Takes the port down (`state` `1: DOWN`) once agent `id` has collected it, waits for the

@@ -40,6 +40,7 @@ pub mod daemon;
 pub mod dashboards;
 pub mod fabric;
 pub mod faults;
+pub mod kubelet;
 pub mod net;
 pub mod node_exporter;
 pub mod otlp;

@@ -13,6 +13,7 @@ use super::run_thread;
 use crate::pacing::grid::Grid;
 use crate::queue::RecordQueue;
 use crate::selfmetrics::{DropReason, SelfMetrics};
+use crate::sources::pod_resources::PodLabels;
 use crate::stream::Stream;
 
 /// The `fast_counters` source's own counters (on the agent's registry, so also shipped with
@@ -72,6 +73,7 @@ impl FastCounterMetrics {
 /// samples. At shutdown the samples not yet shipped are offered as a last, shorter record.
 pub async fn fast_counters_loop(
     section: crate::sources::fast_counters::FastCountersSection,
+    pod_labels: Option<PodLabels>,
     queue: RecordQueue<SampleSeries>,
     stats: Arc<SelfMetrics>,
     shutdown: Shutdown,
@@ -105,7 +107,14 @@ pub async fn fast_counters_loop_with(
     mut shutdown: Shutdown,
 ) {
     run_thread("fast-counters", &mut shutdown, move |stopped| {
-        fast_counters_thread(&section, &specs, &queue, &stats, &metrics, stopped);
+        fast_counters_thread(
+            &section,
+            &specs,
+            (&queue, pod_labels.as_ref()),
+            &stats,
+            &metrics,
+            stopped,
+        );
     })
     .await;
 }
@@ -114,7 +123,7 @@ pub async fn fast_counters_loop_with(
 pub fn fast_counters_thread(
     section: &crate::sources::fast_counters::FastCountersSection,
     specs: &[crate::sources::fast_counters::CounterSpec],
-    queue: &RecordQueue<SampleSeries>,
+    (queue, pod_labels): (&RecordQueue<SampleSeries>, Option<&PodLabels>),
     stats: &SelfMetrics,
     metrics: &FastCounterMetrics,
     stop: &std::sync::mpsc::Receiver<()>,
@@ -173,6 +182,9 @@ pub fn fast_counters_thread(
             for (spec, buffer) in specs.iter().zip(buffers.iter_mut()) {
                 ready.extend(buffer.take(spec));
             }
+        }
+        if let Some(l) = pod_labels {
+            l.apply_series(&mut ready);
         }
         if !ready.is_empty() {
             offer_samples(queue, ready, stats);

@@ -53,6 +53,8 @@ pub mod node;
 #[forbid(unsafe_code)]
 pub mod openmetrics;
 #[forbid(unsafe_code)]
+pub mod pod_resources;
+#[forbid(unsafe_code)]
 pub mod rdma;
 #[forbid(unsafe_code)]
 pub mod scrape;

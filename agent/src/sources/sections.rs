@@ -37,6 +37,11 @@ pub struct SourcesSection {
     /// CPU, memory and I/O from the job cgroups. Off when absent.
     #[serde(default)]
     pub slurm: Option<crate::sources::slurm::SlurmSection>,
+    /// Kubernetes pods' RDMA devices from the kubelet's pod-resources API
+    /// (`sources::pod_resources`): `pod`, `namespace` and `container` labels on the
+    /// devices' series and `uctel_pod_device_info`. Off when absent.
+    #[serde(default)]
+    pub pod_resources: Option<crate::sources::pod_resources::PodResourcesSection>,
     /// The systemd journal (`sources::journald`), read through `journalctl`; its cursor is
     /// saved as `journald.json` in `state_directory`. Off when absent.
     #[serde(default)]
@@ -106,6 +111,7 @@ impl Default for SourcesSection {
             scrape: Vec::new(),
             fast_counters: None,
             slurm: None,
+            pod_resources: None,
             journald: None,
             kmsg: None,
             state_directory: default_state_directory(),

@@ -16,6 +16,7 @@ mod log_records;
 mod logrotate_cases;
 mod operator_start;
 mod packaging;
+mod pod_resources;
 mod rc_lane;
 mod reload_sources;
 mod session;

@@ -4,7 +4,8 @@
 //! `label_values(uctel_collector_frames_received_total, agent)`, on the host dashboard
 //! `label_values(node_load1, agent)` so that it works on remote-written data alone, on the
 //! fabric dashboard `label_values(node_infiniband_info, agent)`, on the job dashboard
-//! `label_values(uctel_job_info, agent)`), every panel has queries,
+//! `label_values(uctel_job_info, agent)`, on the pod dashboard
+//! `label_values(uctel_pod_device_info, agent)`), every panel has queries,
 //! ids and grid positions are sane, and every variable a query uses is defined. The fabric
 //! dashboard's series names are the ones the agent makes: `hw_counters` files of the mlx5
 //! driver (the ConnectX fixture's), port counters of [`PORT_COUNTERS`], ethtool names derived
@@ -19,7 +20,7 @@ use uctel_agent::sources::rdma::PORT_COUNTERS;
 use uctel_tests::dashboards;
 
 #[test]
-fn there_are_the_four_dashboards() {
+fn there_are_the_five_dashboards() {
     let names: Vec<String> = dashboards::files()
         .iter()
         .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
@@ -30,7 +31,8 @@ fn there_are_the_four_dashboards() {
             "uctel-fabric.json",
             "uctel-host-overview.json",
             "uctel-jobs.json",
-            "uctel-pipeline-health.json"
+            "uctel-pipeline-health.json",
+            "uctel-pods.json"
         ]
     );
 }
@@ -82,6 +84,8 @@ fn dashboards_are_importable() {
             "label_values(node_infiniband_info, agent)"
         } else if name.ends_with("uctel-jobs.json") {
             "label_values(uctel_job_info, agent)"
+        } else if name.ends_with("uctel-pods.json") {
+            "label_values(uctel_pod_device_info, agent)"
         } else {
             "label_values(uctel_collector_frames_received_total, agent)"
         };
@@ -456,6 +460,76 @@ fn job_dashboard_joins_host_series_through_job_info() {
         }
     }
     assert!(joined >= 12, "only {joined} joined queries");
+}
+
+/// The pod dashboard: every panel is per pod (`namespace`, `pod` kept by its outer
+/// aggregation, or the devices table), every query filtered by `$agent` and joined through
+/// `uctel_pod_device_info`: device counters on `(agent, instance, device)` (the device the
+/// kubelet allocated), host-wide pause frames on `(agent, instance)`, the collectors' loss
+/// counters on `agent`. Names follow the job dashboard's rule.
+#[test]
+fn pod_dashboard_joins_series_through_pod_device_info() {
+    let queries = all_queries("uctel-pods.json");
+    let all: String = queries
+        .iter()
+        .map(|q| q.raw.clone())
+        .collect::<Vec<_>>()
+        .join("\n");
+    for metric in [
+        "uctel_pod_device_info",
+        "node_infiniband_np_ecn_marked_roce_packets",
+        "node_infiniband_np_cnp_sent",
+        "node_infiniband_out_of_buffer",
+        "node_infiniband_out_of_buffer_per_second",
+        "node_infiniband_out_of_sequence",
+        "node_ethtool_received_pause_ctrl_phy",
+        "uctel_collector_frames_lost_total",
+    ] {
+        assert!(all.contains(metric), "no panel queries {metric}");
+    }
+    let info = "(uctel_pod_device_info{";
+    let mut by_device = 0;
+    for q in &queries {
+        assert!(
+            q.raw.contains("agent=~\"$agent\""),
+            "{}: {}",
+            q.panel,
+            q.raw
+        );
+        assert!(
+            q.raw.contains(info),
+            "{}: not joined to the pods: {}",
+            q.panel,
+            q.raw
+        );
+        assert!(
+            q.raw.starts_with("sum by (namespace, pod)")
+                || q.raw.starts_with("-sum by (namespace, pod)")
+                || q.raw.starts_with("max by (namespace, pod,"),
+            "{}: not per pod: {}",
+            q.panel,
+            q.raw
+        );
+        if q.raw.contains("node_infiniband_") {
+            assert!(
+                q.raw.contains("* on (agent, instance, device) group_right group by (agent, instance, device, namespace, pod) (uctel_pod_device_info{"),
+                "{}: device series not joined on the device: {}",
+                q.panel,
+                q.raw
+            );
+            by_device += 1;
+        }
+        for name in selected_names(&q.raw) {
+            assert!(
+                name.starts_with("node_infiniband_")
+                    || name.starts_with("node_ethtool_")
+                    || name.starts_with("uctel_"),
+                "{}: {name}",
+                q.panel
+            );
+        }
+    }
+    assert!(by_device >= 5, "only {by_device} device queries");
 }
 
 /// The example scrape configuration for a collector pool (file_sd and DNS SD) is one

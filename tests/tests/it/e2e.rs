@@ -761,6 +761,43 @@ fn prometheus_evaluates_every_dashboard_query() {
             "{panel} / {ref_id}"
         );
     }
+    // The pod dashboard: the fabric device's counters and uctel loss show under the pod
+    // the test kubelet lists with it.
+    let pods_file = uctel_tests::workspace_root().join("dashboards/uctel-pods.json");
+    let pods_queries = dashboards::queries(&pods_file);
+    for (panel, ref_id) in [
+        ("out_of_buffer", "A"),
+        ("out_of_buffer", "B"),
+        ("CNPs sent", "A"),
+        ("Link pause frames on the pods' hosts", "A"),
+        ("uctel loss on the pods' hosts", "A"),
+    ] {
+        let q = pods_queries
+            .iter()
+            .find(|q| q.panel == panel && q.ref_id == ref_id)
+            .unwrap_or_else(|| panic!("no {panel} / {ref_id}"));
+        let r = prom
+            .query(&q.expr)
+            .unwrap_or_else(|e| panic!("{panel}: {e}"));
+        let pods: Vec<(String, String)> = r
+            .iter()
+            .map(|s| {
+                let l = |n: &str| {
+                    s.pointer(&format!("/metric/{n}"))
+                        .and_then(serde_json::Value::as_str)
+                        .unwrap_or("")
+                        .to_owned()
+                };
+                (l("namespace"), l("pod"))
+            })
+            .collect();
+        let (ns, pod, _) = uctel_tests::fabric::POD;
+        assert_eq!(
+            pods,
+            [(ns.to_owned(), pod.to_owned())],
+            "{panel} / {ref_id}"
+        );
+    }
     let to = labels_of("Port state and GID changes", "A", "to");
     assert!(
         to.contains(&"down".to_owned()) && to.contains(&"active".to_owned()),

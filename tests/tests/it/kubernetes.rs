@@ -1,5 +1,6 @@
 //! The Kubernetes manifests in `config/kubernetes/` hang together: the agent DaemonSet sees
-//! the node (host network and PID namespace, `/proc`, `/sys` and `/` read-only, `IPC_LOCK`,
+//! the node (host network and PID namespace, `/proc`, `/sys`, `/` and the kubelet's
+//! pod-resources directory read-only, `IPC_LOCK`,
 //! its id from the node's name), its configuration reads those mounts and names the
 //! collectors' headless Service as its pool; the collector StatefulSet's ports, probes and
 //! drain match its configuration and the Service; both embedded configurations pass the
@@ -111,6 +112,18 @@ fn the_agent_daemonset_sees_the_node_and_finds_the_collector_pool() {
         assert_eq!(m["readOnly"], true, "{key} mounted read-only");
         assert_eq!(v["hostPath"]["path"], host, "{key} is the node's {host}");
     }
+    // Pods: the kubelet's pod-resources socket is in a read-only mount of the node's
+    // directory, and device ids are looked up in the node's /sys.
+    let p = &config["sources"]["pod_resources"];
+    let socket = Path::new(str_of(&p["socket_path"]));
+    let dir = socket
+        .parent()
+        .map(|d| d.display().to_string())
+        .unwrap_or_default();
+    let (m, v) = mount(ds, &dir);
+    assert_eq!(m["readOnly"], true, "pod-resources mounted read-only");
+    assert_eq!(v["hostPath"]["path"], "/var/lib/kubelet/pod-resources");
+    assert_eq!(p["sysfs_path"], h["sysfs_path"]);
     // The pool: the headless Service's DNS name and control port.
     let svc = find(&docs, "Service", "uctel-collector");
     assert_eq!(
@@ -262,6 +275,11 @@ fn localised(mut config: Value, dir: &Path, name: &str) -> std::path::PathBuf {
             host.to_owned(),
         );
     }
+    set(
+        &mut config,
+        &["sources", "pod_resources", "sysfs_path"],
+        "/sys".to_owned(),
+    );
     let path = dir.join(name);
     std::fs::write(&path, serde_yaml::to_string(&config).unwrap_or_default())
         .unwrap_or_else(|e| panic!("{e}"));

@@ -558,3 +558,18 @@ impl Lane {
         }
     }
 }
+
+/// The kubelet's `podresources/v1` messages (the agent's generated code) and the tonic
+/// server stubs generated beside them from the same vendored proto (`agent/proto/gen`), for
+/// the tests' kubelet.
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    missing_docs,
+    missing_debug_implementations,
+    unreachable_pub
+)]
+pub mod podresources {
+    pub use uctel_agent::sources::pod_resources::v1::*;
+    include!("podresources_server.rs");
+}
