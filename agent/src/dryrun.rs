@@ -310,8 +310,8 @@ pub async fn run<W: Write>(
         };
     }
 
-    let mut tasks = tokio::task::JoinSet::new();
-    runners::spawn_metric_sources(config, &queues, &stats, &shutdown, &mut tasks);
+    let metric_sources =
+        crate::metric_sources::MetricSources::start(config, &queues, &stats, &shutdown);
     let threads = runners::spawn_log_tailers(config, &queues, &stats, &shutdown)
         .map_err(DryRunError::Source)?;
 
@@ -344,7 +344,7 @@ pub async fn run<W: Write>(
     }
     // Final round: take what the sources queued, close the epoch, print the rest, then let
     // the log tailers checkpoint what was printed.
-    while tasks.join_next().await.is_some() {}
+    metric_sources.join().await;
     pump::pull(&mut core, &queues, &stats);
     core.finish(pump::unix_ns());
     let _ = pump::transmit(&mut core, &mut sink);

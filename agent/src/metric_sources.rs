@@ -1,5 +1,5 @@
 //! The running metric sources (`sources.host_metrics`, `self_metrics`, each `scrape`
-//! target, `textfile`, `fast_counters`, `slurm`), one task per *unit*, and how a reload
+//! target, `textfile`, `fast_counters`, `slurm`, `pod_resources`), one task per *unit*, and how a reload
 //! changes them without a restart ([`MetricSources::apply`]).
 //!
 //! A unit is one source entry: `host_metrics` (with whether a textfile source exists, which
@@ -13,7 +13,10 @@
 //!
 //! `sources.fast_counters` added or removed needs a restart: whether the `fast_counters`
 //! stream travels on a lane is settled when the session starts ([`crate::lane::carries`]);
-//! a change of an existing section is live.
+//! a change of an existing section is live. So does `sources.pod_resources` added or
+//! removed: the pod labels it writes are shared with the host-metrics and fast-counter
+//! threads from their start; a change of an existing section is live (the labels stay
+//! until the new source's first answer replaces them).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -23,10 +26,12 @@ use uctel_common::shutdown::{self, Shutdown, ShutdownTrigger};
 use crate::config::{seconds, AgentConfig};
 use crate::pacing::grid::Grid;
 use crate::runners::{
-    fast_counters_loop_with, host_config, host_metrics_loop, scrape_loop, self_metrics_loop,
-    slurm::slurm_loop, textfile_loop, FastCounterMetrics, Queues, RoundMetrics,
+    fast_counters_loop, host_config, host_metrics_loop, pod_resources::pod_resources_loop,
+    scrape_loop, self_metrics_loop, slurm::slurm_loop, textfile_loop, FastCounterMetrics, Queues,
+    RoundMetrics,
 };
 use crate::selfmetrics::SelfMetrics;
+use crate::sources::pod_resources::PodLabels;
 
 /// Longest wait at a reload for a stopped unit's task to end (a host-metrics collection or
 /// a Slurm round under way finishes first).
@@ -41,6 +46,7 @@ enum Spec {
     Textfile(crate::sources::textfile::TextfileSection),
     FastCounters(crate::sources::fast_counters::FastCountersSection),
     Slurm(crate::sources::slurm::SlurmSection),
+    PodResources(crate::sources::pod_resources::PodResourcesSection),
 }
 
 /// One unit of a configuration: its kind, its identity (the kind and the serialised entry),
@@ -109,6 +115,13 @@ fn units(config: &AgentConfig) -> Vec<UnitSpec> {
             spec: Spec::Slurm(sl.clone()),
         });
     }
+    if let Some(p) = &s.pod_resources {
+        out.push(UnitSpec {
+            kind: "pod_resources",
+            key: yaml(p),
+            spec: Spec::PodResources(p.clone()),
+        });
+    }
     if s.self_metrics.enabled {
         out.push(UnitSpec {
             kind: "self_metrics",
@@ -128,6 +141,9 @@ pub struct MetricSources {
     shutdown: Shutdown,
     /// `None`: the round metrics could not be registered, and no metric source runs.
     rounds: Option<RoundMetrics>,
+    /// The pod labels `pod_resources` writes and host metrics and fast counters read;
+    /// `None` without that source.
+    pod_labels: Option<PodLabels>,
     inner: Mutex<Inner>,
 }
 
@@ -162,6 +178,11 @@ impl MetricSources {
             stats: stats.clone(),
             shutdown: shutdown.clone(),
             rounds,
+            pod_labels: config
+                .sources
+                .pod_resources
+                .as_ref()
+                .map(|_| PodLabels::default()),
             inner: Mutex::new(Inner::default()),
         });
         let mut inner = me.lock();
@@ -193,6 +214,7 @@ impl MetricSources {
                     host_config(&config),
                     config.sources.textfile.is_none(),
                     grid(h.interval_seconds, h.offset_seconds),
+                    self.pod_labels.clone(),
                     q,
                     (st, rounds),
                     stop,
@@ -241,9 +263,14 @@ impl MetricSources {
                     }
                 };
                 let q = self.queues.fast_counters.clone();
-                Box::pin(fast_counters_loop_with(f, specs, metrics, q, st, stop))
+                let labels = self.pod_labels.clone();
+                Box::pin(fast_counters_loop(f, specs, metrics, (q, labels), st, stop))
             }
             Spec::Slurm(s) => Box::pin(slurm_loop(s, q, (st, rounds), stop)),
+            Spec::PodResources(p) => {
+                let labels = self.pod_labels.clone()?;
+                Box::pin(pod_resources_loop(p, labels, q, (st, rounds), stop))
+            }
         };
         // The unit stops at its own trigger (a reload) or at the agent's shutdown.
         let (mut global, mut own, relay) =
@@ -354,13 +381,17 @@ impl MetricSources {
 }
 
 /// The changed `sources` keys of the metric sources that a reload cannot apply live:
-/// `sources.fast_counters` added or removed.
+/// `sources.fast_counters` or `sources.pod_resources` added or removed.
 pub fn restart_keys(old: &AgentConfig, new: &AgentConfig) -> Vec<String> {
-    if old.sources.fast_counters.is_some() == new.sources.fast_counters.is_some() {
-        Vec::new()
-    } else {
-        vec!["sources.fast_counters (added or removed)".to_owned()]
+    let (o, n) = (&old.sources, &new.sources);
+    let mut keys = Vec::new();
+    if o.fast_counters.is_some() != n.fast_counters.is_some() {
+        keys.push("sources.fast_counters (added or removed)".to_owned());
     }
+    if o.pod_resources.is_some() != n.pod_resources.is_some() {
+        keys.push("sources.pod_resources (added or removed)".to_owned());
+    }
+    keys
 }
 
 #[cfg(test)]

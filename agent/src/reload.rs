@@ -8,7 +8,8 @@
 //! `sources.logs`, `sources.journald` and `sources.kmsg` ([`crate::log_sources`] hands a
 //! changed source over from its checkpoint, cursor or sequence number); the metric sources
 //! `sources.host_metrics`, `self_metrics`, `scrape`, `textfile`, `fast_counters` (changed,
-//! not added or removed: that needs a restart) and `slurm` ([`crate::metric_sources`]).
+//! not added or removed: that needs a restart), `slurm` and `pod_resources` (changed, not
+//! added or removed) ([`crate::metric_sources`]).
 //! Every other key needs a restart (README "Reload").
 
 use std::path::PathBuf;
@@ -25,7 +26,7 @@ use crate::runners::Queues;
 use crate::stream::Stream;
 
 /// The changed keys of `new` that [`LIVE_KEYS`] lists but whose new value needs a restart:
-/// `sources.fast_counters` added or removed, a smaller
+/// `sources.fast_counters` or `sources.pod_resources` added or removed, a smaller
 /// `streams.metrics.buffer_while_disconnected_records`.
 pub fn restart_keys(old: &AgentConfig, new: &AgentConfig) -> Vec<String> {
     let mut keys = crate::metric_sources::restart_keys(old, new);
@@ -88,6 +89,7 @@ pub const LIVE_KEYS: &[&str] = &[
     "sources.textfile",
     "sources.fast_counters",
     "sources.slurm",
+    "sources.pod_resources",
 ];
 
 /// The namespace of the reload metrics: `uctel_agent_config_last_reload_*`.

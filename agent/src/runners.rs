@@ -38,9 +38,7 @@ mod fast;
 pub mod pod_resources;
 pub mod rounds;
 pub mod slurm;
-pub use fast::{
-    fast_counters_loop, fast_counters_loop_with, fast_counters_thread, FastCounterMetrics,
-};
+pub use fast::{fast_counters_loop, fast_counters_thread, FastCounterMetrics};
 pub use rounds::RoundMetrics;
 use rounds::{next_round, next_round_blocking};
 mod journald;
@@ -308,101 +306,6 @@ fn offer(
     }
     stats.set_queue_records(stream, queue.len());
     n - rejected
-}
-
-/// Starts the enabled metric sources of `config` (host metrics, self-metrics) as tasks of
-/// `tasks`, each feeding `queues.metrics` until `shutdown`.
-pub fn spawn_metric_sources(
-    config: &AgentConfig,
-    queues: &Queues,
-    stats: &Arc<SelfMetrics>,
-    shutdown: &Shutdown,
-    tasks: &mut tokio::task::JoinSet<()>,
-) {
-    let rounds = match RoundMetrics::register(stats.registry()) {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot register the sources' round metrics; no metric source runs");
-            return;
-        }
-    };
-    let sources = &config.sources;
-    let pod_labels = sources
-        .pod_resources
-        .as_ref()
-        .map(|_| crate::sources::pod_resources::PodLabels::default());
-    let grid = |interval: f64, offset: f64| Grid::new(seconds(interval), seconds(offset));
-    if sources.host_metrics.enabled {
-        let h = &sources.host_metrics;
-        tasks.spawn(host_metrics_loop(
-            host_config(config),
-            sources.textfile.is_none(),
-            grid(h.interval_seconds, h.offset_seconds),
-            pod_labels.clone(),
-            queues.metrics.clone(),
-            (stats.clone(), rounds.clone()),
-            shutdown.clone(),
-        ));
-    }
-    for t in &config.sources.scrape {
-        match crate::sources::scrape::Target::new(t.clone()) {
-            Ok(target) => {
-                tasks.spawn(scrape_loop(
-                    target,
-                    queues.metrics.clone(),
-                    (stats.clone(), rounds.clone()),
-                    shutdown.clone(),
-                ));
-            }
-            Err(e) => {
-                tracing::error!(url = %t.url, error = %e, "cannot set up a scrape target; it is not scraped")
-            }
-        }
-    }
-    if let Some(t) = &config.sources.textfile {
-        tasks.spawn(textfile_loop(
-            t.directory.clone(),
-            grid(t.interval_seconds, t.offset_seconds),
-            queues.metrics.clone(),
-            (stats.clone(), rounds.clone()),
-            shutdown.clone(),
-        ));
-    }
-    if let Some(f) = &config.sources.fast_counters {
-        tasks.spawn(fast_counters_loop(
-            f.clone(),
-            pod_labels.clone(),
-            queues.fast_counters.clone(),
-            stats.clone(),
-            shutdown.clone(),
-        ));
-    }
-    if let (Some(p), Some(labels)) = (&sources.pod_resources, &pod_labels) {
-        tasks.spawn(pod_resources::pod_resources_loop(
-            p.clone(),
-            labels.clone(),
-            queues.metrics.clone(),
-            (stats.clone(), rounds.clone()),
-            shutdown.clone(),
-        ));
-    }
-    if let Some(s) = &sources.slurm {
-        tasks.spawn(slurm::slurm_loop(
-            s.clone(),
-            queues.metrics.clone(),
-            (stats.clone(), rounds.clone()),
-            shutdown.clone(),
-        ));
-    }
-    if sources.self_metrics.enabled {
-        let m = &sources.self_metrics;
-        tasks.spawn(self_metrics_loop(
-            grid(m.interval_seconds, m.offset_seconds),
-            queues.metrics.clone(),
-            (stats.clone(), rounds),
-            shutdown.clone(),
-        ));
-    }
 }
 
 /// Runs the host-metrics source until shutdown: one collection at each instant of `grid`

@@ -71,38 +71,14 @@ impl FastCounterMetrics {
 /// counter per instant, a record per counter every `samples_per_record` samples, offered to
 /// the fast_counters queue. What the queue cannot take is counted as `source_overflow`, in
 /// samples. At shutdown the samples not yet shipped are offered as a last, shorter record.
+/// Its counters are registered and resolved already (`FastCountersSection::resolve`), so a
+/// reload starts the source again on the same counters ([`crate::metric_sources`]); the
+/// device series carry the labels of `pod_labels` (`sources::pod_resources`) where given.
 pub async fn fast_counters_loop(
-    section: crate::sources::fast_counters::FastCountersSection,
-    pod_labels: Option<PodLabels>,
-    queue: RecordQueue<SampleSeries>,
-    stats: Arc<SelfMetrics>,
-    shutdown: Shutdown,
-) {
-    let specs = match section.resolve() {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "fast_counters: invalid counter; the source does not run");
-            return;
-        }
-    };
-    let metrics = match FastCounterMetrics::register(stats.registry()) {
-        Ok(m) => m,
-        Err(e) => {
-            tracing::error!(error = %e, "fast_counters: cannot register its metrics; the source does not run");
-            return;
-        }
-    };
-    fast_counters_loop_with(section, specs, metrics, queue, stats, shutdown).await;
-}
-
-/// [`fast_counters_loop`] with its counters registered already and its counters resolved
-/// (`FastCountersSection::resolve`): a reload starts the source again on the same
-/// counters ([`crate::metric_sources`]).
-pub async fn fast_counters_loop_with(
     section: crate::sources::fast_counters::FastCountersSection,
     specs: Vec<crate::sources::fast_counters::CounterSpec>,
     metrics: FastCounterMetrics,
-    queue: RecordQueue<SampleSeries>,
+    (queue, pod_labels): (RecordQueue<SampleSeries>, Option<PodLabels>),
     stats: Arc<SelfMetrics>,
     mut shutdown: Shutdown,
 ) {
