@@ -186,6 +186,8 @@ pub struct Report {
     /// The series dictionary against protobuf metrics frames (`--only dict`).
     #[serde(default)]
     pub dict_cost: Option<crate::dictcost::DictCostResult>,
+    /// The soft path with both payload forms alternated (`--form-rounds`).
+    pub soft_forms: Option<crate::forms::SoftForms>,
     /// Lines per agent CPU-second of the journald source against the file tailer's.
     pub journal_cost: Option<crate::journalcost::JournalCostResult>,
     /// The reliability trade-off: UC and RC at each injected loss rate.
@@ -395,6 +397,12 @@ impl Report {
                 verdict: Verdict::check(A::q(&a.fast_error_us, 0.99), ALIGN_P99_US, Goal::AtMost),
             });
         }
+        t.extend(self.soft_forms.iter().flat_map(|f| f.targets()));
+        t.extend(
+            self.remote_write
+                .iter()
+                .flat_map(crate::remotewrite::dict_targets),
+        );
         t.extend(crate::fleet::targets(
             &self.scaling,
             self.fleet.as_ref(),
@@ -461,6 +469,9 @@ impl Report {
                 format!("unaccounted {}", s.accounting.unaccounted),
                 format!("dropped (also in lost): {}", reasons(&s.accounting.dropped)),
             ));
+        }
+        if let Some(f) = &self.soft_forms {
+            rows.extend(f.rows());
         }
         if let Some(p) = &self.processing {
             let vs = self.soft.as_ref().map_or(String::new(), |s| {
@@ -656,6 +667,7 @@ impl Report {
                 format!("unaccounted {}", a.unaccounted),
                 format!("dropped: {}", reasons(&a.dropped)),
             ));
+            rows.extend(crate::remotewrite::dict_rows(r));
         }
         if let Some(n) = &self.node_cost {
             rows.push(row(
