@@ -10,9 +10,8 @@
 
 use serde::Serialize;
 
-use crate::report::si;
 use crate::softpath::SoftRunResult;
-use crate::stats::{ratio, Goal, Target, Verdict};
+use crate::stats::{ratio, si, Goal, Target, Verdict};
 use crate::workload::FrameForm;
 
 /// Series-dictionary samples per collector CPU-s at least this multiple of the protobuf

@@ -19,7 +19,7 @@
 //! same frame size (negotiated at `Hello`, [`crate::loadgen`]), then vmagent fed the same
 //! series at the same rate. A dictionary frame holds many more samples, so that pair uses
 //! fewer agents and another frame gap, chosen to keep the samples per second offered equal
-//! and the series count as close as whole agents allow ([`dict_load`]).
+//! and the series count as close as whole agents allow (`dict_load`).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -482,7 +482,7 @@ pub const DICT_REMOTE_WRITE_VS_VMAGENT: f64 = 2.0;
 
 /// The report's rows of the dictionary pair (none when it did not run).
 pub fn dict_rows(r: &RemoteWriteResult) -> Vec<[String; 4]> {
-    use crate::report::si;
+    use crate::stats::si;
     let Some(d) = &r.dict else {
         return Vec::new();
     };

@@ -939,21 +939,7 @@ fn reasons(m: &std::collections::BTreeMap<String, f64>) -> String {
 
 pub use crate::stats::ratio;
 
-/// `1.23 M`, `456 k`, `789`.
-pub fn si(v: f64) -> String {
-    let a = v.abs();
-    if !v.is_finite() {
-        "n/a".into()
-    } else if a >= 1e6 {
-        format!("{:.2} M", v / 1e6)
-    } else if a >= 1e4 {
-        format!("{:.0} k", v / 1e3)
-    } else if a >= 1e3 {
-        format!("{:.1} k", v / 1e3)
-    } else {
-        format!("{v:.0}")
-    }
-}
+pub use crate::stats::si;
 
 /// `1.5 MiB`, `64.0 KiB`, `12 B`.
 pub fn bytes(v: f64) -> String {
