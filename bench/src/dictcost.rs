@@ -162,7 +162,11 @@ fn form(frames: &[BuiltFrame], samples: usize) -> Form {
     }
 }
 
-fn ingest(agent: &str, limits: &Limits, t: &Telemetry) -> Result<ConnectionIngest, DictCostError> {
+pub(crate) fn ingest(
+    agent: &str,
+    limits: &Limits,
+    t: &Telemetry,
+) -> Result<ConnectionIngest, DictCostError> {
     let err = |e: &dyn std::fmt::Display| DictCostError(e.to_string());
     let logs = LogSink::open(&LogsConfig {
         sink: LogSinkKind::Stdout,

@@ -39,6 +39,7 @@ pub mod daemon;
 pub mod dictcost;
 pub mod fastcost;
 pub mod fleet;
+pub mod forms;
 pub mod idle;
 pub mod journalcost;
 pub mod limit;

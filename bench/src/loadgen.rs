@@ -14,13 +14,21 @@
 //!   the collector's consumed sequence. One thread (`gen-data`) posts for all agents
 //!   round-robin, `post_batch` WRs per agent per turn.
 //!
+//! * **Series dictionary** (a [`FrameForm::MetricsDict`] template): each agent announces
+//!   [`FEATURE_SERIES_DICTIONARY`] in its `Hello` as the agent does, insists on the
+//!   collector's `Welcome` taking it, sends the template's prelude frames (its series with
+//!   their definitions in band) until the collector's `DictAck` covers every series, then
+//!   only the values-only steady-state frame: no frame references an entry the collector has
+//!   not acknowledged. Every frame's header carries the stream's true cumulative record
+//!   count, and the `Goodbye` the total.
+//!
 //! Differences from the real agent, on purpose: frames are re-headed from one template
 //! instead of being framed from fresh samples (the agent's framing cost is measured separately
 //! in the agent-cost run), and one thread drives all agents.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -30,7 +38,7 @@ use tokio::sync::watch;
 use uctel_common::control::{client_handshake, ControlChannel};
 use uctel_protocol::control::{
     self as wire, Body, DataPath, Goodbye, GoodbyeReason, Heartbeat, Hello, StreamFinal, Transport,
-    Welcome,
+    Welcome, FEATURE_SERIES_DICTIONARY,
 };
 use uctel_protocol::frame::conn_seq_immediate;
 use uctel_transport::api::{
@@ -41,7 +49,7 @@ use uctel_transport::soft::device::{ProgressMode, SoftConfig, SoftDevice};
 use uctel_transport::soft::udp::UdpConfig;
 
 use crate::daemon::mtu_for;
-use crate::workload::FrameTemplate;
+use crate::workload::{FrameForm, FrameTemplate};
 
 /// How the generator runs.
 #[derive(Clone, Debug)]
@@ -158,6 +166,12 @@ struct Agent {
     offer_writes: bool,
     /// The collector agreed to write credit words (`Welcome.credit_writes`).
     writes: AtomicBool,
+    /// Announce the series dictionary in `Hello` (a dictionary template).
+    wants_dict: bool,
+    /// The collector's `DictAck`: every series id below this is known.
+    dict_known: AtomicU32,
+    /// Records (samples) in the frames posted so far: the stream's cumulative count.
+    records: AtomicU64,
 }
 
 impl Agent {
@@ -330,6 +344,9 @@ impl LoadGen {
                 credit_mr,
                 offer_writes: cfg.credit_writes,
                 writes: AtomicBool::new(false),
+                wants_dict: cfg.frame.form() == FrameForm::MetricsDict,
+                dict_known: AtomicU32::new(0),
+                records: AtomicU64::new(0),
             }));
         }
         let agents = Arc::new(agents);
@@ -340,12 +357,9 @@ impl LoadGen {
             let addr = cfg.control;
             let token = cfg.token.clone();
             let parallel = cfg.connect_parallelism.max(1);
-            let records = cfg.frame.records();
             std::thread::Builder::new()
                 .name("gen-control".into())
-                .spawn(move || {
-                    control_thread(agents, addr, token, parallel, records, ready_tx, finish_rx)
-                })
+                .spawn(move || control_thread(agents, addr, token, parallel, ready_tx, finish_rx))
                 .map_err(|e| LoadError::Setup(e.to_string()))?
         };
         let mut failed = 0;
@@ -441,6 +455,24 @@ impl LoadGen {
             .iter()
             .map(|a| a.next.load(Ordering::Acquire))
             .collect()
+    }
+
+    /// Records (samples) in the frames posted so far, all agents.
+    pub fn records_sent(&self) -> u64 {
+        self.agents
+            .iter()
+            .map(|a| a.records.load(Ordering::Acquire))
+            .sum()
+    }
+
+    /// Agents whose whole series dictionary the collector acknowledged (those that send the
+    /// values-only frame); every agent for a protobuf template.
+    pub fn dict_acknowledged(&self) -> usize {
+        let need = self.frame.dict_entries();
+        self.agents
+            .iter()
+            .filter(|a| a.dict_known.load(Ordering::Acquire) >= need)
+            .count()
     }
 
     /// Send completions with an error status, all agents.
@@ -541,8 +573,8 @@ fn data_thread(
     let start_ns = now_ns() / 1_000_000 * 1_000_000;
     let mut stats = DataStats::default();
     let len = frame.len();
-    let len32 = u32::try_from(len).unwrap_or(u32::MAX);
-    let mut scratch = frame.bytes().to_vec();
+    let need_dict = frame.dict_entries();
+    let mut scratch = vec![0u8; len];
     let mut wcs = vec![WorkCompletion::default(); 256];
     let qpn_to_agent: HashMap<(usize, u32), usize> = agents
         .iter()
@@ -552,6 +584,8 @@ fn data_thread(
     // Per-agent mirror of the atomics, owned by this thread.
     let mut next: Vec<u64> = vec![0; agents.len()];
     let mut completed: Vec<u64> = vec![0; agents.len()];
+    let mut records: Vec<u64> = vec![0; agents.len()];
+    let mut prelude_next: Vec<usize> = vec![0; agents.len()];
     // Burst mode: post everything every agent may send in one pass, then wait until all of
     // it is consumed and the grants have settled (BURST_SETTLE), then the next burst.
     let mut bursts_left = bursts.unwrap_or(0);
@@ -610,22 +644,39 @@ fn data_thread(
                 continue;
             }
             let mut wrs = Vec::with_capacity(n as usize);
+            let mut wr_records: Vec<u32> = Vec::with_capacity(n as usize);
             let mut ok = true;
+            // The values-only frame once every series is acknowledged; the prelude (values
+            // with their definitions) until then.
+            let steady = a.dict_known.load(Ordering::Acquire) >= need_dict;
+            let mut before = records[i];
             for k in 0..n {
                 let c = next[i] + k;
                 let slot = (c % sq as u64) as usize;
                 // The stream sequence equals the connection sequence: one stream per agent.
                 let stamp = gap_ns.map_or(now, |gap| start_ns + c * gap);
-                if frame.write(&mut scratch, a.epoch, c, c, stamp).is_err()
-                    || a.src.write_at(slot * len, &scratch).is_err()
-                {
+                let piece = (!steady).then(|| {
+                    prelude_next[i] += 1;
+                    prelude_next[i] - 1
+                });
+                let written = frame.write_piece(&mut scratch, piece, a.epoch, c, c, before, stamp);
+                let Some((flen, r)) = written
+                    .ok()
+                    .filter(|&(flen, _)| a.src.write_at(slot * len, &scratch[..flen]).is_ok())
+                else {
                     ok = false;
                     break;
-                }
+                };
+                before += u64::from(r);
+                wr_records.push(r);
                 let remote = ring.addr + (c % u64::from(ring.slots)) * u64::from(ring.slot_bytes);
                 wrs.push(SendWr::write_with_imm(
                     c,
-                    Some(Sge::new(&a.src, slot * len, len32)),
+                    Some(Sge::new(
+                        &a.src,
+                        slot * len,
+                        u32::try_from(flen).unwrap_or(u32::MAX),
+                    )),
                     remote,
                     ring.rkey,
                     conn_seq_immediate(c),
@@ -642,6 +693,13 @@ fn data_thread(
                 }
             };
             if posted > 0 {
+                let posted_records: u64 = wr_records
+                    .iter()
+                    .take(posted as usize)
+                    .map(|&r| u64::from(r))
+                    .sum();
+                records[i] += posted_records;
+                a.records.store(records[i], Ordering::Release);
                 next[i] += posted;
                 a.next.store(next[i], Ordering::Release);
                 stats.post_calls += 1;
@@ -682,7 +740,6 @@ fn control_thread(
     addr: SocketAddr,
     token: String,
     parallel: usize,
-    records: u32,
     ready: std::sync::mpsc::Sender<Result<(), String>>,
     finish: watch::Receiver<bool>,
 ) -> Vec<String> {
@@ -715,7 +772,7 @@ fn control_thread(
                 match ch {
                     Ok(ch) => {
                         let _ = ready.send(Ok(()));
-                        session(&a, ch, finish, records).await
+                        session(&a, ch, finish).await
                     }
                     Err(e) => {
                         let _ = ready.send(Err(format!("{}: {e}", a.id)));
@@ -769,12 +826,19 @@ async fn connect_agent(
             rkey: a.credit_mr.rkey(),
             length: wire::CREDIT_MR_BYTES,
         }),
-        // The emulated agents send prebuilt `kind = metrics` frames: no series dictionary.
-        features: 0,
+        // A dictionary template's agents announce the series dictionary, as the agent does.
+        features: if a.wants_dict {
+            FEATURE_SERIES_DICTIONARY
+        } else {
+            0
+        },
     };
     let welcome = client_handshake(&mut ch, hello, token.as_bytes())
         .await
         .map_err(|e| e.to_string())?;
+    if a.wants_dict && welcome.features & FEATURE_SERIES_DICTIONARY == 0 {
+        return Err("the collector's Welcome did not take the series dictionary".into());
+    }
     connect_qp(a, &welcome)?;
     Ok(ch)
 }
@@ -808,7 +872,6 @@ async fn session(
     a: &Agent,
     mut ch: ControlChannel<TcpStream>,
     mut finish: watch::Receiver<bool>,
-    records: u32,
 ) -> Result<(), String> {
     let mut hb = tokio::time::interval(Duration::from_secs(1));
     hb.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -830,6 +893,9 @@ async fn session(
                                 .await
                                 .map_err(|e| format!("{}: heartbeat: {e}", a.id))?;
                         }
+                    }
+                    Some(Body::DictAck(d)) if d.epoch == a.epoch && d.stream_id == 1 => {
+                        a.dict_known.fetch_max(d.known_up_to, Ordering::AcqRel);
                     }
                     Some(Body::Goodbye(g)) => {
                         return Err(format!("{}: collector said goodbye: {}", a.id, g.detail));
@@ -865,7 +931,7 @@ async fn session(
         streams: vec![StreamFinal {
             stream_id: 1,
             final_stream_seq: last,
-            final_record_count: sent.saturating_mul(u64::from(records)),
+            final_record_count: a.records.load(Ordering::Acquire),
         }],
         reason: GoodbyeReason::Shutdown as i32,
         detail: "benchmark finished".into(),

@@ -11,6 +11,7 @@ use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use uctel_bench::agentcost::{self, AgentCostConfig};
 use uctel_bench::fastcost::{self, FastCostConfig};
+use uctel_bench::forms::{FormRound, SoftForms};
 use uctel_bench::idle::{self, IdleConfig};
 use uctel_bench::journalcost::{self, JournalCostConfig};
 use uctel_bench::limit::{self, LimitConfig};
@@ -20,7 +21,7 @@ use uctel_bench::remotewrite::{self, RemoteWriteRunConfig};
 use uctel_bench::report::{Machine, Perftest, Report};
 use uctel_bench::softpath::{self, SoftRunConfig};
 use uctel_bench::tradeoff::{self, TradeoffConfig};
-use uctel_bench::workload::{FrameTemplate, ROCE_WRITE_IMM_OVERHEAD};
+use uctel_bench::workload::{FrameForm, FrameTemplate, ROCE_WRITE_IMM_OVERHEAD};
 use uctel_transport::api::RcAttr;
 
 /// The collector's `transport.soft.progress`.
@@ -258,6 +259,11 @@ struct Args {
     /// Remote-write: skip the collector run without remote-write (the marginal cost).
     #[arg(long)]
     rw_no_baseline: bool,
+    /// Rounds of the soft path with both payload forms alternated back to back (protobuf
+    /// `metrics` and series-dictionary `metrics_dict` frames of the same size, ABBA), and
+    /// whether remote-write also runs the dictionary pair; 0: the protobuf form only.
+    #[arg(long, default_value_t = 2)]
+    form_rounds: usize,
     /// Remote-write: the measured window of each side, seconds.
     #[arg(long, default_value_t = 10.0)]
     rw_duration_secs: f64,
@@ -386,6 +392,7 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         align: None,
         dict_cost: None,
         log_dict: None,
+        soft_forms: None,
         journal_cost: None,
         tradeoff: Vec::new(),
         perftest: Perftest {
@@ -448,12 +455,64 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         credit_write_batching: true,
         pace: None,
     };
-    if wants(Part::Soft) {
+    if wants(Part::Soft) && args.form_rounds == 0 {
         eprintln!("[soft] K = {}, {:.1} s", args.agents, args.duration_secs);
         match softpath::run(&soft_cfg(args.agents, args.duration_secs, "soft")) {
             Ok(r) => report.soft = Some(r),
             Err(e) => report.failures.push(("soft path".into(), e.to_string())),
         }
+    }
+    if wants(Part::Soft) && args.form_rounds > 0 {
+        let dict = Arc::new(FrameTemplate::metrics_dict(args.frame_bytes)?);
+        let mut forms = SoftForms::default();
+        for round in 0..args.form_rounds {
+            // ABBA: the form that ran second runs first in the next round.
+            let order = if round % 2 == 0 {
+                [FrameForm::Metrics, FrameForm::MetricsDict]
+            } else {
+                [FrameForm::MetricsDict, FrameForm::Metrics]
+            };
+            let mut got = Vec::new();
+            for form in order {
+                eprintln!(
+                    "[soft] round {round}, {}: K = {}, {:.1} s",
+                    form.name(),
+                    args.agents,
+                    args.duration_secs
+                );
+                let tag = format!("soft-{}-r{round}", form.name());
+                let cfg = SoftRunConfig {
+                    frame: match form {
+                        FrameForm::Metrics => frame.clone(),
+                        FrameForm::MetricsDict => dict.clone(),
+                    },
+                    ..soft_cfg(args.agents, args.duration_secs, &tag)
+                };
+                match softpath::run(&cfg) {
+                    Ok(r) => got.push(r),
+                    Err(e) => report
+                        .failures
+                        .push((format!("soft path, {}", form.name()), e.to_string())),
+                }
+            }
+            let (Some(b), Some(a)) = (got.pop(), got.pop()) else {
+                continue;
+            };
+            let (metrics, metrics_dict) = if order[0] == FrameForm::Metrics {
+                (a, b)
+            } else {
+                (b, a)
+            };
+            if report.soft.is_none() {
+                report.soft = Some(metrics.clone());
+            }
+            forms.rounds.push(FormRound {
+                first: order[0],
+                metrics,
+                metrics_dict,
+            });
+        }
+        report.soft_forms = Some(forms);
     }
     if wants(Part::Processing) {
         eprintln!("[processing] {:.1} CPU-s", args.processing_cpu_secs);
@@ -641,6 +700,11 @@ fn run(args: &Args) -> anyhow::Result<bool> {
             workdir: workdir.join("remote-write"),
             agents: args.rw_agents,
             frame: Arc::new(FrameTemplate::metrics(args.rw_frame_bytes)?),
+            dict_frame: if args.form_rounds > 0 {
+                Some(Arc::new(FrameTemplate::metrics_dict(args.rw_frame_bytes)?))
+            } else {
+                None
+            },
             baseline: !args.rw_no_baseline,
             gap: Duration::from_millis(args.rw_frame_interval_ms.max(1)),
             slots: args.slots,

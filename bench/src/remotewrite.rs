@@ -13,6 +13,13 @@
 //! The load: `K` agents, each one frame per `gap` (11 node_exporter-style series per frame,
 //! every series stamped with the frame's time, strictly increasing in ms), so
 //! `K × 11 / gap` samples/s over `K × 11` series.
+//!
+//! With a series-dictionary template (`dict_frame`, issue 43) the row runs a second pair
+//! right after the first: the collector fed steady-state `kind = metrics_dict` frames of the
+//! same frame size (negotiated at `Hello`, [`crate::loadgen`]), then vmagent fed the same
+//! series at the same rate. A dictionary frame holds many more samples, so that pair uses
+//! fewer agents and another frame gap, chosen to keep the samples per second offered equal
+//! and the series count as close as whole agents allow (`dict_load`).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -24,9 +31,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use uctel_collector::outputs::remote_write::prompb::{self, Sample};
-use uctel_protocol::frame::Frame;
-use uctel_protocol::limits::Limits;
-use uctel_protocol::payload::{decode_metric_batch, MetricType};
+use uctel_protocol::payload::MetricType;
 
 use crate::cpu::{delta, sample_process, CpuDelta};
 use crate::daemon::{
@@ -61,6 +66,68 @@ pub struct RemoteWriteRunConfig {
     pub warmup: Duration,
     /// Measured window of each side.
     pub duration: Duration,
+    /// Also run the pair with series-dictionary frames of this template.
+    pub dict_frame: Option<Arc<FrameTemplate>>,
+}
+
+/// One load: agents, their frames and the gap between an agent's frames.
+#[derive(Clone, Debug)]
+struct Load {
+    agents: usize,
+    frame: Arc<FrameTemplate>,
+    gap: Duration,
+    /// Names the collector's work directory.
+    tag: &'static str,
+}
+
+impl Load {
+    fn series(&self) -> usize {
+        self.agents * self.frame.records() as usize
+    }
+
+    fn offered(&self) -> f64 {
+        self.agents as f64 * f64::from(self.frame.records()) / self.gap.as_secs_f64()
+    }
+}
+
+/// The dictionary pair's load for a protobuf load of `agents` agents with `plain_records`
+/// samples per frame every `gap`: `agents × plain_records / dict_records` agents (rounded,
+/// at least one) and the gap that offers the same samples per second.
+fn dict_load(agents: usize, plain_records: u32, gap: Duration, frame: Arc<FrameTemplate>) -> Load {
+    let dict_records = f64::from(frame.records().max(1));
+    let per_sec = agents as f64 * f64::from(plain_records) / gap.as_secs_f64();
+    let k = ((agents as f64 * f64::from(plain_records) / dict_records).round() as usize).max(1);
+    Load {
+        agents: k,
+        gap: Duration::from_secs_f64(k as f64 * dict_records / per_sec.max(1e-9)),
+        frame,
+        tag: "uctel-dict",
+    }
+}
+
+/// The series-dictionary pair of the row.
+#[derive(Clone, Debug, Serialize)]
+pub struct DictPair {
+    /// Emulated agents.
+    pub agents: usize,
+    /// Distinct series.
+    pub series: usize,
+    /// Samples per steady-state frame.
+    pub records_per_frame: u32,
+    /// Bytes of the steady-state frame.
+    pub frame_bytes: usize,
+    /// Each agent's frame gap, ms.
+    pub gap_ms: f64,
+    /// Samples offered per second.
+    pub offered_per_sec: f64,
+    /// uctel-collector fed `metrics_dict` frames.
+    pub uctel: Side,
+    /// vmagent fed the same series at the same rate.
+    pub vmagent: Option<Side>,
+    /// Why vmagent is absent.
+    pub vmagent_error: Option<String>,
+    /// The collector's sum rule.
+    pub accounting: Accounting,
 }
 
 /// One relay's figures.
@@ -91,6 +158,12 @@ pub struct Accounting {
     pub pending: f64,
     /// `samples_in − sent − dropped − failed − pending` (0 when the sum rule holds).
     pub unaccounted: f64,
+    /// Samples in the frames the load generator posted.
+    pub offered: u64,
+    /// `stale_markers_total`: markers for the series that ended at the agents' `Goodbye`s,
+    /// part of `samples_in` (so `samples_in = offered + stale_markers` when no frame was
+    /// lost on the way).
+    pub stale_markers: f64,
 }
 
 /// The row.
@@ -116,6 +189,8 @@ pub struct RemoteWriteResult {
     pub vmagent_error: Option<String>,
     /// The collector's sum rule.
     pub accounting: Accounting,
+    /// The series-dictionary pair (when asked for).
+    pub dict: Option<DictPair>,
 }
 
 /// Why the row failed.
@@ -229,23 +304,55 @@ pub fn run(cfg: &RemoteWriteRunConfig) -> Result<RemoteWriteResult, RemoteWriteE
     )?;
     wait_http(&http, &format!("http://{vm_addr}/health"), &vm.log)?;
     let write_url = format!("http://{vm_addr}/api/v1/write");
-    let series = cfg.agents * cfg.frame.records() as usize;
-    let offered = cfg.agents as f64 * f64::from(cfg.frame.records()) / cfg.gap.as_secs_f64();
+    let load = Load {
+        agents: cfg.agents,
+        frame: cfg.frame.clone(),
+        gap: cfg.gap,
+        tag: "uctel",
+    };
+    let (series, offered) = (load.series(), load.offered());
 
     let baseline = if cfg.baseline {
-        Some(run_uctel(cfg, &http, vm_addr, None)?.0.cpu)
+        let base = Load {
+            tag: "uctel-baseline",
+            ..load.clone()
+        };
+        Some(run_uctel(cfg, &base, &http, vm_addr, None)?.0.cpu)
     } else {
         None
     };
-    let (uctel, accounting) = run_uctel(cfg, &http, vm_addr, Some(&write_url))?;
+    let (uctel, accounting) = run_uctel(cfg, &load, &http, vm_addr, Some(&write_url))?;
     let marginal = baseline.as_ref().and_then(|b| {
         let extra = uctel.cpu.cpu_seconds / uctel.cpu.wall_seconds.max(1e-9)
             - b.cpu_seconds / b.wall_seconds.max(1e-9);
         (extra > 0.0).then(|| uctel.samples_per_sec / extra)
     });
-    let (vmagent, vmagent_error) = match run_vmagent(cfg, &http, vm_addr, &write_url) {
+    let (vmagent, vmagent_error) = match run_vmagent(cfg, &load, &http, vm_addr, &write_url) {
         Ok(s) => (Some(s), None),
         Err(e) => (None, Some(e.to_string())),
+    };
+    let dict = match &cfg.dict_frame {
+        Some(f) => {
+            let d = dict_load(cfg.agents, cfg.frame.records(), cfg.gap, f.clone());
+            let (uctel, accounting) = run_uctel(cfg, &d, &http, vm_addr, Some(&write_url))?;
+            let (vmagent, vmagent_error) = match run_vmagent(cfg, &d, &http, vm_addr, &write_url) {
+                Ok(s) => (Some(s), None),
+                Err(e) => (None, Some(e.to_string())),
+            };
+            Some(DictPair {
+                agents: d.agents,
+                series: d.series(),
+                records_per_frame: d.frame.records(),
+                frame_bytes: d.frame.steady_len(),
+                gap_ms: d.gap.as_secs_f64() * 1e3,
+                offered_per_sec: d.offered(),
+                uctel,
+                vmagent,
+                vmagent_error,
+                accounting,
+            })
+        }
+        None => None,
     };
     drop(vm);
     Ok(RemoteWriteResult {
@@ -258,22 +365,20 @@ pub fn run(cfg: &RemoteWriteRunConfig) -> Result<RemoteWriteResult, RemoteWriteE
         vmagent,
         vmagent_error,
         accounting,
+        dict,
     })
 }
 
 fn run_uctel(
     cfg: &RemoteWriteRunConfig,
+    load: &Load,
     http: &ureq::Agent,
     vm_addr: SocketAddr,
     write_url: Option<&str>,
 ) -> Result<(Side, Accounting), RemoteWriteError> {
-    let dir = cfg.workdir.join(if write_url.is_some() {
-        "uctel"
-    } else {
-        "uctel-baseline"
-    });
+    let dir = cfg.workdir.join(load.tag);
     std::fs::create_dir_all(&dir).map_err(setup("work directory"))?;
-    let slot_bytes = u32::try_from(cfg.frame.len()).unwrap_or(u32::MAX);
+    let slot_bytes = u32::try_from(load.frame.len()).unwrap_or(u32::MAX);
     let collector = CollectorProcess::start(
         &cfg.collector_bin,
         &dir,
@@ -298,15 +403,15 @@ fn run_uctel(
     )
     .map_err(setup("collector"))?;
     let mut gen = LoadGen::connect(&LoadConfig {
-        agents: cfg.agents,
+        agents: load.agents,
         control: collector.control,
         token: TOKEN.into(),
-        frame: cfg.frame.clone(),
+        frame: load.frame.clone(),
         qps_per_device: 32,
         sq_depth: 256,
         post_batch: 16,
         connect_parallelism: 32,
-        pace: Some(cfg.gap),
+        pace: Some(load.gap),
         expected_fps: None,
         bursts: None,
         credit_writes: false,
@@ -327,6 +432,7 @@ fn run_uctel(
     let window = t0.elapsed().as_secs_f64();
     gen.stop_sending();
     gen.wait_consumed(Duration::from_secs(5));
+    let offered = gen.records_sent();
     let _ = gen.finish();
     // Goodbyes settle; the queues drain (stale markers included).
     const RW: &str = "uctel_collector_remote_write_";
@@ -349,6 +455,8 @@ fn run_uctel(
         failed: by_reason("samples_failed_total"),
         pending: s.sum(&format!("{RW}samples_pending"), &[]),
         unaccounted: 0.0,
+        offered,
+        stale_markers: s.sum(&format!("{RW}stale_markers_total"), &[]),
     };
     a.unaccounted = a.samples_in
         - a.sent
@@ -369,6 +477,100 @@ fn run_uctel(
     ))
 }
 
+/// Collector samples per CPU-s with `metrics_dict` frames at least this multiple of
+/// vmagent's, same load, same receiver (issue 43).
+pub const DICT_REMOTE_WRITE_VS_VMAGENT: f64 = 2.0;
+
+/// The report's rows of the dictionary pair (none when it did not run).
+pub fn dict_rows(r: &RemoteWriteResult) -> Vec<[String; 4]> {
+    use crate::stats::si;
+    let Some(d) = &r.dict else {
+        return Vec::new();
+    };
+    let vs = d.vmagent.as_ref().map_or_else(
+        || {
+            format!(
+                "vmagent not run: {}",
+                d.vmagent_error.clone().unwrap_or_default()
+            )
+        },
+        |v| {
+            format!(
+                "{:.2}× vmagent ({} samples/s, {} per vmagent CPU-s, {:.2} cores)",
+                rate(d.uctel.samples_per_core_sec, v.samples_per_core_sec),
+                si(v.samples_per_sec),
+                si(v.samples_per_core_sec),
+                v.cpu.cores
+            )
+        },
+    );
+    let a = &d.accounting;
+    vec![
+        [
+            format!(
+                "  metrics_dict frames: K = {}, {} series, {} samples per {} B frame every {:.2} ms",
+                d.agents, d.series, d.records_per_frame, d.frame_bytes, d.gap_ms
+            ),
+            format!(
+                "{} samples/s; {} per collector CPU-s ({:.2} cores); {:.2}× the metrics frames'",
+                si(d.uctel.samples_per_sec),
+                si(d.uctel.samples_per_core_sec),
+                d.uctel.cpu.cores,
+                rate(d.uctel.samples_per_core_sec, r.uctel.samples_per_core_sec)
+            ),
+            vs,
+            format!("offered {} samples/s", si(d.offered_per_sec)),
+        ],
+        [
+            "  metrics_dict remote-write accounting (whole run)".into(),
+            format!(
+                "offered {} + stale markers {}; in {} = sent {} + dropped {} + failed {} + pending {}",
+                a.offered,
+                a.stale_markers,
+                a.samples_in,
+                a.sent,
+                a.dropped.values().sum::<f64>(),
+                a.failed.values().sum::<f64>(),
+                a.pending
+            ),
+            format!("unaccounted {}", a.unaccounted),
+            format!("collector threads: {}", threads_of(&d.uctel.cpu)),
+        ],
+    ]
+}
+
+fn threads_of(c: &CpuDelta) -> String {
+    let mut v: Vec<(&String, &f64)> = c.by_thread.iter().filter(|(_, s)| **s > 0.0).collect();
+    v.sort_by(|a, b| b.1.total_cmp(a.1));
+    v.iter()
+        .map(|(n, s)| format!("{n} {:.2}", *s / c.wall_seconds.max(1e-9)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The dictionary pair's target (none when it or vmagent did not run).
+pub fn dict_targets(r: &RemoteWriteResult) -> Vec<crate::stats::Target> {
+    use crate::stats::{Goal, Target, Verdict};
+    let Some((d, v)) = r
+        .dict
+        .as_ref()
+        .and_then(|d| d.vmagent.as_ref().map(|v| (d, v)))
+    else {
+        return Vec::new();
+    };
+    vec![Target {
+        name: "remote-write vs vmagent per core, metrics_dict frames".into(),
+        rule: format!(
+            "samples delivered per collector CPU-s ≥ {DICT_REMOTE_WRITE_VS_VMAGENT} × vmagent's (issue 43)"
+        ),
+        verdict: Verdict::check(
+            rate(d.uctel.samples_per_core_sec, v.samples_per_core_sec),
+            DICT_REMOTE_WRITE_VS_VMAGENT,
+            Goal::AtLeast,
+        ),
+    }]
+}
+
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -376,20 +578,11 @@ fn now_ms() -> i64 {
 }
 
 /// The template's series for `agents` agents: encoded labels and the value of each.
-fn series_of(
-    frame: &FrameTemplate,
-    agents: usize,
-) -> Result<Vec<(Vec<u8>, f64)>, RemoteWriteError> {
-    let f = Frame::new_checked(frame.bytes()).map_err(setup("template frame"))?;
-    let limits = Limits {
-        max_frame_bytes: frame.len(),
-        ..Limits::default()
-    };
-    let batch = decode_metric_batch(f.payload(), &limits).map_err(setup("template payload"))?;
+fn series_of(frame: &FrameTemplate, agents: usize) -> Vec<(Vec<u8>, f64)> {
     let mut out = Vec::new();
     for k in 0..agents {
         let agent = format!("bench-{k}");
-        for m in &batch.metrics {
+        for m in frame.series() {
             if m.r#type == MetricType::Histogram as i32 {
                 continue;
             }
@@ -405,16 +598,17 @@ fn series_of(
             out.push((prompb::encode_labels(labels), m.value));
         }
     }
-    Ok(out)
+    out
 }
 
 fn run_vmagent(
     cfg: &RemoteWriteRunConfig,
+    load: &Load,
     http: &ureq::Agent,
     vm_addr: SocketAddr,
     write_url: &str,
 ) -> Result<Side, RemoteWriteError> {
-    let dir = cfg.workdir.join("vmagent");
+    let dir = cfg.workdir.join(format!("vmagent-{}", load.tag));
     std::fs::create_dir_all(&dir).map_err(setup("work directory"))?;
     let addr = SocketAddr::from(([127, 0, 0, 1], free_tcp_port().map_err(setup("port"))?));
     let agent = Proc::spawn(
@@ -428,18 +622,18 @@ fn run_vmagent(
         dir.join("vmagent.out"),
     )?;
     wait_http(http, &format!("http://{addr}/health"), &agent.log)?;
-    let series = series_of(&cfg.frame, cfg.agents)?;
+    let series = series_of(&load.frame, load.agents);
     let stop = Arc::new(AtomicBool::new(false));
     let posted = Arc::new(AtomicU64::new(0));
     let feeder = {
         let (stop, posted) = (stop.clone(), posted.clone());
-        let gap_ms = i64::try_from(cfg.gap.as_millis().max(1)).unwrap_or(1);
+        let gap = load.gap;
         let url = format!("http://{addr}/api/v1/write");
-        let per_frame = cfg.frame.records() as usize;
-        let agents = cfg.agents;
+        let per_frame = load.frame.records() as usize;
+        let agents = load.agents;
         std::thread::Builder::new()
             .name("vmagent-feed".into())
-            .spawn(move || feed(&url, &series, agents, per_frame, gap_ms, &stop, &posted))
+            .spawn(move || feed(&url, &series, agents, per_frame, gap, &stop, &posted))
             .map_err(setup("feeder thread"))?
     };
     std::thread::sleep(cfg.warmup);
@@ -479,17 +673,19 @@ fn feed(
     series: &[(Vec<u8>, f64)],
     agents: usize,
     per_frame: usize,
-    gap_ms: i64,
+    gap: Duration,
     stop: &AtomicBool,
     posted: &AtomicU64,
 ) -> Result<(), RemoteWriteError> {
     let http = http();
     let start = now_ms();
+    // At least 1 ms, so that every series' timestamps strictly increase.
+    let gap_ms = (gap.as_secs_f64() * 1e3).max(1.0);
     let mut next_frame: i64 = 0;
     let mut scratch = Vec::new();
     let per_series = series.len().max(1);
     while !stop.load(Ordering::Acquire) {
-        let due = (now_ms() - start) / gap_ms + 1;
+        let due = ((now_ms() - start) as f64 / gap_ms) as i64 + 1;
         let mut pending: Vec<Vec<Sample>> = vec![Vec::new(); per_series];
         let mut n = 0usize;
         let flush = |pending: &mut Vec<Vec<Sample>>,
@@ -516,7 +712,7 @@ fn feed(
             Ok(())
         };
         while next_frame < due {
-            let ts = start + next_frame * gap_ms;
+            let ts = start + (next_frame as f64 * gap_ms) as i64;
             for k in 0..agents {
                 for j in 0..per_frame {
                     let i = k * per_frame + j;

@@ -190,6 +190,8 @@ pub struct Report {
     pub dict_cost: Option<crate::dictcost::DictCostResult>,
     /// Bytes per log record with and without a log dictionary (`--only log-dict`).
     pub log_dict: Option<crate::logdict::LogDictResult>,
+    /// The soft path with both payload forms alternated (`--form-rounds`).
+    pub soft_forms: Option<crate::forms::SoftForms>,
     /// Lines per agent CPU-second of the journald source against the file tailer's.
     pub journal_cost: Option<crate::journalcost::JournalCostResult>,
     /// The reliability trade-off: UC and RC at each injected loss rate.
@@ -399,6 +401,12 @@ impl Report {
                 verdict: Verdict::check(A::q(&a.fast_error_us, 0.99), ALIGN_P99_US, Goal::AtMost),
             });
         }
+        t.extend(self.soft_forms.iter().flat_map(|f| f.targets()));
+        t.extend(
+            self.remote_write
+                .iter()
+                .flat_map(crate::remotewrite::dict_targets),
+        );
         t.extend(crate::fleet::targets(
             &self.scaling,
             self.fleet.as_ref(),
@@ -465,6 +473,9 @@ impl Report {
                 format!("unaccounted {}", s.accounting.unaccounted),
                 format!("dropped (also in lost): {}", reasons(&s.accounting.dropped)),
             ));
+        }
+        if let Some(f) = &self.soft_forms {
+            rows.extend(f.rows());
         }
         if let Some(p) = &self.processing {
             let vs = self.soft.as_ref().map_or(String::new(), |s| {
@@ -668,6 +679,7 @@ impl Report {
                 format!("unaccounted {}", a.unaccounted),
                 format!("dropped: {}", reasons(&a.dropped)),
             ));
+            rows.extend(crate::remotewrite::dict_rows(r));
         }
         if let Some(n) = &self.node_cost {
             rows.push(row(
@@ -939,21 +951,7 @@ fn reasons(m: &std::collections::BTreeMap<String, f64>) -> String {
 
 pub use crate::stats::ratio;
 
-/// `1.23 M`, `456 k`, `789`.
-pub fn si(v: f64) -> String {
-    let a = v.abs();
-    if !v.is_finite() {
-        "n/a".into()
-    } else if a >= 1e6 {
-        format!("{:.2} M", v / 1e6)
-    } else if a >= 1e4 {
-        format!("{:.0} k", v / 1e3)
-    } else if a >= 1e3 {
-        format!("{:.1} k", v / 1e3)
-    } else {
-        format!("{v:.0}")
-    }
-}
+pub use crate::stats::si;
 
 /// `1.5 MiB`, `64.0 KiB`, `12 B`.
 pub fn bytes(v: f64) -> String {

@@ -26,11 +26,12 @@ use crate::daemon::{CollectorProcess, CollectorSettings, DaemonError, TOKEN};
 use crate::loadgen::{DataStats, LoadConfig, LoadError, LoadGen};
 use crate::promtext::Scrape;
 use crate::stats::{rate, spread, Spread};
-use crate::workload::FrameTemplate;
+use crate::workload::{FrameForm, FrameTemplate};
 
 const RECEIVED: &str = "uctel_collector_frames_received_total";
 const RECORDS: &str = "uctel_collector_records_received_total";
 const LOST: &str = "uctel_collector_frames_lost_total";
+const RECORDS_LOST: &str = "uctel_collector_records_lost_total";
 const DROPPED: &str = "uctel_collector_frames_dropped_total";
 const TRANSPORT_DROPPED: &str = "uctel_collector_transport_packets_dropped_total";
 const CONNECTED: &str = "uctel_collector_agents_connected";
@@ -129,6 +130,15 @@ pub struct Accounting {
     pub unaccounted: f64,
     /// Whether the collector reported every posted frame consumed before the goodbyes.
     pub drained: bool,
+    /// Records (samples) in the frames the generator posted.
+    pub records_sent: u64,
+    /// `records_received_total`.
+    pub records_received: f64,
+    /// `records_lost_total` (the records of lost frames).
+    pub records_lost: f64,
+    /// `records_sent − records_received − records_lost`: 0 when no frame was dropped after
+    /// tracking (those frames' records are in neither counter).
+    pub records_unaccounted: f64,
 }
 
 /// What one run measured.
@@ -142,10 +152,17 @@ pub struct SoftRunResult {
     pub credit_write_batches: f64,
     /// Emulated agents.
     pub agents: usize,
-    /// Bytes per frame.
+    /// The frames' payload form.
+    pub form: FrameForm,
+    /// Bytes per frame (the largest: the ring's slot size).
     pub frame_bytes: usize,
-    /// Samples per frame.
+    /// Bytes of the steady-state frame.
+    pub steady_frame_bytes: usize,
+    /// Samples per (steady-state) frame.
     pub records_per_frame: u32,
+    /// Agents whose series dictionary the collector had acknowledged by the window's start
+    /// (all of them for the protobuf form).
+    pub dict_acknowledged: usize,
     /// Ring bytes per agent (`slots × slot_bytes` of the largest ring the collector gave).
     pub ring_bytes: u64,
     /// Ring slots the collector gave, smallest and largest over the agents.
@@ -301,6 +318,7 @@ pub fn run(cfg: &SoftRunConfig) -> Result<SoftRunResult, SoftRunError> {
 
     gen.start_sending()?;
     std::thread::sleep(cfg.warmup);
+    let dict_acknowledged = gen.dict_acknowledged();
     let me = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
     let gen0 = sample_process(me).ok();
     let (c0, s0, g0) = (collector.sample()?, collector.scrape()?, gen.sent());
@@ -317,6 +335,7 @@ pub fn run(cfg: &SoftRunConfig) -> Result<SoftRunResult, SoftRunError> {
         2.0 + 5.0 * cfg.report_interval_seconds,
     ));
     let sent_total: u64 = gen.sent().iter().sum();
+    let records_sent = gen.records_sent();
     let socket_drops = udp_drops(collector.pid(), collector.udp.port());
     let ids = gen.agent_ids();
     let control_errors = gen.finish();
@@ -376,10 +395,15 @@ pub fn run(cfg: &SoftRunConfig) -> Result<SoftRunResult, SoftRunError> {
         / cfg.agents.max(1) as f64;
     let min_slots = ring_slots.values().copied().min().unwrap_or(cfg.slots);
     let max_slots = ring_slots.values().copied().max().unwrap_or(cfg.slots);
+    let records_received = s2.sum(RECORDS, &[]);
+    let records_lost = s2.sum(RECORDS_LOST, &[]);
     Ok(SoftRunResult {
         agents: cfg.agents,
+        form: cfg.frame.form(),
         frame_bytes: frame_len,
+        steady_frame_bytes: cfg.frame.steady_len(),
         records_per_frame: cfg.frame.records(),
+        dict_acknowledged,
         ring_bytes: u64::from(max_slots) * u64::from(slot_bytes),
         ring_slots: (min_slots, max_slots),
         credit_budget_frames: s1.sum(BUDGET, &[]),
@@ -416,6 +440,10 @@ pub fn run(cfg: &SoftRunConfig) -> Result<SoftRunResult, SoftRunError> {
             transport_dropped: by_reason(&s2, TRANSPORT_DROPPED),
             unaccounted,
             drained,
+            records_sent,
+            records_received,
+            records_lost,
+            records_unaccounted: records_sent as f64 - records_received - records_lost + 0.0,
         },
         generator_cpu: gen0.zip(gen1).map(|(a, b)| delta(&a, &b)),
         generator_post_calls: stats.post_calls,

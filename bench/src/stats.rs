@@ -222,3 +222,19 @@ pub struct Target {
     /// The check.
     pub verdict: Verdict,
 }
+
+/// `1.23 M`, `456 k`, `789`.
+pub fn si(v: f64) -> String {
+    let a = v.abs();
+    if !v.is_finite() {
+        "n/a".into()
+    } else if a >= 1e6 {
+        format!("{:.2} M", v / 1e6)
+    } else if a >= 1e4 {
+        format!("{:.0} k", v / 1e3)
+    } else if a >= 1e3 {
+        format!("{:.1} k", v / 1e3)
+    } else {
+        format!("{v:.0}")
+    }
+}

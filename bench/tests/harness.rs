@@ -109,6 +109,58 @@ fn soft_path_moves_frames_and_accounts_for_every_one() {
     assert!(r.accounting.sent > 0);
 }
 
+/// The series-dictionary form through the real collector: every emulated agent negotiates
+/// the dictionary at `Hello`, sends its definitions until the collector's `DictAck` covers
+/// them, then values-only `kind = metrics_dict` frames of the same frame size; the collector
+/// accepts them (many more samples per frame), and every frame and every record is received
+/// or lost, exactly.
+#[test]
+fn soft_path_with_the_series_dictionary_accounts_for_every_frame_and_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let agents = 4;
+    let plain = FrameTemplate::metrics(1024).unwrap();
+    let dict = Arc::new(FrameTemplate::metrics_dict(1024).unwrap());
+    assert!(dict.prelude_frames() > 1, "definitions take several frames");
+    let r = softpath::run(&SoftRunConfig {
+        collector_bin: bins::path(COLLECTOR),
+        workdir: dir.path().join("soft-dict"),
+        agents,
+        frame: dict.clone(),
+        slots: 64,
+        credit_margin_slots: 8,
+        descriptor_queue: 8192,
+        report_interval_seconds: 0.01,
+        warmup: Duration::from_millis(500),
+        duration: Duration::from_millis(500),
+        qps_per_device: 32,
+        sq_depth: 16,
+        post_batch: 8,
+        expected_fps: None,
+        bursts: None,
+        recv_buffer_bytes: None,
+        min_slots: None,
+        progress: None,
+        credit_writes: false,
+        credit_write_batching: true,
+        pace: None,
+    })
+    .unwrap();
+    assert!(r.control_errors.is_empty(), "{:?}", r.control_errors);
+    assert_eq!(r.dict_acknowledged, agents, "{r:?}");
+    assert_eq!(r.records_per_frame, dict.records());
+    assert!(r.records_per_frame > 5 * plain.records(), "{r:?}");
+    // The window holds steady-state frames (full) and prelude frames still queued at its
+    // start (fewer samples each, how many depends on the machine's load): never more.
+    assert!(r.frames > 0.0, "{r:?}");
+    assert_eq!(r.frames_dropped, 0.0, "{r:?}");
+    assert!(r.samples <= r.frames * f64::from(dict.records()), "{r:?}");
+    let a = &r.accounting;
+    assert!(a.dropped.is_empty(), "{a:?}");
+    assert_eq!(a.unaccounted, 0.0, "{a:?}");
+    assert_eq!(a.records_unaccounted, 0.0, "{a:?}");
+    assert!(a.records_sent > 0 && a.records_received > 0.0, "{a:?}");
+}
+
 #[test]
 fn agent_cost_measures_the_real_agent() {
     let dir = tempfile::tempdir().unwrap();
@@ -178,6 +230,7 @@ fn remote_write_row_delivers_through_the_collector_and_vmagent_into_victoria_met
         baseline: false,
         warmup: Duration::from_secs(2),
         duration: Duration::from_secs(2),
+        dict_frame: Some(Arc::new(FrameTemplate::metrics_dict(1024).unwrap())),
     })
     .unwrap();
     // VictoriaMetrics counts what it inserted; both relays got samples through.
@@ -191,6 +244,29 @@ fn remote_write_row_delivers_through_the_collector_and_vmagent_into_victoria_met
     assert_eq!(r.accounting.unaccounted, 0.0, "{:?}", r.accounting);
     assert_eq!(r.accounting.pending, 0.0, "{:?}", r.accounting);
     assert!(r.accounting.sent > 0.0 && r.accounting.sent == r.accounting.samples_in);
+    // Every sample posted reached the output; the rest of `samples_in` are the stale
+    // markers of the series that ended at the Goodbyes.
+    assert_eq!(
+        r.accounting.offered as f64 + r.accounting.stale_markers,
+        r.accounting.samples_in,
+        "{:?}",
+        r.accounting
+    );
+    // The series-dictionary pair: the same samples per second, every sample delivered.
+    let d = r.dict.as_ref().expect("the dictionary pair ran");
+    assert!(
+        (d.offered_per_sec / r.offered_per_sec - 1.0).abs() < 0.01,
+        "{d:?}"
+    );
+    assert!(d.uctel.samples > 0.0, "{d:?}");
+    assert!(d.vmagent.as_ref().is_some_and(|v| v.samples > 0.0), "{d:?}");
+    let a = &d.accounting;
+    assert_eq!(a.unaccounted, 0.0, "{a:?}");
+    assert_eq!(a.pending, 0.0, "{a:?}");
+    assert!(a.dropped.values().all(|v| *v == 0.0), "{a:?}");
+    assert_eq!(a.offered as f64 + a.stale_markers, a.samples_in, "{a:?}");
+    assert_eq!(a.stale_markers, d.series as f64, "{a:?}");
+    assert_eq!(a.sent, a.samples_in, "{a:?}");
 }
 
 /// The OTLP row runs both sides with the same load: each delivers samples, measures the
