@@ -274,9 +274,11 @@ struct Families {
     records_received: IntCounterVec,
     store_series: IntGaugeVec,
     /// `rdma_async_events_total{event}`, one handle per [`crate::rdma_events::EVENT_LABELS`].
-    rdma_async_events: [prometheus::IntCounter; 4],
+    rdma_async_events: [prometheus::IntCounter; crate::rdma_events::EVENT_KINDS],
     /// Whether each event kind was logged at `warn` already.
-    rdma_async_logged: [std::sync::atomic::AtomicBool; 4],
+    rdma_async_logged: [std::sync::atomic::AtomicBool; crate::rdma_events::EVENT_KINDS],
+    /// `connection_queues{queues}` ([`crate::dataplane::QueueMode`]).
+    connection_queues: IntGaugeVec,
     /// `agent_frames_sent_total{agent,stream}` ([`crate::agent_counters`]).
     agent_frames_sent: IntCounterVec,
     /// `agent_records_sent_total{agent,stream}`.
@@ -330,6 +332,10 @@ impl Telemetry {
         let draining = r.int_gauge(&families::DRAINING)?;
         let ring_slots_in_use = r.int_gauge_vec(&families::RING_SLOTS_IN_USE)?;
         let rdma_async_events = r.counter_vec(&families::RDMA_ASYNC_EVENTS)?;
+        let connection_queues = r.int_gauge_vec(&families::CONNECTION_QUEUES)?;
+        for mode in crate::dataplane::QueueMode::ALL {
+            connection_queues.with_label_values(&[mode.as_str()]).set(0);
+        }
         let qp_errors = r.counter_vec(&families::QP_ERRORS)?;
         let rc_qp_events = r.counter_vec(&families::RC_QP_EVENTS)?;
         let rc_gap_frames = r.counter_vec(&families::RC_GAP_FRAMES)?;
@@ -381,6 +387,7 @@ impl Telemetry {
                 rdma_async_events: crate::rdma_events::EVENT_LABELS
                     .map(|e| rdma_async_events.with_label_values(&[e])),
                 rdma_async_logged: Default::default(),
+                connection_queues,
                 agent_frames_sent,
                 agent_records_sent,
                 agent_frames_dropped,
@@ -523,6 +530,14 @@ impl Telemetry {
         } else {
             tracing::debug!(device, event, detail = ?ev, "RDMA async event");
         }
+    }
+
+    /// The `connection_queues{queues}` gauge of `mode` (a session increments it while it
+    /// lives).
+    pub fn connection_queues(&self, mode: crate::dataplane::QueueMode) -> IntGauge {
+        self.inner
+            .connection_queues
+            .with_label_values(&[mode.as_str()])
     }
 
     /// Encodes the registry in the text format.
