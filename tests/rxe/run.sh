@@ -46,7 +46,9 @@ ALL_SCENARIOS=(
   rc_rxe_to_soft
   verbs_async_events
   verbs_send_bench
+  verbs_srq
   daemons_verbs
+  daemons_verbs_many
   daemons_soft_to_verbs
   daemons_rc
 )
@@ -286,11 +288,11 @@ log "initramfs $(du -h "$INITRD" | cut -f1), kernel $KVER, scenarios: ${SCENARIO
 # ---------------------------------------------------------------- boot
 SERIAL="$WORK/serial.log"
 rm -f "$SERIAL"
-log "booting qemu (TCG, 2 vCPUs, 1 GiB), timeout ${TIMEOUT}s; serial log: $SERIAL"
+log "booting qemu (TCG, 2 vCPUs, 2 GiB), timeout ${TIMEOUT}s; serial log: $SERIAL"
 BOOT_START=$(date +%s)
 set +e
 timeout -k 10 "$TIMEOUT" qemu-system-x86_64 \
-  -accel tcg,thread=multi -cpu max -m 1024 -smp 2 \
+  -accel tcg,thread=multi -cpu max -m 2048 -smp 2 \
   -nographic -no-reboot -nic none \
   -kernel "$KROOT/boot/vmlinuz-$KVER" -initrd "$INITRD" \
   -append "console=ttyS0 quiet panic=-1 uctel.verbose=${UCTEL_RXE_VERBOSE:-0}" \

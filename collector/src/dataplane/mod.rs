@@ -37,9 +37,12 @@
 //!   (in the connection's MR); the worker copies the buffer and re-posts it. RC lanes keep an
 //!   own receive queue too (RNR flow control per lane). Both complete into the shared CQ.
 //! * A connection takes room on the shared CQ for every receive WR it may complete; when
-//!   the CQ has no room left (or the device has no shared CQ or SRQ: verbs devices without
-//!   SRQ support), the connection gets CQs and a receive queue of its own and the worker
-//!   polls them every round, as before.
+//!   the CQ has no room left (or the device refused a shared CQ), the connection gets CQs
+//!   and a receive queue of its own and the worker polls them every round, as before. A
+//!   device without SRQs, or one that refuses a UC QP on its SRQ (ibv_create_qp(3) allows
+//!   an SRQ only on RC and UD; rxe and mlx5 accept UC, DESIGN.md §6), gets a receive queue
+//!   per connection on the shared CQ (logged once). `connection_queues{queues}` and the
+//!   `queues=` field of `agent connected` say which ([`QueueMode`]).
 //! * The ring MR is registered LOCAL_WRITE | REMOTE_WRITE (never REMOTE_READ: the API cannot
 //!   express it) with its own rkey.
 //! * Every 100 ms (every second while no completion, and on a driven device no packet,
@@ -689,3 +692,6 @@ impl Drop for DataPlane {
         self.stop();
     }
 }
+
+#[cfg(test)]
+mod tests;
