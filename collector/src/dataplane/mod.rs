@@ -349,7 +349,7 @@ impl Session {
             Some(_) => QueueMode::SharedCq,
             None => QueueMode::Own,
         };
-        let queue_gauge = plane.telemetry.connection_queues(mode);
+        let queue_gauge = plane.telemetry.connection_queues(mode.as_str());
         queue_gauge.inc();
         let session = Session {
             id,

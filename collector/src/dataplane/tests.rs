@@ -173,6 +173,11 @@ fn a_device_refusing_uc_on_an_srq_falls_back_to_own_receive_queues() {
         1,
         "no second try on the SRQ"
     );
+    // The telemetry's label list is the modes' names.
+    assert_eq!(
+        QueueMode::ALL.map(QueueMode::as_str),
+        crate::telemetry::CONNECTION_QUEUES
+    );
     let count = |n: &str| Some(n.to_owned());
     assert_eq!(modes(&tel), [count("0"), count("2"), count("0")]);
     drop(first);
