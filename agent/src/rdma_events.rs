@@ -63,9 +63,14 @@ impl AsyncEventKind {
         AsyncEventKind::DeviceFatal,
     ];
 
-    /// The kind of `ev`.
+    /// The kind of `ev`. The agent creates no shared receive queue, so its device raises no
+    /// SRQ event; one would be counted as `device_fatal` (an SRQ failing under the agent
+    /// would mean its device state is not what the agent made it).
     pub fn of(ev: &AsyncEvent) -> Self {
         match ev {
+            AsyncEvent::SrqLimitReached { .. } | AsyncEvent::SrqError { .. } => {
+                AsyncEventKind::DeviceFatal
+            }
             AsyncEvent::QpFatal { .. } => AsyncEventKind::QpFatal,
             AsyncEvent::CqError { .. } => AsyncEventKind::CqError,
             AsyncEvent::PortChange { .. } => AsyncEventKind::PortChange,

@@ -1,7 +1,7 @@
 //! The asynchronous events (`ibv_get_async_event`) of the collector's RDMA device:
 //! `uctel_collector_rdma_async_events_total{event}` (`qp_fatal`, `cq_error`, `port_change`,
-//! `device_fatal`, every one at zero from the start; each kind logged once at `warn`, later ones
-//! at `debug`), and which connections an event ends.
+//! `device_fatal`, `srq_limit`, `srq_error`, every one at zero from the start; each kind logged
+//! once at `warn`, later ones at `debug`), and which connections an event ends.
 //!
 //! The data-plane worker ([`crate::dataplane`]) takes the pending events at every stats fold
 //! (every 100 ms, every second while idle). `qp_fatal` names a QP and `cq_error` a CQ: the
@@ -9,15 +9,29 @@
 //! plane rebuilds it), without waiting for the QP-state check of the next fold.
 //! `device_fatal` fails every connection (every object on the device is unusable).
 //! `port_change` is only counted and logged: a port that comes back carries the same QPs.
+//! `srq_error` names the worker's shared receive queue: every connection on it fails (its QP
+//! receives nothing more) and later connections keep receive queues of their own.
+//! `srq_limit` says the SRQ ran below the limit the worker armed (an eighth of its target):
+//! counted and logged; the worker arms it again once its top-up restored the target.
 
 use uctel_transport::api::{AsyncEvent, Device};
 
 /// Most events taken per call of [`drain`], so an event storm cannot stall the worker.
 pub const MAX_EVENTS_PER_FOLD: usize = 64;
 
+/// Number of event kinds ([`EVENT_LABELS`]).
+pub const EVENT_KINDS: usize = 6;
+
 /// The `event` label of `uctel_collector_rdma_async_events_total`, in a fixed order (the
 /// position is the index of the per-kind handles).
-pub const EVENT_LABELS: [&str; 4] = ["qp_fatal", "cq_error", "port_change", "device_fatal"];
+pub const EVENT_LABELS: [&str; EVENT_KINDS] = [
+    "qp_fatal",
+    "cq_error",
+    "port_change",
+    "device_fatal",
+    "srq_limit",
+    "srq_error",
+];
 
 /// The position of `ev`'s label in [`EVENT_LABELS`].
 pub fn event_index(ev: &AsyncEvent) -> usize {
@@ -26,15 +40,20 @@ pub fn event_index(ev: &AsyncEvent) -> usize {
         AsyncEvent::CqError { .. } => 1,
         AsyncEvent::PortChange { .. } => 2,
         AsyncEvent::DeviceFatal => 3,
+        AsyncEvent::SrqLimitReached { .. } => 4,
+        AsyncEvent::SrqError { .. } => 5,
     }
 }
 
-/// Whether `ev` ends the connection whose QP is `qpn` and whose CQs have the handles `cqs`.
-pub fn ends_connection(ev: &AsyncEvent, qpn: u32, cqs: [u32; 2]) -> bool {
+/// Whether `ev` ends the connection whose QP is `qpn`, whose CQs have the handles `cqs` and
+/// which takes its receive WRs from the SRQ with handle `srq` (`None`: a receive queue of its
+/// own).
+pub fn ends_connection(ev: &AsyncEvent, qpn: u32, cqs: [u32; 2], srq: Option<u32>) -> bool {
     match ev {
         AsyncEvent::QpFatal { qpn: q, .. } => *q == qpn,
         AsyncEvent::CqError { cq } => cqs.contains(cq),
-        AsyncEvent::PortChange { .. } => false,
+        AsyncEvent::PortChange { .. } | AsyncEvent::SrqLimitReached { .. } => false,
+        AsyncEvent::SrqError { srq: h } => srq == Some(*h),
         AsyncEvent::DeviceFatal => true,
     }
 }
@@ -71,24 +90,43 @@ mod tests {
             qpn: 7,
             cause: QpErrorCause::Device,
         };
-        assert!(ends_connection(&fatal, 7, [1, 2]));
-        assert!(!ends_connection(&fatal, 8, [1, 2]));
-        assert!(ends_connection(&AsyncEvent::CqError { cq: 2 }, 8, [1, 2]));
-        assert!(!ends_connection(&AsyncEvent::CqError { cq: 3 }, 8, [1, 2]));
+        assert!(ends_connection(&fatal, 7, [1, 2], None));
+        assert!(!ends_connection(&fatal, 8, [1, 2], None));
+        assert!(ends_connection(
+            &AsyncEvent::CqError { cq: 2 },
+            8,
+            [1, 2],
+            None
+        ));
+        assert!(!ends_connection(
+            &AsyncEvent::CqError { cq: 3 },
+            8,
+            [1, 2],
+            None
+        ));
         let port = AsyncEvent::PortChange {
             port: 1,
             active: false,
         };
-        assert!(!ends_connection(&port, 7, [1, 2]));
-        assert!(ends_connection(&AsyncEvent::DeviceFatal, 7, [1, 2]));
+        assert!(!ends_connection(&port, 7, [1, 2], Some(4)));
+        assert!(ends_connection(&AsyncEvent::DeviceFatal, 7, [1, 2], None));
+        // An SRQ error ends the connections on that SRQ only; a limit event ends none.
+        let srq_err = AsyncEvent::SrqError { srq: 4 };
+        assert!(ends_connection(&srq_err, 7, [1, 2], Some(4)));
+        assert!(!ends_connection(&srq_err, 7, [1, 2], Some(5)));
+        assert!(!ends_connection(&srq_err, 7, [1, 2], None));
+        let limit = AsyncEvent::SrqLimitReached { srq: 4 };
+        assert!(!ends_connection(&limit, 7, [1, 2], Some(4)));
         let all = [
             fatal,
             AsyncEvent::CqError { cq: 2 },
             port,
             AsyncEvent::DeviceFatal,
+            limit,
+            srq_err,
         ];
         let idx: Vec<usize> = all.iter().map(event_index).collect();
-        assert_eq!(idx, [0, 1, 2, 3]);
+        assert_eq!(idx, [0, 1, 2, 3, 4, 5]);
     }
 
     fn sample(text: &str, series: &str) -> Option<String> {
@@ -178,12 +216,12 @@ mod tests {
         assert_eq!(events.len(), 2, "{events:?}");
         let (qpn, cqs) = (qb.qp_num(), [rcb.handle(), scb.handle()]);
         assert!(
-            events.iter().all(|e| ends_connection(e, qpn, cqs)),
+            events.iter().all(|e| ends_connection(e, qpn, cqs, None)),
             "{events:?}"
         );
         assert!(!events
             .iter()
-            .any(|e| ends_connection(e, qpn + 1, [u32::MAX; 2])));
+            .any(|e| ends_connection(e, qpn + 1, [u32::MAX; 2], None)));
         let t = text(&tel);
         assert_eq!(sample(&t, &series("qp_fatal")).as_deref(), Some("1"), "{t}");
         assert_eq!(sample(&t, &series("cq_error")).as_deref(), Some("1"), "{t}");

@@ -33,6 +33,8 @@ WORK="${UCTEL_RXE_WORK:-$REPO/target/rxe-work}"
 TIMEOUT="${UCTEL_RXE_TIMEOUT:-600}"
 
 # Scenarios in run order; each is tests/rxe/scenarios/<name>.sh, run by the guest's /init.
+# daemons_verbs_many is not in the list yet (run it by name): its one run timed out at 480 s
+# in the guest before reaching an assertion.
 ALL_SCENARIOS=(
   ibv_uc_pingpong
   perftest_send_uc
@@ -46,6 +48,7 @@ ALL_SCENARIOS=(
   rc_rxe_to_soft
   verbs_async_events
   verbs_send_bench
+  verbs_srq
   daemons_verbs
   daemons_soft_to_verbs
   daemons_rc
@@ -286,11 +289,11 @@ log "initramfs $(du -h "$INITRD" | cut -f1), kernel $KVER, scenarios: ${SCENARIO
 # ---------------------------------------------------------------- boot
 SERIAL="$WORK/serial.log"
 rm -f "$SERIAL"
-log "booting qemu (TCG, 2 vCPUs, 1 GiB), timeout ${TIMEOUT}s; serial log: $SERIAL"
+log "booting qemu (TCG, 2 vCPUs, 2 GiB), timeout ${TIMEOUT}s; serial log: $SERIAL"
 BOOT_START=$(date +%s)
 set +e
 timeout -k 10 "$TIMEOUT" qemu-system-x86_64 \
-  -accel tcg,thread=multi -cpu max -m 1024 -smp 2 \
+  -accel tcg,thread=multi -cpu max -m 2048 -smp 2 \
   -nographic -no-reboot -nic none \
   -kernel "$KROOT/boot/vmlinuz-$KVER" -initrd "$INITRD" \
   -append "console=ttyS0 quiet panic=-1 uctel.verbose=${UCTEL_RXE_VERBOSE:-0}" \

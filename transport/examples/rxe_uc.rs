@@ -12,6 +12,12 @@
 //!                                the QP in ERROR, refusing further sends
 //! rxe_uc port-events [options]   prints READY, then waits for the device port to go down and
 //!                                up again (the caller toggles the netdev): expects both events
+//! rxe_uc srq-many [options]      --qps N pairs of QPs in one process: N senders on one send
+//!                                CQ, N receivers on one receive CQ and one shared receive
+//!                                queue; --count rounds of one message per sender (send-imm
+//!                                or write-imm); every completion's qp_num must name the
+//!                                receiver its immediate says, every message arrive once,
+//!                                whole; then the SRQ limit event (armed, then crossed)
 //!
 //! --transport verbs|soft   transport of this side (default verbs)
 //! --qp uc|rc               QP type (default uc); both sides must agree (sent in the endpoint
@@ -28,7 +34,8 @@
 //! --op send|send-imm|write|write-imm   (default write-imm; `write` is checked in the
 //!                          receiver's ring once the sender is done, at most 1024 messages)
 //! --size BYTES             message size (default 1024)
-//! --count N                messages (default 100)
+//! --count N                messages (default 100; srq-many: per QP)
+//! --qps N                  srq-many: QP pairs (default 64)
 //! --hold FROM:LEN          recv: post no receive WR for messages FROM..FROM+LEN, which must
 //!                          then be dropped silently by the responder and show up as a gap
 //! --drop-middle FROM:EVERY soft: lose the first MIDDLE packet of messages FROM, FROM+EVERY,
@@ -145,6 +152,8 @@ struct Args {
     rc_flags: bool,
     drop_percent: Option<f64>,
     seed: u64,
+    /// `--qps` (srq-many).
+    qps: usize,
 }
 
 impl Args {
@@ -206,6 +215,7 @@ fn parse_args() -> Result<Args> {
         rc_flags: false,
         drop_percent: None,
         seed: 1,
+        qps: 64,
     };
     while let Some(flag) = it.next() {
         if flag == "--bench" {
@@ -260,6 +270,7 @@ fn parse_args() -> Result<Args> {
                 a.drop_percent = Some(p);
             }
             "--seed" => a.seed = v.parse().map_err(|e| bad(&e))?,
+            "--qps" => a.qps = v.parse().map_err(|e| bad(&e))?,
             "--hold" => {
                 let (f, l) = v.split_once(':').ok_or_else(|| bad(&"expected FROM:LEN"))?;
                 a.hold = Some((
@@ -1604,14 +1615,18 @@ fn run_port_events(a: &Args) -> Result<String> {
     Ok(summary)
 }
 
+#[path = "rxe_uc_parts/srq_many.rs"]
+mod srq_many;
+
 fn main() -> ExitCode {
     let result = parse_args().and_then(|a| match a.role.as_str() {
         "recv" => run_recv(&a),
         "send" => run_send(&a),
         "cq-overflow" => run_cq_overflow(&a),
         "port-events" => run_port_events(&a),
+        "srq-many" => srq_many::run(&a),
         r => Err(format!(
-            "unknown role {r:?} (recv, send, cq-overflow, port-events)"
+            "unknown role {r:?} (recv, send, cq-overflow, port-events, srq-many)"
         )),
     });
     match result {

@@ -170,6 +170,7 @@ pub(super) async fn run_session(
         data_path = ?accepted.data_path,
         qpn = lanes.uc().session.qp.qp_num(),
         rc_qpn = lanes.rc().map(|l| l.session.qp.qp_num()),
+        queues = %lanes.uc().session.queue_mode().as_str(),
         "agent connected"
     );
     let now = Instant::now();

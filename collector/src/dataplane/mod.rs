@@ -37,9 +37,12 @@
 //!   (in the connection's MR); the worker copies the buffer and re-posts it. RC lanes keep an
 //!   own receive queue too (RNR flow control per lane). Both complete into the shared CQ.
 //! * A connection takes room on the shared CQ for every receive WR it may complete; when
-//!   the CQ has no room left (or the device has no shared CQ or SRQ: verbs devices without
-//!   SRQ support), the connection gets CQs and a receive queue of its own and the worker
-//!   polls them every round, as before.
+//!   the CQ has no room left (or the device refused a shared CQ), the connection gets CQs
+//!   and a receive queue of its own and the worker polls them every round, as before. A
+//!   device without SRQs, or one that refuses a UC QP on its SRQ (ibv_create_qp(3) allows
+//!   an SRQ only on RC and UD; rxe and mlx5 accept UC, DESIGN.md §6), gets a receive queue
+//!   per connection on the shared CQ (logged once). `connection_queues{queues}` and the
+//!   `queues=` field of `agent connected` say which ([`QueueMode`]).
 //! * The ring MR is registered LOCAL_WRITE | REMOTE_WRITE (never REMOTE_READ: the API cannot
 //!   express it) with its own rkey.
 //! * Every 100 ms (every second while no completion, and on a driven device no packet,
@@ -93,7 +96,7 @@ use crate::telemetry::{AgentTelemetry, RcLaneTelemetry, Telemetry};
 mod queues;
 mod worker;
 
-pub use queues::SharedQueues;
+pub use queues::{QueueMode, SharedQueues};
 use worker::{Pending, Worker};
 
 /// How often the worker folds transport counters and checks QP states.
@@ -224,6 +227,9 @@ pub struct Session {
     /// What this connection took from the worker's shared queues (`None`: CQs and a receive
     /// queue of its own, polled every round).
     shared: Option<(Arc<SharedQueues>, queues::Reservation)>,
+    /// Where its completions and receive WRs go, and its `connection_queues` gauge
+    /// (incremented while the session lives).
+    queue_mode: (QueueMode, prometheus::IntGauge),
     /// The ring (REMOTE_WRITE) the agent writes frames into.
     pub ring: MemoryRegion,
     bufs: MemoryRegion,
@@ -244,6 +250,7 @@ impl Drop for Session {
         if let Some((q, r)) = self.shared.take() {
             q.release(r);
         }
+        self.queue_mode.1.dec();
     }
 }
 
@@ -274,7 +281,7 @@ impl Session {
         }
         .clamp(1, 1 << 16);
         let wants_srq = data_path != DataPath::Send && rc.is_none();
-        let shared = plane.queues.as_ref().and_then(|q| {
+        let mut shared = plane.queues.as_ref().and_then(|q| {
             q.reserve(u64::from(rq_depth), wants_srq)
                 .map(|r| (Arc::clone(q), r))
         });
@@ -291,7 +298,7 @@ impl Session {
                 device.create_cq(16).map_err(verb("create_cq send"))?,
             ),
         };
-        let srq = shared
+        let mut srq = shared
             .as_ref()
             .filter(|(_, r)| r.on_srq)
             .and_then(|(q, _)| q.srq.clone());
@@ -323,11 +330,27 @@ impl Session {
             access: AccessFlags::REMOTE_WRITE,
             max_mtu: None,
         };
-        let qp = match &srq {
-            Some(srq) => pd.create_qp_with_srq(&attr, srq),
-            None => pd.create_qp(&attr),
-        }
-        .map_err(verb("create_qp"))?;
+        let qp = match srq.as_ref().map(|q| pd.create_qp_with_srq(&attr, q)) {
+            Some(Ok(qp)) => qp,
+            Some(Err(e)) => {
+                // ibv_create_qp(3) allows an SRQ only on RC and UD QPs; a provider that
+                // enforces it refuses our UC QP: this and every later connection keep a
+                // receive queue of their own (DESIGN.md §6).
+                if let Some((q, r)) = &mut shared {
+                    q.leave_srq(r, &e);
+                }
+                srq = None;
+                pd.create_qp(&attr).map_err(verb("create_qp"))?
+            }
+            None => pd.create_qp(&attr).map_err(verb("create_qp"))?,
+        };
+        let mode = match &shared {
+            Some((_, r)) if r.on_srq => QueueMode::SharedCqSrq,
+            Some(_) => QueueMode::SharedCq,
+            None => QueueMode::Own,
+        };
+        let queue_gauge = plane.telemetry.connection_queues(mode.as_str());
+        queue_gauge.inc();
         let session = Session {
             id,
             agent: agent.to_string(),
@@ -338,6 +361,7 @@ impl Session {
             recv_cq,
             send_cq,
             shared,
+            queue_mode: (mode, queue_gauge),
             ring,
             bufs,
             credit_src,
@@ -378,6 +402,19 @@ impl Session {
     /// Whether the connection's QP takes its receive WRs from the shared receive queue.
     pub fn on_srq(&self) -> bool {
         self.shared.as_ref().is_some_and(|(_, r)| r.on_srq)
+    }
+
+    /// Where the connection's completions and receive WRs go.
+    pub fn queue_mode(&self) -> QueueMode {
+        self.queue_mode.0
+    }
+
+    /// The handle of the SRQ the QP takes its receive WRs from (`None`: its own queue).
+    fn srq_handle(&self) -> Option<u32> {
+        self.shared
+            .as_ref()
+            .filter(|(_, r)| r.on_srq)
+            .and_then(|(q, _)| q.srq_handle())
     }
 
     /// The local endpoint to put in `Welcome`.
@@ -470,6 +507,8 @@ pub struct DataPlane {
     device: Device,
     /// The worker's shared CQs and SRQ (`None`: each connection has queues of its own).
     queues: Option<Arc<SharedQueues>>,
+    /// The collector's metrics (`connection_queues` of new sessions).
+    telemetry: Telemetry,
     worker_tx: mpsc::Sender<WorkerCmd>,
     /// Unparked after every command (its sleep without a completion channel).
     worker: Thread,
@@ -524,7 +563,7 @@ impl DataPlane {
                 shared: shared.max(2) as u64,
                 shared_used: 0,
             },
-            telemetry,
+            telemetry: telemetry.clone(),
             device_drops: DropCounters::default(),
             channel: channel.clone(),
             wcs: vec![WorkCompletion::default(); POLL_BATCH],
@@ -535,6 +574,7 @@ impl DataPlane {
         Ok(DataPlane {
             device,
             queues,
+            telemetry,
             worker_tx,
             worker: thread.thread().clone(),
             channel,
@@ -652,3 +692,6 @@ impl Drop for DataPlane {
         self.stop();
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -9,8 +9,8 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use uctel_transport::api::{
-    CompletionChannel, Device, DropCounters, QpState, RcCounters, UcDropReason, WcOpcode, WcStatus,
-    WorkCompletion,
+    AsyncEvent, CompletionChannel, Device, DropCounters, QpState, RcCounters, UcDropReason,
+    WcOpcode, WcStatus, WorkCompletion,
 };
 
 use super::{
@@ -321,6 +321,7 @@ impl Worker {
             }
             left -= n as u64;
         }
+        q.arm_limit_when_full();
     }
 
     /// Arms every CQ on the completion channel, polls them once more (a completion that
@@ -384,10 +385,19 @@ impl Worker {
     fn fold_stats(&mut self, now: Instant) -> bool {
         let count = |device: &str, ev: &_| self.telemetry.rdma_async_event(device, ev);
         for ev in crate::rdma_events::drain(&self.device, count) {
+            if let Some(q) = &self.queues {
+                match ev {
+                    AsyncEvent::SrqLimitReached { srq } if q.srq_handle() == Some(srq) => {
+                        q.limit_reached();
+                    }
+                    AsyncEvent::SrqError { srq } if q.srq_handle() == Some(srq) => q.srq_failed(),
+                    _ => {}
+                }
+            }
             for ws in self.sessions.values() {
                 let s = &ws.session;
                 let cqs = [s.recv_cq.handle(), s.send_cq.handle()];
-                if crate::rdma_events::ends_connection(&ev, s.qp.qp_num(), cqs) {
+                if crate::rdma_events::ends_connection(&ev, s.qp.qp_num(), cqs, s.srq_handle()) {
                     s.mark_failed();
                 }
             }

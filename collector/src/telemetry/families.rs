@@ -223,6 +223,13 @@ pub(super) const RDMA_ASYNC_EVENTS: Family = Family {
     labels: &["event"],
 };
 
+/// `connection_queues`.
+pub(super) const CONNECTION_QUEUES: Family = Family {
+    name: "connection_queues",
+    help: "Agent connections (QPs) of the data-plane worker by where their completions and receive WRs go: shared_cq_srq (the worker's shared CQ and shared receive queue), shared_cq (shared CQ, a receive queue of their own: Send path, RC lanes, or a device that refused the SRQ), own (CQs and a receive queue of their own).",
+    labels: &["queues"],
+};
+
 /// `qp_errors_total`.
 pub(super) const QP_ERRORS: Family = Family {
     name: "qp_errors_total",

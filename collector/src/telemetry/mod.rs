@@ -68,6 +68,10 @@ use uctel_transport::api::{RcCounters, UcDropReason};
 /// Prefix of every self-metric.
 pub const NAMESPACE: &str = "uctel_collector";
 
+/// The `queues` values of `connection_queues` (`dataplane::QueueMode`, as its `as_str`
+/// names them), each series created at zero.
+pub const CONNECTION_QUEUES: [&str; 3] = ["shared_cq_srq", "shared_cq", "own"];
+
 /// At most one log line per agent and drop reason per this period.
 pub const LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -274,9 +278,11 @@ struct Families {
     records_received: IntCounterVec,
     store_series: IntGaugeVec,
     /// `rdma_async_events_total{event}`, one handle per [`crate::rdma_events::EVENT_LABELS`].
-    rdma_async_events: [prometheus::IntCounter; 4],
+    rdma_async_events: [prometheus::IntCounter; crate::rdma_events::EVENT_KINDS],
     /// Whether each event kind was logged at `warn` already.
-    rdma_async_logged: [std::sync::atomic::AtomicBool; 4],
+    rdma_async_logged: [std::sync::atomic::AtomicBool; crate::rdma_events::EVENT_KINDS],
+    /// `connection_queues{queues}` (one series per [`CONNECTION_QUEUES`] value).
+    connection_queues: IntGaugeVec,
     /// `agent_frames_sent_total{agent,stream}` ([`crate::agent_counters`]).
     agent_frames_sent: IntCounterVec,
     /// `agent_records_sent_total{agent,stream}`.
@@ -330,6 +336,10 @@ impl Telemetry {
         let draining = r.int_gauge(&families::DRAINING)?;
         let ring_slots_in_use = r.int_gauge_vec(&families::RING_SLOTS_IN_USE)?;
         let rdma_async_events = r.counter_vec(&families::RDMA_ASYNC_EVENTS)?;
+        let connection_queues = r.int_gauge_vec(&families::CONNECTION_QUEUES)?;
+        for mode in CONNECTION_QUEUES {
+            connection_queues.with_label_values(&[mode]).set(0);
+        }
         let qp_errors = r.counter_vec(&families::QP_ERRORS)?;
         let rc_qp_events = r.counter_vec(&families::RC_QP_EVENTS)?;
         let rc_gap_frames = r.counter_vec(&families::RC_GAP_FRAMES)?;
@@ -381,6 +391,7 @@ impl Telemetry {
                 rdma_async_events: crate::rdma_events::EVENT_LABELS
                     .map(|e| rdma_async_events.with_label_values(&[e])),
                 rdma_async_logged: Default::default(),
+                connection_queues,
                 agent_frames_sent,
                 agent_records_sent,
                 agent_frames_dropped,
@@ -523,6 +534,12 @@ impl Telemetry {
         } else {
             tracing::debug!(device, event, detail = ?ev, "RDMA async event");
         }
+    }
+
+    /// The `connection_queues{queues}` gauge of `mode`, one of [`CONNECTION_QUEUES`] (a
+    /// session increments it while it lives).
+    pub fn connection_queues(&self, mode: &str) -> IntGauge {
+        self.inner.connection_queues.with_label_values(&[mode])
     }
 
     /// Encodes the registry in the text format.

@@ -3,16 +3,26 @@
 //! 64 agents (and one on the Send path, which keeps its own receive queue on the shared CQ)
 //! each send frames; every frame is accepted, exactly, and the SRQ holds what the
 //! connections on it are owed: Σ of their ring slots while connected, nothing owed after
-//! their Goodbyes.
+//! their Goodbyes. `uctel_collector_connection_queues{queues}` says which mode each
+//! connection runs in.
 
 use crate::support;
 
-use support::{collector_config, eventually, AgentOptions, MetricStream, TestAgent};
+use support::{collector_config, eventually, sample, AgentOptions, MetricStream, TestAgent};
 use uctel_protocol::control::DataPath;
 
 const AGENTS: usize = 64;
 const FRAMES: u64 = 30;
 const SLOTS: u32 = 64;
+
+/// `uctel_collector_connection_queues{queues="<mode>"}` of `running`.
+fn connections_in(running: &uctel_collector::Running, mode: &str) -> Option<f64> {
+    let text = running.render_metrics().ok()?;
+    sample(
+        &text,
+        &format!("uctel_collector_connection_queues{{queues=\"{mode}\"}}"),
+    )
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_agents_on_one_shared_cq_and_srq_add_up_exactly() {
@@ -42,6 +52,11 @@ async fn sixty_four_agents_on_one_shared_cq_and_srq_add_up_exactly() {
             .unwrap();
         agents.push((agent, MetricStream::new(1)));
     }
+    // Which queues each connection runs on, as the metric says.
+    assert_eq!(
+        ["shared_cq_srq", "shared_cq", "own"].map(|m| connections_in(&running, m)),
+        [Some(AGENTS as f64), Some(1.0), Some(0.0)]
+    );
     // The WRs of the 64 Write-with-immediate connections, all in one queue.
     assert_eq!(
         srq.posted(),
@@ -82,6 +97,13 @@ async fn sixty_four_agents_on_one_shared_cq_and_srq_add_up_exactly() {
     // Nothing owed any more: the connections gave their share of the SRQ back.
     eventually("the SRQ's target back to 0", || {
         (queues.srq_deficit() == 0).then_some(())
+    })
+    .await;
+    eventually("no connection counted in any mode", || {
+        ["shared_cq_srq", "shared_cq", "own"]
+            .iter()
+            .all(|m| connections_in(&running, m) == Some(0.0))
+            .then_some(())
     })
     .await;
     running.stop().await.unwrap();

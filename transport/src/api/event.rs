@@ -54,6 +54,20 @@ pub enum AsyncEvent {
         /// Whether the port is now ACTIVE.
         active: bool,
     },
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED`: fewer receive WRs than the limit armed with
+    /// [`SharedReceiveQueue::arm_limit`](super::SharedReceiveQueue::arm_limit) remain on the
+    /// SRQ; the limit is disarmed until armed again (ibv_modify_srq(3), IBTA vol. 1 10.2.9).
+    /// Nothing is lost by the event itself: it says the SRQ runs low (verbs transport).
+    SrqLimitReached {
+        /// The SRQ's handle ([`SharedReceiveQueue::handle`](super::SharedReceiveQueue::handle)).
+        srq: u32,
+    },
+    /// `IBV_EVENT_SRQ_ERR`: the SRQ failed; the QPs created on it receive nothing more
+    /// (ibv_get_async_event(3); verbs transport).
+    SrqError {
+        /// The SRQ's handle.
+        srq: u32,
+    },
     /// `IBV_EVENT_DEVICE_FATAL`: the RDMA device failed; every object on it is unusable and
     /// the device must be closed and opened again (verbs transport).
     DeviceFatal,

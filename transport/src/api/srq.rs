@@ -50,6 +50,22 @@ impl SharedReceiveQueue {
         self.inner.posted()
     }
 
+    /// A number identifying this SRQ within its device, as named by
+    /// [`AsyncEvent::SrqLimitReached`](super::AsyncEvent::SrqLimitReached) and
+    /// [`AsyncEvent::SrqError`](super::AsyncEvent::SrqError) (verbs: `ibv_srq.handle`; soft:
+    /// 0, it raises no SRQ events).
+    pub fn handle(&self) -> u32 {
+        self.inner.handle()
+    }
+
+    /// Arms the SRQ limit (`ibv_modify_srq` with `IBV_SRQ_LIMIT`): the device raises one
+    /// [`AsyncEvent::SrqLimitReached`](super::AsyncEvent::SrqLimitReached) once fewer than
+    /// `limit` WRs remain posted, then disarms (IBTA vol. 1 10.2.9, ibv_modify_srq(3)).
+    /// Returns `false` when the device has no limit events (soft) or refused (logged).
+    pub fn arm_limit(&self, limit: u32) -> bool {
+        self.inner.arm_limit(limit)
+    }
+
     /// Posts a list of receive WRs (`ibv_post_srq_recv`), oldest first: the rules of
     /// [`QueuePair::post_recv`](super::QueuePair::post_recv) without a QP state (an SRQ has
     /// none); at most [`SharedReceiveQueue::max_wr`] may be posted.
@@ -68,6 +84,14 @@ pub trait SrqOps: Send + Sync + fmt::Debug {
     fn max_wr(&self) -> u32;
     /// See [`SharedReceiveQueue::posted`].
     fn posted(&self) -> Option<u32>;
+    /// See [`SharedReceiveQueue::handle`]. Default: 0.
+    fn handle(&self) -> u32 {
+        0
+    }
+    /// See [`SharedReceiveQueue::arm_limit`]. Default: no limit events.
+    fn arm_limit(&self, _limit: u32) -> bool {
+        false
+    }
     /// See [`SharedReceiveQueue::post_recv`].
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostRecvError>;
     /// For the owning transport to recover its concrete type.

@@ -5,7 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::api::backend::{CompChannelOps, CqOps, DeviceOps, PdOps};
@@ -196,6 +196,9 @@ impl VerbsDevice {
                 max_qp_wr: caps.max_qp_wr,
                 max_cqe: caps.max_cqe,
                 max_mr_size: caps.max_mr_size,
+                max_srq: caps.max_srq,
+                max_srq_wr: caps.max_srq_wr,
+                srqs: Mutex::new(HashMap::new()),
                 qps: Mutex::new(HashMap::new()),
             }),
             counters_dir: base,
@@ -310,6 +313,26 @@ impl DeviceOps for VerbsDevice {
                         tracing::warn!(device = %self.name(), port, up, "RDMA port state changed");
                         return Some(AsyncEvent::PortChange { port, active: up });
                     }
+                }
+                RawAsyncEvent::Srq {
+                    event_type,
+                    srq_handle,
+                } => {
+                    let srq = lock(&self.shared.srqs)
+                        .get(&srq_handle)
+                        .and_then(Weak::upgrade);
+                    if event_type == ev::SRQ_LIMIT_REACHED {
+                        if let Some(q) = &srq {
+                            q.limit_events.fetch_add(1, Ordering::Relaxed);
+                        }
+                        tracing::info!(device = %self.name(), srq = srq_handle, "SRQ below its limit");
+                        return Some(AsyncEvent::SrqLimitReached { srq: srq_handle });
+                    }
+                    if let Some(q) = &srq {
+                        q.error_events.fetch_add(1, Ordering::Relaxed);
+                    }
+                    tracing::warn!(device = %self.name(), srq = srq_handle, "SRQ error: its QPs receive nothing more");
+                    return Some(AsyncEvent::SrqError { srq: srq_handle });
                 }
                 RawAsyncEvent::DeviceFatal => {
                     tracing::error!(device = %self.name(), "RDMA device fatal error");

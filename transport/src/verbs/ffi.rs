@@ -23,6 +23,10 @@ use rdma_sys as sys;
 use super::codes::qp_mask;
 use crate::api::RcAttr;
 
+// The shared receive queue (`ibv_create_srq`), in its own file for size; same rules.
+mod srq;
+pub(crate) use srq::Srq;
+
 /// `struct ibv_async_event` with the event type as a plain integer. rdma-sys binds the type as
 /// a Rust enum, and a value the kernel adds later would be undefined behaviour there.
 #[repr(C)]
@@ -249,6 +253,10 @@ pub(crate) struct DeviceCaps {
     pub(crate) max_cqe: u32,
     pub(crate) max_mr_size: u64,
     pub(crate) phys_port_cnt: u8,
+    /// `max_srq`: 0 on a device without shared receive queues.
+    pub(crate) max_srq: u32,
+    /// `max_srq_wr`.
+    pub(crate) max_srq_wr: u32,
 }
 
 /// Port attributes used by the transport (`ibv_query_port`).
@@ -286,7 +294,9 @@ pub(crate) enum RawAsyncEvent {
     Port { event_type: u32, port: u32 },
     /// `IBV_EVENT_DEVICE_FATAL`.
     DeviceFatal,
-    /// Anything else (SRQ and WQ events, which this transport does not create objects for).
+    /// An SRQ event (`IBV_EVENT_SRQ_ERR`, `IBV_EVENT_SRQ_LIMIT_REACHED`) with the SRQ's handle.
+    Srq { event_type: u32, srq_handle: u32 },
+    /// Anything else (WQ events, which this transport does not create objects for).
     Other { event_type: u32 },
 }
 
@@ -306,6 +316,8 @@ pub(crate) mod event_type {
     pub(crate) const LID_CHANGE: u32 = 11;
     pub(crate) const PKEY_CHANGE: u32 = 12;
     pub(crate) const SM_CHANGE: u32 = 13;
+    pub(crate) const SRQ_ERR: u32 = 14;
+    pub(crate) const SRQ_LIMIT_REACHED: u32 = 15;
     pub(crate) const QP_LAST_WQE_REACHED: u32 = 16;
     pub(crate) const CLIENT_REREGISTER: u32 = 17;
     pub(crate) const GID_CHANGE: u32 = 18;
@@ -347,6 +359,8 @@ impl Context {
             max_cqe: u32::try_from(attr.max_cqe).unwrap_or(0),
             max_mr_size: attr.max_mr_size,
             phys_port_cnt: attr.phys_port_cnt,
+            max_srq: u32::try_from(attr.max_srq).unwrap_or(0),
+            max_srq_wr: u32::try_from(attr.max_srq_wr).unwrap_or(0),
         })
     }
 
@@ -465,6 +479,21 @@ impl Context {
                 RawAsyncEvent::Port {
                     event_type: t,
                     port,
+                }
+            }
+            t @ (event_type::SRQ_ERR | event_type::SRQ_LIMIT_REACHED) => {
+                // SAFETY: for SRQ events the union holds the SRQ pointer.
+                let srq = unsafe { ev.element.ptr }.cast::<sys::ibv_srq>();
+                let srq_handle = if srq.is_null() {
+                    0
+                } else {
+                    // SAFETY: for SRQ events the element is the SRQ, alive until the event is
+                    // acked (ibv_destroy_srq waits for acknowledged async events).
+                    unsafe { (*srq).handle }
+                };
+                RawAsyncEvent::Srq {
+                    event_type: t,
+                    srq_handle,
                 }
             }
             event_type::DEVICE_FATAL => RawAsyncEvent::DeviceFatal,
@@ -899,6 +928,9 @@ pub(crate) struct Qp {
     _pd: Arc<Pd>,
     _send_cq: Arc<Cq>,
     _recv_cq: Arc<Cq>,
+    /// The SRQ the QP takes its receive WRs from: destroyed after the QP (field order does
+    /// not matter, `Drop for Qp` runs before the fields are dropped).
+    _srq: Option<Arc<Srq>>,
 }
 
 // SAFETY: see `Context`; the provider serialises post_send/post_recv per queue.
@@ -932,27 +964,31 @@ pub(crate) struct RecvWrRaw {
 pub(crate) const POST_BATCH: usize = 32;
 
 impl Qp {
-    /// `ibv_create_qp(pd, {send_cq, recv_cq, cap, IBV_QPT_UC or IBV_QPT_RC, sq_sig_all = 0})`,
-    /// one SGE per WR, no inline data, no SRQ (ibv_create_qp(3): UC with an SRQ is not
-    /// supported; RC keeps a per-QP receive queue too, like UC). Returns the QP and the
-    /// capacities granted by the provider `(max_send_wr, max_recv_wr)`.
+    /// `ibv_create_qp(pd, {send_cq, recv_cq, srq, cap, IBV_QPT_UC or IBV_QPT_RC, sq_sig_all =
+    /// 0})`, one SGE per WR, no inline data. With `srq` the QP has no receive queue of its own
+    /// (`max_recv_wr`/`max_recv_sge` are ignored, ibv_create_qp(3)) and the provider may
+    /// refuse the combination (the man page allows an SRQ only on RC and UD; rxe and mlx5
+    /// accept UC, DESIGN.md §6). Returns the QP and the capacities granted by the provider
+    /// `(max_send_wr, max_recv_wr)` (`max_recv_wr` 0 on an SRQ).
     pub(crate) fn new(
         pd: &Arc<Pd>,
         cqs: (&Arc<Cq>, &Arc<Cq>),
-        max_send_wr: u32,
-        max_recv_wr: u32,
+        srq: Option<&Arc<Srq>>,
+        depths: (u32, u32),
         rc: bool,
     ) -> io::Result<(Self, u32, u32)> {
+        let (max_send_wr, max_recv_wr) = depths;
+        let max_recv_wr = if srq.is_some() { 0 } else { max_recv_wr };
         let (send_cq, recv_cq) = cqs;
         // SAFETY: ibv_qp_init_attr is plain old data; all-zero (null pointers) is valid.
         let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         init.send_cq = send_cq.raw();
         init.recv_cq = recv_cq.raw();
-        init.srq = ptr::null_mut();
+        init.srq = srq.map_or(ptr::null_mut(), |q| q.ptr.as_ptr());
         init.cap.max_send_wr = max_send_wr;
         init.cap.max_recv_wr = max_recv_wr;
         init.cap.max_send_sge = 1;
-        init.cap.max_recv_sge = 1;
+        init.cap.max_recv_sge = u32::from(srq.is_none());
         init.cap.max_inline_data = 0;
         init.qp_type = if rc {
             sys::ibv_qp_type::IBV_QPT_RC
@@ -960,7 +996,7 @@ impl Qp {
             sys::ibv_qp_type::IBV_QPT_UC
         };
         init.sq_sig_all = 0;
-        // SAFETY: live PD and CQs of the same context; `init` is valid for the call and is
+        // SAFETY: live PD, CQs and SRQ of the same context; `init` is valid for the call and is
         // updated in place with the granted capacities.
         let p = unsafe { sys::ibv_create_qp(pd.ptr.as_ptr(), &mut init) };
         let ptr = NonNull::new(p).ok_or_else(last_error)?;
@@ -972,12 +1008,14 @@ impl Qp {
             _pd: Arc::clone(pd),
             _send_cq: Arc::clone(send_cq),
             _recv_cq: Arc::clone(recv_cq),
+            _srq: srq.map(Arc::clone),
         };
-        Ok((
-            qp,
-            init.cap.max_send_wr.max(max_send_wr),
-            init.cap.max_recv_wr.max(max_recv_wr),
-        ))
+        let granted_recv = if srq.is_some() {
+            0
+        } else {
+            init.cap.max_recv_wr.max(max_recv_wr)
+        };
+        Ok((qp, init.cap.max_send_wr.max(max_send_wr), granted_recv))
     }
 
     pub(crate) fn qpn(&self) -> u32 {
@@ -1143,64 +1181,77 @@ impl Qp {
 
     /// `ibv_post_recv` of up to [`POST_BATCH`] WRs chained in order; as [`Qp::post_send`].
     pub(crate) fn post_recv(&self, wrs: &[RecvWrRaw]) -> Result<(), (usize, io::Error)> {
-        let n = wrs.len().min(POST_BATCH);
-        if n == 0 {
-            return Ok(());
-        }
-        let mut sges = [const { MaybeUninit::<sys::ibv_sge>::uninit() }; POST_BATCH];
-        let mut raw = [const { MaybeUninit::<sys::ibv_recv_wr>::uninit() }; POST_BATCH];
-        let base = raw.as_mut_ptr().cast::<sys::ibv_recv_wr>();
-        let sge_base = sges.as_mut_ptr().cast::<sys::ibv_sge>();
-        for (i, w) in wrs.iter().take(n).enumerate() {
-            let (sg_list, num_sge) = match w.sge {
-                Some((addr, length, lkey)) => {
-                    // SAFETY: i < n <= POST_BATCH: inside `sges`; written before it is read.
-                    unsafe { sge_base.add(i).write(sys::ibv_sge { addr, length, lkey }) };
-                    // SAFETY: as above.
-                    (unsafe { sge_base.add(i) }, 1)
-                }
-                None => (ptr::null_mut(), 0),
-            };
-            let next = if i + 1 < n {
-                // SAFETY: i + 1 < n <= POST_BATCH: inside `raw` (initialised next round).
-                unsafe { base.add(i + 1) }
-            } else {
-                ptr::null_mut()
-            };
-            // SAFETY: i < n <= POST_BATCH: inside `raw`.
-            unsafe {
-                base.add(i).write(sys::ibv_recv_wr {
-                    wr_id: w.wr_id,
-                    next,
-                    sg_list,
-                    num_sge,
-                })
-            };
-        }
-        let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
-        // SAFETY: as in `post_send`: entries 0..n are initialised and live for the call; the
-        // SGEs lie inside registered MRs with LOCAL_WRITE (checked by the caller).
-        let ret = unsafe { sys::ibv_post_recv(self.ptr.as_ptr(), base, &mut bad) };
-        if ret == 0 {
-            return Ok(());
-        }
-        let posted = if bad.is_null() {
-            0
-        } else {
-            // SAFETY: as in `post_send`: a non-null `bad` points into the chain at `base`.
-            unsafe { bad.offset_from(base) }
-        };
-        Err((
-            usize::try_from(posted).unwrap_or(0).min(n),
-            error_from_ret(ret),
-        ))
+        let qp = self.ptr.as_ptr();
+        // SAFETY: live QP; the chain and its SGEs are valid for the call (`post_recv_chain`).
+        post_recv_chain(wrs, |wr, bad| unsafe { sys::ibv_post_recv(qp, wr, bad) })
     }
+}
+
+/// Builds a chain of up to [`POST_BATCH`] receive WRs on the stack and hands it to `post`
+/// (`ibv_post_recv` or `ibv_post_srq_recv`, which share the `bad_wr` convention). Returns
+/// `Ok(())` when all were posted, else the number posted before the rejected one and its
+/// error.
+fn post_recv_chain(
+    wrs: &[RecvWrRaw],
+    post: impl FnOnce(*mut sys::ibv_recv_wr, *mut *mut sys::ibv_recv_wr) -> c_int,
+) -> Result<(), (usize, io::Error)> {
+    let n = wrs.len().min(POST_BATCH);
+    if n == 0 {
+        return Ok(());
+    }
+    let mut sges = [const { MaybeUninit::<sys::ibv_sge>::uninit() }; POST_BATCH];
+    let mut raw = [const { MaybeUninit::<sys::ibv_recv_wr>::uninit() }; POST_BATCH];
+    let base = raw.as_mut_ptr().cast::<sys::ibv_recv_wr>();
+    let sge_base = sges.as_mut_ptr().cast::<sys::ibv_sge>();
+    for (i, w) in wrs.iter().take(n).enumerate() {
+        let (sg_list, num_sge) = match w.sge {
+            Some((addr, length, lkey)) => {
+                // SAFETY: i < n <= POST_BATCH: inside `sges`; written before it is read.
+                unsafe { sge_base.add(i).write(sys::ibv_sge { addr, length, lkey }) };
+                // SAFETY: as above.
+                (unsafe { sge_base.add(i) }, 1)
+            }
+            None => (ptr::null_mut(), 0),
+        };
+        let next = if i + 1 < n {
+            // SAFETY: i + 1 < n <= POST_BATCH: inside `raw` (initialised next round).
+            unsafe { base.add(i + 1) }
+        } else {
+            ptr::null_mut()
+        };
+        // SAFETY: i < n <= POST_BATCH: inside `raw`.
+        unsafe {
+            base.add(i).write(sys::ibv_recv_wr {
+                wr_id: w.wr_id,
+                next,
+                sg_list,
+                num_sge,
+            })
+        };
+    }
+    let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
+    // Entries 0..n are initialised and live for the call; the SGEs lie inside registered
+    // MRs with LOCAL_WRITE (checked by the caller).
+    let ret = post(base, &mut bad);
+    if ret == 0 {
+        return Ok(());
+    }
+    let posted = if bad.is_null() {
+        0
+    } else {
+        // SAFETY: as in `post_send`: a non-null `bad` points into the chain at `base`.
+        unsafe { bad.offset_from(base) }
+    };
+    Err((
+        usize::try_from(posted).unwrap_or(0).min(n),
+        error_from_ret(ret),
+    ))
 }
 
 impl Drop for Qp {
     fn drop(&mut self) {
-        // SAFETY: destroyed once; the PD and CQs it uses are kept alive by the Arcs in `self`
-        // until after this call.
+        // SAFETY: destroyed once; the PD, CQs and SRQ it uses are kept alive by the Arcs in
+        // `self` until after this call.
         unsafe { sys::ibv_destroy_qp(self.ptr.as_ptr()) };
     }
 }
@@ -1217,6 +1268,9 @@ mod tests {
         assert_eq!(std::mem::size_of::<sys::ibv_qp_attr>(), 144);
         assert_eq!(std::mem::size_of::<sys::ibv_gid_entry>(), 32);
         assert_eq!(std::mem::size_of::<AsyncEventRaw>(), 16);
+        // ibv_srq_attr: max_wr, max_sge, srq_limit; ibv_srq_init_attr: a context pointer and it.
+        assert_eq!(std::mem::size_of::<sys::ibv_srq_attr>(), 12);
+        assert_eq!(std::mem::size_of::<sys::ibv_srq_init_attr>(), 24);
     }
 
     #[test]

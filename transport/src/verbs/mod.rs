@@ -8,8 +8,16 @@
 //! * Device by name (`VerbsConfig::device`), port by number; RoCE v2 GID chosen by type
 //!   (`_ibv_query_gid_ex`, `IBV_GID_TYPE_ROCE_V2`) and by the configured local IP address
 //!   (preferring an IPv4-mapped GID when no address is given), or an explicit GID index.
-//! * UC and RC QPs (`IBV_QPT_UC`, `IBV_QPT_RC`) with a per-QP receive queue (no SRQ:
-//!   ibv_create_qp(3) refuses UC with an SRQ), one SGE per WR. RESET→INIT
+//! * UC and RC QPs (`IBV_QPT_UC`, `IBV_QPT_RC`), one SGE per WR, with a receive queue of
+//!   their own or on a shared receive queue (`ibv_create_srq`, `max_sge` 1;
+//!   `ibv_post_srq_recv`; the limit event armed with `ibv_modify_srq(IBV_SRQ_LIMIT)`). The
+//!   man page ibv_create_qp(3) allows an SRQ only on RC and UD QPs, but libibverbs passes
+//!   the request to the provider, and rxe (`rxe_qp_chk_init`) and mlx5 (`get_rx_type`)
+//!   accept it on UC; a provider that refuses makes `create_qp_with_srq` fail with the
+//!   errno, and the caller keeps a receive queue per QP (DESIGN.md §6). Any number of QPs
+//!   may share one send and one receive CQ: a completion names its QP (`wc.qp_num`), and the
+//!   CQ maps it back to the QP's bookkeeping. Destruction order: QPs before their SRQ before
+//!   the PD (each child holds its parent). RESET→INIT
 //!   (`STATE|PKEY_INDEX|PORT|ACCESS_FLAGS`, both types) at creation, INIT→RTR
 //!   (`STATE|AV|PATH_MTU|DEST_QPN|RQ_PSN`, RC adds `MAX_DEST_RD_ATOMIC|MIN_RNR_TIMER`) and
 //!   RTR→RTS (`STATE|SQ_PSN`, RC adds `TIMEOUT|RETRY_CNT|RNR_RETRY|MAX_QP_RD_ATOMIC`) in
@@ -30,7 +38,9 @@
 //!   acknowledged on the CQ it belongs to, and destroying a CQ never waits for another CQ's
 //!   events.
 //! * Asynchronous events are read non-blocking from the context's async fd; QP fatal events
-//!   mark the QP's state ERROR.
+//!   mark the QP's state ERROR; `IBV_EVENT_SRQ_LIMIT_REACHED` and `IBV_EVENT_SRQ_ERR` are
+//!   counted on the SRQ, logged, and returned as `AsyncEvent::SrqLimitReached` /
+//!   `AsyncEvent::SrqError`.
 //! * No device at all (the host kernel has no RDMA, or no device is configured): `open` fails
 //!   with `NO_DEVICE`, never panics.
 //!
@@ -53,16 +63,19 @@
 //!             Arcs); the only file with `unsafe`, each block with a `// SAFETY:` note
 //! codes.rs    verbs.h enum values (QP attribute masks included) and their mapping to the
 //!             API types
-//! shared.rs   DevShared and QpShared: what a device's objects share; the signaling plan
+//! shared.rs   DevShared, QpShared and SrqShared: what a device's objects share; the
+//!             signaling plan
 //! device.rs   open, device_names, VerbsDevice (DeviceOps), async events, sysfs counters
-//! pd.rs       VerbsPd: reg_mr, create_qp (UC or RC, RESET -> INIT)
+//! pd.rs       VerbsPd: reg_mr, create_srq, create_qp / create_qp_with_srq (UC or RC,
+//!             RESET -> INIT)
+//! srq.rs      VerbsSrq: post_srq_recv, arm_limit; receive WR conversion (QPs use it too)
 //! mr.rs       VerbsMr, SGE resolution
 //! qp.rs       VerbsQp: connect (INIT -> RTR -> RTS), post_send, post_recv
 //! cq.rs       VerbsCq, VerbsCompChannel, wait_for_completion
 //! ```
 //!
-//! The files depend on each other in one direction (`codes` ← `ffi` ← `shared` ← `mr` ← `cq`,
-//! `qp` ← `pd` ← `device`).
+//! The files depend on each other in one direction (`codes` ← `ffi` ← `shared` ← `mr` ← `srq`
+//! ← `cq`, `qp` ← `pd` ← `device`).
 //!
 //! [`QpStats::drops`]: crate::api::QpStats::drops
 //! [`DeviceStats`]: crate::api::DeviceStats
@@ -99,6 +112,9 @@ mod qp;
 #[cfg(feature = "verbs")]
 #[forbid(unsafe_code)]
 mod shared;
+#[cfg(feature = "verbs")]
+#[forbid(unsafe_code)]
+mod srq;
 
 #[cfg(feature = "verbs")]
 pub use cq::{wait_for_completion, WaitError};

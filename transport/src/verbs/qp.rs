@@ -23,9 +23,10 @@ use crate::api::{
 use crate::sync::lock;
 
 use super::codes::{mtu_to_ibv, qp_mask, state_from_code, wr_opcode};
-use super::ffi::{self, RecvWrRaw, SendWrRaw};
+use super::ffi::{self, SendWrRaw};
 use super::mr::{resolve_sge, SgeProblem};
 use super::shared::{plan_signal, QpShared};
+use super::srq::build_recv;
 
 /// GRH hop limit of RoCE v2 packets (the IP TTL rxe and mlx5 put on the wire; perftest uses 64
 /// as well).
@@ -338,44 +339,22 @@ impl QpOps for VerbsQp {
 
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostRecvError> {
         let s = &self.shared;
+        if s.on_srq {
+            return Err(self.recv_error(0, PostRecvErrorKind::OnSrq));
+        }
         let mut raw = lock(&s.recv_scratch);
         let mut done = 0usize;
         for chunk in wrs.chunks(ffi::POST_BATCH) {
             raw.clear();
             let mut invalid = None;
             for wr in chunk {
-                let sge = match &wr.sge {
-                    None => None,
-                    Some(sge) => match resolve_sge(sge, &s.pd, true) {
-                        Ok(t) => Some(t),
-                        Err(p) => {
-                            invalid = Some(match p {
-                                SgeProblem::Foreign { lkey } => {
-                                    PostRecvErrorKind::ForeignMr { lkey }
-                                }
-                                SgeProblem::NoLocalWrite { lkey } => {
-                                    PostRecvErrorKind::NoLocalWrite { lkey }
-                                }
-                                SgeProblem::OutOfBounds {
-                                    lkey,
-                                    offset,
-                                    length,
-                                    mr_len,
-                                } => PostRecvErrorKind::SgeOutOfBounds {
-                                    lkey,
-                                    offset,
-                                    length,
-                                    mr_len,
-                                },
-                            });
-                            break;
-                        }
-                    },
-                };
-                raw.push(RecvWrRaw {
-                    wr_id: wr.wr_id,
-                    sge,
-                });
+                match build_recv(wr, &s.pd) {
+                    Ok(r) => raw.push(r),
+                    Err(kind) => {
+                        invalid = Some(kind);
+                        break;
+                    }
+                }
             }
             let result = s.qp.post_recv(&raw);
             let posted = match &result {

@@ -25,6 +25,11 @@ pub(super) struct DevShared {
     pub(super) max_qp_wr: u32,
     pub(super) max_cqe: u32,
     pub(super) max_mr_size: u64,
+    /// `max_srq` (0: no SRQs) and `max_srq_wr` of the device.
+    pub(super) max_srq: u32,
+    pub(super) max_srq_wr: u32,
+    /// SRQs by handle, for asynchronous events.
+    pub(super) srqs: Mutex<HashMap<u32, Weak<SrqShared>>>,
     /// QPs by number, for asynchronous events.
     pub(super) qps: Mutex<HashMap<u32, Weak<QpShared>>>,
 }
@@ -38,6 +43,40 @@ impl fmt::Debug for DevShared {
             .field("gid", &ip_from_gid(self.gid.gid))
             .field("active_mtu", &self.active_mtu)
             .finish_non_exhaustive()
+    }
+}
+
+/// What an SRQ handle and the device's event loop share: the SRQ and its event counts.
+pub(super) struct SrqShared {
+    pub(super) srq: Arc<ffi::Srq>,
+    pub(super) pd: Arc<ffi::Pd>,
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED` events taken.
+    pub(super) limit_events: AtomicU64,
+    /// `IBV_EVENT_SRQ_ERR` events taken.
+    pub(super) error_events: AtomicU64,
+    /// Scratch for one `ibv_post_srq_recv` batch.
+    pub(super) recv_scratch: Mutex<Vec<RecvWrRaw>>,
+    pub(super) dev: Arc<DevShared>,
+}
+
+impl fmt::Debug for SrqShared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VerbsSrq")
+            .field("handle", &self.srq.handle())
+            .field("max_wr", &self.srq.max_wr())
+            .field("limit_events", &self.limit_events.load(Ordering::Relaxed))
+            .field("error_events", &self.error_events.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for SrqShared {
+    fn drop(&mut self) {
+        let h = self.srq.handle();
+        let mut srqs = lock(&self.dev.srqs);
+        if srqs.get(&h).is_some_and(|w| w.strong_count() == 0) {
+            srqs.remove(&h);
+        }
     }
 }
 
@@ -111,6 +150,8 @@ pub(super) struct QpShared {
     pub(super) path_mtu_bytes: AtomicU64,
     pub(super) max_send_wr: u32,
     pub(super) max_recv_wr: u32,
+    /// The QP takes its receive WRs from an SRQ (`post_recv` is refused).
+    pub(super) on_srq: bool,
     pub(super) state: AtomicU8,
     pub(super) send: Mutex<SendTrack>,
     /// Scratch for one `ibv_post_recv` batch.
