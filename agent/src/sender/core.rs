@@ -322,8 +322,6 @@ pub struct SenderCore {
     credit_heartbeat: bool,
     /// An early heartbeat about running out of credit went since the last report.
     asked_for_credit: bool,
-    /// Records wait in a source queue for credit ([`SenderCore::set_records_waiting`]).
-    records_waiting: bool,
     ready_frames: usize,
     idle_heartbeat: Option<Duration>,
     /// The frame limits the framers check records against (to decode taken-back frames).
@@ -422,7 +420,6 @@ impl SenderCore {
             without_credit: 0,
             credit_heartbeat: false,
             asked_for_credit: false,
-            records_waiting: false,
             ready_frames: config.ready_frames.max(1),
             idle_heartbeat: config.idle_heartbeat,
             limits: config.limits.clone(),
@@ -476,33 +473,6 @@ impl SenderCore {
             return true;
         }
         self.credit_room()
-    }
-
-    /// `stream` waits for credit and the credits leave no room for another frame
-    /// ([`SenderCore::credit_room`]): records queued for it stay in their queue.
-    pub fn waits_for_credit(&self, stream: Stream) -> bool {
-        let st = &self.streams[stream.index()];
-        st.carried && st.wait_for_credit && !self.credit_room()
-    }
-
-    /// Whether records wait in a source queue for a stream that
-    /// [`SenderCore::waits_for_credit`] (`waiting`, as the last pull found it). While they
-    /// do, the collector is asked for credit at once, as a frame that found none asks (an
-    /// early heartbeat, at most once per report, naming one frame without credit), and the
-    /// session keeps reading the credit word ([`SenderCore::records_waiting`]). Without
-    /// this a stream that waits never builds the frame that would find no credit (it takes
-    /// no records while the credits are spoken for, and keeps a reserve for the streams
-    /// that drop), so a backlog would move one window per report interval.
-    pub fn set_records_waiting(&mut self, waiting: bool) {
-        self.records_waiting = waiting;
-        if waiting && !self.asked_for_credit {
-            self.starved(1);
-        }
-    }
-
-    /// Records wait for credit in a source queue ([`SenderCore::set_records_waiting`]).
-    pub fn records_waiting(&self) -> bool {
-        self.records_waiting
     }
 
     /// Whether the credits leave room for more frames, by the rule of the streams that wait
@@ -2096,39 +2066,6 @@ mod tests {
         assert_eq!(tx[0].stream, Stream::Logs);
         assert_eq!(core.on_consumed(4), ReportOutcome::Advanced(1));
         assert!(core.wants_records(Stream::Logs));
-    }
-
-    #[test]
-    fn records_left_queued_for_credit_ask_for_it_once_per_report() {
-        let t0 = Instant::now();
-        let mut cfg = config(4);
-        cfg.wait_for_credit = [false, true, false];
-        let mut core = SenderCore::new(&cfg, 1, t0, stats()).unwrap_or_else(|e| panic!("{e}"));
-        while core.wants_records(Stream::Logs) {
-            core.push_log(&log("x"), t0, 1);
-            core.flush(Stream::Logs);
-        }
-        let (tx, _) = drain(&mut core, t0);
-        assert_eq!(tx.len(), 3, "four credits, one kept for the metrics");
-        // No frame found no credit (none was built), yet records wait: the stream asks.
-        assert!(core.credits_available() > 0);
-        assert!(core.waits_for_credit(Stream::Logs));
-        assert!(!core.take_credit_heartbeat());
-        core.set_records_waiting(true);
-        assert!(core.records_waiting());
-        assert!(core.take_credit_heartbeat());
-        assert_eq!(core.take_frames_without_credit(), 1);
-        // Once per report: the next pull that finds them still waiting does not ask again.
-        core.set_records_waiting(true);
-        assert!(!core.take_credit_heartbeat());
-        // A report lets it ask again; credits back, nothing waits.
-        assert_eq!(core.on_consumed(2), ReportOutcome::Advanced(3));
-        let _ = core.on_report(&uctel_protocol::control::Report::default());
-        core.set_records_waiting(true);
-        assert!(core.take_credit_heartbeat());
-        assert!(!core.waits_for_credit(Stream::Logs));
-        core.set_records_waiting(false);
-        assert!(!core.records_waiting());
     }
 
     #[test]

@@ -105,15 +105,6 @@ pub fn pull(core: &mut SenderCore, queues: &Queues, stats: &SelfMetrics) {
     if !logs_first {
         pull_logs(core, queues, now, ns);
     }
-    // Records left queued for lack of credit ask for it now, not at the next report.
-    let left = [
-        (Stream::Logs, queues.logs.len()),
-        (Stream::Metrics, queues.metrics.len() + buffer.len()),
-    ];
-    core.set_records_waiting(
-        left.iter()
-            .any(|&(stream, n)| n > 0 && core.waits_for_credit(stream)),
-    );
     stats.set_queue_records(Stream::Metrics, queues.metrics.len());
     stats.set_queue_records(Stream::Logs, queues.logs.len());
     stats.set_queue_records(Stream::FastCounters, queues.fast_counters.len());

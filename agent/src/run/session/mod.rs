@@ -197,8 +197,7 @@ impl Session {
             deadline = Some(deadline.map_or(soon, |d| d.min(soon)));
         }
         let uc = &self.lanes.uc().core;
-        let starved = uc.ready_frames() > 0 && uc.credits_available() == 0;
-        if self.credit.is_some() && (starved || uc.records_waiting()) {
+        if self.credit.is_some() && uc.ready_frames() > 0 && uc.credits_available() == 0 {
             let soon = now + CREDIT_WORD_POLL;
             deadline = Some(deadline.map_or(soon, |d| d.min(soon)));
         }
