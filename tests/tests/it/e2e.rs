@@ -532,6 +532,44 @@ fn fifty_agents_one_collector() {
     p.collector.stop(STOP);
 }
 
+/// Each `(panel, ref_id)` query of the dashboard `file` (relative to the workspace root),
+/// evaluated by `prom`, returns exactly one series, whose `labels` are `want`.
+fn assert_panels_name(
+    prom: &Prometheus,
+    file: &str,
+    panels: &[(&str, &str)],
+    labels: (&str, &str),
+    want: (&str, &str),
+) {
+    let queries = dashboards::queries(&uctel_tests::workspace_root().join(file));
+    for &(panel, ref_id) in panels {
+        let q = queries
+            .iter()
+            .find(|q| q.panel == panel && q.ref_id == ref_id)
+            .unwrap_or_else(|| panic!("no {panel} / {ref_id}"));
+        let r = prom
+            .query(&q.expr)
+            .unwrap_or_else(|e| panic!("{panel}: {e}"));
+        let got: Vec<(String, String)> = r
+            .iter()
+            .map(|s| {
+                let l = |n: &str| {
+                    s.pointer(&format!("/metric/{n}"))
+                        .and_then(serde_json::Value::as_str)
+                        .unwrap_or("")
+                        .to_owned()
+                };
+                (l(labels.0), l(labels.1))
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [(want.0.to_owned(), want.1.to_owned())],
+            "{file}: {panel} / {ref_id}"
+        );
+    }
+}
+
 #[test]
 fn prometheus_evaluates_every_dashboard_query() {
     let _g = exclusive();
@@ -724,80 +762,35 @@ fn prometheus_evaluates_every_dashboard_query() {
         "uctel frames lost not joined to the fabric agent: {lossy_agents:?}"
     );
     // The job dashboard: the fabric host's counters and uctel loss show under its Slurm job.
-    let jobs_file = uctel_tests::workspace_root().join("dashboards/uctel-jobs.json");
-    let jobs_queries = dashboards::queries(&jobs_file);
-    for (panel, ref_id) in [
-        ("out_of_buffer", "A"),
-        ("out_of_buffer", "B"),
-        ("CNPs sent", "A"),
-        ("Link pause frames", "A"),
-        ("uctel loss on the job's hosts", "A"),
-    ] {
-        let q = jobs_queries
-            .iter()
-            .find(|q| q.panel == panel && q.ref_id == ref_id)
-            .unwrap_or_else(|| panic!("no {panel} / {ref_id}"));
-        let r = prom
-            .query(&q.expr)
-            .unwrap_or_else(|e| panic!("{panel}: {e}"));
-        let jobs: Vec<(String, String)> = r
-            .iter()
-            .map(|s| {
-                let l = |n: &str| {
-                    s.pointer(&format!("/metric/{n}"))
-                        .and_then(serde_json::Value::as_str)
-                        .unwrap_or("")
-                        .to_owned()
-                };
-                (l("job_id"), l("user"))
-            })
-            .collect();
-        assert_eq!(
-            jobs,
-            [(
-                uctel_tests::fabric::JOB_ID.to_owned(),
-                uctel_tests::fabric::JOB_USER.to_owned()
-            )],
-            "{panel} / {ref_id}"
-        );
-    }
+    assert_panels_name(
+        &prom,
+        "dashboards/uctel-jobs.json",
+        &[
+            ("out_of_buffer", "A"),
+            ("out_of_buffer", "B"),
+            ("CNPs sent", "A"),
+            ("Link pause frames", "A"),
+            ("uctel loss on the job's hosts", "A"),
+        ],
+        ("job_id", "user"),
+        (uctel_tests::fabric::JOB_ID, uctel_tests::fabric::JOB_USER),
+    );
     // The pod dashboard: the fabric device's counters and uctel loss show under the pod
     // the test kubelet lists with it.
-    let pods_file = uctel_tests::workspace_root().join("dashboards/uctel-pods.json");
-    let pods_queries = dashboards::queries(&pods_file);
-    for (panel, ref_id) in [
-        ("out_of_buffer", "A"),
-        ("out_of_buffer", "B"),
-        ("CNPs sent", "A"),
-        ("Link pause frames on the pods' hosts", "A"),
-        ("uctel loss on the pods' hosts", "A"),
-    ] {
-        let q = pods_queries
-            .iter()
-            .find(|q| q.panel == panel && q.ref_id == ref_id)
-            .unwrap_or_else(|| panic!("no {panel} / {ref_id}"));
-        let r = prom
-            .query(&q.expr)
-            .unwrap_or_else(|e| panic!("{panel}: {e}"));
-        let pods: Vec<(String, String)> = r
-            .iter()
-            .map(|s| {
-                let l = |n: &str| {
-                    s.pointer(&format!("/metric/{n}"))
-                        .and_then(serde_json::Value::as_str)
-                        .unwrap_or("")
-                        .to_owned()
-                };
-                (l("namespace"), l("pod"))
-            })
-            .collect();
-        let (ns, pod, _) = uctel_tests::fabric::POD;
-        assert_eq!(
-            pods,
-            [(ns.to_owned(), pod.to_owned())],
-            "{panel} / {ref_id}"
-        );
-    }
+    let (ns, pod, _) = uctel_tests::fabric::POD;
+    assert_panels_name(
+        &prom,
+        "dashboards/uctel-pods.json",
+        &[
+            ("out_of_buffer", "A"),
+            ("out_of_buffer", "B"),
+            ("CNPs sent", "A"),
+            ("Link pause frames on the pods' hosts", "A"),
+            ("uctel loss on the pods' hosts", "A"),
+        ],
+        ("namespace", "pod"),
+        (ns, pod),
+    );
     let to = labels_of("Port state and GID changes", "A", "to");
     assert!(
         to.contains(&"down".to_owned()) && to.contains(&"active".to_owned()),
