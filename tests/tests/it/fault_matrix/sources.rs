@@ -62,6 +62,12 @@ fn write_entries(dir: &Path, range: std::ops::Range<u64>) {
             1000 + n
         ));
     }
+    journal_remote(dir, &export);
+}
+
+/// Writes the export-format `export` into `dir/remote.journal` with one run of
+/// `systemd-journal-remote` (systemd's own writer).
+fn journal_remote(dir: &Path, export: &str) {
     let mut child = Command::new(JOURNAL_REMOTE)
         .arg(format!("--output={}", dir.join("remote.journal").display()))
         .arg("-")
@@ -384,23 +390,7 @@ fn write_entries_rotating(dir: &Path, range: std::ops::Range<u64>, rotate_after:
         ));
     }
     // One systemd-journal-remote run: it rotates between two entries it writes.
-    let mut child = Command::new(JOURNAL_REMOTE)
-        .arg(format!("--output={}", dir.join("remote.journal").display()))
-        .arg("-")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("systemd-journal-remote");
-    let mut stdin = child.stdin.take().expect("stdin");
-    stdin.write_all(export.as_bytes()).expect("export input");
-    drop(stdin);
-    let out = child.wait_with_output().expect("systemd-journal-remote");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    journal_remote(dir, &export);
 }
 
 #[test]
