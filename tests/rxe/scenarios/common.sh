@@ -15,6 +15,14 @@ fail() {
   exit 1
 }
 
+# progress TEXT...: print TEXT, and send it to the console at once as `INFO <scenario>: TEXT`
+# (the host prints INFO lines as they arrive): where a long scenario stands, even when its
+# time limit kills it before it prints anything else.
+progress() {
+  echo "$*"
+  echo "INFO ${SCENARIO:-scenario}: $*" >/dev/console
+}
+
 # in_ns2 CMD...: run CMD in the second network namespace (v1, 10.77.0.2).
 in_ns2() { nsenter -t "$NS2_PID" -n "$@"; }
 

@@ -10,11 +10,18 @@
 # frames lost), 0 lost, and frames sent = received over all agents; no async event.
 #
 # The agents are small: no host metrics, self-metrics every second, one log file of
-# $MANY_LINES lines each (from the beginning), no /metrics endpoint of their own.
+# $MANY_LINES lines each (from the beginning), no /metrics endpoint of their own; agents and
+# collector wait 60 s for a handshake (the default 5 s makes a loaded guest give handshakes
+# up and start them over). Sizes from the host: MANY_AGENTS, MANY_LINES, MANY_CONNECT_SECONDS
+# (run.sh SCENARIO_VARS). `progress` lines say at once on the console how many agents are
+# connected, how many log lines arrived, the guest's load and free memory; a failed wait
+# prints where the guest's CPU went (many_diag) and the collector's losses and drops.
 . /scenarios/common.sh
 
 AGENTS=${MANY_AGENTS:-64}
 LINES=${MANY_LINES:-20}
+# Seconds, per data path, for every agent to connect and deliver its lines.
+CONNECT_SECONDS=${MANY_CONNECT_SECONDS:-180}
 
 many_config_agent() {
   i=$1 dp=$2
@@ -26,6 +33,9 @@ collector:
   control: $COLLECTOR_CONTROL
   reconnect_initial_seconds: 0.5
   reconnect_max_seconds: 4
+  # Under TCG a handshake with 64 agents starting together takes longer than the default
+  # 5 s; an attempt given up redoes all its work (a new data plane on both sides).
+  connect_timeout_seconds: 60
 auth:
   token: $TOKEN
 sources:
@@ -51,6 +61,74 @@ YAML
   seq 1 "$LINES" | awk -v a="$i" '{ printf "many-agents line %d of agent %d\n", $1, a }' >"$dir/input.log"
 }
 
+# since T: whole seconds from T (a `date +%s`) to now.
+since() { echo $(($(date +%s) - $1)); }
+
+# guest_load: the guest's 1-minute load average and available memory.
+guest_load() {
+  echo "load $(cut -d' ' -f1 /proc/loadavg)," \
+    "$(awk '/^MemAvailable:/ { printf "%d", $2 / 1024 }' /proc/meminfo) MiB available"
+}
+
+# many_diag: where the guest's CPU goes: threads by state (R runnable, D waiting in the
+# kernel), the kernel functions the D threads wait in, and CPU seconds per thread name
+# summed over all processes (utime + stime of /proc/*/task/*/stat, 100 ticks/s). One awk
+# over all the stat files: a process per thread would itself load the guest.
+many_diag() {
+  echo "--- guest threads by state; $(guest_load)"
+  # grep -H, not awk on the files: a thread that ends between the glob and the read must not
+  # stop the listing (busybox awk gives up at a file it cannot open).
+  grep -H '' /proc/[0-9]*/task/[0-9]*/stat 2>/dev/null | awk '{
+      i = index($0, ":"); file = substr($0, 1, i - 1)
+      s = substr($0, i + 1); sub(/^[0-9]+ \(/, "", s)
+      name = s; sub(/\) [^)]*$/, "", name); gsub(/ /, "_", name)
+      sub(/^.*\) /, "", s); split(s, f, " ")
+      st[f[1]]++; cpu[name] += (f[12] + f[13]) / 100; n[name]++
+      if (f[1] == "D") { w = file; sub(/stat$/, "wchan", w); print w > "/tmp/many-d" }
+    }
+    END {
+      for (k in st) printf "  %s %d\n", k, st[k]
+      print "--- CPU seconds by thread name, summed over processes (threads)"
+      for (k in cpu) printf "%9.1f s %4d %s\n", cpu[k], n[k], k | "sort -rn | head -n 12"
+    }'
+  if [ -s /tmp/many-d ]; then
+    echo "--- kernel functions the D threads wait in"
+    for w in $(cat /tmp/many-d); do cat "$w" 2>/dev/null; echo; done | sort | uniq -c | sort -rn | head -n 8
+  fi
+  rm -f /tmp/many-d
+}
+
+# alive PID...: how many of the processes PID... still run.
+alive() {
+  c=0
+  for p in "$@"; do kill -0 "$p" 2>/dev/null && c=$((c + 1)); done
+  echo "$c"
+}
+
+# many_stuck: the collector's last lines, the agents that never logged a connection, and the
+# last lines of the first of them.
+many_stuck() {
+  many_diag
+  echo "--- collector: frames lost and dropped, credit writes, async events (summed over agents)"
+  grep -E '^uctel_collector_(frames_(lost|received)_total|frames_dropped_total|credit_writes_total|rdma_async_events_total|connection_queues|qp_errors_total)[{ ]' \
+    "$D/c.prom" | sed 's/agent="[^"]*",\{0,1\}//; s/stream="[^"]*",\{0,1\}//' |
+    awk '{ v[$1] += $2 } END { for (k in v) if (v[k] != 0) print k, v[k] }' | sort
+  echo "--- collector log (last 40 lines)"
+  tail -n 40 "$D/collector.log"
+  never=""
+  i=0
+  while [ "$i" -lt "$AGENTS" ]; do
+    grep -q 'connected to the collector' "$D/a$i/agent.log" || never="$never $i"
+    i=$((i + 1))
+  done
+  echo "--- agents that never connected:${never:- none}"
+  for i in $never; do
+    echo "--- agent $i log (last 20 lines)"
+    tail -n 20 "$D/a$i/agent.log"
+    break
+  done
+}
+
 many_run() {
   dp=$1
   case "$dp" in
@@ -60,6 +138,9 @@ many_run() {
   rm -rf "$D"
   mkdir -p "$D"
   collector_verbs_config "$D/collector.yaml" "$dp"
+  # The collector waits as long for a handshake as the agents do.
+  awk '{ print } /^  report_interval_seconds:/ { print "  handshake_timeout_seconds: 60" }' \
+    "$D/collector.yaml" >"$D/collector.yaml.new" && mv "$D/collector.yaml.new" "$D/collector.yaml"
   uctel-collector --config "$D/collector.yaml" --check-config ||
     fail "$dp: collector --check-config refused $D/collector.yaml"
   i=0
@@ -69,9 +150,11 @@ many_run() {
   done
   uctel-agent --config "$D/a0/agent.yaml" --check-config ||
     fail "$dp: agent --check-config refused $D/a0/agent.yaml"
+  t0=$(date +%s)
   uctel-collector --config "$D/collector.yaml" --log-level info >"$D/collector.log" 2>&1 &
   cpid=$!
   wait_listen 9470 || dfail "$dp: collector did not listen on 9470"
+  progress "$dp: collector listening after $(since "$t0") s; starting $AGENTS agents"
   pids=""
   i=0
   while [ "$i" -lt "$AGENTS" ]; do
@@ -79,20 +162,31 @@ many_run() {
     pids="$pids $!"
     i=$((i + 1))
   done
+  progress "$dp: $AGENTS agents started after $(since "$t0") s; $(guest_load)"
 
   # Every agent connected and every log line arrived.
   want=$((AGENTS * LINES))
-  n=0
+  shown=0 diag=0
   while :; do
-    scrape "$COLLECTOR_METRICS" "$D/c.prom" || : >"$D/c.prom"
+    # A scrape the collector does not answer within 10 s reads as nothing: say so.
+    seen="" ts=$(date +%s)
+    scrape "$COLLECTOR_METRICS" "$D/c.prom" || { : >"$D/c.prom"; seen=" (/metrics did not answer in $(since "$ts") s)"; }
     conn=$(prom_sum "$D/c.prom" uctel_collector_agents_connected)
     got=$(prom_sum "$D/c.prom" uctel_collector_records_received_total stream=logs)
+    t=$(since "$t0")
     [ "$conn" = "$AGENTS" ] && [ "$got" -ge "$want" ] && break
-    n=$((n + 1))
-    [ "$n" -lt 1200 ] && kill -0 "$cpid" 2>/dev/null ||
-      { tail -n 40 "$D/collector.log"; fail "$dp: after $((n / 10)) s: $conn of $AGENTS agents connected, $got of $want log lines"; }
-    usleep 100000
+    if [ "$t" -ge "$shown" ]; then
+      progress "$dp: ${t} s: $conn of $AGENTS agents connected, $got of $want log lines$seen," \
+        "$(alive $pids) agent processes running; $(guest_load)"
+      shown=$((t + 10))
+      [ "$t" -lt 30 ] || [ "$diag" = 1 ] || { many_diag; diag=1; }
+    fi
+    [ "$t" -lt "$CONNECT_SECONDS" ] && kill -0 "$cpid" 2>/dev/null ||
+      { many_stuck; fail "$dp: after $t s: $conn of $AGENTS agents connected, $got of $want log lines, $(alive $pids) agent processes running"; }
+    usleep 200000
   done
+  progress "$dp: ${t} s: all $AGENTS agents connected, all $want log lines in"
+  many_diag
   # A few self-metrics rounds and credit grants on top.
   sleep 2
   scrape "$COLLECTOR_METRICS" "$D/c-live.prom" || fail "$dp: collector /metrics"
@@ -102,18 +196,26 @@ many_run() {
   writes=$(prom_sum "$D/c-live.prom" uctel_collector_credit_writes_total result=posted)
   refused=$(prom_sum "$D/c-live.prom" uctel_collector_credit_writes_total result=refused)
 
+  # SIGTERM: every agent sends what it queued and says Goodbye.
+  t1=$(date +%s)
   for p in $pids; do kill -TERM "$p" 2>/dev/null; done
+  while [ "$(alive $pids)" != 0 ]; do
+    [ "$(since "$t1")" -lt 30 ] ||
+      fail "$dp: $(alive $pids) of $AGENTS agents still running 30 s after SIGTERM"
+    usleep 200000
+  done
   arcs=0
   for p in $pids; do
     wait "$p" || arcs=$((arcs + 1))
   done
-  n=0
+  progress "$dp: every agent exited $(since "$t1") s after SIGTERM"
   while :; do
     scrape "$COLLECTOR_METRICS" "$D/c.prom" || : >"$D/c.prom"
-    [ "$(prom_sum "$D/c.prom" uctel_collector_agents_connected)" = 0 ] && break
-    n=$((n + 1))
-    [ "$n" -lt 300 ] || fail "$dp: the collector still counts agents connected 30 s after the Goodbyes"
-    usleep 100000
+    left=$(prom_sum "$D/c.prom" uctel_collector_agents_connected)
+    [ "$left" = 0 ] && break
+    [ "$(since "$t1")" -lt 30 ] ||
+      fail "$dp: the collector still counts $left agents connected 30 s after the Goodbyes"
+    usleep 200000
   done
   usleep 1500000
   scrape "$COLLECTOR_METRICS" "$D/c.prom" || fail "$dp: collector /metrics after the Goodbyes"
