@@ -360,7 +360,7 @@ fn pod_errors(frames: &[Value], reason: &str) -> f64 {
                 && r["labels"]["reason"] == reason
         })
         .filter_map(|r| r["value"].as_f64())
-        .last()
+        .next_back()
         .unwrap_or(0.0)
 }
 

@@ -99,6 +99,9 @@ impl PodLabels {
     }
 }
 
+/// A series' name and its labels before the pod labels.
+type SeriesKey = (String, Vec<(String, String)>);
+
 /// Adds the pod labels to fast-counter series and ends the series whose labels changed
 /// (the pod that owned the device ended, or another took it).
 #[derive(Debug, Default)]
@@ -106,7 +109,7 @@ pub struct SeriesLabeller {
     labels: PodLabels,
     /// Per counter (its name and labels before the pod labels): the labels it was last
     /// sent with. One entry per configured counter, so bounded by the configuration.
-    sent: HashMap<(String, Vec<(String, String)>), Vec<Label>>,
+    sent: HashMap<SeriesKey, Vec<Label>>,
     /// Ended series' markers still to send, with the calls left.
     ending: Vec<(SampleSeries, u32)>,
 }
