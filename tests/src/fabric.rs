@@ -69,6 +69,8 @@ pub struct Fabric {
     /// [`POD`] with [`DEVICE`] through the RDMA shared device plugin's resource
     /// [`POD_RESOURCE`].
     pub kubelet: PathBuf,
+    /// The pods that kubelet lists: change them to start and end pods.
+    pub pods: crate::kubelet::Kubelet,
 }
 
 /// The pod that owns the fabric's device: (namespace, pod, container).
@@ -156,6 +158,7 @@ impl Fabric {
             cgroup,
             scontrol,
             kubelet,
+            pods: k,
         }
     }
 

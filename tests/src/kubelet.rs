@@ -1,6 +1,8 @@
 //! A test kubelet: the pod-resources gRPC service (`PodResourcesLister`, built from the
 //! agent's code generated from the vendored upstream `podresources/v1` proto) on a unix
 //! socket, answering `List` with the pods of the moment. No cluster runs in the tests.
+//! The one test kubelet: the agent's integration tests compile this file too
+//! (`agent/tests/it/support`, `#[path]`), so it names nothing of this crate.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};

@@ -13,7 +13,7 @@ use super::run_thread;
 use crate::pacing::grid::Grid;
 use crate::queue::RecordQueue;
 use crate::selfmetrics::{DropReason, SelfMetrics};
-use crate::sources::pod_resources::PodLabels;
+use crate::sources::pod_resources::{PodLabels, SeriesLabeller};
 use crate::stream::Stream;
 
 /// The `fast_counters` source's own counters (on the agent's registry, so also shipped with
@@ -24,6 +24,9 @@ pub struct FastCounterMetrics {
     pub samples: IntCounter,
     /// `uctel_agent_fast_missed_rounds_total`: sampling instants skipped.
     pub missed_rounds: IntCounter,
+    /// `uctel_agent_fast_stale_markers_total`: stale markers sent for series whose pod
+    /// labels changed (`sources::pod_resources`), one sample each on the stream.
+    pub stale_markers: IntCounter,
     /// `uctel_agent_fast_sample_lateness_seconds`: sample time − scheduled time.
     pub lateness: prometheus::Histogram,
 }
@@ -36,8 +39,15 @@ impl FastCounterMetrics {
     pub fn register(registry: &prometheus::Registry) -> Result<Self, prometheus::Error> {
         let samples = IntCounter::with_opts(Opts::new(
             "uctel_agent_fast_samples_total",
-            "Samples taken by the fast_counters source (successful reads). Every one is \
-             received, lost or dropped with a reason on the fast_counters stream.",
+            "Samples taken by the fast_counters source (successful reads). Every one (and \
+             every stale marker, uctel_agent_fast_stale_markers_total) is received, lost or \
+             dropped with a reason on the fast_counters stream.",
+        ))?;
+        let stale_markers = IntCounter::with_opts(Opts::new(
+            "uctel_agent_fast_stale_markers_total",
+            "Stale markers the fast_counters source sent to end a series whose pod labels \
+             changed (sources.pod_resources: the pod that owned the device ended); one \
+             sample each on the fast_counters stream.",
         ))?;
         let missed_rounds = IntCounter::with_opts(Opts::new(
             "uctel_agent_fast_missed_rounds_total",
@@ -58,9 +68,11 @@ impl FastCounterMetrics {
         registry.register(Box::new(samples.clone()))?;
         registry.register(Box::new(missed_rounds.clone()))?;
         registry.register(Box::new(lateness.clone()))?;
+        registry.register(Box::new(stale_markers.clone()))?;
         Ok(Self {
             samples,
             missed_rounds,
+            stale_markers,
             lateness,
         })
     }
@@ -73,7 +85,10 @@ impl FastCounterMetrics {
 /// samples. At shutdown the samples not yet shipped are offered as a last, shorter record.
 /// Its counters are registered and resolved already (`FastCountersSection::resolve`), so a
 /// reload starts the source again on the same counters ([`crate::metric_sources`]); the
-/// device series carry the labels of `pod_labels` (`sources::pod_resources`) where given.
+/// device series carry the labels of `pod_labels` (`sources::pod_resources`) where given,
+/// and a series whose labels changed is ended with stale markers
+/// ([`crate::sources::pod_resources::SeriesLabeller`]), counted in
+/// `uctel_agent_fast_stale_markers_total`.
 pub async fn fast_counters_loop(
     section: crate::sources::fast_counters::FastCountersSection,
     specs: Vec<crate::sources::fast_counters::CounterSpec>,
@@ -108,6 +123,7 @@ pub fn fast_counters_thread(
     let mut readers: Vec<Reader> = specs.iter().map(|s| Reader::new(&s.origin)).collect();
     let mut buffers = vec![SeriesBuffer::default(); specs.len()];
     let mut warned = std::collections::HashSet::new();
+    let mut labeller = pod_labels.map(|l| SeriesLabeller::new(l.clone()));
     let mut grid = Grid::new(section.interval(), section.offset());
     let per_record = section.samples_per_record.max(1);
     tracing::info!(
@@ -159,8 +175,8 @@ pub fn fast_counters_thread(
                 ready.extend(buffer.take(spec));
             }
         }
-        if let Some(l) = pod_labels {
-            l.apply_series(&mut ready);
+        if let Some(l) = labeller.as_mut() {
+            metrics.stale_markers.inc_by(l.apply(&mut ready));
         }
         if !ready.is_empty() {
             offer_samples(queue, ready, stats);

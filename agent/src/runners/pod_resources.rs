@@ -18,8 +18,9 @@ use crate::stream::Stream;
 
 /// Runs the pod-resources source until shutdown. A failed call is counted in
 /// `uctel_agent_source_errors_total{source="pod_resources",reason}` (logged at `warn` once
-/// per reason until a call succeeds) and clears the labels; pairs over `max_devices` are
-/// counted as `reason="device_cap"` at every call.
+/// per reason until a call succeeds; `permission_denied` names the unit's drop-in
+/// `pod-resources.conf`) and clears the labels; pairs over `max_devices` are counted as
+/// `reason="device_cap"` at every call.
 pub async fn pod_resources_loop(
     section: PodResourcesSection,
     labels: PodLabels,
@@ -50,7 +51,9 @@ pub async fn pod_resources_loop(
             }
             Err(e) => {
                 stats.source_error("pod_resources", e.reason);
-                if warned.insert(e.reason) {
+                if e.reason == "permission_denied" && warned.insert(e.reason) {
+                    tracing::warn!(socket = %section.socket_path.display(), detail = %e.detail, "pod_resources: permission denied on the kubelet's pod-resources socket: connecting needs write permission on it (the kubelet makes it root's only), which the packaged unit's drop-in pod-resources.conf grants (CAP_DAC_OVERRIDE; /usr/share/doc/uctel-agent/examples/pod-resources.conf); counted in uctel_agent_source_errors_total{{source=\"pod_resources\",reason=\"permission_denied\"}}, device series carry no pod labels until it connects (logged once)");
+                } else if warned.insert(e.reason) {
                     tracing::warn!(reason = e.reason, detail = %e.detail, "pod_resources: List failed; device series carry no pod labels until it answers (logged once per reason)");
                 } else {
                     tracing::debug!(reason = e.reason, detail = %e.detail, "pod_resources: List failed");

@@ -248,3 +248,38 @@ fn the_kmsg_drop_in_grants_exactly_cap_syslog() {
         assert!(has_line(&u, line), "the unit without the drop-in: {line}");
     }
 }
+
+/// The pod-resources drop-in grants CAP_DAC_OVERRIDE and nothing else (the kubelet's
+/// socket is writable by root only; `connect(2)` needs write permission on it); the unit
+/// itself grants no capability.
+#[test]
+fn the_pod_resources_drop_in_grants_exactly_cap_dac_override() {
+    let d = unit("uctel-agent.service.d/pod-resources.conf");
+    let settings: Vec<&str> = d
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert_eq!(
+        settings,
+        [
+            "[Service]",
+            "CapabilityBoundingSet=CAP_DAC_OVERRIDE",
+            "AmbientCapabilities=CAP_DAC_OVERRIDE"
+        ]
+    );
+    let u = unit("uctel-agent.service");
+    for line in [
+        "User=uctel",
+        "CapabilityBoundingSet=",
+        "AmbientCapabilities=",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+    ] {
+        assert!(has_line(&u, line), "the unit without the drop-in: {line}");
+    }
+    assert!(
+        d.contains("permission_denied") && d.contains("pod-resources.conf"),
+        "the drop-in says what its absence costs and how to install it"
+    );
+}

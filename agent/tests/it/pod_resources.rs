@@ -3,10 +3,11 @@
 //! `container` labels on the devices' host and fast-counter series, with
 //! `uctel_pod_device_info`.
 //!
-//! No cluster runs here. The kubelet is a gRPC server built in this test from the same
-//! vendored upstream proto (`k8s.io/kubelet/pkg/apis/podresources/v1/api.proto`, the
-//! server stubs generated beside the agent's client: `support::podresources`), served on a temporary unix socket
-//! with hyper; the devices are a fixture sysfs tree (an SR-IOV VF's PCI address whose
+//! No cluster runs here. The kubelet is a gRPC server built from the same vendored
+//! upstream proto (`k8s.io/kubelet/pkg/apis/podresources/v1/api.proto`, the server stubs
+//! generated beside the agent's client; `support::kubelet`, the end-to-end tests' test
+//! kubelet), served on a temporary unix socket with hyper; the devices are a fixture sysfs
+//! tree (an SR-IOV VF's PCI address whose
 //! `infiniband/` names `mlx5_3`, and `mlx5_0` with its interface `ens1f0` behind the RDMA
 //! shared device plugin's resource).
 
@@ -16,101 +17,8 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::support::podresources::pod_resources_lister_server::{
-    PodResourcesLister, PodResourcesListerServer,
-};
-use crate::support::podresources::{
-    AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
-    ContainerResources, GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest,
-    ListPodResourcesResponse, PodResources,
-};
+use crate::support::kubelet::{pod, Kubelet};
 use serde_json::Value;
-use tonic::{Request, Response, Status};
-
-/// The test kubelet: answers `List` with the pods of the moment.
-#[derive(Debug, Clone, Default)]
-struct Kubelet(Arc<Mutex<Vec<PodResources>>>);
-
-#[tonic::async_trait]
-impl PodResourcesLister for Kubelet {
-    async fn list(
-        &self,
-        _: Request<ListPodResourcesRequest>,
-    ) -> Result<Response<ListPodResourcesResponse>, Status> {
-        let pods = self.0.lock().unwrap_or_else(|e| panic!("{e}")).clone();
-        Ok(Response::new(ListPodResourcesResponse {
-            pod_resources: pods,
-        }))
-    }
-    async fn get_allocatable_resources(
-        &self,
-        _: Request<AllocatableResourcesRequest>,
-    ) -> Result<Response<AllocatableResourcesResponse>, Status> {
-        Err(Status::unimplemented("not in this test"))
-    }
-    async fn get(
-        &self,
-        _: Request<GetPodResourcesRequest>,
-    ) -> Result<Response<GetPodResourcesResponse>, Status> {
-        Err(Status::unimplemented("not in this test"))
-    }
-}
-
-/// Serves `kubelet` on a unix socket at `path` (HTTP/2 without TLS, as the kubelet does)
-/// on a thread of its own, until the process ends.
-fn serve(path: &Path, kubelet: Kubelet) {
-    let path = path.to_path_buf();
-    let (ready, bound) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("{e}"));
-        rt.block_on(async move {
-            let listener = tokio::net::UnixListener::bind(&path).unwrap_or_else(|e| panic!("{e}"));
-            ready.send(()).unwrap_or_else(|e| panic!("{e}"));
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    return;
-                };
-                let svc = PodResourcesListerServer::new(kubelet.clone());
-                tokio::spawn(async move {
-                    let _ = hyper_util::server::conn::auto::Builder::new(
-                        hyper_util::rt::TokioExecutor::new(),
-                    )
-                    .http2_only()
-                    .serve_connection(
-                        hyper_util::rt::TokioIo::new(stream),
-                        hyper_util::service::TowerToHyperService::new(svc),
-                    )
-                    .await;
-                });
-            }
-        });
-    });
-    bound
-        .recv_timeout(Duration::from_secs(10))
-        .unwrap_or_else(|e| panic!("{e}"));
-}
-
-fn pod(namespace: &str, name: &str, containers: &[(&str, &str, &[&str])]) -> PodResources {
-    PodResources {
-        name: name.into(),
-        namespace: namespace.into(),
-        containers: containers
-            .iter()
-            .map(|(c, resource, ids)| ContainerResources {
-                name: (*c).into(),
-                devices: vec![ContainerDevices {
-                    resource_name: (*resource).into(),
-                    device_ids: ids.iter().map(|i| (*i).to_owned()).collect(),
-                    topology: None,
-                }],
-                ..Default::default()
-            })
-            .collect(),
-    }
-}
 
 fn write(path: &Path, text: &str) {
     std::fs::create_dir_all(path.parent().unwrap_or_else(|| panic!("parent")))
@@ -295,7 +203,7 @@ fn pods_label_their_devices_series_and_leave_when_they_end() {
             ],
         ),
     ];
-    serve(&socket, kubelet.clone());
+    kubelet.serve(&socket);
     let t0 = [
         ("namespace", "ml"),
         ("pod", "trainer-0"),
@@ -382,6 +290,19 @@ fn pods_label_their_devices_series_and_leave_when_they_end() {
     printed.wait(seen, "trainer-0 host series stale", |_, r| {
         host(r, "mlx5_3", &t0, true)
     });
+    // Its fast counter ends too: one sample, the stale marker (printed as null).
+    let fast_mlx5_3 = |r: &Value, pod: &[(&str, &str)]| {
+        let mut want = vec![("device", "mlx5_3"), ("port", "1")];
+        want.extend_from_slice(pod);
+        labels_are(r, &want)
+    };
+    printed.wait(seen, "trainer-0 fast series stale", |s, r| {
+        s == "fast_counters"
+            && fast_mlx5_3(r, &t0)
+            && r["values"]
+                .as_array()
+                .is_some_and(|v| v.len() == 1 && v[0].is_null())
+    });
     let t1 = [
         ("namespace", "ml"),
         ("pod", "trainer-1"),
@@ -389,6 +310,13 @@ fn pods_label_their_devices_series_and_leave_when_they_end() {
     ];
     let at = printed.wait(at, "mlx5_3 labelled trainer-1", |_, r| {
         host(r, "mlx5_3", &t1, false)
+    });
+    printed.wait(seen, "fast mlx5_3 labelled trainer-1", |s, r| {
+        s == "fast_counters"
+            && fast_mlx5_3(r, &t1)
+            && r["values"]
+                .as_array()
+                .is_some_and(|v| v.iter().all(Value::is_f64))
     });
 
     // The kubelet goes away: counted again, the labels go.
@@ -418,4 +346,111 @@ fn pods_label_their_devices_series_and_leave_when_they_end() {
     });
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// The last value of `uctel_agent_source_errors_total{source="pod_resources",reason}`
+/// in `frames`.
+fn pod_errors(frames: &[Value], reason: &str) -> f64 {
+    frames
+        .iter()
+        .flat_map(|f| f["records"].as_array().into_iter().flatten())
+        .filter(|r| {
+            r["name"] == "uctel_agent_source_errors_total"
+                && r["labels"]["source"] == "pod_resources"
+                && r["labels"]["reason"] == reason
+        })
+        .filter_map(|r| r["value"].as_f64())
+        .next_back()
+        .unwrap_or(0.0)
+}
+
+/// As the packaged unit runs it (user `nobody` here, no capabilities) the agent cannot
+/// connect to a kubelet socket only root may write, as the kubelet makes it: counted as
+/// `permission_denied` and logged once naming the drop-in; with the drop-in's only grant,
+/// `CAP_DAC_OVERRIDE` (ambient), it connects and labels the devices.
+#[test]
+fn a_non_root_agent_reaches_the_root_only_kubelet_socket_with_the_drop_ins_capability() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    // /proc/self belongs to the effective user.
+    if !std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0) {
+        eprintln!("SKIPPED: needs root (a root-owned socket, setpriv to nobody)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    // Every directory searchable, so what refuses nobody is the socket's own mode.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let sys = dir.path().join("sys");
+    sysfs(&sys);
+    let socket = dir.path().join("kubelet.sock");
+    let cfg = config(dir.path(), &sys, &socket);
+    // A state directory the user may write (as the unit's StateDirectory=).
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap_or_else(|e| panic!("{e}"));
+    std::os::unix::fs::chown(&state, Some(65534), Some(65534)).unwrap_or_else(|e| panic!("{e}"));
+    let text = std::fs::read_to_string(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    let text = text.replacen(
+        "sources:\n",
+        &format!("sources:\n  state_directory: {}\n", state.display()),
+        1,
+    );
+    std::fs::write(&cfg, text).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let kubelet = Kubelet::default();
+    *kubelet.0.lock().unwrap_or_else(|e| panic!("{e}")) = vec![pod(
+        "ml",
+        "trainer-0",
+        &[("worker", "intel.com/sriov_rdma_vf", &["0000:3b:02.1"])],
+    )];
+    kubelet.serve(&socket);
+    // The kubelet's socket: owned by root, writable by root only.
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o755))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let labelled = |frames: &[Value]| {
+        frames
+            .iter()
+            .flat_map(|f| f["records"].as_array().into_iter().flatten())
+            .any(|r| {
+                host(
+                    r,
+                    "mlx5_3",
+                    &[
+                        ("namespace", "ml"),
+                        ("pod", "trainer-0"),
+                        ("container", "worker"),
+                    ],
+                    false,
+                )
+            })
+    };
+
+    let (frames, stderr) = crate::support::dry_run_as_nobody(&cfg, &[], 3);
+    assert!(!labelled(&frames), "no pod labels without access");
+    assert!(
+        pod_errors(&frames, "permission_denied") >= 2.0,
+        "every refused call counted (interval 0.3 s): {}",
+        pod_errors(&frames, "permission_denied")
+    );
+    let named: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("pod-resources.conf"))
+        .collect();
+    assert_eq!(
+        named.len(),
+        1,
+        "logged once, naming the drop-in, over several refusals: {stderr}"
+    );
+    assert!(named[0].contains("permission denied"), "{}", named[0]);
+
+    let (frames, stderr) = crate::support::dry_run_as_nobody(
+        &cfg,
+        &["--inh-caps=+dac_override", "--ambient-caps=+dac_override"],
+        3,
+    );
+    assert!(
+        labelled(&frames),
+        "labelled with CAP_DAC_OVERRIDE; stderr: {stderr}"
+    );
+    assert_eq!(pod_errors(&frames, "permission_denied"), 0.0, "{stderr}");
 }

@@ -125,27 +125,7 @@ fn agent_as_nobody(caps: &[&str], seconds: u64) -> (Vec<serde_json::Value>, Stri
     )
     .unwrap();
     std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let child = std::process::Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .args(caps)
-        .arg(env!("CARGO_BIN_EXE_uctel-agent"))
-        .arg("--config")
-        .arg(&cfg)
-        .args(["--dry-run", "--log-level", "warn"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_secs(seconds));
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let out = child.wait_with_output().unwrap();
-    let frames = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
-    (frames, String::from_utf8_lossy(&out.stderr).into_owned())
+    crate::support::dry_run_as_nobody(&cfg, caps, seconds)
 }
 
 fn records(frames: &[serde_json::Value]) -> impl Iterator<Item = &serde_json::Value> {

@@ -13,6 +13,12 @@
 //!   after the previous one sent for that series (two samples less than 1 ms apart) is sent
 //!   1 ms after it, so no sample is rejected as out of order or duplicate.
 //!
+//! A series whose last sample is Prometheus's stale marker (the agent ended it: the pod
+//! that owned its device ended, `uctel_agent::sources::pod_resources`) ends here: its
+//! window is forgotten, the marker goes to the store (which removes the series) and to
+//! remote-write (which ends it there), and its rate series is ended in the store too
+//! ([`Observed::ended`]).
+//!
 //! State is kept per agent for at most [`MAX_SERIES_PER_AGENT`] series; beyond it a series
 //! still has its latest value and remote-write samples, without a rate.
 
@@ -27,6 +33,9 @@ pub const RATE_WINDOW_US: i64 = 1_000_000;
 pub const MAX_SERIES_PER_AGENT: usize = 4096;
 /// Suffix of the rate series.
 pub const RATE_SUFFIX: &str = "_per_second";
+
+/// Prometheus's stale-marker NaN (`model/value.StaleNaN`).
+const STALE_NAN_BITS: u64 = 0x7ff0_0000_0000_0002;
 
 /// One series' recent samples.
 #[derive(Debug, Default)]
@@ -58,6 +67,21 @@ impl Window {
         (t1 > t0).then(|| (v1 - v0) / ((t1 - t0) as f64 / 1e6))
     }
 
+    /// Appends one [`Metric`] per sample of `s` (value and remote-write timestamp) to `out`.
+    fn remote(&mut self, s: &SampleSeries, out: &mut Vec<Metric>) {
+        for (t_us, v) in s.samples() {
+            out.push(Metric {
+                name: s.name.clone(),
+                help: s.help.clone(),
+                r#type: s.r#type,
+                labels: s.labels.clone(),
+                value: v,
+                timestamp_ms: self.remote_ms(t_us),
+                ..Metric::default()
+            });
+        }
+    }
+
     /// The remote-write timestamp of a sample at `t_us`: its millisecond, or 1 ms after
     /// the previous one sent.
     fn remote_ms(&mut self, t_us: i64) -> i64 {
@@ -78,8 +102,11 @@ pub struct FastSeries {
 pub struct Observed {
     /// The latest value, for the store.
     pub latest: Metric,
-    /// The rate series, for the store (counters with two samples in the window).
+    /// The rate series, for the store (counters with two samples in the window); when the
+    /// series ended, the rate series' stale marker.
     pub rate: Option<Metric>,
+    /// The series ended (its last sample is the stale marker): its window is forgotten.
+    pub ended: bool,
 }
 
 /// The identity of a series within its agent: name and labels.
@@ -120,6 +147,31 @@ impl FastSeries {
             None => self.agents.entry(agent.to_owned()).or_default(),
         };
         let k = key(s);
+        let rate_of = |value: f64| Metric {
+            name: rate_name(&s.name),
+            help: format!(
+                "Per-second rate of {} over the last second of its fast_counters samples.",
+                s.name
+            ),
+            r#type: MetricType::Gauge as i32,
+            labels: s.labels.clone(),
+            value,
+            ..Metric::default()
+        };
+        if s.values
+            .last()
+            .is_some_and(|v| v.to_bits() == STALE_NAN_BITS)
+        {
+            let mut window = series.remove(&k).unwrap_or_default();
+            if let Some(out) = remote {
+                window.remote(s, out);
+            }
+            return Observed {
+                latest: s.latest(),
+                rate: counter.then(|| rate_of(f64::from_bits(STALE_NAN_BITS))),
+                ended: true,
+            };
+        }
         let full = series.len() >= MAX_SERIES_PER_AGENT && !series.contains_key(&k);
         let mut spare = Window::default();
         let window = if full {
@@ -127,38 +179,20 @@ impl FastSeries {
         } else {
             series.entry(k).or_default()
         };
-        let mut remote = remote;
         for (t_us, v) in s.samples() {
             window.add(t_us, v, counter);
-            if let Some(out) = remote.as_deref_mut() {
-                out.push(Metric {
-                    name: s.name.clone(),
-                    help: s.help.clone(),
-                    r#type: s.r#type,
-                    labels: s.labels.clone(),
-                    value: v,
-                    timestamp_ms: window.remote_ms(t_us),
-                    ..Metric::default()
-                });
-            }
+        }
+        if let Some(out) = remote {
+            window.remote(s, out);
         }
         let rate = (counter && !full)
             .then(|| window.rate())
             .flatten()
-            .map(|r| Metric {
-                name: rate_name(&s.name),
-                help: format!(
-                    "Per-second rate of {} over the last second of its fast_counters samples.",
-                    s.name
-                ),
-                r#type: MetricType::Gauge as i32,
-                labels: s.labels.clone(),
-                value: r,
-                ..Metric::default()
-            });
+            .map(rate_of);
         Observed {
             latest: s.latest(),
             rate,
+            ended: false,
         }
     }
 
@@ -248,6 +282,35 @@ mod tests {
         let r = f.observe("a", &u, None).rate.unwrap();
         assert_eq!(r.name, "node_ethtool_received_prio3_pause_per_second");
         assert!((r.value - 400.0).abs() < 1e-9, "{}", r.value);
+    }
+
+    #[test]
+    fn a_stale_marker_ends_the_series_and_its_window_and_rate() {
+        let mut f = FastSeries::default();
+        let mut out = Vec::new();
+        f.observe("a", &series(1_000_000, 10_000, &[1.0, 2.0]), Some(&mut out));
+        assert_eq!(f.agents["a"].len(), 1);
+        let stale = f64::from_bits(STALE_NAN_BITS);
+        let o = f.observe("a", &series(1_020_000, 10_000, &[stale]), Some(&mut out));
+        assert!(o.ended);
+        assert_eq!(
+            o.latest.value.to_bits(),
+            STALE_NAN_BITS,
+            "the store removes it"
+        );
+        let rate = o.rate.unwrap();
+        assert_eq!(rate.name, "node_infiniband_out_of_buffer_per_second");
+        assert_eq!(rate.value.to_bits(), STALE_NAN_BITS);
+        assert!(f.agents["a"].is_empty(), "its window is forgotten");
+        let last = out.last().unwrap();
+        assert_eq!(
+            (last.value.to_bits(), last.timestamp_ms),
+            (STALE_NAN_BITS, 1_020)
+        );
+        // A gauge has no rate series to end.
+        let mut g = series(1_030_000, 10_000, &[stale]);
+        g.r#type = MetricType::Gauge as i32;
+        assert!(f.observe("a", &g, None).rate.is_none());
     }
 
     #[test]

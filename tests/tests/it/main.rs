@@ -24,6 +24,7 @@ mod node_ethtool;
 mod node_exporter_full;
 mod otlp;
 mod pair;
+mod pods;
 mod pool;
 mod pool_moves;
 mod rc_lane;

@@ -20,7 +20,10 @@ pub const MAX_ANSWER_BYTES: usize = 16 << 20;
 #[error("pod-resources {reason}: {detail}")]
 pub struct ListError {
     /// `socket_absent` (no socket at the path: no kubelet, or the directory is not
-    /// mounted), `connect` (the socket refused or could not be opened), `timeout` (no
+    /// mounted), `permission_denied` (EACCES: connecting needs write permission on the
+    /// socket and search permission on its directories, which the kubelet gives root only;
+    /// the packaged unit's drop-in `pod-resources.conf` grants it), `connect` (the socket
+    /// refused or could not be opened otherwise), `timeout` (no
     /// answer within `timeout_seconds`) or `rpc` (the call failed: a gRPC status, an
     /// answer that does not decode or is over [`MAX_ANSWER_BYTES`]).
     pub reason: &'static str,
@@ -53,6 +56,9 @@ async fn list_unbounded(socket: &Path) -> Result<Vec<PodResources>, ListError> {
         .map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => {
                 err("socket_absent", format!("{}: {e}", socket.display()))
+            }
+            std::io::ErrorKind::PermissionDenied => {
+                err("permission_denied", format!("{}: {e}", socket.display()))
             }
             _ => err("connect", format!("{}: {e}", socket.display())),
         })?;

@@ -28,12 +28,16 @@
 //! **A pod that ends leaves at once.** Its info series are sent with Prometheus's stale
 //! marker for [`STALE_ROUNDS`] calls (as the Slurm source's ended jobs), and at the next
 //! host collection the device's series lose its labels: the labelled host series are sent
-//! once with the stale marker, so the collector drops them at once. (Fast-counter series
-//! simply change labels; the old series ends at the collector's staleness.)
+//! once with the stale marker ([`DeviceLabeller`]). A fast counter whose labels changed
+//! ends its previous series with a one-sample marker, sent with its next [`STALE_ROUNDS`]
+//! records ([`SeriesLabeller`]). The collector removes a series at its marker (from
+//! `/metrics` at once, the fast counter's `_per_second` rate with it) and remote-write ends
+//! it in the receiver with the same marker, so an ended pod leaves no series behind.
 //!
 //! **Failures.** An absent socket, a refused connection, a call over `timeout_seconds` or
 //! a failed call is counted in `uctel_agent_source_errors_total{source="pod_resources",
-//! reason}` (`socket_absent`, `connect`, `timeout`, `rpc`; [`client::ListError`]) and the
+//! reason}` (`socket_absent`, `permission_denied`, `connect`, `timeout`, `rpc`;
+//! [`client::ListError`]) and the
 //! call's result is "no pods": the devices' series carry no pod labels until a call
 //! succeeds. Pairs over `max_devices` are counted as `reason="device_cap"` at every call.
 
@@ -93,17 +97,80 @@ impl PodLabels {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(labels);
     }
+}
 
-    /// Adds their device's labels to `series` (fast counters), where the series has a
-    /// `device` label with labels and none of the names yet.
-    pub fn apply_series(&self, series: &mut [SampleSeries]) {
-        let map = self.current();
-        if map.is_empty() {
-            return;
+/// A series' name and its labels before the pod labels.
+type SeriesKey = (String, Vec<(String, String)>);
+
+/// Adds the pod labels to fast-counter series and ends the series whose labels changed
+/// (the pod that owned the device ended, or another took it).
+#[derive(Debug, Default)]
+pub struct SeriesLabeller {
+    labels: PodLabels,
+    /// Per counter (its name and labels before the pod labels): the labels it was last
+    /// sent with. One entry per configured counter, so bounded by the configuration.
+    sent: HashMap<SeriesKey, Vec<Label>>,
+    /// Ended series' markers still to send, with the calls left.
+    ending: Vec<(SampleSeries, u32)>,
+}
+
+impl SeriesLabeller {
+    /// A labeller reading `labels`.
+    pub fn new(labels: PodLabels) -> Self {
+        Self {
+            labels,
+            ..Self::default()
         }
-        for s in series {
+    }
+
+    /// Adds their device's labels to `series` (where the series has a `device` label with
+    /// labels and none of the names yet). A counter whose labels changed since it was last
+    /// sent ends its previous series: a one-sample series with the previous labels and
+    /// Prometheus's stale marker as the value, stamped at the first sample of the new
+    /// one, is appended now and at the next [`STALE_ROUNDS`]` − 1` calls (a marker lost on
+    /// UC is sent again; none once the labels are back). Returns the markers appended.
+    pub fn apply(&mut self, series: &mut Vec<SampleSeries>) -> u64 {
+        let map = self.labels.current();
+        for s in series.iter_mut() {
+            let key = (
+                s.name.clone(),
+                s.labels
+                    .iter()
+                    .map(|l| (l.name.clone(), l.value.clone()))
+                    .collect(),
+            );
             add_labels(&map, &mut s.labels);
+            let before = self.sent.insert(key, s.labels.clone());
+            if let Some(before) = before.filter(|b| *b != s.labels) {
+                // Stamped at the new series' first sample: after every sample sent with
+                // the previous labels (one counter's records go out in order).
+                let marker = SampleSeries {
+                    name: s.name.clone(),
+                    help: s.help.clone(),
+                    r#type: s.r#type,
+                    labels: before,
+                    start_us: s.start_us,
+                    offsets_us: vec![0],
+                    values: vec![f64::from_bits(STALE_NAN_BITS)],
+                };
+                self.ending.push((marker, STALE_ROUNDS));
+            }
         }
+        // A series whose labels are back is live again: its marker is not sent.
+        let sent = &self.sent;
+        self.ending.retain(|(m, _)| {
+            !sent
+                .iter()
+                .any(|((name, _), labels)| *name == m.name && *labels == m.labels)
+        });
+        let mut added = 0;
+        for (m, left) in &mut self.ending {
+            series.push(m.clone());
+            *left -= 1;
+            added += 1;
+        }
+        self.ending.retain(|(_, left)| *left > 0);
+        added
     }
 }
 
@@ -339,6 +406,9 @@ impl PodAttribution {
                 self.ending.push((m, STALE_ROUNDS));
             }
         }
+        // An owner back before its markers were all sent is live again.
+        self.ending
+            .retain(|(m, _)| !exported.values().any(|e| e.labels == m.labels));
         for (m, left) in &mut self.ending {
             out.metrics.push(m.clone());
             *left -= 1;

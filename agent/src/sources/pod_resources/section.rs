@@ -13,7 +13,10 @@ use serde::{Deserialize, Serialize};
 #[serde(deny_unknown_fields)]
 pub struct PodResourcesSection {
     /// The kubelet's pod-resources socket (mount `/var/lib/kubelet/pod-resources` read-only
-    /// into the agent's container). Default `/var/lib/kubelet/pod-resources/kubelet.sock`.
+    /// into the agent's container). Connecting needs write permission on the socket, which
+    /// the kubelet gives root only: the packaged unit runs as user uctel, and its drop-in
+    /// `pod-resources.conf` (`CAP_DAC_OVERRIDE`) grants it; without it every call is counted
+    /// as `reason="permission_denied"`. Default `/var/lib/kubelet/pod-resources/kubelet.sock`.
     #[serde(default = "default_socket")]
     pub socket_path: PathBuf,
     /// Seconds between two `List` calls, 0.1 to 86400. Default 10.

@@ -123,6 +123,65 @@ fn the_labeller_adds_labels_and_ends_the_series_whose_labels_changed() {
 }
 
 #[test]
+fn fast_counter_series_whose_pod_ended_end_with_markers_sent_again_until_live() {
+    let labels = PodLabels::default();
+    let mut l = SeriesLabeller::new(labels.clone());
+    let record = |start_us: i64| {
+        vec![SampleSeries {
+            name: "node_infiniband_port_data_received_bytes_total".into(),
+            r#type: MetricType::Counter as i32,
+            labels: vec![label("device", "mlx5_0"), label("port", "1")],
+            start_us,
+            offsets_us: vec![0, 10_000],
+            values: vec![1.0, 2.0],
+            ..Default::default()
+        }]
+    };
+    let pod = |p: &str| DeviceLabels::from([("mlx5_0".to_owned(), vec![label("pod", p)])]);
+    let pod_of = |s: &SampleSeries| {
+        s.labels
+            .iter()
+            .find(|x| x.name == "pod")
+            .map(|x| x.value.clone())
+    };
+    labels.set(pod("p1"));
+    let mut r = record(1_000);
+    assert_eq!(l.apply(&mut r), 0, "a first series ends nothing");
+    assert_eq!(pod_of(&r[0]).as_deref(), Some("p1"));
+    // p1 ends, p2 takes the device: p1's series ends at p2's first sample.
+    labels.set(pod("p2"));
+    let mut r = record(2_000);
+    assert_eq!(l.apply(&mut r), 1);
+    assert_eq!(r.len(), 2);
+    assert_eq!(pod_of(&r[0]).as_deref(), Some("p2"));
+    let marker = &r[1];
+    assert_eq!(pod_of(marker).as_deref(), Some("p1"));
+    assert_eq!(
+        (marker.values.len(), marker.start_us, marker.offsets_us[0]),
+        (1, 2_000, 0)
+    );
+    assert_eq!(marker.values[0].to_bits(), STALE_NAN_BITS);
+    // Sent again with the next records, STALE_ROUNDS times in all.
+    for i in 1..STALE_ROUNDS {
+        let mut r = record(3_000 + i64::from(i));
+        assert_eq!(l.apply(&mut r), 1, "round {i}");
+    }
+    let mut r = record(4_000);
+    assert_eq!(l.apply(&mut r), 0);
+    // p2 ends (no pods) and is back before its markers are all sent: they stop.
+    labels.set(DeviceLabels::new());
+    let mut r = record(5_000);
+    assert_eq!(l.apply(&mut r), 1);
+    assert_eq!(pod_of(&r[0]), None);
+    labels.set(pod("p2"));
+    let mut r = record(6_000);
+    // The unlabelled series ends now; p2's marker is not sent again.
+    assert_eq!(l.apply(&mut r), 1);
+    assert_eq!(pod_of(&r[1]), None);
+    assert_eq!(pod_of(&r[0]).as_deref(), Some("p2"));
+}
+
+#[test]
 fn section_problems_name_the_bad_keys() {
     let mut s = PodResourcesSection::default();
     assert!(s.problems().is_empty());

@@ -559,17 +559,40 @@ impl Lane {
     }
 }
 
-/// The kubelet's `podresources/v1` messages (the agent's generated code) and the tonic
-/// server stubs generated beside them from the same vendored proto (`agent/proto/gen`), for
-/// the tests' kubelet.
-#[allow(
-    clippy::all,
-    clippy::pedantic,
-    missing_docs,
-    missing_debug_implementations,
-    unreachable_pub
-)]
-pub mod podresources {
-    pub use uctel_agent::sources::pod_resources::v1::*;
-    include!("podresources_server.rs");
+/// The test kubelet (a `podresources/v1` server built from the vendored upstream proto):
+/// the one the end-to-end tests use (`uctel-tests`' `kubelet` module), compiled here too.
+#[path = "../../../../tests/src/kubelet.rs"]
+pub mod kubelet;
+
+/// The real agent binary in `--dry-run` with the configuration `cfg`, run by setpriv(1) as
+/// user and group `nobody` (65534, no supplementary groups) with `caps` (setpriv
+/// arguments, e.g. `--ambient-caps=+syslog`), for `seconds`, then stopped with SIGTERM;
+/// returns its stdout frames (one JSON object per line) and its stderr. `cfg` and every
+/// path it names must be readable by `nobody`.
+pub fn dry_run_as_nobody(
+    cfg: &std::path::Path,
+    caps: &[&str],
+    seconds: u64,
+) -> (Vec<serde_json::Value>, String) {
+    let child = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args(caps)
+        .arg(env!("CARGO_BIN_EXE_uctel-agent"))
+        .arg("--config")
+        .arg(cfg)
+        .args(["--dry-run", "--log-level", "warn"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("setpriv: {e}"));
+    std::thread::sleep(Duration::from_secs(seconds));
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let out = child.wait_with_output().unwrap_or_else(|e| panic!("{e}"));
+    let frames = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    (frames, String::from_utf8_lossy(&out.stderr).into_owned())
 }

@@ -7,7 +7,7 @@
 //! | `uctel_collector_remote_write_samples_total` | samples the receiver accepted (2xx) |
 //! | `uctel_collector_remote_write_samples_failed_total{reason}` | samples of requests that failed for good ([`Failed`]) |
 //! | `uctel_collector_remote_write_samples_dropped_total{reason}` | samples never sent ([`Dropped`]) |
-//! | `uctel_collector_remote_write_stale_markers_total` | stale markers queued (series ended: `Goodbye` or staleness), part of `samples_in` |
+//! | `uctel_collector_remote_write_stale_markers_total` | stale markers queued (series ended: `Goodbye`, staleness, or the agent's own marker), part of `samples_in` |
 //! | `uctel_collector_remote_write_samples_retried_total` | samples of requests sent again (each retry counts) |
 //! | `uctel_collector_remote_write_samples_pending` | samples queued or in flight |
 //! | `uctel_collector_remote_write_highest_sent_timestamp_seconds` | newest sample timestamp the receiver accepted |
@@ -33,9 +33,13 @@ pub enum Dropped {
     /// Not newer than the last sample queued for its series (a late frame): a receiver
     /// would reject the whole request.
     OutOfOrder,
-    /// Remote-write cannot carry it: a `__`-prefixed label name, a value with the stale
-    /// marker's bits, no timestamp.
+    /// Remote-write cannot carry it: a `__`-prefixed label name, a histogram value with
+    /// the stale marker's bits, no timestamp.
     Invalid,
+    /// The agent's stale marker (a counter, gauge or untyped value with the bits of
+    /// Prometheus's `StaleNaN`) for a series the endpoint does not hold: it ended already
+    /// (agents send a marker again in case UC lost it) or never had a sample queued.
+    NoSeries,
     /// The queue was full; the oldest sample made room.
     QueueFull,
     /// Still queued when the collector stopped.
@@ -65,9 +69,10 @@ pub enum Failed {
 
 impl Dropped {
     /// Every reason.
-    pub const ALL: [Dropped; 7] = [
+    pub const ALL: [Dropped; 8] = [
         Dropped::OutOfOrder,
         Dropped::Invalid,
+        Dropped::NoSeries,
         Dropped::QueueFull,
         Dropped::Shutdown,
         Dropped::SeriesCap,
@@ -80,6 +85,7 @@ impl Dropped {
         match self {
             Dropped::OutOfOrder => "out_of_order",
             Dropped::Invalid => "invalid",
+            Dropped::NoSeries => "no_series",
             Dropped::QueueFull => "queue_full",
             Dropped::Shutdown => "shutdown",
             Dropped::SeriesCap => "series_cap",
@@ -173,8 +179,9 @@ impl Families {
             stale: IntCounterVec::new(
                 opts(
                     "stale_markers_total",
-                    "Stale markers queued for the endpoint (series ended by Goodbye or \
-                     staleness); also counted in samples_in_total.",
+                    "Stale markers queued for the endpoint (series ended by Goodbye, \
+                     staleness or the agent's own stale marker); also counted in \
+                     samples_in_total.",
                 ),
                 url,
             )?,
@@ -258,7 +265,7 @@ pub struct Counters {
     pub samples_in: IntCounter,
     samples: IntCounter,
     failed: [IntCounter; 3],
-    dropped: [IntCounter; 7],
+    dropped: [IntCounter; 8],
     /// `samples_retried_total`.
     pub retried: IntCounter,
     /// `stale_markers_total`.
@@ -282,7 +289,7 @@ impl Counters {
         self.dropped[Dropped::ALL.iter().position(|r| *r == reason).unwrap_or(0)].inc_by(n);
         match reason {
             // Never queued: counted in `samples_in` without passing `pending`.
-            Dropped::OutOfOrder | Dropped::Invalid | Dropped::SeriesCap => {}
+            Dropped::OutOfOrder | Dropped::Invalid | Dropped::NoSeries | Dropped::SeriesCap => {}
             Dropped::QueueFull | Dropped::Shutdown | Dropped::AgentMoved | Dropped::Reload => {
                 self.pending.sub(n as i64);
             }

@@ -14,16 +14,20 @@
 //!   (a late frame inside the reorder window, a restarted agent's clock) is dropped and
 //!   counted `out_of_order`: Prometheus answers 400 to a request holding one and drops it
 //!   all.
-//! * **Invalid** (`invalid`): a label name starting with `__` (reserved), a value with the
-//!   stale marker's bits (it would read as a stale marker), a timestamp at or before the
-//!   Unix epoch.
+//! * **Invalid** (`invalid`): a label name starting with `__` (reserved), a histogram
+//!   value with the stale marker's bits (it would read as a stale marker), a timestamp at
+//!   or before the Unix epoch.
 //! * **Bounded.** At most `capacity` samples wait per shard; a new one beyond that pushes
 //!   the oldest out (`queue_full`). At most `series_cap_per_agent` series per agent are
 //!   known (the series store's bound); a sample of a further new series is dropped
 //!   (`series_cap`) until some of the agent's series end.
 //! * **Stale markers** ([`prompb::STALE_NAN_BITS`]) end a series: when its agent says
-//!   `Goodbye`, and when it has not been updated for the staleness period; the series is
-//!   then forgotten.
+//!   `Goodbye`, when it has not been updated for the staleness period, and when the agent
+//!   sends one itself (a counter, gauge or untyped value with the marker's bits: a Slurm
+//!   job or a pod that ended, as the series store reads it); the series is then forgotten.
+//!   The marker is stamped after the series' last sample. The agent's marker for a series
+//!   not held (ended already: agents repeat markers in case UC lost one) is dropped
+//!   (`no_series`).
 //! * **After the collector's own stall** longer than its dead-peer time, what it holds of
 //!   its agents is dropped (`agent_moved`): the rule and its reasons are in the `stall`
 //!   module.
@@ -484,7 +488,9 @@ impl Shards {
             scratch.order_at[ri] = (scratch.orders.len() as u32, order.len() as u32);
             scratch.orders.extend_from_slice(&order);
             let mut add = |suffix: Suffix, value: f64| {
-                if value.to_bits() == prompb::STALE_NAN_BITS {
+                // The agent's stale marker ends its series (`enqueue_planned`); in a
+                // histogram it is no value remote-write can carry.
+                if value.to_bits() == prompb::STALE_NAN_BITS && suffix != Suffix::None {
                     invalid += 1;
                     return;
                 }
@@ -521,7 +527,8 @@ impl Shards {
 
     /// Queues the samples [`Shards::plan`] left in `scratch`, by shard (one lock each):
     /// those older than `fence` are dropped (`agent_moved`), out of order or over the
-    /// agent's series cap dropped, each counted.
+    /// agent's series cap dropped, each counted. The agent's stale marker ends its series
+    /// (stamped after its last sample; `no_series` when there is none).
     fn enqueue_planned(
         &self,
         agent: &str,
@@ -550,7 +557,7 @@ impl Shards {
             let mut wake = false;
             // Counted once per shard, still under its lock (scrapes read consistent sums).
             let (mut n_in, mut n_out_of_order, mut n_series_cap) = (0u64, 0u64, 0u64);
-            let mut n_moved = 0u64;
+            let (mut n_moved, mut n_ended, mut n_no_series) = (0u64, 0u64, 0u64);
             for &(pi, _) in idx {
                 let p = scratch.pending[pi];
                 let Some(m) = batch.get(p.record as usize) else {
@@ -563,9 +570,25 @@ impl Shards {
                     n_moved += 1;
                     continue;
                 }
-                let found = st.table.find_mut(p.hash, |s| {
+                let same = |s: &Series| {
                     s.hash == p.hash && same_series(s, agent, instance, &m, order, p.suffix)
-                });
+                };
+                if p.value.to_bits() == prompb::STALE_NAN_BITS {
+                    let Ok(found) = st.table.find_entry(p.hash, same) else {
+                        n_no_series += 1;
+                        continue;
+                    };
+                    let (ended, _) = found.remove();
+                    ended.count.fetch_sub(1, Ordering::Relaxed);
+                    n_ended += 1;
+                    let sample = Sample {
+                        value: prompb::stale_nan(),
+                        timestamp: p.ts_ms.max(ended.last_ms.saturating_add(1)),
+                    };
+                    wake |= st.enqueue(ended.wire, sample, shard.max_per_send, now);
+                    continue;
+                }
+                let found = st.table.find_mut(p.hash, same);
                 let wire = match found {
                     Some(s) => {
                         if p.ts_ms <= s.last_ms {
@@ -607,9 +630,13 @@ impl Shards {
                 );
             }
             st.counters.samples_in.inc_by(n_in);
+            st.counters.stale.inc_by(n_ended);
             st.counters
                 .pending
-                .add((n_in - n_out_of_order - n_series_cap) as i64);
+                .add((n_in - n_out_of_order - n_series_cap - n_no_series) as i64);
+            if n_no_series > 0 {
+                st.counters.drop_queued(Dropped::NoSeries, n_no_series);
+            }
             if n_out_of_order > 0 {
                 st.counters.drop_queued(Dropped::OutOfOrder, n_out_of_order);
             }
@@ -987,9 +1014,50 @@ mod tests {
         );
         // (`__`-prefixed label names never get here: the protocol decoder refuses them.)
         push(&s, "a", 5, vec![gauge("ok", f64::NAN, 0, &[])]);
-        assert_eq!(s.counters().dropped(Dropped::Invalid), 2);
+        assert_eq!(s.counters().dropped(Dropped::Invalid), 1);
+        assert_eq!(
+            s.counters().dropped(Dropped::NoSeries),
+            1,
+            "a marker for a series never queued ends nothing"
+        );
         assert_eq!(drain(&s).len(), 1, "an ordinary NaN is a value");
         assert_eq!(law(&s), (3, 3));
+    }
+
+    #[test]
+    fn the_agents_stale_marker_ends_its_series_after_its_last_sample() {
+        let s = shards(2, 1000);
+        let stale = f64::from_bits(prompb::STALE_NAN_BITS);
+        push(
+            &s,
+            "a",
+            2_000,
+            vec![
+                gauge("g", 1.0, 0, &[("pod", "p1")]),
+                gauge("g", 1.0, 0, &[("pod", "p2")]),
+            ],
+        );
+        assert_eq!(s.series(), 2);
+        // The marker's own time is not after the last sample: it is stamped 1 ms after it.
+        push(&s, "a", 1_500, vec![gauge("g", stale, 0, &[("pod", "p1")])]);
+        assert_eq!(s.series(), 1, "p1 ended, p2 stays");
+        assert_eq!(s.counters().stale.get(), 1);
+        // Sent again (as agents do in case UC lost it): nothing left to end.
+        push(&s, "a", 3_000, vec![gauge("g", stale, 0, &[("pod", "p1")])]);
+        assert_eq!(s.counters().dropped(Dropped::NoSeries), 1);
+        let got = drain(&s);
+        let ended: Vec<&Decoded> = got
+            .iter()
+            .filter(|x| x.1 == prompb::STALE_NAN_BITS)
+            .collect();
+        assert_eq!(ended.len(), 1);
+        assert_eq!(ended[0].2, 2_001);
+        assert!(ended[0].0.contains(&("pod".into(), "p1".into())));
+        // A new sample of the ended series starts it again.
+        push(&s, "a", 4_000, vec![gauge("g", 2.0, 0, &[("pod", "p1")])]);
+        assert_eq!(s.series(), 2);
+        // Two samples, two markers, one sample: every one queued or dropped.
+        assert_eq!(law(&s), (5, 5));
     }
 
     #[test]
