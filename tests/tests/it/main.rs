@@ -27,6 +27,7 @@ mod pair;
 mod pool;
 mod pool_moves;
 mod rc_lane;
+mod reload_daemons;
 mod remote_write;
 mod rules;
 mod scrape;
