@@ -116,6 +116,9 @@ fn a_lower_max_agents_refuses_the_next_agent_and_keeps_those_connected() {
     );
 }
 
+/// A change to a configuration file.
+type Edit = dyn Fn(&mut uctel_tests::configs::Yaml);
+
 /// One HTTP/1.1 request to `addr`: the status and the body.
 fn request(addr: SocketAddr, method: &str, target: &str) -> (u16, String) {
     let mut s = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("{addr}: {e}"));
@@ -150,7 +153,7 @@ fn the_agent_answers_409_to_live_keys_whose_change_needs_a_restart() {
         let s = uctel_tests::exposition::scrape(addr).unwrap();
         s.count("uctel_agent_config_last_reload_successful", &[])
     };
-    let cases: [(&str, &dyn Fn(&mut uctel_tests::configs::Yaml)); 3] = [
+    let cases: [(&str, &Edit); 3] = [
         ("sources.fast_counters (added or removed)", &|y| {
             y.set(
                 "sources.fast_counters",
