@@ -20,6 +20,10 @@
 //! in memory, so no entry is lost or sent twice even without a `state_directory`. A changed
 //! `directory` (journald) or `path` (kmsg) is another input: the new source starts from
 //! its state file or `start_at`, as at a restart. A removed source's state file stays.
+//!
+//! All or nothing: if a system source cannot start, the file tailers this reload changed go
+//! back to the old list as well (handed over again, from their checkpoints), so a reload
+//! that changes both never leaves one applied and the other not.
 
 use std::sync::{Arc, Mutex};
 
@@ -304,15 +308,41 @@ impl LogSources {
         })
     }
 
-    /// Puts `new.sources.logs` in force in the place of `old`'s (module docs). Blocks until
-    /// the stopped tailers have handed over (their lines settled and checkpointed).
+    /// Puts `new.sources.logs`, `new.sources.journald` and `new.sources.kmsg` in force in
+    /// the place of `old`'s (module docs), all or nothing. Blocks until the stopped sources
+    /// have handed over (their lines settled and checkpointed).
     ///
     /// # Errors
-    /// A new tailer could not start: the previous list is back in force.
+    /// A new source could not start (a tailer, or a journald or kmsg source: an unreadable
+    /// state file, a state directory that cannot be created): every source this reload
+    /// changed goes back to `old` (the file tailers too when it was a system source that
+    /// failed, each from the checkpoint its successor wrote at the hand-over), so the agent
+    /// is never left with one part of the file applied and another not.
     pub fn apply(&self, old: &AgentConfig, new: &AgentConfig) -> Result<(), String> {
         if self.shutdown.is_triggered() {
             return Err("the agent is stopping".into());
         }
+        self.apply_files(old, new)?;
+        if let Err(e) = self.apply_system(old, new) {
+            // `apply_system` put the one that failed back; the system sources it changed
+            // before it, and the file tailers, go back now.
+            let back = self
+                .apply_system(new, old)
+                .and_then(|()| self.apply_files(new, old));
+            if let Err(b) = back {
+                tracing::error!(error = %b, "a log source could not be put back after a failed reload");
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// The file tailers' part of [`LogSources::apply`]: `new.sources.logs` in force in the
+    /// place of `old`'s.
+    ///
+    /// # Errors
+    /// A new tailer could not start: the previous list is back in force.
+    fn apply_files(&self, old: &AgentConfig, new: &AgentConfig) -> Result<(), String> {
         let mut inner = self.lock();
         let (keep, gone): (Vec<Tailer>, Vec<Tailer>) = std::mem::take(&mut inner.running)
             .into_iter()
@@ -355,8 +385,7 @@ impl LogSources {
             }
         }
         inner.running.extend(started);
-        drop(inner);
-        self.apply_system(old, new)
+        Ok(())
     }
 
     /// Whether every tailer has ended (after shutdown).

@@ -126,18 +126,15 @@ pub fn reloader(
     });
     let rule = source.log_rule;
     let apply = Box::new(move |old: &AgentConfig, new: &AgentConfig| {
-        // What needs a restart among the source changes is refused before anything changes.
-        let restart = restart_keys(old, new);
-        if !restart.is_empty() {
-            return Err(format!(
-                "{} need{} a restart (nothing changed)",
-                restart.join(", "),
-                if restart.len() == 1 { "s" } else { "" }
-            ));
-        }
-        // The log sources first: the one step that can fail (then nothing changed).
+        // The log sources first: the step that can fail (then nothing changed). If the
+        // metric sources fail after them, the log sources go back: nothing half-applied.
         sources.logs.apply(old, new)?;
-        sources.metrics.apply(old, new)?;
+        if let Err(e) = sources.metrics.apply(old, new) {
+            if let Err(back) = sources.logs.apply(new, old) {
+                tracing::error!(error = %back, "the log sources could not be put back after a failed reload");
+            }
+            return Err(e);
+        }
         apply_limits(&sources.queues, new);
         if old.log_level != new.log_level {
             if rule.flag.is_some() {
@@ -151,5 +148,11 @@ pub fn reloader(
         }
         Ok(())
     });
-    Ok(Reloader::new(config.clone(), load, LIVE_KEYS, apply, metrics).into_fn())
+    // What needs a restart among the live keys' changes is refused (409, `NeedsRestart`)
+    // before anything is applied.
+    Ok(
+        Reloader::new(config.clone(), load, LIVE_KEYS, apply, metrics)
+            .with_restart_keys(Box::new(restart_keys))
+            .into_fn(),
+    )
 }

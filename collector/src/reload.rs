@@ -19,10 +19,11 @@ use std::sync::Arc;
 /// The keys (and key prefixes) a reload applies without a restart:
 ///
 /// - `log_level`: the base of the log filter (`uctel_common::logging::LogLevel`);
-/// - `outputs.remote_write`: endpoints added, removed or changed (each sample goes to
-///   exactly the endpoints in force when the worker accepted it; a removed or changed
-///   endpoint drains within its grace period and counts what it could not send
-///   `reason="reload"`: `crate::outputs::remote_write` module docs, "live");
+/// - `outputs.remote_write`, `outputs.clickhouse`, `outputs.otlp`: endpoints added,
+///   removed or changed (each record goes to exactly the endpoints in force when the worker
+///   accepted it; a removed or changed endpoint drains within its grace period and counts
+///   what it could not send `reason="reload"`; its successor sends once it has finished:
+///   `crate::outputs::handover`);
 /// - `series_cap_per_agent`: the series store's and remote-write's bound on series per
 ///   agent; a lower cap refuses new series only (counted `series_cap` as always), series
 ///   already held stay until they end;
@@ -33,10 +34,11 @@ use std::sync::Arc;
 /// `listen.*` (bound sockets), `transport.*` and `ring.*` (the device and the data-plane
 /// rings), `auth.*` (tokens), the rest of `control.*` (timers of running sessions),
 /// `max_frame_bytes`, `staleness_seconds`, `metrics.*`, the reorder and dropout windows,
-/// `logs.*` (the log sink's open file), `outputs.clickhouse` and `outputs.otlp` (their
-/// queues and self-metrics are built once at start).
+/// `logs.*` (the log sink's open file).
 pub const LIVE_KEYS: &[&str] = &[
     "log_level",
+    "outputs.clickhouse",
+    "outputs.otlp",
     "outputs.remote_write",
     "series_cap_per_agent",
     "control.max_agents",
@@ -72,9 +74,9 @@ pub fn reloader(
     let apply = Box::new(move |old: &Config, new: &Config| {
         // The outputs first: the one part that can fail on a valid file (a secret file
         // that became unreadable), and then nothing has changed.
-        if old.outputs.remote_write != new.outputs.remote_write {
+        if old.outputs != new.outputs {
             let lines = outputs
-                .reconfigure(&new.outputs)
+                .reconfigure(&old.outputs, &new.outputs)
                 .map_err(|e| e.to_string())?;
             for line in lines {
                 tracing::info!("reload: {line}");

@@ -213,6 +213,10 @@ pub type LoadFn<C> = Box<dyn Fn() -> Result<C, String> + Send + Sync>;
 /// the reason when it cannot (then it must have changed nothing).
 pub type ApplyFn<C> = Box<dyn Fn(&C, &C) -> Result<(), String> + Send + Sync>;
 
+/// The changed live keys whose new value still needs a restart (a source added where only
+/// a change is live, a buffer made smaller), named for the refusal; `old` is in force.
+pub type RestartFn<C> = Box<dyn Fn(&C, &C) -> Vec<String> + Send + Sync>;
+
 /// A daemon's reload: how to read its configuration, which keys change live, how to apply
 /// them. [`Reloader::into_fn`] makes the [`ReloadFn`] the signal handler and the HTTP
 /// endpoint call.
@@ -221,6 +225,7 @@ pub struct Reloader<C> {
     current: Mutex<C>,
     load: LoadFn<C>,
     live: &'static [&'static str],
+    restart: Option<RestartFn<C>>,
     apply: ApplyFn<C>,
     metrics: ReloadMetrics,
 }
@@ -248,9 +253,18 @@ impl<C: serde::Serialize + Send + 'static> Reloader<C> {
             current: Mutex::new(current),
             load,
             live,
+            restart: None,
             apply,
             metrics,
         }
+    }
+
+    /// Also refuses (as [`Outcome::NeedsRestart`], before anything is applied) a file for
+    /// which `restart` names keys: live keys whose new value needs a restart all the same.
+    #[must_use]
+    pub fn with_restart_keys(mut self, restart: RestartFn<C>) -> Self {
+        self.restart = Some(restart);
+        self
     }
 
     /// One reload (module docs): load, validate, compare, apply or refuse. Logs the outcome
@@ -282,11 +296,14 @@ impl<C: serde::Serialize + Send + 'static> Reloader<C> {
         if changed.is_empty() {
             return Outcome::Unchanged;
         }
-        let restart: Vec<String> = changed
+        let mut restart: Vec<String> = changed
             .iter()
             .filter(|k| !self.live.iter().any(|p| under(k, p)))
             .cloned()
             .collect();
+        if let Some(f) = &self.restart {
+            restart.extend(f(current, &new));
+        }
         if !restart.is_empty() {
             return Outcome::NeedsRestart(restart);
         }
@@ -377,6 +394,27 @@ mod tests {
         assert_eq!(r.metrics.successful.get(), 1);
         assert_eq!(applied.load(Ordering::Relaxed), 1);
         assert_eq!(*r.current.lock().unwrap(), c);
+    }
+
+    #[test]
+    fn a_live_key_whose_value_needs_a_restart_is_refused_before_apply() {
+        let next = Arc::new(Mutex::new(Ok(conf("debug", ":1"))));
+        let applied = Arc::new(AtomicU32::new(0));
+        let r = reloader(next.clone(), applied.clone()).with_restart_keys(Box::new(
+            |old: &Conf, new: &Conf| {
+                (old.log_level != new.log_level)
+                    .then(|| "log_level (to debug)".to_owned())
+                    .into_iter()
+                    .collect()
+            },
+        ));
+        assert_eq!(
+            r.reload(),
+            Outcome::NeedsRestart(vec!["log_level (to debug)".into()])
+        );
+        assert_eq!(applied.load(Ordering::Relaxed), 0);
+        assert_eq!(r.metrics.successful.get(), 0);
+        assert_eq!(*r.current.lock().unwrap(), conf("info", ":1"));
     }
 
     #[test]

@@ -272,7 +272,7 @@ async fn a_scrape_target_added_then_removed_and_the_host_interval_changed_live()
     y["streams"]["metrics"]["buffer_while_disconnected_records"] = 10.into();
     write_config(&path, &y);
     let (status, body) = reload(addr).await;
-    assert_ne!(status, 200, "{body}");
+    assert_eq!(status, 409, "{body}");
     assert!(
         body.contains("buffer_while_disconnected_records (smaller) needs a restart"),
         "{body}"
@@ -288,8 +288,11 @@ async fn a_scrape_target_added_then_removed_and_the_host_interval_changed_live()
     .unwrap_or_else(|e| panic!("{e}"));
     write_config(&path, &y);
     let (status, body) = reload(addr).await;
-    assert_ne!(status, 200, "{body}");
-    assert!(body.contains("sources.fast_counters"), "{body}");
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body.contains("sources.fast_counters (added or removed) needs a restart"),
+        "{body}"
+    );
     let n = rounds(addr, "host_metrics");
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(
@@ -461,4 +464,128 @@ async fn the_journald_unit_filter_changes_live_and_every_entry_arrives_once() {
     got.sort();
     want.sort();
     assert_eq!(got, want, "every entry exactly once across the hand-over");
+}
+
+/// `sources.logs` entries for `files` (read from their beginning, polled every 50 ms) and,
+/// with `journal`, a journald source over it.
+fn files_and_journal(files: &[&Path], journal: Option<&Path>) -> serde_yaml::Value {
+    let mut m = match journal {
+        Some(j) => journald(j, &["u0"]),
+        None => serde_yaml::from_str("{host_metrics: {enabled: false}}")
+            .unwrap_or_else(|e| panic!("{e}")),
+    };
+    let logs: Vec<serde_yaml::Value> = files
+        .iter()
+        .map(|f| {
+            serde_yaml::from_str(&format!(
+                "{{path: '{}', start_at: beginning, poll_interval_seconds: 0.05}}",
+                f.display()
+            ))
+            .unwrap_or_else(|e| panic!("{e}"))
+        })
+        .collect();
+    if let serde_yaml::Value::Mapping(map) = &mut m {
+        map.insert("logs".into(), serde_yaml::Value::Sequence(logs));
+    }
+    m
+}
+
+fn append(path: &Path, lines: std::ops::Range<u32>, tag: &str) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("{e}"));
+    for n in lines {
+        writeln!(f, "{tag} {n}").unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+/// A reload that adds a log file and the journald source, where journald cannot start (its
+/// state file is not a checkpoint): refused whole (500, `config_last_reload_successful` 0),
+/// the added file's tailer is not left running (nothing written to it arrives) while the
+/// file in force goes on in the same session. Once the
+/// state file is removed, the same file applies both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_whose_journald_cannot_start_leaves_the_log_files_as_they_were() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let journal = dir.path().join("journal");
+    std::fs::create_dir_all(&journal).unwrap_or_else(|e| panic!("{e}"));
+    let (a, b) = (dir.path().join("a.log"), dir.path().join("b.log"));
+    append(&a, 0..5, "a");
+    std::fs::write(&b, "").unwrap_or_else(|e| panic!("{e}"));
+    let sink = dir.path().join("sink.jsonl");
+    let collector = RunningCollector::start(collector_config(&sink)).await;
+    let control = collector.control_addr();
+    let path = dir.path().join("agent.yaml");
+    let config = write_config(
+        &path,
+        &agent_yaml(control, dir.path(), &files_and_journal(&[&a], None)),
+    );
+    let (agent, addr) = start_agent(config, path.clone()).await;
+    let count = |tag: &'static str| {
+        let sink = sink.clone();
+        move || {
+            sink_messages(&sink)
+                .iter()
+                .filter(|m| m.starts_with(tag))
+                .count()
+        }
+    };
+    let (in_a, in_b) = (count("a "), count("b "));
+    until("a's first lines", Duration::from_secs(20), || {
+        (in_a() == 5).then_some(()).ok_or(format!("{}", in_a()))
+    })
+    .await;
+
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(state.join("journald.json"), "not a checkpoint")
+        .unwrap_or_else(|e| panic!("{e}"));
+    write_config(
+        &path,
+        &agent_yaml(
+            control,
+            dir.path(),
+            &files_and_journal(&[&a, &b], Some(&journal)),
+        ),
+    );
+    let (status, body) = reload(addr).await;
+    assert_eq!(status, 500, "{body}");
+    assert!(body.contains("sources.journald"), "{body}");
+    append(&a, 5..10, "a");
+    append(&b, 0..5, "b");
+    until("a's later lines", Duration::from_secs(20), || {
+        (in_a() == 10).then_some(()).ok_or(format!("{}", in_a()))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        in_b(),
+        0,
+        "the added file is not tailed after the failed reload"
+    );
+    let ok = scrape(addr)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .count("uctel_agent_config_last_reload_successful", &[]);
+    assert_eq!(ok, 0);
+
+    // The state file removed: the same file applies both parts.
+    std::fs::remove_file(state.join("journald.json")).unwrap_or_else(|e| panic!("{e}"));
+    let (status, body) = reload(addr).await;
+    assert_eq!(status, 200, "{body}");
+    append(&b, 5..10, "b");
+    until("b's lines", Duration::from_secs(20), || {
+        (in_b() == 10).then_some(()).ok_or(format!("{}", in_b()))
+    })
+    .await;
+    let summary = agent.stop().await;
+    assert_eq!(summary.sessions, 1, "{summary:?}");
+    collector.stop().await;
+    let a_lines = sink_messages(&sink)
+        .iter()
+        .filter(|m| m.starts_with("a "))
+        .count();
+    assert_eq!(a_lines, 10, "a's lines exactly once");
 }

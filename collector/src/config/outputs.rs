@@ -32,11 +32,12 @@ pub struct OutputsConfig {
     pub remote_write: Vec<RemoteWriteConfig>,
     /// Every log record also into a ClickHouse table (one row per record, the JSON Lines
     /// sink's fields; create the table with `uctel-collector --print-clickhouse-schema`).
-    /// Default none.
+    /// Default none. A reload adds, removes and changes it live (README "Reload").
     pub clickhouse: Option<ClickHouseConfig>,
     /// Samples and log records over OTLP/HTTP (protobuf, gzip) to an OpenTelemetry
     /// receiver (an OpenTelemetry Collector, Prometheus 3, Mimir, Loki 3,
-    /// VictoriaMetrics). Default none.
+    /// VictoriaMetrics). Default none. A reload adds, removes and changes it live (README
+    /// "Reload").
     pub otlp: Option<OtlpConfig>,
 }
 

@@ -22,9 +22,9 @@
 //!
 //! [`Outputs`] is the one place that lists the outputs: [`Outputs::start`] builds them
 //! from the configuration, every connection delivers into [`Outputs::for_connection`],
-//! [`Outputs::reconfigure`] puts a reloaded `outputs.remote_write` in force (the other
-//! outputs are built once), and [`Outputs::close`] settles what they still hold when the
-//! collector stops.
+//! [`Outputs::reconfigure`] puts a reloaded `outputs:` in force (each asynchronous output's
+//! changed endpoints drained and replaced: `handover`), and [`Outputs::close`] settles what
+//! they still hold when the collector stops.
 //!
 //! - [`remote_write`]: the Prometheus remote-write 1.0 client (`outputs.remote_write`).
 //! - [`clickhouse`]: log records into a ClickHouse table (`outputs.clickhouse`).
@@ -35,12 +35,15 @@
 //! - [`last_error`]: each endpoint's last error, for the status API.
 //! - [`http`]: what the HTTP outputs share: the client, authentication, backoff with full
 //!   jitter, `Retry-After`.
+//! - `handover`: how a reload replaces an output's endpoint without losing a record (each
+//!   record sent by the endpoint in force when it was accepted, or counted `reload`).
 //! - `sender`: the sender loop they share (wait for a batch, send, retry, split what was
 //!   refused, settle), each output a `Sink` of it.
 //! - [`config`]: the `outputs:` configuration section (`crate::config::outputs`).
 
 pub mod clickhouse;
 pub mod fast;
+mod handover;
 pub mod http;
 pub mod last_error;
 pub mod otlp;
@@ -196,25 +199,53 @@ impl Outputs {
         }
     }
 
-    /// A reload changed `outputs:` (`crate::reload`): puts the new `outputs.remote_write` in
-    /// force (`remote_write` module, `live`: unchanged endpoints untouched, removed and
-    /// changed ones drained, new ones fed from the swap on). The other outputs need a
-    /// restart (the reload refuses them before this runs). Returns one line per endpoint
-    /// that changed.
+    /// A reload changed `outputs:` (`crate::reload`): puts the new `outputs.remote_write`,
+    /// `outputs.clickhouse` and `outputs.otlp` in force (`handover`: unchanged endpoints
+    /// untouched, removed and changed ones drained, new ones fed from the swap on). Every
+    /// new endpoint is built before any is swapped in, so an error changes nothing. Returns
+    /// one line per endpoint that changed.
     ///
     /// # Errors
     /// [`http::SetupError`]: a new endpoint could not be set up; nothing changed.
     pub fn reconfigure(
         &self,
+        old: &config::OutputsConfig,
         new: &config::OutputsConfig,
     ) -> Result<Vec<String>, http::SetupError> {
-        self.remote_write.reconfigure(&new.remote_write)
+        // Everything that can fail (secret and CA files, headers) first: the ClickHouse and
+        // OTLP endpoints are built, then remote-write builds and swaps its own; only then
+        // are the built ones swapped in. An error changes nothing.
+        let clickhouse = if old.clickhouse == new.clickhouse {
+            None
+        } else {
+            self.clickhouse.prepare(new.clickhouse.as_ref())?
+        };
+        let otlp = if old.otlp == new.otlp {
+            None
+        } else {
+            self.otlp.prepare(new.otlp.as_ref())?
+        };
+        let mut lines = Vec::new();
+        if old.remote_write != new.remote_write {
+            lines.extend(self.remote_write.reconfigure(&new.remote_write)?);
+        }
+        if let Some((replacement, line)) = clickhouse {
+            replacement.commit();
+            lines.push(line);
+        }
+        if let Some((replacement, line)) = otlp {
+            replacement.commit();
+            lines.push(line);
+        }
+        Ok(lines)
     }
 
     /// Waits for the tasks reloads started (call after the collector's shutdown fired,
     /// before [`Outputs::close`]).
     pub async fn join(&self) {
         self.remote_write.join().await;
+        self.clickhouse.join().await;
+        self.otlp.join().await;
     }
 
     /// The collector stops: what the asynchronous outputs still hold queued is counted as

@@ -195,10 +195,11 @@ pub fn log(what: &str, url: &str, items: &str, line: &Line) {
 }
 
 /// Reports the counters `read` returns every second until `shutdown`, then until nothing
-/// is pending or `grace` (plus a second) has passed, and logs the final line.
+/// is pending or `grace` (plus a second) has passed, and logs the final line. `url`: the
+/// endpoint the lines name (the one in force at each line, where a reload may replace it).
 pub async fn run(
     what: &'static str,
-    url: String,
+    url: impl Fn() -> String + Send,
     items: &'static str,
     read: impl Fn() -> Tally + Send,
     grace: Duration,
@@ -218,11 +219,11 @@ pub async fn run(
         }
         let tally = read();
         for line in r.tick(Instant::now(), tally.clone()) {
-            log(what, &url, items, &line);
+            log(what, &url(), items, &line);
         }
         if let Some(by) = stop_by {
             if tally.pending == 0 || tokio::time::Instant::now() >= by {
-                log(what, &url, items, &r.stopped(tally));
+                log(what, &url(), items, &r.stopped(tally));
                 return;
             }
         }

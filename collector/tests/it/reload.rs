@@ -296,10 +296,11 @@ fn without_lifecycle_the_changing_endpoints_answer_403() {
 
 /// The outputs and limits a reload applies live (`uctel_collector::reload::LIVE_KEYS`): a
 /// remote-write endpoint added, then moved, then removed; `series_cap_per_agent` and
-/// `control.max_agents` changed; an OTLP output added is refused whole (it needs a
-/// restart), the limit beside it not applied.
+/// `control.max_agents` changed; OTLP and ClickHouse outputs added, the ClickHouse table
+/// changed (the old endpoint retired, the new one started), then both removed; a restart
+/// key beside an output change refuses the file whole.
 #[test]
-fn reload_applies_remote_write_and_limits_and_refuses_otlp() {
+fn reload_applies_outputs_and_limits_and_refuses_restart_keys() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("c.yaml");
     let base = BASE.replace("ENABLE", "true");
@@ -344,24 +345,67 @@ fn reload_applies_remote_write_and_limits_and_refuses_otlp() {
     d.wait_log("remote-write http://127.0.0.1:9/api/v1/write: removed", 1);
     d.wait_log("remote-write endpoint retired by a reload", 1);
 
-    // OTLP needs a restart: refused whole, the cap beside it not applied.
-    let otlp = format!(
-        "{base}series_cap_per_agent: 78\ncontrol:\n  max_agents: 3\n{}  otlp:\n    endpoint: http://127.0.0.1:11\n",
-        rw(10)
+    // The OTLP and ClickHouse outputs added: live as well, their self-metrics exported.
+    let outputs = |table: &str| {
+        format!(
+            "{base}series_cap_per_agent: 77\ncontrol:\n  max_agents: 3\n{}  otlp:\n    \
+             endpoint: http://127.0.0.1:11\n  clickhouse:\n    url: http://127.0.0.1:12/\n    \
+             table: {table}\n",
+            rw(10)
+        )
+    };
+    std::fs::write(&path, outputs("logs")).unwrap();
+    let (status, body) = request(&m, "POST", "/-/reload", "");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("applied outputs.clickhouse, outputs.otlp"),
+        "{body}"
     );
-    std::fs::write(&path, &otlp).unwrap();
+    d.wait_log("OTLP http://127.0.0.1:11", 1);
+    d.wait_log("ClickHouse http://127.0.0.1:12/ (logs): added", 1);
+    d.wait_log("ClickHouse log output started", 1);
+    d.wait_log("OTLP output started", 1);
+    let (_, text) = request(&m, "GET", "/metrics", "");
+    assert!(
+        text.contains("uctel_collector_clickhouse_rows_in_total 0")
+            && text.contains("uctel_collector_otlp_items_in_total{signal=\"logs\"} 0"),
+        "the added outputs' self-metrics are exported"
+    );
+
+    // The ClickHouse table changed: the old endpoint retires, the new one starts.
+    std::fs::write(&path, outputs("logs_v2")).unwrap();
+    let (status, body) = request(&m, "POST", "/-/reload", "");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("applied outputs.clickhouse"), "{body}");
+    d.wait_log("ClickHouse http://127.0.0.1:12/ (logs): changed to", 1);
+    d.wait_log("ClickHouse endpoint retired by a reload", 1);
+    d.wait_log("ClickHouse log output started", 2);
+
+    // A key that needs a restart beside an output change: refused whole, nothing applied.
+    let refused = format!("{}staleness_seconds: 99\n", outputs("logs_v3"))
+        .replace("series_cap_per_agent: 77", "series_cap_per_agent: 78");
+    std::fs::write(&path, refused).unwrap();
     let (status, body) = request(&m, "POST", "/-/reload", "");
     assert_eq!(status, 409, "{body}");
     assert!(
-        body.contains("outputs.otlp needs a restart") && !body.contains("series_cap"),
+        body.contains("staleness_seconds needs a restart")
+            && !body.contains("series_cap")
+            && !body.contains("outputs.clickhouse"),
         "{body}"
     );
     assert_eq!(metric(&m, ok), Some(0.0));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !d.log().contains("logs_v3"),
+        "nothing of the refused file applied"
+    );
 
     std::fs::write(&path, &base).unwrap();
     let (status, body) = request(&m, "POST", "/-/reload", "");
     assert_eq!(status, 200, "{body}");
     d.wait_log("remote-write http://127.0.0.1:10/api/v1/write: removed", 1);
+    d.wait_log("ClickHouse http://127.0.0.1:12/ (logs_v2): removed", 1);
+    d.wait_log("OTLP endpoint retired by a reload", 1);
     assert_eq!(metric(&m, ok), Some(1.0));
     assert_eq!(d.stop(), Some(0));
 }

@@ -995,6 +995,25 @@ fn clickhouse_output(
     }
 }
 
+/// The collector's figures once its ClickHouse output has nothing pending (or after 30 s).
+fn clickhouse_drained(row: &mut Row) -> uctel_tests::exposition::Scrape {
+    let mut last = None;
+    let _ = uctel_tests::wait_for(
+        "clickhouse output drained",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || {
+            let s = row.scrape_collector()?;
+            let pending = s.count("uctel_collector_clickhouse_rows_pending", &[]);
+            last = Some(s);
+            (pending == 0)
+                .then_some(())
+                .ok_or(format!("{pending} pending"))
+        },
+    );
+    last.unwrap_or_default()
+}
+
 /// ClickHouse is stopped and started again while lines flow: every line the agent wrote is
 /// in the table (distinct) or counted dropped by the output; the records law holds for the
 /// JSON Lines sink beside it; the output's sum rule holds at every scrape.
@@ -1014,21 +1033,7 @@ fn clickhouse_restart_while_lines_flow() {
     row.write_bursts(a, 0, 1000, GAP);
     row.wait_settled(a, 3500, SETTLE);
     row.quiesce();
-    let mut last = None;
-    let _ = uctel_tests::wait_for(
-        "clickhouse output drained",
-        Duration::from_secs(30),
-        Duration::from_millis(200),
-        || {
-            let s = row.scrape_collector()?;
-            let pending = s.count("uctel_collector_clickhouse_rows_pending", &[]);
-            last = Some(s);
-            (pending == 0)
-                .then_some(())
-                .ok_or(format!("{pending} pending"))
-        },
-    );
-    let s = last.unwrap_or_default();
+    let s = clickhouse_drained(&mut row);
     let written = row.agents[a].written();
     let id = row.agents[a].spec.id.clone();
     let distinct: u64 = ch
@@ -3797,3 +3802,6 @@ fn reload_under_load_moves_remote_write_to_another_receiver() {
     );
     row.verdict(Law::Exact);
 }
+
+// A reload that changes the ClickHouse output under load: `fault_matrix/reload_outputs.rs`.
+mod reload_outputs;

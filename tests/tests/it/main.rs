@@ -28,6 +28,7 @@ mod pods;
 mod pool;
 mod pool_moves;
 mod rc_lane;
+mod reload_daemons;
 mod remote_write;
 mod rules;
 mod scrape;

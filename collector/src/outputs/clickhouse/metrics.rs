@@ -11,8 +11,9 @@
 //! | `uctel_collector_clickhouse_insert_duration_seconds` | duration of one `INSERT` request (histogram) |
 //!
 //! At every scrape `rows_in = rows_inserted + Σ rows_dropped + rows_pending`, exactly: the
-//! counters change only under the queue's lock and the scrape (`LockedCollector` of the parent module) holds
-//! it while it reads. A dropped row is counted here only, not in the agent's
+//! counters change only under a queue's lock and the scrape (`LockedCollector` of the parent
+//! module) holds the lock of every queue that counts in them while it reads (two while a
+//! reload hands over from one endpoint to the next: they count in the same series). A dropped row is counted here only, not in the agent's
 //! `uctel_collector_records_dropped_total` (`crate::outputs` module docs, "Drops").
 
 use prometheus::core::Collector;
@@ -30,11 +31,19 @@ pub enum Dropped {
     QueueFull,
     /// Still queued, or its `INSERT` still failing, when the collector stopped.
     Shutdown,
+    /// Still queued, or its `INSERT` still failing, when the grace period of an endpoint a
+    /// reload replaced or removed ended (`crate::outputs::handover`).
+    Reload,
 }
 
 impl Dropped {
     /// Every reason.
-    pub const ALL: [Dropped; 3] = [Dropped::Rejected, Dropped::QueueFull, Dropped::Shutdown];
+    pub const ALL: [Dropped; 4] = [
+        Dropped::Rejected,
+        Dropped::QueueFull,
+        Dropped::Shutdown,
+        Dropped::Reload,
+    ];
 
     /// The `reason` label value.
     pub fn as_str(self) -> &'static str {
@@ -42,6 +51,7 @@ impl Dropped {
             Dropped::Rejected => "rejected",
             Dropped::QueueFull => "queue_full",
             Dropped::Shutdown => "shutdown",
+            Dropped::Reload => "reload",
         }
     }
 
@@ -50,6 +60,7 @@ impl Dropped {
             Dropped::Rejected => 0,
             Dropped::QueueFull => 1,
             Dropped::Shutdown => 2,
+            Dropped::Reload => 3,
         }
     }
 }
@@ -66,7 +77,7 @@ pub struct Counters {
     rows_in: IntCounter,
     inserted: IntCounter,
     dropped_vec: IntCounterVec,
-    dropped: [IntCounter; 3],
+    dropped: [IntCounter; 4],
     retried: IntCounter,
     pending: IntGauge,
     duration: Histogram,
@@ -182,6 +193,7 @@ impl Counters {
             rejected: self.dropped[Dropped::Rejected.index()].get(),
             queue_full: self.dropped[Dropped::QueueFull.index()].get(),
             shutdown: self.dropped[Dropped::Shutdown.index()].get(),
+            reload: self.dropped[Dropped::Reload.index()].get(),
             retried: self.retried.get(),
             pending: self.pending.get(),
         }
@@ -201,6 +213,8 @@ pub struct Snapshot {
     pub queue_full: u64,
     /// `rows_dropped_total{reason="shutdown"}`.
     pub shutdown: u64,
+    /// `rows_dropped_total{reason="reload"}`.
+    pub reload: u64,
     /// `rows_retried_total`.
     pub retried: u64,
     /// `rows_pending`.
@@ -210,6 +224,6 @@ pub struct Snapshot {
 impl Snapshot {
     /// Rows dropped, every reason.
     pub fn dropped(&self) -> u64 {
-        self.rejected + self.queue_full + self.shutdown
+        self.rejected + self.queue_full + self.shutdown + self.reload
     }
 }

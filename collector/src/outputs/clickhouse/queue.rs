@@ -45,13 +45,14 @@ pub(crate) struct Queue {
     /// Rows per `INSERT`.
     pub(crate) max_rows: usize,
     capacity: usize,
-    /// The output's counters (changed only under the lock).
-    pub(crate) counters: Counters,
+    /// The output's counters (changed only under the lock; shared with the queue of the
+    /// endpoint a reload put in its place, whose lock the scrape holds too).
+    pub(crate) counters: Arc<Counters>,
 }
 
 impl Queue {
     /// An empty queue of at most `capacity` rows, `max_rows` per `INSERT`.
-    pub(crate) fn new(capacity: usize, max_rows: usize, counters: Counters) -> Queue {
+    pub(crate) fn new(capacity: usize, max_rows: usize, counters: Arc<Counters>) -> Queue {
         Queue {
             state: Mutex::new(State {
                 rows: VecDeque::new(),
@@ -179,7 +180,7 @@ mod tests {
     }
 
     fn queue(capacity: usize, max_rows: usize) -> Queue {
-        Queue::new(capacity, max_rows, Counters::new().unwrap())
+        Queue::new(capacity, max_rows, Arc::new(Counters::new().unwrap()))
     }
 
     /// `rows_in = inserted + dropped + pending`.

@@ -222,6 +222,21 @@ pub(crate) struct Target {
     pub(crate) backoff: (Duration, Duration),
     /// Grace period at shutdown.
     pub(crate) grace: Duration,
+    /// Set when a reload removed or changed the endpoint (`crate::outputs::handover`): what
+    /// the grace period leaves is settled `reload` instead of `shutdown`.
+    pub(crate) retired: std::sync::atomic::AtomicBool,
+}
+
+impl Target {
+    /// Why what the grace period leaves is given up: `reload` (a reload retired the
+    /// endpoint) or `shutdown`.
+    fn end_reason(&self) -> Dropped {
+        if self.retired.load(std::sync::atomic::Ordering::Acquire) {
+            Dropped::Reload
+        } else {
+            Dropped::Shutdown
+        }
+    }
 }
 
 /// Whether a refusal with ClickHouse's error `code` (if the answer has one) and HTTP
@@ -310,7 +325,10 @@ impl Sink for ClickHouseSink {
         match how {
             Settle::Sent => self.queue.settle_inserted(part),
             Settle::Rejected(why) => self.queue.settle_dropped(part, Dropped::Rejected, why),
-            Settle::Shutdown(why) => self.queue.settle_dropped(part, Dropped::Shutdown, why),
+            Settle::Shutdown(why) => {
+                self.queue
+                    .settle_dropped(part, self.target.end_reason(), why);
+            }
         }
     }
 
@@ -330,7 +348,7 @@ impl Sink for ClickHouseSink {
 
     fn drop_queued(&self) -> usize {
         self.queue
-            .drop_queued(Dropped::Shutdown, "not sent before shutdown")
+            .drop_queued(self.target.end_reason(), "not sent within the grace period")
     }
 
     fn log(&mut self, event: Event<'_>, part: &[Row]) {
@@ -342,6 +360,7 @@ impl Sink for ClickHouseSink {
 fn log(target: &Target, limiter: &mut http::LogLimiter, event: Event<'_>, part: &[Row]) {
     crate::outputs::last_error::note(crate::outputs::last_error::CLICKHOUSE, &event);
     let (url, table) = (&target.label, &target.table);
+    let end = target.end_reason().as_str();
     match event {
         Event::Retry { items, why, delay } => {
             if limiter.due("retry") {
@@ -349,10 +368,10 @@ fn log(target: &Target, limiter: &mut http::LogLimiter, event: Event<'_>, part: 
             }
         }
         Event::GaveUp { items, why } => {
-            tracing::warn!(url = %url, rows = items, error = %why, "ClickHouse INSERT still failing at shutdown; its rows are counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"shutdown\"}}");
+            tracing::warn!(url = %url, rows = items, error = %why, "ClickHouse INSERT still failing at the end of the grace period ({end}); its rows are counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"{end}\"}}");
         }
         Event::Unchecked { items, why } => {
-            tracing::warn!(url = %url, rows = items, error = %why, "ClickHouse INSERT of unknown outcome not checked before shutdown; its rows are counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"shutdown\"}} (they may be stored)");
+            tracing::warn!(url = %url, rows = items, error = %why, "ClickHouse INSERT of unknown outcome not checked by the end of the grace period ({end}); its rows are counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"{end}\"}} (they may be stored)");
         }
         Event::Unknown { items, why } => {
             if limiter.due("unknown") {
@@ -386,7 +405,7 @@ fn log(target: &Target, limiter: &mut http::LogLimiter, event: Event<'_>, part: 
             tracing::warn!(url = %url, table = %table, rows = items, refused, inserted = items - refused, "an INSERT had rows ClickHouse refused: those were dropped, the rest inserted");
         }
         Event::NotSent { items } => {
-            tracing::warn!(url = %url, rows = items, "ClickHouse rows not sent before shutdown; counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"shutdown\"}}");
+            tracing::warn!(url = %url, rows = items, "ClickHouse rows not sent by the end of the grace period ({end}); counted in uctel_collector_clickhouse_rows_dropped_total{{reason=\"{end}\"}}");
         }
     }
 }

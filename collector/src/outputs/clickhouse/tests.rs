@@ -285,3 +285,100 @@ fn the_server_version_picks_the_schema() {
     }
     assert!(SCHEMA_MODERN.contains("non_replicated_deduplication_window"));
 }
+
+/// The `INSERT` rows `server` got into `table`.
+fn rows_into(server: &Canned, table: &str) -> usize {
+    let want = format!("query=INSERT+INTO+telemetry.{table}+FORMAT");
+    server
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(target, _)| target.contains(&want))
+        .map(|(_, body)| body.lines().count())
+        .sum()
+}
+
+#[tokio::test]
+async fn a_reload_moves_the_rows_to_the_new_table_each_row_once() {
+    let server = canned(&[(200, "")]);
+    let telemetry = Telemetry::new().unwrap();
+    let (trigger, sd) = uctel_common::shutdown::channel();
+    let started = start(Some(&config(&server.url)), &telemetry, &sd).unwrap();
+    let handle = started.handle.clone();
+    handle.push(&CTX, &records(5));
+    settled(&handle, 5).await;
+    let mut moved = config(&server.url);
+    moved.table = "logs_v2".into();
+    let (replacement, line) = handle.prepare(Some(&moved)).unwrap().unwrap();
+    assert!(line.contains("(telemetry.logs): changed to"), "{line}");
+    assert!(
+        handle
+            .prepare(Some(&config(&server.url)))
+            .unwrap()
+            .is_none(),
+        "the configuration in force is no change"
+    );
+    replacement.commit();
+    handle.push(&CTX, &records(3));
+    let s = settled(&handle, 8).await;
+    assert_eq!((s.inserted, s.dropped(), s.pending), (8, 0, 0));
+    assert_eq!(rows_into(&server, "logs"), 5);
+    assert_eq!(rows_into(&server, "logs_v2"), 3);
+    assert!(handle.prepare(Some(&moved)).unwrap().is_none());
+    trigger.trigger();
+    for t in started.tasks {
+        t.await.unwrap();
+    }
+    handle.join().await;
+    assert_eq!(handle.close(), 0);
+}
+
+#[tokio::test]
+async fn rows_a_dead_endpoint_still_holds_when_a_reload_retires_it_are_counted_reload() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut dead = config(&format!("http://127.0.0.1:{port}/"));
+    dead.timeout_seconds = 0.2;
+    let server = canned(&[(200, "")]);
+    let telemetry = Telemetry::new().unwrap();
+    let (trigger, sd) = uctel_common::shutdown::channel();
+    let started = start(Some(&dead), &telemetry, &sd).unwrap();
+    let handle = started.handle.clone();
+    handle.push(&CTX, &records(3));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (replacement, _) = handle.prepare(Some(&config(&server.url))).unwrap().unwrap();
+    replacement.commit();
+    handle.push(&CTX, &records(2));
+    let s = settled(&handle, 5).await;
+    assert_eq!(
+        (s.rows_in, s.reload, s.inserted, s.shutdown, s.pending),
+        (5, 3, 2, 0, 0),
+        "{s:?}"
+    );
+    assert_eq!(rows_into(&server, "logs"), 2);
+    let text = String::from_utf8(telemetry.render().unwrap()).unwrap();
+    assert!(
+        text.contains("uctel_collector_clickhouse_rows_dropped_total{reason=\"reload\"} 3"),
+        "{text}"
+    );
+    // Removed: nothing in force, nothing queued.
+    let (replacement, line) = handle.prepare(None).unwrap().unwrap();
+    assert!(line.contains("removed"), "{line}");
+    replacement.commit();
+    assert!(!handle.is_enabled());
+    handle.push(&CTX, &records(4));
+    trigger.trigger();
+    for t in started.tasks {
+        t.await.unwrap();
+    }
+    handle.join().await;
+    let text = String::from_utf8(telemetry.render().unwrap()).unwrap();
+    assert!(
+        text.contains("uctel_collector_clickhouse_rows_in_total 5"),
+        "nothing taken while no endpoint is in force: {text}"
+    );
+}

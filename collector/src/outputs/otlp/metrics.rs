@@ -40,15 +40,19 @@ pub enum Dropped {
     QueueFull,
     /// Still queued, or its request still failing, when the collector stopped.
     Shutdown,
+    /// Still queued, or its request still failing, when the grace period of an endpoint a
+    /// reload replaced or removed ended (`crate::outputs::handover`).
+    Reload,
 }
 
 impl Dropped {
     /// Every reason.
-    pub const ALL: [Dropped; 4] = [
+    pub const ALL: [Dropped; 5] = [
         Dropped::Rejected,
         Dropped::PartialSuccess,
         Dropped::QueueFull,
         Dropped::Shutdown,
+        Dropped::Reload,
     ];
 
     /// The `reason` label value.
@@ -58,6 +62,7 @@ impl Dropped {
             Dropped::PartialSuccess => "partial_success",
             Dropped::QueueFull => "queue_full",
             Dropped::Shutdown => "shutdown",
+            Dropped::Reload => "reload",
         }
     }
 
@@ -67,6 +72,7 @@ impl Dropped {
             Dropped::PartialSuccess => 1,
             Dropped::QueueFull => 2,
             Dropped::Shutdown => 3,
+            Dropped::Reload => 4,
         }
     }
 }
@@ -184,7 +190,7 @@ impl Families {
 pub struct Counters {
     items_in: IntCounter,
     sent: IntCounter,
-    dropped: [IntCounter; 4],
+    dropped: [IntCounter; 5],
     retried: IntCounter,
     pending: IntGauge,
     pub(crate) oldest: Gauge,
@@ -240,7 +246,7 @@ pub struct Snapshot {
     /// `items_sent_total`.
     pub sent: u64,
     /// `items_dropped_total`, in the order of [`Dropped::ALL`].
-    pub dropped: [u64; 4],
+    pub dropped: [u64; 5],
     /// `items_retried_total`.
     pub retried: u64,
     /// `items_pending`.

@@ -98,6 +98,21 @@ pub(crate) struct Target {
     pub(crate) deadline: Duration,
     pub(crate) backoff: (Duration, Duration),
     pub(crate) grace: Duration,
+    /// Set when a reload removed or changed the endpoint (`crate::outputs::handover`): what
+    /// the grace period leaves is settled `reload` instead of `shutdown`.
+    pub(crate) retired: std::sync::atomic::AtomicBool,
+}
+
+impl Target {
+    /// Why what the grace period leaves is given up: `reload` (a reload retired the
+    /// endpoint) or `shutdown`.
+    pub(crate) fn end_reason(&self) -> Dropped {
+        if self.retired.load(std::sync::atomic::Ordering::Acquire) {
+            Dropped::Reload
+        } else {
+            Dropped::Shutdown
+        }
+    }
 }
 
 /// What an answer means (module docs).
@@ -241,7 +256,7 @@ impl<T: SignalItem> Sink for OtlpSink<T> {
             }
             Settle::Shutdown(why) => {
                 self.queue
-                    .settle_dropped(part.len(), Dropped::Shutdown, why);
+                    .settle_dropped(part.len(), self.target.end_reason(), why);
             }
         }
     }
@@ -290,16 +305,17 @@ impl<T: SignalItem> Sink for OtlpSink<T> {
 
     fn drop_queued(&self) -> usize {
         self.queue
-            .drop_queued(Dropped::Shutdown, "not sent before shutdown")
+            .drop_queued(self.target.end_reason(), "not sent within the grace period")
     }
 
     fn log(&mut self, event: Event<'_>, _part: &[T]) {
-        log(&self.target.label, T::SIGNAL, &mut self.log, event);
+        let end = self.target.end_reason().as_str();
+        log(&self.target.label, T::SIGNAL, end, &mut self.log, event);
     }
 }
 
 /// The OTLP output's line for `event`.
-fn log(url: &str, signal: &str, limiter: &mut http::LogLimiter, event: Event<'_>) {
+fn log(url: &str, signal: &str, end: &str, limiter: &mut http::LogLimiter, event: Event<'_>) {
     match event {
         Event::Retry { items, why, delay } => {
             if limiter.due("retry") {
@@ -307,7 +323,7 @@ fn log(url: &str, signal: &str, limiter: &mut http::LogLimiter, event: Event<'_>
             }
         }
         Event::GaveUp { items, why } => {
-            tracing::warn!(url, signal, items, error = %why, "OTLP export still failing at shutdown; its items are counted in uctel_collector_otlp_items_dropped_total{{reason=\"shutdown\"}}");
+            tracing::warn!(url, signal, items, error = %why, "OTLP export still failing at the end of the grace period ({end}); its items are counted in uctel_collector_otlp_items_dropped_total{{reason=\"{end}\"}}");
         }
         Event::PartRefused { items, refused } => {
             if !limiter.due("reject") {
@@ -321,7 +337,7 @@ fn log(url: &str, signal: &str, limiter: &mut http::LogLimiter, event: Event<'_>
             tracing::error!(url, signal, items, error = %why, "OTLP export not built; its items are counted in uctel_collector_otlp_items_dropped_total{{reason=\"rejected\"}}");
         }
         Event::NotSent { items } => {
-            tracing::warn!(url, signal, items, "OTLP items not sent before shutdown; counted in uctel_collector_otlp_items_dropped_total{{reason=\"shutdown\"}}");
+            tracing::warn!(url, signal, items, "OTLP items not sent by the end of the grace period ({end}); counted in uctel_collector_otlp_items_dropped_total{{reason=\"{end}\"}}");
         }
         // Never refused by item, and never of unknown outcome (module docs).
         Event::ItemRefused { .. }

@@ -34,13 +34,14 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
-use uctel_common::shutdown::{self, Shutdown, ShutdownTrigger};
+use uctel_common::shutdown::Shutdown;
 
 use super::metrics::{Dropped, Families};
 use super::queue::Shards;
 use super::sender::{self, Target};
 use super::{expire_loop, stall_loop, tally, LockedCollector, SHUTDOWN_GRACE};
 use crate::outputs::config::RemoteWriteConfig;
+use crate::outputs::handover::{self, lock, Lifetime, Task, Tasks};
 use crate::outputs::http::{self, SetupError};
 
 /// One configured endpoint.
@@ -51,11 +52,8 @@ pub(crate) struct Endpoint {
     config: RemoteWriteConfig,
     /// The URL without credentials (the `url` label).
     label: String,
-    /// Stops this endpoint alone (a reload retired it).
-    stop: ShutdownTrigger,
-    /// Fired (or dropped) once every task of the endpoint has ended.
-    done: Mutex<Option<ShutdownTrigger>>,
-    finished: Shutdown,
+    /// Its tasks, stopped alone when a reload retires it.
+    life: Lifetime,
 }
 
 /// The endpoint list in force and its generation (module docs).
@@ -72,9 +70,9 @@ pub(crate) struct Current {
 pub(crate) struct Live {
     current: RwLock<Current>,
     nonempty: AtomicBool,
-    context: Option<Context>,
+    context: Option<Arc<Context>>,
     /// Tasks reloads started (endpoints, retiring), awaited at shutdown.
-    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    tasks: Tasks,
     /// One reload at a time.
     reconfiguring: Mutex<()>,
 }
@@ -102,10 +100,6 @@ impl std::fmt::Debug for Context {
             .field("dead_peer", &self.dead_peer)
             .finish_non_exhaustive()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Context {
@@ -209,16 +203,12 @@ impl Context {
             log: Mutex::default(),
             retired: AtomicBool::new(false),
         });
-        let (stop, _) = shutdown::channel();
-        let (done, finished) = shutdown::channel();
         Ok(Arc::new(Endpoint {
             shards,
             target,
             config: c.clone(),
             label,
-            stop,
-            done: Mutex::new(Some(done)),
-            finished,
+            life: Lifetime::default(),
         }))
     }
 
@@ -240,32 +230,24 @@ impl Context {
     /// Starts `e`'s tasks: one sender per shard, the expiry and stall watches, the output
     /// log; they end when the collector's shutdown or `e`'s own stop fires (and the grace
     /// period). The returned task ends after all of them.
-    pub(crate) fn spawn(&self, e: &Arc<Endpoint>) -> Option<tokio::task::JoinHandle<()>> {
+    pub(crate) fn spawn(&self, e: &Endpoint) -> Option<tokio::task::JoinHandle<()>> {
         let runtime = self.runtime.as_ref()?;
-        let done = lock(&e.done).take()?;
-        let stopped = e.stop.subscribe();
-        let (mut global, mut own, stop) = (self.shutdown.clone(), stopped.clone(), e.stop.clone());
         let (staleness, dead_peer) = (self.staleness, self.dead_peer);
         let (shards, target, label) = (e.shards.clone(), e.target.clone(), e.label.clone());
-        tracing::info!(url = %label, shards = shards.shards.len(), "remote-write output started");
-        Some(runtime.spawn(async move {
-            let mut tasks = vec![tokio::spawn(async move {
-                tokio::select! {
-                    () = global.wait() => {}
-                    () = own.wait() => {}
-                }
-                stop.trigger();
-            })];
-            tasks.push(tokio::spawn(crate::outputs::report::run(
+        let started = e.life.spawn(runtime, &self.shutdown, |stopped| {
+            let mut tasks: Vec<Task> = vec![Box::pin(crate::outputs::report::run(
                 "remote-write",
-                label,
+                {
+                    let label = label.clone();
+                    move || label.clone()
+                },
                 "samples",
                 tally(shards.counters().clone()),
                 target.grace,
                 stopped.clone(),
-            )));
+            ))];
             for (si, shard) in shards.shards.iter().enumerate() {
-                tasks.push(tokio::spawn(sender::run(
+                tasks.push(Box::pin(sender::run(
                     target.clone(),
                     shards.clone(),
                     shard.clone(),
@@ -273,27 +255,56 @@ impl Context {
                     stopped.clone(),
                 )));
             }
-            tasks.push(tokio::spawn(expire_loop(
+            tasks.push(Box::pin(expire_loop(
                 shards.clone(),
                 staleness,
                 stopped.clone(),
             )));
             if dead_peer < Duration::MAX {
-                tasks.push(tokio::spawn(stall_loop(shards.clone(), stopped)));
+                tasks.push(Box::pin(stall_loop(shards.clone(), stopped)));
             }
-            let mut panic = None;
-            for t in tasks {
-                if let Err(e) = t.await {
-                    if e.is_panic() && panic.is_none() {
-                        panic = Some(e.into_panic());
-                    }
-                }
-            }
-            done.trigger();
-            if let Some(p) = panic {
-                std::panic::resume_unwind(p);
-            }
-        }))
+            tasks
+        })?;
+        tracing::info!(url = %label, shards = e.shards.shards.len(), "remote-write output started");
+        Some(started)
+    }
+}
+
+impl handover::Endpoint for Endpoint {
+    type Context = Context;
+
+    fn lifetime(&self) -> &Lifetime {
+        &self.life
+    }
+
+    fn start(&self, ctx: &Context) -> Option<tokio::task::JoinHandle<()>> {
+        ctx.spawn(self)
+    }
+
+    fn activate(self: &Arc<Self>, ctx: &Context) {
+        ctx.activate(self);
+    }
+
+    fn retire(&self) {
+        self.target.retired.store(true, Ordering::Release);
+        self.life.retire();
+    }
+
+    fn retired(&self, ctx: &Context, replaced: bool) {
+        // The senders settled what they held; anything pushed since is counted here.
+        self.shards.drop_all(Dropped::Reload);
+        ctx.deactivate(self);
+        let c = self.shards.counters();
+        if !replaced {
+            c.series.set(0);
+            c.shards.set(0);
+        }
+        tracing::info!(
+            url = %self.label,
+            sent = c.samples_sent(),
+            dropped_at_reload = c.dropped(Dropped::Reload),
+            "remote-write endpoint retired by a reload"
+        );
     }
 }
 
@@ -309,8 +320,8 @@ impl Live {
                 generation: 0,
                 endpoints,
             }),
-            context: Some(context),
-            tasks: Mutex::default(),
+            context: Some(Arc::new(context)),
+            tasks: Tasks::default(),
             reconfiguring: Mutex::default(),
         }
     }
@@ -328,15 +339,7 @@ impl Live {
     /// Waits for every task reloads started (module docs), including those they start
     /// while it waits.
     pub(crate) async fn join(&self) {
-        loop {
-            let tasks = std::mem::take(&mut *lock(&self.tasks));
-            if tasks.is_empty() {
-                return;
-            }
-            for t in tasks {
-                let _ = t.await;
-            }
-        }
+        self.tasks.join().await;
     }
 
     /// Sets the series cap per agent of every endpoint, present and future.
@@ -413,47 +416,22 @@ impl Live {
                 ),
             });
             if olds.is_empty() {
-                lock(&self.tasks).extend(news.iter().filter_map(|e| context.spawn(e)));
+                self.tasks
+                    .extend(news.iter().filter_map(|e| context.spawn(e)));
                 continue;
             }
             let live = self.clone();
             if let Some(runtime) = context.runtime.as_ref() {
-                let t = runtime.spawn(async move { live.retire(olds, news).await });
-                lock(&self.tasks).push(t);
+                let t = runtime.spawn(async move {
+                    let Some(context) = live.context.as_ref() else {
+                        return;
+                    };
+                    let started = handover::hand_over(&**context, &olds, &news).await;
+                    live.tasks.extend(started);
+                });
+                self.tasks.extend([t]);
             }
         }
         Ok(lines)
-    }
-
-    /// Retires `olds` (module docs), then starts `news`, their successors under the same
-    /// `url`.
-    async fn retire(self: Arc<Live>, olds: Vec<Arc<Endpoint>>, news: Vec<Arc<Endpoint>>) {
-        let Some(context) = self.context.as_ref() else {
-            return;
-        };
-        for e in &olds {
-            e.target.retired.store(true, Ordering::Release);
-            e.stop.trigger();
-        }
-        for e in &olds {
-            e.finished.clone().wait().await;
-            // The senders settled what they held; anything pushed since is counted here.
-            e.shards.drop_all(Dropped::Reload);
-            context.deactivate(e);
-            if news.is_empty() {
-                let c = e.shards.counters();
-                c.series.set(0);
-                c.shards.set(0);
-            }
-            let c = e.shards.counters();
-            tracing::info!(
-                url = %e.label,
-                sent = c.samples_sent(),
-                dropped_at_reload = c.dropped(Dropped::Reload),
-                "remote-write endpoint retired by a reload"
-            );
-        }
-        let started: Vec<_> = news.iter().filter_map(|e| context.spawn(e)).collect();
-        lock(&self.tasks).extend(started);
     }
 }
