@@ -57,10 +57,12 @@ use uctel_protocol::samples::SampleSeries;
 use uctel_protocol::seq::Seq;
 
 use crate::config::DataPath;
-use crate::credits::{Credits, GrantOutcome, ReportOutcome};
+use crate::credits::Credits;
 use crate::pacing::{Admit, Pacer, PacerHandle, PacingLimits};
 use crate::selfmetrics::{DropReason, SelfMetrics};
 use crate::stream::Stream;
+
+mod credit;
 
 /// Settings of one connection's send pipeline.
 #[derive(Debug, Clone)]
@@ -322,6 +324,8 @@ pub struct SenderCore {
     credit_heartbeat: bool,
     /// An early heartbeat about running out of credit went since the last report.
     asked_for_credit: bool,
+    /// Records wait in a source queue for credit ([`SenderCore::set_records_waiting`]).
+    records_waiting: bool,
     ready_frames: usize,
     idle_heartbeat: Option<Duration>,
     /// The frame limits the framers check records against (to decode taken-back frames).
@@ -420,6 +424,7 @@ impl SenderCore {
             without_credit: 0,
             credit_heartbeat: false,
             asked_for_credit: false,
+            records_waiting: false,
             ready_frames: config.ready_frames.max(1),
             idle_heartbeat: config.idle_heartbeat,
             limits: config.limits.clone(),
@@ -475,30 +480,6 @@ impl SenderCore {
         self.credit_room()
     }
 
-    /// Whether the credits leave room for more frames, by the rule of the streams that wait
-    /// for credit ([`SenderCore::wants_records`]): the frames already built (ready on any
-    /// stream, plus open ones) and the reserve for the streams that drop would not use up
-    /// the credits. The metric samples held while disconnected are taken only while this
-    /// holds ([`crate::sender::pump::pull`]): they are a backlog to deliver, not fresh
-    /// samples to drop for lack of credit.
-    pub fn credit_room(&self) -> bool {
-        let open = usize::from(self.metrics_framer.has_open_frame())
-            + usize::from(self.logs_framer.has_open_frame())
-            + usize::from(self.samples_framer.has_open_frame());
-        let built = self.ready_frames() + open;
-        // Leave a share of the window to the streams that drop, so a log burst does not
-        // starve the metrics: 1/16 of the window, at least one frame, none in windows too
-        // small to share (below 4 frames).
-        let window = self.credits.granted_window();
-        let reserve = if window < 4 {
-            0
-        } else {
-            usize::try_from(window / 16).unwrap_or(usize::MAX).max(1)
-        };
-        let available = usize::try_from(self.credits.available()).unwrap_or(usize::MAX);
-        available > built.saturating_add(reserve)
-    }
-
     /// Whether the metrics stream is catching up on the samples held while disconnected:
     /// from the first buffered sample taken on this connection until the buffer is empty
     /// with the credits back ([`SenderCore::credits_recovered`]). Meanwhile newer samples
@@ -522,13 +503,6 @@ impl SenderCore {
     /// Starts or ends the catch-up of [`SenderCore::metrics_catching_up`].
     pub fn set_metrics_catching_up(&mut self, on: bool) {
         self.metrics_catching_up = on;
-    }
-
-    /// Whether the whole granted window is free again (every frame sent was reported
-    /// consumed): the end of a catch-up, so the next collection finds the window a
-    /// collection finds in the steady state.
-    pub fn credits_recovered(&self) -> bool {
-        self.credits.available() >= self.credits.granted_window()
     }
 
     /// Sends metrics as series-dictionary frames (`kind = metrics_dict`) from now on: the
@@ -629,115 +603,11 @@ impl SenderCore {
         }
     }
 
-    /// Applies the collector's report that every frame up to connection sequence `consumed`
-    /// was consumed (DESIGN.md §4 credits).
-    pub fn on_consumed(&mut self, consumed: u64) -> ReportOutcome {
-        self.credits.on_consumed(consumed)
-    }
-
-    /// Takes the RC lane's part of a collector `Report` (`Report.rc_lane`, DESIGN.md §8b)
-    /// for the pipeline of that lane: its consumed sequence (`None` before the lane's first
-    /// frame arrived; then nothing is applied). No credit grant applies to the RC lane: its
-    /// credit is its window beyond its consumed sequence.
-    pub fn on_lane_report(&mut self, consumed: Option<u64>) -> Option<ReportOutcome> {
-        self.asked_for_credit = false;
-        consumed.map(|c| self.on_consumed(c))
-    }
-
-    /// Takes the credits of a collector `Report` (DESIGN.md §4). A report sent before any
-    /// frame reached the collector says `consumed_conn_seq: 0` meaning "nothing yet", which
-    /// cannot be told apart from "frame 0 consumed": it is ignored (`None`), since taking it
-    /// would count a lost frame 0 as consumed and shift the credit window by one. A non-zero
-    /// consumed sequence with nothing received is taken: the collector gave back the credit
-    /// of frames lost on the wire (sent a heartbeat interval ago and never seen).
-    pub fn on_report(&mut self, report: &uctel_protocol::control::Report) -> Option<ReportOutcome> {
-        if let Some(g) = report.credit_grant {
-            self.on_grant(g);
-        }
-        self.asked_for_credit = false;
-        (report.conn_received > 0 || report.consumed_conn_seq > 0)
-            .then(|| self.on_consumed(report.consumed_conn_seq))
-    }
-
-    /// Applies a grant of the collector's credit budget (DESIGN.md §4). A grant that lowers
-    /// the limit makes an early heartbeat due ([`SenderCore::take_credit_heartbeat`]): the
-    /// collector counts the older limit as usable until it hears the grant was applied.
-    pub fn on_grant(&mut self, grant: uctel_protocol::control::CreditGrant) -> GrantOutcome {
-        let outcome = self.credits.on_grant(grant.sequence, grant.limit);
-        if outcome == (GrantOutcome::Applied { lowered: true }) {
-            self.credit_heartbeat = true;
-        }
-        outcome
-    }
-
-    /// The credit window now, for the status API (`crate::status`).
-    pub fn credit_view(&self) -> crate::status::CreditView {
-        crate::status::CreditView {
-            window_frames: self.credits.window(),
-            granted_window_frames: self.credits.granted_window(),
-            outstanding_frames: self.credits.outstanding(),
-            available_frames: self.credits.available(),
-        }
-    }
-
-    /// Takes a credit word the collector wrote into the agent's memory (DESIGN.md §4,
-    /// `uctel_protocol::control::CreditWord`): its grant as a `Report`'s, and its consumed
-    /// point (`consumed_next`, one past the highest connection sequence consumed; 0: none
-    /// yet). Both only apply forward, so an old, repeated or reordered word changes nothing.
-    /// Returns whether the word changed anything; a change lets the pipeline ask for credit
-    /// again as a report does.
-    pub fn on_credit_word(
-        &mut self,
-        grant: uctel_protocol::control::CreditGrant,
-        consumed_next: u64,
-    ) -> bool {
-        let granted = matches!(self.on_grant(grant), GrantOutcome::Applied { .. });
-        let advanced = consumed_next.checked_sub(1).is_some_and(|c| {
-            matches!(
-                self.on_consumed(c),
-                ReportOutcome::Advanced(1..) | ReportOutcome::Ahead
-            )
-        });
-        if granted || advanced {
-            self.asked_for_credit = false;
-        }
-        granted || advanced
-    }
-
-    /// Sequence of the credit grant applied last, for heartbeats.
-    pub fn grant_applied(&self) -> Option<u64> {
-        self.credits.grant_applied()
-    }
-
     /// Paces with `other`'s pacer from now on: the two pipelines of a connection's lanes
     /// (DESIGN.md §8b) share one set of `pacing` caps, so the connection never sends more
     /// than they allow, whichever lane the frames take.
     pub fn share_pacer_with(&mut self, other: &mut SenderCore) {
         self.pacer = PacerHandle::Shared(other.pacer.share());
-    }
-
-    /// Frames that found no credit since the previous call (for a heartbeat); resets.
-    pub fn take_frames_without_credit(&mut self) -> u64 {
-        std::mem::take(&mut self.without_credit)
-    }
-
-    /// Whether an early heartbeat is due (credit ran out with frames to send, at most once
-    /// per report; or a grant lowered the limit); resets.
-    pub fn take_credit_heartbeat(&mut self) -> bool {
-        std::mem::take(&mut self.credit_heartbeat)
-    }
-
-    fn starved(&mut self, frames: u64) {
-        self.without_credit = self.without_credit.saturating_add(frames);
-        if !self.asked_for_credit {
-            self.asked_for_credit = true;
-            self.credit_heartbeat = true;
-        }
-    }
-
-    /// Credits left.
-    pub fn credits_available(&self) -> u64 {
-        self.credits.available()
     }
 
     /// Closes frames whose flush deadline passed and queues heartbeats on idle streams.
@@ -1308,6 +1178,7 @@ fn stamp(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::credits::{GrantOutcome, ReportOutcome};
     use uctel_protocol::frame::{decode_frame, FrameFlags, FrameKind, Payload};
     use uctel_protocol::payload::{Label, MetricType};
 
@@ -2066,6 +1937,39 @@ mod tests {
         assert_eq!(tx[0].stream, Stream::Logs);
         assert_eq!(core.on_consumed(4), ReportOutcome::Advanced(1));
         assert!(core.wants_records(Stream::Logs));
+    }
+
+    #[test]
+    fn records_left_queued_for_credit_ask_for_it_once_per_report() {
+        let t0 = Instant::now();
+        let mut cfg = config(4);
+        cfg.wait_for_credit = [false, true, false];
+        let mut core = SenderCore::new(&cfg, 1, t0, stats()).unwrap_or_else(|e| panic!("{e}"));
+        while core.wants_records(Stream::Logs) {
+            core.push_log(&log("x"), t0, 1);
+            core.flush(Stream::Logs);
+        }
+        let (tx, _) = drain(&mut core, t0);
+        assert_eq!(tx.len(), 3, "four credits, one kept for the metrics");
+        // No frame found no credit (none was built), yet records wait: the stream asks.
+        assert!(core.credits_available() > 0);
+        assert!(core.waits_for_credit(Stream::Logs));
+        assert!(!core.take_credit_heartbeat());
+        core.set_records_waiting(true);
+        assert!(core.records_waiting());
+        assert!(core.take_credit_heartbeat());
+        assert_eq!(core.take_frames_without_credit(), 1);
+        // Once per report: the next pull that finds them still waiting does not ask again.
+        core.set_records_waiting(true);
+        assert!(!core.take_credit_heartbeat());
+        // A report lets it ask again; credits back, nothing waits.
+        assert_eq!(core.on_consumed(2), ReportOutcome::Advanced(3));
+        let _ = core.on_report(&uctel_protocol::control::Report::default());
+        core.set_records_waiting(true);
+        assert!(core.take_credit_heartbeat());
+        assert!(!core.waits_for_credit(Stream::Logs));
+        core.set_records_waiting(false);
+        assert!(!core.records_waiting());
     }
 
     #[test]

@@ -52,6 +52,10 @@ pub trait FrameSink {
 /// into a window the backlog used up (and dropped as `no_credit`) or queued behind it
 /// unstamped (several collections would then leave with one frame's timestamp). So per
 /// series the samples leave in collection order, each with its collection time.
+///
+/// Records left in a queue (or the metrics buffer) for a stream that waits for credit ask
+/// the collector for it at once ([`SenderCore::set_records_waiting`]), rather than at the
+/// next report.
 pub fn pull(core: &mut SenderCore, queues: &Queues, stats: &SelfMetrics) {
     let now = Instant::now();
     let ns = unix_ns();
@@ -105,6 +109,15 @@ pub fn pull(core: &mut SenderCore, queues: &Queues, stats: &SelfMetrics) {
     if !logs_first {
         pull_logs(core, queues, now, ns);
     }
+    // Records left queued for lack of credit ask for it now, not at the next report.
+    let left = [
+        (Stream::Logs, queues.logs.len()),
+        (Stream::Metrics, queues.metrics.len() + buffer.len()),
+    ];
+    core.set_records_waiting(
+        left.iter()
+            .any(|&(stream, n)| n > 0 && core.waits_for_credit(stream)),
+    );
     stats.set_queue_records(Stream::Metrics, queues.metrics.len());
     stats.set_queue_records(Stream::Logs, queues.logs.len());
     stats.set_queue_records(Stream::FastCounters, queues.fast_counters.len());

@@ -809,6 +809,81 @@ async fn a_log_burst_beyond_the_credit_window_waits_instead_of_dropping() {
     assert_eq!(got, lines);
 }
 
+/// A log backlog of many credit windows drains on the agent's asks for credit, not one
+/// window per report interval. The collector here reports only when asked (a heartbeat that
+/// names frames without credit; its report interval is an hour, its heartbeat period a
+/// minute, so neither comes round during the test): the stream waits for credit and keeps
+/// a reserve for the others, so it never builds a frame that finds no credit, and only the
+/// records left in its queue can ask. Without that ask the backlog stops after its first
+/// window, and the wait below fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_backlog_asks_for_credit_instead_of_waiting_a_report_interval_per_window() {
+    const WINDOW: u32 = 4;
+    let mut fake = support::start(support::FakeConfig {
+        credit_window: WINDOW,
+        report_interval: Duration::from_secs(3600),
+        heartbeat_interval_ms: 60_000,
+        answer_credit_asks: true,
+        ..support::FakeConfig::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let log = dir.path().join("backlog.log");
+    let lines: Vec<String> = (0..3000)
+        .map(|i| format!("backlog line {i:05} {}", "w".repeat(40)))
+        .collect();
+    std::fs::write(&log, lines.join("\n") + "\n").unwrap_or_else(|e| panic!("{e}"));
+    let agent = RunningAgent::start(config(fake.addr, dir.path(), ""));
+    let stats = agent.stats.clone();
+    until(
+        "the backlog sent on asks for credit alone",
+        Duration::from_secs(30),
+        || match stats.records_sent(Stream::Logs) {
+            3000.. => Ok(()),
+            n => Err(format!(
+                "{n} of 3000 lines sent in {} frames",
+                stats.frames_sent(Stream::Logs)
+            )),
+        },
+    )
+    .await;
+    let summary = agent.stop().await;
+    assert_eq!(summary.sessions, 1);
+    assert_eq!(stats.records_dropped_all(Stream::Logs), 0);
+    let s = fake
+        .sessions
+        .recv()
+        .await
+        .unwrap_or_else(|| panic!("no session"));
+    assert!(s.violations.is_empty(), "{:?}", s.violations);
+    assert_eq!(log_lines(&s), lines);
+    let log_frames = s
+        .frames
+        .iter()
+        .filter(|(_, f)| matches!(f.payload, Payload::Logs(_)))
+        .count() as u64;
+    let windows = log_frames.div_ceil(u64::from(WINDOW));
+    eprintln!(
+        "{log_frames} log frames ({windows} windows of {WINDOW}); reports: {} at the \
+         interval, {} answering asks",
+        s.interval_reports, s.asks_answered
+    );
+    assert!(
+        windows >= 10,
+        "a backlog of {windows} windows tests nothing"
+    );
+    // At most the interval's first tick, at the start; every other credit came from an ask.
+    assert!(s.interval_reports <= 1, "{} reports", s.interval_reports);
+    // A report gives back at most a window: the frames past the first window went on the
+    // credit of answered asks.
+    let grants = 1 + s.interval_reports + s.asks_answered;
+    assert!(
+        grants * u64::from(WINDOW) >= s.frames.len() as u64,
+        "{} frames on {grants} windows of credit",
+        s.frames.len()
+    );
+}
+
 /// The value of a counter without labels in the agent's registry.
 fn counter(stats: &SelfMetrics, name: &str) -> u64 {
     stats

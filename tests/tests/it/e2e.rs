@@ -279,6 +279,27 @@ fn agent_kill_and_restart_is_a_reset_not_a_loss() {
     p.wait_flowing(2, &["victim", "steady"], &["metrics"], UP);
     p.write_lines(victim, 0, 500);
     wait_lines_read(&p, victim, 500);
+    // Posted is not yet received: a frame posted just before SIGKILL may still be in the
+    // agent's send queue, and what the agent sent after its last heartbeat is counted
+    // nowhere (`sessions_ended_total{reason="no_goodbye"}`), while its lines are
+    // checkpointed as sent. So the kill waits until the collector holds every line.
+    let at_posted = p
+        .scrape()
+        .map(|s| CollectorFigures::read(&s, "victim").records_received["logs"])
+        .unwrap_or(0);
+    wait_for(
+        "the victim's 500 lines at the collector",
+        UP,
+        tick(),
+        || {
+            let s = p.scrape()?;
+            match CollectorFigures::read(&s, "victim").records_received["logs"] {
+                500.. => Ok(()),
+                n => Err(format!("{n} of 500 log records received")),
+            }
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", p.collector.log_tail(40)));
     let collector_pid = p.collector.pid();
 
     p.agents[victim].daemon.kill(); // SIGKILL: no Goodbye, no flush
@@ -358,7 +379,7 @@ fn agent_kill_and_restart_is_a_reset_not_a_loss() {
         &CollectorFigures::default(),
     );
     eprintln!(
-        "victim: epochs {epochs:?}; before kill {:?}; after restart {:?}, resets {:?}, log records {} for 800 lines",
+        "victim: epochs {epochs:?}; before kill {:?}; after restart {:?}, resets {:?}, log records {} for 800 lines ({at_posted} at the collector when the agent had posted all 500)",
         c1.received, c3.received, c3.resets, c3.records_received["logs"]
     );
     p.collector.stop(STOP);

@@ -56,7 +56,8 @@ pub(super) struct Session {
 }
 
 /// How often a session whose credits are written into its memory looks at its credit word
-/// while its UC lane has frames and no credit (nothing else wakes it when a write lands).
+/// while its UC lane has frames and no credit, or records wait in a source queue for credit
+/// ([`SenderCore::records_waiting`]): nothing else wakes it when a write lands.
 pub(super) const CREDIT_WORD_POLL: Duration = Duration::from_millis(1);
 
 /// What the collector's silence and heartbeat period are, for [`Session::new`].
@@ -197,7 +198,8 @@ impl Session {
             deadline = Some(deadline.map_or(soon, |d| d.min(soon)));
         }
         let uc = &self.lanes.uc().core;
-        if self.credit.is_some() && uc.ready_frames() > 0 && uc.credits_available() == 0 {
+        let starved = uc.ready_frames() > 0 && uc.credits_available() == 0;
+        if self.credit.is_some() && (starved || uc.records_waiting()) {
             let soon = now + CREDIT_WORD_POLL;
             deadline = Some(deadline.map_or(soon, |d| d.min(soon)));
         }

@@ -284,3 +284,74 @@ fn every_lane_gets_its_part_of_a_report_and_of_a_heartbeat() {
         }
     }
 }
+
+/// A credit word region of its own (the collector writes nothing into it here).
+fn word_region() -> uctel_transport::api::MemoryRegion {
+    use uctel_transport::api::{AccessFlags, Device};
+    use uctel_transport::soft::device::{SoftConfig, SoftDevice};
+    let dev =
+        Device::from(SoftDevice::open(&SoftConfig::default()).unwrap_or_else(|e| panic!("{e}")));
+    let pd = dev.alloc_pd().unwrap_or_else(|e| panic!("{e}"));
+    pd.reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn log_records_left_queued_for_credit_ask_for_it_and_keep_the_credit_word_read() {
+    let t0 = Instant::now();
+    let (mut s, q) = session(false, 4, t0);
+    let c = config(false);
+    let mut waits = sender_config(&c, Reliability::Uc, 4);
+    waits.wait_for_credit = [true, true, false];
+    let backlog = (0..2000).map(|i| LogRecord {
+        message: format!("backlog line {i} {}", "x".repeat(60)),
+        ..Default::default()
+    });
+    assert_eq!(q.logs.offer(backlog), 0, "the queue refused records");
+    {
+        let lane = s.lanes.get_mut(0).unwrap_or_else(|| panic!("no UC lane"));
+        lane.core = SenderCore::new_unexported(&waits, 1, t0).unwrap_or_else(|e| panic!("{e}"));
+        // The pipeline takes what the credits leave room for (three frames of four
+        // credits, one kept for the streams that drop); they go, as posts do.
+        pump::pull(&mut lane.core, &q, &s.stats);
+        lane.core.flush(Stream::Logs);
+        let mut sent = 0;
+        while let Poll::Transmit(t) = lane.core.poll_transmit(t0, 1) {
+            lane.core.sent(&t);
+            sent += 1;
+        }
+        assert_eq!(sent, 3);
+        // No frame found no credit: the reserve is left.
+        assert_eq!(lane.core.credits_available(), 1);
+    }
+    assert!(!q.logs.is_empty());
+    // Yet the wake asks for credit at once: records wait for it in the queue.
+    let mut demand = DemandMeter::default();
+    let hb = match s.on_wake(&q, &mut demand) {
+        Ok(Some(hb)) => hb,
+        other => panic!("no heartbeat asking for credit: {other:?}"),
+    };
+    assert_eq!(hb.frames_without_credit, Some(1), "{hb:?}");
+    assert!(s.lanes.uc().core.records_waiting());
+    // Once per report: the next wake stays quiet.
+    assert_eq!(heartbeat_seq(s.on_wake(&q, &mut demand)), None);
+    // Without credit writes only a report wakes the send path; with them, the session
+    // reads its credit word while the records wait (nothing else wakes it when one lands).
+    assert_eq!(s.next_wake(t0), None);
+    s.set_credit_reader(Some(CreditReader::new(word_region(), 1)));
+    assert_eq!(s.next_wake(t0), Some(t0 + CREDIT_WORD_POLL));
+    // A report gives the credits back: more records go into frames, and those still queued
+    // ask again (once per report).
+    let report = Report {
+        consumed_conn_seq: 2,
+        conn_received: 3,
+        ..Report::default()
+    };
+    s.on_control(t0, Ok(ControlMessage::from(report)), &mut demand)
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let lane = s.lanes.get_mut(0).unwrap_or_else(|| panic!("no UC lane"));
+    pump::pull(&mut lane.core, &q, &s.stats);
+    assert!(lane.core.ready_frames() > 0);
+    assert!(lane.core.records_waiting());
+    assert!(lane.core.take_credit_heartbeat());
+}

@@ -98,6 +98,10 @@ pub struct FakeConfig {
     /// Move the RC lane's QP to ERROR once this many frames arrived on it (the collector's
     /// side of the lane dies: the agent's retransmissions go unanswered).
     pub kill_rc_lane_after_frames: Option<u64>,
+    /// Answer every heartbeat that names frames without credit (the agent asking for
+    /// credit) with a `Report` at once, as the real collector answers it with an early one
+    /// (`Session::asks_answered`).
+    pub answer_credit_asks: bool,
 }
 
 impl Default for FakeConfig {
@@ -117,6 +121,7 @@ impl Default for FakeConfig {
             mtu_bytes: 4096,
             offer_rc_lane: true,
             kill_rc_lane_after_frames: None,
+            answer_credit_asks: false,
         }
     }
 }
@@ -138,6 +143,10 @@ pub struct Session {
     pub heartbeats: u64,
     /// The last heartbeat the agent sent.
     pub last_heartbeat: Option<Heartbeat>,
+    /// Reports sent at the report interval.
+    pub interval_reports: u64,
+    /// Reports sent to answer a heartbeat asking for credit (`answer_credit_asks`).
+    pub asks_answered: u64,
 }
 
 impl Session {
@@ -323,7 +332,16 @@ async fn serve(
                 Ok(m) => match m.body {
                     Some(Body::Heartbeat(h)) => {
                         s.heartbeats += 1;
+                        let asks = h.frames_without_credit.is_some_and(|n| n > 0);
                         s.last_heartbeat = Some(h);
+                        if asks && cfg.answer_credit_asks {
+                            // Before the first frame arrived, a report of nothing: it gives
+                            // no credit but lets the agent ask again.
+                            uc.poll(cfg, &limits, epoch, &mut s.violations);
+                            let r = report(&uc, rc.as_ref()).unwrap_or_default();
+                            s.asks_answered += 1;
+                            let _ = conn.send(r).await;
+                        }
                     }
                     Some(Body::Goodbye(g)) => {
                         // Frames posted before the Goodbye may still be in flight: drain.
@@ -354,48 +372,64 @@ async fn serve(
             },
             _ = report_tick.tick() => {
                 if !cfg.silent {
-                    if let Some(c) = uc.consumed {
-                        let mut streams = Vec::new();
-                        for id in [1u32, 2, 3] {
-                            let mine: Vec<&DecodedFrame> = uc.frames.iter()
-                                .chain(rc.iter().flat_map(|l| l.frames.iter()))
-                                .map(|(_, f)| f)
-                                .filter(|f| f.header.stream_id == id)
-                                .collect();
-                            let received = mine.len() as u64;
-                            let highest = mine.iter().map(|f| f.header.stream_seq + 1).max().unwrap_or(0);
-                            if id == 3 && received == 0 {
-                                continue;
-                            }
-                            streams.push(StreamReport {
-                                stream_id: id,
-                                received,
-                                lost: highest.saturating_sub(received),
-                                late: 0,
-                                duplicate: 0,
-                                loss_fraction: 0.0,
-                            });
-                        }
-                        let _ = conn.send(Report {
-                            consumed_conn_seq: c,
-                            streams,
-                            conn_received: uc.frames.len() as u64,
-                            conn_lost: (c + 1).saturating_sub(uc.frames.len() as u64),
-                            conn_loss_fraction: 0.0,
-                            rc_lane: rc.as_ref().map(|l| LaneReport {
-                                consumed_conn_seq: l.consumed,
-                                conn_received: l.frames.len() as u64,
-                                conn_lost: l.consumed.map_or(0, |c| (c + 1).saturating_sub(l.frames.len() as u64)),
-                                conn_loss_fraction: 0.0,
-                            }),
-                            ..Default::default()
-                        }).await;
+                    if let Some(r) = report(&uc, rc.as_ref()) {
+                        s.interval_reports += 1;
+                        let _ = conn.send(r).await;
                     }
                 }
             }
             () = tokio::time::sleep(Duration::from_millis(1)) => {}
         }
     }
+}
+
+/// A `Report` of what arrived on `uc` (and `rc`): consumed sequences, per stream received
+/// and lost; `None` before the first frame.
+fn report(uc: &Lane, rc: Option<&Lane>) -> Option<Report> {
+    let c = uc.consumed?;
+    let mut streams = Vec::new();
+    for id in [1u32, 2, 3] {
+        let mine: Vec<&DecodedFrame> = uc
+            .frames
+            .iter()
+            .chain(rc.iter().flat_map(|l| l.frames.iter()))
+            .map(|(_, f)| f)
+            .filter(|f| f.header.stream_id == id)
+            .collect();
+        let received = mine.len() as u64;
+        let highest = mine
+            .iter()
+            .map(|f| f.header.stream_seq + 1)
+            .max()
+            .unwrap_or(0);
+        if id == 3 && received == 0 {
+            continue;
+        }
+        streams.push(StreamReport {
+            stream_id: id,
+            received,
+            lost: highest.saturating_sub(received),
+            late: 0,
+            duplicate: 0,
+            loss_fraction: 0.0,
+        });
+    }
+    Some(Report {
+        consumed_conn_seq: c,
+        streams,
+        conn_received: uc.frames.len() as u64,
+        conn_lost: (c + 1).saturating_sub(uc.frames.len() as u64),
+        conn_loss_fraction: 0.0,
+        rc_lane: rc.map(|l| LaneReport {
+            consumed_conn_seq: l.consumed,
+            conn_received: l.frames.len() as u64,
+            conn_lost: l
+                .consumed
+                .map_or(0, |c| (c + 1).saturating_sub(l.frames.len() as u64)),
+            conn_loss_fraction: 0.0,
+        }),
+        ..Default::default()
+    })
 }
 
 /// One lane of the fake collector: a QP connected to the agent's, its ring, receive buffers,
