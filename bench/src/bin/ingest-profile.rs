@@ -75,8 +75,8 @@ fn collections(path: Option<&str>) -> anyhow::Result<[Vec<Metric>; 2]> {
 
 /// Frames of one collection, with either framer.
 enum Form {
-    Dict(DictFramer),
-    Plain(Framer<Metric>),
+    Dict(Box<DictFramer>),
+    Plain(Box<Framer<Metric>>),
 }
 
 impl Form {
@@ -169,9 +169,9 @@ fn main() -> anyhow::Result<()> {
     let outbox = DictAckOutbox::default();
     rx.set_dict_acks(outbox.clone());
     let mut form = if dict {
-        Form::Dict(DictFramer::new(1, 0, limits.clone())?)
+        Form::Dict(Box::new(DictFramer::new(1, 0, limits.clone())?))
     } else {
-        Form::Plain(Framer::new(1, 0, limits.clone())?)
+        Form::Plain(Box::new(Framer::new(1, 0, limits.clone())?))
     };
     let (mut conn, mut samples, mut frames, mut refused) = (0u64, 0u64, 0u64, 0u64);
     let mut ns = 1_700_000_000_000_000_000u64;

@@ -928,11 +928,11 @@ mod tests {
             .collect()
     }
 
-    /// A batch of records with ids, as a series dictionary builds it: (id, name, labels,
-    /// value, timestamp).
-    fn with_ids<'a>(
-        records: &[(RecordId, &'a str, &'a [(&'a str, &'a str)], f64, i64)],
-    ) -> MetricBatchView<'a> {
+    /// One gauge record with an id: (id, name, labels, value, timestamp).
+    type IdRecord<'a> = (RecordId, &'a str, &'a [(&'a str, &'a str)], f64, i64);
+
+    /// A batch of records with ids, as a series dictionary builds it.
+    fn with_ids<'a>(records: &[IdRecord<'a>]) -> MetricBatchView<'a> {
         let mut batch = MetricBatchView::new();
         for &(id, name, labels, value, ts) in records {
             batch.push_record(
