@@ -200,18 +200,57 @@ struct AgentSeries {
     /// others): a bucket index noted at one layout names the same series while the layout
     /// is unchanged.
     layout: u64,
-    /// By position in the agent's last batches: the series a record with a [`RecordId`] was
-    /// stored in, so that the same record (same name and labels) at the same position of a
-    /// later batch goes straight to its series.
-    recent: Vec<Option<Recent>>,
+    /// The series each record with a [`RecordId`] was stored in, so that the same record
+    /// (same name and labels) in any later batch, at the same position or not, goes
+    /// straight to its series.
+    recent: Recent,
 }
 
-/// Where a record was stored ([`AgentSeries::recent`]).
-#[derive(Clone, Copy, Debug)]
+/// Where records with a [`RecordId`] were stored ([`AgentSeries::recent`]): their bucket
+/// indices in the agent's series table, valid while its `layout` is the one noted (a
+/// series added or removed clears them). Looked up by position in the agent's last batch
+/// first (a payload repeated with new values: one comparison), then by id: a host
+/// collection of 442 series spans two series-dictionary frames, whose records alternate
+/// at the same positions, so a look-up by position alone missed every sample of them and
+/// each took the full look-up (name and label values hashed, then compared).
+#[derive(Debug, Default)]
 struct Recent {
-    id: RecordId,
     layout: u64,
-    bucket: usize,
+    at: Vec<Option<(RecordId, usize)>>,
+    by_id: HashMap<RecordId, usize, RandomState>,
+}
+
+impl Recent {
+    /// The bucket `id` (at `position` of its batch) was stored in at `layout`.
+    #[inline]
+    fn get(&self, layout: u64, position: usize, id: RecordId) -> Option<usize> {
+        if self.layout != layout {
+            return None;
+        }
+        match self.at.get(position) {
+            Some(Some((at, bucket))) if *at == id => Some(*bucket),
+            _ => self.by_id.get(&id).copied(),
+        }
+    }
+
+    /// Notes that `id`, at `position` of its batch, was stored in `bucket` at `layout`.
+    /// Ids of records no longer sent (earlier connections' dictionaries, earlier payloads)
+    /// are dropped by clearing all once there are more than `bound`, so memory stays
+    /// proportional to the series and the batch size.
+    fn note(&mut self, layout: u64, position: usize, id: RecordId, bucket: usize, bound: usize) {
+        if self.layout != layout || self.by_id.len() >= bound {
+            self.by_id.clear();
+            self.at.clear();
+            self.layout = layout;
+        }
+        if self.at.len() <= position {
+            self.at.resize(position + 1, None);
+        }
+        if let Some(slot) = self.at.get_mut(position) {
+            *slot = Some((id, bucket));
+        }
+        self.by_id.insert(id, bucket);
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -441,8 +480,8 @@ impl SeriesStore {
     /// worker path): updating an existing series copies no string, and the name grammars are
     /// not checked again (a `MetricBatchView` only holds records that passed the protocol's
     /// `validate_metric` rules, which include them). A record with a [`RecordId`] that was
-    /// stored at the same position of the agent's previous batch is stored in the same
-    /// series without looking it up again.
+    /// stored before (in any earlier batch of the agent, at any position) is stored in the
+    /// same series without looking it up again, while no series was added or removed.
     pub fn ingest_views(
         &self,
         agent: &str,
@@ -472,8 +511,8 @@ impl SeriesStore {
     }
 
     /// A batch that repeats the previous payload with new values
-    /// ([`MetricBatchView::repeated`]), when every record of it goes to the series it went
-    /// to at the same position before (same [`RecordId`], series unmoved) and none is a
+    /// ([`MetricBatchView::repeated`]), when every record of it goes to the series its
+    /// [`RecordId`] went to before (series unmoved) and none is a
     /// histogram: stored from ids and values alone, no view built, with the outcome
     /// [`SeriesStore::ingest_records`] would give. `None` (nothing stored) otherwise.
     fn ingest_repeated(
@@ -488,13 +527,12 @@ impl SeriesStore {
         let mut guard = self.lock();
         let entry = guard.agents.get_mut(agent)?;
         let (layout, recent, series) = (entry.layout, &entry.recent, &entry.series);
-        let all_recent = records.len() <= recent.len()
-            && batch.repeated()?.zip(recent).all(|((id, kind, _), r)| {
-                kind != MetricType::Histogram as i32
-                    && r.is_some_and(|r| {
-                        r.id == id && r.layout == layout && series.get_bucket(r.bucket).is_some()
-                    })
-            });
+        let all_recent = batch.repeated()?.enumerate().all(|(at, (id, kind, _))| {
+            kind != MetricType::Histogram as i32
+                && recent
+                    .get(layout, at, id)
+                    .is_some_and(|b| series.get_bucket(b).is_some())
+        });
         if !all_recent {
             return None;
         }
@@ -502,7 +540,7 @@ impl SeriesStore {
             entry.instance = instance.to_string();
         }
         let mut out = IngestOutcome::default();
-        for ((_, kind, value), r) in records.zip(&entry.recent) {
+        for (at, (id, kind, value)) in records.enumerate() {
             let Some(kind) = MetricType::try_from(kind)
                 .ok()
                 .filter(|k| *k != MetricType::Unspecified)
@@ -510,7 +548,8 @@ impl SeriesStore {
                 out.reject(SampleRejection::Invalid);
                 continue;
             };
-            let Some(series) = r.and_then(|r| entry.series.get_bucket_mut(r.bucket)) else {
+            let bucket = entry.recent.get(layout, at, id);
+            let Some(series) = bucket.and_then(|b| entry.series.get_bucket_mut(b)) else {
                 // Checked above; the series is where it was.
                 out.reject(SampleRejection::Invalid);
                 continue;
@@ -572,20 +611,15 @@ impl SeriesStore {
                 out.reject(SampleRejection::Invalid);
                 continue;
             };
-            // The same record as at this position before, the series unmoved: its series
+            // A record stored before under the same id, the series unmoved: its series
             // (found then by the same name and labels, so not a reserved name either).
             // A stale marker ends its series here and now (below, in `upsert`), never
             // through the remembered position.
             let stale = is_stale_marker(kind, &m);
-            let recent = id.filter(|_| !stale).and_then(|id| {
-                entry
-                    .recent
-                    .get(position)
-                    .copied()
-                    .flatten()
-                    .filter(|r| r.id == id && r.layout == entry.layout)
-            });
-            if let Some(series) = recent.and_then(|r| entry.series.get_bucket_mut(r.bucket)) {
+            let recent = id
+                .filter(|_| !stale)
+                .and_then(|id| entry.recent.get(entry.layout, position, id));
+            if let Some(series) = recent.and_then(|b| entry.series.get_bucket_mut(b)) {
                 if series.kind != kind {
                     out.reject(SampleRejection::TypeConflict);
                 } else {
@@ -631,16 +665,8 @@ impl SeriesStore {
                 Ok(Some(bucket)) => {
                     out.stored += 1;
                     if let Some(id) = id {
-                        if entry.recent.len() <= position {
-                            entry.recent.resize(position + 1, None);
-                        }
-                        if let Some(slot) = entry.recent.get_mut(position) {
-                            *slot = Some(Recent {
-                                id,
-                                layout: entry.layout,
-                                bucket,
-                            });
-                        }
+                        let bound = 2 * entry.series.len() + 1024;
+                        entry.recent.note(entry.layout, position, id, bucket, bound);
                     }
                 }
                 Err(r) => out.reject(r),
@@ -991,6 +1017,98 @@ mod tests {
             .encode(&store.families(Instant::now()), &mut out)
             .unwrap();
         String::from_utf8(out).unwrap()
+    }
+
+    /// Two batches whose records carry ids (a host collection's two series-dictionary
+    /// frames) alternate at the same positions: each record goes to its own series, found
+    /// by its id once stored (the table is not searched again), with its value and its
+    /// frame's time; a series added clears what was noted, and it is noted again.
+    #[test]
+    fn records_with_ids_alternating_at_the_same_positions_go_to_their_series() {
+        use uctel_protocol::borrowed::{LabelView, PushRecord};
+        let s = SeriesStore::new(Duration::from_secs(60), 100);
+        let ids: Vec<RecordId> = (0..4).map(|_| RecordId::fresh()).collect();
+        let devices = ["eth0", "eth1", "eth2", "eth3"];
+        let batch = |first: usize, value: f64, extra: bool| {
+            let mut b = MetricBatchView::new();
+            let records = (first..first + 2).map(|i| (ids[i], devices[i]));
+            let extra = extra.then(|| (RecordId::fresh(), "lo"));
+            for (id, device) in records.chain(extra) {
+                b.push_record(
+                    PushRecord {
+                        id: Some(id),
+                        name: "node_network_receive_bytes_total",
+                        help: "",
+                        r#type: MetricType::Counter as i32,
+                        value,
+                        timestamp_ms: 0,
+                        count: 0,
+                        sum: 0.0,
+                    },
+                    [LabelView {
+                        name: "device",
+                        value: device,
+                    }],
+                    [],
+                );
+            }
+            b
+        };
+        let noted = |s: &SeriesStore| s.lock().agents["a"].recent.by_id.len();
+        let frame_ns = |round: u64| (1_700_000_000 + round) * 1_000_000_000;
+        for round in 0..3u64 {
+            for first in [0, 2] {
+                let v = (round * 10 + first as u64) as f64;
+                let out = s.ingest_views_at(
+                    "a",
+                    "h",
+                    &batch(first, v, false),
+                    frame_ns(round),
+                    Instant::now(),
+                );
+                assert_eq!(out.stored, 2, "{out:?}");
+            }
+        }
+        assert_eq!(s.series_count("a"), 4);
+        assert_eq!(noted(&s), 4, "every id is noted");
+        let text = render(&s);
+        for (i, device) in devices.iter().enumerate() {
+            let v = 20 + if i < 2 { 0 } else { 2 };
+            let line = format!(
+                "node_network_receive_bytes_total{{agent=\"a\",device=\"{device}\",instance=\"h\"}} {v} {}",
+                frame_ns(2) / 1_000_000
+            );
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+        // A new series moves the table: what was noted is cleared, then noted again.
+        s.ingest_views_at("a", "h", &batch(0, 30.0, true), frame_ns(3), Instant::now());
+        assert_eq!(s.series_count("a"), 5);
+        assert_eq!(noted(&s), 1, "only the new series, noted after the move");
+        s.ingest_views_at(
+            "a",
+            "h",
+            &batch(2, 32.0, false),
+            frame_ns(3),
+            Instant::now(),
+        );
+        s.ingest_views_at(
+            "a",
+            "h",
+            &batch(0, 40.0, false),
+            frame_ns(4),
+            Instant::now(),
+        );
+        assert_eq!(noted(&s), 5);
+        let text = render(&s);
+        assert!(
+            text.contains("device=\"eth0\",instance=\"h\"} 40 "),
+            "{text}"
+        );
+        assert!(
+            text.contains("device=\"eth2\",instance=\"h\"} 32 "),
+            "{text}"
+        );
+        assert!(text.contains("device=\"lo\",instance=\"h\"} 30 "), "{text}");
     }
 
     #[test]

@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
-use uctel_protocol::borrowed::MetricBatchView;
+use uctel_protocol::borrowed::{MetricBatchView, RecordId};
 use uctel_protocol::payload::{LabelParts, MetricParts, MetricType};
 
 use super::stall::StallWatch;
@@ -284,6 +284,52 @@ pub(crate) struct Scratch {
     /// Every record's sorted label order, flat; `order_at[record]` is its `(start, len)`.
     orders: Vec<(usize, usize)>,
     order_at: Vec<(u32, u32)>,
+    /// Records planned before, by id ([`Known`]).
+    known: Known,
+}
+
+/// Most records [`Known`] holds; beyond it, it starts over (ids of records no longer
+/// sent are not kept forever).
+const MAX_KNOWN_RECORDS: usize = 1 << 16;
+
+/// The series hash of each record planned before with a [`RecordId`] (every record with
+/// that id has the same name, type and labels: `uctel_protocol::borrowed`), for one agent
+/// and instance: a record sent again (a series-dictionary value, a repeated payload) is
+/// neither checked, sorted nor hashed again. Only counters and gauges whose labels arrive
+/// sorted, none reserved, are kept (their label order is the identity). The hash is the
+/// same for every endpoint ([`series_hasher`]).
+#[derive(Debug, Default)]
+struct Known {
+    owner: Option<(Box<str>, Box<str>)>,
+    hashes: HashMap<RecordId, u64, RandomState>,
+}
+
+impl Known {
+    /// Forgets everything unless the records were planned for `agent` and `instance`.
+    fn own(&mut self, agent: &str, instance: &str) {
+        let same = self
+            .owner
+            .as_ref()
+            .is_some_and(|(a, i)| &**a == agent && &**i == instance);
+        if !same {
+            self.hashes.clear();
+            self.owner = Some((Box::from(agent), Box::from(instance)));
+        }
+    }
+
+    fn note(&mut self, id: RecordId, hash: u64) {
+        if self.hashes.len() >= MAX_KNOWN_RECORDS {
+            self.hashes.clear();
+        }
+        self.hashes.insert(id, hash);
+    }
+}
+
+/// The hasher of series identities, one for the process: every endpoint hashes a series
+/// alike, so [`Known`] serves them all.
+fn series_hasher() -> &'static RandomState {
+    static HASHER: std::sync::OnceLock<RandomState> = std::sync::OnceLock::new();
+    HASHER.get_or_init(RandomState::default)
 }
 
 /// All shards of one endpoint.
@@ -336,7 +382,7 @@ impl Shards {
                     ))
                 })
                 .collect(),
-            hasher: RandomState::default(),
+            hasher: series_hasher().clone(),
             counters,
             cap_per_agent: Arc::new(std::sync::atomic::AtomicUsize::new(cap_per_agent)),
             per_agent: Mutex::new(HashMap::new()),
@@ -465,12 +511,33 @@ impl Shards {
         scratch.order_at.resize(batch.len(), (0, 0));
         let mut order = Vec::new();
         let mut invalid = 0u64;
-        for (ri, m) in batch.iter().enumerate() {
+        scratch.known.own(agent, instance);
+        for (ri, (m, id)) in batch.iter_with_ids().enumerate() {
             let ts_ms = if m.timestamp_ms != 0 {
                 m.timestamp_ms
             } else {
                 frame_ms
             };
+            let known = id.and_then(|id| scratch.known.hashes.get(&id).copied());
+            if let Some(hash) = known.filter(|_| ts_ms > 0) {
+                // Planned before: a counter or gauge, labels sorted, none reserved.
+                let n = m.labels().len();
+                scratch.order_at[ri] = (scratch.orders.len() as u32, n as u32);
+                scratch.orders.extend((0..n).map(|i| (i, i)));
+                if m.value().to_bits() == prompb::STALE_NAN_BITS {
+                    invalid += 1;
+                    continue;
+                }
+                scratch.pending.push(Pending {
+                    hash,
+                    shard: (hash % n_shards) as u32,
+                    record: ri as u32,
+                    suffix: Suffix::None,
+                    value: m.value(),
+                    ts_ms,
+                });
+                continue;
+            }
             let kind = MetricType::try_from(m.kind()).unwrap_or(MetricType::Unspecified);
             let samples = match kind {
                 MetricType::Histogram => m.buckets().len() + 3,
@@ -492,7 +559,7 @@ impl Shards {
                 // histogram it is no value remote-write can carry.
                 if value.to_bits() == prompb::STALE_NAN_BITS && suffix != Suffix::None {
                     invalid += 1;
-                    return;
+                    return None;
                 }
                 let hash = self.hash(agent, instance, &m, &order, suffix);
                 scratch.pending.push(Pending {
@@ -503,6 +570,7 @@ impl Shards {
                     value,
                     ts_ms,
                 });
+                Some(hash)
             };
             if kind == MetricType::Histogram {
                 for b in m
@@ -518,8 +586,11 @@ impl Shards {
                 add(Suffix::Bucket(f64::INFINITY.to_bits()), m.count() as f64);
                 add(Suffix::Sum, m.sum());
                 add(Suffix::Count, m.count() as f64);
-            } else {
-                add(Suffix::None, m.value());
+            } else if let Some(hash) = add(Suffix::None, m.value()) {
+                let identity = order.iter().enumerate().all(|(i, &(j, _))| i == j);
+                if let Some(id) = id.filter(|_| identity) {
+                    scratch.known.note(id, hash);
+                }
             }
         }
         invalid
@@ -787,6 +858,7 @@ pub(crate) fn le_value(bound: f64) -> String {
 mod tests {
     use super::super::metrics::{Failed, Families};
     use super::*;
+    use uctel_protocol::borrowed::{LabelView, PushRecord};
     use uctel_protocol::limits::Limits;
     use uctel_protocol::payload::{encode_metric_batch, Bucket, Label, Metric, MetricBatch};
 
@@ -881,6 +953,85 @@ mod tests {
             .iter()
             .map(|(n, v)| ((*n).into(), (*v).into()))
             .collect()
+    }
+
+    /// One gauge record with an id: (id, name, labels, value, timestamp).
+    type IdRecord<'a> = (RecordId, &'a str, &'a [(&'a str, &'a str)], f64, i64);
+
+    /// A batch of records with ids, as a series dictionary builds it.
+    fn with_ids<'a>(records: &[IdRecord<'a>]) -> MetricBatchView<'a> {
+        let mut batch = MetricBatchView::new();
+        for &(id, name, labels, value, ts) in records {
+            batch.push_record(
+                PushRecord {
+                    id: Some(id),
+                    name,
+                    help: "",
+                    r#type: MetricType::Gauge as i32,
+                    value,
+                    timestamp_ms: ts,
+                    count: 0,
+                    sum: 0.0,
+                },
+                labels
+                    .iter()
+                    .map(|&(name, value)| LabelView { name, value }),
+                [],
+            );
+        }
+        batch
+    }
+
+    /// A record sent again under its id (a series-dictionary value) goes to the series it
+    /// went to, from its kept hash; a record whose labels arrive unsorted is planned in
+    /// full every time; another agent's records under the same ids are its own series.
+    #[test]
+    fn a_record_sent_again_under_its_id_goes_to_its_series() {
+        let s = shards(3, 1000);
+        let (sorted, unsorted) = (RecordId::fresh(), RecordId::fresh());
+        let mut scratch = Scratch::default();
+        let t0 = 1_700_000_000_000;
+        for (i, agent) in ["a-1", "a-1", "a-1", "a-2"].into_iter().enumerate() {
+            let ts = t0 + i as i64 * 1000;
+            let batch = with_ids(&[
+                (sorted, "temp", &[("a", "1"), ("b", "2")], i as f64, ts),
+                (unsorted, "temp", &[("z", "9"), ("a", "1")], i as f64, ts),
+            ]);
+            s.push(agent, "host-1", 0, &batch, &mut scratch, Instant::now());
+            // Only the record with sorted labels is kept, for the agent of the batch.
+            assert_eq!(scratch.known.hashes.len(), 1);
+        }
+        assert_eq!(s.series(), 4, "two series per agent");
+        let got = drain(&s);
+        let series = |agent: &str, extra: (&str, &str)| {
+            let mut labels = vec![
+                ("__name__", "temp"),
+                ("a", "1"),
+                ("agent", agent),
+                ("instance", "host-1"),
+                extra,
+            ];
+            labels.sort();
+            l(&labels)
+        };
+        let samples = |labels: Vec<(String, String)>| -> Vec<(u64, i64)> {
+            got.iter()
+                .filter(|(l, _, _)| *l == labels)
+                .map(|(_, v, ts)| (*v, *ts))
+                .collect()
+        };
+        let first = |n: usize| -> Vec<(u64, i64)> {
+            (0..n)
+                .map(|i| ((i as f64).to_bits(), t0 + i as i64 * 1000))
+                .collect()
+        };
+        assert_eq!(samples(series("a-1", ("b", "2"))), first(3));
+        assert_eq!(samples(series("a-1", ("z", "9"))), first(3));
+        let fourth = vec![(3f64.to_bits(), t0 + 3000)];
+        assert_eq!(samples(series("a-2", ("b", "2"))), fourth);
+        assert_eq!(samples(series("a-2", ("z", "9"))), fourth);
+        assert_eq!(got.len(), 8);
+        assert_eq!(law(&s), (8, 8));
     }
 
     #[test]
