@@ -520,14 +520,11 @@ impl Shards {
             };
             let known = id.and_then(|id| scratch.known.hashes.get(&id).copied());
             if let Some(hash) = known.filter(|_| ts_ms > 0) {
-                // Planned before: a counter or gauge, labels sorted, none reserved.
+                // Planned before: a counter or gauge, labels sorted, none reserved. A stale
+                // marker is planned like a value: it ends its series (`enqueue_planned`).
                 let n = m.labels().len();
                 scratch.order_at[ri] = (scratch.orders.len() as u32, n as u32);
                 scratch.orders.extend((0..n).map(|i| (i, i)));
-                if m.value().to_bits() == prompb::STALE_NAN_BITS {
-                    invalid += 1;
-                    continue;
-                }
                 scratch.pending.push(Pending {
                     hash,
                     shard: (hash % n_shards) as u32,
@@ -1032,6 +1029,31 @@ mod tests {
         assert_eq!(samples(series("a-2", ("z", "9"))), fourth);
         assert_eq!(got.len(), 8);
         assert_eq!(law(&s), (8, 8));
+    }
+
+    /// The agent's stale marker under a record id planned before (a series-dictionary
+    /// value) ends its series as it does without an id: queued once, after the last sample.
+    #[test]
+    fn a_stale_marker_under_a_known_id_ends_its_series() {
+        let s = shards(2, 1000);
+        let id = RecordId::fresh();
+        let stale = f64::from_bits(prompb::STALE_NAN_BITS);
+        let mut scratch = Scratch::default();
+        let t0 = 1_700_000_000_000;
+        for (i, value) in [1.0, 2.0, stale].into_iter().enumerate() {
+            let batch = with_ids(&[(id, "g", &[("pod", "p1")], value, t0 + i as i64 * 1000)]);
+            s.push("a-1", "host-1", 0, &batch, &mut scratch, Instant::now());
+        }
+        assert_eq!(s.series(), 0, "the marker ended the series");
+        assert_eq!(s.counters().stale.get(), 1);
+        assert_eq!(s.counters().dropped(Dropped::Invalid), 0);
+        let got = drain(&s);
+        let values: Vec<u64> = got.iter().map(|x| x.1).collect();
+        assert_eq!(
+            values,
+            vec![1f64.to_bits(), 2f64.to_bits(), prompb::STALE_NAN_BITS]
+        );
+        assert_eq!(law(&s), (3, 3));
     }
 
     #[test]
