@@ -150,10 +150,18 @@ fn soft_path_with_the_series_dictionary_accounts_for_every_frame_and_record() {
     assert_eq!(r.records_per_frame, dict.records());
     assert!(r.records_per_frame > 5 * plain.records(), "{r:?}");
     // The window holds steady-state frames (full) and prelude frames still queued at its
-    // start (fewer samples each, how many depends on the machine's load): never more.
+    // start (fewer samples each, how many depends on the machine's load): never more, but
+    // for the frame each agent's connection may have in ingest at either scrape (its
+    // `frames_received` and `records_received` move one after the other, so a scrape
+    // between them sees the frame in one and not yet in the other; a clean-clone run saw
+    // exactly one frame per agent over).
     assert!(r.frames > 0.0, "{r:?}");
     assert_eq!(r.frames_dropped, 0.0, "{r:?}");
-    assert!(r.samples <= r.frames * f64::from(dict.records()), "{r:?}");
+    let edge = f64::from(u32::try_from(agents).unwrap());
+    assert!(
+        r.samples <= (r.frames + edge) * f64::from(dict.records()),
+        "{r:?}"
+    );
     let a = &r.accounting;
     assert!(a.dropped.is_empty(), "{a:?}");
     assert_eq!(a.unaccounted, 0.0, "{a:?}");
