@@ -145,6 +145,9 @@ impl Session {
             for lane in self.lanes.iter_mut() {
                 lane.reap();
             }
+            // After the reap, which on a busy-poll soft device moved the collector's credit
+            // writes into memory: credit granted by a word counts here as in the session.
+            self.read_credit_word();
             if !finished {
                 for lane in self.lanes.iter_mut() {
                     pump::pull(&mut lane.core, queues, &self.stats);
@@ -164,12 +167,17 @@ impl Session {
             if done || Instant::now() >= until || stop == Stop::Failed {
                 break;
             }
-            // Waiting for credits (a Report) or pacing.
-            let wait = match stop {
-                Stop::Wait(Some(at)) => at.min(until),
-                Stop::Wait(None) if !finished => until,
-                _ => Instant::now() + BUSY_RETRY,
-            };
+            // Out of credit with frames left: ask for it, as the session does; the
+            // collector answers at once (a Report, or a credit write). Without the ask
+            // credit came only at the next report interval, where credit writes make
+            // Reports rare (every `credit_writes_report_every_intervals`).
+            if let Some(hb) = self.credit_ask() {
+                let sent = tokio::time::timeout(CONTROL_SEND_TIMEOUT, conn.send(hb)).await;
+                if !matches!(sent, Ok(Ok(()))) {
+                    break;
+                }
+            }
+            let wait = self.finish_wait(stop, finished, Instant::now(), until);
             tokio::select! {
                 () = tokio::time::sleep_until(wait.into()) => {}
                 msg = conn.recv() => match msg {
@@ -187,6 +195,39 @@ impl Session {
                 lane.core.finish(pump::unix_ns());
                 let _ = lane.transmit(queues, &self.stats);
             }
+        }
+    }
+
+    /// The heartbeat that asks for credit when a lane ran out of it with frames to send
+    /// (at most once per grant, as in the session; `None` otherwise).
+    pub(super) fn credit_ask(&mut self) -> Option<Heartbeat> {
+        let mut ask = false;
+        for lane in self.lanes.iter_mut() {
+            ask |= lane.core.take_credit_heartbeat();
+        }
+        ask.then(|| self.lanes.heartbeat(self.last_heartbeat, &self.stats))
+    }
+
+    /// Until when the last frames wait after a transmit that stopped at `stop` at `now`:
+    /// for pacing until it allows, for credit until a Report comes or, with credit
+    /// writes, [`CREDIT_WORD_POLL`] (the word is read again then: nothing wakes the loop
+    /// when one lands); never past `until`.
+    pub(super) fn finish_wait(
+        &self,
+        stop: Stop,
+        finished: bool,
+        now: Instant,
+        until: Instant,
+    ) -> Instant {
+        let wait = match stop {
+            Stop::Wait(Some(at)) => at.min(until),
+            Stop::Wait(None) if !finished => until,
+            _ => now + BUSY_RETRY,
+        };
+        if self.credit.is_some() {
+            wait.min(now + CREDIT_WORD_POLL)
+        } else {
+            wait
         }
     }
 

@@ -289,8 +289,16 @@ fn every_lane_gets_its_part_of_a_report_and_of_a_heartbeat() {
 fn word_region() -> uctel_transport::api::MemoryRegion {
     use uctel_transport::api::{AccessFlags, Device};
     use uctel_transport::soft::device::{SoftConfig, SoftDevice};
-    let dev =
-        Device::from(SoftDevice::open(&SoftConfig::default()).unwrap_or_else(|e| panic!("{e}")));
+    use uctel_transport::soft::udp::UdpConfig;
+    // An ephemeral port: tests run side by side.
+    let config = SoftConfig {
+        udp: UdpConfig {
+            bind: "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")),
+            ..UdpConfig::default()
+        },
+        ..SoftConfig::default()
+    };
+    let dev = Device::from(SoftDevice::open(&config).unwrap_or_else(|e| panic!("{e}")));
     let pd = dev.alloc_pd().unwrap_or_else(|e| panic!("{e}"));
     pd.reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
         .unwrap_or_else(|e| panic!("{e}"))
@@ -354,4 +362,80 @@ fn log_records_left_queued_for_credit_ask_for_it_and_keep_the_credit_word_read()
     assert!(lane.core.ready_frames() > 0);
     assert!(lane.core.records_waiting());
     assert!(lane.core.take_credit_heartbeat());
+}
+
+/// The last frames at shutdown take credit as the session does: with frames left and no
+/// credit they ask for it once per grant, the credit word is read (a word written while
+/// they wait applies), and the wait for credit is the word's poll period, not the whole
+/// grace (credit writes make Reports rare).
+#[test]
+fn the_last_frames_ask_for_credit_and_read_the_credit_word() {
+    use uctel_protocol::control::CreditWord;
+    let t0 = Instant::now();
+    let (mut s, q) = session(false, 4, t0);
+    let until = t0 + Duration::from_secs(2);
+    // Without credit writes, only a Report ends the wait for credit.
+    assert_eq!(s.finish_wait(Stop::Wait(None), false, t0, until), until);
+    assert_eq!(
+        s.finish_wait(Stop::Wait(None), true, t0, until),
+        t0 + BUSY_RETRY
+    );
+    let region = word_region();
+    s.set_credit_reader(Some(CreditReader::new(region.clone(), 1)));
+    assert_eq!(
+        s.finish_wait(Stop::Wait(None), false, t0, until),
+        t0 + CREDIT_WORD_POLL
+    );
+    // Pacing that allows sooner still wins.
+    let soon = t0 + Duration::from_micros(100);
+    assert_eq!(
+        s.finish_wait(Stop::Wait(Some(soon)), false, t0, until),
+        soon
+    );
+
+    assert_eq!(
+        s.credit_ask().map(|hb| hb.sequence),
+        None,
+        "no frame found no credit"
+    );
+    let c = config(false);
+    let mut waits = sender_config(&c, Reliability::Uc, 4);
+    waits.wait_for_credit = [true, true, false];
+    let backlog = (0..2000).map(|i| LogRecord {
+        message: format!("last line {i} {}", "x".repeat(60)),
+        ..Default::default()
+    });
+    assert_eq!(q.logs.offer(backlog), 0, "the queue refused records");
+    let lane = s.lanes.get_mut(0).unwrap_or_else(|| panic!("no UC lane"));
+    lane.core = SenderCore::new_unexported(&waits, 1, t0).unwrap_or_else(|e| panic!("{e}"));
+    pump::pull(&mut lane.core, &q, &s.stats);
+    lane.core.flush(Stream::Logs);
+    let mut sent = 0;
+    while let Poll::Transmit(t) = lane.core.poll_transmit(t0, 1) {
+        lane.core.sent(&t);
+        sent += 1;
+    }
+    assert_eq!(sent, 3, "one window but the reserve");
+    assert!(!q.logs.is_empty() && lane.core.records_waiting());
+    let hb = s
+        .credit_ask()
+        .unwrap_or_else(|| panic!("no ask for credit"));
+    assert_eq!(hb.frames_without_credit, Some(1), "{hb:?}");
+    assert!(s.credit_ask().is_none(), "asked twice for one grant");
+
+    // The collector's answer lands in the word: the next read gives the credit.
+    assert_eq!(s.lanes.uc().core.credits_available(), 1);
+    let word = CreditWord {
+        generation: 1,
+        grant_sequence: 1,
+        grant_limit: 3 + 8,
+        consumed_next: 3,
+    };
+    region
+        .write_at(0, &word.encode())
+        .unwrap_or_else(|e| panic!("{e}"));
+    s.read_credit_word();
+    // All three frames consumed: the whole window of four is free again (the grant's
+    // limit reaches beyond it; the window caps what is outstanding).
+    assert_eq!(s.lanes.uc().core.credits_available(), 4);
 }
