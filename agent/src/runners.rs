@@ -39,8 +39,8 @@ pub mod pod_resources;
 pub mod rounds;
 pub mod slurm;
 pub use fast::{fast_counters_loop, fast_counters_thread, FastCounterMetrics};
+use rounds::next_round;
 pub use rounds::RoundMetrics;
-use rounds::{next_round, next_round_blocking};
 mod journald;
 mod kmsg;
 mod settled;
@@ -312,8 +312,12 @@ fn offer(
 /// (whole multiples of the interval since the Unix epoch plus the offset), the first at the
 /// first instant after start; a collection that ends after the next instants skips them
 /// (counted in `uctel_agent_missed_rounds_total{source="host_metrics"}`), never bunches.
-/// Records are stamped with the time the round began. Collections run on a thread of their own, `host-metrics`,
-/// which sleeps between them: no async worker and no blocking-pool hand-off is woken per
+/// Records are stamped with the time the round began: the wall clock read when the
+/// `host-wake` thread, which only sleeps to the grid at the agent's nice value, woke for it
+/// ([`rounds::Handover`]). Collections run on a thread of their own, `host-metrics`, at a
+/// nice value raised by [`rounds::COLLECTION_NICE_INCREMENT`] (where that fails: a warning,
+/// and collections at the agent's nice value), so that a collection, of this agent or of
+/// another on the same cores, does not delay the stamp; no async worker and no blocking-pool hand-off is woken per
 /// collection. Collection errors are logged (first failure of each sub-collector at `warn`)
 /// and visible as `node_scrape_collector_success{collector} 0`; RDMA files skipped are
 /// counted and logged by [`SelfMetrics::infiniband_file_skipped`]. Without a textfile source
@@ -328,7 +332,7 @@ pub async fn host_metrics_loop(
     (stats, rounds): (Arc<SelfMetrics>, RoundMetrics),
     mut shutdown: Shutdown,
 ) {
-    run_thread("host-metrics", &mut shutdown, move |stopped| {
+    run_thread("host-wake", &mut shutdown, move |stopped| {
         host_metrics_thread(
             config,
             no_textfile,
@@ -373,19 +377,51 @@ async fn run_thread(
     }
 }
 
-/// The body of [`host_metrics_loop`]'s thread: collects until `stop` is dropped.
+/// The body of [`host_metrics_loop`]'s thread, `host-wake`: starts the `host-metrics`
+/// thread, which raises its own nice value and collects, and hands it the rounds of `grid`
+/// until `stop` is dropped.
 fn host_metrics_thread(
     config: HostMetricsConfig,
     no_textfile: bool,
-    (mut grid, mut labeller): (Grid, Option<crate::sources::pod_resources::DeviceLabeller>),
+    (mut grid, labeller): (Grid, Option<crate::sources::pod_resources::DeviceLabeller>),
+    queue: &RecordQueue<Metric>,
+    stats: (&SelfMetrics, &RoundMetrics),
+    stop: &std::sync::mpsc::Receiver<()>,
+) {
+    let handover = rounds::Handover::default();
+    std::thread::scope(|s| {
+        let collector = std::thread::Builder::new()
+            .name("host-metrics".to_owned())
+            .spawn_scoped(s, || {
+                match rounds::raise_own_nice(rounds::COLLECTION_NICE_INCREMENT) {
+                    Ok(nice) => tracing::debug!(nice, "host metrics collect at a raised nice value"),
+                    Err(e) => tracing::warn!(error = %e,
+                        "cannot raise the host metrics thread's nice value; collections may delay other agents' stamps"),
+                }
+                host_metrics_collect(config, no_textfile, labeller, queue, stats, &handover);
+            });
+        if let Err(e) = collector {
+            tracing::error!(error = %e, thread = "host-metrics", "cannot start the thread; host metrics stop");
+            return;
+        }
+        rounds::wake_rounds(&mut grid, stop, &handover);
+    });
+}
+
+/// The collections of [`host_metrics_thread`]: one per round taken from `handover`, until it
+/// is closed.
+fn host_metrics_collect(
+    config: HostMetricsConfig,
+    no_textfile: bool,
+    mut labeller: Option<crate::sources::pod_resources::DeviceLabeller>,
     queue: &RecordQueue<Metric>,
     (stats, rounds): (&SelfMetrics, &RoundMetrics),
-    stop: &std::sync::mpsc::Receiver<()>,
+    handover: &rounds::Handover,
 ) {
     let mut host = HostMetrics::new(config);
     let mut warned = std::collections::HashSet::new();
     let mut warned_ethtool = std::collections::HashSet::new();
-    while let Some(began) = next_round_blocking(&mut grid, stop) {
+    while let Some(began) = handover.take() {
         rounds.observe("host_metrics", &began);
         let collected = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| host.collect()));
         let Ok(collection) = collected else {
