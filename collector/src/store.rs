@@ -64,6 +64,7 @@ use hashbrown::HashTable;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto;
 use uctel_protocol::borrowed::{MetricBatchView, RecordId};
+use uctel_protocol::dict::KnownValue;
 use uctel_protocol::payload::{
     is_valid_label_name, is_valid_metric_name, Bucket, LabelParts, Metric, MetricParts, MetricType,
 };
@@ -267,6 +268,8 @@ struct Inner {
     families: HashMap<String, FamilyMeta, RandomState>,
     /// Seeds [`series_hash`] (random per store, foldhash).
     hasher: RandomState,
+    /// The buckets of one frame's values, reused ([`SeriesStore::ingest_known`]).
+    buckets: Vec<usize>,
 }
 
 /// Latest sample per series per agent. Cheap to clone (shared); thread-safe.
@@ -510,6 +513,71 @@ impl SeriesStore {
         self.ingest_records(agent, instance, batch.iter_with_ids(), true, frame_ms, now)
     }
 
+    /// As [`SeriesStore::ingest_views_at`], for the values of a series-dictionary frame
+    /// read by id alone (`uctel_protocol::dict::SeriesDict::decode_known`): each value goes
+    /// to the series its [`RecordId`] was stored in before, no name or label read. All or
+    /// nothing: `None`, nothing stored, unless every value's id names a series stored
+    /// before while no series was added or removed since ([`Recent`]) and no value is a
+    /// stale marker or a histogram (those take the full path, which ends or builds their
+    /// series); else the outcome [`SeriesStore::ingest_views_at`] gives for the same frame
+    /// (`frame_timestamp_ns`: its header's time, ns since the Unix epoch).
+    pub fn ingest_known(
+        &self,
+        agent: &str,
+        instance: &str,
+        values: &[KnownValue],
+        frame_timestamp_ns: u64,
+        now: Instant,
+    ) -> Option<IngestOutcome> {
+        let frame_ms = i64::try_from(frame_timestamp_ns / 1_000_000).unwrap_or(i64::MAX);
+        let mut guard = self.lock();
+        let Inner {
+            agents, buckets, ..
+        } = &mut *guard;
+        let entry = agents.get_mut(agent)?;
+        let (layout, recent, series) = (entry.layout, &entry.recent, &entry.series);
+        buckets.clear();
+        for (at, v) in values.iter().enumerate() {
+            if v.value.to_bits() == STALE_NAN_BITS || v.r#type == MetricType::Histogram as i32 {
+                return None;
+            }
+            let bucket = recent
+                .get(layout, at, v.id)
+                .filter(|b| series.get_bucket(*b).is_some())?;
+            buckets.push(bucket);
+        }
+        if entry.instance != instance {
+            entry.instance = instance.to_string();
+        }
+        let mut out = IngestOutcome::default();
+        for (v, bucket) in values.iter().zip(buckets.iter()) {
+            let Some(kind) = MetricType::try_from(v.r#type)
+                .ok()
+                .filter(|k| *k != MetricType::Unspecified)
+            else {
+                out.reject(SampleRejection::Invalid);
+                continue;
+            };
+            let Some(series) = entry.series.get_bucket_mut(*bucket) else {
+                // Checked above, under the same lock: the series is where it was.
+                out.reject(SampleRejection::Invalid);
+                continue;
+            };
+            if series.kind != kind {
+                out.reject(SampleRejection::TypeConflict);
+                continue;
+            }
+            series.sample.value = match kind {
+                MetricType::Counter => Value::Counter(v.value),
+                _ => Value::Gauge(v.value),
+            };
+            series.sample.updated = now;
+            series.sample.collected(v.timestamp_ms, frame_ms);
+            out.stored += 1;
+        }
+        Some(out)
+    }
+
     /// A batch that repeats the previous payload with new values
     /// ([`MetricBatchView::repeated`]), when every record of it goes to the series its
     /// [`RecordId`] went to before (series unmoved) and none is a
@@ -589,6 +657,7 @@ impl SeriesStore {
             agents,
             families,
             hasher,
+            ..
         } = &mut *guard;
         // Look the agent up by `&str` first: an owned key is only built for a new agent.
         if !agents.contains_key(agent) {
