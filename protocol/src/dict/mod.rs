@@ -195,7 +195,19 @@ impl<'a> Reader<'a> {
         Ok(b)
     }
 
+    /// A protobuf varint; one byte (an id delta, a small value) without a loop.
+    #[inline]
     pub(crate) fn varint(&mut self) -> Result<u64, DictError> {
+        match self.buf.get(self.at) {
+            Some(&b) if b < 0x80 => {
+                self.at += 1;
+                Ok(u64::from(b))
+            }
+            _ => self.long_varint(),
+        }
+    }
+
+    fn long_varint(&mut self) -> Result<u64, DictError> {
         let mut value = 0u64;
         for i in 0..10 {
             let b = self.byte()?;
