@@ -2,6 +2,7 @@
 //! series, values and accounting as the full decode, and nothing stored that way from a
 //! frame the full decode refuses.
 
+use super::dict_tests::{pack, render_store as render};
 use super::test_support::*;
 use super::{Delivery, FrameOutcome};
 use crate::logsink::LogContext;
@@ -10,7 +11,6 @@ use crate::store::IngestOutcome;
 use crate::telemetry::DropReason;
 use uctel_protocol::borrowed::MetricBatchView;
 use uctel_protocol::dict::{DictFramer, KnownValue};
-use uctel_protocol::framer::{BuiltFrame, PushOutcome};
 use uctel_protocol::samples::SampleBatch;
 
 /// The collector's outputs, with the way by id allowed (`by_id`) or not, counting the
@@ -85,13 +85,7 @@ struct Side {
 fn side(by_id: bool) -> Side {
     let telemetry = Telemetry::new().unwrap();
     let store = SeriesStore::new(Duration::from_secs(60), 1000);
-    let logs = Arc::new(
-        LogSink::open(&LogsConfig {
-            sink: LogSinkKind::Stdout,
-            ..Default::default()
-        })
-        .unwrap(),
-    );
+    let logs = stdout_logs();
     let ingest = ConnectionIngest::with_delivery(
         "a1",
         "host-a1",
@@ -152,30 +146,6 @@ fn collection(round: u64) -> Vec<Metric> {
         ..Default::default()
     });
     out
-}
-
-fn pack(f: &mut DictFramer, ms: &[Metric], now_ns: u64) -> Vec<BuiltFrame> {
-    let mut out = Vec::new();
-    for m in ms {
-        if let PushOutcome::Closed(frame) = f.push(m, now_ns) {
-            out.push(frame);
-        }
-    }
-    out.extend(f.flush());
-    out
-}
-
-fn render(store: &SeriesStore) -> String {
-    let registry = prometheus::Registry::new();
-    registry.register(Box::new(store.collector())).unwrap();
-    let mut buf = Vec::new();
-    prometheus::Encoder::encode(
-        &prometheus::TextEncoder::new(),
-        &registry.gather(),
-        &mut buf,
-    )
-    .unwrap();
-    String::from_utf8(buf).unwrap()
 }
 
 fn received(s: &Side) -> u64 {

@@ -424,6 +424,19 @@ fn pair_under_loss_duplication_reordering_churn_and_epoch_changes() {
     }
 }
 
+/// A dictionary that received the definitions of `known` gauges (ids 0 to `known` − 1).
+fn seeded(known: u32) -> SeriesDict {
+    let mut dict = SeriesDict::new();
+    let mut f = DictFramer::new(1, 0, Limits::default()).unwrap();
+    let seed: Vec<Metric> = (0..known)
+        .map(|i| metric("k", &[("i", &i.to_string())], MetricType::Gauge, 1.0))
+        .collect();
+    for (frame, _) in pack(&mut f, &seed, 1) {
+        decode(&mut dict, &sealed(&frame, 1)).unwrap();
+    }
+    dict
+}
+
 proptest! {
     #[test]
     fn the_pair_holds_for_any_seed(seed in any::<u64>(), loss in 0.0f64..0.5) {
@@ -435,14 +448,7 @@ proptest! {
         body in proptest::collection::vec(any::<u8>(), 0..300),
         known in 0u32..4,
     ) {
-        let mut dict = SeriesDict::new();
-        let mut f = DictFramer::new(1, 0, Limits::default()).unwrap();
-        let seed: Vec<Metric> = (0..known)
-            .map(|i| metric("k", &[("i", &i.to_string())], MetricType::Gauge, 1.0))
-            .collect();
-        for (frame, _) in pack(&mut f, &seed, 1) {
-            decode(&mut dict, &sealed(&frame, 1)).unwrap();
-        }
+        let mut dict = seeded(known);
         let before = dict.known_up_to();
         let mut with_version = vec![DICT_BODY_VERSION];
         with_version.extend_from_slice(&body);
@@ -593,14 +599,7 @@ proptest! {
         body in proptest::collection::vec(any::<u8>(), 0..200),
         known in 0u32..6,
     ) {
-        let mut dict = SeriesDict::new();
-        let mut f = DictFramer::new(1, 0, Limits::default()).unwrap();
-        let seed: Vec<Metric> = (0..known)
-            .map(|i| metric("k", &[("i", &i.to_string())], MetricType::Gauge, 1.0))
-            .collect();
-        for (frame, _) in pack(&mut f, &seed, 1) {
-            decode(&mut dict, &sealed(&frame, 1)).unwrap();
-        }
+        let mut dict = seeded(known);
         let mut with_version = vec![DICT_BODY_VERSION];
         with_version.extend_from_slice(&body);
         let mut out = Vec::new();
