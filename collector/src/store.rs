@@ -64,6 +64,7 @@ use hashbrown::HashTable;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto;
 use uctel_protocol::borrowed::{MetricBatchView, RecordId};
+use uctel_protocol::dict::KnownValue;
 use uctel_protocol::payload::{
     is_valid_label_name, is_valid_metric_name, Bucket, LabelParts, Metric, MetricParts, MetricType,
 };
@@ -267,6 +268,8 @@ struct Inner {
     families: HashMap<String, FamilyMeta, RandomState>,
     /// Seeds [`series_hash`] (random per store, foldhash).
     hasher: RandomState,
+    /// The buckets of one frame's values, reused ([`SeriesStore::ingest_known`]).
+    buckets: Vec<usize>,
 }
 
 /// Latest sample per series per agent. Cheap to clone (shared); thread-safe.
@@ -419,6 +422,32 @@ fn store_value<M: MetricParts>(slot: &mut Value, kind: MetricType, m: &M) {
     }
 }
 
+/// A counter, gauge or untyped `value` of type `kind` (a `MetricType` value) stored in
+/// `series`, found by its record id, at `now`; returns its sample, whose collection time
+/// the caller notes. Errors: an unknown type or no series (`Invalid`), a series of
+/// another type (`TypeConflict`).
+fn update_scalar(
+    series: Option<&mut Series>,
+    kind: i32,
+    value: f64,
+    now: Instant,
+) -> Result<&mut Sample, SampleRejection> {
+    let kind = MetricType::try_from(kind)
+        .ok()
+        .filter(|k| *k != MetricType::Unspecified)
+        .ok_or(SampleRejection::Invalid)?;
+    let series = series.ok_or(SampleRejection::Invalid)?;
+    if series.kind != kind {
+        return Err(SampleRejection::TypeConflict);
+    }
+    series.sample.value = match kind {
+        MetricType::Counter => Value::Counter(value),
+        _ => Value::Gauge(value),
+    };
+    series.sample.updated = now;
+    Ok(&mut series.sample)
+}
+
 impl SeriesStore {
     /// A store expiring series after `staleness` and holding at most `cap_per_agent` series per
     /// agent. Samples are exposed with their collection time (see
@@ -510,6 +539,57 @@ impl SeriesStore {
         self.ingest_records(agent, instance, batch.iter_with_ids(), true, frame_ms, now)
     }
 
+    /// As [`SeriesStore::ingest_views_at`], for the values of a series-dictionary frame
+    /// read by id alone (`uctel_protocol::dict::SeriesDict::decode_known`): each value goes
+    /// to the series its [`RecordId`] was stored in before, no name or label read. All or
+    /// nothing: `None`, nothing stored, unless every value's id names a series stored
+    /// before while no series was added or removed since ([`Recent`]) and no value is a
+    /// stale marker or a histogram (those take the full path, which ends or builds their
+    /// series); else the outcome [`SeriesStore::ingest_views_at`] gives for the same frame
+    /// (`frame_timestamp_ns`: its header's time, ns since the Unix epoch).
+    pub fn ingest_known(
+        &self,
+        agent: &str,
+        instance: &str,
+        values: &[KnownValue],
+        frame_timestamp_ns: u64,
+        now: Instant,
+    ) -> Option<IngestOutcome> {
+        let frame_ms = i64::try_from(frame_timestamp_ns / 1_000_000).unwrap_or(i64::MAX);
+        let mut guard = self.lock();
+        let Inner {
+            agents, buckets, ..
+        } = &mut *guard;
+        let entry = agents.get_mut(agent)?;
+        let (layout, recent, series) = (entry.layout, &entry.recent, &entry.series);
+        buckets.clear();
+        for (at, v) in values.iter().enumerate() {
+            if v.value.to_bits() == STALE_NAN_BITS || v.r#type == MetricType::Histogram as i32 {
+                return None;
+            }
+            let bucket = recent
+                .get(layout, at, v.id)
+                .filter(|b| series.get_bucket(*b).is_some())?;
+            buckets.push(bucket);
+        }
+        if entry.instance != instance {
+            entry.instance = instance.to_string();
+        }
+        let mut out = IngestOutcome::default();
+        for (v, bucket) in values.iter().zip(buckets.iter()) {
+            // Checked above, under the same lock: the series is where it was.
+            let series = entry.series.get_bucket_mut(*bucket);
+            match update_scalar(series, v.r#type, v.value, now) {
+                Ok(sample) => {
+                    sample.collected(v.timestamp_ms, frame_ms);
+                    out.stored += 1;
+                }
+                Err(r) => out.reject(r),
+            }
+        }
+        Some(out)
+    }
+
     /// A batch that repeats the previous payload with new values
     /// ([`MetricBatchView::repeated`]), when every record of it goes to the series its
     /// [`RecordId`] went to before (series unmoved) and none is a
@@ -541,34 +621,21 @@ impl SeriesStore {
         }
         let mut out = IngestOutcome::default();
         for (at, (id, kind, value)) in records.enumerate() {
-            let Some(kind) = MetricType::try_from(kind)
-                .ok()
-                .filter(|k| *k != MetricType::Unspecified)
-            else {
-                out.reject(SampleRejection::Invalid);
-                continue;
-            };
+            // Checked above; the series is where it was.
             let bucket = entry.recent.get(layout, at, id);
-            let Some(series) = bucket.and_then(|b| entry.series.get_bucket_mut(b)) else {
-                // Checked above; the series is where it was.
-                out.reject(SampleRejection::Invalid);
-                continue;
-            };
-            if series.kind != kind {
-                out.reject(SampleRejection::TypeConflict);
-                continue;
+            let series = bucket.and_then(|b| entry.series.get_bucket_mut(b));
+            match update_scalar(series, kind, value, now) {
+                Ok(sample) => {
+                    // A repeated record has the timestamp it had
+                    // (`MetricBatchView::repeated`): an own timestamp stays, a frame's
+                    // moves on.
+                    if !sample.own_time {
+                        sample.collected_ms = frame_ms.max(0);
+                    }
+                    out.stored += 1;
+                }
+                Err(r) => out.reject(r),
             }
-            series.sample.value = match kind {
-                MetricType::Counter => Value::Counter(value),
-                _ => Value::Gauge(value),
-            };
-            series.sample.updated = now;
-            // A repeated record has the timestamp it had (`MetricBatchView::repeated`): an
-            // own timestamp stays, a frame's moves on.
-            if !series.sample.own_time {
-                series.sample.collected_ms = frame_ms.max(0);
-            }
-            out.stored += 1;
         }
         Some(out)
     }
@@ -589,6 +656,7 @@ impl SeriesStore {
             agents,
             families,
             hasher,
+            ..
         } = &mut *guard;
         // Look the agent up by `&str` first: an owned key is only built for a new agent.
         if !agents.contains_key(agent) {
@@ -1109,6 +1177,85 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("device=\"lo\",instance=\"h\"} 30 "), "{text}");
+    }
+
+    /// Values by id ([`SeriesStore::ingest_known`]): stored in the series their ids went
+    /// to, with their own or their frame's time, a type conflict counted; `None` and
+    /// nothing stored for an id not noted, a stale marker, a histogram or an agent not seen.
+    #[test]
+    fn known_values_go_to_their_series_all_or_nothing() {
+        use uctel_protocol::borrowed::{LabelView, PushRecord};
+        let s = SeriesStore::new(Duration::from_secs(60), 100);
+        let ids: Vec<RecordId> = (0..2).map(|_| RecordId::fresh()).collect();
+        let mut b = MetricBatchView::new();
+        for (id, device) in ids.iter().zip(["eth0", "eth1"]) {
+            b.push_record(
+                PushRecord {
+                    id: Some(*id),
+                    name: "node_network_receive_bytes_total",
+                    help: "",
+                    r#type: MetricType::Counter as i32,
+                    value: 1.0,
+                    timestamp_ms: 0,
+                    count: 0,
+                    sum: 0.0,
+                },
+                [LabelView {
+                    name: "device",
+                    value: device,
+                }],
+                [],
+            );
+        }
+        // Twice: a series added clears what was noted, so the second batch notes both.
+        for _ in 0..2 {
+            assert_eq!(s.ingest_views_at("a", "h", &b, 0, Instant::now()).stored, 2);
+        }
+        let v = |id, kind: MetricType, value, timestamp_ms| KnownValue {
+            id,
+            r#type: kind as i32,
+            value,
+            timestamp_ms,
+        };
+        let frame_ns = 1_700_000_000_000_000_000;
+        let stored = |agent: &str, values: &[KnownValue]| {
+            s.ingest_known(agent, "h", values, frame_ns, Instant::now())
+        };
+        let (counter, gauge) = (MetricType::Counter, MetricType::Gauge);
+        let before = render(&s);
+        let stale = f64::from_bits(STALE_NAN_BITS);
+        for values in [
+            vec![
+                v(ids[0], counter, 5.0, 0),
+                v(RecordId::fresh(), counter, 6.0, 0),
+            ],
+            vec![v(ids[0], counter, 5.0, 0), v(ids[1], counter, stale, 0)],
+            vec![v(ids[0], MetricType::Histogram, 5.0, 0)],
+        ] {
+            assert_eq!(stored("a", &values), None, "{values:?}");
+        }
+        assert_eq!(stored("b", &[v(ids[0], counter, 5.0, 0)]), None);
+        assert_eq!(render(&s), before, "nothing stored");
+        let out = stored(
+            "a",
+            &[
+                v(ids[0], counter, 5.0, 0),
+                v(ids[1], gauge, 6.0, 0),
+                v(ids[1], counter, 7.0, 1_700_000_000_500),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            (out.stored, out.rejected(SampleRejection::TypeConflict)),
+            (2, 1)
+        );
+        let text = render(&s);
+        for line in [
+            "device=\"eth0\",instance=\"h\"} 5 1700000000000",
+            "device=\"eth1\",instance=\"h\"} 7 1700000000500",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
     }
 
     #[test]

@@ -82,6 +82,14 @@ impl<D: Delivery> ConnectionIngest<D> {
     /// frame's definitions join the dictionary only if the whole frame is valid; what the
     /// dictionary then knows is acknowledged in the next report
     /// ([`ConnectionIngest::take_dict_acks`](super::ConnectionIngest)).
+    ///
+    /// The steady state takes a shorter way: a frame of values only, every series known to
+    /// the dictionary and stored before, while no output needs labels
+    /// ([`Delivery::takes_known`]), is read in one pass into `(id, value, timestamp)` and
+    /// stored by id ([`Delivery::metrics_known`]), no record view built. Anything else (a
+    /// definition, an unknown id, a histogram, a stale marker, a malformed body, a series
+    /// the store does not hold by id) stores nothing that way and takes the full decode,
+    /// which stores the frame or says why not: each value is stored or counted once.
     fn deliver_metrics_dict(
         &mut self,
         header: &FrameHeader,
@@ -89,6 +97,23 @@ impl<D: Delivery> ConnectionIngest<D> {
         now: Instant,
     ) -> Result<Delivered, PayloadError> {
         let dict = self.dicts.entry(header.stream_id).or_default();
+        if self.delivery.takes_known()
+            && dict.decode_known(body, header.timestamp_ns, &self.limits, &mut self.known)
+        {
+            if let Some(out) = self.delivery.metrics_known(
+                &self.agent,
+                &self.instance,
+                header.timestamp_ns,
+                &self.known,
+                now,
+            ) {
+                count_rejected(&self.tel, header, &out);
+                return Ok(Delivered {
+                    records: self.known.len() as u64,
+                    replayed: 0,
+                });
+            }
+        }
         let mut batch = std::mem::take(&mut self.metrics).recycle();
         let delivered = dict
             .decode_into(body, header.timestamp_ns, &self.limits, &mut batch)

@@ -23,7 +23,7 @@ fn metrics(round: u64) -> Vec<Metric> {
         .collect()
 }
 
-fn pack(f: &mut DictFramer, ms: &[Metric], now_ns: u64) -> Vec<BuiltFrame> {
+pub(super) fn pack(f: &mut DictFramer, ms: &[Metric], now_ns: u64) -> Vec<BuiltFrame> {
     let mut out = Vec::new();
     for m in ms {
         if let PushOutcome::Closed(frame) = f.push(m, now_ns) {
@@ -35,8 +35,13 @@ fn pack(f: &mut DictFramer, ms: &[Metric], now_ns: u64) -> Vec<BuiltFrame> {
 }
 
 fn render(r: &Rig) -> String {
+    render_store(&r.store)
+}
+
+/// The exposition of `store` alone.
+pub(super) fn render_store(store: &SeriesStore) -> String {
     let registry = prometheus::Registry::new();
-    registry.register(Box::new(r.store.collector())).unwrap();
+    registry.register(Box::new(store.collector())).unwrap();
     let mut buf = Vec::new();
     prometheus::Encoder::encode(
         &prometheus::TextEncoder::new(),

@@ -64,7 +64,7 @@ use std::time::Instant;
 
 use uctel_protocol::borrowed::MetricBatchView;
 use uctel_protocol::control::{DictAck, Goodbye, Heartbeat, Report, StreamFinal, StreamReport};
-use uctel_protocol::dict::SeriesDict;
+use uctel_protocol::dict::{KnownValue, SeriesDict};
 use uctel_protocol::limits::Limits;
 use uctel_protocol::seq::Seq;
 use uctel_protocol::stream::StreamName;
@@ -87,6 +87,8 @@ mod check;
 mod deliver;
 #[cfg(test)]
 mod dict_tests;
+#[cfg(test)]
+mod known_tests;
 mod replay;
 mod stream;
 mod track;
@@ -234,6 +236,9 @@ pub struct ConnectionIngest<D = Outputs> {
     /// The series dictionary of each stream that sent `metrics_dict` frames, for this
     /// connection's epoch (at most [`MAX_STREAMS_PER_CONNECTION`], as the trackers).
     dicts: HashMap<u32, SeriesDict>,
+    /// The values of a `metrics_dict` frame read by id alone, reused
+    /// (`SeriesDict::decode_known`).
+    known: Vec<KnownValue>,
     /// Where the dictionaries' acknowledgments go, when the agent and the collector agreed
     /// on the series dictionary ([`ConnectionIngest::set_dict_acks`]).
     dict_acks: Option<DictAckOutbox>,
@@ -339,6 +344,7 @@ impl<D: Delivery> ConnectionIngest<D> {
             rc_gaps: None,
             lane_streams: None,
             dicts: HashMap::new(),
+            known: Vec::new(),
             dict_acks: None,
         })
     }

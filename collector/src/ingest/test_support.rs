@@ -26,16 +26,21 @@ pub(super) struct Rig {
     pub(super) telemetry: Telemetry,
 }
 
-pub(super) fn rig() -> Rig {
-    let telemetry = Telemetry::new().unwrap();
-    let store = SeriesStore::new(Duration::from_secs(60), 1000);
-    let logs = Arc::new(
+/// A log sink on stdout.
+pub(super) fn stdout_logs() -> Arc<LogSink> {
+    Arc::new(
         LogSink::open(&LogsConfig {
             sink: LogSinkKind::Stdout,
             ..Default::default()
         })
         .unwrap(),
-    );
+    )
+}
+
+pub(super) fn rig() -> Rig {
+    let telemetry = Telemetry::new().unwrap();
+    let store = SeriesStore::new(Duration::from_secs(60), 1000);
+    let logs = stdout_logs();
     let ingest = ConnectionIngest::new(
         "a1",
         "host-a1",

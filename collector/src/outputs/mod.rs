@@ -56,6 +56,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use uctel_protocol::borrowed::MetricBatchView;
+use uctel_protocol::dict::KnownValue;
 use uctel_protocol::limits::Limits;
 use uctel_protocol::payload::{encode_metric_batch, LogRecord, MetricBatch};
 use uctel_protocol::samples::SampleBatch;
@@ -82,6 +83,32 @@ pub trait Delivery {
         batch: &MetricBatchView<'_>,
         now: Instant,
     ) -> IngestOutcome;
+
+    /// Whether [`Delivery::metrics_known`] may take a series-dictionary frame's values by
+    /// id alone now: no output that reads a sample's name or labels is in force. A cheap
+    /// check, so that a frame is not read twice when the values cannot go this way.
+    fn takes_known(&self) -> bool {
+        false
+    }
+
+    /// Store the values of one series-dictionary frame by their series' ids alone
+    /// (`uctel_protocol::dict::SeriesDict::decode_known`; `agent`, `instance`,
+    /// `frame_timestamp_ns` and `now` as in [`Delivery::metrics`]), when
+    /// [`Delivery::takes_known`] said so just before. Returns what the series store kept and
+    /// rejected, as [`Delivery::metrics`] for the same frame; `None` when it stored
+    /// nothing and the frame's records are to go through [`Delivery::metrics`] (a value
+    /// of a series the store does not hold by id: `SeriesStore::ingest_known`).
+    fn metrics_known(
+        &mut self,
+        agent: &str,
+        instance: &str,
+        frame_timestamp_ns: u64,
+        values: &[KnownValue],
+        now: Instant,
+    ) -> Option<IngestOutcome> {
+        let _ = (agent, instance, frame_timestamp_ns, values, now);
+        None
+    }
 
     /// Store the sample series of one decoded samples frame (`fast_counters` stream) of
     /// `agent`. Returns what the store kept and rejected, counted in samples (the stream's
@@ -296,6 +323,26 @@ impl Delivery for Outputs {
             .push_metrics(agent, instance, frame_timestamp_ns, batch);
         self.store
             .ingest_views_at(agent, instance, batch, frame_timestamp_ns, now)
+    }
+
+    /// Remote-write and OTLP read each sample's name and labels: while one of them is in
+    /// force, every frame takes the full path.
+    #[inline]
+    fn takes_known(&self) -> bool {
+        self.remote_write.is_empty() && !self.otlp.sends_metrics()
+    }
+
+    #[inline]
+    fn metrics_known(
+        &mut self,
+        agent: &str,
+        instance: &str,
+        frame_timestamp_ns: u64,
+        values: &[KnownValue],
+        now: Instant,
+    ) -> Option<IngestOutcome> {
+        self.store
+            .ingest_known(agent, instance, values, frame_timestamp_ns, now)
     }
 
     fn samples(

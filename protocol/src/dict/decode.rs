@@ -4,7 +4,10 @@ use crate::borrowed::{LabelView, MetricBatchView, PushRecord, RecordId};
 use crate::limits::Limits;
 use crate::payload::{Bucket, Label, Metric, MetricType, PayloadError};
 
-use super::{parse, Definition, DictError, Operand, Parsed, ValueRecord, MAX_DICT_ENTRIES};
+use super::{
+    frame_ms, next_id, parse, scalar, Definition, DictError, Operand, Parsed, Reader, ValueRecord,
+    DICT_BODY_VERSION, HAS_TIMESTAMP, MAX_DICT_ENTRIES, OP_DEF, OP_HIST,
+};
 
 /// One dictionary entry (an owned [`Definition`]).
 #[derive(Clone, Debug, PartialEq)]
@@ -36,6 +39,24 @@ impl Entry {
                 .zip(&d.buckets)
                 .all(|(a, b)| a.upper_bound.to_bits() == b.upper_bound.to_bits())
     }
+}
+
+/// One value of a series the dictionary holds ([`SeriesDict::decode_known`]): what the
+/// series store needs to update the series it stored before under the same id, without
+/// the series' name or labels.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KnownValue {
+    /// The entry's [`RecordId`]: the same for every value of the series in the epoch, and
+    /// the id [`SeriesDict::decode_into`] gives its records.
+    pub id: RecordId,
+    /// The entry's [`MetricType`] value: a counter, gauge or untyped series, never a
+    /// histogram.
+    pub r#type: i32,
+    /// The sample's value.
+    pub value: f64,
+    /// The sample's own timestamp, ms since the Unix epoch; 0: the frame's
+    /// (`Metric::timestamp_ms`).
+    pub timestamp_ms: i64,
 }
 
 /// What a value's series is: an entry of the dictionary or a definition of the frame.
@@ -159,6 +180,79 @@ impl SeriesDict {
             push(batch, series, v, counts);
         }
         Ok(())
+    }
+}
+
+impl SeriesDict {
+    /// The values of `body` (a dictionary body of a frame stamped `frame_timestamp_ns`)
+    /// into `out`, in body order, replacing what it held, when the body carries nothing
+    /// but values of counters, gauges and untyped series this dictionary holds: the steady
+    /// state once the definitions are acknowledged. Read in one pass, no record view
+    /// built; the dictionary is not changed.
+    ///
+    /// Returns `false`, with `out` empty, for any other body: a definition, an id the
+    /// dictionary does not hold, a histogram value, or a body that
+    /// [`SeriesDict::decode_into`] refuses (malformed, over a bound of `limits`). Such a
+    /// frame takes [`SeriesDict::decode_into`], which says why it fails. For a body it
+    /// takes, `out` holds what [`SeriesDict::decode_into`] would give: the same values and
+    /// timestamps in the same order, each under its entry's [`RecordId`].
+    pub fn decode_known(
+        &self,
+        body: &[u8],
+        frame_timestamp_ns: u64,
+        limits: &Limits,
+        out: &mut Vec<KnownValue>,
+    ) -> bool {
+        out.clear();
+        let read = self.read_known(body, frame_timestamp_ns, limits, out);
+        if read.is_none() {
+            out.clear();
+        }
+        read.is_some()
+    }
+
+    /// [`SeriesDict::decode_known`]'s pass: `None` at the first record it does not take.
+    fn read_known(
+        &self,
+        body: &[u8],
+        frame_timestamp_ns: u64,
+        limits: &Limits,
+        out: &mut Vec<KnownValue>,
+    ) -> Option<()> {
+        let framed = body.len().saturating_add(crate::frame::HEADER_LEN);
+        limits
+            .check(crate::limits::Limit::FrameBytes, framed)
+            .ok()?;
+        let mut r = Reader::new(body);
+        if r.byte().ok()? != DICT_BODY_VERSION {
+            return None;
+        }
+        let base = frame_ms(frame_timestamp_ns);
+        let mut previous: i64 = -1;
+        while !r.is_empty() {
+            let key = r.varint().ok()?;
+            let id = next_id(previous, key)?;
+            previous = i64::from(id);
+            let flags = (key & 0xf) as u8;
+            let op = flags & 7;
+            if op == OP_DEF || op == OP_HIST {
+                return None;
+            }
+            let entry = self.entries.get(id as usize)?.as_deref()?;
+            let timestamp_ms = if flags & HAS_TIMESTAMP != 0 {
+                base.saturating_add(super::unzigzag(r.varint().ok()?))
+            } else {
+                0
+            };
+            out.push(KnownValue {
+                // Every entry but a histogram's has one.
+                id: entry.record_id?,
+                r#type: entry.r#type,
+                value: scalar(&mut r, op).ok()?,
+                timestamp_ms,
+            });
+        }
+        (out.len() <= limits.max_records_per_frame).then_some(())
     }
 }
 

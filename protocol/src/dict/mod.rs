@@ -57,7 +57,7 @@ mod encode;
 #[cfg(test)]
 mod tests;
 
-pub use decode::{resolve_owned, SeriesDict};
+pub use decode::{resolve_owned, KnownValue, SeriesDict};
 pub use encode::DictFramer;
 
 use crate::limits::Limits;
@@ -195,7 +195,19 @@ impl<'a> Reader<'a> {
         Ok(b)
     }
 
+    /// A protobuf varint; one byte (an id delta, a small value) without a loop.
+    #[inline]
     pub(crate) fn varint(&mut self) -> Result<u64, DictError> {
+        match self.buf.get(self.at) {
+            Some(&b) if b < 0x80 => {
+                self.at += 1;
+                Ok(u64::from(b))
+            }
+            _ => self.long_varint(),
+        }
+    }
+
+    fn long_varint(&mut self) -> Result<u64, DictError> {
         let mut value = 0u64;
         for i in 0..10 {
             let b = self.byte()?;
@@ -227,6 +239,29 @@ impl<'a> Reader<'a> {
         self.at = end;
         std::str::from_utf8(bytes).map_err(|_| DictError::Utf8 { offset: start })
     }
+}
+
+/// The id of a record whose key is `key`, after a record of id `previous` (−1 for the
+/// first): `None` outside `0..u32::MAX`.
+#[inline]
+pub(crate) fn next_id(previous: i64, key: u64) -> Option<u32> {
+    previous
+        .checked_add(1)
+        .and_then(|p| p.checked_add(unzigzag(key >> 4)))
+        .filter(|id| (0..i64::from(u32::MAX)).contains(id))
+        .map(|id| id as u32)
+}
+
+/// The operand of a counter, gauge or untyped value record of op `op` (`OP_F64`,
+/// `OP_UINT`, `OP_NEG`, or a decimal `OP_DEC1..=6`; not `OP_HIST` or `OP_DEF`).
+#[inline]
+pub(crate) fn scalar(r: &mut Reader<'_>, op: u8) -> Result<f64, DictError> {
+    Ok(match op {
+        OP_F64 => r.f64()?,
+        OP_UINT => r.varint()? as f64,
+        OP_NEG => -(r.varint()? as f64),
+        k => unzigzag(r.varint()?) as f64 / pow10(k.saturating_sub(3)),
+    })
 }
 
 /// Zigzag decoding (protobuf `sint64`).
@@ -346,13 +381,8 @@ pub(crate) fn parse<'a>(
         let offset = r.at;
         let key = r.varint().map_err(payload_error)?;
         let flags = (key & 0xf) as u8;
-        let id = previous
-            .checked_add(1)
-            .and_then(|p| p.checked_add(unzigzag(key >> 4)))
-            .filter(|id| (0..i64::from(u32::MAX)).contains(id))
-            .ok_or(payload_error(DictError::BadId { offset }))?;
-        previous = id;
-        let id = id as u32;
+        let id = next_id(previous, key).ok_or(payload_error(DictError::BadId { offset }))?;
+        previous = i64::from(id);
         let op = flags & 7;
         if op == OP_DEF {
             if flags & HAS_TIMESTAMP != 0 {
@@ -369,9 +399,6 @@ pub(crate) fn parse<'a>(
             0
         };
         let operand = match op {
-            OP_F64 => Operand::Scalar(r.f64().map_err(payload_error)?),
-            OP_UINT => Operand::Scalar(r.varint().map_err(payload_error)? as f64),
-            OP_NEG => Operand::Scalar(-(r.varint().map_err(payload_error)? as f64)),
             OP_HIST => {
                 let count = r.varint().map_err(payload_error)?;
                 let sum = r.f64().map_err(payload_error)?;
@@ -382,10 +409,7 @@ pub(crate) fn parse<'a>(
                     counts: (start, start),
                 }
             }
-            k => {
-                let m = unzigzag(r.varint().map_err(payload_error)?);
-                Operand::Scalar(m as f64 / pow10(k - 3))
-            }
+            op => Operand::Scalar(scalar(&mut r, op).map_err(payload_error)?),
         };
         out.values.push(ValueRecord {
             id,

@@ -424,6 +424,19 @@ fn pair_under_loss_duplication_reordering_churn_and_epoch_changes() {
     }
 }
 
+/// A dictionary that received the definitions of `known` gauges (ids 0 to `known` − 1).
+fn seeded(known: u32) -> SeriesDict {
+    let mut dict = SeriesDict::new();
+    let mut f = DictFramer::new(1, 0, Limits::default()).unwrap();
+    let seed: Vec<Metric> = (0..known)
+        .map(|i| metric("k", &[("i", &i.to_string())], MetricType::Gauge, 1.0))
+        .collect();
+    for (frame, _) in pack(&mut f, &seed, 1) {
+        decode(&mut dict, &sealed(&frame, 1)).unwrap();
+    }
+    dict
+}
+
 proptest! {
     #[test]
     fn the_pair_holds_for_any_seed(seed in any::<u64>(), loss in 0.0f64..0.5) {
@@ -435,14 +448,7 @@ proptest! {
         body in proptest::collection::vec(any::<u8>(), 0..300),
         known in 0u32..4,
     ) {
-        let mut dict = SeriesDict::new();
-        let mut f = DictFramer::new(1, 0, Limits::default()).unwrap();
-        let seed: Vec<Metric> = (0..known)
-            .map(|i| metric("k", &[("i", &i.to_string())], MetricType::Gauge, 1.0))
-            .collect();
-        for (frame, _) in pack(&mut f, &seed, 1) {
-            decode(&mut dict, &sealed(&frame, 1)).unwrap();
-        }
+        let mut dict = seeded(known);
         let before = dict.known_up_to();
         let mut with_version = vec![DICT_BODY_VERSION];
         with_version.extend_from_slice(&body);
@@ -459,5 +465,151 @@ proptest! {
             drop(batch);
         }
         prop_assert!(dict.known_up_to() >= before);
+    }
+}
+
+/// `(id, type, value bits, timestamp)` of each value, so that NaN compares by its bits.
+fn known_bits(values: &[KnownValue]) -> Vec<(crate::borrowed::RecordId, i32, u64, i64)> {
+    values
+        .iter()
+        .map(|v| (v.id, v.r#type, v.value.to_bits(), v.timestamp_ms))
+        .collect()
+}
+
+/// What [`SeriesDict::decode_into`] gives for `body`, as [`known_bits`]; `None` when it
+/// refuses the body or a record has no id.
+fn views_bits(
+    dict: &mut SeriesDict,
+    body: &[u8],
+    ts: u64,
+) -> Option<Vec<(crate::borrowed::RecordId, i32, u64, i64)>> {
+    let mut batch = MetricBatchView::new();
+    dict.decode_into(body, ts, &Limits::default(), &mut batch)
+        .ok()?;
+    batch
+        .iter_with_ids()
+        .map(|(m, id)| Some((id?, m.r#type, m.value.to_bits(), m.timestamp_ms)))
+        .collect()
+}
+
+#[test]
+fn known_values_are_what_the_views_hold_once_acknowledged() {
+    let mut f = DictFramer::new(1, 0, Limits::default()).unwrap();
+    let mut dict = SeriesDict::new();
+    let now = 1_700_000_000_000_000_000;
+    let mut out = Vec::new();
+    let mut taken = 0;
+    for round in 0..3u64 {
+        let mut metrics = collection(120, round);
+        // Own timestamps before and after the frame's, and odd values.
+        metrics[3].timestamp_ms = 1_699_999_999_000;
+        metrics[5].timestamp_ms = 1_700_000_000_250;
+        metrics[7].value = f64::NAN;
+        metrics[9].value = -0.0;
+        for (frame, expected) in pack(&mut f, &metrics, now + round) {
+            let bytes = sealed(&frame, 1);
+            let frame = Frame::new_checked(&bytes[..]).unwrap();
+            let (body, ts) = (frame.payload(), frame.timestamp_ns());
+            let known = dict.decode_known(body, ts, &Limits::default(), &mut out);
+            let views = views_bits(&mut dict, body, ts).expect("decodes");
+            if round == 0 {
+                // The definitions travel until acknowledged: the full path takes them.
+                assert!(!known && out.is_empty(), "round 0");
+                continue;
+            }
+            assert!(known, "round {round}: every series is acknowledged");
+            assert_eq!(known_bits(&out), views, "round {round}");
+            assert_eq!(out.len(), expected.len());
+            taken += out.len();
+        }
+        if let Some(ack) = dict.take_ack() {
+            f.on_ack(ack);
+        }
+    }
+    assert_eq!(taken, 2 * 120);
+}
+
+#[test]
+fn known_values_refuse_what_is_not_plain_and_known() {
+    let mut f = DictFramer::new(1, 0, Limits::default()).unwrap();
+    let mut dict = SeriesDict::new();
+    let limits = Limits::default();
+    let ms = vec![
+        metric("g", &[("i", "0")], MetricType::Gauge, 1.0),
+        metric("g", &[("i", "1")], MetricType::Gauge, 2.0),
+        histogram("h", [1, 2, 3], 4, 0.5),
+    ];
+    for (frame, _) in pack(&mut f, &ms, 1) {
+        decode(&mut dict, &sealed(&frame, 1)).unwrap();
+    }
+    f.on_ack(dict.take_ack().unwrap());
+    let mut out = Vec::new();
+    // Ids 0 and 1, the gauges: taken.
+    let gauges = [DICT_BODY_VERSION, OP_UINT, 5, OP_UINT, 6];
+    assert!(dict.decode_known(&gauges, 1, &limits, &mut out));
+    assert_eq!(out.iter().map(|v| v.value).collect::<Vec<_>>(), [5.0, 6.0]);
+    // An unknown id (3) after a known one: refused whole, and the full path says why.
+    let unknown = [DICT_BODY_VERSION, OP_UINT, 5, (4 << 4) | OP_UINT, 6];
+    assert!(!dict.decode_known(&unknown, 1, &limits, &mut out));
+    assert!(out.is_empty());
+    let mut batch = MetricBatchView::new();
+    assert!(matches!(
+        dict.decode_into(&unknown, 1, &limits, &mut batch),
+        Err(PayloadError::Dictionary(DictError::UnknownSeries { id: 3 }))
+    ));
+    drop(batch);
+    // A body cut inside a record: refused, and by the full path too.
+    let mut f64s = vec![DICT_BODY_VERSION, OP_F64];
+    f64s.extend_from_slice(&2.5f64.to_le_bytes());
+    f64s.push(OP_F64);
+    f64s.extend_from_slice(&(-7.25f64).to_le_bytes());
+    assert!(dict.decode_known(&f64s, 2, &limits, &mut out));
+    assert_eq!(
+        out.iter().map(|v| v.value).collect::<Vec<_>>(),
+        [2.5, -7.25]
+    );
+    for cut in (0..f64s.len()).filter(|c| ![1, 10].contains(c)) {
+        let short = &f64s[..cut];
+        assert!(!dict.decode_known(short, 2, &limits, &mut out), "cut {cut}");
+        assert!(out.is_empty());
+        let mut batch = MetricBatchView::new();
+        assert!(dict.decode_into(short, 2, &limits, &mut batch).is_err());
+    }
+    // The histogram (id 2): the full path builds its buckets.
+    let h = pack(&mut f, &ms[2..], 3);
+    let bytes = sealed(&h[0].0, 1);
+    let body = Frame::new_checked(&bytes[..]).unwrap().payload().to_vec();
+    assert!(!dict.decode_known(&body, 3, &limits, &mut out));
+    assert!(decode(&mut dict, &bytes).is_ok());
+    // Over the record bound: refused.
+    let tight = Limits {
+        max_records_per_frame: 1,
+        ..Limits::default()
+    };
+    assert!(!dict.decode_known(&gauges, 1, &tight, &mut out));
+    assert!(out.is_empty());
+}
+
+proptest! {
+    /// Whatever body [`SeriesDict::decode_known`] takes, [`SeriesDict::decode_into`] takes
+    /// too and reads the same values: the fast path never stores what the full path would
+    /// refuse, nor another value.
+    #[test]
+    fn known_values_take_only_what_the_views_take(
+        body in proptest::collection::vec(any::<u8>(), 0..200),
+        known in 0u32..6,
+    ) {
+        let mut dict = seeded(known);
+        let mut with_version = vec![DICT_BODY_VERSION];
+        with_version.extend_from_slice(&body);
+        let mut out = Vec::new();
+        for b in [&body, &with_version] {
+            if dict.decode_known(b, 1_700_000_000_000_000_000, &Limits::default(), &mut out) {
+                let views = views_bits(&mut dict, b, 1_700_000_000_000_000_000);
+                prop_assert_eq!(Some(known_bits(&out)), views);
+            } else {
+                prop_assert!(out.is_empty());
+            }
+        }
     }
 }
