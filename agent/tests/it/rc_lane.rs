@@ -13,7 +13,7 @@ use support::capture::Capture;
 use uctel_agent::config::AgentConfig;
 use uctel_agent::stream::Stream;
 use uctel_protocol::control::{GoodbyeReason, QpEndpoint};
-use uctel_protocol::frame::{DecodedFrame, FrameFlags, Payload};
+use uctel_protocol::frame::{DecodedFrame, FrameFlags};
 use uctel_testkit::wait::until;
 use uctel_testkit::RunningAgent;
 use uctel_transport::api::{RcCounters, WcOpcode};
