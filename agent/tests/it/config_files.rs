@@ -215,6 +215,22 @@ fn check_config_names_the_bad_parse_key() {
     assert!(bad.contains("jsn"), "unknown keys are refused: {bad}");
 }
 
+/// The settings of a unit file or drop-in: its lines, trimmed, without blanks and comments.
+fn settings(unit: &str) -> Vec<&str> {
+    unit.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect()
+}
+
+/// Asserts that `uctel-agent.service` itself (without any drop-in) has each of `lines`.
+fn assert_unit_has<const N: usize>(lines: [&str; N]) {
+    let u = unit("uctel-agent.service");
+    for line in lines {
+        assert!(has_line(&u, line), "the unit without the drop-in: {line}");
+    }
+}
+
 /// The kernel log drop-in grants CAP_SYSLOG and nothing else (the unit's user stays
 /// unprivileged), and undoes only the hardening that hides /dev/kmsg;
 /// [`systemd_units_pass_systemd_analyze_when_available`] verifies the unit with it (systemd
@@ -222,11 +238,7 @@ fn check_config_names_the_bad_parse_key() {
 #[test]
 fn the_kmsg_drop_in_grants_exactly_cap_syslog() {
     let d = unit("uctel-agent.service.d/kmsg.conf");
-    let settings: Vec<&str> = d
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .collect();
+    let settings = settings(&d);
     assert_eq!(
         settings,
         [
@@ -237,16 +249,13 @@ fn the_kmsg_drop_in_grants_exactly_cap_syslog() {
             "DeviceAllow=/dev/kmsg r"
         ]
     );
-    let u = unit("uctel-agent.service");
-    for line in [
+    assert_unit_has([
         "User=uctel",
         "DynamicUser=yes",
         "SupplementaryGroups=adm systemd-journal",
         "AmbientCapabilities=",
         "ProtectKernelLogs=yes",
-    ] {
-        assert!(has_line(&u, line), "the unit without the drop-in: {line}");
-    }
+    ]);
 }
 
 /// The pod-resources drop-in grants CAP_DAC_OVERRIDE and nothing else (the kubelet's
@@ -255,11 +264,7 @@ fn the_kmsg_drop_in_grants_exactly_cap_syslog() {
 #[test]
 fn the_pod_resources_drop_in_grants_exactly_cap_dac_override() {
     let d = unit("uctel-agent.service.d/pod-resources.conf");
-    let settings: Vec<&str> = d
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .collect();
+    let settings = settings(&d);
     assert_eq!(
         settings,
         [
@@ -268,16 +273,13 @@ fn the_pod_resources_drop_in_grants_exactly_cap_dac_override() {
             "AmbientCapabilities=CAP_DAC_OVERRIDE"
         ]
     );
-    let u = unit("uctel-agent.service");
-    for line in [
+    assert_unit_has([
         "User=uctel",
         "CapabilityBoundingSet=",
         "AmbientCapabilities=",
         "NoNewPrivileges=yes",
         "ProtectSystem=strict",
-    ] {
-        assert!(has_line(&u, line), "the unit without the drop-in: {line}");
-    }
+    ]);
     assert!(
         d.contains("permission_denied") && d.contains("pod-resources.conf"),
         "the drop-in says what its absence costs and how to install it"

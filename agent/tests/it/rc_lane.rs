@@ -13,7 +13,7 @@ use support::capture::Capture;
 use uctel_agent::config::AgentConfig;
 use uctel_agent::stream::Stream;
 use uctel_protocol::control::{GoodbyeReason, QpEndpoint};
-use uctel_protocol::frame::{DecodedFrame, FrameFlags, Payload};
+use uctel_protocol::frame::{DecodedFrame, FrameFlags};
 use uctel_testkit::wait::until;
 use uctel_testkit::RunningAgent;
 use uctel_transport::api::{RcCounters, WcOpcode};
@@ -179,20 +179,7 @@ async fn rc_streams_travel_on_their_own_lane_with_their_own_sequence() {
         );
     }
     // The log lines, in order, each once.
-    let got: Vec<String> = s
-        .rc_frames
-        .iter()
-        .filter_map(|(_, f)| match &f.payload {
-            Payload::Logs(b) => Some(
-                b.records
-                    .iter()
-                    .map(|r| r.message.clone())
-                    .collect::<Vec<_>>(),
-            ),
-            _ => None,
-        })
-        .flatten()
-        .collect();
+    let got = support::log_messages(s.rc_frames.iter().map(|(_, f)| f));
     assert_eq!(got, lines);
     assert_eq!(stats.records_dropped_all(Stream::Logs), 0);
     // The log checkpoint names the end of the file: settled by the RC lane's pipeline.
@@ -239,11 +226,7 @@ async fn without_rc_streams_there_is_no_rc_lane() {
     );
     assert!(!stats.encode_text().contains("uctel_agent_rc_"));
     agent.stop().await;
-    let s = fake
-        .sessions
-        .recv()
-        .await
-        .unwrap_or_else(|| panic!("no session"));
+    let s = fake.session().await;
     let hello = s.hello.unwrap_or_else(|| panic!("no hello"));
     assert_eq!(hello.rc_lane, None);
     assert!(!s.rc_offered);
@@ -325,11 +308,7 @@ async fn a_dead_rc_qp_ends_the_session_and_the_agent_reconnects() {
     assert!(stats.rc_qp_events("timeouts").is_some_and(|n| n >= 1));
     let summary = agent.stop().await;
     assert!(summary.sessions >= 2, "{summary:?}");
-    let first = fake
-        .sessions
-        .recv()
-        .await
-        .unwrap_or_else(|| panic!("no session"));
+    let first = fake.session().await;
     // The agent's Goodbye says why, naming the RC QP.
     let g = first.goodbye.unwrap_or_else(|| panic!("no goodbye"));
     assert_eq!(g.reason, GoodbyeReason::Reconnect as i32);

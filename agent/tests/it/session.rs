@@ -161,20 +161,7 @@ async fn session_delivers_both_streams_and_goodbye_accounts_exactly() {
         assert!(names.contains(want), "{want} missing");
     }
     // Log lines in order, each once.
-    let got: Vec<String> = s
-        .frames
-        .iter()
-        .filter_map(|(_, f)| match &f.payload {
-            Payload::Logs(b) => Some(
-                b.records
-                    .iter()
-                    .map(|r| r.message.clone())
-                    .collect::<Vec<_>>(),
-            ),
-            _ => None,
-        })
-        .flatten()
-        .collect();
+    let got = s.log_messages();
     assert_eq!(got, lines);
     assert_eq!(stats.records_dropped_all(Stream::Logs), 0);
     // One heartbeat per second of the collector's period, never a burst.
@@ -299,11 +286,7 @@ async fn without_reports_the_window_caps_frames_and_the_rest_is_dropped_no_credi
     );
     let summary = agent.stop().await;
     assert_eq!(summary.sessions, 1);
-    let s = fake
-        .sessions
-        .recv()
-        .await
-        .unwrap_or_else(|| panic!("no session"));
+    let s = fake.session().await;
     assert_eq!(s.frames.len(), 4);
     assert_eq!(s.goodbye.and_then(|g| g.final_conn_seq), Some(3));
 }
@@ -343,11 +326,7 @@ async fn by_default_a_collection_larger_than_the_window_waits_for_credit_and_not
     assert!(dropped.is_empty(), "metric records dropped: {dropped:?}");
     let summary = agent.stop().await;
     assert_eq!(summary.sessions, 1);
-    let s = fake
-        .sessions
-        .recv()
-        .await
-        .unwrap_or_else(|| panic!("no session"));
+    let s = fake.session().await;
     assert!(s.violations.is_empty(), "{:?}", s.violations);
 }
 
@@ -368,11 +347,7 @@ async fn injected_loss_shows_as_gaps_and_sent_equals_received_plus_lost() {
     .await;
     let summary = agent.stop().await;
     assert_eq!(summary.sessions, 1);
-    let s = fake
-        .sessions
-        .recv()
-        .await
-        .unwrap_or_else(|| panic!("no session"));
+    let s = fake.session().await;
     assert!(s.violations.is_empty(), "{:?}", s.violations);
     let g = s
         .goodbye
@@ -467,11 +442,7 @@ async fn send_data_path_when_the_collector_chooses_it() {
     .await;
     let summary = agent.stop().await;
     assert_eq!(summary.sessions, 1);
-    let s = fake
-        .sessions
-        .recv()
-        .await
-        .unwrap_or_else(|| panic!("no session"));
+    let s = fake.session().await;
     assert!(s.violations.is_empty(), "{:?}", s.violations);
     assert!(s.frames.iter().all(|(op, _)| *op == WcOpcode::Recv));
     let n = s.frames.len() as u64;
@@ -555,25 +526,8 @@ async fn a_restart_neither_repeats_nor_loses_log_lines() {
         .await;
         let summary = agent.stop().await;
         assert_eq!(summary.sessions, 1);
-        let s = fake
-            .sessions
-            .recv()
-            .await
-            .unwrap_or_else(|| panic!("no session"));
-        delivered.extend(
-            s.frames
-                .iter()
-                .filter_map(|(_, f)| match &f.payload {
-                    Payload::Logs(b) => Some(
-                        b.records
-                            .iter()
-                            .map(|r| r.message.clone())
-                            .collect::<Vec<_>>(),
-                    ),
-                    _ => None,
-                })
-                .flatten(),
-        );
+        let s = fake.session().await;
+        delivered.extend(s.log_messages());
     }
     let mut expected = (0..40)
         .map(|i| format!("before restart {i}"))
@@ -623,11 +577,7 @@ async fn without_a_collector_samples_are_held_and_sent_first_with_their_collecti
         stats.records_dropped(Stream::Metrics, DropReason::NotConnected),
         0
     );
-    let s = fake
-        .sessions
-        .recv()
-        .await
-        .unwrap_or_else(|| panic!("no session"));
+    let s = fake.session().await;
     let mut frames: Vec<_> = s.frames.iter().map(|(_, f)| f).collect();
     frames.sort_by_key(|f| f.header.conn_seq);
     let load1: Vec<i64> = frames
@@ -707,25 +657,8 @@ async fn without_a_collector_and_no_buffer_samples_are_dropped_not_connected_and
     .await;
     let summary = agent.stop_within(Duration::from_secs(10)).await;
     assert_eq!(summary.sessions, 1);
-    let s = fake
-        .sessions
-        .recv()
-        .await
-        .unwrap_or_else(|| panic!("no session"));
-    let got: Vec<String> = s
-        .frames
-        .iter()
-        .filter_map(|(_, f)| match &f.payload {
-            Payload::Logs(b) => Some(
-                b.records
-                    .iter()
-                    .map(|r| r.message.clone())
-                    .collect::<Vec<_>>(),
-            ),
-            _ => None,
-        })
-        .flatten()
-        .collect();
+    let s = fake.session().await;
+    let got = s.log_messages();
     assert_eq!(got, lines);
 }
 
@@ -750,11 +683,7 @@ async fn a_silent_collector_is_declared_dead_and_the_agent_reconnects() {
     // Every welcomed session counts, the first and each reconnect after it.
     assert!(summary.sessions >= 2, "{summary:?}");
     assert_eq!(summary.sessions, 1 + stats.reconnects(), "{summary:?}");
-    let first = fake
-        .sessions
-        .recv()
-        .await
-        .unwrap_or_else(|| panic!("no session"));
+    let first = fake.session().await;
     // The agent heartbeated at the collector's period before giving up on it, and said why.
     assert!(first.heartbeats >= 2, "heartbeats {}", first.heartbeats);
     let g = first.goodbye.unwrap_or_else(|| panic!("no goodbye"));
@@ -786,26 +715,9 @@ async fn a_log_burst_beyond_the_credit_window_waits_instead_of_dropping() {
     let summary = agent.stop().await;
     assert_eq!(summary.sessions, 1);
     assert_eq!(stats.records_dropped_all(Stream::Logs), 0);
-    let s = fake
-        .sessions
-        .recv()
-        .await
-        .unwrap_or_else(|| panic!("no session"));
+    let s = fake.session().await;
     assert!(s.violations.is_empty(), "{:?}", s.violations);
-    let got: Vec<String> = s
-        .frames
-        .iter()
-        .filter_map(|(_, f)| match &f.payload {
-            Payload::Logs(b) => Some(
-                b.records
-                    .iter()
-                    .map(|r| r.message.clone())
-                    .collect::<Vec<_>>(),
-            ),
-            _ => None,
-        })
-        .flatten()
-        .collect();
+    let got = s.log_messages();
     assert_eq!(got, lines);
 }
 
@@ -850,11 +762,7 @@ async fn a_log_backlog_asks_for_credit_instead_of_waiting_a_report_interval_per_
     let summary = agent.stop().await;
     assert_eq!(summary.sessions, 1);
     assert_eq!(stats.records_dropped_all(Stream::Logs), 0);
-    let s = fake
-        .sessions
-        .recv()
-        .await
-        .unwrap_or_else(|| panic!("no session"));
+    let s = fake.session().await;
     assert!(s.violations.is_empty(), "{:?}", s.violations);
     assert_eq!(log_lines(&s), lines);
     let log_frames = s
@@ -916,26 +824,9 @@ async fn shutdown_during_a_log_backlog_sends_it_or_counts_it() {
     .await;
     let summary = agent.stop_within(Duration::from_secs(30)).await;
     assert_eq!(summary.sessions, 1);
-    let s = fake
-        .sessions
-        .recv()
-        .await
-        .unwrap_or_else(|| panic!("no session"));
+    let s = fake.session().await;
     assert!(s.violations.is_empty(), "{:?}", s.violations);
-    let got: Vec<String> = s
-        .frames
-        .iter()
-        .filter_map(|(_, f)| match &f.payload {
-            Payload::Logs(b) => Some(
-                b.records
-                    .iter()
-                    .map(|r| r.message.clone())
-                    .collect::<Vec<_>>(),
-            ),
-            _ => None,
-        })
-        .flatten()
-        .collect();
+    let got = s.log_messages();
     // In order, without a hole: a prefix of the file.
     assert_eq!(got.as_slice(), &lines[..got.len()]);
     // Every line the tailer read was delivered or counted.
@@ -962,14 +853,7 @@ fn log_lines(s: &support::Session) -> Vec<String> {
         .filter(|(_, f)| matches!(f.payload, Payload::Logs(_)))
         .collect();
     frames.sort_by_key(|(_, f)| f.header.stream_seq);
-    frames
-        .into_iter()
-        .filter_map(|(_, f)| match &f.payload {
-            Payload::Logs(b) => Some(b.records.iter().map(|r| r.message.clone())),
-            _ => None,
-        })
-        .flatten()
-        .collect()
+    support::log_messages(frames.into_iter().map(|(_, f)| f))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -996,11 +880,7 @@ async fn a_restart_after_a_shutdown_during_a_log_backlog_delivers_every_line_exa
     })
     .await;
     agent.stop_within(Duration::from_secs(30)).await;
-    let s1 = slow
-        .sessions
-        .recv()
-        .await
-        .unwrap_or_else(|| panic!("no session"));
+    let s1 = slow.session().await;
     assert!(s1.violations.is_empty(), "{:?}", s1.violations);
     let first = log_lines(&s1);
     let left_behind = stats.records_dropped(Stream::Logs, DropReason::Shutdown);
@@ -1021,11 +901,7 @@ async fn a_restart_after_a_shutdown_during_a_log_backlog_delivers_every_line_exa
     // the lines just counted, and the check below is that nothing does.
     tokio::time::sleep(Duration::from_millis(200)).await;
     agent.stop_within(Duration::from_secs(30)).await;
-    let s2 = fast
-        .sessions
-        .recv()
-        .await
-        .unwrap_or_else(|| panic!("no session"));
+    let s2 = fast.session().await;
     assert!(s2.violations.is_empty(), "{:?}", s2.violations);
     let second = log_lines(&s2);
     assert_eq!(stats.records_dropped_all(Stream::Logs), 0);
@@ -1060,11 +936,7 @@ async fn frames_are_capped_at_the_path_mtu() {
     .await;
     let summary = agent.stop().await;
     assert_eq!(summary.sessions, 1);
-    let s = fake
-        .sessions
-        .recv()
-        .await
-        .unwrap_or_else(|| panic!("no session"));
+    let s = fake.session().await;
     assert!(s.violations.is_empty(), "{:?}", s.violations);
     let largest = s
         .frames

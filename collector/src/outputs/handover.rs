@@ -16,6 +16,9 @@
 //!   worker accepted it, or counted dropped. A [`Replacement`] is built first (everything
 //!   that can fail) and swapped in later, so a reload that changes several outputs changes
 //!   none when one of them cannot be built.
+//! - [`SlotEndpoint`]: what [`Slot::start`] and [`Slot::prepare`] need of such an output.
+//! - [`registered`]: an output's self-metrics, registered once and shared by every endpoint
+//!   it has.
 //! - [`Tasks`]: the tasks reloads started, awaited when the collector stops.
 
 use std::future::Future;
@@ -24,6 +27,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 
 use tokio::task::JoinHandle;
 use uctel_common::shutdown::{self, Shutdown, ShutdownTrigger};
+
+use super::http::SetupError;
 
 /// A task of an endpoint, not yet spawned.
 pub(crate) type Task = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
@@ -218,44 +223,138 @@ impl<E> Slot<E> {
     }
 }
 
-impl<E: Endpoint> Slot<E> {
-    /// What a reload that wants `config` for this slot (`None`: the output removed) does:
-    /// `None` when it is the configuration of the endpoint in force (`config_of`); else the
-    /// [`Replacement`] by the endpoint `build` makes (run in `ctx` on `runtime` once
-    /// committed) and the line that says what changes, the endpoints named by `name` after
-    /// `what` (`ClickHouse`, `OTLP`).
+/// An [`Endpoint`] of an output that has at most one in force (a [`Slot`]'s:
+/// `outputs.clickhouse`, `outputs.otlp`).
+pub(crate) trait SlotEndpoint: Endpoint + Sized {
+    /// The output's configuration (`ClickHouseConfig`, `OtlpConfig`).
+    type Config: PartialEq;
+    /// The output's configuration key (`outputs.clickhouse`), named by its errors.
+    const KEY: &'static str;
+    /// The output's name in log lines and errors (`ClickHouse`, `OTLP`).
+    const NAME: &'static str;
+
+    /// The runtime the endpoints run on (`None`: the output was started outside one).
+    fn runtime(ctx: &Self::Context) -> Option<&tokio::runtime::Handle>;
+
+    /// Builds the endpoint of `config` in `ctx` (nothing started, nothing counted yet).
     ///
     /// # Errors
-    /// `build`'s: nothing changed.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn prepare<C: PartialEq, BuildError>(
+    /// [`SetupError`] for a setting that cannot be put in force (an unreadable secret, an
+    /// invalid URL, a failed registration).
+    fn build(ctx: &Self::Context, config: &Self::Config) -> Result<Arc<Self>, SetupError>;
+
+    /// The configuration the endpoint was built from.
+    fn config(&self) -> &Self::Config;
+
+    /// The endpoint as log lines name it (its URL without credentials).
+    fn label(&self) -> String;
+}
+
+/// The error of an output of `E` asked to start or change outside a tokio runtime.
+fn no_runtime<E: SlotEndpoint>() -> SetupError {
+    SetupError::Invalid {
+        key: E::KEY.into(),
+        message: format!(
+            "the {} output needs a tokio runtime to run its senders",
+            E::NAME
+        ),
+    }
+}
+
+impl<E: SlotEndpoint> Slot<E> {
+    /// Puts the endpoint of `config` in force at start (before any record is pushed):
+    /// built in `ctx`, its queues made part of the scrapes, its tasks started. Returns the
+    /// tasks.
+    ///
+    /// # Errors
+    /// [`SetupError`] outside a tokio runtime, or [`SlotEndpoint::build`]'s.
+    pub(crate) fn start(
+        &self,
+        ctx: &E::Context,
+        config: &E::Config,
+    ) -> Result<Vec<JoinHandle<()>>, SetupError> {
+        if E::runtime(ctx).is_none() {
+            return Err(no_runtime::<E>());
+        }
+        let e = E::build(ctx, config)?;
+        e.activate(ctx);
+        let tasks = e.start(ctx).into_iter().collect();
+        self.install(e);
+        Ok(tasks)
+    }
+
+    /// What a reload that wants `config` for this slot (`None`: the output removed) does:
+    /// `None` when it is the configuration of the endpoint in force; else the
+    /// [`Replacement`] by the endpoint built in `ctx` (run on its runtime once committed)
+    /// and the line that says what changes (`ClickHouse http://…: added`).
+    ///
+    /// # Errors
+    /// [`SetupError`] when the output was built without `ctx` or outside a tokio runtime,
+    /// or [`SlotEndpoint::build`]'s: nothing changed.
+    pub(crate) fn prepare(
         self: &Arc<Self>,
-        ctx: &Arc<E::Context>,
-        runtime: &tokio::runtime::Handle,
-        config: Option<&C>,
-        config_of: impl Fn(&E) -> &C,
-        build: impl FnOnce(&C) -> Result<Arc<E>, BuildError>,
-        name: impl Fn(&E) -> String,
-        what: &str,
-    ) -> Result<Option<(Replacement<E>, String)>, BuildError> {
+        ctx: Option<&Arc<E::Context>>,
+        config: Option<&E::Config>,
+    ) -> Result<Option<(Replacement<E>, String)>, SetupError> {
+        let Some(ctx) = ctx else {
+            return Err(SetupError::Invalid {
+                key: E::KEY.into(),
+                message: "this collector was built without its outputs started".into(),
+            });
+        };
+        let Some(runtime) = E::runtime(ctx) else {
+            return Err(no_runtime::<E>());
+        };
         let old = self.get();
-        if old.as_deref().map(&config_of) == config {
+        if old.as_deref().map(E::config) == config {
             return Ok(None);
         }
-        let new = config.map(build).transpose()?;
+        let new = config.map(|c| E::build(ctx, c)).transpose()?;
+        let what = E::NAME;
         let line = match (&old, &new) {
-            (None, Some(n)) => format!("{what} {}: added", name(n)),
-            (Some(o), None) => format!("{what} {}: removed (draining)", name(o)),
+            (None, Some(n)) => format!("{what} {}: added", n.label()),
+            (Some(o), None) => format!("{what} {}: removed (draining)", o.label()),
             (Some(o), Some(n)) => format!(
                 "{what} {}: changed to {} (the old endpoint drains, the new one queues from \
                  now and sends once it has finished)",
-                name(o),
-                name(n)
+                o.label(),
+                n.label()
             ),
             (None, None) => return Ok(None),
         };
         Ok(Some((Replacement::new(self, ctx, runtime, new), line)))
     }
+}
+
+/// The self-metrics of an output kept in `cell`: on first use made by `new` and registered
+/// in `registry` through the collector `collector` wraps them in; the same ones after. One
+/// set for the output's life, shared by every endpoint it has, so that a reload keeps its
+/// series (and their sum rule) going.
+///
+/// # Errors
+/// A `prometheus` error from `new` or the registration, as [`SetupError::Invalid`] under
+/// `key` (`outputs.otlp`).
+pub(crate) fn registered<F: Clone>(
+    cell: &Mutex<Option<F>>,
+    registry: &prometheus::Registry,
+    key: &str,
+    new: impl FnOnce() -> prometheus::Result<F>,
+    collector: impl FnOnce(F) -> Box<dyn prometheus::core::Collector>,
+) -> Result<F, SetupError> {
+    let registration = |e: prometheus::Error| SetupError::Invalid {
+        key: key.to_owned(),
+        message: format!("self-metrics: {e}"),
+    };
+    let mut cell = lock(cell);
+    if let Some(f) = cell.as_ref() {
+        return Ok(f.clone());
+    }
+    let f = new().map_err(registration)?;
+    registry
+        .register(collector(f.clone()))
+        .map_err(registration)?;
+    *cell = Some(f.clone());
+    Ok(f)
 }
 
 /// A change of a [`Slot`]'s endpoint: built (everything that can fail is done), not yet in

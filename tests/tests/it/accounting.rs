@@ -13,7 +13,7 @@
 //! The tests run one at a time ([`uctel_tests::exclusive`]): each runs several daemons.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use uctel_tests::daemon::check_config;
@@ -146,7 +146,26 @@ fn a_killed_agent_is_settled_from_its_last_heartbeat() {
         }
     })
     .unwrap_or_else(|e| panic!("{e}"));
-    std::thread::sleep(Duration::from_secs(12));
+    // Until a heartbeat (every 5 s, the collector's interval) has carried the sequences of
+    // every frame counted above to the collector (`agent_frames_sent_total` is what the
+    // agent's heartbeats said).
+    let carried = Instant::now();
+    wait_for("a heartbeat carrying the frames sent", UP, tick(), || {
+        let n = p.scrape()?.count(
+            "uctel_collector_agent_frames_sent_total",
+            &[("agent", "killed")],
+        );
+        if n >= sent {
+            Ok(())
+        } else {
+            Err(format!("heartbeats carried {n} of {sent} frames"))
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", p.collector.log_tail(30)));
+    println!(
+        "heartbeat carried the frames sent after {:?}",
+        carried.elapsed()
+    );
     let before_kill: u64 = AgentFigures::read(&p.agents[i].scrape().unwrap())
         .frames_sent
         .values()

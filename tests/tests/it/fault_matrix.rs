@@ -63,6 +63,14 @@ fn link_row(name: &str, fault: &[(&str, serde_yaml::Value)]) -> Row {
     row
 }
 
+/// A row with the default collector and one agent, `a`, connected.
+fn one_agent_row(name: &str) -> (Row, usize) {
+    let mut row = Row::start(name, CollectorSpec::default(), None);
+    let a = row.add_agent(AgentSpec::new("a"));
+    row.wait_connected(1, &[a]);
+    (row, a)
+}
+
 /// Frames the collector counted lost for agent `a`, and the packets its fault injector
 /// dropped (Goodbye figures).
 fn lost_and_injected(row: &Row) -> (u64, u64) {
@@ -282,9 +290,7 @@ fn rc_logs_drop_5_percent_both_ways() {
 #[test]
 fn agent_sigkill_and_restart() {
     let _g = exclusive();
-    let mut row = Row::start("agent-sigkill", CollectorSpec::default(), None);
-    let a = row.add_agent(AgentSpec::new("a"));
-    row.wait_connected(1, &[a]);
+    let (mut row, a) = one_agent_row("agent-sigkill");
     row.write_bursts(a, 0, 1500, GAP);
     // Kill while a last burst is being read and sent: lines posted whose offsets the
     // agent may not have checkpointed yet.
@@ -344,9 +350,7 @@ fn agent_sigkill_and_restart() {
 #[test]
 fn collector_sigkill_and_restart() {
     let _g = exclusive();
-    let mut row = Row::start("collector-sigkill", CollectorSpec::default(), None);
-    let a = row.add_agent(AgentSpec::new("a"));
-    row.wait_connected(1, &[a]);
+    let (mut row, a) = one_agent_row("collector-sigkill");
     row.write_bursts(a, 0, 1000, GAP);
     row.wait_delivered(a, 0, 0..1000, SETTLE);
     row.write(a, 0, 500);
@@ -381,9 +385,7 @@ fn collector_sigkill_and_restart() {
 #[test]
 fn collector_sigstop_10s() {
     let _g = exclusive();
-    let mut row = Row::start("collector-sigstop", CollectorSpec::default(), None);
-    let a = row.add_agent(AgentSpec::new("a"));
-    row.wait_connected(1, &[a]);
+    let (mut row, a) = one_agent_row("collector-sigstop");
     row.write_bursts(a, 0, 1000, GAP);
     row.wait_delivered(a, 0, 0..1000, SETTLE);
     row.collector.signal(Signal::SIGSTOP);
@@ -401,17 +403,11 @@ fn collector_sigstop_10s() {
     row.verdict(Law::Exact);
 }
 
-/// Every UDP datagram to the collector dropped by an nft rule for ~3 s while lines flow
-/// (the agent in its own network namespace, the rule there; on loopback where namespaces
-/// are not available), then the path comes back: the gap is counted as loss, exactly.
-#[test]
-fn udp_path_blackholed() {
-    let _g = exclusive();
-    const NAME: &str = "udp-blackhole";
-    if let Some(why) = root_missing(&["nft", "ip"]) {
-        return skip(NAME, &why);
-    }
-    // `UCTEL_FAULT_BLACKHOLE=loopback` takes the fallback on purpose.
+/// A row whose agents can be put in a network namespace of their own, the collector
+/// listening on the namespace's host side, so that a [`Blackhole`] rule there cuts their
+/// UDP path alone; without namespaces (or with `UCTEL_FAULT_BLACKHOLE=loopback`, which
+/// takes this fallback on purpose) the rule goes on loopback, as the row's notes say.
+fn blackhole_row(name: &str) -> Row {
     let (netns, ns_note) = if std::env::var("UCTEL_FAULT_BLACKHOLE").as_deref() == Ok("loopback") {
         (
             None,
@@ -430,8 +426,22 @@ fn udp_path_blackholed() {
         listen_ip: netns.as_ref().map(|n| n.host_ip),
         ..CollectorSpec::default()
     };
-    let mut row = Row::start(NAME, spec, netns);
+    let mut row = Row::start(name, spec, netns);
     row.notes.extend(ns_note);
+    row
+}
+
+/// Every UDP datagram to the collector dropped by an nft rule for ~3 s while lines flow
+/// (the agent in its own network namespace, the rule there; on loopback where namespaces
+/// are not available), then the path comes back: the gap is counted as loss, exactly.
+#[test]
+fn udp_path_blackholed() {
+    let _g = exclusive();
+    const NAME: &str = "udp-blackhole";
+    if let Some(why) = root_missing(&["nft", "ip"]) {
+        return skip(NAME, &why);
+    }
+    let mut row = blackhole_row(NAME);
     let in_netns = row.netns.is_some();
     let a = row.add_agent(AgentSpec {
         in_netns,
@@ -614,9 +624,7 @@ fn rotation_new_file_during_downtime() {
 #[test]
 fn agent_restart_right_after_goodbye() {
     let _g = exclusive();
-    let mut row = Row::start("agent-restart", CollectorSpec::default(), None);
-    let a = row.add_agent(AgentSpec::new("a"));
-    row.wait_connected(1, &[a]);
+    let (mut row, a) = one_agent_row("agent-restart");
     let mut slow = Vec::new();
     for cycle in 0..3 {
         row.write_bursts(a, 0, 400, GAP);
@@ -652,9 +660,7 @@ fn agent_restart_right_after_goodbye() {
 #[test]
 fn collector_drained_and_restarted() {
     let _g = exclusive();
-    let mut row = Row::start("collector-drain", CollectorSpec::default(), None);
-    let a = row.add_agent(AgentSpec::new("a"));
-    row.wait_connected(1, &[a]);
+    let (mut row, a) = one_agent_row("collector-drain");
     row.write_bursts(a, 0, 1000, GAP);
     row.wait_delivered(a, 0, 0..1000, SETTLE);
     row.write(a, 0, 500);
@@ -2574,26 +2580,7 @@ fn rc_logs_through_a_30s_data_path_outage() {
     if let Some(why) = root_missing(&["nft", "ip"]) {
         return skip(NAME, &why);
     }
-    let (netns, ns_note) = if std::env::var("UCTEL_FAULT_BLACKHOLE").as_deref() == Ok("loopback") {
-        (
-            None,
-            Some("UCTEL_FAULT_BLACKHOLE=loopback: rule on loopback".to_owned()),
-        )
-    } else {
-        match NetNs::create() {
-            Ok(n) => (Some(n), None),
-            Err(e) => (
-                None,
-                Some(format!("no network namespace ({e}): rule on loopback")),
-            ),
-        }
-    };
-    let spec = CollectorSpec {
-        listen_ip: netns.as_ref().map(|n| n.host_ip),
-        ..CollectorSpec::default()
-    };
-    let mut row = Row::start(NAME, spec, netns);
-    row.notes.extend(ns_note);
+    let mut row = blackhole_row(NAME);
     let in_netns = row.netns.is_some();
     let a = row.add_agent(
         AgentSpec {
@@ -2670,6 +2657,27 @@ fn read_config(path: &std::path::Path) -> uctel_tests::configs::Yaml {
     uctel_tests::configs::Yaml(serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{e}")))
 }
 
+/// Sets `key` (`outputs.<output>…`) to `value` in the collector's configuration file, sends
+/// it `SIGHUP`, and expects its log to say within 60 s that the reload applied the output.
+fn reload_collector_output(row: &mut Row, key: &str, value: impl Into<serde_yaml::Value>) {
+    let output: Vec<&str> = key.split('.').take(2).collect();
+    let output = output.join(".");
+    let path = row.collector.config_path().to_path_buf();
+    let mut y = read_config(&path);
+    y.set(key, value);
+    y.write(&path);
+    row.collector.signal(Signal::SIGHUP);
+    let applied = wait_logged(
+        || row.collector.log(),
+        &format!("configuration reloaded: applied {output}"),
+        1,
+    );
+    row.expect(
+        applied,
+        format!("the collector applied the changed {output}"),
+    );
+}
+
 /// Waits until `log()` has `n` lines containing `needle`; false on timeout.
 fn wait_logged(log: impl Fn() -> String, needle: &str, n: usize) -> bool {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -2693,9 +2701,7 @@ fn wait_logged(log: impl Fn() -> String, needle: &str, n: usize) -> bool {
 #[test]
 fn reload_under_load_changes_a_source_and_refuses_a_restart_key() {
     let _g = exclusive();
-    let mut row = Row::start("reload-under-load", CollectorSpec::default(), None);
-    let a = row.add_agent(AgentSpec::new("a"));
-    row.wait_connected(1, &[a]);
+    let (mut row, a) = one_agent_row("reload-under-load");
     let other = row.add_source(a, "other", "other.log");
     row.write_bursts(a, 0, 500, GAP);
     row.write(a, 0, 3000);
@@ -2931,9 +2937,7 @@ fn reload_logs(row: &mut Row, a: usize, other: bool) {
 #[test]
 fn reload_removes_and_restores_a_log_source() {
     let _g = exclusive();
-    let mut row = Row::start("reload-remove-restore", CollectorSpec::default(), None);
-    let a = row.add_agent(AgentSpec::new("a"));
-    row.wait_connected(1, &[a]);
+    let (mut row, a) = one_agent_row("reload-remove-restore");
     let other = row.add_source(a, "other", "other.log");
     reload_logs(&mut row, a, true);
     let applied = "configuration reloaded: applied sources.logs";
@@ -3697,17 +3701,11 @@ fn reload_under_load_moves_remote_write_to_another_receiver() {
     steady(&mut row);
     row.write(a, 0, 3000);
 
-    let collector_config = row.collector.config_path().to_path_buf();
-    let mut y = read_config(&collector_config);
-    y.set("outputs.remote_write", remote_write(&second_url, 100_000));
-    y.write(&collector_config);
-    row.collector.signal(Signal::SIGHUP);
-    let applied = wait_logged(
-        || row.collector.log(),
-        "configuration reloaded: applied outputs.remote_write",
-        1,
+    reload_collector_output(
+        &mut row,
+        "outputs.remote_write",
+        remote_write(&second_url, 100_000),
     );
-    row.expect(applied, "the collector applied the moved output");
     steady(&mut row);
     row.write_bursts(a, 0, 1000, GAP);
     let written = row.agents[a].written();

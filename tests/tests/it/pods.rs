@@ -111,14 +111,66 @@ fn not_ended(vm: &Victoria, selector: &str) -> Result<Vec<String>, String> {
         .collect())
 }
 
-#[test]
-fn an_ended_pods_series_leave_metrics_at_once_and_end_in_victoria_metrics() {
-    let _guard = uctel_tests::exclusive();
+/// How many series VictoriaMetrics holds for `selector`, once they include the pod's info
+/// series, a host series of its device and a fast counter of it (remote-written sample by
+/// sample).
+fn received(vm: &Victoria, selector: &str) -> Result<usize, String> {
+    let all = vm.export(selector)?;
+    let names: BTreeSet<String> = all
+        .keys()
+        .filter_map(|l| l.iter().find(|(k, _)| k == "__name__"))
+        .map(|(_, v)| v.clone())
+        .collect();
+    for name in [
+        "uctel_pod_device_info",
+        "node_infiniband_port_data_received_bytes_total",
+        "node_infiniband_out_of_buffer",
+    ] {
+        if !names.contains(name) {
+            return Err(format!("no {name} received: {names:?}"));
+        }
+    }
+    Ok(all.len())
+}
+
+/// A fresh directory named `prefix…` and a VictoriaMetrics keeping its data there (bind
+/// them in this order, so that the server stops before its directory goes).
+fn victoria(prefix: &str) -> (tempfile::TempDir, Victoria) {
     let receiver = tempfile::Builder::new()
-        .prefix("uctel-pods-vm-")
+        .prefix(prefix)
         .tempdir()
         .unwrap_or_else(|e| panic!("{e}"));
     let vm = Victoria::start(receiver.path());
+    (receiver, vm)
+}
+
+/// Ends every pod the test kubelet lists.
+fn end_all_pods(fabric: &Fabric) {
+    fabric
+        .pods
+        .0
+        .lock()
+        .unwrap_or_else(|e| panic!("{e}"))
+        .clear();
+}
+
+/// Waits (`UP` at most) until a query of `vm` (`count(selector)`) finds no series.
+fn wait_no_live_series(vm: &Victoria, selector: &str, what: &str) {
+    wait_for(what, UP, tick(), || {
+        let live = vm.query(&format!("count({selector})"))?;
+        if live.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{live:?}"))
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", vm.log_tail()));
+}
+
+#[test]
+fn an_ended_pods_series_leave_metrics_at_once_and_end_in_victoria_metrics() {
+    let _guard = uctel_tests::exclusive();
+    let (_receiver, vm) = victoria("uctel-pods-vm-");
     let id = "pod-ends";
     let (p, fabric) = start(&vm, id, 1024);
     let (_, pod_name, _) = POD;
@@ -148,12 +200,7 @@ fn an_ended_pods_series_leave_metrics_at_once_and_end_in_victoria_metrics() {
     std::thread::sleep(Duration::from_secs(3));
 
     let ended_at = Instant::now();
-    fabric
-        .pods
-        .0
-        .lock()
-        .unwrap_or_else(|e| panic!("{e}"))
-        .clear();
+    end_all_pods(&fabric);
     wait_for(
         "the pod's series gone from /metrics",
         Duration::from_secs(15),
@@ -195,52 +242,21 @@ fn an_ended_pods_series_leave_metrics_at_once_and_end_in_victoria_metrics() {
         UP,
         tick(),
         || {
-            let all = vm.export(&selector)?;
-            let names: BTreeSet<String> = all
-                .keys()
-                .filter_map(|l| l.iter().find(|(k, _)| k == "__name__"))
-                .map(|(_, v)| v.clone())
-                .collect();
-            for name in [
-                "uctel_pod_device_info",
-                "node_infiniband_port_data_received_bytes_total",
-            ] {
-                if !names.contains(name) {
-                    return Err(format!("no {name} received: {names:?}"));
-                }
-            }
-            // A fast counter of the device (its samples are remote-written one by one).
-            if !names.contains("node_infiniband_out_of_buffer") {
-                return Err(format!("no fast counter received: {names:?}"));
-            }
+            let all = received(&vm, &selector)?;
             let open = not_ended(&vm, &selector)?;
             if open.is_empty() {
-                Ok(all.len())
+                Ok(all)
             } else {
                 Err(format!(
-                    "{} of {} series without a final stale marker: {open:#?}",
+                    "{} of {all} series without a final stale marker: {open:#?}",
                     open.len(),
-                    all.len()
                 ))
             }
         },
     )
     .unwrap_or_else(|e| panic!("{e}\n{}", vm.log_tail()));
     println!("{received} series of {pod_name} in VictoriaMetrics, each ended by a stale marker");
-    wait_for(
-        "a query finds no series of the ended pod",
-        UP,
-        tick(),
-        || {
-            let live = vm.query(&format!("count({selector})"))?;
-            if live.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{live:?}"))
-            }
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    wait_no_live_series(&vm, &selector, "a query finds no series of the ended pod");
     let s = p.scrape().unwrap_or_else(|e| panic!("{e}"));
     let (_, samples_in, out) = remote_write(&s);
     assert_eq!(samples_in, out, "remote-write accounting adds up");
@@ -256,20 +272,11 @@ fn a_thousand_short_pods_keep_the_series_bounded_and_leave_nothing_behind() {
     const MAX_DEVICES: u64 = 16;
     const PER_ROUND: usize = 25;
     const PODS: usize = 1_000;
-    let receiver = tempfile::Builder::new()
-        .prefix("uctel-pods-churn-")
-        .tempdir()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let vm = Victoria::start(receiver.path());
+    let (_receiver, vm) = victoria("uctel-pods-churn-");
     let id = "pod-churn";
     let (p, fabric) = start(&vm, id, MAX_DEVICES);
     // Before the pods come: the fixture's pod (ended at once) and the series baseline.
-    fabric
-        .pods
-        .0
-        .lock()
-        .unwrap_or_else(|e| panic!("{e}"))
-        .clear();
+    end_all_pods(&fabric);
     std::thread::sleep(Duration::from_secs(3));
     let s = p.scrape().unwrap_or_else(|e| panic!("{e}"));
     let agent_series = |s: &Scrape| {
@@ -323,12 +330,7 @@ fn a_thousand_short_pods_keep_the_series_bounded_and_leave_nothing_behind() {
          {max_labelled} with a pod label, {max_rw} remote-write series",
         started.elapsed()
     );
-    fabric
-        .pods
-        .0
-        .lock()
-        .unwrap_or_else(|e| panic!("{e}"))
-        .clear();
+    end_all_pods(&fabric);
 
     // Bounded: at most max_devices info series (twice, for a scrape between the frames of
     // one call), and the pod labels on no more series than the device has.
@@ -394,20 +396,7 @@ fn a_thousand_short_pods_keep_the_series_bounded_and_leave_nothing_behind() {
         }
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", vm.log_tail()));
-    wait_for(
-        "every pod series ended in VictoriaMetrics",
-        UP,
-        tick(),
-        || {
-            let live = vm.query(&format!("count({selector})"))?;
-            if live.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{live:?}"))
-            }
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e}\n{}", vm.log_tail()));
+    wait_no_live_series(&vm, &selector, "every pod series ended in VictoriaMetrics");
     println!("{held} pod series received by VictoriaMetrics, none live after the pods ended");
     let s = p.scrape().unwrap_or_else(|e| panic!("{e}"));
     let (_, samples_in, out) = remote_write(&s);

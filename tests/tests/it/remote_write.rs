@@ -17,13 +17,14 @@
 //!   said Goodbye their series are gone from `/metrics`.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_yaml::{Mapping, Value};
 use uctel_tests::exposition::Scrape;
 use uctel_tests::pipeline::Pipeline;
 use uctel_tests::prometheus::Prometheus;
 use uctel_tests::victoria::{RawSeries, Victoria};
+use uctel_tests::wait_for;
 
 const RW: &str = "uctel_collector_remote_write_";
 
@@ -163,7 +164,27 @@ fn remote_write_into_prometheus_and_victoria_metrics_holds_what_the_collector_ac
     p.add_agent("rw-a", 0.02, 1.0);
     p.add_agent("rw-b", 0.02, 1.0);
     p.wait_flowing(2, &["rw-a", "rw-b"], &["metrics"], Duration::from_secs(60));
-    std::thread::sleep(Duration::from_secs(60));
+    // Runs until what the checks below stand on has happened: UC loss injected and counted,
+    // and more samples sent to each receiver than the 10,000 the check of Prometheus asks
+    // for.
+    let running = Instant::now();
+    wait_for(
+        "loss counted and 12,000 samples sent to each receiver",
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || {
+            let s = p.scrape()?;
+            let lost = s.count("uctel_collector_frames_lost_total", &[]);
+            let sent = [&prom_url, &vm_url].map(|u| Figures::read(&s, u).sent);
+            if lost > 0 && sent.iter().all(|n| *n >= 12_000) {
+                Ok(())
+            } else {
+                Err(format!("{lost} frames lost, {sent:?} samples sent"))
+            }
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", p.collector.log_tail(40)));
+    println!("loss and samples enough after {:?}", running.elapsed());
     // What /metrics serves while the agents run (their series leave it at their Goodbye).
     let serving = p.scrape().unwrap_or_else(|e| panic!("{e}"));
     for a in &mut p.agents {

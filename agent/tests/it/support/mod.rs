@@ -62,7 +62,7 @@ use uctel_protocol::control::{
     self, Body, Challenge, Goodbye, Heartbeat, Hello, LaneReport, Refuse, RefuseReason, Report,
     StreamReport, Welcome,
 };
-use uctel_protocol::frame::{decode_frame, DecodedFrame};
+use uctel_protocol::frame::{decode_frame, DecodedFrame, Payload};
 use uctel_protocol::limits::Limits;
 use uctel_transport::api::{
     AccessFlags, CompletionQueue, Device, MemoryRegion, QpInitAttr, QpType, QueuePair, RcAttr,
@@ -150,6 +150,12 @@ pub struct Session {
 }
 
 impl Session {
+    /// The messages of the log records in the session's frames, in the order the frames
+    /// arrived.
+    pub fn log_messages(&self) -> Vec<String> {
+        log_messages(self.frames.iter().map(|(_, f)| f))
+    }
+
     pub fn records(&self, stream_id: u32) -> u64 {
         self.frames
             .iter()
@@ -162,6 +168,28 @@ impl Session {
 pub struct FakeCollector {
     pub addr: SocketAddr,
     pub sessions: mpsc::UnboundedReceiver<Session>,
+}
+
+impl FakeCollector {
+    /// The next connection to end (waits for it); panics when the collector stopped.
+    pub async fn session(&mut self) -> Session {
+        self.sessions
+            .recv()
+            .await
+            .unwrap_or_else(|| panic!("no session"))
+    }
+}
+
+/// The messages of the log records in `frames`, in the order given.
+pub fn log_messages<'a>(frames: impl IntoIterator<Item = &'a DecodedFrame>) -> Vec<String> {
+    frames
+        .into_iter()
+        .filter_map(|f| match &f.payload {
+            Payload::Logs(b) => Some(b.records.iter().map(|r| r.message.clone())),
+            _ => None,
+        })
+        .flatten()
+        .collect()
 }
 
 pub async fn start(cfg: FakeConfig) -> FakeCollector {

@@ -29,7 +29,7 @@ use self::metrics::{Counters, Dropped, Snapshot};
 use self::queue::{Queue, Row};
 use self::sender::Target;
 use super::config::ClickHouseConfig;
-use super::handover::{self, lock, Lifetime, Replacement, Slot, Task};
+use super::handover::{self, lock, Lifetime, Replacement, Slot, SlotEndpoint, Task};
 use super::http::{self, SetupError};
 use crate::logsink::{LogContext, LogLine};
 use crate::telemetry::Telemetry;
@@ -137,24 +137,7 @@ impl ClickHouse {
         &self,
         config: Option<&ClickHouseConfig>,
     ) -> Result<Option<(Replacement<Endpoint>, String)>, SetupError> {
-        let Some(context) = self.context.as_ref() else {
-            return Err(SetupError::Invalid {
-                key: "outputs.clickhouse".into(),
-                message: "this collector was built without its outputs started".into(),
-            });
-        };
-        let Some(runtime) = context.runtime.as_ref() else {
-            return Err(no_runtime());
-        };
-        self.slot.prepare(
-            context,
-            runtime,
-            config,
-            |e| &e.config,
-            |c| context.endpoint(c),
-            |e| format!("{} ({})", e.target.label, e.target.table),
-            "ClickHouse",
-        )
+        self.slot.prepare(self.context.as_ref(), config)
     }
 
     /// Waits for the tasks reloads started (endpoints added or changed, the retiring of
@@ -165,13 +148,6 @@ impl ClickHouse {
         if let Some(t) = report {
             let _ = t.await;
         }
-    }
-}
-
-fn no_runtime() -> SetupError {
-    SetupError::Invalid {
-        key: "outputs.clickhouse".into(),
-        message: "the ClickHouse output needs a tokio runtime to run its sender".into(),
     }
 }
 
@@ -209,23 +185,13 @@ impl std::fmt::Debug for Context {
 impl Context {
     /// The counters, registered on first use.
     fn counters(&self) -> Result<Arc<Counters>, SetupError> {
-        let registration = |e: prometheus::Error| SetupError::Invalid {
-            key: "outputs.clickhouse".into(),
-            message: format!("self-metrics: {e}"),
-        };
-        let mut counters = lock(&self.counters);
-        if let Some(c) = counters.as_ref() {
-            return Ok(c.clone());
-        }
-        let c = Arc::new(Counters::new().map_err(registration)?);
-        self.registry
-            .register(Box::new(LockedCollector::new(
-                c.clone(),
-                self.queues.clone(),
-            )))
-            .map_err(registration)?;
-        *counters = Some(c.clone());
-        Ok(c)
+        handover::registered(
+            &self.counters,
+            &self.registry,
+            Endpoint::KEY,
+            || Counters::new().map(Arc::new),
+            |c| Box::new(LockedCollector::new(c, self.queues.clone())),
+        )
     }
 
     /// Starts the output's report (its counters are the output's, not an endpoint's: one
@@ -323,6 +289,28 @@ impl Context {
             config: c.clone(),
             life: Lifetime::default(),
         }))
+    }
+}
+
+impl SlotEndpoint for Endpoint {
+    type Config = ClickHouseConfig;
+    const KEY: &'static str = "outputs.clickhouse";
+    const NAME: &'static str = "ClickHouse";
+
+    fn runtime(ctx: &Context) -> Option<&tokio::runtime::Handle> {
+        ctx.runtime.as_ref()
+    }
+
+    fn build(ctx: &Context, config: &ClickHouseConfig) -> Result<Arc<Endpoint>, SetupError> {
+        ctx.endpoint(config)
+    }
+
+    fn config(&self) -> &ClickHouseConfig {
+        &self.config
+    }
+
+    fn label(&self) -> String {
+        format!("{} ({})", self.target.label, self.target.table)
     }
 }
 
@@ -426,16 +414,8 @@ pub fn start(
             tasks: Vec::new(),
         });
     };
-    if context.runtime.is_none() {
-        return Err(no_runtime());
-    }
-    let e = context.endpoint(c)?;
-    handover::Endpoint::activate(&e, &context);
-    let mut tasks: Vec<_> = handover::Endpoint::start(&*e, &context)
-        .into_iter()
-        .collect();
+    let mut tasks = handle.slot.start(&context, c)?;
     tasks.extend(lock(&context.report).take());
-    handle.slot.install(e);
     Ok(Started { handle, tasks })
 }
 

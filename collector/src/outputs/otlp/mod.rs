@@ -38,7 +38,7 @@ use self::metrics::{Dropped, Families, Snapshot};
 use self::queue::Queue;
 use self::sender::{SignalItem, Target};
 use super::config::OtlpConfig;
-use super::handover::{self, lock, Lifetime, Replacement, Slot, Task};
+use super::handover::{self, lock, Lifetime, Replacement, Slot, SlotEndpoint, Task};
 use super::http::{self, SetupError};
 use crate::config::outputs::OtlpCompression;
 use crate::logsink::LogContext;
@@ -165,24 +165,7 @@ impl Otlp {
         &self,
         config: Option<&OtlpConfig>,
     ) -> Result<Option<(Replacement<Endpoint>, String)>, SetupError> {
-        let Some(context) = self.context.as_ref() else {
-            return Err(SetupError::Invalid {
-                key: "outputs.otlp".into(),
-                message: "this collector was built without its outputs started".into(),
-            });
-        };
-        let Some(runtime) = context.runtime.as_ref() else {
-            return Err(no_runtime());
-        };
-        self.slot.prepare(
-            context,
-            runtime,
-            config,
-            |e| &e.config,
-            |c| context.endpoint(c),
-            |e| e.label.clone(),
-            "OTLP",
-        )
+        self.slot.prepare(self.context.as_ref(), config)
     }
 
     /// Waits for the tasks reloads started, once the collector's shutdown fired.
@@ -194,13 +177,6 @@ impl Otlp {
                 let _ = t.await;
             }
         }
-    }
-}
-
-fn no_runtime() -> SetupError {
-    SetupError::Invalid {
-        key: "outputs.otlp".into(),
-        message: "the OTLP output needs a tokio runtime to run its senders".into(),
     }
 }
 
@@ -281,23 +257,13 @@ impl std::fmt::Debug for Context {
 impl Context {
     /// The families, registered on first use.
     fn families(&self) -> Result<Families, SetupError> {
-        let registration = |e: prometheus::Error| SetupError::Invalid {
-            key: "outputs.otlp".into(),
-            message: format!("self-metrics: {e}"),
-        };
-        let mut families = lock(&self.families);
-        if let Some(f) = families.as_ref() {
-            return Ok(f.clone());
-        }
-        let f = Families::new().map_err(registration)?;
-        self.registry
-            .register(Box::new(LockedCollector::new(
-                f.clone(),
-                self.active.clone(),
-            )))
-            .map_err(registration)?;
-        *families = Some(f.clone());
-        Ok(f)
+        handover::registered(
+            &self.families,
+            &self.registry,
+            Endpoint::KEY,
+            Families::new,
+            |f| Box::new(LockedCollector::new(f, self.active.clone())),
+        )
     }
 
     /// Builds the endpoint of `c` (nothing started, nothing counted yet).
@@ -409,6 +375,28 @@ impl Context {
     }
 }
 
+impl SlotEndpoint for Endpoint {
+    type Config = OtlpConfig;
+    const KEY: &'static str = "outputs.otlp";
+    const NAME: &'static str = "OTLP";
+
+    fn runtime(ctx: &Context) -> Option<&tokio::runtime::Handle> {
+        ctx.runtime.as_ref()
+    }
+
+    fn build(ctx: &Context, config: &OtlpConfig) -> Result<Arc<Endpoint>, SetupError> {
+        ctx.endpoint(config)
+    }
+
+    fn config(&self) -> &OtlpConfig {
+        &self.config
+    }
+
+    fn label(&self) -> String {
+        self.label.clone()
+    }
+}
+
 impl handover::Endpoint for Endpoint {
     type Context = Context;
 
@@ -513,16 +501,8 @@ pub fn start(
             tasks: Vec::new(),
         });
     };
-    if context.runtime.is_none() {
-        return Err(no_runtime());
-    }
-    let e = context.endpoint(c)?;
-    handover::Endpoint::activate(&e, &context);
-    let mut tasks: Vec<_> = handover::Endpoint::start(&*e, &context)
-        .into_iter()
-        .collect();
+    let mut tasks = handle.slot.start(&context, c)?;
     tasks.append(&mut lock(&context.reports));
-    handle.slot.install(e);
     Ok(Started { handle, tasks })
 }
 

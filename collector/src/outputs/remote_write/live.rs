@@ -126,23 +126,13 @@ impl Context {
 
     /// The families, registered on first use.
     fn families(&self) -> Result<Families, SetupError> {
-        let registration = |e: prometheus::Error| SetupError::Invalid {
-            key: "outputs.remote_write".into(),
-            message: format!("self-metrics: {e}"),
-        };
-        let mut families = lock(&self.families);
-        if let Some(f) = families.as_ref() {
-            return Ok(f.clone());
-        }
-        let f = Families::new().map_err(registration)?;
-        self.registry
-            .register(Box::new(LockedCollector::new(
-                f.clone(),
-                self.registered.clone(),
-            )))
-            .map_err(registration)?;
-        *families = Some(f.clone());
-        Ok(f)
+        handover::registered(
+            &self.families,
+            &self.registry,
+            "outputs.remote_write",
+            Families::new,
+            |f| Box::new(LockedCollector::new(f, self.registered.clone())),
+        )
     }
 
     /// Builds endpoint `i` of `c` (nothing started, nothing counted yet).

@@ -8,13 +8,12 @@
 //!   twice in one; both tables got rows (the switch came mid-stream); the output's sum rule
 //!   holds; one session from start to end.
 
-use nix::sys::signal::Signal;
 use uctel_tests::exclusive;
 use uctel_tests::faults::{AgentSpec, Law, Row};
 
 use super::{
-    clickhouse_drained, clickhouse_output, clickhouse_with_shipped_schema, read_config,
-    wait_logged, GAP, SETTLE,
+    clickhouse_drained, clickhouse_output, clickhouse_with_shipped_schema, reload_collector_output,
+    GAP, SETTLE,
 };
 
 #[test]
@@ -31,17 +30,7 @@ fn reload_under_load_moves_clickhouse_to_another_table() {
     // A burst the reload lands in the middle of.
     row.write(a, 0, 3000);
 
-    let collector_config = row.collector.config_path().to_path_buf();
-    let mut y = read_config(&collector_config);
-    y.set("outputs.clickhouse.table", "logs_after");
-    y.write(&collector_config);
-    row.collector.signal(Signal::SIGHUP);
-    let applied = wait_logged(
-        || row.collector.log(),
-        "configuration reloaded: applied outputs.clickhouse",
-        1,
-    );
-    row.expect(applied, "the collector applied the moved output");
+    reload_collector_output(&mut row, "outputs.clickhouse.table", "logs_after");
     row.write_bursts(a, 0, 1500, GAP);
     let written = row.agents[a].written();
     row.wait_settled(a, written, SETTLE);
