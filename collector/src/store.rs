@@ -543,7 +543,7 @@ impl SeriesStore {
     /// read by id alone (`uctel_protocol::dict::SeriesDict::decode_known`): each value goes
     /// to the series its [`RecordId`] was stored in before, no name or label read. All or
     /// nothing: `None`, nothing stored, unless every value's id names a series stored
-    /// before while no series was added or removed since ([`Recent`]) and no value is a
+    /// before while no series was added or removed since (`Recent`) and no value is a
     /// stale marker or a histogram (those take the full path, which ends or builds their
     /// series); else the outcome [`SeriesStore::ingest_views_at`] gives for the same frame
     /// (`frame_timestamp_ns`: its header's time, ns since the Unix epoch).

@@ -304,10 +304,10 @@ fn word_region() -> uctel_transport::api::MemoryRegion {
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
-#[test]
-fn log_records_left_queued_for_credit_ask_for_it_and_keep_the_credit_word_read() {
-    let t0 = Instant::now();
-    let (mut s, q) = session(false, 4, t0);
+/// 2,000 log lines queued for the UC lane of `s` (window 4), whose logs wait for credit;
+/// the pipeline takes what the credits leave room for (three frames of four credits, one
+/// kept for the streams that drop) and they go, as posts do. Returns the frames sent.
+fn send_a_waiting_backlog(s: &mut Session, q: &Queues, t0: Instant) -> usize {
     let c = config(false);
     let mut waits = sender_config(&c, Reliability::Uc, 4);
     waits.wait_for_credit = [true, true, false];
@@ -316,22 +316,25 @@ fn log_records_left_queued_for_credit_ask_for_it_and_keep_the_credit_word_read()
         ..Default::default()
     });
     assert_eq!(q.logs.offer(backlog), 0, "the queue refused records");
-    {
-        let lane = s.lanes.get_mut(0).unwrap_or_else(|| panic!("no UC lane"));
-        lane.core = SenderCore::new_unexported(&waits, 1, t0).unwrap_or_else(|e| panic!("{e}"));
-        // The pipeline takes what the credits leave room for (three frames of four
-        // credits, one kept for the streams that drop); they go, as posts do.
-        pump::pull(&mut lane.core, &q, &s.stats);
-        lane.core.flush(Stream::Logs);
-        let mut sent = 0;
-        while let Poll::Transmit(t) = lane.core.poll_transmit(t0, 1) {
-            lane.core.sent(&t);
-            sent += 1;
-        }
-        assert_eq!(sent, 3);
-        // No frame found no credit: the reserve is left.
-        assert_eq!(lane.core.credits_available(), 1);
+    let lane = s.lanes.get_mut(0).unwrap_or_else(|| panic!("no UC lane"));
+    lane.core = SenderCore::new_unexported(&waits, 1, t0).unwrap_or_else(|e| panic!("{e}"));
+    pump::pull(&mut lane.core, q, &s.stats);
+    lane.core.flush(Stream::Logs);
+    let mut sent = 0;
+    while let Poll::Transmit(t) = lane.core.poll_transmit(t0, 1) {
+        lane.core.sent(&t);
+        sent += 1;
     }
+    sent
+}
+
+#[test]
+fn log_records_left_queued_for_credit_ask_for_it_and_keep_the_credit_word_read() {
+    let t0 = Instant::now();
+    let (mut s, q) = session(false, 4, t0);
+    assert_eq!(send_a_waiting_backlog(&mut s, &q, t0), 3);
+    // No frame found no credit: the reserve is left.
+    assert_eq!(s.lanes.uc().core.credits_available(), 1);
     assert!(!q.logs.is_empty());
     // Yet the wake asks for credit at once: records wait for it in the queue.
     let mut demand = DemandMeter::default();
@@ -398,25 +401,12 @@ fn the_last_frames_ask_for_credit_and_read_the_credit_word() {
         None,
         "no frame found no credit"
     );
-    let c = config(false);
-    let mut waits = sender_config(&c, Reliability::Uc, 4);
-    waits.wait_for_credit = [true, true, false];
-    let backlog = (0..2000).map(|i| LogRecord {
-        message: format!("last line {i} {}", "x".repeat(60)),
-        ..Default::default()
-    });
-    assert_eq!(q.logs.offer(backlog), 0, "the queue refused records");
-    let lane = s.lanes.get_mut(0).unwrap_or_else(|| panic!("no UC lane"));
-    lane.core = SenderCore::new_unexported(&waits, 1, t0).unwrap_or_else(|e| panic!("{e}"));
-    pump::pull(&mut lane.core, &q, &s.stats);
-    lane.core.flush(Stream::Logs);
-    let mut sent = 0;
-    while let Poll::Transmit(t) = lane.core.poll_transmit(t0, 1) {
-        lane.core.sent(&t);
-        sent += 1;
-    }
-    assert_eq!(sent, 3, "one window but the reserve");
-    assert!(!q.logs.is_empty() && lane.core.records_waiting());
+    assert_eq!(
+        send_a_waiting_backlog(&mut s, &q, t0),
+        3,
+        "one window but the reserve"
+    );
+    assert!(!q.logs.is_empty() && s.lanes.uc().core.records_waiting());
     let hb = s
         .credit_ask()
         .unwrap_or_else(|| panic!("no ask for credit"));
