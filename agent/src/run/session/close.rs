@@ -201,11 +201,8 @@ impl Session {
     /// The heartbeat that asks for credit when a lane ran out of it with frames to send
     /// (at most once per grant, as in the session; `None` otherwise).
     pub(super) fn credit_ask(&mut self) -> Option<Heartbeat> {
-        let mut ask = false;
-        for lane in self.lanes.iter_mut() {
-            ask |= lane.core.take_credit_heartbeat();
-        }
-        ask.then(|| self.lanes.heartbeat(self.last_heartbeat, &self.stats))
+        self.credit_asked()
+            .then(|| self.lanes.heartbeat(self.last_heartbeat, &self.stats))
     }
 
     /// Until when the last frames wait after a transmit that stopped at `stop` at `now`:

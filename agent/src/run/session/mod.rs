@@ -157,10 +157,7 @@ impl Session {
                 stops[i] = lane.step(queues, &self.stats);
             }
         }
-        let mut credit_heartbeat = false;
-        for lane in self.lanes.iter_mut() {
-            credit_heartbeat |= lane.core.take_credit_heartbeat();
-        }
+        let credit_heartbeat = self.credit_asked();
         if credit_heartbeat {
             // Before a failed post ends the session: the next session's `Hello` still
             // announces the rate this one was starved at.
@@ -182,6 +179,16 @@ impl Session {
             return Ok(None);
         }
         Ok(Some(self.lanes.heartbeat(self.last_heartbeat, &self.stats)))
+    }
+
+    /// Whether a lane ran out of credit with frames to send since the last call (at most
+    /// once per grant: [`SenderCore::take_credit_heartbeat`]); resets.
+    fn credit_asked(&mut self) -> bool {
+        let mut asked = false;
+        for lane in self.lanes.iter_mut() {
+            asked |= lane.core.take_credit_heartbeat();
+        }
+        asked
     }
 
     /// When the send path wants the next wake after `now`: the lanes' pacing or credit
