@@ -149,17 +149,15 @@ fn soft_path_with_the_series_dictionary_accounts_for_every_frame_and_record() {
     assert_eq!(r.dict_acknowledged, agents, "{r:?}");
     assert_eq!(r.records_per_frame, dict.records());
     assert!(r.records_per_frame > 5 * plain.records(), "{r:?}");
-    // The window holds steady-state frames (full) and prelude frames still queued at its
-    // start (fewer samples each, how many depends on the machine's load): never more, but
-    // for the frame each agent's connection may have in ingest at either scrape (its
-    // `frames_received` and `records_received` move one after the other, so a scrape
-    // between them sees the frame in one and not yet in the other; a clean-clone run saw
-    // exactly one frame per agent over).
+    // No frame carries more than a full frame's records; prelude frames carry fewer. This is
+    // checked on the totals after the drain, not on the measuring window: a scrape reads
+    // `frames_received_total` and `records_received_total` one family after the other while
+    // the worker runs, so at 7,400 frames/s a gather slowed by a loaded machine sees a few
+    // dozen frames in one family and not yet in the other (a CI run saw 19).
     assert!(r.frames > 0.0, "{r:?}");
     assert_eq!(r.frames_dropped, 0.0, "{r:?}");
-    let edge = f64::from(u32::try_from(agents).unwrap());
     assert!(
-        r.samples <= (r.frames + edge) * f64::from(dict.records()),
+        r.accounting.records_received <= r.accounting.received * f64::from(dict.records()),
         "{r:?}"
     );
     let a = &r.accounting;
