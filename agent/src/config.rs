@@ -66,6 +66,7 @@ use uctel_transport::soft::fault::{FaultConfig, FaultConfigError};
 use crate::pacing::PacingLimits;
 pub use crate::sources::sections::{
     HostMetricsSection, LogSection, LogSeverity, SelfMetricsSection, SourcesSection, StartAt,
+    WakeScheduling,
 };
 use crate::stream::Stream;
 

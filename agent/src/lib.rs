@@ -32,7 +32,8 @@
 //! dryrun.rs      --dry-run: frames decoded to JSON lines on stdout
 //! sources/       host metrics (node_exporter names), RDMA counters, log tailer; sources/sys/
 //!                the only unsafe code (the SIOCETHTOOL ioctl, adjtimex(2), localtime_r(3),
-//!                prctl(2) PR_SET_PDEATHSIG for the journalctl child)
+//!                prctl(2) PR_SET_PDEATHSIG for the journalctl child, sched_setscheduler(2)
+//!                for the threads that wake at the sampling instants)
 //! ```
 //!
 //! The rules live in sans-IO state machines ([`pacing`], [`credits`], [`sender::core`])

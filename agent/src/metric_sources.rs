@@ -44,7 +44,10 @@ enum Spec {
     SelfMetrics(crate::config::SelfMetricsSection),
     Scrape(crate::sources::scrape::ScrapeTarget),
     Textfile(crate::sources::textfile::TextfileSection),
-    FastCounters(crate::sources::fast_counters::FastCountersSection),
+    FastCounters(
+        crate::sources::fast_counters::FastCountersSection,
+        crate::config::WakeScheduling,
+    ),
     Slurm(crate::sources::slurm::SlurmSection),
     PodResources(crate::sources::pod_resources::PodResourcesSection),
 }
@@ -80,9 +83,10 @@ fn units(config: &AgentConfig) -> Vec<UnitSpec> {
         out.push(UnitSpec {
             kind: "host_metrics",
             key: format!(
-                "{}textfile: {}",
+                "{}textfile: {}\nwake_scheduling: {:?}",
                 yaml(&s.host_metrics),
-                s.textfile.is_some()
+                s.textfile.is_some(),
+                s.wake_scheduling
             ),
             spec: Spec::Host(Box::new(config.clone())),
         });
@@ -104,8 +108,8 @@ fn units(config: &AgentConfig) -> Vec<UnitSpec> {
     if let Some(f) = &s.fast_counters {
         out.push(UnitSpec {
             kind: "fast_counters",
-            key: yaml(f),
-            spec: Spec::FastCounters(f.clone()),
+            key: format!("{}wake_scheduling: {:?}", yaml(f), s.wake_scheduling),
+            spec: Spec::FastCounters(f.clone(), s.wake_scheduling),
         });
     }
     if let Some(sl) = &s.slurm {
@@ -213,7 +217,10 @@ impl MetricSources {
                 Box::pin(host_metrics_loop(
                     host_config(&config),
                     config.sources.textfile.is_none(),
-                    grid(h.interval_seconds, h.offset_seconds),
+                    (
+                        grid(h.interval_seconds, h.offset_seconds),
+                        config.sources.wake_scheduling,
+                    ),
                     self.pod_labels.clone(),
                     q,
                     (st, rounds),
@@ -243,7 +250,7 @@ impl MetricSources {
                 (st, rounds),
                 stop,
             )),
-            Spec::FastCounters(f) => {
+            Spec::FastCounters(f, scheduling) => {
                 let specs = f
                     .resolve()
                     .inspect_err(|e| {
@@ -264,7 +271,14 @@ impl MetricSources {
                 };
                 let q = self.queues.fast_counters.clone();
                 let labels = self.pod_labels.clone();
-                Box::pin(fast_counters_loop(f, specs, metrics, (q, labels), st, stop))
+                Box::pin(fast_counters_loop(
+                    (f, scheduling),
+                    specs,
+                    metrics,
+                    (q, labels),
+                    st,
+                    stop,
+                ))
             }
             Spec::Slurm(s) => Box::pin(slurm_loop(s, q, (st, rounds), stop)),
             Spec::PodResources(p) => {
@@ -427,6 +441,31 @@ mod tests {
         assert_eq!(ua[1].key, ub[1].key);
         assert_ne!(ua[0].key, ub[0].key);
         assert_eq!(ua.last().unwrap().key, ub.last().unwrap().key);
+        assert!(restart_keys(&a, &b).is_empty());
+    }
+
+    /// `sources.wake_scheduling` is part of the units whose threads it schedules, so a
+    /// reload that changes it starts them again under it, and only them.
+    #[test]
+    fn wake_scheduling_changes_the_host_and_fast_units_only() {
+        let base = "agent_id: a\ncollector: {control: '127.0.0.1:1'}\nsources:\n  \
+                    scrape: [{url: 'http://127.0.0.1:1/metrics'}]\n  \
+                    fast_counters: {counters: [{path: /sys/class/net/lo/statistics/rx_packets}]}\n";
+        let (a, b) = (
+            config(base),
+            config(&format!("{base}  wake_scheduling: normal\n")),
+        );
+        assert_eq!(
+            a.sources.wake_scheduling,
+            crate::config::WakeScheduling::Realtime
+        );
+        let changed: Vec<_> = units(&a)
+            .iter()
+            .zip(units(&b).iter())
+            .filter(|(x, y)| x.key != y.key)
+            .map(|(x, _)| x.kind)
+            .collect();
+        assert_eq!(changed, ["host_metrics", "fast_counters"]);
         assert!(restart_keys(&a, &b).is_empty());
     }
 }

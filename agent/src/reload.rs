@@ -9,7 +9,8 @@
 //! changed source over from its checkpoint, cursor or sequence number); the metric sources
 //! `sources.host_metrics`, `self_metrics`, `scrape`, `textfile`, `fast_counters` (changed,
 //! not added or removed: that needs a restart), `slurm` and `pod_resources` (changed, not
-//! added or removed) ([`crate::metric_sources`]).
+//! added or removed), and `sources.wake_scheduling` (the host metrics and fast counters
+//! start again under it) ([`crate::metric_sources`]).
 //! Every other key needs a restart (README "Reload").
 
 use std::path::PathBuf;
@@ -90,6 +91,7 @@ pub const LIVE_KEYS: &[&str] = &[
     "sources.fast_counters",
     "sources.slurm",
     "sources.pod_resources",
+    "sources.wake_scheduling",
 ];
 
 /// The namespace of the reload metrics: `uctel_agent_config_last_reload_*`.

@@ -313,7 +313,8 @@ fn offer(
 /// first instant after start; a collection that ends after the next instants skips them
 /// (counted in `uctel_agent_missed_rounds_total{source="host_metrics"}`), never bunches.
 /// Records are stamped with the time the round began: the wall clock read when the
-/// `host-wake` thread, which only sleeps to the grid at the agent's nice value, woke for it
+/// `host-wake` thread, which only sleeps to the grid (a `SCHED_FIFO` thread unless
+/// `sources.wake_scheduling` is `normal`: [`rounds::schedule_wake`]), woke for it
 /// ([`rounds::Handover`]). Collections run on a thread of their own, `host-metrics`, at a
 /// nice value raised by [`rounds::COLLECTION_NICE_INCREMENT`] (where that fails: a warning,
 /// and collections at the agent's nice value), so that a collection, of this agent or of
@@ -326,7 +327,7 @@ fn offer(
 pub async fn host_metrics_loop(
     config: HostMetricsConfig,
     no_textfile: bool,
-    grid: Grid,
+    (grid, scheduling): (Grid, crate::config::WakeScheduling),
     pod_labels: Option<crate::sources::pod_resources::PodLabels>,
     queue: RecordQueue<Metric>,
     (stats, rounds): (Arc<SelfMetrics>, RoundMetrics),
@@ -338,6 +339,7 @@ pub async fn host_metrics_loop(
             no_textfile,
             (
                 grid,
+                scheduling,
                 pod_labels.map(crate::sources::pod_resources::DeviceLabeller::new),
             ),
             &queue,
@@ -378,12 +380,17 @@ async fn run_thread(
 }
 
 /// The body of [`host_metrics_loop`]'s thread, `host-wake`: starts the `host-metrics`
-/// thread, which raises its own nice value and collects, and hands it the rounds of `grid`
-/// until `stop` is dropped.
+/// thread, which raises its own nice value and collects, then schedules itself as
+/// `sources.wake_scheduling` says ([`rounds::schedule_wake`]) and hands the collection
+/// thread the rounds of `grid` until `stop` is dropped.
 fn host_metrics_thread(
     config: HostMetricsConfig,
     no_textfile: bool,
-    (mut grid, labeller): (Grid, Option<crate::sources::pod_resources::DeviceLabeller>),
+    (mut grid, scheduling, labeller): (
+        Grid,
+        crate::config::WakeScheduling,
+        Option<crate::sources::pod_resources::DeviceLabeller>,
+    ),
     queue: &RecordQueue<Metric>,
     stats: (&SelfMetrics, &RoundMetrics),
     stop: &std::sync::mpsc::Receiver<()>,
@@ -404,6 +411,7 @@ fn host_metrics_thread(
             tracing::error!(error = %e, thread = "host-metrics", "cannot start the thread; host metrics stop");
             return;
         }
+        rounds::schedule_wake("host-wake", scheduling);
         rounds::wake_rounds(&mut grid, stop, &handover);
     });
 }

@@ -79,7 +79,8 @@ impl FastCounterMetrics {
 }
 
 /// Runs the `fast_counters` source (`sources::fast_counters`) until shutdown, on a thread
-/// of its own (`fast-counters`) that sleeps until each sampling instant: one read per
+/// of its own (`fast-counters`, scheduled as `sources.wake_scheduling` says:
+/// [`super::rounds::schedule_wake`]) that sleeps until each sampling instant: one read per
 /// counter per instant, a record per counter every `samples_per_record` samples, offered to
 /// the fast_counters queue. What the queue cannot take is counted as `source_overflow`, in
 /// samples. At shutdown the samples not yet shipped are offered as a last, shorter record.
@@ -90,7 +91,10 @@ impl FastCounterMetrics {
 /// ([`crate::sources::pod_resources::SeriesLabeller`]), counted in
 /// `uctel_agent_fast_stale_markers_total`.
 pub async fn fast_counters_loop(
-    section: crate::sources::fast_counters::FastCountersSection,
+    (section, scheduling): (
+        crate::sources::fast_counters::FastCountersSection,
+        crate::config::WakeScheduling,
+    ),
     specs: Vec<crate::sources::fast_counters::CounterSpec>,
     metrics: FastCounterMetrics,
     (queue, pod_labels): (RecordQueue<SampleSeries>, Option<PodLabels>),
@@ -98,6 +102,7 @@ pub async fn fast_counters_loop(
     mut shutdown: Shutdown,
 ) {
     run_thread("fast-counters", &mut shutdown, move |stopped| {
+        super::rounds::schedule_wake("fast-counters", scheduling);
         fast_counters_thread(
             &section,
             &specs,

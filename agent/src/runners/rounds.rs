@@ -20,6 +20,7 @@ use std::time::Duration;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 use uctel_common::shutdown::Shutdown;
 
+use crate::config::WakeScheduling;
 use crate::pacing::grid::{unix_now_ns, Grid, GridRound};
 
 /// `uctel_agent_missed_rounds_total{source}` and `uctel_agent_round_lateness_seconds{source}`
@@ -135,6 +136,32 @@ pub async fn next_round(grid: &mut Grid, shutdown: &mut Shutdown) -> Option<Bega
                 round,
                 unix_ns: now,
             });
+        }
+    }
+}
+
+/// Schedules the calling thread, which wakes at a source's instants, as `scheduling` says
+/// (`sources.wake_scheduling`): for [`WakeScheduling::Realtime`], `SCHED_FIFO` priority 1
+/// ([`crate::sources::sys::sched::wake_in_real_time`]), logged at `debug`; where the kernel
+/// refuses, a warning naming `thread` and the thread stays a normal one. Answers whether
+/// the thread now runs in real time.
+pub fn schedule_wake(thread: &str, scheduling: WakeScheduling) -> bool {
+    if scheduling == WakeScheduling::Normal {
+        return false;
+    }
+    match crate::sources::sys::sched::wake_in_real_time() {
+        Ok(()) => {
+            tracing::debug!(
+                thread,
+                priority = crate::sources::sys::sched::WAKE_RT_PRIORITY,
+                "wakes at its sampling instants as a SCHED_FIFO thread"
+            );
+            true
+        }
+        Err(e) => {
+            tracing::warn!(thread, error = %e,
+                "cannot run the thread as SCHED_FIFO (sources.wake_scheduling: realtime needs CAP_SYS_NICE or LimitRTPRIO=1); it wakes as a normal thread, later on a busy host");
+            false
         }
     }
 }

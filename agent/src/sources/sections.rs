@@ -58,6 +58,29 @@ pub struct SourcesSection {
     /// `null` disables checkpoints: a restart then starts over at `start_at`.
     #[serde(default = "default_state_directory")]
     pub state_directory: Option<PathBuf>,
+    /// How the threads that wake at the aligned sampling instants are scheduled: the host
+    /// metrics' `host-wake` thread (it stamps each round and hands it to the collection
+    /// thread) and the fast counters' sampling thread. `realtime` (default): Linux
+    /// `SCHED_FIFO` at priority 1, the lowest real-time priority, so that a timer's expiry
+    /// runs the thread at once rather than after the normal threads of a busy host; it
+    /// needs `CAP_SYS_NICE` or `LimitRTPRIO=1` (the packaged systemd unit grants the
+    /// latter), and where the kernel refuses, the agent logs a warning once per thread and
+    /// runs it as a normal thread. `normal`: never ask. The threads sleep between
+    /// instants; the kernel's real-time throttling bounds them in any case.
+    #[serde(default)]
+    pub wake_scheduling: WakeScheduling,
+}
+
+/// `sources.wake_scheduling`: the scheduling of the threads that wake at the aligned
+/// sampling instants.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WakeScheduling {
+    /// `SCHED_FIFO` priority 1 where the kernel allows it, else as `normal` (warned).
+    #[default]
+    Realtime,
+    /// The agent's own policy and nice value.
+    Normal,
 }
 
 #[allow(clippy::unnecessary_wraps)]
@@ -115,6 +138,7 @@ impl Default for SourcesSection {
             journald: None,
             kmsg: None,
             state_directory: default_state_directory(),
+            wake_scheduling: WakeScheduling::default(),
         }
     }
 }

@@ -1,8 +1,8 @@
 //! The kernel clock, read where no safe interface exists: the NTP discipline state of
 //! adjtimex(2) and the local time zone of localtime_r(3).
 //!
-//! One of the two modules of [`crate::sources::sys`], the agent's only `unsafe` code (with
-//! [`super::ethtool`]): two libc calls on stack values, each with its `// SAFETY:` note.
+//! One of the modules of [`crate::sources::sys`], the agent's only `unsafe` code: two libc
+//! calls on stack values, each with its `// SAFETY:` note.
 //! `rustix` and `nix` wrap neither call.
 
 use std::ffi::CStr;

@@ -11,8 +11,7 @@
 //! (`ETHTOOL_MSG_STRSET_GET`) but not their values. The `ethtool` crate (rust-netlink) speaks
 //! only netlink, and neither `rustix` nor `nix` wraps `SIOCETHTOOL`.
 //!
-//! One of the two modules of [`crate::sources::sys`], the agent's only `unsafe` code (with
-//! [`super::clock`]): the socket, the ioctl calls and the guarded buffers, each with its
+//! One of the modules of [`crate::sources::sys`], the agent's only `unsafe` code: the socket, the ioctl calls and the guarded buffers, each with its
 //! `// SAFETY:` note.
 //!
 //! The kernel writes as many entries as the driver has *now* (`ethtool_get_stats` and

@@ -9,9 +9,12 @@
 //!   (the `time` and `timex` collectors).
 //! - [`child`]: `PR_SET_PDEATHSIG` for the journald source's `journalctl` child, set between
 //!   fork and exec (prctl(2)), so it never outlives the agent.
+//! - [`sched`]: `SCHED_FIFO` for the threads that wake at the aligned sampling instants
+//!   (sched_setscheduler(2)).
 //!
 //! Only the agent makes these calls, so they live here rather than in `uctel-common`.
 
 pub mod child;
 pub mod clock;
 pub mod ethtool;
+pub mod sched;
