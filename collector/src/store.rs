@@ -213,12 +213,16 @@ struct AgentSeries {
 /// first (a payload repeated with new values: one comparison), then by id: a host
 /// collection of 442 series spans two series-dictionary frames, whose records alternate
 /// at the same positions, so a look-up by position alone missed every sample of them and
-/// each took the full look-up (name and label values hashed, then compared).
+/// each took the full look-up (name and label values hashed, then compared). The values of
+/// series-dictionary frames ([`SeriesStore::ingest_known`]) are also noted by their
+/// dictionary id, a dense index: one load and one comparison of the id instead of the
+/// by-id hash probe.
 #[derive(Debug, Default)]
 struct Recent {
     layout: u64,
     at: Vec<Option<(RecordId, usize)>>,
     by_id: HashMap<RecordId, usize, RandomState>,
+    by_entry: Vec<Option<(RecordId, usize)>>,
 }
 
 impl Recent {
@@ -234,6 +238,31 @@ impl Recent {
         }
     }
 
+    /// The bucket of a series-dictionary value (`value.entry`, `value.id`; at `position`
+    /// of its frame) at `layout`: by its dictionary id, else as [`Recent::get`], and then
+    /// noted by dictionary id for the next frame.
+    #[inline]
+    fn get_known(&mut self, layout: u64, position: usize, value: &KnownValue) -> Option<usize> {
+        if self.layout != layout {
+            return None;
+        }
+        let entry = value.entry as usize;
+        if let Some(Some((id, bucket))) = self.by_entry.get(entry) {
+            if *id == value.id {
+                return Some(*bucket);
+            }
+        }
+        let bucket = self.get(layout, position, value.id)?;
+        // Bounded as `by_id` (`note`): dictionary ids are dense from 0 per epoch.
+        if entry < self.by_id.len().max(self.at.len()).saturating_mul(2) + 1024 {
+            if self.by_entry.len() <= entry {
+                self.by_entry.resize(entry + 1, None);
+            }
+            self.by_entry[entry] = Some((value.id, bucket));
+        }
+        Some(bucket)
+    }
+
     /// Notes that `id`, at `position` of its batch, was stored in `bucket` at `layout`.
     /// Ids of records no longer sent (earlier connections' dictionaries, earlier payloads)
     /// are dropped by clearing all once there are more than `bound`, so memory stays
@@ -242,6 +271,7 @@ impl Recent {
         if self.layout != layout || self.by_id.len() >= bound {
             self.by_id.clear();
             self.at.clear();
+            self.by_entry.clear();
             self.layout = layout;
         }
         if self.at.len() <= position {
@@ -561,14 +591,14 @@ impl SeriesStore {
             agents, buckets, ..
         } = &mut *guard;
         let entry = agents.get_mut(agent)?;
-        let (layout, recent, series) = (entry.layout, &entry.recent, &entry.series);
+        let (layout, recent, series) = (entry.layout, &mut entry.recent, &entry.series);
         buckets.clear();
         for (at, v) in values.iter().enumerate() {
             if v.value.to_bits() == STALE_NAN_BITS || v.r#type == MetricType::Histogram as i32 {
                 return None;
             }
             let bucket = recent
-                .get(layout, at, v.id)
+                .get_known(layout, at, v)
                 .filter(|b| series.get_bucket(*b).is_some())?;
             buckets.push(bucket);
         }
@@ -1213,6 +1243,7 @@ mod tests {
         }
         let v = |id, kind: MetricType, value, timestamp_ms| KnownValue {
             id,
+            entry: 0,
             r#type: kind as i32,
             value,
             timestamp_ms,
@@ -1256,6 +1287,81 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} in {text}");
         }
+    }
+
+    /// Dictionary values are found again by their dictionary id (`Recent::by_entry`), and
+    /// an index noted for one entry never sends another entry's value, or the same index
+    /// under another id (a new epoch's dictionary), to the wrong series.
+    #[test]
+    fn known_values_by_dictionary_id_follow_their_ids() {
+        use uctel_protocol::borrowed::{LabelView, PushRecord};
+        let s = SeriesStore::new(Duration::from_secs(60), 100);
+        let batch = |ids: &[RecordId], devices: &[&'static str]| {
+            let mut b = MetricBatchView::new();
+            for (id, device) in ids.iter().zip(devices) {
+                b.push_record(
+                    PushRecord {
+                        id: Some(*id),
+                        name: "node_network_receive_bytes_total",
+                        help: "",
+                        r#type: MetricType::Counter as i32,
+                        value: 1.0,
+                        timestamp_ms: 0,
+                        count: 0,
+                        sum: 0.0,
+                    },
+                    [LabelView {
+                        name: "device",
+                        value: device,
+                    }],
+                    [],
+                );
+            }
+            b
+        };
+        let known = |id, entry, value| KnownValue {
+            id,
+            entry,
+            r#type: MetricType::Counter as i32,
+            value,
+            timestamp_ms: 0,
+        };
+        let value_of = |device: &str| {
+            let text = render(&s);
+            let line = text
+                .lines()
+                .find(|l| l.contains(&format!("device=\"{device}\"")))
+                .unwrap_or_else(|| panic!("{device} in {text}"))
+                .to_owned();
+            line.split(' ').nth(1).unwrap().parse::<f64>().unwrap()
+        };
+        let one: Vec<RecordId> = (0..2).map(|_| RecordId::fresh()).collect();
+        for _ in 0..2 {
+            s.ingest_views_at("a", "h", &batch(&one, &["eth0", "eth1"]), 0, Instant::now());
+        }
+        // Entry 0 is eth0, entry 1 eth1; the frame lists them the other way round, so the
+        // first look-up goes by id and notes the entries, the next ones by entry.
+        for round in [10.0, 20.0] {
+            let values = [known(one[1], 1, round + 1.0), known(one[0], 0, round)];
+            let out = s
+                .ingest_known("a", "h", &values, 0, Instant::now())
+                .unwrap();
+            assert_eq!(out.stored, 2);
+            assert_eq!((value_of("eth0"), value_of("eth1")), (round, round + 1.0));
+        }
+        // A new epoch's dictionary: the same series under new ids and swapped entries.
+        let two: Vec<RecordId> = (0..2).map(|_| RecordId::fresh()).collect();
+        s.ingest_views_at("a", "h", &batch(&two, &["eth1", "eth0"]), 0, Instant::now());
+        let values = [known(two[0], 0, 31.0), known(two[1], 1, 30.0)];
+        let out = s
+            .ingest_known("a", "h", &values, 0, Instant::now())
+            .unwrap();
+        assert_eq!(out.stored, 2);
+        assert_eq!((value_of("eth0"), value_of("eth1")), (30.0, 31.0));
+        // The first epoch's index for entry 0 is not taken for an id never stored.
+        let stranger = [known(RecordId::fresh(), 0, 99.0)];
+        assert_eq!(s.ingest_known("a", "h", &stranger, 0, Instant::now()), None);
+        assert_eq!((value_of("eth0"), value_of("eth1")), (30.0, 31.0));
     }
 
     #[test]

@@ -49,6 +49,10 @@ pub struct KnownValue {
     /// The entry's [`RecordId`]: the same for every value of the series in the epoch, and
     /// the id [`SeriesDict::decode_into`] gives its records.
     pub id: RecordId,
+    /// The entry's dictionary id (its index in the agent's dictionary for the epoch: small
+    /// and dense, so a reader may index a table by it; [`KnownValue::id`] tells whether
+    /// what it noted there is still this entry).
+    pub entry: u32,
     /// The entry's [`MetricType`] value: a counter, gauge or untyped series, never a
     /// histogram.
     pub r#type: i32,
@@ -247,6 +251,7 @@ impl SeriesDict {
             out.push(KnownValue {
                 // Every entry but a histogram's has one.
                 id: entry.record_id?,
+                entry: id,
                 r#type: entry.r#type,
                 value: scalar(&mut r, op).ok()?,
                 timestamp_ms,
