@@ -15,6 +15,9 @@
 //! * **Baseline**, measured in the same run: a bare thread of this process that sleeps to
 //!   the same 10 ms grid with `std::thread::sleep` and reads the clock (what the machine's
 //!   timers and scheduler allow without the agent); the agent's p99 is reported against it.
+//!   A second bare thread does the same as a `SCHED_FIFO` priority 1 thread, as the agent's
+//!   waking threads run by default (`sources.wake_scheduling`): what the machine's timers
+//!   allow a real-time thread, the floor for the agent (absent where the policy is refused).
 
 use std::fs;
 use std::path::PathBuf;
@@ -77,6 +80,9 @@ pub struct AlignResult {
     pub missed_instants: u64,
     /// `(quantile, µs)` of the baseline thread's wake-up − instant.
     pub baseline_error_us: Vec<(f64, f64)>,
+    /// `(quantile, µs)` of the real-time baseline thread's wake-up − instant; `None` where
+    /// this process may not use `SCHED_FIFO`.
+    pub realtime_baseline_error_us: Option<Vec<(f64, f64)>>,
 }
 
 impl AlignResult {
@@ -196,6 +202,14 @@ pub fn run(cfg: &AlignConfig) -> Result<AlignResult, AlignError> {
         let stop = stop.clone();
         std::thread::spawn(move || baseline(fast_ns, &stop))
     };
+    let realtime_base = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            uctel_agent::sources::sys::sched::wake_in_real_time()
+                .ok()
+                .map(|()| baseline(fast_ns, &stop))
+        })
+    };
     let mut procs = Vec::new();
     let mut outs = Vec::new();
     for i in 0..cfg.agents {
@@ -222,6 +236,7 @@ pub fn run(cfg: &AlignConfig) -> Result<AlignResult, AlignError> {
     drop(procs);
     stop.store(true, Ordering::Relaxed);
     let mut base_late = base.join().unwrap_or_default();
+    let realtime_late = realtime_base.join().ok().flatten();
 
     let mut fast_err = Vec::new();
     let mut host_err = Vec::new();
@@ -280,6 +295,7 @@ pub fn run(cfg: &AlignConfig) -> Result<AlignResult, AlignError> {
         drift_us,
         missed_instants: missed,
         baseline_error_us: quantiles(&mut base_late, 1e-3),
+        realtime_baseline_error_us: realtime_late.map(|mut v| quantiles(&mut v, 1e-3)),
     })
 }
 

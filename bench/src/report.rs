@@ -795,11 +795,19 @@ impl Report {
                     q3(&a.spread_us, "µs")
                 ),
                 format!(
-                    "drift {:.0} µs; {} missed instants; baseline sleeping thread {} (agent p99 = {:.2} × baseline p99)",
+                    "drift {:.0} µs; {} missed instants; baseline sleeping thread {} (agent p99 = {:.2} × baseline p99); {}",
                     a.drift_us,
                     a.missed_instants,
                     q3(&a.baseline_error_us, "µs"),
-                    crate::stats::ratio(A::q(&a.fast_error_us, 0.99), A::q(&a.baseline_error_us, 0.99))
+                    crate::stats::ratio(A::q(&a.fast_error_us, 0.99), A::q(&a.baseline_error_us, 0.99)),
+                    a.realtime_baseline_error_us.as_ref().map_or_else(
+                        || "no SCHED_FIFO baseline (refused to this process)".to_owned(),
+                        |r| format!(
+                            "SCHED_FIFO sleeping thread {} (agent p99 = {:.2} × its p99)",
+                            q3(r, "µs"),
+                            crate::stats::ratio(A::q(&a.fast_error_us, 0.99), A::q(r, 0.99))
+                        )
+                    )
                 ),
             ));
         }
