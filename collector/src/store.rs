@@ -284,6 +284,61 @@ impl Recent {
     }
 }
 
+/// A value [`SeriesStore::ingest_by_id`] stores by its [`RecordId`] alone.
+trait ById {
+    /// The [`MetricType`] value of its record.
+    fn kind(&self) -> i32;
+    /// The sample's value.
+    fn value(&self) -> f64;
+    /// The bucket its series was noted in (at `position` of its frame), at `layout`.
+    fn bucket(&self, recent: &mut Recent, layout: u64, position: usize) -> Option<usize>;
+    /// Notes the collection time of the value just stored in `sample`, from a frame opened
+    /// at `frame_ms` (ms since the Unix epoch).
+    fn stamp(&self, sample: &mut Sample, frame_ms: i64);
+}
+
+impl ById for KnownValue {
+    fn kind(&self) -> i32 {
+        self.r#type
+    }
+    fn value(&self) -> f64 {
+        self.value
+    }
+    fn bucket(&self, recent: &mut Recent, layout: u64, position: usize) -> Option<usize> {
+        recent.get_known(layout, position, self)
+    }
+    /// Its own timestamp, else its frame's.
+    fn stamp(&self, sample: &mut Sample, frame_ms: i64) {
+        sample.collected(self.timestamp_ms, frame_ms);
+    }
+}
+
+/// A record of a payload repeated with new values ([`MetricBatchView::repeated`]).
+struct Repeated {
+    id: RecordId,
+    kind: i32,
+    value: f64,
+}
+
+impl ById for Repeated {
+    fn kind(&self) -> i32 {
+        self.kind
+    }
+    fn value(&self) -> f64 {
+        self.value
+    }
+    fn bucket(&self, recent: &mut Recent, layout: u64, position: usize) -> Option<usize> {
+        recent.get(layout, position, self.id)
+    }
+    /// A repeated record has the timestamp it had ([`MetricBatchView::repeated`]): an own
+    /// timestamp stays, a frame's moves on.
+    fn stamp(&self, sample: &mut Sample, frame_ms: i64) {
+        if !sample.own_time {
+            sample.collected_ms = frame_ms.max(0);
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 struct FamilyMeta {
     kind: MetricType,
@@ -572,11 +627,12 @@ impl SeriesStore {
     /// As [`SeriesStore::ingest_views_at`], for the values of a series-dictionary frame
     /// read by id alone (`uctel_protocol::dict::SeriesDict::decode_known`): each value goes
     /// to the series its [`RecordId`] was stored in before, no name or label read. All or
-    /// nothing: `None`, nothing stored, unless every value's id names a series stored
-    /// before while no series was added or removed since (`Recent`) and no value is a
-    /// stale marker or a histogram (those take the full path, which ends or builds their
-    /// series); else the outcome [`SeriesStore::ingest_views_at`] gives for the same frame
-    /// (`frame_timestamp_ns`: its header's time, ns since the Unix epoch).
+    /// nothing: `None`, nothing stored, unless every value's
+    /// id names a series stored before while no series was added or removed since
+    /// (`Recent`) and no value is a stale marker or a histogram (those take the full path,
+    /// which ends or builds their series); else the outcome
+    /// [`SeriesStore::ingest_views_at`] gives for the same frame (`frame_timestamp_ns`: its
+    /// header's time, ns since the Unix epoch).
     pub fn ingest_known(
         &self,
         agent: &str,
@@ -586,45 +642,13 @@ impl SeriesStore {
         now: Instant,
     ) -> Option<IngestOutcome> {
         let frame_ms = i64::try_from(frame_timestamp_ns / 1_000_000).unwrap_or(i64::MAX);
-        let mut guard = self.lock();
-        let Inner {
-            agents, buckets, ..
-        } = &mut *guard;
-        let entry = agents.get_mut(agent)?;
-        let (layout, recent, series) = (entry.layout, &mut entry.recent, &entry.series);
-        buckets.clear();
-        for (at, v) in values.iter().enumerate() {
-            if v.value.to_bits() == STALE_NAN_BITS || v.r#type == MetricType::Histogram as i32 {
-                return None;
-            }
-            let bucket = recent
-                .get_known(layout, at, v)
-                .filter(|b| series.get_bucket(*b).is_some())?;
-            buckets.push(bucket);
-        }
-        if entry.instance != instance {
-            entry.instance = instance.to_string();
-        }
-        let mut out = IngestOutcome::default();
-        for (v, bucket) in values.iter().zip(buckets.iter()) {
-            // Checked above, under the same lock: the series is where it was.
-            let series = entry.series.get_bucket_mut(*bucket);
-            match update_scalar(series, v.r#type, v.value, now) {
-                Ok(sample) => {
-                    sample.collected(v.timestamp_ms, frame_ms);
-                    out.stored += 1;
-                }
-                Err(r) => out.reject(r),
-            }
-        }
-        Some(out)
+        self.ingest_by_id(agent, instance, || values.iter().copied(), frame_ms, now)
     }
 
     /// A batch that repeats the previous payload with new values
-    /// ([`MetricBatchView::repeated`]), when every record of it goes to the series its
-    /// [`RecordId`] went to before (series unmoved) and none is a
-    /// histogram: stored from ids and values alone, no view built, with the outcome
-    /// [`SeriesStore::ingest_records`] would give. `None` (nothing stored) otherwise.
+    /// ([`MetricBatchView::repeated`]), stored from ids and values alone, no view built
+    /// ([`SeriesStore::ingest_by_id`]), with the outcome [`SeriesStore::ingest_records`]
+    /// would give. `None` (nothing stored) otherwise.
     fn ingest_repeated(
         &self,
         agent: &str,
@@ -633,35 +657,59 @@ impl SeriesStore {
         frame_ms: i64,
         now: Instant,
     ) -> Option<IngestOutcome> {
-        let records = batch.repeated()?;
+        // Not a repeated payload: the full path.
+        let _records = batch.repeated()?;
+        let values = || {
+            batch
+                .repeated()
+                .into_iter()
+                .flatten()
+                .map(|(id, kind, value)| Repeated { id, kind, value })
+        };
+        self.ingest_by_id(agent, instance, values, frame_ms, now)
+    }
+
+    /// Stores values by their [`RecordId`] alone ([`SeriesStore::ingest_known`],
+    /// [`SeriesStore::ingest_repeated`]), all or nothing: `None`, nothing stored, unless
+    /// every value of `values()` (called twice, the same values each time) finds the series
+    /// it was stored in before ([`ById::bucket`]: the series unmoved since) and none is a
+    /// stale marker (the full path ends its series) or a histogram (the full path stores
+    /// its buckets). Else each value is stored with [`update_scalar`] and stamped by
+    /// [`ById::stamp`], and the outcome is the full path's for the same records.
+    fn ingest_by_id<V: ById, I: Iterator<Item = V>>(
+        &self,
+        agent: &str,
+        instance: &str,
+        values: impl Fn() -> I,
+        frame_ms: i64,
+        now: Instant,
+    ) -> Option<IngestOutcome> {
         let mut guard = self.lock();
-        let entry = guard.agents.get_mut(agent)?;
-        let (layout, recent, series) = (entry.layout, &entry.recent, &entry.series);
-        let all_recent = batch.repeated()?.enumerate().all(|(at, (id, kind, _))| {
-            kind != MetricType::Histogram as i32
-                && recent
-                    .get(layout, at, id)
-                    .is_some_and(|b| series.get_bucket(b).is_some())
-        });
-        if !all_recent {
-            return None;
+        let Inner {
+            agents, buckets, ..
+        } = &mut *guard;
+        let entry = agents.get_mut(agent)?;
+        let (layout, recent, series) = (entry.layout, &mut entry.recent, &entry.series);
+        buckets.clear();
+        for (at, v) in values().enumerate() {
+            if v.value().to_bits() == STALE_NAN_BITS || v.kind() == MetricType::Histogram as i32 {
+                return None;
+            }
+            let bucket = v
+                .bucket(recent, layout, at)
+                .filter(|b| series.get_bucket(*b).is_some())?;
+            buckets.push(bucket);
         }
         if entry.instance != instance {
             entry.instance = instance.to_string();
         }
         let mut out = IngestOutcome::default();
-        for (at, (id, kind, value)) in records.enumerate() {
-            // Checked above; the series is where it was.
-            let bucket = entry.recent.get(layout, at, id);
-            let series = bucket.and_then(|b| entry.series.get_bucket_mut(b));
-            match update_scalar(series, kind, value, now) {
+        for (v, bucket) in values().zip(buckets.iter()) {
+            // Checked above, under the same lock: the series is where it was.
+            let series = entry.series.get_bucket_mut(*bucket);
+            match update_scalar(series, v.kind(), v.value(), now) {
                 Ok(sample) => {
-                    // A repeated record has the timestamp it had
-                    // (`MetricBatchView::repeated`): an own timestamp stays, a frame's
-                    // moves on.
-                    if !sample.own_time {
-                        sample.collected_ms = frame_ms.max(0);
-                    }
+                    v.stamp(sample, frame_ms);
                     out.stored += 1;
                 }
                 Err(r) => out.reject(r),
@@ -1685,7 +1733,7 @@ mod tests {
         /// same batches owned, with the same outcome for every batch.
         #[test]
         fn repeated_payloads_store_what_owned_batches_store(
-            ops in proptest::collection::vec((0usize..4, proptest::bool::weighted(0.15)), 1..60),
+            ops in proptest::collection::vec((0usize..5, proptest::bool::weighted(0.15)), 1..60),
         ) {
             use uctel_protocol::limits::Limits;
             use uctel_protocol::payload::{encode_metric_batch, MetricBatch};
@@ -1700,6 +1748,9 @@ mod tests {
                 let g = |n: &str, v, l: &str| metric(n, MetricType::Gauge, v, &[("k", l)]);
                 let metrics = match pick {
                     0 | 1 => vec![g("m", v, "x"), g("m", v + 1.0, "y")],
+                    // The records of 0 and 1 again, one of them a stale marker: repeated
+                    // after 0 or 1, and the marker ends its series on both paths.
+                    4 => vec![g("m", v, "x"), g("m", f64::from_bits(STALE_NAN_BITS), "y")],
                     // The same name as a counter: a type conflict with the gauge.
                     2 => vec![
                         metric("m", MetricType::Counter, v, &[("k", "x")]),
