@@ -246,13 +246,27 @@ impl Recent {
         if self.layout != layout {
             return None;
         }
-        let entry = value.entry as usize;
-        if let Some(Some((id, bucket))) = self.by_entry.get(entry) {
+        if let Some(Some((id, bucket))) = self.by_entry.get(value.entry as usize) {
             if *id == value.id {
                 return Some(*bucket);
             }
         }
+        self.get_known_first(layout, position, value)
+    }
+
+    /// [`Recent::get_known`] for a value not noted by its dictionary id yet (the first
+    /// frames after its definition, or after the layout changed): as [`Recent::get`], then
+    /// noted by dictionary id. Out of line, so that the hit above stays small.
+    #[cold]
+    #[inline(never)]
+    fn get_known_first(
+        &mut self,
+        layout: u64,
+        position: usize,
+        value: &KnownValue,
+    ) -> Option<usize> {
         let bucket = self.get(layout, position, value.id)?;
+        let entry = value.entry as usize;
         // Bounded as `by_id` (`note`): dictionary ids are dense from 0 per epoch.
         if entry < self.by_id.len().max(self.at.len()).saturating_mul(2) + 1024 {
             if self.by_entry.len() <= entry {
@@ -298,16 +312,20 @@ trait ById {
 }
 
 impl ById for KnownValue {
+    #[inline]
     fn kind(&self) -> i32 {
         self.r#type
     }
+    #[inline]
     fn value(&self) -> f64 {
         self.value
     }
+    #[inline]
     fn bucket(&self, recent: &mut Recent, layout: u64, position: usize) -> Option<usize> {
         recent.get_known(layout, position, self)
     }
     /// Its own timestamp, else its frame's.
+    #[inline]
     fn stamp(&self, sample: &mut Sample, frame_ms: i64) {
         sample.collected(self.timestamp_ms, frame_ms);
     }
@@ -321,17 +339,21 @@ struct Repeated {
 }
 
 impl ById for Repeated {
+    #[inline]
     fn kind(&self) -> i32 {
         self.kind
     }
+    #[inline]
     fn value(&self) -> f64 {
         self.value
     }
+    #[inline]
     fn bucket(&self, recent: &mut Recent, layout: u64, position: usize) -> Option<usize> {
         recent.get(layout, position, self.id)
     }
     /// A repeated record has the timestamp it had ([`MetricBatchView::repeated`]): an own
     /// timestamp stays, a frame's moves on.
+    #[inline]
     fn stamp(&self, sample: &mut Sample, frame_ms: i64) {
         if !sample.own_time {
             sample.collected_ms = frame_ms.max(0);
