@@ -1279,16 +1279,12 @@ mod tests {
         assert!(text.contains("device=\"lo\",instance=\"h\"} 30 "), "{text}");
     }
 
-    /// Values by id ([`SeriesStore::ingest_known`]): stored in the series their ids went
-    /// to, with their own or their frame's time, a type conflict counted; `None` and
-    /// nothing stored for an id not noted, a stale marker, a histogram or an agent not seen.
-    #[test]
-    fn known_values_go_to_their_series_all_or_nothing() {
+    /// A batch of `node_network_receive_bytes_total` counters (value 1), one per device of
+    /// `devices`, each with the id of `ids` at its position.
+    fn counters_with_ids(ids: &[RecordId], devices: &[&'static str]) -> MetricBatchView<'static> {
         use uctel_protocol::borrowed::{LabelView, PushRecord};
-        let s = SeriesStore::new(Duration::from_secs(60), 100);
-        let ids: Vec<RecordId> = (0..2).map(|_| RecordId::fresh()).collect();
         let mut b = MetricBatchView::new();
-        for (id, device) in ids.iter().zip(["eth0", "eth1"]) {
+        for (id, device) in ids.iter().zip(devices) {
             b.push_record(
                 PushRecord {
                     id: Some(*id),
@@ -1307,6 +1303,17 @@ mod tests {
                 [],
             );
         }
+        b
+    }
+
+    /// Values by id ([`SeriesStore::ingest_known`]): stored in the series their ids went
+    /// to, with their own or their frame's time, a type conflict counted; `None` and
+    /// nothing stored for an id not noted, a stale marker, a histogram or an agent not seen.
+    #[test]
+    fn known_values_go_to_their_series_all_or_nothing() {
+        let s = SeriesStore::new(Duration::from_secs(60), 100);
+        let ids: Vec<RecordId> = (0..2).map(|_| RecordId::fresh()).collect();
+        let b = counters_with_ids(&ids, &["eth0", "eth1"]);
         // Twice: a series added clears what was noted, so the second batch notes both.
         for _ in 0..2 {
             assert_eq!(s.ingest_views_at("a", "h", &b, 0, Instant::now()).stored, 2);
@@ -1364,31 +1371,8 @@ mod tests {
     /// under another id (a new epoch's dictionary), to the wrong series.
     #[test]
     fn known_values_by_dictionary_id_follow_their_ids() {
-        use uctel_protocol::borrowed::{LabelView, PushRecord};
         let s = SeriesStore::new(Duration::from_secs(60), 100);
-        let batch = |ids: &[RecordId], devices: &[&'static str]| {
-            let mut b = MetricBatchView::new();
-            for (id, device) in ids.iter().zip(devices) {
-                b.push_record(
-                    PushRecord {
-                        id: Some(*id),
-                        name: "node_network_receive_bytes_total",
-                        help: "",
-                        r#type: MetricType::Counter as i32,
-                        value: 1.0,
-                        timestamp_ms: 0,
-                        count: 0,
-                        sum: 0.0,
-                    },
-                    [LabelView {
-                        name: "device",
-                        value: device,
-                    }],
-                    [],
-                );
-            }
-            b
-        };
+        let batch = counters_with_ids;
         let known = |id, entry, value| KnownValue {
             id,
             entry,
